@@ -1,0 +1,113 @@
+# lumen -- build the C core (liblumen.so) and the Lua cdef it is read through.
+#
+#   make            build/liblumen.so and lua/lumen/cdef.lua
+#   make test       busted specs (under LuaJIT) + C test programs in spec/c/; one summary line
+#   make asan       the same tests against an ASan/UBSan build in build-asan/
+#   make bench      bench/run.sh: lumen's benchmarks, then the PyTorch peer if it is installed
+#   make lint       luacheck over the Lua tree (.luacheckrc)
+#   make demo       bin/lumen examples/demo.lua
+#   make install    PREFIX=/usr/local (or luarocks' INST_* variables)
+#   make clean
+CC ?= cc
+OPT ?= -O3 -march=x86-64-v2 -mtune=native
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -fopenmp -Isrc -Ikernels $(OPT)
+LDFLAGS_BASE = -shared -fopenmp -lm
+BUILD ?= build
+
+# luarocks passes its own CFLAGS (-O2 -fPIC): keep the flags that matter (-fPIC, -I, -D, ...) but
+# drop its -O level, which would otherwise come after OPT and override it.
+ifneq ($(LUAROCKS_BUILD),)
+override CFLAGS := $(filter-out -O%,$(CFLAGS))
+endif
+
+SRCS := $(wildcard src/*.c) $(wildcard kernels/cpu/*.c)
+OBJS := $(patsubst %.c,$(BUILD)/%.o,$(SRCS))
+HDRS := src/lumen.h $(sort $(wildcard kernels/*.h))
+
+all: $(BUILD)/liblumen.so lua/lumen/cdef.lua
+
+$(BUILD)/liblumen.so: $(OBJS)
+	$(CC) -o $@ $(OBJS) $(LDFLAGS_BASE) $(LDFLAGS)
+
+# ISA-specific translation units: *_avx512.c and *_avx2.c get their own flags; the rest stay
+# portable and pick a path at run time (CPUID).
+$(BUILD)/%_avx512.o: %_avx512.c $(HDRS) src/internal.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%_avx2.o: %_avx2.c $(HDRS) src/internal.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -mavx2 -mfma -mf16c $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.c $(HDRS) src/internal.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -c $< -o $@
+
+lua/lumen/cdef.lua: $(HDRS) tools/gen_cdef.sh
+	sh tools/gen_cdef.sh $(HDRS) > $@.tmp && mv $@.tmp $@
+
+# ---- tests ------------------------------------------------------------------------------------
+# tools/run_tests.sh runs busted under LuaJIT (luajit /usr/bin/busted, config in .busted), then
+# builds and runs every spec/c/*.c against $(BUILD)/liblumen.so, and prints one line
+# "N passed, N failed". LUMEN_LIB tells the Lua binding which library to load.
+LUAJIT ?= luajit
+BUSTED ?= $(shell command -v busted 2>/dev/null || echo /usr/bin/busted)
+TEST_ENV = LUAJIT="$(LUAJIT)" BUSTED="$(BUSTED)" CC="$(CC)" BUILD="$(BUILD)"
+
+test: all
+	@$(TEST_ENV) LUMEN_LIB="$${LUMEN_LIB:-$(CURDIR)/$(BUILD)/liblumen.so}" sh tools/run_tests.sh $(TEST_ARGS)
+
+# ASan + UBSan. LuaJIT itself is not instrumented, so libasan is preloaded (LUMEN_PRELOAD becomes
+# LD_PRELOAD for luajit only, not for the compiler); its leak checker is
+# off because LuaJIT's own allocations are not ours to fix. -Werror is relaxed here only: the
+# sanitizer instrumentation makes GCC emit extra (false-positive) warnings at -O1; the normal
+# build keeps every warning an error.
+ASAN_BUILD ?= build-asan
+ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ASAN_RT = $(shell $(CC) -print-file-name=libasan.so)
+
+asan:
+	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
+	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen.so lua/lumen/cdef.lua
+	@$(TEST_ENV) BUILD="$(ASAN_BUILD)" LUMEN_LIB="$(CURDIR)/$(ASAN_BUILD)/liblumen.so" \
+	   TEST_CFLAGS="$(ASAN_FLAGS)" \
+	   LUMEN_PRELOAD="$(ASAN_RT)" \
+	   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+	   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+	   sh tools/run_tests.sh $(TEST_ARGS)
+
+# ---- benchmarks, lint, demo --------------------------------------------------------------------
+bench: all
+	sh bench/run.sh
+
+lint:
+	luacheck --config .luacheckrc .
+
+demo: all
+	bin/lumen examples/demo.lua
+
+# ---- install ----------------------------------------------------------------------------------
+# luarocks (build.type = "make") sets INST_PREFIX/INST_LIBDIR/INST_LUADIR/INST_BINDIR; by hand,
+# PREFIX=/usr/local gives the usual Lua 5.1 locations. The library goes next to C modules, where
+# package.searchpath("liblumen", package.cpath) finds it.
+PREFIX ?= /usr/local
+INST_PREFIX ?= $(PREFIX)
+INST_LIBDIR ?= $(INST_PREFIX)/lib/lua/5.1
+INST_LUADIR ?= $(INST_PREFIX)/share/lua/5.1
+INST_BINDIR ?= $(INST_PREFIX)/bin
+INSTALL ?= install
+
+install: all
+	$(INSTALL) -d "$(DESTDIR)$(INST_LIBDIR)" "$(DESTDIR)$(INST_LUADIR)/lumen" "$(DESTDIR)$(INST_BINDIR)"
+	$(INSTALL) -m 755 $(BUILD)/liblumen.so "$(DESTDIR)$(INST_LIBDIR)/liblumen.so"
+	cd lua/lumen && find . -name '*.lua' | while read -r f; do \
+	   $(INSTALL) -D -m 644 "$$f" "$(DESTDIR)$(INST_LUADIR)/lumen/$$f" || exit 1; done
+	if ls models/*.lua >/dev/null 2>&1; then \
+	   $(INSTALL) -d "$(DESTDIR)$(INST_LUADIR)/lumen/models" && \
+	   $(INSTALL) -m 644 models/*.lua "$(DESTDIR)$(INST_LUADIR)/lumen/models/"; fi
+	$(INSTALL) -m 755 bin/lumen "$(DESTDIR)$(INST_BINDIR)/lumen"
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) lua/lumen/cdef.lua
+
+.PHONY: all test asan bench lint demo install clean

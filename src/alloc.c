@@ -1,0 +1,171 @@
+/* alloc.c -- the CPU allocator: 64-byte aligned blocks, a size-bucketed cache, byte counters and
+ * a memory-pressure signal for the Lua side.
+ *
+ * LuaJIT's garbage collector cannot see these bytes, so the core counts them (Torch7's heap
+ * tracking is the model): when live bytes cross a soft limit, lm_mem_pressure() turns 1 and the
+ * Lua layer runs a full collection, then calls lm_mem_collected(). If live bytes are still above
+ * 80 % of the limit after a collection, the limit grows by 1.4x (so a program that really needs
+ * the memory does not collect on every allocation); it shrinks back toward the base when usage
+ * falls.
+ *
+ * Cache: freed blocks are kept in per-size-class free lists (classes are powers of two split in
+ * four, from 64 bytes up to 1 GiB; bigger blocks go straight back to the system) and reused by the
+ * next allocation of the same class, so a training loop does not churn malloc. The cache is
+ * bounded (LM_CACHE_MAX bytes); when full, blocks are returned to the system.
+ *
+ * This file, with the RNG, holds the core's only global mutable state, guarded by one mutex. */
+#include "internal.h"
+#include <pthread.h>
+#include <stdlib.h>
+
+enum { NCLASS = 4 * 25 }; /* 2^6 .. 2^30, four classes per octave */
+#define LM_ALIGN 64
+#define LM_CACHE_MAX ((int64_t)2 << 30)
+#define LM_BIG_BLOCK ((size_t)1 << 30)
+#define LM_DEFAULT_SOFT_LIMIT ((int64_t)1 << 30)
+
+typedef struct block {
+   struct block *next;
+} block;
+
+static struct {
+   pthread_mutex_t mu;
+   block *free_list[NCLASS];
+   int64_t live, peak, cached, nmalloc;
+   int64_t soft_limit, base_limit;
+   int pressure;
+} A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0,
+       LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0};
+
+/* size class of a request and the block size it rounds up to */
+static int size_class(size_t n, size_t *rounded) {
+   if (n <= 64) {
+      *rounded = 64;
+      return 0;
+   }
+   int e = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^e < n <= 2^(e+1) */
+   size_t base = (size_t)1 << e, quarter = base / 4;
+   size_t q = (n - base + quarter - 1) / quarter; /* 1..4 */
+   *rounded = base + q * quarter;
+   return (e - 6) * 4 + (int)q - 1;
+}
+
+void *lm_alloc(size_t nbytes) {
+   if (nbytes == 0) nbytes = 1;
+   size_t rounded;
+   int cls = -1;
+   if (nbytes <= LM_BIG_BLOCK) {
+      cls = size_class(nbytes, &rounded);
+   } else {
+      rounded = (nbytes + LM_ALIGN - 1) & ~(size_t)(LM_ALIGN - 1);
+   }
+   void *p = NULL;
+   pthread_mutex_lock(&A.mu);
+   if (cls >= 0 && A.free_list[cls]) {
+      block *b = A.free_list[cls];
+      A.free_list[cls] = b->next;
+      A.cached -= (int64_t)rounded;
+      p = b;
+   }
+   pthread_mutex_unlock(&A.mu);
+   if (!p) {
+      if (posix_memalign(&p, LM_ALIGN, rounded) != 0) {
+         /* give the cache back to the system and try once more */
+         lm_mem_empty_cache();
+         if (posix_memalign(&p, LM_ALIGN, rounded) != 0) {
+            lm_error(LM_ERR_OOM, "out of memory allocating %zu bytes", nbytes);
+            return NULL;
+         }
+      }
+      pthread_mutex_lock(&A.mu);
+      A.nmalloc++;
+      pthread_mutex_unlock(&A.mu);
+   }
+   pthread_mutex_lock(&A.mu);
+   A.live += (int64_t)rounded;
+   if (A.live > A.peak) A.peak = A.live;
+   if (A.live > A.soft_limit) A.pressure = 1;
+   pthread_mutex_unlock(&A.mu);
+   return p;
+}
+
+void lm_free(void *p, size_t nbytes) {
+   if (!p) return;
+   if (nbytes == 0) nbytes = 1;
+   size_t rounded;
+   int cls = -1;
+   if (nbytes <= LM_BIG_BLOCK) {
+      cls = size_class(nbytes, &rounded);
+   } else {
+      rounded = (nbytes + LM_ALIGN - 1) & ~(size_t)(LM_ALIGN - 1);
+   }
+   int keep = 0;
+   pthread_mutex_lock(&A.mu);
+   A.live -= (int64_t)rounded;
+   if (cls >= 0 && A.cached + (int64_t)rounded <= LM_CACHE_MAX) {
+      block *b = p;
+      b->next = A.free_list[cls];
+      A.free_list[cls] = b;
+      A.cached += (int64_t)rounded;
+      keep = 1;
+   }
+   pthread_mutex_unlock(&A.mu);
+   if (!keep) free(p);
+}
+
+#define LOCKED_GET(expr)                                                                        \
+   do {                                                                                         \
+      pthread_mutex_lock(&A.mu);                                                                \
+      int64_t v_ = (expr);                                                                      \
+      pthread_mutex_unlock(&A.mu);                                                              \
+      return v_;                                                                                \
+   } while (0)
+
+int64_t lm_mem_live_bytes(void) { LOCKED_GET(A.live); }
+int64_t lm_mem_peak_bytes(void) { LOCKED_GET(A.peak); }
+int64_t lm_mem_cached_bytes(void) { LOCKED_GET(A.cached); }
+int64_t lm_mem_soft_limit(void) { LOCKED_GET(A.soft_limit); }
+int64_t lm_mem_alloc_count(void) { LOCKED_GET(A.nmalloc); }
+int lm_mem_pressure(void) { return __atomic_load_n(&A.pressure, __ATOMIC_RELAXED); }
+
+void lm_mem_reset_peak(void) {
+   pthread_mutex_lock(&A.mu);
+   A.peak = A.live;
+   pthread_mutex_unlock(&A.mu);
+}
+
+void lm_mem_set_soft_limit(int64_t bytes) {
+   pthread_mutex_lock(&A.mu);
+   if (bytes < ((int64_t)1 << 20)) bytes = (int64_t)1 << 20;
+   A.soft_limit = A.base_limit = bytes;
+   A.pressure = A.live > A.soft_limit;
+   pthread_mutex_unlock(&A.mu);
+}
+
+void lm_mem_collected(void) {
+   pthread_mutex_lock(&A.mu);
+   if (A.live > A.soft_limit / 10 * 8) {
+      A.soft_limit = A.soft_limit / 10 * 14; /* still needed: grow, as Torch7 did */
+   } else if (A.live * 2 < A.base_limit && A.soft_limit > A.base_limit) {
+      A.soft_limit = A.base_limit;
+   }
+   A.pressure = 0;
+   pthread_mutex_unlock(&A.mu);
+}
+
+void lm_mem_empty_cache(void) {
+   block *lists[NCLASS];
+   pthread_mutex_lock(&A.mu);
+   memcpy(lists, A.free_list, sizeof lists);
+   memset(A.free_list, 0, sizeof A.free_list);
+   A.cached = 0;
+   pthread_mutex_unlock(&A.mu);
+   for (int i = 0; i < NCLASS; i++) {
+      block *b = lists[i];
+      while (b) {
+         block *n = b->next;
+         free(b);
+         b = n;
+      }
+   }
+}

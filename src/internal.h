@@ -1,0 +1,151 @@
+/* internal.h -- helpers shared by the C core and the kernels; not part of the FFI header. */
+#ifndef LUMEN_INTERNAL_H
+#define LUMEN_INTERNAL_H
+#include "lumen.h"
+#include <stdbool.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Set the per-thread error message (printf format) and return `status`. */
+lm_status lm_error(lm_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+   __attribute__((format(printf, 2, 3)))
+#endif
+   ;
+
+/* return on failure: LM_TRY(lm_empty(...)); */
+#define LM_TRY(expr)                                                                            \
+   do {                                                                                         \
+      lm_status lm_try_st_ = (expr);                                                            \
+      if (lm_try_st_ != LM_OK) return lm_try_st_;                                               \
+   } while (0)
+
+#define LM_CHECK_TENSOR(t, name)                                                                \
+   do {                                                                                         \
+      if (!(t)) return lm_error(LM_ERR_ARG, "%s is nil", (name));                               \
+   } while (0)
+
+/* elements above which loops are split across OpenMP threads */
+enum { LM_PARALLEL_GRAIN = 32768 };
+
+static inline bool lm_is_float_dtype(int dt) {
+   return dt == LM_FLOAT32 || dt == LM_FLOAT64 || dt == LM_FLOAT16 || dt == LM_BFLOAT16;
+}
+static inline bool lm_valid_dtype(int dt) { return dt >= 0 && dt < LM_NUM_DTYPES; }
+
+/* float16 / bfloat16 conversions, inline for the kernels (round to nearest even) */
+static inline float lm_h2f(uint16_t h) {
+   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+   if (exp == 0) {
+      if (man == 0) {
+         bits = sign;
+      } else { /* subnormal */
+         exp = 127 - 15 + 1;
+         while (!(man & 0x400)) { man <<= 1; exp--; }
+         man &= 0x3ff;
+         bits = sign | (exp << 23) | (man << 13);
+      }
+   } else if (exp == 31) {
+      bits = sign | 0x7f800000u | (man << 13);
+   } else {
+      bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+   }
+   float f;
+   memcpy(&f, &bits, 4);
+   return f;
+}
+static inline uint16_t lm_f2h(float f) {
+   uint32_t x;
+   memcpy(&x, &f, 4);
+   uint32_t sign = (x >> 16) & 0x8000;
+   int32_t exp = (int32_t)((x >> 23) & 0xff);
+   uint32_t man = x & 0x7fffff;
+   if (exp == 255) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+   int32_t e = exp - 127 + 15;
+   if (e >= 31) return (uint16_t)(sign | 0x7c00);
+   if (e <= 0) {
+      if (e < -10) return (uint16_t)sign;
+      man |= 0x800000;
+      uint32_t shift = (uint32_t)(14 - e);
+      uint32_t half = man >> shift;
+      uint32_t rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+      if (rem > mid || (rem == mid && (half & 1))) half++;
+      return (uint16_t)(sign | half);
+   }
+   uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13);
+   uint32_t rem = man & 0x1fff;
+   if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++;
+   return (uint16_t)half;
+}
+static inline float lm_bf2f(uint16_t h) {
+   uint32_t bits = (uint32_t)h << 16;
+   float f;
+   memcpy(&f, &bits, 4);
+   return f;
+}
+static inline uint16_t lm_f2bf(float f) {
+   uint32_t x;
+   memcpy(&x, &f, 4);
+   if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
+   uint32_t lsb = (x >> 16) & 1;
+   x += 0x7fff + lsb;
+   return (uint16_t)(x >> 16);
+}
+
+/* read / write one element of any dtype as double */
+static inline double lm_load_as_double(const void *p, int dt) {
+   switch (dt) {
+   case LM_FLOAT32: return *(const float *)p;
+   case LM_FLOAT64: return *(const double *)p;
+   case LM_FLOAT16: return lm_h2f(*(const uint16_t *)p);
+   case LM_BFLOAT16: return lm_bf2f(*(const uint16_t *)p);
+   case LM_INT64: return (double)*(const int64_t *)p;
+   case LM_INT32: return *(const int32_t *)p;
+   case LM_UINT8: return *(const uint8_t *)p;
+   case LM_BOOL: return *(const uint8_t *)p ? 1.0 : 0.0;
+   default: return 0.0;
+   }
+}
+static inline void lm_store_from_double(void *p, int dt, double v) {
+   switch (dt) {
+   case LM_FLOAT32: *(float *)p = (float)v; break;
+   case LM_FLOAT64: *(double *)p = v; break;
+   case LM_FLOAT16: *(uint16_t *)p = lm_f2h((float)v); break;
+   case LM_BFLOAT16: *(uint16_t *)p = lm_f2bf((float)v); break;
+   case LM_INT64: *(int64_t *)p = (int64_t)v; break;
+   case LM_INT32: *(int32_t *)p = (int32_t)v; break;
+   case LM_UINT8: *(uint8_t *)p = (uint8_t)(int64_t)v; break;
+   case LM_BOOL: *(uint8_t *)p = v != 0.0; break;
+   default: break;
+   }
+}
+
+/* ---- device dispatch (src/device.c) ----
+ * Every storage allocation and raw memory transfer goes through the table of the tensor's
+ * device; a CUDA backend fills its own entry (compiled in with LM_WITH_CUDA). Operators check
+ * the device and call the CPU kernels or the backend's. */
+typedef struct lm_device_ops {
+   const char *name;
+   void *(*alloc)(size_t nbytes);
+   void (*free)(void *p, size_t nbytes);
+   /* copy nbytes between this device and the host (dir 0: host->device, 1: device->host,
+      2: device->device) */
+   lm_status (*memcpy)(void *dst, const void *src, size_t nbytes, int dir);
+} lm_device_ops;
+
+const lm_device_ops *lm_device_get(int device); /* NULL if the device is not available */
+lm_status lm_check_cpu(const lm_tensor *t, const char *what);
+
+/* shape helpers (src/tensor.c) */
+lm_status lm_check_sizes(int ndim, const int64_t *sizes);
+int64_t lm_numel_of(int ndim, const int64_t *sizes);
+/* broadcast two shapes; returns LM_ERR_SHAPE with a message on mismatch */
+lm_status lm_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int *nout,
+                              int64_t *out);
+/* normalise a 0-based dim (negative counts from the end) against ndim; error if out of range */
+lm_status lm_wrap_dim(int *dim, int ndim);
+
+#endif

@@ -1,0 +1,244 @@
+/*
+ * lumen.h -- the public C API of lumen's core.
+ *
+ * This one header is what LuaJIT's ffi.cdef reads (the build strips every line that starts with
+ * '#', see tools/gen_cdef.sh), so it holds only plain C declarations: no macros in declarations,
+ * no inline functions, constants as enums.
+ *
+ * Conventions
+ *   - Every fallible function returns an lm_status (LM_OK == 0). On failure the message is kept in
+ *     a per-thread buffer and read with lm_last_error(); the Lua layer raises
+ *     "lumen.<function>: <message>". C messages never name the Lua function.
+ *   - Dimensions are 0-based in C (Lua converts from its 1-based dims). Sizes and strides are in
+ *     logical order (N, C, H, W); strides are in elements.
+ *   - Functions that produce a tensor take `lm_tensor **out`. If *out is NULL a new tensor is
+ *     allocated (caller owns it, free with lm_tensor_free). If *out is not NULL it is used as the
+ *     destination (an "out=" tensor): its shape must equal the result shape, its strides are kept,
+ *     and its dtype must be able to hold the result.
+ *   - A tensor owns a reference to its storage; views share the storage. Tensors themselves are
+ *     single-owner (Lua wraps each in ffi.gc).
+ */
+#ifndef LUMEN_H
+#define LUMEN_H
+#include <stdint.h>
+#include <stddef.h>
+
+enum { LM_MAX_DIMS = 8 };
+
+typedef enum lm_dtype {
+   LM_FLOAT32 = 0, LM_FLOAT64 = 1, LM_FLOAT16 = 2, LM_BFLOAT16 = 3,
+   LM_INT64 = 4, LM_INT32 = 5, LM_UINT8 = 6, LM_BOOL = 7, LM_NUM_DTYPES = 8
+} lm_dtype;
+
+typedef enum lm_memfmt {
+   LM_CONTIGUOUS = 0, LM_CHANNELS_LAST = 1, LM_CHANNELS_LAST_3D = 2, LM_PRESERVE = 3
+} lm_memfmt;
+
+typedef enum lm_status {
+   LM_OK = 0, LM_ERR_ARG = 1, LM_ERR_SHAPE = 2, LM_ERR_DTYPE = 3, LM_ERR_FORMAT = 4,
+   LM_ERR_OOM = 5, LM_ERR_DEVICE = 6, LM_ERR_IO = 7, LM_ERR_INTERNAL = 8
+} lm_status;
+
+/* Devices: 0 is the CPU; 1 + k is cuda:k. */
+enum { LM_CPU = 0, LM_CUDA0 = 1, LM_MAX_DEVICES = 9 };
+
+typedef struct lm_storage {
+   void *data;
+   int64_t nbytes;
+   int32_t refcount;
+   int32_t device;
+   /* external memory (e.g. a memory-mapped file): released by deleter(ctx) instead of the
+      allocator when the last reference goes. NULL for allocator-owned memory. */
+   void (*deleter)(void *ctx);
+   void *deleter_ctx;
+} lm_storage;
+
+typedef struct lm_tensor {
+   lm_storage *storage;
+   int64_t offset;                 /* in elements */
+   int64_t numel;
+   int32_t ndim;
+   int32_t dtype;                  /* lm_dtype */
+   int32_t device;                 /* LM_CPU, LM_CUDA0 + k */
+   int32_t flags;                  /* cached LM_FLAG_* bits, refreshed on every size/stride change */
+   int64_t sizes[8];
+   int64_t strides[8];
+} lm_tensor;
+
+/* cached layout flags (lm_tensor.flags) */
+enum {
+   LM_FLAG_CONTIGUOUS = 1, LM_FLAG_CL_CONTIGUOUS = 2, LM_FLAG_CL3D_CONTIGUOUS = 4,
+   LM_FLAG_CL_STRIDES = 8, LM_FLAG_CL3D_STRIDES = 16, LM_FLAG_NOD = 32
+};
+
+/* ---- errors (src/error.c) ---- */
+const char *lm_last_error(void);
+void lm_clear_error(void);
+
+/* ---- dtypes (src/dtype.c) ---- */
+int lm_dtype_size(int dtype);                 /* bytes per element; 0 for an invalid dtype */
+const char *lm_dtype_name(int dtype);
+int lm_dtype_is_floating(int dtype);
+int lm_promote_types(int a, int b);           /* PyTorch's promote_types table */
+float lm_half_to_float(uint16_t h);
+uint16_t lm_float_to_half(float f);
+float lm_bf16_to_float(uint16_t h);
+uint16_t lm_float_to_bf16(float f);
+
+/* ---- allocator (src/alloc.c): 64-byte aligned, size-bucketed cache, byte counters ---- */
+void *lm_alloc(size_t nbytes);                /* NULL on failure (error set) */
+void lm_free(void *p, size_t nbytes);
+int64_t lm_mem_live_bytes(void);              /* bytes handed out and not yet freed */
+int64_t lm_mem_peak_bytes(void);
+void lm_mem_reset_peak(void);
+int64_t lm_mem_cached_bytes(void);            /* bytes held by the cache, not live */
+void lm_mem_empty_cache(void);
+int64_t lm_mem_soft_limit(void);
+void lm_mem_set_soft_limit(int64_t bytes);
+int lm_mem_pressure(void);                    /* 1 when live bytes crossed the soft limit since the
+                                                 last lm_mem_collected(); Lua then collects garbage */
+void lm_mem_collected(void);                  /* Lua reports a finished collection (limit adapts) */
+int64_t lm_mem_alloc_count(void);             /* calls that reached malloc (cache misses) */
+
+/* ---- storage and tensor lifetime (src/tensor.c) ---- */
+lm_storage *lm_storage_new(int64_t nbytes, int device);
+lm_storage *lm_storage_wrap(void *data, int64_t nbytes, int device,
+                            void (*deleter)(void *ctx), void *ctx);
+void lm_storage_retain(lm_storage *s);
+void lm_storage_release(lm_storage *s);
+void lm_tensor_free(lm_tensor *t);
+void *lm_tensor_data(const lm_tensor *t);     /* address of element 0 (storage + offset) */
+void lm_tensor_refresh(lm_tensor *t);         /* recompute numel and flags after editing sizes */
+int lm_tensor_same_storage(const lm_tensor *a, const lm_tensor *b);
+
+/* ---- creation ---- */
+lm_status lm_compute_strides(int ndim, const int64_t *sizes, int fmt, int64_t *strides);
+lm_status lm_empty(int ndim, const int64_t *sizes, int dtype, int fmt, int device, lm_tensor **out);
+lm_status lm_empty_strided(int ndim, const int64_t *sizes, const int64_t *strides, int dtype,
+                           int device, lm_tensor **out);
+/* dtype < 0 keeps t's dtype; fmt may be LM_PRESERVE (spec section 5) */
+lm_status lm_empty_like(const lm_tensor *t, int dtype, int fmt, lm_tensor **out);
+lm_status lm_tensor_from_storage(lm_storage *s, int64_t offset, int ndim, const int64_t *sizes,
+                                 const int64_t *strides, int dtype, lm_tensor **out);
+void lm_infer_dense_strides(int ndim, const int64_t *sizes, const int64_t *strides,
+                            int64_t *out_strides);
+
+/* ---- memory-format predicates (src/memory_format.c) ---- */
+int lm_is_contiguous(const lm_tensor *t, int fmt);
+int lm_is_non_overlapping_and_dense(const lm_tensor *t);
+int lm_is_channels_last_strides(const lm_tensor *t);     /* "strides like" (spec 2.3), 4-D */
+int lm_is_channels_last_3d_strides(const lm_tensor *t);  /* 5-D */
+int lm_suggest_memory_format(const lm_tensor *t, int exact);
+/* flags for raw sizes/strides, without a tensor */
+int lm_layout_flags(int ndim, const int64_t *sizes, const int64_t *strides);
+
+/* ---- views (src/view.c): no data is copied; out is always a new tensor handle ---- */
+lm_status lm_alias(const lm_tensor *t, lm_tensor **out);
+lm_status lm_as_strided(const lm_tensor *t, int ndim, const int64_t *sizes,
+                        const int64_t *strides, int64_t offset, lm_tensor **out);
+/* sizes may hold one -1 (inferred); fails if the strides cannot express it */
+lm_status lm_view(const lm_tensor *t, int ndim, const int64_t *sizes, lm_tensor **out);
+/* a view when possible, else a contiguous copy */
+lm_status lm_reshape(const lm_tensor *t, int ndim, const int64_t *sizes, lm_tensor **out);
+lm_status lm_permute(const lm_tensor *t, const int *dims, lm_tensor **out);
+lm_status lm_transpose(const lm_tensor *t, int d0, int d1, lm_tensor **out);
+lm_status lm_expand(const lm_tensor *t, int ndim, const int64_t *sizes, lm_tensor **out);
+lm_status lm_narrow(const lm_tensor *t, int dim, int64_t start, int64_t length, lm_tensor **out);
+lm_status lm_select(const lm_tensor *t, int dim, int64_t index, lm_tensor **out);
+lm_status lm_unsqueeze(const lm_tensor *t, int dim, lm_tensor **out);
+lm_status lm_squeeze(const lm_tensor *t, int dim, lm_tensor **out);      /* dim < 0: all */
+lm_status lm_flatten(const lm_tensor *t, int start_dim, int end_dim, lm_tensor **out);
+
+/* ---- layout changes ---- */
+/* clone with a memory format (LM_PRESERVE follows spec section 5) and optional dtype (< 0 keeps) */
+lm_status lm_clone(const lm_tensor *t, int fmt, int dtype, lm_tensor **out);
+
+/* ---- the elementwise engine (src/iter.c, src/elementwise.c) ---- */
+typedef enum lm_unary_op {
+   LM_NEG = 0, LM_ABS, LM_EXP, LM_LOG, LM_SQRT, LM_RSQRT, LM_RELU, LM_SIGMOID, LM_TANH,
+   LM_SQUARE, LM_RECIPROCAL, LM_SIGN, LM_LOGICAL_NOT, LM_FLOOR, LM_CEIL, LM_ROUND, LM_SIN, LM_COS,
+   LM_LOG1P, LM_EXPM1, LM_NUM_UNARY
+} lm_unary_op;
+
+typedef enum lm_binary_op {
+   LM_ADD = 0,        /* a + alpha * b */
+   LM_SUB,            /* a - alpha * b */
+   LM_MUL, LM_DIV, LM_POW, LM_MAXIMUM, LM_MINIMUM,
+   LM_EQ, LM_NE, LM_LT, LM_LE, LM_GT, LM_GE,            /* bool results */
+   LM_LOGICAL_AND, LM_LOGICAL_OR,                         /* bool results */
+   LM_RELU_BACKWARD,  /* a * (b > 0): a = grad, b = relu output or input */
+   LM_SIGMOID_BACKWARD, /* a * b * (1 - b): a = grad, b = sigmoid output */
+   LM_TANH_BACKWARD,  /* a * (1 - b*b): a = grad, b = tanh output */
+   LM_FMOD, LM_ATAN2,
+   LM_NUM_BINARY
+} lm_binary_op;
+
+lm_status lm_unary(int op, const lm_tensor *a, lm_tensor **out);
+/* has_lo / has_hi select which bounds apply */
+lm_status lm_clamp(const lm_tensor *a, double lo, double hi, int has_lo, int has_hi,
+                   lm_tensor **out);
+lm_status lm_binary(int op, const lm_tensor *a, const lm_tensor *b, double alpha, lm_tensor **out);
+/* tensor (op) scalar, or scalar (op) tensor when reverse != 0; the scalar is a "wrapped number"
+   for type promotion; is_int tells whether the Lua number was integral */
+lm_status lm_binary_scalar(int op, const lm_tensor *a, double s, int is_int, int reverse,
+                           double alpha, lm_tensor **out);
+lm_status lm_addcmul(const lm_tensor *a, const lm_tensor *b, const lm_tensor *c, double value,
+                     lm_tensor **out);                     /* a + value * b * c */
+lm_status lm_addcdiv(const lm_tensor *a, const lm_tensor *b, const lm_tensor *c, double value,
+                     lm_tensor **out);                     /* a + value * b / c */
+lm_status lm_where(const lm_tensor *cond, const lm_tensor *a, const lm_tensor *b,
+                   lm_tensor **out);
+/* dst[...] = src (broadcast to dst's shape, converted to dst's dtype); dst keeps its strides */
+lm_status lm_copy_(lm_tensor *dst, const lm_tensor *src);
+lm_status lm_fill_(lm_tensor *t, double value);
+/* the result dtype of a binary op between two tensors (0-dim tensors weigh less, as in PyTorch) */
+int lm_result_type(const lm_tensor *a, const lm_tensor *b);
+int lm_result_type_scalar(const lm_tensor *a, int scalar_is_int, int scalar_is_bool);
+
+/* ---- reductions (src/reduce.c) ---- */
+typedef enum lm_reduce_op {
+   LM_SUM = 0, LM_MEAN, LM_MAX, LM_MIN, LM_ARGMAX, LM_ARGMIN, LM_PROD, LM_NUM_REDUCE
+} lm_reduce_op;
+/* dims: 0-based, ndims == 0 reduces over all elements (output is 0-dim unless keepdim).
+   indices (may be NULL) receives int64 positions for MAX/MIN along a single dim. */
+lm_status lm_reduce(int op, const lm_tensor *a, const int *dims, int ndims, int keepdim,
+                    int dtype, lm_tensor **out, lm_tensor **indices);
+
+/* ---- joining ---- */
+lm_status lm_cat(int n, const lm_tensor *const *ts, int dim, lm_tensor **out);
+
+/* ---- random numbers (src/random.c): counter-based, independent of the thread count ---- */
+void lm_manual_seed(uint64_t seed);
+uint64_t lm_initial_seed(void);
+lm_status lm_uniform_(lm_tensor *t, double lo, double hi);
+lm_status lm_normal_(lm_tensor *t, double mean, double std);
+lm_status lm_randint_(lm_tensor *t, int64_t low, int64_t high);
+lm_status lm_bernoulli_(lm_tensor *t, double p);          /* 1 with probability p, else 0 */
+lm_status lm_randperm(int64_t n, lm_tensor **out);
+
+/* ---- element access and bulk transfer (src/access.c) ---- */
+/* idx holds t->ndim 0-based indices */
+lm_status lm_get(const lm_tensor *t, const int64_t *idx, double *value);
+lm_status lm_set(lm_tensor *t, const int64_t *idx, double value);
+/* every element in logical (row-major) order, converted to/from double */
+lm_status lm_to_doubles(const lm_tensor *t, double *buf);
+lm_status lm_from_doubles(lm_tensor *t, const double *buf);
+
+/* ---- threads ---- */
+void lm_set_num_threads(int n);
+int lm_get_num_threads(void);
+
+/* ---- linear algebra (kernels/cpu/gemm.c, kernels/cpu/linalg.c) ---- */
+/* row-major C = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T; lda etc. are row strides */
+void lm_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+              float *c, int64_t ldc);
+void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
+              double *c, int64_t ldc);
+/* 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512; returns the ISA in use after the call */
+int lm_gemm_set_isa(int isa);
+int lm_gemm_isa(void);
+lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);
+
+#endif
