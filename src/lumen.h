@@ -241,4 +241,40 @@ int lm_gemm_set_isa(int isa);
 int lm_gemm_isa(void);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);
 
+/* ---- files (src/io.c) ---- */
+/* map a whole file (private, copy-on-write); the storage unmaps it when released */
+lm_status lm_map_file(const char *path, lm_storage **out);
+/* write head, then each tensor's elements in logical order, to tmp_path; fsync; rename to
+   final_path. On failure tmp_path is removed and final_path is untouched. */
+lm_status lm_write_file_atomic(const char *tmp_path, const char *final_path, const char *head,
+                               int64_t head_len, int n, const lm_tensor *const *ts);
+lm_status lm_read_file_range(const char *path, int64_t offset, int64_t len, void *buf,
+                             int64_t *file_size);
+
+/* ---- data loading (src/data.c) ---- */
+/* read an IDX file (MNIST format; gzip-compressed or plain) into a contiguous tensor */
+lm_status lm_idx_read(const char *path, lm_tensor **out);
+
+typedef struct lm_loader lm_loader;
+typedef struct lm_loader_opts {
+   int64_t batch_size;
+   int32_t drop_last;
+   int32_t out_fmt;        /* LM_CHANNELS_LAST or LM_CONTIGUOUS for the image batch */
+   int32_t pad;            /* zero padding before a random crop (0: none) */
+   int32_t crop_h, crop_w; /* random crop size (0: the image size) */
+   int32_t hflip;          /* random horizontal flip with probability 1/2 */
+   int32_t workers;        /* worker threads (>= 1) */
+   int32_t prefetch;       /* batches ready ahead (>= 1) */
+   uint64_t seed;
+   float mean[4], std[4];  /* per channel: out = (x / 255 - mean) / std */
+} lm_loader_opts;
+/* images: uint8 (N, H, W) or (N, H, W, C); labels: int64 (N) or NULL; order: the epoch's sample
+   indices (0-based). Batches come out as float32 (B, C, H, W) in opts->out_fmt. */
+lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const int64_t *order,
+                        int64_t n_order, const lm_loader_opts *opts, lm_loader **out);
+int64_t lm_loader_num_batches(const lm_loader *l);
+/* the next batch in order (caller owns x and y); *x == NULL after the last batch */
+lm_status lm_loader_next(lm_loader *l, lm_tensor **x, lm_tensor **y);
+void lm_loader_free(lm_loader *l);
+
 #endif

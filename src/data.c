@@ -1,0 +1,330 @@
+/* data.c -- data loading in C: the IDX reader (MNIST / Fashion-MNIST files, gzip through zlib)
+ * and a batch loader whose worker threads (pthreads) gather, augment and normalise batches
+ * straight into channels-last float32 tensors while Lua trains.
+ *
+ * Loader design: the epoch's sample order is fixed up front (Lua passes it, from the seeded RNG).
+ * Batch b is produced by whichever worker claims it, but every random choice for it (crop offset,
+ * flip) comes from a counter-based hash of (seed, sample position), so the batches do not depend
+ * on the number of workers or their timing. Batches are handed out strictly in order through a
+ * ring of `prefetch` slots. */
+#include "internal.h"
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <zlib.h>
+
+/* ------------------------------------------------------------------ IDX */
+
+static lm_status gz_read_exact(gzFile f, void *buf, size_t n, const char *path, const char *what) {
+   size_t got = 0;
+   while (got < n) {
+      unsigned chunk = (n - got) > (1u << 30) ? (1u << 30) : (unsigned)(n - got);
+      int r = gzread(f, (char *)buf + got, chunk);
+      if (r < 0) {
+         int zerr;
+         const char *m = gzerror(f, &zerr);
+         return lm_error(LM_ERR_IO, "'%s' is corrupt (%s while reading the %s)", path, m, what);
+      }
+      if (r == 0)
+         return lm_error(LM_ERR_IO, "'%s' is truncated: %zu of %zu bytes of the %s", path, got, n,
+                         what);
+      got += (size_t)r;
+   }
+   return LM_OK;
+}
+
+lm_status lm_idx_read(const char *path, lm_tensor **out) {
+   if (!path || !out) return lm_error(LM_ERR_ARG, "path is nil");
+   gzFile f = gzopen(path, "rb");
+   if (!f) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+   unsigned char magic[4];
+   lm_status st = gz_read_exact(f, magic, 4, path, "magic number");
+   if (st != LM_OK) goto done;
+   if (magic[0] != 0 || magic[1] != 0) {
+      st = lm_error(LM_ERR_IO, "'%s' is not an IDX file (bad magic number)", path);
+      goto done;
+   }
+   int dtype, esize;
+   switch (magic[2]) {
+   case 0x08: dtype = LM_UINT8; esize = 1; break;
+   case 0x0C: dtype = LM_INT32; esize = 4; break;
+   case 0x0D: dtype = LM_FLOAT32; esize = 4; break;
+   case 0x0E: dtype = LM_FLOAT64; esize = 8; break;
+   default:
+      st = lm_error(LM_ERR_IO, "'%s': unsupported IDX element type 0x%02x", path, magic[2]);
+      goto done;
+   }
+   int nd = magic[3];
+   if (nd < 1 || nd > LM_MAX_DIMS) {
+      st = lm_error(LM_ERR_IO, "'%s': bad IDX rank %d", path, nd);
+      goto done;
+   }
+   int64_t sizes[LM_MAX_DIMS];
+   int64_t numel = 1;
+   for (int d = 0; d < nd; d++) {
+      unsigned char b[4];
+      st = gz_read_exact(f, b, 4, path, "dimensions");
+      if (st != LM_OK) goto done;
+      sizes[d] = ((int64_t)b[0] << 24) | ((int64_t)b[1] << 16) | ((int64_t)b[2] << 8) | b[3];
+      numel *= sizes[d];
+      if (numel > ((int64_t)1 << 36)) {
+         st = lm_error(LM_ERR_IO, "'%s': IDX dimensions are implausibly large", path);
+         goto done;
+      }
+   }
+   lm_tensor *t = NULL;
+   st = lm_empty(nd, sizes, dtype, LM_CONTIGUOUS, LM_CPU, &t);
+   if (st != LM_OK) goto done;
+   st = gz_read_exact(f, lm_tensor_data(t), (size_t)(numel * esize), path, "data");
+   if (st != LM_OK) {
+      lm_tensor_free(t);
+      goto done;
+   }
+   if (esize > 1) { /* IDX is big-endian */
+      unsigned char *p = lm_tensor_data(t);
+      for (int64_t i = 0; i < numel; i++, p += esize)
+         for (int a = 0, b = esize - 1; a < b; a++, b--) {
+            unsigned char c = p[a];
+            p[a] = p[b];
+            p[b] = c;
+         }
+   }
+   *out = t;
+done:
+   gzclose(f);
+   return st;
+}
+
+/* ------------------------------------------------------------------ loader */
+
+
+typedef struct slot {
+   int64_t batch; /* which batch this slot holds, -1 when empty */
+   int ready;
+   lm_tensor *x, *y;
+   lm_status status;
+   char err[256];
+} slot;
+
+struct lm_loader {
+   lm_tensor *images; /* uint8 (N, H, W) or (N, H, W, C), contiguous */
+   lm_tensor *labels; /* int64 (N) or NULL */
+   int64_t *order, n_order, n_batches;
+   int64_t H, W, Cn, oh, ow;
+   lm_loader_opts o;
+   pthread_mutex_t mu;
+   pthread_cond_t cv_work, cv_ready;
+   int64_t next_claim, next_take;
+   int stop;
+   slot *slots;
+   pthread_t *threads;
+   int nthreads;
+};
+
+static uint64_t mix64(uint64_t x) {
+   x += 0x9e3779b97f4a7c15ull;
+   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+   return x ^ (x >> 31);
+}
+
+static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor **py) {
+   int64_t first = b * L->o.batch_size;
+   int64_t n = L->n_order - first < L->o.batch_size ? L->n_order - first : L->o.batch_size;
+   int64_t xs[4] = {n, L->Cn, L->oh, L->ow};
+   lm_tensor *x = NULL, *y = NULL;
+   LM_TRY(lm_empty(4, xs, LM_FLOAT32, L->o.out_fmt, LM_CPU, &x));
+   if (L->labels) {
+      lm_status st = lm_empty(1, &n, LM_INT64, LM_CONTIGUOUS, LM_CPU, &y);
+      if (st != LM_OK) {
+         lm_tensor_free(x);
+         return st;
+      }
+   }
+   const uint8_t *img = lm_tensor_data(L->images);
+   float *xo = lm_tensor_data(x);
+   const int64_t sN = x->strides[0], sC = x->strides[1], sH = x->strides[2], sW = x->strides[3];
+   const int64_t H = L->H, W = L->W, Cn = L->Cn, pad = L->o.pad;
+   float scale[4], shift[4];
+   for (int c = 0; c < Cn; c++) {
+      scale[c] = 1.0f / (255.0f * L->o.std[c]);
+      shift[c] = -L->o.mean[c] / L->o.std[c];
+   }
+   for (int64_t i = 0; i < n; i++) {
+      int64_t pos = first + i, idx = L->order[pos];
+      uint64_t r = mix64(L->o.seed ^ mix64((uint64_t)pos));
+      int64_t range_h = H + 2 * pad - L->oh + 1, range_w = W + 2 * pad - L->ow + 1;
+      int64_t oy = (int64_t)(r % (uint64_t)range_h) - pad;
+      int64_t ox = (int64_t)((r >> 20) % (uint64_t)range_w) - pad;
+      if (L->o.crop_h == 0 && pad == 0) oy = ox = 0;
+      int flip = L->o.hflip && ((r >> 40) & 1);
+      const uint8_t *src = img + idx * H * W * Cn;
+      float *dst = xo + i * sN;
+      for (int64_t yy = 0; yy < L->oh; yy++) {
+         int64_t sy = yy + oy;
+         for (int64_t xx = 0; xx < L->ow; xx++) {
+            int64_t sx = flip ? (L->ow - 1 - xx) + ox : xx + ox;
+            float *d = dst + yy * sH + xx * sW;
+            if (sy < 0 || sy >= H || sx < 0 || sx >= W) {
+               for (int64_t c = 0; c < Cn; c++) d[c * sC] = shift[c]; /* zero pixel, normalised */
+            } else {
+               const uint8_t *s = src + (sy * W + sx) * Cn;
+               for (int64_t c = 0; c < Cn; c++) d[c * sC] = (float)s[c] * scale[c] + shift[c];
+            }
+         }
+      }
+      if (y) ((int64_t *)lm_tensor_data(y))[i] = ((const int64_t *)lm_tensor_data(L->labels))[idx];
+   }
+   *px = x;
+   *py = y;
+   return LM_OK;
+}
+
+static void *worker(void *arg) {
+   lm_loader *L = arg;
+   pthread_mutex_lock(&L->mu);
+   for (;;) {
+      /* claim the next batch if a slot for it is free */
+      while (!L->stop && (L->next_claim >= L->n_batches ||
+                          L->next_claim >= L->next_take + L->o.prefetch))
+         pthread_cond_wait(&L->cv_work, &L->mu);
+      if (L->stop) break;
+      int64_t b = L->next_claim++;
+      slot *s = &L->slots[b % L->o.prefetch];
+      pthread_mutex_unlock(&L->mu);
+      lm_tensor *x = NULL, *y = NULL;
+      lm_status st = make_batch(L, b, &x, &y);
+      pthread_mutex_lock(&L->mu);
+      s->batch = b;
+      s->x = x;
+      s->y = y;
+      s->status = st;
+      if (st != LM_OK) snprintf(s->err, sizeof s->err, "%s", lm_last_error());
+      s->ready = 1;
+      pthread_cond_broadcast(&L->cv_ready);
+   }
+   pthread_mutex_unlock(&L->mu);
+   return NULL;
+}
+
+void lm_loader_free(lm_loader *L) {
+   if (!L) return;
+   pthread_mutex_lock(&L->mu);
+   L->stop = 1;
+   pthread_cond_broadcast(&L->cv_work);
+   pthread_mutex_unlock(&L->mu);
+   for (int i = 0; i < L->nthreads; i++) pthread_join(L->threads[i], NULL);
+   for (int i = 0; i < L->o.prefetch; i++) {
+      lm_tensor_free(L->slots[i].x);
+      lm_tensor_free(L->slots[i].y);
+   }
+   pthread_mutex_destroy(&L->mu);
+   pthread_cond_destroy(&L->cv_work);
+   pthread_cond_destroy(&L->cv_ready);
+   lm_tensor_free(L->images);
+   lm_tensor_free(L->labels);
+   free(L->order);
+   free(L->slots);
+   free(L->threads);
+   free(L);
+}
+
+lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const int64_t *order,
+                        int64_t n_order, const lm_loader_opts *o, lm_loader **out) {
+   if (!images || !o || !out) return lm_error(LM_ERR_ARG, "images and options are required");
+   if (images->dtype != LM_UINT8) return lm_error(LM_ERR_DTYPE, "images must be uint8");
+   if (images->ndim != 3 && images->ndim != 4)
+      return lm_error(LM_ERR_SHAPE, "images must be (N, H, W) or (N, H, W, C), got %d dims",
+                      images->ndim);
+   int64_t N = images->sizes[0];
+   int64_t Cn = images->ndim == 4 ? images->sizes[3] : 1;
+   if (Cn < 1 || Cn > 4) return lm_error(LM_ERR_SHAPE, "images must have 1 to 4 channels");
+   if (labels && (labels->dtype != LM_INT64 || labels->ndim != 1 || labels->sizes[0] != N))
+      return lm_error(LM_ERR_SHAPE, "labels must be int64 of size %lld", (long long)N);
+   if (o->batch_size < 1) return lm_error(LM_ERR_ARG, "batch_size must be positive");
+   if (n_order < 0 || (n_order > 0 && !order)) return lm_error(LM_ERR_ARG, "bad sample order");
+   for (int64_t i = 0; i < n_order; i++)
+      if (order[i] < 0 || order[i] >= N)
+         return lm_error(LM_ERR_ARG, "sample index %lld out of range", (long long)order[i] + 1);
+   if (o->pad < 0 || o->crop_h < 0 || o->crop_w < 0) return lm_error(LM_ERR_ARG, "bad crop");
+   for (int c = 0; c < Cn; c++)
+      if (!(o->std[c] > 0)) return lm_error(LM_ERR_ARG, "std must be positive");
+   int64_t H = images->sizes[1], W = images->sizes[2];
+   int64_t oh = o->crop_h ? o->crop_h : H, ow = o->crop_w ? o->crop_w : W;
+   if (oh > H + 2 * o->pad || ow > W + 2 * o->pad)
+      return lm_error(LM_ERR_ARG, "crop is larger than the padded image");
+   if (o->out_fmt != LM_CHANNELS_LAST && o->out_fmt != LM_CONTIGUOUS)
+      return lm_error(LM_ERR_FORMAT, "batches are channels_last or contiguous");
+   lm_loader *L = calloc(1, sizeof *L);
+   if (!L) return lm_error(LM_ERR_OOM, "out of memory");
+   L->o = *o;
+   if (L->o.workers < 1) L->o.workers = 1;
+   if (L->o.prefetch < 1) L->o.prefetch = 1;
+   L->H = H;
+   L->W = W;
+   L->Cn = Cn;
+   L->oh = oh;
+   L->ow = ow;
+   L->n_order = n_order;
+   L->n_batches = o->drop_last ? n_order / o->batch_size
+                               : (n_order + o->batch_size - 1) / o->batch_size;
+   pthread_mutex_init(&L->mu, NULL);
+   pthread_cond_init(&L->cv_work, NULL);
+   pthread_cond_init(&L->cv_ready, NULL);
+   L->order = malloc(sizeof(int64_t) * (size_t)(n_order > 0 ? n_order : 1));
+   L->slots = calloc((size_t)L->o.prefetch, sizeof(slot));
+   L->threads = calloc((size_t)L->o.workers, sizeof(pthread_t));
+   lm_status st = LM_OK;
+   if (!L->order || !L->slots || !L->threads) st = lm_error(LM_ERR_OOM, "out of memory");
+   if (st == LM_OK && n_order) memcpy(L->order, order, sizeof(int64_t) * (size_t)n_order);
+   /* private contiguous references to the data (views share the storage; no copy) */
+   if (st == LM_OK) {
+      if (lm_is_contiguous(images, LM_CONTIGUOUS)) st = lm_alias(images, &L->images);
+      else st = lm_clone(images, LM_CONTIGUOUS, -1, &L->images);
+   }
+   if (st == LM_OK && labels) {
+      if (lm_is_contiguous(labels, LM_CONTIGUOUS)) st = lm_alias(labels, &L->labels);
+      else st = lm_clone(labels, LM_CONTIGUOUS, -1, &L->labels);
+   }
+   for (int i = 0; st == LM_OK && i < L->o.prefetch; i++) L->slots[i].batch = -1;
+   for (int i = 0; st == LM_OK && i < L->o.workers; i++) {
+      if (pthread_create(&L->threads[i], NULL, worker, L) != 0) {
+         st = lm_error(LM_ERR_INTERNAL, "cannot start a loader thread");
+         break;
+      }
+      L->nthreads++;
+   }
+   if (st != LM_OK) {
+      lm_loader_free(L);
+      return st;
+   }
+   *out = L;
+   return LM_OK;
+}
+
+int64_t lm_loader_num_batches(const lm_loader *L) { return L ? L->n_batches : 0; }
+
+/* the next batch in order; *x == NULL at the end of the epoch */
+lm_status lm_loader_next(lm_loader *L, lm_tensor **x, lm_tensor **y) {
+   if (!L || !x || !y) return lm_error(LM_ERR_ARG, "loader is nil");
+   *x = *y = NULL;
+   pthread_mutex_lock(&L->mu);
+   if (L->next_take >= L->n_batches) {
+      pthread_mutex_unlock(&L->mu);
+      return LM_OK;
+   }
+   slot *s = &L->slots[L->next_take % L->o.prefetch];
+   while (!(s->ready && s->batch == L->next_take)) pthread_cond_wait(&L->cv_ready, &L->mu);
+   lm_status st = s->status;
+   if (st != LM_OK) lm_error(st, "%s", s->err);
+   *x = s->x;
+   *y = s->y;
+   s->x = s->y = NULL;
+   s->ready = 0;
+   s->batch = -1;
+   L->next_take++;
+   pthread_cond_broadcast(&L->cv_work);
+   pthread_mutex_unlock(&L->mu);
+   return st;
+}

@@ -1,0 +1,139 @@
+/* io.c -- file access for serialization: memory-mapped reads (tensors become views of the file
+ * with no copy) and atomic writes (a temporary file, fsync, then rename, so a crash mid-write
+ * leaves the previous file intact). The format itself (safetensors) is parsed in Lua. */
+#include "internal.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct mapping {
+   void *addr;
+   size_t len;
+} mapping;
+
+static void unmap(void *ctx) {
+   mapping *m = ctx;
+   if (m->len) munmap(m->addr, m->len);
+   free(m);
+}
+
+lm_status lm_map_file(const char *path, lm_storage **out) {
+   if (!path || !out) return lm_error(LM_ERR_ARG, "path is nil");
+   int fd = open(path, O_RDONLY | O_CLOEXEC);
+   if (fd < 0) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+   struct stat sb;
+   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+      close(fd);
+      return lm_error(LM_ERR_IO, "'%s' is not a regular file", path);
+   }
+   mapping *m = malloc(sizeof *m);
+   if (!m) {
+      close(fd);
+      return lm_error(LM_ERR_OOM, "out of memory");
+   }
+   m->len = (size_t)sb.st_size;
+   m->addr = NULL;
+   if (m->len) {
+      /* private and writable: tensors loaded from the file may be modified in place (copy on
+         write); the file itself never changes */
+      m->addr = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+      if (m->addr == MAP_FAILED) {
+         int e = errno;
+         close(fd);
+         free(m);
+         return lm_error(LM_ERR_IO, "cannot map '%s': %s", path, strerror(e));
+      }
+   }
+   close(fd);
+   lm_storage *s = lm_storage_wrap(m->addr, (int64_t)m->len, LM_CPU, unmap, m);
+   if (!s) {
+      unmap(m);
+      return LM_ERR_OOM;
+   }
+   *out = s;
+   return LM_OK;
+}
+
+static lm_status write_all(int fd, const void *p, size_t n, const char *path) {
+   const char *c = p;
+   while (n > 0) {
+      ssize_t w = write(fd, c, n);
+      if (w < 0) {
+         if (errno == EINTR) continue;
+         return lm_error(LM_ERR_IO, "write to '%s' failed: %s", path, strerror(errno));
+      }
+      c += w;
+      n -= (size_t)w;
+   }
+   return LM_OK;
+}
+
+/* write `head` (head_len bytes) then the elements of each tensor in logical row-major order to
+   tmp_path, fsync it, and rename it over final_path */
+lm_status lm_write_file_atomic(const char *tmp_path, const char *final_path, const char *head,
+                               int64_t head_len, int n, const lm_tensor *const *ts) {
+   if (!tmp_path || !final_path) return lm_error(LM_ERR_ARG, "path is nil");
+   if (head_len < 0 || (head_len > 0 && !head)) return lm_error(LM_ERR_ARG, "bad header");
+   for (int i = 0; i < n; i++) {
+      if (!ts[i]) return lm_error(LM_ERR_ARG, "tensor %d is nil", i + 1);
+      LM_TRY(lm_check_cpu(ts[i], "tensor"));
+   }
+   int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+   if (fd < 0) return lm_error(LM_ERR_IO, "cannot create '%s': %s", tmp_path, strerror(errno));
+   lm_status st = write_all(fd, head, (size_t)head_len, tmp_path);
+   for (int i = 0; i < n && st == LM_OK; i++) {
+      const lm_tensor *t = ts[i];
+      int64_t nbytes = t->numel * lm_dtype_size(t->dtype);
+      if (nbytes == 0) continue;
+      if (lm_is_contiguous(t, LM_CONTIGUOUS)) {
+         st = write_all(fd, lm_tensor_data(t), (size_t)nbytes, tmp_path);
+      } else {
+         lm_tensor *c = NULL;
+         st = lm_clone(t, LM_CONTIGUOUS, -1, &c);
+         if (st == LM_OK) st = write_all(fd, lm_tensor_data(c), (size_t)nbytes, tmp_path);
+         lm_tensor_free(c);
+      }
+   }
+   if (st == LM_OK && fsync(fd) != 0)
+      st = lm_error(LM_ERR_IO, "fsync of '%s' failed: %s", tmp_path, strerror(errno));
+   if (close(fd) != 0 && st == LM_OK)
+      st = lm_error(LM_ERR_IO, "close of '%s' failed: %s", tmp_path, strerror(errno));
+   if (st == LM_OK && rename(tmp_path, final_path) != 0)
+      st = lm_error(LM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp_path, final_path,
+                    strerror(errno));
+   if (st != LM_OK) unlink(tmp_path);
+   return st;
+}
+
+/* read `len` bytes at `offset` of a file into buf (used for the safetensors header, so that a
+   hostile length never maps or reads past the end) */
+lm_status lm_read_file_range(const char *path, int64_t offset, int64_t len, void *buf,
+                             int64_t *file_size) {
+   if (!path) return lm_error(LM_ERR_ARG, "path is nil");
+   FILE *f = fopen(path, "rb");
+   if (!f) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+   struct stat sb;
+   if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+      fclose(f);
+      return lm_error(LM_ERR_IO, "'%s' is not a regular file", path);
+   }
+   if (file_size) *file_size = (int64_t)sb.st_size;
+   if (len > 0) {
+      if (offset < 0 || offset + len > (int64_t)sb.st_size) {
+         fclose(f);
+         return lm_error(LM_ERR_IO, "'%s' is truncated: %lld bytes wanted at offset %lld, file "
+                                    "has %lld", path, (long long)len, (long long)offset,
+                         (long long)sb.st_size);
+      }
+      if (fseeko(f, (off_t)offset, SEEK_SET) != 0 || fread(buf, 1, (size_t)len, f) != (size_t)len) {
+         fclose(f);
+         return lm_error(LM_ERR_IO, "cannot read '%s'", path);
+      }
+   }
+   fclose(f);
+   return LM_OK;
+}
