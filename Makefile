@@ -11,7 +11,7 @@
 CC ?= cc
 OPT ?= -O3 -march=x86-64-v2 -mtune=native
 CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -fopenmp -Isrc -Ikernels $(OPT)
-LDFLAGS_BASE = -shared -fopenmp -lm
+LDFLAGS_BASE = -shared -fopenmp -lm -lz -lpthread -Wl,-z,nodelete
 BUILD ?= build
 
 # luarocks passes its own CFLAGS (-O2 -fPIC): keep the flags that matter (-fPIC, -I, -D, ...) but
@@ -22,6 +22,10 @@ endif
 
 SRCS := $(wildcard src/*.c) $(wildcard kernels/cpu/*.c)
 OBJS := $(patsubst %.c,$(BUILD)/%.o,$(SRCS))
+
+# header dependencies: every object also depends on the headers it actually includes (src/iter.h,
+# kernels/cpu/*.h, ...), recorded by the compiler in $(BUILD)/**/*.d (included at the end)
+CFLAGS_BASE += -MMD -MP
 HDRS := src/lumen.h $(sort $(wildcard kernels/*.h))
 
 all: $(BUILD)/liblumen.so lua/lumen/cdef.lua
@@ -55,7 +59,7 @@ BUSTED ?= $(shell command -v busted 2>/dev/null || echo /usr/bin/busted)
 TEST_ENV = LUAJIT="$(LUAJIT)" BUSTED="$(BUSTED)" CC="$(CC)" BUILD="$(BUILD)"
 
 test: all
-	@$(TEST_ENV) LUMEN_LIB="$${LUMEN_LIB:-$(CURDIR)/$(BUILD)/liblumen.so}" sh tools/run_tests.sh $(TEST_ARGS)
+	@$(TEST_ENV) LUMEN_LIB="$${LUMEN_LIB:-$(CURDIR)/$(BUILD)/liblumen.so}" bash tools/run_tests.sh $(TEST_ARGS)
 
 # ASan + UBSan. LuaJIT itself is not instrumented, so libasan is preloaded (LUMEN_PRELOAD becomes
 # LD_PRELOAD for luajit only, not for the compiler); its leak checker is
@@ -74,11 +78,11 @@ asan:
 	   LUMEN_PRELOAD="$(ASAN_RT)" \
 	   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
 	   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-	   sh tools/run_tests.sh $(TEST_ARGS)
+	   bash tools/run_tests.sh $(TEST_ARGS)
 
 # ---- benchmarks, lint, demo --------------------------------------------------------------------
 bench: all
-	sh bench/run.sh
+	bash bench/run.sh $(BENCH_ARGS)
 
 lint:
 	luacheck --config .luacheckrc .
@@ -111,3 +115,6 @@ clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) lua/lumen/cdef.lua
 
 .PHONY: all test asan bench lint demo install clean
+
+# last, so that `all` stays the default goal
+-include $(OBJS:.o=.d)

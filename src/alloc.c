@@ -47,7 +47,7 @@ static int size_class(size_t n, size_t *rounded) {
    size_t base = (size_t)1 << e, quarter = base / 4;
    size_t q = (n - base + quarter - 1) / quarter; /* 1..4 */
    *rounded = base + q * quarter;
-   return (e - 6) * 4 + (int)q - 1;
+   return (e - 6) * 4 + (int)q; /* 1..96: class 0 is the 64-byte class */
 }
 
 void *lm_alloc(size_t nbytes) {

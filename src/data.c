@@ -328,3 +328,19 @@ lm_status lm_loader_next(lm_loader *L, lm_tensor **x, lm_tensor **y) {
    pthread_mutex_unlock(&L->mu);
    return st;
 }
+
+/* idx[0..n) = a permutation of 0..n-1 that depends only on seed (Fisher-Yates over splitmix64) */
+lm_status lm_permutation(int64_t *idx, int64_t n, uint64_t seed) {
+   if (n < 0 || (n > 0 && !idx)) return lm_error(LM_ERR_ARG, "bad permutation size");
+   for (int64_t i = 0; i < n; i++) idx[i] = i;
+   uint64_t state = seed;
+   for (int64_t i = n - 1; i > 0; i--) {
+      state += 0x9e3779b97f4a7c15ull;
+      uint64_t r = mix64(state);
+      int64_t j = (int64_t)(r % (uint64_t)(i + 1));
+      int64_t t = idx[i];
+      idx[i] = idx[j];
+      idx[j] = t;
+   }
+   return LM_OK;
+}

@@ -276,5 +276,7 @@ int64_t lm_loader_num_batches(const lm_loader *l);
 /* the next batch in order (caller owns x and y); *x == NULL after the last batch */
 lm_status lm_loader_next(lm_loader *l, lm_tensor **x, lm_tensor **y);
 void lm_loader_free(lm_loader *l);
+/* idx = a permutation of 0..n-1 that depends only on seed */
+lm_status lm_permutation(int64_t *idx, int64_t n, uint64_t seed);
 
 #endif

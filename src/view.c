@@ -60,6 +60,10 @@ static int compute_view_strides(int ond, const int64_t *osz, const int64_t *ost,
       lm_compute_strides(nnd, nsz, LM_CONTIGUOUS, nst);
       return 1;
    }
+   if (ond == 0) { /* a 0-dim tensor views as any shape of one element */
+      for (int d = 0; d < nnd; d++) nst[d] = 1;
+      return 1;
+   }
    int view_d = nnd - 1;
    int64_t chunk_base_stride = ond > 0 ? ost[ond - 1] : 1;
    int64_t tensor_numel = 1, view_numel = 1;

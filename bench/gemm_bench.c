@@ -1,0 +1,207 @@
+/* gemm_bench.c -- GFLOP/s of lumen's own GEMM against the measured FMA peak of this machine.
+ *
+ * Build against the library:
+ *   cc -O2 -fopenmp -Isrc bench/gemm_bench.c -Lbuild -llumen -Wl,-rpath,$PWD/build -o /tmp/gemm_bench
+ * or standalone, compiling the GEMM sources in (no other part of lumen needed):
+ *   cc -O2 -fopenmp -Isrc -Ikernels -DLM_GEMM_STANDALONE bench/gemm_bench.c kernels/cpu/gemm.c \
+ *      /tmp/gemm_avx512.o /tmp/gemm_avx2.o -o /tmp/gemm_bench     (ISA objects built as in Makefile)
+ * Run: /tmp/gemm_bench [size [reps]]      (default 1024, 9 repetitions; medians are printed)
+ *
+ * Prints, per thread count (1, 2): the FMA peak (a loop of 16 independent vfmadd231ps chains on
+ * zmm registers per thread), then sgemm NN / NT / TN on size^3 for every ISA path and dgemm NN on
+ * the auto path, with the % of the measured peak.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <omp.h>
+#include <immintrin.h>
+#include "lumen.h"
+
+#ifdef LM_GEMM_STANDALONE
+/* the few library functions the GEMM core needs, when it is compiled in without the rest */
+#include <stdarg.h>
+/* a tiny cache like the library's allocator, so that workspace pages are not faulted in anew on
+   every call (which would bias the timings) */
+static void *g_cache_p[8];
+static size_t g_cache_n[8];
+void *lm_alloc(size_t nbytes) {
+   void *p = NULL;
+#pragma omp critical(lm_stub_alloc)
+   for (int i = 0; i < 8; i++)
+      if (g_cache_p[i] && g_cache_n[i] == nbytes) {
+         p = g_cache_p[i];
+         g_cache_p[i] = NULL;
+         break;
+      }
+   return p ? p : aligned_alloc(64, (nbytes + 63) / 64 * 64);
+}
+void lm_free(void *p, size_t nbytes) {
+#pragma omp critical(lm_stub_alloc)
+   for (int i = 0; i < 8 && p; i++)
+      if (!g_cache_p[i]) {
+         g_cache_p[i] = p;
+         g_cache_n[i] = nbytes;
+         p = NULL;
+      }
+   free(p);
+}
+void lm_clear_error(void) {}
+lm_status lm_error(lm_status st, const char *fmt, ...) { (void)fmt; return st; }
+#endif
+
+static double now(void) {
+   struct timespec ts;
+   clock_gettime(CLOCK_MONOTONIC, &ts);
+   return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+   double x = *(const double *)a, y = *(const double *)b;
+   return x < y ? -1 : x > y;
+}
+
+/* 16 independent FMA chains per iteration: iters * 16 * 16 lanes * 2 flops */
+__attribute__((target("avx512f,fma"), noinline)) static float fma_loop(long iters, float seed) {
+   __m512 x0 = _mm512_set1_ps(seed), x1 = _mm512_set1_ps(seed + 1), x2 = _mm512_set1_ps(seed + 2),
+          x3 = _mm512_set1_ps(seed + 3), x4 = _mm512_set1_ps(seed + 4),
+          x5 = _mm512_set1_ps(seed + 5), x6 = _mm512_set1_ps(seed + 6),
+          x7 = _mm512_set1_ps(seed + 7), x8 = _mm512_set1_ps(seed + 8),
+          x9 = _mm512_set1_ps(seed + 9), x10 = _mm512_set1_ps(seed + 10),
+          x11 = _mm512_set1_ps(seed + 11), x12 = _mm512_set1_ps(seed + 12),
+          x13 = _mm512_set1_ps(seed + 13), x14 = _mm512_set1_ps(seed + 14),
+          x15 = _mm512_set1_ps(seed + 15);
+   const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+   for (long i = 0; i < iters; i++) {
+      __asm__ volatile("vfmadd231ps %[m], %[a], %[x0]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x1]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x2]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x3]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x4]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x5]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x6]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x7]\n\t"
+                       : [x0] "+v"(x0), [x1] "+v"(x1), [x2] "+v"(x2), [x3] "+v"(x3), [x4] "+v"(x4), [x5] "+v"(x5), [x6] "+v"(x6), [x7] "+v"(x7)
+                       : [m] "v"(m), [a] "v"(a));
+      __asm__ volatile("vfmadd231ps %[m], %[a], %[x0]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x1]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x2]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x3]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x4]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x5]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x6]\n\t"
+                       "vfmadd231ps %[m], %[a], %[x7]\n\t"
+                       : [x0] "+v"(x8), [x1] "+v"(x9), [x2] "+v"(x10), [x3] "+v"(x11), [x4] "+v"(x12), [x5] "+v"(x13), [x6] "+v"(x14), [x7] "+v"(x15)
+                       : [m] "v"(m), [a] "v"(a));
+   }
+   __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(x0, x1), _mm512_add_ps(x2, x3)),
+                            _mm512_add_ps(_mm512_add_ps(x4, x5), _mm512_add_ps(x6, x7)));
+   s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(x8, x9), _mm512_add_ps(x10, x11)),
+                                      _mm512_add_ps(_mm512_add_ps(x12, x13),
+                                                    _mm512_add_ps(x14, x15))));
+   return _mm512_reduce_add_ps(s);
+}
+
+/* median GFLOP/s of the FMA loop on nt threads (all threads run it at once) */
+static double fma_peak(int nt) {
+   const long iters = 20000000;
+   double t[7];
+   volatile float sink = 0;
+   for (int r = 0; r < 7; r++) {
+      double t0 = now();
+#pragma omp parallel num_threads(nt)
+      {
+         float v = fma_loop(iters, (float)omp_get_thread_num());
+         if (v == 12345.f) sink += v;
+      }
+      t[r] = now() - t0;
+   }
+   qsort(t, 7, sizeof t[0], cmp_d);
+   return (double)iters * 16 * 16 * 2 * nt / t[3] * 1e-9;
+}
+
+typedef struct {
+   double med, best;
+} timing;
+
+static timing time_sgemm(int ta, int tb, int64_t n, int reps, float *a, float *b, float *c) {
+   double t[64];
+   if (reps > 64) reps = 64;
+   lm_sgemm(ta, tb, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm up */
+   for (int r = 0; r < reps; r++) {
+      double t0 = now();
+      lm_sgemm(ta, tb, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+      t[r] = now() - t0;
+   }
+   qsort(t, reps, sizeof t[0], cmp_d);
+   double f = 2.0 * n * n * n * 1e-9;
+   return (timing){f / t[reps / 2], f / t[0]};
+}
+
+static timing time_dgemm(int64_t n, int reps, double *a, double *b, double *c) {
+   double t[64];
+   if (reps > 64) reps = 64;
+   lm_dgemm(0, 0, n, n, n, 1.0, a, n, b, n, 0.0, c, n);
+   for (int r = 0; r < reps; r++) {
+      double t0 = now();
+      lm_dgemm(0, 0, n, n, n, 1.0, a, n, b, n, 0.0, c, n);
+      t[r] = now() - t0;
+   }
+   qsort(t, reps, sizeof t[0], cmp_d);
+   double f = 2.0 * n * n * n * 1e-9;
+   return (timing){f / t[reps / 2], f / t[0]};
+}
+
+int main(int argc, char **argv) {
+   int64_t n = argc > 1 ? atoll(argv[1]) : 1024;
+   int reps = argc > 2 ? atoi(argv[2]) : 9;
+   float *a = aligned_alloc(64, n * n * 4), *b = aligned_alloc(64, n * n * 4),
+         *c = aligned_alloc(64, n * n * 4);
+   double *da = aligned_alloc(64, n * n * 8), *db = aligned_alloc(64, n * n * 8),
+          *dc = aligned_alloc(64, n * n * 8);
+   srand(1);
+   for (int64_t i = 0; i < n * n; i++) {
+      a[i] = (float)rand() / RAND_MAX - 0.5f;
+      b[i] = (float)rand() / RAND_MAX - 0.5f;
+      c[i] = 0;
+      da[i] = a[i];
+      db[i] = b[i];
+      dc[i] = 0;
+   }
+   const char *isa_name[] = {"auto", "C", "AVX2", "AVX-512"};
+   int max_threads = omp_get_max_threads();
+   printf("lumen GEMM benchmark: %lldx%lldx%lld, %d reps, medians (best in brackets)\n",
+          (long long)n, (long long)n, (long long)n, reps);
+   for (int nt = 1; nt <= 2 && nt <= max_threads; nt++) {
+      omp_set_num_threads(nt);
+      double peak = fma_peak(nt);
+      printf("\n== %d thread%s: measured FMA peak %.1f GFLOP/s (16 zmm vfmadd231ps chains per "
+             "thread)\n", nt, nt > 1 ? "s" : "", peak);
+      for (int isa = 3; isa >= 1; isa--) {
+         int got = lm_gemm_set_isa(isa);
+         if (got != isa) {
+            printf("  %-8s not supported here\n", isa_name[isa]);
+            continue;
+         }
+         static const char *tn[] = {"NN", "NT", "TN", "TT"};
+         for (int tr = 0; tr < 4; tr++) {
+            if (isa != 3 && tr > 0) continue; /* transposes only on the main path */
+            int r = isa == 1 ? (reps < 3 ? reps : 3) : reps;
+            timing s = time_sgemm(tr >> 1, tr & 1, n, r, a, b, c);
+            printf("  sgemm %s %-8s %7.1f GFLOP/s [%6.1f]  %5.1f %% of peak\n", tn[tr],
+                   isa_name[isa], s.med, s.best, 100.0 * s.med / peak);
+         }
+      }
+      lm_gemm_set_isa(0);
+      timing d = time_dgemm(n, reps, da, db, dc);
+      printf("  dgemm NN %-8s %7.1f GFLOP/s [%6.1f]  %5.1f %% of fp32 peak (%.1f %% of fp64)\n",
+             isa_name[lm_gemm_isa()], d.med, d.best, 100.0 * d.med / peak,
+             200.0 * d.med / peak);
+   }
+   free(a); free(b); free(c); free(da); free(db); free(dc);
+   return 0;
+}

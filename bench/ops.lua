@@ -1,0 +1,96 @@
+-- bench/ops.lua -- lumen's side of ../shared/peer/bench_ops.py: the same rows, the same measure
+-- (median milliseconds of ITERS runs after one warm-up), printed as '<op> <fmt> <ms>'.
+-- Extra rows for the core: elementwise add / mul / add+relu with their GB/s.
+-- Usage: bin/lumen bench/ops.lua [threads] [iters] [filter]
+local lm = require("lumen")
+local F = lm.nn and lm.nn.functional
+
+local threads = tonumber(arg and arg[1]) or 2
+local ITERS = tonumber(arg and arg[2]) or 20
+local filter = arg and arg[3]
+lm.set_num_threads(threads)
+
+local clock
+do
+   local ffi = require("ffi")
+   pcall(ffi.cdef, [[
+      typedef struct { long tv_sec; long tv_nsec; } lm_bench_timespec;
+      int clock_gettime(int clk, lm_bench_timespec *tp);
+   ]])
+   local ts = ffi.new("lm_bench_timespec")
+   clock = function()
+      ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+      return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+   end
+end
+
+local function med(fn, iters)
+   iters = iters or ITERS
+   fn()
+   local ts = {}
+   for i = 1, iters do
+      local t = clock()
+      fn()
+      ts[i] = clock() - t
+   end
+   table.sort(ts)
+   return ts[math.floor(iters / 2) + 1] * 1e3
+end
+
+local function row(name, fmt, fn, bytes)
+   if filter and not name:find(filter, 1, true) then return end
+   local ok, ms = pcall(med, fn)
+   if not ok then
+      print(string.format("%s %s error: %s", name, fmt, tostring(ms)))
+      return
+   end
+   if bytes then
+      print(string.format("%s %s %.3f  (%.1f GB/s)", name, fmt, ms, bytes / (ms * 1e-3) / 1e9))
+   else
+      print(string.format("%s %s %.3f", name, fmt, ms))
+   end
+   collectgarbage()
+end
+
+lm.manual_seed(0)
+for _, fmt in ipairs({ "nchw", "nhwc" }) do
+   local mf = fmt == "nhwc" and lm.channels_last or lm.contiguous_format
+   local x = lm.randn({ 8, 64, 56, 56 }):contiguous(mf)
+   local nbytes = x:numel() * 4
+   if F then
+      local w3 = lm.randn({ 64, 64, 3, 3 }):contiguous(mf)
+      local w1 = lm.randn({ 256, 64, 1, 1 }):contiguous(mf)
+      local bn = lm.nn.BatchNorm2d(64)
+      bn:train()
+      row("conv3x3_64_56_b8_fwd", fmt, function() return F.conv2d(x, w3, nil, { padding = 1 }) end)
+      row("conv1x1_64to256_56_b8_fwd", fmt, function() return F.conv2d(x, w1) end)
+      row("max_pool2d_3s2p1", fmt, function()
+         return F.max_pool2d(x, { kernel_size = 3, stride = 2, padding = 1 })
+      end)
+      row("adaptive_avg_pool2d_1", fmt, function() return F.adaptive_avg_pool2d(x, 1) end)
+      row("adaptive_avg_pool2d_7", fmt, function() return F.adaptive_avg_pool2d(x, 7) end)
+      row("batch_norm_train_fwd", fmt, function() return bn(x) end)
+   end
+   row("add_relu", fmt, function() return (x + x):relu() end, 3 * nbytes)
+   row("add", fmt, function() return x + x end, 3 * nbytes)
+   row("mul", fmt, function() return x * x end, 3 * nbytes)
+   if F then
+      local xr = x:clone():requires_grad_(true)
+      local w3 = lm.randn({ 64, 64, 3, 3 }):contiguous(mf):requires_grad_(true)
+      row("conv3x3_64_56_b8_fwd_bwd", fmt, function()
+         local y = F.conv2d(xr, w3, nil, { padding = 1 })
+         y:backward(lm.ones_like(y))
+         xr.grad, w3.grad = nil, nil
+      end)
+   end
+end
+
+local a, b = lm.randn({ 4 }), lm.randn({ 4 })
+do
+   -- per-op overhead: time a batch of 10000 adds, report per op (ms like the peer's row)
+   local N = 10000
+   local ms = med(function()
+      for _ = 1, N do local _ = a + b end
+   end, 21) / N
+   print(string.format("add_4_elements overhead %.4f", ms))
+end

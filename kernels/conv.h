@@ -1,0 +1,53 @@
+/*
+ * conv.h -- 2-D convolution (kernels/cpu/conv.c, kernels/cpu/conv_tmpl.c). Plain C declarations
+ * only: this text is appended to src/lumen.h for ffi.cdef (every line starting with '#' is dropped).
+ *
+ * Semantics are PyTorch's conv2d:
+ *   x (N, Cin, H, W), w (Cout, Cin/groups, kh, kw), bias NULL or (Cout), output (N, Cout, Ho, Wo)
+ *   with Ho = (H + 2*ph - dh*(kh-1) - 1) / sh + 1 (likewise Wo). groups divides Cin and Cout
+ *   (groups == Cin is the depthwise case). stride, padding and dilation are int64 arrays {h, w};
+ *   NULL means stride 1 / padding 0 / dilation 1.
+ *   float32 and float64 only (LM_ERR_DTYPE otherwise); x, w, bias (and residual) share one dtype;
+ *   CPU tensors only. Inputs may have any strides.
+ *
+ * Memory format (`fmt`): LM_CONTIGUOUS (NCHW kernels: im2col + GEMM per image tile and group) or
+ *   LM_CHANNELS_LAST (NHWC kernels: implicit GEMM over tiles of output pixels, a plain GEMM for
+ *   1x1/stride-1 convolutions, a direct kernel vectorized over C for depthwise). LM_PRESERVE (or
+ *   any negative value) means "decide": lm_conv_memory_format(x, w). Outputs and gradients are
+ *   allocated in fmt; an input that is not dense in fmt is copied to fmt once (lm_clone).
+ *
+ * Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out is an
+ * out= tensor (shape must match, it keeps its strides, its dtype must equal the input's).
+ */
+#ifndef LUMEN_CONV_H
+#define LUMEN_CONV_H
+#include "lumen.h"
+
+/* The output format PyTorch picks for a convolution: LM_CHANNELS_LAST when x or w suggests
+   channels-last (lm_suggest_memory_format(t, 0)), else LM_CONTIGUOUS. Applied to float64 too
+   (PyTorch's CPU slow path does the same; only its mkldnn path excludes double). */
+int lm_conv_memory_format(const lm_tensor *x, const lm_tensor *w);
+
+/* Output spatial size {Ho, Wo} for the given geometry (no tensor needed); LM_ERR_SHAPE with
+   PyTorch's message when the kernel does not fit the padded input. */
+lm_status lm_conv2d_output_size(const int64_t *in_hw, const int64_t *kernel_hw,
+                                const int64_t *stride, const int64_t *padding,
+                                const int64_t *dilation, int64_t *out_hw);
+
+/* out = relu?(conv2d(x, w) + bias + residual). bias and residual may be NULL; residual has the
+   output's shape (any strides) and is added before the ReLU; relu != 0 applies max(0, .). */
+lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
+                    const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                    int64_t groups, int fmt, int relu, const lm_tensor *residual,
+                    lm_tensor **out);
+
+/* Gradients of conv2d (without the fused epilogue: pass the gradient after the ReLU mask).
+   grad_out has the output's shape, any strides. Each of grad_x (x's shape), grad_w (w's shape)
+   and grad_b (shape (Cout)) may be NULL (the pointer) to skip it; the tensors are allocated in
+   fmt as above. */
+lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_tensor *grad_out,
+                             const int64_t *stride, const int64_t *padding,
+                             const int64_t *dilation, int64_t groups, int fmt,
+                             lm_tensor **grad_x, lm_tensor **grad_w, lm_tensor **grad_b);
+
+#endif

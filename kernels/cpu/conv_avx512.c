@@ -1,0 +1,568 @@
+/* conv_avx512.c -- float32 NHWC convolution kernels for AVX-512 (direct "implicit GEMM").
+ *
+ * No im2col buffer and no generic GEMM: the register-blocked micro-kernels read the activations
+ * in place. Weights are packed once per call into blocks of OB (<= 64) output channels:
+ *   wp[g][ob][tap][ci][OB]   (tap = i*kw + j, ci = input channel within the group)
+ * so that for one tap the weights of consecutive input channels are consecutive rows of OB floats.
+ *
+ * Forward micro-kernel: PB output pixels x NV vectors of 16 output channels, accumulated over the
+ * input channels of one tap: acc[p][v] += x[pixel p][ci] (broadcast) * wp[tap][ci][v]. The
+ * accumulators of a work unit (a few output rows, one block of output channels) live in a small
+ * buffer (<= 128 pixels x 64 floats) that the micro-kernel loads and stores around each tap, so the
+ * weights of a tap stay in L1 while the unit's pixels pass over them. For groups == 1 and unit
+ * dilation along W, the kw taps of a kernel row read consecutive input pixels, i.e. one contiguous
+ * run of kw*C floats: interior pixels reduce over that run in one go (border pixels take the taps
+ * one by one, only where they are inside the image). The epilogue (bias, residual, ReLU) is applied
+ * when the unit's accumulators are written to the output.
+ *
+ * Backward data: stride 1 is the same forward machinery on grad_out with the flipped kernel
+ * (in/out channels swapped, padding d*(k-1)-p). Stride s > 1 splits grad_x into s_h x s_w phases;
+ * inside one phase every output pixel uses the same taps, so it is again a dense direct
+ * convolution (no zero-inserted work, no scatter, no atomics).
+ *
+ * Backward weight: per-thread partial sums in the packed layout; the micro-kernel holds R input
+ * channels x NV vectors of output channels in registers and runs over all pixels of a unit:
+ * acc[r][v] += x[pixel][ci+r] (broadcast) * grad_out[pixel][v]. Partials are reduced and
+ * transposed into (O, kh, kw, Cg) at the end; the bias gradient is summed in the same pass.
+ */
+#include "conv_internal.h"
+#include <immintrin.h>
+
+int lm_conv_avx512_usable(void) {
+   /* follow the GEMM's ISA switch so lm_gemm_set_isa(1 or 2) also exercises the portable path */
+   return lm_gemm_isa() >= 3;
+}
+
+#define AI static inline __attribute__((always_inline))
+
+enum { ACC_PITCH = 64, UNIT_PX = 128, ICB = 128 };
+
+/* ---------------------------------------------------------------------------------------------
+ * forward micro-kernel: PB pixels (pixel k at xp + k*qs) x NV vectors, over icn input channels
+ */
+AI void fwd_body(const float *xp, int64_t qs, const float *wt, int64_t OB, int64_t icn,
+                 float *acc, const int PB, const int NV) {
+   __m512 a[8][4];
+#pragma GCC unroll 8
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) a[k][v] = _mm512_load_ps(acc + k * ACC_PITCH + 16 * v);
+   for (int64_t ic = 0; ic < icn; ic++) {
+      __m512 w[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
+#pragma GCC unroll 8
+      for (int k = 0; k < PB; k++) {
+         const __m512 b = _mm512_set1_ps(xp[k * qs]);
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
+      }
+      xp++;
+      wt += OB;
+   }
+#pragma GCC unroll 8
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_store_ps(acc + k * ACC_PITCH + 16 * v, a[k][v]);
+}
+
+typedef void (*fwd_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *);
+
+#define FWD_INST(PB, NV)                                                                        \
+   static void fwd_##PB##_##NV(const float *xp, int64_t qs, const float *wt, int64_t OB,         \
+                               int64_t icn, float *acc) {                                       \
+      fwd_body(xp, qs, wt, OB, icn, acc, PB, NV);                                               \
+   }
+#define FWD_INST_NV(NV)                                                                         \
+   FWD_INST(1, NV) FWD_INST(2, NV) FWD_INST(3, NV) FWD_INST(4, NV) FWD_INST(5, NV)              \
+   FWD_INST(6, NV) FWD_INST(7, NV) FWD_INST(8, NV)
+FWD_INST_NV(1)
+FWD_INST_NV(2)
+FWD_INST_NV(3)
+FWD_INST(1, 4)
+FWD_INST(2, 4)
+FWD_INST(3, 4)
+FWD_INST(4, 4)
+FWD_INST(5, 4)
+FWD_INST(6, 4)
+
+/* pixels per micro-kernel call for NV vectors (accumulators + weights + broadcast <= 32 zmm) */
+static const int fwd_pb[5] = {0, 8, 8, 8, 6};
+static const fwd_fn fwd_tab[5][9] = {
+   {0},
+   {0, fwd_1_1, fwd_2_1, fwd_3_1, fwd_4_1, fwd_5_1, fwd_6_1, fwd_7_1, fwd_8_1},
+   {0, fwd_1_2, fwd_2_2, fwd_3_2, fwd_4_2, fwd_5_2, fwd_6_2, fwd_7_2, fwd_8_2},
+   {0, fwd_1_3, fwd_2_3, fwd_3_3, fwd_4_3, fwd_5_3, fwd_6_3, fwd_7_3, fwd_8_3},
+   {0, fwd_1_4, fwd_2_4, fwd_3_4, fwd_4_4, fwd_5_4, fwd_6_4, 0, 0},
+};
+
+/* n pixels starting at xp (pixel stride qs) into acc rows (pitch ACC_PITCH) */
+static void fwd_run(const float *xp, int64_t qs, const float *wt, int64_t OB, int64_t icn,
+                    float *acc, int64_t n, int nv) {
+   const int pb = fwd_pb[nv];
+   const fwd_fn full = fwd_tab[nv][pb];
+   int64_t q = 0;
+   for (; q + pb <= n; q += pb) full(xp + q * qs, qs, wt, OB, icn, acc + q * ACC_PITCH);
+   if (q < n) fwd_tab[nv][n - q](xp + q * qs, qs, wt, OB, icn, acc + q * ACC_PITCH);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * a direct convolution problem as the kernels see it
+ */
+typedef struct {
+   const float *in;
+   int64_t inH, inW, inC;  /* input image size and pixel stride (floats) */
+   float *out;
+   int64_t outH, outW, outC; /* output image size and pixel stride */
+   int64_t N, G, Ci, Co;   /* groups; reduction / output channels per group */
+   int64_t kh, kw, sh, sw, ph, pw, dh, dw; /* padding may be negative */
+   int transposed;         /* backward data with stride: out pixel (hi, wi) reads in pixel
+                              ((hi - ph + i*dh)/sh, (wi - pw + j*dw)/sw) where divisible */
+   const float *wp;        /* packed weights [G][nob][taps][Ci][OB] */
+   int64_t OB, nob;
+   const float *bias, *res;
+   int relu;
+} dconv;
+
+/* acc rows -> output pixels, with the epilogue */
+static void write_out(const dconv *d, const float *acc, float *op, const float *rp, int64_t ostride,
+                      int64_t n, int64_t oc0, int64_t nvalid) {
+   const float *b = d->bias ? d->bias + oc0 : NULL;
+   for (int64_t q = 0; q < n; q++) {
+      const float *a = acc + q * ACC_PITCH;
+      float *o = op + q * ostride;
+      const float *r = rp ? rp + q * ostride : NULL;
+      if (!b && !r && !d->relu) {
+         for (int64_t c = 0; c < nvalid; c++) o[c] = a[c];
+         continue;
+      }
+      for (int64_t c = 0; c < nvalid; c++) {
+         float v = a[c];
+         if (b) v += b[c];
+         if (r) v += r[c];
+         if (d->relu) v = v < 0.0f ? 0.0f : v;
+         o[c] = v;
+      }
+   }
+}
+
+/* forward-mode unit: image n, group gi, channel block ob, output rows [r0, r1), columns [qb, qe) */
+static void fwd_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t r0, int64_t r1,
+                     int64_t qb, int64_t qe, float *acc) {
+   const int64_t nq = qe - qb, nr = r1 - r0, taps = d->kh * d->kw, Ci = d->Ci, OB = d->OB;
+   const int64_t nvalid = (d->Co - ob * OB) < OB ? d->Co - ob * OB : OB;
+   const int nv = (int)((nvalid + 15) / 16);
+   memset(acc, 0, (size_t)(nr * nq * ACC_PITCH) * sizeof(float));
+   const float *wblk = d->wp + (gi * d->nob + ob) * taps * Ci * OB;
+   const float *img = d->in + n * d->inH * d->inW * d->inC + gi * Ci;
+   const int64_t qs = d->sw * d->inC;
+   const int fused = d->G == 1 && d->dw == 1 && d->kw > 1;
+   for (int64_t i = 0; i < d->kh; i++) {
+      /* column pieces of this kernel row: (first tap j, input column of q = 0, [lo, hi), cin) */
+      int64_t pj[64], pc0[64], plo[64], phi[64], pcin[64];
+      int np = 0;
+      int64_t flo = qe, fhi = qe;
+      if (fused) {
+         conv_valid_range(d->inW - (d->kw - 1), d->outW, d->sw, d->pw, 0, &flo, &fhi);
+         if (flo < qb) flo = qb;
+         if (fhi > qe) fhi = qe;
+         if (flo >= fhi) {
+            flo = fhi = qe;
+         } else {
+            pj[np] = 0;
+            pc0[np] = -d->pw;
+            plo[np] = flo;
+            phi[np] = fhi;
+            pcin[np] = d->kw * Ci;
+            np++;
+         }
+      }
+      for (int64_t j = 0; j < d->kw; j++) {
+         int64_t lo, hi;
+         conv_valid_range(d->inW, d->outW, d->sw, d->pw, j * d->dw, &lo, &hi);
+         if (lo < qb) lo = qb;
+         if (hi > qe) hi = qe;
+         /* [lo, hi) minus [flo, fhi): at most two pieces */
+         int64_t a0 = lo, a1 = hi < flo ? hi : flo, b0 = lo > fhi ? lo : fhi, b1 = hi;
+         if (a0 < a1 && np < 64) {
+            pj[np] = j; pc0[np] = -d->pw + j * d->dw; plo[np] = a0; phi[np] = a1; pcin[np] = Ci;
+            np++;
+         }
+         if (b0 < b1 && np < 64) {
+            pj[np] = j; pc0[np] = -d->pw + j * d->dw; plo[np] = b0; phi[np] = b1; pcin[np] = Ci;
+            np++;
+         }
+      }
+      for (int p = 0; p < np; p++) {
+         for (int64_t ic0 = 0; ic0 < pcin[p]; ic0 += ICB) {
+            const int64_t icn = pcin[p] - ic0 < ICB ? pcin[p] - ic0 : ICB;
+            const float *wt = wblk + ((i * d->kw + pj[p]) * Ci + ic0) * OB;
+            for (int64_t r = r0; r < r1; r++) {
+               const int64_t hi = r * d->sh - d->ph + i * d->dh;
+               if (hi < 0 || hi >= d->inH) continue;
+               const float *xp =
+                  img + (hi * d->inW + pc0[p] + plo[p] * d->sw) * d->inC + ic0;
+               fwd_run(xp, qs, wt, OB, icn, acc + ((r - r0) * nq + plo[p] - qb) * ACC_PITCH,
+                       phi[p] - plo[p], nv);
+            }
+         }
+      }
+   }
+   const int64_t oc0 = gi * d->Co + ob * OB;
+   for (int64_t r = r0; r < r1; r++) {
+      const int64_t off = ((n * d->outH + r) * d->outW + qb) * d->outC + oc0;
+      write_out(d, acc + (r - r0) * nq * ACC_PITCH, d->out + off, d->res ? d->res + off : NULL,
+                d->outC, nq, oc0, nvalid);
+   }
+}
+
+/* transposed-mode unit: output rows [r0, r1), column phase rw, phase columns [qb, qe)
+   (output column rw + q*sw) */
+static void tr_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t r0, int64_t r1,
+                    int64_t rw, int64_t qb, int64_t qe, float *acc) {
+   const int64_t nq = qe - qb, nr = r1 - r0, taps = d->kh * d->kw, Ci = d->Ci, OB = d->OB;
+   const int64_t nvalid = (d->Co - ob * OB) < OB ? d->Co - ob * OB : OB;
+   const int nv = (int)((nvalid + 15) / 16);
+   memset(acc, 0, (size_t)(nr * nq * ACC_PITCH) * sizeof(float));
+   const float *wblk = d->wp + (gi * d->nob + ob) * taps * Ci * OB;
+   const float *img = d->in + n * d->inH * d->inW * d->inC + gi * Ci;
+   for (int64_t j = 0; j < d->kw; j++) {
+      const int64_t tw = rw - d->pw + j * d->dw;
+      if (((tw % d->sw) + d->sw) % d->sw) continue;
+      const int64_t c0 = tw / d->sw;
+      int64_t lo = -c0 > qb ? -c0 : qb, hi = d->inW - c0 < qe ? d->inW - c0 : qe;
+      if (lo >= hi) continue;
+      for (int64_t i = 0; i < d->kh; i++) {
+         const float *wt0 = wblk + (i * d->kw + j) * Ci * OB;
+         for (int64_t r = r0; r < r1; r++) {
+            const int64_t th = r - d->ph + i * d->dh;
+            if (th < 0 || th % d->sh) continue;
+            const int64_t ho = th / d->sh;
+            if (ho >= d->inH) continue;
+            const float *xp = img + (ho * d->inW + c0 + lo) * d->inC;
+            for (int64_t ic0 = 0; ic0 < Ci; ic0 += ICB) {
+               const int64_t icn = Ci - ic0 < ICB ? Ci - ic0 : ICB;
+               fwd_run(xp + ic0, d->inC, wt0 + ic0 * OB, OB, icn,
+                       acc + ((r - r0) * nq + lo - qb) * ACC_PITCH, hi - lo, nv);
+            }
+         }
+      }
+   }
+   const int64_t oc0 = gi * d->Co + ob * OB;
+   for (int64_t r = r0; r < r1; r++) {
+      const int64_t off = ((n * d->outH + r) * d->outW + rw + qb * d->sw) * d->outC + oc0;
+      write_out(d, acc + (r - r0) * nq * ACC_PITCH, d->out + off, d->res ? d->res + off : NULL,
+                d->sw * d->outC, nq, oc0, nvalid);
+   }
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* run every unit of a problem */
+static void dconv_run(const dconv *d) {
+   const int64_t phases = d->transposed ? d->sw : 1;
+   const int64_t cols = d->transposed ? ceil_div(d->outW, d->sw) : d->outW; /* phase 0 widest */
+   const int64_t seg = cols < UNIT_PX ? (cols > 0 ? cols : 1) : UNIT_PX;
+   const int64_t nseg = ceil_div(cols > 0 ? cols : 1, seg);
+   int64_t rpu = UNIT_PX / seg;
+   if (rpu < 1) rpu = 1;
+   if (rpu > d->outH) rpu = d->outH > 0 ? d->outH : 1;
+   const double work = (double)d->N * d->outH * d->outW * d->G * d->Co * d->Ci * d->kh * d->kw;
+   const int nthr = conv_threads(work);
+   /* a unit is a block of output pixels and a chunk of the (group, channel block) pairs; the
+      pairs of a chunk run back to back so the unit's input rows are reused from L1/L2. Chunks
+      are split further only when there would not be enough units for the threads. */
+   const int64_t gobs = d->G * d->nob;
+   while (rpu > 1 && d->N * ceil_div(d->outH, rpu) * phases * nseg < 4 * nthr)
+      rpu = (rpu + 1) / 2;
+   const int64_t nrb = ceil_div(d->outH, rpu);
+   const int64_t pix_units = d->N * nrb * phases * nseg;
+   int64_t nchunks = 1;
+   while (nchunks < gobs && pix_units * nchunks < 4 * nthr) nchunks *= 2;
+   if (nchunks > gobs) nchunks = gobs;
+   const int64_t chunk = ceil_div(gobs, nchunks);
+   nchunks = ceil_div(gobs, chunk);
+   const int64_t units = pix_units * nchunks;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float acc[UNIT_PX * ACC_PITCH] __attribute__((aligned(64)));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t u = 0; u < units; u++) {
+         const int64_t ck = u % nchunks, rest = u / nchunks;
+         const int64_t n = rest / (nrb * phases * nseg);
+         const int64_t rb = (rest / (phases * nseg)) % nrb;
+         const int64_t ph = (rest / nseg) % phases, sg = rest % nseg;
+         const int64_t r0 = rb * rpu, r1 = r0 + rpu < d->outH ? r0 + rpu : d->outH;
+         const int64_t g0 = ck * chunk, g1 = g0 + chunk < gobs ? g0 + chunk : gobs;
+         for (int64_t gob = g0; gob < g1; gob++) {
+            const int64_t gi = gob / d->nob, ob = gob % d->nob;
+            if (d->transposed) {
+               const int64_t pcols = ceil_div(d->outW - ph, d->sw);
+               const int64_t qb = sg * seg, qe = qb + seg < pcols ? qb + seg : pcols;
+               if (qb < qe) tr_unit(d, n, gi, ob, r0, r1, ph, qb, qe, acc);
+            } else {
+               const int64_t qb = sg * seg, qe = qb + seg < d->outW ? qb + seg : d->outW;
+               fwd_unit(d, n, gi, ob, r0, r1, qb, qe, acc);
+            }
+         }
+      }
+   }
+}
+
+static int64_t block_width(int64_t co) {
+   if (co >= 64) return 64;
+   return (co + 15) / 16 * 16;
+}
+
+/* forward packing: w (O, taps, Cg) row-major -> wp[g][ob][tap][ci][OB], zero padded */
+static void pack_fwd(const conv_geom *g, const float *w, int64_t OB, int64_t nob, float *wp,
+                     int nthr) {
+   const int64_t Og = g->Og, K = g->K;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
+   for (int64_t gi = 0; gi < g->G; gi++) {
+      for (int64_t ob = 0; ob < nob; ob++) {
+         float *dst = wp + (gi * nob + ob) * K * OB;
+         const int64_t nvalid = Og - ob * OB < OB ? Og - ob * OB : OB;
+         for (int64_t k0 = 0; k0 < K; k0 += 64) {
+            const int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
+            for (int64_t v = 0; v < OB; v++) {
+               if (v < nvalid) {
+                  const float *src = w + (gi * Og + ob * OB + v) * K;
+                  for (int64_t k = k0; k < k1; k++) dst[k * OB + v] = src[k];
+               } else {
+                  for (int64_t k = k0; k < k1; k++) dst[k * OB + v] = 0.0f;
+               }
+            }
+         }
+      }
+   }
+}
+
+/* backward-data packing: the flipped kernel with in/out swapped,
+   wp[g][cb][tap'][o][OB] = w[g*Og + o][flip(tap')][cb*OB + v] */
+static void pack_bwd(const conv_geom *g, const float *w, int64_t OB, int64_t ncb, float *wp,
+                     int nthr) {
+   const int64_t taps = g->kh * g->kw, Cg = g->Cg, Og = g->Og, K = g->K;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
+   for (int64_t gi = 0; gi < g->G; gi++) {
+      for (int64_t cb = 0; cb < ncb; cb++) {
+         const int64_t nvalid = Cg - cb * OB < OB ? Cg - cb * OB : OB;
+         for (int64_t t = 0; t < taps; t++) {
+            const int64_t i = t / g->kw, j = t % g->kw;
+            const int64_t tf = (g->kh - 1 - i) * g->kw + (g->kw - 1 - j);
+            for (int64_t o = 0; o < Og; o++) {
+               float *dst = wp + (((gi * ncb + cb) * taps + t) * Og + o) * OB;
+               const float *src = w + (gi * Og + o) * K + tf * Cg + cb * OB;
+               int64_t v = 0;
+               for (; v < nvalid; v++) dst[v] = src[v];
+               for (; v < OB; v++) dst[v] = 0.0f;
+            }
+         }
+      }
+   }
+}
+
+lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
+                                  const float *bias, const float *res, int relu, float *out) {
+   const int64_t OB = block_width(g->Og), nob = ceil_div(g->Og, OB);
+   const size_t bytes = (size_t)(g->G * nob * g->K * OB) * sizeof(float);
+   float *wp = lm_alloc(bytes);
+   if (!wp) return LM_ERR_OOM;
+   pack_fwd(g, w, OB, nob, wp, conv_threads((double)g->O * g->K));
+   dconv d = {x, g->H, g->W, g->C, out, g->Ho, g->Wo, g->O, g->N, g->G, g->Cg, g->Og,
+              g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, 0, wp, OB, nob,
+              bias, res, relu};
+   dconv_run(&d);
+   lm_free(wp, bytes);
+   return LM_OK;
+}
+
+lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
+                                   float *gx) {
+   const int64_t OB = block_width(g->Cg), ncb = ceil_div(g->Cg, OB);
+   const size_t bytes = (size_t)(g->G * ncb * g->kh * g->kw * g->Og * OB) * sizeof(float);
+   float *wp = lm_alloc(bytes);
+   if (!wp) return LM_ERR_OOM;
+   pack_bwd(g, w, OB, ncb, wp, conv_threads((double)g->O * g->K));
+   /* out pixel (hi, wi) reads grad_out pixel ((hi - ph' + i'*dh)/sh, ...) with ph' = dh*(kh-1)-ph */
+   dconv d = {gout, g->Ho, g->Wo, g->O, gx, g->H, g->W, g->C, g->N, g->G, g->Og, g->Cg,
+              g->kh, g->kw, g->sh, g->sw, g->dh * (g->kh - 1) - g->ph,
+              g->dw * (g->kw - 1) - g->pw, g->dh, g->dw, g->sh > 1 || g->sw > 1, wp, OB, ncb,
+              NULL, NULL, 0};
+   if (d.transposed) {
+      /* the forward unit would read columns (q - pw')/1: use the phase form for every stride
+         above 1 (rows with sh == 1 simply have every tap row valid) */
+      d.sh = g->sh;
+      d.sw = g->sw;
+   }
+   dconv_run(&d);
+   lm_free(wp, bytes);
+   return LM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * backward weight
+ */
+typedef struct {
+   const float *x, *g;
+   int64_t n;
+} bw_seg;
+
+AI void bww_body(const bw_seg *segs, int nseg, int64_t xs, int64_t gs, float *accp, int64_t OB,
+                 const __mmask16 *m, const int R, const int NV) {
+   __m512 a[8][4];
+#pragma GCC unroll 8
+   for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) a[r][v] = _mm512_load_ps(accp + r * OB + 16 * v);
+   for (int s = 0; s < nseg; s++) {
+      const float *xp = segs[s].x, *gp = segs[s].g;
+      for (int64_t p = 0; p < segs[s].n; p++) {
+         __m512 gv[4];
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) gv[v] = _mm512_maskz_loadu_ps(m[v], gp + 16 * v);
+#pragma GCC unroll 8
+         for (int r = 0; r < R; r++) {
+            const __m512 b = _mm512_set1_ps(xp[r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) a[r][v] = _mm512_fmadd_ps(b, gv[v], a[r][v]);
+         }
+         xp += xs;
+         gp += gs;
+      }
+   }
+#pragma GCC unroll 8
+   for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_store_ps(accp + r * OB + 16 * v, a[r][v]);
+}
+
+typedef void (*bww_fn)(const bw_seg *, int, int64_t, int64_t, float *, int64_t, const __mmask16 *);
+
+#define BWW_INST(R, NV)                                                                         \
+   static void bww_##R##_##NV(const bw_seg *segs, int nseg, int64_t xs, int64_t gs, float *accp, \
+                              int64_t OB, const __mmask16 *m) {                                 \
+      bww_body(segs, nseg, xs, gs, accp, OB, m, R, NV);                                         \
+   }
+#define BWW_INST_NV(NV)                                                                         \
+   BWW_INST(1, NV) BWW_INST(2, NV) BWW_INST(3, NV) BWW_INST(4, NV) BWW_INST(5, NV)              \
+   BWW_INST(6, NV) BWW_INST(7, NV) BWW_INST(8, NV)
+BWW_INST_NV(1)
+BWW_INST_NV(2)
+BWW_INST_NV(3)
+BWW_INST(1, 4)
+BWW_INST(2, 4)
+BWW_INST(3, 4)
+BWW_INST(4, 4)
+BWW_INST(5, 4)
+BWW_INST(6, 4)
+
+static const int bww_r[5] = {0, 8, 8, 8, 6};
+static const bww_fn bww_tab[5][9] = {
+   {0},
+   {0, bww_1_1, bww_2_1, bww_3_1, bww_4_1, bww_5_1, bww_6_1, bww_7_1, bww_8_1},
+   {0, bww_1_2, bww_2_2, bww_3_2, bww_4_2, bww_5_2, bww_6_2, bww_7_2, bww_8_2},
+   {0, bww_1_3, bww_2_3, bww_3_3, bww_4_3, bww_5_3, bww_6_3, bww_7_3, bww_8_3},
+   {0, bww_1_4, bww_2_4, bww_3_4, bww_4_4, bww_5_4, bww_6_4, 0, 0},
+};
+
+enum { BW_MAX_ROWS = 64 };
+
+lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
+                                   float *gw, float *gb) {
+   const int64_t N = g->N, C = g->C, H = g->H, W = g->W, O = g->O, Ho = g->Ho, Wo = g->Wo;
+   const int64_t G = g->G, Cg = g->Cg, Og = g->Og, K = g->K, taps = g->kh * g->kw;
+   const int64_t OB = block_width(Og), nob = ceil_div(Og, OB);
+   const int64_t psize = G * nob * K * OB; /* packed partial */
+   if (gw) memset(gw, 0, (size_t)(O * K) * sizeof(float));
+   if (gb) memset(gb, 0, (size_t)O * sizeof(float));
+   if (N * Ho * Wo == 0 || O == 0) return LM_OK;
+   const int nthr = conv_threads((double)N * Ho * Wo * O * (K > 0 ? K : 1));
+   /* units: blocks of output rows of one image, sized so that their x and grad_out rows stay in
+      L2 while every (tap, channel block) passes over them */
+   int64_t rpu = (256 * 1024 / (4 * (C + O))) / (Wo > 0 ? Wo : 1);
+   if (rpu < 1) rpu = 1;
+   if (rpu > BW_MAX_ROWS) rpu = BW_MAX_ROWS;
+   if (rpu > Ho) rpu = Ho;
+   while (rpu > 1 && N * ceil_div(Ho, rpu) < 4 * nthr) rpu = (rpu + 1) / 2;
+   const int64_t nrb = ceil_div(Ho, rpu), units = N * nrb;
+   const int64_t per = (gw ? psize : 0) + (O + 15) / 16 * 16; /* keeps every partial 64-byte aligned */
+   const size_t bytes = (size_t)(nthr * per) * sizeof(float);
+   float *buf = lm_alloc(bytes);
+   if (!buf) return LM_ERR_OOM;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float *pw = buf + conv_thread_id() * per, *pb = pw + (gw ? psize : 0);
+      memset(pw, 0, (size_t)per * sizeof(float));
+      bw_seg segs[BW_MAX_ROWS];
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t u = 0; u < units; u++) {
+         const int64_t n = u / nrb, r0 = (u % nrb) * rpu, r1 = r0 + rpu < Ho ? r0 + rpu : Ho;
+         if (gb) {
+            const float *gp = gout + (n * Ho + r0) * Wo * O;
+            for (int64_t p = 0; p < (r1 - r0) * Wo; p++)
+               for (int64_t o = 0; o < O; o++) pb[o] += gp[p * O + o];
+         }
+         if (!gw || K == 0) continue;
+         for (int64_t gi = 0; gi < G; gi++) {
+            for (int64_t ob = 0; ob < nob; ob++) {
+               const int64_t nvalid = Og - ob * OB < OB ? Og - ob * OB : OB;
+               const int nv = (int)((nvalid + 15) / 16);
+               __mmask16 m[4];
+               for (int v = 0; v < 4; v++) {
+                  int64_t left = nvalid - 16 * v;
+                  m[v] = left >= 16 ? (__mmask16)0xFFFF
+                                    : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
+               }
+               const int R = bww_r[nv];
+               for (int64_t i = 0; i < g->kh; i++) {
+                  for (int64_t j = 0; j < g->kw; j++) {
+                     int64_t lo, hi;
+                     conv_valid_range(W, Wo, g->sw, g->pw, j * g->dw, &lo, &hi);
+                     if (lo >= hi) continue;
+                     const int64_t tap = i * g->kw + j;
+                     for (int64_t ic0 = 0; ic0 < Cg; ic0 += R) {
+                        const int rn = (int)(Cg - ic0 < R ? Cg - ic0 : R);
+                        int ns = 0;
+                        for (int64_t r = r0; r < r1; r++) {
+                           const int64_t hr = r * g->sh - g->ph + i * g->dh;
+                           if (hr < 0 || hr >= H) continue;
+                           segs[ns].x = x + ((n * H + hr) * W + lo * g->sw - g->pw + j * g->dw) * C +
+                                        gi * Cg + ic0;
+                           segs[ns].g = gout + ((n * Ho + r) * Wo + lo) * O + gi * Og + ob * OB;
+                           segs[ns].n = hi - lo;
+                           ns++;
+                        }
+                        if (!ns) continue;
+                        float *accp = pw + (((gi * nob + ob) * taps + tap) * Cg + ic0) * OB;
+                        bww_tab[nv][rn](segs, ns, g->sw * C, O, accp, OB, m);
+                     }
+                  }
+               }
+            }
+         }
+      }
+      /* reduce: gw[(gi*Og + o)*K + k] = sum over threads of pw[((gi*nob + ob)*K + k)*OB + v] */
+      const int nt = conv_num_threads_in_team();
+      if (gw) {
+#pragma omp for schedule(static)
+         for (int64_t row = 0; row < O; row++) {
+            const int64_t gi = row / Og, o = row % Og, ob = o / OB, v = o % OB;
+            float *dst = gw + row * K;
+            for (int t = 0; t < nt; t++) {
+               const float *src = buf + t * per + (gi * nob + ob) * K * OB + v;
+               for (int64_t k = 0; k < K; k++) dst[k] += src[k * OB];
+            }
+         }
+      }
+#pragma omp single
+      if (gb) {
+         for (int t = 0; t < nt; t++) {
+            const float *src = buf + t * per + (gw ? psize : 0);
+            for (int64_t o = 0; o < O; o++) gb[o] += src[o];
+         }
+      }
+   }
+   lm_free(buf, bytes);
+   return LM_OK;
+}

@@ -1,0 +1,82 @@
+/* conv_internal.h -- shared by the convolution sources (conv.c, conv_tmpl.c, conv_avx512.c).
+ * Not part of the FFI header. */
+#ifndef LUMEN_CONV_INTERNAL_H
+#define LUMEN_CONV_INTERNAL_H
+#include "internal.h"
+
+#if defined(__GNUC__)
+#define LM_CONV_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define LM_CONV_HIDDEN
+#endif
+
+typedef struct conv_geom {
+   int64_t N, C, H, W;             /* input */
+   int64_t O, Ho, Wo;              /* output channels and size */
+   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+   int64_t G, Cg, Og, K;           /* groups, channels per group in / out, K = Cg*kh*kw */
+} conv_geom;
+
+/* a 1x1 / stride 1 / no padding convolution reads its input as a matrix, in place */
+static inline int conv_is_pointwise(const conv_geom *g) {
+   return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
+}
+
+static inline int conv_is_depthwise(const conv_geom *g) {
+   return g->G > 1 && g->Cg == 1 && g->Og == 1;
+}
+
+/* output positions o in [*lo, *hi) whose input position o*s - p + off lies in [0, n_in) */
+static inline void conv_valid_range(int64_t n_in, int64_t n_out, int64_t s, int64_t p,
+                                    int64_t off, int64_t *lo, int64_t *hi) {
+   const int64_t a = p - off, b = n_in - 1 + p - off;
+   int64_t l = a > 0 ? (a + s - 1) / s : 0;
+   int64_t h = b < 0 ? 0 : b / s + 1;
+   if (h > n_out) h = n_out;
+   if (l > h) l = h;
+   *lo = l;
+   *hi = h;
+}
+
+/* threads for a problem of `work` multiply-adds: 1 inside a parallel region or for small work */
+static inline int conv_threads(double work) {
+#ifdef _OPENMP
+   if (omp_in_parallel()) return 1;
+   int n = omp_get_max_threads();
+   if (work < 65536.0) return 1;
+   return n < 1 ? 1 : n;
+#else
+   (void)work;
+   return 1;
+#endif
+}
+
+static inline int conv_thread_id(void) {
+#ifdef _OPENMP
+   return omp_get_thread_num();
+#else
+   return 0;
+#endif
+}
+
+static inline int conv_num_threads_in_team(void) {
+#ifdef _OPENMP
+   return omp_get_num_threads();
+#else
+   return 1;
+#endif
+}
+
+/* ---- AVX-512 float32 NHWC direct kernels (conv_avx512.c) ----
+ * x, out, gout, gx: NHWC dense; w, gw: (O, kh, kw, Cg) dense (channels-last weights); bias, res,
+ * gb may be NULL. Depthwise convolutions are not handled here. */
+LM_CONV_HIDDEN int lm_conv_avx512_usable(void);
+LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                 const float *w, const float *bias,
+                                                 const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                  const float *w, float *gx);
+LM_CONV_HIDDEN lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                  const float *gout, float *gw, float *gb);
+
+#endif

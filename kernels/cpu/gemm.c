@@ -1,0 +1,561 @@
+/* gemm.c -- lumen's own GEMM (no BLAS): packing, the BLIS loop nest, OpenMP, ISA selection.
+ *
+ * lm_sgemm / lm_dgemm compute row-major C = alpha * op(A) * op(B) + beta * C. Internally every
+ * operand is described by a row stride and a column stride (lm_*gemm_strided), so transposed or
+ * otherwise strided operands are handled by the packing routines and never transposed up front.
+ * See gemm_internal.h for the loop nest and the packed layouts; the register-blocked micro-kernels
+ * live in gemm_avx512.c (AVX-512), gemm_avx2.c (AVX2 + FMA) and below (portable C).
+ *
+ * Paths: problems below a few tens of thousands of multiply-adds, and matrix-vector products, take
+ * the unpacked "direct" loops (AVX-512 ones in gemm_avx512.c for float, plain C otherwise); the rest
+ * take the packed path.
+ *
+ * Threads: the packed path runs one OpenMP team. When op(A) has enough rows the team packs each B
+ * panel together and then takes MC-row blocks of A dynamically (each thread packs its own A block);
+ * otherwise it splits the columns (N) and each thread packs its own B. Work below
+ * LM_GEMM_WORK_PER_THREAD per thread uses fewer threads; inside an enclosing parallel region the
+ * GEMM runs on the calling thread only.
+ *
+ * Mutable global state: exactly one, g_isa_request below (an atomic int).
+ */
+#ifndef LM_GEMM_TEMPLATE /* ---- the file proper; the template is at the end ---- */
+#include "internal.h"
+#include "gemm_internal.h"
+#include <stdatomic.h>
+
+/* The ISA requested with lm_gemm_set_isa: LM_ISA_AUTO (0) picks the best one the CPU supports at
+ * every call; 1..3 force a path (already lowered to one the CPU supports when it was stored).
+ * This is the GEMM's only mutable global; it is read and written atomically (relaxed), so
+ * concurrent GEMMs see either the old or the new choice, both of which are valid. */
+static atomic_int g_isa_request = 0;
+
+static int isa_supported(int isa) {
+#if defined(__x86_64__) || defined(__i386__)
+   __builtin_cpu_init();
+   switch (isa) {
+   case LM_ISA_C: return 1;
+   case LM_ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+   case LM_ISA_AVX512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma");
+   default: return 0;
+   }
+#else
+   return isa == LM_ISA_C;
+#endif
+}
+
+/* the best supported ISA at or below `req` (req == 0: the best there is) */
+static int isa_resolve(int req) {
+   if (req <= LM_ISA_AUTO || req > LM_ISA_AVX512) req = LM_ISA_AVX512;
+   while (req > LM_ISA_C && !isa_supported(req)) req--;
+   return req;
+}
+
+int lm_gemm_isa(void) {
+   return isa_resolve(atomic_load_explicit(&g_isa_request, memory_order_relaxed));
+}
+
+/* isa: 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512. An ISA the CPU lacks falls back to
+ * the best one below it; the return value is the ISA in use after the call. Values outside 0..3
+ * change nothing. */
+int lm_gemm_set_isa(int isa) {
+   if (isa >= LM_ISA_AUTO && isa <= LM_ISA_AVX512) {
+      int v = isa == LM_ISA_AUTO ? LM_ISA_AUTO : isa_resolve(isa);
+      atomic_store_explicit(&g_isa_request, v, memory_order_relaxed);
+   }
+   return lm_gemm_isa();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Portable micro-kernels: plain loops over a small accumulator tile; gcc -O3 vectorizes the j loop.
+ */
+#define SMR_C LM_SGEMM_C_MR
+#define SNR_C LM_SGEMM_C_NR
+#define DMR_C LM_DGEMM_C_MR
+#define DNR_C LM_DGEMM_C_NR
+
+static void sgemm_ukr_c(int64_t kc, const float *pa, const float *pb, float *c, int64_t rsc,
+                        int64_t csc, float alpha, float beta, int m, int n) {
+   float acc[SMR_C][SNR_C];
+   for (int i = 0; i < SMR_C; i++)
+      for (int j = 0; j < SNR_C; j++) acc[i][j] = 0.0f;
+   for (int64_t p = 0; p < kc; p++) {
+      for (int i = 0; i < SMR_C; i++) {
+         float av = pa[i];
+         for (int j = 0; j < SNR_C; j++) acc[i][j] += av * pb[j];
+      }
+      pa += SMR_C;
+      pb += SNR_C;
+   }
+   lm_gemm_merge_s(m, n, &acc[0][0], SNR_C, c, rsc, csc, alpha, beta);
+}
+
+static void dgemm_ukr_c(int64_t kc, const double *pa, const double *pb, double *c, int64_t rsc,
+                        int64_t csc, double alpha, double beta, int m, int n) {
+   double acc[DMR_C][DNR_C];
+   for (int i = 0; i < DMR_C; i++)
+      for (int j = 0; j < DNR_C; j++) acc[i][j] = 0.0;
+   for (int64_t p = 0; p < kc; p++) {
+      for (int i = 0; i < DMR_C; i++) {
+         double av = pa[i];
+         for (int j = 0; j < DNR_C; j++) acc[i][j] += av * pb[j];
+      }
+      pa += DMR_C;
+      pb += DNR_C;
+   }
+   lm_gemm_merge_d(m, n, &acc[0][0], DNR_C, c, rsc, csc, alpha, beta);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Blocking parameters per ISA. MC is a multiple of MR, NC of NR. Sizes for Zen 5 (48 KB L1d,
+ * 1 MB L2 per core): the KC x NR B micro-panel stays in L1, the MC x KC A block in L2.
+ */
+typedef struct {
+   int mr, nr;
+   int64_t mc, kc, nc;
+   lm_sgemm_ukr_fn ukr;
+   lm_sgemm_pack_a_fn pack_a; /* NULL: the portable packing below */
+   lm_sgemm_pack_b_fn pack_b;
+} sgemm_cfg;
+
+typedef struct {
+   int mr, nr;
+   int64_t mc, kc, nc;
+   lm_dgemm_ukr_fn ukr;
+   void (*pack_a)(int64_t, int64_t, const double *, int64_t, int64_t, double *);
+   void (*pack_b)(int64_t, int64_t, const double *, int64_t, int64_t, int64_t, int64_t,
+                  double *);
+} dgemm_cfg;
+
+static sgemm_cfg sgemm_config(int isa) {
+   switch (isa) {
+   case LM_ISA_AVX512:
+      return (sgemm_cfg){LM_SGEMM_AVX512_MR, LM_SGEMM_AVX512_NR, 14 * 24, 256, 32 * 128,
+                         lm_sgemm_ukr_avx512, lm_sgemm_pack_a_avx512, lm_sgemm_pack_b_avx512};
+   case LM_ISA_AVX2:
+      return (sgemm_cfg){LM_SGEMM_AVX2_MR, LM_SGEMM_AVX2_NR, 6 * 24, 256, 16 * 256,
+                         lm_sgemm_ukr_avx2, NULL, NULL};
+   default:
+      return (sgemm_cfg){SMR_C, SNR_C, SMR_C * 32, 256, SNR_C * 128, sgemm_ukr_c, NULL, NULL};
+   }
+}
+
+static dgemm_cfg dgemm_config(int isa) {
+   switch (isa) {
+   case LM_ISA_AVX512:
+      return (dgemm_cfg){LM_DGEMM_AVX512_MR, LM_DGEMM_AVX512_NR, 14 * 12, 256, 16 * 128,
+                         lm_dgemm_ukr_avx512, NULL, NULL};
+   case LM_ISA_AVX2:
+      return (dgemm_cfg){LM_DGEMM_AVX2_MR, LM_DGEMM_AVX2_NR, 6 * 16, 256, 8 * 256,
+                         lm_dgemm_ukr_avx2, NULL, NULL};
+   default:
+      return (dgemm_cfg){DMR_C, DNR_C, DMR_C * 32, 256, DNR_C * 256, dgemm_ukr_c, NULL, NULL};
+   }
+}
+
+static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* split [0, total) into blocks of at most `cap` (a multiple of `unit`) of near-equal size, each a
+ * multiple of unit: returns the block size to step by */
+static int64_t even_block(int64_t total, int64_t cap, int64_t unit) {
+   int64_t nb = (total + cap - 1) / cap;
+   if (nb < 1) nb = 1;
+   int64_t b = round_up((total + nb - 1) / nb, unit);
+   return imin(b, cap);
+}
+
+static int gemm_threads(void) {
+#ifdef _OPENMP
+   if (omp_in_parallel()) return 1;
+   return omp_get_max_threads();
+#else
+   return 1;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The loop nest and the small-problem path are written once below (LM_GEMM_TEMPLATE section) and
+ * instantiated for float and double by including this file into itself.
+ */
+#define GCAT_(a, b) a##b
+#define GCAT(a, b) GCAT_(a, b)
+#define GNAME(x) GCAT(GEMM_P, x)
+
+/* problems with fewer multiply-adds than this skip packing (the AVX-512 float path has fast
+   unpacked loops, the portable ones are plain C) */
+#define LM_GEMM_SMALL_WORK (24.0 * 24.0 * 24.0)
+#define LM_GEMM_SMALL_WORK_AVX512 (36.0 * 36.0 * 36.0)
+/* multiply-adds per thread below which fewer threads are used */
+#define LM_GEMM_WORK_PER_THREAD (64.0 * 64.0 * 64.0)
+
+#define LM_GEMM_TEMPLATE
+#define T float
+#define GEMM_IS_FLOAT 1
+#define GEMM_P sgemm_
+#define GEMM_CFG sgemm_cfg
+#define GEMM_CONFIG sgemm_config
+#include "gemm.c"
+#undef T
+#undef GEMM_IS_FLOAT
+#undef GEMM_P
+#undef GEMM_CFG
+#undef GEMM_CONFIG
+
+#define T double
+#define GEMM_IS_FLOAT 0
+#define GEMM_P dgemm_
+#define GEMM_CFG dgemm_cfg
+#define GEMM_CONFIG dgemm_config
+#include "gemm.c"
+#undef T
+#undef GEMM_IS_FLOAT
+#undef GEMM_P
+#undef GEMM_CFG
+#undef GEMM_CONFIG
+#undef LM_GEMM_TEMPLATE
+
+/* ---- public entry points: lda etc. are the row strides of A, B, C as stored ---- */
+void lm_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+              int64_t ldc) {
+   lm_sgemm_strided(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, b,
+                    trans_b ? 1 : ldb, trans_b ? ldb : 1, beta, c, ldc, 1);
+}
+
+void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double *a, int64_t lda, const double *b, int64_t ldb, double beta, double *c,
+              int64_t ldc) {
+   lm_dgemm_strided(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, b,
+                    trans_b ? 1 : ldb, trans_b ? ldb : 1, beta, c, ldc, 1);
+}
+
+#else /* LM_GEMM_TEMPLATE ------------------------------------------------------------------- */
+
+/* mc x kc block of op(A) (element (i,p) at a[i*rsa + p*csa]) into ceil(mc/MR) micro-panels of
+ * MR x kc: dst[panel][p][i], rows past mc zeroed */
+__attribute__((noinline)) static void GNAME(pack_a)(int64_t mc, int64_t kc, const T *a, int64_t rsa, int64_t csa, int MR,
+                          T *dst) {
+   for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+      int mr = (int)imin(MR, mc - i0);
+      const T *ap = a + i0 * rsa;
+      if (rsa == 1) { /* columns of op(A) are contiguous */
+         for (int64_t p = 0; p < kc; p++) {
+            const T *col = ap + p * csa;
+            T *d = dst + p * MR;
+            int i = 0;
+            for (; i < mr; i++) d[i] = col[i];
+            for (; i < MR; i++) d[i] = (T)0;
+         }
+      } else {
+         for (int i = 0; i < mr; i++) {
+            const T *row = ap + i * rsa;
+            if (csa == 1) {
+               for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = row[p];
+            } else {
+               for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = row[p * csa];
+            }
+         }
+         for (int i = mr; i < MR; i++)
+            for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = (T)0;
+      }
+      dst += (int64_t)MR * kc;
+   }
+}
+
+/* micro-panels [q0, q1) of the kc x nc block of op(B) (element (p,j) at b[p*rsb + j*csb]):
+ * panel q holds columns q*NR .. q*NR+NR-1 as dst[q][p][j], columns past nc zeroed */
+__attribute__((noinline)) static void GNAME(pack_b)(int64_t kc, int64_t nc, const T *b, int64_t rsb, int64_t csb, int NR,
+                          int64_t q0, int64_t q1, T *dst) {
+   for (int64_t q = q0; q < q1; q++) {
+      int64_t j0 = q * NR;
+      int nr = (int)imin(NR, nc - j0);
+      const T *bp = b + j0 * csb;
+      T *d = dst + q * NR * kc;
+      if (csb == 1) { /* rows of op(B) are contiguous */
+         for (int64_t p = 0; p < kc; p++) {
+            const T *row = bp + p * rsb;
+            T *dp = d + p * NR;
+            int j = 0;
+            for (; j < nr; j++) dp[j] = row[j];
+            for (; j < NR; j++) dp[j] = (T)0;
+         }
+      } else {
+         for (int j = 0; j < nr; j++) {
+            const T *col = bp + j * csb;
+            if (rsb == 1) {
+               for (int64_t p = 0; p < kc; p++) d[p * NR + j] = col[p];
+            } else {
+               for (int64_t p = 0; p < kc; p++) d[p * NR + j] = col[p * rsb];
+            }
+         }
+         for (int j = nr; j < NR; j++)
+            for (int64_t p = 0; p < kc; p++) d[p * NR + j] = (T)0;
+      }
+   }
+}
+
+/* Unpacked loops for rows [i0, i1): per row, blocks of up to JB columns accumulated in a stack
+ * buffer, as dot products when A's rows and B's columns are contiguous, else as axpys over the
+ * rows of B. Reads C only when beta != 0. */
+static void GNAME(direct_rows)(int64_t i0, int64_t i1, int64_t n, int64_t k, T alpha, const T *a,
+                               int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb,
+                               T beta, T *c, int64_t rsc, int64_t csc) {
+   enum { JB = 256 };
+   T acc[JB];
+   for (int64_t i = i0; i < i1; i++) {
+      const T *ai = a + i * rsa;
+      T *ci = c + i * rsc;
+      for (int64_t j0 = 0; j0 < n; j0 += JB) {
+         int nb = (int)imin(JB, n - j0);
+         if (csa == 1 && rsb == 1 && csb != 1) {
+            for (int j = 0; j < nb; j++) {
+               const T *bj = b + (j0 + j) * csb;
+               T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+               int64_t p = 0;
+               for (; p + 8 <= k; p += 8) {
+                  s0 += ai[p] * bj[p];
+                  s1 += ai[p + 1] * bj[p + 1];
+                  s2 += ai[p + 2] * bj[p + 2];
+                  s3 += ai[p + 3] * bj[p + 3];
+                  s4 += ai[p + 4] * bj[p + 4];
+                  s5 += ai[p + 5] * bj[p + 5];
+                  s6 += ai[p + 6] * bj[p + 6];
+                  s7 += ai[p + 7] * bj[p + 7];
+               }
+               for (; p < k; p++) s0 += ai[p] * bj[p];
+               acc[j] = ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7));
+            }
+         } else {
+            for (int j = 0; j < nb; j++) acc[j] = 0;
+            for (int64_t p = 0; p < k; p++) {
+               T av = ai[p * csa];
+               const T *bp = b + p * rsb + j0 * csb;
+               if (csb == 1) {
+                  for (int j = 0; j < nb; j++) acc[j] += av * bp[j];
+               } else {
+                  for (int j = 0; j < nb; j++) acc[j] += av * bp[j * csb];
+               }
+            }
+         }
+         T *cj = ci + j0 * csc;
+         if (beta == 0) {
+            for (int j = 0; j < nb; j++) cj[j * csc] = alpha * acc[j];
+         } else {
+            for (int j = 0; j < nb; j++) cj[j * csc] = alpha * acc[j] + beta * cj[j * csc];
+         }
+      }
+   }
+}
+
+/* one block of the unpacked path on the calling thread: the ISA's own loops when it has them */
+static void GNAME(direct_block)(int isa, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
+                                int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb,
+                                T beta, T *c, int64_t rsc, int64_t csc) {
+#if GEMM_IS_FLOAT
+   if (isa == LM_ISA_AVX512 &&
+       lm_sgemm_direct_avx512(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc))
+      return;
+#else
+   (void)isa;
+#endif
+   GNAME(direct_rows)(0, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
+}
+
+/* the unpacked path on nt threads: rows split, or columns when there are fewer rows than threads */
+static void GNAME(direct)(int isa, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
+                          int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta,
+                          T *c, int64_t rsc, int64_t csc, int nt) {
+   if (nt > 1 && m >= 4 * nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int t = 0; t < nt; t++) {
+         int64_t i0 = m * t / nt, i1 = m * (t + 1) / nt;
+         GNAME(direct_block)(isa, i1 - i0, n, k, alpha, a + i0 * rsa, rsa, csa, b, rsb, csb,
+                             beta, c + i0 * rsc, rsc, csc);
+      }
+   } else if (nt > 1 && n >= nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int t = 0; t < nt; t++) {
+         int64_t j0 = n * t / nt, j1 = n * (t + 1) / nt;
+         GNAME(direct_block)(isa, m, j1 - j0, k, alpha, a, rsa, csa, b + j0 * csb, rsb, csb,
+                             beta, c + j0 * csc, rsc, csc);
+      }
+   } else {
+      GNAME(direct_block)(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
+   }
+}
+
+/* the macro-kernel: every NR x MR tile of one packed A block times one packed B panel */
+static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc, T alpha,
+                         const T *ap, const T *bp, T beta, T *c, int64_t rsc, int64_t csc) {
+   const int MR = cf->mr, NR = cf->nr;
+   for (int64_t jr = 0; jr < nc; jr += NR) {
+      const int nr = (int)imin(NR, nc - jr);
+      const T *pb = bp + jr * kc;
+      T *cc = c + jr * csc;
+      for (int64_t ir = 0; ir < mc; ir += MR) {
+         const int mr = (int)imin(MR, mc - ir);
+         cf->ukr(kc, ap + ir * kc, pb, cc + ir * rsc, rsc, csc, alpha, beta, mr, nr);
+      }
+   }
+}
+
+static void GNAME(pack_a_any)(const GEMM_CFG *cf, int64_t mc, int64_t kc, const T *a,
+                              int64_t rsa, int64_t csa, T *dst) {
+   if (cf->pack_a)
+      cf->pack_a(mc, kc, a, rsa, csa, dst);
+   else
+      GNAME(pack_a)(mc, kc, a, rsa, csa, cf->mr, dst);
+}
+
+static void GNAME(pack_b_any)(const GEMM_CFG *cf, int64_t kc, int64_t nc, const T *b,
+                              int64_t rsb, int64_t csb, int64_t q0, int64_t q1, T *dst) {
+   if (cf->pack_b)
+      cf->pack_b(kc, nc, b, rsb, csb, q0, q1, dst);
+   else
+      GNAME(pack_b)(kc, nc, b, rsb, csb, cf->nr, q0, q1, dst);
+}
+
+/* The packed BLIS loop nest on nt threads.
+ * Row split (the usual case): the team packs each KC x NC panel of B together, then takes the
+ * MC-row blocks of A dynamically (each thread packs its own A block), so a thread slowed down by
+ * another process does less of the work. Column split (few rows, many columns): each thread owns
+ * a range of columns and runs the whole nest alone with its own B. */
+static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T alpha,
+                          const T *a, int64_t rsa, int64_t csa, const T *b, int64_t rsb,
+                          int64_t csb, T beta, T *c, int64_t rsc, int64_t csc, int nt) {
+   const int MR = cf->mr, NR = cf->nr;
+   const int64_t panels_m = (m + MR - 1) / MR, panels_n = (n + NR - 1) / NR;
+   int split_m = 1;
+   if (nt > 1 && panels_m < 4 * nt && panels_n > panels_m) split_m = 0;
+   if (split_m && panels_m < nt) nt = (int)imax(1, panels_m);
+   if (!split_m && panels_n < nt) nt = (int)imax(1, panels_n);
+   if (nt == 1) split_m = 1;
+   /* k blocks of near-equal depth (no short tail block) */
+   const int64_t kc_max = (k + (k + cf->kc - 1) / cf->kc - 1) / ((k + cf->kc - 1) / cf->kc);
+   /* row blocks: at most MC rows, and (with several threads) at least 3 blocks per thread */
+   int64_t mc_cap = cf->mc;
+   if (split_m && nt > 1) mc_cap = imin(mc_cap, imax(MR, round_up((m + 3 * nt - 1) / (3 * nt), MR)));
+   const int64_t n_t = split_m ? n : imin(n, (panels_n + nt - 1) / nt * NR);
+   const int64_t mc_blk = even_block(m, mc_cap, MR);
+   const int64_t nc_blk = even_block(n_t, cf->nc, NR);
+   /* workspace: one A block per thread, one B panel (shared) or one per thread; each a multiple
+      of 64 elements so every piece stays 64-byte aligned */
+   const int64_t a_elems = round_up(round_up(mc_blk, MR) * kc_max, 64);
+   const int64_t b_elems = round_up(round_up(nc_blk, NR) * kc_max, 64);
+   const int nbuf_b = split_m ? 1 : nt;
+   const size_t bytes = (size_t)(a_elems * nt + b_elems * nbuf_b) * sizeof(T);
+   T *buf = (T *)lm_alloc(bytes);
+   if (!buf) { /* no memory for the workspace: the unpacked loops need none */
+      lm_clear_error();
+      GNAME(direct)(LM_ISA_C, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
+      return;
+   }
+   const GEMM_CFG cfg = *cf;
+   const int64_t nblk_m = (m + mc_blk - 1) / mc_blk;
+
+   if (split_m) {
+#pragma omp parallel num_threads(nt)
+      {
+         int tid = 0;
+#ifdef _OPENMP
+         tid = omp_get_thread_num();
+#endif
+         T *ap = buf + tid * a_elems, *bp = buf + nt * a_elems;
+         for (int64_t jc = 0; jc < n; jc += nc_blk) {
+            const int64_t nc = imin(nc_blk, n - jc);
+            const int64_t npan = (nc + NR - 1) / NR;
+            for (int64_t pc = 0; pc < k; pc += kc_max) {
+               const int64_t kc = imin(kc_max, k - pc);
+               const T beta_eff = pc == 0 ? beta : (T)1;
+               const T *bsrc = b + pc * rsb + jc * csb;
+               /* B panel: groups of 4 micro-panels, shared out dynamically (barrier at the end) */
+#pragma omp for schedule(dynamic, 1)
+               for (int64_t q = 0; q < npan; q += 4)
+                  GNAME(pack_b_any)(&cfg, kc, nc, bsrc, rsb, csb, q, imin(q + 4, npan), bp);
+#pragma omp for schedule(dynamic, 1)
+               for (int64_t blk = 0; blk < nblk_m; blk++) {
+                  const int64_t ic = blk * mc_blk, mc = imin(mc_blk, m - ic);
+                  GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
+                  GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
+                               c + ic * rsc + jc * csc, rsc, csc);
+               }
+            }
+         }
+      }
+   } else {
+#pragma omp parallel num_threads(nt)
+      {
+         int tid = 0, ntt = 1;
+#ifdef _OPENMP
+         tid = omp_get_thread_num();
+         ntt = omp_get_num_threads();
+#endif
+         const int64_t n0 = imin(n, panels_n * tid / ntt * NR);
+         const int64_t n1 = imin(n, panels_n * (tid + 1) / ntt * NR);
+         T *ap = buf + tid * a_elems, *bp = buf + nt * a_elems + tid * b_elems;
+         for (int64_t jc = n0; jc < n1; jc += nc_blk) {
+            const int64_t nc = imin(nc_blk, n1 - jc);
+            for (int64_t pc = 0; pc < k; pc += kc_max) {
+               const int64_t kc = imin(kc_max, k - pc);
+               const T beta_eff = pc == 0 ? beta : (T)1;
+               GNAME(pack_b_any)(&cfg, kc, nc, b + pc * rsb + jc * csb, rsb, csb, 0,
+                                 (nc + NR - 1) / NR, bp);
+               for (int64_t ic = 0; ic < m; ic += mc_blk) {
+                  const int64_t mc = imin(mc_blk, m - ic);
+                  GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
+                  GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
+                               c + ic * rsc + jc * csc, rsc, csc);
+               }
+            }
+         }
+      }
+   }
+   lm_free(buf, bytes);
+}
+
+void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t rsa,
+                               int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta, T *c,
+                               int64_t rsc, int64_t csc) {
+   if (m <= 0 || n <= 0) return;
+   if (k <= 0 || alpha == 0) { /* C = beta * C; beta == 0 writes zeros without reading C */
+      for (int64_t i = 0; i < m; i++)
+         for (int64_t j = 0; j < n; j++) {
+            T *cij = c + i * rsc + j * csc;
+            *cij = beta == 0 ? (T)0 : beta * *cij;
+         }
+      return;
+   }
+   /* column-major C, or a matrix-vector product with op(A) stored by columns: compute
+      C^T = op(B)^T op(A)^T instead (rows of C^T contiguous; the vector becomes the 1-row side) */
+   if ((csc != 1 && rsc == 1) || (n == 1 && m > 1 && rsa == 1 && csa != 1)) {
+      int64_t t;
+      const T *tp = a;
+      a = b;
+      b = tp;
+      t = m; m = n; n = t;
+      t = rsa; rsa = csb; csb = t;
+      t = csa; csa = rsb; rsb = t;
+      t = rsc; rsc = csc; csc = t;
+   }
+   const double work = (double)m * (double)n * (double)k;
+   int nt = gemm_threads();
+   if (nt > 1 && work < LM_GEMM_WORK_PER_THREAD * nt) {
+      nt = (int)(work / LM_GEMM_WORK_PER_THREAD);
+      if (nt < 1) nt = 1;
+   }
+   const int isa = lm_gemm_isa();
+   const double small = (GEMM_IS_FLOAT && isa == LM_ISA_AVX512) ? LM_GEMM_SMALL_WORK_AVX512
+                                                                   : LM_GEMM_SMALL_WORK;
+   if (work <= small || m == 1 || n == 1) {
+      GNAME(direct)(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
+      return;
+   }
+   const GEMM_CFG cf = GEMM_CONFIG(isa);
+   GNAME(packed)(&cf, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
+}
+
+#endif /* LM_GEMM_TEMPLATE */

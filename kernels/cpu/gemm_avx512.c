@@ -1,0 +1,435 @@
+/* gemm_avx512.c -- AVX-512 micro-kernels for lumen's GEMM (see gemm_internal.h for the contract).
+ * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma; only called after CPUID says so.
+ *
+ * sgemm: 14 x 32 register tile = 28 zmm accumulators; per k step two zmm loads of B and 14
+ *        broadcasts of A folded into the FMAs ({1to16} memory operands), 28 FMAs.
+ * dgemm: 14 x 16 register tile of doubles, same shape.
+ * Also here: the float packing routines (16 x 16 in-register transposes for the operands stored
+ * "the other way"), and the unpacked float loops for small and thin problems.
+ */
+#include <immintrin.h>
+#include "gemm_internal.h"
+
+#define SMR LM_SGEMM_AVX512_MR
+#define SNR LM_SGEMM_AVX512_NR
+#define DMR LM_DGEMM_AVX512_MR
+#define DNR LM_DGEMM_AVX512_NR
+
+/* one k step of the 14 x 32 float tile; A values are broadcast from memory */
+#define S_ROW(i)                                                                                \
+   do {                                                                                         \
+      __m512 av_ = _mm512_set1_ps(pa[(i)]);                                                     \
+      c##i##0 = _mm512_fmadd_ps(av_, b0, c##i##0);                                              \
+      c##i##1 = _mm512_fmadd_ps(av_, b1, c##i##1);                                              \
+   } while (0)
+
+#define S_STEP()                                                                                \
+   do {                                                                                         \
+      __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);                            \
+      S_ROW(0); S_ROW(1); S_ROW(2); S_ROW(3); S_ROW(4); S_ROW(5); S_ROW(6);                     \
+      S_ROW(7); S_ROW(8); S_ROW(9); S_ROW(10); S_ROW(11); S_ROW(12); S_ROW(13);                 \
+      pa += SMR;                                                                                \
+      pb += SNR;                                                                                \
+   } while (0)
+
+#define S_DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps()
+
+/* store row i of the tile: C = alpha * acc + beta * C */
+#define S_STORE(i)                                                                              \
+   do {                                                                                         \
+      float *cr_ = c + (i) * rsc;                                                               \
+      __m512 r0_ = _mm512_mul_ps(va, c##i##0), r1_ = _mm512_mul_ps(va, c##i##1);                \
+      if (beta != 0.0f) {                                                                       \
+         r0_ = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr_), r0_);                                  \
+         r1_ = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr_ + 16), r1_);                             \
+      }                                                                                         \
+      _mm512_storeu_ps(cr_, r0_);                                                               \
+      _mm512_storeu_ps(cr_ + 16, r1_);                                                          \
+   } while (0)
+
+#define S_SPILL(i)                                                                              \
+   do {                                                                                         \
+      _mm512_storeu_ps(tile + (i) * SNR, c##i##0);                                              \
+      _mm512_storeu_ps(tile + (i) * SNR + 16, c##i##1);                                         \
+   } while (0)
+
+void lm_sgemm_ukr_avx512(int64_t kc, const float *pa, const float *pb, float *c, int64_t rsc,
+                         int64_t csc, float alpha, float beta, int m, int n) {
+   S_DECL(0); S_DECL(1); S_DECL(2); S_DECL(3); S_DECL(4); S_DECL(5); S_DECL(6);
+   S_DECL(7); S_DECL(8); S_DECL(9); S_DECL(10); S_DECL(11); S_DECL(12); S_DECL(13);
+   if (beta != 0.0f && csc == 1) /* C is read at the end: fetch its tile meanwhile */
+      for (int i = 0; i < m; i++) {
+         _mm_prefetch((const char *)(c + i * rsc), _MM_HINT_T0);
+         _mm_prefetch((const char *)(c + i * rsc + 16), _MM_HINT_T0);
+      }
+
+   int64_t p = kc;
+   for (; p >= 4; p -= 4) {
+      _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
+      S_STEP();
+      _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
+      S_STEP();
+      _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
+      S_STEP();
+      S_STEP();
+   }
+   for (; p > 0; p--) S_STEP();
+
+   if (m == SMR && n == SNR && csc == 1) {
+      __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+      S_STORE(0); S_STORE(1); S_STORE(2); S_STORE(3); S_STORE(4); S_STORE(5); S_STORE(6);
+      S_STORE(7); S_STORE(8); S_STORE(9); S_STORE(10); S_STORE(11); S_STORE(12); S_STORE(13);
+   } else {
+      float tile[SMR * SNR] __attribute__((aligned(64)));
+      S_SPILL(0); S_SPILL(1); S_SPILL(2); S_SPILL(3); S_SPILL(4); S_SPILL(5); S_SPILL(6);
+      S_SPILL(7); S_SPILL(8); S_SPILL(9); S_SPILL(10); S_SPILL(11); S_SPILL(12); S_SPILL(13);
+      lm_gemm_merge_s(m, n, tile, SNR, c, rsc, csc, alpha, beta);
+   }
+}
+
+/* ---- double: 14 x 16 ---- */
+#define D_ROW(i)                                                                                \
+   do {                                                                                         \
+      __m512d av_ = _mm512_set1_pd(pa[(i)]);                                                    \
+      c##i##0 = _mm512_fmadd_pd(av_, b0, c##i##0);                                              \
+      c##i##1 = _mm512_fmadd_pd(av_, b1, c##i##1);                                              \
+   } while (0)
+
+#define D_STEP()                                                                                \
+   do {                                                                                         \
+      __m512d b0 = _mm512_load_pd(pb), b1 = _mm512_load_pd(pb + 8);                            \
+      D_ROW(0); D_ROW(1); D_ROW(2); D_ROW(3); D_ROW(4); D_ROW(5); D_ROW(6);                     \
+      D_ROW(7); D_ROW(8); D_ROW(9); D_ROW(10); D_ROW(11); D_ROW(12); D_ROW(13);                 \
+      pa += DMR;                                                                                \
+      pb += DNR;                                                                                \
+   } while (0)
+
+#define D_DECL(i) __m512d c##i##0 = _mm512_setzero_pd(), c##i##1 = _mm512_setzero_pd()
+
+#define D_STORE(i)                                                                              \
+   do {                                                                                         \
+      double *cr_ = c + (i) * rsc;                                                              \
+      __m512d r0_ = _mm512_mul_pd(va, c##i##0), r1_ = _mm512_mul_pd(va, c##i##1);               \
+      if (beta != 0.0) {                                                                        \
+         r0_ = _mm512_fmadd_pd(vb, _mm512_loadu_pd(cr_), r0_);                                  \
+         r1_ = _mm512_fmadd_pd(vb, _mm512_loadu_pd(cr_ + 8), r1_);                              \
+      }                                                                                         \
+      _mm512_storeu_pd(cr_, r0_);                                                               \
+      _mm512_storeu_pd(cr_ + 8, r1_);                                                           \
+   } while (0)
+
+#define D_SPILL(i)                                                                              \
+   do {                                                                                         \
+      _mm512_storeu_pd(tile + (i) * DNR, c##i##0);                                              \
+      _mm512_storeu_pd(tile + (i) * DNR + 8, c##i##1);                                          \
+   } while (0)
+
+void lm_dgemm_ukr_avx512(int64_t kc, const double *pa, const double *pb, double *c, int64_t rsc,
+                         int64_t csc, double alpha, double beta, int m, int n) {
+   D_DECL(0); D_DECL(1); D_DECL(2); D_DECL(3); D_DECL(4); D_DECL(5); D_DECL(6);
+   D_DECL(7); D_DECL(8); D_DECL(9); D_DECL(10); D_DECL(11); D_DECL(12); D_DECL(13);
+
+   int64_t p = kc;
+   for (; p >= 2; p -= 2) {
+      _mm_prefetch((const char *)(pa + 8 * DMR), _MM_HINT_T0);
+      D_STEP();
+      _mm_prefetch((const char *)(pa + 8 * DMR), _MM_HINT_T0);
+      D_STEP();
+   }
+   for (; p > 0; p--) D_STEP();
+
+   if (m == DMR && n == DNR && csc == 1) {
+      __m512d va = _mm512_set1_pd(alpha), vb = _mm512_set1_pd(beta);
+      D_STORE(0); D_STORE(1); D_STORE(2); D_STORE(3); D_STORE(4); D_STORE(5); D_STORE(6);
+      D_STORE(7); D_STORE(8); D_STORE(9); D_STORE(10); D_STORE(11); D_STORE(12); D_STORE(13);
+   } else {
+      double tile[DMR * DNR] __attribute__((aligned(64)));
+      D_SPILL(0); D_SPILL(1); D_SPILL(2); D_SPILL(3); D_SPILL(4); D_SPILL(5); D_SPILL(6);
+      D_SPILL(7); D_SPILL(8); D_SPILL(9); D_SPILL(10); D_SPILL(11); D_SPILL(12); D_SPILL(13);
+      lm_gemm_merge_d(m, n, tile, DNR, c, rsc, csc, alpha, beta);
+   }
+}
+
+/* ---- packing for the float kernel (layouts in gemm_internal.h) ---- */
+
+/* in-register transpose of a 16 x 16 block: r[i] lane j  ->  r[j] lane i */
+static inline void transpose16(__m512 r[16]) {
+   __m512 t[16];
+   for (int i = 0; i < 8; i++) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+   }
+   for (int i = 0; i < 4; i++) {
+      __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]),
+              t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+      r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+      r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+      r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+      r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+   }
+   /* r[4g + c]: rows 4g..4g+3, columns c, c+4, c+8, c+12 (one per 128-bit lane) */
+   for (int c = 0; c < 4; c++) {
+      t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+      t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+      t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+      t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+   }
+   for (int c = 0; c < 4; c++) {
+      r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+      r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+      r[4 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
+      r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xdd);
+   }
+}
+
+static inline __mmask16 mask_lo(int n) { return (__mmask16)((1u << n) - 1u); }
+
+/* A block, mc x kc, into 14-row micro-panels (see lm_sgemm_pack_a in gemm_internal.h) */
+void lm_sgemm_pack_a_avx512(int64_t mc, int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                            float *dst) {
+   const __mmask16 m14 = mask_lo(SMR);
+   if (csa == 1) { /* rows of op(A) contiguous: 16 x 16 transposes */
+      for (int64_t i0 = 0; i0 < mc; i0 += SMR) {
+         const int mr = mc - i0 < SMR ? (int)(mc - i0) : SMR;
+         const float *ap = a + i0 * rsa;
+         float *d = dst + i0 * kc;
+         for (int64_t p0 = 0; p0 < kc; p0 += 16) {
+            const int np = kc - p0 < 16 ? (int)(kc - p0) : 16;
+            const __mmask16 lm = mask_lo(np);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+               r[i] = i < mr ? _mm512_maskz_loadu_ps(lm, ap + i * rsa + p0) : _mm512_setzero_ps();
+            /* the same columns of the next micro-panel's rows, one panel ahead */
+            if (i0 + 2 * SMR <= mc)
+               for (int i = 0; i < SMR; i++)
+                  _mm_prefetch((const char *)(ap + (SMR + i) * rsa + p0), _MM_HINT_T0);
+            transpose16(r);
+            for (int j = 0; j < np; j++) _mm512_mask_storeu_ps(d + (p0 + j) * SMR, m14, r[j]);
+         }
+      }
+   } else if (rsa == 1) { /* columns of op(A) contiguous: copy 14 at a time, k outermost */
+      for (int64_t p = 0; p < kc; p++) {
+         const float *col = a + p * csa;
+         for (int64_t i0 = 0; i0 < mc; i0 += SMR) {
+            const int mr = mc - i0 < SMR ? (int)(mc - i0) : SMR;
+            __m512 v = _mm512_maskz_loadu_ps(mask_lo(mr), col + i0);
+            _mm512_mask_storeu_ps(dst + i0 * kc + p * SMR, m14, v);
+         }
+      }
+   } else {
+      for (int64_t i0 = 0; i0 < mc; i0 += SMR) {
+         const int mr = mc - i0 < SMR ? (int)(mc - i0) : SMR;
+         float *d = dst + i0 * kc;
+         for (int64_t p = 0; p < kc; p++)
+            for (int i = 0; i < SMR; i++)
+               d[p * SMR + i] = i < mr ? a[(i0 + i) * rsa + p * csa] : 0.0f;
+      }
+   }
+}
+
+/* micro-panels [q0, q1) of the kc x nc B block, 32 columns each */
+void lm_sgemm_pack_b_avx512(int64_t kc, int64_t nc, const float *b, int64_t rsb, int64_t csb,
+                            int64_t q0, int64_t q1, float *dst) {
+   if (csb == 1) { /* rows of op(B) contiguous: k outermost so each row is read in order */
+      for (int64_t p = 0; p < kc; p++) {
+         const float *row = b + p * rsb;
+         for (int64_t q = q0; q < q1; q++) {
+            const int64_t j0 = q * SNR;
+            float *d = dst + q * SNR * kc + p * SNR;
+            if (nc - j0 >= SNR) {
+               _mm512_store_ps(d, _mm512_loadu_ps(row + j0));
+               _mm512_store_ps(d + 16, _mm512_loadu_ps(row + j0 + 16));
+            } else {
+               const int nr = (int)(nc - j0);
+               _mm512_store_ps(d, _mm512_maskz_loadu_ps(mask_lo(nr < 16 ? nr : 16), row + j0));
+               _mm512_store_ps(d + 16, nr > 16 ? _mm512_maskz_loadu_ps(mask_lo(nr - 16),
+                                                                       row + j0 + 16)
+                                               : _mm512_setzero_ps());
+            }
+         }
+      }
+   } else if (rsb == 1) { /* columns of op(B) contiguous (B stored transposed): transposes */
+      for (int64_t q = q0; q < q1; q++) {
+         const int64_t j0 = q * SNR;
+         const int nr = nc - j0 < SNR ? (int)(nc - j0) : SNR;
+         float *d = dst + q * SNR * kc;
+         for (int h = 0; h < 2; h++) {
+            const float *bp = b + (j0 + 16 * h) * csb;
+            const int nj = nr - 16 * h; /* valid columns in this half (may be <= 0) */
+            for (int64_t p0 = 0; p0 < kc; p0 += 16) {
+               const int np = kc - p0 < 16 ? (int)(kc - p0) : 16;
+               const __mmask16 lm = mask_lo(np);
+               __m512 r[16];
+               for (int j = 0; j < 16; j++)
+                  r[j] = j < nj ? _mm512_maskz_loadu_ps(lm, bp + j * csb + p0)
+                                : _mm512_setzero_ps();
+               if (p0 + 64 < kc) /* four lines ahead in each of the 16 rows */
+                  for (int j = 0; j < 16 && j < nj; j++)
+                     _mm_prefetch((const char *)(bp + j * csb + p0 + 64), _MM_HINT_T0);
+               transpose16(r);
+               for (int t = 0; t < np; t++) _mm512_store_ps(d + (p0 + t) * SNR + 16 * h, r[t]);
+            }
+         }
+      }
+   } else {
+      for (int64_t q = q0; q < q1; q++) {
+         const int64_t j0 = q * SNR;
+         const int nr = nc - j0 < SNR ? (int)(nc - j0) : SNR;
+         float *d = dst + q * SNR * kc;
+         for (int64_t p = 0; p < kc; p++)
+            for (int j = 0; j < SNR; j++)
+               d[p * SNR + j] = j < nr ? b[p * rsb + (j0 + j) * csb] : 0.0f;
+      }
+   }
+}
+
+/* ---- direct (unpacked) path for small and thin problems ----
+ * Tile form (op(B) rows contiguous): R rows x NV zmm of columns per tile, A broadcast from its
+ * strided rows, B rows read in place with masked loads, masked stores to C.
+ * Dot form (op(A) rows and op(B) columns contiguous, e.g. x . W^T): 4 x 4 tiles of dot products
+ * along k, reduced at the end. */
+
+static inline __mmask16 cols_mask(int64_t rem) {
+   return rem >= 16 ? (__mmask16)0xffff : rem <= 0 ? (__mmask16)0 : mask_lo((int)rem);
+}
+
+/* C[0:R, 0:nv] = alpha * A[0:R, :] B[:, 0:nv] + beta * C, nv <= 16 * NV, columns contiguous */
+static inline __attribute__((always_inline)) void direct_tile(
+   const int R, const int NV, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+   int64_t rsb, int64_t nv, float *c, int64_t rsc, int64_t csc, float alpha, float beta) {
+   __m512 acc[4][4];
+   __mmask16 mk[4];
+   for (int q = 0; q < NV; q++) mk[q] = cols_mask(nv - 16 * q);
+   for (int r = 0; r < R; r++)
+      for (int q = 0; q < NV; q++) acc[r][q] = _mm512_setzero_ps();
+   for (int64_t p = 0; p < k; p++) {
+      const float *bp = b + p * rsb;
+      __m512 bv[4];
+      for (int q = 0; q < NV; q++) bv[q] = _mm512_maskz_loadu_ps(mk[q], bp + 16 * q);
+      for (int r = 0; r < R; r++) {
+         __m512 av = _mm512_set1_ps(a[r * rsa + p * csa]);
+         for (int q = 0; q < NV; q++) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+      }
+   }
+   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+   for (int r = 0; r < R; r++) {
+      float *cr = c + r * rsc;
+      if (csc == 1) {
+         for (int q = 0; q < NV; q++) {
+            __m512 v = _mm512_mul_ps(va, acc[r][q]);
+            if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk[q], cr + 16 * q), v);
+            _mm512_mask_storeu_ps(cr + 16 * q, mk[q], v);
+         }
+      } else {
+         float t[64];
+         for (int q = 0; q < NV; q++) _mm512_storeu_ps(t + 16 * q, acc[r][q]);
+         lm_gemm_merge_s(1, (int)nv, t, 64, cr, rsc, csc, alpha, beta);
+      }
+   }
+}
+
+#define DT_CASE(R, NV)                                                                          \
+   direct_tile(R, NV, k, a, rsa, csa, b, rsb, nv, c, rsc, csc, alpha, beta)
+
+static void direct_tile_any(int R, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                            const float *b, int64_t rsb, int64_t nv, float *c, int64_t rsc,
+                            int64_t csc, float alpha, float beta) {
+   const int NV = nv > 32 ? 4 : nv > 16 ? 2 : 1;
+   switch (R * 8 + NV) {
+   case 1 * 8 + 1: DT_CASE(1, 1); break;
+   case 1 * 8 + 2: DT_CASE(1, 2); break;
+   case 1 * 8 + 4: DT_CASE(1, 4); break;
+   case 2 * 8 + 1: DT_CASE(2, 1); break;
+   case 2 * 8 + 2: DT_CASE(2, 2); break;
+   case 2 * 8 + 4: DT_CASE(2, 4); break;
+   case 3 * 8 + 1: DT_CASE(3, 1); break;
+   case 3 * 8 + 2: DT_CASE(3, 2); break;
+   case 3 * 8 + 4: DT_CASE(3, 4); break;
+   case 4 * 8 + 1: DT_CASE(4, 1); break;
+   case 4 * 8 + 2: DT_CASE(4, 2); break;
+   default: DT_CASE(4, 4); break;
+   }
+}
+
+static void direct_tiles(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t rsa,
+                         int64_t csa, const float *b, int64_t rsb, float beta, float *c,
+                         int64_t rsc, int64_t csc) {
+   for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      const int64_t nv = n - j0 < 64 ? n - j0 : 64;
+      for (int64_t i0 = 0; i0 < m; i0 += 4) {
+         const int R = m - i0 < 4 ? (int)(m - i0) : 4;
+         direct_tile_any(R, k, a + i0 * rsa, rsa, csa, b + j0, rsb, nv, c + i0 * rsc + j0 * csc,
+                         rsc, csc, alpha, beta);
+      }
+   }
+}
+
+/* dot form: C(i,j) = alpha * <A row i, op(B) column j> + beta * C, both contiguous along k */
+static inline __attribute__((always_inline)) void direct_dot_tile(
+   const int R, int64_t k, const float *const *ar, const float *const *bc, float *acc_out) {
+   __m512 acc[4][4];
+   for (int r = 0; r < R; r++)
+      for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
+   for (int64_t p = 0; p < k; p += 16) {
+      const __mmask16 mk = cols_mask(k - p);
+      __m512 bv[4];
+      for (int q = 0; q < 4; q++) bv[q] = _mm512_maskz_loadu_ps(mk, bc[q] + p);
+      for (int r = 0; r < R; r++) {
+         __m512 av = _mm512_maskz_loadu_ps(mk, ar[r] + p);
+         for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+      }
+   }
+   for (int r = 0; r < R; r++)
+      for (int q = 0; q < 4; q++) acc_out[r * 4 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+static void direct_dots(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t rsa,
+                        const float *b, int64_t csb, float beta, float *c, int64_t rsc,
+                        int64_t csc) {
+   for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int R = m - i0 < 4 ? (int)(m - i0) : 4;
+      const float *ar[4];
+      for (int r = 0; r < 4; r++) ar[r] = a + (i0 + (r < R ? r : R - 1)) * rsa;
+      for (int64_t j0 = 0; j0 < n; j0 += 4) {
+         const int Q = n - j0 < 4 ? (int)(n - j0) : 4;
+         const float *bc[4];
+         for (int q = 0; q < 4; q++) bc[q] = b + (j0 + (q < Q ? q : Q - 1)) * csb;
+         float t[16];
+         if (R == 1)
+            direct_dot_tile(1, k, ar, bc, t);
+         else
+            direct_dot_tile(4, k, ar, bc, t);
+         lm_gemm_merge_s(R, Q, t, 4, c + i0 * rsc + j0 * csc, rsc, csc, alpha, beta);
+      }
+   }
+}
+
+int lm_sgemm_direct_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t rsa, int64_t csa, const float *b, int64_t rsb, int64_t csb,
+                           float beta, float *c, int64_t rsc, int64_t csc) {
+   const int dot_ok = csa == 1 && (rsb == 1 || k == 1);
+   if (n == 1 && dot_ok) {
+      direct_dots(m, n, k, alpha, a, rsa, b, csb, beta, c, rsc, csc);
+      return 1;
+   }
+   if (csb == 1 || n == 1) {
+      direct_tiles(m, n, k, alpha, a, rsa, csa, b, rsb, beta, c, rsc, csc);
+      return 1;
+   }
+   if (dot_ok && (k >= 32 || k * n > 4096)) {
+      direct_dots(m, n, k, alpha, a, rsa, b, csb, beta, c, rsc, csc);
+      return 1;
+   }
+   if (k * n <= 4096) { /* small op(B) of any strides: a row-major copy, then tiles */
+      float bt[4096];
+      for (int64_t p = 0; p < k; p++)
+         for (int64_t j = 0; j < n; j++) bt[p * n + j] = b[p * rsb + j * csb];
+      direct_tiles(m, n, k, alpha, a, rsa, csa, bt, n, beta, c, rsc, csc);
+      return 1;
+   }
+   if (dot_ok) {
+      direct_dots(m, n, k, alpha, a, rsa, b, csb, beta, c, rsc, csc);
+      return 1;
+   }
+   return 0;
+}

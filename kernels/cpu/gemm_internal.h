@@ -1,0 +1,124 @@
+/* gemm_internal.h -- lumen's own GEMM: the contract between the portable driver (gemm.c) and the
+ * ISA-specific micro-kernels (gemm_avx512.c, gemm_avx2.c). Not part of the FFI header.
+ *
+ * Structure (BLIS / GotoBLAS):
+ *   for jc in n step NC:                      B panel  KC x NC   (L3), shared by the threads
+ *     for pc in k step KC:                    packed into NR-wide micro-panels
+ *       for ic in m step MC:                  A block  MC x KC   (L2), one per thread
+ *         for jr in nc step NR:               B micro-panel KC x NR stays in L1
+ *           for ir in mc step MR:             A micro-panel MR x KC streams from L2
+ *             micro-kernel: C[MR x NR] (+)= alpha * Ap * Bp
+ *
+ * Packed layouts (both zero padded to a full MR / NR):
+ *   A micro-panel: pa[p * MR + i] = alpha-free op(A)(i, p)     (column of MR values per k step)
+ *   B micro-panel: pb[p * NR + j] = op(B)(p, j)                (row of NR values per k step)
+ *
+ * Micro-kernel contract (lm_*gemm_ukr_fn):
+ *   C[i * ldc + j] = alpha * sum_p pa[p*MR+i] * pb[p*NR+j] + beta * C[i * ldc + j]
+ *   for i < m, j < n (m <= MR, n <= NR; the rest of the register tile is computed and dropped).
+ *   beta == 0 never reads C (C may hold NaN). pa / pb are 64-byte aligned, kc >= 1.
+ *   A kernel that is handed csc != 1 (column stride of C) must honour it; the kernels here take the
+ *   edge path (register tile -> stack tile -> lm_gemm_merge_*) for partial or strided tiles.
+ */
+#ifndef LUMEN_GEMM_INTERNAL_H
+#define LUMEN_GEMM_INTERNAL_H
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define LM_GEMM_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define LM_GEMM_HIDDEN
+#endif
+
+/* ISA ids, as used by lm_gemm_set_isa / lm_gemm_isa */
+enum { LM_ISA_AUTO = 0, LM_ISA_C = 1, LM_ISA_AVX2 = 2, LM_ISA_AVX512 = 3 };
+
+typedef void (*lm_sgemm_ukr_fn)(int64_t kc, const float *pa, const float *pb, float *c,
+                                int64_t rsc, int64_t csc, float alpha, float beta, int m, int n);
+typedef void (*lm_dgemm_ukr_fn)(int64_t kc, const double *pa, const double *pb, double *c,
+                                int64_t rsc, int64_t csc, double alpha, double beta, int m, int n);
+
+/* ISA-specific packing (optional; NULL in a config means the portable routines in gemm.c):
+ * pack_a packs an mc x kc block of op(A) into ceil(mc/MR) micro-panels at dst + i0 * kc;
+ * pack_b packs micro-panels [q0, q1) of a kc x nc block of op(B), panel q at dst + q * NR * kc. */
+typedef void (*lm_sgemm_pack_a_fn)(int64_t mc, int64_t kc, const float *a, int64_t rsa,
+                                   int64_t csa, float *dst);
+typedef void (*lm_sgemm_pack_b_fn)(int64_t kc, int64_t nc, const float *b, int64_t rsb,
+                                   int64_t csb, int64_t q0, int64_t q1, float *dst);
+
+/* register-tile sizes of each kernel (the driver sizes its packing from these) */
+enum {
+   LM_SGEMM_AVX512_MR = 14, LM_SGEMM_AVX512_NR = 32,
+   LM_DGEMM_AVX512_MR = 14, LM_DGEMM_AVX512_NR = 16,
+   LM_SGEMM_AVX2_MR = 6, LM_SGEMM_AVX2_NR = 16,
+   LM_DGEMM_AVX2_MR = 6, LM_DGEMM_AVX2_NR = 8,
+   LM_SGEMM_C_MR = 4, LM_SGEMM_C_NR = 8,
+   LM_DGEMM_C_MR = 4, LM_DGEMM_C_NR = 4
+};
+
+/* the largest MR * NR of any kernel (stack tile for edges) */
+enum { LM_GEMM_MAX_TILE = 14 * 32 };
+
+LM_GEMM_HIDDEN void lm_sgemm_ukr_avx512(int64_t kc, const float *pa, const float *pb, float *c,
+                                        int64_t rsc, int64_t csc, float alpha, float beta, int m,
+                                        int n);
+LM_GEMM_HIDDEN void lm_sgemm_pack_a_avx512(int64_t mc, int64_t kc, const float *a, int64_t rsa,
+                                           int64_t csa, float *dst);
+LM_GEMM_HIDDEN void lm_sgemm_pack_b_avx512(int64_t kc, int64_t nc, const float *b, int64_t rsb,
+                                           int64_t csb, int64_t q0, int64_t q1, float *dst);
+/* unpacked path for small / thin problems (same arguments as lm_sgemm_strided); returns 0 when
+ * it does not handle that combination of strides (the caller falls back to portable loops) */
+LM_GEMM_HIDDEN int lm_sgemm_direct_avx512(int64_t m, int64_t n, int64_t k, float alpha,
+                                          const float *a, int64_t rsa, int64_t csa,
+                                          const float *b, int64_t rsb, int64_t csb, float beta,
+                                          float *c, int64_t rsc, int64_t csc);
+LM_GEMM_HIDDEN void lm_dgemm_ukr_avx512(int64_t kc, const double *pa, const double *pb,
+                                        double *c, int64_t rsc, int64_t csc, double alpha,
+                                        double beta, int m, int n);
+LM_GEMM_HIDDEN void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c,
+                                      int64_t rsc, int64_t csc, float alpha, float beta, int m,
+                                      int n);
+LM_GEMM_HIDDEN void lm_dgemm_ukr_avx2(int64_t kc, const double *pa, const double *pb, double *c,
+                                      int64_t rsc, int64_t csc, double alpha, double beta, int m,
+                                      int n);
+
+/* Extended entry points with general element strides for A, B and C (any sign, 0 allowed for A/B;
+ * C must not overlap itself). op(A) is m x k with op(A)(i,p) = a[i*rsa + p*csa], op(B) is k x n
+ * with op(B)(p,j) = b[p*rsb + j*csb], C(i,j) = c[i*rsc + j*csc]. lm_sgemm/lm_dgemm are thin
+ * wrappers. Use these from other kernels (convolution, linalg) to avoid transposing copies. */
+LM_GEMM_HIDDEN void lm_sgemm_strided(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                                     int64_t rsa, int64_t csa, const float *b, int64_t rsb,
+                                     int64_t csb, float beta, float *c, int64_t rsc, int64_t csc);
+LM_GEMM_HIDDEN void lm_dgemm_strided(int64_t m, int64_t n, int64_t k, double alpha,
+                                     const double *a, int64_t rsa, int64_t csa, const double *b,
+                                     int64_t rsb, int64_t csb, double beta, double *c, int64_t rsc,
+                                     int64_t csc);
+
+/* Merge a dense m x n tile t (row stride ldt) into C: C = alpha * t + beta * C; beta == 0 does not
+ * read C. Used by the kernels' edge paths. */
+static inline void lm_gemm_merge_s(int m, int n, const float *t, int ldt, float *c, int64_t rsc,
+                                   int64_t csc, float alpha, float beta) {
+   for (int i = 0; i < m; i++) {
+      float *ci = c + i * rsc;
+      const float *ti = t + i * ldt;
+      if (beta == 0.0f) {
+         for (int j = 0; j < n; j++) ci[j * csc] = alpha * ti[j];
+      } else {
+         for (int j = 0; j < n; j++) ci[j * csc] = alpha * ti[j] + beta * ci[j * csc];
+      }
+   }
+}
+static inline void lm_gemm_merge_d(int m, int n, const double *t, int ldt, double *c, int64_t rsc,
+                                   int64_t csc, double alpha, double beta) {
+   for (int i = 0; i < m; i++) {
+      double *ci = c + i * rsc;
+      const double *ti = t + i * ldt;
+      if (beta == 0.0) {
+         for (int j = 0; j < n; j++) ci[j * csc] = alpha * ti[j];
+      } else {
+         for (int j = 0; j < n; j++) ci[j * csc] = alpha * ti[j] + beta * ci[j * csc];
+      }
+   }
+}
+
+#endif

@@ -1,0 +1,644 @@
+/*
+ * norm.c -- batch normalisation, forward (training and eval) and backward.
+ *
+ * mf = x.suggest_memory_format(). Two kernels:
+ *   rows   -- channels innermost: channels-last (4-D), channels-last-3d (5-D) and any contiguous
+ *             input whose spatial size is 1 (e.g. (N, C)). The data is an (M, C) matrix; the
+ *             loops run over C with unit stride. Statistics: one pass, OpenMP over row ranges,
+ *             per-thread partial sums (float blocks of ROWBLK rows flushed into double), shifted
+ *             by the first row so that E[x^2] - E[x]^2 does not cancel; a second pass normalises.
+ *   planes -- contiguous (N, C, S): per (n, c) plane partial sums in double, then per channel.
+ * An input that is not dense in mf is cloned once.
+ */
+#include "internal.h"
+#include "nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { ROWBLK = 16, PLANEBLK = 1024, NACC = 16 };
+
+static void fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes) {
+   size_t k = (size_t)snprintf(buf, n, "[");
+   for (int i = 0; i < ndim && k < n; i++)
+      k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)sizes[i]);
+   if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+static lm_status check_float(const lm_tensor *t, const char *what) {
+   if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
+   LM_TRY(lm_check_cpu(t, what));
+   if (t->dtype != LM_FLOAT32 && t->dtype != LM_FLOAT64)
+      return lm_error(LM_ERR_DTYPE, "expected %s to be float32 or float64, got %s", what,
+                      lm_dtype_name(t->dtype));
+   return LM_OK;
+}
+
+typedef struct {
+   lm_tensor *t;
+   lm_tensor *user;
+   int tmp;
+} out_slot;
+
+static lm_status out_open(out_slot *o, lm_tensor **user, int ndim, const int64_t *sizes,
+                          int dtype, int fmt, const char *what) {
+   o->t = NULL;
+   o->user = *user;
+   o->tmp = 0;
+   if (o->user) {
+      lm_tensor *u = o->user;
+      LM_TRY(lm_check_cpu(u, what));
+      if (u->ndim != ndim || memcmp(u->sizes, sizes, (size_t)ndim * sizeof(int64_t)) != 0) {
+         char a[160], b[160];
+         fmt_sizes(a, sizeof a, ndim, sizes);
+         fmt_sizes(b, sizeof b, u->ndim, u->sizes);
+         return lm_error(LM_ERR_SHAPE, "%s: expected an out tensor of shape %s, got %s", what, a,
+                         b);
+      }
+      if (!lm_is_float_dtype(u->dtype))
+         return lm_error(LM_ERR_DTYPE, "%s: out tensor of dtype %s cannot hold %s", what,
+                         lm_dtype_name(u->dtype), lm_dtype_name(dtype));
+      if (u->dtype == dtype && lm_is_contiguous(u, fmt)) {
+         o->t = u;
+         return LM_OK;
+      }
+      o->tmp = 1;
+   }
+   return lm_empty(ndim, sizes, dtype, fmt, LM_CPU, &o->t);
+}
+
+static lm_status out_close(out_slot *o, lm_tensor **user, lm_status st) {
+   if (!user || !o->t) return st;
+   if (st == LM_OK) {
+      if (!o->user) {
+         *user = o->t;
+      } else if (o->tmp) {
+         st = lm_copy_(o->user, o->t);
+         lm_tensor_free(o->t);
+      }
+   } else if (o->t != o->user) {
+      lm_tensor_free(o->t);
+   }
+   o->t = NULL;
+   return st;
+}
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static int num_threads(void) {
+#ifdef _OPENMP
+   return omp_get_max_threads();
+#else
+   return 1;
+#endif
+}
+
+/* a 1-D parameter of C elements (any floating dtype, any stride): check it */
+static lm_status check_param(const lm_tensor *t, int64_t C, const char *what) {
+   if (!t) return LM_OK;
+   LM_TRY(lm_check_cpu(t, what));
+   if (!lm_is_float_dtype(t->dtype))
+      return lm_error(LM_ERR_DTYPE, "expected %s to be a floating tensor, got %s", what,
+                      lm_dtype_name(t->dtype));
+   if (t->numel != C)
+      return lm_error(LM_ERR_SHAPE, "%s should contain %lld elements not %lld", what,
+                      (long long)C, (long long)t->numel);
+   if (t->ndim != 1) {
+      char s[160];
+      fmt_sizes(s, sizeof s, t->ndim, t->sizes);
+      return lm_error(LM_ERR_SHAPE, "%s should be a 1-D tensor of %lld elements, got sizes %s",
+                      what, (long long)C, s);
+   }
+   return LM_OK;
+}
+
+static void param_load(const lm_tensor *t, int64_t C, double dflt, double *dst) {
+   if (!t) {
+      for (int64_t c = 0; c < C; c++) dst[c] = dflt;
+      return;
+   }
+   const char *p = lm_tensor_data(t);
+   const int64_t es = lm_dtype_size(t->dtype), st = t->strides[0];
+   for (int64_t c = 0; c < C; c++) dst[c] = lm_load_as_double(p + c * st * es, t->dtype);
+}
+
+static void param_store(lm_tensor *t, int64_t C, const double *src) {
+   char *p = lm_tensor_data(t);
+   const int64_t es = lm_dtype_size(t->dtype), st = t->strides[0];
+   for (int64_t c = 0; c < C; c++) lm_store_from_double(p + c * st * es, t->dtype, src[c]);
+}
+
+/* a fresh (C) tensor from doubles, or the caller's out= tensor */
+static lm_status vec_result(lm_tensor **res, int64_t C, int dtype, const double *v,
+                            const char *what) {
+   out_slot o;
+   int64_t sz[1] = {C};
+   LM_TRY(out_open(&o, res, 1, sz, dtype, LM_CONTIGUOUS, what));
+   param_store(o.t, C, v);
+   return out_close(&o, res, LM_OK);
+}
+
+/* geometry: (N, C, S) with layout rows (M = N*S rows of C) or planes */
+typedef struct {
+   int64_t N, C, S, M;
+   int mf;
+   int rows;
+} bn_geom;
+
+static lm_status bn_geometry(const lm_tensor *x, bn_geom *g) {
+   if (x->ndim < 2) {
+      char s[160];
+      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+      return lm_error(LM_ERR_SHAPE, "batch_norm: expected an input of 2 or more dimensions, got %s",
+                      s);
+   }
+   g->N = x->sizes[0];
+   g->C = x->sizes[1];
+   g->S = 1;
+   for (int d = 2; d < x->ndim; d++) g->S *= x->sizes[d];
+   g->M = g->N * g->S;
+   g->mf = lm_suggest_memory_format(x, 0);
+   g->rows = g->mf == LM_CHANNELS_LAST || g->mf == LM_CHANNELS_LAST_3D || g->S == 1;
+   if (g->mf != LM_CHANNELS_LAST && g->mf != LM_CHANNELS_LAST_3D) g->mf = LM_CONTIGUOUS;
+   return LM_OK;
+}
+
+static lm_status dense_in(const lm_tensor *x, int mf, const lm_tensor **xd, lm_tensor **tmp) {
+   *tmp = NULL;
+   *xd = x;
+   if (!lm_is_contiguous(x, mf)) {
+      LM_TRY(lm_clone(x, mf, -1, tmp));
+      *xd = *tmp;
+   }
+   return LM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* kernels                                                                                    */
+
+/*
+ * stats: s1[c] = sum(x - K[c]), s2[c] = sum((x - K[c])^2) with K[c] = the first row / element
+ * of channel c. part: nthreads * 2 * C doubles of scratch; facc: nthreads * 2 * C of T.
+ * bwd sums: s1[c] = sum(dy), s2[c] = sum(dy * (x - mean[c])).
+ */
+#define DEFINE_BN(T, S, ATTR)                                                                   \
+   ATTR static void rows_sums_##S(const T *x, const T *dy, const T *K, int64_t M, int64_t C,         \
+                             double *part, T *facc, double *s1, double *s2) {                   \
+      int nused = 1;                                                                            \
+      _Pragma("omp parallel if (M * C > LM_PARALLEL_GRAIN)")                                    \
+      {                                                                                         \
+         int tid = 0, nth = 1;                                                                  \
+         LM_OMP_TID(tid, nth);                                                                  \
+         if (tid == 0) nused = nth;                                                             \
+         double *p1 = part + (size_t)tid * 2 * C, *p2 = p1 + C;                                 \
+         T *a1 = facc + (size_t)tid * 2 * C, *a2 = a1 + C;                                      \
+         for (int64_t c = 0; c < C; c++) p1[c] = p2[c] = 0, a1[c] = a2[c] = 0;                  \
+         const int64_t r0 = M * tid / nth, r1 = M * (tid + 1) / nth;                            \
+         for (int64_t rb = r0; rb < r1; rb += ROWBLK) {                                         \
+            const int64_t re = min64(rb + ROWBLK, r1);                                          \
+            if (dy) {                                                                           \
+               for (int64_t r = rb; r < re; r++) {                                              \
+                  const T *xr = x + r * C, *gr = dy + r * C;                                    \
+                  for (int64_t c = 0; c < C; c++) {                                             \
+                     T g = gr[c];                                                               \
+                     a1[c] += g;                                                                \
+                     a2[c] += g * (xr[c] - K[c]);                                               \
+                  }                                                                             \
+               }                                                                                \
+            } else {                                                                            \
+               for (int64_t r = rb; r < re; r++) {                                              \
+                  const T *xr = x + r * C;                                                      \
+                  for (int64_t c = 0; c < C; c++) {                                             \
+                     T d = xr[c] - K[c];                                                        \
+                     a1[c] += d;                                                                \
+                     a2[c] += d * d;                                                            \
+                  }                                                                             \
+               }                                                                                \
+            }                                                                                   \
+            for (int64_t c = 0; c < C; c++) {                                                   \
+               p1[c] += a1[c];                                                                  \
+               p2[c] += a2[c];                                                                  \
+               a1[c] = a2[c] = 0;                                                               \
+            }                                                                                   \
+         }                                                                                      \
+      }                                                                                         \
+      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;                                        \
+      for (int t = 0; t < nused; t++) {                                                         \
+         const double *p1 = part + (size_t)t * 2 * C, *p2 = p1 + C;                             \
+         for (int64_t c = 0; c < C; c++) {                                                      \
+            s1[c] += p1[c];                                                                     \
+            s2[c] += p2[c];                                                                     \
+         }                                                                                      \
+      }                                                                                         \
+   }                                                                                            \
+   /* y = A[c] (a - Ma[c]) + B[c] (b - Mb[c]) + D[c]  (b may be NULL); cf = A, Ma, B, Mb, D */  \
+   ATTR static void rows_affine_##S(const T *a, const T *b, T *y, int64_t M, int64_t C,         \
+                                    const T *cf) {                                              \
+      const T *A = cf, *Ma = cf + C, *B = cf + 2 * C, *Mb = cf + 3 * C, *D = cf + 4 * C;        \
+      _Pragma("omp parallel for schedule(static) if (M * C > LM_PARALLEL_GRAIN)")               \
+      for (int64_t r = 0; r < M; r++) {                                                         \
+         const T *ar = a + r * C;                                                               \
+         T *yr = y + r * C;                                                                     \
+         if (b) {                                                                               \
+            const T *br = b + r * C;                                                            \
+            for (int64_t c = 0; c < C; c++)                                                     \
+               yr[c] = A[c] * (ar[c] - Ma[c]) + B[c] * (br[c] - Mb[c]) + D[c];                  \
+         } else {                                                                               \
+            for (int64_t c = 0; c < C; c++) yr[c] = A[c] * (ar[c] - Ma[c]) + D[c];              \
+         }                                                                                      \
+      }                                                                                         \
+   }                                                                                            \
+   /* per (n, c) plane sums into part[2 * (n*C + c) + {0,1}], then per channel */               \
+   ATTR static void planes_sums_##S(const T *x, const T *dy, const T *K, int64_t N, int64_t C,       \
+                               int64_t Sz, double *part, double *s1, double *s2) {              \
+      const int64_t planes = N * C;                                                             \
+      _Pragma("omp parallel for schedule(static) if (planes * Sz > LM_PARALLEL_GRAIN)")         \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
+         const int64_t c = pl % C;                                                              \
+         const T *xp = x + pl * Sz, *gp = dy ? dy + pl * Sz : NULL;                             \
+         const T k = K[c];                                                                      \
+         double d1 = 0, d2 = 0;                                                                 \
+         for (int64_t b0 = 0; b0 < Sz; b0 += PLANEBLK) {                                        \
+            const int64_t be = min64(b0 + PLANEBLK, Sz);                                        \
+            T u[NACC] = {0}, v[NACC] = {0};                                                     \
+            int64_t i = b0;                                                                     \
+            if (gp) {                                                                           \
+               for (; i + NACC <= be; i += NACC)                                                \
+                  for (int j = 0; j < NACC; j++) {                                              \
+                     T g = gp[i + j];                                                           \
+                     u[j] += g;                                                                 \
+                     v[j] += g * (xp[i + j] - k);                                               \
+                  }                                                                             \
+               for (; i < be; i++) {                                                            \
+                  u[0] += gp[i];                                                                \
+                  v[0] += gp[i] * (xp[i] - k);                                                  \
+               }                                                                                \
+            } else {                                                                            \
+               for (; i + NACC <= be; i += NACC)                                                \
+                  for (int j = 0; j < NACC; j++) {                                              \
+                     T d = xp[i + j] - k;                                                       \
+                     u[j] += d;                                                                 \
+                     v[j] += d * d;                                                             \
+                  }                                                                             \
+               for (; i < be; i++) {                                                            \
+                  T d = xp[i] - k;                                                              \
+                  u[0] += d;                                                                    \
+                  v[0] += d * d;                                                                \
+               }                                                                                \
+            }                                                                                   \
+            for (int j = 0; j < NACC; j++) {                                                    \
+               d1 += u[j];                                                                      \
+               d2 += v[j];                                                                      \
+            }                                                                                   \
+         }                                                                                      \
+         part[2 * pl] = d1;                                                                     \
+         part[2 * pl + 1] = d2;                                                                 \
+      }                                                                                         \
+      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;                                        \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
+         s1[pl % C] += part[2 * pl];                                                            \
+         s2[pl % C] += part[2 * pl + 1];                                                        \
+      }                                                                                         \
+   }                                                                                            \
+   ATTR static void planes_affine_##S(const T *a, const T *b, T *y, int64_t N, int64_t C,       \
+                                      int64_t Sz, const T *cf) {                                \
+      const int64_t planes = N * C;                                                             \
+      _Pragma("omp parallel for schedule(static) if (planes * Sz > LM_PARALLEL_GRAIN)")         \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
+         const int64_t c = pl % C;                                                              \
+         const T *ap = a + pl * Sz;                                                             \
+         T *yp = y + pl * Sz;                                                                   \
+         const T ac = cf[c], ma = cf[C + c], dc = cf[4 * C + c];                                \
+         if (b) {                                                                               \
+            const T *bp = b + pl * Sz;                                                          \
+            const T bc = cf[2 * C + c], mb = cf[3 * C + c];                                     \
+            for (int64_t i = 0; i < Sz; i++) yp[i] = ac * (ap[i] - ma) + bc * (bp[i] - mb) + dc; \
+         } else {                                                                               \
+            for (int64_t i = 0; i < Sz; i++) yp[i] = ac * (ap[i] - ma) + dc;                    \
+         }                                                                                      \
+      }                                                                                         \
+   }
+
+#ifdef _OPENMP
+#define LM_OMP_TID(tid, nth)                                                                    \
+   do {                                                                                         \
+      tid = omp_get_thread_num();                                                               \
+      nth = omp_get_num_threads();                                                              \
+   } while (0)
+#else
+#define LM_OMP_TID(tid, nth) ((void)0)
+#endif
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define LM_AVX512_FN __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512")))
+static int use_avx512(void) { return lm_gemm_isa() >= 3; }
+#else
+#define LM_AVX512_FN
+static int use_avx512(void) { return 0; }
+#endif
+
+/* a baseline copy and an AVX-512 copy (used when lm_gemm_isa() says AVX-512 is in use) */
+DEFINE_BN(float, f32, )
+DEFINE_BN(double, f64, )
+DEFINE_BN(float, f32_512, LM_AVX512_FN)
+DEFINE_BN(double, f64_512, LM_AVX512_FN)
+
+/* work buffers shared by forward and backward */
+typedef struct {
+   double *d;     /* 10 * C doubles: s1, s2, mean, invstd, w, b, rm, rv, tmp... */
+   double *part;  /* partial sums */
+   void *facc;    /* per-thread T accumulators (rows) */
+   void *coef;    /* 5 * C of T: the affine coefficients; plus C of T: K */
+} bn_work;
+
+static void bn_work_free(bn_work *w) {
+   free(w->d);
+   free(w->part);
+   free(w->facc);
+   free(w->coef);
+}
+
+static lm_status bn_work_alloc(bn_work *w, const bn_geom *g, int esz) {
+   int nt = num_threads();
+   int64_t C = g->C > 0 ? g->C : 1;
+   size_t npart = g->rows ? (size_t)nt * 2 * (size_t)C : 2 * (size_t)(g->N * g->C + 1);
+   w->d = malloc(sizeof(double) * 10 * (size_t)C);
+   w->part = malloc(sizeof(double) * npart);
+   w->facc = g->rows ? malloc((size_t)esz * 2 * (size_t)nt * (size_t)C) : malloc(16);
+   w->coef = malloc((size_t)esz * 6 * (size_t)C);
+   if (!w->d || !w->part || !w->facc || !w->coef) {
+      bn_work_free(w);
+      return lm_error(LM_ERR_OOM, "out of memory (batch_norm scratch)");
+   }
+   return LM_OK;
+}
+
+/* K[c]: the first element of channel c (the shift of the one-pass sums) */
+static void bn_shift(const void *x, const bn_geom *g, int dt, void *K, const double *mean) {
+   for (int64_t c = 0; c < g->C; c++) {
+      double v;
+      if (mean)
+         v = mean[c];
+      else if (g->M == 0)
+         v = 0;
+      else if (dt == LM_FLOAT64)
+         v = ((const double *)x)[g->rows ? c : c * g->S];
+      else
+         v = ((const float *)x)[g->rows ? c : c * g->S];
+      if (!mean && !isfinite(v)) v = 0;
+      if (dt == LM_FLOAT64)
+         ((double *)K)[c] = v;
+      else
+         ((float *)K)[c] = (float)v;
+   }
+}
+
+static void bn_sums(const void *x, const void *dy, const void *K, const bn_geom *g, int dt,
+                    bn_work *w, double *s1, double *s2) {
+   const int v = use_avx512();
+   if (dt == LM_FLOAT64) {
+      if (g->rows)
+         (v ? rows_sums_f64_512 : rows_sums_f64)(x, dy, K, g->M, g->C, w->part, w->facc, s1, s2);
+      else
+         (v ? planes_sums_f64_512 : planes_sums_f64)(x, dy, K, g->N, g->C, g->S, w->part, s1, s2);
+   } else {
+      if (g->rows)
+         (v ? rows_sums_f32_512 : rows_sums_f32)(x, dy, K, g->M, g->C, w->part, w->facc, s1, s2);
+      else
+         (v ? planes_sums_f32_512 : planes_sums_f32)(x, dy, K, g->N, g->C, g->S, w->part, s1, s2);
+   }
+}
+
+/* y = A (a - Ma) + B (b - Mb) + D per channel, coefficients given as doubles (Ma, B, Mb may be
+   NULL for 0). Ma and Mb are rounded to T; the rounding is folded into D exactly, so that the
+   large terms cancel before the multiplication (x - mean first, as PyTorch's backward). */
+static void bn_affine(const void *a, const void *b, void *y, const bn_geom *g, int dt,
+                      bn_work *w, const double *A, const double *Ma, const double *B,
+                      const double *Mb, const double *D) {
+   const int64_t C = g->C;
+   const int v = use_avx512();
+   if (dt == LM_FLOAT64) {
+      double *cf = w->coef;
+      for (int64_t c = 0; c < C; c++) {
+         cf[c] = A[c];
+         cf[C + c] = Ma ? Ma[c] : 0;
+         cf[2 * C + c] = B ? B[c] : 0;
+         cf[3 * C + c] = Mb ? Mb[c] : 0;
+         cf[4 * C + c] = D[c];
+      }
+      if (g->rows)
+         (v ? rows_affine_f64_512 : rows_affine_f64)(a, b, y, g->M, C, cf);
+      else
+         (v ? planes_affine_f64_512 : planes_affine_f64)(a, b, y, g->N, C, g->S, cf);
+   } else {
+      float *cf = w->coef;
+      for (int64_t c = 0; c < C; c++) {
+         const float ma = Ma ? (float)Ma[c] : 0.f, mb = Mb ? (float)Mb[c] : 0.f;
+         const double bb = B ? B[c] : 0.0;
+         cf[c] = (float)A[c];
+         cf[C + c] = ma;
+         cf[2 * C + c] = (float)bb;
+         cf[3 * C + c] = mb;
+         cf[4 * C + c] = (float)(D[c] + A[c] * ((double)ma - (Ma ? Ma[c] : 0.0)) +
+                                 bb * ((double)mb - (Mb ? Mb[c] : 0.0)));
+      }
+      if (g->rows)
+         (v ? rows_affine_f32_512 : rows_affine_f32)(a, b, y, g->M, C, cf);
+      else
+         (v ? planes_affine_f32_512 : planes_affine_f32)(a, b, y, g->N, C, g->S, cf);
+   }
+}
+
+static void *bn_K(bn_work *w, const bn_geom *g, int dt) {
+   return (char *)w->coef + (size_t)5 * (size_t)g->C * (size_t)lm_dtype_size(dt);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+lm_status lm_batch_norm(const lm_tensor *x, const lm_tensor *weight, const lm_tensor *bias,
+                        lm_tensor *running_mean, lm_tensor *running_var, int training,
+                        double momentum, double eps, lm_tensor **out, lm_tensor **save_mean,
+                        lm_tensor **save_invstd) {
+   bn_geom g = {0};
+   LM_TRY(check_float(x, "input"));
+   if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
+   LM_TRY(bn_geometry(x, &g));
+   const int64_t C = g.C;
+   LM_TRY(check_param(running_mean, C, "running_mean"));
+   LM_TRY(check_param(running_var, C, "running_var"));
+   LM_TRY(check_param(weight, C, "weight"));
+   LM_TRY(check_param(bias, C, "bias"));
+   if (!training && (!running_mean || !running_var))
+      return lm_error(LM_ERR_ARG, "running_mean and running_var must be defined in evaluation mode");
+   if (training && g.M == 1) {
+      char s[160];
+      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+      return lm_error(LM_ERR_ARG,
+                      "Expected more than 1 value per channel when training, got input size %s", s);
+   }
+   if (!(eps >= 0)) return lm_error(LM_ERR_ARG, "batch_norm: eps must be >= 0, got %g", eps);
+
+   const int dt = x->dtype;
+   bn_work w = {0};
+   out_slot so = {0};
+   const lm_tensor *xd = NULL;
+   lm_tensor *tmp = NULL;
+   LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
+   double *s1 = w.d, *s2 = s1 + C, *mean = s2 + C, *invstd = mean + C, *wt = invstd + C;
+   double *bs = wt + C, *rm = bs + C, *rv = rm + C, *A = rv + C;
+   lm_status st = out_open(&so, out, x->ndim, x->sizes, dt, g.mf, "output");
+   if (st == LM_OK) st = dense_in(x, g.mf, &xd, &tmp);
+   if (st != LM_OK) goto done;
+
+   param_load(weight, C, 1.0, wt);
+   param_load(bias, C, 0.0, bs);
+   {
+      const void *xp = lm_tensor_data(xd);
+      if (training) {
+         void *K = bn_K(&w, &g, dt);
+         bn_shift(xp, &g, dt, K, NULL);
+         if (g.M > 0) bn_sums(xp, NULL, K, &g, dt, &w, s1, s2);
+         for (int64_t c = 0; c < C; c++) {
+            if (g.M == 0) {
+               mean[c] = 0;
+               invstd[c] = 0;
+               continue;
+            }
+            double k = dt == LM_FLOAT64 ? ((double *)K)[c] : ((float *)K)[c];
+            double m1 = s1[c] / (double)g.M;
+            double var = s2[c] / (double)g.M - m1 * m1;
+            if (var < 0) var = 0;
+            mean[c] = k + m1;
+            invstd[c] = 1.0 / sqrt(var + eps);
+            s2[c] = var; /* biased variance */
+         }
+         if (g.M > 0 && running_mean) {
+            param_load(running_mean, C, 0.0, rm);
+            for (int64_t c = 0; c < C; c++)
+               rm[c] = (1.0 - momentum) * rm[c] + momentum * mean[c];
+            param_store(running_mean, C, rm);
+         }
+         if (g.M > 0 && running_var) {
+            param_load(running_var, C, 0.0, rv);
+            const double unb = (double)g.M / (double)(g.M - 1);
+            for (int64_t c = 0; c < C; c++)
+               rv[c] = (1.0 - momentum) * rv[c] + momentum * s2[c] * unb;
+            param_store(running_var, C, rv);
+         }
+      } else {
+         param_load(running_mean, C, 0.0, mean);
+         param_load(running_var, C, 1.0, rv);
+         for (int64_t c = 0; c < C; c++) invstd[c] = 1.0 / sqrt(rv[c] + eps);
+      }
+      if (so.t->numel > 0) {
+         for (int64_t c = 0; c < C; c++) A[c] = invstd[c] * wt[c];
+         bn_affine(xp, NULL, lm_tensor_data(so.t), &g, dt, &w, A, mean, NULL, NULL, bs);
+      }
+   }
+   if (save_mean) st = vec_result(save_mean, C, dt, mean, "save_mean");
+   if (st == LM_OK && save_invstd) {
+      st = vec_result(save_invstd, C, dt, invstd, "save_invstd");
+      if (st != LM_OK && save_mean && *save_mean) {
+         lm_tensor_free(*save_mean);
+         *save_mean = NULL;
+      }
+   }
+done:
+   lm_tensor_free(tmp);
+   bn_work_free(&w);
+   return out_close(&so, out, st);
+}
+
+lm_status lm_batch_norm_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const lm_tensor *weight, const lm_tensor *save_mean,
+                                 const lm_tensor *save_invstd, int training,
+                                 lm_tensor **grad_x, lm_tensor **grad_weight,
+                                 lm_tensor **grad_bias) {
+   bn_geom g = {0};
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(check_float(grad_out, "grad_output"));
+   LM_TRY(bn_geometry(x, &g));
+   const int64_t C = g.C;
+   if (grad_out->dtype != x->dtype)
+      return lm_error(LM_ERR_DTYPE, "batch_norm_backward: grad_output has dtype %s but input has %s",
+                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
+   if (grad_out->ndim != x->ndim ||
+       memcmp(grad_out->sizes, x->sizes, (size_t)x->ndim * sizeof(int64_t)) != 0) {
+      char a[160], b[160];
+      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
+      return lm_error(LM_ERR_SHAPE, "batch_norm_backward: grad_output %s does not match input %s",
+                      a, b);
+   }
+   if (!save_mean || !save_invstd)
+      return lm_error(LM_ERR_ARG, "batch_norm_backward: save_mean and save_invstd are required");
+   LM_TRY(check_param(weight, C, "weight"));
+   LM_TRY(check_param(save_mean, C, "save_mean"));
+   LM_TRY(check_param(save_invstd, C, "save_invstd"));
+
+   const int dt = x->dtype;
+   const int wdt = weight ? weight->dtype : dt;
+   bn_work w = {0};
+   out_slot sg = {0};
+   const lm_tensor *xd = NULL, *gd = NULL;
+   lm_tensor *t1 = NULL, *t2 = NULL;
+   LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
+   double *s1 = w.d, *s2 = s1 + C, *mean = s2 + C, *invstd = mean + C, *wt = invstd + C;
+   double *A = wt + C, *B = A + C, *D = B + C;
+   lm_status st = LM_OK;
+   if (grad_x) st = out_open(&sg, grad_x, x->ndim, x->sizes, dt, g.mf, "grad_input");
+   if (st == LM_OK) st = dense_in(x, g.mf, &xd, &t1);
+   if (st == LM_OK) st = dense_in(grad_out, g.mf, &gd, &t2);
+   if (st != LM_OK) goto done;
+
+   param_load(weight, C, 1.0, wt);
+   param_load(save_mean, C, 0.0, mean);
+   param_load(save_invstd, C, 0.0, invstd);
+   {
+      const void *xp = lm_tensor_data(xd), *gp = lm_tensor_data(gd);
+      const int need_sums = grad_weight || grad_bias || (grad_x && training);
+      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;
+      if (need_sums && g.M > 0) {
+         void *K = bn_K(&w, &g, dt);
+         bn_shift(xp, &g, dt, K, mean);
+         bn_sums(xp, gp, K, &g, dt, &w, s1, s2); /* s1 = sum dy, s2 = sum dy (x - K) */
+         for (int64_t c = 0; c < C; c++) {        /* K is mean rounded to T */
+            double k = dt == LM_FLOAT64 ? ((double *)K)[c] : ((float *)K)[c];
+            s2[c] += (k - mean[c]) * s1[c];
+         }
+      }
+      if (grad_x && sg.t->numel > 0) {
+         for (int64_t c = 0; c < C; c++) {
+            double a = invstd[c] * wt[c];
+            A[c] = a;
+            if (training) {
+               double k = s2[c] / (double)g.M * invstd[c] * invstd[c];
+               B[c] = -a * k;
+               D[c] = -a * s1[c] / (double)g.M;
+            } else {
+               B[c] = 0;
+               D[c] = 0;
+            }
+         }
+         bn_affine(gp, training ? xp : NULL, lm_tensor_data(sg.t), &g, dt, &w, A, NULL, B, mean, D);
+      }
+      if (grad_weight) {
+         for (int64_t c = 0; c < C; c++) A[c] = s2[c] * invstd[c];
+         st = vec_result(grad_weight, C, wdt, A, "grad_weight");
+      }
+      if (st == LM_OK && grad_bias) {
+         st = vec_result(grad_bias, C, wdt, s1, "grad_bias");
+         if (st != LM_OK && grad_weight && *grad_weight) {
+            lm_tensor_free(*grad_weight);
+            *grad_weight = NULL;
+         }
+      }
+   }
+done:
+   lm_tensor_free(t1);
+   lm_tensor_free(t2);
+   bn_work_free(&w);
+   if (grad_x) st = out_close(&sg, grad_x, st);
+   return st;
+}

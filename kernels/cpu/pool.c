@@ -1,0 +1,968 @@
+/*
+ * pool.c -- max / average / adaptive pooling over 2-D planes, forward and backward.
+ *
+ * Layout (spec section 7): mf = x.suggest_memory_format(); output, indices and grad_input are
+ * allocated in mf. Channels-last runs NHWC kernels whose inner loop walks the channels with unit
+ * stride (vectorized), contiguous runs NCHW kernels over planes (max_pool2d / avg_pool2d forward
+ * vectorized along the output row, one pass per window tap). An input that is not dense in mf is
+ * cloned into mf once. Windows are precomputed per output row / column, so max_pool2d and
+ * adaptive_max_pool2d share the NHWC kernel and the backward, avg_pool2d and adaptive_avg_pool2d
+ * likewise.
+ *
+ * Max pooling follows PyTorch exactly: the taps of a window are scanned row by row, a value wins
+ * when it is greater than the current maximum or NaN (so the last NaN wins), ties keep the first
+ * position, and an all -inf window keeps the index of its first tap. A window that holds no input
+ * element at all (possible only with dilation and a large padding) gives -inf and index -1, and
+ * the backward skips -1; any other index outside the plane is an error, never a stray write.
+ */
+#include "internal.h"
+#include "nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { CBLK = 256 }; /* channels per block in the NHWC kernels (stack scratch) */
+
+/* The vectorizable kernels are compiled twice: for the baseline ISA of the build and for AVX-512
+   (function attribute; the OpenMP bodies inherit it). The AVX-512 copy runs when lm_gemm_isa()
+   says AVX-512 is in use, so lm_gemm_set_isa(1) also selects the portable kernels here. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#define LM_AVX512_FN __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512")))
+static int use_avx512(void) { return lm_gemm_isa() >= 3; }
+#else
+#define LM_AVX512_FN
+static int use_avx512(void) { return 0; }
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* helpers                                                                                    */
+
+static void fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes) {
+   size_t k = (size_t)snprintf(buf, n, "[");
+   for (int i = 0; i < ndim && k < n; i++)
+      k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)sizes[i]);
+   if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+static lm_status check_float(const lm_tensor *t, const char *what) {
+   if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
+   LM_TRY(lm_check_cpu(t, what));
+   if (t->dtype != LM_FLOAT32 && t->dtype != LM_FLOAT64)
+      return lm_error(LM_ERR_DTYPE, "expected %s to be float32 or float64, got %s", what,
+                      lm_dtype_name(t->dtype));
+   return LM_OK;
+}
+
+/* a result tensor: a fresh one, the caller's out= tensor, or a temporary copied into it */
+typedef struct {
+   lm_tensor *t;
+   lm_tensor *user;
+   int tmp;
+} out_slot;
+
+static lm_status out_open(out_slot *o, lm_tensor **user, int ndim, const int64_t *sizes,
+                          int dtype, int fmt, const char *what) {
+   o->t = NULL;
+   o->user = *user;
+   o->tmp = 0;
+   if (o->user) {
+      lm_tensor *u = o->user;
+      LM_TRY(lm_check_cpu(u, what));
+      if (u->ndim != ndim || memcmp(u->sizes, sizes, (size_t)ndim * sizeof(int64_t)) != 0) {
+         char a[160], b[160];
+         fmt_sizes(a, sizeof a, ndim, sizes);
+         fmt_sizes(b, sizeof b, u->ndim, u->sizes);
+         return lm_error(LM_ERR_SHAPE, "%s: expected an out tensor of shape %s, got %s", what, a,
+                         b);
+      }
+      if (dtype == LM_INT64 ? u->dtype != LM_INT64 : !lm_is_float_dtype(u->dtype))
+         return lm_error(LM_ERR_DTYPE, "%s: out tensor of dtype %s cannot hold %s", what,
+                         lm_dtype_name(u->dtype), lm_dtype_name(dtype));
+      if (u->dtype == dtype && lm_is_contiguous(u, fmt)) {
+         o->t = u;
+         return LM_OK;
+      }
+      o->tmp = 1;
+   }
+   return lm_empty(ndim, sizes, dtype, fmt, LM_CPU, &o->t);
+}
+
+/* on success hand the result over; on failure free what was allocated here */
+static lm_status out_close(out_slot *o, lm_tensor **user, lm_status st) {
+   if (!user || !o->t) return st;
+   if (st == LM_OK) {
+      if (!o->user) {
+         *user = o->t;
+      } else if (o->tmp) {
+         st = lm_copy_(o->user, o->t);
+         lm_tensor_free(o->t);
+      }
+   } else if (o->t != o->user) {
+      lm_tensor_free(o->t);
+   }
+   o->t = NULL;
+   return st;
+}
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* floor division (PyTorch's div_rtn) */
+static inline int64_t div_floor(int64_t a, int64_t b) {
+   int64_t q = a / b, r = a % b;
+   if (r != 0 && ((r < 0) != (b < 0))) q--;
+   return q;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* geometry                                                                                   */
+
+enum { KIND_MAX = 0, KIND_AVG = 1, KIND_AMAX = 2, KIND_AAVG = 3 };
+
+typedef struct {
+   int kind;
+   int ndim;               /* 3 or 4 */
+   int mf;                 /* LM_CONTIGUOUS or LM_CHANNELS_LAST */
+   int64_t N, C, H, W, OH, OW;
+   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+   int ceil_mode, count_include_pad, has_div;
+   int64_t divisor;
+   /* per output row / column: first and end (exclusive) input index, and the window size
+      counted with padding (avg_pool2d's pool_size); the step is dh / dw */
+   int64_t *hs, *he, *hz, *ws, *we, *wz;
+} pool_t;
+
+static lm_status pool_input_dims(const lm_tensor *x, pool_t *p, const char *what, int adaptive) {
+   if (x->ndim != 3 && x->ndim != 4) {
+      char s[160];
+      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+      if (adaptive)
+         return lm_error(LM_ERR_SHAPE, "%s: Expected 3D or 4D tensor, but got %s", what, s);
+      return lm_error(LM_ERR_SHAPE,
+                      "Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size for "
+                      "input, but got: %s",
+                      s);
+   }
+   for (int d = x->ndim - 3; d < x->ndim; d++) {
+      if (x->sizes[d] == 0) {
+         char s[160];
+         fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+         if (adaptive)
+            return lm_error(LM_ERR_SHAPE,
+                            "%s: Expected input to have non-zero size for non-batch dimensions, "
+                            "but input has sizes %s with dimension %d being empty",
+                            what, s, d);
+         return lm_error(LM_ERR_SHAPE,
+                         "Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size "
+                         "for input, but got: %s",
+                         s);
+      }
+   }
+   p->ndim = x->ndim;
+   p->N = x->ndim == 4 ? x->sizes[0] : 1;
+   p->C = x->sizes[x->ndim - 3];
+   p->H = x->sizes[x->ndim - 2];
+   p->W = x->sizes[x->ndim - 1];
+   p->mf = lm_suggest_memory_format(x, 0);
+   if (p->mf != LM_CHANNELS_LAST) p->mf = LM_CONTIGUOUS;
+   return LM_OK;
+}
+
+static int64_t pool_out_size(int64_t in, int64_t k, int64_t pad, int64_t s, int64_t d, int ceil) {
+   int64_t o = div_floor(in + 2 * pad - d * (k - 1) - 1 + (ceil ? s - 1 : 0), s) + 1;
+   if (ceil && (o - 1) * s >= in + pad) --o;
+   return o;
+}
+
+/* kernel / stride / padding / dilation checks and output size of max_pool2d and avg_pool2d */
+static lm_status pool_params(pool_t *p, const int64_t *k, const int64_t *s, const int64_t *pad,
+                             const int64_t *dil, int ceil_mode) {
+   if (!k) return lm_error(LM_ERR_ARG, "kernel_size is nil");
+   p->kh = k[0];
+   p->kw = k[1];
+   p->sh = s ? s[0] : k[0];
+   p->sw = s ? s[1] : k[1];
+   p->ph = pad ? pad[0] : 0;
+   p->pw = pad ? pad[1] : 0;
+   p->dh = dil ? dil[0] : 1;
+   p->dw = dil ? dil[1] : 1;
+   p->ceil_mode = ceil_mode != 0;
+   if (p->kh <= 0 || p->kw <= 0)
+      return lm_error(LM_ERR_ARG, "kernel size should be greater than zero, but got kH: %lld kW: %lld",
+                      (long long)p->kh, (long long)p->kw);
+   if (p->sh <= 0 || p->sw <= 0)
+      return lm_error(LM_ERR_ARG, "stride should be greater than zero, but got dH: %lld dW: %lld",
+                      (long long)p->sh, (long long)p->sw);
+   if (p->dh <= 0 || p->dw <= 0)
+      return lm_error(LM_ERR_ARG,
+                      "dilation should be greater than zero, but got dilationH: %lld dilationW: %lld",
+                      (long long)p->dh, (long long)p->dw);
+   if (p->ph < 0 || p->pw < 0)
+      return lm_error(LM_ERR_ARG, "pad must be non-negative, but got pad: %lld",
+                      (long long)(p->ph < 0 ? p->ph : p->pw));
+   for (int i = 0; i < 2; i++) {
+      int64_t kk = i ? p->kw : p->kh, pp = i ? p->pw : p->ph, dd = i ? p->dw : p->dh;
+      if (pp > ((kk - 1) * dd + 1) / 2)
+         return lm_error(LM_ERR_ARG,
+                         "pad should be at most half of effective kernel size, but got pad=%lld, "
+                         "kernel_size=%lld and dilation=%lld",
+                         (long long)pp, (long long)kk, (long long)dd);
+   }
+   p->OH = pool_out_size(p->H, p->kh, p->ph, p->sh, p->dh, p->ceil_mode);
+   p->OW = pool_out_size(p->W, p->kw, p->pw, p->sw, p->dw, p->ceil_mode);
+   if (p->OH < 1 || p->OW < 1)
+      return lm_error(LM_ERR_SHAPE,
+                      "Given input size: (%lldx%lldx%lld). Calculated output size: "
+                      "(%lldx%lldx%lld). Output size is too small",
+                      (long long)p->C, (long long)p->H, (long long)p->W, (long long)p->C,
+                      (long long)p->OH, (long long)p->OW);
+   return LM_OK;
+}
+
+static lm_status adaptive_params(pool_t *p, const int64_t *out_size, const char *what) {
+   if (!out_size) return lm_error(LM_ERR_ARG, "%s: output_size is nil", what);
+   if (out_size[0] < 0 || out_size[1] < 0)
+      return lm_error(LM_ERR_ARG,
+                      "%s: elements of output_size must be greater than or equal to 0 but "
+                      "received {%lld, %lld}",
+                      what, (long long)out_size[0], (long long)out_size[1]);
+   p->OH = out_size[0];
+   p->OW = out_size[1];
+   p->kh = p->kw = p->sh = p->sw = 1;
+   p->ph = p->pw = 0;
+   p->dh = p->dw = 1;
+   return LM_OK;
+}
+
+static inline int64_t ad_start(int64_t a, int64_t b, int64_t c) {
+   return (a / b) * c + ((a % b) * c) / b;
+}
+static inline int64_t ad_end(int64_t a, int64_t b, int64_t c) { return 1 + ((a + 1) * c - 1) / b; }
+
+/* fill hs/he/hz (rows) and ws/we/wz (columns) */
+static lm_status pool_windows(pool_t *p) {
+   int64_t n = p->OH + p->OW;
+   int64_t *buf = malloc((size_t)(3 * n + 1) * sizeof(int64_t));
+   if (!buf) return lm_error(LM_ERR_OOM, "out of memory (pool windows)");
+   p->hs = buf;
+   p->he = buf + p->OH;
+   p->hz = buf + 2 * p->OH;
+   p->ws = buf + 3 * p->OH;
+   p->we = p->ws + p->OW;
+   p->wz = p->we + p->OW;
+   for (int i = 0; i < 2; i++) {
+      int64_t O = i ? p->OW : p->OH, I = i ? p->W : p->H, k = i ? p->kw : p->kh;
+      int64_t s = i ? p->sw : p->sh, pad = i ? p->pw : p->ph, d = i ? p->dw : p->dh;
+      int64_t *st = i ? p->ws : p->hs, *en = i ? p->we : p->he, *sz = i ? p->wz : p->hz;
+      for (int64_t o = 0; o < O; o++) {
+         int64_t a, b, z;
+         switch (p->kind) {
+         case KIND_MAX:
+            a = o * s - pad;
+            b = min64(a + (k - 1) * d + 1, I);
+            while (a < 0) a += d;
+            z = 0;
+            break;
+         case KIND_AVG:
+            a = o * s - pad;
+            b = min64(a + k, I + pad);
+            z = b - a;
+            a = max64(a, 0);
+            b = min64(b, I);
+            break;
+         default: /* adaptive */
+            a = ad_start(o, O, I);
+            b = ad_end(o, O, I);
+            z = b - a;
+            break;
+         }
+         st[o] = a;
+         en[o] = b;
+         sz[o] = z;
+      }
+   }
+   return LM_OK;
+}
+
+static void pool_free(pool_t *p) {
+   free(p->hs);
+   p->hs = NULL;
+}
+
+static void out_sizes(const pool_t *p, int64_t *sz) {
+   if (p->ndim == 4) {
+      sz[0] = p->N;
+      sz[1] = p->C;
+      sz[2] = p->OH;
+      sz[3] = p->OW;
+   } else {
+      sz[0] = p->C;
+      sz[1] = p->OH;
+      sz[2] = p->OW;
+   }
+}
+
+/* the average divisor of window (oh, ow) */
+static inline double avg_div(const pool_t *p, int64_t oh, int64_t ow) {
+   if (p->has_div) return (double)p->divisor;
+   if (p->count_include_pad) return (double)(p->hz[oh] * p->wz[ow]);
+   return (double)((p->he[oh] - p->hs[oh]) * (p->we[ow] - p->ws[ow]));
+}
+
+/* x made dense in p->mf (a borrowed pointer, or a clone stored in *tmp) */
+static lm_status dense_in(const lm_tensor *x, int mf, const lm_tensor **xd, lm_tensor **tmp) {
+   *tmp = NULL;
+   *xd = x;
+   if (!lm_is_contiguous(x, mf)) {
+      LM_TRY(lm_clone(x, mf, -1, tmp));
+      *xd = *tmp;
+   }
+   return LM_OK;
+}
+
+/* channel blocking of the NHWC scatter kernels: enough (n, block) tasks for the threads */
+static int64_t scatter_cblock(int64_t N, int64_t C) {
+#ifdef _OPENMP
+   int64_t nt = omp_get_max_threads();
+#else
+   int64_t nt = 1;
+#endif
+   if (N >= 4 * nt || C <= 16) return C;
+   int64_t want = (4 * nt + N - 1) / N;
+   int64_t cb = (C + want - 1) / want;
+   cb = (cb + 15) / 16 * 16;
+   return cb < C ? cb : C;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* kernels, instantiated for float and double                                                 */
+
+/* max over each window; NaN wins (the last NaN), ties keep the first position (PyTorch).
+   IT is the type of the scratch index in the NHWC kernel (int32 keeps float lanes aligned). */
+#define DEFINE_MAX_FWD_NCHW(T, S)                                                               \
+   static void max_fwd_nchw_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {           \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, dh = p->dh, dw = p->dw;         \
+      const int64_t rows = p->N * p->C * OH;                                                    \
+      _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
+      for (int64_t r = 0; r < rows; r++) {                                                      \
+         const int64_t oh = r % OH;                                                             \
+         const T *ip = in + (r / OH) * H * W;                                                   \
+         T *op = out + r * OW;                                                                  \
+         int64_t *xp = ind ? ind + r * OW : NULL;                                               \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
+         for (int64_t ow = 0; ow < OW; ow++) {                                                  \
+            const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                       \
+            T mx = (T)-INFINITY;                                                                \
+            int64_t mi = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                               \
+            for (int64_t ih = h0; ih < h1; ih += dh) {                                          \
+               const T *row = ip + ih * W;                                                      \
+               for (int64_t iw = w0; iw < w1; iw += dw) {                                       \
+                  const T v = row[iw];                                                          \
+                  const int take = (v > mx) | (v != v);                                         \
+                  mx = take ? v : mx;                                                           \
+                  mi = take ? ih * W + iw : mi;                                                 \
+               }                                                                                \
+            }                                                                                   \
+            op[ow] = mx;                                                                        \
+            if (xp) xp[ow] = mi;                                                                \
+         }                                                                                      \
+      }                                                                                         \
+   }
+#define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR)                                                     \
+   ATTR static void max_fwd_nhwc_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {           \
+      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, dh = p->dh,           \
+                    dw = p->dw;                                                                 \
+      const int64_t pix = p->N * OH * OW;                                                       \
+      _Pragma("omp parallel for schedule(static) if (pix * C * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
+      for (int64_t q = 0; q < pix; q++) {                                                       \
+         const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                      \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];          \
+         const T *ib = in + n * H * W * C;                                                      \
+         T *op = out + q * C;                                                                   \
+         int64_t *xp = ind ? ind + q * C : NULL;                                                \
+         const IT first = (h0 < h1 && w0 < w1) ? (IT)(h0 * W + w0) : (IT)-1;                    \
+         for (int64_t c0 = 0; c0 < C; c0 += CBLK) {                                             \
+            const int64_t cn = min64(CBLK, C - c0);                                             \
+            T mx[CBLK];                                                                         \
+            IT li[CBLK];                                                                        \
+            for (int64_t c = 0; c < cn; c++) {                                                  \
+               mx[c] = (T)-INFINITY;                                                            \
+               li[c] = first;                                                                   \
+            }                                                                                   \
+            for (int64_t ih = h0; ih < h1; ih += dh) {                                          \
+               for (int64_t iw = w0; iw < w1; iw += dw) {                                       \
+                  const T *src = ib + (ih * W + iw) * C + c0;                                   \
+                  const IT id = (IT)(ih * W + iw);                                              \
+                  for (int64_t c = 0; c < cn; c++) {                                            \
+                     T v = src[c];                                                              \
+                     int take = (v > mx[c]) | (v != v);                                         \
+                     mx[c] = take ? v : mx[c];                                                  \
+                     li[c] = take ? id : li[c];                                                 \
+                  }                                                                             \
+               }                                                                                \
+            }                                                                                   \
+            for (int64_t c = 0; c < cn; c++) op[c0 + c] = mx[c];                                \
+            if (xp)                                                                             \
+               for (int64_t c = 0; c < cn; c++) xp[c0 + c] = li[c];                             \
+         }                                                                                      \
+      }                                                                                         \
+   }
+
+DEFINE_MAX_FWD_NCHW(float, f32)
+DEFINE_MAX_FWD_NCHW(double, f64)
+DEFINE_MAX_FWD_NHWC(float, int32_t, f32, )
+DEFINE_MAX_FWD_NHWC(float, int64_t, f32l, )
+DEFINE_MAX_FWD_NHWC(double, int64_t, f64, )
+DEFINE_MAX_FWD_NHWC(float, int32_t, f32_512, LM_AVX512_FN)
+DEFINE_MAX_FWD_NHWC(double, int64_t, f64_512, LM_AVX512_FN)
+
+/* regular (non-adaptive) windows on NCHW planes, vectorized along the output row: for each
+   window row ih and tap j, one pass over the output columns whose tap lies inside the input.
+   Per output the taps are visited in the same order as the plain loop (ih, then iw ascending),
+   so ties and NaNs resolve exactly as PyTorch. */
+static inline void tap_range(const pool_t *p, int64_t j, int64_t *a, int64_t *b) {
+   const int64_t off = j * p->dw - p->pw; /* iw = ow * sw + off */
+   int64_t lo = off >= 0 ? 0 : (-off + p->sw - 1) / p->sw;
+   int64_t num = p->W - 1 - off;
+   int64_t hi = num < 0 ? 0 : num / p->sw + 1;
+   *a = lo;
+   *b = hi < p->OW ? hi : p->OW;
+}
+
+enum { OWBLK = 512 };
+
+#define DEFINE_REG_NCHW(T, S, ATTR)                                                             \
+   ATTR static void max_reg_nchw_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {      \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, sw = p->sw;                     \
+      const int64_t rows = p->N * p->C * OH;                                                    \
+      _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
+      for (int64_t r = 0; r < rows; r++) {                                                      \
+         const int64_t oh = r % OH;                                                             \
+         const T *ip = in + (r / OH) * H * W;                                                   \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
+         for (int64_t b0 = 0; b0 < OW; b0 += OWBLK) {                                           \
+            const int64_t bn = min64(OWBLK, OW - b0);                                           \
+            T mx[OWBLK];                                                                        \
+            int64_t mi[OWBLK];                                                                  \
+            for (int64_t o = 0; o < bn; o++) {                                                  \
+               const int64_t w0 = p->ws[b0 + o], w1 = p->we[b0 + o];                            \
+               mx[o] = (T)-INFINITY;                                                            \
+               mi[o] = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                                 \
+            }                                                                                   \
+            for (int64_t ih = h0; ih < h1; ih += p->dh) {                                       \
+               const T *row = ip + ih * W;                                                      \
+               for (int64_t j = 0; j < p->kw; j++) {                                            \
+                  int64_t a, b;                                                                 \
+                  tap_range(p, j, &a, &b);                                                      \
+                  a = a > b0 ? a - b0 : 0;                                                      \
+                  b = b - b0 < bn ? b - b0 : bn;                                                \
+                  const int64_t off = (b0 * sw) + j * p->dw - p->pw;                            \
+                  for (int64_t o = a; o < b; o++) {                                             \
+                     const int64_t iw = o * sw + off;                                           \
+                     const T v = row[iw];                                                       \
+                     const int take = (v > mx[o]) | (v != v);                                   \
+                     mx[o] = take ? v : mx[o];                                                  \
+                     mi[o] = take ? ih * W + iw : mi[o];                                        \
+                  }                                                                             \
+               }                                                                                \
+            }                                                                                   \
+            T *op = out + r * OW + b0;                                                          \
+            for (int64_t o = 0; o < bn; o++) op[o] = mx[o];                                     \
+            if (ind) {                                                                          \
+               int64_t *xp = ind + r * OW + b0;                                                 \
+               for (int64_t o = 0; o < bn; o++) xp[o] = mi[o];                                  \
+            }                                                                                   \
+         }                                                                                      \
+      }                                                                                         \
+   }                                                                                            \
+   ATTR static void avg_reg_nchw_##S(const T *in, T *out, const pool_t *p) {                    \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, sw = p->sw;                     \
+      const int64_t rows = p->N * p->C * OH;                                                    \
+      _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw + p->N * p->C * H * W > LM_PARALLEL_GRAIN)") \
+      for (int64_t r = 0; r < rows; r++) {                                                      \
+         const int64_t oh = r % OH;                                                             \
+         const T *ip = in + (r / OH) * H * W;                                                   \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
+         for (int64_t b0 = 0; b0 < OW; b0 += OWBLK) {                                           \
+            const int64_t bn = min64(OWBLK, OW - b0);                                           \
+            T acc[OWBLK];                                                                       \
+            for (int64_t o = 0; o < bn; o++) acc[o] = 0;                                        \
+            for (int64_t ih = h0; ih < h1; ih++) {                                              \
+               const T *row = ip + ih * W;                                                      \
+               for (int64_t j = 0; j < p->kw; j++) {                                            \
+                  int64_t a, b;                                                                 \
+                  tap_range(p, j, &a, &b);                                                      \
+                  a = a > b0 ? a - b0 : 0;                                                      \
+                  b = b - b0 < bn ? b - b0 : bn;                                                \
+                  const int64_t off = (b0 * sw) + j - p->pw;                                    \
+                  for (int64_t o = a; o < b; o++) acc[o] += row[o * sw + off];                  \
+               }                                                                                \
+            }                                                                                   \
+            T *op = out + r * OW + b0;                                                          \
+            for (int64_t o = 0; o < bn; o++) {                                                  \
+               const int64_t ow = b0 + o;                                                       \
+               if (h0 >= h1 || p->ws[ow] >= p->we[ow])                                          \
+                  op[o] = 0;                                                                    \
+               else                                                                             \
+                  op[o] = (T)(acc[o] / (T)avg_div(p, oh, ow));                                  \
+            }                                                                                   \
+         }                                                                                      \
+      }                                                                                         \
+   }
+
+DEFINE_REG_NCHW(float, f32, )
+DEFINE_REG_NCHW(double, f64, )
+DEFINE_REG_NCHW(float, f32_512, LM_AVX512_FN)
+DEFINE_REG_NCHW(double, f64_512, LM_AVX512_FN)
+
+/* grad_in[plane][ind] += grad_out; indices -1 (empty windows) are skipped, others must lie in
+   the plane. Returns the number of bad indices. */
+#define DEFINE_MAX_BWD(T, S)                                                                    \
+   static int64_t max_bwd_nchw_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {   \
+      const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, planes = p->N * p->C;                \
+      int64_t bad = 0;                                                                          \
+      _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (planes * (HW + OHW) > LM_PARALLEL_GRAIN)") \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
+         T *g = gi + pl * HW;                                                                   \
+         const T *o = go + pl * OHW;                                                            \
+         const int64_t *x = ind + pl * OHW;                                                     \
+         memset(g, 0, (size_t)HW * sizeof(T));                                                  \
+         for (int64_t i = 0; i < OHW; i++) {                                                    \
+            int64_t k = x[i];                                                                   \
+            if ((uint64_t)k < (uint64_t)HW)                                                     \
+               g[k] += o[i];                                                                    \
+            else if (k != -1)                                                                   \
+               bad++;                                                                           \
+         }                                                                                      \
+      }                                                                                         \
+      return bad;                                                                               \
+   }                                                                                            \
+   static int64_t max_bwd_nhwc_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {   \
+      const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, C = p->C;                            \
+      const int64_t cb = scatter_cblock(p->N, C), nb = (C + cb - 1) / cb;                       \
+      const int64_t tasks = p->N * nb;                                                          \
+      int64_t bad = 0;                                                                          \
+      _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (tasks > 1 && p->N * C * (HW + OHW) > LM_PARALLEL_GRAIN)") \
+      for (int64_t t = 0; t < tasks; t++) {                                                     \
+         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                  \
+         T *g = gi + n * HW * C + c0;                                                           \
+         const T *o = go + n * OHW * C + c0;                                                    \
+         const int64_t *x = ind + n * OHW * C + c0;                                             \
+         if (cn == C)                                                                           \
+            memset(g, 0, (size_t)(HW * C) * sizeof(T));                                         \
+         else                                                                                   \
+            for (int64_t i = 0; i < HW; i++) memset(g + i * C, 0, (size_t)cn * sizeof(T));      \
+         for (int64_t i = 0; i < OHW; i++) {                                                    \
+            const T *oi = o + i * C;                                                            \
+            const int64_t *xi = x + i * C;                                                      \
+            for (int64_t c = 0; c < cn; c++) {                                                  \
+               int64_t k = xi[c];                                                               \
+               if ((uint64_t)k < (uint64_t)HW)                                                  \
+                  g[k * C + c] += oi[c];                                                        \
+               else if (k != -1)                                                                \
+                  bad++;                                                                        \
+            }                                                                                   \
+         }                                                                                      \
+      }                                                                                         \
+      return bad;                                                                               \
+   }
+
+DEFINE_MAX_BWD(float, f32)
+DEFINE_MAX_BWD(double, f64)
+
+/* window averages; empty windows give 0. acc is float for float (as PyTorch's CPU kernels). */
+#define DEFINE_AVG(T, S, ATTR)                                                                  \
+   ATTR static void avg_fwd_nchw_##S(const T *in, T *out, const pool_t *p) {                         \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW;                                 \
+      const int64_t rows = p->N * p->C * OH;                                                    \
+      (void)H;                                                                                  \
+      _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw + p->N * p->C * H * W > LM_PARALLEL_GRAIN)") \
+      for (int64_t r = 0; r < rows; r++) {                                                      \
+         const int64_t oh = r % OH;                                                             \
+         const T *ip = in + (r / OH) * H * W;                                                   \
+         T *op = out + r * OW;                                                                  \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
+         for (int64_t ow = 0; ow < OW; ow++) {                                                  \
+            const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                       \
+            if (h0 >= h1 || w0 >= w1) {                                                         \
+               op[ow] = 0;                                                                      \
+               continue;                                                                        \
+            }                                                                                   \
+            T acc = 0;                                                                          \
+            for (int64_t ih = h0; ih < h1; ih++) {                                              \
+               const T *row = ip + ih * W;                                                      \
+               for (int64_t iw = w0; iw < w1; iw++) acc += row[iw];                             \
+            }                                                                                   \
+            op[ow] = (T)(acc / (T)avg_div(p, oh, ow));                                          \
+         }                                                                                      \
+      }                                                                                         \
+   }                                                                                            \
+   ATTR static void avg_fwd_nhwc_##S(const T *in, T *out, const pool_t *p) {                         \
+      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;                       \
+      const int64_t pix = p->N * OH * OW;                                                       \
+      (void)H;                                                                                  \
+      _Pragma("omp parallel for schedule(static) if (pix * C * p->kh * p->kw + p->N * C * H * W > LM_PARALLEL_GRAIN)") \
+      for (int64_t q = 0; q < pix; q++) {                                                       \
+         const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                      \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];          \
+         const T *ib = in + n * H * W * C;                                                      \
+         T *op = out + q * C;                                                                   \
+         if (h0 >= h1 || w0 >= w1) {                                                            \
+            for (int64_t c = 0; c < C; c++) op[c] = 0;                                          \
+            continue;                                                                           \
+         }                                                                                      \
+         const T dv = (T)avg_div(p, oh, ow);                                                    \
+         for (int64_t c0 = 0; c0 < C; c0 += CBLK) {                                             \
+            const int64_t cn = min64(CBLK, C - c0);                                             \
+            T acc[CBLK];                                                                        \
+            for (int64_t c = 0; c < cn; c++) acc[c] = 0;                                        \
+            for (int64_t ih = h0; ih < h1; ih++) {                                              \
+               for (int64_t iw = w0; iw < w1; iw++) {                                           \
+                  const T *src = ib + (ih * W + iw) * C + c0;                                   \
+                  for (int64_t c = 0; c < cn; c++) acc[c] += src[c];                            \
+               }                                                                                \
+            }                                                                                   \
+            for (int64_t c = 0; c < cn; c++) op[c0 + c] = acc[c] / dv;                          \
+         }                                                                                      \
+      }                                                                                         \
+   }                                                                                            \
+   ATTR static void avg_bwd_nchw_##S(const T *go, T *gi, const pool_t *p) {                          \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, planes = p->N * p->C;           \
+      _Pragma("omp parallel for schedule(static) if (planes * (H * W + OH * OW * p->kh * p->kw) > LM_PARALLEL_GRAIN)") \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
+         T *g = gi + pl * H * W;                                                                \
+         const T *o = go + pl * OH * OW;                                                        \
+         memset(g, 0, (size_t)(H * W) * sizeof(T));                                             \
+         for (int64_t oh = 0; oh < OH; oh++) {                                                  \
+            const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                       \
+            for (int64_t ow = 0; ow < OW; ow++) {                                               \
+               const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                    \
+               if (h0 >= h1 || w0 >= w1) continue;                                              \
+               const T v = (T)(o[oh * OW + ow] / (T)avg_div(p, oh, ow));                        \
+               for (int64_t ih = h0; ih < h1; ih++)                                             \
+                  for (int64_t iw = w0; iw < w1; iw++) g[ih * W + iw] += v;                     \
+            }                                                                                   \
+         }                                                                                      \
+      }                                                                                         \
+   }                                                                                            \
+   ATTR static void avg_bwd_nhwc_##S(const T *go, T *gi, const pool_t *p) {                          \
+      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;                       \
+      const int64_t cb = scatter_cblock(p->N, C), nb = (C + cb - 1) / cb;                       \
+      const int64_t tasks = p->N * nb;                                                          \
+      _Pragma("omp parallel for schedule(static) if (tasks > 1 && p->N * C * (H * W + OH * OW * p->kh * p->kw) > LM_PARALLEL_GRAIN)") \
+      for (int64_t t = 0; t < tasks; t++) {                                                     \
+         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                  \
+         T *g = gi + n * H * W * C + c0;                                                        \
+         const T *o = go + n * OH * OW * C + c0;                                                \
+         if (cn == C)                                                                           \
+            memset(g, 0, (size_t)(H * W * C) * sizeof(T));                                     \
+         else                                                                                   \
+            for (int64_t i = 0; i < H * W; i++) memset(g + i * C, 0, (size_t)cn * sizeof(T));   \
+         for (int64_t oh = 0; oh < OH; oh++) {                                                  \
+            const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                       \
+            for (int64_t ow = 0; ow < OW; ow++) {                                               \
+               const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                    \
+               if (h0 >= h1 || w0 >= w1) continue;                                              \
+               const T dv = (T)avg_div(p, oh, ow);                                              \
+               const T *oi = o + (oh * OW + ow) * C;                                            \
+               for (int64_t cc = 0; cc < cn; cc += CBLK) {                                      \
+                  const int64_t cm = min64(CBLK, cn - cc);                                      \
+                  T v[CBLK];                                                                    \
+                  for (int64_t c = 0; c < cm; c++) v[c] = oi[cc + c] / dv;                      \
+                  for (int64_t ih = h0; ih < h1; ih++)                                          \
+                     for (int64_t iw = w0; iw < w1; iw++) {                                     \
+                        T *dst = g + (ih * W + iw) * C + cc;                                    \
+                        for (int64_t c = 0; c < cm; c++) dst[c] += v[c];                        \
+                     }                                                                          \
+               }                                                                                \
+            }                                                                                   \
+         }                                                                                      \
+      }                                                                                         \
+   }
+
+DEFINE_AVG(float, f32, )
+DEFINE_AVG(double, f64, )
+DEFINE_AVG(float, f32_512, LM_AVX512_FN)
+DEFINE_AVG(double, f64_512, LM_AVX512_FN)
+
+/* ------------------------------------------------------------------------------------------ */
+/* drivers                                                                                    */
+
+static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_tensor **indices) {
+   int64_t osz[4];
+   out_sizes(p, osz);
+   out_slot so = {0}, si = {0};
+   const lm_tensor *xd;
+   lm_tensor *tmp = NULL;
+   lm_status st = LM_OK;
+   if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
+   LM_TRY(pool_windows(p));
+   st = out_open(&so, out, p->ndim, osz, x->dtype, p->mf, "output");
+   if (st == LM_OK && indices) st = out_open(&si, indices, p->ndim, osz, LM_INT64, p->mf, "indices");
+   if (st == LM_OK) st = dense_in(x, p->mf, &xd, &tmp);
+   if (st == LM_OK && so.t->numel > 0) {
+      const void *in = lm_tensor_data(xd);
+      void *o = lm_tensor_data(so.t);
+      int64_t *ix = si.t ? (int64_t *)lm_tensor_data(si.t) : NULL;
+      const int v512 = use_avx512();
+      if (p->mf == LM_CHANNELS_LAST) {
+         if (x->dtype == LM_FLOAT64)
+            (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, p);
+         else if (p->H * p->W < INT32_MAX)
+            (v512 ? max_fwd_nhwc_f32_512 : max_fwd_nhwc_f32)(in, o, ix, p);
+         else
+            max_fwd_nhwc_f32l(in, o, ix, p);
+      } else if (p->kind == KIND_MAX) {
+         if (x->dtype == LM_FLOAT64)
+            (v512 ? max_reg_nchw_f64_512 : max_reg_nchw_f64)(in, o, ix, p);
+         else
+            (v512 ? max_reg_nchw_f32_512 : max_reg_nchw_f32)(in, o, ix, p);
+      } else {
+         if (x->dtype == LM_FLOAT64)
+            max_fwd_nchw_f64(in, o, ix, p);
+         else
+            max_fwd_nchw_f32(in, o, ix, p);
+      }
+   }
+   lm_tensor_free(tmp);
+   pool_free(p);
+   if (indices) st = out_close(&si, indices, st);
+   /* a failed index hand-over must not leave a half-returned output */
+   st = out_close(&so, out, st);
+   return st;
+}
+
+lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, const int64_t *dilation, int ceil_mode,
+                        lm_tensor **out, lm_tensor **indices) {
+   pool_t p = {0};
+   p.kind = KIND_MAX;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(pool_input_dims(x, &p, "max_pool2d", 0));
+   LM_TRY(pool_params(&p, kernel, stride, padding, dilation, ceil_mode));
+   return max_forward(x, &p, out, indices);
+}
+
+lm_status lm_adaptive_max_pool2d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out,
+                                 lm_tensor **indices) {
+   pool_t p = {0};
+   p.kind = KIND_AMAX;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(pool_input_dims(x, &p, "adaptive_max_pool2d()", 1));
+   LM_TRY(adaptive_params(&p, out_size, "adaptive_max_pool2d()"));
+   return max_forward(x, &p, out, indices);
+}
+
+/* grad_out and indices: same rank as x, same N and C, same (OH, OW) */
+static lm_status max_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                              const lm_tensor *indices, lm_tensor **grad_x, const char *what) {
+   pool_t p = {0};
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(check_float(grad_out, "grad_output"));
+   if (!indices) return lm_error(LM_ERR_ARG, "indices is nil");
+   LM_TRY(lm_check_cpu(indices, "indices"));
+   if (!grad_x) return lm_error(LM_ERR_ARG, "grad_input is NULL");
+   if (indices->dtype != LM_INT64)
+      return lm_error(LM_ERR_DTYPE, "%s: expected indices of dtype int64, got %s", what,
+                      lm_dtype_name(indices->dtype));
+   if (grad_out->dtype != x->dtype)
+      return lm_error(LM_ERR_DTYPE, "%s: grad_output has dtype %s but input has %s", what,
+                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
+   LM_TRY(pool_input_dims(x, &p, what, 0));
+   int ok = grad_out->ndim == x->ndim && indices->ndim == x->ndim;
+   for (int d = 0; ok && d < x->ndim; d++) {
+      if (indices->sizes[d] != grad_out->sizes[d]) ok = 0;
+      if (d < x->ndim - 2 && grad_out->sizes[d] != x->sizes[d]) ok = 0;
+   }
+   if (!ok) {
+      char a[160], b[160], c[160];
+      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      fmt_sizes(b, sizeof b, indices->ndim, indices->sizes);
+      fmt_sizes(c, sizeof c, x->ndim, x->sizes);
+      return lm_error(LM_ERR_SHAPE,
+                      "%s: grad_output %s and indices %s do not match the input %s", what, a, b,
+                      c);
+   }
+   p.OH = grad_out->sizes[x->ndim - 2];
+   p.OW = grad_out->sizes[x->ndim - 1];
+
+   out_slot sg = {0};
+   const lm_tensor *god, *ind;
+   lm_tensor *t1 = NULL, *t2 = NULL;
+   lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p.mf, "grad_input");
+   if (st == LM_OK) st = dense_in(grad_out, p.mf, &god, &t1);
+   if (st == LM_OK) st = dense_in(indices, p.mf, &ind, &t2);
+   if (st == LM_OK && sg.t->numel > 0) {
+      const void *g = lm_tensor_data(god);
+      const int64_t *ix = lm_tensor_data(ind);
+      void *gi = lm_tensor_data(sg.t);
+      int64_t bad;
+      if (p.mf == LM_CHANNELS_LAST)
+         bad = x->dtype == LM_FLOAT64 ? max_bwd_nhwc_f64(g, ix, gi, &p)
+                                      : max_bwd_nhwc_f32(g, ix, gi, &p);
+      else
+         bad = x->dtype == LM_FLOAT64 ? max_bwd_nchw_f64(g, ix, gi, &p)
+                                      : max_bwd_nchw_f32(g, ix, gi, &p);
+      if (bad)
+         st = lm_error(LM_ERR_ARG, "%s: %lld indices are out of range for an input plane of %lld",
+                       what, (long long)bad, (long long)(p.H * p.W));
+   }
+   lm_tensor_free(t1);
+   lm_tensor_free(t2);
+   return out_close(&sg, grad_x, st);
+}
+
+lm_status lm_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const lm_tensor *indices, lm_tensor **grad_x) {
+   return max_backward(grad_out, x, indices, grad_x, "max_pool2d_backward");
+}
+
+lm_status lm_adaptive_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                          const lm_tensor *indices, lm_tensor **grad_x) {
+   return max_backward(grad_out, x, indices, grad_x, "adaptive_max_pool2d_backward");
+}
+
+static lm_status avg_forward(const lm_tensor *x, pool_t *p, lm_tensor **out) {
+   int64_t osz[4];
+   out_sizes(p, osz);
+   out_slot so = {0};
+   const lm_tensor *xd;
+   lm_tensor *tmp = NULL;
+   if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
+   LM_TRY(pool_windows(p));
+   lm_status st = out_open(&so, out, p->ndim, osz, x->dtype, p->mf, "output");
+   if (st == LM_OK) st = dense_in(x, p->mf, &xd, &tmp);
+   if (st == LM_OK && so.t->numel > 0) {
+      const void *in = lm_tensor_data(xd);
+      void *o = lm_tensor_data(so.t);
+      const int v512 = use_avx512();
+      if (p->mf == LM_CHANNELS_LAST) {
+         if (x->dtype == LM_FLOAT64)
+            (v512 ? avg_fwd_nhwc_f64_512 : avg_fwd_nhwc_f64)(in, o, p);
+         else
+            (v512 ? avg_fwd_nhwc_f32_512 : avg_fwd_nhwc_f32)(in, o, p);
+      } else if (p->kind == KIND_AVG) {
+         if (x->dtype == LM_FLOAT64)
+            (v512 ? avg_reg_nchw_f64_512 : avg_reg_nchw_f64)(in, o, p);
+         else
+            (v512 ? avg_reg_nchw_f32_512 : avg_reg_nchw_f32)(in, o, p);
+      } else {
+         if (x->dtype == LM_FLOAT64)
+            (v512 ? avg_fwd_nchw_f64_512 : avg_fwd_nchw_f64)(in, o, p);
+         else
+            (v512 ? avg_fwd_nchw_f32_512 : avg_fwd_nchw_f32)(in, o, p);
+      }
+   }
+   lm_tensor_free(tmp);
+   pool_free(p);
+   return out_close(&so, out, st);
+}
+
+static lm_status avg_backward(const lm_tensor *grad_out, const lm_tensor *x, pool_t *p,
+                              lm_tensor **grad_x, const char *what) {
+   int64_t osz[4];
+   out_sizes(p, osz);
+   if (!grad_x) return lm_error(LM_ERR_ARG, "grad_input is NULL");
+   if (grad_out->dtype != x->dtype)
+      return lm_error(LM_ERR_DTYPE, "%s: grad_output has dtype %s but input has %s", what,
+                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
+   if (grad_out->ndim != p->ndim || memcmp(grad_out->sizes, osz, (size_t)p->ndim * 8) != 0) {
+      char a[160], b[160];
+      fmt_sizes(a, sizeof a, p->ndim, osz);
+      fmt_sizes(b, sizeof b, grad_out->ndim, grad_out->sizes);
+      return lm_error(LM_ERR_SHAPE, "%s: expected grad_output of shape %s, got %s", what, a, b);
+   }
+   out_slot sg = {0};
+   const lm_tensor *god;
+   lm_tensor *tmp = NULL;
+   LM_TRY(pool_windows(p));
+   lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p->mf, "grad_input");
+   if (st == LM_OK) st = dense_in(grad_out, p->mf, &god, &tmp);
+   if (st == LM_OK && sg.t->numel > 0) {
+      const void *g = lm_tensor_data(god);
+      void *gi = lm_tensor_data(sg.t);
+      const int v512 = use_avx512();
+      if (p->mf == LM_CHANNELS_LAST) {
+         if (x->dtype == LM_FLOAT64)
+            (v512 ? avg_bwd_nhwc_f64_512 : avg_bwd_nhwc_f64)(g, gi, p);
+         else
+            (v512 ? avg_bwd_nhwc_f32_512 : avg_bwd_nhwc_f32)(g, gi, p);
+      } else {
+         if (x->dtype == LM_FLOAT64)
+            (v512 ? avg_bwd_nchw_f64_512 : avg_bwd_nchw_f64)(g, gi, p);
+         else
+            (v512 ? avg_bwd_nchw_f32_512 : avg_bwd_nchw_f32)(g, gi, p);
+      }
+   }
+   lm_tensor_free(tmp);
+   pool_free(p);
+   return out_close(&sg, grad_x, st);
+}
+
+static lm_status avg_setup(pool_t *p, const lm_tensor *x, const int64_t *kernel,
+                           const int64_t *stride, const int64_t *padding, int ceil_mode,
+                           int count_include_pad, const int64_t *divisor_override) {
+   p->kind = KIND_AVG;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(pool_input_dims(x, p, "avg_pool2d", 0));
+   LM_TRY(pool_params(p, kernel, stride, padding, NULL, ceil_mode));
+   p->count_include_pad = count_include_pad != 0;
+   p->has_div = divisor_override != NULL;
+   if (divisor_override) {
+      if (*divisor_override == 0) return lm_error(LM_ERR_ARG, "divisor must be not zero");
+      p->divisor = *divisor_override;
+   }
+   return LM_OK;
+}
+
+lm_status lm_avg_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, int ceil_mode, int count_include_pad,
+                        const int64_t *divisor_override, lm_tensor **out) {
+   pool_t p = {0};
+   LM_TRY(avg_setup(&p, x, kernel, stride, padding, ceil_mode, count_include_pad,
+                    divisor_override));
+   return avg_forward(x, &p, out);
+}
+
+lm_status lm_avg_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const int64_t *kernel, const int64_t *stride,
+                                 const int64_t *padding, int ceil_mode, int count_include_pad,
+                                 const int64_t *divisor_override, lm_tensor **grad_x) {
+   pool_t p = {0};
+   LM_TRY(avg_setup(&p, x, kernel, stride, padding, ceil_mode, count_include_pad,
+                    divisor_override));
+   LM_TRY(check_float(grad_out, "grad_output"));
+   return avg_backward(grad_out, x, &p, grad_x, "avg_pool2d_backward");
+}
+
+lm_status lm_adaptive_avg_pool2d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out) {
+   pool_t p = {0};
+   p.kind = KIND_AAVG;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(pool_input_dims(x, &p, "adaptive_avg_pool2d()", 1));
+   LM_TRY(adaptive_params(&p, out_size, "adaptive_avg_pool2d"));
+   /* output (1,1) is PyTorch's mean(-1,-2) restrided to (C,1,C,C) for a channels-last input:
+      allocating in mf gives exactly those strides */
+   return avg_forward(x, &p, out);
+}
+
+lm_status lm_adaptive_avg_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                          lm_tensor **grad_x) {
+   pool_t p = {0};
+   p.kind = KIND_AAVG;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(check_float(grad_out, "grad_output"));
+   LM_TRY(pool_input_dims(x, &p, "adaptive_avg_pool2d_backward", 1));
+   if (grad_out->ndim != x->ndim) {
+      char a[160], b[160];
+      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
+      return lm_error(LM_ERR_SHAPE,
+                      "adaptive_avg_pool2d_backward: grad_output %s does not match the input %s",
+                      a, b);
+   }
+   int64_t os[2] = {grad_out->sizes[x->ndim - 2], grad_out->sizes[x->ndim - 1]};
+   LM_TRY(adaptive_params(&p, os, "adaptive_avg_pool2d_backward"));
+   return avg_backward(grad_out, x, &p, grad_x, "adaptive_avg_pool2d_backward");
+}

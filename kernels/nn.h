@@ -1,0 +1,101 @@
+/*
+ * nn.h -- pooling, batch norm, softmax and loss kernels (kernels/cpu/pool.c, norm.c, softmax.c,
+ * loss.c). Plain C declarations only: this text is appended to src/lumen.h for ffi.cdef (every
+ * line starting with '#' is dropped).
+ *
+ * Common rules (PyTorch semantics):
+ *   - Inputs are float32 or float64 (LM_ERR_DTYPE otherwise), on the CPU, with any strides.
+ *   - Pools and batch norm pick mf = lm_suggest_memory_format(x); the output, the indices and the
+ *     input gradient are allocated in mf. Channels-last runs NHWC kernels (vectorized over C),
+ *     contiguous runs NCHW kernels (over planes); an input that is not dense in mf is cloned to
+ *     mf once first. 3-D (C,H,W) inputs are accepted by the pools (contiguous path).
+ *   - Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out
+ *     is an out= tensor (shape must match; it keeps its strides).
+ *   - int64 arrays of two elements are {H, W}. For the pools, `stride` may be NULL (= kernel),
+ *     `padding` NULL (= 0) and `dilation` NULL (= 1).
+ *   - Indices (max pools) are int64, the flat position h*W + w inside the input plane.
+ */
+#ifndef LUMEN_NN_H
+#define LUMEN_NN_H
+#include "lumen.h"
+
+/* ---- pooling (kernels/cpu/pool.c) ---- */
+/* indices may be NULL (the pointer) when they are not wanted */
+lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, const int64_t *dilation, int ceil_mode,
+                        lm_tensor **out, lm_tensor **indices);
+lm_status lm_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const lm_tensor *indices, lm_tensor **grad_x);
+
+/* divisor_override: NULL for none (a pointer to 0 is an error, as in PyTorch) */
+lm_status lm_avg_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, int ceil_mode, int count_include_pad,
+                        const int64_t *divisor_override, lm_tensor **out);
+lm_status lm_avg_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const int64_t *kernel, const int64_t *stride,
+                                 const int64_t *padding, int ceil_mode, int count_include_pad,
+                                 const int64_t *divisor_override, lm_tensor **grad_x);
+
+/* out_size {OH, OW}: any sizes >= 0 (larger than the input too). Output (1,1) of a channels-last
+   input is (N,C,1,1) with strides (C,1,C,C), i.e. it keeps the channels-last tag. */
+lm_status lm_adaptive_avg_pool2d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out);
+lm_status lm_adaptive_avg_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                          lm_tensor **grad_x);
+lm_status lm_adaptive_max_pool2d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out,
+                                 lm_tensor **indices);
+lm_status lm_adaptive_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                          const lm_tensor *indices, lm_tensor **grad_x);
+
+/* ---- batch norm (kernels/cpu/norm.c) ----
+ * x: (N, C, ...) of rank >= 2. weight, bias, running_mean, running_var: NULL or 1-D of C
+ * elements (any floating dtype). training != 0: normalise with the batch mean and biased variance;
+ * running stats (when given) are updated in place:
+ *    running = (1 - momentum) * running + momentum * batch_stat  (the variance unbiased).
+ * training == 0: normalise with the running stats (both required).
+ * save_mean / save_invstd (pointers may be NULL): (C) tensors of x's dtype holding the mean and
+ * 1/sqrt(var + eps) that were used, batch stats when training and running stats in eval mode,
+ * exactly what lm_batch_norm_backward needs. */
+lm_status lm_batch_norm(const lm_tensor *x, const lm_tensor *weight, const lm_tensor *bias,
+                        lm_tensor *running_mean, lm_tensor *running_var, int training,
+                        double momentum, double eps, lm_tensor **out, lm_tensor **save_mean,
+                        lm_tensor **save_invstd);
+/* training selects the formula (batch statistics or constants). Any of grad_x, grad_weight,
+   grad_bias may be NULL (the pointer) to skip it; grad_weight / grad_bias have weight's dtype
+   (x's when weight is NULL). */
+lm_status lm_batch_norm_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const lm_tensor *weight, const lm_tensor *save_mean,
+                                 const lm_tensor *save_invstd, int training,
+                                 lm_tensor **grad_x, lm_tensor **grad_weight,
+                                 lm_tensor **grad_bias);
+
+/* ---- softmax (kernels/cpu/softmax.c): any rank (0-dim too), any dim (negative counts from the
+   end); the result is contiguous, as in PyTorch ---- */
+lm_status lm_softmax(const lm_tensor *x, int dim, lm_tensor **out);
+lm_status lm_log_softmax(const lm_tensor *x, int dim, lm_tensor **out);
+/* out is the forward result */
+lm_status lm_softmax_backward(const lm_tensor *grad_out, const lm_tensor *out, int dim,
+                              lm_tensor **grad_x);
+lm_status lm_log_softmax_backward(const lm_tensor *grad_out, const lm_tensor *out, int dim,
+                                  lm_tensor **grad_x);
+
+/* ---- losses (kernels/cpu/loss.c) ---- */
+typedef enum lm_reduction {
+   LM_REDUCTION_NONE = 0, LM_REDUCTION_MEAN = 1, LM_REDUCTION_SUM = 2
+} lm_reduction;
+
+/* input: log-probabilities (N, C), (C) or (N, C, d1, ...); target: int64 (N), () or
+   (N, d1, ...); weight: NULL or (C). Targets equal to ignore_index are skipped; others must lie
+   in [0, C). out: 0-dim for MEAN / SUM, target-shaped for NONE. total_weight (may be NULL): 0-dim,
+   the sum of the weights of the counted targets (needed by the backward). MEAN divides by it (so
+   all-ignored gives NaN, as PyTorch). */
+lm_status lm_nll_loss(const lm_tensor *input, const lm_tensor *target, const lm_tensor *weight,
+                      int reduction, int64_t ignore_index, lm_tensor **out,
+                      lm_tensor **total_weight);
+/* grad_out: 0-dim for MEAN / SUM, target-shaped for NONE; total_weight from the forward (only
+   read for MEAN). grad_input has input's shape, contiguous. */
+lm_status lm_nll_loss_backward(const lm_tensor *grad_out, const lm_tensor *input,
+                               const lm_tensor *target, const lm_tensor *weight, int reduction,
+                               int64_t ignore_index, const lm_tensor *total_weight,
+                               lm_tensor **grad_input);
+
+#endif

@@ -1,0 +1,696 @@
+-- lumen.functional -- lm.nn.functional (alias lm.F): convolution, pooling, batch norm,
+-- activations, dropout, softmax and losses, each with its backward.
+--
+-- The kernels live in C (kernels/conv.h, kernels/nn.h); this file validates arguments (errors are
+-- "lumen.<fn>: ..."), picks memory formats the way PyTorch does (memory_format.md section 7) and
+-- records the autograd node. Index conventions follow the Lua API: class targets of nll_loss /
+-- cross_entropy and the indices returned by the max pools are 1-BASED (the C kernels are
+-- 0-based; the conversion happens here).
+
+local ffi = require("ffi")
+local C = require("lumen.C")
+local dtypes = require("lumen.dtype")
+local T = require("lumen.tensor")
+local A = require("lumen.autograd")
+
+local type, tostring, tonumber, getmetatable, rawget = type, tostring, tonumber, getmetatable,
+   rawget
+local floor = math.floor
+
+local Tensor, raw, wrap, argerror = T.Tensor, T.raw, T.wrap, T.argerror
+local typename, wrap_dim = T.typename, T.wrap_dim
+local needs, record, sizes_of, fresh = A.needs, A.record, A.sizes_of, A.fresh
+
+local F = {}
+
+---------------------------------------------------------------------------------------------
+-- helpers
+---------------------------------------------------------------------------------------------
+
+-- scratch (FFI calls never re-enter Lua, so sharing is safe)
+local outp = ffi.new("lm_tensor*[1]")
+local idxp = ffi.new("lm_tensor*[1]")
+local p1 = ffi.new("lm_tensor*[1]")
+local p2 = ffi.new("lm_tensor*[1]")
+local p3 = ffi.new("lm_tensor*[1]")
+local kbuf = ffi.new("int64_t[2]")
+local sbuf = ffi.new("int64_t[2]")
+local pbuf = ffi.new("int64_t[2]")
+local dbuf = ffi.new("int64_t[2]")
+local obuf = ffi.new("int64_t[2]")
+
+local function err(fname, msg) argerror(fname, msg) end
+
+local function raise(fname)
+   error("lumen." .. fname .. ": " .. ffi.string(C.lm_last_error()), T.user_level and
+         T.user_level() or 2)
+end
+
+local function check(st, fname)
+   if st ~= 0 then raise(fname) end
+end
+
+local function tensor_arg(fname, x, what)
+   if getmetatable(x) ~= T.mt then
+      err(fname, what .. ": tensor expected, got " .. typename(x))
+   end
+   local c = rawget(x, "_c")
+   if c == nil then err(fname, what .. " is a freed tensor") end
+   return c
+end
+
+local function opt_tensor(fname, x, what)
+   if x == nil or x == false then return nil end
+   return tensor_arg(fname, x, what)
+end
+
+local function check_opts(fname, opts)
+   if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
+      err(fname, "options must be a table, got " .. typename(opts))
+   end
+   return opts or {}
+end
+
+local function sizes_str(c)
+   local s = {}
+   for i = 0, c.ndim - 1 do s[#s + 1] = tostring(tonumber(c.sizes[i])) end
+   return "(" .. table.concat(s, ", ") .. ")"
+end
+
+local function is_float(c) return c.dtype == 0 or c.dtype == 1 end
+
+local function dtype_name(c) return tostring(dtypes.from_id(c.dtype)) end
+
+local function check_float(fname, c, what)
+   if not is_float(c) then
+      err(fname, ("expected %s of dtype float32 or float64, got %s"):format(what, dtype_name(c)))
+   end
+end
+
+-- a number or {h, w} -> {h, w} of integers; min is the smallest allowed value
+local function pair(fname, v, what, default, min)
+   if v == nil then
+      if default == nil then err(fname, what .. " is required") end
+      v = default
+   end
+   local h, w
+   if type(v) == "number" then h, w = v, v
+   elseif type(v) == "table" and getmetatable(v) == nil then
+      if #v == 1 then h, w = v[1], v[1]
+      elseif #v == 2 then h, w = v[1], v[2]
+      else err(fname, what .. " must be a number or {h, w}, got " .. #v .. " values") end
+   else
+      err(fname, what .. " must be a number or {h, w}, got " .. typename(v))
+   end
+   if type(h) ~= "number" or type(w) ~= "number" or h % 1 ~= 0 or w % 1 ~= 0 then
+      err(fname, what .. " must hold integers, got " .. tostring(h) .. ", " .. tostring(w))
+   end
+   if h < min or w < min then
+      err(fname, ("%s must be %s, got (%d, %d)"):format(what,
+          min == 0 and "non-negative" or ("at least " .. min), h, w))
+   end
+   return { h, w }
+end
+
+local function fill2(buf, p) buf[0] = p[1]; buf[1] = p[2]; return buf end
+
+local function int_opt(fname, v, what, default, min)
+   if v == nil then return default end
+   if type(v) ~= "number" or v % 1 ~= 0 then
+      err(fname, what .. " must be an integer, got " .. tostring(v))
+   end
+   if v < min then err(fname, ("%s must be at least %d, got %d"):format(what, min, v)) end
+   return v
+end
+
+local function bool_opt(fname, v, what, default)
+   if v == nil then return default end
+   if type(v) ~= "boolean" then err(fname, what .. " must be a boolean, got " .. typename(v)) end
+   return v
+end
+
+-- the (C) format of a tensor as a kernel picks it (lm_suggest_memory_format)
+local function suggest(c) return C.lm_suggest_memory_format(c, 0) end
+
+---------------------------------------------------------------------------------------------
+-- convolution
+---------------------------------------------------------------------------------------------
+
+-- conv2d(x, w, b, {stride=, padding=, dilation=, groups=}); padding may be "valid" or "same"
+function F.conv2d(x, w, b, opts)
+   local fname = "conv2d"
+   local xc = tensor_arg(fname, x, "input")
+   local wc = tensor_arg(fname, w, "weight")
+   local bc = opt_tensor(fname, b, "bias")
+   opts = check_opts(fname, opts)
+   if xc.ndim == 3 then                     -- unbatched (C, H, W)
+      return Tensor.squeeze(F.conv2d(Tensor.unsqueeze(x, 1), w, b, opts), 1)
+   end
+   if xc.ndim ~= 4 then
+      err(fname, ("expected 3-D (unbatched) or 4-D (batched) input, got %d-D input of size %s")
+          :format(xc.ndim, sizes_str(xc)))
+   end
+   if wc.ndim ~= 4 then
+      err(fname, ("weight must be 4-D (out_channels, in_channels / groups, kH, kW), got %d-D " ..
+          "of size %s"):format(wc.ndim, sizes_str(wc)))
+   end
+   check_float(fname, xc, "input")
+   if wc.dtype ~= xc.dtype then
+      err(fname, ("input (%s) and weight (%s) must have the same dtype"):format(dtype_name(xc),
+          dtype_name(wc)))
+   end
+   local stride = pair(fname, opts.stride, "stride", 1, 1)
+   local dilation = pair(fname, opts.dilation, "dilation", 1, 1)
+   local groups = int_opt(fname, opts.groups, "groups", 1, 1)
+   local kh, kw = tonumber(wc.sizes[2]), tonumber(wc.sizes[3])
+   local padding
+   if opts.padding == "valid" then
+      padding = { 0, 0 }
+   elseif opts.padding == "same" then
+      if stride[1] ~= 1 or stride[2] ~= 1 then
+         err(fname, "padding='same' is not supported for strided convolutions")
+      end
+      local th, tw = dilation[1] * (kh - 1), dilation[2] * (kw - 1)
+      if th % 2 ~= 0 or tw % 2 ~= 0 then
+         err(fname, "padding='same' needs an even total padding (odd kernel extent)")
+      end
+      padding = { th / 2, tw / 2 }
+   else
+      padding = pair(fname, opts.padding, "padding", 0, 0)
+   end
+   local cin, cout = tonumber(xc.sizes[1]), tonumber(wc.sizes[0])
+   if cout % groups ~= 0 then
+      err(fname, ("out_channels (%d) must be divisible by groups (%d)"):format(cout, groups))
+   end
+   if cin % groups ~= 0 then
+      err(fname, ("in_channels (%d) must be divisible by groups (%d)"):format(cin, groups))
+   end
+   if tonumber(wc.sizes[1]) * groups ~= cin then
+      err(fname, ("expected input with %d channels (weight of size %s, groups %d), got %d " ..
+          "channels (input of size %s)"):format(tonumber(wc.sizes[1]) * groups, sizes_str(wc),
+          groups, cin, sizes_str(xc)))
+   end
+   if bc ~= nil then
+      if bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= cout then
+         err(fname, ("bias must be 1-D of size %d, got size %s"):format(cout, sizes_str(bc)))
+      end
+      if bc.dtype ~= xc.dtype then
+         err(fname, ("bias (%s) must have the input's dtype (%s)"):format(dtype_name(bc),
+             dtype_name(xc)))
+      end
+   end
+   local H, W = tonumber(xc.sizes[2]), tonumber(xc.sizes[3])
+   local eh, ew = dilation[1] * (kh - 1) + 1, dilation[2] * (kw - 1) + 1
+   if eh > H + 2 * padding[1] or ew > W + 2 * padding[2] then
+      err(fname, ("kernel size (%d x %d, %d x %d after dilation) can't be greater than the " ..
+          "padded input size (%d x %d)"):format(kh, kw, eh, ew, H + 2 * padding[1],
+          W + 2 * padding[2]))
+   end
+   local fmt = C.lm_conv_memory_format(xc, wc)
+   outp[0] = nil
+   check(C.lm_conv2d(xc, wc, bc, fill2(sbuf, stride), fill2(pbuf, padding),
+                     fill2(dbuf, dilation), groups, fmt, 0, nil, outp), fname)
+   local out = wrap(outp[0])
+   if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
+      local need_x, need_w, need_b = needs(x), needs(w), needs(b)
+      record(out, "ConvolutionBackward", function(g)
+         local gc = g._c
+         local gfmt = fmt
+         if gfmt == 0 and suggest(gc) == 1 then gfmt = 1 end
+         p1[0], p2[0], p3[0] = nil, nil, nil
+         check(C.lm_conv2d_backward(x._c, w._c, gc, fill2(sbuf, stride), fill2(pbuf, padding),
+                                    fill2(dbuf, dilation), groups, gfmt,
+                                    need_x and p1 or nil, need_w and p2 or nil,
+                                    need_b and p3 or nil), "conv2d_backward")
+         local gx = need_x and wrap(p1[0]) or nil
+         local gw = need_w and wrap(p2[0]) or nil
+         local gb = need_b and wrap(p3[0]) or nil
+         return fresh(gx), fresh(gw), fresh(gb)
+      end, x, w, b or false)
+   end
+   return out
+end
+
+---------------------------------------------------------------------------------------------
+-- pooling
+---------------------------------------------------------------------------------------------
+
+local function pool_input(fname, x)
+   local xc = tensor_arg(fname, x, "input")
+   if xc.ndim ~= 3 and xc.ndim ~= 4 then
+      err(fname, ("expected 3-D (unbatched) or 4-D (batched) input, got %d-D input of size %s")
+          :format(xc.ndim, sizes_str(xc)))
+   end
+   check_float(fname, xc, "input")
+   return xc
+end
+
+-- pooling options: a table, or the kernel size (number or {h, w})
+local function pool_opts(fname, opts)
+   if type(opts) == "number" or (type(opts) == "table" and getmetatable(opts) == nil
+      and opts[1] ~= nil) then
+      return { kernel_size = opts }
+   end
+   if opts == nil then err(fname, "kernel_size is required") end
+   return check_opts(fname, opts)
+end
+
+local function check_pad(fname, kernel, padding, dilation)
+   for i = 1, 2 do
+      local ek = dilation and (dilation[i] * (kernel[i] - 1) + 1) or kernel[i]
+      if padding[i] * 2 > ek then
+         err(fname, ("pad should be at most half of effective kernel size, but got pad=%d, " ..
+             "kernel_size=%d and dilation=%d"):format(padding[i], kernel[i],
+             dilation and dilation[i] or 1))
+      end
+   end
+end
+
+-- max_pool2d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=})
+function F.max_pool2d(x, opts)
+   local fname = "max_pool2d"
+   local xc = pool_input(fname, x)
+   opts = pool_opts(fname, opts)
+   local kernel = pair(fname, opts.kernel_size, "kernel_size", nil, 1)
+   local stride = pair(fname, opts.stride, "stride", kernel, 1)
+   local padding = pair(fname, opts.padding, "padding", 0, 0)
+   local dilation = pair(fname, opts.dilation, "dilation", 1, 1)
+   local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
+   local want_idx = bool_opt(fname, opts.return_indices, "return_indices", false)
+   check_pad(fname, kernel, padding, dilation)
+   local rec = A.is_grad_enabled() and needs(x)
+   outp[0], idxp[0] = nil, nil
+   check(C.lm_max_pool2d(xc, fill2(kbuf, kernel), fill2(sbuf, stride), fill2(pbuf, padding),
+                         fill2(dbuf, dilation), ceil_mode and 1 or 0, outp,
+                         (rec or want_idx) and idxp or nil), fname)
+   local out = wrap(outp[0])
+   local idx = (rec or want_idx) and wrap(idxp[0]) or nil
+   if rec then
+      record(out, "MaxPool2DWithIndicesBackward", function(g)
+         p1[0] = nil
+         check(C.lm_max_pool2d_backward(g._c, x._c, idx._c, p1), "max_pool2d_backward")
+         return wrap(p1[0])
+      end, x)
+   end
+   if want_idx then return out, raw.add(idx, 1) end
+   return out
+end
+
+-- avg_pool2d(x, {kernel_size=, stride=, padding=, ceil_mode=, count_include_pad=,
+--                divisor_override=})
+function F.avg_pool2d(x, opts)
+   local fname = "avg_pool2d"
+   local xc = pool_input(fname, x)
+   opts = pool_opts(fname, opts)
+   local kernel = pair(fname, opts.kernel_size, "kernel_size", nil, 1)
+   local stride = pair(fname, opts.stride, "stride", kernel, 1)
+   local padding = pair(fname, opts.padding, "padding", 0, 0)
+   local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
+   local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
+   local dov = opts.divisor_override
+   if dov ~= nil then
+      dov = int_opt(fname, dov, "divisor_override", nil, 1)
+   end
+   check_pad(fname, kernel, padding, nil)
+   local dovbuf = dov and ffi.new("int64_t[1]", dov) or nil
+   outp[0] = nil
+   check(C.lm_avg_pool2d(xc, fill2(kbuf, kernel), fill2(sbuf, stride), fill2(pbuf, padding),
+                         ceil_mode and 1 or 0, cip and 1 or 0, dovbuf, outp), fname)
+   local out = wrap(outp[0])
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "AvgPool2DBackward", function(g)
+         p1[0] = nil
+         check(C.lm_avg_pool2d_backward(g._c, x._c, fill2(kbuf, kernel), fill2(sbuf, stride),
+                                        fill2(pbuf, padding), ceil_mode and 1 or 0,
+                                        cip and 1 or 0, dovbuf, p1), "avg_pool2d_backward")
+         return wrap(p1[0])
+      end, x)
+   end
+   return out
+end
+
+-- output size: a number, or {h, w} where false / nil keeps the input's size
+local function adaptive_size(fname, xc, size)
+   if size == nil then err(fname, "output_size is required") end
+   local H, W = tonumber(xc.sizes[xc.ndim - 2]), tonumber(xc.sizes[xc.ndim - 1])
+   local h, w
+   if type(size) == "number" then h, w = size, size
+   elseif type(size) == "table" and getmetatable(size) == nil then
+      h, w = size[1], size[2]
+      if size[1] == nil and size[2] == nil then
+         err(fname, "output_size must be a number or {h, w}")
+      end
+      if h == nil or h == false then h = H end
+      if w == nil or w == false then w = W end
+   else
+      err(fname, "output_size must be a number or {h, w}, got " .. typename(size))
+   end
+   if type(h) ~= "number" or type(w) ~= "number" or h % 1 ~= 0 or w % 1 ~= 0 or h < 0
+      or w < 0 then
+      err(fname, "output_size must hold non-negative integers, got " .. tostring(h) .. ", " ..
+          tostring(w))
+   end
+   return { h, w }
+end
+
+function F.adaptive_avg_pool2d(x, size)
+   local fname = "adaptive_avg_pool2d"
+   local xc = pool_input(fname, x)
+   local osz = adaptive_size(fname, xc, size)
+   outp[0] = nil
+   check(C.lm_adaptive_avg_pool2d(xc, fill2(obuf, osz), outp), fname)
+   local out = wrap(outp[0])
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "AdaptiveAvgPool2DBackward", function(g)
+         p1[0] = nil
+         check(C.lm_adaptive_avg_pool2d_backward(g._c, x._c, p1), "adaptive_avg_pool2d_backward")
+         return wrap(p1[0])
+      end, x)
+   end
+   return out
+end
+
+-- adaptive_max_pool2d(x, size) -> values, indices (int64, 1-based flat positions h*W + w + 1
+-- within the input plane)
+function F.adaptive_max_pool2d(x, size)
+   local fname = "adaptive_max_pool2d"
+   local xc = pool_input(fname, x)
+   local osz = adaptive_size(fname, xc, size)
+   outp[0], idxp[0] = nil, nil
+   check(C.lm_adaptive_max_pool2d(xc, fill2(obuf, osz), outp, idxp), fname)
+   local out = wrap(outp[0])
+   local idx = wrap(idxp[0])
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "AdaptiveMaxPool2DBackward", function(g)
+         p1[0] = nil
+         check(C.lm_adaptive_max_pool2d_backward(g._c, x._c, idx._c, p1),
+               "adaptive_max_pool2d_backward")
+         return wrap(p1[0])
+      end, x)
+   end
+   return out, raw.add(idx, 1)
+end
+
+---------------------------------------------------------------------------------------------
+-- batch norm
+---------------------------------------------------------------------------------------------
+
+-- batch_norm(x, running_mean, running_var, weight, bias, {training=false, momentum=0.1,
+--            eps=1e-5}); running stats are updated in place when training
+function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
+   local fname = "batch_norm"
+   local xc = tensor_arg(fname, x, "input")
+   local rmc = opt_tensor(fname, running_mean, "running_mean")
+   local rvc = opt_tensor(fname, running_var, "running_var")
+   local wc = opt_tensor(fname, weight, "weight")
+   local bc = opt_tensor(fname, bias, "bias")
+   opts = check_opts(fname, opts)
+   local training = bool_opt(fname, opts.training, "training", false)
+   local momentum = opts.momentum
+   if momentum == nil then momentum = 0.1 end
+   if type(momentum) ~= "number" then
+      err(fname, "momentum must be a number, got " .. typename(momentum))
+   end
+   local eps = opts.eps
+   if eps == nil then eps = 1e-5 end
+   if type(eps) ~= "number" or eps < 0 then err(fname, "eps must be a non-negative number") end
+   if xc.ndim < 2 then
+      err(fname, ("expected an input of at least 2 dims (N, C, ...), got %d-D"):format(xc.ndim))
+   end
+   check_float(fname, xc, "input")
+   local Cn = tonumber(xc.sizes[1])
+   local function check_vec(c, what)
+      if c ~= nil and (c.ndim ~= 1 or tonumber(c.sizes[0]) ~= Cn) then
+         err(fname, ("%s should contain %d elements (the input's channels), got size %s")
+             :format(what, Cn, sizes_str(c)))
+      end
+      if c ~= nil then check_float(fname, c, what) end
+   end
+   check_vec(rmc, "running_mean")
+   check_vec(rvc, "running_var")
+   check_vec(wc, "weight")
+   check_vec(bc, "bias")
+   if not training and (rmc == nil or rvc == nil) then
+      err(fname, "running_mean and running_var must be given in evaluation mode " ..
+          "(training = false)")
+   end
+   if (rmc == nil) ~= (rvc == nil) then
+      err(fname, "running_mean and running_var must be given together")
+   end
+   if training then
+      local per = Cn > 0 and tonumber(xc.numel) / Cn or 0
+      if per <= 1 then
+         err(fname, "expected more than 1 value per channel when training, got input size " ..
+             sizes_str(xc))
+      end
+   end
+   local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias))
+   outp[0], p1[0], p2[0] = nil, nil, nil
+   check(C.lm_batch_norm(xc, wc, bc, rmc, rvc, training and 1 or 0, momentum, eps, outp,
+                         rec and p1 or nil, rec and p2 or nil), fname)
+   local out = wrap(outp[0])
+   if rec then
+      local save_mean, save_invstd = wrap(p1[0]), wrap(p2[0])
+      local need_x, need_w, need_b = needs(x), needs(weight), needs(bias)
+      record(out, "NativeBatchNormBackward", function(g)
+         p1[0], p2[0], p3[0] = nil, nil, nil
+         check(C.lm_batch_norm_backward(g._c, x._c, weight and weight._c or nil, save_mean._c,
+                                        save_invstd._c, training and 1 or 0,
+                                        need_x and p1 or nil, need_w and p2 or nil,
+                                        need_b and p3 or nil), "batch_norm_backward")
+         return fresh(need_x and wrap(p1[0]) or nil), fresh(need_w and wrap(p2[0]) or nil),
+                fresh(need_b and wrap(p3[0]) or nil)
+      end, x, weight or false, bias or false)
+   end
+   return out
+end
+
+---------------------------------------------------------------------------------------------
+-- activations, linear, dropout, flatten
+---------------------------------------------------------------------------------------------
+
+-- relu(x, inplace = false)
+function F.relu(x, inplace)
+   if inplace then return Tensor.relu_(x) end
+   return Tensor.relu(x)
+end
+function F.relu_(x) return Tensor.relu_(x) end
+function F.sigmoid(x) return Tensor.sigmoid(x) end
+function F.tanh(x) return Tensor.tanh(x) end
+
+-- linear(x, w, b) = x @ w^T + b; x is (..., in), w (out, in), b (out) or nil
+function F.linear(x, w, b)
+   local fname = "linear"
+   local xc = tensor_arg(fname, x, "input")
+   local wc = tensor_arg(fname, w, "weight")
+   local bc = opt_tensor(fname, b, "bias")
+   if wc.ndim ~= 2 then
+      err(fname, "weight must be 2-D (out_features, in_features), got size " .. sizes_str(wc))
+   end
+   if xc.ndim < 1 then err(fname, "input must have at least 1 dim, got a 0-dim tensor") end
+   local fin, fout = tonumber(wc.sizes[1]), tonumber(wc.sizes[0])
+   if tonumber(xc.sizes[xc.ndim - 1]) ~= fin then
+      err(fname, ("input has %d features in its last dim (size %s), weight expects %d " ..
+          "(weight of size %s)"):format(tonumber(xc.sizes[xc.ndim - 1]), sizes_str(xc), fin,
+          sizes_str(wc)))
+   end
+   check_float(fname, xc, "input")
+   if wc.dtype ~= xc.dtype then
+      err(fname, ("input (%s) and weight (%s) must have the same dtype"):format(dtype_name(xc),
+          dtype_name(wc)))
+   end
+   if bc ~= nil and (bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= fout) then
+      err(fname, ("bias must be 1-D of size %d, got size %s"):format(fout, sizes_str(bc)))
+   end
+   local in_sizes = sizes_of(xc)
+   local x2 = x
+   if xc.ndim ~= 2 then x2 = raw.reshape(x, { -1, fin }) end
+   local out = raw.matmul(x2, raw.transpose(w, 1, 2))
+   if bc ~= nil then raw.add_(out, b) end
+   if xc.ndim ~= 2 then
+      local os = {}
+      for i = 1, #in_sizes - 1 do os[i] = in_sizes[i] end
+      os[#os + 1] = fout
+      out = raw.reshape(out, os)
+   end
+   if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
+      local need_x, need_w, need_b = needs(x), needs(w), needs(b)
+      record(out, "AddmmBackward", function(g)
+         local g2 = g
+         if g._c.ndim ~= 2 then g2 = raw.reshape(g, { -1, fout }) end
+         local gx, gw, gb
+         if need_x then
+            gx = raw.matmul(g2, w)
+            if #in_sizes ~= 2 then gx = raw.reshape(gx, in_sizes) end
+         end
+         if need_w then gw = raw.matmul(raw.transpose(g2, 1, 2), x2) end
+         if need_b then gb = raw.sum(g2, 1) end
+         return fresh(gx), fresh(gw), fresh(gb)
+      end, x, w, b or false)
+   end
+   return out
+end
+
+-- dropout(x, p = 0.5, training = true): zeroes elements with probability p (lm_bernoulli_ on the
+-- global generator) and scales the rest by 1 / (1 - p); the identity when not training
+function F.dropout(x, p, training)
+   local fname = "dropout"
+   local xc = tensor_arg(fname, x, "input")
+   if p == nil then p = 0.5 end
+   if type(p) ~= "number" or p < 0 or p > 1 or p ~= p then
+      err(fname, "dropout probability has to be between 0 and 1, but got " .. tostring(p))
+   end
+   if training == nil then training = true end
+   if not training or p == 0 then return x end
+   check_float(fname, xc, "input")
+   if p == 1 then return Tensor.mul(x, 0) end
+   outp[0] = nil
+   check(C.lm_empty_like(xc, -1, 3, outp), fname)
+   local mask = wrap(outp[0])
+   check(C.lm_bernoulli_(mask._c, 1 - p), fname)
+   raw.mul_(mask, 1 / (1 - p))
+   local out = raw.mul(x, mask)
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "MulBackward", function(g) return raw.mul(g, mask) end, x)
+   end
+   return out
+end
+
+-- flatten(x, start_dim = 1, end_dim = -1): a reshape, so a channels-last input is copied into a
+-- contiguous result (as PyTorch)
+function F.flatten(x, s, e)
+   local fname = "flatten"
+   local xc = tensor_arg(fname, x, "input")
+   local nd = xc.ndim
+   if nd == 0 then return Tensor.reshape(x, { 1 }) end
+   local s0 = wrap_dim(fname, s == nil and 1 or s, nd)
+   local e0 = wrap_dim(fname, e == nil and -1 or e, nd)
+   if s0 > e0 then err(fname, "start_dim cannot come after end_dim") end
+   if s0 == e0 then return x end
+   local sizes = {}
+   for i = 0, s0 - 1 do sizes[#sizes + 1] = tonumber(xc.sizes[i]) end
+   local m = 1
+   for i = s0, e0 do m = m * tonumber(xc.sizes[i]) end
+   sizes[#sizes + 1] = m
+   for i = e0 + 1, nd - 1 do sizes[#sizes + 1] = tonumber(xc.sizes[i]) end
+   return Tensor.reshape(x, sizes)
+end
+
+function F.cat(list, dim) return T.cat(list, dim) end
+
+---------------------------------------------------------------------------------------------
+-- softmax and losses
+---------------------------------------------------------------------------------------------
+
+-- PyTorch's legacy implicit dim: 0 for 0-, 1- and 3-D inputs, else 1 (0-based)
+local function softmax_dim(fname, xc, dim)
+   if dim == nil then
+      local nd = xc.ndim
+      return (nd == 0 or nd == 1 or nd == 3) and 0 or 1
+   end
+   return wrap_dim(fname, dim, xc.ndim)
+end
+
+local function softmax_like(fname, cfwd, cbwd, bname)
+   return function(x, dim)
+      local xc = tensor_arg(fname, x, "input")
+      check_float(fname, xc, "input")
+      local d = softmax_dim(fname, xc, dim)
+      outp[0] = nil
+      check(cfwd(xc, d, outp), fname)
+      local out = wrap(outp[0])
+      if A.is_grad_enabled() and needs(x) then
+         record(out, bname, function(g)
+            p1[0] = nil
+            check(cbwd(g._c, out._c, d, p1), fname .. "_backward")
+            return wrap(p1[0])
+         end, x)
+      end
+      return out
+   end
+end
+F.softmax = softmax_like("softmax", function(...) return C.lm_softmax(...) end,
+                         function(...) return C.lm_softmax_backward(...) end, "SoftmaxBackward")
+F.log_softmax = softmax_like("log_softmax", function(...) return C.lm_log_softmax(...) end,
+                             function(...) return C.lm_log_softmax_backward(...) end,
+                             "LogSoftmaxBackward")
+
+local reductions = { none = 0, mean = 1, sum = 2 }
+
+-- nll_loss(log_probs, target, {weight=, ignore_index=-100, reduction="mean"}); target holds
+-- 1-based int64 class indices (like argmax's); targets equal to ignore_index are skipped
+function F.nll_loss(input, target, opts)
+   local fname = "nll_loss"
+   local ic = tensor_arg(fname, input, "input")
+   local tcd = tensor_arg(fname, target, "target")
+   opts = check_opts(fname, opts)
+   local wt = opts.weight
+   local wc = opt_tensor(fname, wt, "weight")
+   local ignore = opts.ignore_index
+   if ignore == nil then ignore = -100 end
+   if type(ignore) ~= "number" or ignore % 1 ~= 0 then
+      err(fname, "ignore_index must be an integer, got " .. tostring(ignore))
+   end
+   local red = reductions[opts.reduction or "mean"]
+   if red == nil then
+      err(fname, tostring(opts.reduction) .. " is not a valid value for reduction " ..
+          "(none, mean or sum)")
+   end
+   check_float(fname, ic, "input")
+   if tcd.dtype ~= 4 then
+      err(fname, "expected target of dtype int64 (1-based class indices), got " ..
+          dtype_name(tcd))
+   end
+   if ic.ndim < 1 then err(fname, "input must have at least 1 dim (C) or (N, C, ...)") end
+   local t0 = raw.sub(target, 1)                 -- 0-based for the kernel
+   local ig0 = ignore - 1
+   outp[0], p1[0] = nil, nil
+   if C.lm_nll_loss(ic, t0._c, wc, red, ig0, outp, p1) ~= 0 then
+      -- the kernel reports 0-based targets: show the caller's 1-based value
+      local msg = ffi.string(C.lm_last_error()):gsub("Target (%-?%d+) is out of bounds%.?",
+         function(v)
+            return ("target %d is out of bounds (1-based class indices, expected 1..%d)")
+                   :format(tonumber(v) + 1, tonumber(ic.sizes[ic.ndim == 1 and 0 or 1]))
+         end)
+      error("lumen.nll_loss: " .. msg, T.user_level and T.user_level() or 2)
+   end
+   local out = wrap(outp[0])
+   local total = wrap(p1[0])
+   if A.is_grad_enabled() and needs(input) then
+      record(out, "NllLossBackward", function(g)
+         p2[0] = nil
+         check(C.lm_nll_loss_backward(g._c, input._c, t0._c, wt and wt._c or nil, red, ig0,
+                                      total._c, p2), "nll_loss_backward")
+         return wrap(p2[0])
+      end, input)
+   end
+   return out
+end
+
+-- cross_entropy(logits, target, opts) = nll_loss(log_softmax(logits, class dim), target, opts)
+function F.cross_entropy(input, target, opts)
+   local ic = tensor_arg("cross_entropy", input, "input")
+   tensor_arg("cross_entropy", target, "target")
+   if ic.ndim < 1 then err("cross_entropy", "input must have at least 1 dim") end
+   local d = ic.ndim == 1 and 1 or 2
+   return F.nll_loss(F.log_softmax(input, d), target, opts)
+end
+
+-- mse_loss(a, b, {reduction="mean"})
+function F.mse_loss(a, b, opts)
+   tensor_arg("mse_loss", a, "input")
+   tensor_arg("mse_loss", b, "target")
+   opts = check_opts("mse_loss", opts)
+   local d = Tensor.sub(a, b)
+   local sq = Tensor.mul(d, d)
+   local r = opts.reduction or "mean"
+   if r == "mean" then return Tensor.mean(sq)
+   elseif r == "sum" then return Tensor.sum(sq)
+   elseif r == "none" then return sq end
+   err("mse_loss", tostring(r) .. " is not a valid value for reduction")
+end
+
+F._pair = pair
+F._floor = floor
+
+return F

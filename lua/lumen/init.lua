@@ -1,0 +1,112 @@
+-- lumen -- `local lm = require("lumen")`: the public namespace.
+--
+-- Core pieces (this directory): C.lua (FFI binding), dtype.lua (dtype / memory-format
+-- constants), tensor.lua (the Tensor type, views, layout, math), creation.lua (factories),
+-- format.lua (tostring), memory.lua (GC pressure, allocator statistics).
+-- Optional parts (autograd, nn, optim, layout, functional, models) are loaded when present.
+
+local C = require("lumen.C")
+local dtypes = require("lumen.dtype")
+local T = require("lumen.tensor")
+local creation = require("lumen.creation")
+local memory = require("lumen.memory")
+local format = require("lumen.format")
+
+local lm = {}
+
+lm._VERSION = "0.1.0"
+lm._C = C                       -- keeps the library namespace referenced
+
+-- constants
+for _, d in ipairs(dtypes.dtypes) do lm[d.name] = d end
+lm.contiguous_format = dtypes.contiguous_format
+lm.channels_last = dtypes.channels_last
+lm.channels_last_3d = dtypes.channels_last_3d
+lm.preserve_format = dtypes.preserve_format
+lm.dtypes = dtypes
+
+-- the Tensor type (method table) and helpers for other modules
+lm.Tensor = T.Tensor
+lm.is_tensor = T.is_tensor
+lm.tensor_mt = T.mt
+lm.format = format
+lm.memory = memory
+
+-- creation
+for k, v in pairs(creation) do lm[k] = v end
+
+-- joining and selection
+lm.cat = function(...) return T.cat(...) end
+lm.stack = function(...) return T.stack(...) end
+lm.where = function(...) return T.where(...) end
+
+-- functional forms of the methods: lm.add(a, b) == a:add(b). They look the method up at call
+-- time, so wrappers installed later (autograd) apply here too. For the binary ops a number may
+-- come first (lm.sub(1, t)).
+local functional = {
+   "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+   "logical_and", "logical_or", "logical_not", "fmod", "atan2",
+   "neg", "abs", "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh", "square",
+   "reciprocal", "sign", "floor", "ceil", "round", "sin", "cos", "log1p", "expm1", "clamp",
+   "addcmul", "addcdiv", "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin",
+   "matmul", "mm", "view", "reshape", "permute", "transpose", "expand", "narrow", "select",
+   "unsqueeze", "squeeze", "flatten", "clone", "contiguous", "numel", "equal", "allclose",
+   "isnan", "all", "any",
+}
+local Tensor = T.Tensor
+for _, name in ipairs(functional) do
+   lm[name] = function(...) return Tensor[name](...) end
+end
+
+-- threads
+function lm.set_num_threads(n)
+   if type(n) ~= "number" or n % 1 ~= 0 or n < 1 or n > 4096 then
+      error("lumen.set_num_threads: expected a positive integer, got " .. tostring(n), 2)
+   end
+   C.lm_set_num_threads(n)
+end
+
+function lm.get_num_threads()
+   return C.lm_get_num_threads()
+end
+
+package.loaded["lumen"] = lm
+
+-- optional parts owned by other modules. autograd patches the Tensor type, so it is loaded
+-- now; the others load on first use (lm.nn, lm.optim, ...) to keep `require` cheap and free of
+-- cycles. A module with an install(lm) function gets it called once.
+local function exists(name)
+   return package.searchpath and package.searchpath(name, package.path) ~= nil
+end
+
+local function load_part(modname)
+   local m = require(modname)
+   if type(m) == "table" and type(m.install) == "function" then m.install(lm) end
+   return m
+end
+
+if exists("lumen.autograd") then lm.autograd = load_part("lumen.autograd") end
+
+local lazy = {
+   nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout",
+   functional = "lumen.functional", models = "lumen.models",
+}
+setmetatable(lm, {
+   __index = function(self, key)
+      local modname = lazy[key]
+      if modname and exists(modname) then
+         local m = load_part(modname)
+         rawset(self, key, m)
+         return m
+      end
+      if key == "F" then
+         local nn = self.nn
+         local F = nn and nn.functional or self.functional
+         if F then rawset(self, "F", F) end
+         return F
+      end
+      return nil
+   end,
+})
+
+return lm

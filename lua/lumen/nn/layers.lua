@@ -1,0 +1,496 @@
+-- lumen.nn.layers -- the standard modules: Conv2d, BatchNorm2d, ReLU, MaxPool2d, AvgPool2d,
+-- AdaptiveAvgPool2d, AdaptiveMaxPool2d, Linear, Dropout, Flatten, Identity, Sequential, and a
+-- few more (Sigmoid, Tanh, Softmax, LogSoftmax, CrossEntropyLoss, NLLLoss, MSELoss).
+-- Parameters and buffers carry PyTorch's names and default initialisations.
+
+local creation = require("lumen.creation")
+local dtypes = require("lumen.dtype")
+local T = require("lumen.tensor")
+local A = require("lumen.autograd")
+local F = require("lumen.functional")
+local Module = require("lumen.nn.module")
+local init = require("lumen.nn.weight_init")
+
+local type, tostring, getmetatable, rawget, sqrt, select = type, tostring, getmetatable,
+   rawget, math.sqrt, select
+
+local Tensor = T.Tensor
+
+local M = {}
+
+local function fail(fname, msg)
+   error("lumen." .. fname .. ": " .. msg, T.user_level and T.user_level() or 3)
+end
+
+local function plain_table(x) return type(x) == "table" and getmetatable(x) == nil end
+
+local function opts_arg(fname, opts)
+   if opts == nil then return {} end
+   if not plain_table(opts) then
+      fail(fname, "options must be a table, got " .. T.typename(opts))
+   end
+   return opts
+end
+
+local function int_arg(fname, v, what, min)
+   if type(v) ~= "number" or v % 1 ~= 0 then
+      fail(fname, what .. " must be an integer, got " .. tostring(v))
+   end
+   if min and v < min then fail(fname, ("%s must be at least %d, got %d"):format(what, min, v)) end
+   return v
+end
+
+-- number or {h, w} -> {h, w}
+local function pair(v)
+   if type(v) == "number" then return { v, v } end
+   if plain_table(v) and #v == 1 then return { v[1], v[1] } end
+   return v
+end
+
+local function pair_str(p)
+   if type(p) ~= "table" then return tostring(p) end
+   return "(" .. tostring(p[1]) .. ", " .. tostring(p[2]) .. ")"
+end
+
+local function fmt_num(x)
+   if type(x) == "boolean" then return x and "True" or "False" end
+   if type(x) == "number" and x % 1 == 0 then return ("%d"):format(x) end
+   return tostring(x)
+end
+
+-- the parameter dtype: opts.dtype or float32
+local function param_dtype(fname, opts)
+   if opts.dtype == nil then return dtypes.float32 end
+   local d, msg = dtypes.lookup(opts.dtype)
+   if not d then fail(fname, msg) end
+   return d
+end
+
+---------------------------------------------------------------------------------------------
+-- Conv2d
+---------------------------------------------------------------------------------------------
+
+local Conv2d = Module:extend("Conv2d")
+M.Conv2d = Conv2d
+
+-- Conv2d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1,
+--        bias=true, dtype=float32})
+function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
+   local fname = "Conv2d"
+   opts = opts_arg(fname, opts)
+   int_arg(fname, in_channels, "in_channels", 1)
+   int_arg(fname, out_channels, "out_channels", 1)
+   local groups = int_arg(fname, opts.groups or 1, "groups", 1)
+   if in_channels % groups ~= 0 then fail(fname, "in_channels must be divisible by groups") end
+   if out_channels % groups ~= 0 then fail(fname, "out_channels must be divisible by groups") end
+   local k = pair(kernel_size)
+   if not plain_table(k) or #k ~= 2 then
+      fail(fname, "kernel_size must be a number or {h, w}, got " .. tostring(kernel_size))
+   end
+   int_arg(fname, k[1], "kernel_size", 1)
+   int_arg(fname, k[2], "kernel_size", 1)
+   local padding = opts.padding or 0
+   if padding ~= "same" and padding ~= "valid" then padding = pair(padding) end
+   if opts.padding_mode ~= nil and opts.padding_mode ~= "zeros" then
+      fail(fname, "padding_mode '" .. tostring(opts.padding_mode) .. "' is not supported " ..
+           "(only 'zeros')")
+   end
+   self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+   self.stride = pair(opts.stride or 1)
+   self.padding = padding
+   self.dilation = pair(opts.dilation or 1)
+   self.groups = groups
+   local dt = param_dtype(fname, opts)
+   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2] }, { dtype = dt })
+   self:register_parameter("weight", w)
+   if opts.bias == nil or opts.bias then
+      self:register_parameter("bias", creation.empty({ out_channels }, { dtype = dt }))
+   else
+      self:register_parameter("bias", nil)
+   end
+   self:reset_parameters()
+end
+
+function Conv2d:reset_parameters()
+   init.kaiming_uniform_(self.weight, sqrt(5))
+   if self.bias ~= nil then
+      local fan_in = init.calculate_fan_in_and_fan_out(self.weight)
+      local bound = fan_in > 0 and 1 / sqrt(fan_in) or 0
+      init.uniform_(self.bias, -bound, bound)
+   end
+end
+
+function Conv2d:forward(x)
+   return F.conv2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
+                   dilation = self.dilation, groups = self.groups })
+end
+
+function Conv2d:extra_repr()
+   local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
+      pair_str(self.kernel_size), pair_str(self.stride))
+   local p = self.padding
+   if type(p) == "string" then s = s .. ", padding=" .. p
+   elseif p[1] ~= 0 or p[2] ~= 0 then s = s .. ", padding=" .. pair_str(p) end
+   if self.dilation[1] ~= 1 or self.dilation[2] ~= 1 then
+      s = s .. ", dilation=" .. pair_str(self.dilation)
+   end
+   if self.groups ~= 1 then s = s .. ", groups=" .. self.groups end
+   if self.bias == nil then s = s .. ", bias=False" end
+   return s
+end
+
+---------------------------------------------------------------------------------------------
+-- BatchNorm2d
+---------------------------------------------------------------------------------------------
+
+local BatchNorm2d = Module:extend("BatchNorm2d")
+M.BatchNorm2d = BatchNorm2d
+
+-- BatchNorm2d(num_features, {eps=1e-5, momentum=0.1, affine=true, track_running_stats=true});
+-- momentum = false means PyTorch's momentum=None (a cumulative moving average)
+function BatchNorm2d:__init(num_features, opts)
+   local fname = "BatchNorm2d"
+   opts = opts_arg(fname, opts)
+   int_arg(fname, num_features, "num_features", 1)
+   self.num_features = num_features
+   self.eps = opts.eps or 1e-5
+   if opts.momentum == nil then self.momentum = 0.1
+   elseif opts.momentum == false then self.momentum = false
+   elseif type(opts.momentum) == "number" then self.momentum = opts.momentum
+   else fail(fname, "momentum must be a number or false, got " .. tostring(opts.momentum)) end
+   self.affine = opts.affine == nil or opts.affine and true or false
+   self.track_running_stats = opts.track_running_stats == nil or
+                              opts.track_running_stats and true or false
+   local dt = param_dtype(fname, opts)
+   if self.affine then
+      self:register_parameter("weight", creation.ones({ num_features }, { dtype = dt }))
+      self:register_parameter("bias", creation.zeros({ num_features }, { dtype = dt }))
+   else
+      self:register_parameter("weight", nil)
+      self:register_parameter("bias", nil)
+   end
+   if self.track_running_stats then
+      self:register_buffer("running_mean", creation.zeros({ num_features }, { dtype = dt }))
+      self:register_buffer("running_var", creation.ones({ num_features }, { dtype = dt }))
+      self:register_buffer("num_batches_tracked", creation.zeros({}, { dtype = dtypes.int64 }))
+   else
+      self:register_buffer("running_mean", nil)
+      self:register_buffer("running_var", nil)
+      self:register_buffer("num_batches_tracked", nil)
+   end
+end
+
+function BatchNorm2d:reset_running_stats()
+   if self.track_running_stats then
+      T.raw.zero_(self.running_mean)
+      T.raw.fill_(self.running_var, 1)
+      T.raw.zero_(self.num_batches_tracked)
+   end
+end
+
+function BatchNorm2d:reset_parameters()
+   self:reset_running_stats()
+   if self.affine then
+      T.raw.fill_(self.weight, 1)
+      T.raw.zero_(self.bias)
+   end
+end
+
+function BatchNorm2d:forward(x)
+   if not T.is_tensor(x) then
+      fail("BatchNorm2d", "input: tensor expected, got " .. T.typename(x))
+   end
+   local d = Tensor.dim(x)
+   if d ~= 4 then fail("BatchNorm2d", ("expected 4D input (got %dD input)"):format(d)) end
+   local eaf = self.momentum or 0
+   if self.training and self.track_running_stats and self.num_batches_tracked ~= nil then
+      T.raw.add_(self.num_batches_tracked, 1)
+      if self.momentum == false then
+         eaf = 1 / Tensor.item(self.num_batches_tracked)
+      end
+   end
+   local bn_training = self.training or (self.running_mean == nil and self.running_var == nil)
+   local use_stats = not self.training or self.track_running_stats
+   return F.batch_norm(x, use_stats and self.running_mean or nil,
+                       use_stats and self.running_var or nil, self.weight, self.bias,
+                       { training = bn_training, momentum = eaf, eps = self.eps })
+end
+
+function BatchNorm2d:extra_repr()
+   return ("%d, eps=%s, momentum=%s, affine=%s, track_running_stats=%s"):format(
+      self.num_features, tostring(self.eps),
+      self.momentum == false and "None" or tostring(self.momentum), fmt_num(self.affine),
+      fmt_num(self.track_running_stats))
+end
+
+---------------------------------------------------------------------------------------------
+-- activations
+---------------------------------------------------------------------------------------------
+
+local ReLU = Module:extend("ReLU")
+M.ReLU = ReLU
+
+-- ReLU(inplace) or ReLU({inplace = true})
+function ReLU:__init(inplace)
+   if plain_table(inplace) then inplace = inplace.inplace end
+   self.inplace = inplace and true or false
+end
+
+function ReLU:forward(x)
+   if self.inplace then return Tensor.relu_(x) end
+   return Tensor.relu(x)
+end
+
+function ReLU:extra_repr() return self.inplace and "inplace=True" or "" end
+
+local Sigmoid = Module:extend("Sigmoid")
+M.Sigmoid = Sigmoid
+function Sigmoid:forward(x) return Tensor.sigmoid(x) end
+
+local Tanh = Module:extend("Tanh")
+M.Tanh = Tanh
+function Tanh:forward(x) return Tensor.tanh(x) end
+
+local Softmax = Module:extend("Softmax")
+M.Softmax = Softmax
+function Softmax:__init(dim) self.dim = dim end
+function Softmax:forward(x) return F.softmax(x, self.dim) end
+function Softmax:extra_repr() return "dim=" .. tostring(self.dim) end
+
+local LogSoftmax = Module:extend("LogSoftmax")
+M.LogSoftmax = LogSoftmax
+function LogSoftmax:__init(dim) self.dim = dim end
+function LogSoftmax:forward(x) return F.log_softmax(x, self.dim) end
+function LogSoftmax:extra_repr() return "dim=" .. tostring(self.dim) end
+
+---------------------------------------------------------------------------------------------
+-- pooling
+---------------------------------------------------------------------------------------------
+
+-- pooling options: a table, or positional (kernel_size, stride, padding, ...)
+local function pool_opts(fname, names, ...)
+   local first = ...
+   if first == nil then fail(fname, "kernel_size is required") end
+   if plain_table(first) and first.kernel_size ~= nil then return first end
+   local o = {}
+   for i = 1, select("#", ...) do o[names[i]] = (select(i, ...)) end
+   return o
+end
+
+local MaxPool2d = Module:extend("MaxPool2d")
+M.MaxPool2d = MaxPool2d
+
+-- MaxPool2d({kernel_size=, stride=, padding=0, dilation=1, ceil_mode=false}) or
+-- MaxPool2d(kernel_size, stride, padding, dilation, ceil_mode)
+function MaxPool2d:__init(...)
+   local o = pool_opts("MaxPool2d", { "kernel_size", "stride", "padding", "dilation",
+                       "return_indices", "ceil_mode" }, ...)
+   self.kernel_size = o.kernel_size
+   self.stride = o.stride or o.kernel_size
+   self.padding = o.padding or 0
+   self.dilation = o.dilation or 1
+   self.ceil_mode = o.ceil_mode or false
+   self.return_indices = o.return_indices or false
+end
+
+function MaxPool2d:forward(x)
+   return F.max_pool2d(x, { kernel_size = self.kernel_size, stride = self.stride,
+                       padding = self.padding, dilation = self.dilation,
+                       ceil_mode = self.ceil_mode, return_indices = self.return_indices })
+end
+
+function MaxPool2d:extra_repr()
+   return ("kernel_size=%s, stride=%s, padding=%s, dilation=%s, ceil_mode=%s"):format(
+      pair_str(self.kernel_size), pair_str(self.stride), pair_str(self.padding),
+      pair_str(self.dilation), fmt_num(self.ceil_mode))
+end
+
+local AvgPool2d = Module:extend("AvgPool2d")
+M.AvgPool2d = AvgPool2d
+
+-- AvgPool2d({kernel_size=, stride=, padding=0, ceil_mode=false, count_include_pad=true,
+-- divisor_override=}) or AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad)
+function AvgPool2d:__init(...)
+   local o = pool_opts("AvgPool2d", { "kernel_size", "stride", "padding", "ceil_mode",
+                       "count_include_pad", "divisor_override" }, ...)
+   self.kernel_size = o.kernel_size
+   self.stride = o.stride or o.kernel_size
+   self.padding = o.padding or 0
+   self.ceil_mode = o.ceil_mode or false
+   if o.count_include_pad == nil then self.count_include_pad = true
+   else self.count_include_pad = o.count_include_pad end
+   self.divisor_override = o.divisor_override
+end
+
+function AvgPool2d:forward(x)
+   return F.avg_pool2d(x, { kernel_size = self.kernel_size, stride = self.stride,
+                       padding = self.padding, ceil_mode = self.ceil_mode,
+                       count_include_pad = self.count_include_pad,
+                       divisor_override = self.divisor_override })
+end
+
+function AvgPool2d:extra_repr()
+   return ("kernel_size=%s, stride=%s, padding=%s"):format(pair_str(self.kernel_size),
+      pair_str(self.stride), pair_str(self.padding))
+end
+
+local AdaptiveAvgPool2d = Module:extend("AdaptiveAvgPool2d")
+M.AdaptiveAvgPool2d = AdaptiveAvgPool2d
+function AdaptiveAvgPool2d:__init(size)
+   if size == nil then fail("AdaptiveAvgPool2d", "output_size is required") end
+   self.output_size = size
+end
+function AdaptiveAvgPool2d:forward(x) return F.adaptive_avg_pool2d(x, self.output_size) end
+function AdaptiveAvgPool2d:extra_repr() return "output_size=" .. pair_str(self.output_size) end
+
+local AdaptiveMaxPool2d = Module:extend("AdaptiveMaxPool2d")
+M.AdaptiveMaxPool2d = AdaptiveMaxPool2d
+function AdaptiveMaxPool2d:__init(size, return_indices)
+   if size == nil then fail("AdaptiveMaxPool2d", "output_size is required") end
+   self.output_size = size
+   self.return_indices = return_indices and true or false
+end
+function AdaptiveMaxPool2d:forward(x)
+   local v, i = F.adaptive_max_pool2d(x, self.output_size)
+   if self.return_indices then return v, i end
+   return v
+end
+function AdaptiveMaxPool2d:extra_repr() return "output_size=" .. pair_str(self.output_size) end
+
+---------------------------------------------------------------------------------------------
+-- Linear, Dropout, Flatten, Identity
+---------------------------------------------------------------------------------------------
+
+local Linear = Module:extend("Linear")
+M.Linear = Linear
+
+-- Linear(in_features, out_features, {bias=true, dtype=float32})
+function Linear:__init(in_features, out_features, opts)
+   local fname = "Linear"
+   opts = opts_arg(fname, opts)
+   int_arg(fname, in_features, "in_features", 0)
+   int_arg(fname, out_features, "out_features", 0)
+   self.in_features, self.out_features = in_features, out_features
+   local dt = param_dtype(fname, opts)
+   self:register_parameter("weight", creation.empty({ out_features, in_features }, { dtype = dt }))
+   if opts.bias == nil or opts.bias then
+      self:register_parameter("bias", creation.empty({ out_features }, { dtype = dt }))
+   else
+      self:register_parameter("bias", nil)
+   end
+   self:reset_parameters()
+end
+
+function Linear:reset_parameters()
+   init.kaiming_uniform_(self.weight, sqrt(5))
+   if self.bias ~= nil then
+      local fan_in = self.in_features
+      local bound = fan_in > 0 and 1 / sqrt(fan_in) or 0
+      init.uniform_(self.bias, -bound, bound)
+   end
+end
+
+function Linear:forward(x) return F.linear(x, self.weight, self.bias) end
+
+function Linear:extra_repr()
+   return ("in_features=%d, out_features=%d, bias=%s"):format(self.in_features,
+      self.out_features, fmt_num(self.bias ~= nil))
+end
+
+local Dropout = Module:extend("Dropout")
+M.Dropout = Dropout
+function Dropout:__init(p)
+   if plain_table(p) then p = p.p end
+   if p == nil then p = 0.5 end
+   if type(p) ~= "number" or p < 0 or p > 1 then
+      fail("Dropout", "dropout probability has to be between 0 and 1, but got " .. tostring(p))
+   end
+   self.p = p
+end
+function Dropout:forward(x) return F.dropout(x, self.p, self.training) end
+function Dropout:extra_repr() return "p=" .. tostring(self.p) end
+
+local Flatten = Module:extend("Flatten")
+M.Flatten = Flatten
+-- Flatten(start_dim = 2, end_dim = -1) (1-based: dim 2 is PyTorch's default start_dim=1)
+function Flatten:__init(s, e)
+   self.start_dim = s or 2
+   self.end_dim = e or -1
+end
+function Flatten:forward(x) return F.flatten(x, self.start_dim, self.end_dim) end
+function Flatten:extra_repr()
+   return ("start_dim=%d, end_dim=%d"):format(self.start_dim, self.end_dim)
+end
+
+local Identity = Module:extend("Identity")
+M.Identity = Identity
+function Identity:forward(x) return x end
+
+---------------------------------------------------------------------------------------------
+-- losses
+---------------------------------------------------------------------------------------------
+
+local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
+M.CrossEntropyLoss = CrossEntropyLoss
+function CrossEntropyLoss:__init(opts) self.opts = opts_arg("CrossEntropyLoss", opts) end
+function CrossEntropyLoss:forward(x, target) return F.cross_entropy(x, target, self.opts) end
+
+local NLLLoss = Module:extend("NLLLoss")
+M.NLLLoss = NLLLoss
+function NLLLoss:__init(opts) self.opts = opts_arg("NLLLoss", opts) end
+function NLLLoss:forward(x, target) return F.nll_loss(x, target, self.opts) end
+
+local MSELoss = Module:extend("MSELoss")
+M.MSELoss = MSELoss
+function MSELoss:__init(opts) self.opts = opts_arg("MSELoss", opts) end
+function MSELoss:forward(x, target) return F.mse_loss(x, target, self.opts) end
+
+---------------------------------------------------------------------------------------------
+-- Sequential
+---------------------------------------------------------------------------------------------
+
+local Sequential = Module:extend("Sequential")
+M.Sequential = Sequential
+
+-- seq[i] (a number, 1-based) is the i-th module; other keys are the usual fields and methods
+Sequential.__index = function(self, k)
+   if type(k) == "number" then return rawget(self, tostring(k - 1)) end
+   return Sequential[k]
+end
+
+-- Sequential(m1, m2, ...) or Sequential({m1, m2, ...}); children are named "0", "1", ...
+function Sequential:__init(...)
+   local n = select("#", ...)
+   local list = { ... }
+   if n == 1 and plain_table(list[1]) and not Module.is_module(list[1]) then
+      list = list[1]
+      n = #list
+   end
+   for i = 1, n do
+      if not Module.is_module(list[i]) then
+         fail("Sequential", ("argument %d is not a Module (got %s)"):format(i, T.typename(list[i])))
+      end
+      self:add_module(tostring(i - 1), list[i])
+   end
+end
+
+-- add(m): appends a module, returns self
+function Sequential:add(m)
+   if not Module.is_module(m) then fail("Sequential.add", "a Module expected") end
+   self:add_module(tostring(#rawget(self, "_children")), m)
+   return self
+end
+Sequential.append = Sequential.add
+
+function Sequential:size() return #self:children() end
+function Sequential:get(i) return self:children()[i] end
+
+function Sequential:forward(x)
+   for _, m in ipairs(self:children()) do x = m(x) end
+   return x
+end
+
+-- keep the autograd module referenced (the Tensor methods the modules call are its wrappers)
+M._autograd = A
+
+return M

@@ -1,0 +1,1199 @@
+-- lumen.tensor -- the Tensor type: a Lua table {_c = <lm_tensor* owned through ffi.gc>} with a
+-- shared metatable, plus inspection, views, layout changes and math on top of the C API.
+--
+-- Conventions (see API.md):
+--   * dims and indices are 1-based in Lua, negative counts from the end; C takes 0-based dims.
+--   * every public function validates its arguments in Lua before calling C and raises
+--     "lumen.<function>: <problem>"; a failing C call raises "lumen.<function>: <lm_last_error()>".
+--   * every tensor-producing operation goes through `wrap` (one small local constructor).
+--   * requires_grad / grad / grad_fn are plain Lua fields on the tensor table, owned by autograd.
+--     Operators (__add, __unm, ...) dispatch through the Tensor method table at call time, so
+--     autograd may replace Tensor.add etc.; the unwrapped forward functions stay in M.raw.
+
+local ffi = require("ffi")
+local C = require("lumen.C")
+local dtypes = require("lumen.dtype")
+local memory = require("lumen.memory")
+
+local type, tonumber, tostring, select, error = type, tonumber, tostring, select, error
+local getmetatable, setmetatable, rawget = getmetatable, setmetatable, rawget
+local floor = math.floor
+local ffi_gc, ffi_string = ffi.gc, ffi.string
+
+local M = {}
+local Tensor = {}                                 -- the method table
+local mt = { __index = Tensor }                   -- the shared instance metatable
+M.Tensor, M.mt = Tensor, mt
+M.raw = {}                                        -- original (autograd-free) functions
+
+local MAX_DIMS = 8
+local MAX_SIZE = 2 ^ 53
+
+local dtype_by_id = {}
+for _, d in ipairs(dtypes.dtypes) do dtype_by_id[d.id] = d end
+local FMT = {
+   contiguous = dtypes.contiguous_format,
+   cl = dtypes.channels_last,
+   cl3d = dtypes.channels_last_3d,
+   preserve = dtypes.preserve_format,
+}
+local fmt_by_id = { [0] = FMT.contiguous, FMT.cl, FMT.cl3d, FMT.preserve }
+
+-- scratch buffers reused by every call (FFI calls never re-enter Lua, so sharing is safe)
+local outp = ffi.new("lm_tensor*[1]")
+local idxp = ffi.new("lm_tensor*[1]")
+local sizebuf = ffi.new("int64_t[8]")
+local stridebuf = ffi.new("int64_t[8]")
+local dimbuf = ffi.new("int[8]")
+local dbl1 = ffi.new("double[1]")
+
+---------------------------------------------------------------------------------------------
+-- errors
+---------------------------------------------------------------------------------------------
+
+-- Errors point at the first stack frame outside lumen's own Lua files (the user's code), however
+-- deep inside lumen they are raised; the level arguments below are accepted for compatibility
+-- but not needed. Only the error path pays for the stack walk.
+local lumen_dir = debug.getinfo(1, "S").source:match("^@(.*)[/\\]") or "lumen"
+local lumen_prefix = "@" .. lumen_dir .. "/"
+
+-- error() level (relative to the function calling error) of the first non-lumen frame
+local function user_level()
+   local lvl = 3                       -- 1 = user_level, 2 = the function calling error
+   while true do
+      local info = debug.getinfo(lvl, "S")
+      if not info then return 0 end
+      local src = info.source
+      if info.what == "C" or src:sub(1, #lumen_prefix) ~= lumen_prefix then return lvl - 1 end
+      lvl = lvl + 1
+   end
+end
+M.user_level = user_level
+
+-- raise "lumen.<fname>: <C error>"
+local function raise(fname)
+   error("lumen." .. fname .. ": " .. ffi_string(C.lm_last_error()), user_level())
+end
+
+-- check(status, fname): raise the C error when status ~= LM_OK
+local function check(st, fname)
+   if st ~= 0 then raise(fname) end
+end
+
+-- raise "lumen.<fname>: <msg>"
+local function argerror(fname, msg)
+   error("lumen." .. fname .. ": " .. msg, user_level())
+end
+
+M.raise, M.check, M.argerror = raise, check, argerror
+
+local function typename(x)
+   if getmetatable(x) == mt then return "tensor" end
+   return type(x)
+end
+M.typename = typename
+
+---------------------------------------------------------------------------------------------
+-- construction
+---------------------------------------------------------------------------------------------
+
+local free = C.lm_tensor_free
+
+-- The one constructor: own a fresh lm_tensor* and give it the Tensor metatable. Every new
+-- tensor also gives the allocator a chance to ask for a garbage collection (memory.lua).
+local function wrap(p)
+   local t = setmetatable({ _c = ffi_gc(p, free) }, mt)
+   if C.lm_mem_pressure() ~= 0 then memory.collect() end
+   return t
+end
+M.wrap = wrap
+
+local function is_tensor(x)
+   return getmetatable(x) == mt
+end
+M.is_tensor = is_tensor
+
+-- the cdata of a tensor argument, or a Lua error
+local function tc(x, fname, what, level)
+   if getmetatable(x) == mt then
+      local c = rawget(x, "_c")
+      if c ~= nil then return c end
+      argerror(fname, (what or "self") .. " is a freed tensor", (level or 2) + 1)
+   end
+   argerror(fname, (what or "self") .. ": tensor expected, got " .. typename(x), (level or 2) + 1)
+end
+M.tc = tc
+
+---------------------------------------------------------------------------------------------
+-- argument helpers
+---------------------------------------------------------------------------------------------
+
+local function is_integer(x)
+   return type(x) == "number" and x % 1 == 0 and x >= -MAX_SIZE and x <= MAX_SIZE
+end
+M.is_integer = is_integer
+
+-- 1 when the Lua number is integral (for type promotion of a "wrapped number"), else 0
+local function int_flag(x)
+   if x % 1 == 0 and x > -9.2e18 and x < 9.2e18 then return 1 end
+   return 0
+end
+
+local function to_number(x)
+   if type(x) == "cdata" then
+      local ok, n = pcall(tonumber, x)
+      if ok then return n end
+      return nil
+   end
+   return x
+end
+
+M.to_number = to_number
+
+local function check_int(fname, x, what, level)
+   x = to_number(x)
+   if not is_integer(x) then
+      argerror(fname, what .. " must be an integer, got " ..
+               (type(x) == "number" and tostring(x) or typename(x)), (level or 2) + 1)
+   end
+   return x
+end
+M.check_int = check_int
+
+local function check_number(fname, x, what, level)
+   x = to_number(x)
+   if type(x) ~= "number" then
+      argerror(fname, what .. " must be a number, got " .. typename(x), (level or 2) + 1)
+   end
+   return x
+end
+M.check_number = check_number
+
+local function check_bool(fname, x, what, level)
+   if x == nil then return false end
+   if type(x) ~= "boolean" then
+      argerror(fname, what .. " must be a boolean, got " .. typename(x), (level or 2) + 1)
+   end
+   return x
+end
+
+-- 1-based Lua dim (negative from the end) -> 0-based; ndim 0 accepts 1 / -1 as in PyTorch
+local function wrap_dim(fname, d, ndim, level)
+   d = to_number(d)
+   if not is_integer(d) then
+      argerror(fname, "dim must be an integer, got " ..
+               (type(d) == "number" and tostring(d) or typename(d)), (level or 2) + 1)
+   end
+   local n = ndim > 0 and ndim or 1
+   if d >= 1 and d <= n then return d - 1 end
+   if d <= -1 and d >= -n then return n + d end
+   argerror(fname, ("dim %s out of range for a %d-dimensional tensor (expected %d..%d or -%d..-1)")
+            :format(tostring(d), ndim, 1, n, n), (level or 2) + 1)
+end
+M.wrap_dim = wrap_dim
+
+-- fill buf from an array of sizes; min_size is 0, or -1 where -1 is allowed
+local function fill_sizes(fname, tbl, buf, min_size, what, level)
+   level = (level or 2) + 1
+   what = what or "sizes"
+   local n = #tbl
+   if n == 0 and next(tbl) ~= nil then
+      argerror(fname, what .. " must be an array of integers", level)
+   end
+   if n > MAX_DIMS then
+      argerror(fname, ("tensors have at most %d dimensions, got %d"):format(MAX_DIMS, n), level)
+   end
+   for i = 1, n do
+      local s = to_number(tbl[i])
+      if not is_integer(s) then
+         argerror(fname, ("%s[%d] must be an integer, got %s"):format(what, i,
+                  type(s) == "number" and tostring(s) or typename(s)), level)
+      end
+      if s < min_size then
+         argerror(fname, ("%s[%d] must be %s, got %d"):format(what, i,
+                  min_size == 0 and "non-negative" or ">= -1", s), level)
+      end
+      buf[i - 1] = s
+   end
+   return n
+end
+M.fill_sizes = fill_sizes
+
+-- sizes given as one array or as leading numbers: returns ndim (in buf) and the next argument
+-- (normally the opts table)
+local function parse_sizes(fname, buf, min_size, level, a1, ...)
+   level = (level or 2) + 1
+   if type(a1) == "table" and getmetatable(a1) == nil then
+      return fill_sizes(fname, a1, buf, min_size, "sizes", level), (...)
+   end
+   if type(a1) == "number" or type(a1) == "cdata" then
+      local n = select("#", ...) + 1
+      local tmp = { a1, ... }
+      local k = 0
+      while k < n and (type(tmp[k + 1]) == "number" or type(tmp[k + 1]) == "cdata") do
+         k = k + 1
+      end
+      local nums = {}
+      for i = 1, k do nums[i] = tmp[i] end
+      if k < n and tmp[k + 1] ~= nil and (type(tmp[k + 1]) ~= "table" or k + 1 < n) then
+         argerror(fname, "sizes must be integers, got " .. typename(tmp[k + 1]), level)
+      end
+      return fill_sizes(fname, nums, buf, min_size, "sizes", level), tmp[k + 1]
+   end
+   if a1 == nil then argerror(fname, "sizes expected", level) end
+   argerror(fname, "sizes must be a table or integers, got " .. typename(a1), level)
+end
+M.parse_sizes = parse_sizes
+
+local function check_opts(fname, opts, level)
+   if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
+      argerror(fname, "options must be a table, got " .. typename(opts), (level or 2) + 1)
+   end
+   return opts
+end
+M.check_opts = check_opts
+
+local function to_dtype(fname, x, level)
+   local d, msg = dtypes.lookup(x)
+   if not d then argerror(fname, msg, (level or 2) + 1) end
+   return d
+end
+M.to_dtype = to_dtype
+
+local function to_format(fname, x, level)
+   local f, msg = dtypes.lookup_format(x)
+   if not f then argerror(fname, msg, (level or 2) + 1) end
+   return f
+end
+M.to_format = to_format
+
+-- device string -> id (0 cpu, 1 + k cuda:k)
+local function parse_device(fname, x, level)
+   if x == nil then return nil end
+   if type(x) == "string" then
+      if x == "cpu" then return 0 end
+      if x == "cuda" then return 1 end
+      local k = x:match("^cuda:(%d+)$")
+      if k and tonumber(k) < 8 then return 1 + tonumber(k) end
+   end
+   argerror(fname, "unknown device " .. (type(x) == "string" and ("'" .. x .. "'") or typename(x)),
+            (level or 2) + 1)
+end
+M.parse_device = parse_device
+
+local function device_name(id)
+   if id == 0 then return "cpu" end
+   return "cuda:" .. (id - 1)
+end
+M.device_name = device_name
+
+-- opts.dtype (or default), opts.memory_format (or default), opts.device (or default)
+local function opt_dtype(fname, opts, default, level)
+   if opts and opts.dtype ~= nil then return to_dtype(fname, opts.dtype, (level or 2) + 1) end
+   return default
+end
+M.opt_dtype = opt_dtype
+
+local function opt_format(fname, opts, default, level)
+   if opts and opts.memory_format ~= nil then
+      return to_format(fname, opts.memory_format, (level or 2) + 1)
+   end
+   return default
+end
+M.opt_format = opt_format
+
+local function opt_device(fname, opts, default, level)
+   if opts and opts.device ~= nil then return parse_device(fname, opts.device, (level or 2) + 1) end
+   return default
+end
+M.opt_device = opt_device
+
+-- apply opts.requires_grad to a fresh tensor
+local function finish(t, opts)
+   if opts and opts.requires_grad then
+      local rg = Tensor.requires_grad_
+      if rg then rg(t, true) else t.requires_grad = true end
+   end
+   return t
+end
+M.finish = finish
+
+---------------------------------------------------------------------------------------------
+-- inspection
+---------------------------------------------------------------------------------------------
+
+function Tensor.size(self, d)
+   local c = tc(self, "size")
+   local n = c.ndim
+   if d ~= nil then
+      return tonumber(c.sizes[wrap_dim("size", d, n)])
+   end
+   local r = {}
+   for i = 0, n - 1 do r[i + 1] = tonumber(c.sizes[i]) end
+   return r
+end
+
+function Tensor.stride(self, d)
+   local c = tc(self, "stride")
+   local n = c.ndim
+   if d ~= nil then
+      return tonumber(c.strides[wrap_dim("stride", d, n)])
+   end
+   local r = {}
+   for i = 0, n - 1 do r[i + 1] = tonumber(c.strides[i]) end
+   return r
+end
+
+function Tensor.dim(self) return tc(self, "dim").ndim end
+Tensor.ndimension = Tensor.dim
+function Tensor.numel(self) return tonumber(tc(self, "numel").numel) end
+Tensor.nelement = Tensor.numel
+function Tensor.dtype(self) return dtype_by_id[tc(self, "dtype").dtype] end
+function Tensor.device(self) return device_name(tc(self, "device").device) end
+function Tensor.storage_offset(self) return tonumber(tc(self, "storage_offset").offset) end
+function Tensor.is_floating_point(self)
+   return C.lm_dtype_is_floating(tc(self, "is_floating_point").dtype) ~= 0
+end
+
+function Tensor.is_contiguous(self, fmt)
+   local c = tc(self, "is_contiguous")
+   local id = 0
+   if fmt ~= nil then id = to_format("is_contiguous", fmt).id end
+   return C.lm_is_contiguous(c, id) ~= 0
+end
+
+function Tensor.is_non_overlapping_and_dense(self)
+   return C.lm_is_non_overlapping_and_dense(tc(self, "is_non_overlapping_and_dense")) ~= 0
+end
+
+function Tensor.suggest_memory_format(self, exact)
+   local c = tc(self, "suggest_memory_format")
+   exact = check_bool("suggest_memory_format", exact, "exact")
+   return fmt_by_id[C.lm_suggest_memory_format(c, exact and 1 or 0)]
+end
+
+function Tensor.is_same_storage(self, other)
+   return C.lm_tensor_same_storage(tc(self, "is_same_storage"),
+                                   tc(other, "is_same_storage", "other")) ~= 0
+end
+
+function Tensor.item(self)
+   local c = tc(self, "item")
+   if c.numel ~= 1 then
+      argerror("item", "a Tensor with " .. tonumber(c.numel) ..
+               " elements cannot be converted to a scalar")
+   end
+   check(C.lm_to_doubles(c, dbl1), "item")
+   local v = dbl1[0]
+   if c.dtype == 7 then return v ~= 0 end
+   return v
+end
+
+function Tensor.totable(self)
+   local c = tc(self, "totable")
+   local n = tonumber(c.numel)
+   local nd = c.ndim
+   local isbool = c.dtype == 7
+   local buf = ffi.new("double[?]", n > 0 and n or 1)
+   if n > 0 then check(C.lm_to_doubles(c, buf), "totable") end
+   if nd == 0 then
+      if isbool then return buf[0] ~= 0 end
+      return buf[0]
+   end
+   local sizes = {}
+   for i = 0, nd - 1 do sizes[i + 1] = tonumber(c.sizes[i]) end
+   local pos = 0
+   local function build(d)
+      local r = {}
+      local sz = sizes[d]
+      if d == nd then
+         for i = 1, sz do
+            local v = buf[pos]
+            if isbool then v = v ~= 0 end
+            r[i] = v
+            pos = pos + 1
+         end
+      else
+         for i = 1, sz do r[i] = build(d + 1) end
+      end
+      return r
+   end
+   return build(1)
+end
+
+-- Lua's __len is not honoured for tables under LuaJIT (5.1 semantics), so no #t.
+mt.__tostring = function(t) return require("lumen.format").tostring(t) end
+mt.__concat = function(a, b)
+   return (is_tensor(a) and tostring(a) or a) .. (is_tensor(b) and tostring(b) or b)
+end
+
+---------------------------------------------------------------------------------------------
+-- memory
+---------------------------------------------------------------------------------------------
+
+-- release the C tensor now instead of at the next collection; safe to call twice
+function Tensor.free(self)
+   if getmetatable(self) ~= mt then argerror("free", "self: tensor expected, got " .. typename(self)) end
+   local c = rawget(self, "_c")
+   if c ~= nil then
+      ffi_gc(c, nil)
+      self._c = nil
+      free(c)
+   end
+end
+
+---------------------------------------------------------------------------------------------
+-- views
+---------------------------------------------------------------------------------------------
+
+local function view_like(cfun, fname)
+   return function(self, ...)
+      local c = tc(self, fname)
+      local n = parse_sizes(fname, sizebuf, -1, 2, ...)
+      outp[0] = nil
+      if cfun(c, n, sizebuf, outp) ~= 0 then raise(fname, 2) end
+      return wrap(outp[0])
+   end
+end
+
+Tensor.view = view_like(function(c, n, s, o) return C.lm_view(c, n, s, o) end, "view")
+Tensor.reshape = view_like(function(c, n, s, o) return C.lm_reshape(c, n, s, o) end, "reshape")
+
+function Tensor.view_as(self, other)
+   return Tensor.view(self, Tensor.size(other))
+end
+
+function Tensor.reshape_as(self, other)
+   return Tensor.reshape(self, Tensor.size(other))
+end
+
+function Tensor.permute(self, ...)
+   local c = tc(self, "permute")
+   local dims = ...
+   if type(dims) ~= "table" then dims = { ... } end
+   local nd = c.ndim
+   if #dims ~= nd then
+      argerror("permute", ("number of dims (%d) does not match the tensor's dimension (%d)")
+               :format(#dims, nd))
+   end
+   local seen = {}
+   for i = 1, nd do
+      local d = wrap_dim("permute", dims[i], nd)
+      if seen[d] then argerror("permute", "repeated dim " .. (d + 1)) end
+      seen[d] = true
+      dimbuf[i - 1] = d
+   end
+   outp[0] = nil
+   check(C.lm_permute(c, dimbuf, outp), "permute")
+   return wrap(outp[0])
+end
+
+function Tensor.transpose(self, d0, d1)
+   local c = tc(self, "transpose")
+   local nd = c.ndim
+   d0 = wrap_dim("transpose", d0, nd)
+   d1 = wrap_dim("transpose", d1, nd)
+   outp[0] = nil
+   check(C.lm_transpose(c, d0, d1, outp), "transpose")
+   return wrap(outp[0])
+end
+
+function Tensor.t(self)
+   local c = tc(self, "t")
+   if c.ndim > 2 then argerror("t", "expects a tensor with <= 2 dimensions, got " .. c.ndim) end
+   if c.ndim < 2 then return Tensor.view(self, Tensor.size(self)) end
+   return Tensor.transpose(self, 1, 2)
+end
+
+function Tensor.expand(self, ...)
+   local c = tc(self, "expand")
+   local n = parse_sizes("expand", sizebuf, -1, 2, ...)
+   outp[0] = nil
+   check(C.lm_expand(c, n, sizebuf, outp), "expand")
+   return wrap(outp[0])
+end
+
+function Tensor.expand_as(self, other)
+   return Tensor.expand(self, Tensor.size(other))
+end
+
+-- narrow(d, start, length): start is 1-based (negative counts from the end)
+function Tensor.narrow(self, d, start, length)
+   local c = tc(self, "narrow")
+   if c.ndim == 0 then argerror("narrow", "cannot narrow a 0-dimensional tensor") end
+   d = wrap_dim("narrow", d, c.ndim)
+   start = check_int("narrow", start, "start")
+   length = check_int("narrow", length, "length")
+   local size = tonumber(c.sizes[d])
+   local s0
+   if start >= 1 then s0 = start - 1
+   elseif start < 0 then s0 = size + start
+   else argerror("narrow", "start is 1-based, got 0") end
+   if s0 < 0 or length < 0 or s0 + length > size then
+      argerror("narrow", ("start (%d) + length (%d) exceeds dimension size (%d)")
+               :format(start, length, size))
+   end
+   outp[0] = nil
+   check(C.lm_narrow(c, d, s0, length, outp), "narrow")
+   return wrap(outp[0])
+end
+
+-- select(d, i): i is 1-based (negative counts from the end); removes dim d
+function Tensor.select(self, d, i)
+   local c = tc(self, "select")
+   if c.ndim == 0 then argerror("select", "select cannot be applied to a 0-dim tensor") end
+   d = wrap_dim("select", d, c.ndim)
+   i = check_int("select", i, "index")
+   local size = tonumber(c.sizes[d])
+   local i0
+   if i >= 1 then i0 = i - 1 elseif i < 0 then i0 = size + i else i0 = -1 end
+   if i0 < 0 or i0 >= size then
+      argerror("select", ("index %d out of range for dimension %d of size %d")
+               :format(i, d + 1, size))
+   end
+   outp[0] = nil
+   check(C.lm_select(c, d, i0, outp), "select")
+   return wrap(outp[0])
+end
+
+function Tensor.unsqueeze(self, d)
+   local c = tc(self, "unsqueeze")
+   if c.ndim >= MAX_DIMS then argerror("unsqueeze", "tensors have at most 8 dimensions") end
+   d = wrap_dim("unsqueeze", d, c.ndim + 1)
+   outp[0] = nil
+   check(C.lm_unsqueeze(c, d, outp), "unsqueeze")
+   return wrap(outp[0])
+end
+
+function Tensor.squeeze(self, d)
+   local c = tc(self, "squeeze")
+   if d == nil then d = -1000 else d = wrap_dim("squeeze", d, c.ndim) end
+   outp[0] = nil
+   check(C.lm_squeeze(c, d, outp), "squeeze")
+   return wrap(outp[0])
+end
+
+function Tensor.flatten(self, s, e)
+   local c = tc(self, "flatten")
+   local nd = c.ndim
+   s = wrap_dim("flatten", s == nil and 1 or s, nd)
+   e = wrap_dim("flatten", e == nil and -1 or e, nd)
+   if s > e then
+      argerror("flatten", "start_dim cannot come after end_dim")
+   end
+   outp[0] = nil
+   check(C.lm_flatten(c, s, e, outp), "flatten")
+   return wrap(outp[0])
+end
+
+-- as_strided(sizes, strides, offset): offset in elements (default: the tensor's own offset)
+function Tensor.as_strided(self, sizes, strides, offset)
+   local c = tc(self, "as_strided")
+   if type(sizes) ~= "table" then argerror("as_strided", "sizes must be a table") end
+   if type(strides) ~= "table" then argerror("as_strided", "strides must be a table") end
+   local n = fill_sizes("as_strided", sizes, sizebuf, 0)
+   local m = fill_sizes("as_strided", strides, stridebuf, 0, "strides")
+   if n ~= m then
+      argerror("as_strided", ("mismatch in length of sizes (%d) and strides (%d)"):format(n, m))
+   end
+   if offset == nil then offset = tonumber(c.offset)
+   else
+      offset = check_int("as_strided", offset, "offset")
+      if offset < 0 then argerror("as_strided", "negative storage offset") end
+   end
+   outp[0] = nil
+   check(C.lm_as_strided(c, n, sizebuf, stridebuf, offset, outp), "as_strided")
+   return wrap(outp[0])
+end
+
+-- a new handle on the same data (same sizes and strides)
+function Tensor.alias(self)
+   local c = tc(self, "alias")
+   outp[0] = nil
+   check(C.lm_alias(c, outp), "alias")
+   return wrap(outp[0])
+end
+
+---------------------------------------------------------------------------------------------
+-- layout and type changes
+---------------------------------------------------------------------------------------------
+
+function Tensor.contiguous(self, fmt)
+   local c = tc(self, "contiguous")
+   local f = FMT.contiguous
+   if fmt ~= nil then f = to_format("contiguous", fmt) end
+   if f == FMT.preserve then
+      argerror("contiguous", "preserve memory format is unsupported by the contiguous operator")
+   end
+   if C.lm_is_contiguous(c, f.id) ~= 0 then return self end
+   outp[0] = nil
+   check(C.lm_clone(c, f.id, -1, outp), "contiguous")
+   return wrap(outp[0])
+end
+
+-- clone(opts) / clone(memory_format): memory_format defaults to preserve_format
+function Tensor.clone(self, opts)
+   local c = tc(self, "clone")
+   local f, d = FMT.preserve, -1
+   if opts ~= nil then
+      if dtypes.is_memory_format(opts) or type(opts) == "string" then
+         f = to_format("clone", opts)
+      else
+         check_opts("clone", opts)
+         f = opt_format("clone", opts, FMT.preserve)
+         local dt = opt_dtype("clone", opts, nil)
+         if dt then d = dt.id end
+      end
+   end
+   outp[0] = nil
+   check(C.lm_clone(c, f.id, d, outp), "clone")
+   return finish(wrap(outp[0]), opts ~= nil and type(opts) == "table" and opts or nil)
+end
+
+-- allocate an uninitialised tensor like c (dtype id, lm_memfmt id, device id)
+local function alloc_like(fname, c, dtype_id, fmt_id, device, level)
+   level = (level or 2) + 1
+   outp[0] = nil
+   local st
+   if device == c.device then
+      st = C.lm_empty_like(c, dtype_id, fmt_id, outp)
+   elseif fmt_id ~= 3 then
+      st = C.lm_empty(c.ndim, c.sizes, dtype_id, fmt_id, device, outp)
+   elseif C.lm_is_non_overlapping_and_dense(c) ~= 0 then
+      st = C.lm_empty_strided(c.ndim, c.sizes, c.strides, dtype_id, device, outp)
+   else
+      C.lm_infer_dense_strides(c.ndim, c.sizes, c.strides, stridebuf)
+      st = C.lm_empty_strided(c.ndim, c.sizes, stridebuf, dtype_id, device, outp)
+   end
+   if st ~= 0 then raise(fname, level) end
+   return wrap(outp[0])
+end
+M.alloc_like = alloc_like
+
+-- t:to(x, ...): x is a dtype, a memory format, a device string or an opts table
+-- ({dtype=, device=, memory_format=, copy=}); several may be given.
+-- Returns self when nothing changes; a memory format counts as unchanged only when the tensor
+-- is contiguous in it and already suggests it (so ambiguous NC11 / N1HW shapes get tagged with
+-- channels-last strides, and the result is always is_contiguous(fmt)).
+function Tensor.to(self, ...)
+   local c = tc(self, "to")
+   local d, f, dev, copy
+   local n = select("#", ...)
+   if n == 0 then argerror("to", "expected a dtype, memory format, device or options table") end
+   for i = 1, n do
+      local x = select(i, ...)
+      if dtypes.is_dtype(x) then d = x
+      elseif dtypes.is_memory_format(x) then f = x
+      elseif type(x) == "string" then
+         if dtypes.is_name(x) then d = to_dtype("to", x)
+         elseif dtypes.is_format_name(x) then f = to_format("to", x)
+         else dev = parse_device("to", x) end
+      elseif type(x) == "table" and getmetatable(x) == nil then
+         if x.dtype ~= nil then d = to_dtype("to", x.dtype) end
+         if x.memory_format ~= nil then f = to_format("to", x.memory_format) end
+         if x.device ~= nil then dev = parse_device("to", x.device) end
+         copy = check_bool("to", x.copy, "copy") or copy
+      elseif is_tensor(x) then
+         -- to(other): other's dtype and device
+         local oc = tc(x, "to", "other")
+         d = dtype_by_id[oc.dtype]
+         dev = oc.device
+      elseif x ~= nil then
+         argerror("to", "expected a dtype, memory format, device or options table, got " ..
+                  typename(x))
+      end
+   end
+   local cur_d, cur_dev = c.dtype, c.device
+   local did = d and d.id or cur_d
+   local devid = dev or cur_dev
+   f = f or FMT.preserve
+   if not copy and did == cur_d and devid == cur_dev then
+      if f == FMT.preserve then return self end
+      if C.lm_is_contiguous(c, f.id) ~= 0 and C.lm_suggest_memory_format(c, 0) == f.id then
+         return self
+      end
+   end
+   if devid == cur_dev then
+      outp[0] = nil
+      check(C.lm_clone(c, f.id, did, outp), "to")
+      return wrap(outp[0])
+   end
+   local r = alloc_like("to", c, did, f.id, devid)
+   check(C.lm_copy_(r._c, c), "to")
+   return r
+end
+
+function Tensor.type_as(self, other)
+   return Tensor.to(self, dtype_by_id[tc(other, "type_as", "other").dtype])
+end
+
+-- Torch-style conversions: t:float(), t:double(), t:long(), ...
+local short = { float = "float32", double = "float64", half = "float16", bfloat16 = "bfloat16",
+                long = "int64", int = "int32", byte = "uint8", bool = "bool" }
+for name, dname in pairs(short) do
+   local d = dtypes[dname]
+   Tensor[name] = function(self) return Tensor.to(self, d) end
+end
+
+function Tensor.cpu(self) return Tensor.to(self, "cpu") end
+function Tensor.cuda(self, k) return Tensor.to(self, k and ("cuda:" .. tostring(k)) or "cuda") end
+
+---------------------------------------------------------------------------------------------
+-- math
+---------------------------------------------------------------------------------------------
+
+local LM = {
+   NEG = 0, ABS = 1, EXP = 2, LOG = 3, SQRT = 4, RSQRT = 5, RELU = 6, SIGMOID = 7, TANH = 8,
+   SQUARE = 9, RECIPROCAL = 10, SIGN = 11, LOGICAL_NOT = 12, FLOOR = 13, CEIL = 14, ROUND = 15,
+   SIN = 16, COS = 17, LOG1P = 18, EXPM1 = 19,
+}
+local B = {
+   ADD = 0, SUB = 1, MUL = 2, DIV = 3, POW = 4, MAXIMUM = 5, MINIMUM = 6,
+   EQ = 7, NE = 8, LT = 9, LE = 10, GT = 11, GE = 12, LOGICAL_AND = 13, LOGICAL_OR = 14,
+   RELU_BACKWARD = 15, SIGMOID_BACKWARD = 16, TANH_BACKWARD = 17, FMOD = 18, ATAN2 = 19,
+}
+local R = { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, ARGMAX = 4, ARGMIN = 5, PROD = 6 }
+M.UNARY, M.BINARY, M.REDUCE = LM, B, R
+
+-- a op b, with tensors or numbers on either side; out (cdata or nil) receives the result.
+-- level: error level relative to the caller of binary.
+local function binary(op, a, b, alpha, fname, out, level)
+   outp[0] = out
+   local st
+   if getmetatable(a) == mt then
+      local ac = rawget(a, "_c")
+      if ac == nil then tc(a, fname, "self", level + 1) end
+      if getmetatable(b) == mt then
+         local bc = rawget(b, "_c")
+         if bc == nil then tc(b, fname, "other", level + 1) end
+         st = C.lm_binary(op, ac, bc, alpha, outp)
+      elseif type(b) == "number" then
+         st = C.lm_binary_scalar(op, ac, b, int_flag(b), 0, alpha, outp)
+      elseif type(b) == "boolean" then
+         st = C.lm_binary_scalar(op, ac, b and 1 or 0, 1, 0, alpha, outp)
+      else
+         argerror(fname, "other: tensor or number expected, got " .. typename(b), level + 1)
+      end
+   elseif getmetatable(b) == mt and (type(a) == "number" or type(a) == "boolean") then
+      if out ~= nil then argerror(fname, "self: tensor expected, got " .. type(a), level + 1) end
+      local bc = rawget(b, "_c")
+      if bc == nil then tc(b, fname, "other", level + 1) end
+      if type(a) == "boolean" then a = a and 1 or 0 end
+      st = C.lm_binary_scalar(op, bc, a, int_flag(a), 1, alpha, outp)
+   else
+      argerror(fname, ("expected tensors or numbers, got %s and %s"):format(typename(a),
+               typename(b)), level + 1)
+   end
+   if st ~= 0 then raise(fname, level + 1) end
+   if out ~= nil then return nil end
+   return wrap(outp[0])
+end
+M.binary = binary
+
+local function check_alpha(fname, alpha)
+   if alpha == nil then return 1 end
+   if type(alpha) ~= "number" then
+      argerror(fname, "alpha must be a number, got " .. typename(alpha), 3)
+   end
+   return alpha
+end
+
+function Tensor.add(a, b, alpha)
+   if alpha ~= nil then alpha = check_alpha("add", alpha) else alpha = 1 end
+   return binary(0, a, b, alpha, "add", nil, 2)
+end
+function Tensor.sub(a, b, alpha)
+   if alpha ~= nil then alpha = check_alpha("sub", alpha) else alpha = 1 end
+   return binary(1, a, b, alpha, "sub", nil, 2)
+end
+function Tensor.mul(a, b) return binary(2, a, b, 1, "mul", nil, 2) end
+function Tensor.div(a, b) return binary(3, a, b, 1, "div", nil, 2) end
+function Tensor.pow(a, b) return binary(4, a, b, 1, "pow", nil, 2) end
+function Tensor.maximum(a, b) return binary(5, a, b, 1, "maximum", nil, 2) end
+function Tensor.minimum(a, b) return binary(6, a, b, 1, "minimum", nil, 2) end
+function Tensor.eq(a, b) return binary(7, a, b, 1, "eq", nil, 2) end
+function Tensor.ne(a, b) return binary(8, a, b, 1, "ne", nil, 2) end
+function Tensor.lt(a, b) return binary(9, a, b, 1, "lt", nil, 2) end
+function Tensor.le(a, b) return binary(10, a, b, 1, "le", nil, 2) end
+function Tensor.gt(a, b) return binary(11, a, b, 1, "gt", nil, 2) end
+function Tensor.ge(a, b) return binary(12, a, b, 1, "ge", nil, 2) end
+function Tensor.logical_and(a, b) return binary(13, a, b, 1, "logical_and", nil, 2) end
+function Tensor.logical_or(a, b) return binary(14, a, b, 1, "logical_or", nil, 2) end
+function Tensor.fmod(a, b) return binary(18, a, b, 1, "fmod", nil, 2) end
+function Tensor.atan2(a, b) return binary(19, a, b, 1, "atan2", nil, 2) end
+-- backward helpers for autograd: grad * relu'(y), grad * y(1-y), grad * (1-y^2)
+function Tensor.relu_backward(g, y) return binary(15, g, y, 1, "relu_backward", nil, 2) end
+function Tensor.sigmoid_backward(g, y) return binary(16, g, y, 1, "sigmoid_backward", nil, 2) end
+function Tensor.tanh_backward(g, y) return binary(17, g, y, 1, "tanh_backward", nil, 2) end
+
+-- in-place binary forms: self is the out tensor
+local function inplace_binary(op, fname)
+   return function(self, b, alpha)
+      local c = tc(self, fname)
+      if alpha ~= nil then alpha = check_alpha(fname, alpha) else alpha = 1 end
+      binary(op, self, b, alpha, fname, c, 2)
+      return self
+   end
+end
+Tensor.add_ = inplace_binary(0, "add_")
+Tensor.sub_ = inplace_binary(1, "sub_")
+Tensor.mul_ = inplace_binary(2, "mul_")
+Tensor.div_ = inplace_binary(3, "div_")
+Tensor.pow_ = inplace_binary(4, "pow_")
+
+local function unary(op, fname)
+   return function(self)
+      local c = tc(self, fname)
+      outp[0] = nil
+      if C.lm_unary(op, c, outp) ~= 0 then raise(fname, 2) end
+      return wrap(outp[0])
+   end
+end
+local function inplace_unary(op, fname)
+   return function(self)
+      local c = tc(self, fname)
+      outp[0] = c
+      if C.lm_unary(op, c, outp) ~= 0 then raise(fname, 2) end
+      return self
+   end
+end
+local unary_names = {
+   { "neg", 0 }, { "abs", 1 }, { "exp", 2 }, { "log", 3 }, { "sqrt", 4 }, { "rsqrt", 5 },
+   { "relu", 6 }, { "sigmoid", 7 }, { "tanh", 8 }, { "square", 9 }, { "reciprocal", 10 },
+   { "sign", 11 }, { "logical_not", 12 }, { "floor", 13 }, { "ceil", 14 }, { "round", 15 },
+   { "sin", 16 }, { "cos", 17 }, { "log1p", 18 }, { "expm1", 19 },
+}
+for _, u in ipairs(unary_names) do
+   Tensor[u[1]] = unary(u[2], u[1])
+   Tensor[u[1] .. "_"] = inplace_unary(u[2], u[1] .. "_")
+end
+
+local function clamp_args(fname, lo, hi)
+   if lo ~= nil and type(lo) ~= "number" then
+      argerror(fname, "min must be a number or nil, got " .. typename(lo), 3)
+   end
+   if hi ~= nil and type(hi) ~= "number" then
+      argerror(fname, "max must be a number or nil, got " .. typename(hi), 3)
+   end
+   if lo == nil and hi == nil then
+      argerror(fname, "at least one of min and max must not be nil", 3)
+   end
+end
+
+function Tensor.clamp(self, lo, hi)
+   local c = tc(self, "clamp")
+   clamp_args("clamp", lo, hi)
+   outp[0] = nil
+   check(C.lm_clamp(c, lo or 0, hi or 0, lo and 1 or 0, hi and 1 or 0, outp), "clamp")
+   return wrap(outp[0])
+end
+Tensor.clip = Tensor.clamp
+
+function Tensor.clamp_(self, lo, hi)
+   local c = tc(self, "clamp_")
+   clamp_args("clamp_", lo, hi)
+   outp[0] = c
+   check(C.lm_clamp(c, lo or 0, hi or 0, lo and 1 or 0, hi and 1 or 0, outp), "clamp_")
+   return self
+end
+
+local function addc(cfun, fname, inplace)
+   return function(self, a, b, value)
+      local c = tc(self, fname)
+      local ac = tc(a, fname, "tensor1")
+      local bc = tc(b, fname, "tensor2")
+      if value == nil then value = 1
+      elseif type(value) ~= "number" then
+         argerror(fname, "value must be a number, got " .. typename(value))
+      end
+      outp[0] = inplace and c or nil
+      if cfun(c, ac, bc, value, outp) ~= 0 then raise(fname, 2) end
+      if inplace then return self end
+      return wrap(outp[0])
+   end
+end
+local function lm_addcmul(...) return C.lm_addcmul(...) end
+local function lm_addcdiv(...) return C.lm_addcdiv(...) end
+-- self + value * a * b
+Tensor.addcmul = addc(lm_addcmul, "addcmul", false)
+Tensor.addcmul_ = addc(lm_addcmul, "addcmul_", true)
+-- self + value * a / b
+Tensor.addcdiv = addc(lm_addcdiv, "addcdiv", false)
+Tensor.addcdiv_ = addc(lm_addcdiv, "addcdiv_", true)
+
+-- a number as a 0-dim tensor (int64 when integral, else float64: 0-dim tensors weigh less in
+-- type promotion, so this behaves like a wrapped scalar)
+local function scalar_tensor(fname, x, level)
+   local did
+   if type(x) == "boolean" then did = 7; x = x and 1 or 0
+   else did = (x % 1 == 0 and x > -9.2e18 and x < 9.2e18) and 4 or 1 end
+   outp[0] = nil
+   if C.lm_empty(0, sizebuf, did, 0, 0, outp) ~= 0 then raise(fname, (level or 2) + 1) end
+   local t = wrap(outp[0])
+   check(C.lm_fill_(t._c, x), fname, (level or 2) + 1)
+   return t
+end
+M.scalar_tensor = scalar_tensor
+
+-- where(cond, a, b): a and b may be tensors or numbers
+function M.where(cond, a, b)
+   local cc = tc(cond, "where", "condition")
+   if type(a) == "number" or type(a) == "boolean" then a = scalar_tensor("where", a) end
+   if type(b) == "number" or type(b) == "boolean" then b = scalar_tensor("where", b) end
+   local ac = tc(a, "where", "input")
+   local bc = tc(b, "where", "other")
+   outp[0] = nil
+   check(C.lm_where(cc, ac, bc, outp), "where")
+   return wrap(outp[0])
+end
+function Tensor.where(self, cond, other) return M.where(cond, self, other) end
+
+function Tensor.fill_(self, v)
+   local c = tc(self, "fill_")
+   if type(v) == "boolean" then v = v and 1 or 0
+   elseif is_tensor(v) then v = Tensor.item(v)
+      if type(v) == "boolean" then v = v and 1 or 0 end
+   elseif type(v) ~= "number" then
+      argerror("fill_", "value must be a number, got " .. typename(v))
+   end
+   check(C.lm_fill_(c, v), "fill_")
+   return self
+end
+
+function Tensor.zero_(self)
+   check(C.lm_fill_(tc(self, "zero_"), 0), "zero_")
+   return self
+end
+
+function Tensor.copy_(self, src)
+   local c = tc(self, "copy_")
+   local sc = tc(src, "copy_", "src")
+   check(C.lm_copy_(c, sc), "copy_")
+   return self
+end
+
+---------------------------------------------------------------------------------------------
+-- reductions
+---------------------------------------------------------------------------------------------
+
+-- dims (nil, a number or an array of numbers) -> count in dimbuf (0 = all elements)
+local function parse_dims(fname, dims, nd, level)
+   level = (level or 2) + 1
+   if dims == nil then return 0 end
+   if type(dims) == "table" and getmetatable(dims) == nil then
+      local n = #dims
+      if n > MAX_DIMS then argerror(fname, "too many dims", level) end
+      local seen = {}
+      for i = 1, n do
+         local d = wrap_dim(fname, dims[i], nd, level)
+         if seen[d] then argerror(fname, "dim " .. (d + 1) .. " appears multiple times", level) end
+         seen[d] = true
+         dimbuf[i - 1] = d
+      end
+      return n
+   end
+   dimbuf[0] = wrap_dim(fname, dims, nd, level)
+   return 1
+end
+
+local function reduce(op, fname, self, dims, keepdim, dtype, level)
+   level = (level or 2) + 1
+   local c = tc(self, fname, "self", level)
+   local n = parse_dims(fname, dims, c.ndim, level)
+   keepdim = check_bool(fname, keepdim, "keepdim", level)
+   local did = -1
+   if dtype ~= nil then did = to_dtype(fname, dtype, level).id end
+   outp[0] = nil
+   if C.lm_reduce(op, c, dimbuf, n, keepdim and 1 or 0, did, outp, nil) ~= 0 then
+      raise(fname, level)
+   end
+   return wrap(outp[0])
+end
+
+function Tensor.sum(self, dims, keepdim, dtype) return reduce(0, "sum", self, dims, keepdim, dtype, 2) end
+function Tensor.mean(self, dims, keepdim, dtype) return reduce(1, "mean", self, dims, keepdim, dtype, 2) end
+function Tensor.prod(self, dims, keepdim, dtype) return reduce(6, "prod", self, dims, keepdim, dtype, 2) end
+-- amax / amin: max / min values over one or several dims, no indices
+function Tensor.amax(self, dims, keepdim) return reduce(2, "amax", self, dims, keepdim, nil, 2) end
+function Tensor.amin(self, dims, keepdim) return reduce(3, "amin", self, dims, keepdim, nil, 2) end
+
+-- add 1 in place to an int64 index tensor (C indices are 0-based; the Lua API is 1-based)
+local function one_based(t, fname)
+   local c = t._c
+   outp[0] = c
+   check(C.lm_binary_scalar(0, c, 1, 1, 0, 1, outp), fname, 3)
+   return t
+end
+
+-- max(dim, keepdim) / min(dim, keepdim):
+--   no dim: the largest element as a 0-dim tensor;
+--   a dim: values and indices; indices are int64 and 1-BASED (Torch7 style, like every index in
+--     the Lua API): t:max(2) on {{1, 5, 2}} returns {5}, {2}. PyTorch would return 0-based {1}.
+--   a tensor: the elementwise maximum (same as t:maximum(other)).
+local function maxmin(op, elementwise, fname)
+   return function(self, dim, keepdim)
+      if is_tensor(dim) then return binary(elementwise, self, dim, 1, fname, nil, 2) end
+      local c = tc(self, fname)
+      if dim == nil then
+         if keepdim ~= nil then check_bool(fname, keepdim, "keepdim") end
+         outp[0] = nil
+         if C.lm_reduce(op, c, dimbuf, 0, 0, -1, outp, nil) ~= 0 then raise(fname, 2) end
+         return wrap(outp[0])
+      end
+      if type(dim) == "table" then
+         argerror(fname, "dim must be a single number (use amax / amin for several dims)")
+      end
+      dimbuf[0] = wrap_dim(fname, dim, c.ndim)
+      keepdim = check_bool(fname, keepdim, "keepdim")
+      outp[0] = nil
+      idxp[0] = nil
+      if C.lm_reduce(op, c, dimbuf, 1, keepdim and 1 or 0, -1, outp, idxp) ~= 0 then
+         raise(fname, 2)
+      end
+      local values = wrap(outp[0])
+      local indices = wrap(idxp[0])
+      return values, one_based(indices, fname)
+   end
+end
+Tensor.max = maxmin(2, 5, "max")
+Tensor.min = maxmin(3, 6, "min")
+
+-- argmax(dim, keepdim) / argmin: 1-BASED int64 indices (see max). Without a dim: the 1-based
+-- position in the flattened (row-major) tensor, as a 0-dim tensor.
+local function argmaxmin(op, fname)
+   return function(self, dim, keepdim)
+      local c = tc(self, fname)
+      local n = 0
+      if dim ~= nil then
+         if type(dim) == "table" then argerror(fname, "dim must be a single number") end
+         dimbuf[0] = wrap_dim(fname, dim, c.ndim)
+         n = 1
+      end
+      keepdim = check_bool(fname, keepdim, "keepdim")
+      outp[0] = nil
+      if C.lm_reduce(op, c, dimbuf, n, keepdim and 1 or 0, -1, outp, nil) ~= 0 then
+         raise(fname, 2)
+      end
+      return one_based(wrap(outp[0]), fname)
+   end
+end
+Tensor.argmax = argmaxmin(4, "argmax")
+Tensor.argmin = argmaxmin(5, "argmin")
+
+function Tensor.all(self, dim, keepdim)
+   tc(self, "all")
+   local nz = Tensor.ne(self, 0)
+   if dim == nil then
+      return scalar_tensor("all", Tensor.sum(Tensor.logical_not(nz)):item() == 0)
+   end
+   return Tensor.eq(reduce(3, "all", nz, dim, keepdim, nil, 2), 1)
+end
+
+function Tensor.any(self, dim, keepdim)
+   tc(self, "any")
+   local nz = Tensor.ne(self, 0)
+   if dim == nil then return scalar_tensor("any", Tensor.sum(nz):item() ~= 0) end
+   return Tensor.eq(reduce(2, "any", nz, dim, keepdim, nil, 2), 1)
+end
+
+-- true when both tensors have the same sizes and equal elements
+function Tensor.equal(self, other)
+   local c = tc(self, "equal")
+   local oc = tc(other, "equal", "other")
+   if c.ndim ~= oc.ndim then return false end
+   for i = 0, c.ndim - 1 do
+      if c.sizes[i] ~= oc.sizes[i] then return false end
+   end
+   if c.numel == 0 then return true end
+   return Tensor.sum(Tensor.ne(self, other)):item() == 0
+end
+
+-- |self - other| <= atol + rtol * |other| everywhere (broadcasting)
+function Tensor.allclose(self, other, rtol, atol)
+   tc(self, "allclose")
+   tc(other, "allclose", "other")
+   rtol = rtol == nil and 1e-5 or check_number("allclose", rtol, "rtol")
+   atol = atol == nil and 1e-8 or check_number("allclose", atol, "atol")
+   local a, b = Tensor.double(self), Tensor.double(other)
+   local diff = Tensor.abs(Tensor.sub(a, b))
+   local tol = Tensor.add(Tensor.mul(Tensor.abs(b), rtol), atol)
+   if diff:numel() == 0 then return true end
+   return Tensor.sum(Tensor.gt(diff, tol)):item() == 0 and
+          Tensor.sum(Tensor.ne(Tensor.isnan(a), Tensor.isnan(b))):item() == 0
+end
+
+function Tensor.isnan(self)
+   tc(self, "isnan")
+   return Tensor.ne(self, self)
+end
+
+---------------------------------------------------------------------------------------------
+-- linear algebra and joining
+---------------------------------------------------------------------------------------------
+
+function Tensor.matmul(self, other)
+   local c = tc(self, "matmul")
+   local oc = tc(other, "matmul", "other")
+   outp[0] = nil
+   check(C.lm_matmul(c, oc, outp), "matmul")
+   return wrap(outp[0])
+end
+Tensor.mm = Tensor.matmul
+
+-- cat(list, dim): dim defaults to 1
+function M.cat(list, dim)
+   if type(list) ~= "table" or getmetatable(list) ~= nil then
+      argerror("cat", "expected an array of tensors, got " .. typename(list))
+   end
+   local n = #list
+   if n == 0 then argerror("cat", "expected a non-empty array of tensors") end
+   local arr = ffi.new("const lm_tensor*[?]", n)
+   for i = 1, n do
+      arr[i - 1] = tc(list[i], "cat", "tensors[" .. i .. "]")
+   end
+   local d = wrap_dim("cat", dim == nil and 1 or dim, arr[0].ndim)
+   outp[0] = nil
+   check(C.lm_cat(n, arr, d, outp), "cat")
+   return wrap(outp[0])
+end
+
+-- stack(list, dim): unsqueeze each tensor at dim, then cat
+function M.stack(list, dim)
+   if type(list) ~= "table" or getmetatable(list) ~= nil then
+      argerror("stack", "expected an array of tensors, got " .. typename(list))
+   end
+   local n = #list
+   if n == 0 then argerror("stack", "expected a non-empty array of tensors") end
+   local nd = tc(list[1], "stack", "tensors[1]").ndim
+   local d = dim == nil and 1 or dim
+   local d0 = wrap_dim("stack", d, nd + 1)
+   local parts = {}
+   for i = 1, n do
+      local c = tc(list[i], "stack", "tensors[" .. i .. "]")
+      if c.ndim ~= nd then argerror("stack", "all tensors must have the same number of dims") end
+      for k = 0, nd - 1 do
+         if c.sizes[k] ~= tc(list[1], "stack").sizes[k] then
+            argerror("stack", "stack expects each tensor to be equal size")
+         end
+      end
+      parts[i] = Tensor.unsqueeze(list[i], d0 + 1)
+   end
+   return M.cat(parts, d0 + 1)
+end
+
+---------------------------------------------------------------------------------------------
+-- operators: dispatch through the method table at call time (autograd may replace methods)
+---------------------------------------------------------------------------------------------
+
+mt.__add = function(a, b) return Tensor.add(a, b) end
+mt.__sub = function(a, b) return Tensor.sub(a, b) end
+mt.__mul = function(a, b) return Tensor.mul(a, b) end
+mt.__div = function(a, b) return Tensor.div(a, b) end
+mt.__pow = function(a, b) return Tensor.pow(a, b) end
+mt.__unm = function(a) return Tensor.neg(a) end
+
+-- keep the original forward functions for autograd wrappers
+for k, v in pairs(Tensor) do M.raw[k] = v end
+M.raw.where, M.raw.cat, M.raw.stack = M.where, M.cat, M.stack
+
+return M

@@ -1,0 +1,188 @@
+-- models/resnet.lua -- ResNet, ResNeXt and Wide ResNet, as torchvision builds them.
+--
+-- One builder (ResNet) with two block types (BasicBlock, Bottleneck), groups and width per group.
+-- Module and parameter names follow torchvision's state_dict keys exactly (conv1.weight,
+-- layer1.0.bn1.running_mean, layer2.0.downsample.0.weight, fc.bias, ...), so weights exported from
+-- torchvision load with load_state_dict unchanged.
+--
+--    local model = lm.models.resnet50({num_classes = 1000})
+--    lm.to_channels_last(model)
+local M = {}
+
+local function builder(lm)
+   local nn = lm.nn
+   local init = nn.init
+
+   local function conv3x3(cin, cout, stride, groups, dilation)
+      return nn.Conv2d(cin, cout, 3, { stride = stride or 1, padding = dilation or 1,
+                                       groups = groups or 1, dilation = dilation or 1,
+                                       bias = false })
+   end
+   local function conv1x1(cin, cout, stride)
+      return nn.Conv2d(cin, cout, 1, { stride = stride or 1, bias = false })
+   end
+
+   local BasicBlock = nn.Module:extend("BasicBlock")
+   BasicBlock.expansion = 1
+   function BasicBlock:__init(inplanes, planes, stride, downsample, groups, base_width, dilation)
+      if (groups or 1) ~= 1 or (base_width or 64) ~= 64 then
+         error("lumen.models.resnet: BasicBlock only supports groups=1 and base_width=64", 3)
+      end
+      if (dilation or 1) > 1 then
+         error("lumen.models.resnet: dilation > 1 is not supported in BasicBlock", 3)
+      end
+      self.conv1 = conv3x3(inplanes, planes, stride)
+      self.bn1 = nn.BatchNorm2d(planes)
+      self.relu = nn.ReLU()
+      self.conv2 = conv3x3(planes, planes)
+      self.bn2 = nn.BatchNorm2d(planes)
+      if downsample then self.downsample = downsample end
+      self.stride = stride or 1
+   end
+   function BasicBlock:forward(x)
+      local out = self.relu(self.bn1(self.conv1(x)))
+      out = self.bn2(self.conv2(out))
+      local identity = x
+      if self.downsample then identity = self.downsample(x) end
+      return self.relu(out + identity)
+   end
+
+   local Bottleneck = nn.Module:extend("Bottleneck")
+   Bottleneck.expansion = 4
+   function Bottleneck:__init(inplanes, planes, stride, downsample, groups, base_width, dilation)
+      groups, base_width = groups or 1, base_width or 64
+      local width = math.floor(planes * (base_width / 64.0)) * groups
+      self.conv1 = conv1x1(inplanes, width)
+      self.bn1 = nn.BatchNorm2d(width)
+      self.conv2 = conv3x3(width, width, stride, groups, dilation)
+      self.bn2 = nn.BatchNorm2d(width)
+      self.conv3 = conv1x1(width, planes * 4)
+      self.bn3 = nn.BatchNorm2d(planes * 4)
+      self.relu = nn.ReLU()
+      if downsample then self.downsample = downsample end
+      self.stride = stride or 1
+   end
+   function Bottleneck:forward(x)
+      local out = self.relu(self.bn1(self.conv1(x)))
+      out = self.relu(self.bn2(self.conv2(out)))
+      out = self.bn3(self.conv3(out))
+      local identity = x
+      if self.downsample then identity = self.downsample(x) end
+      return self.relu(out + identity)
+   end
+
+   local ResNet = nn.Module:extend("ResNet")
+   function ResNet:__init(block, layers, opts)
+      opts = opts or {}
+      local num_classes = opts.num_classes or 1000
+      self.inplanes, self.dilation_ = 64, 1
+      self.groups_ = opts.groups or 1
+      self.base_width = opts.width_per_group or 64
+      self.conv1 = nn.Conv2d(3, 64, 7, { stride = 2, padding = 3, bias = false })
+      self.bn1 = nn.BatchNorm2d(64)
+      self.relu = nn.ReLU()
+      self.maxpool = nn.MaxPool2d({ kernel_size = 3, stride = 2, padding = 1 })
+      self.layer1 = self:_make_layer(block, 64, layers[1], 1)
+      self.layer2 = self:_make_layer(block, 128, layers[2], 2)
+      self.layer3 = self:_make_layer(block, 256, layers[3], 2)
+      self.layer4 = self:_make_layer(block, 512, layers[4], 2)
+      self.avgpool = nn.AdaptiveAvgPool2d({ 1, 1 })
+      self.fc = nn.Linear(512 * block.expansion, num_classes)
+      -- torchvision's initialisation
+      for _, m in ipairs(self:modules()) do
+         local ty = m:type_name()
+         if ty == "Conv2d" then
+            init.kaiming_normal_(m.weight, 0, "fan_out", "relu")
+         elseif ty == "BatchNorm2d" then
+            init.constant_(m.weight, 1)
+            init.constant_(m.bias, 0)
+         end
+      end
+      if opts.zero_init_residual then
+         for _, m in ipairs(self:modules()) do
+            if m.bn3 and m:type_name() == "Bottleneck" then init.constant_(m.bn3.weight, 0) end
+            if m.bn2 and m:type_name() == "BasicBlock" then init.constant_(m.bn2.weight, 0) end
+         end
+      end
+   end
+   function ResNet:_make_layer(block, planes, blocks, stride)
+      local downsample
+      if stride ~= 1 or self.inplanes ~= planes * block.expansion then
+         downsample = nn.Sequential(conv1x1(self.inplanes, planes * block.expansion, stride),
+                                    nn.BatchNorm2d(planes * block.expansion))
+      end
+      local list = { block(self.inplanes, planes, stride, downsample, self.groups_,
+                           self.base_width, 1) }
+      self.inplanes = planes * block.expansion
+      for _ = 2, blocks do
+         list[#list + 1] = block(self.inplanes, planes, 1, nil, self.groups_, self.base_width, 1)
+      end
+      return nn.Sequential(list)
+   end
+   function ResNet:forward(x)
+      x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+      x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+      x = self.avgpool(x)
+      x = lm.F.flatten(x, 2)
+      return self.fc(x)
+   end
+
+   return { BasicBlock = BasicBlock, Bottleneck = Bottleneck, ResNet = ResNet }
+end
+
+local cache = setmetatable({}, { __mode = "k" })
+local function classes(lm)
+   local c = cache[lm]
+   if not c then
+      c = builder(lm)
+      cache[lm] = c
+   end
+   return c
+end
+
+local function opts_of(fname, opts)
+   if opts ~= nil and type(opts) ~= "table" then
+      error("lumen.models." .. fname .. ": opts must be a table, got " .. type(opts), 3)
+   end
+   local o = {}
+   for k, v in pairs(opts or {}) do o[k] = v end
+   local nc = o.num_classes
+   if nc ~= nil and (type(nc) ~= "number" or nc < 1 or nc % 1 ~= 0) then
+      error("lumen.models." .. fname .. ": num_classes must be a positive integer", 3)
+   end
+   return o
+end
+
+local configs = {
+   resnet18 = { "BasicBlock", { 2, 2, 2, 2 } },
+   resnet34 = { "BasicBlock", { 3, 4, 6, 3 } },
+   resnet50 = { "Bottleneck", { 3, 4, 6, 3 } },
+   resnet101 = { "Bottleneck", { 3, 4, 23, 3 } },
+   resnet152 = { "Bottleneck", { 3, 8, 36, 3 } },
+   resnext50_32x4d = { "Bottleneck", { 3, 4, 6, 3 }, 32, 4 },
+   resnext101_32x8d = { "Bottleneck", { 3, 4, 23, 3 }, 32, 8 },
+   wide_resnet50_2 = { "Bottleneck", { 3, 4, 6, 3 }, 1, 128 },
+   wide_resnet101_2 = { "Bottleneck", { 3, 4, 23, 3 }, 1, 128 },
+}
+
+--- install the model constructors into `models` (lm.models), built on `lm`
+function M.install(lm, models)
+   for name, cfg in pairs(configs) do
+      models[name] = function(opts)
+         local o = opts_of(name, opts)
+         o.groups = cfg[3] or o.groups
+         o.width_per_group = cfg[4] or o.width_per_group
+         local c = classes(lm)
+         return c.ResNet(c[cfg[1]], cfg[2], o)
+      end
+   end
+   models.ResNet = function(block, layers, opts)
+      local c = classes(lm)
+      return c.ResNet(type(block) == "string" and c[block] or block, layers, opts)
+   end
+   models.BasicBlock = function(...) return classes(lm).BasicBlock(...) end
+   models.Bottleneck = function(...) return classes(lm).Bottleneck(...) end
+   return models
+end
+
+return M

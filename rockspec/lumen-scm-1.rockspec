@@ -1,0 +1,50 @@
+-- lumen: a LuaJIT tensor runtime with channels-last memory formats.
+-- Install from a source checkout (luarocks make does not fetch source.url):
+--    luarocks make rockspec/lumen-scm-1.rockspec                  (system tree)
+--    luarocks make --tree /tmp/x rockspec/lumen-scm-1.rockspec    (a private tree)
+-- The library needs LuaJIT (FFI); the `lumen` command starts luajit itself.
+rockspec_format = "3.0"
+package = "lumen"
+version = "scm-1"
+
+source = {
+   -- a placeholder: there is no public repository; `luarocks make` builds the current directory
+   url = "git://example.invalid/lumen",
+}
+
+description = {
+   summary = "Strided tensors with PyTorch's memory formats (channels-last) for LuaJIT",
+   detailed = [[
+lumen is a tensor runtime: a C core (strided tensors with contiguous, channels_last and
+channels_last_3d layouts, elementwise/reduction/convolution kernels) used from LuaJIT through
+the FFI, with autograd, nn modules, optimizers and torchvision-compatible models in Lua.]],
+   license = "MIT",
+   labels = { "tensor", "deep-learning", "luajit", "ffi" },
+}
+
+dependencies = {
+   "lua >= 5.1",
+}
+
+build = {
+   type = "make",
+   build_target = "all",
+   build_variables = {
+      CC = "$(CC)",
+      -- luarocks' CFLAGS carry -O2; the Makefile drops -O* when LUAROCKS_BUILD is set and keeps
+      -- its own optimisation flags (OPT)
+      CFLAGS = "$(CFLAGS)",
+      LUAROCKS_BUILD = "1",
+   },
+   install_target = "install",
+   install_variables = {
+      INST_PREFIX = "$(PREFIX)",
+      INST_LIBDIR = "$(LIBDIR)",
+      INST_LUADIR = "$(LUADIR)",
+      INST_BINDIR = "$(BINDIR)",
+   },
+}
+
+test = {
+   type = "busted",
+}

@@ -1,0 +1,364 @@
+-- spec/elementwise_spec.lua -- elementwise math (API.md "Math"): values against PyTorch 1.13
+-- (spec/fixtures/core/values.lua), operators, broadcasting, type promotion, in-place forms,
+-- matmul and cat. The output layout rules of the memory-format spec are in memory_format_spec.
+local H = require("spec.helpers")
+local lm = H.lm
+
+local V = H.fixture("values")
+
+local TOL = { f32 = 2e-6, f64 = 1e-12 }
+local DT = { f32 = lm.float32, f64 = lm.float64 }
+
+describe("elementwise values against PyTorch", function()
+   for _, key in ipairs({ "f32", "f64" }) do
+      local dt, tol, R = DT[key], TOL[key], V[key]
+      local function T(vals) return lm.tensor(vals, { dtype = dt }) end
+      local y8 = { unpack(V.y, 1, 8) }
+
+      it(key .. ": unary ops", function()
+         local x, p = T(V.x), T(V.pos)
+         local cases = {
+            { "neg", x:neg() }, { "neg", -x }, { "abs", x:abs() }, { "exp", x:exp() },
+            { "relu", x:relu() }, { "sigmoid", x:sigmoid() }, { "tanh", x:tanh() },
+            { "log", p:log() }, { "sqrt", p:sqrt() },
+         }
+         for _, c in ipairs(cases) do
+            H.assert_dtype(c[2], dt, c[1])
+            H.assert_close(c[2], R[c[1]], tol, c[1])
+         end
+      end)
+
+      it(key .. ": pow", function()
+         local x, p = T(V.x), T(V.pos)
+         H.assert_close(x:pow(2), R.pow2, tol, "x^2")
+         H.assert_close(x ^ 2, R.pow2, tol, "x ^ 2 operator")
+         H.assert_close(x:pow(3), R.pow3, tol, "x^3")
+         H.assert_close(p:pow(0.5), R.powhalf, tol, "p^0.5")
+         H.assert_close(p:pow(T(y8)), R.pow_xy, tol, "p^y")
+         H.assert_close(2 ^ x, R.two_pow, tol, "2^x")
+         H.assert_dtype(2 ^ x, dt)
+      end)
+
+      it(key .. ": clamp", function()
+         local x = T(V.x)
+         H.assert_close(x:clamp(-1, 2), R.clamp, 0, "clamp(-1, 2)")
+         H.assert_close(x:clamp(0.5, nil), R.clamp_lo, 0, "clamp(0.5, nil)")
+         H.assert_close(x:clamp(nil, 0.5), R.clamp_hi, 0, "clamp(nil, 0.5)")
+      end)
+
+      it(key .. ": binary ops, methods and operators", function()
+         local x, y = T(V.x), T(V.y)
+         H.assert_close(x + y, R.add, tol, "+")
+         H.assert_close(x:add(y), R.add, tol, "add")
+         H.assert_close(x - y, R.sub, tol, "-")
+         H.assert_close(x:sub(y), R.sub, tol, "sub")
+         H.assert_close(x * y, R.mul, tol, "*")
+         H.assert_close(x:mul(y), R.mul, tol, "mul")
+         H.assert_close(x / y, R.div, tol, "/")
+         H.assert_close(x:div(y), R.div, tol, "div")
+         H.assert_close(1 / y, R.rdiv, tol, "1 / y")
+         H.assert_close(x:add(y, 2.5), R.add_alpha, tol, "add alpha")
+         H.assert_close(x:addcmul(y, y, 0.5), R.addcmul, tol, "addcmul")
+         H.assert_dtype(x + y, dt)
+      end)
+   end
+
+   it("scalars on either side", function()
+      local x = lm.tensor({ 1, 2, 4 }, { dtype = lm.float32 })
+      H.assert_values(x + 1, { 2, 3, 5 })
+      H.assert_values(1 + x, { 2, 3, 5 })
+      H.assert_values(x - 1, { 0, 1, 3 })
+      H.assert_values(1 - x, { 0, -1, -3 })
+      H.assert_values(x * 3, { 3, 6, 12 })
+      H.assert_values(3 * x, { 3, 6, 12 })
+      H.assert_values(x / 2, { 0.5, 1, 2 })
+      H.assert_values(4 / x, { 4, 2, 1 })
+      H.assert_values(x:sub(1, 2), { -1, 0, 2 })
+      H.assert_values(x:addcmul(x, x), { 2, 6, 20 })
+   end)
+
+   it("special values follow IEEE", function()
+      local z = lm.tensor({ 0, -1, 1 }, { dtype = lm.float32 })
+      local r = H.values(z:log())
+      assert.equal(-math.huge, r[1])
+      assert.is_true(r[2] ~= r[2])
+      assert.equal(0, r[3])
+      local d = H.values(lm.tensor({ 1, -1, 0 }, { dtype = lm.float32 }) / 0)
+      assert.equal(math.huge, d[1])
+      assert.equal(-math.huge, d[2])
+      assert.is_true(d[3] ~= d[3])
+      local s = H.values(lm.tensor({ -1000, 1000 }, { dtype = lm.float32 }):sigmoid())
+      assert.equal(0, s[1])
+      assert.equal(1, s[2])
+   end)
+
+   it("clamp with lo > hi gives hi everywhere (PyTorch)", function()
+      H.assert_values(lm.tensor({ 0, 5 }):clamp(3, 1), { 1, 1 })
+   end)
+
+   it("clamp with one bound and on integers", function()
+      local i = lm.tensor({ -3, 3 }, { dtype = lm.int64 })
+      local c = i:clamp(-1, 2)
+      H.assert_dtype(c, lm.int64)
+      H.assert_values(c, { -1, 2 })
+   end)
+
+   it("where picks elementwise, broadcasting cond, a and b; numbers allowed", function()
+      local cond = lm.tensor({ true, false, true }, { dtype = lm.bool })
+      local a = lm.tensor({ 1, 2, 3 }, { dtype = lm.float32 })
+      local b = lm.tensor({ 10, 20, 30 }, { dtype = lm.float32 })
+      H.assert_values(lm.where(cond, a, b), { 1, 20, 3 })
+      H.assert_values(lm.where(cond, a, 0), { 1, 0, 3 })
+      H.assert_values(lm.where(cond, -1, b), { -1, 20, -1 })
+      local c2 = lm.tensor({ { true }, { false } }, { dtype = lm.bool })
+      local w = lm.where(c2, a, b)
+      H.assert_sizes(w, { 2, 3 })
+      H.assert_values(w, { 1, 2, 3, 10, 20, 30 })
+   end)
+end)
+
+describe("broadcasting", function()
+   it("aligns trailing dims and expands size-1 dims", function()
+      local a = H.seq({ 3, 1 })
+      local b = H.seq({ 1, 4 })
+      local r = a + b
+      H.assert_layout(r, { 3, 4 }, { 4, 1 })
+      H.assert_values(r, { 0, 1, 2, 3, 1, 2, 3, 4, 2, 3, 4, 5 })
+      H.assert_sizes(H.seq({ 5, 1, 3 }) * H.seq({ 4, 1 }), { 5, 4, 3 })
+      H.assert_sizes(H.seq({ 2, 3, 4 }) - H.seq({ 4 }), { 2, 3, 4 })
+      H.assert_sizes(lm.zeros({ 0, 3 }) + lm.zeros({ 1, 3 }), { 0, 3 })
+   end)
+   it("with 0-dim tensors", function()
+      local s = lm.full({}, 2)
+      local r = H.seq({ 2, 2 }) * s
+      H.assert_sizes(r, { 2, 2 })
+      H.assert_values(r, { 0, 2, 4, 6 })
+      local z = s + s
+      assert.equal(0, z:dim())
+      assert.equal(4, z:item())
+   end)
+   it("fails on incompatible sizes", function()
+      H.assert_error("add", function() return H.seq({ 3 }) + H.seq({ 4 }) end)
+      H.assert_error("mul", function() return H.seq({ 2, 3 }):mul(H.seq({ 3, 2 })) end)
+      H.assert_error("where", lm.where, lm.zeros({ 2 }, { dtype = lm.bool }), H.seq({ 3 }),
+         H.seq({ 3 }))
+      H.assert_error("addcmul", function()
+         return H.seq({ 3 }):addcmul(H.seq({ 2 }), H.seq({ 3 }))
+      end)
+   end)
+end)
+
+describe("type promotion", function()
+   local function T(v, dt) return lm.tensor(v, { dtype = dt }) end
+   local i64 = function() return T({ 1, 2 }, lm.int64) end
+   local i32 = function() return T({ 1, 2 }, lm.int32) end
+   local u8 = function() return T({ 1, 2 }, lm.uint8) end
+   local b = function() return T({ true, false }, lm.bool) end
+   local f32 = function() return T({ 1, 2 }, lm.float32) end
+   local f64 = function() return T({ 1, 2 }, lm.float64) end
+   local f16 = function() return T({ 1, 2 }, lm.float16) end
+   local bf16 = function() return T({ 1, 2 }, lm.bfloat16) end
+   local z = function(v, dt) return lm.full({}, v, { dtype = dt }) end
+
+   -- {result, expected dtype, expected values} (PyTorch 1.13)
+   local cases = {
+      { "int64 + float32", function() return i64() + f32() end, lm.float32, { 2, 4 } },
+      { "bool + int64", function() return b() + i64() end, lm.int64, { 2, 2 } },
+      { "bool + bool", function() return b() + b() end, lm.bool, { true, false } },
+      { "int32 + int64", function() return i32() + i64() end, lm.int64, { 2, 4 } },
+      { "uint8 + int32", function() return u8() + i32() end, lm.int32, { 2, 4 } },
+      { "uint8 + bool", function() return u8() + b() end, lm.uint8, { 2, 2 } },
+      { "float16 + bfloat16", function() return f16() + bf16() end, lm.float32, { 2, 4 } },
+      { "float16 + float32", function() return f16() + f32() end, lm.float32, { 2, 4 } },
+      { "float64 + float32", function() return f64() + f32() end, lm.float64, { 2, 4 } },
+      { "float16 + 2.5", function() return f16() + 2.5 end, lm.float16, { 3.5, 4.5 } },
+      { "float16 + 2", function() return f16() + 2 end, lm.float16, { 3, 4 } },
+      { "int64 + 2.5", function() return i64() + 2.5 end, lm.float32, { 3.5, 4.5 } },
+      { "int64 + 2", function() return i64() + 2 end, lm.int64, { 3, 4 } },
+      { "bool + 2", function() return b() + 2 end, lm.int64, { 3, 2 } },
+      { "bool + 2.5", function() return b() + 2.5 end, lm.float32, { 3.5, 2.5 } },
+      { "int32 * true", function() return i32() * true end, lm.int32, { 1, 2 } },
+      { "uint8 - 1", function() return u8() - 1 end, lm.uint8, { 0, 1 } },
+      { "int64 + 0-dim float64", function() return i64() + z(1.5, lm.float64) end, lm.float64,
+         { 2.5, 3.5 } },
+      { "float32 + 0-dim float64", function() return f32() + z(1.5, lm.float64) end, lm.float32,
+         { 2.5, 3.5 } },
+      { "float16 + 0-dim float32", function() return f16() + z(1.5, lm.float32) end, lm.float16,
+         { 2.5, 3.5 } },
+      { "int32 + 0-dim int64", function() return i32() + z(3, lm.int64) end, lm.int32, { 4, 5 } },
+      { "uint8 + 0-dim int64", function() return u8() + z(3, lm.int64) end, lm.uint8, { 4, 5 } },
+      { "bool + 0-dim float64", function()
+         return b() + z(1, lm.float64)
+      end, lm.float64, { 2, 1 } },
+      { "0-dim int64 + 0-dim float32", function() return z(3, lm.int64) + z(1.5, lm.float32) end,
+         lm.float32, { 4.5 } },
+      { "0-dim float64 + 0-dim float32", function() return z(1, lm.float64) + z(1, lm.float32) end,
+         lm.float64, { 2 } },
+      { "int64 / int64 is true division", function()
+         return i64() / i64()
+      end, lm.float32, { 1, 1 } },
+      { "int64 / 2", function() return T({ 7, -7 }, lm.int64) / 2 end, lm.float32, { 3.5, -3.5 } },
+      { "int64 ^ 2", function() return i64():pow(2) end, lm.int64, { 1, 4 } },
+      { "int64 ^ 0.5", function() return T({ 1, 4 }, lm.int64):pow(0.5) end, lm.float32, { 1, 2 } },
+      { "exp(int64) is float32", function()
+         return T({ 0 }, lm.int64):exp()
+      end, lm.float32, { 1 } },
+      { "sqrt(bool) is float32", function()
+         return T({ true }, lm.bool):sqrt()
+      end, lm.float32, { 1 } },
+      { "abs(int64) stays int64", function() return T({ 1, -2 }, lm.int64):abs() end, lm.int64,
+         { 1, 2 } },
+      { "neg(int64) stays int64", function()
+         return -T({ 1, -2 }, lm.int64)
+      end, lm.int64, { -1, 2 } },
+      { "relu(int64) stays int64", function() return T({ 1, -2 }, lm.int64):relu() end, lm.int64,
+         { 1, 0 } },
+   }
+   for _, c in ipairs(cases) do
+      it(c[1], function()
+         local r = c[2]()
+         H.assert_dtype(r, c[3], c[1])
+         H.assert_values(r, c[4], c[1])
+      end)
+   end
+
+   it("float16 / bfloat16 results are rounded to the storage type", function()
+      -- 2048 + 1 = 2049 is not a float16; round-to-nearest-even gives 2048 (PyTorch: the same)
+      H.assert_values(lm.full({ 1 }, 2048, { dtype = lm.float16 }) + 1, { 2048 })
+      H.assert_values(lm.full({ 1 }, 2048, { dtype = lm.float16 }) + 3, { 2052 })
+      H.assert_values(lm.full({ 1 }, 256, { dtype = lm.bfloat16 }) + 1, { 256 })
+      H.assert_dtype(lm.full({ 1 }, 256, { dtype = lm.bfloat16 }) + 1, lm.bfloat16)
+   end)
+
+   it("mixed dtypes and formats: dtype promotes, layout follows the first operand", function()
+      local ha = H.seq({ 2, 3, 4, 5 }, lm.channels_last, lm.float16)
+      local fb = H.seq({ 2, 3, 4, 5 })
+      local r = ha + fb
+      H.assert_dtype(r, lm.float32)
+      H.assert_strides(r, { 60, 1, 15, 3 })
+      local e = H.iota(120)
+      for k = 1, #e do e[k] = 2 * e[k] end
+      H.assert_close(r, e, 0)
+      H.assert_strides(fb + ha, { 60, 20, 5, 1 })
+   end)
+
+   it("uint8 arithmetic wraps around", function()
+      H.assert_values(T({ 1, 2 }, lm.uint8) - 3, { 254, 255 })
+   end)
+end)
+
+describe("in-place forms", function()
+   it("return self and modify it", function()
+      local x = lm.tensor({ 1, -2, 3 }, { dtype = lm.float32 })
+      assert.equal(x, x:add_(1))
+      H.assert_values(x, { 2, -1, 4 })
+      assert.equal(x, x:mul_(2))
+      H.assert_values(x, { 4, -2, 8 })
+      assert.equal(x, x:relu_())
+      H.assert_values(x, { 4, 0, 8 })
+      assert.equal(x, x:fill_(3))
+      H.assert_values(x, { 3, 3, 3 })
+      assert.equal(x, x:zero_())
+      H.assert_values(x, { 0, 0, 0 })
+      assert.equal(x, x:copy_(lm.tensor({ 7, 8, 9 }, { dtype = lm.int64 })))
+      H.assert_values(x, { 7, 8, 9 })
+      H.assert_dtype(x, lm.float32)
+   end)
+   it("broadcast the other operand into self", function()
+      local x = lm.zeros({ 2, 3 })
+      x:add_(lm.tensor({ 1, 2, 3 }, { dtype = lm.float32 }))
+      H.assert_values(x, { 1, 2, 3, 1, 2, 3 })
+      x:copy_(lm.tensor({ { 5 }, { 6 } }, { dtype = lm.float32 }))
+      H.assert_values(x, { 5, 5, 5, 6, 6, 6 })
+   end)
+   it("write through views into the base tensor", function()
+      local x = lm.zeros({ 3, 4 })
+      x:narrow(2, 2, 2):fill_(1)
+      x:select(1, 3):add_(5)
+      H.assert_values(x, { 0, 1, 1, 0, 0, 1, 1, 0, 5, 6, 6, 5 })
+   end)
+   it("copy_ converts dtypes (float to int truncates toward zero)", function()
+      local i = lm.zeros({ 3 }, { dtype = lm.int64 })
+      i:copy_(lm.tensor({ 2.7, -2.7, 0.5 }, { dtype = lm.float32 }))
+      H.assert_values(i, { 2, -2, 0 })
+      local h = lm.zeros({ 2 }, { dtype = lm.float16 })
+      h:copy_(lm.tensor({ 0.5, 1 / 3 }, { dtype = lm.float64 }))
+      H.assert_close(h, { 0.5, 0.333251953125 }, 0)
+      local bo = lm.zeros({ 3 }, { dtype = lm.bool })
+      bo:copy_(lm.tensor({ 0, 2, -0.5 }, { dtype = lm.float32 }))
+      H.assert_values(bo, { false, true, true })
+   end)
+   it("unary in-place ops on a channels-last tensor keep the values in logical order", function()
+      local x = H.seq({ 2, 3, 4, 5 }, lm.channels_last)
+      x:neg_()
+      local e = H.iota(120)
+      for k = 1, #e do e[k] = -e[k] end
+      H.assert_close(x, e, 0)
+   end)
+end)
+
+describe("matmul", function()
+   it("multiplies 2-D matrices", function()
+      local a = H.seq({ 2, 3 })
+      local b = H.seq({ 3, 4 })
+      local r = a:matmul(b)
+      H.assert_layout(r, { 2, 4 }, { 4, 1 })
+      H.assert_values(r, { 20, 23, 26, 29, 56, 68, 80, 92 })
+   end)
+   it("handles transposed operands", function()
+      local a = H.seq({ 3, 2 }):transpose(1, 2)   -- [[0,2,4],[1,3,5]]
+      local b = H.seq({ 4, 3 }):transpose(1, 2)   -- (3,4)
+      local r = a:matmul(b)
+      -- r[i][j] = sum_k a[i][k] * b[k][j], a[i][k] = 2k + i, b[k][j] = 3j + k
+      local e = {}
+      for i = 0, 1 do
+         for j = 0, 3 do
+            local s = 0
+            for k = 0, 2 do s = s + (2 * k + i) * (3 * j + k) end
+            e[#e + 1] = s
+         end
+      end
+      H.assert_values(r, e)
+   end)
+   it("broadcasts batch dims", function()
+      local r = H.seq({ 2, 3, 4 }):matmul(H.seq({ 4, 2 }))
+      H.assert_sizes(r, { 2, 3, 2 })
+   end)
+   it("float64", function()
+      local r = H.seq({ 2, 2 }, nil, lm.float64):matmul(H.seq({ 2, 2 }, nil, lm.float64))
+      H.assert_dtype(r, lm.float64)
+      H.assert_values(r, { 2, 3, 6, 11 })
+   end)
+   it("rejects mismatched inner sizes", function()
+      H.assert_error("matmul", function() return H.seq({ 2, 3 }):matmul(H.seq({ 2, 3 })) end)
+   end)
+end)
+
+describe("lm.cat", function()
+   it("joins along a dim", function()
+      local a, b = H.seq({ 2, 2 }), H.seq({ 2, 2 }) + 4
+      H.assert_values(lm.cat({ a, b }, 1), { 0, 1, 2, 3, 4, 5, 6, 7 })
+      H.assert_sizes(lm.cat({ a, b }, 1), { 4, 2 })
+      H.assert_values(lm.cat({ a, b }, 2), { 0, 1, 4, 5, 2, 3, 6, 7 })
+      H.assert_values(lm.cat({ a, b }, -1), { 0, 1, 4, 5, 2, 3, 6, 7 })
+   end)
+   it("keeps channels-last when every input suggests it, else contiguous", function()
+      local c = H.seq({ 2, 3, 4, 5 }, lm.channels_last)
+      local n = H.seq({ 2, 3, 4, 5 })
+      H.assert_strides(lm.cat({ c, c }, 2), { 120, 1, 30, 6 })
+      H.assert_strides(lm.cat({ c, c }, 1), { 60, 1, 15, 3 })
+      H.assert_strides(lm.cat({ c, n }, 2), { 120, 20, 5, 1 })
+      H.assert_strides(lm.cat({ n, c }, 4), { 120, 40, 10, 1 })
+      local r = lm.cat({ c, n }, 2)
+      local e = {}
+      for i = 0, 1 do
+         for part = 0, 1 do
+            for k = 0, 59 do e[#e + 1] = i * 60 + k end
+         end
+      end
+      H.assert_close(r, e, 0)
+   end)
+   it("rejects mismatched sizes", function()
+      H.assert_error("cat", lm.cat, { H.seq({ 2, 2 }), H.seq({ 2, 3 }) }, 1)
+   end)
+end)

@@ -1,0 +1,269 @@
+-- spec/install_spec.lua -- where lumen is loaded from, and the `lumen` command (scripts, -e, stdin,
+-- the REPL driven through tmux).
+--
+-- In-tree run (make test): require("lumen") must resolve to ./lua and the library to LUMEN_LIB
+-- (or build/liblumen.so). Installed run (.ci/run sets LUMEN_INSTALL_TREE to a `luarocks make
+-- --tree` directory and runs busted with --run=installed): everything must come from that tree,
+-- and the launcher tested is <tree>/bin/lumen.
+
+local TREE = os.getenv("LUMEN_INSTALL_TREE")
+if TREE == "" then TREE = nil end
+
+local function q(s)
+   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+-- run a shell command; returns its output (stdout and stderr together) and exit status
+local function sh(cmd)
+   local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
+   local out = p:read("*a")
+   p:close()
+   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+   out = out:gsub("__rc=%d+%s*$", "")
+   return out, rc
+end
+
+local function realpath(path)
+   local out, rc = sh("readlink -f -- " .. q(path))
+   if rc ~= 0 then return nil end
+   return (out:gsub("%s+$", ""))
+end
+
+local function write_file(path, text)
+   local f = assert(io.open(path, "w"))
+   f:write(text)
+   f:close()
+end
+
+local function read_file(path)
+   local f = io.open(path, "r")
+   if not f then return nil end
+   local s = f:read("*a")
+   f:close()
+   return s
+end
+
+local ROOT = realpath(".")
+local LAUNCHER = TREE and (TREE .. "/bin/lumen") or (ROOT .. "/bin/lumen")
+
+-- environment the launcher gets (explicitly, so that tmux sessions see it too)
+local function env_prefix(extra)
+   local parts = { "env" }
+   for _, k in ipairs({ "LUMEN_LIB", "LUA_PATH", "LUA_CPATH", "LD_PRELOAD", "ASAN_OPTIONS",
+                        "UBSAN_OPTIONS", "HOME" }) do
+      local v = os.getenv(k)
+      if v then parts[#parts + 1] = k .. "=" .. q(v) end
+   end
+   for k, v in pairs(extra or {}) do parts[#parts + 1] = k .. "=" .. q(v) end
+   return table.concat(parts, " ")
+end
+
+local function lumen(args, stdin)
+   local cmd = env_prefix() .. " " .. q(LAUNCHER) .. " " .. args
+   if stdin then
+      local tmp = os.tmpname()
+      write_file(tmp, stdin)
+      local out, rc = sh(cmd .. " < " .. q(tmp))
+      os.remove(tmp)
+      return out, rc
+   end
+   return sh(cmd .. " < /dev/null")
+end
+
+describe("install", function()
+   it("require('lumen') resolves to " .. (TREE and "the install tree" or "the source tree"),
+      function()
+         local path = package.searchpath("lumen", package.path)
+         assert.is_not_nil(path, "lumen is not on package.path")
+         local real = realpath(path)
+         if TREE then
+            local prefix = realpath(TREE) .. "/share/lua/5.1/lumen/"
+            assert.are.equal(prefix, real:sub(1, #prefix))
+         else
+            assert.are.equal(ROOT .. "/lua/lumen/init.lua", real)
+         end
+         local lm = require("lumen")
+         assert.is_table(lm)
+      end)
+
+   it("every lumen module comes from the same place", function()
+      local where = TREE and (realpath(TREE) .. "/share/lua/5.1/") or (ROOT .. "/lua/")
+      for _, mod in ipairs({ "lumen.C", "lumen.cdef", "lumen.repl" }) do
+         local path = package.searchpath(mod, package.path)
+         assert.is_not_nil(path, mod .. " is not on package.path")
+         local real = realpath(path)
+         assert.are.equal(where, real:sub(1, #where), mod .. " resolved to " .. real)
+      end
+   end)
+
+   it("loads liblumen.so from LUMEN_LIB / the expected place", function()
+      require("lumen")
+      local expected = os.getenv("LUMEN_LIB")
+      if not expected or expected == "" then
+         expected = TREE and (TREE .. "/lib/lua/5.1/liblumen.so") or (ROOT .. "/build/liblumen.so")
+      end
+      expected = realpath(expected)
+      local maps = read_file("/proc/self/maps")
+      assert.is_not_nil(maps, "/proc/self/maps is not readable")
+      local seen = {}
+      for path in maps:gmatch("(/%S*liblumen[^/%s]*%.so)") do seen[path] = true end
+      assert.is_true(seen[expected] == true, "liblumen.so mapped from elsewhere than " ..
+         tostring(expected))
+      for path in pairs(seen) do
+         assert.are.equal(expected, path, "a second liblumen.so is mapped")
+      end
+   end)
+
+   if TREE then
+      it("the install tree holds the library where package.cpath finds it", function()
+         local path = package.searchpath("liblumen", package.cpath)
+         assert.are.equal(realpath(TREE .. "/lib/lua/5.1/liblumen.so"), path and realpath(path))
+      end)
+   end
+end)
+
+describe("the lumen command", function()
+   it("runs a script with arg set as lua does", function()
+      local script = os.tmpname()
+      -- `...` of the chunk are its arguments; arg[0] is the script
+      write_file(script, "local a, b = ...\n"
+         .. "print(arg[0] == " .. string.format("%q", script) .. ", a, b, #arg, arg[-1] ~= nil)\n")
+      local out, rc = lumen(q(script) .. " x 'y z'")
+      os.remove(script)
+      assert.are.equal(0, rc, out)
+      assert.are.equal("true\tx\ty z\t2\ttrue\n", out)
+   end)
+
+   it("has lm on -e and runs standard input", function()
+      local out, rc = lumen("-e 'print(type(lm), lm == require(\"lumen\"))'")
+      assert.are.equal(0, rc, out)
+      assert.are.equal("table\ttrue\n", out)
+      out, rc = lumen("", "print(40 + 2)\n")
+      assert.are.equal(0, rc, out)
+      assert.are.equal("42\n", out)
+   end)
+
+   it("reports errors with a non-zero exit", function()
+      local out, rc = lumen("-e 'error(\"boom\")'")
+      assert.are.equal(1, rc)
+      assert.truthy(out:find("boom", 1, true), out)
+      out, rc = lumen(q("/nonexistent/script.lua"))
+      assert.are.equal(1, rc)
+      assert.truthy(out:find("cannot open", 1, true), out)
+      out, rc = lumen("--no-such-option")
+      assert.are.equal(1, rc)
+      assert.truthy(out:find("usage", 1, true), out)
+   end)
+
+   it("prints tensors built in a script", function()
+      local out, rc = lumen("-e 'local t = lm.zeros({2, 3, 4, 5}, {memory_format = "
+         .. "lm.channels_last}); print(table.concat(t:stride(), \",\"))'")
+      assert.are.equal(0, rc, out)
+      assert.are.equal("60,1,15,3\n", out)
+   end)
+end)
+
+-- the REPL in a real terminal (tmux); skipped when tmux is missing
+local have_tmux = select(2, sh("command -v tmux")) == 0
+local describe_tmux = have_tmux and describe or pending
+
+describe_tmux("the REPL (tmux)", function()
+   local sock = "lumen-spec-" .. tostring(os.time()) .. "-" .. tostring(math.random(1e6))
+   local tmux = "tmux -L " .. sock
+   local history
+   local session = "repl"
+
+   local function capture()
+      return (sh(tmux .. " capture-pane -p -J -S -200 -t " .. session))
+   end
+
+   -- wait until the screen holds `pattern` (plain text); returns the screen
+   local function wait_for(text, seconds)
+      local screen
+      for _ = 1, (seconds or 15) * 20 do
+         screen = capture()
+         if screen:find(text, 1, true) then return screen end
+         sh("sleep 0.05")
+      end
+      error("timed out waiting for " .. string.format("%q", text) .. "; screen:\n" .. screen)
+   end
+
+   local function keys(...)
+      local parts = {}
+      for i = 1, select("#", ...) do parts[i] = q((select(i, ...))) end
+      sh(tmux .. " send-keys -t " .. session .. " " .. table.concat(parts, " "))
+   end
+   local function type_line(text)
+      sh(tmux .. " send-keys -t " .. session .. " -l " .. q(text))
+      keys("Enter")
+   end
+
+   setup(function()
+      history = os.tmpname()
+      os.remove(history)
+      local cmd = env_prefix({ LUMEN_HISTORY = history }) .. " " .. q(LAUNCHER)
+      local out, rc = sh("env -u LD_PRELOAD " .. tmux .. " new-session -d -s " .. session
+         .. " -x 150 -y 50 " .. q(cmd))
+      assert(rc == 0, out)
+   end)
+
+   teardown(function()
+      sh(tmux .. " kill-server")
+      if history then os.remove(history) end
+   end)
+
+   it("starts with lm loaded", function()
+      local screen = wait_for("> ")
+      assert.truthy(screen:find("is loaded", 1, true), screen)
+      assert.falsy(screen:find("could not load", 1, true), screen)
+   end)
+
+   it("prints expressions and keeps going after errors", function()
+      type_line("1 + 41")
+      wait_for("\n42")
+      type_line("error('boom')")
+      wait_for("stdin:1: boom")
+      type_line("{1, 2, x = 'a'}")
+      wait_for("{1, 2, x = \"a\"}")
+   end)
+
+   it("continues incomplete chunks", function()
+      type_line("for i = 1, 3 do")
+      wait_for(">> ")
+      type_line("io.write(i * 111, ' ')")
+      type_line("end")
+      wait_for("111 222 333")
+   end)
+
+   it("completes globals and fields with TAB", function()
+      keys("math.flo", "Tab")
+      wait_for("math.floor")
+      sh(tmux .. " send-keys -t " .. session .. " -l " .. q("(7.5)"))
+      keys("Enter")
+      wait_for("\n7\n")
+      keys("lm.ze", "Tab")
+      wait_for("lm.zeros")
+      keys("C-u")
+   end)
+
+   it("prints tensors with tostring", function()
+      type_line("t = lm.ones({1, 2, 1, 1})")
+      type_line("t")
+      wait_for("float32")
+   end)
+
+   it("writes the history and exits on Ctrl-D", function()
+      type_line("history_marker = 12345")
+      keys("C-d")
+      local gone = false
+      for _ = 1, 100 do
+         local _, rc = sh(tmux .. " has-session -t " .. session)
+         if rc ~= 0 then gone = true break end
+         sh("sleep 0.05")
+      end
+      assert.is_true(gone, "the REPL did not exit on Ctrl-D")
+      local h = read_file(history) or ""
+      assert.truthy(h:find("history_marker = 12345", 1, true), h)
+      assert.truthy(h:find("1 + 41", 1, true), h)
+   end)
+end)

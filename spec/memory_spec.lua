@@ -1,0 +1,84 @@
+-- spec/memory_spec.lua -- tensor memory is C memory the Lua collector cannot see: the Lua layer
+-- must trigger collections under pressure (lua/lumen/memory.lua), so a loop of large temporaries
+-- stays bounded and every byte comes back once the tensors are unreachable.
+-- lm.memory.live_bytes / peak_bytes / reset_peak are lumen's allocator counters.
+local H = require("spec.helpers")
+local lm = H.lm
+
+local function full_collect()
+   collectgarbage()
+   collectgarbage()
+end
+
+local BIG = { 8, 64, 56, 56 }                     -- float32: 6,422,528 bytes
+local BIG_BYTES = 8 * 64 * 56 * 56 * 4
+
+describe("memory", function()
+   before_each(full_collect)
+
+   it("exposes live and peak byte counters", function()
+      assert.is_function(lm.memory.live_bytes)
+      assert.is_function(lm.memory.peak_bytes)
+      local before = lm.memory.live_bytes()
+      local t = lm.empty({ 1000 })
+      assert.equal(1000, t:numel())
+      assert.is_true(lm.memory.live_bytes() >= before + 4000)
+      assert.is_true(lm.memory.peak_bytes() >= lm.memory.live_bytes())
+      t = nil -- luacheck: ignore
+      full_collect()
+      assert.equal(before, lm.memory.live_bytes())
+   end)
+
+   it("2,000 tensors of 8x64x56x56 float32 in a loop: bounded peak, all bytes return", function()
+      local start = lm.memory.live_bytes()
+      if lm.memory.reset_peak then lm.memory.reset_peak() end
+      local peak0 = lm.memory.peak_bytes()
+      for i = 1, 2000 do
+         local t = lm.empty(BIG)
+         if i % 100 == 0 then t:fill_(i) end      -- touch some of them
+      end
+      local peak = lm.memory.peak_bytes()
+      full_collect()
+      assert.equal(start, lm.memory.live_bytes(), "live bytes after collectgarbage")
+      local bound = math.max(peak0, start) + 20 * BIG_BYTES
+      assert.is_true(peak <= bound, string.format("peak %.1f MB exceeds %.1f MB (20 tensors)",
+         peak / 2 ^ 20, bound / 2 ^ 20))
+   end)
+
+   it("channels-last temporaries from arithmetic are collected too", function()
+      local start = lm.memory.live_bytes()
+      if lm.memory.reset_peak then lm.memory.reset_peak() end
+      local x = lm.zeros(BIG, { memory_format = lm.channels_last })
+      for _ = 1, 60 do                           -- 180 temporaries, 1.1 GB in all
+         local y = (x + 1):relu() * 2
+         assert.equal(1, y:stride(2))
+      end
+      local peak = lm.memory.peak_bytes()
+      x = nil -- luacheck: ignore
+      full_collect()
+      assert.equal(start, lm.memory.live_bytes())
+      assert.is_true(peak <= start + 24 * BIG_BYTES,
+         string.format("peak %.1f MB", peak / 2 ^ 20))
+   end)
+
+   it("views keep the storage alive and release it with the last reference", function()
+      local start = lm.memory.live_bytes()
+      local x = lm.ones({ 256, 256 })
+      local v = x:narrow(1, 1, 10):transpose(1, 2)
+      x = nil -- luacheck: ignore
+      full_collect()
+      assert.is_true(lm.memory.live_bytes() >= start + 256 * 256 * 4, "storage freed too early")
+      H.assert_close(v:sum(), { 2560 }, 0)
+      v = nil -- luacheck: ignore
+      full_collect()
+      assert.equal(start, lm.memory.live_bytes())
+   end)
+
+   it("t:free() releases memory at once (lumen extension)", function()
+      local start = lm.memory.live_bytes()
+      local t = lm.empty(BIG)
+      if not t.free then return end
+      t:free()
+      assert.equal(start, lm.memory.live_bytes())
+   end)
+end)

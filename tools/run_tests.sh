@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Run lumen's tests and print ONE summary line: "N passed, N failed".
+#
+#   1. busted under LuaJIT (`luajit /usr/bin/busted --ignore-lua`, config in .busted), once per
+#      spec file (spec/**/*_spec.lua) so that a crash in C costs only that file's results; with
+#      arguments (spec files, --filter=..., ...) or LUMEN_TEST_SPLIT=0, one busted run instead.
+#   2. every spec/c/*.c, compiled against $BUILD/liblumen.so and run. A program may print its own
+#      "N passed, N failed" line (the last one counts; a non-zero exit with 0 failures adds one
+#      failure); otherwise it counts as one test, passed when it exits 0.
+#
+# busted's own summary "<n> successes / <n> failures / <n> errors / <n> pending : <t> seconds" is
+# parsed: passed += successes, failed += failures + errors. A busted run that dies before printing
+# its summary counts as one failure. Exit status: 0 only when nothing failed.
+#
+# Environment: LUAJIT (luajit), BUSTED (/usr/bin/busted), CC (cc), BUILD (build), LUMEN_LIB (the
+# library the Lua binding loads), LUMEN_PRELOAD (becomes LD_PRELOAD for luajit and the C programs
+# only, e.g. libasan), TEST_CFLAGS (extra flags for the C programs), LUMEN_TEST_C=0 (skip the C
+# programs), LUMEN_TEST_SPLIT=0 (a single busted process for all files), BUSTED_OPTS (options
+# given to every busted run, e.g. --run=installed), LUMEN_TEST_COUNTS=FILE (also write
+# "passed failed" to FILE). busted's output must stay plain or utf (the default); other output
+# handlers (-o TAP, json) print no summary to parse.
+set -u
+
+LUAJIT=${LUAJIT:-luajit}
+BUSTED=${BUSTED:-$(command -v busted || echo /usr/bin/busted)}
+CC=${CC:-cc}
+BUILD=${BUILD:-build}
+TEST_CFLAGS=${TEST_CFLAGS:-}
+PRELOAD=${LUMEN_PRELOAD:-}
+
+cd "$(dirname "$0")/.." || exit 2
+root=$(pwd)
+case $BUILD in /*) build_abs=$BUILD ;; *) build_abs=$root/$BUILD ;; esac
+export LUMEN_LIB=${LUMEN_LIB:-$build_abs/liblumen.so}
+
+passed=0
+failed=0
+log=$(mktemp /tmp/lumen-test.XXXXXX)
+trap 'rm -f "$log" "$log.rc"' EXIT
+
+# run CMD... with LD_PRELOAD=$PRELOAD when one is set
+run_preloaded() {
+   if [ -n "$PRELOAD" ]; then
+      LD_PRELOAD=$PRELOAD "$@"
+   else
+      "$@"
+   fi
+}
+
+# ---- 1. busted ----------------------------------------------------------------------------------
+# one busted run; its output is shown and its counts added. A run that dies before its summary
+# (a crash in C) still counts the progress marks it printed (plain output: + passed, - failed,
+# * error) plus one failure for the crash.
+run_busted() {
+   # Debian's /usr/bin/busted is a Lua script: run it under LuaJIT directly. A luarocks-installed
+   # busted is a shell wrapper: let it re-run itself under LuaJIT (--lua).
+   local cmd
+   if head -n 1 "$BUSTED" | grep -q 'lua'; then
+      cmd=("$LUAJIT" "$BUSTED" --ignore-lua)
+   else
+      cmd=("$BUSTED" "--lua=$LUAJIT")
+   fi
+   # shellcheck disable=SC2086
+   { run_preloaded "${cmd[@]}" ${BUSTED_OPTS:-} "$@" 2>&1; echo $? > "$log.rc"; } | tee "$log"
+   local rc summary marks s f
+   rc=$(cat "$log.rc" 2>/dev/null || echo 1)
+   # strip colour codes, then take the last summary line
+   summary=$(sed -e 's/\x1b\[[0-9;]*m//g' "$log" |
+             grep -E '^[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' |
+             tail -n 1)
+   if [ -z "$summary" ]; then
+      marks=$(grep -oE '^[-+*.]+' "$log" | tr -d '\n')
+      s=$(printf '%s' "$marks" | tr -cd '+' | wc -c)
+      f=$(printf '%s' "$marks" | tr -cd -- '-*' | wc -c)
+      echo "run_tests: busted exited with status $rc before printing its summary" \
+           "($s passed, $f failed before that)" >&2
+      passed=$((passed + s))
+      failed=$((failed + f + 1))
+      return
+   fi
+   # fields: <s> successes / <f> failures / <e> errors / <p> pending : <t> seconds
+   local e
+   read -r s _ _ f _ _ e _ <<< "$summary"
+   passed=$((passed + s))
+   failed=$((failed + f + e))
+   if [ "$rc" -ne 0 ] && [ $((f + e)) -eq 0 ]; then
+      echo "run_tests: busted exited with status $rc" >&2
+      failed=$((failed + 1))
+   fi
+}
+
+if ! command -v "$LUAJIT" >/dev/null 2>&1; then
+   echo "run_tests: $LUAJIT not found" >&2
+   failed=$((failed + 1))
+elif [ ! -f "$BUSTED" ]; then
+   echo "run_tests: busted not found at $BUSTED (apt-get install lua-busted)" >&2
+   failed=$((failed + 1))
+elif [ $# -eq 0 ] && [ "${LUMEN_TEST_SPLIT:-1}" != 0 ]; then
+   # one busted process per spec file (same .busted config): a crash in C loses only that file's
+   # counts, and the file is named
+   while IFS= read -r spec; do
+      echo "== $spec"
+      run_busted "$spec"
+   done < <(find spec -name '*_spec.lua' | sort)
+else
+   run_busted "$@"
+fi
+
+# ---- 2. C test programs -------------------------------------------------------------------------
+shopt -s nullglob
+cprogs=(spec/c/*.c)
+if [ "${LUMEN_TEST_C:-1}" != 0 ] && [ ${#cprogs[@]} -gt 0 ]; then
+   if [ ! -f "$build_abs/liblumen.so" ]; then
+      echo "run_tests: $build_abs/liblumen.so is missing; the C tests need it" >&2
+      failed=$((failed + ${#cprogs[@]}))
+   else
+      mkdir -p "$build_abs/spec_c"
+      for src in "${cprogs[@]}"; do
+         name=$(basename "$src" .c)
+         exe=$build_abs/spec_c/$name
+         echo "== spec/c/$name"
+         # shellcheck disable=SC2086
+         if ! "$CC" -std=c11 -Wall -Wextra -Werror -g -O1 -Isrc -Ikernels \
+               $TEST_CFLAGS -o "$exe" "$src" -L"$build_abs" -llumen \
+               -Wl,-rpath,"$build_abs" -lm -fopenmp; then
+            echo "run_tests: spec/c/$name did not compile" >&2
+            failed=$((failed + 1))
+            continue
+         fi
+         { run_preloaded "$exe" 2>&1; echo $? > "$log.rc"; } | tee "$log"
+         rc=$(cat "$log.rc" 2>/dev/null || echo 1)
+         line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+         if [ -n "$line" ]; then
+            read -r cp _ cf _ <<< "$line"
+            passed=$((passed + cp))
+            failed=$((failed + cf))
+            if [ "$rc" -ne 0 ] && [ "$cf" -eq 0 ]; then
+               echo "run_tests: spec/c/$name exited with status $rc" >&2
+               failed=$((failed + 1))
+            fi
+         elif [ "$rc" -eq 0 ]; then
+            passed=$((passed + 1))
+         else
+            echo "run_tests: spec/c/$name exited with status $rc" >&2
+            failed=$((failed + 1))
+         fi
+      done
+   fi
+fi
+
+if [ -n "${LUMEN_TEST_COUNTS:-}" ]; then
+   echo "$passed $failed" > "$LUMEN_TEST_COUNTS"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
