@@ -287,6 +287,8 @@ lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const 
       if (lm_is_contiguous(labels, LM_CONTIGUOUS)) st = lm_alias(labels, &L->labels);
       else st = lm_clone(labels, LM_CONTIGUOUS, -1, &L->labels);
    }
+   if (o->start_batch < 0) st = lm_error(LM_ERR_ARG, "start_batch must be >= 0");
+   L->next_claim = L->next_take = o->start_batch;
    for (int i = 0; st == LM_OK && i < L->o.prefetch; i++) L->slots[i].batch = -1;
    for (int i = 0; st == LM_OK && i < L->o.workers; i++) {
       if (pthread_create(&L->threads[i], NULL, worker, L) != 0) {

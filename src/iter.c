@@ -134,12 +134,12 @@ void lm_iter_output_strides(int nin, const lm_operand *ins, int nd, const int64_
                             int all_same, int64_t *strides) {
    /* 6.2 fast setup */
    if (all_same && nin > 0) {
-      int contig = 1, cl = 1, cl3d = 1, nod = 1;
+      /* PyTorch 1.13 has no channels_last_3d fast setup: such inputs take the NOD branch */
+      int contig = 1, cl = 1, nod = 1;
       for (int k = 0; k < nin; k++) {
          int f = ins[k].flags;
          contig &= (f & LM_FLAG_CONTIGUOUS) != 0;
          cl &= (f & LM_FLAG_CL_CONTIGUOUS) != 0;
-         cl3d &= (f & LM_FLAG_CL3D_CONTIGUOUS) != 0;
          nod &= (f & LM_FLAG_NOD) != 0;
       }
       if (contig) {
@@ -148,10 +148,6 @@ void lm_iter_output_strides(int nin, const lm_operand *ins, int nd, const int64_
       }
       if (cl) {
          lm_compute_strides(nd, shape, LM_CHANNELS_LAST, strides);
-         return;
-      }
-      if (cl3d) {
-         lm_compute_strides(nd, shape, LM_CHANNELS_LAST_3D, strides);
          return;
       }
       if (nod) {

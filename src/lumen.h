@@ -210,6 +210,9 @@ lm_status lm_cat(int n, const lm_tensor *const *ts, int dim, lm_tensor **out);
 /* ---- random numbers (src/random.c): counter-based, independent of the thread count ---- */
 void lm_manual_seed(uint64_t seed);
 uint64_t lm_initial_seed(void);
+/* the whole generator state (seed, counter offset), for checkpoints */
+void lm_rng_get_state(uint64_t *seed, uint64_t *offset);
+void lm_rng_set_state(uint64_t seed, uint64_t offset);
 lm_status lm_uniform_(lm_tensor *t, double lo, double hi);
 lm_status lm_normal_(lm_tensor *t, double mean, double std);
 lm_status lm_randint_(lm_tensor *t, int64_t low, int64_t high);
@@ -267,6 +270,7 @@ typedef struct lm_loader_opts {
    int32_t prefetch;       /* batches ready ahead (>= 1) */
    uint64_t seed;
    float mean[4], std[4];  /* per channel: out = (x / 255 - mean) / std */
+   int64_t start_batch;    /* skip the batches before this one (resuming mid-epoch) */
 } lm_loader_opts;
 /* images: uint8 (N, H, W) or (N, H, W, C); labels: int64 (N) or NULL; order: the epoch's sample
    indices (0-based). Batches come out as float32 (B, C, H, W) in opts->out_fmt. */
@@ -278,5 +282,46 @@ lm_status lm_loader_next(lm_loader *l, lm_tensor **x, lm_tensor **y);
 void lm_loader_free(lm_loader *l);
 /* idx = a permutation of 0..n-1 that depends only on seed */
 lm_status lm_permutation(int64_t *idx, int64_t n, uint64_t seed);
+
+/* ---- images (src/image.c): JPEG through libjpeg-turbo, PNG through libpng ---- */
+/* bit 1: JPEG decoding is available, bit 2: PNG (liblumen linked with -ljpeg / -lpng) */
+int lm_image_support(void);
+/* decode a JPEG or PNG file (recognised by its content) into uint8 (H, W, 3) RGB; grayscale is
+   replicated, alpha dropped, CMYK converted */
+lm_status lm_image_read(const char *path, lm_tensor **out);
+/* how each image becomes an out_h x out_w sample: the region (crop) of the image is resampled
+   with PIL's bilinear filter (antialiased when shrinking) */
+enum { LM_CROP_NONE = 0, LM_CROP_CENTER = 1, LM_CROP_RANDOM = 2 };
+typedef struct lm_image_opts {
+   int32_t out_h, out_w;   /* sample size */
+   int32_t crop;           /* NONE: the whole image (aspect not kept); CENTER: scale the shorter
+                              side to `resize`, take the central out_h x out_w; RANDOM: torchvision's
+                              RandomResizedCrop (area fraction in scale, aspect w/h in ratio) */
+   int32_t resize;         /* CENTER: the shorter side after scaling (0: just cover the output) */
+   float scale[2];         /* RANDOM: area fraction range, 0 < lo <= hi <= 1 */
+   float ratio[2];         /* RANDOM: aspect ratio range, 0 < lo <= hi */
+   int32_t draft;          /* JPEG: decode at 1/2, 1/4 or 1/8 size when the region stays at least
+                              as large as the sample (faster, slightly different pixels) */
+} lm_image_opts;
+/* decode one image and resample it as the loader does into out, a float32 (1, 3, out_h, out_w)
+   tensor of any layout: (x / 255 - mean) / std per channel; seed drives the RANDOM crop */
+lm_status lm_image_load(const char *path, const lm_image_opts *io, uint64_t seed, int32_t hflip,
+                        const float *mean, const float *std, lm_tensor *out);
+/* an immutable list of image files with int64 labels (may be NULL), shared by loaders */
+typedef struct lm_image_list lm_image_list;
+lm_status lm_image_list_new(const char *const *paths, const int64_t *labels, int64_t n,
+                            lm_image_list **out);
+void lm_image_list_free(lm_image_list *l); /* drops the caller's reference */
+/* a loader over image files: decoding, crop, resize, flip and normalisation happen in the
+   worker threads, straight into float32 (B, 3, out_h, out_w) batches in opts->out_fmt.
+   opts->pad / crop_h / crop_w must be 0 (the region comes from io). */
+lm_status lm_image_loader_new(lm_image_list *files, const int64_t *order, int64_t n_order,
+                              const lm_image_opts *io, const lm_loader_opts *opts,
+                              lm_loader **out);
+/* names in a directory, sorted bytewise, without those starting with '.': kind 1 lists the
+   sub-directories, 2 the regular files (symbolic links followed). *out holds *n names, each
+   ended by '\0' (free with lm_dir_list_free). */
+lm_status lm_dir_list(const char *path, int32_t kind, char **out, int64_t *n);
+void lm_dir_list_free(char *names);
 
 #endif

@@ -19,6 +19,16 @@ void lm_manual_seed(uint64_t seed) {
 
 uint64_t lm_initial_seed(void) { return __atomic_load_n(&g_seed, __ATOMIC_RELAXED); }
 
+void lm_rng_get_state(uint64_t *seed, uint64_t *offset) {
+   if (seed) *seed = __atomic_load_n(&g_seed, __ATOMIC_RELAXED);
+   if (offset) *offset = __atomic_load_n(&g_offset, __ATOMIC_RELAXED);
+}
+
+void lm_rng_set_state(uint64_t seed, uint64_t offset) {
+   __atomic_store_n(&g_seed, seed, __ATOMIC_RELAXED);
+   __atomic_store_n(&g_offset, offset, __ATOMIC_RELAXED);
+}
+
 static uint64_t reserve(uint64_t n, uint64_t *seed) {
    *seed = __atomic_load_n(&g_seed, __ATOMIC_RELAXED);
    return __atomic_fetch_add(&g_offset, n, __ATOMIC_RELAXED);

@@ -85,10 +85,9 @@ static void conv_bands(int64_t N, int64_t Ho, int64_t kh, int64_t sh, int64_t dh
 #undef CGEMM
 #undef LM_CONV_TMPL
 
-/* the AVX-512 direct kernels take float32 NHWC convolutions other than depthwise ones */
+/* the AVX-512 kernels take float32 NHWC convolutions (direct kernels, or the depthwise ones) */
 static int use_avx512(const conv_geom *g) {
-   return !conv_is_depthwise(g) && g->K > 0 && g->Og > 0 && g->kw <= 30 &&
-          lm_conv_avx512_usable();
+   return g->K > 0 && g->Og > 0 && g->kw <= 30 && lm_conv_avx512_usable();
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -379,7 +378,10 @@ lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
    if (st == LM_OK) {
       const void *rp = rd ? lm_tensor_data(rd) : NULL;
       void *op = lm_tensor_data(res.t);
-      if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g))
+      if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && conv_is_depthwise(&g))
+         st = lm_conv_dw_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
+                                         relu, op);
+      else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g))
          st = lm_conv_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp, relu,
                                       op);
       else if (x->dtype == LM_FLOAT32)
@@ -450,7 +452,11 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
       void *gbp = rb.t && rb.t->numel > 0 ? lm_tensor_data(rb.t) : NULL;
       const void *xp = xd ? lm_tensor_data(xd) : NULL, *wp = wd ? lm_tensor_data(wd) : NULL;
       if (gxp || gwp || gbp) {
-         if (dt == LM_FLOAT32 && nhwc && use_avx512(&g)) {
+         if (dt == LM_FLOAT32 && nhwc && use_avx512(&g) && conv_is_depthwise(&g)) {
+            if (gxp) st = lm_conv_dw_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
+            if (st == LM_OK && (gwp || gbp))
+               st = lm_conv_dw_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
+         } else if (dt == LM_FLOAT32 && nhwc && use_avx512(&g)) {
             if (gxp) st = lm_conv_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
             if (st == LM_OK && (gwp || gbp))
                st = lm_conv_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);

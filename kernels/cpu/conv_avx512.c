@@ -96,16 +96,6 @@ static const fwd_fn fwd_tab[5][9] = {
    {0, fwd_1_4, fwd_2_4, fwd_3_4, fwd_4_4, fwd_5_4, fwd_6_4, 0, 0},
 };
 
-/* n pixels starting at xp (pixel stride qs) into acc rows (pitch ACC_PITCH) */
-static void fwd_run(const float *xp, int64_t qs, const float *wt, int64_t OB, int64_t icn,
-                    float *acc, int64_t n, int nv) {
-   const int pb = fwd_pb[nv];
-   const fwd_fn full = fwd_tab[nv][pb];
-   int64_t q = 0;
-   for (; q + pb <= n; q += pb) full(xp + q * qs, qs, wt, OB, icn, acc + q * ACC_PITCH);
-   if (q < n) fwd_tab[nv][n - q](xp + q * qs, qs, wt, OB, icn, acc + q * ACC_PITCH);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * a direct convolution problem as the kernels see it
  */
@@ -146,15 +136,75 @@ static void write_out(const dconv *d, const float *acc, float *op, const float *
    }
 }
 
+/* input rows of one unit copied with their out-of-image columns as zeros, so that every tap is
+   valid for every pixel of the unit (no border pieces) */
+typedef struct {
+   float *buf;
+   int64_t h0, c0, SW; /* first staged input row and column, staged width */
+   int on;
+} stage_t;
+
+static void stage_rows(const dconv *d, int64_t n, int64_t r0, int64_t r1, int64_t qb, int64_t qe,
+                       stage_t *st) {
+   const int64_t h_lo = r0 * d->sh - d->ph, h_hi = (r1 - 1) * d->sh - d->ph + (d->kh - 1) * d->dh;
+   const int64_t c_lo = qb * d->sw - d->pw, c_hi = (qe - 1) * d->sw - d->pw + (d->kw - 1) * d->dw;
+   st->on = 0;
+   if (!st->buf || (c_lo >= 0 && c_hi < d->inW)) return;
+   const int64_t SW = c_hi - c_lo + 1, C = d->inC;
+   const int64_t v0 = c_lo < 0 ? 0 : c_lo, v1 = c_hi >= d->inW ? d->inW - 1 : c_hi;
+   for (int64_t hi = h_lo < 0 ? 0 : h_lo; hi <= h_hi && hi < d->inH; hi++) {
+      float *dst = st->buf + (hi - h_lo) * SW * C;
+      const float *src = d->in + ((n * d->inH + hi) * d->inW) * C;
+      if (v0 > v1) {
+         memset(dst, 0, (size_t)(SW * C) * sizeof(float));
+         continue;
+      }
+      memset(dst, 0, (size_t)((v0 - c_lo) * C) * sizeof(float));
+      memcpy(dst + (v0 - c_lo) * C, src + v0 * C, (size_t)((v1 - v0 + 1) * C) * sizeof(float));
+      memset(dst + (v1 + 1 - c_lo) * C, 0, (size_t)((c_hi - v1) * C) * sizeof(float));
+   }
+   st->h0 = h_lo;
+   st->c0 = c_lo;
+   st->SW = SW;
+   st->on = 1;
+}
+
+/* n pixels of one piece, in blocks of near-equal size */
+static void fwd_piece(const float *xp, int64_t qs, const float *wt, int64_t OB, int64_t icn,
+                      float *acc, int64_t n, int nv) {
+   const int pb = fwd_pb[nv];
+   const int64_t nb = (n + pb - 1) / pb;
+   if (nb <= 0) return;
+   const int64_t base = n / nb, extra = n % nb;
+   int64_t q = 0;
+   for (int64_t b = 0; b < nb; b++) {
+      const int64_t m = base + (b < extra);
+      fwd_tab[nv][m](xp + q * qs, qs, wt, OB, icn, acc + q * ACC_PITCH);
+      q += m;
+   }
+}
+
 /* forward-mode unit: image n, group gi, channel block ob, output rows [r0, r1), columns [qb, qe) */
 static void fwd_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t r0, int64_t r1,
-                     int64_t qb, int64_t qe, float *acc) {
+                     int64_t qb, int64_t qe, const stage_t *st, float *acc) {
    const int64_t nq = qe - qb, nr = r1 - r0, taps = d->kh * d->kw, Ci = d->Ci, OB = d->OB;
    const int64_t nvalid = (d->Co - ob * OB) < OB ? d->Co - ob * OB : OB;
    const int nv = (int)((nvalid + 15) / 16);
    memset(acc, 0, (size_t)(nr * nq * ACC_PITCH) * sizeof(float));
    const float *wblk = d->wp + (gi * d->nob + ob) * taps * Ci * OB;
-   const float *img = d->in + n * d->inH * d->inW * d->inC + gi * Ci;
+   /* pixel (hi, c) of image n is at base + (hi - hoff)*rs + (c - coff)*inC */
+   const float *base;
+   int64_t hoff, coff, rs;
+   if (st->on) {
+      base = st->buf + gi * Ci;
+      hoff = st->h0;
+      coff = st->c0;
+      rs = st->SW * d->inC;
+   } else {
+      base = d->in + n * d->inH * d->inW * d->inC + gi * Ci;
+      hoff = coff = 0;
+      rs = d->inW * d->inC;
+   }
    const int64_t qs = d->sw * d->inC;
    const int fused = d->G == 1 && d->dw == 1 && d->kw > 1;
    for (int64_t i = 0; i < d->kh; i++) {
@@ -163,9 +213,14 @@ static void fwd_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t 
       int np = 0;
       int64_t flo = qe, fhi = qe;
       if (fused) {
-         conv_valid_range(d->inW - (d->kw - 1), d->outW, d->sw, d->pw, 0, &flo, &fhi);
-         if (flo < qb) flo = qb;
-         if (fhi > qe) fhi = qe;
+         if (st->on) {
+            flo = qb;
+            fhi = qe;
+         } else {
+            conv_valid_range(d->inW - (d->kw - 1), d->outW, d->sw, d->pw, 0, &flo, &fhi);
+            if (flo < qb) flo = qb;
+            if (fhi > qe) fhi = qe;
+         }
          if (flo >= fhi) {
             flo = fhi = qe;
          } else {
@@ -178,10 +233,12 @@ static void fwd_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t 
          }
       }
       for (int64_t j = 0; j < d->kw; j++) {
-         int64_t lo, hi;
-         conv_valid_range(d->inW, d->outW, d->sw, d->pw, j * d->dw, &lo, &hi);
-         if (lo < qb) lo = qb;
-         if (hi > qe) hi = qe;
+         int64_t lo = qb, hi = qe;
+         if (!st->on) {
+            conv_valid_range(d->inW, d->outW, d->sw, d->pw, j * d->dw, &lo, &hi);
+            if (lo < qb) lo = qb;
+            if (hi > qe) hi = qe;
+         }
          /* [lo, hi) minus [flo, fhi): at most two pieces */
          int64_t a0 = lo, a1 = hi < flo ? hi : flo, b0 = lo > fhi ? lo : fhi, b1 = hi;
          if (a0 < a1 && np < 64) {
@@ -200,10 +257,10 @@ static void fwd_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t 
             for (int64_t r = r0; r < r1; r++) {
                const int64_t hi = r * d->sh - d->ph + i * d->dh;
                if (hi < 0 || hi >= d->inH) continue;
-               const float *xp =
-                  img + (hi * d->inW + pc0[p] + plo[p] * d->sw) * d->inC + ic0;
-               fwd_run(xp, qs, wt, OB, icn, acc + ((r - r0) * nq + plo[p] - qb) * ACC_PITCH,
-                       phi[p] - plo[p], nv);
+               const float *xp = base + (hi - hoff) * rs +
+                                 (pc0[p] + plo[p] * d->sw - coff) * d->inC + ic0;
+               fwd_piece(xp, qs, wt, OB, icn, acc + ((r - r0) * nq + plo[p] - qb) * ACC_PITCH,
+                         phi[p] - plo[p], nv);
             }
          }
       }
@@ -242,7 +299,7 @@ static void tr_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t r
             const float *xp = img + (ho * d->inW + c0 + lo) * d->inC;
             for (int64_t ic0 = 0; ic0 < Ci; ic0 += ICB) {
                const int64_t icn = Ci - ic0 < ICB ? Ci - ic0 : ICB;
-               fwd_run(xp + ic0, d->inC, wt0 + ic0 * OB, OB, icn,
+               fwd_piece(xp + ic0, d->inC, wt0 + ic0 * OB, OB, icn,
                        acc + ((r - r0) * nq + lo - qb) * ACC_PITCH, hi - lo, nv);
             }
          }
@@ -283,9 +340,22 @@ static void dconv_run(const dconv *d) {
    const int64_t chunk = ceil_div(gobs, nchunks);
    nchunks = ceil_div(gobs, chunk);
    const int64_t units = pix_units * nchunks;
+   /* staging buffers (forward mode): rows x width x channels of one unit */
+   size_t stage_elems = 0;
+   if (!d->transposed) {
+      const int64_t rows = (rpu - 1) * d->sh + (d->kh - 1) * d->dh + 1;
+      const int64_t width = (seg - 1) * d->sw + (d->kw - 1) * d->dw + 1;
+      stage_elems = (size_t)(rows * width * d->inC);
+      if (stage_elems > ((size_t)4 << 20)) stage_elems = 0; /* too big: border pieces instead */
+   }
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
    {
       float acc[UNIT_PX * ACC_PITCH] __attribute__((aligned(64)));
+      stage_t st = {NULL, 0, 0, 0, 0};
+      if (stage_elems) {
+         st.buf = lm_alloc(stage_elems * sizeof(float));
+         if (!st.buf) lm_clear_error(); /* fall back to border pieces */
+      }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; u++) {
          const int64_t ck = u % nchunks, rest = u / nchunks;
@@ -294,6 +364,10 @@ static void dconv_run(const dconv *d) {
          const int64_t ph = (rest / nseg) % phases, sg = rest % nseg;
          const int64_t r0 = rb * rpu, r1 = r0 + rpu < d->outH ? r0 + rpu : d->outH;
          const int64_t g0 = ck * chunk, g1 = g0 + chunk < gobs ? g0 + chunk : gobs;
+         if (!d->transposed) {
+            const int64_t qb = sg * seg, qe = qb + seg < d->outW ? qb + seg : d->outW;
+            stage_rows(d, n, r0, r1, qb, qe, &st);
+         }
          for (int64_t gob = g0; gob < g1; gob++) {
             const int64_t gi = gob / d->nob, ob = gob % d->nob;
             if (d->transposed) {
@@ -302,10 +376,11 @@ static void dconv_run(const dconv *d) {
                if (qb < qe) tr_unit(d, n, gi, ob, r0, r1, ph, qb, qe, acc);
             } else {
                const int64_t qb = sg * seg, qe = qb + seg < d->outW ? qb + seg : d->outW;
-               fwd_unit(d, n, gi, ob, r0, r1, qb, qe, acc);
+               fwd_unit(d, n, gi, ob, r0, r1, qb, qe, &st, acc);
             }
          }
       }
+      if (st.buf) lm_free(st.buf, stage_elems * sizeof(float));
    }
 }
 
@@ -495,7 +570,7 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
       float *pw = buf + conv_thread_id() * per, *pb = pw + (gw ? psize : 0);
       memset(pw, 0, (size_t)per * sizeof(float));
       bw_seg segs[BW_MAX_ROWS];
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static) /* static: the same split (and sums) on every run */
       for (int64_t u = 0; u < units; u++) {
          const int64_t n = u / nrb, r0 = (u % nrb) * rpu, r1 = r0 + rpu < Ho ? r0 + rpu : Ho;
          if (gb) {
@@ -560,6 +635,212 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
          for (int t = 0; t < nt; t++) {
             const float *src = buf + t * per + (gw ? psize : 0);
             for (int64_t o = 0; o < O; o++) gb[o] += src[o];
+         }
+      }
+   }
+   lm_free(buf, bytes);
+   return LM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * depthwise (groups == C == O), vectorized over C: blocks of 64 channels (4 zmm, masked at the
+ * tail) x 4 consecutive output pixels, so each weight vector is loaded once per 4 pixels.
+ * wt is the kernel transposed to [tap][C].
+ */
+enum { DW_PB = 4 };
+
+static void dw_masks(int64_t left, __mmask16 *m) {
+   for (int v = 0; v < 4; v++) {
+      const int64_t l = left - 16 * v;
+      m[v] = l >= 16 ? (__mmask16)0xFFFF : (l <= 0 ? (__mmask16)0 : (__mmask16)((1u << l) - 1));
+   }
+}
+
+static float *dw_transpose_w(const conv_geom *g, const float *w, size_t *bytes) {
+   const int64_t C = g->C, taps = g->kh * g->kw;
+   *bytes = (size_t)(taps * C) * sizeof(float);
+   float *wt = lm_alloc(*bytes);
+   if (!wt) return NULL;
+   for (int64_t c = 0; c < C; c++)
+      for (int64_t t = 0; t < taps; t++) wt[t * C + c] = w[c * taps + t];
+   return wt;
+}
+
+/* forward (transposed = 0) or backward data (transposed = 1, gather form): output pixel (r, q)
+   of image n reads input pixel (r*sh - ph + i*dh, q*sw - pw + j*dw) (forward) or
+   ((r + ph - i*dh)/sh, (q + pw - j*dw)/sw) where divisible (backward data) */
+static void dw_rows(const conv_geom *g, int transposed, const float *in, const float *wt,
+                    const float *bias, const float *res, int relu, float *out, int nthr) {
+   const int64_t C = g->C, kh = g->kh, kw = g->kw;
+   const int64_t inH = transposed ? g->Ho : g->H, inW = transposed ? g->Wo : g->W;
+   const int64_t outH = transposed ? g->H : g->Ho, outW = transposed ? g->W : g->Wo;
+   const int64_t rows = g->N * outH;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
+   for (int64_t row = 0; row < rows; row++) {
+      const int64_t n = row / outH, r = row % outH;
+      const float *img = in + n * inH * inW * C;
+      /* pixel blocks outside, channel blocks inside: the input is read in memory order */
+      for (int64_t q0 = 0; q0 < outW; q0 += DW_PB) {
+         const int64_t pb = outW - q0 < DW_PB ? outW - q0 : DW_PB;
+         for (int64_t c0 = 0; c0 < C; c0 += 64) {
+            __mmask16 m[4];
+            dw_masks(C - c0, m);
+            __m512 b[4];
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+               b[v] = bias ? _mm512_maskz_loadu_ps(m[v], bias + c0 + 16 * v) : _mm512_setzero_ps();
+            __m512 a[DW_PB][4];
+#pragma GCC unroll 4
+            for (int k = 0; k < DW_PB; k++)
+#pragma GCC unroll 4
+               for (int v = 0; v < 4; v++) a[k][v] = b[v];
+            for (int64_t i = 0; i < kh; i++) {
+               int64_t hi;
+               if (!transposed) {
+                  hi = r * g->sh - g->ph + i * g->dh;
+                  if (hi < 0 || hi >= inH) continue;
+               } else {
+                  const int64_t th = r + g->ph - i * g->dh;
+                  if (th < 0 || th % g->sh) continue;
+                  hi = th / g->sh;
+                  if (hi >= inH) continue;
+               }
+               const float *irow = img + hi * inW * C + c0;
+               for (int64_t j = 0; j < kw; j++) {
+                  const float *wp = wt + (i * kw + j) * C + c0;
+                  __m512 w[4];
+#pragma GCC unroll 4
+                  for (int v = 0; v < 4; v++) w[v] = _mm512_maskz_loadu_ps(m[v], wp + 16 * v);
+                  /* input column of each pixel, or -1 */
+                  int64_t wi[DW_PB];
+#pragma GCC unroll 4
+                  for (int k = 0; k < DW_PB; k++) {
+                     wi[k] = -1;
+                     if (k >= pb) continue;
+                     if (!transposed) {
+                        const int64_t c = (q0 + k) * g->sw - g->pw + j * g->dw;
+                        if (c >= 0 && c < inW) wi[k] = c;
+                     } else {
+                        const int64_t tw = q0 + k + g->pw - j * g->dw;
+                        if (tw >= 0 && tw % g->sw == 0 && tw / g->sw < inW) wi[k] = tw / g->sw;
+                     }
+                  }
+#pragma GCC unroll 4
+                  for (int k = 0; k < DW_PB; k++) {
+                     if (wi[k] < 0) continue;
+                     const float *xp = irow + wi[k] * C;
+#pragma GCC unroll 4
+                     for (int v = 0; v < 4; v++)
+                        a[k][v] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m[v], xp + 16 * v), w[v],
+                                                  a[k][v]);
+                  }
+               }
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < DW_PB; k++) {
+               if (k >= pb) continue;
+               const int64_t off = ((n * outH + r) * outW + q0 + k) * C + c0;
+#pragma GCC unroll 4
+               for (int v = 0; v < 4; v++) {
+                  __m512 t = a[k][v];
+                  if (res) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], res + off + 16 * v));
+                  if (relu) t = _mm512_max_ps(t, _mm512_setzero_ps());
+                  _mm512_mask_storeu_ps(out + off + 16 * v, m[v], t);
+               }
+            }
+         }
+      }
+   }
+}
+
+lm_status lm_conv_dw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
+                                     const float *bias, const float *res, int relu, float *out) {
+   size_t bytes;
+   float *wt = dw_transpose_w(g, w, &bytes);
+   if (!wt) return LM_ERR_OOM;
+   dw_rows(g, 0, x, wt, bias, res, relu, out,
+           conv_threads((double)g->N * g->Ho * g->Wo * g->C * g->kh * g->kw));
+   lm_free(wt, bytes);
+   return LM_OK;
+}
+
+lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
+                                      float *gx) {
+   size_t bytes;
+   float *wt = dw_transpose_w(g, w, &bytes);
+   if (!wt) return LM_ERR_OOM;
+   dw_rows(g, 1, gout, wt, NULL, NULL, 0, gx,
+           conv_threads((double)g->N * g->Ho * g->Wo * g->C * g->kh * g->kw));
+   lm_free(wt, bytes);
+   return LM_OK;
+}
+
+/* gw: (C, 1, kh, kw); per-thread partials [tap][C] (+ bias), one output row per work unit */
+lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
+                                      float *gw, float *gb) {
+   const int64_t N = g->N, C = g->C, H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo;
+   const int64_t kh = g->kh, kw = g->kw, taps = kh * kw;
+   if (gw) memset(gw, 0, (size_t)(C * taps) * sizeof(float));
+   if (gb) memset(gb, 0, (size_t)C * sizeof(float));
+   if (N * Ho * Wo == 0 || C == 0) return LM_OK;
+   const int nthr = conv_threads((double)N * Ho * Wo * C * taps);
+   const int64_t Cp = (C + 15) / 16 * 16, per = (taps + 1) * Cp;
+   const size_t bytes = (size_t)(nthr * per) * sizeof(float);
+   float *buf = lm_alloc(bytes);
+   if (!buf) return LM_ERR_OOM;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float *pw = buf + conv_thread_id() * per, *pb = pw + taps * Cp;
+      memset(pw, 0, (size_t)per * sizeof(float));
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < N * Ho; row++) {
+         const int64_t n = row / Ho, ho = row % Ho;
+         const float *grow = gout + row * Wo * C;
+         for (int64_t c0 = 0; c0 < C; c0 += 64) {
+            __mmask16 m[4];
+            dw_masks(C - c0, m);
+            if (gb) {
+               __m512 s[4];
+               for (int v = 0; v < 4; v++) s[v] = _mm512_maskz_loadu_ps(m[v], pb + c0 + 16 * v);
+               for (int64_t wo = 0; wo < Wo; wo++)
+                  for (int v = 0; v < 4; v++)
+                     s[v] = _mm512_add_ps(s[v],
+                                          _mm512_maskz_loadu_ps(m[v], grow + wo * C + c0 + 16 * v));
+               for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(pb + c0 + 16 * v, m[v], s[v]);
+            }
+            if (!gw) continue;
+            for (int64_t i = 0; i < kh; i++) {
+               const int64_t hi = ho * g->sh - g->ph + i * g->dh;
+               if (hi < 0 || hi >= H) continue;
+               const float *xrow = x + (n * H + hi) * W * C + c0;
+               for (int64_t j = 0; j < kw; j++) {
+                  int64_t lo, hi_;
+                  conv_valid_range(W, Wo, g->sw, g->pw, j * g->dw, &lo, &hi_);
+                  float *ap = pw + (i * kw + j) * Cp + c0;
+                  __m512 a[4];
+                  for (int v = 0; v < 4; v++) a[v] = _mm512_maskz_loadu_ps(m[v], ap + 16 * v);
+                  for (int64_t wo = lo; wo < hi_; wo++) {
+                     const float *xp = xrow + (wo * g->sw - g->pw + j * g->dw) * C;
+                     const float *gp = grow + wo * C + c0;
+                     for (int v = 0; v < 4; v++)
+                        a[v] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m[v], xp + 16 * v),
+                                               _mm512_maskz_loadu_ps(m[v], gp + 16 * v), a[v]);
+                  }
+                  for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(ap + 16 * v, m[v], a[v]);
+               }
+            }
+         }
+      }
+      const int nt = conv_num_threads_in_team();
+#pragma omp single
+      {
+         for (int t = 0; t < nt; t++) {
+            const float *src = buf + t * per;
+            if (gw)
+               for (int64_t c = 0; c < C; c++)
+                  for (int64_t k = 0; k < taps; k++) gw[c * taps + k] += src[k * Cp + c];
+            if (gb)
+               for (int64_t c = 0; c < C; c++) gb[c] += src[taps * Cp + c];
          }
       }
    }

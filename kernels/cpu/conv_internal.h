@@ -69,7 +69,7 @@ static inline int conv_num_threads_in_team(void) {
 
 /* ---- AVX-512 float32 NHWC direct kernels (conv_avx512.c) ----
  * x, out, gout, gx: NHWC dense; w, gw: (O, kh, kw, Cg) dense (channels-last weights); bias, res,
- * gb may be NULL. Depthwise convolutions are not handled here. */
+ * gb may be NULL. Depthwise convolutions take the lm_conv_dw_* kernels below. */
 LM_CONV_HIDDEN int lm_conv_avx512_usable(void);
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                  const float *w, const float *bias,
@@ -78,5 +78,14 @@ LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const floa
                                                   const float *w, float *gx);
 LM_CONV_HIDDEN lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                   const float *gout, float *gw, float *gb);
+
+/* depthwise (groups == C == O), NHWC; gw is (C, 1, kh, kw) */
+LM_CONV_HIDDEN lm_status lm_conv_dw_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                     const float *w, float *gx);
+LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                     const float *gout, float *gw, float *gb);
 
 #endif

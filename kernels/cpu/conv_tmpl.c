@@ -404,7 +404,7 @@ static lm_status CS(bwdw)(const conv_geom *g, int nhwc, const CT *x, const CT *g
       CT *col = mine, *pw = mine + colsz, *pb = pw + (gw ? OK : 0);
       if (gw) memset(pw, 0, (size_t)OK * sizeof(CT));
       memset(pb, 0, (size_t)O * sizeof(CT));
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static) /* static: the same split (and sums) on every run */
       for (int64_t u = 0; u < units; u++) {
          if (nhwc) {
             const int64_t p0 = u * T, np = P - p0 < T ? P - p0 : T;
@@ -595,7 +595,7 @@ static lm_status CS(dw_bwdw_nhwc)(const conv_geom *g, const CT *x, const CT *gou
    {
       CT *pw = buf + conv_thread_id() * per, *pb = pw + taps * C;
       memset(pw, 0, (size_t)per * sizeof(CT));
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
       for (int64_t row = 0; row < N * Ho; row++) {
          const int64_t n = row / Ho, ho = row % Ho;
          const CT *xn = x + n * H * W * C;

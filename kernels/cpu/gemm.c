@@ -10,9 +10,10 @@
  * the unpacked "direct" loops (AVX-512 ones in gemm_avx512.c for float, plain C otherwise); the rest
  * take the packed path.
  *
- * Threads: the packed path runs one OpenMP team. When op(A) has enough rows the team packs each B
- * panel together and then takes MC-row blocks of A dynamically (each thread packs its own A block);
- * otherwise it splits the columns (N) and each thread packs its own B. Work below
+ * Threads: the packed path runs one OpenMP team. When op(A) has enough rows each thread owns a
+ * balanced share of them: the team packs each B panel together, then each thread packs its own A
+ * blocks, stealing blocks from the others when it runs out; otherwise it splits the columns (N)
+ * and each thread packs its own B. Work below
  * LM_GEMM_WORK_PER_THREAD per thread uses fewer threads; inside an enclosing parallel region the
  * GEMM runs on the calling thread only.
  *
@@ -132,7 +133,7 @@ typedef struct {
 static sgemm_cfg sgemm_config(int isa) {
    switch (isa) {
    case LM_ISA_AVX512:
-      return (sgemm_cfg){LM_SGEMM_AVX512_MR, LM_SGEMM_AVX512_NR, 14 * 24, 256, 32 * 128,
+      return (sgemm_cfg){LM_SGEMM_AVX512_MR, LM_SGEMM_AVX512_NR, 14 * 12, 256, 32 * 128,
                          lm_sgemm_ukr_avx512, lm_sgemm_pack_a_avx512, lm_sgemm_pack_b_avx512};
    case LM_ISA_AVX2:
       return (sgemm_cfg){LM_SGEMM_AVX2_MR, LM_SGEMM_AVX2_NR, 6 * 24, 256, 16 * 256,
@@ -175,6 +176,36 @@ static int gemm_threads(void) {
 #else
    return 1;
 #endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Row blocks shared out with stealing: thread t owns blocks [head, tail) of its own rows, packed
+ * into one 64-bit word. The owner takes from the front; a thread that ran out of work takes from
+ * the back of another's range. Balanced when the machine is quiet, and a thread slowed down by
+ * another process gives its last blocks away instead of holding the team up at the barrier.
+ */
+enum { LM_GEMM_MAX_THREADS = 64 };
+
+typedef struct {
+   _Atomic uint64_t range;
+   char pad[64 - sizeof(uint64_t)];
+} gemm_queue;
+
+static void queue_reset(gemm_queue *q, int64_t nblk) {
+   atomic_store(&q->range, (uint64_t)nblk);
+}
+
+static int queue_take(gemm_queue *q, int from_back, int64_t *blk) {
+   uint64_t s = atomic_load(&q->range);
+   for (;;) {
+      const uint64_t h = s >> 32, t = s & 0xffffffffu;
+      if (h >= t) return 0;
+      const uint64_t ns = from_back ? (h << 32) | (t - 1) : ((h + 1) << 32) | t;
+      if (atomic_compare_exchange_weak(&q->range, &s, ns)) {
+         *blk = (int64_t)(from_back ? t - 1 : h);
+         return 1;
+      }
+   }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -420,15 +451,16 @@ static void GNAME(pack_b_any)(const GEMM_CFG *cf, int64_t kc, int64_t nc, const 
 }
 
 /* The packed BLIS loop nest on nt threads.
- * Row split (the usual case): the team packs each KC x NC panel of B together, then takes the
- * MC-row blocks of A dynamically (each thread packs its own A block), so a thread slowed down by
- * another process does less of the work. Column split (few rows, many columns): each thread owns
- * a range of columns and runs the whole nest alone with its own B. */
+ * Row split (the usual case): each thread owns a balanced share of the rows, in MC-row blocks; the
+ * team packs each KC x NC panel of B together, then every thread packs its own blocks of A and runs
+ * the macro-kernel on them, and takes blocks from the others' ends when it runs out (gemm_queue). Column split (few rows, many columns): each thread owns a range of
+ * columns and runs the whole nest alone with its own B. */
 static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T alpha,
                           const T *a, int64_t rsa, int64_t csa, const T *b, int64_t rsb,
                           int64_t csb, T beta, T *c, int64_t rsc, int64_t csc, int nt) {
    const int MR = cf->mr, NR = cf->nr;
    const int64_t panels_m = (m + MR - 1) / MR, panels_n = (n + NR - 1) / NR;
+   if (nt > LM_GEMM_MAX_THREADS) nt = LM_GEMM_MAX_THREADS;
    int split_m = 1;
    if (nt > 1 && panels_m < 4 * nt && panels_n > panels_m) split_m = 0;
    if (split_m && panels_m < nt) nt = (int)imax(1, panels_m);
@@ -436,11 +468,10 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
    if (nt == 1) split_m = 1;
    /* k blocks of near-equal depth (no short tail block) */
    const int64_t kc_max = (k + (k + cf->kc - 1) / cf->kc - 1) / ((k + cf->kc - 1) / cf->kc);
-   /* row blocks: at most MC rows, and (with several threads) at least 3 blocks per thread */
-   int64_t mc_cap = cf->mc;
-   if (split_m && nt > 1) mc_cap = imin(mc_cap, imax(MR, round_up((m + 3 * nt - 1) / (3 * nt), MR)));
+   /* extent of the split dimension one thread gets (upper bound), in elements */
+   const int64_t m_t = split_m ? imin(m, (panels_m + nt - 1) / nt * MR) : m;
    const int64_t n_t = split_m ? n : imin(n, (panels_n + nt - 1) / nt * NR);
-   const int64_t mc_blk = even_block(m, mc_cap, MR);
+   const int64_t mc_blk = even_block(m_t, cf->mc, MR);
    const int64_t nc_blk = even_block(n_t, cf->nc, NR);
    /* workspace: one A block per thread, one B panel (shared) or one per thread; each a multiple
       of 64 elements so every piece stays 64-byte aligned */
@@ -455,14 +486,15 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
       return;
    }
    const GEMM_CFG cfg = *cf;
-   const int64_t nblk_m = (m + mc_blk - 1) / mc_blk;
 
    if (split_m) {
+      gemm_queue queues[LM_GEMM_MAX_THREADS];
 #pragma omp parallel num_threads(nt)
       {
-         int tid = 0;
+         int tid = 0, ntt = 1;
 #ifdef _OPENMP
          tid = omp_get_thread_num();
+         ntt = omp_get_num_threads();
 #endif
          T *ap = buf + tid * a_elems, *bp = buf + nt * a_elems;
          for (int64_t jc = 0; jc < n; jc += nc_blk) {
@@ -472,17 +504,31 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
                const int64_t kc = imin(kc_max, k - pc);
                const T beta_eff = pc == 0 ? beta : (T)1;
                const T *bsrc = b + pc * rsb + jc * csb;
-               /* B panel: groups of 4 micro-panels, shared out dynamically (barrier at the end) */
+               /* this thread's rows (a balanced share of the MR-row micro-panels) in blocks */
+               {
+                  const int64_t m0 = imin(m, panels_m * tid / ntt * MR);
+                  const int64_t m1 = imin(m, panels_m * (tid + 1) / ntt * MR);
+                  queue_reset(&queues[tid], (m1 - m0 + mc_blk - 1) / mc_blk);
+               }
+               /* the B panel, packed by the whole team (the loop ends with a barrier, after which
+                  every queue is set) */
 #pragma omp for schedule(dynamic, 1)
                for (int64_t q = 0; q < npan; q += 4)
                   GNAME(pack_b_any)(&cfg, kc, nc, bsrc, rsb, csb, q, imin(q + 4, npan), bp);
-#pragma omp for schedule(dynamic, 1)
-               for (int64_t blk = 0; blk < nblk_m; blk++) {
-                  const int64_t ic = blk * mc_blk, mc = imin(mc_blk, m - ic);
-                  GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
-                  GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
-                               c + ic * rsc + jc * csc, rsc, csc);
+               for (int o = 0; o < ntt; o++) { /* own blocks first, then steal */
+                  const int v = (tid + o) % ntt;
+                  const int64_t m0 = imin(m, panels_m * v / ntt * MR);
+                  const int64_t m1 = imin(m, panels_m * (v + 1) / ntt * MR);
+                  int64_t blk;
+                  while (queue_take(&queues[v], o != 0, &blk)) {
+                     const int64_t ic = m0 + blk * mc_blk, mc = imin(mc_blk, m1 - ic);
+                     GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
+                     GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
+                                  c + ic * rsc + jc * csc, rsc, csc);
+                  }
                }
+               /* nobody repacks B or resets a queue while another thread still works */
+#pragma omp barrier
             }
          }
       }

@@ -182,149 +182,149 @@ static lm_status dense_in(const lm_tensor *x, int mf, const lm_tensor **xd, lm_t
  * of channel c. part: nthreads * 2 * C doubles of scratch; facc: nthreads * 2 * C of T.
  * bwd sums: s1[c] = sum(dy), s2[c] = sum(dy * (x - mean[c])).
  */
-#define DEFINE_BN(T, S, ATTR)                                                                   \
-   ATTR static void rows_sums_##S(const T *x, const T *dy, const T *K, int64_t M, int64_t C,         \
-                             double *part, T *facc, double *s1, double *s2) {                   \
-      int nused = 1;                                                                            \
-      _Pragma("omp parallel if (M * C > LM_PARALLEL_GRAIN)")                                    \
-      {                                                                                         \
-         int tid = 0, nth = 1;                                                                  \
-         LM_OMP_TID(tid, nth);                                                                  \
-         if (tid == 0) nused = nth;                                                             \
-         double *p1 = part + (size_t)tid * 2 * C, *p2 = p1 + C;                                 \
-         T *a1 = facc + (size_t)tid * 2 * C, *a2 = a1 + C;                                      \
-         for (int64_t c = 0; c < C; c++) p1[c] = p2[c] = 0, a1[c] = a2[c] = 0;                  \
-         const int64_t r0 = M * tid / nth, r1 = M * (tid + 1) / nth;                            \
-         for (int64_t rb = r0; rb < r1; rb += ROWBLK) {                                         \
-            const int64_t re = min64(rb + ROWBLK, r1);                                          \
-            if (dy) {                                                                           \
-               for (int64_t r = rb; r < re; r++) {                                              \
-                  const T *xr = x + r * C, *gr = dy + r * C;                                    \
-                  for (int64_t c = 0; c < C; c++) {                                             \
-                     T g = gr[c];                                                               \
-                     a1[c] += g;                                                                \
-                     a2[c] += g * (xr[c] - K[c]);                                               \
-                  }                                                                             \
-               }                                                                                \
-            } else {                                                                            \
-               for (int64_t r = rb; r < re; r++) {                                              \
-                  const T *xr = x + r * C;                                                      \
-                  for (int64_t c = 0; c < C; c++) {                                             \
-                     T d = xr[c] - K[c];                                                        \
-                     a1[c] += d;                                                                \
-                     a2[c] += d * d;                                                            \
-                  }                                                                             \
-               }                                                                                \
-            }                                                                                   \
-            for (int64_t c = 0; c < C; c++) {                                                   \
-               p1[c] += a1[c];                                                                  \
-               p2[c] += a2[c];                                                                  \
-               a1[c] = a2[c] = 0;                                                               \
-            }                                                                                   \
-         }                                                                                      \
-      }                                                                                         \
-      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;                                        \
-      for (int t = 0; t < nused; t++) {                                                         \
-         const double *p1 = part + (size_t)t * 2 * C, *p2 = p1 + C;                             \
-         for (int64_t c = 0; c < C; c++) {                                                      \
-            s1[c] += p1[c];                                                                     \
-            s2[c] += p2[c];                                                                     \
-         }                                                                                      \
-      }                                                                                         \
-   }                                                                                            \
-   /* y = A[c] (a - Ma[c]) + B[c] (b - Mb[c]) + D[c]  (b may be NULL); cf = A, Ma, B, Mb, D */  \
-   ATTR static void rows_affine_##S(const T *a, const T *b, T *y, int64_t M, int64_t C,         \
-                                    const T *cf) {                                              \
-      const T *A = cf, *Ma = cf + C, *B = cf + 2 * C, *Mb = cf + 3 * C, *D = cf + 4 * C;        \
-      _Pragma("omp parallel for schedule(static) if (M * C > LM_PARALLEL_GRAIN)")               \
-      for (int64_t r = 0; r < M; r++) {                                                         \
-         const T *ar = a + r * C;                                                               \
-         T *yr = y + r * C;                                                                     \
-         if (b) {                                                                               \
-            const T *br = b + r * C;                                                            \
-            for (int64_t c = 0; c < C; c++)                                                     \
-               yr[c] = A[c] * (ar[c] - Ma[c]) + B[c] * (br[c] - Mb[c]) + D[c];                  \
-         } else {                                                                               \
-            for (int64_t c = 0; c < C; c++) yr[c] = A[c] * (ar[c] - Ma[c]) + D[c];              \
-         }                                                                                      \
-      }                                                                                         \
-   }                                                                                            \
-   /* per (n, c) plane sums into part[2 * (n*C + c) + {0,1}], then per channel */               \
-   ATTR static void planes_sums_##S(const T *x, const T *dy, const T *K, int64_t N, int64_t C,       \
-                               int64_t Sz, double *part, double *s1, double *s2) {              \
-      const int64_t planes = N * C;                                                             \
-      _Pragma("omp parallel for schedule(static) if (planes * Sz > LM_PARALLEL_GRAIN)")         \
-      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
-         const int64_t c = pl % C;                                                              \
-         const T *xp = x + pl * Sz, *gp = dy ? dy + pl * Sz : NULL;                             \
-         const T k = K[c];                                                                      \
-         double d1 = 0, d2 = 0;                                                                 \
-         for (int64_t b0 = 0; b0 < Sz; b0 += PLANEBLK) {                                        \
-            const int64_t be = min64(b0 + PLANEBLK, Sz);                                        \
-            T u[NACC] = {0}, v[NACC] = {0};                                                     \
-            int64_t i = b0;                                                                     \
-            if (gp) {                                                                           \
-               for (; i + NACC <= be; i += NACC)                                                \
-                  for (int j = 0; j < NACC; j++) {                                              \
-                     T g = gp[i + j];                                                           \
-                     u[j] += g;                                                                 \
-                     v[j] += g * (xp[i + j] - k);                                               \
-                  }                                                                             \
-               for (; i < be; i++) {                                                            \
-                  u[0] += gp[i];                                                                \
-                  v[0] += gp[i] * (xp[i] - k);                                                  \
-               }                                                                                \
-            } else {                                                                            \
-               for (; i + NACC <= be; i += NACC)                                                \
-                  for (int j = 0; j < NACC; j++) {                                              \
-                     T d = xp[i + j] - k;                                                       \
-                     u[j] += d;                                                                 \
-                     v[j] += d * d;                                                             \
-                  }                                                                             \
-               for (; i < be; i++) {                                                            \
-                  T d = xp[i] - k;                                                              \
-                  u[0] += d;                                                                    \
-                  v[0] += d * d;                                                                \
-               }                                                                                \
-            }                                                                                   \
-            for (int j = 0; j < NACC; j++) {                                                    \
-               d1 += u[j];                                                                      \
-               d2 += v[j];                                                                      \
-            }                                                                                   \
-         }                                                                                      \
-         part[2 * pl] = d1;                                                                     \
-         part[2 * pl + 1] = d2;                                                                 \
-      }                                                                                         \
-      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;                                        \
-      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
-         s1[pl % C] += part[2 * pl];                                                            \
-         s2[pl % C] += part[2 * pl + 1];                                                        \
-      }                                                                                         \
-   }                                                                                            \
-   ATTR static void planes_affine_##S(const T *a, const T *b, T *y, int64_t N, int64_t C,       \
-                                      int64_t Sz, const T *cf) {                                \
-      const int64_t planes = N * C;                                                             \
-      _Pragma("omp parallel for schedule(static) if (planes * Sz > LM_PARALLEL_GRAIN)")         \
-      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
-         const int64_t c = pl % C;                                                              \
-         const T *ap = a + pl * Sz;                                                             \
-         T *yp = y + pl * Sz;                                                                   \
-         const T ac = cf[c], ma = cf[C + c], dc = cf[4 * C + c];                                \
-         if (b) {                                                                               \
-            const T *bp = b + pl * Sz;                                                          \
-            const T bc = cf[2 * C + c], mb = cf[3 * C + c];                                     \
-            for (int64_t i = 0; i < Sz; i++) yp[i] = ac * (ap[i] - ma) + bc * (bp[i] - mb) + dc; \
-         } else {                                                                               \
-            for (int64_t i = 0; i < Sz; i++) yp[i] = ac * (ap[i] - ma) + dc;                    \
-         }                                                                                      \
-      }                                                                                         \
+#define DEFINE_BN(T, S, ATTR)                                                                      \
+   ATTR static void rows_sums_##S(const T *x, const T *dy, const T *K, int64_t M, int64_t C,       \
+                             double *part, T *facc, double *s1, double *s2) {                      \
+      int nused = 1;                                                                               \
+      _Pragma("omp parallel if (M * C > LM_PARALLEL_GRAIN)")                                       \
+      {                                                                                            \
+         int tid = 0, nth = 1;                                                                     \
+         LM_OMP_TID(tid, nth);                                                                     \
+         if (tid == 0) nused = nth;                                                                \
+         double *p1 = part + (size_t)tid * 2 * C, *p2 = p1 + C;                                    \
+         T *a1 = facc + (size_t)tid * 2 * C, *a2 = a1 + C;                                         \
+         for (int64_t c = 0; c < C; c++) p1[c] = p2[c] = 0, a1[c] = a2[c] = 0;                     \
+         const int64_t r0 = M * tid / nth, r1 = M * (tid + 1) / nth;                               \
+         for (int64_t rb = r0; rb < r1; rb += ROWBLK) {                                            \
+            const int64_t re = min64(rb + ROWBLK, r1);                                             \
+            if (dy) {                                                                              \
+               for (int64_t r = rb; r < re; r++) {                                                 \
+                  const T *xr = x + r * C, *gr = dy + r * C;                                       \
+                  for (int64_t c = 0; c < C; c++) {                                                \
+                     T g = gr[c];                                                                  \
+                     a1[c] += g;                                                                   \
+                     a2[c] += g * (xr[c] - K[c]);                                                  \
+                  }                                                                                \
+               }                                                                                   \
+            } else {                                                                               \
+               for (int64_t r = rb; r < re; r++) {                                                 \
+                  const T *xr = x + r * C;                                                         \
+                  for (int64_t c = 0; c < C; c++) {                                                \
+                     T d = xr[c] - K[c];                                                           \
+                     a1[c] += d;                                                                   \
+                     a2[c] += d * d;                                                               \
+                  }                                                                                \
+               }                                                                                   \
+            }                                                                                      \
+            for (int64_t c = 0; c < C; c++) {                                                      \
+               p1[c] += a1[c];                                                                     \
+               p2[c] += a2[c];                                                                     \
+               a1[c] = a2[c] = 0;                                                                  \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
+      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;                                           \
+      for (int t = 0; t < nused; t++) {                                                            \
+         const double *p1 = part + (size_t)t * 2 * C, *p2 = p1 + C;                                \
+         for (int64_t c = 0; c < C; c++) {                                                         \
+            s1[c] += p1[c];                                                                        \
+            s2[c] += p2[c];                                                                        \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   /* y = A[c] (a - Ma[c]) + B[c] (b - Mb[c]) + D[c]  (b may be NULL); cf = A, Ma, B, Mb, D */     \
+   ATTR static void rows_affine_##S(const T *a, const T *b, T *y, int64_t M, int64_t C,            \
+                                    const T *cf) {                                                 \
+      const T *A = cf, *Ma = cf + C, *B = cf + 2 * C, *Mb = cf + 3 * C, *D = cf + 4 * C;           \
+      _Pragma("omp parallel for schedule(static) if (M * C > LM_PARALLEL_GRAIN)")                  \
+      for (int64_t r = 0; r < M; r++) {                                                            \
+         const T *ar = a + r * C;                                                                  \
+         T *yr = y + r * C;                                                                        \
+         if (b) {                                                                                  \
+            const T *br = b + r * C;                                                               \
+            for (int64_t c = 0; c < C; c++)                                                        \
+               yr[c] = A[c] * (ar[c] - Ma[c]) + B[c] * (br[c] - Mb[c]) + D[c];                     \
+         } else {                                                                                  \
+            for (int64_t c = 0; c < C; c++) yr[c] = A[c] * (ar[c] - Ma[c]) + D[c];                 \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   /* per (n, c) plane sums into part[2 * (n*C + c) + {0,1}], then per channel */                  \
+   ATTR static void planes_sums_##S(const T *x, const T *dy, const T *K, int64_t N, int64_t C,     \
+                               int64_t Sz, double *part, double *s1, double *s2) {                 \
+      const int64_t planes = N * C;                                                                \
+      _Pragma("omp parallel for schedule(static) if (planes * Sz > LM_PARALLEL_GRAIN)")            \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         const int64_t c = pl % C;                                                                 \
+         const T *xp = x + pl * Sz, *gp = dy ? dy + pl * Sz : NULL;                                \
+         const T k = K[c];                                                                         \
+         double d1 = 0, d2 = 0;                                                                    \
+         for (int64_t b0 = 0; b0 < Sz; b0 += PLANEBLK) {                                           \
+            const int64_t be = min64(b0 + PLANEBLK, Sz);                                           \
+            T u[NACC] = {0}, v[NACC] = {0};                                                        \
+            int64_t i = b0;                                                                        \
+            if (gp) {                                                                              \
+               for (; i + NACC <= be; i += NACC)                                                   \
+                  for (int j = 0; j < NACC; j++) {                                                 \
+                     T g = gp[i + j];                                                              \
+                     u[j] += g;                                                                    \
+                     v[j] += g * (xp[i + j] - k);                                                  \
+                  }                                                                                \
+               for (; i < be; i++) {                                                               \
+                  u[0] += gp[i];                                                                   \
+                  v[0] += gp[i] * (xp[i] - k);                                                     \
+               }                                                                                   \
+            } else {                                                                               \
+               for (; i + NACC <= be; i += NACC)                                                   \
+                  for (int j = 0; j < NACC; j++) {                                                 \
+                     T d = xp[i + j] - k;                                                          \
+                     u[j] += d;                                                                    \
+                     v[j] += d * d;                                                                \
+                  }                                                                                \
+               for (; i < be; i++) {                                                               \
+                  T d = xp[i] - k;                                                                 \
+                  u[0] += d;                                                                       \
+                  v[0] += d * d;                                                                   \
+               }                                                                                   \
+            }                                                                                      \
+            for (int j = 0; j < NACC; j++) {                                                       \
+               d1 += u[j];                                                                         \
+               d2 += v[j];                                                                         \
+            }                                                                                      \
+         }                                                                                         \
+         part[2 * pl] = d1;                                                                        \
+         part[2 * pl + 1] = d2;                                                                    \
+      }                                                                                            \
+      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;                                           \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         s1[pl % C] += part[2 * pl];                                                               \
+         s2[pl % C] += part[2 * pl + 1];                                                           \
+      }                                                                                            \
+   }                                                                                               \
+   ATTR static void planes_affine_##S(const T *a, const T *b, T *y, int64_t N, int64_t C,          \
+                                      int64_t Sz, const T *cf) {                                   \
+      const int64_t planes = N * C;                                                                \
+      _Pragma("omp parallel for schedule(static) if (planes * Sz > LM_PARALLEL_GRAIN)")            \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         const int64_t c = pl % C;                                                                 \
+         const T *ap = a + pl * Sz;                                                                \
+         T *yp = y + pl * Sz;                                                                      \
+         const T ac = cf[c], ma = cf[C + c], dc = cf[4 * C + c];                                   \
+         if (b) {                                                                                  \
+            const T *bp = b + pl * Sz;                                                             \
+            const T bc = cf[2 * C + c], mb = cf[3 * C + c];                                        \
+            for (int64_t i = 0; i < Sz; i++) yp[i] = ac * (ap[i] - ma) + bc * (bp[i] - mb) + dc;   \
+         } else {                                                                                  \
+            for (int64_t i = 0; i < Sz; i++) yp[i] = ac * (ap[i] - ma) + dc;                       \
+         }                                                                                         \
+      }                                                                                            \
    }
 
 #ifdef _OPENMP
-#define LM_OMP_TID(tid, nth)                                                                    \
-   do {                                                                                         \
-      tid = omp_get_thread_num();                                                               \
-      nth = omp_get_num_threads();                                                              \
+#define LM_OMP_TID(tid, nth)                                                                       \
+   do {                                                                                            \
+      tid = omp_get_thread_num();                                                                  \
+      nth = omp_get_num_threads();                                                                 \
    } while (0)
 #else
 #define LM_OMP_TID(tid, nth) ((void)0)

@@ -340,73 +340,73 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
 
 /* max over each window; NaN wins (the last NaN), ties keep the first position (PyTorch).
    IT is the type of the scratch index in the NHWC kernel (int32 keeps float lanes aligned). */
-#define DEFINE_MAX_FWD_NCHW(T, S)                                                               \
-   static void max_fwd_nchw_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {           \
-      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, dh = p->dh, dw = p->dw;         \
-      const int64_t rows = p->N * p->C * OH;                                                    \
+#define DEFINE_MAX_FWD_NCHW(T, S)                                                                  \
+   static void max_fwd_nchw_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {              \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, dh = p->dh, dw = p->dw;            \
+      const int64_t rows = p->N * p->C * OH;                                                       \
       _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
-      for (int64_t r = 0; r < rows; r++) {                                                      \
-         const int64_t oh = r % OH;                                                             \
-         const T *ip = in + (r / OH) * H * W;                                                   \
-         T *op = out + r * OW;                                                                  \
-         int64_t *xp = ind ? ind + r * OW : NULL;                                               \
-         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
-         for (int64_t ow = 0; ow < OW; ow++) {                                                  \
-            const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                       \
-            T mx = (T)-INFINITY;                                                                \
-            int64_t mi = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                               \
-            for (int64_t ih = h0; ih < h1; ih += dh) {                                          \
-               const T *row = ip + ih * W;                                                      \
-               for (int64_t iw = w0; iw < w1; iw += dw) {                                       \
-                  const T v = row[iw];                                                          \
-                  const int take = (v > mx) | (v != v);                                         \
-                  mx = take ? v : mx;                                                           \
-                  mi = take ? ih * W + iw : mi;                                                 \
-               }                                                                                \
-            }                                                                                   \
-            op[ow] = mx;                                                                        \
-            if (xp) xp[ow] = mi;                                                                \
-         }                                                                                      \
-      }                                                                                         \
+      for (int64_t r = 0; r < rows; r++) {                                                         \
+         const int64_t oh = r % OH;                                                                \
+         const T *ip = in + (r / OH) * H * W;                                                      \
+         T *op = out + r * OW;                                                                     \
+         int64_t *xp = ind ? ind + r * OW : NULL;                                                  \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                             \
+         for (int64_t ow = 0; ow < OW; ow++) {                                                     \
+            const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                          \
+            T mx = (T)-INFINITY;                                                                   \
+            int64_t mi = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                                  \
+            for (int64_t ih = h0; ih < h1; ih += dh) {                                             \
+               const T *row = ip + ih * W;                                                         \
+               for (int64_t iw = w0; iw < w1; iw += dw) {                                          \
+                  const T v = row[iw];                                                             \
+                  const int take = (v > mx) | (v != v);                                            \
+                  mx = take ? v : mx;                                                              \
+                  mi = take ? ih * W + iw : mi;                                                    \
+               }                                                                                   \
+            }                                                                                      \
+            op[ow] = mx;                                                                           \
+            if (xp) xp[ow] = mi;                                                                   \
+         }                                                                                         \
+      }                                                                                            \
    }
-#define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR)                                                     \
-   ATTR static void max_fwd_nhwc_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {           \
-      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, dh = p->dh,           \
-                    dw = p->dw;                                                                 \
-      const int64_t pix = p->N * OH * OW;                                                       \
+#define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR)                                                        \
+   ATTR static void max_fwd_nhwc_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {         \
+      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, dh = p->dh,              \
+                    dw = p->dw;                                                                    \
+      const int64_t pix = p->N * OH * OW;                                                          \
       _Pragma("omp parallel for schedule(static) if (pix * C * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
-      for (int64_t q = 0; q < pix; q++) {                                                       \
-         const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                      \
-         const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];          \
-         const T *ib = in + n * H * W * C;                                                      \
-         T *op = out + q * C;                                                                   \
-         int64_t *xp = ind ? ind + q * C : NULL;                                                \
-         const IT first = (h0 < h1 && w0 < w1) ? (IT)(h0 * W + w0) : (IT)-1;                    \
-         for (int64_t c0 = 0; c0 < C; c0 += CBLK) {                                             \
-            const int64_t cn = min64(CBLK, C - c0);                                             \
-            T mx[CBLK];                                                                         \
-            IT li[CBLK];                                                                        \
-            for (int64_t c = 0; c < cn; c++) {                                                  \
-               mx[c] = (T)-INFINITY;                                                            \
-               li[c] = first;                                                                   \
-            }                                                                                   \
-            for (int64_t ih = h0; ih < h1; ih += dh) {                                          \
-               for (int64_t iw = w0; iw < w1; iw += dw) {                                       \
-                  const T *src = ib + (ih * W + iw) * C + c0;                                   \
-                  const IT id = (IT)(ih * W + iw);                                              \
-                  for (int64_t c = 0; c < cn; c++) {                                            \
-                     T v = src[c];                                                              \
-                     int take = (v > mx[c]) | (v != v);                                         \
-                     mx[c] = take ? v : mx[c];                                                  \
-                     li[c] = take ? id : li[c];                                                 \
-                  }                                                                             \
-               }                                                                                \
-            }                                                                                   \
-            for (int64_t c = 0; c < cn; c++) op[c0 + c] = mx[c];                                \
-            if (xp)                                                                             \
-               for (int64_t c = 0; c < cn; c++) xp[c0 + c] = li[c];                             \
-         }                                                                                      \
-      }                                                                                         \
+      for (int64_t q = 0; q < pix; q++) {                                                          \
+         const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                         \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];             \
+         const T *ib = in + n * H * W * C;                                                         \
+         T *op = out + q * C;                                                                      \
+         int64_t *xp = ind ? ind + q * C : NULL;                                                   \
+         const IT first = (h0 < h1 && w0 < w1) ? (IT)(h0 * W + w0) : (IT)-1;                       \
+         for (int64_t c0 = 0; c0 < C; c0 += CBLK) {                                                \
+            const int64_t cn = min64(CBLK, C - c0);                                                \
+            T mx[CBLK];                                                                            \
+            IT li[CBLK];                                                                           \
+            for (int64_t c = 0; c < cn; c++) {                                                     \
+               mx[c] = (T)-INFINITY;                                                               \
+               li[c] = first;                                                                      \
+            }                                                                                      \
+            for (int64_t ih = h0; ih < h1; ih += dh) {                                             \
+               for (int64_t iw = w0; iw < w1; iw += dw) {                                          \
+                  const T *src = ib + (ih * W + iw) * C + c0;                                      \
+                  const IT id = (IT)(ih * W + iw);                                                 \
+                  for (int64_t c = 0; c < cn; c++) {                                               \
+                     T v = src[c];                                                                 \
+                     int take = (v > mx[c]) | (v != v);                                            \
+                     mx[c] = take ? v : mx[c];                                                     \
+                     li[c] = take ? id : li[c];                                                    \
+                  }                                                                                \
+               }                                                                                   \
+            }                                                                                      \
+            for (int64_t c = 0; c < cn; c++) op[c0 + c] = mx[c];                                   \
+            if (xp)                                                                                \
+               for (int64_t c = 0; c < cn; c++) xp[c0 + c] = li[c];                                \
+         }                                                                                         \
+      }                                                                                            \
    }
 
 DEFINE_MAX_FWD_NCHW(float, f32)
@@ -432,83 +432,83 @@ static inline void tap_range(const pool_t *p, int64_t j, int64_t *a, int64_t *b)
 
 enum { OWBLK = 512 };
 
-#define DEFINE_REG_NCHW(T, S, ATTR)                                                             \
-   ATTR static void max_reg_nchw_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {      \
-      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, sw = p->sw;                     \
-      const int64_t rows = p->N * p->C * OH;                                                    \
+#define DEFINE_REG_NCHW(T, S, ATTR)                                                                \
+   ATTR static void max_reg_nchw_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {         \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, sw = p->sw;                        \
+      const int64_t rows = p->N * p->C * OH;                                                       \
       _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
-      for (int64_t r = 0; r < rows; r++) {                                                      \
-         const int64_t oh = r % OH;                                                             \
-         const T *ip = in + (r / OH) * H * W;                                                   \
-         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
-         for (int64_t b0 = 0; b0 < OW; b0 += OWBLK) {                                           \
-            const int64_t bn = min64(OWBLK, OW - b0);                                           \
-            T mx[OWBLK];                                                                        \
-            int64_t mi[OWBLK];                                                                  \
-            for (int64_t o = 0; o < bn; o++) {                                                  \
-               const int64_t w0 = p->ws[b0 + o], w1 = p->we[b0 + o];                            \
-               mx[o] = (T)-INFINITY;                                                            \
-               mi[o] = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                                 \
-            }                                                                                   \
-            for (int64_t ih = h0; ih < h1; ih += p->dh) {                                       \
-               const T *row = ip + ih * W;                                                      \
-               for (int64_t j = 0; j < p->kw; j++) {                                            \
-                  int64_t a, b;                                                                 \
-                  tap_range(p, j, &a, &b);                                                      \
-                  a = a > b0 ? a - b0 : 0;                                                      \
-                  b = b - b0 < bn ? b - b0 : bn;                                                \
-                  const int64_t off = (b0 * sw) + j * p->dw - p->pw;                            \
-                  for (int64_t o = a; o < b; o++) {                                             \
-                     const int64_t iw = o * sw + off;                                           \
-                     const T v = row[iw];                                                       \
-                     const int take = (v > mx[o]) | (v != v);                                   \
-                     mx[o] = take ? v : mx[o];                                                  \
-                     mi[o] = take ? ih * W + iw : mi[o];                                        \
-                  }                                                                             \
-               }                                                                                \
-            }                                                                                   \
-            T *op = out + r * OW + b0;                                                          \
-            for (int64_t o = 0; o < bn; o++) op[o] = mx[o];                                     \
-            if (ind) {                                                                          \
-               int64_t *xp = ind + r * OW + b0;                                                 \
-               for (int64_t o = 0; o < bn; o++) xp[o] = mi[o];                                  \
-            }                                                                                   \
-         }                                                                                      \
-      }                                                                                         \
-   }                                                                                            \
-   ATTR static void avg_reg_nchw_##S(const T *in, T *out, const pool_t *p) {                    \
-      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, sw = p->sw;                     \
-      const int64_t rows = p->N * p->C * OH;                                                    \
+      for (int64_t r = 0; r < rows; r++) {                                                         \
+         const int64_t oh = r % OH;                                                                \
+         const T *ip = in + (r / OH) * H * W;                                                      \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                             \
+         for (int64_t b0 = 0; b0 < OW; b0 += OWBLK) {                                              \
+            const int64_t bn = min64(OWBLK, OW - b0);                                              \
+            T mx[OWBLK];                                                                           \
+            int64_t mi[OWBLK];                                                                     \
+            for (int64_t o = 0; o < bn; o++) {                                                     \
+               const int64_t w0 = p->ws[b0 + o], w1 = p->we[b0 + o];                               \
+               mx[o] = (T)-INFINITY;                                                               \
+               mi[o] = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                                    \
+            }                                                                                      \
+            for (int64_t ih = h0; ih < h1; ih += p->dh) {                                          \
+               const T *row = ip + ih * W;                                                         \
+               for (int64_t j = 0; j < p->kw; j++) {                                               \
+                  int64_t a, b;                                                                    \
+                  tap_range(p, j, &a, &b);                                                         \
+                  a = a > b0 ? a - b0 : 0;                                                         \
+                  b = b - b0 < bn ? b - b0 : bn;                                                   \
+                  const int64_t off = (b0 * sw) + j * p->dw - p->pw;                               \
+                  for (int64_t o = a; o < b; o++) {                                                \
+                     const int64_t iw = o * sw + off;                                              \
+                     const T v = row[iw];                                                          \
+                     const int take = (v > mx[o]) | (v != v);                                      \
+                     mx[o] = take ? v : mx[o];                                                     \
+                     mi[o] = take ? ih * W + iw : mi[o];                                           \
+                  }                                                                                \
+               }                                                                                   \
+            }                                                                                      \
+            T *op = out + r * OW + b0;                                                             \
+            for (int64_t o = 0; o < bn; o++) op[o] = mx[o];                                        \
+            if (ind) {                                                                             \
+               int64_t *xp = ind + r * OW + b0;                                                    \
+               for (int64_t o = 0; o < bn; o++) xp[o] = mi[o];                                     \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   ATTR static void avg_reg_nchw_##S(const T *in, T *out, const pool_t *p) {                       \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, sw = p->sw;                        \
+      const int64_t rows = p->N * p->C * OH;                                                       \
       _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw + p->N * p->C * H * W > LM_PARALLEL_GRAIN)") \
-      for (int64_t r = 0; r < rows; r++) {                                                      \
-         const int64_t oh = r % OH;                                                             \
-         const T *ip = in + (r / OH) * H * W;                                                   \
-         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
-         for (int64_t b0 = 0; b0 < OW; b0 += OWBLK) {                                           \
-            const int64_t bn = min64(OWBLK, OW - b0);                                           \
-            T acc[OWBLK];                                                                       \
-            for (int64_t o = 0; o < bn; o++) acc[o] = 0;                                        \
-            for (int64_t ih = h0; ih < h1; ih++) {                                              \
-               const T *row = ip + ih * W;                                                      \
-               for (int64_t j = 0; j < p->kw; j++) {                                            \
-                  int64_t a, b;                                                                 \
-                  tap_range(p, j, &a, &b);                                                      \
-                  a = a > b0 ? a - b0 : 0;                                                      \
-                  b = b - b0 < bn ? b - b0 : bn;                                                \
-                  const int64_t off = (b0 * sw) + j - p->pw;                                    \
-                  for (int64_t o = a; o < b; o++) acc[o] += row[o * sw + off];                  \
-               }                                                                                \
-            }                                                                                   \
-            T *op = out + r * OW + b0;                                                          \
-            for (int64_t o = 0; o < bn; o++) {                                                  \
-               const int64_t ow = b0 + o;                                                       \
-               if (h0 >= h1 || p->ws[ow] >= p->we[ow])                                          \
-                  op[o] = 0;                                                                    \
-               else                                                                             \
-                  op[o] = (T)(acc[o] / (T)avg_div(p, oh, ow));                                  \
-            }                                                                                   \
-         }                                                                                      \
-      }                                                                                         \
+      for (int64_t r = 0; r < rows; r++) {                                                         \
+         const int64_t oh = r % OH;                                                                \
+         const T *ip = in + (r / OH) * H * W;                                                      \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                             \
+         for (int64_t b0 = 0; b0 < OW; b0 += OWBLK) {                                              \
+            const int64_t bn = min64(OWBLK, OW - b0);                                              \
+            T acc[OWBLK];                                                                          \
+            for (int64_t o = 0; o < bn; o++) acc[o] = 0;                                           \
+            for (int64_t ih = h0; ih < h1; ih++) {                                                 \
+               const T *row = ip + ih * W;                                                         \
+               for (int64_t j = 0; j < p->kw; j++) {                                               \
+                  int64_t a, b;                                                                    \
+                  tap_range(p, j, &a, &b);                                                         \
+                  a = a > b0 ? a - b0 : 0;                                                         \
+                  b = b - b0 < bn ? b - b0 : bn;                                                   \
+                  const int64_t off = (b0 * sw) + j - p->pw;                                       \
+                  for (int64_t o = a; o < b; o++) acc[o] += row[o * sw + off];                     \
+               }                                                                                   \
+            }                                                                                      \
+            T *op = out + r * OW + b0;                                                             \
+            for (int64_t o = 0; o < bn; o++) {                                                     \
+               const int64_t ow = b0 + o;                                                          \
+               if (h0 >= h1 || p->ws[ow] >= p->we[ow])                                             \
+                  op[o] = 0;                                                                       \
+               else                                                                                \
+                  op[o] = (T)(acc[o] / (T)avg_div(p, oh, ow));                                     \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
    }
 
 DEFINE_REG_NCHW(float, f32, )
@@ -518,167 +518,207 @@ DEFINE_REG_NCHW(double, f64_512, LM_AVX512_FN)
 
 /* grad_in[plane][ind] += grad_out; indices -1 (empty windows) are skipped, others must lie in
    the plane. Returns the number of bad indices. */
-#define DEFINE_MAX_BWD(T, S)                                                                    \
-   static int64_t max_bwd_nchw_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {   \
-      const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, planes = p->N * p->C;                \
-      int64_t bad = 0;                                                                          \
+#define DEFINE_MAX_BWD(T, S)                                                                       \
+   static int64_t max_bwd_nchw_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {      \
+      const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, planes = p->N * p->C;                   \
+      int64_t bad = 0;                                                                             \
       _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (planes * (HW + OHW) > LM_PARALLEL_GRAIN)") \
-      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
-         T *g = gi + pl * HW;                                                                   \
-         const T *o = go + pl * OHW;                                                            \
-         const int64_t *x = ind + pl * OHW;                                                     \
-         memset(g, 0, (size_t)HW * sizeof(T));                                                  \
-         for (int64_t i = 0; i < OHW; i++) {                                                    \
-            int64_t k = x[i];                                                                   \
-            if ((uint64_t)k < (uint64_t)HW)                                                     \
-               g[k] += o[i];                                                                    \
-            else if (k != -1)                                                                   \
-               bad++;                                                                           \
-         }                                                                                      \
-      }                                                                                         \
-      return bad;                                                                               \
-   }                                                                                            \
-   static int64_t max_bwd_nhwc_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {   \
-      const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, C = p->C;                            \
-      const int64_t cb = scatter_cblock(p->N, C), nb = (C + cb - 1) / cb;                       \
-      const int64_t tasks = p->N * nb;                                                          \
-      int64_t bad = 0;                                                                          \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         T *g = gi + pl * HW;                                                                      \
+         const T *o = go + pl * OHW;                                                               \
+         const int64_t *x = ind + pl * OHW;                                                        \
+         memset(g, 0, (size_t)HW * sizeof(T));                                                     \
+         for (int64_t i = 0; i < OHW; i++) {                                                       \
+            int64_t k = x[i];                                                                      \
+            if ((uint64_t)k < (uint64_t)HW)                                                        \
+               g[k] += o[i];                                                                       \
+            else if (k != -1)                                                                      \
+               bad++;                                                                              \
+         }                                                                                         \
+      }                                                                                            \
+      return bad;                                                                                  \
+   }                                                                                               \
+   static int64_t max_bwd_nhwc_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {      \
+      const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, C = p->C;                               \
+      const int64_t cb = scatter_cblock(p->N, C), nb = (C + cb - 1) / cb;                          \
+      const int64_t tasks = p->N * nb;                                                             \
+      int64_t bad = 0;                                                                             \
       _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (tasks > 1 && p->N * C * (HW + OHW) > LM_PARALLEL_GRAIN)") \
-      for (int64_t t = 0; t < tasks; t++) {                                                     \
-         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                  \
-         T *g = gi + n * HW * C + c0;                                                           \
-         const T *o = go + n * OHW * C + c0;                                                    \
-         const int64_t *x = ind + n * OHW * C + c0;                                             \
-         if (cn == C)                                                                           \
-            memset(g, 0, (size_t)(HW * C) * sizeof(T));                                         \
-         else                                                                                   \
-            for (int64_t i = 0; i < HW; i++) memset(g + i * C, 0, (size_t)cn * sizeof(T));      \
-         for (int64_t i = 0; i < OHW; i++) {                                                    \
-            const T *oi = o + i * C;                                                            \
-            const int64_t *xi = x + i * C;                                                      \
-            for (int64_t c = 0; c < cn; c++) {                                                  \
-               int64_t k = xi[c];                                                               \
-               if ((uint64_t)k < (uint64_t)HW)                                                  \
-                  g[k * C + c] += oi[c];                                                        \
-               else if (k != -1)                                                                \
-                  bad++;                                                                        \
-            }                                                                                   \
-         }                                                                                      \
-      }                                                                                         \
-      return bad;                                                                               \
+      for (int64_t t = 0; t < tasks; t++) {                                                        \
+         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                     \
+         T *g = gi + n * HW * C + c0;                                                              \
+         const T *o = go + n * OHW * C + c0;                                                       \
+         const int64_t *x = ind + n * OHW * C + c0;                                                \
+         if (cn == C)                                                                              \
+            memset(g, 0, (size_t)(HW * C) * sizeof(T));                                            \
+         else                                                                                      \
+            for (int64_t i = 0; i < HW; i++) memset(g + i * C, 0, (size_t)cn * sizeof(T));         \
+         for (int64_t i = 0; i < OHW; i++) {                                                       \
+            const T *oi = o + i * C;                                                               \
+            const int64_t *xi = x + i * C;                                                         \
+            for (int64_t c = 0; c < cn; c++) {                                                     \
+               int64_t k = xi[c];                                                                  \
+               if ((uint64_t)k < (uint64_t)HW)                                                     \
+                  g[k * C + c] += oi[c];                                                           \
+               else if (k != -1)                                                                   \
+                  bad++;                                                                           \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
+      return bad;                                                                                  \
    }
 
 DEFINE_MAX_BWD(float, f32)
 DEFINE_MAX_BWD(double, f64)
 
 /* window averages; empty windows give 0. acc is float for float (as PyTorch's CPU kernels). */
-#define DEFINE_AVG(T, S, ATTR)                                                                  \
-   ATTR static void avg_fwd_nchw_##S(const T *in, T *out, const pool_t *p) {                         \
-      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW;                                 \
-      const int64_t rows = p->N * p->C * OH;                                                    \
-      (void)H;                                                                                  \
+#define DEFINE_AVG(T, S, ATTR)                                                                     \
+   ATTR static void avg_fwd_nchw_##S(const T *in, T *out, const pool_t *p) {                       \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW;                                    \
+      const int64_t rows = p->N * p->C * OH;                                                       \
+      (void)H;                                                                                     \
       _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw + p->N * p->C * H * W > LM_PARALLEL_GRAIN)") \
-      for (int64_t r = 0; r < rows; r++) {                                                      \
-         const int64_t oh = r % OH;                                                             \
-         const T *ip = in + (r / OH) * H * W;                                                   \
-         T *op = out + r * OW;                                                                  \
-         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
-         for (int64_t ow = 0; ow < OW; ow++) {                                                  \
-            const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                       \
-            if (h0 >= h1 || w0 >= w1) {                                                         \
-               op[ow] = 0;                                                                      \
-               continue;                                                                        \
-            }                                                                                   \
-            T acc = 0;                                                                          \
-            for (int64_t ih = h0; ih < h1; ih++) {                                              \
-               const T *row = ip + ih * W;                                                      \
-               for (int64_t iw = w0; iw < w1; iw++) acc += row[iw];                             \
-            }                                                                                   \
-            op[ow] = (T)(acc / (T)avg_div(p, oh, ow));                                          \
-         }                                                                                      \
-      }                                                                                         \
-   }                                                                                            \
-   ATTR static void avg_fwd_nhwc_##S(const T *in, T *out, const pool_t *p) {                         \
-      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;                       \
-      const int64_t pix = p->N * OH * OW;                                                       \
-      (void)H;                                                                                  \
+      for (int64_t r = 0; r < rows; r++) {                                                         \
+         const int64_t oh = r % OH;                                                                \
+         const T *ip = in + (r / OH) * H * W;                                                      \
+         T *op = out + r * OW;                                                                     \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                             \
+         for (int64_t ow = 0; ow < OW; ow++) {                                                     \
+            const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                          \
+            if (h0 >= h1 || w0 >= w1) {                                                            \
+               op[ow] = 0;                                                                         \
+               continue;                                                                           \
+            }                                                                                      \
+            T acc = 0;                                                                             \
+            if (w1 - w0 < 32) {                                                                    \
+               for (int64_t ih = h0; ih < h1; ih++) {                                              \
+                  const T *row = ip + ih * W;                                                      \
+                  for (int64_t iw = w0; iw < w1; iw++) acc += row[iw];                             \
+               }                                                                                   \
+            } else { /* wide windows: 8 independent partial sums (vectorized) */                   \
+               T part[8] = {0};                                                                    \
+               for (int64_t ih = h0; ih < h1; ih++) {                                              \
+                  const T *row = ip + ih * W;                                                      \
+                  int64_t iw = w0;                                                                 \
+                  for (; iw + 8 <= w1; iw += 8)                                                    \
+                     for (int k = 0; k < 8; k++) part[k] += row[iw + k];                           \
+                  for (; iw < w1; iw++) part[0] += row[iw];                                        \
+               }                                                                                   \
+               acc = ((part[0] + part[1]) + (part[2] + part[3])) +                                 \
+                     ((part[4] + part[5]) + (part[6] + part[7]));                                  \
+            }                                                                                      \
+            op[ow] = (T)(acc / (T)avg_div(p, oh, ow));                                             \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   ATTR static void avg_fwd_nhwc_##S(const T *in, T *out, const pool_t *p) {                       \
+      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;                          \
+      const int64_t pix = p->N * OH * OW;                                                          \
+      (void)H;                                                                                     \
       _Pragma("omp parallel for schedule(static) if (pix * C * p->kh * p->kw + p->N * C * H * W > LM_PARALLEL_GRAIN)") \
-      for (int64_t q = 0; q < pix; q++) {                                                       \
-         const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                      \
-         const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];          \
-         const T *ib = in + n * H * W * C;                                                      \
-         T *op = out + q * C;                                                                   \
-         if (h0 >= h1 || w0 >= w1) {                                                            \
-            for (int64_t c = 0; c < C; c++) op[c] = 0;                                          \
-            continue;                                                                           \
-         }                                                                                      \
-         const T dv = (T)avg_div(p, oh, ow);                                                    \
-         for (int64_t c0 = 0; c0 < C; c0 += CBLK) {                                             \
-            const int64_t cn = min64(CBLK, C - c0);                                             \
-            T acc[CBLK];                                                                        \
-            for (int64_t c = 0; c < cn; c++) acc[c] = 0;                                        \
-            for (int64_t ih = h0; ih < h1; ih++) {                                              \
-               for (int64_t iw = w0; iw < w1; iw++) {                                           \
-                  const T *src = ib + (ih * W + iw) * C + c0;                                   \
-                  for (int64_t c = 0; c < cn; c++) acc[c] += src[c];                            \
-               }                                                                                \
-            }                                                                                   \
-            for (int64_t c = 0; c < cn; c++) op[c0 + c] = acc[c] / dv;                          \
-         }                                                                                      \
-      }                                                                                         \
-   }                                                                                            \
-   ATTR static void avg_bwd_nchw_##S(const T *go, T *gi, const pool_t *p) {                          \
-      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, planes = p->N * p->C;           \
+      for (int64_t q = 0; q < pix; q++) {                                                          \
+         const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                         \
+         const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];             \
+         const T *ib = in + n * H * W * C;                                                         \
+         T *op = out + q * C;                                                                      \
+         if (h0 >= h1 || w0 >= w1) {                                                               \
+            for (int64_t c = 0; c < C; c++) op[c] = 0;                                             \
+            continue;                                                                              \
+         }                                                                                         \
+         const T dv = (T)avg_div(p, oh, ow);                                                       \
+         for (int64_t c0 = 0; c0 < C; c0 += CBLK) {                                                \
+            const int64_t cn = min64(CBLK, C - c0);                                                \
+            T acc[CBLK];                                                                           \
+            for (int64_t c = 0; c < cn; c++) acc[c] = 0;                                           \
+            for (int64_t ih = h0; ih < h1; ih++) {                                                 \
+               for (int64_t iw = w0; iw < w1; iw++) {                                              \
+                  const T *src = ib + (ih * W + iw) * C + c0;                                      \
+                  for (int64_t c = 0; c < cn; c++) acc[c] += src[c];                               \
+               }                                                                                   \
+            }                                                                                      \
+            for (int64_t c = 0; c < cn; c++) op[c0 + c] = acc[c] / dv;                             \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   ATTR static void avg_bwd_nchw_##S(const T *go, T *gi, const pool_t *p) {                        \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, planes = p->N * p->C;              \
       _Pragma("omp parallel for schedule(static) if (planes * (H * W + OH * OW * p->kh * p->kw) > LM_PARALLEL_GRAIN)") \
-      for (int64_t pl = 0; pl < planes; pl++) {                                                 \
-         T *g = gi + pl * H * W;                                                                \
-         const T *o = go + pl * OH * OW;                                                        \
-         memset(g, 0, (size_t)(H * W) * sizeof(T));                                             \
-         for (int64_t oh = 0; oh < OH; oh++) {                                                  \
-            const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                       \
-            for (int64_t ow = 0; ow < OW; ow++) {                                               \
-               const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                    \
-               if (h0 >= h1 || w0 >= w1) continue;                                              \
-               const T v = (T)(o[oh * OW + ow] / (T)avg_div(p, oh, ow));                        \
-               for (int64_t ih = h0; ih < h1; ih++)                                             \
-                  for (int64_t iw = w0; iw < w1; iw++) g[ih * W + iw] += v;                     \
-            }                                                                                   \
-         }                                                                                      \
-      }                                                                                         \
-   }                                                                                            \
-   ATTR static void avg_bwd_nhwc_##S(const T *go, T *gi, const pool_t *p) {                          \
-      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;                       \
-      const int64_t cb = scatter_cblock(p->N, C), nb = (C + cb - 1) / cb;                       \
-      const int64_t tasks = p->N * nb;                                                          \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         T *g = gi + pl * H * W;                                                                   \
+         const T *o = go + pl * OH * OW;                                                           \
+         memset(g, 0, (size_t)(H * W) * sizeof(T));                                                \
+         if (p->kind == KIND_AVG) { /* by window tap, along the output row */                      \
+            for (int64_t oh = 0; oh < OH; oh++) {                                                  \
+               const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                       \
+               for (int64_t b0 = 0; b0 < OW; b0 += OWBLK) {                                        \
+                  const int64_t bn = min64(OWBLK, OW - b0);                                        \
+                  T v[OWBLK];                                                                      \
+                  for (int64_t q = 0; q < bn; q++) {                                               \
+                     const int64_t ow = b0 + q;                                                    \
+                     v[q] = (h0 >= h1 || p->ws[ow] >= p->we[ow])                                   \
+                               ? (T)0                                                              \
+                               : (T)(o[oh * OW + ow] / (T)avg_div(p, oh, ow));                     \
+                  }                                                                                \
+                  for (int64_t ih = h0; ih < h1; ih++) {                                           \
+                     T *row = g + ih * W;                                                          \
+                     for (int64_t j = 0; j < p->kw; j++) {                                         \
+                        int64_t a, b;                                                              \
+                        tap_range(p, j, &a, &b);                                                   \
+                        a = a > b0 ? a - b0 : 0;                                                   \
+                        b = b - b0 < bn ? b - b0 : bn;                                             \
+                        const int64_t off = b0 * p->sw + j - p->pw;                                \
+                        for (int64_t q = a; q < b; q++) row[q * p->sw + off] += v[q];              \
+                     }                                                                             \
+                  }                                                                                \
+               }                                                                                   \
+            }                                                                                      \
+            continue;                                                                              \
+         }                                                                                         \
+         for (int64_t oh = 0; oh < OH; oh++) {                                                     \
+            const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
+            for (int64_t ow = 0; ow < OW; ow++) {                                                  \
+               const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                       \
+               if (h0 >= h1 || w0 >= w1) continue;                                                 \
+               const T v = (T)(o[oh * OW + ow] / (T)avg_div(p, oh, ow));                           \
+               for (int64_t ih = h0; ih < h1; ih++)                                                \
+                  for (int64_t iw = w0; iw < w1; iw++) g[ih * W + iw] += v;                        \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   ATTR static void avg_bwd_nhwc_##S(const T *go, T *gi, const pool_t *p) {                        \
+      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;                          \
+      const int64_t cb = scatter_cblock(p->N, C), nb = (C + cb - 1) / cb;                          \
+      const int64_t tasks = p->N * nb;                                                             \
       _Pragma("omp parallel for schedule(static) if (tasks > 1 && p->N * C * (H * W + OH * OW * p->kh * p->kw) > LM_PARALLEL_GRAIN)") \
-      for (int64_t t = 0; t < tasks; t++) {                                                     \
-         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                  \
-         T *g = gi + n * H * W * C + c0;                                                        \
-         const T *o = go + n * OH * OW * C + c0;                                                \
-         if (cn == C)                                                                           \
-            memset(g, 0, (size_t)(H * W * C) * sizeof(T));                                     \
-         else                                                                                   \
-            for (int64_t i = 0; i < H * W; i++) memset(g + i * C, 0, (size_t)cn * sizeof(T));   \
-         for (int64_t oh = 0; oh < OH; oh++) {                                                  \
-            const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                       \
-            for (int64_t ow = 0; ow < OW; ow++) {                                               \
-               const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                    \
-               if (h0 >= h1 || w0 >= w1) continue;                                              \
-               const T dv = (T)avg_div(p, oh, ow);                                              \
-               const T *oi = o + (oh * OW + ow) * C;                                            \
-               for (int64_t cc = 0; cc < cn; cc += CBLK) {                                      \
-                  const int64_t cm = min64(CBLK, cn - cc);                                      \
-                  T v[CBLK];                                                                    \
-                  for (int64_t c = 0; c < cm; c++) v[c] = oi[cc + c] / dv;                      \
-                  for (int64_t ih = h0; ih < h1; ih++)                                          \
-                     for (int64_t iw = w0; iw < w1; iw++) {                                     \
-                        T *dst = g + (ih * W + iw) * C + cc;                                    \
-                        for (int64_t c = 0; c < cm; c++) dst[c] += v[c];                        \
-                     }                                                                          \
-               }                                                                                \
-            }                                                                                   \
-         }                                                                                      \
-      }                                                                                         \
+      for (int64_t t = 0; t < tasks; t++) {                                                        \
+         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                     \
+         T *g = gi + n * H * W * C + c0;                                                           \
+         const T *o = go + n * OH * OW * C + c0;                                                   \
+         if (cn == C)                                                                              \
+            memset(g, 0, (size_t)(H * W * C) * sizeof(T));                                         \
+         else                                                                                      \
+            for (int64_t i = 0; i < H * W; i++) memset(g + i * C, 0, (size_t)cn * sizeof(T));      \
+         for (int64_t oh = 0; oh < OH; oh++) {                                                     \
+            const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                          \
+            for (int64_t ow = 0; ow < OW; ow++) {                                                  \
+               const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                       \
+               if (h0 >= h1 || w0 >= w1) continue;                                                 \
+               const T dv = (T)avg_div(p, oh, ow);                                                 \
+               const T *oi = o + (oh * OW + ow) * C;                                               \
+               for (int64_t cc = 0; cc < cn; cc += CBLK) {                                         \
+                  const int64_t cm = min64(CBLK, cn - cc);                                         \
+                  T v[CBLK];                                                                       \
+                  for (int64_t c = 0; c < cm; c++) v[c] = oi[cc + c] / dv;                         \
+                  for (int64_t ih = h0; ih < h1; ih++)                                             \
+                     for (int64_t iw = w0; iw < w1; iw++) {                                        \
+                        T *dst = g + (ih * W + iw) * C + cc;                                       \
+                        for (int64_t c = 0; c < cm; c++) dst[c] += v[c];                           \
+                     }                                                                             \
+               }                                                                                   \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
    }
 
 DEFINE_AVG(float, f32, )

@@ -101,94 +101,94 @@ static void split_dims(const lm_tensor *x, int dim, int64_t *outer, int64_t *D, 
 
 /* ------------------------------------------------------------------------------------------ */
 
-#define DEFINE_SOFTMAX(T, S)                                                                    \
-   static void fwd_##S(const T *x, T *y, int64_t outer, int64_t D, int64_t inner, int lg) {     \
-      if (inner == 1) {                                                                         \
-         _Pragma("omp parallel for schedule(static) if (outer * D > LM_PARALLEL_GRAIN / 8)")    \
-         for (int64_t o = 0; o < outer; o++) {                                                  \
-            const T *xr = x + o * D;                                                            \
-            T *yr = y + o * D;                                                                  \
-            T mx = (T)-INFINITY;                                                                \
-            for (int64_t d = 0; d < D; d++) mx = xr[d] > mx ? xr[d] : mx;                       \
-            double sum = 0;                                                                     \
-            if (lg) {                                                                           \
-               for (int64_t d = 0; d < D; d++) sum += exp((double)xr[d] - (double)mx);          \
-               const double sh = (double)mx + log(sum);                                         \
-               for (int64_t d = 0; d < D; d++) yr[d] = (T)((double)xr[d] - sh);                 \
-            } else {                                                                            \
-               for (int64_t d = 0; d < D; d++) {                                                \
-                  double e = exp((double)xr[d] - (double)mx);                                   \
-                  sum += e;                                                                     \
-                  yr[d] = (T)e;                                                                 \
-               }                                                                                \
-               const double inv = 1.0 / sum;                                                    \
-               for (int64_t d = 0; d < D; d++) yr[d] = (T)((double)yr[d] * inv);                \
-            }                                                                                   \
-         }                                                                                      \
-         return;                                                                                \
-      }                                                                                         \
-      const int64_t nb = (inner + IBLK - 1) / IBLK, tasks = outer * nb;                         \
-      _Pragma("omp parallel for schedule(static) if (outer * D * inner > LM_PARALLEL_GRAIN / 8)") \
-      for (int64_t t = 0; t < tasks; t++) {                                                     \
-         const int64_t o = t / nb, j0 = (t % nb) * IBLK, jn = min64(IBLK, inner - j0);          \
-         const T *xb = x + o * D * inner + j0;                                                  \
-         T *yb = y + o * D * inner + j0;                                                        \
-         T mx[IBLK];                                                                            \
-         double sum[IBLK];                                                                      \
-         for (int64_t j = 0; j < jn; j++) mx[j] = (T)-INFINITY, sum[j] = 0;                     \
-         for (int64_t d = 0; d < D; d++) {                                                      \
-            const T *xr = xb + d * inner;                                                       \
-            for (int64_t j = 0; j < jn; j++) mx[j] = xr[j] > mx[j] ? xr[j] : mx[j];             \
-         }                                                                                      \
-         for (int64_t d = 0; d < D; d++) {                                                      \
-            const T *xr = xb + d * inner;                                                       \
-            T *yr = yb + d * inner;                                                             \
-            for (int64_t j = 0; j < jn; j++) {                                                  \
-               double e = exp((double)xr[j] - (double)mx[j]);                                   \
-               sum[j] += e;                                                                     \
-               if (!lg) yr[j] = (T)e;                                                           \
-            }                                                                                   \
-         }                                                                                      \
-         for (int64_t j = 0; j < jn; j++)                                                       \
-            sum[j] = lg ? (double)mx[j] + log(sum[j]) : 1.0 / sum[j];                           \
-         for (int64_t d = 0; d < D; d++) {                                                      \
-            const T *xr = xb + d * inner;                                                       \
-            T *yr = yb + d * inner;                                                             \
-            if (lg)                                                                             \
-               for (int64_t j = 0; j < jn; j++) yr[j] = (T)((double)xr[j] - sum[j]);            \
-            else                                                                                \
-               for (int64_t j = 0; j < jn; j++) yr[j] = (T)((double)yr[j] * sum[j]);            \
-         }                                                                                      \
-      }                                                                                         \
-   }                                                                                            \
-   /* softmax: gx = y (g - sum g y); log_softmax: gx = g - exp(y) sum g */                      \
-   static void bwd_##S(const T *g, const T *y, T *gx, int64_t outer, int64_t D, int64_t inner,  \
-                       int lg) {                                                                \
-      const int64_t nb = (inner + IBLK - 1) / IBLK, tasks = outer * nb;                         \
-      _Pragma("omp parallel for schedule(static) if (outer * D * inner > LM_PARALLEL_GRAIN / 4)") \
-      for (int64_t t = 0; t < tasks; t++) {                                                     \
-         const int64_t o = t / nb, j0 = (t % nb) * IBLK, jn = min64(IBLK, inner - j0);          \
-         const int64_t base = o * D * inner + j0;                                               \
-         double sum[IBLK];                                                                      \
-         for (int64_t j = 0; j < jn; j++) sum[j] = 0;                                           \
-         for (int64_t d = 0; d < D; d++) {                                                      \
-            const T *gr = g + base + d * inner, *yr = y + base + d * inner;                     \
-            if (lg)                                                                             \
-               for (int64_t j = 0; j < jn; j++) sum[j] += (double)gr[j];                        \
-            else                                                                                \
-               for (int64_t j = 0; j < jn; j++) sum[j] += (double)gr[j] * (double)yr[j];        \
-         }                                                                                      \
-         for (int64_t d = 0; d < D; d++) {                                                      \
-            const T *gr = g + base + d * inner, *yr = y + base + d * inner;                     \
-            T *xr = gx + base + d * inner;                                                      \
-            if (lg)                                                                             \
-               for (int64_t j = 0; j < jn; j++)                                                 \
-                  xr[j] = (T)((double)gr[j] - exp((double)yr[j]) * sum[j]);                     \
-            else                                                                                \
-               for (int64_t j = 0; j < jn; j++)                                                 \
-                  xr[j] = (T)((double)yr[j] * ((double)gr[j] - sum[j]));                        \
-         }                                                                                      \
-      }                                                                                         \
+#define DEFINE_SOFTMAX(T, S)                                                                       \
+   static void fwd_##S(const T *x, T *y, int64_t outer, int64_t D, int64_t inner, int lg) {        \
+      if (inner == 1) {                                                                            \
+         _Pragma("omp parallel for schedule(static) if (outer * D > LM_PARALLEL_GRAIN / 8)")       \
+         for (int64_t o = 0; o < outer; o++) {                                                     \
+            const T *xr = x + o * D;                                                               \
+            T *yr = y + o * D;                                                                     \
+            T mx = (T)-INFINITY;                                                                   \
+            for (int64_t d = 0; d < D; d++) mx = xr[d] > mx ? xr[d] : mx;                          \
+            double sum = 0;                                                                        \
+            if (lg) {                                                                              \
+               for (int64_t d = 0; d < D; d++) sum += exp((double)xr[d] - (double)mx);             \
+               const double sh = (double)mx + log(sum);                                            \
+               for (int64_t d = 0; d < D; d++) yr[d] = (T)((double)xr[d] - sh);                    \
+            } else {                                                                               \
+               for (int64_t d = 0; d < D; d++) {                                                   \
+                  double e = exp((double)xr[d] - (double)mx);                                      \
+                  sum += e;                                                                        \
+                  yr[d] = (T)e;                                                                    \
+               }                                                                                   \
+               const double inv = 1.0 / sum;                                                       \
+               for (int64_t d = 0; d < D; d++) yr[d] = (T)((double)yr[d] * inv);                   \
+            }                                                                                      \
+         }                                                                                         \
+         return;                                                                                   \
+      }                                                                                            \
+      const int64_t nb = (inner + IBLK - 1) / IBLK, tasks = outer * nb;                            \
+      _Pragma("omp parallel for schedule(static) if (outer * D * inner > LM_PARALLEL_GRAIN / 8)")  \
+      for (int64_t t = 0; t < tasks; t++) {                                                        \
+         const int64_t o = t / nb, j0 = (t % nb) * IBLK, jn = min64(IBLK, inner - j0);             \
+         const T *xb = x + o * D * inner + j0;                                                     \
+         T *yb = y + o * D * inner + j0;                                                           \
+         T mx[IBLK];                                                                               \
+         double sum[IBLK];                                                                         \
+         for (int64_t j = 0; j < jn; j++) mx[j] = (T)-INFINITY, sum[j] = 0;                        \
+         for (int64_t d = 0; d < D; d++) {                                                         \
+            const T *xr = xb + d * inner;                                                          \
+            for (int64_t j = 0; j < jn; j++) mx[j] = xr[j] > mx[j] ? xr[j] : mx[j];                \
+         }                                                                                         \
+         for (int64_t d = 0; d < D; d++) {                                                         \
+            const T *xr = xb + d * inner;                                                          \
+            T *yr = yb + d * inner;                                                                \
+            for (int64_t j = 0; j < jn; j++) {                                                     \
+               double e = exp((double)xr[j] - (double)mx[j]);                                      \
+               sum[j] += e;                                                                        \
+               if (!lg) yr[j] = (T)e;                                                              \
+            }                                                                                      \
+         }                                                                                         \
+         for (int64_t j = 0; j < jn; j++)                                                          \
+            sum[j] = lg ? (double)mx[j] + log(sum[j]) : 1.0 / sum[j];                              \
+         for (int64_t d = 0; d < D; d++) {                                                         \
+            const T *xr = xb + d * inner;                                                          \
+            T *yr = yb + d * inner;                                                                \
+            if (lg)                                                                                \
+               for (int64_t j = 0; j < jn; j++) yr[j] = (T)((double)xr[j] - sum[j]);               \
+            else                                                                                   \
+               for (int64_t j = 0; j < jn; j++) yr[j] = (T)((double)yr[j] * sum[j]);               \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   /* softmax: gx = y (g - sum g y); log_softmax: gx = g - exp(y) sum g */                         \
+   static void bwd_##S(const T *g, const T *y, T *gx, int64_t outer, int64_t D, int64_t inner,     \
+                       int lg) {                                                                   \
+      const int64_t nb = (inner + IBLK - 1) / IBLK, tasks = outer * nb;                            \
+      _Pragma("omp parallel for schedule(static) if (outer * D * inner > LM_PARALLEL_GRAIN / 4)")  \
+      for (int64_t t = 0; t < tasks; t++) {                                                        \
+         const int64_t o = t / nb, j0 = (t % nb) * IBLK, jn = min64(IBLK, inner - j0);             \
+         const int64_t base = o * D * inner + j0;                                                  \
+         double sum[IBLK];                                                                         \
+         for (int64_t j = 0; j < jn; j++) sum[j] = 0;                                              \
+         for (int64_t d = 0; d < D; d++) {                                                         \
+            const T *gr = g + base + d * inner, *yr = y + base + d * inner;                        \
+            if (lg)                                                                                \
+               for (int64_t j = 0; j < jn; j++) sum[j] += (double)gr[j];                           \
+            else                                                                                   \
+               for (int64_t j = 0; j < jn; j++) sum[j] += (double)gr[j] * (double)yr[j];           \
+         }                                                                                         \
+         for (int64_t d = 0; d < D; d++) {                                                         \
+            const T *gr = g + base + d * inner, *yr = y + base + d * inner;                        \
+            T *xr = gx + base + d * inner;                                                         \
+            if (lg)                                                                                \
+               for (int64_t j = 0; j < jn; j++)                                                    \
+                  xr[j] = (T)((double)gr[j] - exp((double)yr[j]) * sum[j]);                        \
+            else                                                                                   \
+               for (int64_t j = 0; j < jn; j++)                                                    \
+                  xr[j] = (T)((double)yr[j] * ((double)gr[j] - sum[j]));                           \
+         }                                                                                         \
+      }                                                                                            \
    }
 
 DEFINE_SOFTMAX(float, f32)

@@ -141,7 +141,7 @@ local function fill_gen(t, n, gen, fname, level)
    if n == 0 then return t end
    local c = t._c
    local ct = direct_ct[c.dtype]
-   if ct and c.device == 0 then
+   if ct and c.device == 0 and C.lm_is_contiguous(c, 0) ~= 0 then
       local p = ffi.cast(ct, C.lm_tensor_data(c))
       if c.dtype == 7 then
          for i = 0, n - 1 do p[i] = gen(i) ~= 0 and 1 or 0 end
@@ -265,11 +265,17 @@ function M.tensor(data, opts)
    local buf = ffi.new("double[?]", total > 0 and total or 1)
    local pos = 0
    local seen_num, seen_bool = false, false
-   local function walk(t, d, path)
+   local at = {}                       -- indices of the table being walked (for messages)
+   local function path(d)
+      local p = "data"
+      for k = 1, d - 1 do p = p .. "[" .. at[k] .. "]" end
+      return p
+   end
+   local function walk(t, d)
       local n = shape[d]
       if #t ~= n then
          argerror("tensor", ("ragged nested table: expected %d elements at %s, got %d")
-                  :format(n, path, #t), d + 2)
+                  :format(n, path(d), #t))
       end
       if d == nd then
          for i = 1, n do
@@ -283,10 +289,10 @@ function M.tensor(data, opts)
                buf[pos] = v and 1 or 0
             elseif tv == "table" and getmetatable(v) == nil then
                argerror("tensor", ("ragged nested table: expected a number at %s[%d], got a table")
-                        :format(path, i), d + 2)
+                        :format(path(d), i))
             else
                argerror("tensor", ("expected a number or boolean at %s[%d], got %s")
-                        :format(path, i, typename(v)), d + 2)
+                        :format(path(d), i, typename(v)))
             end
             pos = pos + 1
          end
@@ -295,13 +301,14 @@ function M.tensor(data, opts)
             local v = t[i]
             if type(v) ~= "table" or getmetatable(v) ~= nil then
                argerror("tensor", ("ragged nested table: expected a table at %s[%d], got %s")
-                        :format(path, i, typename(v)), d + 2)
+                        :format(path(d), i, typename(v)))
             end
-            walk(v, d + 1, path .. "[" .. i .. "]")
+            at[d] = i
+            walk(v, d + 1)
          end
       end
    end
-   walk(data, 1, "data")
+   walk(data, 1)
    local default = (seen_bool and not seen_num) and BOOL or FLOAT32
    for i = 1, nd do sizebuf[i - 1] = shape[i] end
    local t = empty_from("tensor", nd, opts, default)

@@ -46,7 +46,8 @@ local function find(root, base)
 end
 
 --- Fashion-MNIST (or MNIST: same file names) from Debian's dataset-fashion-mnist.
---- split is "train" or "test"; returns {images = uint8 (N,28,28), labels = int64 (N)}.
+--- split is "train" or "test"; returns {images = uint8 (N,28,28), labels = int64 (N)} with
+--- 1-based labels (1..10; the files store 0..9).
 function M.fashion_mnist(split, root)
    split = split or "train"
    root = root or os.getenv("LUMEN_FASHION_MNIST") or M.FASHION_MNIST_ROOT
@@ -65,7 +66,8 @@ function M.fashion_mnist(split, root)
    if images:dim() ~= 3 or labels:dim() ~= 1 or images:size(1) ~= labels:size(1) then
       argerror("data.fashion_mnist", "images and labels do not match in " .. root)
    end
-   return { images = images, labels = labels:to(dtypes.int64) }
+   -- class labels are 1-based in lumen (cross_entropy, argmax): 1..10
+   return { images = images, labels = labels:to(dtypes.int64):add(1) }
 end
 
 --- a permutation of 1..n as a 0-based int64 C array (internal) depending only on seed
@@ -139,8 +141,9 @@ end
 Loader.__len = Loader.num_batches
 
 --- iterate over one epoch: `for x, y, i in loader:iter(epoch) do ... end`.
---- epoch defaults to the loader's own counter, which then advances.
-function Loader:iter(epoch)
+--- epoch defaults to the loader's own counter, which then advances. start_batch (1-based,
+--- default 1) resumes an epoch part-way: the batches are the same as in a full pass.
+function Loader:iter(epoch, start_batch)
    if epoch == nil then
       self.epoch = self.epoch + 1
       epoch = self.epoch
@@ -155,12 +158,17 @@ function Loader:iter(epoch)
    end
    local o = ffi.new("lm_loader_opts", self.opts)
    o.seed = self.seed * 7919 + epoch * 104729 + 1
+   start_batch = start_batch or 1
+   if not tensor.is_integer(start_batch) or start_batch < 1 then
+      argerror("data.DataLoader", "start_batch must be a positive integer")
+   end
+   o.start_batch = start_batch - 1
    local lp = ffi.new("lm_loader*[1]")
    check(C.lm_loader_new(self.images._c, self.labels and self.labels._c or nil, order, n, o, lp),
       "data.DataLoader")
    local handle = ffi.gc(lp[0], C.lm_loader_free)
    local xp, yp = ffi.new("lm_tensor*[1]"), ffi.new("lm_tensor*[1]")
-   local i = 0
+   local i = start_batch - 1
    return function()
       if handle == nil then return nil end
       check(C.lm_loader_next(handle, xp, yp), "data.DataLoader")

@@ -5,6 +5,7 @@
 -- format.lua (tostring), memory.lua (GC pressure, allocator statistics).
 -- Optional parts (autograd, nn, optim, layout, functional, models) are loaded when present.
 
+local ffi = require("ffi")
 local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
@@ -66,6 +67,21 @@ function lm.set_num_threads(n)
    C.lm_set_num_threads(n)
 end
 
+-- the random generator's whole state {seed, offset} (as numbers), for checkpoints
+function lm.get_rng_state()
+   local seed, off = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+   C.lm_rng_get_state(seed, off)
+   return { tonumber(seed[0]), tonumber(off[0]) }
+end
+
+function lm.set_rng_state(st)
+   if type(st) ~= "table" or type(st[1]) ~= "number" or type(st[2]) ~= "number"
+      or st[1] < 0 or st[2] < 0 or st[1] % 1 ~= 0 or st[2] % 1 ~= 0 then
+      error("lumen.set_rng_state: expected {seed, offset} from lm.get_rng_state()", 2)
+   end
+   C.lm_rng_set_state(st[1], st[2])
+end
+
 function lm.get_num_threads()
    return C.lm_get_num_threads()
 end
@@ -88,16 +104,37 @@ end
 if exists("lumen.autograd") then lm.autograd = load_part("lumen.autograd") end
 
 local lazy = {
-   nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout",
-   functional = "lumen.functional", models = "lumen.models",
+   nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout", data = "lumen.data",
+   functional = "lumen.functional", models = "lumen.models", serialize = "lumen.serialize",
+   checkpoint = "lumen.checkpoint",
+}
+-- single functions that live in an optional module: name -> {module field, module}
+local lazy_fn = {
+   save = { "serialize", "save" },
+   load = { "serialize", "load" },
+   to_channels_last = { "layout", "to_channels_last" },
+   save_checkpoint = { "checkpoint", "save_checkpoint" },
+   load_checkpoint = { "checkpoint", "load_checkpoint" },
 }
 setmetatable(lm, {
    __index = function(self, key)
       local modname = lazy[key]
-      if modname and exists(modname) then
+      if modname then
+         if not exists(modname) then return nil end
          local m = load_part(modname)
          rawset(self, key, m)
          return m
+      end
+      local fn = lazy_fn[key]
+      if fn then
+         local m = self[fn[1]]
+         local f = type(m) == "table" and m[fn[2]] or nil
+         if f == nil and key == "to_channels_last" then
+            -- API.md: same as model:to(lm.channels_last), in place, returns the model
+            f = function(model) return model:to(dtypes.channels_last) or model end
+         end
+         if f ~= nil then rawset(self, key, f) end
+         return f
       end
       if key == "F" then
          local nn = self.nn

@@ -11,13 +11,13 @@
 --     autograd may replace Tensor.add etc.; the unwrapped forward functions stay in M.raw.
 
 local ffi = require("ffi")
+local bit = require("bit")
 local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local memory = require("lumen.memory")
 
 local type, tonumber, tostring, select, error = type, tonumber, tostring, select, error
 local getmetatable, setmetatable, rawget = getmetatable, setmetatable, rawget
-local floor = math.floor
 local ffi_gc, ffi_string = ffi.gc, ffi.string
 
 local M = {}
@@ -88,7 +88,10 @@ end
 M.raise, M.check, M.argerror = raise, check, argerror
 
 local function typename(x)
-   if getmetatable(x) == mt then return "tensor" end
+   local m = getmetatable(x)
+   if m == mt then return "tensor" end
+   if m == "lumen.dtype" then return "dtype" end
+   if m == "lumen.memory_format" then return "memory format" end
    return type(x)
 end
 M.typename = typename
@@ -192,56 +195,66 @@ local function wrap_dim(fname, d, ndim, level)
 end
 M.wrap_dim = wrap_dim
 
+-- validate one size (1-based position i) and store it in buf
+local function put_size(fname, buf, i, s, min_size, what)
+   s = to_number(s)
+   if not is_integer(s) then
+      argerror(fname, ("%s[%d] must be an integer, got %s"):format(what, i,
+               type(s) == "number" and tostring(s) or typename(s)))
+   end
+   if s < min_size then
+      argerror(fname, ("%s[%d] must be %s, got %d"):format(what, i,
+               min_size == 0 and "non-negative" or ">= -1", s))
+   end
+   buf[i - 1] = s
+end
+
 -- fill buf from an array of sizes; min_size is 0, or -1 where -1 is allowed
-local function fill_sizes(fname, tbl, buf, min_size, what, level)
-   level = (level or 2) + 1
+local function fill_sizes(fname, tbl, buf, min_size, what)
    what = what or "sizes"
    local n = #tbl
    if n == 0 and next(tbl) ~= nil then
-      argerror(fname, what .. " must be an array of integers", level)
+      argerror(fname, what .. " must be an array of integers")
    end
    if n > MAX_DIMS then
-      argerror(fname, ("tensors have at most %d dimensions, got %d"):format(MAX_DIMS, n), level)
+      argerror(fname, ("tensors have at most %d dimensions, got %d"):format(MAX_DIMS, n))
    end
-   for i = 1, n do
-      local s = to_number(tbl[i])
-      if not is_integer(s) then
-         argerror(fname, ("%s[%d] must be an integer, got %s"):format(what, i,
-                  type(s) == "number" and tostring(s) or typename(s)), level)
-      end
-      if s < min_size then
-         argerror(fname, ("%s[%d] must be %s, got %d"):format(what, i,
-                  min_size == 0 and "non-negative" or ">= -1", s), level)
-      end
-      buf[i - 1] = s
-   end
+   for i = 1, n do put_size(fname, buf, i, tbl[i], min_size, what) end
    return n
 end
 M.fill_sizes = fill_sizes
 
 -- sizes given as one array or as leading numbers: returns ndim (in buf) and the next argument
--- (normally the opts table)
+-- (normally the opts table). No table is allocated.
 local function parse_sizes(fname, buf, min_size, level, a1, ...)
-   level = (level or 2) + 1
-   if type(a1) == "table" and getmetatable(a1) == nil then
-      return fill_sizes(fname, a1, buf, min_size, "sizes", level), (...)
+   local t1 = type(a1)
+   if t1 == "table" and getmetatable(a1) == nil then
+      return fill_sizes(fname, a1, buf, min_size, "sizes"), (...)
    end
-   if type(a1) == "number" or type(a1) == "cdata" then
-      local n = select("#", ...) + 1
-      local tmp = { a1, ... }
-      local k = 0
-      while k < n and (type(tmp[k + 1]) == "number" or type(tmp[k + 1]) == "cdata") do
+   if t1 == "number" or t1 == "cdata" then
+      local n = select("#", ...)
+      local k = 0                       -- numbers among the varargs after a1
+      while k < n do
+         local tx = type((select(k + 1, ...)))
+         if tx ~= "number" and tx ~= "cdata" then break end
          k = k + 1
       end
-      local nums = {}
-      for i = 1, k do nums[i] = tmp[i] end
-      if k < n and tmp[k + 1] ~= nil and (type(tmp[k + 1]) ~= "table" or k + 1 < n) then
-         argerror(fname, "sizes must be integers, got " .. typename(tmp[k + 1]), level)
+      local rest
+      if k < n then
+         rest = select(k + 1, ...)
+         if (rest ~= nil and (type(rest) ~= "table" or getmetatable(rest) ~= nil)) or k + 1 < n then
+            argerror(fname, "sizes must be integers, got " .. typename(rest))
+         end
       end
-      return fill_sizes(fname, nums, buf, min_size, "sizes", level), tmp[k + 1]
+      if k + 1 > MAX_DIMS then
+         argerror(fname, ("tensors have at most %d dimensions, got %d"):format(MAX_DIMS, k + 1))
+      end
+      put_size(fname, buf, 1, a1, min_size, "sizes")
+      for i = 1, k do put_size(fname, buf, i + 1, (select(i, ...)), min_size, "sizes") end
+      return k + 1, rest
    end
-   if a1 == nil then argerror(fname, "sizes expected", level) end
-   argerror(fname, "sizes must be a table or integers, got " .. typename(a1), level)
+   if a1 == nil then argerror(fname, "sizes expected") end
+   argerror(fname, "sizes must be a table or integers, got " .. typename(a1))
 end
 M.parse_sizes = parse_sizes
 
@@ -433,7 +446,9 @@ end
 
 -- release the C tensor now instead of at the next collection; safe to call twice
 function Tensor.free(self)
-   if getmetatable(self) ~= mt then argerror("free", "self: tensor expected, got " .. typename(self)) end
+   if getmetatable(self) ~= mt then
+      argerror("free", "self: tensor expected, got " .. typename(self))
+   end
    local c = rawget(self, "_c")
    if c ~= nil then
       ffi_gc(c, nil)
@@ -469,18 +484,20 @@ end
 
 function Tensor.permute(self, ...)
    local c = tc(self, "permute")
-   local dims = ...
-   if type(dims) ~= "table" then dims = { ... } end
    local nd = c.ndim
-   if #dims ~= nd then
+   local dims = ...
+   local n
+   if type(dims) == "table" then n = #dims else dims = nil; n = select("#", ...) end
+   if n ~= nd then
       argerror("permute", ("number of dims (%d) does not match the tensor's dimension (%d)")
-               :format(#dims, nd))
+               :format(n, nd))
    end
-   local seen = {}
+   local seen = 0
    for i = 1, nd do
-      local d = wrap_dim("permute", dims[i], nd)
-      if seen[d] then argerror("permute", "repeated dim " .. (d + 1)) end
-      seen[d] = true
+      local d = wrap_dim("permute", dims and dims[i] or (select(i, ...)), nd)
+      local b = bit.lshift(1, d)
+      if bit.band(seen, b) ~= 0 then argerror("permute", "repeated dim " .. (d + 1)) end
+      seen = bit.bor(seen, b)
       dimbuf[i - 1] = d
    end
    outp[0] = nil
@@ -977,22 +994,24 @@ end
 ---------------------------------------------------------------------------------------------
 
 -- dims (nil, a number or an array of numbers) -> count in dimbuf (0 = all elements)
-local function parse_dims(fname, dims, nd, level)
-   level = (level or 2) + 1
+local function parse_dims(fname, dims, nd)
    if dims == nil then return 0 end
    if type(dims) == "table" and getmetatable(dims) == nil then
       local n = #dims
-      if n > MAX_DIMS then argerror(fname, "too many dims", level) end
-      local seen = {}
+      if n > MAX_DIMS then argerror(fname, "too many dims") end
+      local seen = 0
       for i = 1, n do
-         local d = wrap_dim(fname, dims[i], nd, level)
-         if seen[d] then argerror(fname, "dim " .. (d + 1) .. " appears multiple times", level) end
-         seen[d] = true
+         local d = wrap_dim(fname, dims[i], nd)
+         local b = bit.lshift(1, d)
+         if bit.band(seen, b) ~= 0 then
+            argerror(fname, "dim " .. (d + 1) .. " appears multiple times in the list of dims")
+         end
+         seen = bit.bor(seen, b)
          dimbuf[i - 1] = d
       end
       return n
    end
-   dimbuf[0] = wrap_dim(fname, dims, nd, level)
+   dimbuf[0] = wrap_dim(fname, dims, nd)
    return 1
 end
 
@@ -1010,9 +1029,16 @@ local function reduce(op, fname, self, dims, keepdim, dtype, level)
    return wrap(outp[0])
 end
 
-function Tensor.sum(self, dims, keepdim, dtype) return reduce(0, "sum", self, dims, keepdim, dtype, 2) end
-function Tensor.mean(self, dims, keepdim, dtype) return reduce(1, "mean", self, dims, keepdim, dtype, 2) end
-function Tensor.prod(self, dims, keepdim, dtype) return reduce(6, "prod", self, dims, keepdim, dtype, 2) end
+-- sum / mean / prod(dims, keepdim, dtype): dims nil (all elements), a number or an array
+function Tensor.sum(self, dims, keepdim, dtype)
+   return reduce(0, "sum", self, dims, keepdim, dtype, 2)
+end
+function Tensor.mean(self, dims, keepdim, dtype)
+   return reduce(1, "mean", self, dims, keepdim, dtype, 2)
+end
+function Tensor.prod(self, dims, keepdim, dtype)
+   return reduce(6, "prod", self, dims, keepdim, dtype, 2)
+end
 -- amax / amin: max / min values over one or several dims, no indices
 function Tensor.amax(self, dims, keepdim) return reduce(2, "amax", self, dims, keepdim, nil, 2) end
 function Tensor.amin(self, dims, keepdim) return reduce(3, "amin", self, dims, keepdim, nil, 2) end
@@ -1191,6 +1217,9 @@ mt.__mul = function(a, b) return Tensor.mul(a, b) end
 mt.__div = function(a, b) return Tensor.div(a, b) end
 mt.__pow = function(a, b) return Tensor.pow(a, b) end
 mt.__unm = function(a) return Tensor.neg(a) end
+-- Lua's < and <= must return a boolean: point at the methods instead of comparing tables
+mt.__lt = function() argerror("lt", "Lua's < cannot compare tensors elementwise; use a:lt(b)") end
+mt.__le = function() argerror("le", "Lua's <= cannot compare tensors elementwise; use a:le(b)") end
 
 -- keep the original forward functions for autograd wrappers
 for k, v in pairs(Tensor) do M.raw[k] = v end

@@ -166,6 +166,9 @@ static void test_gemm_isa(int isa) {
       for (int in = 0; in < NSIZES; in++)
          for (int ik = 0; ik < NSIZES; ik++)
             for (int tr = 0; tr < 4; tr++) {
+               /* at most one dimension of 257 (the reference is slow), except 257^3 itself */
+               int big = (im == NSIZES - 1) + (in == NSIZES - 1) + (ik == NSIZES - 1);
+               if (big == 2 || (big == 3 && (tr == 1 || tr == 2))) continue;
                int ab = v % NAB, pad = (v / NAB) % 3 == 2 ? 5 : 0;
                gemm_case(0, tr >> 1, tr & 1, SIZES[im], SIZES[in], SIZES[ik], ALPHAS[ab],
                          BETAS[ab], pad, names[isa]);
@@ -185,11 +188,12 @@ static void test_gemm_isa(int isa) {
                count++;
             }
    /* shapes that cross the blocking sizes (KC, MC, NC) and the thread split */
-   static const int64_t BIG[][3] = {{300, 517, 301}, {1, 1000, 300}, {1000, 1, 300},
-                                    {33, 4200, 20}, {700, 70, 600}, {16, 16, 2000}};
+   static const int64_t BIG[][3] = {{300, 417, 270}, {1, 1000, 300}, {1000, 1, 300},
+                                    {33, 4200, 20}, {700, 70, 530}, {16, 16, 2000}};
    for (int s = 0; s < 6; s++)
       for (int tr = 0; tr < 4; tr++)
          for (int dbl = 0; dbl < 2; dbl++) {
+            if (dbl && ((tr + s) & 1)) continue; /* double: two of the four trans combos */
             int ab = v % NAB;
             gemm_case(dbl, tr >> 1, tr & 1, BIG[s][0], BIG[s][1], BIG[s][2], ALPHAS[ab],
                       BETAS[ab], tr == 3 ? 1 : 0, names[isa]);
