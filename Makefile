@@ -11,7 +11,8 @@
 CC ?= cc
 OPT ?= -O3 -march=x86-64-v2 -mtune=native
 CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -fopenmp -Isrc -Ikernels $(OPT)
-LDFLAGS_BASE = -shared -fopenmp -lm -lz -lpthread -Wl,-z,nodelete
+LDFLAGS_BASE = -shared -fopenmp -lm -lz -lpthread -Wl,-z,nodelete \
+   -Wl,--push-state,--no-as-needed -ljpeg -lpng -Wl,--pop-state
 BUILD ?= build
 
 # luarocks passes its own CFLAGS (-O2 -fPIC): keep the flags that matter (-fPIC, -I, -D, ...) but
@@ -118,3 +119,21 @@ clean:
 
 # last, so that `all` stays the default goal
 -include $(OBJS:.o=.d)
+
+# ---- check-peer: lumen's models against torchvision with torchvision's weights ---------------
+# tools/gen_peer_models.py writes weights and reference results (PyTorch) into PEER_DIR (redone
+# when the script changes), spec/peer/models_spec.lua compares lumen against them and writes
+# lumen_out.safetensors, which the script's `verify` then reads back with Python.
+PEER_DIR ?= /tmp/lumen-peer
+PEER_PYTHON ?= /usr/bin/python3
+
+$(PEER_DIR)/.generated: tools/gen_peer_models.py
+	$(PEER_PYTHON) tools/gen_peer_models.py gen --out $(PEER_DIR)
+	touch $@
+
+check-peer: all $(PEER_DIR)/.generated
+	LUMEN_PEER_DIR=$(PEER_DIR) LUMEN_LIB="$${LUMEN_LIB:-$(CURDIR)/$(BUILD)/liblumen.so}" \
+	   $(LUAJIT) $(BUSTED) spec/peer/models_spec.lua
+	$(PEER_PYTHON) tools/gen_peer_models.py verify --out $(PEER_DIR)
+
+.PHONY: check-peer

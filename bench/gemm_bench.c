@@ -1,17 +1,21 @@
 /* gemm_bench.c -- GFLOP/s of lumen's own GEMM against the measured FMA peak of this machine.
  *
- * Build against the library:
- *   cc -O2 -fopenmp -Isrc bench/gemm_bench.c -Lbuild -llumen -Wl,-rpath,$PWD/build -o /tmp/gemm_bench
- * or standalone, compiling the GEMM sources in (no other part of lumen needed):
- *   cc -O2 -fopenmp -Isrc -Ikernels -DLM_GEMM_STANDALONE bench/gemm_bench.c kernels/cpu/gemm.c \
- *      /tmp/gemm_avx512.o /tmp/gemm_avx2.o -o /tmp/gemm_bench     (ISA objects built as in Makefile)
- * Run: /tmp/gemm_bench [size [reps]]      (default 1024, 9 repetitions; medians are printed)
+ * Build against the library (after `make`):
+ *   cc -O2 -fopenmp -Isrc bench/gemm_bench.c -Lbuild -llumen -Wl,-rpath,$PWD/build \
+ *      -o /tmp/gemm_bench
+ * or standalone, with only the GEMM sources compiled in:
+ *   cc -O3 -fopenmp -Isrc -Ikernels -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma \
+ *      -c kernels/cpu/gemm_avx512.c -o /tmp/gemm_avx512.o
+ *   cc -O3 -fopenmp -Isrc -Ikernels -mavx2 -mfma -c kernels/cpu/gemm_avx2.c -o /tmp/gemm_avx2.o
+ *   cc -O3 -fopenmp -Isrc -Ikernels -DLM_GEMM_STANDALONE bench/gemm_bench.c kernels/cpu/gemm.c \
+ *      /tmp/gemm_avx512.o /tmp/gemm_avx2.o -o /tmp/gemm_bench
+ * Run: /tmp/gemm_bench [size [reps]]      (default 1024, 9 repetitions)
  *
- * Prints, per thread count (1, 2): the FMA peak (a loop of 16 independent vfmadd231ps chains on
- * zmm registers per thread, best of 7 runs), then sgemm NN / NT / TN / TT on size^3 on the AVX-512
- * path, NN on the AVX2 and portable paths, and dgemm NN on the auto path: median GFLOP/s, best
- * run in brackets, and both as % of the measured peak. The machines are shared: quote medians
- * from a quiet moment (the load average is printed).
+ * Prints, for 1 and 2 threads: the FMA peak (a loop of 16 independent vfmadd231ps chains on zmm
+ * registers per thread, best of 31 runs of ~10 ms), then sgemm NN / NT / TN / TT on size^3 on the
+ * AVX-512 path, NN on the AVX2 and portable paths, and dgemm NN on the auto path: median GFLOP/s,
+ * the best run in brackets, and both as % of the measured peak. The machines are shared: quote
+ * medians from a quiet moment (the load average is printed).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -108,12 +112,13 @@ __attribute__((target("avx512f,fma"), noinline)) static float fma_loop(long iter
    return _mm512_reduce_add_ps(s);
 }
 
-/* GFLOP/s of the FMA loop on nt threads (all threads run it at once), best of 7 runs */
+/* GFLOP/s of the FMA loop on nt threads (all threads run it at once), best of 31 short runs */
 static double fma_peak(int nt) {
-   const long iters = 20000000;
-   double t[7];
+   const long iters = 4000000; /* about 10 ms per run */
+   enum { RUNS = 31 };
+   double t[RUNS];
    volatile float sink = 0;
-   for (int r = 0; r < 7; r++) {
+   for (int r = 0; r < RUNS; r++) {
       double t0 = now();
 #pragma omp parallel num_threads(nt)
       {
@@ -122,7 +127,7 @@ static double fma_peak(int nt) {
       }
       t[r] = now() - t0;
    }
-   qsort(t, 7, sizeof t[0], cmp_d);
+   qsort(t, RUNS, sizeof t[0], cmp_d);
    return (double)iters * 16 * 16 * 2 * nt / t[0] * 1e-9; /* the best run: the machine's capability */
 }
 

@@ -1,5 +1,5 @@
 /*
- * conv.h -- 2-D convolution (kernels/cpu/conv.c, kernels/cpu/conv_tmpl.c). Plain C declarations
+ * conv.h -- 2-D convolution (kernels/cpu/conv*.c). Plain C declarations
  * only: this text is appended to src/lumen.h for ffi.cdef (every line starting with '#' is dropped).
  *
  * Semantics are PyTorch's conv2d:
@@ -11,10 +11,14 @@
  *   CPU tensors only. Inputs may have any strides.
  *
  * Memory format (`fmt`): LM_CONTIGUOUS (NCHW kernels: im2col + GEMM per image tile and group) or
- *   LM_CHANNELS_LAST (NHWC kernels: implicit GEMM over tiles of output pixels, a plain GEMM for
- *   1x1/stride-1 convolutions, a direct kernel vectorized over C for depthwise). LM_PRESERVE (or
- *   any negative value) means "decide": lm_conv_memory_format(x, w). Outputs and gradients are
- *   allocated in fmt; an input that is not dense in fmt is copied to fmt once (lm_clone).
+ *   LM_CHANNELS_LAST (NHWC kernels: for float32 on AVX-512 CPUs, direct implicit-GEMM kernels
+ *   that read the activations in place (kernels/cpu/conv_avx512.c); otherwise im2col panels of
+ *   output-pixel tiles + GEMM, a plain GEMM for 1x1/stride-1 convolutions; depthwise
+ *   convolutions run direct kernels vectorized over C). LM_PRESERVE (or any negative value) means
+ *   "decide": lm_conv_memory_format(x, w). Outputs and gradients are allocated in fmt; an input
+ *   that is not dense in fmt is copied to fmt once (lm_clone).
+ *   lm_gemm_set_isa(1 or 2) also turns the AVX-512 convolution kernels off (portable path).
+ *   Results do not vary from run to run (fixed reduction order for a given thread count).
  *
  * Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out is an
  * out= tensor (shape must match, it keeps its strides, its dtype must equal the input's).

@@ -1,6 +1,7 @@
 -- models/resnet.lua -- ResNet, ResNeXt and Wide ResNet, as torchvision builds them.
 --
 -- One builder (ResNet) with two block types (BasicBlock, Bottleneck), groups and width per group.
+-- ReLUs are in place, as torchvision's (ReLU(inplace=True)).
 -- Module and parameter names follow torchvision's state_dict keys exactly (conv1.weight,
 -- layer1.0.bn1.running_mean, layer2.0.downsample.0.weight, fc.bias, ...), so weights exported from
 -- torchvision load with load_state_dict unchanged.
@@ -33,7 +34,7 @@ local function builder(lm)
       end
       self.conv1 = conv3x3(inplanes, planes, stride)
       self.bn1 = nn.BatchNorm2d(planes)
-      self.relu = nn.ReLU()
+      self.relu = nn.ReLU(true)
       self.conv2 = conv3x3(planes, planes)
       self.bn2 = nn.BatchNorm2d(planes)
       if downsample then self.downsample = downsample end
@@ -58,7 +59,7 @@ local function builder(lm)
       self.bn2 = nn.BatchNorm2d(width)
       self.conv3 = conv1x1(width, planes * 4)
       self.bn3 = nn.BatchNorm2d(planes * 4)
-      self.relu = nn.ReLU()
+      self.relu = nn.ReLU(true)
       if downsample then self.downsample = downsample end
       self.stride = stride or 1
    end
@@ -80,7 +81,7 @@ local function builder(lm)
       self.base_width = opts.width_per_group or 64
       self.conv1 = nn.Conv2d(3, 64, 7, { stride = 2, padding = 3, bias = false })
       self.bn1 = nn.BatchNorm2d(64)
-      self.relu = nn.ReLU()
+      self.relu = nn.ReLU(true)
       self.maxpool = nn.MaxPool2d({ kernel_size = 3, stride = 2, padding = 1 })
       self.layer1 = self:_make_layer(block, 64, layers[1], 1)
       self.layer2 = self:_make_layer(block, 128, layers[2], 2)

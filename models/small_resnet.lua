@@ -19,7 +19,7 @@ function M.install(lm, models)
          local in_ch = opts.in_channels or 1
          self.conv1 = nn.Conv2d(in_ch, w, 3, { padding = 1, bias = false })
          self.bn1 = nn.BatchNorm2d(w)
-         self.relu = nn.ReLU()
+         self.relu = nn.ReLU(true)
          local inplanes = w
          local function stage(planes, stride)
             local list = {}

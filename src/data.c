@@ -6,12 +6,19 @@
  * Batch b is produced by whichever worker claims it, but every random choice for it (crop offset,
  * flip) comes from a counter-based hash of (seed, sample position), so the batches do not depend
  * on the number of workers or their timing. Batches are handed out strictly in order through a
- * ring of `prefetch` slots. */
+ * ring of `prefetch` slots.
+ *
+ * The samples come from a uint8 tensor (lm_loader_new) or from image files (lm_image_loader_new:
+ * JPEG / PNG decoded, cropped and resized by image.c inside the same worker threads, written
+ * straight into the batch). */
 #include "internal.h"
+#include "image.h"
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 /* ------------------------------------------------------------------ IDX */
@@ -62,16 +69,35 @@ lm_status lm_idx_read(const char *path, lm_tensor **out) {
    }
    int64_t sizes[LM_MAX_DIMS];
    int64_t numel = 1;
+   int too_big = 0;
    for (int d = 0; d < nd; d++) {
       unsigned char b[4];
       st = gz_read_exact(f, b, 4, path, "dimensions");
       if (st != LM_OK) goto done;
       sizes[d] = ((int64_t)b[0] << 24) | ((int64_t)b[1] << 16) | ((int64_t)b[2] << 8) | b[3];
-      numel *= sizes[d];
-      if (numel > ((int64_t)1 << 36)) {
-         st = lm_error(LM_ERR_IO, "'%s': IDX dimensions are implausibly large", path);
-         goto done;
-      }
+      if (sizes[d] > 0 && numel > ((int64_t)1 << 40) / sizes[d]) too_big = 1;
+      else numel *= sizes[d];
+   }
+   /* the data must fit in the file: exactly for a plain file; for gzip, within deflate's
+      largest possible ratio (about 1032:1). Checked before anything is allocated. */
+   struct stat sb;
+   int64_t fsize = stat(path, &sb) == 0 ? (int64_t)sb.st_size : -1;
+   int64_t need = too_big ? -1 : numel * esize;
+   int64_t room = fsize < 0 ? -1 : gzdirect(f) ? fsize - 4 - 4 * nd : fsize * 1032 + 1024;
+   if (too_big || (room >= 0 && need > room)) {
+      char dims[160];
+      int len = 0;
+      for (int d = 0; d < nd && len < (int)sizeof dims - 24; d++)
+         len += snprintf(dims + len, sizeof dims - (size_t)len, "%s%lld", d ? " x " : "",
+                         (long long)sizes[d]);
+      if (!too_big && gzdirect(f))
+         st = lm_error(LM_ERR_IO, "'%s' is truncated: its dimensions (%s) need %lld bytes of "
+                       "data, the file holds %lld", path, dims, (long long)need,
+                       (long long)(room < 0 ? 0 : room));
+      else
+         st = lm_error(LM_ERR_IO, "'%s': IDX dimensions (%s) are too large for the file", path,
+                       dims);
+      goto done;
    }
    lm_tensor *t = NULL;
    st = lm_empty(nd, sizes, dtype, LM_CONTIGUOUS, LM_CPU, &t);
@@ -104,12 +130,14 @@ typedef struct slot {
    int ready;
    lm_tensor *x, *y;
    lm_status status;
-   char err[256];
+   char err[1024]; /* the worker's message (as long as lm_error's buffer) */
 } slot;
 
 struct lm_loader {
-   lm_tensor *images; /* uint8 (N, H, W) or (N, H, W, C), contiguous */
+   lm_tensor *images; /* uint8 (N, H, W) or (N, H, W, C), contiguous; NULL for files */
    lm_tensor *labels; /* int64 (N) or NULL */
+   lm_image_list *files; /* image files instead of images/labels, or NULL */
+   lm_image_opts io;     /* how files become samples */
    int64_t *order, n_order, n_batches;
    int64_t H, W, Cn, oh, ow;
    lm_loader_opts o;
@@ -135,14 +163,15 @@ static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor *
    int64_t xs[4] = {n, L->Cn, L->oh, L->ow};
    lm_tensor *x = NULL, *y = NULL;
    LM_TRY(lm_empty(4, xs, LM_FLOAT32, L->o.out_fmt, LM_CPU, &x));
-   if (L->labels) {
+   const int64_t *labels = L->labels ? lm_tensor_data(L->labels)
+                                     : L->files ? L->files->labels : NULL;
+   if (labels) {
       lm_status st = lm_empty(1, &n, LM_INT64, LM_CONTIGUOUS, LM_CPU, &y);
       if (st != LM_OK) {
          lm_tensor_free(x);
          return st;
       }
    }
-   const uint8_t *img = lm_tensor_data(L->images);
    float *xo = lm_tensor_data(x);
    const int64_t sN = x->strides[0], sC = x->strides[1], sH = x->strides[2], sW = x->strides[3];
    const int64_t H = L->H, W = L->W, Cn = L->Cn, pad = L->o.pad;
@@ -153,13 +182,25 @@ static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor *
    }
    for (int64_t i = 0; i < n; i++) {
       int64_t pos = first + i, idx = L->order[pos];
+      /* every random choice for this sample comes from (seed, position in the epoch) */
       uint64_t r = mix64(L->o.seed ^ mix64((uint64_t)pos));
+      int flip = L->o.hflip && ((r >> 40) & 1);
+      if (y) ((int64_t *)lm_tensor_data(y))[i] = labels[idx];
+      if (L->files) {
+         lm_status st = lm_image_sample(L->files->paths[idx], &L->io,
+                                        mix64(r ^ 0x5851f42d4c957f2dull), flip, xo + i * sN, sC,
+                                        sH, sW, scale, shift);
+         if (st != LM_OK) {
+            lm_tensor_free(x);
+            lm_tensor_free(y);
+            return st;
+         }
+         continue;
+      }
       int64_t range_h = H + 2 * pad - L->oh + 1, range_w = W + 2 * pad - L->ow + 1;
       int64_t oy = (int64_t)(r % (uint64_t)range_h) - pad;
       int64_t ox = (int64_t)((r >> 20) % (uint64_t)range_w) - pad;
-      if (L->o.crop_h == 0 && pad == 0) oy = ox = 0;
-      int flip = L->o.hflip && ((r >> 40) & 1);
-      const uint8_t *src = img + idx * H * W * Cn;
+      const uint8_t *src = (const uint8_t *)lm_tensor_data(L->images) + idx * H * W * Cn;
       float *dst = xo + i * sN;
       for (int64_t yy = 0; yy < L->oh; yy++) {
          int64_t sy = yy + oy;
@@ -174,7 +215,6 @@ static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor *
             }
          }
       }
-      if (y) ((int64_t *)lm_tensor_data(y))[i] = ((const int64_t *)lm_tensor_data(L->labels))[idx];
    }
    *px = x;
    *py = y;
@@ -224,48 +264,41 @@ void lm_loader_free(lm_loader *L) {
    pthread_cond_destroy(&L->cv_ready);
    lm_tensor_free(L->images);
    lm_tensor_free(L->labels);
+   lm_image_list_free(L->files);
    free(L->order);
    free(L->slots);
    free(L->threads);
    free(L);
 }
 
-lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const int64_t *order,
-                        int64_t n_order, const lm_loader_opts *o, lm_loader **out) {
-   if (!images || !o || !out) return lm_error(LM_ERR_ARG, "images and options are required");
-   if (images->dtype != LM_UINT8) return lm_error(LM_ERR_DTYPE, "images must be uint8");
-   if (images->ndim != 3 && images->ndim != 4)
-      return lm_error(LM_ERR_SHAPE, "images must be (N, H, W) or (N, H, W, C), got %d dims",
-                      images->ndim);
-   int64_t N = images->sizes[0];
-   int64_t Cn = images->ndim == 4 ? images->sizes[3] : 1;
-   if (Cn < 1 || Cn > 4) return lm_error(LM_ERR_SHAPE, "images must have 1 to 4 channels");
-   if (labels && (labels->dtype != LM_INT64 || labels->ndim != 1 || labels->sizes[0] != N))
-      return lm_error(LM_ERR_SHAPE, "labels must be int64 of size %lld", (long long)N);
+/* the checks every loader shares */
+static lm_status check_common(int64_t N, const int64_t *order, int64_t n_order,
+                              const lm_loader_opts *o, int64_t Cn) {
    if (o->batch_size < 1) return lm_error(LM_ERR_ARG, "batch_size must be positive");
    if (n_order < 0 || (n_order > 0 && !order)) return lm_error(LM_ERR_ARG, "bad sample order");
    for (int64_t i = 0; i < n_order; i++)
       if (order[i] < 0 || order[i] >= N)
          return lm_error(LM_ERR_ARG, "sample index %lld out of range", (long long)order[i] + 1);
-   if (o->pad < 0 || o->crop_h < 0 || o->crop_w < 0) return lm_error(LM_ERR_ARG, "bad crop");
-   for (int c = 0; c < Cn; c++)
-      if (!(o->std[c] > 0)) return lm_error(LM_ERR_ARG, "std must be positive");
-   int64_t H = images->sizes[1], W = images->sizes[2];
-   int64_t oh = o->crop_h ? o->crop_h : H, ow = o->crop_w ? o->crop_w : W;
-   if (oh > H + 2 * o->pad || ow > W + 2 * o->pad)
-      return lm_error(LM_ERR_ARG, "crop is larger than the padded image");
+   if (o->start_batch < 0) return lm_error(LM_ERR_ARG, "start_batch must be >= 0");
+   if (o->workers > 256 || o->prefetch > 4096)
+      return lm_error(LM_ERR_ARG, "workers must be <= 256 and prefetch <= 4096");
+   for (int c = 0; c < Cn; c++) {
+      if (!(o->std[c] > 0) || !(o->std[c] < INFINITY))
+         return lm_error(LM_ERR_ARG, "std must be positive and finite");
+      if (!(o->mean[c] > -INFINITY && o->mean[c] < INFINITY))
+         return lm_error(LM_ERR_ARG, "mean must be finite");
+   }
    if (o->out_fmt != LM_CHANNELS_LAST && o->out_fmt != LM_CONTIGUOUS)
       return lm_error(LM_ERR_FORMAT, "batches are channels_last or contiguous");
-   lm_loader *L = calloc(1, sizeof *L);
-   if (!L) return lm_error(LM_ERR_OOM, "out of memory");
+   return LM_OK;
+}
+
+/* allocate the rest, copy the order, start the workers; frees L on failure */
+static lm_status loader_start(lm_loader *L, const int64_t *order, int64_t n_order,
+                              const lm_loader_opts *o, lm_loader **out) {
    L->o = *o;
    if (L->o.workers < 1) L->o.workers = 1;
    if (L->o.prefetch < 1) L->o.prefetch = 1;
-   L->H = H;
-   L->W = W;
-   L->Cn = Cn;
-   L->oh = oh;
-   L->ow = ow;
    L->n_order = n_order;
    L->n_batches = o->drop_last ? n_order / o->batch_size
                                : (n_order + o->batch_size - 1) / o->batch_size;
@@ -278,16 +311,6 @@ lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const 
    lm_status st = LM_OK;
    if (!L->order || !L->slots || !L->threads) st = lm_error(LM_ERR_OOM, "out of memory");
    if (st == LM_OK && n_order) memcpy(L->order, order, sizeof(int64_t) * (size_t)n_order);
-   /* private contiguous references to the data (views share the storage; no copy) */
-   if (st == LM_OK) {
-      if (lm_is_contiguous(images, LM_CONTIGUOUS)) st = lm_alias(images, &L->images);
-      else st = lm_clone(images, LM_CONTIGUOUS, -1, &L->images);
-   }
-   if (st == LM_OK && labels) {
-      if (lm_is_contiguous(labels, LM_CONTIGUOUS)) st = lm_alias(labels, &L->labels);
-      else st = lm_clone(labels, LM_CONTIGUOUS, -1, &L->labels);
-   }
-   if (o->start_batch < 0) st = lm_error(LM_ERR_ARG, "start_batch must be >= 0");
    L->next_claim = L->next_take = o->start_batch;
    for (int i = 0; st == LM_OK && i < L->o.prefetch; i++) L->slots[i].batch = -1;
    for (int i = 0; st == LM_OK && i < L->o.workers; i++) {
@@ -303,6 +326,75 @@ lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const 
    }
    *out = L;
    return LM_OK;
+}
+
+lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const int64_t *order,
+                        int64_t n_order, const lm_loader_opts *o, lm_loader **out) {
+   if (!images || !o || !out) return lm_error(LM_ERR_ARG, "images and options are required");
+   if (images->dtype != LM_UINT8) return lm_error(LM_ERR_DTYPE, "images must be uint8");
+   if (images->device != LM_CPU) return lm_error(LM_ERR_DEVICE, "images must be on the CPU");
+   if (images->ndim != 3 && images->ndim != 4)
+      return lm_error(LM_ERR_SHAPE, "images must be (N, H, W) or (N, H, W, C), got %d dims",
+                      images->ndim);
+   int64_t N = images->sizes[0];
+   int64_t Cn = images->ndim == 4 ? images->sizes[3] : 1;
+   if (Cn < 1 || Cn > 4) return lm_error(LM_ERR_SHAPE, "images must have 1 to 4 channels");
+   if (labels && (labels->dtype != LM_INT64 || labels->ndim != 1 || labels->sizes[0] != N ||
+                  labels->device != LM_CPU))
+      return lm_error(LM_ERR_SHAPE, "labels must be int64 of size %lld", (long long)N);
+   LM_TRY(check_common(N, order, n_order, o, Cn));
+   if (o->pad < 0 || o->crop_h < 0 || o->crop_w < 0) return lm_error(LM_ERR_ARG, "bad crop");
+   int64_t H = images->sizes[1], W = images->sizes[2];
+   if (H < 1 || W < 1) return lm_error(LM_ERR_SHAPE, "images must not be empty");
+   int64_t oh = o->crop_h ? o->crop_h : H, ow = o->crop_w ? o->crop_w : W;
+   if (oh > H + 2 * o->pad || ow > W + 2 * o->pad)
+      return lm_error(LM_ERR_ARG, "crop is larger than the padded image");
+   lm_loader *L = calloc(1, sizeof *L);
+   if (!L) return lm_error(LM_ERR_OOM, "out of memory");
+   L->H = H;
+   L->W = W;
+   L->Cn = Cn;
+   L->oh = oh;
+   L->ow = ow;
+   /* private contiguous references to the data (views share the storage; no copy) */
+   lm_status st;
+   if (lm_is_contiguous(images, LM_CONTIGUOUS)) st = lm_alias(images, &L->images);
+   else st = lm_clone(images, LM_CONTIGUOUS, -1, &L->images);
+   if (st == LM_OK && labels) {
+      if (lm_is_contiguous(labels, LM_CONTIGUOUS)) st = lm_alias(labels, &L->labels);
+      else st = lm_clone(labels, LM_CONTIGUOUS, -1, &L->labels);
+   }
+   if (st != LM_OK) {
+      lm_tensor_free(L->images);
+      lm_tensor_free(L->labels);
+      free(L);
+      return st;
+   }
+   return loader_start(L, order, n_order, o, out);
+}
+
+lm_status lm_image_loader_new(lm_image_list *files, const int64_t *order, int64_t n_order,
+                              const lm_image_opts *io, const lm_loader_opts *o,
+                              lm_loader **out) {
+   if (!files || !io || !o || !out)
+      return lm_error(LM_ERR_ARG, "files, image options and options are required");
+   LM_TRY(lm_image_opts_check(io));
+   LM_TRY(check_common(files->n, order, n_order, o, 3));
+   if (o->pad != 0 || o->crop_h != 0 || o->crop_w != 0)
+      return lm_error(LM_ERR_ARG, "pad and crop apply to tensor data sets; image files are "
+                      "cropped through their image options");
+   if (!lm_image_support())
+      return lm_error(LM_ERR_IO, "lumen was built without libjpeg and libpng (link liblumen with "
+                      "-Wl,--no-as-needed -ljpeg -lpng)");
+   lm_loader *L = calloc(1, sizeof *L);
+   if (!L) return lm_error(LM_ERR_OOM, "out of memory");
+   lm_image_list_retain(files);
+   L->files = files;
+   L->io = *io;
+   L->Cn = 3;
+   L->oh = io->out_h;
+   L->ow = io->out_w;
+   return loader_start(L, order, n_order, o, out);
 }
 
 int64_t lm_loader_num_batches(const lm_loader *L) { return L ? L->n_batches : 0; }

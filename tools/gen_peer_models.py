@@ -16,7 +16,8 @@ deterministic), writes into --out:
                                 momentum=0.9 weight_decay=1e-4): logits_train, loss,
                                 grad.<key> for a few parameters, new.<key> (those parameters
                                 after the step) and buffer.<key> for every buffer after the
-                                training forward (updated running statistics)
+                                training forward (updated running statistics); the same again
+                                computed in float64 under the prefix "f64."
 
 verify reads <out>/lumen_out.safetensors, written by spec/peer/models_spec.lua, with the reader
 below (written from the format description, independent of lumen's) and checks it: every dtype,
@@ -174,32 +175,42 @@ def gen(out):
         x = torch.randn(2, 3, 64, 64, generator=g)
         target = torch.randint(0, 1000, (2,), generator=g)
         ref = {"input": x, "target": target}
-        model.eval()
-        with torch.no_grad():
-            ref["logits_eval"] = model(x)
-        model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-        opt.zero_grad()
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits, target)
-        loss.backward()
-        ref["logits_train"] = logits.detach()
-        ref["loss"] = loss.detach()
-        params = dict(model.named_parameters())
         keys = grad_keys(name, model)
-        for k in keys:
-            ref["grad." + k] = params[k].grad.detach().clone()
-        for k, b in model.named_buffers():
-            ref["buffer." + k] = b.detach().clone()
-        opt.step()
-        for k in keys:
-            ref["new." + k] = params[k].detach().clone()
+        # float32 (the acceptance dtype), then float64 (an exact check of the arithmetic: a
+        # training step through batch norm on a batch of 2 is ill-conditioned, PyTorch's own
+        # float32 gradients differ from its float64 ones by ~1e-2 in the early layers)
+        for prefix, dtype in (("", torch.float32), ("f64.", torch.float64)):
+            m = build(name)
+            m.load_state_dict(sd)
+            m = m.to(dtype)
+            xd = x.to(dtype)
+            m.eval()
+            with torch.no_grad():
+                ref[prefix + "logits_eval"] = m(xd)
+            m.train()
+            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+            opt.zero_grad()
+            logits = m(xd)
+            loss = torch.nn.functional.cross_entropy(logits, target)
+            loss.backward()
+            ref[prefix + "logits_train"] = logits.detach()
+            ref[prefix + "loss"] = loss.detach()
+            params = dict(m.named_parameters())
+            for k in keys:
+                ref[prefix + "grad." + k] = params[k].grad.detach().clone()
+            for k, b in m.named_buffers():
+                ref[prefix + "buffer." + k] = b.detach().clone()
+            opt.step()
+            for k in keys:
+                ref[prefix + "new." + k] = params[k].detach().clone()
+            if prefix == "":
+                loss32 = loss.item()
         write_safetensors(os.path.join(out, name + ".ref.safetensors"), ref,
                           {"model": name, "keys": json.dumps(keys), "lr": "0.01",
                            "momentum": "0.9", "weight_decay": "1e-4",
                            "torch": torch.__version__, "torchvision": torchvision.__version__})
         print("gen: %s: %d tensors, logits max %.4g, loss %.6g" % (
-            name, len(sd), ref["logits_eval"].abs().max().item(), loss.item()))
+            name, len(sd), ref["logits_eval"].abs().max().item(), loss32))
     # the file lumen must read back in the peer spec: every dtype, written by this writer
     vals = {
         "f32": torch.arange(6, dtype=torch.float32).reshape(2, 3) / 4,

@@ -1,19 +1,24 @@
 /* conv_avx512.c -- float32 NHWC convolution kernels for AVX-512 (direct "implicit GEMM").
  *
- * No im2col buffer and no generic GEMM: the register-blocked micro-kernels read the activations
- * in place. Weights are packed once per call into blocks of OB (<= 64) output channels:
+ * No im2col buffer and no generic GEMM: register-blocked micro-kernels read the activations in
+ * place. Weights are packed once per call (16 x 16 register transposes) into blocks of OB (<= 64)
+ * output channels:
  *   wp[g][ob][tap][ci][OB]   (tap = i*kw + j, ci = input channel within the group)
  * so that for one tap the weights of consecutive input channels are consecutive rows of OB floats.
  *
- * Forward micro-kernel: PB output pixels x NV vectors of 16 output channels, accumulated over the
- * input channels of one tap: acc[p][v] += x[pixel p][ci] (broadcast) * wp[tap][ci][v]. The
- * accumulators of a work unit (a few output rows, one block of output channels) live in a small
- * buffer (<= 128 pixels x 64 floats) that the micro-kernel loads and stores around each tap, so the
- * weights of a tap stay in L1 while the unit's pixels pass over them. For groups == 1 and unit
- * dilation along W, the kw taps of a kernel row read consecutive input pixels, i.e. one contiguous
- * run of kw*C floats: interior pixels reduce over that run in one go (border pixels take the taps
- * one by one, only where they are inside the image). The epilogue (bias, residual, ReLU) is applied
- * when the unit's accumulators are written to the output.
+ * Forward micro-kernel: PB output pixels x NV vectors of 16 output channels (6 x 4 = 24 zmm
+ * accumulators), accumulated over the input channels of one tap:
+ *   acc[p][v] += x[pixel p][ci] (broadcast) * wp[tap][ci][v].
+ * A work unit is a block of <= 128 output pixels (a few rows of one image) and a run of
+ * (group, channel block) pairs; its accumulators live in a small buffer that the micro-kernel
+ * loads and stores around each tap, so a tap's weights stay in L1 while the unit's pixels pass
+ * over them. The unit's input rows are first copied with their padding columns as zeros
+ * ("staging"), so every tap is valid for every pixel: blocks of 6 pixels then run across row
+ * boundaries (one input pointer per pixel), which keeps 7x7 and 14x14 maps at full speed. For
+ * groups == 1 and unit dilation along W, the kw taps of a kernel row read consecutive input
+ * pixels, i.e. one contiguous run of kw*C floats, reduced in one go. The epilogue (bias,
+ * residual, ReLU) is applied when the accumulators are written out; outputs much larger than the
+ * caches are written with streaming stores.
  *
  * Backward data: stride 1 is the same forward machinery on grad_out with the flipped kernel
  * (in/out channels swapped, padding d*(k-1)-p). Stride s > 1 splits grad_x into s_h x s_w phases;
@@ -21,9 +26,14 @@
  * convolution (no zero-inserted work, no scatter, no atomics).
  *
  * Backward weight: per-thread partial sums in the packed layout; the micro-kernel holds R input
- * channels x NV vectors of output channels in registers and runs over all pixels of a unit:
- * acc[r][v] += x[pixel][ci+r] (broadcast) * grad_out[pixel][v]. Partials are reduced and
- * transposed into (O, kh, kw, Cg) at the end; the bias gradient is summed in the same pass.
+ * channels x NV vectors of output channels in registers and runs over the pixels of a group of
+ * rows: acc[r][v] += x[pixel][ci+r] (broadcast) * grad_out[pixel][v]. Partials are summed in a
+ * fixed order (deterministic) and transposed into (O, kh, kw, Cg) at the end; the bias gradient
+ * is summed in the same pass.
+ *
+ * Small groups (ResNeXt's 4 or 8 channels per group) run GB groups at a time as one group with a
+ * block-diagonal kernel so the vectors are full. Depthwise convolutions have their own kernels
+ * (vectorized over C) at the end of the file.
  */
 #include "conv_internal.h"
 #include <immintrin.h>
@@ -96,6 +106,63 @@ static const fwd_fn fwd_tab[5][9] = {
    {0, fwd_1_4, fwd_2_4, fwd_3_4, fwd_4_4, fwd_5_4, fwd_6_4, 0, 0},
 };
 
+/* the same with one input pointer per pixel (blocks that span output rows) */
+AI void fwdp_body(const float *const *xps, const float *wt, int64_t OB, int64_t icn, float *acc,
+                  const int PB, const int NV) {
+   __m512 a[8][4];
+   const float *xp[8];
+#pragma GCC unroll 8
+   for (int k = 0; k < PB; k++) xp[k] = xps[k];
+#pragma GCC unroll 8
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) a[k][v] = _mm512_load_ps(acc + k * ACC_PITCH + 16 * v);
+   for (int64_t ic = 0; ic < icn; ic++) {
+      __m512 w[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
+#pragma GCC unroll 8
+      for (int k = 0; k < PB; k++) {
+         const __m512 b = _mm512_set1_ps(xp[k][ic]);
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
+      }
+      wt += OB;
+   }
+#pragma GCC unroll 8
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_store_ps(acc + k * ACC_PITCH + 16 * v, a[k][v]);
+}
+
+typedef void (*fwdp_fn)(const float *const *, const float *, int64_t, int64_t, float *);
+
+#define FWDP_INST(PB, NV)                                                                       \
+   static void fwdp_##PB##_##NV(const float *const *xps, const float *wt, int64_t OB,           \
+                                int64_t icn, float *acc) {                                      \
+      fwdp_body(xps, wt, OB, icn, acc, PB, NV);                                                 \
+   }
+#define FWDP_INST_NV(NV)                                                                        \
+   FWDP_INST(1, NV) FWDP_INST(2, NV) FWDP_INST(3, NV) FWDP_INST(4, NV) FWDP_INST(5, NV)         \
+   FWDP_INST(6, NV) FWDP_INST(7, NV) FWDP_INST(8, NV)
+FWDP_INST_NV(1)
+FWDP_INST_NV(2)
+FWDP_INST_NV(3)
+FWDP_INST(1, 4)
+FWDP_INST(2, 4)
+FWDP_INST(3, 4)
+FWDP_INST(4, 4)
+FWDP_INST(5, 4)
+FWDP_INST(6, 4)
+
+static const fwdp_fn fwdp_tab[5][9] = {
+   {0},
+   {0, fwdp_1_1, fwdp_2_1, fwdp_3_1, fwdp_4_1, fwdp_5_1, fwdp_6_1, fwdp_7_1, fwdp_8_1},
+   {0, fwdp_1_2, fwdp_2_2, fwdp_3_2, fwdp_4_2, fwdp_5_2, fwdp_6_2, fwdp_7_2, fwdp_8_2},
+   {0, fwdp_1_3, fwdp_2_3, fwdp_3_3, fwdp_4_3, fwdp_5_3, fwdp_6_3, fwdp_7_3, fwdp_8_3},
+   {0, fwdp_1_4, fwdp_2_4, fwdp_3_4, fwdp_4_4, fwdp_5_4, fwdp_6_4, 0, 0},
+};
+
 /* ---------------------------------------------------------------------------------------------
  * a direct convolution problem as the kernels see it
  */
@@ -112,64 +179,41 @@ typedef struct {
    int64_t OB, nob;
    const float *bias, *res;
    int relu;
+   int stream;             /* write the output with non-temporal stores */
 } dconv;
 
 /* acc rows -> output pixels, with the epilogue */
 static void write_out(const dconv *d, const float *acc, float *op, const float *rp, int64_t ostride,
                       int64_t n, int64_t oc0, int64_t nvalid) {
-   const float *b = d->bias ? d->bias + oc0 : NULL;
+   __m512 bv[4];
+   __mmask16 m[4];
+   const int nv = (int)((nvalid + 15) / 16);
+   for (int v = 0; v < 4; v++) {
+      const int64_t left = nvalid - 16 * v;
+      m[v] = left >= 16 ? (__mmask16)0xFFFF : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
+      bv[v] = d->bias && left > 0 ? _mm512_maskz_loadu_ps(m[v], d->bias + oc0 + 16 * v)
+                                  : _mm512_setzero_ps();
+   }
+   /* streaming stores for outputs far larger than the caches (no read-for-ownership) */
+   const int stream = d->stream && nvalid % 16 == 0 && ((uintptr_t)op & 63) == 0 &&
+                      (ostride & 15) == 0;
    for (int64_t q = 0; q < n; q++) {
       const float *a = acc + q * ACC_PITCH;
       float *o = op + q * ostride;
       const float *r = rp ? rp + q * ostride : NULL;
-      if (!b && !r && !d->relu) {
-         for (int64_t c = 0; c < nvalid; c++) o[c] = a[c];
-         continue;
-      }
-      for (int64_t c = 0; c < nvalid; c++) {
-         float v = a[c];
-         if (b) v += b[c];
-         if (r) v += r[c];
-         if (d->relu) v = v < 0.0f ? 0.0f : v;
-         o[c] = v;
+      for (int v = 0; v < nv; v++) {
+         __m512 t = _mm512_add_ps(_mm512_load_ps(a + 16 * v), bv[v]);
+         if (r) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], r + 16 * v));
+         if (d->relu) t = _mm512_max_ps(t, _mm512_setzero_ps());
+         if (stream)
+            _mm512_stream_ps(o + 16 * v, t);
+         else
+            _mm512_mask_storeu_ps(o + 16 * v, m[v], t);
       }
    }
 }
 
-/* input rows of one unit copied with their out-of-image columns as zeros, so that every tap is
-   valid for every pixel of the unit (no border pieces) */
-typedef struct {
-   float *buf;
-   int64_t h0, c0, SW; /* first staged input row and column, staged width */
-   int on;
-} stage_t;
-
-static void stage_rows(const dconv *d, int64_t n, int64_t r0, int64_t r1, int64_t qb, int64_t qe,
-                       stage_t *st) {
-   const int64_t h_lo = r0 * d->sh - d->ph, h_hi = (r1 - 1) * d->sh - d->ph + (d->kh - 1) * d->dh;
-   const int64_t c_lo = qb * d->sw - d->pw, c_hi = (qe - 1) * d->sw - d->pw + (d->kw - 1) * d->dw;
-   st->on = 0;
-   if (!st->buf || (c_lo >= 0 && c_hi < d->inW)) return;
-   const int64_t SW = c_hi - c_lo + 1, C = d->inC;
-   const int64_t v0 = c_lo < 0 ? 0 : c_lo, v1 = c_hi >= d->inW ? d->inW - 1 : c_hi;
-   for (int64_t hi = h_lo < 0 ? 0 : h_lo; hi <= h_hi && hi < d->inH; hi++) {
-      float *dst = st->buf + (hi - h_lo) * SW * C;
-      const float *src = d->in + ((n * d->inH + hi) * d->inW) * C;
-      if (v0 > v1) {
-         memset(dst, 0, (size_t)(SW * C) * sizeof(float));
-         continue;
-      }
-      memset(dst, 0, (size_t)((v0 - c_lo) * C) * sizeof(float));
-      memcpy(dst + (v0 - c_lo) * C, src + v0 * C, (size_t)((v1 - v0 + 1) * C) * sizeof(float));
-      memset(dst + (v1 + 1 - c_lo) * C, 0, (size_t)((c_hi - v1) * C) * sizeof(float));
-   }
-   st->h0 = h_lo;
-   st->c0 = c_lo;
-   st->SW = SW;
-   st->on = 1;
-}
-
-/* n pixels of one piece, in blocks of near-equal size */
+/* n pixels of one piece, in blocks of near-equal size (pixel k at xp + k*qs) */
 static void fwd_piece(const float *xp, int64_t qs, const float *wt, int64_t OB, int64_t icn,
                       float *acc, int64_t n, int nv) {
    const int pb = fwd_pb[nv];
@@ -184,83 +228,86 @@ static void fwd_piece(const float *xp, int64_t qs, const float *wt, int64_t OB, 
    }
 }
 
-/* forward-mode unit: image n, group gi, channel block ob, output rows [r0, r1), columns [qb, qe) */
+/* per-thread scratch of the forward units */
+typedef struct {
+   float *acc;          /* UNIT_PX x ACC_PITCH accumulators */
+   float *edge;         /* padded copies of the fused runs of border pixels */
+   const float **ptr;   /* one input pointer per pixel of the unit */
+} fwd_scratch;
+
+/* columns q in [flo, fhi) have the whole fused run (kw consecutive input pixels) in the image */
+static void fused_range(const dconv *d, int64_t *flo, int64_t *fhi) {
+   conv_valid_range(d->inW - (d->kw - 1), d->outW, d->sw, d->pw, 0, flo, fhi);
+   if (*flo >= *fhi) *flo = *fhi = d->outW;
+}
+
+/* forward-mode unit: image n, group gi, channel block ob, output rows [r0, r1), columns [qb, qe).
+ * For each kernel row i the reachable output rows [ra, rb) are consecutive accumulators; every
+ * pixel gets its own input pointer, so blocks of pb pixels run across row boundaries (7x7 maps
+ * get full blocks). A tap outside the image points at zeros: the shared zero vector (one tap at
+ * a time), or for the fused runs of border pixels a padded copy of the run in `edge`. */
 static void fwd_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t r0, int64_t r1,
-                     int64_t qb, int64_t qe, const stage_t *st, float *acc) {
+                     int64_t qb, int64_t qe, const float *zero, fwd_scratch *sc) {
    const int64_t nq = qe - qb, nr = r1 - r0, taps = d->kh * d->kw, Ci = d->Ci, OB = d->OB;
    const int64_t nvalid = (d->Co - ob * OB) < OB ? d->Co - ob * OB : OB;
-   const int nv = (int)((nvalid + 15) / 16);
+   const int nv = (int)((nvalid + 15) / 16), pb = fwd_pb[nv];
+   float *acc = sc->acc;
+   const float **ptr = sc->ptr;
    memset(acc, 0, (size_t)(nr * nq * ACC_PITCH) * sizeof(float));
    const float *wblk = d->wp + (gi * d->nob + ob) * taps * Ci * OB;
-   /* pixel (hi, c) of image n is at base + (hi - hoff)*rs + (c - coff)*inC */
-   const float *base;
-   int64_t hoff, coff, rs;
-   if (st->on) {
-      base = st->buf + gi * Ci;
-      hoff = st->h0;
-      coff = st->c0;
-      rs = st->SW * d->inC;
-   } else {
-      base = d->in + n * d->inH * d->inW * d->inC + gi * Ci;
-      hoff = coff = 0;
-      rs = d->inW * d->inC;
-   }
-   const int64_t qs = d->sw * d->inC;
+   const float *img = d->in + n * d->inH * d->inW * d->inC + gi * Ci;
    const int fused = d->G == 1 && d->dw == 1 && d->kw > 1;
+   int64_t flo = 0, fhi = 0;
+   if (fused) fused_range(d, &flo, &fhi);
+   const int64_t run = d->kw * Ci; /* floats in a fused run */
    for (int64_t i = 0; i < d->kh; i++) {
-      /* column pieces of this kernel row: (first tap j, input column of q = 0, [lo, hi), cin) */
-      int64_t pj[64], pc0[64], plo[64], phi[64], pcin[64];
-      int np = 0;
-      int64_t flo = qe, fhi = qe;
-      if (fused) {
-         if (st->on) {
-            flo = qb;
-            fhi = qe;
-         } else {
-            conv_valid_range(d->inW - (d->kw - 1), d->outW, d->sw, d->pw, 0, &flo, &fhi);
-            if (flo < qb) flo = qb;
-            if (fhi > qe) fhi = qe;
-         }
-         if (flo >= fhi) {
-            flo = fhi = qe;
-         } else {
-            pj[np] = 0;
-            pc0[np] = -d->pw;
-            plo[np] = flo;
-            phi[np] = fhi;
-            pcin[np] = d->kw * Ci;
-            np++;
-         }
+      int64_t ra = r1, rb = r0;
+      for (int64_t r = r0; r < r1; r++) {
+         const int64_t hi = r * d->sh - d->ph + i * d->dh;
+         if (hi < 0 || hi >= d->inH) continue;
+         if (r < ra) ra = r;
+         rb = r + 1;
       }
-      for (int64_t j = 0; j < d->kw; j++) {
-         int64_t lo = qb, hi = qe;
-         if (!st->on) {
-            conv_valid_range(d->inW, d->outW, d->sw, d->pw, j * d->dw, &lo, &hi);
-            if (lo < qb) lo = qb;
-            if (hi > qe) hi = qe;
+      if (ra >= rb) continue;
+      const int64_t total = (rb - ra) * nq;
+      const int64_t nb = (total + pb - 1) / pb, bsz = total / nb, extra = total % nb;
+      const int64_t npieces = fused ? 1 : d->kw;
+      for (int64_t jp = 0; jp < npieces; jp++) {
+         /* input pointers of the pixels for this tap (or fused run) */
+         int64_t ne = 0;
+         for (int64_t t = 0; t < total; t++) {
+            const int64_t r = ra + t / nq, q = qb + t % nq;
+            const int64_t hi = r * d->sh - d->ph + i * d->dh;
+            const float *rowp = img + hi * d->inW * d->inC;
+            const int64_t c = q * d->sw - d->pw + jp * d->dw;
+            if (fused) {
+               if (q >= flo && q < fhi) {
+                  ptr[t] = rowp + c * d->inC;
+               } else {
+                  float *e = sc->edge + ne++ * run;
+                  for (int64_t jj = 0; jj < d->kw; jj++) {
+                     if (c + jj >= 0 && c + jj < d->inW)
+                        memcpy(e + jj * Ci, rowp + (c + jj) * d->inC, (size_t)Ci * sizeof(float));
+                     else
+                        memset(e + jj * Ci, 0, (size_t)Ci * sizeof(float));
+                  }
+                  ptr[t] = e;
+               }
+            } else {
+               ptr[t] = (c >= 0 && c < d->inW) ? rowp + c * d->inC : zero;
+            }
          }
-         /* [lo, hi) minus [flo, fhi): at most two pieces */
-         int64_t a0 = lo, a1 = hi < flo ? hi : flo, b0 = lo > fhi ? lo : fhi, b1 = hi;
-         if (a0 < a1 && np < 64) {
-            pj[np] = j; pc0[np] = -d->pw + j * d->dw; plo[np] = a0; phi[np] = a1; pcin[np] = Ci;
-            np++;
-         }
-         if (b0 < b1 && np < 64) {
-            pj[np] = j; pc0[np] = -d->pw + j * d->dw; plo[np] = b0; phi[np] = b1; pcin[np] = Ci;
-            np++;
-         }
-      }
-      for (int p = 0; p < np; p++) {
-         for (int64_t ic0 = 0; ic0 < pcin[p]; ic0 += ICB) {
-            const int64_t icn = pcin[p] - ic0 < ICB ? pcin[p] - ic0 : ICB;
-            const float *wt = wblk + ((i * d->kw + pj[p]) * Ci + ic0) * OB;
-            for (int64_t r = r0; r < r1; r++) {
-               const int64_t hi = r * d->sh - d->ph + i * d->dh;
-               if (hi < 0 || hi >= d->inH) continue;
-               const float *xp = base + (hi - hoff) * rs +
-                                 (pc0[p] + plo[p] * d->sw - coff) * d->inC + ic0;
-               fwd_piece(xp, qs, wt, OB, icn, acc + ((r - r0) * nq + plo[p] - qb) * ACC_PITCH,
-                         phi[p] - plo[p], nv);
+         const int64_t cin = fused ? run : Ci;
+         for (int64_t ic0 = 0; ic0 < cin; ic0 += ICB) {
+            const int64_t icn = cin - ic0 < ICB ? cin - ic0 : ICB;
+            const float *wt = wblk + ((i * d->kw + jp) * Ci + ic0) * OB;
+            int64_t t = 0;
+            for (int64_t b = 0; b < nb; b++) {
+               const int64_t m = bsz + (b < extra);
+               const float *xps[8];
+               for (int64_t k = 0; k < m; k++) xps[k] = ptr[t + k] + ic0;
+               fwdp_tab[nv][m](xps, wt, OB, icn, acc + ((ra - r0) * nq + t) * ACC_PITCH);
+               t += m;
             }
          }
       }
@@ -316,7 +363,10 @@ static void tr_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t r
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* run every unit of a problem */
-static void dconv_run(const dconv *d) {
+static lm_status dconv_run(const dconv *d0) {
+   dconv dd = *d0;
+   const dconv *d = &dd;
+   dd.stream = (double)dd.N * dd.outH * dd.outW * dd.outC * sizeof(float) > 24e6;
    const int64_t phases = d->transposed ? d->sw : 1;
    const int64_t cols = d->transposed ? ceil_div(d->outW, d->sw) : d->outW; /* phase 0 widest */
    const int64_t seg = cols < UNIT_PX ? (cols > 0 ? cols : 1) : UNIT_PX;
@@ -340,22 +390,31 @@ static void dconv_run(const dconv *d) {
    const int64_t chunk = ceil_div(gobs, nchunks);
    nchunks = ceil_div(gobs, chunk);
    const int64_t units = pix_units * nchunks;
-   /* staging buffers (forward mode): rows x width x channels of one unit */
-   size_t stage_elems = 0;
+   /* forward-mode scratch per thread: accumulators, pixel pointers, padded border runs (at most
+      every pixel of a unit, one run each), and one zero vector shared by all threads */
+   size_t edge_elems = 0, zero_elems = 0;
+   int64_t nborder = 0;
    if (!d->transposed) {
-      const int64_t rows = (rpu - 1) * d->sh + (d->kh - 1) * d->dh + 1;
-      const int64_t width = (seg - 1) * d->sw + (d->kw - 1) * d->dw + 1;
-      stage_elems = (size_t)(rows * width * d->inC);
-      if (stage_elems > ((size_t)4 << 20)) stage_elems = 0; /* too big: border pieces instead */
+      int64_t flo = 0, fhi = 0;
+      if (d->G == 1 && d->dw == 1 && d->kw > 1) {
+         fused_range(d, &flo, &fhi);
+         nborder = d->outW - (fhi - flo);
+         if (nborder > seg) nborder = seg;
+         edge_elems = (size_t)((rpu * nborder * d->kw * d->Ci + 15) / 16 * 16);
+      }
+      zero_elems = (size_t)d->inC;
    }
+   const size_t per_thread = (size_t)UNIT_PX * ACC_PITCH + edge_elems + UNIT_PX * 2 + 16;
+   const size_t bytes = (size_t)nthr * per_thread * sizeof(float) + (zero_elems + 16) * sizeof(float);
+   float *scratch = lm_alloc(bytes);
+   if (!scratch) return LM_ERR_OOM;
+   float *zero = scratch + (size_t)nthr * per_thread;
+   memset(zero, 0, (zero_elems + 16) * sizeof(float));
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
    {
-      float acc[UNIT_PX * ACC_PITCH] __attribute__((aligned(64)));
-      stage_t st = {NULL, 0, 0, 0, 0};
-      if (stage_elems) {
-         st.buf = lm_alloc(stage_elems * sizeof(float));
-         if (!st.buf) lm_clear_error(); /* fall back to border pieces */
-      }
+      float *mine = scratch + (size_t)conv_thread_id() * per_thread;
+      fwd_scratch sc = {mine, mine + UNIT_PX * ACC_PITCH,
+                        (const float **)(void *)(mine + UNIT_PX * ACC_PITCH + edge_elems)};
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; u++) {
          const int64_t ck = u % nchunks, rest = u / nchunks;
@@ -364,29 +423,54 @@ static void dconv_run(const dconv *d) {
          const int64_t ph = (rest / nseg) % phases, sg = rest % nseg;
          const int64_t r0 = rb * rpu, r1 = r0 + rpu < d->outH ? r0 + rpu : d->outH;
          const int64_t g0 = ck * chunk, g1 = g0 + chunk < gobs ? g0 + chunk : gobs;
-         if (!d->transposed) {
-            const int64_t qb = sg * seg, qe = qb + seg < d->outW ? qb + seg : d->outW;
-            stage_rows(d, n, r0, r1, qb, qe, &st);
-         }
          for (int64_t gob = g0; gob < g1; gob++) {
             const int64_t gi = gob / d->nob, ob = gob % d->nob;
             if (d->transposed) {
                const int64_t pcols = ceil_div(d->outW - ph, d->sw);
                const int64_t qb = sg * seg, qe = qb + seg < pcols ? qb + seg : pcols;
-               if (qb < qe) tr_unit(d, n, gi, ob, r0, r1, ph, qb, qe, acc);
+               if (qb < qe) tr_unit(d, n, gi, ob, r0, r1, ph, qb, qe, sc.acc);
             } else {
                const int64_t qb = sg * seg, qe = qb + seg < d->outW ? qb + seg : d->outW;
-               fwd_unit(d, n, gi, ob, r0, r1, qb, qe, &st, acc);
+               fwd_unit(d, n, gi, ob, r0, r1, qb, qe, zero, &sc);
             }
          }
       }
-      if (st.buf) lm_free(st.buf, stage_elems * sizeof(float));
+      if (d->stream) _mm_sfence(); /* order the streaming stores before the region ends */
    }
+   lm_free(scratch, bytes);
+   return LM_OK;
 }
 
 static int64_t block_width(int64_t co) {
    if (co >= 64) return 64;
    return (co + 15) / 16 * 16;
+}
+
+/* 16 x 16 transpose: dst[j*ld + i] = src[i*ls + j] */
+static void transpose16(const float *src, int64_t ls, float *dst, int64_t ld) {
+   __m512 r[16], t[16];
+   for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ls);
+   for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+   }
+   /* r[4q + c], 128-bit lane L = column 4L + c of rows 4q .. 4q+3 */
+   for (int q = 0; q < 16; q += 4) {
+      r[q] = _mm512_shuffle_ps(t[q], t[q + 2], 0x44);
+      r[q + 1] = _mm512_shuffle_ps(t[q], t[q + 2], 0xEE);
+      r[q + 2] = _mm512_shuffle_ps(t[q + 1], t[q + 3], 0x44);
+      r[q + 3] = _mm512_shuffle_ps(t[q + 1], t[q + 3], 0xEE);
+   }
+   for (int c = 0; c < 4; c++) {
+      const __m512 v0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+      const __m512 v1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+      const __m512 v2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+      const __m512 v3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+      _mm512_storeu_ps(dst + (0 + c) * ld, _mm512_shuffle_f32x4(v0, v2, 0x88));
+      _mm512_storeu_ps(dst + (8 + c) * ld, _mm512_shuffle_f32x4(v0, v2, 0xDD));
+      _mm512_storeu_ps(dst + (4 + c) * ld, _mm512_shuffle_f32x4(v1, v3, 0x88));
+      _mm512_storeu_ps(dst + (12 + c) * ld, _mm512_shuffle_f32x4(v1, v3, 0xDD));
+   }
 }
 
 /* forward packing: w (O, taps, Cg) row-major -> wp[g][ob][tap][ci][OB], zero padded */
@@ -397,17 +481,16 @@ static void pack_fwd(const conv_geom *g, const float *w, int64_t OB, int64_t nob
    for (int64_t gi = 0; gi < g->G; gi++) {
       for (int64_t ob = 0; ob < nob; ob++) {
          float *dst = wp + (gi * nob + ob) * K * OB;
+         const float *src = w + (gi * Og + ob * OB) * K;
          const int64_t nvalid = Og - ob * OB < OB ? Og - ob * OB : OB;
-         for (int64_t k0 = 0; k0 < K; k0 += 64) {
-            const int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
-            for (int64_t v = 0; v < OB; v++) {
-               if (v < nvalid) {
-                  const float *src = w + (gi * Og + ob * OB + v) * K;
-                  for (int64_t k = k0; k < k1; k++) dst[k * OB + v] = src[k];
-               } else {
-                  for (int64_t k = k0; k < k1; k++) dst[k * OB + v] = 0.0f;
-               }
-            }
+         for (int64_t v0 = 0; v0 < OB; v0 += 16) {
+            int64_t k0 = 0;
+            if (v0 + 16 <= nvalid)
+               for (; k0 + 16 <= K; k0 += 16)
+                  transpose16(src + v0 * K + k0, K, dst + k0 * OB + v0, OB);
+            for (int64_t k = k0; k < K; k++)
+               for (int64_t v = v0; v < v0 + 16; v++)
+                  dst[k * OB + v] = v < nvalid ? src[v * K + k] : 0.0f;
          }
       }
    }
@@ -437,8 +520,8 @@ static void pack_bwd(const conv_geom *g, const float *w, int64_t OB, int64_t ncb
    }
 }
 
-lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                  const float *bias, const float *res, int relu, float *out) {
+static lm_status fwd_direct(const conv_geom *g, const float *x, const float *w,
+                            const float *bias, const float *res, int relu, float *out) {
    const int64_t OB = block_width(g->Og), nob = ceil_div(g->Og, OB);
    const size_t bytes = (size_t)(g->G * nob * g->K * OB) * sizeof(float);
    float *wp = lm_alloc(bytes);
@@ -446,14 +529,13 @@ lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const floa
    pack_fwd(g, w, OB, nob, wp, conv_threads((double)g->O * g->K));
    dconv d = {x, g->H, g->W, g->C, out, g->Ho, g->Wo, g->O, g->N, g->G, g->Cg, g->Og,
               g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, 0, wp, OB, nob,
-              bias, res, relu};
-   dconv_run(&d);
+              bias, res, relu, 0};
+   lm_status st = dconv_run(&d);
    lm_free(wp, bytes);
-   return LM_OK;
+   return st;
 }
 
-lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
-                                   float *gx) {
+static lm_status bwdd_direct(const conv_geom *g, const float *gout, const float *w, float *gx) {
    const int64_t OB = block_width(g->Cg), ncb = ceil_div(g->Cg, OB);
    const size_t bytes = (size_t)(g->G * ncb * g->kh * g->kw * g->Og * OB) * sizeof(float);
    float *wp = lm_alloc(bytes);
@@ -463,16 +545,16 @@ lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const 
    dconv d = {gout, g->Ho, g->Wo, g->O, gx, g->H, g->W, g->C, g->N, g->G, g->Og, g->Cg,
               g->kh, g->kw, g->sh, g->sw, g->dh * (g->kh - 1) - g->ph,
               g->dw * (g->kw - 1) - g->pw, g->dh, g->dw, g->sh > 1 || g->sw > 1, wp, OB, ncb,
-              NULL, NULL, 0};
+              NULL, NULL, 0, 0};
    if (d.transposed) {
       /* the forward unit would read columns (q - pw')/1: use the phase form for every stride
          above 1 (rows with sh == 1 simply have every tap row valid) */
       d.sh = g->sh;
       d.sw = g->sw;
    }
-   dconv_run(&d);
+   lm_status st = dconv_run(&d);
    lm_free(wp, bytes);
-   return LM_OK;
+   return st;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -543,8 +625,8 @@ static const bww_fn bww_tab[5][9] = {
 
 enum { BW_MAX_ROWS = 64 };
 
-lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
-                                   float *gw, float *gb) {
+static lm_status bwdw_direct(const conv_geom *g, const float *x, const float *gout, float *gw,
+                             float *gb) {
    const int64_t N = g->N, C = g->C, H = g->H, W = g->W, O = g->O, Ho = g->Ho, Wo = g->Wo;
    const int64_t G = g->G, Cg = g->Cg, Og = g->Og, K = g->K, taps = g->kh * g->kw;
    const int64_t OB = block_width(Og), nob = ceil_div(Og, OB);
@@ -553,14 +635,16 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
    if (gb) memset(gb, 0, (size_t)O * sizeof(float));
    if (N * Ho * Wo == 0 || O == 0) return LM_OK;
    const int nthr = conv_threads((double)N * Ho * Wo * O * (K > 0 ? K : 1));
-   /* units: blocks of output rows of one image, sized so that their x and grad_out rows stay in
-      L2 while every (tap, channel block) passes over them */
-   int64_t rpu = (256 * 1024 / (4 * (C + O))) / (Wo > 0 ? Wo : 1);
+   /* units: runs of output rows (image after image, so small maps share a unit), sized so
+      that their x and grad_out rows stay in L2 while every (tap, channel block) passes over
+      them; more pixels per unit means fewer passes over the partial sums */
+   const int64_t rows_total = N * Ho;
+   int64_t rpu = (1024 * 1024 / (4 * (C + O))) / (Wo > 0 ? Wo : 1);
    if (rpu < 1) rpu = 1;
    if (rpu > BW_MAX_ROWS) rpu = BW_MAX_ROWS;
-   if (rpu > Ho) rpu = Ho;
-   while (rpu > 1 && N * ceil_div(Ho, rpu) < 4 * nthr) rpu = (rpu + 1) / 2;
-   const int64_t nrb = ceil_div(Ho, rpu), units = N * nrb;
+   if (rpu > rows_total) rpu = rows_total;
+   while (rpu > 1 && ceil_div(rows_total, rpu) < 4 * nthr) rpu = (rpu + 1) / 2;
+   const int64_t units = ceil_div(rows_total, rpu);
    const int64_t per = (gw ? psize : 0) + (O + 15) / 16 * 16; /* keeps every partial 64-byte aligned */
    const size_t bytes = (size_t)(nthr * per) * sizeof(float);
    float *buf = lm_alloc(bytes);
@@ -572,13 +656,19 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
       bw_seg segs[BW_MAX_ROWS];
 #pragma omp for schedule(static) /* static: the same split (and sums) on every run */
       for (int64_t u = 0; u < units; u++) {
-         const int64_t n = u / nrb, r0 = (u % nrb) * rpu, r1 = r0 + rpu < Ho ? r0 + rpu : Ho;
+         /* global rows [r0, r1): image R / Ho, row R % Ho */
+         const int64_t r0 = u * rpu, r1 = r0 + rpu < rows_total ? r0 + rpu : rows_total;
          if (gb) {
-            const float *gp = gout + (n * Ho + r0) * Wo * O;
+            const float *gp = gout + r0 * Wo * O;
             for (int64_t p = 0; p < (r1 - r0) * Wo; p++)
                for (int64_t o = 0; o < O; o++) pb[o] += gp[p * O + o];
          }
          if (!gw || K == 0) continue;
+         /* row groups of about 128 pixels: their grad_out rows stay in L1 while the input
+            channel blocks pass over them */
+         const int64_t grp = Wo >= 128 ? 1 : 128 / Wo;
+         for (int64_t rg0 = r0; rg0 < r1; rg0 += grp) {
+         const int64_t rg1 = rg0 + grp < r1 ? rg0 + grp : r1;
          for (int64_t gi = 0; gi < G; gi++) {
             for (int64_t ob = 0; ob < nob; ob++) {
                const int64_t nvalid = Og - ob * OB < OB ? Og - ob * OB : OB;
@@ -599,12 +689,13 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
                      for (int64_t ic0 = 0; ic0 < Cg; ic0 += R) {
                         const int rn = (int)(Cg - ic0 < R ? Cg - ic0 : R);
                         int ns = 0;
-                        for (int64_t r = r0; r < r1; r++) {
+                        for (int64_t R = rg0; R < rg1; R++) {
+                           const int64_t n = R / Ho, r = R % Ho;
                            const int64_t hr = r * g->sh - g->ph + i * g->dh;
                            if (hr < 0 || hr >= H) continue;
                            segs[ns].x = x + ((n * H + hr) * W + lo * g->sw - g->pw + j * g->dw) * C +
                                         gi * Cg + ic0;
-                           segs[ns].g = gout + ((n * Ho + r) * Wo + lo) * O + gi * Og + ob * OB;
+                           segs[ns].g = gout + (R * Wo + lo) * O + gi * Og + ob * OB;
                            segs[ns].n = hi - lo;
                            ns++;
                         }
@@ -616,18 +707,41 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
                }
             }
          }
+         }
       }
       /* reduce: gw[(gi*Og + o)*K + k] = sum over threads of pw[((gi*nob + ob)*K + k)*OB + v] */
       const int nt = conv_num_threads_in_team();
       if (gw) {
+         /* blocks of 16 output channels; 16 x 16 tiles are summed over the threads, then
+            transposed into gw */
+         const int64_t vblocks = OB / 16, nblk = G * nob * vblocks;
 #pragma omp for schedule(static)
-         for (int64_t row = 0; row < O; row++) {
-            const int64_t gi = row / Og, o = row % Og, ob = o / OB, v = o % OB;
-            float *dst = gw + row * K;
-            for (int t = 0; t < nt; t++) {
-               const float *src = buf + t * per + (gi * nob + ob) * K * OB + v;
-               for (int64_t k = 0; k < K; k++) dst[k] += src[k * OB];
+         for (int64_t blk = 0; blk < nblk; blk++) {
+            const int64_t gob = blk / vblocks, v0 = (blk % vblocks) * 16;
+            const int64_t gi = gob / nob, ob = gob % nob;
+            const int64_t o0 = ob * OB + v0, nvalid = Og - o0 < 16 ? Og - o0 : 16;
+            if (nvalid <= 0) continue;
+            float *dst = gw + (gi * Og + o0) * K;
+            const float *part = buf + gob * K * OB + v0; /* + t * per */
+            float sum[16 * 16] __attribute__((aligned(64))), tr[16 * 16] __attribute__((aligned(64)));
+            int64_t k0 = 0;
+            for (; k0 + 16 <= K; k0 += 16) {
+               for (int kk = 0; kk < 16; kk++) {
+                  __m512 a = _mm512_loadu_ps(part + (k0 + kk) * OB);
+                  for (int t = 1; t < nt; t++)
+                     a = _mm512_add_ps(a, _mm512_loadu_ps(part + t * per + (k0 + kk) * OB));
+                  _mm512_store_ps(sum + kk * 16, a);
+               }
+               transpose16(sum, 16, tr, 16);
+               for (int64_t v = 0; v < nvalid; v++)
+                  _mm512_storeu_ps(dst + v * K + k0, _mm512_load_ps(tr + v * 16));
             }
+            for (int64_t k = k0; k < K; k++)
+               for (int64_t v = 0; v < nvalid; v++) {
+                  float a = 0.0f;
+                  for (int t = 0; t < nt; t++) a += part[t * per + k * OB + v];
+                  dst[v * K + k] = a;
+               }
          }
       }
 #pragma omp single
@@ -640,6 +754,94 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
    }
    lm_free(buf, bytes);
    return LM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * small groups (ResNeXt: 4 or 8 channels per group): GB consecutive groups are run as one group
+ * with a block-diagonal kernel, so that the output-channel vectors are full (16 lanes) and each
+ * micro-kernel call reduces over GB*Cg channels instead of Cg. Activations keep their layout: the
+ * channels of consecutive groups are consecutive anyway.
+ */
+static int64_t super_groups(const conv_geom *g) {
+   if (g->G == 1 || g->Og >= 16 || g->Cg > 16) return 1;
+   int64_t gb = 1;
+   for (int64_t d = 2; d <= g->G; d++)
+      if (g->G % d == 0 && d * g->Og <= 16 && d * g->Cg <= 64) gb = d;
+   return gb;
+}
+
+static conv_geom merged_geom(const conv_geom *g, int64_t gb) {
+   conv_geom m = *g;
+   m.G = g->G / gb;
+   m.Cg = g->Cg * gb;
+   m.Og = g->Og * gb;
+   m.K = m.Cg * g->kh * g->kw;
+   return m;
+}
+
+/* w (O, taps, Cg) -> block-diagonal (O, taps, gb*Cg) */
+static float *merged_weights(const conv_geom *g, int64_t gb, const float *w, size_t *bytes) {
+   const int64_t taps = g->kh * g->kw, Cg = g->Cg, K2 = taps * Cg * gb;
+   *bytes = (size_t)(g->O * K2) * sizeof(float);
+   float *w2 = lm_alloc(*bytes);
+   if (!w2) return NULL;
+   memset(w2, 0, *bytes);
+   for (int64_t co = 0; co < g->O; co++) {
+      const int64_t gl = (co / g->Og) % gb; /* group within its super group */
+      for (int64_t t = 0; t < taps; t++)
+         memcpy(w2 + co * K2 + t * Cg * gb + gl * Cg, w + co * g->K + t * Cg,
+                (size_t)Cg * sizeof(float));
+   }
+   return w2;
+}
+
+lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
+                                  const float *bias, const float *res, int relu, float *out) {
+   const int64_t gb = super_groups(g);
+   if (gb == 1) return fwd_direct(g, x, w, bias, res, relu, out);
+   size_t bytes;
+   float *w2 = merged_weights(g, gb, w, &bytes);
+   if (!w2) return LM_ERR_OOM;
+   const conv_geom m = merged_geom(g, gb);
+   lm_status st = fwd_direct(&m, x, w2, bias, res, relu, out);
+   lm_free(w2, bytes);
+   return st;
+}
+
+lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
+                                   float *gx) {
+   const int64_t gb = super_groups(g);
+   if (gb == 1) return bwdd_direct(g, gout, w, gx);
+   size_t bytes;
+   float *w2 = merged_weights(g, gb, w, &bytes);
+   if (!w2) return LM_ERR_OOM;
+   const conv_geom m = merged_geom(g, gb);
+   lm_status st = bwdd_direct(&m, gout, w2, gx);
+   lm_free(w2, bytes);
+   return st;
+}
+
+lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
+                                   float *gw, float *gb_) {
+   const int64_t gb = super_groups(g);
+   if (gb == 1 || !gw) return bwdw_direct(g, x, gout, gw, gb_);
+   const conv_geom m = merged_geom(g, gb);
+   const size_t bytes = (size_t)(g->O * m.K) * sizeof(float);
+   float *gw2 = lm_alloc(bytes);
+   if (!gw2) return LM_ERR_OOM;
+   lm_status st = bwdw_direct(&m, x, gout, gw2, gb_);
+   if (st == LM_OK) {
+      /* keep the diagonal blocks */
+      const int64_t taps = g->kh * g->kw, Cg = g->Cg;
+      for (int64_t co = 0; co < g->O; co++) {
+         const int64_t gl = (co / g->Og) % gb;
+         for (int64_t t = 0; t < taps; t++)
+            memcpy(gw + co * g->K + t * Cg, gw2 + co * m.K + t * Cg * gb + gl * Cg,
+                   (size_t)Cg * sizeof(float));
+      }
+   }
+   lm_free(gw2, bytes);
+   return st;
 }
 
 /* ---------------------------------------------------------------------------------------------

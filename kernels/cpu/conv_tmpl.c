@@ -352,12 +352,25 @@ static lm_status CS(bwdd_col2im)(const conv_geom *g, int nhwc, const CT *gout, c
                            for (int64_t j = 0; j < kw; j++) {
                               const CT *s = col + ((c * kh + i) * kw + j) * np;
                               CT *gp = gxg + c * H * W;
-                              for (int64_t q = 0; q < np; q++) {
-                                 const int64_t ho = (q0 + q) / Wo, wo = (q0 + q) % Wo;
+                              int64_t lo, hi_;
+                              conv_valid_range(W, Wo, g->sw, g->pw, j * g->dw, &lo, &hi_);
+                              /* walk the tile one output row at a time */
+                              int64_t ho = q0 / Wo, wo0 = q0 % Wo, q = 0;
+                              while (q < np) {
+                                 int64_t cnt = Wo - wo0;
+                                 if (cnt > np - q) cnt = np - q;
                                  const int64_t hi = ho * g->sh - g->ph + i * g->dh;
-                                 const int64_t wi = wo * g->sw - g->pw + j * g->dw;
-                                 if (hi >= 0 && hi < H && wi >= 0 && wi < W)
-                                    gp[hi * W + wi] += s[q];
+                                 if (hi >= 0 && hi < H) {
+                                    const CT *sr = s + q - wo0; /* sr[wo] */
+                                    CT *xr = gp + hi * W - g->pw + j * g->dw; /* xr[wo*sw] */
+                                    const int64_t a = lo > wo0 ? lo : wo0;
+                                    const int64_t b = hi_ < wo0 + cnt ? hi_ : wo0 + cnt;
+                                    const int64_t sw = g->sw;
+                                    for (int64_t wo = a; wo < b; wo++) xr[wo * sw] += sr[wo];
+                                 }
+                                 q += cnt;
+                                 ho++;
+                                 wo0 = 0;
                               }
                            }
                   }
@@ -713,7 +726,7 @@ static lm_status CS(dw_bwdw_nchw)(const conv_geom *g, const CT *x, const CT *gou
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1 && C > 1)
    for (int64_t c = 0; c < C; c++) {
       CT sb = 0;
-      for (int64_t i = 0; i < kh; i++)
+      for (int64_t i = 0; gw && i < kh; i++)
          for (int64_t j = 0; j < kw; j++) {
             int64_t lo, hi_;
             conv_valid_range(W, Wo, sw, g->pw, j * g->dw, &lo, &hi_);

@@ -11,7 +11,7 @@
 -- File layout (an ordinary safetensors file: any reader sees the tensors):
 --   model.<key>                  the model's state_dict tensors (torchvision key names), with
 --                                their memory formats recorded (lumen.serialize)
---   optimizer.<param id>.<name>  the optimizer's per-parameter state tensors (momentum buffers, ...)
+--   optimizer.<param id>.<name>  the optimizer's per-parameter state tensors (momentum buffers)
 --   user.<n>                     tensors found in the user fields
 --   __metadata__["lumen.checkpoint"]  JSON: {version = 1, user = <fields>, optimizer = <groups and
 --                                non-tensor state>}; Lua values are encoded losslessly (numbers
@@ -22,8 +22,8 @@ local serialize = require("lumen.serialize")
 local T = require("lumen.tensor")
 local dtypes = require("lumen.dtype")
 
-local type, pairs, ipairs, tostring, tonumber, error, getmetatable, rawget = type, pairs,
-   ipairs, tostring, tonumber, error, getmetatable, rawget
+local type, pairs, ipairs, tostring, error, getmetatable, rawget = type, pairs, ipairs,
+   tostring, error, getmetatable, rawget
 
 local M = {}
 
@@ -161,7 +161,9 @@ function M.save_checkpoint(path, state)
       local sd
       if is_module(model) then sd = model:state_dict()
       elseif plain_table(model) then sd = model
-      else fail(fname, "model must be a Module or a state_dict table, got %s", T.typename(model)) end
+      else
+         fail(fname, "model must be a Module or a state_dict table, got %s", T.typename(model))
+      end
       for k, t in pairs(sd) do
          if type(k) ~= "string" then fail(fname, "model state keys must be strings") end
          if not T.is_tensor(t) then fail(fname, "model state '%s' is not a tensor", k) end

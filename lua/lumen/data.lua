@@ -2,15 +2,19 @@
 --
 --   lm.data.read_idx(path)                 IDX file (MNIST format, .gz or plain) -> tensor
 --   lm.data.fashion_mnist(split, root)     {images = uint8 (N,28,28), labels = int64 (N)}
+--   lm.data.ImageFolder(root, opts)        root/<class>/**.{jpg,jpeg,png}: files + 1-based labels
 --   lm.data.DataLoader(dataset, opts)      batches of float32 (B,C,H,W) in channels-last
+--   lm.data.read_image(path)               a JPEG / PNG file -> uint8 (H, W, 3) RGB
+--   lm.data.load_image(path, opts)         one image as ImageFolder samples it -> (1,3,h,w)
 --
--- The loader's worker threads run in C (src/data.c): they gather the samples of a batch, apply
--- the random crop / flip, normalise, and write straight into a channels-last float32 batch, while
--- Lua trains on the previous one. The epoch's order comes from lm_permutation(seed + epoch), and
--- each sample's augmentation from a hash of (seed, epoch, position), so the batches are the same
--- whatever the number of workers.
+-- The loader's worker threads run in C (src/data.c, src/image.c): they gather (or decode) the
+-- samples of a batch, apply the crop / resize / flip, normalise, and write straight into a
+-- channels-last float32 batch, while Lua trains on the previous one. The epoch's order comes
+-- from lm_permutation(seed, epoch), and each sample's augmentation from a hash of (seed, epoch,
+-- position), so the batches are the same whatever the number of workers.
 
 local ffi = require("ffi")
+local bit = require("bit")
 local C = require("lumen.C")
 local tensor = require("lumen.tensor")
 local dtypes = require("lumen.dtype")
@@ -18,14 +22,20 @@ local dtypes = require("lumen.dtype")
 local M = {}
 
 local wrap, check, argerror = tensor.wrap, tensor.check, tensor.argerror
+local is_integer = tensor.is_integer
 
 M.FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 M.FASHION_MNIST_CLASSES = { "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
    "Shirt", "Sneaker", "Bag", "Ankle boot" }
+-- the usual ImageNet normalisation (torchvision's), for mean / std
+M.IMAGENET_MEAN = { 0.485, 0.456, 0.406 }
+M.IMAGENET_STD = { 0.229, 0.224, 0.225 }
 
 --- read an IDX file into a contiguous tensor (uint8, int32, float32 or float64 as stored)
 function M.read_idx(path)
-   if type(path) ~= "string" then argerror("data.read_idx", "path must be a string, got " .. type(path)) end
+   if type(path) ~= "string" then
+      argerror("data.read_idx", "path must be a string, got " .. type(path))
+   end
    local p = ffi.new("lm_tensor*[1]")
    check(C.lm_idx_read(path, p), "data.read_idx")
    return wrap(p[0])
@@ -70,7 +80,321 @@ function M.fashion_mnist(split, root)
    return { images = images, labels = labels:to(dtypes.int64):add(1) }
 end
 
---- a permutation of 1..n as a 0-based int64 C array (internal) depending only on seed
+---------------------------------------------------------------------------------------------
+-- option checking
+---------------------------------------------------------------------------------------------
+
+local function describe(v)
+   if type(v) == "table" then
+      local parts = {}
+      for i = 1, #v do parts[i] = tostring(v[i]) end
+      return "{" .. table.concat(parts, ", ") .. "}"
+   end
+   return tostring(v)
+end
+
+local function check_keys(fname, opts, known)
+   for k in pairs(opts) do
+      if not known[k] then argerror(fname, "unknown option '" .. tostring(k) .. "'") end
+   end
+end
+
+local function opt_int(fname, v, what, lo, hi, default)
+   if v == nil then return default end
+   if not is_integer(v) or v < lo or (hi and v > hi) then
+      argerror(fname, string.format("%s must be an integer %s, got %s", what,
+         hi and ("in " .. lo .. ".." .. hi) or (">= " .. lo), describe(v)))
+   end
+   return v
+end
+
+local function opt_bool(fname, v, what, default)
+   if v == nil then return default end
+   if type(v) ~= "boolean" then
+      argerror(fname, what .. " must be a boolean, got " .. describe(v))
+   end
+   return v
+end
+
+-- a number or {h, w} of integers in 1..65535 -> h, w
+local function opt_size(fname, v, what)
+   local t = type(v) == "number" and { v, v } or v
+   if type(t) ~= "table" or #t ~= 2 or not is_integer(t[1]) or not is_integer(t[2]) or
+      t[1] < 1 or t[2] < 1 or t[1] > 65535 or t[2] > 65535 then
+      argerror(fname, what .. " must be a positive integer or {h, w}, got " .. describe(v))
+   end
+   return t[1], t[2]
+end
+
+-- {lo, hi} with 0 < lo <= hi (<= max)
+local function opt_range(fname, v, what, default, max)
+   if v == nil then return default[1], default[2] end
+   if type(v) ~= "table" or #v ~= 2 or type(v[1]) ~= "number" or type(v[2]) ~= "number" or
+      not (v[1] > 0 and v[1] <= v[2] and v[2] < math.huge and (not max or v[2] <= max)) then
+      argerror(fname, string.format("%s must be {lo, hi} with 0 < lo <= hi%s, got %s", what,
+         max and (" <= " .. max) or "", describe(v)))
+   end
+   return v[1], v[2]
+end
+
+-- per-channel values: a number, or a list of 1 or nch numbers -> list of nch numbers
+local function opt_channels(fname, v, what, nch, default, positive)
+   if v == nil then v = { default } end
+   if type(v) == "number" then v = { v } end
+   if type(v) ~= "table" or (#v ~= 1 and #v ~= nch) then
+      argerror(fname, string.format("%s must be a number or a list of %d numbers, got %s", what,
+         nch, describe(v)))
+   end
+   local out = {}
+   for c = 1, nch do
+      local x = v[#v == 1 and 1 or c]
+      if type(x) ~= "number" or x ~= x or x == math.huge or x == -math.huge or
+         (positive and x <= 0) then
+         argerror(fname, string.format("%s must hold %s numbers, got %s", what,
+            positive and "positive finite" or "finite", describe(v)))
+      end
+      out[c] = x
+   end
+   return out
+end
+
+---------------------------------------------------------------------------------------------
+-- images
+---------------------------------------------------------------------------------------------
+
+--- which decoders this build of lumen has: {jpeg = bool, png = bool}
+function M.image_support()
+   local s = C.lm_image_support()
+   return { jpeg = bit.band(s, 1) ~= 0, png = bit.band(s, 2) ~= 0 }
+end
+
+--- decode a JPEG or PNG file (recognised by its content) into uint8 (H, W, 3) RGB. Grayscale is
+--- replicated to three channels, alpha dropped, CMYK converted (as PIL's convert("RGB")).
+function M.read_image(path)
+   if type(path) ~= "string" then
+      argerror("data.read_image", "path must be a string, got " .. type(path))
+   end
+   local p = ffi.new("lm_tensor*[1]")
+   check(C.lm_image_read(path, p), "data.read_image")
+   return wrap(p[0])
+end
+
+local CROP_MODES = { none = 0, center = 1, random = 2 }
+local IMAGE_KEYS = { size = true, crop = true, resize = true, scale = true, ratio = true,
+   draft = true }
+
+-- lm_image_opts from the image options of ImageFolder / load_image
+local function image_opts(fname, opts)
+   local io = ffi.new("lm_image_opts")
+   local h, w = opt_size(fname, opts.size == nil and 224 or opts.size, "size")
+   io.out_h, io.out_w = h, w
+   local crop = opts.crop == nil and "none" or opts.crop
+   if CROP_MODES[crop] == nil then
+      argerror(fname, "crop must be 'none', 'center' or 'random', got " .. describe(crop))
+   end
+   io.crop = CROP_MODES[crop]
+   io.resize = opt_int(fname, opts.resize, "resize", 0, 65535, 0)
+   io.scale[0], io.scale[1] = opt_range(fname, opts.scale, "scale", { 0.08, 1 }, 1)
+   io.ratio[0], io.ratio[1] = opt_range(fname, opts.ratio, "ratio", { 3 / 4, 4 / 3 })
+   io.draft = opt_bool(fname, opts.draft, "draft", true) and 1 or 0
+   return io
+end
+
+local function new_sample(h, w, fmt)
+   local sizes = ffi.new("int64_t[4]", 1, 3, h, w)
+   local p = ffi.new("lm_tensor*[1]")
+   check(C.lm_empty(4, sizes, dtypes.float32.id, fmt.id, 0, p), "data.load_image")
+   return wrap(p[0])
+end
+
+--- one image, decoded and resampled as an ImageFolder sample, as float32 (1, 3, h, w) in
+--- channels-last (memory_format = lm.contiguous_format for NCHW). opts: the ImageFolder image
+--- options (size, crop, resize, scale, ratio, draft), mean / std, hflip (true mirrors the
+--- image), seed (drives crop = "random"; default 0).
+function M.load_image(path, opts)
+   local fname = "data.load_image"
+   if type(path) ~= "string" then argerror(fname, "path must be a string, got " .. type(path)) end
+   opts = opts or {}
+   if type(opts) ~= "table" then argerror(fname, "opts must be a table") end
+   local known = { mean = true, std = true, hflip = true, seed = true, memory_format = true }
+   for k in pairs(IMAGE_KEYS) do known[k] = true end
+   check_keys(fname, opts, known)
+   local io = image_opts(fname, opts)
+   local mean = opt_channels(fname, opts.mean, "mean", 3, 0)
+   local std = opt_channels(fname, opts.std, "std", 3, 1, true)
+   local flip = opt_bool(fname, opts.hflip, "hflip", false)
+   local seed = opt_int(fname, opts.seed, "seed", 0, 2 ^ 53, 0)
+   local fmt = opts.memory_format or dtypes.channels_last
+   if fmt ~= dtypes.channels_last and fmt ~= dtypes.contiguous_format then
+      argerror(fname, "memory_format must be channels_last or contiguous_format")
+   end
+   local out = new_sample(io.out_h, io.out_w, fmt)
+   check(C.lm_image_load(path, io, seed, flip and 1 or 0, ffi.new("float[3]", mean),
+      ffi.new("float[3]", std), out._c), fname)
+   return out
+end
+
+-- names in a directory, sorted (kind 1: sub-directories, 2: regular files)
+local function list_dir(fname, path, kind)
+   local out, n = ffi.new("char*[1]"), ffi.new("int64_t[1]")
+   check(C.lm_dir_list(path, kind, out, n), fname)
+   local names, p = {}, out[0]
+   for i = 1, tonumber(n[0]) do
+      local s = ffi.string(p)
+      names[i] = s
+      p = p + #s + 1
+   end
+   C.lm_dir_list_free(out[0])
+   return names
+end
+M._list_dir = list_dir
+
+local ImageFolder = {}
+ImageFolder.__index = ImageFolder
+ImageFolder.__len = function(self) return #self.paths end
+
+--- ImageFolder(root, opts): one sub-folder of root per class (sorted names -> class ids 1..C),
+--- each holding *.jpg / *.jpeg / *.png files (any depth; names compared case-insensitively).
+--- Nothing is decoded here: a DataLoader over the folder decodes in its worker threads.
+--- opts:
+---   size        number or {h, w}: the sample size (224)
+---   crop        "none": the whole image resized to size (aspect not kept); "center": the
+---               shorter side scaled to `resize` (default: just covering size), then the central
+---               size crop; "random": torchvision's RandomResizedCrop (scale, ratio)
+---   resize      for crop = "center", e.g. 256 for 224 (ImageNet evaluation)
+---   scale       {lo, hi} area fraction for crop = "random" ({0.08, 1})
+---   ratio       {lo, hi} aspect ratio w/h for crop = "random" ({3/4, 4/3})
+---   draft       JPEGs may decode at 1/2..1/8 size when the crop stays >= size (true)
+---   classes     list of class folder names to use, in this order (ids 1..#classes)
+---   extensions  list of file extensions ({"jpg", "jpeg", "png"})
+--- Fields: root, classes, class_to_idx, paths, labels (int64 (N), 1-based), size = {h, w}.
+function M.ImageFolder(root, opts)
+   local fname = "data.ImageFolder"
+   if type(root) ~= "string" then argerror(fname, "root must be a string, got " .. type(root)) end
+   opts = opts or {}
+   if type(opts) ~= "table" then argerror(fname, "opts must be a table") end
+   local known = { classes = true, extensions = true }
+   for k in pairs(IMAGE_KEYS) do known[k] = true end
+   check_keys(fname, opts, known)
+   local io = image_opts(fname, opts)
+   local exts = opts.extensions or { "jpg", "jpeg", "png" }
+   if type(exts) ~= "table" or #exts == 0 then
+      argerror(fname, "extensions must be a list of strings")
+   end
+   local ext_set = {}
+   for _, e in ipairs(exts) do
+      if type(e) ~= "string" then argerror(fname, "extensions must be a list of strings") end
+      ext_set[e:lower():gsub("^%.", "")] = true
+   end
+   if #root > 1 then root = root:gsub("/+$", "") end
+   local classes
+   if opts.classes ~= nil then
+      if type(opts.classes) ~= "table" or #opts.classes == 0 then
+         argerror(fname, "classes must be a non-empty list of folder names")
+      end
+      classes = {}
+      local seen = {}
+      for i, c in ipairs(opts.classes) do
+         if type(c) ~= "string" or c == "" or c:find("/", 1, true) then
+            argerror(fname, "classes must be folder names, got " .. describe(c))
+         end
+         if seen[c] then argerror(fname, "class '" .. c .. "' is listed twice") end
+         seen[c] = true
+         classes[i] = c
+      end
+   else
+      classes = list_dir(fname, root, 1)
+      if #classes == 0 then argerror(fname, "no class folders in '" .. root .. "'") end
+   end
+   local paths, ids = {}, {}
+   local function walk(dir, id)
+      for _, f in ipairs(list_dir(fname, dir, 2)) do
+         local ext = f:match("%.([^.]+)$")
+         if ext and ext_set[ext:lower()] then
+            paths[#paths + 1] = dir .. "/" .. f
+            ids[#ids + 1] = id
+         end
+      end
+      for _, sub in ipairs(list_dir(fname, dir, 1)) do walk(dir .. "/" .. sub, id) end
+   end
+   local class_to_idx = {}
+   for id, c in ipairs(classes) do
+      class_to_idx[c] = id
+      local before = #paths
+      walk(root .. "/" .. c, id)
+      if #paths == before then
+         argerror(fname, "class folder '" .. root .. "/" .. c .. "' holds no image files (" ..
+            table.concat(exts, ", ") .. ")")
+      end
+   end
+   local n = #paths
+   local labels = ffi.new("int64_t[?]", math.max(n, 1))
+   for i = 1, n do labels[i - 1] = ids[i] end
+   local lt = ffi.new("lm_tensor*[1]")
+   check(C.lm_empty(1, ffi.new("int64_t[1]", n), dtypes.int64.id, 0, 0, lt), fname)
+   local label_tensor = wrap(lt[0])
+   ffi.copy(C.lm_tensor_data(label_tensor._c), labels, 8 * n)
+   return setmetatable({
+      root = root, classes = classes, class_to_idx = class_to_idx, paths = paths,
+      labels = label_tensor, size = { tonumber(io.out_h), tonumber(io.out_w) },
+      crop = opts.crop or "none", _io = io, _labels = labels,
+   }, ImageFolder)
+end
+
+function M.is_image_folder(x) return getmetatable(x) == ImageFolder end
+
+-- the C file list (made once, shared by every loader over this folder)
+function ImageFolder:_files()
+   if not self._list then
+      local n = #self.paths
+      local cpaths = ffi.new("const char*[?]", math.max(n, 1))
+      for i = 1, n do cpaths[i - 1] = self.paths[i] end
+      local p = ffi.new("lm_image_list*[1]")
+      check(C.lm_image_list_new(cpaths, self._labels, n, p), "data.ImageFolder")
+      self._list = ffi.gc(p[0], C.lm_image_list_free)
+   end
+   return self._list
+end
+
+--- sample i (1-based) decoded as uint8 (H, W, 3)
+function ImageFolder:read(i)
+   if not is_integer(i) or i < 1 or i > #self.paths then
+      argerror("data.ImageFolder", "sample index must be in 1.." .. #self.paths .. ", got " ..
+         describe(i))
+   end
+   return M.read_image(self.paths[i])
+end
+
+--- sample i (1-based) as the loader makes it, float32 (1, 3, h, w); opts: mean, std, hflip,
+--- seed, memory_format (see load_image). Returns the sample and its label.
+function ImageFolder:load(i, opts)
+   if not is_integer(i) or i < 1 or i > #self.paths then
+      argerror("data.ImageFolder", "sample index must be in 1.." .. #self.paths .. ", got " ..
+         describe(i))
+   end
+   opts = opts or {}
+   local fname = "data.ImageFolder"
+   check_keys(fname, opts, { mean = true, std = true, hflip = true, seed = true,
+      memory_format = true })
+   local io = self._io
+   local mean = opt_channels(fname, opts.mean, "mean", 3, 0)
+   local std = opt_channels(fname, opts.std, "std", 3, 1, true)
+   local fmt = opts.memory_format or dtypes.channels_last
+   if fmt ~= dtypes.channels_last and fmt ~= dtypes.contiguous_format then
+      argerror(fname, "memory_format must be channels_last or contiguous_format")
+   end
+   local out = new_sample(io.out_h, io.out_w, fmt)
+   check(C.lm_image_load(self.paths[i], io, opt_int(fname, opts.seed, "seed", 0, 2 ^ 53, 0),
+      opt_bool(fname, opts.hflip, "hflip", false) and 1 or 0, ffi.new("float[3]", mean),
+      ffi.new("float[3]", std), out._c), fname)
+   return out, tonumber(self._labels[i - 1])
+end
+
+---------------------------------------------------------------------------------------------
+-- the loader
+---------------------------------------------------------------------------------------------
+
+--- a permutation of 0..n-1 as a C int64 array (internal), depending only on seed (uint64)
 local function permutation(n, seed)
    local idx = ffi.new("int64_t[?]", math.max(n, 1))
    check(C.lm_permutation(idx, n, seed), "data.DataLoader")
@@ -78,59 +402,94 @@ local function permutation(n, seed)
 end
 M._permutation = permutation
 
+local U64 = ffi.typeof("uint64_t")
+
 local Loader = {}
 Loader.__index = Loader
 
---- DataLoader(dataset, opts): dataset = {images = uint8 (N,H,W[,C]), labels = int64 (N)}.
---- opts: batch_size (64), shuffle (true), seed (0), drop_last (false), workers (2),
---- prefetch (2), memory_format (lm.channels_last), pad (0), crop ({h, w} or number; default
---- none), hflip (false), mean / std (per-channel arrays of the [0,1] values; default 0 / 1).
+local LOADER_KEYS = { batch_size = true, shuffle = true, seed = true, drop_last = true,
+   workers = true, prefetch = true, memory_format = true, pad = true, crop = true, hflip = true,
+   mean = true, std = true }
+
+--- DataLoader(dataset, opts): dataset = {images = uint8 (N,H,W[,C]), labels = int64 (N)} or an
+--- ImageFolder. Batches are float32 (B, C, H, W) (C = 3 for an ImageFolder) with int64 labels.
+--- opts: batch_size (64), shuffle (true), seed (0), drop_last (false), workers (2), prefetch
+--- (max(2, workers)), memory_format (lm.channels_last or lm.contiguous_format), hflip (false),
+--- mean / std (per-channel values on the [0,1] scale; default 0 / 1); for tensor data sets
+--- also pad (0) and crop ({h, w} or number: a random crop of the padded image; default none).
 function M.DataLoader(dataset, opts)
    local fname = "data.DataLoader"
-   if type(dataset) ~= "table" or not tensor.is_tensor(dataset.images) then
-      argerror(fname, "dataset must be a table with an images tensor")
-   end
    opts = opts or {}
    if type(opts) ~= "table" then argerror(fname, "opts must be a table") end
-   local images, labels = dataset.images, dataset.labels
-   if labels ~= nil and not tensor.is_tensor(labels) then argerror(fname, "labels must be a tensor") end
-   if labels and labels:dtype() ~= dtypes.int64 then labels = labels:to(dtypes.int64) end
+   check_keys(fname, opts, LOADER_KEYS)
    local self = setmetatable({}, Loader)
-   self.images, self.labels = images, labels
-   self.n = images:size(1)
-   self.batch_size = opts.batch_size or 64
-   if not tensor.is_integer(self.batch_size) or self.batch_size < 1 then
-      argerror(fname, "batch_size must be a positive integer")
+   local nch
+   if M.is_image_folder(dataset) then
+      self.folder = dataset
+      self.n = #dataset.paths
+      nch = 3
+      if opts.pad ~= nil or opts.crop ~= nil then
+         argerror(fname, "pad and crop apply to tensor data sets; an ImageFolder is cropped " ..
+            "through its own options (size, crop, scale, ratio)")
+      end
+   else
+      if type(dataset) ~= "table" or not tensor.is_tensor(dataset.images) then
+         argerror(fname, "dataset must be an ImageFolder or a table with an images tensor")
+      end
+      local images, labels = dataset.images, dataset.labels
+      if images:dtype() ~= dtypes.uint8 or (images:dim() ~= 3 and images:dim() ~= 4) then
+         argerror(fname, "images must be uint8 (N, H, W) or (N, H, W, C), got " ..
+            tostring(images:dtype()) .. " with " .. images:dim() .. " dims")
+      end
+      nch = images:dim() == 4 and images:size(4) or 1
+      if nch < 1 or nch > 4 then argerror(fname, "images must have 1 to 4 channels") end
+      if labels ~= nil then
+         if not tensor.is_tensor(labels) then argerror(fname, "labels must be a tensor") end
+         if labels:dim() ~= 1 or labels:size(1) ~= images:size(1) then
+            argerror(fname, "labels must be 1-D with one label per image")
+         end
+         if labels:dtype() ~= dtypes.int64 then labels = labels:to(dtypes.int64) end
+      end
+      self.images, self.labels = images, labels
+      self.n = images:size(1)
    end
-   self.shuffle = opts.shuffle ~= false
-   self.seed = opts.seed or 0
+   self.batch_size = opt_int(fname, opts.batch_size, "batch_size", 1, nil, 64)
+   self.shuffle = opt_bool(fname, opts.shuffle, "shuffle", true)
+   self.seed = opt_int(fname, opts.seed, "seed", 0, 2 ^ 53, 0)
+   self.drop_last = opt_bool(fname, opts.drop_last, "drop_last", false)
    self.epoch = 0
    local o = ffi.new("lm_loader_opts")
    o.batch_size = self.batch_size
-   o.drop_last = opts.drop_last and 1 or 0
+   o.drop_last = self.drop_last and 1 or 0
    local fmt = opts.memory_format or dtypes.channels_last
-   o.out_fmt = fmt == dtypes.channels_last and 1 or (fmt == dtypes.contiguous_format and 0 or -1)
-   if o.out_fmt < 0 then argerror(fname, "memory_format must be channels_last or contiguous_format") end
-   o.pad = opts.pad or 0
-   local crop = opts.crop
-   if type(crop) == "number" then crop = { crop, crop } end
-   if crop ~= nil and type(crop) ~= "table" then argerror(fname, "crop must be a number or {h, w}") end
-   o.crop_h = crop and crop[1] or 0
-   o.crop_w = crop and crop[2] or 0
-   o.hflip = opts.hflip and 1 or 0
-   o.workers = opts.workers or 2
-   o.prefetch = opts.prefetch or 2
-   local nch = images:dim() == 4 and images:size(4) or 1
-   local mean, std = opts.mean or {}, opts.std or {}
-   if type(mean) == "number" then mean = { mean } end
-   if type(std) == "number" then std = { std } end
-   for c = 0, 3 do
-      o.mean[c] = mean[c + 1] or mean[1] or 0
-      o.std[c] = std[c + 1] or std[1] or 1
+   if fmt ~= dtypes.channels_last and fmt ~= dtypes.contiguous_format then
+      argerror(fname, "memory_format must be channels_last or contiguous_format, got " ..
+         tostring(fmt))
+   end
+   o.out_fmt = fmt.id
+   o.hflip = opt_bool(fname, opts.hflip, "hflip", false) and 1 or 0
+   o.workers = opt_int(fname, opts.workers, "workers", 1, 256, 2)
+   o.prefetch = opt_int(fname, opts.prefetch, "prefetch", 1, 4096, math.max(2, o.workers))
+   if not self.folder then
+      o.pad = opt_int(fname, opts.pad, "pad", 0, 65535, 0)
+      if opts.crop ~= nil then
+         local ch, cw = opt_size(fname, opts.crop, "crop")
+         local H, W = self.images:size(2), self.images:size(3)
+         if ch > H + 2 * o.pad or cw > W + 2 * o.pad then
+            argerror(fname, string.format("crop %dx%d is larger than the padded image (%dx%d)",
+               ch, cw, H + 2 * o.pad, W + 2 * o.pad))
+         end
+         o.crop_h, o.crop_w = ch, cw
+      end
+   end
+   local mean = opt_channels(fname, opts.mean, "mean", nch, 0)
+   local std = opt_channels(fname, opts.std, "std", nch, 1, true)
+   for c = 0, nch - 1 do
+      o.mean[c] = mean[c + 1]
+      o.std[c] = std[c + 1]
    end
    self.nch = nch
    self.opts = o
-   self.drop_last = opts.drop_last and true or false
    return self
 end
 
@@ -140,38 +499,42 @@ function Loader:num_batches()
 end
 Loader.__len = Loader.num_batches
 
---- iterate over one epoch: `for x, y, i in loader:iter(epoch) do ... end`.
---- epoch defaults to the loader's own counter, which then advances. start_batch (1-based,
---- default 1) resumes an epoch part-way: the batches are the same as in a full pass.
+--- iterate over one epoch: `for x, y, i in loader:iter(epoch) do ... end` (i: the batch
+--- number, 1-based; y is nil for a data set without labels). epoch defaults to the loader's
+--- own counter, which then advances. start_batch (1-based, default 1) resumes an epoch
+--- part-way: the batches are the same as in a full pass.
 function Loader:iter(epoch, start_batch)
+   local fname = "data.DataLoader"
    if epoch == nil then
       self.epoch = self.epoch + 1
       epoch = self.epoch
    end
+   epoch = opt_int(fname, epoch, "epoch", 0, 2 ^ 40)
+   start_batch = opt_int(fname, start_batch, "start_batch", 1, nil, 1)
    local n = self.n
    local order
    if self.shuffle then
-      order = permutation(n, self.seed * 1000003 + epoch)
+      order = permutation(n, U64(self.seed) * 1000003 + epoch)
    else
       order = ffi.new("int64_t[?]", math.max(n, 1))
       for i = 0, n - 1 do order[i] = i end
    end
    local o = ffi.new("lm_loader_opts", self.opts)
-   o.seed = self.seed * 7919 + epoch * 104729 + 1
-   start_batch = start_batch or 1
-   if not tensor.is_integer(start_batch) or start_batch < 1 then
-      argerror("data.DataLoader", "start_batch must be a positive integer")
-   end
+   o.seed = U64(self.seed) * 7919 + U64(epoch) * 104729 + 1
    o.start_batch = start_batch - 1
    local lp = ffi.new("lm_loader*[1]")
-   check(C.lm_loader_new(self.images._c, self.labels and self.labels._c or nil, order, n, o, lp),
-      "data.DataLoader")
+   if self.folder then
+      check(C.lm_image_loader_new(self.folder:_files(), order, n, self.folder._io, o, lp), fname)
+   else
+      check(C.lm_loader_new(self.images._c, self.labels and self.labels._c or nil, order, n, o,
+         lp), fname)
+   end
    local handle = ffi.gc(lp[0], C.lm_loader_free)
    local xp, yp = ffi.new("lm_tensor*[1]"), ffi.new("lm_tensor*[1]")
    local i = start_batch - 1
    return function()
       if handle == nil then return nil end
-      check(C.lm_loader_next(handle, xp, yp), "data.DataLoader")
+      check(C.lm_loader_next(handle, xp, yp), fname)
       if xp[0] == nil then
          ffi.gc(handle, nil)
          C.lm_loader_free(handle)

@@ -27,7 +27,7 @@ local A = require("lumen.autograd")
 local type, pairs, ipairs, tostring, tonumber, select, error, pcall, rawget, rawset,
    getmetatable, setmetatable = type, pairs, ipairs, tostring, tonumber, select, error, pcall,
    rawget, rawset, getmetatable, setmetatable
-local unpack = unpack or table.unpack
+local unpack = unpack -- luacheck: ignore
 
 local Tensor, raw = T.Tensor, T.raw
 
@@ -64,7 +64,9 @@ end
 -- the format of a tensor cdata, as a short name:
 --   "channels_last" / "channels_last_3d"   dense in that format and not contiguous
 --   "contiguous"                            dense row-major (and not channels-last dense)
---   "ambiguous"                             both (C == 1 or H == W == 1; N111 ...)
+--   "ambiguous_cl" / "ambiguous_cl3d"       both (C == 1 or H == W == 1), with the channels-last
+--                                           tag strides (.to(lm.channels_last) made it)
+--   "ambiguous"                             both, without the tag (N111, or made contiguous)
 --   "cl_strided" / "cl3d_strided"           a non-dense view ordered like channels-last
 --   "broadcast"                             an expanded tensor (a stride 0 over a size > 1)
 --   "strided"                               anything else (a permuted or sliced view)
@@ -74,7 +76,13 @@ local function classify(c)
    if nd == 4 or nd == 5 then
       local f = nd == 4 and 1 or 2
       local cl = C.lm_is_contiguous(c, f) ~= 0
-      if cl and ct then return "ambiguous" end
+      if cl and ct then
+         -- both: tagged with channels-last strides (suggest_memory_format says so) or not
+         if C.lm_suggest_memory_format(c, 0) == f then
+            return nd == 4 and "ambiguous_cl" or "ambiguous_cl3d"
+         end
+         return "ambiguous"
+      end
       if cl then return nd == 4 and "channels_last" or "channels_last_3d" end
       if ct then return "contiguous" end
       if has_broadcast(c) then return "broadcast" end
@@ -369,7 +377,33 @@ function M.check(model, input, opts)
       end)
    end
 
+   -- reshapes to a lower rank (flatten before a classifier) seen during the forward: their
+   -- backward hands a contiguous gradient to a channels-last tensor, as in PyTorch; that is
+   -- shown, not counted as a loss
+   local flattened = setmetatable({}, { __mode = "k" })
+   local F = require("lumen.functional")
+   local reshapers = { { Tensor, "reshape" }, { Tensor, "view" }, { Tensor, "flatten" },
+                       { F, "flatten" } }
+   for _, rp in ipairs(reshapers) do
+      local tbl, key = rp[1], rp[2]
+      local f = rawget(tbl, key)
+      rp[3] = f
+      rawset(tbl, key, function(self, ...)
+         local out = f(self, ...)
+         local ic, oc = cdata_of(self), cdata_of(out)
+         if ic ~= nil and oc ~= nil and oc.ndim < ic.ndim then flattened[self] = true end
+         return out
+      end)
+   end
+   local function unwrap_reshapers()
+      for i = #reshapers, 1, -1 do
+         local rp = reshapers[i]
+         if rp[3] ~= nil then rawset(rp[1], rp[2], rp[3]); rp[3] = nil end
+      end
+   end
+
    local function restore()
+      unwrap_reshapers()
       for i = #saved, 1, -1 do rawset(saved[i][1], "forward", saved[i][2]) end
       for _, h in ipairs(hooks) do pcall(h.remove) end
       for i, nt in ipairs(params) do rawset(nt[2], "grad", grads[i]) end
@@ -383,6 +417,7 @@ function M.check(model, input, opts)
 
    local ok, err = pcall(function()
       local res = pack(model:forward(unpack(args, 1, args.n)))
+      unwrap_reshapers()
       for i = #saved, 1, -1 do rawset(saved[i][1], "forward", saved[i][2]) end
       local out = first_tensor(res)
       report.output_format = out and classify(cdata_of(out)) or "-"
@@ -425,7 +460,9 @@ function M.check(model, input, opts)
             local gc = g and cdata_of(g)
             local f = gc and classify(gc) or "none"
             local good = gc ~= nil and C.lm_is_contiguous(gc, 1) ~= 0
-            if not good then report.bad_params[#report.bad_params + 1] = nt[1] .. " (" .. f .. ")" end
+            if not good then
+               report.bad_params[#report.bad_params + 1] = nt[1] .. " (" .. f .. ")"
+            end
             local leaf = leaf_of_param[p]
             if leaf then pgrad[leaf.m] = f end
          end
@@ -455,6 +492,11 @@ function M.check(model, input, opts)
             end
          end
          row.grad_from = #consumers > 0 and table.concat(consumers, ", ") or nil
+         if row._out ~= nil and flattened[row._out] then
+            row.grad_from = row.grad_from or "a reshape to a lower rank"
+            all_reshape = true
+            consumers[#consumers + 1] = "reshape"
+         end
          if #consumers > 0 and all_reshape then
             -- a flatten / reshape to a lower rank: its backward is a view of a contiguous
             -- gradient (as in PyTorch); shown, not counted as a loss
@@ -510,8 +552,8 @@ function Trace.__tostring(r)
          "channels-last input)"):format(r.calls, r.cl_calls)
       return lines[1]
    end
-   lines[1] = ("%d operator call(s) lost channels_last (%d calls traced, %d with a channels-last " ..
-      "input):"):format(#r.lost, r.calls, r.cl_calls)
+   lines[1] = ("%d operator call(s) lost channels_last (%d calls traced, %d with a " ..
+      "channels-last input):"):format(#r.lost, r.calls, r.cl_calls)
    local rows = {}
    for i, l in ipairs(r.lost) do
       rows[i] = { tostring(i), l.op, l.chain_str, l.input, l.output }
@@ -766,7 +808,9 @@ local function operator_list(lm)
    add("linear", "linear (on W)", function(x, s) return F.linear(x, s.lw, s.lb) end)
    add("linear", "matmul (x @ W x W)", function(x, s) return x:matmul(s.mm) end)
    add("linear", "F.flatten(x, 2)", function(x) return F.flatten(x, 2) end)
-   add("loss", "mse_loss (none)", function(x, s) return F.mse_loss(x, s.y, { reduction = "none" }) end)
+   add("loss", "mse_loss (none)", function(x, s)
+      return F.mse_loss(x, s.y, { reduction = "none" })
+   end)
    add("loss", "cross_entropy (N,C,H,W)", function(x, s) return F.cross_entropy(x, s.target) end)
    return ops
 end
@@ -792,7 +836,8 @@ end
 
 local LEGEND = table.concat({
    "NCHW / NHWC input -> the format of the result when the inputs (and weights) are contiguous /",
-   "  channels-last: channels_last, contiguous, ambiguous (both: C == 1 or H == W == 1),",
+   "  channels-last: channels_last, contiguous, ambiguous (both: C == 1 or H == W == 1;",
+   "  ambiguous_cl: with the channels-last tag strides),",
    "  cl_strided (a channels-last-ordered view), strided, broadcast, or an error; (k-D) for other",
    "  ranks. keeps CL: a 4-D result of the NHWC input is channels-last, ambiguous or cl_strided",
    "  ('-': the result is not 4-D). native: the formats the operator computes in place of its",
@@ -889,13 +934,11 @@ function M.coverage(opts)
       C.lm_mem_reset_peak()
       local ok, out = pcall(A.no_grad, e.run, x, s)
       local peak = tonumber(C.lm_mem_peak_bytes())
-      local keep = out -- keep the result alive while measuring
       collectgarbage("restart")
       collectgarbage()
       local live1 = tonumber(C.lm_mem_live_bytes())
       r.temp = math.max(0, peak - live1)
       r.base = live0
-      keep = nil -- luacheck: ignore
       if not ok then
          r.err = tostring(out):gsub("^.-(lumen%.)", "%1")
          r.format = "error"

@@ -228,7 +228,9 @@ function M.load(path)
       fail("load", "'%s': header length %.0f is past the end of the file (%d bytes)", path, n,
            file_size)
    end
-   if n < 2 then fail("load", "'%s': header length %.0f is too small for a JSON object", path, n) end
+   if n < 2 then
+      fail("load", "'%s': header length %.0f is too small for a JSON object", path, n)
+   end
    local hbuf = ffi.new("char[?]", n)
    if C.lm_read_file_range(path, 8, n, hbuf, nil) ~= 0 then cerr("load") end
    local text = ffi.string(hbuf, n)
@@ -266,7 +268,9 @@ function M.load(path)
          end
          local numel = 1
          for i = 1, #shape do
-            if not is_int(shape[i]) then fail("load", "'%s': tensor '%s' has a bad shape", path, name) end
+            if not is_int(shape[i]) then
+               fail("load", "'%s': tensor '%s' has a bad shape", path, name)
+            end
             numel = numel * shape[i]
          end
          if not is_array(offs) or #offs ~= 2 or not is_int(offs[1]) or not is_int(offs[2])
@@ -316,6 +320,12 @@ function M.load(path)
    local sp = ffi.new("lm_storage *[1]")
    if C.lm_map_file(path, sp) ~= 0 then cerr("load") end
    local storage = sp[0]
+   if tonumber(storage.nbytes) ~= file_size then
+      -- the file changed between reading its header and mapping it
+      C.lm_storage_release(storage)
+      fail("load", "'%s' changed size while it was being loaded (%d bytes, then %.0f)", path,
+           file_size, tonumber(storage.nbytes))
+   end
    local ok, lerr = pcall(function()
       local sizes = ffi.new("int64_t[8]")
       local strides = ffi.new("int64_t[8]")

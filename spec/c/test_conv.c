@@ -380,6 +380,10 @@ static void fixed_cases(void) {
    run_case((geom[]){mk(2, 32, 20, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1, 32)}, 1, 0, 1, L_CONTIG,
             L_CONTIG);
    run_case((geom[]){mk(2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 8)}, 1, 1, 0, L_CL, L_CL);
+   /* wide rows (row-by-row blocks in the NHWC kernels), with and without padding */
+   run_case((geom[]){mk(1, 8, 5, 70, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case((geom[]){mk(1, 20, 4, 66, 72, 3, 5, 1, 1, 1, 2, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   run_case((geom[]){mk(1, 16, 4, 80, 16, 3, 3, 1, 2, 0, 0, 1, 2, 2)}, 0, 0, 1, L_CL, L_CONTIG);
 }
 
 static void random_cases(int count) {
@@ -538,6 +542,85 @@ static void format_cases(void) {
       free(xv);
       free(wv);
    }
+}
+
+/* ---- the same inputs give bit-identical results (no run-to-run variation in the sums) ---- */
+static void repeat_cases(void) {
+   const int64_t xs[4] = {4, 32, 20, 20}, ws[4] = {32, 32, 3, 3}, one[2] = {1, 1};
+   double *xv = rand_array(4 * 32 * 400), *wv = rand_array(32 * 32 * 9);
+   for (int f = 0; f < 2; f++) {
+      const int fmt = f ? LM_CHANNELS_LAST : LM_CONTIGUOUS;
+      tens tx = make4(xs, LM_FLOAT32, f ? L_CL : L_CONTIG, xv);
+      tens tw = make4(ws, LM_FLOAT32, f ? L_CL : L_CONTIG, wv);
+      lm_tensor *y[2] = {NULL, NULL}, *dw[2] = {NULL, NULL}, *dx[2] = {NULL, NULL};
+      for (int r = 0; r < 2; r++) {
+         must(lm_conv2d(tx.t, tw.t, NULL, NULL, one, NULL, 1, fmt, 0, NULL, &y[r]), "conv");
+         must(lm_conv2d_backward(tx.t, tw.t, y[0], NULL, one, NULL, 1, fmt, &dx[r], &dw[r], NULL),
+              "conv backward");
+      }
+      CHECK(!memcmp(lm_tensor_data(y[0]), lm_tensor_data(y[1]), (size_t)y[0]->numel * 4) &&
+               !memcmp(lm_tensor_data(dx[0]), lm_tensor_data(dx[1]), (size_t)dx[0]->numel * 4) &&
+               !memcmp(lm_tensor_data(dw[0]), lm_tensor_data(dw[1]), (size_t)dw[0]->numel * 4),
+            "repeated calls give identical results (%s)", f ? "NHWC" : "NCHW");
+      for (int r = 0; r < 2; r++) {
+         lm_tensor_free(y[r]);
+         lm_tensor_free(dx[r]);
+         lm_tensor_free(dw[r]);
+      }
+      tens_free(&tx);
+      tens_free(&tw);
+   }
+   free(xv);
+   free(wv);
+}
+
+/* ---- each gradient alone (the others not requested), every path ---- */
+static void partial_grad_cases(void) {
+   const int64_t one[2] = {1, 1};
+   static const int64_t shapes[][3] = {{6, 6, 1}, {6, 6, 6}, {6, 12, 3}}; /* C, O, groups */
+   for (int sh = 0; sh < 3; sh++)
+      for (int dt = 0; dt < 2; dt++)
+         for (int f = 0; f < 2; f++) {
+            const int dtype = dt ? LM_FLOAT64 : LM_FLOAT32, fmt = f ? LM_CHANNELS_LAST : LM_CONTIGUOUS;
+            const int64_t C = shapes[sh][0], O = shapes[sh][1], G = shapes[sh][2];
+            const int64_t xs[4] = {2, C, 5, 5}, ws[4] = {O, C / G, 3, 3}, ys[4] = {2, O, 5, 5};
+            double *xv = rand_array(2 * C * 25), *wv = rand_array(O * (C / G) * 9);
+            double *gv = rand_array(2 * O * 25);
+            tens tx = make4(xs, dtype, f ? L_CL : L_CONTIG, xv);
+            tens tw = make4(ws, dtype, f ? L_CL : L_CONTIG, wv);
+            tens tg = make4(ys, dtype, f ? L_CL : L_CONTIG, gv);
+            lm_tensor *ax = NULL, *aw = NULL, *ab = NULL;
+            must(lm_conv2d_backward(tx.t, tw.t, tg.t, NULL, one, NULL, G, fmt, &ax, &aw, &ab),
+                 "backward");
+            lm_tensor *bx = NULL, *bw = NULL, *bb = NULL;
+            int ok = lm_conv2d_backward(tx.t, tw.t, tg.t, NULL, one, NULL, G, fmt, &bx, NULL,
+                                        NULL) == LM_OK;
+            ok = ok && lm_conv2d_backward(tx.t, tw.t, tg.t, NULL, one, NULL, G, fmt, NULL, &bw,
+                                          NULL) == LM_OK;
+            ok = ok && lm_conv2d_backward(tx.t, tw.t, tg.t, NULL, one, NULL, G, fmt, NULL, NULL,
+                                          &bb) == LM_OK;
+            CHECK(ok, "single gradients (C%lld O%lld g%lld %s %s): %s", (long long)C,
+                  (long long)O, (long long)G, dt ? "f64" : "f32", f ? "NHWC" : "NCHW",
+                  lm_last_error());
+            if (ok) {
+               const int es = dt ? 8 : 4;
+               CHECK(!memcmp(lm_tensor_data(ax), lm_tensor_data(bx), (size_t)(ax->numel * es)) &&
+                        !memcmp(lm_tensor_data(aw), lm_tensor_data(bw), (size_t)(aw->numel * es)) &&
+                        !memcmp(lm_tensor_data(ab), lm_tensor_data(bb), (size_t)(ab->numel * es)),
+                     "single gradients equal the joint ones (C%lld O%lld g%lld %s %s)",
+                     (long long)C, (long long)O, (long long)G, dt ? "f64" : "f32",
+                     f ? "NHWC" : "NCHW");
+            }
+            lm_tensor *ts[6] = {ax, aw, ab, bx, bw, bb};
+            for (int k = 0; k < 6; k++)
+               if (ts[k]) lm_tensor_free(ts[k]);
+            tens_free(&tx);
+            tens_free(&tw);
+            tens_free(&tg);
+            free(xv);
+            free(wv);
+            free(gv);
+         }
 }
 
 /* ---- empty tensors ---- */
@@ -756,6 +839,8 @@ int main(int argc, char **argv) {
          lm_gemm_set_isa(0);
       }
       format_cases();
+      repeat_cases();
+      partial_grad_cases();
       empty_cases();
       error_cases();
    }

@@ -1,13 +1,16 @@
 /* test_gemm.c -- lumen's GEMM (lm_sgemm, lm_dgemm, ISA selection) and lm_matmul against naive
- * double-accumulated references. A standalone program: exits non-zero on any failure and prints
- * "N passed, N failed".
+ * double-accumulated references, for every ISA path the CPU has (forced with lm_gemm_set_isa).
+ * A standalone program: prints "N passed, N failed" and exits non-zero on any failure.
  *
- * Against the library (also runs the lm_matmul tests):
+ * Against the library (after `make`; also runs the lm_matmul tests):
  *   cc -O2 -fopenmp -Isrc spec/c/test_gemm.c -Lbuild -llumen -Wl,-rpath,$PWD/build -lm \
  *      -o /tmp/test_gemm && /tmp/test_gemm
  * Standalone, GEMM core only (no tensor API needed):
+ *   cc -O2 -fopenmp -Isrc -Ikernels -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma \
+ *      -c kernels/cpu/gemm_avx512.c -o /tmp/gemm_avx512.o
+ *   cc -O2 -fopenmp -Isrc -Ikernels -mavx2 -mfma -c kernels/cpu/gemm_avx2.c -o /tmp/gemm_avx2.o
  *   cc -O2 -fopenmp -Isrc -Ikernels -DLM_GEMM_STANDALONE spec/c/test_gemm.c kernels/cpu/gemm.c \
- *      gemm_avx512.o gemm_avx2.o -lm -o /tmp/test_gemm      (ISA objects compiled as in Makefile)
+ *      /tmp/gemm_avx512.o /tmp/gemm_avx2.o -lm -o /tmp/test_gemm && /tmp/test_gemm
  * Options: -q (quiet: failures and the summary only).
  */
 #ifndef _GNU_SOURCE
