@@ -10,19 +10,7 @@ local ITERS = tonumber(arg and arg[2]) or 20
 local filter = arg and arg[3]
 lm.set_num_threads(threads)
 
-local clock
-do
-   local ffi = require("ffi")
-   pcall(ffi.cdef, [[
-      typedef struct { long tv_sec; long tv_nsec; } lm_bench_timespec;
-      int clock_gettime(int clk, lm_bench_timespec *tp);
-   ]])
-   local ts = ffi.new("lm_bench_timespec")
-   clock = function()
-      ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
-      return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-   end
-end
+local clock = require("lumen.util").clock
 
 local function med(fn, iters)
    iters = iters or ITERS

@@ -10,56 +10,20 @@
 -- --resume continues from the checkpoint exactly (model, optimizer, schedule, epoch and the
 -- position in the epoch). Ctrl-C saves a checkpoint at the current step, then exits.
 local lm = require("lumen")
-local ffi = require("ffi")
+
+local util = require("lumen.util")
 
 ---------------------------------------------------------------------------------------------
 -- flags
 ---------------------------------------------------------------------------------------------
-local defaults = {
+local opt, usage = util.parse_flags({
    model = "small_resnet", epochs = 8, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
-   data = nil, checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
+   data = "", checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
    workers = 2, ["eval-batch"] = 500,
-}
-local function usage(msg)
-   io.stderr:write((msg and (msg .. "\n") or "") ..
-      "usage: bin/lumen examples/train.lua [--model NAME] [--epochs N] [--batch-size N] " ..
-      "[--lr X] [--format nhwc|nchw] [--data DIR] [--checkpoint FILE] [--resume] " ..
-      "[--threads N] [--seed N] [--width N] [--blocks N] [--limit N] [--quiet]\n")
-   os.exit(msg and 2 or 0)
-end
-
-local opt = {}
-for k, v in pairs(defaults) do opt[k] = v end
-do
-   local args = arg or {}
-   local i = 1
-   while i <= #args do
-      local a = args[i]
-      local key, val = a:match("^%-%-([%w%-]+)=(.*)$")
-      if not key then key = a:match("^%-%-([%w%-]+)$") end
-      if not key then usage("unexpected argument '" .. a .. "'") end
-      if key == "help" then usage() end
-      if defaults[key] == nil and key ~= "data" then usage("unknown flag --" .. key) end
-      if type(defaults[key]) == "boolean" then
-         opt[key] = val == nil or val == "true" or val == "1"
-      else
-         if val == nil then
-            i = i + 1
-            val = args[i]
-            if val == nil then usage("--" .. key .. " needs a value") end
-         end
-         if type(defaults[key]) == "number" then
-            local n = tonumber(val)
-            if not n then usage("--" .. key .. " needs a number, got '" .. val .. "'") end
-            opt[key] = n
-         else
-            opt[key] = val
-         end
-      end
-      i = i + 1
-   end
-end
+}, "bin/lumen examples/train.lua [--model NAME] [--epochs N] [--batch-size N] [--lr X] " ..
+   "[--format nhwc|nchw] [--data DIR] [--checkpoint FILE] [--resume] [--threads N] [--seed N] " ..
+   "[--width N] [--blocks N] [--limit N] [--quiet]", arg)
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
 lm.set_num_threads(opt.threads)
@@ -68,8 +32,9 @@ lm.manual_seed(opt.seed)
 ---------------------------------------------------------------------------------------------
 -- data, model, optimizer, schedule
 ---------------------------------------------------------------------------------------------
-local train = lm.data.fashion_mnist("train", opt.data)
-local test = lm.data.fashion_mnist("test", opt.data)
+local data_dir = opt.data ~= "" and opt.data or nil
+local train = lm.data.fashion_mnist("train", data_dir)
+local test = lm.data.fashion_mnist("test", data_dir)
 if opt.limit > 0 then
    local n = math.min(opt.limit, train.images:size(1))
    train = { images = train.images:narrow(1, 1, n), labels = train.labels:narrow(1, 1, n) }
@@ -97,28 +62,13 @@ else
 end
 model:to(fmt)
 
--- no weight decay on batch-norm parameters and biases (1-D tensors)
-local decay, no_decay = {}, {}
-for _, p in ipairs(model:parameters()) do
-   if p:dim() > 1 then decay[#decay + 1] = p else no_decay[#no_decay + 1] = p end
-end
-local optimizer = lm.optim.SGD({
-   { params = decay, weight_decay = opt["weight-decay"] },
-   { params = no_decay, weight_decay = 0 },
-}, { lr = opt.lr, momentum = opt.momentum, nesterov = true })
+-- no weight decay on batch-norm parameters and biases
+local optimizer = lm.optim.SGD(util.decay_groups(model, opt["weight-decay"]),
+                               { lr = opt.lr, momentum = opt.momentum, nesterov = true })
 
 local steps_per_epoch = loader:num_batches()
 local total_steps = steps_per_epoch * opt.epochs
-local warmup = math.min(steps_per_epoch, 200)
--- linear warm-up, then cosine decay to zero
-local function lr_at(step)
-   if step < warmup then return opt.lr * (step + 1) / warmup end
-   local t = (step - warmup) / math.max(1, total_steps - warmup)
-   return opt.lr * 0.5 * (1 + math.cos(math.pi * t))
-end
-local function set_lr(lr)
-   for _, g in ipairs(optimizer.param_groups) do g.lr = lr end
-end
+local lr_at = util.warmup_cosine(opt.lr, math.min(steps_per_epoch, 200), total_steps)
 
 ---------------------------------------------------------------------------------------------
 -- checkpoints
@@ -138,7 +88,7 @@ if opt.resume then
    local f = io.open(opt.checkpoint, "rb")
    if not f then usage("--resume: no checkpoint at " .. opt.checkpoint) end
    f:close()
-   local fields = lm.load_checkpoint(opt.checkpoint, { model = model, optimizer = optimizer })
+   local fields = lm.load_checkpoint(opt.checkpoint, { model = model, optimizer = optimizer }).fields
    state.epoch, state.batch, state.step = fields.epoch, fields.batch, fields.step
    if fields.rng then lm.set_rng_state(fields.rng) end
    print(string.format("resumed from %s at epoch %d, batch %d", opt.checkpoint, state.epoch,
@@ -148,48 +98,16 @@ end
 ---------------------------------------------------------------------------------------------
 -- progress
 ---------------------------------------------------------------------------------------------
-pcall(ffi.cdef, [[
-   int isatty(int fd);
-   typedef struct { long tv_sec; long tv_nsec; } lm_train_timespec;
-   int clock_gettime(int clk, lm_train_timespec *tp);
-]])
-local tty = ffi.C.isatty(1) == 1 and not opt.quiet
-local ts = ffi.new("lm_train_timespec")
-local function now()
-   ffi.C.clock_gettime(1, ts)
-   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-local function hms(s)
-   s = math.max(0, math.floor(s + 0.5))
-   return string.format("%d:%02d", math.floor(s / 60), s % 60)
-end
+local tty = util.isatty(1) and not opt.quiet
+local now = util.clock
 local function progress(epoch, b, nb, ips, loss, eta, final)
+   if not tty and not final and b % math.max(1, math.floor(nb / 4)) ~= 0 then return end
    local width = 24
    local filled = math.floor(width * b / nb)
    local bar = string.rep("=", filled) .. (filled < width and ">" or "") ..
       string.rep(" ", math.max(0, width - filled - 1))
-   local line = string.format("epoch %d/%d [%s] %d/%d  %.0f img/s  loss %.4f  ETA %s",
-      epoch, opt.epochs, bar, b, nb, ips, loss, hms(eta))
-   if tty then
-      io.write("\r" .. line .. (final and "\n" or ""))
-      io.flush()
-   elseif final or b % math.max(1, math.floor(nb / 4)) == 0 then
-      print(line)
-   end
-end
-
-local function evaluate()
-   model:eval()
-   local correct, n = 0, 0
-   lm.no_grad(function()
-      for x, y in test_loader:iter(1) do
-         local pred = model(x):argmax(2)
-         correct = correct + pred:eq(y):sum():item()
-         n = n + y:size(1)
-      end
-   end)
-   model:train()
-   return correct / n
+   util.status(string.format("epoch %d/%d [%s] %d/%d  %.0f img/s  loss %.4f  ETA %s",
+      epoch, opt.epochs, bar, b, nb, ips, loss, util.hms(eta)), tty, final)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -207,7 +125,7 @@ local function run()
       local epoch = state.epoch
       local t0, seen, loss_avg = now(), 0, nil
       for x, y, b in loader:iter(epoch, state.batch) do
-         set_lr(lr_at(state.step))
+         util.set_lr(optimizer, lr_at(state.step))
          optimizer:zero_grad()
          local loss = lm.F.cross_entropy(model(x), y)
          loss:backward()
@@ -224,7 +142,7 @@ local function run()
             print(string.format("first loss %.6f", l))
          end
       end
-      last_acc = evaluate()
+      last_acc = util.accuracy(lm, model, test_loader)
       state.epoch, state.batch = epoch + 1, 1
       save_checkpoint(opt.checkpoint)
       print(string.format("epoch %d: test accuracy %.2f%%  (%.0f s elapsed, checkpoint %s)",
@@ -232,18 +150,11 @@ local function run()
    end
 end
 
-local ok, err = xpcall(run, debug.traceback)
-if not ok then
-   if tostring(err):find("interrupted", 1, true) then
-      io.write("\n")
-      save_checkpoint(opt.checkpoint)
-      print(string.format("interrupted: saved %s at epoch %d, batch %d (resume with --resume)",
-                          opt.checkpoint, state.epoch, state.batch))
-      os.exit(130)
-   end
-   io.stderr:write(tostring(err) .. "\n")
-   os.exit(1)
-end
+util.run_interruptible(run, function()
+   save_checkpoint(opt.checkpoint)
+   print(string.format("interrupted: saved %s at epoch %d, batch %d (resume with --resume)",
+                       opt.checkpoint, state.epoch, state.batch))
+end)
 if last_acc then
    print(string.format("final test accuracy: %.2f%% in %.1f s (%s)", 100 * last_acc,
                        now() - t_start, opt.format))

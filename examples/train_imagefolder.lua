@@ -13,55 +13,18 @@
 -- --checkpoint writes the model and optimizer after every epoch (atomically); --resume continues
 -- from it at the same epoch and batch.
 local lm = require("lumen")
-local ffi = require("ffi")
+local util = require("lumen.util")
 
 ---------------------------------------------------------------------------------------------
 -- flags
 ---------------------------------------------------------------------------------------------
-local defaults = {
+local opt, usage = util.parse_flags({
    data = "", val = "", epochs = 1, ["batch-size"] = 32, lr = 0.1, size = 224, threads = 2,
    workers = 2, seed = 1, format = "nhwc", steps = 0, checkpoint = "", resume = false,
    quiet = false, momentum = 0.9, ["weight-decay"] = 1e-4,
-}
-local function usage(msg)
-   io.stderr:write((msg and (msg .. "\n") or "") ..
-      "usage: bin/lumen examples/train_imagefolder.lua --data DIR [--val DIR] [--epochs N] " ..
-      "[--batch-size N] [--lr X] [--size N] [--threads N] [--workers N] [--seed N] " ..
-      "[--format nhwc|nchw] [--steps N] [--checkpoint FILE] [--resume] [--quiet]\n")
-   os.exit(msg and 2 or 0)
-end
-
-local opt = {}
-for k, v in pairs(defaults) do opt[k] = v end
-do
-   local args = arg or {}
-   local i = 1
-   while i <= #args do
-      local a = args[i]
-      local key, val = a:match("^%-%-([%w%-]+)=(.*)$")
-      if not key then key = a:match("^%-%-([%w%-]+)$") end
-      if not key then usage("unexpected argument '" .. a .. "'") end
-      if key == "help" then usage() end
-      if defaults[key] == nil then usage("unknown flag --" .. key) end
-      if type(defaults[key]) == "boolean" then
-         opt[key] = val == nil or val == "true" or val == "1"
-      else
-         if val == nil then
-            i = i + 1
-            val = args[i]
-            if val == nil then usage("--" .. key .. " needs a value") end
-         end
-         if type(defaults[key]) == "number" then
-            local n = tonumber(val)
-            if not n then usage("--" .. key .. " needs a number, got '" .. val .. "'") end
-            opt[key] = n
-         else
-            opt[key] = val
-         end
-      end
-      i = i + 1
-   end
-end
+}, "bin/lumen examples/train_imagefolder.lua --data DIR [--val DIR] [--epochs N] " ..
+   "[--batch-size N] [--lr X] [--size N] [--threads N] [--workers N] [--seed N] " ..
+   "[--format nhwc|nchw] [--steps N] [--checkpoint FILE] [--resume] [--quiet]", arg)
 if opt.data == "" then usage("--data DIR is required") end
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 for _, k in ipairs({ "epochs", "batch-size", "size", "threads", "workers" }) do
@@ -104,24 +67,15 @@ end
 local model = lm.models.resnet50({ num_classes = #train.classes })
 model:to(fmt)
 
-local decay, no_decay = {}, {}    -- no weight decay on batch-norm parameters and biases
-for _, p in ipairs(model:parameters()) do
-   if p:dim() > 1 then decay[#decay + 1] = p else no_decay[#no_decay + 1] = p end
-end
-local optimizer = lm.optim.SGD({
-   { params = decay, weight_decay = opt["weight-decay"] },
-   { params = no_decay, weight_decay = 0 },
-}, { lr = opt.lr, momentum = opt.momentum, nesterov = true })
+-- no weight decay on batch-norm parameters and biases
+local optimizer = lm.optim.SGD(util.decay_groups(model, opt["weight-decay"]),
+                               { lr = opt.lr, momentum = opt.momentum, nesterov = true })
 
 local steps_per_epoch = loader:num_batches()
 local total_steps = steps_per_epoch * opt.epochs
 if opt.steps > 0 then total_steps = math.min(total_steps, opt.steps) end
 local warmup = math.min(steps_per_epoch, 500, math.max(1, math.floor(total_steps / 10)))
-local function lr_at(step) -- linear warm-up, then cosine decay
-   if step < warmup then return opt.lr * (step + 1) / warmup end
-   local t = (step - warmup) / math.max(1, total_steps - warmup)
-   return opt.lr * 0.5 * (1 + math.cos(math.pi * math.min(1, t)))
-end
+local lr_at = util.warmup_cosine(opt.lr, warmup, total_steps)
 
 local state = { epoch = 1, batch = 1, step = 0 } -- the next epoch / batch to run
 local function save_checkpoint()
@@ -144,39 +98,12 @@ end
 ---------------------------------------------------------------------------------------------
 -- progress
 ---------------------------------------------------------------------------------------------
-pcall(ffi.cdef, [[
-   int isatty(int fd);
-   typedef struct { long tv_sec; long tv_nsec; } lm_tif_timespec;
-   int clock_gettime(int clk, lm_tif_timespec *tp);
-]])
-local tty = ffi.C.isatty(1) == 1 and not opt.quiet
-local ts = ffi.new("lm_tif_timespec")
-local function now()
-   ffi.C.clock_gettime(1, ts)
-   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local tty = util.isatty(1) and not opt.quiet
+local now = util.clock
 local function report(epoch, b, ips, loss, final)
    local line = string.format("epoch %d/%d  batch %d/%d  step %d  %.1f img/s  loss %.4f",
       epoch, opt.epochs, b, steps_per_epoch, state.step, ips, loss)
-   if tty then
-      io.write("\r" .. line .. (final and "\n" or ""))
-      io.flush()
-   elseif final or not opt.quiet then
-      print(line)
-   end
-end
-
-local function evaluate()
-   model:eval()
-   local correct, n = 0, 0
-   lm.no_grad(function()
-      for x, y in val_loader:iter(1) do
-         correct = correct + model(x):argmax(2):eq(y):sum():item()
-         n = n + y:size(1)
-      end
-   end)
-   model:train()
-   return correct / math.max(n, 1)
+   if tty or final or not opt.quiet then util.status(line, tty, final) end
 end
 
 ---------------------------------------------------------------------------------------------
@@ -194,7 +121,7 @@ local function run()
       local epoch = state.epoch
       local t0, seen, loss_avg = now(), 0, nil
       for x, y, b in loader:iter(epoch, state.batch) do
-         for _, g in ipairs(optimizer.param_groups) do g.lr = lr_at(state.step) end
+         util.set_lr(optimizer, lr_at(state.step))
          optimizer:zero_grad()
          local loss = lm.F.cross_entropy(model(x), y)
          loss:backward()
@@ -216,23 +143,16 @@ local function run()
          or string.format("stopped in epoch %d before batch %d (--steps %d): %.0f s elapsed", epoch,
             state.batch, opt.steps, now() - t_start)
       if val_loader then
-         msg = msg .. string.format(", validation accuracy %.2f%%", 100 * evaluate())
+         msg = msg .. string.format(", validation accuracy %.2f%%", 100 * util.accuracy(lm, model, val_loader))
       end
       print(msg)
    end
 end
 
-local ok, err = xpcall(run, debug.traceback)
-if not ok then
-   if tostring(err):find("interrupted", 1, true) then
-      io.write("\n")
-      save_checkpoint()
-      local saved = opt.checkpoint ~= "" and
-         (" (saved " .. opt.checkpoint .. "; resume with --resume)") or ""
-      print(string.format("interrupted at epoch %d, batch %d%s", state.epoch, state.batch, saved))
-      os.exit(130)
-   end
-   io.stderr:write(tostring(err) .. "\n")
-   os.exit(1)
-end
+util.run_interruptible(run, function()
+   save_checkpoint()
+   local saved = opt.checkpoint ~= "" and
+      (" (saved " .. opt.checkpoint .. "; resume with --resume)") or ""
+   print(string.format("interrupted at epoch %d, batch %d%s", state.epoch, state.batch, saved))
+end)
 print(string.format("trained %d steps in %.1f s", state.step, now() - t_start))

@@ -181,6 +181,20 @@ describe("lm.save_checkpoint / lm.load_checkpoint", function()
       assert.are.equal("a.safetensors\n", files)
    end)
 
+   it("keeps the random generator's state and restores it on request", function()
+      local path = dir .. "/rng.safetensors"
+      lm.manual_seed(123)
+      lm.rand({ 5 })
+      CK.save_checkpoint(path, { step = 1 })
+      local after = lm.rand({ 4 })
+      lm.manual_seed(999)
+      local ck = CK.load_checkpoint(path)             -- not restored unless asked
+      assert.is_table(ck.rng_state)
+      assert.is_false(lm.rand({ 4 }):equal(after))
+      CK.load_checkpoint(path, { rng = true })
+      assert.is_true(lm.rand({ 4 }):equal(after))
+   end)
+
    it("errors name the function", function()
       local path = dir .. "/plain.safetensors"
       S.save({ a = lm.ones({ 1 }) }, path)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct mapping {
@@ -136,4 +137,12 @@ lm_status lm_read_file_range(const char *path, int64_t offset, int64_t len, void
    }
    fclose(f);
    return LM_OK;
+}
+
+/* seconds on the monotonic clock (for progress bars and benchmarks, without each script declaring
+   clock_gettime through the FFI with its own struct) */
+double lm_clock(void) {
+   struct timespec ts;
+   clock_gettime(CLOCK_MONOTONIC, &ts);
+   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

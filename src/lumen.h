@@ -253,6 +253,8 @@ lm_status lm_write_file_atomic(const char *tmp_path, const char *final_path, con
                                int64_t head_len, int n, const lm_tensor *const *ts);
 lm_status lm_read_file_range(const char *path, int64_t offset, int64_t len, void *buf,
                              int64_t *file_size);
+/* seconds on the monotonic clock */
+double lm_clock(void);
 
 /* ---- data loading (src/data.c) ---- */
 /* read an IDX file (MNIST format; gzip-compressed or plain) into a contiguous tensor */

@@ -2,19 +2,21 @@
  * ISA-specific micro-kernels (gemm_avx512.c, gemm_avx2.c). Not part of the FFI header.
  *
  * Structure (BLIS / GotoBLAS):
- *   for jc in n step NC:                      B panel  KC x NC   (L3), shared by the threads
- *     for pc in k step KC:                    packed into NR-wide micro-panels
- *       for ic in m step MC:                  A block  MC x KC   (L2), one per thread
+ *   for jc in n step NC:                      B panel  KC x NC   (L3), packed by the team together
+ *     for pc in k step KC:                    into NR-wide micro-panels
+ *       for ic in m step MC:                  A block  MC x KC   (L2), one per thread; the row
+ *                                             blocks are split between threads (gemm.c)
  *         for jr in nc step NR:               B micro-panel KC x NR stays in L1
  *           for ir in mc step MR:             A micro-panel MR x KC streams from L2
  *             micro-kernel: C[MR x NR] (+)= alpha * Ap * Bp
  *
  * Packed layouts (both zero padded to a full MR / NR):
- *   A micro-panel: pa[p * MR + i] = alpha-free op(A)(i, p)     (column of MR values per k step)
+ *   A micro-panel: pa[p * MR + i] = op(A)(i, p)     (column of MR values per k step; alpha is
+ *                                                    applied by the kernel when it stores C)
  *   B micro-panel: pb[p * NR + j] = op(B)(p, j)                (row of NR values per k step)
  *
- * Micro-kernel contract (lm_*gemm_ukr_fn):
- *   C[i * ldc + j] = alpha * sum_p pa[p*MR+i] * pb[p*NR+j] + beta * C[i * ldc + j]
+ * Micro-kernel contract (lm_*gemm_ukr_fn), with C(i,j) = c[i*rsc + j*csc]:
+ *   C(i,j) = alpha * sum_p pa[p*MR+i] * pb[p*NR+j] + beta * C(i,j)
  *   for i < m, j < n (m <= MR, n <= NR; the rest of the register tile is computed and dropped).
  *   beta == 0 never reads C (C may hold NaN). pa / pb are 64-byte aligned, kc >= 1.
  *   A kernel that is handed csc != 1 (column stride of C) must honour it; the kernels here take the

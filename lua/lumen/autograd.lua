@@ -341,6 +341,79 @@ end
 
 local function is_node(e) return getmetatable(e) ~= mt end
 
+---------------------------------------------------------------------------------------------
+-- profiling: A.set_profiler(fn) makes backward call fn(name, seconds) after each node's backward
+-- function ("AccumulateGrad" for the leaf accumulations, "GradAdd" for summing the gradients of a
+-- node used more than once); nil turns it off. LUMEN_PROFILE=1 in the environment starts a
+-- collecting profiler at load: A.profile_stats() returns {name = {calls, seconds}} and
+-- A.profile_reset() clears it.
+---------------------------------------------------------------------------------------------
+
+local profiler = nil
+local clock
+do
+   -- a private name for clock_gettime: scripts declare clock_gettime with their own timespec
+   -- type, and a second declaration of the same symbol would be ignored
+   pcall(ffi.cdef, [[
+      typedef struct { long tv_sec; long tv_nsec; } lm_ag_timespec;
+      int lm_ag_clock_gettime(int clk, lm_ag_timespec *tp) __asm__("clock_gettime");
+   ]])
+   local ts = ffi.new("lm_ag_timespec")
+   clock = function()
+      ffi.C.lm_ag_clock_gettime(1, ts) -- CLOCK_MONOTONIC
+      return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+   end
+end
+A.clock = clock
+
+function A.set_profiler(fn)
+   if fn ~= nil and type(fn) ~= "function" then
+      error("lumen.autograd.set_profiler: expected a function or nil, got " .. T.typename(fn), 2)
+   end
+   local prev = profiler
+   profiler = fn
+   return prev
+end
+
+local pstats = {}
+function A.profile_stats() return pstats end
+function A.profile_reset() pstats = {} end
+local function collect(name, dt)
+   local s = pstats[name]
+   if s == nil then s = { 0, 0 }; pstats[name] = s end
+   s[1] = s[1] + 1
+   s[2] = s[2] + dt
+end
+A.profile_collect = collect
+do
+   local env = os.getenv("LUMEN_PROFILE")
+   if env and env ~= "" and env ~= "0" then profiler = collect end
+end
+
+-- bw(g) as a table of results, timed when a profiler is set
+local function call_backward(node, bw, g)
+   if profiler == nil then return { bw(g) } end
+   local t0 = clock()
+   local r = { bw(g) }
+   profiler(node.name, clock() - t0)
+   return r
+end
+
+local function accumulate_timed(e, gi)
+   if profiler == nil then return accumulate(e, gi) end
+   local t0 = clock()
+   accumulate(e, gi)
+   profiler("AccumulateGrad", clock() - t0)
+end
+
+local function grad_add(prev, gi)
+   if profiler == nil then return raw.add(prev, gi) end
+   local t0 = clock()
+   local r = raw.add(prev, gi)
+   profiler("GradAdd", clock() - t0)
+   return r
+end
+
 local function run_backward(root_tensor, grad, retain)
    local root = rawget(root_tensor, "grad_fn")
    if root == nil then
@@ -386,7 +459,7 @@ local function run_backward(root_tensor, grad, retain)
             error("lumen.backward: trying to backward through the graph a second time; pass " ..
                   "{retain_graph = true} to the first backward", 0)
          end
-         results = { bw(g) }
+         results = call_backward(node, bw, g)
       end
       for i = 1, #inputs do
          local e = inputs[i]
@@ -395,13 +468,13 @@ local function run_backward(root_tensor, grad, retain)
             if is_node(e) then
                if gi ~= nil then
                   local prev = grads[e]
-                  if prev == nil then grads[e] = gi else grads[e] = raw.add(prev, gi) end
+                  if prev == nil then grads[e] = gi else grads[e] = grad_add(prev, gi) end
                end
                local d = deps[e] - 1
                deps[e] = d
                if d == 0 then rp = rp + 1; ready[rp] = e end
             elseif gi ~= nil then
-               accumulate(e, gi)
+               accumulate_timed(e, gi)
             end
          end
       end

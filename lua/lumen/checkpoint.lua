@@ -14,9 +14,9 @@
 --   optimizer.<param id>.<name>  the optimizer's per-parameter state tensors (momentum buffers)
 --   user.<n>                     tensors found in the user fields
 --   __metadata__["lumen.checkpoint"]  JSON: {version = 1, user = <fields>, optimizer = <groups and
---                                non-tensor state>}; Lua values are encoded losslessly (numbers
---                                with 17 digits, inf / nan, number keys, nested tables); a tensor
---                                is a reference to its entry above.
+--                                non-tensor state>, rng = <lm.get_rng_state()>}; Lua values are
+--                                encoded losslessly (numbers with 17 digits, inf / nan, number
+--                                keys, nested tables); a tensor is a reference to its entry above.
 
 local serialize = require("lumen.serialize")
 local T = require("lumen.tensor")
@@ -217,9 +217,18 @@ function M.save_checkpoint(path, state)
    end
    local user_json = encode(user, ctx, "checkpoint")
    for k, v in pairs(ctx.tensors) do tensors[k] = v end
+   -- the random generator's state, restored on request (load_checkpoint(path, {rng = true}))
+   local rng_json = "null"
+   local lm = package.loaded["lumen"]
+   if type(lm) == "table" and type(rawget(lm, "get_rng_state")) == "function" then
+      local st = lm.get_rng_state()
+      rng_json = encode(st, { fname = fname, tensors = {}, names = {}, count = 0, prefix = "" },
+                        "rng")
+   end
    local meta = {
       ["lumen.checkpoint"] = '{"version":' .. VERSION .. ',"user":' .. user_json ..
-         ',"optimizer":' .. opt_json .. ',"has_model":' .. tostring(model ~= nil) .. "}",
+         ',"optimizer":' .. opt_json .. ',"has_model":' .. tostring(model ~= nil) ..
+         ',"rng":' .. rng_json .. "}",
    }
    local ok, err = pcall(serialize.save, tensors, path, meta)
    if not ok then
@@ -228,9 +237,11 @@ function M.save_checkpoint(path, state)
    end
 end
 
---- lm.load_checkpoint(path, {model = m, optimizer = o, strict = true}) -> the user fields, plus
---- .model (the model's state table) and .optimizer (the optimizer's state_dict, or nil).
---- When opts.model / opts.optimizer are given, the states are loaded into them.
+--- lm.load_checkpoint(path, {model = m, optimizer = o, strict = true, rng = false}) -> the user
+--- fields, plus .model (the model's state table), .optimizer (the optimizer's state_dict, or
+--- nil) and .rng_state (the random generator's state at save time, or nil).
+--- When opts.model / opts.optimizer are given, the states are loaded into them; rng = true also
+--- restores the random generator (lm.set_rng_state), so dropout and shuffling continue exactly.
 function M.load_checkpoint(path, opts)
    local fname = "load_checkpoint"
    if type(path) ~= "string" then fail(fname, "expected a path string, got %s", type(path)) end
@@ -284,8 +295,14 @@ function M.load_checkpoint(path, opts)
       if osd == nil then fail(fname, "'%s' holds no optimizer state", path) end
       opts.optimizer:load_state_dict(osd)
    end
+   local rng = type(info.rng) == "table" and decode(info.rng, tensors, fname, path) or nil
+   if opts.rng then
+      if rng == nil then fail(fname, "'%s' holds no random generator state", path) end
+      require("lumen").set_rng_state(rng)
+   end
    user.model = info.has_model and sd or nil
    user.optimizer = osd
+   user.rng_state = rng
    return user
 end
 

@@ -1,0 +1,145 @@
+-- bench/conv.lua -- convolution timings, layer by layer and phase by phase.
+--
+--   bin/lumen bench/conv.lua [threads] [iters] [filter]
+--
+-- Layers: every convolution of models/small_resnet.lua (width 16, one block per stage) at batch
+-- 128 on 28x28 inputs, channels-last float32, as examples/train.lua trains it; then the shapes of
+-- issue 4 (3x3 64->64 56x56 batch 8, 1x1 64->256); then one whole small_resnet training step
+-- (forward, backward, SGD) on random data. Phases: fwd (conv2d), bwd_data (grad_input only),
+-- bwd_weight (grad_weight only), each called through the C API the way autograd calls it.
+--
+-- Each row: '<layer>_<phase> nhwc <median ms>  (<GFLOP/s at the median>, min <ms>, cpu <ms>)'.
+-- 'cpu' is the process CPU time per call (all threads; with one thread it is the figure least
+-- disturbed by other load on a shared machine). The rows end in ')', so bench/compare skips
+-- them (the peer has no such rows). A filter (plain substring) selects rows.
+-- LUMEN_CONV_WINOGRAD=0 turns the Winograd path off (compare both with the same command).
+local lm = require("lumen")
+local ffi = require("ffi")
+local C = require("lumen.C")
+local T = require("lumen.tensor")
+
+local threads = tonumber(arg and arg[1]) or 2
+local ITERS = tonumber(arg and arg[2]) or 20
+local filter = arg and arg[3]
+lm.set_num_threads(threads)
+
+-- clock_gettime may already be declared by another module with its own timespec type: pass the
+-- buffer as void * so that any declaration accepts it
+pcall(ffi.cdef, [[
+   typedef struct { long tv_sec; long tv_nsec; } lm_bench_timespec;
+   int clock_gettime(int clk, lm_bench_timespec *tp);
+]])
+local ts = ffi.new("lm_bench_timespec")
+local tsp = ffi.cast("void *", ts)
+local function clock(id)
+   ffi.C.clock_gettime(id, tsp)
+   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+local MONO, CPU = 1, 2 -- CLOCK_MONOTONIC, CLOCK_PROCESS_CPUTIME_ID
+
+-- median and min wall ms, median cpu ms of `iters` calls after one warm-up
+local function measure(fn, iters)
+   iters = iters or ITERS
+   fn()
+   collectgarbage()
+   local wall, cpu = {}, {}
+   for i = 1, iters do
+      local c0, t0 = clock(CPU), clock(MONO)
+      fn()
+      wall[i], cpu[i] = (clock(MONO) - t0) * 1e3, (clock(CPU) - c0) * 1e3
+      if i % 4 == 0 then collectgarbage() end
+   end
+   table.sort(wall)
+   table.sort(cpu)
+   local m = math.floor(iters / 2) + 1
+   return wall[m], wall[1], cpu[m]
+end
+
+local function row(name, flops, fn, iters)
+   if filter and not name:find(filter, 1, true) then return end
+   local ok, ms, mn, cpu = pcall(measure, fn, iters)
+   if not ok then
+      print(string.format("%s nhwc error: %s", name, tostring(ms)))
+      return
+   end
+   if flops then
+      print(string.format("%-30s nhwc %9.3f  (%6.1f GFLOP/s, min %.3f, cpu %.3f)", name, ms,
+                          flops / (ms * 1e-3) / 1e9, mn, cpu))
+   else
+      print(string.format("%-30s nhwc %9.3f  (min %.3f, cpu %.3f)", name, ms, mn, cpu))
+   end
+end
+
+local cl = lm.channels_last
+local gx = ffi.new("lm_tensor*[1]")
+local gw = ffi.new("lm_tensor*[1]")
+local sbuf, pbuf = ffi.new("int64_t[2]"), ffi.new("int64_t[2]")
+
+local function check(st)
+   if st ~= 0 then error("lumen error " .. tostring(st) .. ": " .. ffi.string(C.lm_last_error())) end
+end
+
+-- one layer: batch n, cin -> cout, k x k, stride s, padding p, input size hw
+local function layer(name, n, cin, cout, k, s, p, hw, opts)
+   opts = opts or {}
+   local x = lm.randn({ n, cin, hw, hw }):contiguous(cl)
+   local w = (lm.randn({ cout, cin, k, k }) * (1 / math.sqrt(cin * k * k))):contiguous(cl)
+   local y = lm.F.conv2d(x, w, nil, { stride = s, padding = p })
+   local ho, wo = y:size(3), y:size(4)
+   local g = lm.randn({ n, cout, ho, wo }):contiguous(cl)
+   local flops = 2.0 * n * ho * wo * cout * cin * k * k
+   sbuf[0], sbuf[1], pbuf[0], pbuf[1] = s, s, p, p
+   local xc, wc, gc = x._c, w._c, g._c
+   row(name .. "_fwd", flops, function()
+      return lm.no_grad(function() return lm.F.conv2d(x, w, nil, { stride = s, padding = p }) end)
+   end)
+   if not opts.no_bwd_data then
+      row(name .. "_bwd_data", flops, function()
+         sbuf[0], sbuf[1], pbuf[0], pbuf[1] = s, s, p, p
+         gx[0] = nil
+         check(C.lm_conv2d_backward(xc, wc, gc, sbuf, pbuf, nil, 1, 1, gx, nil, nil))
+         return T.wrap(gx[0])
+      end)
+   end
+   row(name .. "_bwd_weight", flops, function()
+      sbuf[0], sbuf[1], pbuf[0], pbuf[1] = s, s, p, p
+      gw[0] = nil
+      check(C.lm_conv2d_backward(xc, wc, gc, sbuf, pbuf, nil, 1, 1, nil, gw, nil))
+      return T.wrap(gw[0])
+   end)
+end
+
+lm.manual_seed(0)
+print(string.format("== conv layers, channels-last float32, %d threads, %d iters", threads, ITERS))
+-- small_resnet (width 16, blocks 1) at batch 128; the stem needs no grad_input
+local B = 128
+layer("sr_stem_1to16_28", B, 1, 16, 3, 1, 1, 28, { no_bwd_data = true })
+layer("sr_l1_16to16_28", B, 16, 16, 3, 1, 1, 28)   -- x2 in the model
+layer("sr_l2a_16to32_s2", B, 16, 32, 3, 2, 1, 28)
+layer("sr_l2b_32to32_14", B, 32, 32, 3, 1, 1, 14)
+layer("sr_l2ds_16to32_1x1s2", B, 16, 32, 1, 2, 0, 28)
+layer("sr_l3a_32to64_s2", B, 32, 64, 3, 2, 1, 14)
+layer("sr_l3b_64to64_7", B, 64, 64, 3, 1, 1, 7)    -- x1 (block conv2)
+layer("sr_l3ds_32to64_1x1s2", B, 32, 64, 1, 2, 0, 14)
+-- issue 4
+layer("conv3x3_64_56_b8", 8, 64, 64, 3, 1, 1, 56)
+layer("conv1x1_64to256_56_b8", 8, 64, 256, 1, 1, 0, 56)
+
+-- one whole training step of small_resnet, batch 128, channels-last
+if not filter or ("small_resnet_train_step"):find(filter, 1, true) then
+   local model = lm.models.small_resnet({ num_classes = 10, width = 16, blocks = 1 })
+   model:to(cl)
+   model:train()
+   local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
+   local x = lm.randn({ B, 1, 28, 28 }):contiguous(cl)
+   local y = lm.randint(1, 11, { B }, { dtype = lm.int64 })
+   row("small_resnet_train_step_b128", nil, function()
+      opt:zero_grad()
+      local loss = lm.F.cross_entropy(model(x), y)
+      loss:backward()
+      opt:step()
+   end, math.max(5, math.floor(ITERS / 2)))
+   row("small_resnet_forward_b128", nil, function()
+      return lm.no_grad(function() return model(x) end)
+   end, math.max(5, math.floor(ITERS / 2)))
+end

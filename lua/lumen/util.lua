@@ -1,0 +1,125 @@
+-- lumen.util -- small helpers shared by training scripts (examples/train*.lua): command-line
+-- flags, a monotonic clock, a status line, weight-decay parameter groups, a warm-up + cosine
+-- learning-rate schedule, top-1 accuracy, and running a loop that Ctrl-C can interrupt cleanly.
+local ffi = require("ffi")
+
+local M = {}
+
+local C = require("lumen.C")
+
+pcall(ffi.cdef, "int isatty(int fd);")
+
+--- seconds on a monotonic clock
+M.clock = function() return C.lm_clock() end
+
+function M.isatty(fd) return ffi.C.isatty(fd or 1) == 1 end
+
+--- "m:ss"
+function M.hms(s)
+   s = math.max(0, math.floor(s + 0.5))
+   return string.format("%d:%02d", math.floor(s / 60), s % 60)
+end
+
+--- parse `--name value`, `--name=value` and boolean `--flag` arguments against a table of
+--- defaults (the type of each default decides how its value is read; a default of "" or false
+--- is a string or a boolean flag). Prints usage and exits on --help or a bad flag.
+function M.parse_flags(defaults, usage_text, args)
+   local function usage(msg)
+      io.stderr:write((msg and (msg .. "\n") or "") .. "usage: " .. usage_text .. "\n")
+      os.exit(msg and 2 or 0)
+   end
+   local opt = {}
+   for k, v in pairs(defaults) do opt[k] = v end
+   args = args or {}
+   local i = 1
+   while i <= #args do
+      local a = args[i]
+      local key, val = a:match("^%-%-([%w%-]+)=(.*)$")
+      if not key then key = a:match("^%-%-([%w%-]+)$") end
+      if not key then usage("unexpected argument '" .. a .. "'") end
+      if key == "help" then usage() end
+      if defaults[key] == nil then usage("unknown flag --" .. key) end
+      if type(defaults[key]) == "boolean" then
+         opt[key] = val == nil or val == "true" or val == "1"
+      else
+         if val == nil then
+            i = i + 1
+            val = args[i]
+            if val == nil then usage("--" .. key .. " needs a value") end
+         end
+         if type(defaults[key]) == "number" then
+            local n = tonumber(val)
+            if not n then usage("--" .. key .. " needs a number, got '" .. val .. "'") end
+            opt[key] = n
+         else
+            opt[key] = val
+         end
+      end
+      i = i + 1
+   end
+   return opt, usage
+end
+
+--- write a status line: redrawn in place on a terminal, printed as is otherwise
+function M.status(line, tty, final)
+   if tty then
+      io.write("\r" .. line .. (final and "\n" or ""))
+      io.flush()
+   else
+      print(line)
+   end
+end
+
+--- parameters split for weight decay: {decay = >1-D tensors, no_decay = biases and BN}
+function M.decay_groups(model, weight_decay)
+   local decay, no_decay = {}, {}
+   for _, p in ipairs(model:parameters()) do
+      if p:dim() > 1 then decay[#decay + 1] = p else no_decay[#no_decay + 1] = p end
+   end
+   return { { params = decay, weight_decay = weight_decay }, { params = no_decay, weight_decay = 0 } }
+end
+
+--- a learning rate for step (0-based): linear warm-up over `warmup` steps, then a cosine decay
+--- to zero at `total`
+function M.warmup_cosine(base, warmup, total)
+   warmup = math.max(1, warmup)
+   return function(step)
+      if step < warmup then return base * (step + 1) / warmup end
+      local t = (step - warmup) / math.max(1, total - warmup)
+      return base * 0.5 * (1 + math.cos(math.pi * math.min(1, t)))
+   end
+end
+
+function M.set_lr(optimizer, lr)
+   for _, g in ipairs(optimizer.param_groups) do g.lr = lr end
+end
+
+--- top-1 accuracy of model over a loader (eval mode, no graph); the model is left in train mode
+function M.accuracy(lm, model, loader)
+   model:eval()
+   local correct, n = 0, 0
+   lm.no_grad(function()
+      for x, y in loader:iter(1) do
+         correct = correct + model(x):argmax(2):eq(y):sum():item()
+         n = n + y:size(1)
+      end
+   end)
+   model:train()
+   return correct / math.max(n, 1)
+end
+
+--- run fn(); on Ctrl-C call on_interrupt() and exit with status 130; on any other error print
+--- the traceback and exit with status 1
+function M.run_interruptible(fn, on_interrupt)
+   local ok, err = xpcall(fn, debug.traceback)
+   if ok then return end
+   if tostring(err):find("interrupted", 1, true) then
+      io.write("\n")
+      on_interrupt()
+      os.exit(130)
+   end
+   io.stderr:write(tostring(err) .. "\n")
+   os.exit(1)
+end
+
+return M
