@@ -381,6 +381,10 @@ lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
       if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && conv_is_depthwise(&g))
          st = lm_conv_dw_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
                                          relu, op);
+      else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_rb_usable(&g, 0) &&
+               conv_env_on("LUMEN_CONV_RB"))
+         st = lm_conv_rb_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
+                                         relu, op);
       else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g))
          st = lm_conv_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp, relu,
                                       op);
@@ -457,7 +461,10 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
             if (st == LM_OK && (gwp || gbp))
                st = lm_conv_dw_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
          } else if (dt == LM_FLOAT32 && nhwc && use_avx512(&g)) {
-            if (gxp) st = lm_conv_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
+            if (gxp && lm_conv_rb_usable(&g, 1) && conv_env_on("LUMEN_CONV_RB"))
+               st = lm_conv_rb_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
+            else if (gxp)
+               st = lm_conv_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
             if (st == LM_OK && (gwp || gbp))
                st = lm_conv_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
          } else if (dt == LM_FLOAT32)

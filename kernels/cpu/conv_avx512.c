@@ -45,15 +45,15 @@ int lm_conv_avx512_usable(void) {
 
 #define AI static inline __attribute__((always_inline))
 
-enum { ACC_PITCH = 64, UNIT_PX = 128, ICB = 128, MAX_PB = 16 };
+enum { ACC_PITCH = 64, UNIT_PX = 128, ICB = 128 };
 
 /* ---------------------------------------------------------------------------------------------
  * forward micro-kernel: PB pixels (pixel k at xp + k*qs) x NV vectors, over icn input channels
  */
 AI void fwd_body(const float *xp, int64_t qs, const float *wt, int64_t OB, int64_t icn,
                  float *acc, const int PB, const int NV) {
-   __m512 a[MAX_PB][4];
-#pragma GCC unroll 16
+   __m512 a[8][4];
+#pragma GCC unroll 8
    for (int k = 0; k < PB; k++)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) a[k][v] = _mm512_load_ps(acc + k * ACC_PITCH + 16 * v);
@@ -61,7 +61,7 @@ AI void fwd_body(const float *xp, int64_t qs, const float *wt, int64_t OB, int64
       __m512 w[4];
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
-#pragma GCC unroll 16
+#pragma GCC unroll 8
       for (int k = 0; k < PB; k++) {
          const __m512 b = _mm512_set1_ps(xp[k * qs]);
 #pragma GCC unroll 4
@@ -70,7 +70,7 @@ AI void fwd_body(const float *xp, int64_t qs, const float *wt, int64_t OB, int64
       xp++;
       wt += OB;
    }
-#pragma GCC unroll 16
+#pragma GCC unroll 8
    for (int k = 0; k < PB; k++)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) _mm512_store_ps(acc + k * ACC_PITCH + 16 * v, a[k][v]);
@@ -83,30 +83,37 @@ typedef void (*fwd_fn)(const float *, int64_t, const float *, int64_t, int64_t, 
                                int64_t icn, float *acc) {                                       \
       fwd_body(xp, qs, wt, OB, icn, acc, PB, NV);                                               \
    }
-FWD_INST(1, 1) FWD_INST(2, 1) FWD_INST(3, 1) FWD_INST(4, 1) FWD_INST(5, 1) FWD_INST(6, 1) FWD_INST(7, 1) FWD_INST(8, 1) FWD_INST(9, 1) FWD_INST(10, 1) FWD_INST(11, 1) FWD_INST(12, 1) FWD_INST(13, 1) FWD_INST(14, 1) FWD_INST(15, 1) FWD_INST(16, 1)
-FWD_INST(1, 2) FWD_INST(2, 2) FWD_INST(3, 2) FWD_INST(4, 2) FWD_INST(5, 2) FWD_INST(6, 2) FWD_INST(7, 2) FWD_INST(8, 2) FWD_INST(9, 2) FWD_INST(10, 2) FWD_INST(11, 2) FWD_INST(12, 2)
-FWD_INST(1, 3) FWD_INST(2, 3) FWD_INST(3, 3) FWD_INST(4, 3) FWD_INST(5, 3) FWD_INST(6, 3) FWD_INST(7, 3) FWD_INST(8, 3)
-FWD_INST(1, 4) FWD_INST(2, 4) FWD_INST(3, 4) FWD_INST(4, 4) FWD_INST(5, 4) FWD_INST(6, 4)
+#define FWD_INST_NV(NV)                                                                         \
+   FWD_INST(1, NV) FWD_INST(2, NV) FWD_INST(3, NV) FWD_INST(4, NV) FWD_INST(5, NV)              \
+   FWD_INST(6, NV) FWD_INST(7, NV) FWD_INST(8, NV)
+FWD_INST_NV(1)
+FWD_INST_NV(2)
+FWD_INST_NV(3)
+FWD_INST(1, 4)
+FWD_INST(2, 4)
+FWD_INST(3, 4)
+FWD_INST(4, 4)
+FWD_INST(5, 4)
+FWD_INST(6, 4)
 
-/* pixels per micro-kernel call for NV vectors (accumulators + weights + broadcast <= 32 zmm;
-   at least 12 accumulators to cover the FMA latency) */
-static const int fwd_pb[5] = {0, 16, 12, 8, 6};
-static const fwd_fn fwd_tab[5][MAX_PB + 1] = {
+/* pixels per micro-kernel call for NV vectors (accumulators + weights + broadcast <= 32 zmm) */
+static const int fwd_pb[5] = {0, 8, 8, 8, 6};
+static const fwd_fn fwd_tab[5][9] = {
    {0},
-   {0, fwd_1_1, fwd_2_1, fwd_3_1, fwd_4_1, fwd_5_1, fwd_6_1, fwd_7_1, fwd_8_1, fwd_9_1, fwd_10_1, fwd_11_1, fwd_12_1, fwd_13_1, fwd_14_1, fwd_15_1, fwd_16_1},
-   {0, fwd_1_2, fwd_2_2, fwd_3_2, fwd_4_2, fwd_5_2, fwd_6_2, fwd_7_2, fwd_8_2, fwd_9_2, fwd_10_2, fwd_11_2, fwd_12_2, 0, 0, 0, 0},
-   {0, fwd_1_3, fwd_2_3, fwd_3_3, fwd_4_3, fwd_5_3, fwd_6_3, fwd_7_3, fwd_8_3, 0, 0, 0, 0, 0, 0, 0, 0},
-   {0, fwd_1_4, fwd_2_4, fwd_3_4, fwd_4_4, fwd_5_4, fwd_6_4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+   {0, fwd_1_1, fwd_2_1, fwd_3_1, fwd_4_1, fwd_5_1, fwd_6_1, fwd_7_1, fwd_8_1},
+   {0, fwd_1_2, fwd_2_2, fwd_3_2, fwd_4_2, fwd_5_2, fwd_6_2, fwd_7_2, fwd_8_2},
+   {0, fwd_1_3, fwd_2_3, fwd_3_3, fwd_4_3, fwd_5_3, fwd_6_3, fwd_7_3, fwd_8_3},
+   {0, fwd_1_4, fwd_2_4, fwd_3_4, fwd_4_4, fwd_5_4, fwd_6_4, 0, 0},
 };
 
 /* the same with one input pointer per pixel (blocks that span output rows) */
 AI void fwdp_body(const float *const *xps, const float *wt, int64_t OB, int64_t icn, float *acc,
                   const int PB, const int NV) {
-   __m512 a[MAX_PB][4];
-   const float *xp[MAX_PB];
-#pragma GCC unroll 16
+   __m512 a[8][4];
+   const float *xp[8];
+#pragma GCC unroll 8
    for (int k = 0; k < PB; k++) xp[k] = xps[k];
-#pragma GCC unroll 16
+#pragma GCC unroll 8
    for (int k = 0; k < PB; k++)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) a[k][v] = _mm512_load_ps(acc + k * ACC_PITCH + 16 * v);
@@ -114,7 +121,7 @@ AI void fwdp_body(const float *const *xps, const float *wt, int64_t OB, int64_t 
       __m512 w[4];
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
-#pragma GCC unroll 16
+#pragma GCC unroll 8
       for (int k = 0; k < PB; k++) {
          const __m512 b = _mm512_set1_ps(xp[k][ic]);
 #pragma GCC unroll 4
@@ -122,7 +129,7 @@ AI void fwdp_body(const float *const *xps, const float *wt, int64_t OB, int64_t 
       }
       wt += OB;
    }
-#pragma GCC unroll 16
+#pragma GCC unroll 8
    for (int k = 0; k < PB; k++)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) _mm512_store_ps(acc + k * ACC_PITCH + 16 * v, a[k][v]);
@@ -135,17 +142,25 @@ typedef void (*fwdp_fn)(const float *const *, const float *, int64_t, int64_t, f
                                 int64_t icn, float *acc) {                                      \
       fwdp_body(xps, wt, OB, icn, acc, PB, NV);                                                 \
    }
-FWDP_INST(1, 1) FWDP_INST(2, 1) FWDP_INST(3, 1) FWDP_INST(4, 1) FWDP_INST(5, 1) FWDP_INST(6, 1) FWDP_INST(7, 1) FWDP_INST(8, 1) FWDP_INST(9, 1) FWDP_INST(10, 1) FWDP_INST(11, 1) FWDP_INST(12, 1) FWDP_INST(13, 1) FWDP_INST(14, 1) FWDP_INST(15, 1) FWDP_INST(16, 1)
-FWDP_INST(1, 2) FWDP_INST(2, 2) FWDP_INST(3, 2) FWDP_INST(4, 2) FWDP_INST(5, 2) FWDP_INST(6, 2) FWDP_INST(7, 2) FWDP_INST(8, 2) FWDP_INST(9, 2) FWDP_INST(10, 2) FWDP_INST(11, 2) FWDP_INST(12, 2)
-FWDP_INST(1, 3) FWDP_INST(2, 3) FWDP_INST(3, 3) FWDP_INST(4, 3) FWDP_INST(5, 3) FWDP_INST(6, 3) FWDP_INST(7, 3) FWDP_INST(8, 3)
-FWDP_INST(1, 4) FWDP_INST(2, 4) FWDP_INST(3, 4) FWDP_INST(4, 4) FWDP_INST(5, 4) FWDP_INST(6, 4)
+#define FWDP_INST_NV(NV)                                                                        \
+   FWDP_INST(1, NV) FWDP_INST(2, NV) FWDP_INST(3, NV) FWDP_INST(4, NV) FWDP_INST(5, NV)         \
+   FWDP_INST(6, NV) FWDP_INST(7, NV) FWDP_INST(8, NV)
+FWDP_INST_NV(1)
+FWDP_INST_NV(2)
+FWDP_INST_NV(3)
+FWDP_INST(1, 4)
+FWDP_INST(2, 4)
+FWDP_INST(3, 4)
+FWDP_INST(4, 4)
+FWDP_INST(5, 4)
+FWDP_INST(6, 4)
 
-static const fwdp_fn fwdp_tab[5][MAX_PB + 1] = {
+static const fwdp_fn fwdp_tab[5][9] = {
    {0},
-   {0, fwdp_1_1, fwdp_2_1, fwdp_3_1, fwdp_4_1, fwdp_5_1, fwdp_6_1, fwdp_7_1, fwdp_8_1, fwdp_9_1, fwdp_10_1, fwdp_11_1, fwdp_12_1, fwdp_13_1, fwdp_14_1, fwdp_15_1, fwdp_16_1},
-   {0, fwdp_1_2, fwdp_2_2, fwdp_3_2, fwdp_4_2, fwdp_5_2, fwdp_6_2, fwdp_7_2, fwdp_8_2, fwdp_9_2, fwdp_10_2, fwdp_11_2, fwdp_12_2, 0, 0, 0, 0},
-   {0, fwdp_1_3, fwdp_2_3, fwdp_3_3, fwdp_4_3, fwdp_5_3, fwdp_6_3, fwdp_7_3, fwdp_8_3, 0, 0, 0, 0, 0, 0, 0, 0},
-   {0, fwdp_1_4, fwdp_2_4, fwdp_3_4, fwdp_4_4, fwdp_5_4, fwdp_6_4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+   {0, fwdp_1_1, fwdp_2_1, fwdp_3_1, fwdp_4_1, fwdp_5_1, fwdp_6_1, fwdp_7_1, fwdp_8_1},
+   {0, fwdp_1_2, fwdp_2_2, fwdp_3_2, fwdp_4_2, fwdp_5_2, fwdp_6_2, fwdp_7_2, fwdp_8_2},
+   {0, fwdp_1_3, fwdp_2_3, fwdp_3_3, fwdp_4_3, fwdp_5_3, fwdp_6_3, fwdp_7_3, fwdp_8_3},
+   {0, fwdp_1_4, fwdp_2_4, fwdp_3_4, fwdp_4_4, fwdp_5_4, fwdp_6_4, 0, 0},
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -289,7 +304,7 @@ static void fwd_unit(const dconv *d, int64_t n, int64_t gi, int64_t ob, int64_t 
             int64_t t = 0;
             for (int64_t b = 0; b < nb; b++) {
                const int64_t m = bsz + (b < extra);
-               const float *xps[MAX_PB];
+               const float *xps[8];
                for (int64_t k = 0; k < m; k++) xps[k] = ptr[t + k] + ic0;
                fwdp_tab[nv][m](xps, wt, OB, icn, acc + ((ra - r0) * nq + t) * ACC_PITCH);
                t += m;
@@ -552,8 +567,8 @@ typedef struct {
 
 AI void bww_body(const bw_seg *segs, int nseg, int64_t xs, int64_t gs, float *accp, int64_t OB,
                  const __mmask16 *m, const int R, const int NV) {
-   __m512 a[MAX_PB][4];
-#pragma GCC unroll 16
+   __m512 a[8][4];
+#pragma GCC unroll 8
    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) a[r][v] = _mm512_load_ps(accp + r * OB + 16 * v);
@@ -563,7 +578,7 @@ AI void bww_body(const bw_seg *segs, int nseg, int64_t xs, int64_t gs, float *ac
          __m512 gv[4];
 #pragma GCC unroll 4
          for (int v = 0; v < NV; v++) gv[v] = _mm512_maskz_loadu_ps(m[v], gp + 16 * v);
-#pragma GCC unroll 16
+#pragma GCC unroll 8
          for (int r = 0; r < R; r++) {
             const __m512 b = _mm512_set1_ps(xp[r]);
 #pragma GCC unroll 4
@@ -573,7 +588,7 @@ AI void bww_body(const bw_seg *segs, int nseg, int64_t xs, int64_t gs, float *ac
          gp += gs;
       }
    }
-#pragma GCC unroll 16
+#pragma GCC unroll 8
    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) _mm512_store_ps(accp + r * OB + 16 * v, a[r][v]);
@@ -586,18 +601,26 @@ typedef void (*bww_fn)(const bw_seg *, int, int64_t, int64_t, float *, int64_t, 
                               int64_t OB, const __mmask16 *m) {                                 \
       bww_body(segs, nseg, xs, gs, accp, OB, m, R, NV);                                         \
    }
-BWW_INST(1, 1) BWW_INST(2, 1) BWW_INST(3, 1) BWW_INST(4, 1) BWW_INST(5, 1) BWW_INST(6, 1) BWW_INST(7, 1) BWW_INST(8, 1) BWW_INST(9, 1) BWW_INST(10, 1) BWW_INST(11, 1) BWW_INST(12, 1) BWW_INST(13, 1) BWW_INST(14, 1) BWW_INST(15, 1) BWW_INST(16, 1)
-BWW_INST(1, 2) BWW_INST(2, 2) BWW_INST(3, 2) BWW_INST(4, 2) BWW_INST(5, 2) BWW_INST(6, 2) BWW_INST(7, 2) BWW_INST(8, 2) BWW_INST(9, 2) BWW_INST(10, 2) BWW_INST(11, 2) BWW_INST(12, 2)
-BWW_INST(1, 3) BWW_INST(2, 3) BWW_INST(3, 3) BWW_INST(4, 3) BWW_INST(5, 3) BWW_INST(6, 3) BWW_INST(7, 3) BWW_INST(8, 3)
-BWW_INST(1, 4) BWW_INST(2, 4) BWW_INST(3, 4) BWW_INST(4, 4) BWW_INST(5, 4) BWW_INST(6, 4)
+#define BWW_INST_NV(NV)                                                                         \
+   BWW_INST(1, NV) BWW_INST(2, NV) BWW_INST(3, NV) BWW_INST(4, NV) BWW_INST(5, NV)              \
+   BWW_INST(6, NV) BWW_INST(7, NV) BWW_INST(8, NV)
+BWW_INST_NV(1)
+BWW_INST_NV(2)
+BWW_INST_NV(3)
+BWW_INST(1, 4)
+BWW_INST(2, 4)
+BWW_INST(3, 4)
+BWW_INST(4, 4)
+BWW_INST(5, 4)
+BWW_INST(6, 4)
 
-static const int bww_r[5] = {0, 16, 12, 8, 6};
-static const bww_fn bww_tab[5][MAX_PB + 1] = {
+static const int bww_r[5] = {0, 8, 8, 8, 6};
+static const bww_fn bww_tab[5][9] = {
    {0},
-   {0, bww_1_1, bww_2_1, bww_3_1, bww_4_1, bww_5_1, bww_6_1, bww_7_1, bww_8_1, bww_9_1, bww_10_1, bww_11_1, bww_12_1, bww_13_1, bww_14_1, bww_15_1, bww_16_1},
-   {0, bww_1_2, bww_2_2, bww_3_2, bww_4_2, bww_5_2, bww_6_2, bww_7_2, bww_8_2, bww_9_2, bww_10_2, bww_11_2, bww_12_2, 0, 0, 0, 0},
-   {0, bww_1_3, bww_2_3, bww_3_3, bww_4_3, bww_5_3, bww_6_3, bww_7_3, bww_8_3, 0, 0, 0, 0, 0, 0, 0, 0},
-   {0, bww_1_4, bww_2_4, bww_3_4, bww_4_4, bww_5_4, bww_6_4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+   {0, bww_1_1, bww_2_1, bww_3_1, bww_4_1, bww_5_1, bww_6_1, bww_7_1, bww_8_1},
+   {0, bww_1_2, bww_2_2, bww_3_2, bww_4_2, bww_5_2, bww_6_2, bww_7_2, bww_8_2},
+   {0, bww_1_3, bww_2_3, bww_3_3, bww_4_3, bww_5_3, bww_6_3, bww_7_3, bww_8_3},
+   {0, bww_1_4, bww_2_4, bww_3_4, bww_4_4, bww_5_4, bww_6_4, 0, 0},
 };
 
 enum { BW_MAX_ROWS = 64 };

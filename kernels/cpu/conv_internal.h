@@ -8,6 +8,23 @@
 #define LM_CONV_HIDDEN __attribute__((visibility("hidden")))
 #else
 #define LM_CONV_HIDDEN
+/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
+ * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
+ * take a geometry (backward_data: the reduction runs over O instead of C). */
+LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                     const float *w, float *gx);
+
+/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
+   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
+static inline int conv_env_on(const char *name) {
+   const char *v = getenv(name);
+   return !(v && v[0] == '0' && v[1] == 0);
+}
+
 #endif
 
 typedef struct conv_geom {
@@ -48,6 +65,23 @@ static inline int conv_threads(double work) {
 #else
    (void)work;
    return 1;
+/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
+ * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
+ * take a geometry (backward_data: the reduction runs over O instead of C). */
+LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                     const float *w, float *gx);
+
+/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
+   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
+static inline int conv_env_on(const char *name) {
+   const char *v = getenv(name);
+   return !(v && v[0] == '0' && v[1] == 0);
+}
+
 #endif
 }
 
@@ -56,6 +90,23 @@ static inline int conv_thread_id(void) {
    return omp_get_thread_num();
 #else
    return 0;
+/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
+ * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
+ * take a geometry (backward_data: the reduction runs over O instead of C). */
+LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                     const float *w, float *gx);
+
+/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
+   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
+static inline int conv_env_on(const char *name) {
+   const char *v = getenv(name);
+   return !(v && v[0] == '0' && v[1] == 0);
+}
+
 #endif
 }
 
@@ -64,6 +115,23 @@ static inline int conv_num_threads_in_team(void) {
    return omp_get_num_threads();
 #else
    return 1;
+/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
+ * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
+ * take a geometry (backward_data: the reduction runs over O instead of C). */
+LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                     const float *w, float *gx);
+
+/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
+   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
+static inline int conv_env_on(const char *name) {
+   const char *v = getenv(name);
+   return !(v && v[0] == '0' && v[1] == 0);
+}
+
 #endif
 }
 
@@ -87,5 +155,22 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const f
                                                      const float *w, float *gx);
 LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                      const float *gout, float *gw, float *gb);
+
+/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
+ * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
+ * take a geometry (backward_data: the reduction runs over O instead of C). */
+LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                     const float *w, float *gx);
+
+/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
+   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
+static inline int conv_env_on(const char *name) {
+   const char *v = getenv(name);
+   return !(v && v[0] == '0' && v[1] == 0);
+}
 
 #endif
