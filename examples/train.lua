@@ -88,7 +88,8 @@ if opt.resume then
    local f = io.open(opt.checkpoint, "rb")
    if not f then usage("--resume: no checkpoint at " .. opt.checkpoint) end
    f:close()
-   local fields = lm.load_checkpoint(opt.checkpoint, { model = model, optimizer = optimizer }).fields
+   local ck = lm.load_checkpoint(opt.checkpoint, { model = model, optimizer = optimizer })
+   local fields = ck.fields
    state.epoch, state.batch, state.step = fields.epoch, fields.batch, fields.step
    if fields.rng then lm.set_rng_state(fields.rng) end
    print(string.format("resumed from %s at epoch %d, batch %d", opt.checkpoint, state.epoch,

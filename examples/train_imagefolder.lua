@@ -143,7 +143,8 @@ local function run()
          or string.format("stopped in epoch %d before batch %d (--steps %d): %.0f s elapsed", epoch,
             state.batch, opt.steps, now() - t_start)
       if val_loader then
-         msg = msg .. string.format(", validation accuracy %.2f%%", 100 * util.accuracy(lm, model, val_loader))
+         local acc = util.accuracy(lm, model, val_loader)
+         msg = msg .. string.format(", validation accuracy %.2f%%", 100 * acc)
       end
       print(msg)
    end

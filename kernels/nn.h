@@ -68,6 +68,24 @@ lm_status lm_batch_norm_backward(const lm_tensor *grad_out, const lm_tensor *x,
                                  lm_tensor **grad_x, lm_tensor **grad_weight,
                                  lm_tensor **grad_bias);
 
+/* Fused forms (the ResNet block):
+ *   lm_batch_norm_fused: out = batch_norm(x) + residual (when residual != NULL), then relu when
+ *      relu != 0 (NaN stays NaN); residual has x's dtype and sizes, any strides. Otherwise as
+ *      lm_batch_norm (which is lm_batch_norm_fused(..., NULL, 0, ...)).
+ *   lm_batch_norm_backward_fused: the backward of relu(batch_norm(x) [+ residual]) given the
+ *      relu's output relu_out (x's dtype and sizes): grad_out is first masked as relu_backward
+ *      does (0 where relu_out <= 0); grad_masked (may be NULL; needs relu_out) receives that
+ *      masked gradient (the residual's gradient), in mf. relu_out NULL: lm_batch_norm_backward. */
+lm_status lm_batch_norm_fused(const lm_tensor *x, const lm_tensor *weight, const lm_tensor *bias,
+                              lm_tensor *running_mean, lm_tensor *running_var, int training,
+                              double momentum, double eps, const lm_tensor *residual, int relu,
+                              lm_tensor **out, lm_tensor **save_mean, lm_tensor **save_invstd);
+lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tensor *relu_out,
+                                       const lm_tensor *x, const lm_tensor *weight,
+                                       const lm_tensor *save_mean, const lm_tensor *save_invstd,
+                                       int training, lm_tensor **grad_x, lm_tensor **grad_weight,
+                                       lm_tensor **grad_bias, lm_tensor **grad_masked);
+
 /* ---- softmax (kernels/cpu/softmax.c): any rank (0-dim too), any dim (negative counts from the
    end); the result is contiguous, as in PyTorch ---- */
 lm_status lm_softmax(const lm_tensor *x, int dim, lm_tensor **out);

@@ -3,6 +3,7 @@
 #ifndef LUMEN_CONV_INTERNAL_H
 #define LUMEN_CONV_INTERNAL_H
 #include "internal.h"
+#include <stdlib.h>
 
 #if defined(__GNUC__)
 #define LM_CONV_HIDDEN __attribute__((visibility("hidden")))

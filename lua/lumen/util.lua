@@ -76,7 +76,8 @@ function M.decay_groups(model, weight_decay)
    for _, p in ipairs(model:parameters()) do
       if p:dim() > 1 then decay[#decay + 1] = p else no_decay[#no_decay + 1] = p end
    end
-   return { { params = decay, weight_decay = weight_decay }, { params = no_decay, weight_decay = 0 } }
+   return { { params = decay, weight_decay = weight_decay },
+            { params = no_decay, weight_decay = 0 } }
 end
 
 --- a learning rate for step (0-based): linear warm-up over `warmup` steps, then a cosine decay
