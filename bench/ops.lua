@@ -32,10 +32,10 @@ local function row(name, fmt, fn, bytes)
       print(string.format("%s %s error: %s", name, fmt, tostring(ms)))
       return
    end
+   print(string.format("%s %s %.3f", name, fmt, ms))
    if bytes then
-      print(string.format("%s %s %.3f  (%.1f GB/s)", name, fmt, ms, bytes / (ms * 1e-3) / 1e9))
-   else
-      print(string.format("%s %s %.3f", name, fmt, ms))
+      -- informational line (does not end in a number, so bench/compare skips it)
+      print(string.format("   %s %s: %.1f GB/s", name, fmt, bytes / (ms * 1e-3) / 1e9))
    end
    collectgarbage()
 end

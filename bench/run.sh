@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # lumen's benchmark harness.
 #   bash bench/run.sh [threads] [iters]        (make bench)
+# RUNS times (default 5), alternately:
 # 1. every bench/*.lua through bin/lumen, with arg[1] = threads, arg[2] = iters; each prints rows
 #    "<op> <fmt> <ms>" (median milliseconds), the same rows the peer prints
 # 2. the peer, ../shared/peer/bench_ops.py (PEER_DIR overrides), when /usr/bin/python3 has torch
-# 3. bench/compare: the two side by side with the ratio peer/lumen (> 1: lumen is faster)
+# then bench/compare: each row's median over the runs, side by side, with the ratio peer/lumen
+# (> 1: lumen is faster). The machine is shared and noisy: alternating the two and taking
+# medians is what makes the ratio meaningful.
 # Output files go to $BENCH_OUT (default /tmp/lumen-bench): lumen.txt, peer.txt.
 # Set BENCH_ONLY=name to run bench/name.lua alone, NO_PEER=1 to skip the peer.
 set -u
@@ -17,6 +20,7 @@ mkdir -p "$out"
 : > "$out/lumen.txt"
 : > "$out/peer.txt"
 status=0
+runs=${RUNS:-5}
 
 shopt -s nullglob
 scripts=(bench/*.lua)
@@ -24,21 +28,26 @@ if [ -n "${BENCH_ONLY:-}" ]; then scripts=("bench/${BENCH_ONLY%.lua}.lua"); fi
 if [ ${#scripts[@]} -eq 0 ]; then
    echo "bench: no bench/*.lua scripts yet"
 fi
-for f in "${scripts[@]}"; do
-   echo "== lumen $f (threads $threads, iters $iters)"
-   if ! OMP_NUM_THREADS=$threads bin/lumen "$f" "$threads" "$iters" | tee -a "$out/lumen.txt"; then
-      echo "bench: $f failed" >&2
-      status=1
-   fi
-done
-
+have_peer=
 if [ -z "${NO_PEER:-}" ] && [ -x /usr/bin/python3 ] && [ -f "$peer_dir/bench_ops.py" ] &&
       /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-   echo "== peer $peer_dir/bench_ops.py (PyTorch, threads $threads, iters $iters)"
-   /usr/bin/python3 "$peer_dir/bench_ops.py" "$threads" "$iters" | tee "$out/peer.txt" || status=1
+   have_peer=1
 else
    echo "== peer skipped (needs /usr/bin/python3 with torch and $peer_dir/bench_ops.py)"
 fi
+for run in $(seq 1 "$runs"); do
+   for f in "${scripts[@]}"; do
+      echo "== run $run/$runs: lumen $f (threads $threads, iters $iters)"
+      if ! OMP_NUM_THREADS=$threads bin/lumen "$f" "$threads" "$iters" | tee -a "$out/lumen.txt"; then
+         echo "bench: $f failed" >&2
+         status=1
+      fi
+   done
+   if [ -n "$have_peer" ]; then
+      echo "== run $run/$runs: peer $peer_dir/bench_ops.py (PyTorch, threads $threads, iters $iters)"
+      /usr/bin/python3 "$peer_dir/bench_ops.py" "$threads" "$iters" | tee -a "$out/peer.txt" || status=1
+   fi
+done
 
 echo "== comparison (ratio = peer ms / lumen ms; > 1 means lumen is faster)"
 luajit bench/compare "$out/lumen.txt" "$out/peer.txt" || status=1
