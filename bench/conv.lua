@@ -11,8 +11,12 @@
 -- Each row: '<layer>_<phase> nhwc <median ms>  (<GFLOP/s at the median>, min <ms>, cpu <ms>)'.
 -- 'cpu' is the process CPU time per call (all threads; with one thread it is the figure least
 -- disturbed by other load on a shared machine). The rows end in ')', so bench/compare skips
--- them (the peer has no such rows). A filter (plain substring) selects rows.
--- LUMEN_CONV_WINOGRAD=0 turns the Winograd path off (compare both with the same command).
+-- them (the peer has no such rows). A filter (plain substring) selects rows. The load average
+-- is printed before and after: on a shared 2-core machine, compare runs made close together.
+-- Algorithms (kernels/conv.h): LUMEN_CONV_WINOGRAD=0 turns Winograd off, =4 / =2 forces
+-- F(4x4,3x3) / F(2x2,3x3) for forward and backward data; LUMEN_CONV_RB=0 turns the
+-- register-blocked small-channel kernels off. E.g.
+--   OMP_NUM_THREADS=1 LUMEN_CONV_WINOGRAD=0 bin/lumen bench/conv.lua 1 10 sr_l1
 local lm = require("lumen")
 local ffi = require("ffi")
 local C = require("lumen.C")
@@ -37,17 +41,19 @@ local function clock(id)
 end
 local MONO, CPU = 1, 2 -- CLOCK_MONOTONIC, CLOCK_PROCESS_CPUTIME_ID
 
--- median and min wall ms, median cpu ms of `iters` calls after one warm-up
+-- median and min wall ms, median cpu ms of `iters` calls after one warm-up. The garbage is
+-- collected before every call (untimed), so results go back to the allocator's cache and the
+-- next call reuses them, as in a training loop, instead of touching fresh pages.
 local function measure(fn, iters)
    iters = iters or ITERS
    fn()
    collectgarbage()
    local wall, cpu = {}, {}
    for i = 1, iters do
+      collectgarbage()
       local c0, t0 = clock(CPU), clock(MONO)
       fn()
       wall[i], cpu[i] = (clock(MONO) - t0) * 1e3, (clock(CPU) - c0) * 1e3
-      if i % 4 == 0 then collectgarbage() end
    end
    table.sort(wall)
    table.sort(cpu)
@@ -82,11 +88,13 @@ end
 -- one layer: batch n, cin -> cout, k x k, stride s, padding p, input size hw
 local function layer(name, n, cin, cout, k, s, p, hw, opts)
    opts = opts or {}
-   local x = lm.randn({ n, cin, hw, hw }):contiguous(cl)
-   local w = (lm.randn({ cout, cin, k, k }) * (1 / math.sqrt(cin * k * k))):contiguous(cl)
+   -- :to(cl) gives channels-last strides even where a size-1 dimension makes them ambiguous
+   -- (1-channel input: contiguous(cl) keeps NCHW strides, and conv2d would pick NCHW)
+   local x = lm.randn({ n, cin, hw, hw }):to(cl)
+   local w = (lm.randn({ cout, cin, k, k }) * (1 / math.sqrt(cin * k * k))):to(cl)
    local y = lm.F.conv2d(x, w, nil, { stride = s, padding = p })
    local ho, wo = y:size(3), y:size(4)
-   local g = lm.randn({ n, cout, ho, wo }):contiguous(cl)
+   local g = lm.randn({ n, cout, ho, wo }):to(cl)
    local flops = 2.0 * n * ho * wo * cout * cin * k * k
    sbuf[0], sbuf[1], pbuf[0], pbuf[1] = s, s, p, p
    local xc, wc, gc = x._c, w._c, g._c
@@ -109,8 +117,19 @@ local function layer(name, n, cin, cout, k, s, p, hw, opts)
    end)
 end
 
+local function loadavg()
+   local f = io.open("/proc/loadavg", "r")
+   if not f then return "?" end
+   local l = f:read("*l") or "?"
+   f:close()
+   return l:match("^(%S+ %S+ %S+)") or l
+end
+
 lm.manual_seed(0)
-print(string.format("== conv layers, channels-last float32, %d threads, %d iters", threads, ITERS))
+print(string.format("== conv layers, channels-last float32, %d threads, %d iters; load average %s;"
+                    .. " LUMEN_CONV_WINOGRAD=%s LUMEN_CONV_RB=%s", threads, ITERS, loadavg(),
+                    os.getenv("LUMEN_CONV_WINOGRAD") or "(default)",
+                    os.getenv("LUMEN_CONV_RB") or "(default)"))
 -- small_resnet (width 16, blocks 1) at batch 128; the stem needs no grad_input
 local B = 128
 layer("sr_stem_1to16_28", B, 1, 16, 3, 1, 1, 28, { no_bwd_data = true })
@@ -131,7 +150,7 @@ if not filter or ("small_resnet_train_step"):find(filter, 1, true) then
    model:to(cl)
    model:train()
    local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
-   local x = lm.randn({ B, 1, 28, 28 }):contiguous(cl)
+   local x = lm.randn({ B, 1, 28, 28 }):to(cl)
    local y = lm.randint(1, 11, { B }, { dtype = lm.int64 })
    row("small_resnet_train_step_b128", nil, function()
       opt:zero_grad()
@@ -143,3 +162,4 @@ if not filter or ("small_resnet_train_step"):find(filter, 1, true) then
       return lm.no_grad(function() return model(x) end)
    end, math.max(5, math.floor(ITERS / 2)))
 end
+print("== load average " .. loadavg())

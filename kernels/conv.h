@@ -11,13 +11,27 @@
  *   CPU tensors only. Inputs may have any strides.
  *
  * Memory format (`fmt`): LM_CONTIGUOUS (NCHW kernels: im2col + GEMM per image tile and group) or
- *   LM_CHANNELS_LAST (NHWC kernels: for float32 on AVX-512 CPUs, direct implicit-GEMM kernels
- *   that read the activations in place (kernels/cpu/conv_avx512.c); otherwise im2col panels of
- *   output-pixel tiles + GEMM, a plain GEMM for 1x1/stride-1 convolutions; depthwise
- *   convolutions run direct kernels vectorized over C). LM_PRESERVE (or any negative value) means
- *   "decide": lm_conv_memory_format(x, w). Outputs and gradients are allocated in fmt; an input
- *   that is not dense in fmt is copied to fmt once (lm_clone).
- *   lm_gemm_set_isa(1 or 2) also turns the AVX-512 convolution kernels off (portable path).
+ *   LM_CHANNELS_LAST (NHWC kernels). LM_PRESERVE (or any negative value) means "decide":
+ *   lm_conv_memory_format(x, w). Outputs and gradients are allocated in fmt; an input that is not
+ *   dense in fmt is copied to fmt once (lm_clone).
+ * Algorithms for float32 NHWC on AVX-512 CPUs (kernels/cpu/conv*_avx512.c, winograd_avx512.c),
+ *   chosen from the geometry alone (so a gradient computed alone equals the same gradient
+ *   computed with the others):
+ *   - 3x3, stride 1, dilation 1, groups 1, padding <= 2, maps of 4+ pixels, 11..16, 22..32 or
+ *     44..64 reduction channels (C; O for backward data): Winograd. Forward F(2x2,3x3) (2.25x
+ *     fewer multiply-adds than direct, and more accurate than the direct sum), backward data and
+ *     backward weight F(4x4,3x3) (4x fewer; float32 error about 2x the direct sum's, ~1e-6 of
+ *     the sum of the terms' magnitudes).
+ *   - up to 64 reduction channels (1, 5..8, 11..16, 22..32, 44..64) on rows of 14+ pixels:
+ *     register-blocked direct kernels (conv_rb_avx512.c) over a zero-padded copy of the input
+ *     rows; the single-channel weight gradient (a network's grey-image stem) likewise.
+ *   - otherwise direct implicit-GEMM kernels that read the activations in place
+ *     (conv_avx512.c); depthwise convolutions have kernels vectorized over C.
+ *   Without AVX-512 (or float64, or lm_gemm_set_isa(1 or 2)): im2col panels of output-pixel
+ *   tiles + GEMM, a plain GEMM for 1x1/stride-1 convolutions, direct depthwise kernels.
+ *   Environment switches (read at each call; for tests and benchmarks): LUMEN_CONV_WINOGRAD=0
+ *   turns Winograd off, =2 / =4 forces F(2x2) / F(4x4) for forward and backward data;
+ *   LUMEN_CONV_RB=0 turns the register-blocked kernels off.
  *   Results do not vary from run to run (fixed reduction order for a given thread count).
  *
  * Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out is an

@@ -116,4 +116,23 @@ lm_status lm_nll_loss_backward(const lm_tensor *grad_out, const lm_tensor *input
                                int64_t ignore_index, const lm_tensor *total_weight,
                                lm_tensor **grad_input);
 
+/* ---- fused optimizer steps (src/elementwise.c): one pass per parameter, in place ----
+ * grad and the state tensors must have the parameter's dtype (float32 or float64), sizes and
+ * strides, all non-overlapping and dense (LM_ERR_ARG / LM_ERR_DTYPE otherwise: the caller falls
+ * back to separate ops). The arithmetic is PyTorch 1.13's single-tensor update, rounded to the
+ * dtype after each step as the separate ops do.
+ *   SGD: d = grad (negated when maximize) [+ weight_decay * p]; with momentum != 0:
+ *        buf = d when first, else buf * momentum + (1 - dampening) * d; d = nesterov ?
+ *        d + momentum * buf : buf (momentum_buffer may be NULL when momentum == 0);
+ *        p += -lr * d.
+ *   Adam / AdamW (decoupled): as optim/init.lua's adam_update; step is the (already
+ *        incremented) step count; max_exp_avg_sq is NULL unless amsgrad. */
+lm_status lm_sgd_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
+                      double lr, double momentum, double dampening, double weight_decay,
+                      int nesterov, int maximize, int first);
+lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
+                       lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, double lr, double beta1,
+                       double beta2, double eps, double weight_decay, int decoupled,
+                       int maximize, int64_t step);
+
 #endif

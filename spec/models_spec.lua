@@ -142,8 +142,11 @@ describe("lm.models", function()
          m:train()
          local t2 = m(xcl)
          assert.is_true(rel_err(t2, t1) < 1e-3, name .. " train: " .. rel_err(t2, t1))
+         -- running statistics come from the train-mode forward, whose float32 values already
+         -- differ by up to 1e-3 between the two formats (summation order); the same tolerance
          for k, v in pairs(m:state_dict()) do
-            assert.is_true(rel_err(v, sd1[k]) < 1e-4, name .. " state " .. k)
+            local e = rel_err(v, sd1[k])
+            assert.is_true(e < 1e-3, name .. " state " .. k .. ": " .. e)
          end
          local r = L.check(m, xcl, { backward = true })
          assert.is_true(r.ok, tostring(r))

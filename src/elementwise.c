@@ -2,6 +2,7 @@
  * allocation by the TensorIterator rules (iter.c), and the gather / compute / scatter loop that
  * feeds the kernels of ew_kernels.c. Also copy_, fill_, where, clamp, addcmul/addcdiv. */
 #include "iter.h"
+#include "nn.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +80,7 @@ typedef struct ew_plan {
    int out_via;   /* the op's result dtype, when the kernel's output must round through it */
    lm_kset k;
    lm_kparams p;
+   int cheap;     /* a memory-bound kernel: parallel only from LM_CHEAP_GRAIN elements */
 } ew_plan;
 
 typedef struct ew_ctx {
@@ -300,7 +302,8 @@ static lm_status ew_exec_v(ew_plan *pl, int res_dt, lm_operand *ins, lm_tensor *
       cx.pl = pl;
       for (int k = 0; k <= nin; k++) cx.dt[k] = ops[k].dtype;
       pl->p.err = &err;
-      if (status == LM_OK) lm_iter_run(&it, ew_loop, &cx);
+      if (status == LM_OK)
+         lm_iter_run_grain(&it, ew_loop, &cx, pl->cheap ? LM_CHEAP_GRAIN : LM_PARALLEL_GRAIN);
       pl->p.err = NULL;
    }
    for (int k = 0; k < 3; k++) lm_tensor_free(tmps[k]);
@@ -400,6 +403,9 @@ lm_status lm_unary(int op, const lm_tensor *a, lm_tensor **out) {
    ew_plan pl;
    plan_init(&pl, 1, kind, common);
    pl.k = lm_unary_kernels[op][kind];
+   pl.cheap = op == LM_NEG || op == LM_ABS || op == LM_RELU || op == LM_SQUARE ||
+              op == LM_SIGN || op == LM_LOGICAL_NOT || op == LM_FLOOR || op == LM_CEIL ||
+              op == LM_ROUND;
    if (op == LM_LOGICAL_NOT) pl.out_dt = LM_BOOL;
    else pl.out_via = res;
    if (!pl.k.vv)
@@ -434,6 +440,7 @@ lm_status lm_clamp(const lm_tensor *a, double lo, double hi, int has_lo, int has
    ew_plan pl;
    plan_init(&pl, 1, kind, res);
    pl.out_via = res;
+   pl.cheap = 1;
    int t = (has_lo && has_hi) ? LM_T_CLAMP : has_lo ? LM_T_CLAMP_MIN : LM_T_CLAMP_MAX;
    pl.k = lm_other_kernels[t][kind];
    set_params(&pl.p, res, 1.0, 0.0, has_lo ? lo : 0.0, has_hi ? hi : 0.0);
@@ -480,6 +487,7 @@ static lm_status binary_impl(int op, lm_operand *ins, int scalar_idx, double sva
    ew_plan pl;
    plan_init(&pl, 2, kind, common);
    pl.k = lm_binary_kernels[op][kind];
+   pl.cheap = op != LM_POW && op != LM_FMOD && op != LM_ATAN2 && op != LM_DIV;
    if (is_bool_result(op)) pl.out_dt = LM_BOOL;
    else pl.out_via = res;
    set_params(&pl.p, common, alpha, 0.0, 0.0, 0.0);
@@ -604,6 +612,7 @@ lm_status lm_where(const lm_tensor *cond, const lm_tensor *a, const lm_tensor *b
    pl.in_dt[0] = LM_BOOL;
    pl.via[0] = -1;
    pl.k = lm_other_kernels[LM_T_WHERE][kind];
+   pl.cheap = 1;
    pl.out_via = common;
    return ew_exec(&pl, common, ins, out);
 }
@@ -731,7 +740,7 @@ lm_status lm_copy_operands(const lm_operand *dst, const lm_operand *src) {
       transpose_copy(&it, kd, es);
    } else {
       int dts[2] = {dst->dtype, s.dtype};
-      lm_iter_run(&it, copy_loop, dts);
+      lm_iter_run_grain(&it, copy_loop, dts, LM_CHEAP_GRAIN);
    }
    lm_tensor_free(tmp);
    return LM_OK;
@@ -795,6 +804,150 @@ lm_status lm_fill_(lm_tensor *t, double value) {
    lm_iter it;
    lm_iter_init(&it, 1, &m.op, m.op.ndim, m.op.sizes);
    if (lm_operand_internal_overlap(&m.op)) lm_iter_serial(&it, 0, it.numel, fill_loop, &v);
-   else lm_iter_run(&it, fill_loop, &v);
+   else lm_iter_run_grain(&it, fill_loop, &v, LM_CHEAP_GRAIN);
    return lm_mirror_end(&m, 1);
+}
+
+/* ---------------------------------------------------------------- fused optimizer steps */
+
+/* The optimizers' per-parameter updates in one pass (kernels/nn.h). Every operand has the
+   parameter's dtype (float32 / float64), sizes and strides and is non-overlapping and dense, so
+   the loops run over the storage span linearly. The arithmetic follows the separate ops of
+   optim/init.lua step by step, rounding to the dtype after each. */
+
+static lm_status optim_operand(const lm_tensor *p, const lm_tensor *t, const char *what) {
+   if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
+   LM_TRY(lm_check_cpu(t, what));
+   if (t->dtype != p->dtype)
+      return lm_error(LM_ERR_DTYPE, "%s has dtype %s, the parameter %s", what,
+                      lm_dtype_name(t->dtype), lm_dtype_name(p->dtype));
+   if (t->ndim != p->ndim || memcmp(t->sizes, p->sizes, sizeof(int64_t) * (size_t)p->ndim) != 0 ||
+       memcmp(t->strides, p->strides, sizeof(int64_t) * (size_t)p->ndim) != 0 ||
+       !lm_is_non_overlapping_and_dense(t))
+      return lm_error(LM_ERR_ARG, "%s must have the parameter's sizes and strides, dense", what);
+   return LM_OK;
+}
+
+static lm_status optim_param(const lm_tensor *p) {
+   if (!p) return lm_error(LM_ERR_ARG, "param is nil");
+   LM_TRY(lm_check_cpu(p, "param"));
+   if (p->dtype != LM_FLOAT32 && p->dtype != LM_FLOAT64)
+      return lm_error(LM_ERR_DTYPE, "fused optimizer steps take float32 or float64, got %s",
+                      lm_dtype_name(p->dtype));
+   if (!lm_is_non_overlapping_and_dense(p))
+      return lm_error(LM_ERR_ARG, "param must be non-overlapping and dense");
+   return LM_OK;
+}
+
+#define SGD_LOOP(T, SUF)                                                                        \
+   static LM_CLONES void sgd_##SUF(T *restrict p, const T *restrict g, T *restrict b, int64_t n, \
+                                   T wd, T mom, T damp1, T nlr, int use_wd, int use_mom,        \
+                                   int nesterov, int maximize, int first) {                     \
+      for (int64_t i = 0; i < n; i++) {                                                         \
+         T d = g[i];                                                                            \
+         if (maximize) d = -d;                                                                  \
+         if (use_wd) d = d + wd * p[i];                                                         \
+         if (use_mom) {                                                                         \
+            T v;                                                                                \
+            if (first) {                                                                        \
+               v = d;                                                                           \
+            } else {                                                                            \
+               v = b[i] * mom;                                                                  \
+               v = v + damp1 * d;                                                               \
+            }                                                                                   \
+            b[i] = v;                                                                           \
+            d = nesterov ? d + mom * v : v;                                                     \
+         }                                                                                      \
+         p[i] = p[i] + nlr * d;                                                                 \
+      }                                                                                         \
+   }
+SGD_LOOP(float, f32)
+SGD_LOOP(double, f64)
+
+lm_status lm_sgd_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
+                      double lr, double momentum, double dampening, double weight_decay,
+                      int nesterov, int maximize, int first) {
+   LM_TRY(optim_param(param));
+   LM_TRY(optim_operand(param, grad, "grad"));
+   if (momentum != 0) LM_TRY(optim_operand(param, momentum_buffer, "momentum_buffer"));
+   const int64_t n = param->numel;
+   if (n == 0) return LM_OK;
+   void *pp = lm_tensor_data(param), *bp = momentum != 0 ? lm_tensor_data(momentum_buffer) : NULL;
+   const void *gp = lm_tensor_data(grad);
+   if (param->dtype == LM_FLOAT32)
+      sgd_f32(pp, gp, bp, n, (float)weight_decay, (float)momentum, (float)(1 - dampening),
+              (float)-lr, weight_decay != 0, momentum != 0, nesterov != 0, maximize != 0,
+              first != 0);
+   else
+      sgd_f64(pp, gp, bp, n, weight_decay, momentum, 1 - dampening, -lr, weight_decay != 0,
+              momentum != 0, nesterov != 0, maximize != 0, first != 0);
+   return LM_OK;
+}
+
+#define ADAM_LOOP(T, SUF, SQRT)                                                                 \
+   static LM_CLONES void adam_##SUF(T *restrict p, const T *restrict g, T *restrict m,          \
+                                    T *restrict v, T *restrict mx, int64_t n, T b1, T b1c,      \
+                                    T b2, T b2c, T wd, T decay, T bc2s, T eps, T nstep,         \
+                                    int use_wd, int decoupled, int maximize) {                  \
+      for (int64_t i = 0; i < n; i++) {                                                         \
+         T d = g[i];                                                                            \
+         if (maximize) d = -d;                                                                  \
+         T pv = p[i];                                                                           \
+         if (use_wd) {                                                                          \
+            if (decoupled) pv = pv * decay;                                                     \
+            else d = d + wd * pv;                                                               \
+         }                                                                                      \
+         T mv = m[i] * b1;                                                                      \
+         mv = mv + b1c * d;                                                                     \
+         T vv = v[i] * b2;                                                                      \
+         vv = vv + b2c * d * d;                                                                 \
+         m[i] = mv;                                                                             \
+         v[i] = vv;                                                                             \
+         T den;                                                                                 \
+         if (mx) {                                                                              \
+            T a = mx[i];                                                                        \
+            T w = (a != a) ? a : (vv != vv) ? vv : (a > vv ? a : vv);                           \
+            mx[i] = w;                                                                          \
+            den = SQRT(w);                                                                      \
+         } else {                                                                               \
+            den = SQRT(vv);                                                                     \
+         }                                                                                      \
+         den = den / bc2s;                                                                      \
+         den = den + eps;                                                                       \
+         p[i] = pv + nstep * mv / den;                                                          \
+      }                                                                                         \
+   }
+ADAM_LOOP(float, f32, sqrtf)
+ADAM_LOOP(double, f64, sqrt)
+
+lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
+                       lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, double lr, double beta1,
+                       double beta2, double eps, double weight_decay, int decoupled,
+                       int maximize, int64_t step) {
+   LM_TRY(optim_param(param));
+   LM_TRY(optim_operand(param, grad, "grad"));
+   LM_TRY(optim_operand(param, exp_avg, "exp_avg"));
+   LM_TRY(optim_operand(param, exp_avg_sq, "exp_avg_sq"));
+   if (max_exp_avg_sq) LM_TRY(optim_operand(param, max_exp_avg_sq, "max_exp_avg_sq"));
+   if (step < 1) return lm_error(LM_ERR_ARG, "adam step: step must be >= 1, got %lld",
+                                 (long long)step);
+   const int64_t n = param->numel;
+   if (n == 0) return LM_OK;
+   const double bc1 = 1 - pow(beta1, (double)step);
+   const double bc2s = sqrt(1 - pow(beta2, (double)step));
+   const double step_size = lr / bc1;
+   void *pp = lm_tensor_data(param), *mp = lm_tensor_data(exp_avg);
+   void *vp = lm_tensor_data(exp_avg_sq);
+   void *xp = max_exp_avg_sq ? lm_tensor_data(max_exp_avg_sq) : NULL;
+   const void *gp = lm_tensor_data(grad);
+   if (param->dtype == LM_FLOAT32)
+      adam_f32(pp, gp, mp, vp, xp, n, (float)beta1, (float)(1 - beta1), (float)beta2,
+               (float)(1 - beta2), (float)weight_decay, (float)(1 - lr * weight_decay),
+               (float)bc2s, (float)eps, (float)-step_size, weight_decay != 0, decoupled != 0,
+               maximize != 0);
+   else
+      adam_f64(pp, gp, mp, vp, xp, n, beta1, 1 - beta1, beta2, 1 - beta2, weight_decay,
+               1 - lr * weight_decay, bc2s, eps, -step_size, weight_decay != 0, decoupled != 0,
+               maximize != 0);
+   return LM_OK;
 }

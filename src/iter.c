@@ -273,23 +273,27 @@ void lm_iter_serial(const lm_iter *it, int64_t begin, int64_t end, lm_loop_fn fn
    }
 }
 
-int lm_iter_threads(int64_t work) {
+int lm_iter_threads_grain(int64_t work, int64_t grain) {
 #ifdef _OPENMP
-   if (work <= LM_PARALLEL_GRAIN || omp_in_parallel()) return 1;
+   if (grain < 1) grain = 1;
+   if (work <= grain || omp_in_parallel()) return 1;
    int nt = omp_get_max_threads();
-   int64_t tasks = (work + LM_PARALLEL_GRAIN - 1) / LM_PARALLEL_GRAIN;
+   int64_t tasks = (work + grain - 1) / grain;
    if (tasks < nt) nt = (int)tasks;
    return nt < 1 ? 1 : nt;
 #else
    (void)work;
+   (void)grain;
    return 1;
 #endif
 }
 
-void lm_iter_run(const lm_iter *it, lm_loop_fn fn, void *ctx) {
+int lm_iter_threads(int64_t work) { return lm_iter_threads_grain(work, LM_PARALLEL_GRAIN); }
+
+void lm_iter_run_grain(const lm_iter *it, lm_loop_fn fn, void *ctx, int64_t grain) {
    const int64_t numel = it->numel;
    if (numel <= 0) return;
-   int nt = lm_iter_threads(numel);
+   int nt = lm_iter_threads_grain(numel, grain);
    if (nt <= 1) {
       lm_iter_serial(it, 0, numel, fn, ctx);
       return;
@@ -304,6 +308,10 @@ void lm_iter_run(const lm_iter *it, lm_loop_fn fn, void *ctx) {
       if (b < e) lm_iter_serial(it, b, e, fn, ctx);
    }
 #endif
+}
+
+void lm_iter_run(const lm_iter *it, lm_loop_fn fn, void *ctx) {
+   lm_iter_run_grain(it, fn, ctx, LM_PARALLEL_GRAIN);
 }
 
 /* ---------------------------------------------------------------- overlap */

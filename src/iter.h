@@ -66,6 +66,11 @@ void lm_iter_serial(const lm_iter *it, int64_t begin, int64_t end, lm_loop_fn fn
 /* whole range, split over OpenMP threads when numel > LM_PARALLEL_GRAIN */
 void lm_iter_run(const lm_iter *it, lm_loop_fn fn, void *ctx);
 int lm_iter_threads(int64_t work); /* threads worth using for `work` elements */
+/* the same with another grain: memory-bound loops (add, relu, copies: well under a nanosecond
+   per element) pay for a parallel region only from LM_CHEAP_GRAIN elements */
+enum { LM_CHEAP_GRAIN = 4 * LM_PARALLEL_GRAIN };
+void lm_iter_run_grain(const lm_iter *it, lm_loop_fn fn, void *ctx, int64_t grain);
+int lm_iter_threads_grain(int64_t work, int64_t grain);
 
 /* 1 if more than one element of op refers to the same memory (stride 0 on a dim of size > 1) */
 int lm_operand_internal_overlap(const lm_operand *op);

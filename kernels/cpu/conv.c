@@ -1,8 +1,11 @@
 /* conv.c -- 2-D convolution: argument checks, the memory-format decision, layout preparation and
- * dispatch to the kernels in conv_tmpl.c (instantiated below for float32 and float64).
+ * dispatch: float32 channels-last on AVX-512 to Winograd (winograd_avx512.c), the register-blocked
+ * kernels for small channel counts (conv_rb_avx512.c) or the direct kernels (conv_avx512.c), in
+ * that order of preference, each where its `usable` test takes the geometry; everything else to
+ * the portable kernels in conv_tmpl.c (instantiated below for float32 and float64).
  *
  * The public functions are declared in kernels/conv.h. PyTorch semantics throughout; see that
- * header for the contract and conv_tmpl.c for the algorithms.
+ * header for the contract and the choice of algorithm.
  */
 #include "conv_internal.h"
 #include "conv.h"
@@ -381,6 +384,9 @@ lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
       if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && conv_is_depthwise(&g))
          st = lm_conv_dw_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
                                          relu, op);
+      else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_wino_usable(&g, 0))
+         st = lm_conv_wino_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
+                                           relu, op);
       else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_rb_usable(&g, 0) &&
                conv_env_on("LUMEN_CONV_RB"))
          st = lm_conv_rb_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
@@ -461,11 +467,20 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
             if (st == LM_OK && (gwp || gbp))
                st = lm_conv_dw_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
          } else if (dt == LM_FLOAT32 && nhwc && use_avx512(&g)) {
-            if (gxp && lm_conv_rb_usable(&g, 1) && conv_env_on("LUMEN_CONV_RB"))
+            if (gxp && lm_conv_wino_usable(&g, 1))
+               st = lm_conv_wino_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
+            else if (gxp && lm_conv_rb_usable(&g, 1) && conv_env_on("LUMEN_CONV_RB"))
                st = lm_conv_rb_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
             else if (gxp)
                st = lm_conv_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
-            if (st == LM_OK && (gwp || gbp))
+            /* the algorithm depends on the geometry only, so grad_b alone gets the same sums
+               as grad_b with grad_w */
+            if (st == LM_OK && (gwp || gbp) && lm_conv_wino_usable(&g, 0))
+               st = lm_conv_wino_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
+            else if (st == LM_OK && (gwp || gbp) && lm_conv_rb_bwdw_usable(&g) &&
+                     conv_env_on("LUMEN_CONV_RB"))
+               st = lm_conv_rb_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
+            else if (st == LM_OK && (gwp || gbp))
                st = lm_conv_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
          } else if (dt == LM_FLOAT32)
             st = conv_backward_f32(&g, nhwc, xp, wp, lm_tensor_data(gd), gxp, gwp, gbp);

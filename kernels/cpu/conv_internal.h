@@ -18,6 +18,32 @@ LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *res, int relu, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx);
+/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
+LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                     const float *gout, float *gw, float *gb);
+
+/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
+   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
+   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
+   for cin reduction channels (0: none fits). */
+LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
+LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
+LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
+                                    int64_t OB, float *out, int64_t pitch);
+
+/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
+ * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
+ * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
+LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                      const float *w, const float *bias,
+                                                      const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                       const float *w, float *gx);
+/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                       const float *gout, float *gw, float *gb);
 
 /* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
    Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
@@ -75,6 +101,32 @@ LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *res, int relu, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx);
+/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
+LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                     const float *gout, float *gw, float *gb);
+
+/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
+   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
+   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
+   for cin reduction channels (0: none fits). */
+LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
+LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
+LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
+                                    int64_t OB, float *out, int64_t pitch);
+
+/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
+ * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
+ * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
+LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                      const float *w, const float *bias,
+                                                      const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                       const float *w, float *gx);
+/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                       const float *gout, float *gw, float *gb);
 
 /* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
    Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
@@ -100,6 +152,32 @@ LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *res, int relu, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx);
+/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
+LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                     const float *gout, float *gw, float *gb);
+
+/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
+   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
+   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
+   for cin reduction channels (0: none fits). */
+LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
+LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
+LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
+                                    int64_t OB, float *out, int64_t pitch);
+
+/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
+ * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
+ * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
+LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                      const float *w, const float *bias,
+                                                      const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                       const float *w, float *gx);
+/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                       const float *gout, float *gw, float *gb);
 
 /* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
    Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
@@ -125,6 +203,32 @@ LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *res, int relu, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx);
+/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
+LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                     const float *gout, float *gw, float *gb);
+
+/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
+   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
+   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
+   for cin reduction channels (0: none fits). */
+LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
+LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
+LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
+                                    int64_t OB, float *out, int64_t pitch);
+
+/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
+ * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
+ * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
+LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                      const float *w, const float *bias,
+                                                      const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                       const float *w, float *gx);
+/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                       const float *gout, float *gw, float *gb);
 
 /* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
    Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
@@ -166,6 +270,32 @@ LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *res, int relu, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx);
+/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
+LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                     const float *gout, float *gw, float *gb);
+
+/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
+   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
+   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
+   for cin reduction channels (0: none fits). */
+LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
+LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
+LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
+                                    int64_t OB, float *out, int64_t pitch);
+
+/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
+ * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
+ * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
+LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                      const float *w, const float *bias,
+                                                      const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                       const float *w, float *gx);
+/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                       const float *gout, float *gw, float *gb);
 
 /* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
    Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */

@@ -267,13 +267,22 @@ typedef int64_t bn_vdi __attribute__((vector_size(64)));
                      u0 += g0, q0 += g0 * (VLD(VU, x + r * C + cb) - k);                           \
                   }                                                                                \
                } else {                                                                            \
-                  _Pragma("GCC unroll 1") for (; r + 2 <= re; r += 2) {                            \
+                  /* the same rows in the same accumulators as above: a masked gradient sums    \
+                     exactly as the same gradient masked beforehand would */                     \
+                  _Pragma("GCC unroll 1") for (; r + 4 <= re; r += 4) {                            \
                      const int64_t o = r * C + cb;                                                 \
                      V g0 = VMASK(VI, V, VLD(VU, dy + o), VLD(VU, mk + o), zero);                  \
                      V g1 = VMASK(VI, V, VLD(VU, dy + o + C), VLD(VU, mk + o + C), zero);          \
-                     if (gm) VST(VU, gm + o, g0), VST(VU, gm + o + C, g1);                         \
-                     u0 += g0, u1 += g1;                                                           \
+                     V g2 = VMASK(VI, V, VLD(VU, dy + o + 2 * C), VLD(VU, mk + o + 2 * C), zero);  \
+                     V g3 = VMASK(VI, V, VLD(VU, dy + o + 3 * C), VLD(VU, mk + o + 3 * C), zero);  \
+                     if (gm) {                                                                     \
+                        VST(VU, gm + o, g0), VST(VU, gm + o + C, g1);                              \
+                        VST(VU, gm + o + 2 * C, g2), VST(VU, gm + o + 3 * C, g3);                  \
+                     }                                                                             \
+                     u0 += g0, u1 += g1, u2 += g2, u3 += g3;                                       \
                      q0 += g0 * (VLD(VU, x + o) - k), q1 += g1 * (VLD(VU, x + o + C) - k);         \
+                     q2 += g2 * (VLD(VU, x + o + 2 * C) - k);                                      \
+                     q3 += g3 * (VLD(VU, x + o + 3 * C) - k);                                      \
                   }                                                                                \
                   for (; r < re; r++) {                                                            \
                      const int64_t o = r * C + cb;                                                 \
@@ -385,10 +394,12 @@ typedef int64_t bn_vdi __attribute__((vector_size(64)));
          }                                                                                         \
       }                                                                                            \
    }                                                                                               \
-   /* per (n, c) plane sums into part[2 * (n*C + c) + {0,1}], then per channel */                  \
+   /* per (n, c) plane sums into part[2 * (n*C + c) + {0,1}], then per channel; each float     \
+      lane sums at most PLANEBLK / (4 VL) values before the flush into double */                 \
    ATTR static void planes_sums_##S(const T *x, const T *dy, const T *mk, T *gm, const T *K,       \
                                     int64_t N, int64_t C, int64_t Sz, double *part, double *s1,    \
                                     double *s2) {                                                  \
+      enum { VL = 64 / (int)sizeof(T) };                                                           \
       const int64_t planes = N * C;                                                                \
       _Pragma("omp parallel for schedule(static) if (planes * Sz > BN_GRAIN)")                     \
       for (int64_t pl = 0; pl < planes; pl++) {                                                    \
@@ -397,53 +408,64 @@ typedef int64_t bn_vdi __attribute__((vector_size(64)));
          const T *mp = mk ? mk + pl * Sz : NULL;                                                   \
          T *op = gm ? gm + pl * Sz : NULL;                                                         \
          const T k = K[c];                                                                         \
+         const V zero = {0};                                                                       \
+         const V vk = zero + k;                                                                    \
          double d1 = 0, d2 = 0;                                                                    \
          for (int64_t b0 = 0; b0 < Sz; b0 += PLANEBLK) {                                           \
             const int64_t be = min64(b0 + PLANEBLK, Sz);                                           \
-            T u[NACC] = {0}, v[NACC] = {0};                                                        \
+            V u0 = zero, u1 = zero, u2 = zero, u3 = zero;                                          \
+            V q0 = zero, q1 = zero, q2 = zero, q3 = zero;                                          \
+            T su = 0, sq = 0;                                                                      \
             int64_t i = b0;                                                                        \
             if (mp) {                                                                              \
-               for (; i + NACC <= be; i += NACC)                                                   \
-                  for (int j = 0; j < NACC; j++) {                                                 \
-                     T g = mp[i + j] <= 0 ? (T)0 : gp[i + j];                                      \
-                     if (op) op[i + j] = g;                                                        \
-                     u[j] += g;                                                                    \
-                     v[j] += g * (xp[i + j] - k);                                                  \
-                  }                                                                                \
+               for (; i + VL <= be; i += VL) {                                                     \
+                  V g0 = VMASK(VI, V, VLD(VU, gp + i), VLD(VU, mp + i), zero);                     \
+                  if (op) VST(VU, op + i, g0);                                                     \
+                  u0 += g0, q0 += g0 * (VLD(VU, xp + i) - vk);                                     \
+               }                                                                                   \
                for (; i < be; i++) {                                                               \
                   T g = mp[i] <= 0 ? (T)0 : gp[i];                                                 \
                   if (op) op[i] = g;                                                               \
-                  u[0] += g;                                                                       \
-                  v[0] += g * (xp[i] - k);                                                         \
+                  su += g, sq += g * (xp[i] - k);                                                  \
                }                                                                                   \
             } else if (gp) {                                                                       \
-               for (; i + NACC <= be; i += NACC)                                                   \
-                  for (int j = 0; j < NACC; j++) {                                                 \
-                     T g = gp[i + j];                                                              \
-                     u[j] += g;                                                                    \
-                     v[j] += g * (xp[i + j] - k);                                                  \
-                  }                                                                                \
-               for (; i < be; i++) {                                                               \
-                  u[0] += gp[i];                                                                   \
-                  v[0] += gp[i] * (xp[i] - k);                                                     \
+               _Pragma("GCC unroll 1") for (; i + 4 * VL <= be; i += 4 * VL) {                     \
+                  V g0 = VLD(VU, gp + i), g1 = VLD(VU, gp + i + VL);                               \
+                  V g2 = VLD(VU, gp + i + 2 * VL), g3 = VLD(VU, gp + i + 3 * VL);                  \
+                  u0 += g0, u1 += g1, u2 += g2, u3 += g3;                                          \
+                  q0 += g0 * (VLD(VU, xp + i) - vk), q1 += g1 * (VLD(VU, xp + i + VL) - vk);       \
+                  q2 += g2 * (VLD(VU, xp + i + 2 * VL) - vk);                                      \
+                  q3 += g3 * (VLD(VU, xp + i + 3 * VL) - vk);                                      \
                }                                                                                   \
+               for (; i + VL <= be; i += VL) {                                                     \
+                  V g0 = VLD(VU, gp + i);                                                          \
+                  u0 += g0, q0 += g0 * (VLD(VU, xp + i) - vk);                                     \
+               }                                                                                   \
+               for (; i < be; i++) su += gp[i], sq += gp[i] * (xp[i] - k);                         \
             } else {                                                                               \
-               for (; i + NACC <= be; i += NACC)                                                   \
-                  for (int j = 0; j < NACC; j++) {                                                 \
-                     T d = xp[i + j] - k;                                                          \
-                     u[j] += d;                                                                    \
-                     v[j] += d * d;                                                                \
-                  }                                                                                \
+               _Pragma("GCC unroll 1") for (; i + 4 * VL <= be; i += 4 * VL) {                     \
+                  V e0 = VLD(VU, xp + i) - vk, e1 = VLD(VU, xp + i + VL) - vk;                     \
+                  V e2 = VLD(VU, xp + i + 2 * VL) - vk, e3 = VLD(VU, xp + i + 3 * VL) - vk;        \
+                  u0 += e0, u1 += e1, u2 += e2, u3 += e3;                                          \
+                  q0 += e0 * e0, q1 += e1 * e1, q2 += e2 * e2, q3 += e3 * e3;                      \
+               }                                                                                   \
+               for (; i + VL <= be; i += VL) {                                                     \
+                  V e0 = VLD(VU, xp + i) - vk;                                                     \
+                  u0 += e0, q0 += e0 * e0;                                                         \
+               }                                                                                   \
                for (; i < be; i++) {                                                               \
                   T d = xp[i] - k;                                                                 \
-                  u[0] += d;                                                                       \
-                  v[0] += d * d;                                                                   \
+                  su += d, sq += d * d;                                                            \
                }                                                                                   \
             }                                                                                      \
-            for (int j = 0; j < NACC; j++) {                                                       \
-               d1 += u[j];                                                                         \
-               d2 += v[j];                                                                         \
+            u0 = (u0 + u1) + (u2 + u3);                                                            \
+            q0 = (q0 + q1) + (q2 + q3);                                                            \
+            for (int j = 0; j < VL; j++) {                                                         \
+               d1 += (double)u0[j];                                                                \
+               d2 += (double)q0[j];                                                                \
             }                                                                                      \
+            d1 += (double)su;                                                                      \
+            d2 += (double)sq;                                                                      \
          }                                                                                         \
          part[2 * pl] = d1;                                                                        \
          part[2 * pl + 1] = d2;                                                                    \
@@ -456,38 +478,50 @@ typedef int64_t bn_vdi __attribute__((vector_size(64)));
    }                                                                                               \
    ATTR static void planes_affine_##S(const T *a, const T *mk, const T *b, const T *res, T *y,     \
                                       int64_t N, int64_t C, int64_t Sz, const T *cf, int relu) {   \
+      enum { VL = 64 / (int)sizeof(T) };                                                           \
       const int64_t planes = N * C;                                                                \
       _Pragma("omp parallel for schedule(static) if (planes * Sz > BN_GRAIN)")                     \
       for (int64_t pl = 0; pl < planes; pl++) {                                                    \
          const int64_t c = pl % C;                                                                 \
          const T *ap = a + pl * Sz;                                                                \
          const T *mp = mk ? mk + pl * Sz : NULL;                                                   \
+         const T *bp = b ? b + pl * Sz : NULL, *rp = res ? res + pl * Sz : NULL;                   \
          T *yp = y + pl * Sz;                                                                      \
          const T ac = cf[c], ma = cf[C + c], dc = cf[4 * C + c];                                   \
-         if (b) {                                                                                  \
-            const T *bp = b + pl * Sz;                                                             \
-            const T bc = cf[2 * C + c], mb = cf[3 * C + c];                                        \
-            if (mp) {                                                                              \
-               for (int64_t i = 0; i < Sz; i++) {                                                  \
-                  T av = mp[i] <= 0 ? (T)0 : ap[i];                                                \
-                  yp[i] = ac * (av - ma) + bc * (bp[i] - mb) + dc;                                 \
-               }                                                                                   \
-            } else {                                                                               \
-               for (int64_t i = 0; i < Sz; i++)                                                    \
-                  yp[i] = ac * (ap[i] - ma) + bc * (bp[i] - mb) + dc;                              \
+         const T bc = cf[2 * C + c], mb = cf[3 * C + c];                                           \
+         const V zero = {0};                                                                       \
+         const V vA = zero + ac, vMa = zero + ma, vD = zero + dc;                                  \
+         const V vB = zero + bc, vMb = zero + mb;                                                  \
+         int64_t i = 0;                                                                            \
+         if (bp) {                                                                                 \
+            for (; i + VL <= Sz; i += VL) {                                                        \
+               V av = VLD(VU, ap + i);                                                             \
+               if (mp) av = VMASK(VI, V, av, VLD(VU, mp + i), zero);                               \
+               VST(VU, yp + i, vA * (av - vMa) + vB * (VLD(VU, bp + i) - vMb) + vD);               \
             }                                                                                      \
-         } else if (!mp && !res && !relu) {                                                        \
-            for (int64_t i = 0; i < Sz; i++) yp[i] = ac * (ap[i] - ma) + dc;                       \
+         } else if (!mp && !rp && !relu) {                                                         \
+            for (; i + VL <= Sz; i += VL) VST(VU, yp + i, vA * (VLD(VU, ap + i) - vMa) + vD);      \
          } else {                                                                                  \
-            const T *rp = res ? res + pl * Sz : NULL;                                              \
-            for (int64_t i = 0; i < Sz; i++) {                                                     \
-               T av = ap[i];                                                                       \
-               if (mp && mp[i] <= 0) av = 0;                                                       \
-               T t = ac * (av - ma) + dc;                                                          \
-               if (rp) t += rp[i];                                                                 \
-               if (relu && t < 0) t = 0;                                                           \
-               yp[i] = t;                                                                          \
+            for (; i + VL <= Sz; i += VL) {                                                        \
+               V av = VLD(VU, ap + i);                                                             \
+               if (mp) av = VMASK(VI, V, av, VLD(VU, mp + i), zero);                               \
+               V t = vA * (av - vMa) + vD;                                                         \
+               if (rp) t += VLD(VU, rp + i);                                                       \
+               if (relu) t = VRELU(VI, V, t, zero);                                                \
+               VST(VU, yp + i, t);                                                                 \
             }                                                                                      \
+         }                                                                                         \
+         for (; i < Sz; i++) {                                                                     \
+            T av = ap[i];                                                                          \
+            if (mp && mp[i] <= 0) av = 0;                                                          \
+            T t;                                                                                   \
+            if (bp)                                                                                \
+               t = ac * (av - ma) + bc * (bp[i] - mb) + dc;                                        \
+            else                                                                                   \
+               t = ac * (av - ma) + dc;                                                            \
+            if (rp) t += rp[i];                                                                    \
+            if (relu && t < 0) t = 0;                                                              \
+            yp[i] = t;                                                                             \
          }                                                                                         \
       }                                                                                            \
    }

@@ -129,6 +129,7 @@ local function same_sizes(ac, bc)
    end
    return true
 end
+A.same_sizes = same_sizes
 
 -- shape / dtype of an input when they differ from the output's (what sum_to needs), else false
 local function meta(x, out)
@@ -298,6 +299,19 @@ local function fresh(t)
 end
 A.fresh = fresh
 
+-- Free a dead gradient now instead of at the next garbage collection: its memory goes straight
+-- back to the allocator's cache (and is reused, still in cache, by the next backward op), and the
+-- collections that tensor memory triggers come less often. Only for fresh tensors, which nobody
+-- but the engine holds, once they are used up.
+local function release(t)
+   local c = rawget(t, "_c")
+   if c ~= nil then
+      ffi.gc(c, nil)
+      rawset(t, "_c", nil)
+      C.lm_tensor_free(c)
+   end
+end
+
 -- may a fresh gradient gc become the .grad of leaf lc as it is?
 local function stealable(lc, gc)
    if gc.dtype ~= lc.dtype or gc.device ~= lc.device or gc.ndim ~= lc.ndim then return false end
@@ -333,9 +347,12 @@ local function accumulate(leaf, g)
       local dst = wrap(outp[0])
       check(C.lm_copy_(dst._c, g._c), "backward")
       rawset(leaf, "grad", dst)
+      if rawget(g, "_fresh") and not rawget(leaf, "_hooks") then release(g) end
    else
-      if g._c.dtype ~= cur._c.dtype then g = raw.to(g, dtypes.from_id(cur._c.dtype)) end
-      raw.add_(cur, g)
+      local gc = g
+      if g._c.dtype ~= cur._c.dtype then gc = raw.to(g, dtypes.from_id(cur._c.dtype)) end
+      raw.add_(cur, gc)
+      if rawget(g, "_fresh") and not rawget(leaf, "_hooks") then release(g) end
    end
 end
 
@@ -345,8 +362,9 @@ local function is_node(e) return getmetatable(e) ~= mt end
 -- profiling: A.set_profiler(fn) makes backward call fn(name, seconds) after each node's backward
 -- function ("AccumulateGrad" for the leaf accumulations, "GradAdd" for summing the gradients of a
 -- node used more than once); nil turns it off. LUMEN_PROFILE=1 in the environment starts a
--- collecting profiler at load: A.profile_stats() returns {name = {calls, seconds}} and
--- A.profile_reset() clears it.
+-- collecting profiler at load, which prints its table to stderr at exit: A.profile_stats()
+-- returns {name = {calls, seconds}}, A.profile_report() the table as text, A.profile_reset()
+-- clears it. bench/train_step.lua breaks a whole training step down (forward ops too).
 ---------------------------------------------------------------------------------------------
 
 local profiler = nil
@@ -366,12 +384,19 @@ do
 end
 A.clock = clock
 
-function A.set_profiler(fn)
+-- set_profiler(fn [, clockfn]): clockfn (seconds, default A.clock: monotonic wall time) times
+-- the nodes; returns the previous fn
+local wall_clock = clock
+function A.set_profiler(fn, clockfn)
    if fn ~= nil and type(fn) ~= "function" then
       error("lumen.autograd.set_profiler: expected a function or nil, got " .. T.typename(fn), 2)
    end
+   if clockfn ~= nil and type(clockfn) ~= "function" then
+      error("lumen.autograd.set_profiler: clock must be a function, got " .. T.typename(clockfn), 2)
+   end
    local prev = profiler
    profiler = fn
+   clock = clockfn or wall_clock
    return prev
 end
 
@@ -385,13 +410,40 @@ local function collect(name, dt)
    s[2] = s[2] + dt
 end
 A.profile_collect = collect
-do
-   local env = os.getenv("LUMEN_PROFILE")
-   if env and env ~= "" and env ~= "0" then profiler = collect end
+-- the collected times as text, slowest first
+function A.profile_report()
+   local rows, total = {}, 0
+   for name, st in pairs(pstats) do
+      rows[#rows + 1] = { name, st[1], st[2] }
+      total = total + st[2]
+   end
+   table.sort(rows, function(a, b) return a[3] > b[3] end)
+   local out = { ("autograd backward profile: %.1f ms in %d kinds of nodes"):format(total * 1e3,
+                                                                                    #rows) }
+   for _, r in ipairs(rows) do
+      out[#out + 1] = ("  %-36s %8d calls %10.3f ms %8.1f us/call"):format(r[1], r[2], r[3] * 1e3,
+                                                                          r[3] / r[2] * 1e6)
+   end
+   return table.concat(out, "\n")
 end
 
--- bw(g) as a table of results, timed when a profiler is set
+do
+   local env = os.getenv("LUMEN_PROFILE")
+   if env and env ~= "" and env ~= "0" then
+      profiler = collect
+      -- printed to stderr when the Lua state closes (bin/lumen closes it on exit)
+      local sentinel = newproxy(true)
+      getmetatable(sentinel).__gc = function()
+         if next(pstats) ~= nil then io.stderr:write(A.profile_report(), "\n") end
+      end
+      A._profile_sentinel = sentinel
+   end
+end
+
+-- bw(g) as a table of results, timed when a profiler is set. g stops being fresh: a backward may
+-- hand it on to several inputs (AddBackward returns it twice), so nobody may take it over.
 local function call_backward(node, bw, g)
+   if rawget(g, "_fresh") then rawset(g, "_fresh", nil) end
    if profiler == nil then return { bw(g) } end
    local t0 = clock()
    local r = { bw(g) }
@@ -406,10 +458,35 @@ local function accumulate_timed(e, gi)
    profiler("AccumulateGrad", clock() - t0)
 end
 
+-- the sum of two gradients for the same node. A fresh prev (allocated by a backward function and
+-- held by nobody else) of the same dtype, sizes and strides as gi takes the sum in place: the
+-- same values and layout as raw.add would give, without a new tensor.
+local function same_layout(ac, bc)
+   if ac.dtype ~= bc.dtype or ac.ndim ~= bc.ndim or ac.device ~= bc.device then return false end
+   for i = 0, ac.ndim - 1 do
+      if ac.sizes[i] ~= bc.sizes[i] or ac.strides[i] ~= bc.strides[i] then return false end
+   end
+   return C.lm_is_non_overlapping_and_dense(ac) ~= 0
+end
+
+local function grad_sum(prev, gi)
+   if rawequal(prev, gi) then return raw.add(prev, gi) end
+   local fp, fg = rawget(prev, "_fresh"), rawget(gi, "_fresh")
+   local r
+   if fp and same_layout(prev._c, gi._c) then
+      r = raw.add_(prev, gi)
+   else
+      r = raw.add(prev, gi)
+      if fp then release(prev) end
+   end
+   if fg then release(gi) end
+   return r
+end
+
 local function grad_add(prev, gi)
-   if profiler == nil then return raw.add(prev, gi) end
+   if profiler == nil then return grad_sum(prev, gi) end
    local t0 = clock()
-   local r = raw.add(prev, gi)
+   local r = grad_sum(prev, gi)
    profiler("GradAdd", clock() - t0)
    return r
 end
@@ -459,7 +536,16 @@ local function run_backward(root_tensor, grad, retain)
             error("lumen.backward: trying to backward through the graph a second time; pass " ..
                   "{retain_graph = true} to the first backward", 0)
          end
+         local owned = rawget(g, "_fresh") and not rawget(node, "_hooks")
          results = call_backward(node, bw, g)
+         if owned then
+            -- used up unless the backward handed it on as it is
+            local alive = false
+            for i = 1, table.maxn(results) do
+               if rawequal(results[i], g) then alive = true break end
+            end
+            if not alive then release(g) end
+         end
       end
       for i = 1, #inputs do
          local e = inputs[i]
@@ -812,8 +898,26 @@ do
          return self
       end
    end
-   Tensor.relu_ = inplace_unary("relu_", raw.relu_, "ReluBackward",
+   local relu_plain = inplace_unary("relu_", raw.relu_, "ReluBackward",
       function(g, y) return raw.relu_backward(g, y) end)
+   -- relu_ of a batch norm's result (nn.ReLU(true) after nn.BatchNorm2d): the node's relu_fuse
+   -- (functional.lua) gives a backward that masks the gradient by the relu's output inside the
+   -- batch norm's backward, which then replaces both nodes. Not when a hook watches the batch
+   -- norm's result (it would miss its gradient). The batch norm's own node stays as it was for
+   -- any other user of the pre-relu values.
+   function Tensor.relu_(self)
+      if not enabled or not needs(self) then return raw.relu_(self) end
+      local node = rawget(self, "grad_fn")
+      local fuse = node and rawget(node, "relu_fuse")
+      if fuse == nil or rawget(node, "_hooks") or node.backward == nil then
+         return relu_plain(self)
+      end
+      raw.relu_(self)
+      local inputs = {}
+      for i = 1, #node.inputs do inputs[i] = node.inputs[i] end
+      attach(self, "NativeBatchNormReluBackward", fuse(self), inputs)
+      return self
+   end
    Tensor.sigmoid_ = inplace_unary("sigmoid_", raw.sigmoid_, "SigmoidBackward",
       function(g, y) return raw.sigmoid_backward(g, y) end)
    Tensor.tanh_ = inplace_unary("tanh_", raw.tanh_, "TanhBackward",

@@ -13,8 +13,8 @@ local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
 
-local type, tostring, tonumber, getmetatable, rawget = type, tostring, tonumber, getmetatable,
-   rawget
+local type, tostring, tonumber, getmetatable, rawget, pairs = type, tostring, tonumber,
+   getmetatable, rawget, pairs
 local floor = math.floor
 
 local Tensor, raw, wrap, argerror = T.Tensor, T.raw, T.wrap, T.argerror
@@ -396,7 +396,18 @@ end
 ---------------------------------------------------------------------------------------------
 
 -- batch_norm(x, running_mean, running_var, weight, bias, {training=false, momentum=0.1,
---            eps=1e-5}); running stats are updated in place when training
+--            eps=1e-5, residual=nil, relu=false}); running stats are updated in place when
+-- training. residual (a tensor) and relu fuse the tail of a ResNet block into the same pass:
+-- the result is relu(batch_norm(x) + residual) (each part optional), computed and
+-- differentiated as the three ops would be. A residual of another dtype or shape (broadcast)
+-- falls back to the separate ops.
+--
+-- The recorded node also lets autograd fuse a later in-place relu_ of the result (nn.ReLU(true)
+-- after a batch norm): the relu's backward then runs inside the batch norm's backward, its mask
+-- read from the relu's output (see Tensor.relu_ in autograd.lua).
+local bn_fused_fwd = function(...) return C.lm_batch_norm_fused(...) end
+local bn_fused_bwd = function(...) return C.lm_batch_norm_backward_fused(...) end
+
 function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    local fname = "batch_norm"
    local xc = tensor_arg(fname, x, "input")
@@ -414,6 +425,9 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    local eps = opts.eps
    if eps == nil then eps = 1e-5 end
    if type(eps) ~= "number" or eps < 0 then err(fname, "eps must be a non-negative number") end
+   local relu = bool_opt(fname, opts.relu, "relu", false)
+   local residual = opts.residual
+   local resc = opt_tensor(fname, residual, "residual")
    if xc.ndim < 2 then
       err(fname, ("expected an input of at least 2 dims (N, C, ...), got %d-D"):format(xc.ndim))
    end
@@ -444,23 +458,58 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
              sizes_str(xc))
       end
    end
-   local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias))
+   if resc ~= nil and (resc.dtype ~= xc.dtype or resc.ndim ~= xc.ndim
+                       or not A.same_sizes(resc, xc) or resc.device ~= xc.device) then
+      -- not fusable: the separate ops (broadcasting and type promotion as Tensor.add does them)
+      local rest = {}
+      for k, v in pairs(opts) do rest[k] = v end
+      rest.residual, rest.relu = nil, nil
+      local y = Tensor.add(F.batch_norm(x, running_mean, running_var, weight, bias, rest),
+                           residual)
+      if relu then y = Tensor.relu_(y) end
+      return y
+   end
+   local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias) or
+                                        needs(residual))
    outp[0], p1[0], p2[0] = nil, nil, nil
-   check(C.lm_batch_norm(xc, wc, bc, rmc, rvc, training and 1 or 0, momentum, eps, outp,
-                         rec and p1 or nil, rec and p2 or nil), fname)
+   check(bn_fused_fwd(xc, wc, bc, rmc, rvc, training and 1 or 0, momentum, eps, resc,
+                      relu and 1 or 0, outp, rec and p1 or nil, rec and p2 or nil), fname)
    local out = wrap(outp[0])
    if rec then
       local save_mean, save_invstd = wrap(p1[0]), wrap(p2[0])
       local need_x, need_w, need_b = needs(x), needs(weight), needs(bias)
-      record(out, "NativeBatchNormBackward", function(g)
-         p1[0], p2[0], p3[0] = nil, nil, nil
-         check(C.lm_batch_norm_backward(g._c, x._c, weight and weight._c or nil, save_mean._c,
-                                        save_invstd._c, training and 1 or 0,
-                                        need_x and p1 or nil, need_w and p2 or nil,
-                                        need_b and p3 or nil), "batch_norm_backward")
-         return fresh(need_x and wrap(p1[0]) or nil), fresh(need_w and wrap(p2[0]) or nil),
-                fresh(need_b and wrap(p3[0]) or nil)
-      end, x, weight or false, bias or false)
+      local need_r = residual ~= nil and needs(residual)
+      local wt = weight
+      -- the backward of relu(bn(x) [+ residual]); mask: the relu's output (nil: no relu)
+      local function make_backward(mask, with_residual)
+         return function(g)
+            p1[0], p2[0], p3[0], idxp[0] = nil, nil, nil, nil
+            local want_gm = with_residual and mask ~= nil
+            check(bn_fused_bwd(g._c, mask and mask._c or nil, x._c, wt and wt._c or nil,
+                               save_mean._c, save_invstd._c, training and 1 or 0,
+                               need_x and p1 or nil, need_w and p2 or nil, need_b and p3 or nil,
+                               want_gm and idxp or nil), "batch_norm_backward")
+            local gx = fresh(need_x and wrap(p1[0]) or nil)
+            local gw = fresh(need_w and wrap(p2[0]) or nil)
+            local gb = fresh(need_b and wrap(p3[0]) or nil)
+            if with_residual then
+               return gx, gw, gb, want_gm and fresh(wrap(idxp[0])) or g
+            end
+            return gx, gw, gb
+         end
+      end
+      if residual ~= nil then
+         record(out, relu and "NativeBatchNormReluBackward" or "NativeBatchNormBackward",
+                make_backward(relu and out or nil, need_r), x, weight or false, bias or false,
+                residual)
+      else
+         record(out, relu and "NativeBatchNormReluBackward" or "NativeBatchNormBackward",
+                make_backward(relu and out or nil, false), x, weight or false, bias or false)
+      end
+      if not relu then
+         -- relu_(out) may fold its backward into this node's (autograd's Tensor.relu_)
+         rawget(out, "grad_fn").relu_fuse = function(y) return make_backward(y, need_r) end
+      end
    end
    return out
 end

@@ -7,10 +7,17 @@
  * float32 (rtol 1e-4) and float64 (rtol 1e-10). The tolerance of each element is relative to the
  * sum of the absolute values of its terms, so cancellation does not cause false failures.
  * Also: the memory-format decision, out= tensors, error messages.
+ * The float32 channels-last algorithms (Winograd F(2x2)/F(4x4), the register-blocked kernels for
+ * small channel counts, the direct kernels) each run on geometries they take, switched with
+ * LUMEN_CONV_WINOGRAD / LUMEN_CONV_RB (algo_cases), plus Winograd over many tiles.
  *
  * Prints "N passed, N failed"; exits non-zero on failure.
- * `test_conv --bench` (or LUMEN_CONV_BENCH=1) also times 3x3 64->64 56x56 batch 8.
+ * `test_conv --bench` (or LUMEN_CONV_BENCH=1) also times 3x3 64->64 56x56 batch 8; per-layer
+ * timings of the small ResNet are in bench/conv.lua.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* setenv, clock_gettime */
+#endif
 #include "lumen.h"
 #include "conv.h"
 #include <math.h>
@@ -20,6 +27,7 @@
 #include <time.h>
 
 static int g_pass, g_fail;
+static int g_f32_nhwc_only; /* run_case: only float32 channels-last (the paths under test) */
 
 #define CHECK(cond, ...)                                                                        \
    do {                                                                                         \
@@ -280,23 +288,28 @@ static void run_case(const geom *g0, int with_bias, int relu, int with_res, int 
    ref_forward(&g, x, w, with_bias ? b : NULL, with_res ? r : NULL, relu, y, ya);
    ref_backward(&g, x, w, gy, gx, gxa, gw, gwa, gb, gba);
    char ctx[400];
-   for (int dt = 0; dt < 2; dt++) {
+   for (int dt = 0; dt < (g_f32_nhwc_only ? 1 : 2); dt++) {
       const int dtype = dt ? LM_FLOAT64 : LM_FLOAT32;
       const double rtol = dt ? 1e-10 : 1e-4;
       tens tx = make4(xs, dtype, layout_x, x), tw = make4(ws, dtype, layout_w, w);
       tens tb = make1(g.O, dtype, layout_x & 1, b);
       tens tr = make4(ys, dtype, (layout_x + 1) % L_NUM, r);
       tens tg = make4(ys, dtype, (layout_w + 2) % L_NUM, gy);
-      for (int f = 0; f < 2; f++) {
+      for (int f = g_f32_nhwc_only ? 1 : 0; f < 2; f++) {
          const int fmt = f ? LM_CHANNELS_LAST : LM_CONTIGUOUS;
          snprintf(ctx, sizeof ctx,
                   "[%s %s x=%s w=%s N%lld C%lld H%lld W%lld O%lld k%lldx%lld s%lld,%lld "
-                  "p%lld,%lld d%lld,%lld g%lld bias%d relu%d res%d]",
+                  "p%lld,%lld d%lld,%lld g%lld bias%d relu%d res%d%s%s]",
                   dt ? "f64" : "f32", f ? "NHWC" : "NCHW", layout_name[layout_x],
                   layout_name[layout_w], (long long)g.N, (long long)g.C, (long long)g.H,
                   (long long)g.W, (long long)g.O, (long long)g.kh, (long long)g.kw,
                   (long long)g.sh, (long long)g.sw, (long long)g.ph, (long long)g.pw,
-                  (long long)g.dh, (long long)g.dw, (long long)g.G, with_bias, relu, with_res);
+                  (long long)g.dh, (long long)g.dw, (long long)g.G, with_bias, relu, with_res,
+                  !getenv("LUMEN_CONV_WINOGRAD")          ? ""
+                  : getenv("LUMEN_CONV_WINOGRAD")[0] == '0' ? " winograd off"
+                  : getenv("LUMEN_CONV_WINOGRAD")[0] == '2' ? " winograd F2"
+                                                            : " winograd F4",
+                  getenv("LUMEN_CONV_RB") ? " rb off" : "");
          lm_tensor *out = NULL;
          lm_status s = lm_conv2d(tx.t, tw.t, with_bias ? tb.t : NULL, st, pd, dl, g.G, fmt, relu,
                                  with_res ? tr.t : NULL, &out);
@@ -421,6 +434,90 @@ static void random_cases(int count) {
       run_case(&g, (int)(rnd_u64() % 2), (int)(rnd_u64() % 2), (int)(rnd_u64() % 2),
                (int)(rnd_u64() % L_NUM), (int)(rnd_u64() % L_NUM));
    }
+}
+
+/* ---- the float32 channels-last algorithms: register-blocked kernels for small channel counts
+ * (rows of 14+ pixels; channels 1, 5..8, 11..16, 22..32, 44..64), Winograd F(4x4,3x3) for 3x3
+ * stride 1 (channels 11..64 padded to 16/32/64, maps of 4+ pixels), the single-channel weight
+ * gradient. Each geometry runs with every algorithm that takes it (LUMEN_CONV_WINOGRAD=0 and
+ * LUMEN_CONV_RB=0 switch them off) against the double reference. ---- */
+static void run_case_algos(const geom *g, int with_bias, int relu, int with_res, int lx, int lw) {
+   /* Winograd F(2x2,3x3) / F(4x4,3x3) (the default takes F(2x2) forward, F(4x4) backward),
+      then the direct kernels (register-blocked, then the general ones) */
+   static const char *const envs[4][2] = {{"2", NULL}, {"4", NULL}, {"0", NULL}, {"0", "0"}};
+   g_f32_nhwc_only = 1;
+   for (int e = 0; e < 4; e++) {
+      if (envs[e][0]) setenv("LUMEN_CONV_WINOGRAD", envs[e][0], 1);
+      if (envs[e][1]) setenv("LUMEN_CONV_RB", envs[e][1], 1);
+      run_case(g, with_bias, relu, with_res, lx, lw);
+      unsetenv("LUMEN_CONV_WINOGRAD");
+      unsetenv("LUMEN_CONV_RB");
+   }
+   g_f32_nhwc_only = 0;
+}
+
+static void algo_cases(int random_count) {
+   /* the small ResNet's layers at batch 2 (Fashion-MNIST: 28x28, width 16) */
+   run_case_algos((geom[]){mk(2, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 1, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 16, 28, 28, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 16, 28, 28, 32, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 32, 14, 14, 64, 3, 3, 2, 2, 1, 1, 1, 1, 1)}, 0, 1, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 32, 14, 14, 64, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
+   /* Winograd: partial tiles, padding 0 and 2, channel padding, several output blocks */
+   run_case_algos((geom[]){mk(1, 12, 9, 10, 80, 3, 3, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(3, 48, 6, 5, 7, 3, 3, 1, 1, 2, 1, 1, 1, 1)}, 1, 0, 0, L_NONDENSE_CL,
+                  L_CONTIG);
+   run_case_algos((geom[]){mk(1, 64, 13, 4, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1)}, 0, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 17, 16, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   /* register-blocked: every padded channel count, strides, dilation, odd widths, 5x5 */
+   run_case_algos((geom[]){mk(1, 7, 15, 29, 9, 3, 3, 1, 2, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 3, 16, 30, 17, 5, 5, 2, 1, 2, 2, 1, 2, 1)}, 0, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 64, 16, 31, 33, 3, 3, 2, 2, 1, 0, 2, 1, 1)}, 1, 0, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 1, 17, 33, 70, 5, 3, 1, 2, 2, 1, 1, 1, 1)}, 1, 1, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 26, 15, 28, 8, 2, 3, 2, 2, 0, 1, 1, 2, 1)}, 0, 0, 0, L_CL, L_CL);
+   /* pointwise read in place, pointwise stride 2 (grad_input's odd phases are zero) */
+   run_case_algos((geom[]){mk(1, 32, 3, 20, 48, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 16, 5, 29, 16, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   /* random geometries with rows wide enough for these kernels */
+   static const int64_t chans[] = {1, 3, 7, 12, 16, 17, 32, 48, 64};
+   static const int64_t spat[] = {4, 7, 14, 15, 28, 30};
+   for (int it = 0; it < random_count; it++) {
+      geom g;
+      g.N = 1 + (int64_t)(rnd_u64() % 2);
+      g.C = rnd_pick(chans, 9);
+      g.O = rnd_pick(chans, 9);
+      g.H = rnd_pick(spat, 6);
+      g.W = rnd_pick(spat, 6);
+      g.G = 1;
+      const int wino = (int)(rnd_u64() % 2);
+      g.kh = g.kw = wino ? 3 : 1 + (int64_t)(rnd_u64() % 3);
+      g.sh = wino ? 1 : 1 + (int64_t)(rnd_u64() % 2);
+      g.sw = wino ? 1 : 1 + (int64_t)(rnd_u64() % 2);
+      g.ph = (int64_t)(rnd_u64() % 3);
+      g.pw = (int64_t)(rnd_u64() % 3);
+      g.dh = wino ? 1 : 1 + (int64_t)(rnd_u64() % 2);
+      g.dw = wino ? 1 : 1 + (int64_t)(rnd_u64() % 2);
+      while (g.kh > 1 && g.dh * (g.kh - 1) + 1 > g.H + 2 * g.ph) g.kh--;
+      while (g.kw > 1 && g.dw * (g.kw - 1) + 1 > g.W + 2 * g.pw) g.kw--;
+      run_case_algos(&g, (int)(rnd_u64() % 2), (int)(rnd_u64() % 2), (int)(rnd_u64() % 2),
+                     (int)(rnd_u64() % 2) ? L_CL : L_NONDENSE_CL, L_CL);
+   }
+}
+
+/* Winograd over many tiles: the 16-channel layer at batch 8 and the 64-channel 56x56 shape, the
+   weight gradient summed over 1568 / 196 tiles, within the float32 tolerance, both tile sizes */
+static void winograd_accuracy_cases(void) {
+   g_f32_nhwc_only = 1;
+   for (int e = 0; e < 2; e++) {
+      setenv("LUMEN_CONV_WINOGRAD", e ? "4" : "2", 1);
+      run_case((geom[]){mk(8, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+      run_case((geom[]){mk(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 0, 1, L_CL, L_CL);
+   }
+   unsetenv("LUMEN_CONV_WINOGRAD");
+   g_f32_nhwc_only = 0;
 }
 
 /* ---- memory-format decision, out=, partial gradients ---- */
@@ -838,6 +935,8 @@ int main(int argc, char **argv) {
          random_cases(20);
          lm_gemm_set_isa(0);
       }
+      algo_cases(30);
+      winograd_accuracy_cases();
       format_cases();
       repeat_cases();
       partial_grad_cases();

@@ -196,7 +196,13 @@ function BatchNorm2d:reset_parameters()
    end
 end
 
-function BatchNorm2d:forward(x)
+-- forward(x [, {residual = t, relu = true}]): the optional second argument fuses a ResNet block's
+-- tail, relu(bn(x) + residual), into the batch norm (F.batch_norm's residual / relu options)
+function BatchNorm2d:forward(x, fuse)
+   if fuse ~= nil and not plain_table(fuse) then
+      fail("BatchNorm2d", "the second argument must be a table {residual =, relu =}, got " ..
+           T.typename(fuse))
+   end
    if not T.is_tensor(x) then
       fail("BatchNorm2d", "input: tensor expected, got " .. T.typename(x))
    end
@@ -213,7 +219,8 @@ function BatchNorm2d:forward(x)
    local use_stats = not self.training or self.track_running_stats
    return F.batch_norm(x, use_stats and self.running_mean or nil,
                        use_stats and self.running_var or nil, self.weight, self.bias,
-                       { training = bn_training, momentum = eaf, eps = self.eps })
+                       { training = bn_training, momentum = eaf, eps = self.eps,
+                         residual = fuse and fuse.residual, relu = fuse and fuse.relu })
 end
 
 function BatchNorm2d:extra_repr()

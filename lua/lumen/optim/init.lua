@@ -6,10 +6,12 @@
 -- State (momentum buffers, Adam moments) is allocated like the parameter (same memory format)
 -- and kept per parameter; opt:state_dict() / opt:load_state_dict() save and restore it.
 
+local ffi = require("ffi")
+local C = require("lumen.C")
 local T = require("lumen.tensor")
 local Optimizer = require("lumen.optim.optimizer")
 
-local sqrt, type = math.sqrt, type
+local sqrt, type, rawget = math.sqrt, type, rawget
 local raw = T.raw
 local REQUIRED = Optimizer.REQUIRED
 
@@ -28,16 +30,70 @@ end
 ---------------------------------------------------------------------------------------------
 
 -- SGD(params, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false})
+-- The updates run as one fused C pass per parameter (lm_sgd_step / lm_adam_step) when the
+-- gradient and the state have the parameter's dtype (float32 / float64) and layout (dense, same
+-- strides): the usual case. Anything else takes the separate ops below, the reference.
+
+-- may p's update be fused with these tensors (each nil or a tensor)?
+local function fusable(p, grad, a, b, c)
+   local pc = rawget(p, "_c")
+   if pc == nil or pc.device ~= 0 or (pc.dtype ~= 0 and pc.dtype ~= 1) then return false end
+   if C.lm_is_non_overlapping_and_dense(pc) == 0 then return false end
+   local nd = pc.ndim
+   for k = 1, 4 do
+      local t = k == 1 and grad or k == 2 and a or k == 3 and b or c
+      if t ~= nil then
+         local tc = rawget(t, "_c")
+         if tc == nil or tc.dtype ~= pc.dtype or tc.device ~= 0 or tc.ndim ~= nd then
+            return false
+         end
+         for d = 0, nd - 1 do
+            if tc.sizes[d] ~= pc.sizes[d] or tc.strides[d] ~= pc.strides[d] then return false end
+         end
+      end
+   end
+   return true
+end
+
+-- a zero-filled tensor with p's sizes and strides (p non-overlapping and dense)
+local function state_like(p)
+   local pc = p._c
+   local outp = ffi.new("lm_tensor*[1]")
+   if C.lm_empty_strided(pc.ndim, pc.sizes, pc.strides, pc.dtype, pc.device, outp) ~= 0 then
+      error("lumen.optim: " .. ffi.string(C.lm_last_error()), 0)
+   end
+   local t = T.wrap(outp[0])
+   raw.zero_(t)
+   return t
+end
+
+local function c_check(st, fname)
+   if st ~= 0 then error("lumen." .. fname .. ": " .. ffi.string(C.lm_last_error()), 0) end
+end
+
 M.SGD = Optimizer.class("SGD", {
    lr = REQUIRED, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
    maximize = false,
 }, function(group, p, grad, st)
    local wd, momentum, lr = group.weight_decay, group.momentum, group.lr
+   local buf = st.momentum_buffer
+   if fusable(p, grad, buf) then
+      local first = false
+      if momentum ~= 0 and buf == nil then
+         buf = state_like(p)
+         st.momentum_buffer = buf
+         first = true
+      end
+      c_check(C.lm_sgd_step(p._c, grad._c, buf and buf._c or nil, lr, momentum, group.dampening,
+                            wd, group.nesterov and 1 or 0, group.maximize and 1 or 0,
+                            first and 1 or 0), "SGD.step")
+      return
+   end
    local d_p = grad
    if group.maximize then d_p = raw.neg(d_p) end
    if wd ~= 0 then d_p = raw.add(d_p, p, wd) end
    if momentum ~= 0 then
-      local buf = st.momentum_buffer
+      buf = st.momentum_buffer
       if buf == nil then
          buf = raw.clone(d_p)
          st.momentum_buffer = buf
@@ -66,7 +122,6 @@ local function adam_update(decoupled)
    return function(group, p, grad, st)
       local lr, wd, eps = group.lr, group.weight_decay, group.eps
       local b1, b2 = group.betas[1], group.betas[2]
-      if group.maximize then grad = raw.neg(grad) end
       if st.step == nil then
          st.step = 0
          st.exp_avg = raw.zero_(raw.clone(p))         -- zeros in the parameter's layout
@@ -75,6 +130,15 @@ local function adam_update(decoupled)
       end
       st.step = st.step + 1
       local step = st.step
+      local mx = group.amsgrad and st.max_exp_avg_sq or nil
+      if (mx ~= nil or not group.amsgrad) and fusable(p, grad, st.exp_avg, st.exp_avg_sq, mx) then
+         c_check(C.lm_adam_step(p._c, grad._c, st.exp_avg._c, st.exp_avg_sq._c,
+                                mx and mx._c or nil, lr, b1, b2, eps, wd, decoupled and 1 or 0,
+                                group.maximize and 1 or 0, step),
+                 decoupled and "AdamW.step" or "Adam.step")
+         return
+      end
+      if group.maximize then grad = raw.neg(grad) end
       if wd ~= 0 then
          if decoupled then raw.mul_(p, 1 - lr * wd)
          else grad = raw.add(grad, p, wd) end
@@ -89,7 +153,7 @@ local function adam_update(decoupled)
       local step_size = lr / bc1
       local denom
       if group.amsgrad then
-         local mx = st.max_exp_avg_sq
+         mx = st.max_exp_avg_sq
          raw.copy_(mx, raw.maximum(mx, v))
          denom = raw.sqrt(mx)
       else

@@ -1,0 +1,831 @@
+/* winograd_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
+ * groups 1, 3x3, padding 0..2): forward, backward data, backward weight.
+ *
+ * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
+ * around it:
+ *    Y = A^T [ sum_ci (B^T d_ci B) .* (G g_ci,co G^T) ] A
+ * i.e. (m+2)^2 independent products of (tiles x Cin) by (Cin x Cout) instead of 9 taps x m^2
+ * pixels. F(4x4,3x3) (m = 4, 36 products) does 4x fewer multiply-adds than the direct sum,
+ * F(2x2,3x3) (m = 2, 16 products) 2.25x fewer, each for the price of the transforms
+ * (O(Cin + Cout) per tile).
+ * Accuracy (float32, random data, 64 channels, outputs of magnitude ~50): the direct sum's error
+ * is ~2.7e-5, F(2x2)'s ~1.4e-5 (short sums), F(4x4)'s ~6e-5 with the points used here (1.3e-4
+ * with the usual ones): ~1e-6 of the sum of the terms' magnitudes, which the specs check at
+ * 1e-4. The forward takes F(2x2) by default: a train-mode forward feeds batch statistics, and
+ * F(4x4)'s larger error shows there (lumen's NCHW/channels-last agreement check for resnet50's
+ * running statistics, 1e-4, fails with it); backward data and backward weight take F(4x4).
+ * LUMEN_CONV_WINOGRAD=2 or 4 forces one tile size for forward and backward data.
+ *
+ * A work unit is a run of T consecutive tiles (image after image, so 7x7 maps still make full
+ * units), T sized so that the transformed input V[E][T][CP] and the products M[E][T][CoutP]
+ * stay in L2:
+ *   1. input transform: each tile's patch (zeros outside the image) -> V, 16 channels a vector,
+ *      separable (columns then rows); the patch of the tile WG_PF ahead is prefetched;
+ *   2. E GEMMs M[e] = V[e] * U[e], by the register-blocked micro-kernels of conv_rb_avx512.c
+ *      (tiles broadcast, output channels in vectors), U[e] in L1;
+ *   3. output transform of each tile with the epilogue (bias, residual, ReLU), masked at the
+ *      image's right and bottom edges.
+ * Weights are transformed once per call (U = G g G^T, 16 output channels a vector).
+ * Backward data is the forward algorithm on grad_output with the kernel flipped and its input and
+ * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw.
+ *
+ * Forward and backward data: every output element is reduced by one thread in a fixed order.
+ * Backward weight: per-thread partials over a fixed split, summed in thread order.
+ */
+#include "conv_internal.h"
+#include <immintrin.h>
+
+enum { WG_E = 36, WG_L2_BYTES = 320 * 1024, WG_MAXT = 96, WG_PF = 2 };
+
+/* ---------------------------------------------------------------------------------------------
+ * 1-D transforms on vectors
+ */
+/* The interpolation points are 0, 1, -1, 1/2, -2 and infinity rather than the usual
+ * 0, +-1, +-2: in float32 that halves the error of the result (measured on random data, 64
+ * channels: 6e-5 against 1.3e-4 for outputs of magnitude 50; the direct sum's is 2.7e-5), for a few
+ * more operations in the transforms. With row 3 of B^T scaled by 1/16 (exact):
+ *    B^T = [ 2 -3 -4  3  2  0 ]    G = [ 1/2    0     0   ]    A^T = [ 1  1  1  1    1  0 ]
+ *          [ 0 -2  1  5  2  0 ]        [ 1/6   1/6   1/6  ]          [ 0  1 -1  1/2 -2  0 ]
+ *          [ 0 -2  5 -1 -2  0 ]        [ 1/6  -1/6   1/6  ]          [ 0  1  1  1/4  4  0 ]
+ *          [ 0  2  1 -2 -1  0 ]        [ 16/15 8/15  4/15 ]          [ 0  1 -1  1/8 -8  1 ]
+ *          [ 0  1 -2 -1  2  0 ]        [ 1/30 -1/15  2/15 ]
+ *          [ 0  2 -3 -4  3  2 ]        [ 0     0     1/2  ]
+ */
+#define WG_C(x) _mm512_set1_ps((float)(x))
+
+/* B^T d for a 6-vector d */
+static inline void wg_bt(const __m512 *d, __m512 *t) {
+   const __m512 u = _mm512_sub_ps(d[1], d[3]), v = _mm512_sub_ps(d[2], d[4]);
+   t[0] = _mm512_fmadd_ps(WG_C(2), _mm512_add_ps(d[0], d[4]),
+                          _mm512_fmadd_ps(WG_C(-3), u, _mm512_mul_ps(WG_C(-4), d[2])));
+   t[1] = _mm512_fmadd_ps(WG_C(2), _mm512_sub_ps(d[4], d[1]), _mm512_fmadd_ps(WG_C(5), d[3], d[2]));
+   t[2] = _mm512_fmadd_ps(WG_C(-2), _mm512_add_ps(d[1], d[4]), _mm512_fmsub_ps(WG_C(5), d[2], d[3]));
+   t[3] = _mm512_fmadd_ps(WG_C(2), u, v);
+   t[4] = _mm512_fmadd_ps(WG_C(-2), v, u);
+   t[5] = _mm512_fmadd_ps(WG_C(2), _mm512_add_ps(d[1], d[5]),
+                          _mm512_fmadd_ps(WG_C(-3), v, _mm512_mul_ps(WG_C(-4), d[3])));
+}
+
+/* A^T m for a 6-vector m (4 results) */
+static inline void wg_at(const __m512 *m, __m512 *y) {
+   const __m512 s12 = _mm512_add_ps(m[1], m[2]), d12 = _mm512_sub_ps(m[1], m[2]);
+   y[0] = _mm512_add_ps(_mm512_add_ps(m[0], s12), _mm512_add_ps(m[3], m[4]));
+   y[1] = _mm512_fmadd_ps(WG_C(0.5), m[3], _mm512_fmadd_ps(WG_C(-2), m[4], d12));
+   y[2] = _mm512_fmadd_ps(WG_C(0.25), m[3], _mm512_fmadd_ps(WG_C(4), m[4], s12));
+   y[3] = _mm512_add_ps(_mm512_fmadd_ps(WG_C(0.125), m[3], _mm512_fmadd_ps(WG_C(-8), m[4], d12)),
+                        m[5]);
+}
+
+/* G g for a 3-vector g (6 results) */
+static inline void wg_g(const __m512 *g, __m512 *u) {
+   const __m512 s02 = _mm512_add_ps(g[0], g[2]);
+   u[0] = _mm512_mul_ps(WG_C(0.5), g[0]);
+   u[1] = _mm512_mul_ps(WG_C(1.0 / 6.0), _mm512_add_ps(s02, g[1]));
+   u[2] = _mm512_mul_ps(WG_C(1.0 / 6.0), _mm512_sub_ps(s02, g[1]));
+   u[3] = _mm512_fmadd_ps(WG_C(16.0 / 15.0), g[0],
+                          _mm512_fmadd_ps(WG_C(8.0 / 15.0), g[1], _mm512_mul_ps(WG_C(4.0 / 15.0), g[2])));
+   u[4] = _mm512_fmadd_ps(WG_C(1.0 / 30.0), g[0],
+                          _mm512_fmadd_ps(WG_C(-1.0 / 15.0), g[1], _mm512_mul_ps(WG_C(2.0 / 15.0), g[2])));
+   u[5] = _mm512_mul_ps(WG_C(0.5), g[2]);
+}
+
+/* F(2x2, 3x3): points 0, 1, -1 and infinity
+ *    B^T = [ 1  0 -1  0 ]    G = [ 1    0    0   ]    A^T = [ 1  1  1  0 ]
+ *          [ 0  1  1  0 ]        [ 1/2  1/2  1/2 ]          [ 0  1 -1 -1 ]
+ *          [ 0 -1  1  0 ]        [ 1/2 -1/2  1/2 ]
+ *          [ 0  1  0 -1 ]        [ 0    0    1   ]
+ */
+static inline void wg_bt2(const __m512 *d, __m512 *t) {
+   t[0] = _mm512_sub_ps(d[0], d[2]);
+   t[1] = _mm512_add_ps(d[1], d[2]);
+   t[2] = _mm512_sub_ps(d[2], d[1]);
+   t[3] = _mm512_sub_ps(d[1], d[3]);
+}
+
+static inline void wg_at2(const __m512 *m, __m512 *y) {
+   y[0] = _mm512_add_ps(_mm512_add_ps(m[0], m[1]), m[2]);
+   y[1] = _mm512_sub_ps(_mm512_sub_ps(m[1], m[2]), m[3]);
+}
+
+static inline void wg_g2(const __m512 *g, __m512 *u) {
+   const __m512 s02 = _mm512_add_ps(g[0], g[2]);
+   u[0] = g[0];
+   u[1] = _mm512_mul_ps(WG_C(0.5), _mm512_add_ps(s02, g[1]));
+   u[2] = _mm512_mul_ps(WG_C(0.5), _mm512_sub_ps(s02, g[1]));
+   u[3] = g[2];
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the problem
+ */
+typedef struct {
+   const float *src;
+   int64_t H, W, Cin;      /* source image, pixel stride Cin */
+   float *dst;
+   int64_t Ho, Wo, Cout;   /* destination image, pixel stride Cout */
+   int64_t N, ph, pw;      /* padding (0..2 for the forward form of a 3x3) */
+   int64_t th, tw;         /* tiles per column / row */
+   int m, a, E;            /* F(m x m, 3x3): output tile m, input tile a = m + 2, E = a*a */
+   int CP;                 /* Cin padded to 16, 32 or 64 */
+   int64_t OB, nob, CoutP; /* output channel blocks */
+   const float *U;         /* [ob][E][CP][OB] */
+   const float *bias, *res;
+   int relu;
+} wg_prob;
+
+/* one tile, 16 channels: the 6x6 patch at base (rows rs floats apart, pixels ps apart, lanes
+   outside mask read as zero) -> v[e * es] for the 36 positions e */
+static inline __attribute__((always_inline)) void wg_tile_in(const float *base, int64_t rs,
+                                                             int64_t ps, __mmask16 m, float *v,
+                                                             int64_t es) {
+   __m512 t[WG_E];
+#pragma GCC unroll 6
+   for (int j = 0; j < 6; j++) {
+      __m512 d[6], o[6];
+#pragma GCC unroll 6
+      for (int i = 0; i < 6; i++) d[i] = _mm512_maskz_loadu_ps(m, base + i * rs + j * ps);
+      wg_bt(d, o);
+#pragma GCC unroll 6
+      for (int a = 0; a < 6; a++) t[a * 6 + j] = o[a];
+   }
+#pragma GCC unroll 6
+   for (int a = 0; a < 6; a++) {
+      __m512 o[6];
+      wg_bt(t + a * 6, o);
+#pragma GCC unroll 6
+      for (int b = 0; b < 6; b++) _mm512_store_ps(v + (a * 6 + b) * es, o[b]);
+   }
+}
+
+/* the same for F(2x2, 3x3): a 4x4 patch -> 16 positions */
+static inline __attribute__((always_inline)) void wg_tile_in2(const float *base, int64_t rs,
+                                                              int64_t ps, float *v, int64_t es) {
+   __m512 t[16];
+#pragma GCC unroll 4
+   for (int j = 0; j < 4; j++) {
+      __m512 d[4], o[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; i++) d[i] = _mm512_loadu_ps(base + i * rs + j * ps);
+      wg_bt2(d, o);
+#pragma GCC unroll 4
+      for (int a = 0; a < 4; a++) t[a * 4 + j] = o[a];
+   }
+#pragma GCC unroll 4
+   for (int a = 0; a < 4; a++) {
+      __m512 o[4];
+      wg_bt2(t + a * 4, o);
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; b++) _mm512_store_ps(v + (a * 4 + b) * es, o[b]);
+   }
+}
+
+/* tile coordinates (image, tile row, tile column), advanced tile by tile */
+typedef struct {
+   int64_t n, r, c;
+} wg_pos;
+
+static inline wg_pos wg_pos_of(const wg_prob *P, int64_t t) {
+   const int64_t per_img = P->th * P->tw;
+   wg_pos q = {t / per_img, (t % per_img) / P->tw, t % P->tw};
+   return q;
+}
+
+static inline void wg_pos_next(const wg_prob *P, wg_pos *q) {
+   if (++q->c == P->tw) {
+      q->c = 0;
+      if (++q->r == P->th) {
+         q->r = 0;
+         q->n++;
+      }
+   }
+}
+
+/* ask for the cache lines of the rows [y0, y0 + ny) x columns [x0, x0 + nx) (clipped) of image
+   n of an (N, H, W, C) tensor (write: for writing). Always inlined: a separate function made of
+   prefetches alone counts as free of side effects, and GCC drops the calls. */
+static inline __attribute__((always_inline)) void wg_prefetch_box(const float *base, int64_t N, int64_t n, int64_t H, int64_t W,
+                            int64_t C, int64_t y0, int64_t ny, int64_t x0, int64_t nx, int write) {
+   if (n >= N) return;
+   const int64_t ya = y0 < 0 ? 0 : y0, yb = y0 + ny > H ? H : y0 + ny;
+   const int64_t xa = x0 < 0 ? 0 : x0, xb = x0 + nx > W ? W : x0 + nx;
+   if (xa >= xb) return;
+   const int64_t nbytes = (xb - xa) * C * (int64_t)sizeof(float);
+   for (int64_t y = ya; y < yb; y++) {
+      const char *p = (const char *)(base + ((n * H + y) * W + xa) * C);
+      if (write)
+         for (int64_t b = 0; b < nbytes; b += 64) _mm_prefetch(p + b, _MM_HINT_ET0);
+      else
+         for (int64_t b = 0; b < nbytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+   }
+}
+
+/* input transform of tiles [t0, t0 + T) into V[e][k][CP]. Tiles inside the image read it in
+   place; border tiles (and channel counts below CP) first copy their patch, zero padded, into
+   `patch` (36 x CP floats). */
+static void wg_input(const wg_prob *P, int64_t t0, int64_t T, float *V, float *patch) {
+   const int CP = P->CP, tm = P->m, ta = P->a;
+   const int64_t Cin = P->Cin, H = P->H, W = P->W, es = T * CP;
+   wg_pos q = wg_pos_of(P, t0), qf = q;
+   /* the patch of the tile WG_PF ahead is on its way while this one is transformed */
+   for (int i = 0; i < WG_PF; i++) {
+      wg_prefetch_box(P->src, P->N, qf.n, H, W, Cin, qf.r * tm - P->ph, ta, qf.c * tm - P->pw, ta,
+                      0);
+      wg_pos_next(P, &qf);
+   }
+   for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q), wg_pos_next(P, &qf)) {
+      const int64_t y0 = q.r * tm - P->ph, x0 = q.c * tm - P->pw;
+      const float *img = P->src + q.n * H * W * Cin;
+      const float *base;
+      int64_t rs, ps;
+      if (k + WG_PF < T)
+         wg_prefetch_box(P->src, P->N, qf.n, H, W, Cin, qf.r * tm - P->ph, ta, qf.c * tm - P->pw,
+                         ta, 0);
+      if (y0 >= 0 && y0 + ta <= H && x0 >= 0 && x0 + ta <= W && Cin == CP) {
+         base = img + (y0 * W + x0) * Cin;
+         rs = W * Cin;
+         ps = Cin;
+      } else {
+         for (int i = 0; i < ta; i++)
+            for (int j = 0; j < ta; j++) {
+               float *d = patch + (i * ta + j) * CP;
+               const int64_t yy = y0 + i, xx = x0 + j;
+               if (yy >= 0 && yy < H && xx >= 0 && xx < W) {
+                  const float *sp = img + (yy * W + xx) * Cin;
+                  for (int c0 = 0; c0 < CP; c0 += 16) {
+                     const int64_t left = Cin - c0;
+                     const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF
+                                                    : (left <= 0 ? (__mmask16)0
+                                                                 : (__mmask16)((1u << left) - 1));
+                     _mm512_store_ps(d + c0, _mm512_maskz_loadu_ps(m, sp + c0));
+                  }
+               } else {
+                  memset(d, 0, (size_t)CP * sizeof(float));
+               }
+            }
+         base = patch;
+         rs = ta * CP;
+         ps = CP;
+      }
+      if (tm == 4)
+         for (int c0 = 0; c0 < CP; c0 += 16)
+            wg_tile_in(base + c0, rs, ps, (__mmask16)0xFFFF, V + k * CP + c0, es);
+      else
+         for (int c0 = 0; c0 < CP; c0 += 16) wg_tile_in2(base + c0, rs, ps, V + k * CP + c0, es);
+   }
+}
+
+/* F(2x2, 3x3) output transform of tiles [t0, t0 + T) from M[e][k][CoutP], with the epilogue */
+static void wg_output2(const wg_prob *P, int64_t t0, int64_t T, const float *M) {
+   const int64_t Cout = P->Cout, CoutP = P->CoutP, es = T * CoutP;
+   const int relu = P->relu;
+   wg_pos q = wg_pos_of(P, t0);
+   for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
+      const int64_t n = q.n, y0 = q.r * 2, x0 = q.c * 2;
+      const int64_t ny = P->Ho - y0 < 2 ? P->Ho - y0 : 2, nx = P->Wo - x0 < 2 ? P->Wo - x0 : 2;
+      float *obase = P->dst + ((n * P->Ho + y0) * P->Wo + x0) * Cout;
+      const float *rbase = P->res ? P->res + ((n * P->Ho + y0) * P->Wo + x0) * Cout : NULL;
+      const int64_t ors = P->Wo * Cout;
+      if (k + 1 < T) {
+         wg_pos q1 = q;
+         wg_pos_next(P, &q1);
+         wg_prefetch_box(P->dst, P->N, q1.n, P->Ho, P->Wo, Cout, q1.r * 2, 2, q1.c * 2, 2, 1);
+      }
+      for (int64_t c0 = 0; c0 < Cout; c0 += 16) {
+         const int64_t left = Cout - c0;
+         const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+         const float *mk = M + k * CoutP + c0;
+         __m512 tmp[8];
+         for (int b = 0; b < 4; b++) {
+            __m512 d[4], o[2];
+            for (int a = 0; a < 4; a++) d[a] = _mm512_load_ps(mk + (a * 4 + b) * es);
+            wg_at2(d, o);
+            tmp[b] = o[0];
+            tmp[4 + b] = o[1];
+         }
+         const __m512 bv = P->bias ? _mm512_maskz_loadu_ps(m, P->bias + c0) : _mm512_setzero_ps();
+         for (int p = 0; p < ny; p++) {
+            __m512 o[2];
+            wg_at2(tmp + p * 4, o);
+            for (int q = 0; q < nx; q++) {
+               const int64_t off = p * ors + q * Cout + c0;
+               __m512 v = _mm512_add_ps(o[q], bv);
+               if (rbase) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rbase + off));
+               if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+               _mm512_mask_storeu_ps(obase + off, m, v);
+            }
+         }
+      }
+   }
+}
+
+/* output transform of tiles [t0, t0 + T) from M[e][k][CoutP], with the epilogue */
+static void wg_output(const wg_prob *P, int64_t t0, int64_t T, const float *M) {
+   const int64_t Cout = P->Cout, CoutP = P->CoutP, es = T * CoutP;
+   const int relu = P->relu;
+   wg_pos q = wg_pos_of(P, t0);
+   for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
+      const int64_t n = q.n, y0 = q.r * 4, x0 = q.c * 4;
+      const int64_t ny = P->Ho - y0 < 4 ? P->Ho - y0 : 4, nx = P->Wo - x0 < 4 ? P->Wo - x0 : 4;
+      const int full = ny == 4 && nx == 4;
+      float *obase = P->dst + ((n * P->Ho + y0) * P->Wo + x0) * Cout;
+      const float *rbase = P->res ? P->res + ((n * P->Ho + y0) * P->Wo + x0) * Cout : NULL;
+      const int64_t ors = P->Wo * Cout;
+      if (k + 1 < T) {
+         /* the next tile's output lines, for writing */
+         wg_pos q1 = q;
+         wg_pos_next(P, &q1);
+         wg_prefetch_box(P->dst, P->N, q1.n, P->Ho, P->Wo, Cout, q1.r * 4, 4, q1.c * 4, 4, 1);
+      }
+      for (int64_t c0 = 0; c0 < Cout; c0 += 16) {
+         const int64_t left = Cout - c0;
+         const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+         const float *mk = M + k * CoutP + c0;
+         __m512 tmp[24];
+         /* columns: tmp[p*6 + b] = sum_a AT[p][a] M[a][b] */
+#pragma GCC unroll 6
+         for (int b = 0; b < 6; b++) {
+            __m512 d[6], o[4];
+#pragma GCC unroll 6
+            for (int a = 0; a < 6; a++) d[a] = _mm512_load_ps(mk + (a * 6 + b) * es);
+            wg_at(d, o);
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) tmp[p * 6 + b] = o[p];
+         }
+         const __m512 bv = P->bias ? _mm512_maskz_loadu_ps(m, P->bias + c0) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+         for (int p = 0; p < 4; p++) {
+            __m512 o[4];
+            wg_at(tmp + p * 6, o);
+            if (!full && p >= ny) break;
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+               if (!full && q >= nx) break;
+               const int64_t off = p * ors + q * Cout + c0;
+               __m512 v = _mm512_add_ps(o[q], bv);
+               if (rbase) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rbase + off));
+               if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+               _mm512_mask_storeu_ps(obase + off, m, v);
+            }
+         }
+      }
+   }
+}
+
+/* the 36 products for T tiles: M[e][k][ob*OB ..] = V[e][k][:] * U[ob][e] */
+static void wg_gemm(const wg_prob *P, int64_t T, const float *V, float *M) {
+   const int CP = P->CP;
+   for (int e = 0; e < P->E; e++) {
+      for (int64_t ob = 0; ob < P->nob; ob++) {
+         const int64_t nvalid = P->Cout - ob * P->OB < P->OB ? P->Cout - ob * P->OB : P->OB;
+         const int nv = (int)((nvalid + 15) / 16), pbmax = lm_conv_rb_pbmax(nv);
+         const float *u = P->U + ((ob * P->E + e) * CP) * P->OB;
+         const int64_t nb = (T + pbmax - 1) / pbmax, base = T / nb, extra = T % nb;
+         int64_t k = 0;
+         for (int64_t b = 0; b < nb; b++) {
+            const int m = (int)(base + (b < extra));
+            lm_conv_rb_gemm(CP, nv, m, V + ((int64_t)e * T + k) * CP, u, P->OB,
+                            M + ((int64_t)e * T + k) * P->CoutP + ob * P->OB, P->CoutP);
+            k += m;
+         }
+      }
+   }
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static lm_status wg_run(const wg_prob *P) {
+   const int64_t tiles = P->N * P->th * P->tw;
+   /* tiles per unit: V and M in L2, at least a few units per thread */
+   int64_t T = WG_L2_BYTES / (P->E * (P->CP + P->CoutP) * (int64_t)sizeof(float));
+   if (T > WG_MAXT) T = WG_MAXT;
+   if (T < 1) T = 1;
+   const double work = (double)tiles * P->E * P->CP * P->CoutP;
+   const int nthr = conv_threads(work);
+   while (T > 8 && ceil_div(tiles, T) < 4 * nthr) T = (T + 1) / 2;
+   const int64_t units = ceil_div(tiles, T);
+   T = ceil_div(tiles, units); /* balanced */
+   const size_t vsz = (size_t)(P->E * T * P->CP), msz = (size_t)(P->E * T * P->CoutP);
+   const size_t per_thread = (vsz + msz + (size_t)P->E * P->CP + 15) / 16 * 16;
+   const size_t bytes = (size_t)nthr * per_thread * sizeof(float);
+   float *scratch = lm_alloc(bytes);
+   if (!scratch) return LM_ERR_OOM;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float *V = scratch + (size_t)conv_thread_id() * per_thread, *M = V + vsz, *patch = M + msz;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t u = 0; u < units; u++) {
+         const int64_t t0 = u * T, n = t0 + T < tiles ? T : tiles - t0;
+         if (n <= 0) continue;
+         wg_input(P, t0, n, V, patch);
+         wg_gemm(P, n, V, M);
+         if (P->m == 4)
+            wg_output(P, t0, n, M);
+         else
+            wg_output2(P, t0, n, M);
+      }
+   }
+   lm_free(scratch, bytes);
+   return LM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * weights: gt[tap][ci][co] (3x3 taps, ci < CP, co < CoutP, zero padded) -> U[ob][e][ci][OB]
+ */
+static void wg_weights(const float *gt, int CP, int64_t CoutP, int64_t OB, int64_t nob, float *U) {
+   for (int64_t ci = 0; ci < CP; ci++) {
+      for (int64_t c0 = 0; c0 < CoutP; c0 += 16) {
+         __m512 g[9], r[18], u[6], col[3];
+         for (int t = 0; t < 9; t++) g[t] = _mm512_loadu_ps(gt + (t * CP + ci) * CoutP + c0);
+         /* columns: r[a*3 + j] = sum_i G[a][i] g[i][j] */
+         for (int j = 0; j < 3; j++) {
+            for (int i = 0; i < 3; i++) col[i] = g[i * 3 + j];
+            wg_g(col, u);
+            for (int a = 0; a < 6; a++) r[a * 3 + j] = u[a];
+         }
+         const int64_t ob = c0 / OB, v0 = c0 % OB;
+         for (int a = 0; a < 6; a++) {
+            wg_g(r + a * 3, u);
+            for (int b = 0; b < 6; b++)
+               _mm512_store_ps(U + (((ob * WG_E + a * 6 + b) * CP) + ci) * OB + v0, u[b]);
+         }
+      }
+   }
+   (void)nob;
+}
+
+/* the same for F(2x2, 3x3): U[ob][16][ci][OB] */
+static void wg_weights2(const float *gt, int CP, int64_t CoutP, int64_t OB, float *U) {
+   for (int64_t ci = 0; ci < CP; ci++) {
+      for (int64_t c0 = 0; c0 < CoutP; c0 += 16) {
+         __m512 g[9], r[12], u[4], col[3];
+         for (int t = 0; t < 9; t++) g[t] = _mm512_loadu_ps(gt + (t * CP + ci) * CoutP + c0);
+         for (int j = 0; j < 3; j++) {
+            for (int i = 0; i < 3; i++) col[i] = g[i * 3 + j];
+            wg_g2(col, u);
+            for (int a = 0; a < 4; a++) r[a * 3 + j] = u[a];
+         }
+         const int64_t ob = c0 / OB, v0 = c0 % OB;
+         for (int a = 0; a < 4; a++) {
+            wg_g2(r + a * 3, u);
+            for (int b = 0; b < 4; b++)
+               _mm512_store_ps(U + (((ob * 16 + a * 4 + b) * CP) + ci) * OB + v0, u[b]);
+         }
+      }
+   }
+}
+
+static int64_t wg_block_width(int64_t co) { return co >= 64 ? 64 : (co + 15) / 16 * 16; }
+
+/* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
+static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src, const float *w,
+                         const float *bias, const float *res, int relu, float *dst) {
+   const int E = (tm + 2) * (tm + 2);
+   const int64_t cin = flip ? g->O : g->C, cout = flip ? g->C : g->O;
+   const int CP = lm_conv_rb_cp(cin);
+   const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
+   /* gt[tap][ci][co] */
+   const size_t gbytes = (size_t)(9 * CP * CoutP) * sizeof(float);
+   const size_t ubytes = (size_t)(nob * E * CP * OB) * sizeof(float);
+   float *gt = lm_alloc(gbytes), *U = lm_alloc(ubytes);
+   if (!gt || !U) {
+      if (gt) lm_free(gt, gbytes);
+      if (U) lm_free(U, ubytes);
+      return LM_ERR_OOM;
+   }
+   memset(gt, 0, gbytes);
+   const int64_t K = g->K, C = g->C;
+   if (!flip) {
+      /* w[o][tap][c] -> gt[tap][c][o] */
+      for (int64_t o = 0; o < g->O; o++)
+         for (int64_t t = 0; t < 9; t++)
+            for (int64_t c = 0; c < C; c++) gt[(t * CP + c) * CoutP + o] = w[o * K + t * C + c];
+   } else {
+      /* gt[tap][o][c] = w[o][flip(tap)][c] */
+      for (int64_t o = 0; o < g->O; o++)
+         for (int64_t t = 0; t < 9; t++)
+            memcpy(gt + (t * CP + o) * CoutP, w + o * K + (8 - t) * C, (size_t)C * sizeof(float));
+   }
+   if (tm == 4)
+      wg_weights(gt, CP, CoutP, OB, nob, U);
+   else
+      wg_weights2(gt, CP, CoutP, OB, U);
+   lm_free(gt, gbytes);
+   wg_prob P;
+   P.src = src;
+   P.H = flip ? g->Ho : g->H;
+   P.W = flip ? g->Wo : g->W;
+   P.Cin = cin;
+   P.dst = dst;
+   P.Ho = flip ? g->H : g->Ho;
+   P.Wo = flip ? g->W : g->Wo;
+   P.Cout = cout;
+   P.N = g->N;
+   P.ph = flip ? 2 - g->ph : g->ph;
+   P.pw = flip ? 2 - g->pw : g->pw;
+   P.th = ceil_div(P.Ho, tm);
+   P.tw = ceil_div(P.Wo, tm);
+   P.m = tm;
+   P.a = tm + 2;
+   P.E = E;
+   P.CP = CP;
+   P.OB = OB;
+   P.nob = nob;
+   P.CoutP = CoutP;
+   P.U = U;
+   P.bias = bias;
+   P.res = res;
+   P.relu = relu;
+   lm_status st = wg_run(&P);
+   lm_free(U, ubytes);
+   return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * backward weight: with V = B^T d B (the forward's input transform) and D = A dY A^T (the
+ * adjoint of the output transform applied to grad_output),
+ *    dU[e][ci][co] = sum over tiles V[e][tile][ci] * D[e][tile][co],   grad_w = G^T dU G.
+ * Per-thread partial sums of dU (static schedule: a fixed split and a fixed reduction order).
+ */
+/* A y for a 4-vector y (6 results): the adjoint of wg_at */
+static inline void wg_a(const __m512 *y, __m512 *z) {
+   const __m512 s02 = _mm512_add_ps(y[0], y[2]), s13 = _mm512_add_ps(y[1], y[3]);
+   z[0] = y[0];
+   z[1] = _mm512_add_ps(s02, s13);
+   z[2] = _mm512_sub_ps(s02, s13);
+   z[3] = _mm512_fmadd_ps(WG_C(0.5), y[1],
+                          _mm512_fmadd_ps(WG_C(0.25), y[2], _mm512_fmadd_ps(WG_C(0.125), y[3], y[0])));
+   z[4] = _mm512_fmadd_ps(WG_C(-2), y[1],
+                          _mm512_fmadd_ps(WG_C(4), y[2], _mm512_fmadd_ps(WG_C(-8), y[3], y[0])));
+   z[5] = y[3];
+}
+
+/* G^T x for a 6-vector x (3 results): the adjoint of wg_g */
+static inline void wg_gt(const __m512 *x, __m512 *r) {
+   const __m512 s12 = _mm512_add_ps(x[1], x[2]), d12 = _mm512_sub_ps(x[1], x[2]);
+   r[0] = _mm512_fmadd_ps(WG_C(0.5), x[0],
+                          _mm512_fmadd_ps(WG_C(1.0 / 6.0), s12,
+                                          _mm512_fmadd_ps(WG_C(16.0 / 15.0), x[3],
+                                                          _mm512_mul_ps(WG_C(1.0 / 30.0), x[4]))));
+   r[1] = _mm512_fmadd_ps(WG_C(1.0 / 6.0), d12,
+                          _mm512_fmadd_ps(WG_C(8.0 / 15.0), x[3], _mm512_mul_ps(WG_C(-1.0 / 15.0), x[4])));
+   r[2] = _mm512_fmadd_ps(WG_C(1.0 / 6.0), s12,
+                          _mm512_fmadd_ps(WG_C(4.0 / 15.0), x[3],
+                                          _mm512_fmadd_ps(WG_C(2.0 / 15.0), x[4],
+                                                          _mm512_mul_ps(WG_C(0.5), x[5]))));
+}
+
+/* grad_output transform of tiles [t0, t0 + T) into D[e][k][CoutP] (pixels outside the image are
+   zero); the bias gradient of the tiles' pixels is added to gb */
+static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
+                    float *gb) {
+   const int64_t Cout = P->Cout, CoutP = P->CoutP, es = T * CoutP;
+   wg_pos q = wg_pos_of(P, t0);
+   for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
+      const int64_t n = q.n, y0 = q.r * 4, x0 = q.c * 4;
+      const int64_t ny = P->Ho - y0 < 4 ? P->Ho - y0 : 4, nx = P->Wo - x0 < 4 ? P->Wo - x0 : 4;
+      const float *gbase = gout + ((n * P->Ho + y0) * P->Wo + x0) * Cout;
+      if (k + WG_PF < T) {
+         wg_pos qf = q;
+         for (int i = 0; i < WG_PF; i++) wg_pos_next(P, &qf);
+         wg_prefetch_box(gout, P->N, qf.n, P->Ho, P->Wo, Cout, qf.r * 4, 4, qf.c * 4, 4, 0);
+      }
+      for (int64_t c0 = 0; c0 < CoutP; c0 += 16) {
+         const int64_t left = Cout - c0;
+         const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF
+                                        : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
+         __m512 y[16], tmp[24], sum = _mm512_setzero_ps();
+         for (int p = 0; p < 4; p++)
+            for (int q = 0; q < 4; q++) {
+               y[p * 4 + q] = (p < ny && q < nx)
+                                 ? _mm512_maskz_loadu_ps(m, gbase + (p * P->Wo + q) * Cout + c0)
+                                 : _mm512_setzero_ps();
+               sum = _mm512_add_ps(sum, y[p * 4 + q]);
+            }
+         if (gb) _mm512_store_ps(gb + c0, _mm512_add_ps(_mm512_load_ps(gb + c0), sum));
+         /* columns: tmp[a*4 + q] = sum_p A[a][p] y[p][q] */
+         for (int q = 0; q < 4; q++) {
+            __m512 d[4], o[6];
+            for (int p = 0; p < 4; p++) d[p] = y[p * 4 + q];
+            wg_a(d, o);
+            for (int a = 0; a < 6; a++) tmp[a * 4 + q] = o[a];
+         }
+         float *dk = D + k * CoutP + c0;
+         for (int a = 0; a < 6; a++) {
+            __m512 o[6];
+            wg_a(tmp + a * 4, o);
+            for (int b = 0; b < 6; b++) _mm512_store_ps(dk + (a * 6 + b) * es, o[b]);
+         }
+      }
+   }
+}
+
+/* acc[r][v] (at accp + r*ap + 16v) += sum_k xv[k*xs + r] * dv[k*ds + 16v], k < T */
+#define AI static inline __attribute__((always_inline))
+AI void wgw_body(const float *xv, int64_t xs, const float *dv, int64_t ds, int64_t T, float *accp,
+                 int64_t ap, const int R, const int NV) {
+   __m512 acc[16][4];
+#pragma GCC unroll 16
+   for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm512_load_ps(accp + r * ap + 16 * v);
+   for (int64_t k = 0; k < T; k++) {
+      __m512 gv[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) gv[v] = _mm512_load_ps(dv + 16 * v);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; r++) {
+         const __m512 b = _mm512_set1_ps(xv[r]);
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(b, gv[v], acc[r][v]);
+      }
+      xv += xs;
+      dv += ds;
+   }
+#pragma GCC unroll 16
+   for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_store_ps(accp + r * ap + 16 * v, acc[r][v]);
+}
+
+typedef void (*wgw_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
+#define WGW_INST(R, NV)                                                                         \
+   static void wgw_##R##_##NV(const float *xv, int64_t xs, const float *dv, int64_t ds,         \
+                              int64_t T, float *accp, int64_t ap) {                             \
+      wgw_body(xv, xs, dv, ds, T, accp, ap, R, NV);                                             \
+   }
+WGW_INST(1, 1) WGW_INST(2, 1) WGW_INST(3, 1) WGW_INST(4, 1) WGW_INST(5, 1) WGW_INST(6, 1)
+WGW_INST(7, 1) WGW_INST(8, 1) WGW_INST(9, 1) WGW_INST(10, 1) WGW_INST(11, 1) WGW_INST(12, 1)
+WGW_INST(13, 1) WGW_INST(14, 1) WGW_INST(15, 1) WGW_INST(16, 1)
+WGW_INST(1, 2) WGW_INST(2, 2) WGW_INST(3, 2) WGW_INST(4, 2) WGW_INST(5, 2) WGW_INST(6, 2)
+WGW_INST(7, 2) WGW_INST(8, 2)
+WGW_INST(1, 3) WGW_INST(2, 3) WGW_INST(3, 3) WGW_INST(4, 3) WGW_INST(5, 3) WGW_INST(6, 3)
+WGW_INST(7, 3) WGW_INST(8, 3)
+WGW_INST(1, 4) WGW_INST(2, 4) WGW_INST(3, 4) WGW_INST(4, 4) WGW_INST(5, 4) WGW_INST(6, 4)
+static const wgw_fn wgw_tab[5][17] = {
+   {0},
+   {0, wgw_1_1, wgw_2_1, wgw_3_1, wgw_4_1, wgw_5_1, wgw_6_1, wgw_7_1, wgw_8_1, wgw_9_1, wgw_10_1,
+    wgw_11_1, wgw_12_1, wgw_13_1, wgw_14_1, wgw_15_1, wgw_16_1},
+   {0, wgw_1_2, wgw_2_2, wgw_3_2, wgw_4_2, wgw_5_2, wgw_6_2, wgw_7_2, wgw_8_2},
+   {0, wgw_1_3, wgw_2_3, wgw_3_3, wgw_4_3, wgw_5_3, wgw_6_3, wgw_7_3, wgw_8_3},
+   {0, wgw_1_4, wgw_2_4, wgw_3_4, wgw_4_4, wgw_5_4, wgw_6_4},
+};
+static const int wgw_rmax[5] = {0, 16, 8, 8, 6};
+
+/* dU[e][ci][co] += V[e][k][ci] * D[e][k][co] over the unit's T tiles */
+static void wg_wgrad(const wg_prob *P, int64_t T, const float *V, const float *D, float *dU) {
+   const int64_t CP = P->CP, CoutP = P->CoutP;
+   for (int e = 0; e < WG_E; e++) {
+      const float *ve = V + (int64_t)e * T * CP, *de = D + (int64_t)e * T * CoutP;
+      float *ue = dU + (int64_t)e * CP * CoutP;
+      for (int64_t ob = 0; ob < P->nob; ob++) {
+         const int64_t co0 = ob * P->OB;
+         const int64_t nvalid = P->Cout - co0 < P->OB ? P->Cout - co0 : P->OB;
+         const int nv = (int)((nvalid + 15) / 16), rmax = wgw_rmax[nv];
+         const int64_t nb = (CP + rmax - 1) / rmax, base = CP / nb, extra = CP % nb;
+         int64_t ci = 0;
+         for (int64_t b = 0; b < nb; b++) {
+            const int rn = (int)(base + (b < extra));
+            wgw_tab[nv][rn](ve + ci, CP, de + co0, CoutP, T, ue + ci * CoutP + co0, CoutP);
+            ci += rn;
+         }
+      }
+   }
+}
+
+static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, float *gw,
+                         float *gb) {
+   const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
+   const int CP = lm_conv_rb_cp(cin);
+   const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
+   wg_prob P;
+   memset(&P, 0, sizeof P);
+   P.src = x;
+   P.H = g->H;
+   P.W = g->W;
+   P.Cin = cin;
+   P.Ho = g->Ho;
+   P.Wo = g->Wo;
+   P.Cout = cout;
+   P.N = g->N;
+   P.ph = g->ph;
+   P.pw = g->pw;
+   P.th = ceil_div(P.Ho, 4);
+   P.tw = ceil_div(P.Wo, 4);
+   P.m = 4;
+   P.a = 6;
+   P.E = WG_E;
+   P.CP = CP;
+   P.OB = OB;
+   P.nob = nob;
+   P.CoutP = CoutP;
+   const int64_t tiles = P.N * P.th * P.tw;
+   const int64_t usz = WG_E * CP * CoutP;
+   int64_t T = WG_L2_BYTES / (WG_E * (CP + CoutP) * (int64_t)sizeof(float));
+   if (T > WG_MAXT) T = WG_MAXT;
+   if (T < 1) T = 1;
+   const int nthr = conv_threads((double)tiles * WG_E * CP * CoutP);
+   while (T > 8 && ceil_div(tiles, T) < 4 * nthr) T = (T + 1) / 2;
+   const int64_t units = ceil_div(tiles, T);
+   T = ceil_div(tiles, units);
+   const size_t vsz = (size_t)(WG_E * T * CP), dsz = (size_t)(WG_E * T * CoutP);
+   const size_t per_thread = ((size_t)usz + (size_t)CoutP + vsz + dsz + (size_t)WG_E * CP + 15) / 16 * 16;
+   const size_t bytes = (size_t)nthr * per_thread * sizeof(float);
+   float *scratch = lm_alloc(bytes);
+   if (!scratch) return LM_ERR_OOM;
+   if (gw) memset(gw, 0, (size_t)(g->O * K) * sizeof(float));
+   if (gb) memset(gb, 0, (size_t)g->O * sizeof(float));
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float *dU = scratch + (size_t)conv_thread_id() * per_thread, *gbp = dU + usz;
+      float *V = gbp + CoutP, *D = V + vsz, *patch = D + dsz;
+      memset(dU, 0, (size_t)(usz + CoutP) * sizeof(float));
+#pragma omp for schedule(static)
+      for (int64_t u = 0; u < units; u++) {
+         const int64_t t0 = u * T, n = t0 + T < tiles ? T : tiles - t0;
+         if (n <= 0) continue;
+         wg_gout(&P, gout, t0, n, D, gbp);
+         if (!gw) continue;
+         wg_input(&P, t0, n, V, patch);
+         wg_wgrad(&P, n, V, D, dU);
+      }
+      /* sum the partials in thread order, then grad_w = G^T dU G */
+      const int nt = conv_num_threads_in_team();
+      if (gw) {
+#pragma omp for schedule(static)
+         for (int64_t ci = 0; ci < cin; ci++) {
+            for (int64_t c0 = 0; c0 < CoutP; c0 += 16) {
+               __m512 x[WG_E], r[18], col[6], o[3];
+               for (int e = 0; e < WG_E; e++) {
+                  const float *src = scratch + ((size_t)e * CP + ci) * CoutP + c0;
+                  __m512 a = _mm512_load_ps(src);
+                  for (int t = 1; t < nt; t++) a = _mm512_add_ps(a, _mm512_load_ps(src + (size_t)t * per_thread));
+                  x[e] = a;
+               }
+               /* columns: r[i*6 + b] = sum_a G[a][i] x[a][b] */
+               for (int b = 0; b < 6; b++) {
+                  for (int a = 0; a < 6; a++) col[a] = x[a * 6 + b];
+                  wg_gt(col, o);
+                  for (int i = 0; i < 3; i++) r[i * 6 + b] = o[i];
+               }
+               float out[9][16] __attribute__((aligned(64)));
+               for (int i = 0; i < 3; i++) {
+                  wg_gt(r + i * 6, o);
+                  for (int j = 0; j < 3; j++) _mm512_store_ps(out[i * 3 + j], o[j]);
+               }
+               const int64_t nco = cout - c0 < 16 ? cout - c0 : 16;
+               for (int64_t l = 0; l < nco; l++)
+                  for (int t = 0; t < 9; t++) gw[(c0 + l) * K + t * C + ci] = out[t][l];
+            }
+         }
+      }
+#pragma omp single
+      if (gb) {
+         for (int t = 0; t < nt; t++) {
+            const float *src = scratch + (size_t)t * per_thread + usz;
+            for (int64_t o = 0; o < cout; o++) gb[o] += src[o];
+         }
+      }
+   }
+   lm_free(scratch, bytes);
+   return LM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * entry points
+ */
+int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
+   if (g->G != 1 || g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->dh != 1 ||
+       g->dw != 1)
+      return 0;
+   if (g->ph > 2 || g->pw > 2) return 0; /* the flipped form needs 2 - p >= 0 */
+   const int64_t cin = backward_data ? g->O : g->C;
+   const int CP = lm_conv_rb_cp(cin);
+   if (CP < 16) return 0;
+   const int64_t ho = backward_data ? g->H : g->Ho, wo = backward_data ? g->W : g->Wo;
+   if (ho < 4 || wo < 4) return 0;
+   return conv_env_on("LUMEN_CONV_WINOGRAD");
+}
+
+/* output tile size: F(2x2,3x3) for the forward, F(4x4,3x3) for backward data, unless
+   LUMEN_CONV_WINOGRAD is "2" or "4" (both passes) */
+static int wg_tile_size(int backward_data) {
+   const char *v = getenv("LUMEN_CONV_WINOGRAD");
+   if (v && (v[0] == '2' || v[0] == '4') && v[1] == 0) return v[0] - '0';
+   return backward_data ? 4 : 2;
+}
+
+lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
+                                       const float *bias, const float *res, int relu,
+                                       float *out) {
+   return wg_conv(g, 0, wg_tile_size(0), x, w, bias, res, relu, out);
+}
+
+lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
+                                        float *gw, float *gb) {
+   return wg_bwdw(g, x, gout, gw, gb);
+}
+
+lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
+                                        float *gx) {
+   return wg_conv(g, 1, wg_tile_size(1), gout, w, NULL, NULL, 0, gx);
+}
