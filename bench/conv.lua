@@ -9,12 +9,15 @@
 -- bwd_weight (grad_weight only), each called through the C API the way autograd calls it.
 --
 -- Each row: '<layer>_<phase> nhwc <median ms>  (<GFLOP/s at the median>, min <ms>, cpu <ms>)'.
--- 'cpu' is the process CPU time per call (all threads; with one thread it is the figure least
--- disturbed by other load on a shared machine). The rows end in ')', so bench/compare skips
--- them (the peer has no such rows). A filter (plain substring) selects rows. The load average
--- is printed before and after: on a shared 2-core machine, compare runs made close together.
--- Algorithms (kernels/conv.h): LUMEN_CONV_WINOGRAD=0 turns Winograd off, =4 / =2 forces
--- F(4x4,3x3) / F(2x2,3x3) for forward and backward data; LUMEN_CONV_RB=0 turns the
+-- GFLOP/s counts the direct convolution's 2*N*Ho*Wo*Cout*Cin*kh*kw for every algorithm (Winograd
+-- does fewer operations, so it can exceed the machine's peak). 'cpu' is the process CPU time per
+-- call: with one thread the figure least disturbed by other load on a shared machine; with more,
+-- short calls may miss the other threads' time (Linux adds it at scheduler ticks). The rows end
+-- in ')', so bench/compare skips them (the peer has no such rows). A filter (plain substring)
+-- selects rows. The load average is printed before and after: on a shared 2-core machine,
+-- compare runs made close together.
+-- Algorithms (kernels/conv.h): LUMEN_CONV_WINOGRAD=0 turns Winograd off, =2 selects F(2x2,3x3)
+-- instead of F(4x4,3x3) for forward and backward data; LUMEN_CONV_RB=0 turns the
 -- register-blocked small-channel kernels off. E.g.
 --   OMP_NUM_THREADS=1 LUMEN_CONV_WINOGRAD=0 bin/lumen bench/conv.lua 1 10 sr_l1
 local lm = require("lumen")
@@ -82,7 +85,9 @@ local gw = ffi.new("lm_tensor*[1]")
 local sbuf, pbuf = ffi.new("int64_t[2]"), ffi.new("int64_t[2]")
 
 local function check(st)
-   if st ~= 0 then error("lumen error " .. tostring(st) .. ": " .. ffi.string(C.lm_last_error())) end
+   if st ~= 0 then
+      error("lumen error " .. tostring(st) .. ": " .. ffi.string(C.lm_last_error()))
+   end
 end
 
 -- one layer: batch n, cin -> cout, k x k, stride s, padding p, input size hw
@@ -162,4 +167,4 @@ if not filter or ("small_resnet_train_step"):find(filter, 1, true) then
       return lm.no_grad(function() return model(x) end)
    end, math.max(5, math.floor(ITERS / 2)))
 end
-print("== load average " .. loadavg())
+print("== load average " .. loadavg() .. " (1, 5, 15 min)")

@@ -1,6 +1,6 @@
 -- examples/train.lua -- train a small ResNet on Fashion-MNIST in channels-last (or NCHW).
 --
---   bin/lumen examples/train.lua [--model small_resnet] [--epochs 8] [--batch-size 128]
+--   bin/lumen examples/train.lua [--model small_resnet] [--epochs 12] [--batch-size 128]
 --       [--lr 0.1] [--format nhwc|nchw] [--data /usr/share/datasets/fashion-mnist]
 --       [--checkpoint train.ckpt] [--resume] [--threads 2] [--seed 1] [--width 16]
 --       [--blocks 1] [--limit N] [--quiet]
@@ -12,12 +12,13 @@
 local lm = require("lumen")
 
 local util = require("lumen.util")
+io.stdout:setvbuf("line") -- progress shows up at once, also when the output is a file or pipe
 
 ---------------------------------------------------------------------------------------------
 -- flags
 ---------------------------------------------------------------------------------------------
 local opt, usage = util.parse_flags({
-   model = "small_resnet", epochs = 8, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
+   model = "small_resnet", epochs = 12, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
    data = "", checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
    workers = 2, ["eval-batch"] = 500,
@@ -119,6 +120,7 @@ print(string.format("lumen %s: %s on Fashion-MNIST (%d train, %d test), %s, batc
    opt.format, opt["batch-size"], opt.epochs, opt.threads))
 
 local t_start = now()
+local print_losses = os.getenv("LUMEN_TRAIN_PRINT_LOSSES") == "1" -- for the resume spec
 local last_acc
 local function run()
    model:train()
@@ -139,8 +141,8 @@ local function run()
          local ips = seen / math.max(dt, 1e-9)
          local eta = (total_steps - state.step) * opt["batch-size"] / ips
          progress(epoch, b, steps_per_epoch, ips, loss_avg, eta, b == steps_per_epoch)
-         if b == 1 and epoch == 1 and os.getenv("LUMEN_TRAIN_FIRST_LOSS") then
-            print(string.format("first loss %.6f", l))
+         if print_losses then
+            print(string.format("step %d loss %.9g", state.step, l))
          end
       end
       last_acc = util.accuracy(lm, model, test_loader)

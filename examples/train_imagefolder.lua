@@ -14,6 +14,7 @@
 -- from it at the same epoch and batch.
 local lm = require("lumen")
 local util = require("lumen.util")
+io.stdout:setvbuf("line") -- progress shows up at once, also when the output is a file or pipe
 
 ---------------------------------------------------------------------------------------------
 -- flags

@@ -18,10 +18,9 @@
  *   chosen from the geometry alone (so a gradient computed alone equals the same gradient
  *   computed with the others):
  *   - 3x3, stride 1, dilation 1, groups 1, padding <= 2, maps of 4+ pixels, 11..16, 22..32 or
- *     44..64 reduction channels (C; O for backward data): Winograd. Forward F(2x2,3x3) (2.25x
- *     fewer multiply-adds than direct, and more accurate than the direct sum), backward data and
- *     backward weight F(4x4,3x3) (4x fewer; float32 error about 2x the direct sum's, ~1e-6 of
- *     the sum of the terms' magnitudes).
+ *     44..64 reduction channels (C; O for backward data): Winograd F(4x4,3x3) (4x fewer
+ *     multiply-adds than direct; float32 error about 2x the direct sum's, ~1e-6 of the sum of
+ *     the terms' magnitudes).
  *   - up to 64 reduction channels (1, 5..8, 11..16, 22..32, 44..64) on rows of 14+ pixels:
  *     register-blocked direct kernels (conv_rb_avx512.c) over a zero-padded copy of the input
  *     rows; the single-channel weight gradient (a network's grey-image stem) likewise.
@@ -30,8 +29,9 @@
  *   Without AVX-512 (or float64, or lm_gemm_set_isa(1 or 2)): im2col panels of output-pixel
  *   tiles + GEMM, a plain GEMM for 1x1/stride-1 convolutions, direct depthwise kernels.
  *   Environment switches (read at each call; for tests and benchmarks): LUMEN_CONV_WINOGRAD=0
- *   turns Winograd off, =2 / =4 forces F(2x2) / F(4x4) for forward and backward data;
- *   LUMEN_CONV_RB=0 turns the register-blocked kernels off.
+ *   turns Winograd off, =2 selects F(2x2,3x3) for forward and backward data (more accurate than
+ *   the direct sum, ~1.5x slower than F(4x4)); LUMEN_CONV_RB=0 turns the register-blocked
+ *   kernels off.
  *   Results do not vary from run to run (fixed reduction order for a given thread count).
  *
  * Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out is an

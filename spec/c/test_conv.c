@@ -442,8 +442,8 @@ static void random_cases(int count) {
  * gradient. Each geometry runs with every algorithm that takes it (LUMEN_CONV_WINOGRAD=0 and
  * LUMEN_CONV_RB=0 switch them off) against the double reference. ---- */
 static void run_case_algos(const geom *g, int with_bias, int relu, int with_res, int lx, int lw) {
-   /* Winograd F(2x2,3x3) / F(4x4,3x3) (the default takes F(2x2) forward, F(4x4) backward),
-      then the direct kernels (register-blocked, then the general ones) */
+   /* Winograd F(2x2,3x3) / F(4x4,3x3) (the default), then the direct kernels (register-blocked,
+      then the general ones) */
    static const char *const envs[4][2] = {{"2", NULL}, {"4", NULL}, {"0", NULL}, {"0", "0"}};
    g_f32_nhwc_only = 1;
    for (int e = 0; e < 4; e++) {
