@@ -12,62 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-static void fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes) {
-   size_t k = (size_t)snprintf(buf, n, "[");
-   for (int i = 0; i < ndim && k < n; i++)
-      k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)sizes[i]);
-   if (k < n) snprintf(buf + k, n - k, "]");
-}
-
-typedef struct {
-   lm_tensor *t;
-   lm_tensor *user;
-   int tmp;
-} out_slot;
-
-static lm_status out_open(out_slot *o, lm_tensor **user, int ndim, const int64_t *sizes,
-                          int dtype, const char *what) {
-   o->t = NULL;
-   o->user = *user;
-   o->tmp = 0;
-   if (o->user) {
-      lm_tensor *u = o->user;
-      LM_TRY(lm_check_cpu(u, what));
-      if (u->ndim != ndim || memcmp(u->sizes, sizes, (size_t)ndim * sizeof(int64_t)) != 0) {
-         char a[160], b[160];
-         fmt_sizes(a, sizeof a, ndim, sizes);
-         fmt_sizes(b, sizeof b, u->ndim, u->sizes);
-         return lm_error(LM_ERR_SHAPE, "%s: expected an out tensor of shape %s, got %s", what, a,
-                         b);
-      }
-      if (!lm_is_float_dtype(u->dtype))
-         return lm_error(LM_ERR_DTYPE, "%s: out tensor of dtype %s cannot hold %s", what,
-                         lm_dtype_name(u->dtype), lm_dtype_name(dtype));
-      if (u->dtype == dtype && lm_is_contiguous(u, LM_CONTIGUOUS)) {
-         o->t = u;
-         return LM_OK;
-      }
-      o->tmp = 1;
-   }
-   return lm_empty(ndim, sizes, dtype, LM_CONTIGUOUS, LM_CPU, &o->t);
-}
-
-static lm_status out_close(out_slot *o, lm_tensor **user, lm_status st) {
-   if (!user || !o->t) return st;
-   if (st == LM_OK) {
-      if (!o->user) {
-         *user = o->t;
-      } else if (o->tmp) {
-         st = lm_copy_(o->user, o->t);
-         lm_tensor_free(o->t);
-      }
-   } else if (o->t != o->user) {
-      lm_tensor_free(o->t);
-   }
-   o->t = NULL;
-   return st;
-}
+#include "nn_common.h"
 
 static double load_scalar(const lm_tensor *t) {
    return lm_load_as_double(lm_tensor_data(t), t->dtype);
@@ -204,11 +149,12 @@ lm_status lm_nll_loss(const lm_tensor *input, const lm_tensor *target, const lm_
    double *vals = NULL;
    if (st == LM_OK) {
       if (reduction == LM_REDUCTION_NONE)
-         st = out_open(&so, out, target->ndim, target->sizes, s.dt, "output");
+         st = out_open(&so, out, target->ndim, target->sizes, s.dt, LM_CONTIGUOUS, "output");
       else
-         st = out_open(&so, out, 0, NULL, s.dt, "output");
+         st = out_open(&so, out, 0, NULL, s.dt, LM_CONTIGUOUS, "output");
    }
-   if (st == LM_OK && total_weight) st = out_open(&sw, total_weight, 0, NULL, s.dt, "total_weight");
+   if (st == LM_OK && total_weight) st = out_open(&sw, total_weight, 0, NULL, s.dt, LM_CONTIGUOUS,
+                                                 "total_weight");
    if (st == LM_OK && reduction == LM_REDUCTION_NONE) {
       vals = malloc(sizeof(double) * (size_t)(s.count + 1));
       if (!vals) st = lm_error(LM_ERR_OOM, "out of memory (nll_loss)");
@@ -300,7 +246,8 @@ lm_status lm_nll_loss_backward(const lm_tensor *grad_out, const lm_tensor *input
    }
    if (st == LM_OK) st = nll_check_targets(&s, ignore_index);
    out_slot so = {0};
-   if (st == LM_OK) st = out_open(&so, grad_input, input->ndim, input->sizes, s.dt, "grad_input");
+   if (st == LM_OK) st = out_open(&so, grad_input, input->ndim, input->sizes, s.dt,
+                                          LM_CONTIGUOUS, "grad_input");
    if (st == LM_OK && so.t->numel > 0) {
       /* so.t is contiguous: its strides are the canonical ones */
       char *gp = lm_tensor_data(so.t);

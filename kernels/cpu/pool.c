@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "nn_common.h"
 
 enum { CBLK = 256 }; /* channels per block in the NHWC kernels (stack scratch) */
 
@@ -37,73 +38,6 @@ static int use_avx512(void) { return 0; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* helpers                                                                                    */
-
-static void fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes) {
-   size_t k = (size_t)snprintf(buf, n, "[");
-   for (int i = 0; i < ndim && k < n; i++)
-      k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)sizes[i]);
-   if (k < n) snprintf(buf + k, n - k, "]");
-}
-
-static lm_status check_float(const lm_tensor *t, const char *what) {
-   if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
-   LM_TRY(lm_check_cpu(t, what));
-   if (t->dtype != LM_FLOAT32 && t->dtype != LM_FLOAT64)
-      return lm_error(LM_ERR_DTYPE, "expected %s to be float32 or float64, got %s", what,
-                      lm_dtype_name(t->dtype));
-   return LM_OK;
-}
-
-/* a result tensor: a fresh one, the caller's out= tensor, or a temporary copied into it */
-typedef struct {
-   lm_tensor *t;
-   lm_tensor *user;
-   int tmp;
-} out_slot;
-
-static lm_status out_open(out_slot *o, lm_tensor **user, int ndim, const int64_t *sizes,
-                          int dtype, int fmt, const char *what) {
-   o->t = NULL;
-   o->user = *user;
-   o->tmp = 0;
-   if (o->user) {
-      lm_tensor *u = o->user;
-      LM_TRY(lm_check_cpu(u, what));
-      if (u->ndim != ndim || memcmp(u->sizes, sizes, (size_t)ndim * sizeof(int64_t)) != 0) {
-         char a[160], b[160];
-         fmt_sizes(a, sizeof a, ndim, sizes);
-         fmt_sizes(b, sizeof b, u->ndim, u->sizes);
-         return lm_error(LM_ERR_SHAPE, "%s: expected an out tensor of shape %s, got %s", what, a,
-                         b);
-      }
-      if (dtype == LM_INT64 ? u->dtype != LM_INT64 : !lm_is_float_dtype(u->dtype))
-         return lm_error(LM_ERR_DTYPE, "%s: out tensor of dtype %s cannot hold %s", what,
-                         lm_dtype_name(u->dtype), lm_dtype_name(dtype));
-      if (u->dtype == dtype && lm_is_contiguous(u, fmt)) {
-         o->t = u;
-         return LM_OK;
-      }
-      o->tmp = 1;
-   }
-   return lm_empty(ndim, sizes, dtype, fmt, LM_CPU, &o->t);
-}
-
-/* on success hand the result over; on failure free what was allocated here */
-static lm_status out_close(out_slot *o, lm_tensor **user, lm_status st) {
-   if (!user || !o->t) return st;
-   if (st == LM_OK) {
-      if (!o->user) {
-         *user = o->t;
-      } else if (o->tmp) {
-         st = lm_copy_(o->user, o->t);
-         lm_tensor_free(o->t);
-      }
-   } else if (o->t != o->user) {
-      lm_tensor_free(o->t);
-   }
-   o->t = NULL;
-   return st;
-}
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }

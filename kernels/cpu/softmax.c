@@ -11,73 +11,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "nn_common.h"
 
 enum { IBLK = 64 };
-
-static void fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes) {
-   size_t k = (size_t)snprintf(buf, n, "[");
-   for (int i = 0; i < ndim && k < n; i++)
-      k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)sizes[i]);
-   if (k < n) snprintf(buf + k, n - k, "]");
-}
-
-static lm_status check_float(const lm_tensor *t, const char *what) {
-   if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
-   LM_TRY(lm_check_cpu(t, what));
-   if (t->dtype != LM_FLOAT32 && t->dtype != LM_FLOAT64)
-      return lm_error(LM_ERR_DTYPE, "expected %s to be float32 or float64, got %s", what,
-                      lm_dtype_name(t->dtype));
-   return LM_OK;
-}
-
-typedef struct {
-   lm_tensor *t;
-   lm_tensor *user;
-   int tmp;
-} out_slot;
-
-static lm_status out_open(out_slot *o, lm_tensor **user, int ndim, const int64_t *sizes,
-                          int dtype, const char *what) {
-   o->t = NULL;
-   o->user = *user;
-   o->tmp = 0;
-   if (o->user) {
-      lm_tensor *u = o->user;
-      LM_TRY(lm_check_cpu(u, what));
-      if (u->ndim != ndim || memcmp(u->sizes, sizes, (size_t)ndim * sizeof(int64_t)) != 0) {
-         char a[160], b[160];
-         fmt_sizes(a, sizeof a, ndim, sizes);
-         fmt_sizes(b, sizeof b, u->ndim, u->sizes);
-         return lm_error(LM_ERR_SHAPE, "%s: expected an out tensor of shape %s, got %s", what, a,
-                         b);
-      }
-      if (!lm_is_float_dtype(u->dtype))
-         return lm_error(LM_ERR_DTYPE, "%s: out tensor of dtype %s cannot hold %s", what,
-                         lm_dtype_name(u->dtype), lm_dtype_name(dtype));
-      if (u->dtype == dtype && lm_is_contiguous(u, LM_CONTIGUOUS)) {
-         o->t = u;
-         return LM_OK;
-      }
-      o->tmp = 1;
-   }
-   return lm_empty(ndim, sizes, dtype, LM_CONTIGUOUS, LM_CPU, &o->t);
-}
-
-static lm_status out_close(out_slot *o, lm_tensor **user, lm_status st) {
-   if (!user || !o->t) return st;
-   if (st == LM_OK) {
-      if (!o->user) {
-         *user = o->t;
-      } else if (o->tmp) {
-         st = lm_copy_(o->user, o->t);
-         lm_tensor_free(o->t);
-      }
-   } else if (o->t != o->user) {
-      lm_tensor_free(o->t);
-   }
-   o->t = NULL;
-   return st;
-}
 
 static lm_status dense_in(const lm_tensor *x, const lm_tensor **xd, lm_tensor **tmp) {
    *tmp = NULL;
@@ -201,7 +137,7 @@ static lm_status softmax_forward(const lm_tensor *x, int dim, int lg, lm_tensor 
    out_slot so;
    const lm_tensor *xd;
    lm_tensor *tmp = NULL;
-   LM_TRY(out_open(&so, out, x->ndim, x->sizes, x->dtype, "output"));
+   LM_TRY(out_open(&so, out, x->ndim, x->sizes, x->dtype, LM_CONTIGUOUS, "output"));
    lm_status st = dense_in(x, &xd, &tmp);
    if (st == LM_OK && x->numel > 0) {
       int64_t outer, D, inner;
@@ -234,7 +170,7 @@ static lm_status softmax_backward(const lm_tensor *grad_out, const lm_tensor *y,
    out_slot so;
    const lm_tensor *gd = NULL, *yd = NULL;
    lm_tensor *t1 = NULL, *t2 = NULL;
-   LM_TRY(out_open(&so, grad_x, y->ndim, y->sizes, y->dtype, "grad_input"));
+   LM_TRY(out_open(&so, grad_x, y->ndim, y->sizes, y->dtype, LM_CONTIGUOUS, "grad_input"));
    lm_status st = dense_in(grad_out, &gd, &t1);
    if (st == LM_OK) st = dense_in(y, &yd, &t2);
    if (st == LM_OK && y->numel > 0) {
