@@ -40,7 +40,8 @@ describe("fused batch_norm", function()
                         local x = x0:clone():requires_grad_()
                         local r = r0:clone():requires_grad_()
                         local w, b = w0:clone():requires_grad_(), b0:clone():requires_grad_()
-                        local rm, rv = lm.zeros({ C }, { dtype = dt }), lm.ones({ C }, { dtype = dt })
+                        local rm = lm.zeros({ C }, { dtype = dt })
+                        local rv = lm.ones({ C }, { dtype = dt })
                         local opts = { training = training }
                         local y
                         if fused then
@@ -63,7 +64,8 @@ describe("fused batch_norm", function()
                      local a, e = run(true), run(false)
                      local what = { "output", "grad x", "grad weight", "grad bias", "grad residual",
                                     "running_mean", "running_var" }
-                     for i = 1, 7 do close(table.concat(sz, "x") .. " " .. what[i], a[i], e[i], tol) end
+                     local shape = table.concat(sz, "x")
+                     for i = 1, 7 do close(shape .. " " .. what[i], a[i], e[i], tol) end
                      assert.is_true(a[1]:is_contiguous(fmt), "output format")
                      assert.is_true(a[2]:is_contiguous(fmt), "grad x format")
                   end
@@ -86,7 +88,8 @@ describe("fused batch_norm", function()
    it("works without recording (no_grad)", function()
       lm.no_grad(function()
          local x = lm.randn({ 4, 8, 3, 3 })
-         local y = F.batch_norm(x, nil, nil, nil, nil, { training = true, residual = x, relu = true })
+         local y = F.batch_norm(x, nil, nil, nil, nil,
+                                { training = true, residual = x, relu = true })
          assert.is_true(y:min():item() >= 0)
       end)
    end)
@@ -96,7 +99,8 @@ describe("fused optimizer steps", function()
    local cases = {
       { "SGD", { lr = 0.1 } }, { "SGD", { lr = 0.1, momentum = 0.9 } },
       { "SGD", { lr = 0.1, momentum = 0.9, nesterov = true, weight_decay = 5e-4 } },
-      { "SGD", { lr = 0.1, momentum = 0.9, dampening = 0.3, weight_decay = 1e-2, maximize = true } },
+      { "SGD", { lr = 0.1, momentum = 0.9, dampening = 0.3, weight_decay = 1e-2,
+                 maximize = true } },
       { "Adam", { lr = 1e-2 } }, { "Adam", { lr = 1e-2, weight_decay = 0.1, amsgrad = true } },
       { "Adam", { lr = 1e-2, maximize = true } },
       { "AdamW", { lr = 1e-2 } }, { "AdamW", { lr = 1e-2, amsgrad = true, maximize = true } },
