@@ -148,8 +148,9 @@ local function run()
       last_acc = util.accuracy(lm, model, test_loader)
       state.epoch, state.batch = epoch + 1, 1
       save_checkpoint(opt.checkpoint)
-      print(string.format("epoch %d: test accuracy %.2f%%  (%.0f s elapsed, checkpoint %s)",
-         epoch, 100 * last_acc, now() - t_start, opt.checkpoint))
+      print(string.format("epoch %d: test accuracy %.2f%%  (%.0f s elapsed, checkpoint %s, "
+         .. "tensor memory %.1f MB live, %.1f MB peak)", epoch, 100 * last_acc, now() - t_start,
+         opt.checkpoint, lm.memory.live_bytes() / 2 ^ 20, lm.memory.peak_bytes() / 2 ^ 20))
    end
 end
 
