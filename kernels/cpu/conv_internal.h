@@ -9,49 +9,6 @@
 #define LM_CONV_HIDDEN __attribute__((visibility("hidden")))
 #else
 #define LM_CONV_HIDDEN
-/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
- * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
- * take a geometry (backward_data: the reduction runs over O instead of C). */
-LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                    const float *w, const float *bias,
-                                                    const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                     const float *w, float *gx);
-/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
-LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                     const float *gout, float *gw, float *gb);
-
-/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
-   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
-   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
-   for cin reduction channels (0: none fits). */
-LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
-LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
-LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
-                                    int64_t OB, float *out, int64_t pitch);
-
-/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
- * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
- * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
-LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                      const float *w, const float *bias,
-                                                      const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                       const float *w, float *gx);
-/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                       const float *gout, float *gw, float *gb);
-
-/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
-   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
-static inline int conv_env_on(const char *name) {
-   const char *v = getenv(name);
-   return !(v && v[0] == '0' && v[1] == 0);
-}
-
 #endif
 
 typedef struct conv_geom {
@@ -92,49 +49,6 @@ static inline int conv_threads(double work) {
 #else
    (void)work;
    return 1;
-/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
- * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
- * take a geometry (backward_data: the reduction runs over O instead of C). */
-LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                    const float *w, const float *bias,
-                                                    const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                     const float *w, float *gx);
-/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
-LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                     const float *gout, float *gw, float *gb);
-
-/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
-   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
-   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
-   for cin reduction channels (0: none fits). */
-LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
-LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
-LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
-                                    int64_t OB, float *out, int64_t pitch);
-
-/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
- * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
- * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
-LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                      const float *w, const float *bias,
-                                                      const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                       const float *w, float *gx);
-/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                       const float *gout, float *gw, float *gb);
-
-/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
-   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
-static inline int conv_env_on(const char *name) {
-   const char *v = getenv(name);
-   return !(v && v[0] == '0' && v[1] == 0);
-}
-
 #endif
 }
 
@@ -143,49 +57,6 @@ static inline int conv_thread_id(void) {
    return omp_get_thread_num();
 #else
    return 0;
-/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
- * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
- * take a geometry (backward_data: the reduction runs over O instead of C). */
-LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                    const float *w, const float *bias,
-                                                    const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                     const float *w, float *gx);
-/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
-LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                     const float *gout, float *gw, float *gb);
-
-/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
-   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
-   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
-   for cin reduction channels (0: none fits). */
-LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
-LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
-LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
-                                    int64_t OB, float *out, int64_t pitch);
-
-/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
- * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
- * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
-LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                      const float *w, const float *bias,
-                                                      const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                       const float *w, float *gx);
-/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                       const float *gout, float *gw, float *gb);
-
-/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
-   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
-static inline int conv_env_on(const char *name) {
-   const char *v = getenv(name);
-   return !(v && v[0] == '0' && v[1] == 0);
-}
-
 #endif
 }
 
@@ -194,49 +65,6 @@ static inline int conv_num_threads_in_team(void) {
    return omp_get_num_threads();
 #else
    return 1;
-/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
- * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
- * take a geometry (backward_data: the reduction runs over O instead of C). */
-LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                    const float *w, const float *bias,
-                                                    const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                     const float *w, float *gx);
-/* backward weight (and bias) for a single input channel (C == 1, groups 1) */
-LM_CONV_HIDDEN int lm_conv_rb_bwdw_usable(const conv_geom *g);
-LM_CONV_HIDDEN lm_status lm_conv_rb_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                     const float *gout, float *gw, float *gb);
-
-/* the register-blocked GEMM step: out[k*pitch + 16v ..] = sum_c x[k*CP + c] * w[c*OB + 16v ..]
-   for pb rows k and nv vectors v (CP one of 1, 8, 16, 32, 64; pb <= lm_conv_rb_pbmax(nv); x, w,
-   out 64-byte aligned, OB and pitch multiples of 16). lm_conv_rb_cp: the padded channel count
-   for cin reduction channels (0: none fits). */
-LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
-LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
-LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
-                                    int64_t OB, float *out, int64_t pitch);
-
-/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
- * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
- * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
-LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
-LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                      const float *w, const float *bias,
-                                                      const float *res, int relu, float *out);
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                       const float *w, float *gx);
-/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
-LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
-                                                       const float *gout, float *gw, float *gb);
-
-/* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
-   Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
-static inline int conv_env_on(const char *name) {
-   const char *v = getenv(name);
-   return !(v && v[0] == '0' && v[1] == 0);
-}
-
 #endif
 }
 

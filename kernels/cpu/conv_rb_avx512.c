@@ -333,11 +333,8 @@ static void rb_stage_fwd(const rb_prob *P, int64_t n, int64_t r0, int64_t r1, fl
       }
 }
 
-/* forward-form unit: image n, destination rows [r0, r1); destination pixel (r, q) reads source
-   pixel (r*sh - ph + i*dh, q*sw - pw + j*dw) for tap (i, j). The source rows of one output row
-   span (kh-1)*dh + 1 rows; when consecutive output rows share rows (sh < span) the band holds
-   the unit's rows once, else each output row's span separately (a 1x1/2 convolution copies a
-   quarter of its input). A pointwise convolution with nothing to pad reads its input in place. */
+/* run one forward-form unit (image n, destination rows [r0, r1); the band layout is described
+   above the band struct) */
 static void rb_fwd_unit(const rb_prob *P, int64_t n, int64_t r0, int64_t r1, float *band) {
    const int64_t taps = P->kh * P->kw;
    rb_staged S;
