@@ -266,37 +266,6 @@ void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double 
 
 #else /* LM_GEMM_TEMPLATE ------------------------------------------------------------------- */
 
-/* mc x kc block of op(A) (element (i,p) at a[i*rsa + p*csa]) into ceil(mc/MR) micro-panels of
- * MR x kc: dst[panel][p][i], rows past mc zeroed */
-__attribute__((noinline)) static void GNAME(pack_a)(int64_t mc, int64_t kc, const T *a, int64_t rsa, int64_t csa, int MR,
-                          T *dst) {
-   for (int64_t i0 = 0; i0 < mc; i0 += MR) {
-      int mr = (int)imin(MR, mc - i0);
-      const T *ap = a + i0 * rsa;
-      if (rsa == 1) { /* columns of op(A) are contiguous */
-         for (int64_t p = 0; p < kc; p++) {
-            const T *col = ap + p * csa;
-            T *d = dst + p * MR;
-            int i = 0;
-            for (; i < mr; i++) d[i] = col[i];
-            for (; i < MR; i++) d[i] = (T)0;
-         }
-      } else {
-         for (int i = 0; i < mr; i++) {
-            const T *row = ap + i * rsa;
-            if (csa == 1) {
-               for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = row[p];
-            } else {
-               for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = row[p * csa];
-            }
-         }
-         for (int i = mr; i < MR; i++)
-            for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = (T)0;
-      }
-      dst += (int64_t)MR * kc;
-   }
-}
-
 /* micro-panels [q0, q1) of the kc x nc block of op(B) (element (p,j) at b[p*rsb + j*csb]):
  * panel q holds columns q*NR .. q*NR+NR-1 as dst[q][p][j], columns past nc zeroed */
 __attribute__((noinline)) static void GNAME(pack_b)(int64_t kc, int64_t nc, const T *b, int64_t rsb, int64_t csb, int NR,
@@ -328,6 +297,15 @@ __attribute__((noinline)) static void GNAME(pack_b)(int64_t kc, int64_t nc, cons
       }
    }
 }
+
+/* row micro-panels of the mc x kc block of op(A) (element (i,p) at a[i*rsa + p*csa]): panel r
+ * holds rows r*MR .. r*MR+MR-1 as dst[r][p][i], rows past mc zeroed. That is exactly pack_b of
+ * the transposed block (rows and columns swapped), so it reuses that loop. */
+static void GNAME(pack_a)(int64_t mc, int64_t kc, const T *a, int64_t rsa, int64_t csa, int MR,
+                          T *dst) {
+   GNAME(pack_b)(kc, mc, a, csa, rsa, MR, 0, (mc + MR - 1) / MR, dst);
+}
+
 
 /* Unpacked loops for rows [i0, i1): per row, blocks of up to JB columns accumulated in a stack
  * buffer, as dot products when A's rows and B's columns are contiguous, else as axpys over the
