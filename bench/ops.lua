@@ -1,6 +1,7 @@
 -- bench/ops.lua -- lumen's side of ../shared/peer/bench_ops.py: the same rows, the same measure
 -- (median milliseconds of ITERS runs after one warm-up), printed as '<op> <fmt> <ms>'.
--- Extra rows for the core: elementwise add / mul / add+relu with their GB/s.
+-- Extra rows for the core: elementwise add / mul / add+relu with their GB/s; and the rows of
+-- bench/peer_extra.py (pool and batch-norm backward, avg_pool2d).
 -- Usage: bin/lumen bench/ops.lua [threads] [iters] [filter]
 local lm = require("lumen")
 local F = lm.nn and lm.nn.functional
@@ -63,6 +64,33 @@ for _, fmt in ipairs({ "nchw", "nhwc" }) do
    row("add", fmt, function() return x + x end, 3 * nbytes)
    row("mul", fmt, function() return x * x end, 3 * nbytes)
    if F then
+      -- the rows of bench/peer_extra.py (lumen's own peer script): pools and batch norm with
+      -- their backward, avg_pool2d; gradients reset before every backward on both sides
+      local xg = x:clone():requires_grad_(true)
+      local g = lm.randn_like(x)
+      local bng = lm.nn.BatchNorm2d(64)
+      bng:train()
+      local function fwd_bwd(f)
+         return function()
+            xg.grad, bng.weight.grad, bng.bias.grad = nil, nil, nil
+            local y = f(xg)
+            y:backward(y:numel() == x:numel() and g or lm.ones_like(y))
+         end
+      end
+      row("avg_pool2d_3s2p1", fmt, function()
+         return F.avg_pool2d(x, { kernel_size = 3, stride = 2, padding = 1 })
+      end)
+      row("avg_pool2d_2s2", fmt, function() return F.avg_pool2d(x, { kernel_size = 2, stride = 2 }) end)
+      row("max_pool2d_3s2p1_fwd_bwd", fmt, fwd_bwd(function(t)
+         return F.max_pool2d(t, { kernel_size = 3, stride = 2, padding = 1 })
+      end))
+      row("avg_pool2d_3s2p1_fwd_bwd", fmt, fwd_bwd(function(t)
+         return F.avg_pool2d(t, { kernel_size = 3, stride = 2, padding = 1 })
+      end))
+      row("adaptive_avg_pool2d_1_fwd_bwd", fmt, fwd_bwd(function(t) return F.adaptive_avg_pool2d(t, 1) end))
+      row("adaptive_avg_pool2d_7_fwd_bwd", fmt, fwd_bwd(function(t) return F.adaptive_avg_pool2d(t, 7) end))
+      row("batch_norm_train_fwd_bwd", fmt, fwd_bwd(function(t) return bng(t) end))
+
       local xr = x:clone():requires_grad_(true)
       local w3 = lm.randn({ 64, 64, 3, 3 }):contiguous(mf):requires_grad_(true)
       row("conv3x3_64_56_b8_fwd_bwd", fmt, function()

@@ -4,7 +4,8 @@
 # RUNS times (default 5), alternately:
 # 1. every bench/*.lua through bin/lumen, with arg[1] = threads, arg[2] = iters; each prints rows
 #    "<op> <fmt> <ms>" (median milliseconds), the same rows the peer prints
-# 2. the peer, ../shared/peer/bench_ops.py (PEER_DIR overrides), when /usr/bin/python3 has torch
+# 2. the peer, ../shared/peer/bench_ops.py (PEER_DIR overrides), when /usr/bin/python3 has torch,
+#    and bench/peer_extra.py (lumen's own peer script for rows bench_ops.py lacks)
 # then bench/compare: each row's median over the runs, side by side, with the ratio peer/lumen
 # (> 1: lumen is faster). The machine is shared and noisy: alternating the two and taking
 # medians is what makes the ratio meaningful.
@@ -46,6 +47,9 @@ for run in $(seq 1 "$runs"); do
    if [ -n "$have_peer" ]; then
       echo "== run $run/$runs: peer $peer_dir/bench_ops.py (PyTorch, threads $threads, iters $iters)"
       /usr/bin/python3 "$peer_dir/bench_ops.py" "$threads" "$iters" | tee -a "$out/peer.txt" || status=1
+      if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY%.lua}" = ops ]; then
+         /usr/bin/python3 bench/peer_extra.py "$threads" "$iters" | tee -a "$out/peer.txt" || status=1
+      fi
    fi
 done
 

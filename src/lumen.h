@@ -95,8 +95,12 @@ int64_t lm_mem_cached_bytes(void);            /* bytes held by the cache, not li
 void lm_mem_empty_cache(void);
 int64_t lm_mem_soft_limit(void);
 void lm_mem_set_soft_limit(int64_t bytes);
-int lm_mem_pressure(void);                    /* 1 when live bytes crossed the soft limit since the
+int lm_mem_pressure(void);                    /* non-zero when live bytes crossed the soft limit, or
+                                                 large-block traffic the traffic limit, since the
                                                  last lm_mem_collected(); Lua then collects garbage */
+int64_t lm_mem_traffic_limit(void);           /* 0: traffic does not trigger collections */
+void lm_mem_set_traffic_limit(int64_t bytes);
+int64_t lm_mem_cache_size(void);              /* last-level cache bytes (sysconf), 0 if unknown */
 void lm_mem_collected(void);                  /* Lua reports a finished collection (limit adapts) */
 int64_t lm_mem_alloc_count(void);             /* calls that reached malloc (cache misses) */
 
@@ -107,6 +111,9 @@ lm_storage *lm_storage_wrap(void *data, int64_t nbytes, int device,
 void lm_storage_retain(lm_storage *s);
 void lm_storage_release(lm_storage *s);
 void lm_tensor_free(lm_tensor *t);
+void lm_tensor_free_many(lm_tensor **ts, int64_t n);
+void lm_tensor_release_storage(lm_tensor *t); /* drop the data now; the struct stays valid (empty)
+                                                 until lm_tensor_free */
 void *lm_tensor_data(const lm_tensor *t);     /* address of element 0 (storage + offset) */
 void lm_tensor_refresh(lm_tensor *t);         /* recompute numel and flags after editing sizes */
 int lm_tensor_same_storage(const lm_tensor *a, const lm_tensor *b);

@@ -129,6 +129,18 @@ void lm_tensor_free(lm_tensor *t) {
    free(t);
 }
 
+void lm_tensor_free_many(lm_tensor **ts, int64_t n) {
+   for (int64_t i = 0; i < n; i++) lm_tensor_free(ts[i]);
+}
+
+void lm_tensor_release_storage(lm_tensor *t) {
+   if (!t) return;
+   lm_storage_release(t->storage);
+   t->storage = NULL;
+   t->numel = 0;
+   for (int d = 0; d < t->ndim; d++) t->sizes[d] = 0;
+}
+
 void *lm_tensor_data(const lm_tensor *t) {
    if (!t || !t->storage) return NULL;
    return (char *)t->storage->data + t->offset * lm_dtype_size(t->dtype);

@@ -306,9 +306,8 @@ A.fresh = fresh
 local function release(t)
    local c = rawget(t, "_c")
    if c ~= nil then
-      ffi.gc(c, nil)
       rawset(t, "_c", nil)
-      C.lm_tensor_free(c)
+      C.lm_tensor_release_storage(c)
    end
 end
 

@@ -2,13 +2,101 @@
 --
 -- Tensor memory lives in C, so Lua's collector does not see it: a loop creating large
 -- temporaries would run out of memory long before the collector runs. The allocator raises a
--- "pressure" flag when live bytes cross a soft limit; every tensor constructor checks it (one
--- cheap FFI call) and then runs a full collection here, which frees unreachable tensors through
--- their ffi.gc finalizers, and reports back so the allocator can adapt the limit.
+-- "pressure" flag when live bytes cross a soft limit (or large-block traffic crosses the traffic
+-- limit); every tensor constructor checks it (one cheap FFI call) and then runs a full
+-- collection here, sweeps the slots of unreachable tensors (below) and reports back so the
+-- allocator can adapt the limit.
 
+local ffi = require("ffi")
 local C = require("lumen.C")
 
 local M = {}
+
+---------------------------------------------------------------------------------------------
+-- ownership of C tensors
+---------------------------------------------------------------------------------------------
+-- Every lm_tensor* that Lua owns sits in a slot: a weak-valued table holds its cdata and a C
+-- array holds its address. When the collector finds the cdata unreachable it clears the weak
+-- slot, and the sweep that ends the cycle frees the C tensor through the address. This replaces
+-- one ffi.gc finalizer per tensor: a finalizer costs a hash insertion when the tensor is made and
+-- an uncompiled FFI call from inside the collector when it dies (together about 0.5 us, most of
+-- the cost of a small operation); a slot costs two array stores, and the dead are freed in
+-- batches by one C call.
+-- The sweep runs from a sentinel finalizer at the end of every collection cycle, so
+-- collectgarbage() frees tensor memory as it did with ffi.gc. It may therefore run inside any
+-- allocation, own() included: own() fills the weak slot before the address, and the sweep
+-- skips slots without an address, so a half-made slot is never freed.
+local slots = setmetatable({}, { __mode = "v" })    -- slot -> cdata (weak)
+local cap = 4096
+local addrs = ffi.new("lm_tensor*[?]", cap + 1)      -- slot -> address (not seen by the GC)
+local nslots = 0
+local free_slots, nfree = {}, 0
+local DEAD_BATCH = 256
+local dead = ffi.new("lm_tensor*[?]", DEAD_BATCH)
+local sweeping = false
+local free_many = C.lm_tensor_free_many
+
+local function grow()
+   local ncap = cap * 2
+   local na = ffi.new("lm_tensor*[?]", ncap + 1)
+   ffi.copy(na, addrs, ffi.sizeof("lm_tensor*") * (cap + 1))
+   addrs, cap = na, ncap
+end
+
+-- free the C tensors whose cdata the collector found dead; returns how many
+local function sweep()
+   if sweeping then return 0 end          -- a collection inside the sweep: this one goes on
+   sweeping = true
+   local n, total = 0, 0
+   for s = 1, nslots do
+      local a = addrs[s]
+      if a ~= nil and slots[s] == nil then
+         addrs[s] = nil
+         dead[n] = a
+         n = n + 1
+         nfree = nfree + 1
+         free_slots[nfree] = s
+         if n == DEAD_BATCH then
+            free_many(dead, n)
+            total, n = total + n, 0
+         end
+      end
+   end
+   if n > 0 then free_many(dead, n) end
+   sweeping = false
+   return total + n
+end
+M.sweep = sweep
+
+local function arm_sentinel()
+   ffi.gc(ffi.new("uint8_t[1]"), function()
+      arm_sentinel()
+      sweep()
+   end)
+end
+arm_sentinel()
+
+-- take ownership of a fresh lm_tensor* (a cdata); returns it
+function M.own(p)
+   local s
+   if nfree > 0 then
+      s = free_slots[nfree]
+      nfree = nfree - 1
+   else
+      s = nslots + 1
+      if s > cap then grow() end
+      nslots = s
+   end
+   slots[s] = p
+   addrs[s] = p
+   return p
+end
+
+-- drop a tensor's data now (explicit free); the emptied struct is freed by a later sweep
+M.release = C.lm_tensor_release_storage
+
+-- slots in use (for tests and diagnostics)
+function M.owned_count() return nslots - nfree end
 
 -- The allocator's base soft limit. Small enough that a loop of large temporaries stays within a
 -- few dozen tensors of its real working set; the allocator grows the limit (x1.4 per collection)
@@ -24,15 +112,44 @@ do
    end
 end
 
+-- The traffic trigger (alloc.c): collect after every `traffic limit` bytes of large blocks, so
+-- that temporaries go back to the cache while their memory is still in the last-level cache. A
+-- collection costs time proportional to the Lua heap, so the limit is the larger of half the
+-- last-level cache and the traffic whose DRAM round trip costs TRAFFIC_COST_RATIO times the
+-- measured (smoothed) collection time: where the heap is large and collections are slow, they
+-- happen less often. LUMEN_TRAFFIC_LIMIT (bytes, 0 = off) fixes the limit instead.
+M.TRAFFIC_COST_RATIO = 4
+M.DRAM_BYTES_PER_SECOND = 30e9         -- a cold block costs a read for ownership plus a write back
+local cache_bytes = tonumber(C.lm_mem_cache_size())
+if cache_bytes <= 0 then cache_bytes = 32 * 2 ^ 20 end
+M.BASE_TRAFFIC_LIMIT = math.max(4 * 2 ^ 20, cache_bytes / 2)
+local fixed_traffic = tonumber(os.getenv("LUMEN_TRAFFIC_LIMIT") or "")
+if fixed_traffic and fixed_traffic >= 0 then
+   C.lm_mem_set_traffic_limit(fixed_traffic)
+else
+   fixed_traffic = nil
+   C.lm_mem_set_traffic_limit(M.BASE_TRAFFIC_LIMIT)
+end
+
+local clock = require("lumen.util").clock
+local gc_seconds = nil                 -- smoothed cost of one collection
 local collecting = false
 
 -- run a full collection now and tell the allocator
 function M.collect()
    if collecting then return end      -- a finalizer that allocates must not recurse
    collecting = true
+   local t0 = clock()
    collectgarbage()
+   sweep()
+   local dt = clock() - t0
    collecting = false
    C.lm_mem_collected()
+   if not fixed_traffic then
+      gc_seconds = gc_seconds and (0.75 * gc_seconds + 0.25 * dt) or dt
+      local limit = gc_seconds * M.DRAM_BYTES_PER_SECOND * M.TRAFFIC_COST_RATIO
+      C.lm_mem_set_traffic_limit(math.max(M.BASE_TRAFFIC_LIMIT, math.floor(limit)))
+   end
 end
 
 -- the same check every constructor does: collect when the allocator asks for it
@@ -56,5 +173,17 @@ function M.empty_cache() C.lm_mem_empty_cache() end
 function M.soft_limit() return tonumber(C.lm_mem_soft_limit()) end
 function M.set_soft_limit(bytes) C.lm_mem_set_soft_limit(bytes_arg("set_soft_limit", bytes)) end
 function M.alloc_count() return tonumber(C.lm_mem_alloc_count()) end
+function M.traffic_limit() return tonumber(C.lm_mem_traffic_limit()) end
+-- fix the traffic limit (bytes; 0 turns the traffic trigger off); nil returns to the adaptive one
+function M.set_traffic_limit(bytes)
+   if bytes == nil then
+      fixed_traffic = nil
+      C.lm_mem_set_traffic_limit(M.BASE_TRAFFIC_LIMIT)
+      return
+   end
+   fixed_traffic = bytes_arg("set_traffic_limit", bytes)
+   C.lm_mem_set_traffic_limit(fixed_traffic)
+end
+function M.cache_size() return cache_bytes end
 
 return M

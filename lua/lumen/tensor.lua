@@ -1,4 +1,4 @@
--- lumen.tensor -- the Tensor type: a Lua table {_c = <lm_tensor* owned through ffi.gc>} with a
+-- lumen.tensor -- the Tensor type: a Lua table {_c = <lm_tensor* owned by memory.own>} with a
 -- shared metatable, plus inspection, views, layout changes and math on top of the C API.
 --
 -- Conventions (see API.md):
@@ -18,7 +18,7 @@ local memory = require("lumen.memory")
 
 local type, tonumber, tostring, select, error = type, tonumber, tostring, select, error
 local getmetatable, setmetatable, rawget = getmetatable, setmetatable, rawget
-local ffi_gc, ffi_string = ffi.gc, ffi.string
+local ffi_string = ffi.string
 
 local M = {}
 local Tensor = {}                                 -- the method table
@@ -100,12 +100,13 @@ M.typename = typename
 -- construction
 ---------------------------------------------------------------------------------------------
 
-local free = C.lm_tensor_free
+local own, release = memory.own, memory.release
 
--- The one constructor: own a fresh lm_tensor* and give it the Tensor metatable. Every new
--- tensor also gives the allocator a chance to ask for a garbage collection (memory.lua).
+-- The one constructor: own a fresh lm_tensor* (memory.own: freed by a sweep once its cdata is
+-- unreachable) and give it the Tensor metatable. Every new tensor also gives the allocator a
+-- chance to ask for a garbage collection (memory.lua).
 local function wrap(p)
-   local t = setmetatable({ _c = ffi_gc(p, free) }, mt)
+   local t = setmetatable({ _c = own(p) }, mt)
    if C.lm_mem_pressure() ~= 0 then memory.collect() end
    return t
 end
@@ -451,9 +452,8 @@ function Tensor.free(self)
    end
    local c = rawget(self, "_c")
    if c ~= nil then
-      ffi_gc(c, nil)
       self._c = nil
-      free(c)
+      release(c)
    end
 end
 
