@@ -36,6 +36,12 @@ enum { NCLASS = 4 * 25 }; /* 2^6 .. 2^30, four classes per octave */
 #define LM_BIG_BLOCK ((size_t)1 << 30)
 #define LM_DEFAULT_SOFT_LIMIT ((int64_t)1 << 30)
 
+/* tensor and storage structs (lm_meta_alloc): their own LIFO lists in 64-byte classes up to
+ * 256 bytes, not counted as tensor memory. Lua frees dead tensors in batches after a collection
+ * (memory.lua), thousands at once; malloc's per-thread cache holds 7 blocks per size, so the
+ * rest would go through its slower bins and the next allocations pay for it. */
+enum { LM_META_CLASSES = 4, LM_META_MAX = 16384 };
+
 typedef struct block {
    struct block *next;
 } block;
@@ -47,8 +53,10 @@ static struct {
    int64_t soft_limit, base_limit;
    int64_t traffic, traffic_limit; /* large-block bytes handed out since the last collection */
    int pressure;                   /* LM_PRESSURE_LIVE | LM_PRESSURE_TRAFFIC */
+   block *meta_list[LM_META_CLASSES];
+   int meta_count[LM_META_CLASSES];
 } A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0,
-       LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, 0};
+       LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, 0, {0}, {0}};
 
 enum { LM_PRESSURE_LIVE = 1, LM_PRESSURE_TRAFFIC = 2 };
 #define LM_TRAFFIC_MIN_BLOCK ((size_t)256 << 10)
@@ -137,6 +145,43 @@ void lm_free(void *p, size_t nbytes) {
    if (!keep) free(p);
 }
 
+void *lm_meta_alloc(size_t nbytes) {
+   int cls = nbytes == 0 ? 0 : (int)((nbytes - 1) / 64);
+   if (cls < LM_META_CLASSES) {
+      void *p = NULL;
+      pthread_mutex_lock(&A.mu);
+      block *b = A.meta_list[cls];
+      if (b) {
+         A.meta_list[cls] = b->next;
+         A.meta_count[cls]--;
+         p = b;
+      }
+      pthread_mutex_unlock(&A.mu);
+      if (p) return p;
+      nbytes = (size_t)(cls + 1) * 64;
+   }
+   return malloc(nbytes);
+}
+
+void lm_meta_free(void *p, size_t nbytes) {
+   if (!p) return;
+   int cls = nbytes == 0 ? 0 : (int)((nbytes - 1) / 64);
+   if (cls < LM_META_CLASSES) {
+      int kept = 0;
+      pthread_mutex_lock(&A.mu);
+      if (A.meta_count[cls] < LM_META_MAX) {
+         block *b = p;
+         b->next = A.meta_list[cls];
+         A.meta_list[cls] = b;
+         A.meta_count[cls]++;
+         kept = 1;
+      }
+      pthread_mutex_unlock(&A.mu);
+      if (kept) return;
+   }
+   free(p);
+}
+
 #define LOCKED_GET(expr)                                                                        \
    do {                                                                                         \
       pthread_mutex_lock(&A.mu);                                                                \
@@ -213,12 +258,23 @@ void lm_mem_collected(void) {
 }
 
 void lm_mem_empty_cache(void) {
-   block *lists[NCLASS];
+   block *lists[NCLASS], *meta[LM_META_CLASSES];
    pthread_mutex_lock(&A.mu);
    memcpy(lists, A.free_list, sizeof lists);
    memset(A.free_list, 0, sizeof A.free_list);
+   memcpy(meta, A.meta_list, sizeof meta);
+   memset(A.meta_list, 0, sizeof A.meta_list);
+   memset(A.meta_count, 0, sizeof A.meta_count);
    A.cached = 0;
    pthread_mutex_unlock(&A.mu);
+   for (int i = 0; i < LM_META_CLASSES; i++) {
+      block *b = meta[i];
+      while (b) {
+         block *n = b->next;
+         free(b);
+         b = n;
+      }
+   }
    for (int i = 0; i < NCLASS; i++) {
       block *b = lists[i];
       while (b) {

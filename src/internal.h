@@ -148,4 +148,8 @@ lm_status lm_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b
 /* normalise a 0-based dim (negative counts from the end) against ndim; error if out of range */
 lm_status lm_wrap_dim(int *dim, int ndim);
 
+/* tensor / storage structs: cached LIFO lists in alloc.c, not counted as tensor memory */
+void *lm_meta_alloc(size_t nbytes);
+void lm_meta_free(void *p, size_t nbytes);
+
 #endif

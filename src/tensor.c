@@ -66,14 +66,14 @@ lm_storage *lm_storage_new(int64_t nbytes, int device) {
       lm_error(LM_ERR_ARG, "negative storage size");
       return NULL;
    }
-   lm_storage *s = malloc(sizeof *s);
+   lm_storage *s = lm_meta_alloc(sizeof *s);
    if (!s) {
       lm_error(LM_ERR_OOM, "out of memory");
       return NULL;
    }
    s->data = ops->alloc((size_t)nbytes);
    if (!s->data) {
-      free(s);
+      lm_meta_free(s, sizeof *s);
       return NULL;
    }
    s->nbytes = nbytes;
@@ -86,7 +86,7 @@ lm_storage *lm_storage_new(int64_t nbytes, int device) {
 
 lm_storage *lm_storage_wrap(void *data, int64_t nbytes, int device, void (*deleter)(void *),
                             void *ctx) {
-   lm_storage *s = malloc(sizeof *s);
+   lm_storage *s = lm_meta_alloc(sizeof *s);
    if (!s) {
       lm_error(LM_ERR_OOM, "out of memory");
       return NULL;
@@ -113,7 +113,7 @@ void lm_storage_release(lm_storage *s) {
       const lm_device_ops *ops = lm_device_get(s->device);
       if (ops) ops->free(s->data, (size_t)s->nbytes);
    }
-   free(s);
+   lm_meta_free(s, sizeof *s);
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -126,7 +126,7 @@ void lm_tensor_refresh(lm_tensor *t) {
 void lm_tensor_free(lm_tensor *t) {
    if (!t) return;
    lm_storage_release(t->storage);
-   free(t);
+   lm_meta_free(t, sizeof *t);
 }
 
 void lm_tensor_free_many(lm_tensor **ts, int64_t n) {
@@ -175,7 +175,7 @@ lm_status lm_tensor_from_storage(lm_storage *s, int64_t offset, int nd, const in
                       "view of %lld elements at offset %lld is out of bounds for a storage of "
                       "%lld bytes",
                       (long long)ext, (long long)offset, (long long)s->nbytes);
-   lm_tensor *t = malloc(sizeof *t);
+   lm_tensor *t = lm_meta_alloc(sizeof *t);
    if (!t) return lm_error(LM_ERR_OOM, "out of memory");
    memset(t, 0, sizeof *t);
    t->storage = s;

@@ -929,6 +929,7 @@ function M.coverage(opts)
       local x = s.x
       local r = {}
       collectgarbage()
+      memory.settle()
       collectgarbage("stop")
       local live0 = tonumber(C.lm_mem_live_bytes())
       C.lm_mem_reset_peak()
@@ -936,6 +937,7 @@ function M.coverage(opts)
       local peak = tonumber(C.lm_mem_peak_bytes())
       collectgarbage("restart")
       collectgarbage()
+      memory.settle()
       local live1 = tonumber(C.lm_mem_live_bytes())
       r.temp = math.max(0, peak - live1)
       r.base = live0

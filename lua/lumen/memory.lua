@@ -22,10 +22,10 @@ local M = {}
 -- an uncompiled FFI call from inside the collector when it dies (together about 0.5 us, most of
 -- the cost of a small operation); a slot costs two array stores, and the dead are freed in
 -- batches by one C call.
--- The sweep runs from a sentinel finalizer at the end of every collection cycle, so
--- collectgarbage() frees tensor memory as it did with ffi.gc. It may therefore run inside any
--- allocation, own() included: own() fills the weak slot before the address, and the sweep
--- skips slots without an address, so a half-made slot is never freed.
+-- A sentinel finalizer marks the end of every collection cycle; the sweep then runs at the next
+-- safe point: the next tensor made (own), the next memory query (live_bytes, ...), or at once
+-- after a collection lumen asks for (collect). It does not run inside the finalizer, because
+-- code that runs inside the collector is not compiled and the sweep is a hot loop.
 local slots = setmetatable({}, { __mode = "v" })    -- slot -> cdata (weak)
 local cap = 4096
 local addrs = ffi.new("lm_tensor*[?]", cap + 1)      -- slot -> address (not seen by the GC)
@@ -34,6 +34,7 @@ local free_slots, nfree = {}, 0
 local DEAD_BATCH = 256
 local dead = ffi.new("lm_tensor*[?]", DEAD_BATCH)
 local sweeping = false
+local cycle_ended = false
 local free_many = C.lm_tensor_free_many
 
 local function grow()
@@ -47,6 +48,7 @@ end
 local function sweep()
    if sweeping then return 0 end          -- a collection inside the sweep: this one goes on
    sweeping = true
+   cycle_ended = false
    local n, total = 0, 0
    for s = 1, nslots do
       local a = addrs[s]
@@ -70,14 +72,15 @@ M.sweep = sweep
 
 local function arm_sentinel()
    ffi.gc(ffi.new("uint8_t[1]"), function()
+      cycle_ended = true
       arm_sentinel()
-      sweep()
    end)
 end
 arm_sentinel()
 
 -- take ownership of a fresh lm_tensor* (a cdata); returns it
 function M.own(p)
+   if cycle_ended then sweep() end
    local s
    if nfree > 0 then
       s = free_slots[nfree]
@@ -96,7 +99,7 @@ end
 M.release = C.lm_tensor_release_storage
 
 -- slots in use (for tests and diagnostics)
-function M.owned_count() return nslots - nfree end
+function M.owned_count() settle(); return nslots - nfree end
 
 -- The allocator's base soft limit. Small enough that a loop of large temporaries stays within a
 -- few dozen tensors of its real working set; the allocator grows the limit (x1.4 per collection)
@@ -165,11 +168,18 @@ local function bytes_arg(fname, b)
    return b
 end
 
-function M.live_bytes() return tonumber(C.lm_mem_live_bytes()) end
-function M.peak_bytes() return tonumber(C.lm_mem_peak_bytes()) end
-function M.reset_peak() C.lm_mem_reset_peak() end
-function M.cached_bytes() return tonumber(C.lm_mem_cached_bytes()) end
-function M.empty_cache() C.lm_mem_empty_cache() end
+-- the queries first free what the last collection found dead, so that collectgarbage() followed
+-- by a query sees the memory returned, as with per-tensor finalizers
+local function settle()
+   if cycle_ended then sweep() end
+end
+M.settle = settle
+
+function M.live_bytes() settle(); return tonumber(C.lm_mem_live_bytes()) end
+function M.peak_bytes() settle(); return tonumber(C.lm_mem_peak_bytes()) end
+function M.reset_peak() settle(); C.lm_mem_reset_peak() end
+function M.cached_bytes() settle(); return tonumber(C.lm_mem_cached_bytes()) end
+function M.empty_cache() settle(); C.lm_mem_empty_cache() end
 function M.soft_limit() return tonumber(C.lm_mem_soft_limit()) end
 function M.set_soft_limit(bytes) C.lm_mem_set_soft_limit(bytes_arg("set_soft_limit", bytes)) end
 function M.alloc_count() return tonumber(C.lm_mem_alloc_count()) end
