@@ -3,11 +3,11 @@
  *
  * Layout (spec section 7): mf = x.suggest_memory_format(); output, indices and grad_input are
  * allocated in mf. Channels-last runs NHWC kernels whose inner loop walks the channels with unit
- * stride (vectorized), contiguous runs NCHW kernels over planes (max_pool2d / avg_pool2d forward
- * vectorized along the output row, one pass per window tap). An input that is not dense in mf is
- * cloned into mf once. Windows are precomputed per output row / column, so max_pool2d and
- * adaptive_max_pool2d share the NHWC kernel and the backward, avg_pool2d and adaptive_avg_pool2d
- * likewise.
+ * stride (vectorized; float32 under AVX-512 has its own kernels, see "AVX-512 float kernels"),
+ * contiguous runs NCHW kernels over planes (max_pool2d / avg_pool2d forward vectorized along the
+ * output row, one pass per window tap). An input that is not dense in mf is cloned into mf once.
+ * Windows are precomputed per output row / column, so max_pool2d and adaptive_max_pool2d share
+ * the NHWC kernel and the backward, avg_pool2d and adaptive_avg_pool2d likewise.
  *
  * Max pooling follows PyTorch exactly: the taps of a window are scanned row by row, a value wins
  * when it is greater than the current maximum or NaN (so the last NaN wins), ties keep the first
@@ -29,7 +29,9 @@ enum { CBLK = 256 }; /* channels per block in the NHWC kernels (stack scratch) *
    (function attribute; the OpenMP bodies inherit it). The AVX-512 copy runs when lm_gemm_isa()
    says AVX-512 is in use, so lm_gemm_set_isa(1) also selects the portable kernels here. */
 #if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
 #define LM_AVX512_FN __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512")))
+#define POOL_X86 1
 static int use_avx512(void) { return lm_gemm_isa() >= 3; }
 #else
 #define LM_AVX512_FN
@@ -661,6 +663,302 @@ DEFINE_AVG(float, f32_512, LM_AVX512_FN)
 DEFINE_AVG(double, f64_512, LM_AVX512_FN)
 
 /* ------------------------------------------------------------------------------------------ */
+/* AVX-512 float kernels for channels-last                                                    */
+/*
+ * The channels of a pixel are contiguous, so a window is walked with its channels in registers:
+ * chunks of 16 vectors (sums) or 8 (max, with the indices), then 4, then 1, then a masked tail.
+ * Threads take output rows (n, oh), and blocks of channels when there are few rows. Each kernel
+ * performs the same operations in the same order as the portable kernel it replaces, so the
+ * results are bit-identical (sums start from 0 and add the taps row by row; the average divides).
+ */
+#ifdef POOL_X86
+
+#define LM_AI __attribute__((always_inline)) inline
+
+static inline __mmask16 tail_mask(int64_t n) {
+   return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+
+/* channel block of the row-parallel kernels: the whole C unless there are too few rows */
+static int64_t row_cblock(int64_t rows, int64_t C) {
+#ifdef _OPENMP
+   int64_t nt = omp_get_max_threads();
+#else
+   int64_t nt = 1;
+#endif
+   if (nt <= 1 || rows >= 4 * nt || C <= 16) return C;
+   int64_t want = (4 * nt + rows - 1) / rows;
+   int64_t cb = (C + want - 1) / want;
+   cb = (cb + 15) / 16 * 16;
+   return cb < C ? cb : C;
+}
+
+/* a[0..NV) = 0 + the nh x nw taps from s0 (rows rs apart, taps ps apart), 16 NV channels */
+LM_AVX512_FN static LM_AI void wsum(__m512 *a, const float *s0, int64_t rs, int64_t ps,
+                                     int64_t nh, int64_t nw, const int NV) {
+   for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
+   for (int64_t i = 0; i < nh; i++) {
+      const float *s = s0 + i * rs;
+      for (int64_t j = 0; j < nw; j++, s += ps)
+         for (int v = 0; v < NV; v++) a[v] = _mm512_add_ps(a[v], _mm512_loadu_ps(s + 16 * v));
+   }
+}
+
+/* the same for the channels of mask m (the others are 0) */
+LM_AVX512_FN static LM_AI __m512 wsum_mask(const float *s0, int64_t rs, int64_t ps, int64_t nh,
+                                            int64_t nw, __mmask16 m) {
+   __m512 a = _mm512_setzero_ps();
+   for (int64_t i = 0; i < nh; i++) {
+      const float *s = s0 + i * rs;
+      for (int64_t j = 0; j < nw; j++, s += ps) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(m, s));
+   }
+   return a;
+}
+
+/* the average of one window for cn channels: base at its first tap, rs / ps row / tap strides */
+LM_AVX512_FN static LM_AI void avg_win_v512(float *op, const float *base, int64_t rs, int64_t ps,
+                                             int64_t nh, int64_t nw, int64_t cn, __m512 dv) {
+   __m512 a[16];
+   int64_t c = 0;
+   for (; c + 256 <= cn; c += 256) {
+      wsum(a, base + c, rs, ps, nh, nw, 16);
+      for (int v = 0; v < 16; v++) _mm512_storeu_ps(op + c + 16 * v, _mm512_div_ps(a[v], dv));
+   }
+   for (; c + 64 <= cn; c += 64) {
+      wsum(a, base + c, rs, ps, nh, nw, 4);
+      for (int v = 0; v < 4; v++) _mm512_storeu_ps(op + c + 16 * v, _mm512_div_ps(a[v], dv));
+   }
+   for (; c + 16 <= cn; c += 16) {
+      wsum(a, base + c, rs, ps, nh, nw, 1);
+      _mm512_storeu_ps(op + c, _mm512_div_ps(a[0], dv));
+   }
+   if (c < cn) {
+      const __mmask16 m = tail_mask(cn - c);
+      const __m512 s = wsum_mask(base + c, rs, ps, nh, nw, m);
+      _mm512_mask_storeu_ps(op + c, m, _mm512_maskz_div_ps(m, s, dv));
+   }
+}
+
+LM_AVX512_FN static void avg_fwd_nhwc_v512(const float *in, float *out, const pool_t *p) {
+   const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * OH;
+   const int64_t cb = row_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;
+#pragma omp parallel for schedule(static) if (tasks > 1 && rows * OW * C * p->kh * p->kw + p->N * C * H * W > LM_PARALLEL_GRAIN)
+   for (int64_t t = 0; t < tasks; t++) {
+      const int64_t r = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);
+      const int64_t oh = r % OH, n = r / OH, h0 = p->hs[oh], nh = p->he[oh] - h0;
+      const float *ib = in + n * H * W * C + c0;
+      float *orow = out + r * OW * C + c0;
+      for (int64_t ow = 0; ow < OW; ow++) {
+         const int64_t w0 = p->ws[ow], nw = p->we[ow] - w0;
+         if (nh <= 0 || nw <= 0) {
+            memset(orow + ow * C, 0, (size_t)cn * sizeof(float));
+            continue;
+         }
+         avg_win_v512(orow + ow * C, ib + (h0 * W + w0) * C, W * C, C, nh, nw, cn,
+                      _mm512_set1_ps((float)avg_div(p, oh, ow)));
+      }
+   }
+}
+
+/* the windows [lo[i], hi[i]) that hold input index i (empty when lo >= hi): the windows' starts
+   and ends are both non-decreasing, so they are a run, found by two sweeps */
+static void cover_ranges(const int64_t *st, const int64_t *en, int64_t O, int64_t I, int64_t *lo,
+                         int64_t *hi) {
+   int64_t b = 0, a = 0;
+   for (int64_t i = 0; i < I; i++) {
+      while (b < O && en[b] <= i) b++;
+      while (a < O && st[a] <= i) a++;
+      lo[i] = b;
+      hi[i] = a > b ? a : b;
+   }
+}
+
+/* end[i]: the end of the run of columns from i on that the same windows hold (lo, hi as above);
+   those input columns get the same gradient */
+static void column_runs(const int64_t *lo, const int64_t *hi, int64_t I, int64_t *end) {
+   for (int64_t i = I - 1; i >= 0; i--)
+      end[i] = (i + 1 < I && lo[i + 1] == lo[i] && hi[i + 1] == hi[i]) ? end[i + 1] : i + 1;
+}
+
+/* avg_pool2d / adaptive_avg_pool2d backward as a gather. Phase 1 scales grad_out by the window
+   divisors into v (N, OH, OW, C); phase 2 writes each input pixel once, as 0 plus v of the windows
+   that hold it (cov: rows rlo..rhi, columns clo..chi) in (oh, ow) order -- the additions, in the
+   same order, of avg_bwd_nhwc_*'s scatter into a zeroed grad_input, without the zero fill and the
+   read-modify-writes. Neighbouring columns held by the same windows (a run, cend) get the same
+   sum: computed once. */
+LM_AVX512_FN static void avg_bwd_nhwc_v512(const float *go, float *gi, const pool_t *p, float *v,
+                                           const int64_t *cov) {
+   const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;
+   const int64_t orows = p->N * OH, irows = p->N * H;
+   const int64_t *rlo = cov, *rhi = cov + H, *clo = cov + 2 * H, *chi = cov + 2 * H + W;
+   const int64_t *cend = cov + 2 * H + 2 * W;
+#pragma omp parallel if (irows > 1 && p->N * C * (H * W + OH * OW) > LM_PARALLEL_GRAIN)
+   {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < orows; r++) {
+         const int64_t oh = r % OH;
+         for (int64_t ow = 0; ow < OW; ow++) {
+            const float *oi = go + (r * OW + ow) * C;
+            float *vi = v + (r * OW + ow) * C;
+            if (p->hs[oh] >= p->he[oh] || p->ws[ow] >= p->we[ow]) { /* never gathered */
+               memset(vi, 0, (size_t)C * sizeof(float));
+               continue;
+            }
+            const __m512 dv = _mm512_set1_ps((float)avg_div(p, oh, ow));
+            int64_t c = 0;
+            for (; c + 16 <= C; c += 16)
+               _mm512_storeu_ps(vi + c, _mm512_div_ps(_mm512_loadu_ps(oi + c), dv));
+            if (c < C) {
+               const __mmask16 m = tail_mask(C - c);
+               _mm512_mask_storeu_ps(vi + c, m,
+                                     _mm512_maskz_div_ps(m, _mm512_maskz_loadu_ps(m, oi + c), dv));
+            }
+         }
+      }
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < irows; r++) {
+         const int64_t ih = r % H, n = r / H, a0 = rlo[ih], na = rhi[ih] - a0;
+         const float *vn = v + n * OH * OW * C;
+         float *g = gi + r * W * C;
+         if (C <= 16) { /* one vector per pixel */
+            const __mmask16 m = tail_mask(C);
+            const float *vr = vn + a0 * OW * C;
+            for (int64_t iw = 0, iw1; iw < W; iw = iw1) {
+               const int64_t b0 = clo[iw];
+               const __m512 s = wsum_mask(vr + b0 * C, OW * C, C, na, chi[iw] - b0, m);
+               iw1 = cend[iw];
+               for (int64_t q = iw; q < iw1; q++) _mm512_mask_storeu_ps(g + q * C, m, s);
+            }
+            continue;
+         }
+         for (int64_t iw = 0, iw1; iw < W; iw = iw1) {
+            const int64_t b0 = clo[iw], b1 = chi[iw], nbw = b1 - b0;
+            iw1 = cend[iw];
+            const float *base = vn + (a0 * OW + b0) * C;
+            __m512 a[16];
+            int64_t c = 0;
+            for (; c + 256 <= C; c += 256) {
+               wsum(a, base + c, OW * C, C, na, nbw, 16);
+               for (int64_t q = iw; q < iw1; q++)
+                  for (int k = 0; k < 16; k++) _mm512_storeu_ps(g + q * C + c + 16 * k, a[k]);
+            }
+            for (; c + 64 <= C; c += 64) {
+               wsum(a, base + c, OW * C, C, na, nbw, 4);
+               for (int64_t q = iw; q < iw1; q++)
+                  for (int k = 0; k < 4; k++) _mm512_storeu_ps(g + q * C + c + 16 * k, a[k]);
+            }
+            for (; c + 16 <= C; c += 16) {
+               wsum(a, base + c, OW * C, C, na, nbw, 1);
+               for (int64_t q = iw; q < iw1; q++) _mm512_storeu_ps(g + q * C + c, a[0]);
+            }
+            if (c < C) {
+               const __mmask16 m = tail_mask(C - c);
+               const __m512 s = wsum_mask(base + c, OW * C, C, na, nbw, m);
+               for (int64_t q = iw; q < iw1; q++) _mm512_mask_storeu_ps(g + q * C + c, m, s);
+            }
+         }
+      }
+   }
+}
+
+/* int32 lanes of i, widened, to xp[0..16) (lanes of m) */
+LM_AVX512_FN static LM_AI void store_idx16(int64_t *xp, __m512i i, __mmask16 m) {
+   const __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(i));
+   const __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(i, 1));
+   if (m == 0xFFFF) {
+      _mm512_storeu_si512(xp, lo);
+      _mm512_storeu_si512(xp + 8, hi);
+   } else {
+      _mm512_mask_storeu_epi64(xp, (__mmask8)m, lo);
+      _mm512_mask_storeu_epi64(xp + 8, (__mmask8)(m >> 8), hi);
+   }
+}
+
+/* max and its first index over the taps (rows h0..h1 step dh, columns w0..w1 step dw) for 16 NV
+   channels from ib (m: the lanes loaded, all for a full chunk); a value wins when it is greater
+   or NaN, as in the portable kernels */
+LM_AVX512_FN static LM_AI void max_taps(__m512 *mx, __m512i *mi, const float *ib, int64_t W,
+                                         int64_t C, int64_t h0, int64_t h1, int64_t dh,
+                                         int64_t w0, int64_t w1, int64_t dw, __mmask16 m,
+                                         const int NV, const int want) {
+   const __m512i first = _mm512_set1_epi32((h0 < h1 && w0 < w1) ? (int32_t)(h0 * W + w0) : -1);
+   for (int v = 0; v < NV; v++) {
+      mx[v] = _mm512_set1_ps(-INFINITY);
+      mi[v] = first;
+   }
+   for (int64_t ih = h0; ih < h1; ih += dh)
+      for (int64_t iw = w0; iw < w1; iw += dw) {
+         const float *s = ib + (ih * W + iw) * C;
+         const __m512i id = _mm512_set1_epi32((int32_t)(ih * W + iw));
+         for (int v = 0; v < NV; v++) {
+            const __m512 x =
+               m == 0xFFFF ? _mm512_loadu_ps(s + 16 * v) : _mm512_maskz_loadu_ps(m, s);
+            const __mmask16 k = _mm512_cmp_ps_mask(x, mx[v], _CMP_GT_OQ) |
+                                _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+            mx[v] = _mm512_mask_mov_ps(mx[v], k, x);
+            if (want) mi[v] = _mm512_mask_mov_epi32(mi[v], k, id);
+         }
+      }
+}
+
+/* the max of one window for cn channels (ib: the image at the first channel) */
+LM_AVX512_FN static LM_AI void max_win_v512(const float *ib, float *op, int64_t *xp, int64_t W,
+                                             int64_t C, int64_t cn, int64_t h0, int64_t h1,
+                                             int64_t dh, int64_t w0, int64_t w1, int64_t dw,
+                                             const int want) {
+   __m512 mx[8];
+   __m512i mi[8];
+   int64_t c = 0;
+   for (; c + 128 <= cn; c += 128) {
+      max_taps(mx, mi, ib + c, W, C, h0, h1, dh, w0, w1, dw, 0xFFFF, 8, want);
+      for (int v = 0; v < 8; v++) {
+         _mm512_storeu_ps(op + c + 16 * v, mx[v]);
+         if (want) store_idx16(xp + c + 16 * v, mi[v], 0xFFFF);
+      }
+   }
+   for (; c + 64 <= cn; c += 64) {
+      max_taps(mx, mi, ib + c, W, C, h0, h1, dh, w0, w1, dw, 0xFFFF, 4, want);
+      for (int v = 0; v < 4; v++) {
+         _mm512_storeu_ps(op + c + 16 * v, mx[v]);
+         if (want) store_idx16(xp + c + 16 * v, mi[v], 0xFFFF);
+      }
+   }
+   for (; c < cn; c += 16) {
+      const __mmask16 m = tail_mask(cn - c);
+      max_taps(mx, mi, ib + c, W, C, h0, h1, dh, w0, w1, dw, m, 1, want);
+      _mm512_mask_storeu_ps(op + c, m, mx[0]);
+      if (want) store_idx16(xp + c, mi[0], m);
+   }
+}
+
+/* max_pool2d / adaptive_max_pool2d forward; H * W < INT32_MAX (the indices run in int32 lanes) */
+LM_AVX512_FN static void max_fwd_nhwc_v512(const float *in, float *out, int64_t *ind,
+                                           const pool_t *p) {
+   const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * OH;
+   const int64_t dh = p->dh, dw = p->dw;
+   const int64_t cb = row_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;
+#pragma omp parallel for schedule(static) if (tasks > 1 && rows * OW * C * p->kh * p->kw > LM_PARALLEL_GRAIN)
+   for (int64_t t = 0; t < tasks; t++) {
+      const int64_t r = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);
+      const int64_t oh = r % OH, n = r / OH, h0 = p->hs[oh], h1 = p->he[oh];
+      const float *ib = in + n * H * W * C + c0;
+      float *orow = out + r * OW * C + c0;
+      if (ind) {
+         int64_t *xrow = ind + r * OW * C + c0;
+         for (int64_t ow = 0; ow < OW; ow++)
+            max_win_v512(ib, orow + ow * C, xrow + ow * C, W, C, cn, h0, h1, dh, p->ws[ow],
+                         p->we[ow], dw, 1);
+      } else {
+         for (int64_t ow = 0; ow < OW; ow++)
+            max_win_v512(ib, orow + ow * C, NULL, W, C, cn, h0, h1, dh, p->ws[ow], p->we[ow], dw,
+                         0);
+      }
+   }
+}
+
+#endif /* POOL_X86 */
+
+/* ------------------------------------------------------------------------------------------ */
 /* drivers                                                                                    */
 
 static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_tensor **indices) {
@@ -683,6 +981,10 @@ static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_
       if (p->mf == LM_CHANNELS_LAST) {
          if (x->dtype == LM_FLOAT64)
             (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, p);
+#ifdef POOL_X86
+         else if (v512 && p->H * p->W < INT32_MAX)
+            max_fwd_nhwc_v512(in, o, ix, p);
+#endif
          else if (p->H * p->W < INT32_MAX)
             (v512 ? max_fwd_nhwc_f32_512 : max_fwd_nhwc_f32)(in, o, ix, p);
          else
@@ -814,6 +1116,10 @@ static lm_status avg_forward(const lm_tensor *x, pool_t *p, lm_tensor **out) {
       if (p->mf == LM_CHANNELS_LAST) {
          if (x->dtype == LM_FLOAT64)
             (v512 ? avg_fwd_nhwc_f64_512 : avg_fwd_nhwc_f64)(in, o, p);
+#ifdef POOL_X86
+         else if (v512)
+            avg_fwd_nhwc_v512(in, o, p);
+#endif
          else
             (v512 ? avg_fwd_nhwc_f32_512 : avg_fwd_nhwc_f32)(in, o, p);
       } else if (p->kind == KIND_AVG) {
@@ -857,7 +1163,24 @@ static lm_status avg_backward(const lm_tensor *grad_out, const lm_tensor *x, poo
       const void *g = lm_tensor_data(god);
       void *gi = lm_tensor_data(sg.t);
       const int v512 = use_avx512();
-      if (p->mf == LM_CHANNELS_LAST) {
+      if (p->mf == LM_CHANNELS_LAST && x->dtype == LM_FLOAT32 && v512) {
+#ifdef POOL_X86
+         /* gather: scratch for the scaled grad_out and, per input row / column, the windows that
+            hold it (and the runs of columns held by the same windows) */
+         float *v = malloc((size_t)(p->N * p->OH * p->OW * p->C) * sizeof(float));
+         int64_t *cov = malloc((size_t)(2 * p->H + 3 * p->W) * sizeof(int64_t));
+         if (!v || !cov) {
+            st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
+         } else {
+            cover_ranges(p->hs, p->he, p->OH, p->H, cov, cov + p->H);
+            cover_ranges(p->ws, p->we, p->OW, p->W, cov + 2 * p->H, cov + 2 * p->H + p->W);
+            column_runs(cov + 2 * p->H, cov + 2 * p->H + p->W, p->W, cov + 2 * p->H + 2 * p->W);
+            avg_bwd_nhwc_v512(g, gi, p, v, cov);
+         }
+         free(v);
+         free(cov);
+#endif
+      } else if (p->mf == LM_CHANNELS_LAST) {
          if (x->dtype == LM_FLOAT64)
             (v512 ? avg_bwd_nhwc_f64_512 : avg_bwd_nhwc_f64)(g, gi, p);
          else

@@ -289,7 +289,7 @@ function F.max_pool2d(x, opts)
       record(out, "MaxPool2DWithIndicesBackward", function(g)
          p1[0] = nil
          check(C.lm_max_pool2d_backward(g._c, x._c, idx._c, p1), "max_pool2d_backward")
-         return wrap(p1[0])
+         return fresh(wrap(p1[0]))
       end, x)
    end
    if want_idx then return out, raw.add(idx, 1) end
@@ -323,7 +323,7 @@ function F.avg_pool2d(x, opts)
          check(C.lm_avg_pool2d_backward(g._c, x._c, fill2(kbuf, kernel), fill2(sbuf, stride),
                                         fill2(pbuf, padding), ceil_mode and 1 or 0,
                                         cip and 1 or 0, dovbuf, p1), "avg_pool2d_backward")
-         return wrap(p1[0])
+         return fresh(wrap(p1[0]))
       end, x)
    end
    return out
@@ -364,7 +364,7 @@ function F.adaptive_avg_pool2d(x, size)
       record(out, "AdaptiveAvgPool2DBackward", function(g)
          p1[0] = nil
          check(C.lm_adaptive_avg_pool2d_backward(g._c, x._c, p1), "adaptive_avg_pool2d_backward")
-         return wrap(p1[0])
+         return fresh(wrap(p1[0]))
       end, x)
    end
    return out
@@ -385,7 +385,7 @@ function F.adaptive_max_pool2d(x, size)
          p1[0] = nil
          check(C.lm_adaptive_max_pool2d_backward(g._c, x._c, idx._c, p1),
                "adaptive_max_pool2d_backward")
-         return wrap(p1[0])
+         return fresh(wrap(p1[0]))
       end, x)
    end
    return out, raw.add(idx, 1)
@@ -652,7 +652,7 @@ local function softmax_like(fname, cfwd, cbwd, bname)
          record(out, bname, function(g)
             p1[0] = nil
             check(cbwd(g._c, out._c, d, p1), fname .. "_backward")
-            return wrap(p1[0])
+            return fresh(wrap(p1[0]))
          end, x)
       end
       return out
