@@ -81,4 +81,65 @@ describe("memory", function()
       t:free()
       assert.equal(start, lm.memory.live_bytes())
    end)
+
+   it("owns C tensors through slots: freed once unreachable, never twice", function()
+      local start_owned = lm.memory.owned_count()
+      local start = lm.memory.live_bytes()
+      local keep = {}
+      for i = 1, 3000 do
+         local t = lm.full({ 64 }, i)
+         if i % 3 == 0 then keep[#keep + 1] = t end
+         if i % 5 == 0 then t:free() end       -- explicit free, then the sweep must not free again
+      end
+      full_collect()
+      -- every third tensor is still alive, except those freed explicitly (their slot goes too)
+      assert.equal(start_owned + 800, lm.memory.owned_count())
+      for j = 1, #keep, 97 do
+         local i = 3 * j
+         if i % 5 ~= 0 then assert.equal(64 * i, keep[j]:sum():item()) end
+      end
+      keep = nil -- luacheck: ignore
+      full_collect()
+      assert.equal(start_owned, lm.memory.owned_count())
+      assert.equal(start, lm.memory.live_bytes())
+   end)
+
+   it("a tensor's C pointer moved to another table keeps the tensor alive", function()
+      local start = lm.memory.live_bytes()
+      local t = lm.full({ 1000 }, 7)
+      local holder = setmetatable({ _c = rawget(t, "_c") }, getmetatable(t))
+      t = nil -- luacheck: ignore
+      full_collect()
+      assert.equal(7000, holder:sum():item())
+      holder = nil -- luacheck: ignore
+      full_collect()
+      assert.equal(start, lm.memory.live_bytes())
+   end)
+
+   it("the traffic trigger: off by default, can be set, made adaptive, turned off", function()
+      assert.equal(0, lm.memory.traffic_limit())
+      lm.memory.set_traffic_limit(4 * 2 ^ 20)
+      assert.equal(4 * 2 ^ 20, lm.memory.traffic_limit())
+      -- with a 4 MiB growth limit, a loop of 6 MB temporaries collects as it goes: its peak is
+      -- well under the one the 64 MiB soft limit alone allows
+      local function loop_peak(limit)
+         lm.memory.set_traffic_limit(limit)
+         full_collect()
+         local start = lm.memory.live_bytes()
+         lm.memory.reset_peak()
+         for _ = 1, 50 do local _ = lm.empty(BIG) end
+         return lm.memory.peak_bytes() - start
+      end
+      local without, with = loop_peak(0), loop_peak(4 * 2 ^ 20)
+      assert.is_true(with < 0.75 * without,
+         string.format("peak %.1f MB with the trigger, %.1f MB without", with / 2 ^ 20,
+                       without / 2 ^ 20))
+      lm.memory.set_traffic_limit("auto")
+      assert.is_true(lm.memory.traffic_limit() >= 4 * 2 ^ 20)
+      lm.memory.set_traffic_limit(0)
+      assert.equal(0, lm.memory.traffic_limit())
+      assert.has_error(function() lm.memory.set_traffic_limit(-1) end,
+         "lumen.memory.set_traffic_limit: bytes must be a non-negative integer, got -1")
+      assert.has_error(function() lm.memory.set_traffic_limit("fast") end)
+   end)
 end)

@@ -8,15 +8,17 @@
  * the memory does not collect on every allocation); it shrinks back toward the base when usage
  * falls.
  *
- * A second trigger answers allocation traffic rather than live bytes. A temporary is freed only
- * when the collector runs, so without it every large result of a loop lands in a block that was
- * written long ago and has left the caches: each store then reads the line from DRAM first and
- * evicts another dirty one (measured: an out-of-place 6.4 MB relu takes 0.30 ms against 0.08 ms in
- * a block freed just before). So the allocator also counts the bytes of large blocks (>= 256 KiB)
- * handed out since the last collection; past the traffic limit it raises the pressure flag too. The
- * Lua side sets that limit from the last-level cache size and the measured cost of a collection
- * (memory.lua), so a collection is only asked for where it costs less than the DRAM traffic it
- * saves. A collection caused by traffic alone leaves the soft limit as it is.
+ * A second trigger answers the growth of live bytes since the last collection ("traffic"). A
+ * temporary is freed only when the collector runs, so without it every large result of a loop
+ * lands in a block that was written long ago and has left the caches: each store then reads the
+ * line from DRAM first and evicts another dirty one (measured: an out-of-place 6.4 MB relu takes
+ * 0.30 ms against 0.08 ms in a block freed just before). So when a large block (>= 256 KiB) is
+ * handed out and live bytes have grown by more than the traffic limit since the last collection,
+ * the pressure flag goes up too. Memory freed explicitly (t:free(), autograd's released
+ * gradients) does not count. The Lua side sets the limit from the last-level cache size and the
+ * measured cost of a collection (memory.lua), so a collection is only asked for where it costs
+ * less than the DRAM traffic it saves. A collection caused by traffic alone leaves the soft limit
+ * as it is.
  *
  * Cache: freed blocks are kept in per-size-class free lists (classes are powers of two split in
  * four, from 64 bytes up to 1 GiB; bigger blocks go straight back to the system) and reused by the
@@ -51,7 +53,7 @@ static struct {
    block *free_list[NCLASS];
    int64_t live, peak, cached, nmalloc;
    int64_t soft_limit, base_limit;
-   int64_t traffic, traffic_limit; /* large-block bytes handed out since the last collection */
+   int64_t live_base, traffic_limit; /* live bytes after the last collection; growth limit */
    int pressure;                   /* LM_PRESSURE_LIVE | LM_PRESSURE_TRAFFIC */
    block *meta_list[LM_META_CLASSES];
    int meta_count[LM_META_CLASSES];
@@ -79,10 +81,9 @@ static void account_alloc(size_t rounded) {
    A.live += (int64_t)rounded;
    if (A.live > A.peak) A.peak = A.live;
    if (A.live > A.soft_limit) A.pressure |= LM_PRESSURE_LIVE;
-   if (rounded >= LM_TRAFFIC_MIN_BLOCK) {
-      A.traffic += (int64_t)rounded;
-      if (A.traffic_limit > 0 && A.traffic > A.traffic_limit) A.pressure |= LM_PRESSURE_TRAFFIC;
-   }
+   if (rounded >= LM_TRAFFIC_MIN_BLOCK && A.traffic_limit > 0 &&
+       A.live - A.live_base > A.traffic_limit)
+      A.pressure |= LM_PRESSURE_TRAFFIC;
 }
 
 void *lm_alloc(size_t nbytes) {
@@ -216,7 +217,8 @@ int64_t lm_mem_traffic_limit(void) { LOCKED_GET(A.traffic_limit); }
 void lm_mem_set_traffic_limit(int64_t bytes) {
    pthread_mutex_lock(&A.mu);
    A.traffic_limit = bytes > 0 ? bytes : 0;
-   if (A.traffic_limit == 0 || A.traffic <= A.traffic_limit) A.pressure &= ~LM_PRESSURE_TRAFFIC;
+   if (A.traffic_limit == 0 || A.live - A.live_base <= A.traffic_limit)
+      A.pressure &= ~LM_PRESSURE_TRAFFIC;
    pthread_mutex_unlock(&A.mu);
 }
 
@@ -245,7 +247,6 @@ int64_t lm_mem_cache_size(void) {
 void lm_mem_collected(void) {
    pthread_mutex_lock(&A.mu);
    int by_live = A.pressure & LM_PRESSURE_LIVE;
-   A.traffic = 0;
    if (!by_live && A.live <= A.soft_limit) {
       /* a collection asked for by traffic: the soft limit was not the reason, leave it */
    } else if (A.live > A.soft_limit / 10 * 8) {
@@ -254,6 +255,7 @@ void lm_mem_collected(void) {
       A.soft_limit = A.base_limit;
    }
    A.pressure = 0;
+   A.live_base = A.live;
    pthread_mutex_unlock(&A.mu);
 }
 

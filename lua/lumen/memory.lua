@@ -98,8 +98,6 @@ end
 -- drop a tensor's data now (explicit free); the emptied struct is freed by a later sweep
 M.release = C.lm_tensor_release_storage
 
--- slots in use (for tests and diagnostics)
-function M.owned_count() settle(); return nslots - nfree end
 
 -- The allocator's base soft limit. Small enough that a loop of large temporaries stays within a
 -- few dozen tensors of its real working set; the allocator grows the limit (x1.4 per collection)
@@ -115,23 +113,30 @@ do
    end
 end
 
--- The traffic trigger (alloc.c): collect after every `traffic limit` bytes of large blocks, so
--- that temporaries go back to the cache while their memory is still in the last-level cache. A
--- collection costs time proportional to the Lua heap, so the limit is the larger of half the
--- last-level cache and the traffic whose DRAM round trip costs TRAFFIC_COST_RATIO times the
--- measured (smoothed) collection time: where the heap is large and collections are slow, they
--- happen less often. LUMEN_TRAFFIC_LIMIT (bytes, 0 = off) fixes the limit instead.
+-- The traffic trigger (alloc.c): collect whenever live bytes have grown by the traffic limit
+-- since the last collection, so that temporaries go back to the cache while their memory is still
+-- in the last-level cache. It is off by default: a collection costs time proportional to the Lua
+-- heap (about 0.1 ms for lumen alone), and on this project's benchmarks (bench/ops.lua,
+-- bench/train_step.lua) it bought nothing measurable. LUMEN_TRAFFIC_LIMIT=auto (or
+-- lm.memory.set_traffic_limit("auto")) turns on the adaptive limit: the larger of a quarter of
+-- the last-level cache and the growth whose DRAM round trip costs TRAFFIC_COST_RATIO times the
+-- measured (smoothed) collection time. A number of bytes fixes the limit; 0 turns it off.
 M.TRAFFIC_COST_RATIO = 4
 M.DRAM_BYTES_PER_SECOND = 30e9         -- a cold block costs a read for ownership plus a write back
 local cache_bytes = tonumber(C.lm_mem_cache_size())
 if cache_bytes <= 0 then cache_bytes = 32 * 2 ^ 20 end
-M.BASE_TRAFFIC_LIMIT = math.max(4 * 2 ^ 20, cache_bytes / 2)
-local fixed_traffic = tonumber(os.getenv("LUMEN_TRAFFIC_LIMIT") or "")
-if fixed_traffic and fixed_traffic >= 0 then
-   C.lm_mem_set_traffic_limit(fixed_traffic)
-else
-   fixed_traffic = nil
-   C.lm_mem_set_traffic_limit(M.BASE_TRAFFIC_LIMIT)
+M.BASE_TRAFFIC_LIMIT = math.max(4 * 2 ^ 20, cache_bytes / 4)
+local traffic_auto = false
+do
+   local env = os.getenv("LUMEN_TRAFFIC_LIMIT")
+   if env == "auto" then
+      traffic_auto = true
+      C.lm_mem_set_traffic_limit(M.BASE_TRAFFIC_LIMIT)
+   elseif tonumber(env) and tonumber(env) >= 0 then
+      C.lm_mem_set_traffic_limit(tonumber(env))
+   else
+      C.lm_mem_set_traffic_limit(0)
+   end
 end
 
 local clock = require("lumen.util").clock
@@ -148,7 +153,7 @@ function M.collect()
    local dt = clock() - t0
    collecting = false
    C.lm_mem_collected()
-   if not fixed_traffic then
+   if traffic_auto then
       gc_seconds = gc_seconds and (0.75 * gc_seconds + 0.25 * dt) or dt
       local limit = gc_seconds * M.DRAM_BYTES_PER_SECOND * M.TRAFFIC_COST_RATIO
       C.lm_mem_set_traffic_limit(math.max(M.BASE_TRAFFIC_LIMIT, math.floor(limit)))
@@ -175,6 +180,9 @@ local function settle()
 end
 M.settle = settle
 
+-- slots in use (for tests and diagnostics)
+function M.owned_count() settle(); return nslots - nfree end
+
 function M.live_bytes() settle(); return tonumber(C.lm_mem_live_bytes()) end
 function M.peak_bytes() settle(); return tonumber(C.lm_mem_peak_bytes()) end
 function M.reset_peak() settle(); C.lm_mem_reset_peak() end
@@ -184,15 +192,15 @@ function M.soft_limit() return tonumber(C.lm_mem_soft_limit()) end
 function M.set_soft_limit(bytes) C.lm_mem_set_soft_limit(bytes_arg("set_soft_limit", bytes)) end
 function M.alloc_count() return tonumber(C.lm_mem_alloc_count()) end
 function M.traffic_limit() return tonumber(C.lm_mem_traffic_limit()) end
--- fix the traffic limit (bytes; 0 turns the traffic trigger off); nil returns to the adaptive one
+-- the traffic limit: bytes of growth (0 turns the trigger off, the default) or "auto"
 function M.set_traffic_limit(bytes)
-   if bytes == nil then
-      fixed_traffic = nil
+   if bytes == "auto" then
+      traffic_auto = true
       C.lm_mem_set_traffic_limit(M.BASE_TRAFFIC_LIMIT)
       return
    end
-   fixed_traffic = bytes_arg("set_traffic_limit", bytes)
-   C.lm_mem_set_traffic_limit(fixed_traffic)
+   traffic_auto = false
+   C.lm_mem_set_traffic_limit(bytes_arg("set_traffic_limit", bytes))
 end
 function M.cache_size() return cache_bytes end
 
