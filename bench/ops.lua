@@ -80,15 +80,20 @@ for _, fmt in ipairs({ "nchw", "nhwc" }) do
       row("avg_pool2d_3s2p1", fmt, function()
          return F.avg_pool2d(x, { kernel_size = 3, stride = 2, padding = 1 })
       end)
-      row("avg_pool2d_2s2", fmt, function() return F.avg_pool2d(x, { kernel_size = 2, stride = 2 }) end)
+      row("avg_pool2d_2s2", fmt, function()
+         return F.avg_pool2d(x, { kernel_size = 2, stride = 2 })
+      end)
       row("max_pool2d_3s2p1_fwd_bwd", fmt, fwd_bwd(function(t)
          return F.max_pool2d(t, { kernel_size = 3, stride = 2, padding = 1 })
       end))
       row("avg_pool2d_3s2p1_fwd_bwd", fmt, fwd_bwd(function(t)
          return F.avg_pool2d(t, { kernel_size = 3, stride = 2, padding = 1 })
       end))
-      row("adaptive_avg_pool2d_1_fwd_bwd", fmt, fwd_bwd(function(t) return F.adaptive_avg_pool2d(t, 1) end))
-      row("adaptive_avg_pool2d_7_fwd_bwd", fmt, fwd_bwd(function(t) return F.adaptive_avg_pool2d(t, 7) end))
+      for _, s in ipairs({ 1, 7 }) do
+         row("adaptive_avg_pool2d_" .. s .. "_fwd_bwd", fmt, fwd_bwd(function(t)
+            return F.adaptive_avg_pool2d(t, s)
+         end))
+      end
       row("batch_norm_train_fwd_bwd", fmt, fwd_bwd(function(t) return bng(t) end))
 
       local xr = x:clone():requires_grad_(true)
