@@ -113,5 +113,5 @@ do
    local ms = med(function()
       for _ = 1, N do local _ = a + b end
    end, 21) / N
-   print(string.format("add_4_elements overhead %.4f", ms))
+   print(string.format("add_4_elements overhead %.6f", ms))
 end
