@@ -16,7 +16,7 @@
  *     destination (an "out=" tensor): its shape must equal the result shape, its strides are kept,
  *     and its dtype must be able to hold the result.
  *   - A tensor owns a reference to its storage; views share the storage. Tensors themselves are
- *     single-owner (Lua wraps each in ffi.gc).
+ *     single-owner (Lua owns each through lumen.memory.own: freed by a sweep once unreachable).
  */
 #ifndef LUMEN_H
 #define LUMEN_H
