@@ -26,6 +26,34 @@ lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t
                         lm_tensor **out, lm_tensor **indices);
 lm_status lm_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
                                  const lm_tensor *indices, lm_tensor **grad_x);
+/* The same gradient, given the forward's geometry (kernel .. ceil_mode as lm_max_pool2d; grad_out
+   and indices must have its output shape). Channels-last gathers: each input pixel is written
+   once, as the sum over the windows that have it as a tap and whose index names it, in window
+   order, so the result is bit-identical to lm_max_pool2d_backward's; an index that is neither -1
+   nor a tap of its window inside the plane is an error (LM_ERR_ARG, "out of range"). Contiguous
+   inputs take lm_max_pool2d_backward's scatter (an index outside the plane is the error). */
+lm_status lm_max_pool2d_backward_geom(const lm_tensor *grad_out, const lm_tensor *x,
+                                      const lm_tensor *indices, const int64_t *kernel,
+                                      const int64_t *stride, const int64_t *padding,
+                                      const int64_t *dilation, int ceil_mode,
+                                      lm_tensor **grad_x);
+/* max_pool2d for autograd: *taps (must be NULL; a new uint8 tensor in mf, of out's shape) gets,
+   instead of the int64 index, the tap number of each window's max, i * kw + j for the tap in
+   window row i and column j (counted from the window's first tap, in the padding or not), or 255
+   for a window without an input element: an eighth of the memory. kernel[0] * kernel[1] must be
+   at most 255 (LM_ERR_ARG otherwise). The max and the tap it comes from are those of
+   lm_max_pool2d (same ties and NaNs). */
+lm_status lm_max_pool2d_taps(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                             const int64_t *padding, const int64_t *dilation, int ceil_mode,
+                             lm_tensor **out, lm_tensor **taps);
+/* lm_max_pool2d_backward_geom from those tap numbers: the same gradient, bit-identical. A number
+   that is neither 255 nor a tap of its window inside the plane is an error (LM_ERR_ARG, "out of
+   range"). */
+lm_status lm_max_pool2d_taps_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                      const lm_tensor *taps, const int64_t *kernel,
+                                      const int64_t *stride, const int64_t *padding,
+                                      const int64_t *dilation, int ceil_mode,
+                                      lm_tensor **grad_x);
 
 /* divisor_override: NULL for none (a pointer to 0 is an error, as in PyTorch) */
 lm_status lm_avg_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,

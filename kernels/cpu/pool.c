@@ -9,6 +9,11 @@
  * Windows are precomputed per output row / column, so max_pool2d and adaptive_max_pool2d share
  * the NHWC kernel and the backward, avg_pool2d and adaptive_avg_pool2d likewise.
  *
+ * max_pool2d's backward also comes with the window geometry (lm_max_pool2d_backward_geom, and
+ * lm_max_pool2d_taps_backward for the uint8 tap numbers lm_max_pool2d_taps saves instead of int64
+ * indices): channels-last then gathers, each input pixel summing the windows that have it as a tap
+ * (lists per input row / column, tap_lists) in window order, bit-identical to the scatter.
+ *
  * Max pooling follows PyTorch exactly: the taps of a window are scanned row by row, a value wins
  * when it is greater than the current maximum or NaN (so the last NaN wins), ties keep the first
  * position, and an all -inf window keeps the index of its first tap. A window that holds no input
@@ -65,7 +70,8 @@ typedef struct {
    int ceil_mode, count_include_pad, has_div;
    int64_t divisor;
    /* per output row / column: first and end (exclusive) input index, and the window size
-      counted with padding (avg_pool2d's pool_size); the step is dh / dw */
+      counted with padding (avg_pool2d's pool_size) or, for max_pool2d, the tap number of the first
+      tap inside the input (the window's row / column i of its taps); the step is dh / dw */
    int64_t *hs, *he, *hz, *ws, *we, *wz;
 } pool_t;
 
@@ -197,8 +203,11 @@ static lm_status pool_windows(pool_t *p) {
          case KIND_MAX:
             a = o * s - pad;
             b = min64(a + (k - 1) * d + 1, I);
-            while (a < 0) a += d;
             z = 0;
+            while (a < 0) {
+               a += d;
+               z++;
+            }
             break;
          case KIND_AVG:
             a = o * s - pad;
@@ -306,9 +315,12 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
       }                                                                                            \
    }
 #define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR)                                                        \
-   ATTR static void max_fwd_nhwc_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {         \
+   ATTR static void max_fwd_nhwc_##S(const T *in, T *out, int64_t *ind, uint8_t *cd,               \
+                                     const pool_t *p) {                                            \
       const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, dh = p->dh,              \
                     dw = p->dw;                                                                    \
+      /* the id of a tap: its flat input index, or its tap number when codes are wanted */         \
+      const int64_t sw_ = cd ? 1 : dw, sh_ = cd ? p->kw : dh * W;                                  \
       const int64_t pix = p->N * OH * OW;                                                          \
       _Pragma("omp parallel for schedule(static) if (pix * C * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
       for (int64_t q = 0; q < pix; q++) {                                                          \
@@ -317,7 +329,8 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
          const T *ib = in + n * H * W * C;                                                         \
          T *op = out + q * C;                                                                      \
          int64_t *xp = ind ? ind + q * C : NULL;                                                   \
-         const IT first = (h0 < h1 && w0 < w1) ? (IT)(h0 * W + w0) : (IT)-1;                       \
+         const IT id0 = cd ? (IT)(p->hz[oh] * p->kw + p->wz[ow]) : (IT)(h0 * W + w0);              \
+         const IT first = (h0 < h1 && w0 < w1) ? id0 : cd ? (IT)255 : (IT)-1;                      \
          for (int64_t c0 = 0; c0 < C; c0 += CBLK) {                                                \
             const int64_t cn = min64(CBLK, C - c0);                                                \
             T mx[CBLK];                                                                            \
@@ -326,10 +339,11 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
                mx[c] = (T)-INFINITY;                                                               \
                li[c] = first;                                                                      \
             }                                                                                      \
-            for (int64_t ih = h0; ih < h1; ih += dh) {                                             \
-               for (int64_t iw = w0; iw < w1; iw += dw) {                                          \
+            IT rid = id0;                                                                          \
+            for (int64_t ih = h0; ih < h1; ih += dh, rid += (IT)sh_) {                             \
+               IT id = rid;                                                                        \
+               for (int64_t iw = w0; iw < w1; iw += dw, id += (IT)sw_) {                           \
                   const T *src = ib + (ih * W + iw) * C + c0;                                      \
-                  const IT id = (IT)(ih * W + iw);                                                 \
                   for (int64_t c = 0; c < cn; c++) {                                               \
                      T v = src[c];                                                                 \
                      int take = (v > mx[c]) | (v != v);                                            \
@@ -341,6 +355,8 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
             for (int64_t c = 0; c < cn; c++) op[c0 + c] = mx[c];                                   \
             if (xp)                                                                                \
                for (int64_t c = 0; c < cn; c++) xp[c0 + c] = li[c];                                \
+            if (cd)                                                                                \
+               for (int64_t c = 0; c < cn; c++) cd[q * C + c0 + c] = (uint8_t)li[c];               \
          }                                                                                         \
       }                                                                                            \
    }
@@ -369,7 +385,8 @@ static inline void tap_range(const pool_t *p, int64_t j, int64_t *a, int64_t *b)
 enum { OWBLK = 512 };
 
 #define DEFINE_REG_NCHW(T, S, ATTR)                                                                \
-   ATTR static void max_reg_nchw_##S(const T *in, T *out, int64_t *ind, const pool_t *p) {         \
+   ATTR static void max_reg_nchw_##S(const T *in, T *out, int64_t *ind, uint8_t *cd,               \
+                                     const pool_t *p) {                                            \
       const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, sw = p->sw;                        \
       const int64_t rows = p->N * p->C * OH;                                                       \
       _Pragma("omp parallel for schedule(static) if (rows * OW * p->kh * p->kw > LM_PARALLEL_GRAIN)") \
@@ -384,9 +401,13 @@ enum { OWBLK = 512 };
             for (int64_t o = 0; o < bn; o++) {                                                     \
                const int64_t w0 = p->ws[b0 + o], w1 = p->we[b0 + o];                               \
                mx[o] = (T)-INFINITY;                                                               \
-               mi[o] = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                                    \
+               if (cd)                                                                             \
+                  mi[o] = (h0 < h1 && w0 < w1) ? p->hz[oh] * p->kw + p->wz[b0 + o] : 255;          \
+               else                                                                                \
+                  mi[o] = (h0 < h1 && w0 < w1) ? h0 * W + w0 : -1;                                 \
             }                                                                                      \
-            for (int64_t ih = h0; ih < h1; ih += p->dh) {                                          \
+            int64_t rid = p->hz[oh] * p->kw; /* tap number of (row ih, column 0) */                \
+            for (int64_t ih = h0; ih < h1; ih += p->dh, rid += p->kw) {                            \
                const T *row = ip + ih * W;                                                         \
                for (int64_t j = 0; j < p->kw; j++) {                                               \
                   int64_t a, b;                                                                    \
@@ -394,7 +415,17 @@ enum { OWBLK = 512 };
                   a = a > b0 ? a - b0 : 0;                                                         \
                   b = b - b0 < bn ? b - b0 : bn;                                                   \
                   const int64_t off = (b0 * sw) + j * p->dw - p->pw;                               \
-                  for (int64_t o = a; o < b; o++) {                                                \
+                  if (cd) {                                                                        \
+                     const int64_t id = rid + j;                                                   \
+                     for (int64_t o = a; o < b; o++) {                                             \
+                        const T v = row[o * sw + off];                                             \
+                        const int take = (v > mx[o]) | (v != v);                                   \
+                        mx[o] = take ? v : mx[o];                                                  \
+                        mi[o] = take ? id : mi[o];                                                 \
+                     }                                                                             \
+                     continue;                                                                     \
+                  }                                                                                \
+                  for (int64_t o = a; o < b; o++) {                                               \
                      const int64_t iw = o * sw + off;                                              \
                      const T v = row[iw];                                                          \
                      const int take = (v > mx[o]) | (v != v);                                      \
@@ -408,6 +439,10 @@ enum { OWBLK = 512 };
             if (ind) {                                                                             \
                int64_t *xp = ind + r * OW + b0;                                                    \
                for (int64_t o = 0; o < bn; o++) xp[o] = mi[o];                                     \
+            }                                                                                      \
+            if (cd) {                                                                              \
+               uint8_t *cp = cd + r * OW + b0;                                                     \
+               for (int64_t o = 0; o < bn; o++) cp[o] = (uint8_t)mi[o];                            \
             }                                                                                      \
          }                                                                                         \
       }                                                                                            \
@@ -506,6 +541,253 @@ DEFINE_REG_NCHW(double, f64_512, LM_AVX512_FN)
 
 DEFINE_MAX_BWD(float, f32)
 DEFINE_MAX_BWD(double, f64)
+
+/* grad_in of max_pool2d from tap numbers (lm_max_pool2d_taps), contiguous: the scatter of
+   max_bwd_nchw_* with the input index of each window's tap. off[code]: the tap's offset from the
+   window's first tap (di / dj: its row / column offset); in a window with all its taps inside the
+   plane any number below kh * kw is good, in the others the tap is checked. 255 (an empty window)
+   is skipped; another number that names no tap inside the plane is counted. full[oh] / full[OH +
+   ow]: whether the window row / column has all its taps inside. */
+#define DEFINE_MAX_BWD_TAPS(T, S)                                                                  \
+   static int64_t max_bwd_taps_nchw_##S(const T *go, const uint8_t *cd, T *gi, const pool_t *p,    \
+                                        const int64_t *di, const int64_t *dj, const int64_t *off,  \
+                                        const uint8_t *full) {                                     \
+      const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW, planes = p->N * p->C;             \
+      const int64_t ntaps = p->kh * p->kw;                                                         \
+      int64_t bad = 0;                                                                             \
+      _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (planes * (H * W + OH * OW) > LM_PARALLEL_GRAIN)") \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         T *g = gi + pl * H * W;                                                                   \
+         const T *o = go + pl * OH * OW;                                                           \
+         const uint8_t *t = cd + pl * OH * OW;                                                     \
+         memset(g, 0, (size_t)(H * W) * sizeof(T));                                                \
+         for (int64_t oh = 0; oh < OH; oh++) {                                                     \
+            const int64_t hst = oh * p->sh - p->ph;                                                \
+            for (int64_t ow = 0; ow < OW; ow++) {                                                  \
+               const int64_t i = oh * OW + ow, code = t[i], wst = ow * p->sw - p->pw;              \
+               if (code == 255) continue;                                                          \
+               if (full[oh] & full[OH + ow]) {                                                     \
+                  if (code < ntaps)                                                                \
+                     g[hst * W + wst + off[code]] += o[i];                                         \
+                  else                                                                             \
+                     bad++;                                                                        \
+                  continue;                                                                        \
+               }                                                                                   \
+               const int64_t ih = hst + di[code], iw = wst + dj[code];                             \
+               if (code < ntaps && (uint64_t)ih < (uint64_t)H && (uint64_t)iw < (uint64_t)W)       \
+                  g[ih * W + iw] += o[i];                                                          \
+               else                                                                                \
+                  bad++;                                                                           \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
+      return bad;                                                                                  \
+   }
+
+DEFINE_MAX_BWD_TAPS(float, f32)
+DEFINE_MAX_BWD_TAPS(double, f64)
+
+/* The taps of max_pool2d along one dimension (I inputs, O windows of k taps, stride s, padding
+   pad, dilation d), listed per input index i: the pairs (window o, tap t) with
+   o * s - pad + t * d == i, in ascending o, are entries ptr[i] .. ptr[i + 1] of win[] and tap[].
+   buf: ptr (I + 1), win (O * k), tap (O * k); cur: I of scratch. */
+static void tap_lists(int64_t I, int64_t O, int64_t k, int64_t s, int64_t pad, int64_t d,
+                      int64_t *buf, int64_t *cur) {
+   int64_t *ptr = buf, *win = buf + I + 1, *tap = win + O * k;
+   memset(ptr, 0, (size_t)(I + 1) * sizeof(int64_t));
+   for (int64_t o = 0; o < O; o++)
+      for (int64_t t = 0; t < k; t++) {
+         const int64_t i = o * s - pad + t * d;
+         if (i >= 0 && i < I) ptr[i + 1]++;
+      }
+   for (int64_t i = 0; i < I; i++) ptr[i + 1] += ptr[i];
+   memcpy(cur, ptr, (size_t)I * sizeof(int64_t));
+   for (int64_t o = 0; o < O; o++)
+      for (int64_t t = 0; t < k; t++) {
+         const int64_t i = o * s - pad + t * d;
+         if (i >= 0 && i < I) {
+            const int64_t e = cur[i]++;
+            win[e] = o;
+            tap[e] = t;
+         }
+      }
+}
+
+/* The taps of both dimensions: the lists above (rows, then columns), and per output row / column
+   the first tap inside the input and how many are (i0 / ni, j0 / nj); tap number -> its window
+   row and column (255 past the last tap) */
+typedef struct {
+   const int64_t *rptr, *rwin, *rtap, *cptr, *cwin, *ctap;
+   const int64_t *ri0, *rni, *cj0, *cnj;
+   uint8_t code_i[256], code_j[256];
+} taps_t;
+
+static int64_t tap_lists_size(const pool_t *p) {
+   return (p->H + 1) + 2 * p->OH * p->kh + (p->W + 1) + 2 * p->OW * p->kw + max64(p->H, p->W) +
+          2 * (p->OH + p->OW);
+}
+
+/* the taps t (0 <= t < k) of window o with 0 <= o * s - pad + t * d < I: t0 .. t0 + n */
+static void taps_inside(int64_t I, int64_t O, int64_t k, int64_t s, int64_t pad, int64_t d,
+                        int64_t *t0, int64_t *n) {
+   for (int64_t o = 0; o < O; o++) {
+      const int64_t st = o * s - pad;
+      const int64_t a = st >= 0 ? 0 : (-st + d - 1) / d;
+      const int64_t b = st > I - 1 ? -1 : min64(k - 1, (I - 1 - st) / d);
+      t0[o] = a;
+      n[o] = b >= a ? b - a + 1 : 0;
+   }
+}
+
+static void tap_lists_make(const pool_t *p, int64_t *buf, taps_t *tl) {
+   int64_t *cols = buf + (p->H + 1) + 2 * p->OH * p->kh;
+   int64_t *cur = cols + (p->W + 1) + 2 * p->OW * p->kw;
+   int64_t *ins = cur + max64(p->H, p->W);
+   tap_lists(p->H, p->OH, p->kh, p->sh, p->ph, p->dh, buf, cur);
+   tap_lists(p->W, p->OW, p->kw, p->sw, p->pw, p->dw, cols, cur);
+   taps_inside(p->H, p->OH, p->kh, p->sh, p->ph, p->dh, ins, ins + p->OH);
+   taps_inside(p->W, p->OW, p->kw, p->sw, p->pw, p->dw, ins + 2 * p->OH, ins + 2 * p->OH + p->OW);
+   tl->rptr = buf;
+   tl->rwin = buf + p->H + 1;
+   tl->rtap = tl->rwin + p->OH * p->kh;
+   tl->cptr = cols;
+   tl->cwin = cols + p->W + 1;
+   tl->ctap = tl->cwin + p->OW * p->kw;
+   tl->ri0 = ins;
+   tl->rni = ins + p->OH;
+   tl->cj0 = ins + 2 * p->OH;
+   tl->cnj = ins + 2 * p->OH + p->OW;
+   for (int64_t c = 0; c < 256; c++) {
+      const int in = p->kh * p->kw <= 255 && c < p->kh * p->kw;
+      tl->code_i[c] = in ? (uint8_t)(c / p->kw) : 255;
+      tl->code_j[c] = in ? (uint8_t)(c % p->kw) : 255;
+   }
+}
+
+/* the input row that checks the windows of output row oh: its first row, clamped to the input */
+static inline int64_t owner_row(const pool_t *p, int64_t oh) {
+   return min64(max64(oh * p->sh - p->ph, 0), p->H - 1);
+}
+
+/* how many tap numbers of output row oh (tn: the image, at the first channel of the block; cn
+   channels a pixel) are neither 255 nor a tap of their window inside the input. The taps in the
+   window rows inside are the numbers lo .. lo + span: a window with all its columns inside takes
+   any of them (one vectorized pass, which only says whether there is a bad one); the others, and
+   a window with a bad one, are looked up number by number (taps_count_bad). */
+static int64_t taps_count_bad(const taps_t *tl, const uint8_t *t, int64_t oh, int64_t ow,
+                              int64_t cn) {
+   const int64_t i0 = tl->ri0[oh], ni = tl->rni[oh], j0 = tl->cj0[ow], nj = tl->cnj[ow];
+   int64_t bad = 0;
+   for (int64_t c = 0; c < cn; c++) {
+      const uint8_t v = t[c];
+      if (v == 255) continue;
+      bad += tl->code_i[v] == 255 || (uint64_t)(tl->code_i[v] - i0) >= (uint64_t)ni ||
+             (uint64_t)(tl->code_j[v] - j0) >= (uint64_t)nj;
+   }
+   return bad;
+}
+
+#define DEFINE_TAPS_BAD_ROW(S, ATTR)                                                               \
+   ATTR static int64_t taps_bad_row_##S(const pool_t *p, const taps_t *tl, const uint8_t *tn,      \
+                                        int64_t oh, int64_t cn) {                                  \
+      const int64_t OW = p->OW, C = p->C;                                                          \
+      const uint8_t lo = (uint8_t)(tl->ri0[oh] * p->kw), span = (uint8_t)(tl->rni[oh] * p->kw);    \
+      int64_t bad = 0;                                                                             \
+      for (int64_t ow = 0; ow < OW; ow++) {                                                        \
+         const uint8_t *t = tn + (oh * OW + ow) * C;                                               \
+         if (tl->cnj[ow] == p->kw) {                                                               \
+            uint8_t any = 0;                                                                       \
+            for (int64_t c = 0; c < cn; c++)                                                       \
+               any |= ((uint8_t)(t[c] - lo) >= span) & (t[c] != 255);                              \
+            if (!any) continue;                                                                    \
+         }                                                                                         \
+         bad += taps_count_bad(tl, t, oh, ow, cn);                                                 \
+      }                                                                                            \
+      return bad;                                                                                  \
+   }
+
+DEFINE_TAPS_BAD_ROW(base, )
+DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
+
+/* max_pool2d backward as a gather (channels-last), given the window geometry: every input pixel
+   is written once, as 0 plus grad_out of the windows that have it as a tap and whose index (ind,
+   int64) or tap number (cd, bytes) names it, in (oh, ow) order -- the additions, in the same
+   order, of max_bwd_nhwc_*'s scatter into a zeroed grad_input, without the zero fill and the
+   read-modify-writes. Adding 0 where the index does not match leaves the sum as it is (it starts
+   at +0, so it is never -0). Threads take input rows (n, ih), and blocks of channels when there
+   are few rows; each output row is checked by one of them (owner_row).
+   Returns the number of entries that are neither -1 / 255 nor a tap of their window inside the
+   plane. Tap numbers are checked directly (taps_bad_row); for indices, the ones that are set are
+   counted, and each valid one matches exactly one pixel: the difference is the rest. */
+#define DEFINE_MAX_GATHER(T, S, ATTR)                                                              \
+   ATTR static int64_t max_gather_nhwc_##S(const T *go, const int64_t *ind, const uint8_t *cd,     \
+                                           T *gi, const pool_t *p, const taps_t *tl) {             \
+      const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * H;         \
+      const int64_t kw = p->kw;                                                                    \
+      const int64_t cb = scatter_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;       \
+      int64_t nbad = 0;                                                                            \
+      _Pragma("omp parallel for schedule(static) reduction(+ : nbad) if (tasks > 1 && p->N * C * (H * W + OH * OW) > LM_PARALLEL_GRAIN)") \
+      for (int64_t t = 0; t < tasks; t++) {                                                        \
+         const int64_t r = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                     \
+         const int64_t ih = r % H, n = r / H;                                                      \
+         const int64_t a0 = tl->rptr[ih], a1 = tl->rptr[ih + 1];                                   \
+         const int64_t nofs = n * OH * OW * C + c0;                                                \
+         const T *gn = go + nofs;                                                                  \
+         T *g = gi + r * W * C + c0;                                                               \
+         int64_t lbad = 0;                                                                         \
+         for (int64_t oh = 0; oh < OH; oh++) {                                                     \
+            if (owner_row(p, oh) != ih) continue;                                                  \
+            if (cd) {                                                                              \
+               lbad += TAPS_BAD_ROW(p, tl, cd + nofs, oh, cn);                                     \
+               continue;                                                                           \
+            }                                                                                      \
+            for (int64_t ow = 0; ow < OW; ow++) {                                                  \
+               const int64_t *x = ind + nofs + (oh * OW + ow) * C;                                 \
+               for (int64_t c = 0; c < cn; c++) lbad += x[c] != -1;                                \
+            }                                                                                      \
+         }                                                                                         \
+         for (int64_t iw = 0; iw < W; iw++) {                                                      \
+            const int64_t pix = ih * W + iw, b0 = tl->cptr[iw], b1 = tl->cptr[iw + 1];             \
+            for (int64_t cc = 0; cc < cn; cc += CBLK) {                                            \
+               const int64_t cm = min64(CBLK, cn - cc);                                            \
+               T acc[CBLK];                                                                        \
+               int64_t m = 0;                                                                      \
+               for (int64_t c = 0; c < cm; c++) acc[c] = 0;                                        \
+               for (int64_t a = a0; a < a1; a++)                                                   \
+                  for (int64_t b = b0; b < b1; b++) {                                              \
+                     const int64_t off = (tl->rwin[a] * OW + tl->cwin[b]) * C + cc;                \
+                     const T *o = gn + off;                                                        \
+                     if (cd) {                                                                     \
+                        const uint8_t *x = cd + nofs + off;                                        \
+                        const uint8_t code = (uint8_t)(tl->rtap[a] * kw + tl->ctap[b]);            \
+                        for (int64_t c = 0; c < cm; c++) acc[c] += x[c] == code ? o[c] : (T)0;     \
+                     } else {                                                                      \
+                        const int64_t *x = ind + nofs + off;                                       \
+                        for (int64_t c = 0; c < cm; c++) {                                         \
+                           const int64_t e = x[c] == pix;                                          \
+                           acc[c] += e ? o[c] : (T)0;                                              \
+                           m += e;                                                                 \
+                        }                                                                          \
+                     }                                                                             \
+                  }                                                                                \
+               T *dst = g + iw * C + cc;                                                           \
+               for (int64_t c = 0; c < cm; c++) dst[c] = acc[c];                                   \
+               lbad -= m;                                                                          \
+            }                                                                                      \
+         }                                                                                         \
+         nbad += lbad;                                                                             \
+      }                                                                                            \
+      return nbad;                                                                                 \
+   }
+
+#define TAPS_BAD_ROW taps_bad_row_base
+DEFINE_MAX_GATHER(float, f32, )
+DEFINE_MAX_GATHER(double, f64, )
+#undef TAPS_BAD_ROW
+#define TAPS_BAD_ROW taps_bad_row_512
+DEFINE_MAX_GATHER(float, f32_512, LM_AVX512_FN)
+DEFINE_MAX_GATHER(double, f64_512, LM_AVX512_FN)
+#undef TAPS_BAD_ROW
 
 /* window averages; empty windows give 0. acc is float for float (as PyTorch's CPU kernels). */
 #define DEFINE_AVG(T, S, ATTR)                                                                     \
@@ -931,8 +1213,68 @@ LM_AVX512_FN static LM_AI void max_win_v512(const float *ib, float *op, int64_t 
    }
 }
 
-/* max_pool2d / adaptive_max_pool2d forward; H * W < INT32_MAX (the indices run in int32 lanes) */
-LM_AVX512_FN static void max_fwd_nhwc_v512(const float *in, float *out, int64_t *ind,
+/* max_taps for the tap numbers (bytes, 16 channels a vector): code0 is the number of tap
+   (h0, w0), kw the number of taps in a window row */
+LM_AVX512_FN static LM_AI void max_taps_cd(__m512 *mx, __m128i *mc, const float *ib, int64_t W,
+                                            int64_t C, int64_t h0, int64_t h1, int64_t dh,
+                                            int64_t w0, int64_t w1, int64_t dw, int64_t code0,
+                                            int64_t kw, __mmask16 m, const int NV) {
+   const __m128i first = _mm_set1_epi8((char)((h0 < h1 && w0 < w1) ? code0 : 255));
+   for (int v = 0; v < NV; v++) {
+      mx[v] = _mm512_set1_ps(-INFINITY);
+      mc[v] = first;
+   }
+   int64_t rid = code0;
+   for (int64_t ih = h0; ih < h1; ih += dh, rid += kw) {
+      int64_t id = rid;
+      for (int64_t iw = w0; iw < w1; iw += dw, id++) {
+         const float *s = ib + (ih * W + iw) * C;
+         const __m128i idv = _mm_set1_epi8((char)id);
+         for (int v = 0; v < NV; v++) {
+            const __m512 x =
+               m == 0xFFFF ? _mm512_loadu_ps(s + 16 * v) : _mm512_maskz_loadu_ps(m, s);
+            const __mmask16 k = _mm512_cmp_ps_mask(x, mx[v], _CMP_GT_OQ) |
+                                _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+            mx[v] = _mm512_mask_mov_ps(mx[v], k, x);
+            mc[v] = _mm_mask_mov_epi8(mc[v], k, idv);
+         }
+      }
+   }
+}
+
+/* max_win_v512 with the tap numbers to cp */
+LM_AVX512_FN static LM_AI void max_win_cd_v512(const float *ib, float *op, uint8_t *cp, int64_t W,
+                                                int64_t C, int64_t cn, int64_t h0, int64_t h1,
+                                                int64_t dh, int64_t w0, int64_t w1, int64_t dw,
+                                                int64_t code0, int64_t kw) {
+   __m512 mx[8];
+   __m128i mc[8];
+   int64_t c = 0;
+   for (; c + 128 <= cn; c += 128) {
+      max_taps_cd(mx, mc, ib + c, W, C, h0, h1, dh, w0, w1, dw, code0, kw, 0xFFFF, 8);
+      for (int v = 0; v < 8; v++) {
+         _mm512_storeu_ps(op + c + 16 * v, mx[v]);
+         _mm_storeu_si128((__m128i *)(cp + c + 16 * v), mc[v]);
+      }
+   }
+   for (; c + 64 <= cn; c += 64) {
+      max_taps_cd(mx, mc, ib + c, W, C, h0, h1, dh, w0, w1, dw, code0, kw, 0xFFFF, 4);
+      for (int v = 0; v < 4; v++) {
+         _mm512_storeu_ps(op + c + 16 * v, mx[v]);
+         _mm_storeu_si128((__m128i *)(cp + c + 16 * v), mc[v]);
+      }
+   }
+   for (; c < cn; c += 16) {
+      const __mmask16 m = tail_mask(cn - c);
+      max_taps_cd(mx, mc, ib + c, W, C, h0, h1, dh, w0, w1, dw, code0, kw, m, 1);
+      _mm512_mask_storeu_ps(op + c, m, mx[0]);
+      _mm_mask_storeu_epi8(cp + c, m, mc[0]);
+   }
+}
+
+/* max_pool2d / adaptive_max_pool2d forward; H * W < INT32_MAX (the indices run in int32 lanes).
+   cd (max_pool2d only): the tap numbers instead of the indices. */
+LM_AVX512_FN static void max_fwd_nhwc_v512(const float *in, float *out, int64_t *ind, uint8_t *cd,
                                            const pool_t *p) {
    const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * OH;
    const int64_t dh = p->dh, dw = p->dw;
@@ -943,7 +1285,13 @@ LM_AVX512_FN static void max_fwd_nhwc_v512(const float *in, float *out, int64_t 
       const int64_t oh = r % OH, n = r / OH, h0 = p->hs[oh], h1 = p->he[oh];
       const float *ib = in + n * H * W * C + c0;
       float *orow = out + r * OW * C + c0;
-      if (ind) {
+      if (cd) {
+         uint8_t *crow = cd + r * OW * C + c0;
+         const int64_t code_h = p->hz[oh] * p->kw;
+         for (int64_t ow = 0; ow < OW; ow++)
+            max_win_cd_v512(ib, orow + ow * C, crow + ow * C, W, C, cn, h0, h1, dh, p->ws[ow],
+                            p->we[ow], dw, code_h + p->wz[ow], p->kw);
+      } else if (ind) {
          int64_t *xrow = ind + r * OW * C + c0;
          for (int64_t ow = 0; ow < OW; ow++)
             max_win_v512(ib, orow + ow * C, xrow + ow * C, W, C, cn, h0, h1, dh, p->ws[ow],
@@ -956,44 +1304,214 @@ LM_AVX512_FN static void max_fwd_nhwc_v512(const float *in, float *out, int64_t 
    }
 }
 
+/* ---- max_pool2d backward gather for float (DEFINE_MAX_GATHER's results and return value) ---- */
+/* the AVX-512 set plus popcnt (every AVX-512 CPU has it) for the index counts */
+#define LM_AVX512P_FN                                                                              \
+   __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,popcnt,prefer-vector-width=512")))
+
+/* acc[0..NV) = 0 + grad_out of the windows (rows a0..a1, columns b0..b1 of the tap lists) whose
+   tap number (bytes at tn) is the pixel's in that window, for 16 NV channels from gn / tn (m:
+   the lanes, all of them for a full chunk) */
+LM_AVX512P_FN static LM_AI void taps_gather(__m512 *acc, const float *gn, const uint8_t *tn,
+                                             const taps_t *tl, int64_t a0, int64_t a1, int64_t b0,
+                                             int64_t b1, int64_t OW, int64_t C, int64_t kw,
+                                             __mmask16 m, const int NV) {
+   for (int v = 0; v < NV; v++) acc[v] = _mm512_setzero_ps();
+   for (int64_t a = a0; a < a1; a++) {
+      const int64_t rb = tl->rwin[a] * OW, rc = tl->rtap[a] * kw;
+      for (int64_t b = b0; b < b1; b++) {
+         const int64_t off = (rb + tl->cwin[b]) * C;
+         const float *o = gn + off;
+         const uint8_t *t = tn + off;
+         const __m128i cv = _mm_set1_epi8((char)(rc + tl->ctap[b]));
+         for (int v = 0; v < NV; v++) {
+            if (m == 0xFFFF) {
+               const __mmask16 k =
+                  _mm_cmpeq_epi8_mask(_mm_loadu_si128((const __m128i *)(t + 16 * v)), cv);
+               acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], _mm512_loadu_ps(o + 16 * v));
+            } else {
+               const __mmask16 k = _mm_mask_cmpeq_epi8_mask(m, _mm_maskz_loadu_epi8(m, t), cv);
+               acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], _mm512_maskz_loadu_ps(m, o));
+            }
+         }
+      }
+   }
+}
+
+/* the same with int64 indices compared with the pixel's flat index pix; *cnt counts the matches
+   per lane */
+LM_AVX512P_FN static LM_AI void index_gather(__m512 *acc, __m512i *cnt, const float *gn,
+                                              const int64_t *xn, const taps_t *tl, int64_t a0,
+                                              int64_t a1, int64_t b0, int64_t b1, int64_t OW,
+                                              int64_t C, __m512i pix, __mmask16 m, const int NV) {
+   const __m512i one = _mm512_set1_epi32(1);
+   for (int v = 0; v < NV; v++) acc[v] = _mm512_setzero_ps();
+   for (int64_t a = a0; a < a1; a++) {
+      const int64_t rb = tl->rwin[a] * OW;
+      for (int64_t b = b0; b < b1; b++) {
+         const int64_t off = (rb + tl->cwin[b]) * C;
+         const float *o = gn + off;
+         const int64_t *x = xn + off;
+         for (int v = 0; v < NV; v++) {
+            __mmask16 k;
+            __m512 g;
+            if (m == 0xFFFF) {
+               const __mmask8 lo = _mm512_cmpeq_epi64_mask(_mm512_loadu_si512(x + 16 * v), pix);
+               const __mmask8 hi =
+                  _mm512_cmpeq_epi64_mask(_mm512_loadu_si512(x + 16 * v + 8), pix);
+               k = _mm512_kunpackb(hi, lo);
+               g = _mm512_loadu_ps(o + 16 * v);
+            } else {
+               const __mmask8 ml = (__mmask8)m, mh = (__mmask8)(m >> 8);
+               const __mmask8 lo =
+                  _mm512_mask_cmpeq_epi64_mask(ml, _mm512_maskz_loadu_epi64(ml, x), pix);
+               const __mmask8 hi =
+                  _mm512_mask_cmpeq_epi64_mask(mh, _mm512_maskz_loadu_epi64(mh, x + 8), pix);
+               k = _mm512_kunpackb(hi, lo);
+               g = _mm512_maskz_loadu_ps(m, o);
+            }
+            acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], g);
+            *cnt = _mm512_mask_add_epi32(*cnt, k, *cnt, one);
+         }
+      }
+   }
+}
+
+/* the entries of x[0..n) that are not -1 */
+LM_AVX512P_FN static LM_AI int64_t count_set64(const int64_t *x, int64_t n) {
+   const __m512i none = _mm512_set1_epi64(-1);
+   int64_t cnt = 0, i = 0;
+   for (; i + 8 <= n; i += 8)
+      cnt += _mm_popcnt_u32(_mm512_cmpneq_epi64_mask(_mm512_loadu_si512(x + i), none));
+   if (i < n) {
+      const __mmask8 m = (__mmask8)((1u << (n - i)) - 1u);
+      cnt += _mm_popcnt_u32(
+         _mm512_mask_cmpneq_epi64_mask(m, _mm512_maskz_loadu_epi64(m, x + i), none));
+   }
+   return cnt;
+}
+
+LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t *ind,
+                                                  const uint8_t *cd, float *gi, const pool_t *p,
+                                                  const taps_t *tl) {
+   const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * H;
+   const int64_t kw = p->kw;
+   const int64_t cb = row_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;
+   int64_t nbad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : nbad) if (tasks > 1 && p->N * C * (H * W + OH * OW) > LM_PARALLEL_GRAIN)
+   for (int64_t t = 0; t < tasks; t++) {
+      const int64_t r = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);
+      const int64_t ih = r % H, n = r / H;
+      const int64_t a0 = tl->rptr[ih], a1 = tl->rptr[ih + 1];
+      const int64_t nofs = n * OH * OW * C + c0;
+      const float *gn = go + nofs;
+      float *g = gi + r * W * C + c0;
+      int64_t lbad = 0;
+      if (cd) {
+         const uint8_t *tn = cd + nofs;
+         for (int64_t oh = 0; oh < OH; oh++)
+            if (owner_row(p, oh) == ih) lbad += taps_bad_row_512(p, tl, tn, oh, cn);
+         for (int64_t iw = 0; iw < W; iw++) {
+            const int64_t b0 = tl->cptr[iw], b1 = tl->cptr[iw + 1];
+            float *dst = g + iw * C;
+            __m512 acc[8];
+            int64_t c = 0;
+            for (; c + 128 <= cn; c += 128) {
+               taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, 0xFFFF, 8);
+               for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+            }
+            for (; c + 64 <= cn; c += 64) {
+               taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, 0xFFFF, 4);
+               for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+            }
+            for (; c < cn; c += 16) {
+               const __mmask16 m = tail_mask(cn - c);
+               taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, m, 1);
+               _mm512_mask_storeu_ps(dst + c, m, acc[0]);
+            }
+         }
+      } else {
+         const int64_t *xn = ind + nofs;
+         for (int64_t oh = 0; oh < OH; oh++) {
+            if (owner_row(p, oh) != ih) continue;
+            if (cn == C) {
+               lbad += count_set64(xn + oh * OW * C, OW * C);
+            } else {
+               for (int64_t ow = 0; ow < OW; ow++)
+                  lbad += count_set64(xn + (oh * OW + ow) * C, cn);
+            }
+         }
+         for (int64_t iw = 0; iw < W; iw++) {
+            const int64_t b0 = tl->cptr[iw], b1 = tl->cptr[iw + 1];
+            const __m512i pix = _mm512_set1_epi64(ih * W + iw);
+            float *dst = g + iw * C;
+            __m512 acc[8];
+            __m512i mc = _mm512_setzero_si512();
+            int64_t c = 0;
+            for (; c + 128 <= cn; c += 128) {
+               index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, 0xFFFF, 8);
+               for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+            }
+            for (; c + 64 <= cn; c += 64) {
+               index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, 0xFFFF, 4);
+               for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+            }
+            for (; c < cn; c += 16) {
+               const __mmask16 m = tail_mask(cn - c);
+               index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, m, 1);
+               _mm512_mask_storeu_ps(dst + c, m, acc[0]);
+            }
+            lbad -= _mm512_reduce_add_epi32(mc);
+         }
+      }
+      nbad += lbad;
+   }
+   return nbad;
+}
+
 #endif /* POOL_X86 */
 
 /* ------------------------------------------------------------------------------------------ */
 /* drivers                                                                                    */
 
-static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_tensor **indices) {
+/* codes (max_pool2d only; then indices is NULL): the tap numbers instead of the indices, into a
+   new uint8 tensor */
+static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_tensor **indices,
+                             lm_tensor **codes) {
    int64_t osz[4];
    out_sizes(p, osz);
    out_slot so = {0}, si = {0};
    const lm_tensor *xd;
-   lm_tensor *tmp = NULL;
+   lm_tensor *tmp = NULL, *ct = NULL;
    lm_status st = LM_OK;
    if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
    LM_TRY(pool_windows(p));
    st = out_open(&so, out, p->ndim, osz, x->dtype, p->mf, "output");
    if (st == LM_OK && indices) st = out_open(&si, indices, p->ndim, osz, LM_INT64, p->mf, "indices");
+   if (st == LM_OK && codes) st = lm_empty(p->ndim, osz, LM_UINT8, p->mf, LM_CPU, &ct);
    if (st == LM_OK) st = dense_in(x, p->mf, &xd, &tmp);
    if (st == LM_OK && so.t->numel > 0) {
       const void *in = lm_tensor_data(xd);
       void *o = lm_tensor_data(so.t);
       int64_t *ix = si.t ? (int64_t *)lm_tensor_data(si.t) : NULL;
+      uint8_t *cd = ct ? (uint8_t *)lm_tensor_data(ct) : NULL;
       const int v512 = use_avx512();
       if (p->mf == LM_CHANNELS_LAST) {
          if (x->dtype == LM_FLOAT64)
-            (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, p);
+            (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, cd, p);
 #ifdef POOL_X86
          else if (v512 && p->H * p->W < INT32_MAX)
-            max_fwd_nhwc_v512(in, o, ix, p);
+            max_fwd_nhwc_v512(in, o, ix, cd, p);
 #endif
          else if (p->H * p->W < INT32_MAX)
-            (v512 ? max_fwd_nhwc_f32_512 : max_fwd_nhwc_f32)(in, o, ix, p);
+            (v512 ? max_fwd_nhwc_f32_512 : max_fwd_nhwc_f32)(in, o, ix, cd, p);
          else
-            max_fwd_nhwc_f32l(in, o, ix, p);
+            max_fwd_nhwc_f32l(in, o, ix, cd, p);
       } else if (p->kind == KIND_MAX) {
          if (x->dtype == LM_FLOAT64)
-            (v512 ? max_reg_nchw_f64_512 : max_reg_nchw_f64)(in, o, ix, p);
+            (v512 ? max_reg_nchw_f64_512 : max_reg_nchw_f64)(in, o, ix, cd, p);
          else
-            (v512 ? max_reg_nchw_f32_512 : max_reg_nchw_f32)(in, o, ix, p);
+            (v512 ? max_reg_nchw_f32_512 : max_reg_nchw_f32)(in, o, ix, cd, p);
       } else {
          if (x->dtype == LM_FLOAT64)
             max_fwd_nchw_f64(in, o, ix, p);
@@ -1006,6 +1524,12 @@ static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_
    if (indices) st = out_close(&si, indices, st);
    /* a failed index hand-over must not leave a half-returned output */
    st = out_close(&so, out, st);
+   if (codes) {
+      if (st == LM_OK)
+         *codes = ct;
+      else
+         lm_tensor_free(ct);
+   }
    return st;
 }
 
@@ -1017,7 +1541,7 @@ lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t
    LM_TRY(check_float(x, "input"));
    LM_TRY(pool_input_dims(x, &p, "max_pool2d", 0));
    LM_TRY(pool_params(&p, kernel, stride, padding, dilation, ceil_mode));
-   return max_forward(x, &p, out, indices);
+   return max_forward(x, &p, out, indices, NULL);
 }
 
 lm_status lm_adaptive_max_pool2d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out,
@@ -1027,7 +1551,7 @@ lm_status lm_adaptive_max_pool2d(const lm_tensor *x, const int64_t *out_size, lm
    LM_TRY(check_float(x, "input"));
    LM_TRY(pool_input_dims(x, &p, "adaptive_max_pool2d()", 1));
    LM_TRY(adaptive_params(&p, out_size, "adaptive_max_pool2d()"));
-   return max_forward(x, &p, out, indices);
+   return max_forward(x, &p, out, indices, NULL);
 }
 
 /* grad_out and indices: same rank as x, same N and C, same (OH, OW) */
@@ -1087,6 +1611,148 @@ static lm_status max_backward(const lm_tensor *grad_out, const lm_tensor *x,
    lm_tensor_free(t1);
    lm_tensor_free(t2);
    return out_close(&sg, grad_x, st);
+}
+
+/* the backward given the window geometry, from int64 indices (ind) or tap numbers (codes):
+   channels-last gathers (max_gather_nhwc_*), contiguous scatters by planes */
+static lm_status max_backward_geom(const lm_tensor *grad_out, const lm_tensor *x,
+                                   const lm_tensor *ind, int codes, const int64_t *kernel,
+                                   const int64_t *stride, const int64_t *padding,
+                                   const int64_t *dilation, int ceil_mode, lm_tensor **grad_x,
+                                   const char *what) {
+   const char *iname = codes ? "taps" : "indices";
+   pool_t p = {0};
+   p.kind = KIND_MAX;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(check_float(grad_out, "grad_output"));
+   if (!ind) return lm_error(LM_ERR_ARG, "%s is nil", iname);
+   LM_TRY(lm_check_cpu(ind, iname));
+   if (!grad_x) return lm_error(LM_ERR_ARG, "grad_input is NULL");
+   if (ind->dtype != (codes ? LM_UINT8 : LM_INT64))
+      return lm_error(LM_ERR_DTYPE, "%s: expected %s of dtype %s, got %s", what, iname,
+                      codes ? "uint8" : "int64", lm_dtype_name(ind->dtype));
+   if (grad_out->dtype != x->dtype)
+      return lm_error(LM_ERR_DTYPE, "%s: grad_output has dtype %s but input has %s", what,
+                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
+   LM_TRY(pool_input_dims(x, &p, what, 0));
+   LM_TRY(pool_params(&p, kernel, stride, padding, dilation, ceil_mode));
+   if (codes && p.kh * p.kw > 255)
+      return lm_error(LM_ERR_ARG, "%s: a window of %lld taps has no tap numbers (at most 255)",
+                      what, (long long)(p.kh * p.kw));
+   int64_t osz[4];
+   out_sizes(&p, osz);
+   for (int i = 0; i < 2; i++) {
+      const lm_tensor *t = i ? ind : grad_out;
+      if (t->ndim != p.ndim || memcmp(t->sizes, osz, (size_t)p.ndim * 8) != 0) {
+         char a[160], b[160];
+         fmt_sizes(a, sizeof a, p.ndim, osz);
+         fmt_sizes(b, sizeof b, t->ndim, t->sizes);
+         return lm_error(LM_ERR_SHAPE, "%s: expected %s of shape %s, got %s", what,
+                         i ? iname : "grad_output", a, b);
+      }
+   }
+
+   out_slot sg = {0};
+   const lm_tensor *god, *indd;
+   lm_tensor *t1 = NULL, *t2 = NULL;
+   int64_t *buf = NULL;
+   lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p.mf, "grad_input");
+   if (st == LM_OK) st = dense_in(grad_out, p.mf, &god, &t1);
+   if (st == LM_OK) st = dense_in(ind, p.mf, &indd, &t2);
+   if (st == LM_OK && sg.t->numel > 0) {
+      const void *g = lm_tensor_data(god);
+      const int64_t *ix = codes ? NULL : lm_tensor_data(indd);
+      const uint8_t *cd = codes ? lm_tensor_data(indd) : NULL;
+      void *gi = lm_tensor_data(sg.t);
+      const int v512 = use_avx512();
+      const int f64 = x->dtype == LM_FLOAT64;
+      int64_t bad = 0;
+      if (p.mf == LM_CHANNELS_LAST) {
+         buf = malloc((size_t)tap_lists_size(&p) * sizeof(int64_t));
+         if (!buf) {
+            st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
+         } else {
+            taps_t tl;
+            tap_lists_make(&p, buf, &tl);
+            if (f64)
+               bad = (v512 ? max_gather_nhwc_f64_512 : max_gather_nhwc_f64)(g, ix, cd, gi, &p, &tl);
+#ifdef POOL_X86
+            else if (v512)
+               bad = max_gather_nhwc_v512(g, ix, cd, gi, &p, &tl);
+#endif
+            else
+               bad = (v512 ? max_gather_nhwc_f32_512 : max_gather_nhwc_f32)(g, ix, cd, gi, &p, &tl);
+         }
+      } else if (codes) {
+         int64_t di[256], dj[256], off[256];
+         uint8_t *full = malloc((size_t)(p.OH + p.OW));
+         int64_t *ins = malloc((size_t)(2 * (p.OH + p.OW)) * sizeof(int64_t));
+         if (!full || !ins) {
+            st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
+         } else {
+            for (int64_t c = 0; c < 256; c++) {
+               di[c] = c < p.kh * p.kw ? (c / p.kw) * p.dh : 0;
+               dj[c] = c < p.kh * p.kw ? (c % p.kw) * p.dw : 0;
+               off[c] = di[c] * p.W + dj[c];
+            }
+            taps_inside(p.H, p.OH, p.kh, p.sh, p.ph, p.dh, ins, ins + p.OH);
+            taps_inside(p.W, p.OW, p.kw, p.sw, p.pw, p.dw, ins + 2 * p.OH, ins + 2 * p.OH + p.OW);
+            for (int64_t o = 0; o < p.OH; o++) full[o] = ins[p.OH + o] == p.kh;
+            for (int64_t o = 0; o < p.OW; o++) full[p.OH + o] = ins[2 * p.OH + p.OW + o] == p.kw;
+            bad = f64 ? max_bwd_taps_nchw_f64(g, cd, gi, &p, di, dj, off, full)
+                      : max_bwd_taps_nchw_f32(g, cd, gi, &p, di, dj, off, full);
+         }
+         free(full);
+         free(ins);
+      } else {
+         bad = f64 ? max_bwd_nchw_f64(g, ix, gi, &p) : max_bwd_nchw_f32(g, ix, gi, &p);
+         if (bad)
+            st = lm_error(LM_ERR_ARG,
+                          "%s: %lld indices are out of range for an input plane of %lld", what,
+                          (long long)bad, (long long)(p.H * p.W));
+      }
+      if (st == LM_OK && bad)
+         st = lm_error(LM_ERR_ARG, "%s: %lld %s are out of range for their pooling windows",
+                       what, (long long)bad, iname);
+   }
+   free(buf);
+   lm_tensor_free(t1);
+   lm_tensor_free(t2);
+   return out_close(&sg, grad_x, st);
+}
+
+lm_status lm_max_pool2d_backward_geom(const lm_tensor *grad_out, const lm_tensor *x,
+                                      const lm_tensor *indices, const int64_t *kernel,
+                                      const int64_t *stride, const int64_t *padding,
+                                      const int64_t *dilation, int ceil_mode,
+                                      lm_tensor **grad_x) {
+   return max_backward_geom(grad_out, x, indices, 0, kernel, stride, padding, dilation, ceil_mode,
+                            grad_x, "max_pool2d_backward");
+}
+
+lm_status lm_max_pool2d_taps(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                             const int64_t *padding, const int64_t *dilation, int ceil_mode,
+                             lm_tensor **out, lm_tensor **taps) {
+   pool_t p = {0};
+   p.kind = KIND_MAX;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(pool_input_dims(x, &p, "max_pool2d", 0));
+   LM_TRY(pool_params(&p, kernel, stride, padding, dilation, ceil_mode));
+   if (!taps) return lm_error(LM_ERR_ARG, "taps is NULL");
+   if (*taps) return lm_error(LM_ERR_ARG, "max_pool2d_taps: taps must be NULL (a new tensor)");
+   if (p.kh * p.kw > 255)
+      return lm_error(LM_ERR_ARG, "max_pool2d_taps: a window of %lld taps has no tap numbers "
+                      "(at most 255)", (long long)(p.kh * p.kw));
+   return max_forward(x, &p, out, NULL, taps);
+}
+
+lm_status lm_max_pool2d_taps_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                      const lm_tensor *taps, const int64_t *kernel,
+                                      const int64_t *stride, const int64_t *padding,
+                                      const int64_t *dilation, int ceil_mode,
+                                      lm_tensor **grad_x) {
+   return max_backward_geom(grad_out, x, taps, 1, kernel, stride, padding, dilation, ceil_mode,
+                            grad_x, "max_pool2d_backward");
 }
 
 lm_status lm_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,

@@ -267,6 +267,14 @@ local function check_pad(fname, kernel, padding, dilation)
 end
 
 -- max_pool2d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=})
+-- For autograd the backward is given the window geometry (channels-last gathers instead of
+-- scattering). Without return_indices, a channels-last input (suggest == 1) saves the tap number
+-- of each window's max (uint8, lm_max_pool2d_taps) instead of the int64 index: an eighth of the
+-- memory (contiguous inputs keep the indices, which they scatter faster). The saved indices or
+-- taps are internal (return_indices hands out a 1-based copy): they are freed as soon as the
+-- backward has used them, so the next forward reuses their memory while it is still in cache. A
+-- second backward through a retained graph (the closure cannot tell) computes them again from x,
+-- which must not have changed since the forward (the autograd rule for saved tensors).
 function F.max_pool2d(x, opts)
    local fname = "max_pool2d"
    local xc = pool_input(fname, x)
@@ -279,16 +287,37 @@ function F.max_pool2d(x, opts)
    local want_idx = bool_opt(fname, opts.return_indices, "return_indices", false)
    check_pad(fname, kernel, padding, dilation)
    local rec = A.is_grad_enabled() and needs(x)
+   local taps = rec and not want_idx and kernel[1] * kernel[2] <= 255 and suggest(xc) == 1
+   local cm = ceil_mode and 1 or 0
    outp[0], idxp[0] = nil, nil
-   check(C.lm_max_pool2d(xc, fill2(kbuf, kernel), fill2(sbuf, stride), fill2(pbuf, padding),
-                         fill2(dbuf, dilation), ceil_mode and 1 or 0, outp,
-                         (rec or want_idx) and idxp or nil), fname)
+   if taps then
+      check(C.lm_max_pool2d_taps(xc, fill2(kbuf, kernel), fill2(sbuf, stride),
+                                 fill2(pbuf, padding), fill2(dbuf, dilation), cm, outp, idxp),
+            fname)
+   else
+      check(C.lm_max_pool2d(xc, fill2(kbuf, kernel), fill2(sbuf, stride), fill2(pbuf, padding),
+                            fill2(dbuf, dilation), cm, outp, (rec or want_idx) and idxp or nil),
+            fname)
+   end
    local out = wrap(outp[0])
    local idx = (rec or want_idx) and wrap(idxp[0]) or nil
    if rec then
+      local bwd = taps and C.lm_max_pool2d_taps_backward or C.lm_max_pool2d_backward_geom
       record(out, "MaxPool2DWithIndicesBackward", function(g)
+         local ic = idx._c
+         if ic == nil then -- freed by an earlier backward: the same ones again
+            local fwd = taps and C.lm_max_pool2d_taps or C.lm_max_pool2d
+            p2[0], idxp[0] = nil, nil
+            check(fwd(x._c, fill2(kbuf, kernel), fill2(sbuf, stride), fill2(pbuf, padding),
+                      fill2(dbuf, dilation), cm, p2, idxp), "max_pool2d_backward")
+            C.lm_tensor_free(p2[0])
+            idx = wrap(idxp[0])
+            ic = idx._c
+         end
          p1[0] = nil
-         check(C.lm_max_pool2d_backward(g._c, x._c, idx._c, p1), "max_pool2d_backward")
+         check(bwd(g._c, x._c, ic, fill2(kbuf, kernel), fill2(sbuf, stride),
+                   fill2(pbuf, padding), fill2(dbuf, dilation), cm, p1), "max_pool2d_backward")
+         idx:free()
          return fresh(wrap(p1[0]))
       end, x)
    end
