@@ -1,8 +1,10 @@
 /* conv.c -- 2-D convolution: argument checks, the memory-format decision, layout preparation and
- * dispatch: float32 channels-last on AVX-512 to Winograd (winograd_avx512.c), the register-blocked
- * kernels for small channel counts (conv_rb_avx512.c) or the direct kernels (conv_avx512.c), in
- * that order of preference, each where its `usable` test takes the geometry; everything else to
- * the portable kernels in conv_tmpl.c (instantiated below for float32 and float64).
+ * dispatch: float32 channels-last on AVX-512 to Winograd (winograd_avx512.c), the pointwise
+ * kernels for 1x1 / stride 1 / unpadded convolutions (conv_avx512.c; forward and backward data),
+ * the register-blocked kernels for small channel counts (conv_rb_avx512.c) or the direct kernels
+ * (conv_avx512.c), in that order of preference, each where its `usable` test takes the geometry
+ * (LUMEN_CONV_WINOGRAD / _PW / _RB = 0 switch them off); everything else to the portable kernels
+ * in conv_tmpl.c (instantiated below for float32 and float64).
  *
  * The public functions are declared in kernels/conv.h. PyTorch semantics throughout; see that
  * header for the contract and the choice of algorithm.
@@ -387,6 +389,10 @@ lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
       else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_wino_usable(&g, 0))
          st = lm_conv_wino_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
                                            relu, op);
+      else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_pw_usable(&g, 0) &&
+               conv_env_on("LUMEN_CONV_PW"))
+         st = lm_conv_pw_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
+                                         relu, op);
       else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_rb_usable(&g, 0) &&
                conv_env_on("LUMEN_CONV_RB"))
          st = lm_conv_rb_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
@@ -469,6 +475,8 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
          } else if (dt == LM_FLOAT32 && nhwc && use_avx512(&g)) {
             if (gxp && lm_conv_wino_usable(&g, 1))
                st = lm_conv_wino_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
+            else if (gxp && lm_conv_pw_usable(&g, 1) && conv_env_on("LUMEN_CONV_PW"))
+               st = lm_conv_pw_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
             else if (gxp && lm_conv_rb_usable(&g, 1) && conv_env_on("LUMEN_CONV_RB"))
                st = lm_conv_rb_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
             else if (gxp)

@@ -89,6 +89,16 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const f
 LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                      const float *gout, float *gw, float *gb);
 
+/* ---- pointwise (1x1, stride 1, no padding, groups 1) float32 NHWC (conv_avx512.c) ----
+ * the input read in place as a pixels x channels matrix; lm_conv_pw_usable says whether they
+ * take a geometry (backward_data: the reduction runs over O). LUMEN_CONV_PW=0 turns them off. */
+LM_CONV_HIDDEN int lm_conv_pw_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                     const float *w, float *gx);
+
 /* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
  * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
  * take a geometry (backward_data: the reduction runs over O instead of C). */

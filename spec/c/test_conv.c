@@ -7,9 +7,10 @@
  * float32 (rtol 1e-4) and float64 (rtol 1e-10). The tolerance of each element is relative to the
  * sum of the absolute values of its terms, so cancellation does not cause false failures.
  * Also: the memory-format decision, out= tensors, error messages.
- * The float32 channels-last algorithms (Winograd F(2x2)/F(4x4), the register-blocked kernels for
- * small channel counts, the direct kernels) each run on geometries they take, switched with
- * LUMEN_CONV_WINOGRAD / LUMEN_CONV_RB (algo_cases), plus Winograd over many tiles.
+ * The float32 channels-last algorithms (Winograd F(2x2)/F(4x4), the pointwise kernels, the
+ * register-blocked kernels for small channel counts, the direct kernels) each run on geometries
+ * they take, switched with LUMEN_CONV_WINOGRAD / LUMEN_CONV_PW / LUMEN_CONV_RB (algo_cases,
+ * pointwise_cases; LUMEN_CONV_STREAM=1 forces streaming stores), plus Winograd over many tiles.
  *
  * Prints "N passed, N failed"; exits non-zero on failure.
  * `test_conv --bench` (or LUMEN_CONV_BENCH=1) also times 3x3 64->64 56x56 batch 8; per-layer
@@ -299,7 +300,7 @@ static void run_case(const geom *g0, int with_bias, int relu, int with_res, int 
          const int fmt = f ? LM_CHANNELS_LAST : LM_CONTIGUOUS;
          snprintf(ctx, sizeof ctx,
                   "[%s %s x=%s w=%s N%lld C%lld H%lld W%lld O%lld k%lldx%lld s%lld,%lld "
-                  "p%lld,%lld d%lld,%lld g%lld bias%d relu%d res%d%s%s]",
+                  "p%lld,%lld d%lld,%lld g%lld bias%d relu%d res%d%s%s%s%s]",
                   dt ? "f64" : "f32", f ? "NHWC" : "NCHW", layout_name[layout_x],
                   layout_name[layout_w], (long long)g.N, (long long)g.C, (long long)g.H,
                   (long long)g.W, (long long)g.O, (long long)g.kh, (long long)g.kw,
@@ -309,7 +310,9 @@ static void run_case(const geom *g0, int with_bias, int relu, int with_res, int 
                   : getenv("LUMEN_CONV_WINOGRAD")[0] == '0' ? " winograd off"
                   : getenv("LUMEN_CONV_WINOGRAD")[0] == '2' ? " winograd F2"
                                                             : " winograd F4",
-                  getenv("LUMEN_CONV_RB") ? " rb off" : "");
+                  getenv("LUMEN_CONV_RB") ? " rb off" : "",
+                  getenv("LUMEN_CONV_PW") ? " pw off" : "",
+                  getenv("LUMEN_CONV_STREAM") ? " stream" : "");
          lm_tensor *out = NULL;
          lm_status s = lm_conv2d(tx.t, tw.t, with_bias ? tb.t : NULL, st, pd, dl, g.G, fmt, relu,
                                  with_res ? tr.t : NULL, &out);
@@ -442,18 +445,44 @@ static void random_cases(int count) {
  * gradient. Each geometry runs with every algorithm that takes it (LUMEN_CONV_WINOGRAD=0 and
  * LUMEN_CONV_RB=0 switch them off) against the double reference. ---- */
 static void run_case_algos(const geom *g, int with_bias, int relu, int with_res, int lx, int lw) {
-   /* Winograd F(2x2,3x3) / F(4x4,3x3) (the default), then the direct kernels (register-blocked,
-      then the general ones) */
-   static const char *const envs[4][2] = {{"2", NULL}, {"4", NULL}, {"0", NULL}, {"0", "0"}};
+   /* Winograd F(2x2,3x3) / F(4x4,3x3) (the default), the pointwise kernels with streaming stores
+      forced on (every size), then the direct kernels (register-blocked, then the general ones) */
+   static const char *const envs[5][4] = {{"2", NULL, NULL, NULL},
+                                          {"4", NULL, NULL, NULL},
+                                          {"0", NULL, NULL, "1"},
+                                          {"0", NULL, "0", NULL},
+                                          {"0", "0", "0", NULL}};
+   static const char *const names[4] = {"LUMEN_CONV_WINOGRAD", "LUMEN_CONV_RB", "LUMEN_CONV_PW",
+                                        "LUMEN_CONV_STREAM"};
    g_f32_nhwc_only = 1;
-   for (int e = 0; e < 4; e++) {
-      if (envs[e][0]) setenv("LUMEN_CONV_WINOGRAD", envs[e][0], 1);
-      if (envs[e][1]) setenv("LUMEN_CONV_RB", envs[e][1], 1);
+   for (int e = 0; e < 5; e++) {
+      for (int k = 0; k < 4; k++)
+         if (envs[e][k]) setenv(names[k], envs[e][k], 1);
       run_case(g, with_bias, relu, with_res, lx, lw);
-      unsetenv("LUMEN_CONV_WINOGRAD");
-      unsetenv("LUMEN_CONV_RB");
+      for (int k = 0; k < 4; k++) unsetenv(names[k]);
    }
    g_f32_nhwc_only = 0;
+}
+
+/* ---- the pointwise kernels (1x1, stride 1, no padding): channel counts 1..80 on both sides
+ * (partial vectors, one or two output blocks), maps of 1, 2 and 7 pixels a side (tiles cut
+ * short, runs across images), every epilogue; forward and backward data, each algorithm ---- */
+static void pointwise_cases(void) {
+   static const int64_t cin[] = {1, 3, 7, 17, 64, 128};
+   static const int64_t cout[] = {1, 7, 17, 64, 80, 256};
+   static const int64_t spat[] = {1, 2, 7};
+   int k = 0;
+   for (int a = 0; a < 6; a++)
+      for (int b = 0; b < 6; b++)
+         for (int c = 0; c < 3; c++, k++) {
+            const int64_t n = spat[c] == 7 ? 1 + k % 2 : 3;
+            run_case_algos((geom[]){mk(n, cin[a], spat[c], spat[c], cout[b], 1, 1, 1, 1, 0, 0, 1,
+                                       1, 1)},
+                           k % 2, (k / 2) % 2, (k / 4) % 2, k % 3 ? L_CL : L_NONDENSE_CL, L_CL);
+         }
+   /* the benchmark's shape on a small map: full 6 x 64 tiles, streaming stores by default */
+   run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
 }
 
 static void algo_cases(int random_count) {
@@ -936,6 +965,7 @@ int main(int argc, char **argv) {
          lm_gemm_set_isa(0);
       }
       algo_cases(30);
+      pointwise_cases();
       winograd_accuracy_cases();
       format_cases();
       repeat_cases();
