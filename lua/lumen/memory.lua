@@ -65,6 +65,19 @@ local function sweep()
       end
    end
    if n > 0 then free_many(dead, n) end
+   -- compact when most slots are free: trim the free slots at the top and put the lowest free
+   -- index on top of the stack, so a burst of short-lived tensors (a loop of small operations)
+   -- does not leave every later sweep scanning its high-water mark
+   if nfree > 64 and nfree * 2 > nslots then
+      while nslots > 0 and addrs[nslots] == nil do nslots = nslots - 1 end
+      nfree = 0
+      for s = nslots, 1, -1 do
+         if addrs[s] == nil then
+            nfree = nfree + 1
+            free_slots[nfree] = s
+         end
+      end
+   end
    sweeping = false
    return total + n
 end
@@ -144,15 +157,35 @@ local gc_seconds = nil                 -- smoothed cost of one collection
 local collecting = false
 
 -- run a full collection now and tell the allocator
+-- The soft limit also answers the cost of collections: a collection takes time proportional to
+-- the Lua heap (0.1 ms for lumen alone, ~0.5 ms with nn and a model), so a program whose large
+-- temporaries cross the limit every few calls would spend a good part of its time collecting.
+-- When collections take more than MAX_GC_FRACTION of the time between them, the allocator
+-- grows the soft limit (x1.4, up to 2x the base); when they take less than a quarter of that and
+-- live bytes are low, it steps back toward the base.
+M.MAX_GC_FRACTION = 0.05
+local last_collect_end = nil
+
 function M.collect()
    if collecting then return end      -- a finalizer that allocates must not recurse
    collecting = true
    local t0 = clock()
    collectgarbage()
    sweep()
-   local dt = clock() - t0
+   local t1 = clock()
+   local dt = t1 - t0
    collecting = false
-   C.lm_mem_collected()
+   local cost = 0
+   if last_collect_end ~= nil then
+      local between = t0 - last_collect_end
+      if dt > M.MAX_GC_FRACTION * between then
+         cost = 1
+      elseif dt < 0.25 * M.MAX_GC_FRACTION * between then
+         cost = -1
+      end
+   end
+   last_collect_end = t1
+   C.lm_mem_collected(cost)
    if traffic_auto then
       gc_seconds = gc_seconds and (0.75 * gc_seconds + 0.25 * dt) or dt
       local limit = gc_seconds * M.DRAM_BYTES_PER_SECOND * M.TRAFFIC_COST_RATIO
