@@ -5,9 +5,8 @@
  * tracking is the model): when live bytes cross a soft limit, lm_mem_pressure() turns 1 and the
  * Lua layer runs a full collection, then calls lm_mem_collected(). If live bytes are still above
  * 80 % of the limit after a collection, the limit grows by 1.4x (so a program that really needs
- * the memory does not collect on every allocation); it also grows (up to 2x the base) when Lua
- * reports that collections take too large a share of the time between them (lm_mem_collected's
- * `cost` > 0); it steps back toward the base when usage falls and collections are cheap.
+ * the memory does not collect on every allocation); it shrinks back toward the base when usage
+ * falls.
  *
  * A second trigger answers the growth of live bytes since the last collection ("traffic"). A
  * temporary is freed only when the collector runs, so without it every large result of a loop
@@ -245,21 +244,15 @@ int64_t lm_mem_cache_size(void) {
    return l3 > 0 ? (int64_t)l3 : 0;
 }
 
-void lm_mem_collected(int cost) {
+void lm_mem_collected(void) {
    pthread_mutex_lock(&A.mu);
    int by_live = A.pressure & LM_PRESSURE_LIVE;
-   if (by_live && cost > 0 && A.soft_limit < A.base_limit * 2) {
-      /* collections take too much of the time between them: collect less often */
-      int64_t l = A.soft_limit / 10 * 14;
-      A.soft_limit = l < A.base_limit * 2 ? l : A.base_limit * 2;
-   } else if (!by_live && A.live <= A.soft_limit) {
+   if (!by_live && A.live <= A.soft_limit) {
       /* a collection asked for by traffic: the soft limit was not the reason, leave it */
    } else if (A.live > A.soft_limit / 10 * 8) {
       A.soft_limit = A.soft_limit / 10 * 14; /* still needed: grow, as Torch7 did */
-   } else if (cost < 0 && A.soft_limit > A.base_limit && A.live * 2 < A.soft_limit) {
-      /* cheap collections and little live: step back toward the base */
-      int64_t l = A.soft_limit / 14 * 10;
-      A.soft_limit = l > A.base_limit ? l : A.base_limit;
+   } else if (A.live * 2 < A.base_limit && A.soft_limit > A.base_limit) {
+      A.soft_limit = A.base_limit;
    }
    A.pressure = 0;
    A.live_base = A.live;

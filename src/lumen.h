@@ -101,9 +101,7 @@ int lm_mem_pressure(void);                    /* non-zero when live bytes crosse
 int64_t lm_mem_traffic_limit(void);           /* 0: traffic does not trigger collections */
 void lm_mem_set_traffic_limit(int64_t bytes);
 int64_t lm_mem_cache_size(void);              /* last-level cache bytes (sysconf), 0 if unknown */
-void lm_mem_collected(int cost);             /* Lua reports a finished collection; the limit adapts
-                                                 (cost 1: collections take too much of the time,
-                                                 -1: they are cheap, 0: neither) */
+void lm_mem_collected(void);                  /* Lua reports a finished collection (limit adapts) */
 int64_t lm_mem_alloc_count(void);             /* calls that reached malloc (cache misses) */
 
 /* ---- storage and tensor lifetime (src/tensor.c) ---- */

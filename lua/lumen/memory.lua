@@ -157,35 +157,15 @@ local gc_seconds = nil                 -- smoothed cost of one collection
 local collecting = false
 
 -- run a full collection now and tell the allocator
--- The soft limit also answers the cost of collections: a collection takes time proportional to
--- the Lua heap (0.1 ms for lumen alone, ~0.5 ms with nn and a model), so a program whose large
--- temporaries cross the limit every few calls would spend a good part of its time collecting.
--- When collections take more than MAX_GC_FRACTION of the time between them, the allocator
--- grows the soft limit (x1.4, up to 2x the base); when they take less than a quarter of that and
--- live bytes are low, it steps back toward the base.
-M.MAX_GC_FRACTION = 0.05
-local last_collect_end = nil
-
 function M.collect()
    if collecting then return end      -- a finalizer that allocates must not recurse
    collecting = true
    local t0 = clock()
    collectgarbage()
    sweep()
-   local t1 = clock()
-   local dt = t1 - t0
+   local dt = clock() - t0
    collecting = false
-   local cost = 0
-   if last_collect_end ~= nil then
-      local between = t0 - last_collect_end
-      if dt > M.MAX_GC_FRACTION * between then
-         cost = 1
-      elseif dt < 0.25 * M.MAX_GC_FRACTION * between then
-         cost = -1
-      end
-   end
-   last_collect_end = t1
-   C.lm_mem_collected(cost)
+   C.lm_mem_collected()
    if traffic_auto then
       gc_seconds = gc_seconds and (0.75 * gc_seconds + 0.25 * dt) or dt
       local limit = gc_seconds * M.DRAM_BYTES_PER_SECOND * M.TRAFFIC_COST_RATIO
