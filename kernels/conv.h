@@ -21,6 +21,9 @@
  *     44..64 reduction channels (C; O for backward data): Winograd F(4x4,3x3) (4x fewer
  *     multiply-adds than direct; float32 error about 2x the direct sum's, ~1e-6 of the sum of
  *     the terms' magnitudes).
+ *   - 1x1, stride 1, no padding, groups 1, up to 2048 reduction channels, forward and backward
+ *     data: pointwise kernels (conv_avx512.c) over runs of pixels with the weights packed once
+ *     per call; non-temporal stores when output and input together exceed the last-level cache.
  *   - up to 64 reduction channels (1, 5..8, 11..16, 22..32, 44..64) on rows of 14+ pixels:
  *     register-blocked direct kernels (conv_rb_avx512.c) over a zero-padded copy of the input
  *     rows; the single-channel weight gradient (a network's grey-image stem) likewise.
@@ -31,7 +34,8 @@
  *   Environment switches (read at each call; for tests and benchmarks): LUMEN_CONV_WINOGRAD=0
  *   turns Winograd off, =2 selects F(2x2,3x3) for forward and backward data (more accurate than
  *   the direct sum, ~1.5x slower than F(4x4)); LUMEN_CONV_RB=0 turns the register-blocked
- *   kernels off.
+ *   kernels off; LUMEN_CONV_PW=0 the pointwise ones; LUMEN_CONV_STREAM=0/1 forces their
+ *   non-temporal stores off/on.
  *   Results do not vary from run to run (fixed reduction order for a given thread count).
  *
  * Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out is an
