@@ -259,6 +259,15 @@ void lm_mem_collected(void) {
    pthread_mutex_unlock(&A.mu);
 }
 
+/* give a free list's blocks back to the system */
+static void free_chain(block *b) {
+   while (b) {
+      block *n = b->next;
+      free(b);
+      b = n;
+   }
+}
+
 void lm_mem_empty_cache(void) {
    block *lists[NCLASS], *meta[LM_META_CLASSES];
    pthread_mutex_lock(&A.mu);
@@ -269,20 +278,6 @@ void lm_mem_empty_cache(void) {
    memset(A.meta_count, 0, sizeof A.meta_count);
    A.cached = 0;
    pthread_mutex_unlock(&A.mu);
-   for (int i = 0; i < LM_META_CLASSES; i++) {
-      block *b = meta[i];
-      while (b) {
-         block *n = b->next;
-         free(b);
-         b = n;
-      }
-   }
-   for (int i = 0; i < NCLASS; i++) {
-      block *b = lists[i];
-      while (b) {
-         block *n = b->next;
-         free(b);
-         b = n;
-      }
-   }
+   for (int i = 0; i < LM_META_CLASSES; i++) free_chain(meta[i]);
+   for (int i = 0; i < NCLASS; i++) free_chain(lists[i]);
 }

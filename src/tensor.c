@@ -130,6 +130,7 @@ void lm_tensor_free(lm_tensor *t) {
 }
 
 void lm_tensor_free_many(lm_tensor **ts, int64_t n) {
+   if (!ts) return;
    for (int64_t i = 0; i < n; i++) lm_tensor_free(ts[i]);
 }
 

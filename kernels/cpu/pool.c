@@ -1533,14 +1533,21 @@ static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_
    return st;
 }
 
+/* the checks and geometry shared by lm_max_pool2d and lm_max_pool2d_taps */
+static lm_status max_setup(pool_t *p, const lm_tensor *x, const int64_t *kernel,
+                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                           int ceil_mode) {
+   p->kind = KIND_MAX;
+   LM_TRY(check_float(x, "input"));
+   LM_TRY(pool_input_dims(x, p, "max_pool2d", 0));
+   return pool_params(p, kernel, stride, padding, dilation, ceil_mode);
+}
+
 lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
                         const int64_t *padding, const int64_t *dilation, int ceil_mode,
                         lm_tensor **out, lm_tensor **indices) {
    pool_t p = {0};
-   p.kind = KIND_MAX;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(pool_input_dims(x, &p, "max_pool2d", 0));
-   LM_TRY(pool_params(&p, kernel, stride, padding, dilation, ceil_mode));
+   LM_TRY(max_setup(&p, x, kernel, stride, padding, dilation, ceil_mode));
    return max_forward(x, &p, out, indices, NULL);
 }
 
@@ -1734,10 +1741,7 @@ lm_status lm_max_pool2d_taps(const lm_tensor *x, const int64_t *kernel, const in
                              const int64_t *padding, const int64_t *dilation, int ceil_mode,
                              lm_tensor **out, lm_tensor **taps) {
    pool_t p = {0};
-   p.kind = KIND_MAX;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(pool_input_dims(x, &p, "max_pool2d", 0));
-   LM_TRY(pool_params(&p, kernel, stride, padding, dilation, ceil_mode));
+   LM_TRY(max_setup(&p, x, kernel, stride, padding, dilation, ceil_mode));
    if (!taps) return lm_error(LM_ERR_ARG, "taps is NULL");
    if (*taps) return lm_error(LM_ERR_ARG, "max_pool2d_taps: taps must be NULL (a new tensor)");
    if (p.kh * p.kw > 255)
