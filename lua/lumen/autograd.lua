@@ -624,116 +624,122 @@ do
    local r_add, r_sub, r_mul, r_div, r_pow = raw.add, raw.sub, raw.mul, raw.div, raw.pow
    local r_neg = raw.neg
 
+   local function rec_add(out, a, b, alpha)
+      local ma, mb = meta(a, out), meta(b, out)
+      local need_a, need_b = needs(a), needs(b)
+      local al = alpha or 1
+      attach(out, "AddBackward", function(g)
+         local ga, gb
+         if need_a then ga = sum_to(g, ma) end
+         if need_b then gb = sum_to(al == 1 and g or r_mul(g, al), mb) end
+         return ga, gb
+      end, { edge(a), edge(b) })
+   end
    function Tensor.add(a, b, alpha)
       local out = r_add(a, b, alpha)
-      if enabled and scalar_or_tensor_needs(a, b) then
-         local ma, mb = meta(a, out), meta(b, out)
-         local need_a, need_b = needs(a), needs(b)
-         local al = alpha or 1
-         attach(out, "AddBackward", function(g)
-            local ga, gb
-            if need_a then ga = sum_to(g, ma) end
-            if need_b then gb = sum_to(al == 1 and g or r_mul(g, al), mb) end
-            return ga, gb
-         end, { edge(a), edge(b) })
-      end
+      if enabled and scalar_or_tensor_needs(a, b) then rec_add(out, a, b, alpha) end
       return out
    end
 
+   local function rec_sub(out, a, b, alpha)
+      local ma, mb = meta(a, out), meta(b, out)
+      local al = alpha or 1
+      local need_a, need_b = needs(a), needs(b)
+      attach(out, "SubBackward", function(g)
+         local ga, gb
+         if need_a then ga = sum_to(g, ma) end
+         if need_b then gb = sum_to(al == 1 and r_neg(g) or r_mul(g, -al), mb) end
+         return ga, gb
+      end, { edge(a), edge(b) })
+   end
    function Tensor.sub(a, b, alpha)
       local out = r_sub(a, b, alpha)
-      if enabled and scalar_or_tensor_needs(a, b) then
-         local ma, mb = meta(a, out), meta(b, out)
-         local al = alpha or 1
-         local need_a, need_b = needs(a), needs(b)
-         attach(out, "SubBackward", function(g)
-            local ga, gb
-            if need_a then ga = sum_to(g, ma) end
-            if need_b then gb = sum_to(al == 1 and r_neg(g) or r_mul(g, -al), mb) end
-            return ga, gb
-         end, { edge(a), edge(b) })
-      end
+      if enabled and scalar_or_tensor_needs(a, b) then rec_sub(out, a, b, alpha) end
       return out
    end
 
+   local function rec_mul(out, a, b)
+      local ma, mb = meta(a, out), meta(b, out)
+      local sa = needs(b) and a or nil     -- save only what the other gradient needs
+      local sb = needs(a) and b or nil
+      attach(out, "MulBackward", function(g)
+         local ga, gb
+         if sb ~= nil then ga = sum_to(r_mul(g, sb), ma) end
+         if sa ~= nil then gb = sum_to(r_mul(g, sa), mb) end
+         return ga, gb
+      end, { edge(a), edge(b) })
+   end
    function Tensor.mul(a, b)
       local out = r_mul(a, b)
-      if enabled and scalar_or_tensor_needs(a, b) then
-         local ma, mb = meta(a, out), meta(b, out)
-         local sa = needs(b) and a or nil     -- save only what the other gradient needs
-         local sb = needs(a) and b or nil
-         attach(out, "MulBackward", function(g)
-            local ga, gb
-            if sb ~= nil then ga = sum_to(r_mul(g, sb), ma) end
-            if sa ~= nil then gb = sum_to(r_mul(g, sa), mb) end
-            return ga, gb
-         end, { edge(a), edge(b) })
-      end
+      if enabled and scalar_or_tensor_needs(a, b) then rec_mul(out, a, b) end
       return out
    end
 
+   local function rec_div(out, a, b)
+      local ma, mb = meta(a, out), meta(b, out)
+      local need_a, need_b = needs(a), needs(b)
+      local sout = need_b and out or nil
+      attach(out, "DivBackward", function(g)
+         local ga, gb
+         if need_a then ga = sum_to(r_div(g, b), ma) end
+         if need_b then gb = sum_to(r_neg(r_div(r_mul(g, sout), b)), mb) end
+         return ga, gb
+      end, { edge(a), edge(b) })
+   end
    function Tensor.div(a, b)
       local out = r_div(a, b)
-      if enabled and scalar_or_tensor_needs(a, b) then
-         local ma, mb = meta(a, out), meta(b, out)
-         local need_a, need_b = needs(a), needs(b)
-         local sout = need_b and out or nil
-         attach(out, "DivBackward", function(g)
-            local ga, gb
-            if need_a then ga = sum_to(r_div(g, b), ma) end
-            if need_b then gb = sum_to(r_neg(r_div(r_mul(g, sout), b)), mb) end
-            return ga, gb
-         end, { edge(a), edge(b) })
-      end
+      if enabled and scalar_or_tensor_needs(a, b) then rec_div(out, a, b) end
       return out
    end
 
+   local function rec_pow(out, a, b)
+      local ma, mb = meta(a, out), meta(b, out)
+      local need_a, need_b = needs(a), needs(b)
+      attach(out, "PowBackward", function(g)
+         local ga, gb
+         if need_a then
+            -- d/da a^b = b * a^(b-1); b == 0 gives 0 (PyTorch masks it)
+            if type(b) == "number" then
+               if b == 0 then ga = r_mul(g, 0)
+               elseif b == 1 then ga = g
+               elseif b == 2 then ga = r_mul(r_mul(g, a), 2)
+               else ga = r_mul(r_mul(g, r_pow(a, b - 1)), b) end
+            else
+               ga = r_mul(r_mul(g, b), r_pow(a, r_sub(b, 1)))
+            end
+            ga = sum_to(ga, ma)
+         end
+         if need_b then
+            -- d/db a^b = a^b * log(a)
+            local la = type(a) == "number" and math.log(a) or raw.log(a)
+            gb = sum_to(r_mul(r_mul(g, out), la), mb)
+         end
+         return ga, gb
+      end, { edge(a), edge(b) })
+   end
    function Tensor.pow(a, b)
       local out = r_pow(a, b)
-      if enabled and scalar_or_tensor_needs(a, b) then
-         local ma, mb = meta(a, out), meta(b, out)
-         local need_a, need_b = needs(a), needs(b)
-         attach(out, "PowBackward", function(g)
-            local ga, gb
-            if need_a then
-               -- d/da a^b = b * a^(b-1); b == 0 gives 0 (PyTorch masks it)
-               if type(b) == "number" then
-                  if b == 0 then ga = r_mul(g, 0)
-                  elseif b == 1 then ga = g
-                  elseif b == 2 then ga = r_mul(r_mul(g, a), 2)
-                  else ga = r_mul(r_mul(g, r_pow(a, b - 1)), b) end
-               else
-                  ga = r_mul(r_mul(g, b), r_pow(a, r_sub(b, 1)))
-               end
-               ga = sum_to(ga, ma)
-            end
-            if need_b then
-               -- d/db a^b = a^b * log(a)
-               local la = type(a) == "number" and math.log(a) or raw.log(a)
-               gb = sum_to(r_mul(r_mul(g, out), la), mb)
-            end
-            return ga, gb
-         end, { edge(a), edge(b) })
-      end
+      if enabled and scalar_or_tensor_needs(a, b) then rec_pow(out, a, b) end
       return out
    end
 
    local function minmax_binary(name, rf, cmp)
+      local function rec(out, a, b)
+         local ma, mb = meta(a, out), meta(b, out)
+         attach(out, name, function(g)
+            -- ties split the gradient in half, as PyTorch does
+            local ga, gb
+            local wa = raw.add(raw.mul(cmp(a, b), 1.0), raw.mul(raw.eq(a, b), -0.5))
+            if is_tensor(a) and needs(a) then ga = sum_to(r_mul(g, wa), ma) end
+            if is_tensor(b) and needs(b) then
+               gb = sum_to(r_mul(g, raw.sub(1, wa)), mb)
+            end
+            return ga, gb
+         end, { edge(a), edge(b) })
+      end
       return function(a, b)
          local out = rf(a, b)
-         if enabled and scalar_or_tensor_needs(a, b) then
-            local ma, mb = meta(a, out), meta(b, out)
-            attach(out, name, function(g)
-               -- ties split the gradient in half, as PyTorch does
-               local ga, gb
-               local wa = raw.add(raw.mul(cmp(a, b), 1.0), raw.mul(raw.eq(a, b), -0.5))
-               if is_tensor(a) and needs(a) then ga = sum_to(r_mul(g, wa), ma) end
-               if is_tensor(b) and needs(b) then
-                  gb = sum_to(r_mul(g, raw.sub(1, wa)), mb)
-               end
-               return ga, gb
-            end, { edge(a), edge(b) })
-         end
+         if enabled and scalar_or_tensor_needs(a, b) then rec(out, a, b) end
          return out
       end
    end
@@ -776,20 +782,24 @@ do
       local f = raw[name]
       local grad = spec.grad
       local bname = titled(name)
+      -- (the closures are made in rec, not in the method: a function that makes closures is
+      -- not compiled by LuaJIT past its returns, and these methods are on every hot path)
       if spec.save == "x" then
+         local function rec(out, self)
+            attach(out, bname, function(g) return grad(g, self) end, { edge(self) })
+         end
          Tensor[name] = function(self)
             local out = f(self)
-            if enabled and needs(self) then
-               attach(out, bname, function(g) return grad(g, self) end, { edge(self) })
-            end
+            if enabled and needs(self) then rec(out, self) end
             return out
          end
       elseif spec.save == "out" then
+         local function rec(out, self)
+            attach(out, bname, function(g) return grad(g, out) end, { edge(self) })
+         end
          Tensor[name] = function(self)
             local out = f(self)
-            if enabled and needs(self) then
-               attach(out, bname, function(g) return grad(g, out) end, { edge(self) })
-            end
+            if enabled and needs(self) then rec(out, self) end
             return out
          end
       else
@@ -814,13 +824,14 @@ do
       end
       return m
    end
+   local function rec_clamp(out, self, lo, hi)
+      attach(out, "ClampBackward", function(g)
+         return r_mul(g, clamp_mask(self, lo, hi))
+      end, { edge(self) })
+   end
    function Tensor.clamp(self, lo, hi)
       local out = r_clamp(self, lo, hi)
-      if enabled and needs(self) then
-         attach(out, "ClampBackward", function(g)
-            return r_mul(g, clamp_mask(self, lo, hi))
-         end, { edge(self) })
-      end
+      if enabled and needs(self) then rec_clamp(out, self, lo, hi) end
       return out
    end
    Tensor.clip = Tensor.clamp
@@ -847,10 +858,7 @@ end
 do
    local r_mul, r_div = raw.mul, raw.div
    local function inplace_binary(name, rawf, bname)
-      return function(self, b, alpha)
-         if not enabled or not (needs(self) or needs(b)) then
-            return rawf(self, b, alpha)
-         end
+      local function slow(self, b, alpha)
          inplace_check(self, name)
          local need_self, need_b = needs(self), needs(b)
          local mb = is_tensor(b) and meta(b, self) or false
@@ -882,6 +890,12 @@ do
          end, { edge(b) })
          return self
       end
+      return function(self, b, alpha)
+         if not enabled or not (needs(self) or needs(b)) then
+            return rawf(self, b, alpha)
+         end
+         return slow(self, b, alpha)
+      end
    end
    Tensor.add_ = inplace_binary("add_", raw.add_, "AddBackward")
    Tensor.sub_ = inplace_binary("sub_", raw.sub_, "SubBackward")
@@ -889,12 +903,15 @@ do
    Tensor.div_ = inplace_binary("div_", raw.div_, "DivBackward")
 
    local function inplace_unary(name, rawf, bname, grad)     -- grad(g, out)
-      return function(self)
-         if not enabled or not needs(self) then return rawf(self) end
+      local function slow(self)
          inplace_check(self, name)
          rawf(self)
          rebase(self, bname, function(g) return grad(g, self) end)
          return self
+      end
+      return function(self)
+         if not enabled or not needs(self) then return rawf(self) end
+         return slow(self)
       end
    end
    local relu_plain = inplace_unary("relu_", raw.relu_, "ReluBackward",
@@ -904,8 +921,7 @@ do
    -- batch norm's backward, which then replaces both nodes. Not when a hook watches the batch
    -- norm's result (it would miss its gradient). The batch norm's own node stays as it was for
    -- any other user of the pre-relu values.
-   function Tensor.relu_(self)
-      if not enabled or not needs(self) then return raw.relu_(self) end
+   local function slow_relu_(self)
       local node = rawget(self, "grad_fn")
       local fuse = node and rawget(node, "relu_fuse")
       if fuse == nil or rawget(node, "_hooks") or node.backward == nil then
@@ -917,6 +933,10 @@ do
       attach(self, "NativeBatchNormReluBackward", fuse(self), inputs)
       return self
    end
+   function Tensor.relu_(self)
+      if not enabled or not needs(self) then return raw.relu_(self) end
+      return slow_relu_(self)
+   end
    Tensor.sigmoid_ = inplace_unary("sigmoid_", raw.sigmoid_, "SigmoidBackward",
       function(g, y) return raw.sigmoid_backward(g, y) end)
    Tensor.tanh_ = inplace_unary("tanh_", raw.tanh_, "TanhBackward",
@@ -926,15 +946,18 @@ do
    Tensor.neg_ = inplace_unary("neg_", raw.neg_, "NegBackward",
       function(g) return raw.neg(g) end)
 
-   function Tensor.clamp_(self, lo, hi)
-      if not enabled or not needs(self) then
-         return raw.clamp_(self, lo, hi)
-      end
+   local function slow_clamp_(self, lo, hi)
       inplace_check(self, "clamp_")
       local mask = A._clamp_mask(self, lo, hi)
       raw.clamp_(self, lo, hi)
       rebase(self, "ClampBackward", function(g) return r_mul(g, mask) end)
       return self
+   end
+   function Tensor.clamp_(self, lo, hi)
+      if not enabled or not needs(self) then
+         return raw.clamp_(self, lo, hi)
+      end
+      return slow_clamp_(self, lo, hi)
    end
 
    -- fill_ / zero_: the old value gets no gradient
@@ -951,10 +974,7 @@ do
    Tensor.fill_ = inplace_fill("fill_", raw.fill_)
    Tensor.zero_ = inplace_fill("zero_", raw.zero_)
 
-   function Tensor.copy_(self, src)
-      if not enabled or not (needs(self) or needs(src)) then
-         return raw.copy_(self, src)
-      end
+   local function slow_copy_(self, src)
       inplace_check(self, "copy_")
       raw.copy_(self, src)
       local ms = meta(src, self)
@@ -967,11 +987,14 @@ do
              { false, edge(src) })
       return self
    end
-
-   function Tensor.addcmul_(self, a, b, value)
-      if not enabled or not (needs(self) or needs(a) or needs(b)) then
-         return raw.addcmul_(self, a, b, value)
+   function Tensor.copy_(self, src)
+      if not enabled or not (needs(self) or needs(src)) then
+         return raw.copy_(self, src)
       end
+      return slow_copy_(self, src)
+   end
+
+   local function slow_addcmul_(self, a, b, value)
       inplace_check(self, "addcmul_")
       local v = value or 1
       local ma, mb = meta(a, self), meta(b, self)
@@ -984,59 +1007,68 @@ do
       end, { edge(a), edge(b) })
       return self
    end
+   function Tensor.addcmul_(self, a, b, value)
+      if not enabled or not (needs(self) or needs(a) or needs(b)) then
+         return raw.addcmul_(self, a, b, value)
+      end
+      return slow_addcmul_(self, a, b, value)
+   end
 end
 
 -- ternary ops ------------------------------------------------------------------------------
 
 do
    local r_mul, r_div = raw.mul, raw.div
+   local function rec_addcmul(out, self, a, b, value)
+      local v = value or 1
+      local ms, ma, mb = meta(self, out), meta(a, out), meta(b, out)
+      local need_a, need_b = needs(a), needs(b)
+      attach(out, "AddcmulBackward", function(g)
+         local ga, gb
+         if need_a then ga = sum_to(r_mul(r_mul(g, b), v), ma) end
+         if need_b then gb = sum_to(r_mul(r_mul(g, a), v), mb) end
+         return sum_to(g, ms), ga, gb
+      end, { edge(self), edge(a), edge(b) })
+   end
    function Tensor.addcmul(self, a, b, value)
       local out = raw.addcmul(self, a, b, value)
-      if enabled and (needs(self) or needs(a) or needs(b)) then
-         local v = value or 1
-         local ms, ma, mb = meta(self, out), meta(a, out), meta(b, out)
-         local need_a, need_b = needs(a), needs(b)
-         attach(out, "AddcmulBackward", function(g)
-            local ga, gb
-            if need_a then ga = sum_to(r_mul(r_mul(g, b), v), ma) end
-            if need_b then gb = sum_to(r_mul(r_mul(g, a), v), mb) end
-            return sum_to(g, ms), ga, gb
-         end, { edge(self), edge(a), edge(b) })
-      end
+      if enabled and (needs(self) or needs(a) or needs(b)) then rec_addcmul(out, self, a, b, value) end
       return out
    end
 
+   local function rec_addcdiv(out, self, a, b, value)
+      local v = value or 1
+      local ms, ma, mb = meta(self, out), meta(a, out), meta(b, out)
+      local need_a, need_b = needs(a), needs(b)
+      attach(out, "AddcdivBackward", function(g)
+         local ga, gb
+         if need_a then ga = sum_to(r_mul(r_div(g, b), v), ma) end
+         if need_b then
+            gb = sum_to(r_mul(r_div(r_mul(g, a), r_mul(b, b)), -v), mb)
+         end
+         return sum_to(g, ms), ga, gb
+      end, { edge(self), edge(a), edge(b) })
+   end
    function Tensor.addcdiv(self, a, b, value)
       local out = raw.addcdiv(self, a, b, value)
-      if enabled and (needs(self) or needs(a) or needs(b)) then
-         local v = value or 1
-         local ms, ma, mb = meta(self, out), meta(a, out), meta(b, out)
-         local need_a, need_b = needs(a), needs(b)
-         attach(out, "AddcdivBackward", function(g)
-            local ga, gb
-            if need_a then ga = sum_to(r_mul(r_div(g, b), v), ma) end
-            if need_b then
-               gb = sum_to(r_mul(r_div(r_mul(g, a), r_mul(b, b)), -v), mb)
-            end
-            return sum_to(g, ms), ga, gb
-         end, { edge(self), edge(a), edge(b) })
-      end
+      if enabled and (needs(self) or needs(a) or needs(b)) then rec_addcdiv(out, self, a, b, value) end
       return out
    end
 
    local r_where = raw.where
+   local function rec_where(out, cond, a, b)
+      local ma, mb = meta(a, out), meta(b, out)
+      local need_a, need_b = needs(a), needs(b)
+      attach(out, "WhereBackward", function(g)
+         local ga, gb
+         if need_a then ga = sum_to(r_where(cond, g, 0), ma) end
+         if need_b then gb = sum_to(r_where(cond, 0, g), mb) end
+         return nil, ga, gb
+      end, { false, edge(a), edge(b) })
+   end
    local function where(cond, a, b)
       local out = r_where(cond, a, b)
-      if enabled and (needs(a) or needs(b)) then
-         local ma, mb = meta(a, out), meta(b, out)
-         local need_a, need_b = needs(a), needs(b)
-         attach(out, "WhereBackward", function(g)
-            local ga, gb
-            if need_a then ga = sum_to(r_where(cond, g, 0), ma) end
-            if need_b then gb = sum_to(r_where(cond, 0, g), mb) end
-            return nil, ga, gb
-         end, { false, edge(a), edge(b) })
-      end
+      if enabled and (needs(a) or needs(b)) then rec_where(out, cond, a, b) end
       return out
    end
    T.where = where
@@ -1074,52 +1106,55 @@ end
 do
    local r_sum, r_mean = raw.sum, raw.mean
 
+   local function rec_sum(out, self, dims, keepdim, dtype)
+      local c = self._c
+      local in_sizes, did = sizes_of(c), c.dtype
+      local rd = reduce_dims("sum", dims, c.ndim)
+      attach(out, "SumBackward", function(g)
+         return cast_like(unreduce(g, rd, keepdim, in_sizes), did)
+      end, { edge(self) })
+   end
    function Tensor.sum(self, dims, keepdim, dtype)
       local out = r_sum(self, dims, keepdim, dtype)
-      if enabled and needs(self) then
-         local c = self._c
-         local in_sizes, did = sizes_of(c), c.dtype
-         local rd = reduce_dims("sum", dims, c.ndim)
-         attach(out, "SumBackward", function(g)
-            return cast_like(unreduce(g, rd, keepdim, in_sizes), did)
-         end, { edge(self) })
-      end
+      if enabled and needs(self) then rec_sum(out, self, dims, keepdim, dtype) end
       return out
    end
 
+   local function rec_mean(out, self, dims, keepdim, dtype)
+      local c = self._c
+      local in_sizes, did = sizes_of(c), c.dtype
+      local rd = reduce_dims("mean", dims, c.ndim)
+      local count = 1
+      for i = 1, #rd do count = count * in_sizes[rd[i] + 1] end
+      attach(out, "MeanBackward", function(g)
+         return cast_like(unreduce(raw.div(g, count), rd, keepdim, in_sizes), did)
+      end, { edge(self) })
+   end
    function Tensor.mean(self, dims, keepdim, dtype)
       local out = r_mean(self, dims, keepdim, dtype)
-      if enabled and needs(self) then
-         local c = self._c
-         local in_sizes, did = sizes_of(c), c.dtype
-         local rd = reduce_dims("mean", dims, c.ndim)
-         local count = 1
-         for i = 1, #rd do count = count * in_sizes[rd[i] + 1] end
-         attach(out, "MeanBackward", function(g)
-            return cast_like(unreduce(raw.div(g, count), rd, keepdim, in_sizes), did)
-         end, { edge(self) })
-      end
+      if enabled and needs(self) then rec_mean(out, self, dims, keepdim, dtype) end
       return out
    end
 
    -- amax / amin: the gradient is shared evenly between tied extremes
    local function amaxmin(name, rawf)
+      local function rec(out, self, dims, keepdim)
+         local c = self._c
+         local in_sizes = sizes_of(c)
+         local rd = reduce_dims(name, dims, c.ndim)
+         local d1 = {}
+         for i = 1, #rd do d1[i] = rd[i] + 1 end
+         attach(out, name:gsub("^%l", string.upper) .. "Backward", function(g)
+            local y = unreduce(out, rd, keepdim, in_sizes)
+            local mask = raw.eq(self, y)
+            local cnt = raw.sum(mask, d1, true)
+            local gk = unreduce(g, rd, keepdim, in_sizes)
+            return raw.div(raw.mul(gk, mask), cnt)
+         end, { edge(self) })
+      end
       return function(self, dims, keepdim)
          local out = rawf(self, dims, keepdim)
-         if enabled and needs(self) then
-            local c = self._c
-            local in_sizes = sizes_of(c)
-            local rd = reduce_dims(name, dims, c.ndim)
-            local d1 = {}
-            for i = 1, #rd do d1[i] = rd[i] + 1 end
-            attach(out, name:gsub("^%l", string.upper) .. "Backward", function(g)
-               local y = unreduce(out, rd, keepdim, in_sizes)
-               local mask = raw.eq(self, y)
-               local cnt = raw.sum(mask, d1, true)
-               local gk = unreduce(g, rd, keepdim, in_sizes)
-               return raw.div(raw.mul(gk, mask), cnt)
-            end, { edge(self) })
-         end
+         if enabled and needs(self) then rec(out, self, dims, keepdim) end
          return out
       end
    end
@@ -1129,12 +1164,16 @@ do
    -- max / min: no dim -> evenly distributed among ties; a dim -> to the returned index; a
    -- tensor -> elementwise maximum / minimum
    local function maxmin(name, rawf, elementwise)
-      return function(self, dim, keepdim)
+      local slow
+      local function fast(self, dim, keepdim)
          if is_tensor(dim) then return Tensor[elementwise](self, dim) end
          local values, indices = rawf(self, dim, keepdim)
          if not (enabled and needs(self)) then
             return values, indices
          end
+         return slow(self, dim, keepdim, values, indices)
+      end
+      slow = function(self, dim, keepdim, values, indices)
          local c = self._c
          local in_sizes = sizes_of(c)
          local bname = name:gsub("^%l", string.upper) .. "Backward"
@@ -1162,6 +1201,7 @@ do
          end, { edge(self) })
          return values, indices
       end
+      return fast
    end
    Tensor.max = maxmin("max", raw.max, "maximum")
    Tensor.min = maxmin("min", raw.min, "minimum")
@@ -1175,12 +1215,13 @@ do
    -- ops whose gradient is the incoming gradient reshaped to the input's sizes
    local function reshaping(name, bname)
       local f = raw[name]
+      local function rec(out, self)
+         local in_sizes = sizes_of(self._c)
+         attach(out, bname, function(g) return r_reshape(g, in_sizes) end, { edge(self) })
+      end
       Tensor[name] = function(self, ...)
          local out = f(self, ...)
-         if enabled and out ~= self and needs(self) then
-            local in_sizes = sizes_of(self._c)
-            attach(out, bname, function(g) return r_reshape(g, in_sizes) end, { edge(self) })
-         end
+         if enabled and out ~= self and needs(self) then rec(out, self) end
          return out
       end
    end
@@ -1193,16 +1234,17 @@ do
    -- ops whose gradient passes through unchanged (same sizes)
    local function identity(name, bname)
       local f = raw[name]
+      local function rec(out, self)
+         local did = self._c.dtype
+         local dev = self._c.device
+         attach(out, bname, function(g)
+            if g._c.device ~= dev then g = raw.to(g, T.device_name(dev)) end
+            return cast_like(g, did)
+         end, { edge(self) })
+      end
       Tensor[name] = function(self, ...)
          local out = f(self, ...)
-         if enabled and out ~= self and needs(self) then
-            local did = self._c.dtype
-            local dev = self._c.device
-            attach(out, bname, function(g)
-               if g._c.device ~= dev then g = raw.to(g, T.device_name(dev)) end
-               return cast_like(g, did)
-            end, { edge(self) })
-         end
+         if enabled and out ~= self and needs(self) then rec(out, self) end
          return out
       end
    end
@@ -1211,72 +1253,78 @@ do
    identity("to", "ToCopyBackward")
    identity("alias", "AliasBackward")
 
+   local function rec_permute(out, self, ...)
+      local dims = ...
+      if type(dims) ~= "table" then dims = { ... } end
+      local nd = self._c.ndim
+      local inv = {}
+      for i = 1, nd do inv[wrap_dim("permute", dims[i], nd) + 1] = i end
+      attach(out, "PermuteBackward", function(g) return raw.permute(g, inv) end,
+             { edge(self) })
+   end
    function Tensor.permute(self, ...)
       local out = raw.permute(self, ...)
-      if enabled and needs(self) then
-         local dims = ...
-         if type(dims) ~= "table" then dims = { ... } end
-         local nd = self._c.ndim
-         local inv = {}
-         for i = 1, nd do inv[wrap_dim("permute", dims[i], nd) + 1] = i end
-         attach(out, "PermuteBackward", function(g) return raw.permute(g, inv) end,
-                { edge(self) })
-      end
+      if enabled and needs(self) then rec_permute(out, self, ...) end
       return out
    end
 
+   local function rec_transpose(out, self, d0, d1)
+      attach(out, "TransposeBackward", function(g) return raw.transpose(g, d0, d1) end,
+             { edge(self) })
+   end
    function Tensor.transpose(self, d0, d1)
       local out = raw.transpose(self, d0, d1)
-      if enabled and needs(self) then
-         attach(out, "TransposeBackward", function(g) return raw.transpose(g, d0, d1) end,
-                { edge(self) })
-      end
+      if enabled and needs(self) then rec_transpose(out, self, d0, d1) end
       return out
    end
 
+   local function rec_expand(out, self)
+      local m = { ndim = self._c.ndim, sizes = sizes_of(self._c),
+                  dtype = dtypes.from_id(self._c.dtype) }
+      attach(out, "ExpandBackward", function(g) return sum_to(g, m) end, { edge(self) })
+   end
    function Tensor.expand(self, ...)
       local out = raw.expand(self, ...)
-      if enabled and needs(self) then
-         local m = { ndim = self._c.ndim, sizes = sizes_of(self._c),
-                     dtype = dtypes.from_id(self._c.dtype) }
-         attach(out, "ExpandBackward", function(g) return sum_to(g, m) end, { edge(self) })
-      end
+      if enabled and needs(self) then rec_expand(out, self) end
       return out
    end
 
+   local function rec_narrow(out, self, d, start, length)
+      local in_sizes = sizes_of(self._c)
+      local fmt = C.lm_suggest_memory_format(self._c, 0)
+      attach(out, "NarrowBackward", function(g)
+         local z = zeros_for(g, in_sizes, fmt)
+         raw.copy_(raw.narrow(z, d, start, length), g)
+         return z
+      end, { edge(self) })
+   end
    function Tensor.narrow(self, d, start, length)
       local out = raw.narrow(self, d, start, length)
-      if enabled and needs(self) then
-         local in_sizes = sizes_of(self._c)
-         local fmt = C.lm_suggest_memory_format(self._c, 0)
-         attach(out, "NarrowBackward", function(g)
-            local z = zeros_for(g, in_sizes, fmt)
-            raw.copy_(raw.narrow(z, d, start, length), g)
-            return z
-         end, { edge(self) })
-      end
+      if enabled and needs(self) then rec_narrow(out, self, d, start, length) end
       return out
    end
 
+   local function rec_select(out, self, d, i)
+      local in_sizes = sizes_of(self._c)
+      local fmt = C.lm_suggest_memory_format(self._c, 0)
+      attach(out, "SelectBackward", function(g)
+         local z = zeros_for(g, in_sizes, fmt)
+         raw.copy_(raw.select(z, d, i), g)
+         return z
+      end, { edge(self) })
+   end
    function Tensor.select(self, d, i)
       local out = raw.select(self, d, i)
-      if enabled and needs(self) then
-         local in_sizes = sizes_of(self._c)
-         local fmt = C.lm_suggest_memory_format(self._c, 0)
-         attach(out, "SelectBackward", function(g)
-            local z = zeros_for(g, in_sizes, fmt)
-            raw.copy_(raw.select(z, d, i), g)
-            return z
-         end, { edge(self) })
-      end
+      if enabled and needs(self) then rec_select(out, self, d, i) end
       return out
    end
 
+   local function rec_as_strided(out, self, sizes, strides, offset)
+      argerror("as_strided", "as_strided is not differentiable in lumen (use detach())")
+   end
    function Tensor.as_strided(self, sizes, strides, offset)
       local out = raw.as_strided(self, sizes, strides, offset)
-      if enabled and needs(self) then
-         argerror("as_strided", "as_strided is not differentiable in lumen (use detach())")
-      end
+      if enabled and needs(self) then rec_as_strided(out, self, sizes, strides, offset) end
       return out
    end
 end
@@ -1285,42 +1333,43 @@ end
 
 do
    local r_matmul, r_t, r_reshape = raw.matmul, raw.transpose, raw.reshape
+   local function rec_matmul(out, self, other)
+      local ac, bc = self._c, other._c
+      local a_sizes, b_sizes = sizes_of(ac), sizes_of(bc)
+      local na, nb = ac.ndim, bc.ndim
+      local need_a, need_b = needs(self), needs(other)
+      local a_dt, b_dt = ac.dtype, bc.dtype
+      attach(out, "MmBackward", function(g)
+         -- promote 1-D operands to matrices, then use the 2-D / batched formulas
+         local a2, b2 = self, other
+         if na == 1 then a2 = r_reshape(self, { 1, a_sizes[1] }) end
+         if nb == 1 then b2 = r_reshape(other, { b_sizes[1], 1 }) end
+         -- g has the shape of a2 @ b2 with the promoted dims removed
+         local gs = sizes_of(g._c)
+         if na == 1 then table.insert(gs, #gs - (nb == 1 and 0 or 1) + 1, 1) end
+         if nb == 1 then gs[#gs + 1] = 1 end
+         local g2 = r_reshape(g, gs)
+         local ga, gb
+         if need_a then
+            ga = r_matmul(g2, r_t(b2, -1, -2))
+            ga = sum_to(ga, { ndim = na == 1 and 2 or na,
+                              sizes = na == 1 and { 1, a_sizes[1] } or a_sizes,
+                              dtype = dtypes.from_id(a_dt) })
+            if na == 1 then ga = r_reshape(ga, a_sizes) end
+         end
+         if need_b then
+            gb = r_matmul(r_t(a2, -1, -2), g2)
+            gb = sum_to(gb, { ndim = nb == 1 and 2 or nb,
+                              sizes = nb == 1 and { b_sizes[1], 1 } or b_sizes,
+                              dtype = dtypes.from_id(b_dt) })
+            if nb == 1 then gb = r_reshape(gb, b_sizes) end
+         end
+         return ga, gb
+      end, { edge(self), edge(other) })
+   end
    function Tensor.matmul(self, other)
       local out = r_matmul(self, other)
-      if enabled and (needs(self) or needs(other)) then
-         local ac, bc = self._c, other._c
-         local a_sizes, b_sizes = sizes_of(ac), sizes_of(bc)
-         local na, nb = ac.ndim, bc.ndim
-         local need_a, need_b = needs(self), needs(other)
-         local a_dt, b_dt = ac.dtype, bc.dtype
-         attach(out, "MmBackward", function(g)
-            -- promote 1-D operands to matrices, then use the 2-D / batched formulas
-            local a2, b2 = self, other
-            if na == 1 then a2 = r_reshape(self, { 1, a_sizes[1] }) end
-            if nb == 1 then b2 = r_reshape(other, { b_sizes[1], 1 }) end
-            -- g has the shape of a2 @ b2 with the promoted dims removed
-            local gs = sizes_of(g._c)
-            if na == 1 then table.insert(gs, #gs - (nb == 1 and 0 or 1) + 1, 1) end
-            if nb == 1 then gs[#gs + 1] = 1 end
-            local g2 = r_reshape(g, gs)
-            local ga, gb
-            if need_a then
-               ga = r_matmul(g2, r_t(b2, -1, -2))
-               ga = sum_to(ga, { ndim = na == 1 and 2 or na,
-                                 sizes = na == 1 and { 1, a_sizes[1] } or a_sizes,
-                                 dtype = dtypes.from_id(a_dt) })
-               if na == 1 then ga = r_reshape(ga, a_sizes) end
-            end
-            if need_b then
-               gb = r_matmul(r_t(a2, -1, -2), g2)
-               gb = sum_to(gb, { ndim = nb == 1 and 2 or nb,
-                                 sizes = nb == 1 and { b_sizes[1], 1 } or b_sizes,
-                                 dtype = dtypes.from_id(b_dt) })
-               if nb == 1 then gb = r_reshape(gb, b_sizes) end
-            end
-            return ga, gb
-         end, { edge(self), edge(other) })
-      end
+      if enabled and (needs(self) or needs(other)) then rec_matmul(out, self, other) end
       return out
    end
    Tensor.mm = Tensor.matmul
@@ -1330,38 +1379,40 @@ end
 
 do
    local r_cat = raw.cat
+   local rec_cat
    local function cat(list, dim)
       local out = r_cat(list, dim)
       if enabled then
          local any = false
          for i = 1, #list do if needs(list[i]) then any = true break end end
-         if any then
-            local d0 = wrap_dim("cat", dim == nil and 1 or dim, list[1]._c.ndim)
-            local inputs, lens, dts = {}, {}, {}
-            for i = 1, #list do
-               inputs[i] = edge(list[i])
-               local c = list[i]._c
-               -- legacy: 1-D empty tensors are skipped by cat
-               if c.ndim == 1 and c.sizes[0] == 0 and out._c.ndim ~= 1 then
-                  lens[i] = 0                   -- legacy: empty 1-D tensors are skipped
-               else
-                  lens[i] = tonumber(c.sizes[d0])
-               end
-               dts[i] = c.dtype
-            end
-            attach(out, "CatBackward", function(g)
-               local res, off = {}, 1
-               for i = 1, #inputs do
-                  if inputs[i] and lens[i] > 0 then
-                     res[i] = cast_like(raw.narrow(g, d0 + 1, off, lens[i]), dts[i])
-                  end
-                  off = off + lens[i]
-               end
-               return unpack(res, 1, #inputs)
-            end, inputs)
-         end
+         if any then rec_cat(out, list, dim) end
       end
       return out
+   end
+   rec_cat = function(out, list, dim)
+      local d0 = wrap_dim("cat", dim == nil and 1 or dim, list[1]._c.ndim)
+      local inputs, lens, dts = {}, {}, {}
+      for i = 1, #list do
+         inputs[i] = edge(list[i])
+         local c = list[i]._c
+         -- legacy: 1-D empty tensors are skipped by cat
+         if c.ndim == 1 and c.sizes[0] == 0 and out._c.ndim ~= 1 then
+            lens[i] = 0                   -- legacy: empty 1-D tensors are skipped
+         else
+            lens[i] = tonumber(c.sizes[d0])
+         end
+         dts[i] = c.dtype
+      end
+      attach(out, "CatBackward", function(g)
+         local res, off = {}, 1
+         for i = 1, #inputs do
+            if inputs[i] and lens[i] > 0 then
+               res[i] = cast_like(raw.narrow(g, d0 + 1, off, lens[i]), dts[i])
+            end
+            off = off + lens[i]
+         end
+         return unpack(res, 1, #inputs)
+      end, inputs)
    end
    T.cat = cat
    A.cat = cat

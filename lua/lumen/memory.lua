@@ -45,10 +45,20 @@ local function grow()
 end
 
 -- free the C tensors whose cdata the collector found dead; returns how many
+-- The count trigger: tensors made since the last sweep. Small tensors barely move the byte
+-- counters or the Lua heap (a compiled loop allocates little else), so without it a loop of small
+-- operations would pile up a million dead tensors before the soft limit fired, and every block and
+-- slot it then reused would be cache-cold (the per-op overhead doubled). After COUNT_BASE tensors
+-- (or as many as were alive after the last sweep, when that is more) own() runs a collection.
+local COUNT_BASE = 16384
+local made, count_limit = 0, COUNT_BASE
+local collect_now                          -- M.collect, set below
+
 local function sweep()
    if sweeping then return 0 end          -- a collection inside the sweep: this one goes on
    sweeping = true
    cycle_ended = false
+   made = 0
    local n, total = 0, 0
    for s = 1, nslots do
       local a = addrs[s]
@@ -79,6 +89,8 @@ local function sweep()
       end
    end
    sweeping = false
+   local live = nslots - nfree
+   count_limit = live > COUNT_BASE and live or COUNT_BASE
    return total + n
 end
 M.sweep = sweep
@@ -94,6 +106,8 @@ arm_sentinel()
 -- take ownership of a fresh lm_tensor* (a cdata); returns it
 function M.own(p)
    if cycle_ended then sweep() end
+   made = made + 1
+   if made > count_limit then collect_now() end   -- p is an argument here: it stays reachable
    local s
    if nfree > 0 then
       s = free_slots[nfree]
@@ -172,6 +186,8 @@ function M.collect()
       C.lm_mem_set_traffic_limit(math.max(M.BASE_TRAFFIC_LIMIT, math.floor(limit)))
    end
 end
+
+collect_now = M.collect
 
 -- the same check every constructor does: collect when the allocator asks for it
 function M.check_pressure()
