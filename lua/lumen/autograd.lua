@@ -1032,7 +1032,9 @@ do
    end
    function Tensor.addcmul(self, a, b, value)
       local out = raw.addcmul(self, a, b, value)
-      if enabled and (needs(self) or needs(a) or needs(b)) then rec_addcmul(out, self, a, b, value) end
+      if enabled and (needs(self) or needs(a) or needs(b)) then
+         rec_addcmul(out, self, a, b, value)
+      end
       return out
    end
 
@@ -1051,7 +1053,9 @@ do
    end
    function Tensor.addcdiv(self, a, b, value)
       local out = raw.addcdiv(self, a, b, value)
-      if enabled and (needs(self) or needs(a) or needs(b)) then rec_addcdiv(out, self, a, b, value) end
+      if enabled and (needs(self) or needs(a) or needs(b)) then
+         rec_addcdiv(out, self, a, b, value)
+      end
       return out
    end
 
