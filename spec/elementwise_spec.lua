@@ -362,3 +362,62 @@ describe("lm.cat", function()
       H.assert_error("cat", lm.cat, { H.seq({ 2, 2 }), H.seq({ 2, 3 }) }, 1)
    end)
 end)
+
+-- Large fresh outputs in cold allocator blocks are written with streaming stores (elementwise.c,
+-- alloc.c): LUMEN_EW_STREAM=1 forces that path for every output of 1 MiB or more, =0 turns it
+-- off. Both must give the same values and layouts, for odd sizes (unaligned thread runs and
+-- tails), both formats, scalars, broadcasting and every element size.
+describe("streaming stores for cold outputs", function()
+   local ffi = require("ffi")
+   local C = require("lumen.C")
+   pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+   local function with_stream(mode, f)
+      local old = os.getenv("LUMEN_EW_STREAM")
+      ffi.C.setenv("LUMEN_EW_STREAM", mode, 1)
+      local ok, r = pcall(f)
+      if old then ffi.C.setenv("LUMEN_EW_STREAM", old, 1) else ffi.C.unsetenv("LUMEN_EW_STREAM") end
+      assert(ok, r)
+      return r
+   end
+   local function same(f, what)
+      local a = with_stream("1", f)
+      local b = with_stream("0", f)
+      H.assert_layout(a, b:size(), b:stride(), what)
+      assert.is_true(lm.equal(a, b), what .. ": streamed values differ")
+   end
+
+   it("gives the same values as ordinary stores", function()
+      lm.manual_seed(3)
+      for _, fmt in ipairs({ lm.contiguous_format, lm.channels_last }) do
+         local x = lm.randn({ 3, 17, 101, 53 }):contiguous(fmt)       -- 1.09 MB of float32
+         local y = lm.randn({ 3, 17, 101, 53 }):contiguous(fmt)
+         local bias = lm.randn({ 17, 1, 1 })
+         local w = tostring(fmt)
+         same(function() return x + y end, "add " .. w)
+         same(function() return x:add(y, 0.5) end, "add alpha " .. w)
+         same(function() return x * 3 end, "mul scalar " .. w)
+         same(function() return x - bias end, "broadcast " .. w)
+         same(function() return x:relu() end, "relu " .. w)
+         same(function() return x:exp() end, "exp " .. w)
+         same(function() return x:double() * y:double() end, "float64 " .. w)
+         same(function() return x:long() + 1 end, "int64 " .. w)
+         same(function() return x:gt(y) end, "bool result " .. w)
+         same(function() return x:half() + 1 end, "float16 " .. w)
+      end
+   end)
+
+   it("marks large blocks cold after a cache's worth of traffic, small blocks never", function()
+      local big = 4 * 2 ^ 20
+      local p = C.lm_alloc(big)
+      assert.is_true(p ~= nil)
+      assert.equal(1, C.lm_mem_is_cold(p, big))          -- fresh from the system
+      C.lm_free(p, big)
+      local q = C.lm_alloc(big)                           -- the same block, just used
+      assert.equal(0, C.lm_mem_is_cold(q, big))
+      C.lm_free(q, big)
+      local s = C.lm_alloc(1000)
+      assert.equal(0, C.lm_mem_is_cold(s, 1000))
+      C.lm_free(s, 1000)
+      assert.equal(0, C.lm_mem_is_cold(nil, big))
+   end)
+end)

@@ -48,16 +48,32 @@ typedef struct block {
    struct block *next;
 } block;
 
+/* Large blocks (>= LM_STAMP_MIN) carry a 64-byte header in front of the caller's data: the
+ * allocation counter when the block was last handed out, and whether it was "cold" then: more
+ * than the last-level cache's worth of bytes had been handed out since its previous use (or it
+ * came fresh from the system). A kernel that writes a whole cold output may use streaming stores
+ * (lm_mem_is_cold): the lines are no longer cached, so ordinary stores would first read each one
+ * from DRAM and evict hot data (the inputs) to make room. Temporaries are freed only when Lua's
+ * collector runs, so in a loop most large results land in such blocks. */
+typedef struct stamped {
+   struct block *next;             /* the free list link while cached */
+   int64_t stamp;
+   int32_t cold;
+} stamped;
+#define LM_STAMP_MIN ((size_t)256 << 10)
+#define LM_HEADER 64
+
 static struct {
    pthread_mutex_t mu;
    block *free_list[NCLASS];
    int64_t live, peak, cached, nmalloc;
+   int64_t handed, cold_bytes;     /* bytes handed out in all; the coldness threshold */
    int64_t soft_limit, base_limit;
    int64_t live_base, traffic_limit; /* live bytes after the last collection; growth limit */
    int pressure;                   /* LM_PRESSURE_LIVE | LM_PRESSURE_TRAFFIC */
    block *meta_list[LM_META_CLASSES];
    int meta_count[LM_META_CLASSES];
-} A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0,
+} A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, -1,
        LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, 0, {0}, {0}};
 
 enum { LM_PRESSURE_LIVE = 1, LM_PRESSURE_TRAFFIC = 2 };
@@ -86,6 +102,15 @@ static void account_alloc(size_t rounded) {
       A.pressure |= LM_PRESSURE_TRAFFIC;
 }
 
+/* the coldness threshold: the last-level cache (read once; called with the mutex held) */
+static int64_t cold_bytes(void) {
+   if (A.cold_bytes < 0) {
+      int64_t c = lm_mem_cache_size();
+      A.cold_bytes = c > 0 ? c : (int64_t)32 << 20;
+   }
+   return A.cold_bytes;
+}
+
 void *lm_alloc(size_t nbytes) {
    if (nbytes == 0) nbytes = 1;
    size_t rounded;
@@ -95,6 +120,7 @@ void *lm_alloc(size_t nbytes) {
    } else {
       rounded = (nbytes + LM_ALIGN - 1) & ~(size_t)(LM_ALIGN - 1);
    }
+   const size_t head = rounded >= LM_STAMP_MIN ? LM_HEADER : 0;
    void *p = NULL;
    pthread_mutex_lock(&A.mu);
    if (cls >= 0 && A.free_list[cls]) {
@@ -103,13 +129,20 @@ void *lm_alloc(size_t nbytes) {
       A.cached -= (int64_t)rounded;
       p = b;
       account_alloc(rounded);
+      if (head) {
+         stamped *h = p;
+         h->cold = A.handed - h->stamp > cold_bytes();
+         h->stamp = A.handed += (int64_t)rounded;
+      } else {
+         A.handed += (int64_t)rounded;
+      }
    }
    pthread_mutex_unlock(&A.mu);
    if (!p) {
-      if (posix_memalign(&p, LM_ALIGN, rounded) != 0) {
+      if (posix_memalign(&p, LM_ALIGN, rounded + head) != 0) {
          /* give the cache back to the system and try once more */
          lm_mem_empty_cache();
-         if (posix_memalign(&p, LM_ALIGN, rounded) != 0) {
+         if (posix_memalign(&p, LM_ALIGN, rounded + head) != 0) {
             lm_error(LM_ERR_OOM, "out of memory allocating %zu bytes", nbytes);
             return NULL;
          }
@@ -117,9 +150,24 @@ void *lm_alloc(size_t nbytes) {
       pthread_mutex_lock(&A.mu);
       A.nmalloc++;
       account_alloc(rounded);
+      A.handed += (int64_t)rounded;
+      if (head) {
+         stamped *h = p;
+         h->cold = 1;
+         h->stamp = A.handed;
+      }
       pthread_mutex_unlock(&A.mu);
    }
-   return p;
+   return (char *)p + head;
+}
+
+int lm_mem_is_cold(const void *p, size_t nbytes) {
+   if (!p) return 0;
+   size_t rounded = nbytes;
+   if (nbytes <= LM_BIG_BLOCK) size_class(nbytes ? nbytes : 1, &rounded);
+   if (rounded < LM_STAMP_MIN) return 0;
+   const stamped *h = (const stamped *)(const void *)((const char *)p - LM_HEADER);
+   return h->cold;
 }
 
 void lm_free(void *p, size_t nbytes) {
@@ -132,6 +180,7 @@ void lm_free(void *p, size_t nbytes) {
    } else {
       rounded = (nbytes + LM_ALIGN - 1) & ~(size_t)(LM_ALIGN - 1);
    }
+   if (rounded >= LM_STAMP_MIN) p = (char *)p - LM_HEADER;
    int keep = 0;
    pthread_mutex_lock(&A.mu);
    A.live -= (int64_t)rounded;

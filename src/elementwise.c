@@ -6,7 +6,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 /* ---------------------------------------------------------------- type promotion */
 
@@ -85,8 +88,43 @@ typedef struct ew_plan {
 
 typedef struct ew_ctx {
    const ew_plan *pl;
-   int dt[4]; /* operand dtypes: out, inputs */
+   int dt[4];  /* operand dtypes: out, inputs */
+   int stream; /* write the (fresh, dense, cold) output with streaming stores */
 } ew_ctx;
+
+/* n bytes from an L1-resident buffer to dst with non-temporal stores where dst is 16-byte
+ * aligned (ordinary stores for the unaligned head and the tail) */
+static void stream_bytes(char *dst, const char *src, int64_t n) {
+#if defined(__x86_64__)
+   int64_t head = (int64_t)((16 - ((uintptr_t)dst & 15)) & 15);
+   if (head > n) head = n;
+   memcpy(dst, src, (size_t)head);
+   int64_t i = head;
+   for (; i + 16 <= n; i += 16)
+      _mm_stream_si128((__m128i *)(void *)(dst + i),
+                       _mm_loadu_si128((const __m128i *)(const void *)(src + i)));
+   memcpy(dst + i, src + i, (size_t)(n - i));
+#else
+   memcpy(dst, src, (size_t)n);
+#endif
+}
+
+/* is t's storage an allocator block that was cold when it was handed out (alloc.c)? */
+static int cold_output(const lm_tensor *t) {
+   const lm_storage *s = t->storage;
+   return s && s->deleter == NULL && s->device == LM_CPU &&
+          lm_mem_is_cold(s->data, (size_t)s->nbytes);
+}
+#define LM_STREAM_MIN_BYTES ((int64_t)1 << 20)
+
+/* LUMEN_EW_STREAM=0 / 1: never / always stream large fresh outputs (specs, benchmarks); by
+   default only cold ones */
+static int want_stream(const lm_tensor *o) {
+   if (o->numel * lm_elsize(o->dtype) < LM_STREAM_MIN_BYTES) return 0;
+   const char *e = getenv("LUMEN_EW_STREAM");
+   if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
+   return cold_output(o);
+}
 
 /* src (dtype sdt, byte stride ss) -> dst of dtype ddt (dense), optionally rounding through via */
 static void convert_via(int ddt, char *dst, int via, int sdt, const char *src, int64_t ss,
@@ -155,7 +193,22 @@ static void ew_loop(void *ctx_, char **data, const int64_t *st, int64_t n) {
       /* everything dense in the kernel's types: one call over the whole run */
       const char *p3[3];
       for (int k = 0; k < 3; k++) p3[k] = (k < nin && mode[k] == 0) ? data[k + 1] : ptr[k];
-      fn(data[0], p3[0], p3[1], p3[2], n, &pl->p);
+      if (!cx->stream) {
+         fn(data[0], p3[0], p3[1], p3[2], n, &pl->p);
+         return;
+      }
+      /* a cold output: compute a chunk in L1, then stream it out */
+      for (int64_t j = 0; j < n; j += LM_CHUNK) {
+         int64_t m = n - j < LM_CHUNK ? n - j : LM_CHUNK;
+         const char *q[3];
+         for (int k = 0; k < 3; k++)
+            q[k] = (k < nin && mode[k] == 0) ? p3[k] + j * st[k + 1] : p3[k];
+         fn(obuf, q[0], q[1], q[2], m, &pl->p);
+         stream_bytes(data[0] + j * st[0], obuf, m * oes);
+      }
+#if defined(__x86_64__)
+      _mm_sfence();
+#endif
       return;
    }
    for (int64_t j = 0; j < n; j += LM_CHUNK) {
@@ -300,6 +353,7 @@ static lm_status ew_exec_v(ew_plan *pl, int res_dt, lm_operand *ins, lm_tensor *
       if (redo && status == LM_OK) lm_iter_init(&it, nin + 1, ops, nd, shape);
       ew_ctx cx;
       cx.pl = pl;
+      cx.stream = created != NULL && want_stream(o);
       for (int k = 0; k <= nin; k++) cx.dt[k] = ops[k].dtype;
       pl->p.err = &err;
       if (status == LM_OK)
