@@ -84,6 +84,8 @@ typedef struct ew_plan {
    lm_kset k;
    lm_kparams p;
    int cheap;     /* a memory-bound kernel: parallel only from LM_CHEAP_GRAIN elements */
+   lm_kfn epi;    /* a unary kernel applied in place to each computed chunk (fused ops), or NULL */
+   lm_kparams ep; /* its parameters */
 } ew_plan;
 
 typedef struct ew_ctx {
@@ -193,19 +195,24 @@ static void ew_loop(void *ctx_, char **data, const int64_t *st, int64_t n) {
       /* everything dense in the kernel's types: one call over the whole run */
       const char *p3[3];
       for (int k = 0; k < 3; k++) p3[k] = (k < nin && mode[k] == 0) ? data[k + 1] : ptr[k];
-      if (!cx->stream) {
+      if (!cx->stream && !pl->epi) {
          fn(data[0], p3[0], p3[1], p3[2], n, &pl->p);
          return;
       }
-      /* a cold output: compute a chunk in L1, then stream it out */
+      /* a cold output or a fused epilogue: compute a chunk (in L1), apply the epilogue to it,
+         then store it (streaming stores for a cold output) */
       for (int64_t j = 0; j < n; j += LM_CHUNK) {
          int64_t m = n - j < LM_CHUNK ? n - j : LM_CHUNK;
          const char *q[3];
          for (int k = 0; k < 3; k++)
             q[k] = (k < nin && mode[k] == 0) ? p3[k] + j * st[k + 1] : p3[k];
-         fn(obuf, q[0], q[1], q[2], m, &pl->p);
-         stream_bytes(data[0] + j * st[0], obuf, m * oes);
+         char *dst = data[0] + j * st[0];
+         char *o = cx->stream ? obuf : dst;
+         fn(o, q[0], q[1], q[2], m, &pl->p);
+         if (pl->epi) pl->epi(o, o, NULL, NULL, m, &pl->ep);
+         if (cx->stream) stream_bytes(dst, obuf, m * oes);
       }
+      if (!cx->stream) return;
 #if defined(__x86_64__)
       _mm_sfence();
 #endif
@@ -224,6 +231,7 @@ static void ew_loop(void *ctx_, char **data, const int64_t *st, int64_t n) {
       }
       char *op = odirect ? data[0] + j * st[0] : obuf;
       fn(op, ptr[0], ptr[1], ptr[2], m, &pl->p);
+      if (pl->epi) pl->epi(op, op, NULL, NULL, m, &pl->ep);
       if (!odirect) {
          char *dst = data[0] + j * st[0];
          int via = pl->out_via;
@@ -517,9 +525,18 @@ static int is_bool_result(int op) {
    return (op >= LM_EQ && op <= LM_GE) || op == LM_LOGICAL_AND || op == LM_LOGICAL_OR;
 }
 
-/* ins[0] op ins[1]; scalar_idx: which input is a wrapped scalar (-1: none), sval its value */
+/* the unary ops a fused binary op may apply to its result: float in, the same float out */
+static int fusable_unary(int uop) {
+   return uop == LM_NEG || uop == LM_ABS || uop == LM_EXP || uop == LM_LOG || uop == LM_SQRT ||
+          uop == LM_RSQRT || uop == LM_RELU || uop == LM_SIGMOID || uop == LM_TANH ||
+          uop == LM_SQUARE || uop == LM_RECIPROCAL || uop == LM_SIN || uop == LM_COS ||
+          uop == LM_LOG1P || uop == LM_EXPM1;
+}
+
+/* ins[0] op ins[1]; scalar_idx: which input is a wrapped scalar (-1: none), sval its value;
+   uop >= 0: apply that unary op to the result in the same pass (lm_binary_unary) */
 static lm_status binary_impl(int op, lm_operand *ins, int scalar_idx, double sval, double alpha,
-                             lm_tensor **out) {
+                             int uop, lm_tensor **out) {
    if (op < 0 || op >= LM_NUM_BINARY) return lm_error(LM_ERR_ARG, "unknown binary op %d", op);
    int common = result_type_ops(2, ins);
    int res;
@@ -545,6 +562,24 @@ static lm_status binary_impl(int op, lm_operand *ins, int scalar_idx, double sva
    if (is_bool_result(op)) pl.out_dt = LM_BOOL;
    else pl.out_via = res;
    set_params(&pl.p, common, alpha, 0.0, 0.0, 0.0);
+   if (uop >= 0) {
+      /* fused: only where the eager pair computes the same bits (a float result held in its own
+         dtype between the two ops), and never into a given output */
+      if (!fusable_unary(uop) || (op != LM_ADD && op != LM_SUB && op != LM_MUL && op != LM_DIV &&
+                                  op != LM_MAXIMUM && op != LM_MINIMUM))
+         return lm_error(LM_ERR_ARG, "%s followed by %s cannot be fused", binary_name(op),
+                         unary_name(uop));
+      if ((res != LM_FLOAT32 && res != LM_FLOAT64) || lm_kind_dtype(kind) != res)
+         return lm_error(LM_ERR_DTYPE, "fused %s: result dtype %s is not float32 or float64",
+                         binary_name(op), lm_dtype_name(res));
+      if (*out) return lm_error(LM_ERR_ARG, "fused %s: out must be NULL", binary_name(op));
+      pl.epi = lm_unary_kernels[uop][kind].vv;
+      if (!pl.epi)
+         return lm_error(LM_ERR_DTYPE, "%s is not supported for %s", unary_name(uop),
+                         lm_dtype_name(res));
+      pl.cheap = pl.cheap && (uop == LM_NEG || uop == LM_ABS || uop == LM_RELU ||
+                              uop == LM_SQUARE);
+   }
    _Alignas(16) char sbuf[16];
    lm_operand local[2] = {ins[0], ins[1]};
    if (scalar_idx >= 0) {
@@ -598,7 +633,7 @@ lm_status lm_binary(int op, const lm_tensor *a, const lm_tensor *b, double alpha
    lm_operand ins[2];
    lm_operand_tensor(&ins[0], a);
    lm_operand_tensor(&ins[1], b);
-   return binary_impl(op, ins, -1, 0.0, alpha, out);
+   return binary_impl(op, ins, -1, 0.0, alpha, -1, out);
 }
 
 lm_status lm_binary_scalar(int op, const lm_tensor *a, double s, int is_int, int reverse,
@@ -609,7 +644,30 @@ lm_status lm_binary_scalar(int op, const lm_tensor *a, double s, int is_int, int
    lm_operand_tensor(&ins[ti], a);
    operand_meta(&ins[si], is_int ? LM_INT64 : LM_FLOAT64, 0);
    ins[si].wrapped = 1;
-   return binary_impl(op, ins, si, s, alpha, out);
+   return binary_impl(op, ins, si, s, alpha, -1, out);
+}
+
+lm_status lm_binary_unary(int op, const lm_tensor *a, const lm_tensor *b, double alpha, int uop,
+                          lm_tensor **out) {
+   LM_TRY(check_input(a, "input"));
+   LM_TRY(check_input(b, "other"));
+   if (uop < 0 || uop >= LM_NUM_UNARY) return lm_error(LM_ERR_ARG, "unknown unary op %d", uop);
+   lm_operand ins[2];
+   lm_operand_tensor(&ins[0], a);
+   lm_operand_tensor(&ins[1], b);
+   return binary_impl(op, ins, -1, 0.0, alpha, uop, out);
+}
+
+lm_status lm_binary_scalar_unary(int op, const lm_tensor *a, double s, int is_int, int reverse,
+                                 double alpha, int uop, lm_tensor **out) {
+   LM_TRY(check_input(a, "input"));
+   if (uop < 0 || uop >= LM_NUM_UNARY) return lm_error(LM_ERR_ARG, "unknown unary op %d", uop);
+   lm_operand ins[2];
+   int ti = reverse ? 1 : 0, si = reverse ? 0 : 1;
+   lm_operand_tensor(&ins[ti], a);
+   operand_meta(&ins[si], is_int ? LM_INT64 : LM_FLOAT64, 0);
+   ins[si].wrapped = 1;
+   return binary_impl(op, ins, si, s, alpha, uop, out);
 }
 
 /* ---------------------------------------------------------------- ternary */

@@ -192,6 +192,14 @@ lm_status lm_binary(int op, const lm_tensor *a, const lm_tensor *b, double alpha
    for type promotion; is_int tells whether the Lua number was integral */
 lm_status lm_binary_scalar(int op, const lm_tensor *a, double s, int is_int, int reverse,
                            double alpha, lm_tensor **out);
+/* uop(a op b) in one pass (deferred elementwise results, tensor.lua): op is add, sub, mul, div,
+   maximum or minimum, uop a float unary op (neg, abs, exp, log, sqrt, rsqrt, relu, sigmoid, tanh,
+   square, reciprocal, sin, cos, log1p, expm1), the result float32 or float64; *out must be NULL.
+   Bit-identical to lm_unary(uop, lm_binary(op, a, b)). */
+lm_status lm_binary_unary(int op, const lm_tensor *a, const lm_tensor *b, double alpha, int uop,
+                          lm_tensor **out);
+lm_status lm_binary_scalar_unary(int op, const lm_tensor *a, double s, int is_int, int reverse,
+                                 double alpha, int uop, lm_tensor **out);
 lm_status lm_addcmul(const lm_tensor *a, const lm_tensor *b, const lm_tensor *c, double value,
                      lm_tensor **out);                     /* a + value * b * c */
 lm_status lm_addcdiv(const lm_tensor *a, const lm_tensor *b, const lm_tensor *c, double value,

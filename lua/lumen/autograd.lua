@@ -600,7 +600,9 @@ function Tensor.backward(self, grad, opts)
    end
    local prev = enabled
    enabled = false
+   T.suspend_lazy(true)        -- no deferred results inside backward (tensor.lua)
    local ok, err = pcall(run_backward, self, grad, retain)
+   T.suspend_lazy(false)
    enabled = prev
    if not ok then
       if type(err) == "string" and not err:find("^lumen%.") then

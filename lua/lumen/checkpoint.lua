@@ -67,7 +67,7 @@ local function encode(v, ctx, where, seen)
    if tv == "boolean" then return v and "true" or "false" end
    if tv == "number" then return enc_number(v) end
    if T.is_tensor(v) then
-      if rawget(v, "_c") == nil then fail(ctx.fname, "%s is a freed tensor", where) end
+      if T.cdata(v) == nil then fail(ctx.fname, "%s is a freed tensor", where) end
       local name = ctx.names[v]
       if not name then
          ctx.count = ctx.count + 1

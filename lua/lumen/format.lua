@@ -84,7 +84,7 @@ local function make_formatter(values, dtype_id)
 end
 
 function M.tostring(t)
-   local c = rawget(t, "_c")
+   local c = require("lumen.tensor").cdata(t)
    if c == nil then return "[lumen.Tensor (freed)]" end
    local footer = M.footer(c)
    local nd = c.ndim

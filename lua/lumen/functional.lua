@@ -54,7 +54,7 @@ local function tensor_arg(fname, x, what)
    if getmetatable(x) ~= T.mt then
       err(fname, what .. ": tensor expected, got " .. typename(x))
    end
-   local c = rawget(x, "_c")
+   local c = T.cdata(x)
    if c == nil then err(fname, what .. " is a freed tensor") end
    return c
 end
@@ -500,6 +500,10 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    end
    local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias) or
                                         needs(residual))
+   if training then               -- the running statistics are updated in place
+      T.barrier(rmc)
+      T.barrier(rvc)
+   end
    outp[0], p1[0], p2[0] = nil, nil, nil
    check(bn_fused_fwd(xc, wc, bc, rmc, rvc, training and 1 or 0, momentum, eps, resc,
                       relu and 1 or 0, outp, rec and p1 or nil, rec and p2 or nil), fname)

@@ -45,7 +45,7 @@ end
 
 local function cdata_of(x)
    if getmetatable(x) ~= T.mt then return nil end
-   return rawget(x, "_c")
+   return T.cdata(x)
 end
 
 local function pack(...) return { n = select("#", ...), ... } end

@@ -134,7 +134,7 @@ function M.save(tensors, path, metadata)
       end
       if name == "__metadata__" then fail("save", "the name '__metadata__' is reserved") end
       if not T().is_tensor(t) then fail("save", "'%s' is not a tensor (got %s)", name, type(t)) end
-      local c = rawget(t, "_c")
+      local c = T().cdata(t)
       if c == nil then fail("save", "'%s' is a freed tensor", name) end
       local esize = C.lm_dtype_size(c.dtype)
       local shape = {}

@@ -117,11 +117,166 @@ local function is_tensor(x)
 end
 M.is_tensor = is_tensor
 
+---------------------------------------------------------------------------------------------
+-- deferred elementwise results
+---------------------------------------------------------------------------------------------
+-- A large float a + b (or -, *, /, maximum, minimum; a tensor or a number on the right) made
+-- outside autograd is not computed at once: the result is a "pending" tensor that holds the
+-- recipe. If the next thing done with it is a float unary op (x:relu(), x:exp(), ...), that op
+-- computes uop(a op b) in one pass (lm_binary_unary) and the pending result, usually a dead
+-- temporary, is never materialized: (x + y):relu() writes one array, not two, and reads x and
+-- y once (PyTorch materializes x + y, then frees it at once by reference counting; lumen cannot
+-- free before the collector runs, so the temporary would land in memory that has left the
+-- caches). Anything else done with a pending result computes it first ("forcing"), with the
+-- bits the eager op would have given, so deferral is invisible:
+--   * a pending tensor's metatable is pmt, which reports mt to getmetatable (so it passes every
+--     tensor check) and forces on any field or method lookup (x._c, x:size(), ...) except the
+--     fusable unary methods; every rawget(x, "_c") in lumen goes through cdata()/tc(), which
+--     force too;
+--   * the recipe holds aliases of the inputs (their own structs on the same storage), so
+--     freeing or re-pointing an input tensor does not change it;
+--   * writes: every lumen function that writes into an existing tensor's memory (in-place ops,
+--     out=, copy_, fill_, the optimizers, batch norm's running statistics, nn.init) first calls
+--     barrier(c), which forces the pending results that read c's storage.
+-- Only float32/float64 results of at least LAZY_MIN_ELEMENTS elements with inputs of the same
+-- sizes are deferred (no broadcasting, so no error can surface later), never when an input
+-- requires grad, never during backward. LUMEN_LAZY=0 turns deferral off; LUMEN_LAZY_MIN=n
+-- (elements) lowers the size threshold (the specs run once with LUMEN_LAZY_MIN=1).
+local LAZY_MIN_ELEMENTS = 2 ^ 18
+if tonumber(os.getenv("LUMEN_LAZY_MIN") or "") then    -- tests: defer small results too
+   LAZY_MIN_ELEMENTS = math.max(1, tonumber(os.getenv("LUMEN_LAZY_MIN")))
+end
+local lazy_on = os.getenv("LUMEN_LAZY") ~= "0"
+local lazy_suspended = 0               -- > 0 during backward (autograd)
+local pmt = {}                         -- the metatable of pending tensors (filled at the end)
+local pending = setmetatable({}, { __mode = "k" })   -- pending tensor -> true
+local npending = 0                     -- > 0 when pending may hold entries (recounted by barrier)
+local LAZY_OPS = { [0] = true, [1] = true, [2] = true, [3] = true, [5] = true, [6] = true }
+local FUSABLE_UNARY = { [0] = true, [1] = true, [2] = true, [3] = true, [4] = true, [5] = true,
+   [6] = true, [7] = true, [8] = true, [9] = true, [10] = true, [16] = true, [17] = true,
+   [18] = true, [19] = true }
+
+-- compute a pending tensor (its recipe's op, with the eager op's error on failure); returns
+-- its cdata
+local function force(x)
+   local r = rawget(x, "_lz")
+   if r == nil then return rawget(x, "_c") end
+   outp[0] = nil
+   local st
+   if r.bc ~= nil then
+      st = C.lm_binary(r.op, r.ac, r.bc, r.alpha, outp)
+   else
+      st = C.lm_binary_scalar(r.op, r.ac, r.s, r.is_int, r.rev, r.alpha, outp)
+   end
+   if st ~= 0 then raise(r.fname) end
+   local c = own(outp[0])
+   rawset(x, "_lz", nil)
+   rawset(x, "_c", c)
+   debug.setmetatable(x, mt)
+   pending[x] = nil
+   if C.lm_mem_pressure() ~= 0 then memory.collect() end
+   return c
+end
+M.force = force
+
+-- a tensor's cdata (forcing a pending one), nil for a freed tensor; x must be a tensor
+local function cdata(x)
+   local c = rawget(x, "_c")
+   if c == nil and rawget(x, "_lz") ~= nil then c = force(x) end
+   return c
+end
+M.cdata = cdata
+
+-- before writing into the memory of the tensor whose cdata is c: compute the pending results
+-- that read that memory
+local function barrier(c)
+   if npending == 0 or c == nil then return end
+   local s = c.storage
+   local n = 0
+   for x in pairs(pending) do
+      local r = rawget(x, "_lz")
+      if r ~= nil and (r.sa == s or r.sb == s) then
+         force(x)
+      elseif r ~= nil then
+         n = n + 1
+      end
+   end
+   npending = n
+end
+M.barrier = barrier
+
+-- compute every pending result now (for code that hands memory to something lumen cannot see)
+function M.force_all()
+   for x in pairs(pending) do force(x) end
+   npending = 0
+end
+
+-- autograd suspends deferral while it runs a backward pass
+function M.suspend_lazy(on)
+   lazy_suspended = lazy_suspended + (on and 1 or -1)
+end
+
+-- the number of pending results that may still be waiting (tests, diagnostics)
+function M.pending_count()
+   local n = 0
+   for x in pairs(pending) do if rawget(x, "_lz") ~= nil then n = n + 1 end end
+   return n
+end
+
+local alias_p = ffi.new("lm_tensor*[1]")
+local function alias_of(c, fname)
+   alias_p[0] = nil
+   if C.lm_alias(c, alias_p) ~= 0 then raise(fname) end
+   return own(alias_p[0])
+end
+
+-- a pending tensor for a op b (b a cdata, or nil with the scalar s), or nil when the op runs now
+local function defer(op, a, ac, b, bc, s, is_int, rev, alpha, fname)
+   if not lazy_on or lazy_suspended > 0 or not LAZY_OPS[op] then return nil end
+   local dt = ac.dtype
+   if (dt ~= 0 and dt ~= 1) or ac.device ~= 0 or ac.numel < LAZY_MIN_ELEMENTS then return nil end
+   if rawget(a, "requires_grad") then return nil end
+   if bc ~= nil then
+      if bc.dtype ~= dt or bc.device ~= 0 or bc.ndim ~= ac.ndim or rawget(b, "requires_grad") then
+         return nil
+      end
+      for d = 0, ac.ndim - 1 do
+         if bc.sizes[d] ~= ac.sizes[d] then return nil end
+      end
+   end
+   local r = { op = op, ac = alias_of(ac, fname), alpha = alpha, fname = fname, sa = ac.storage }
+   if bc ~= nil then
+      r.bc = alias_of(bc, fname)
+      r.sb = bc.storage
+   else
+      r.s, r.is_int, r.rev = s, is_int, rev
+   end
+   local x = setmetatable({ _lz = r }, pmt)
+   pending[x] = true
+   npending = npending + 1
+   return x
+end
+
+-- uop(x) for a pending x: one fused pass; nil when it cannot be fused
+local function fused_unary(x, uop)
+   local r = rawget(x, "_lz")
+   outp[0] = nil
+   local st
+   if r.bc ~= nil then
+      st = C.lm_binary_unary(r.op, r.ac, r.bc, r.alpha, uop, outp)
+   else
+      st = C.lm_binary_scalar_unary(r.op, r.ac, r.s, r.is_int, r.rev, r.alpha, uop, outp)
+   end
+   if st ~= 0 then return nil end
+   return wrap(outp[0])
+end
+
 -- the cdata of a tensor argument, or a Lua error
 local function tc(x, fname, what, level)
    if getmetatable(x) == mt then
       local c = rawget(x, "_c")
       if c ~= nil then return c end
+      if rawget(x, "_lz") ~= nil then return force(x) end
       argerror(fname, (what or "self") .. " is a freed tensor", (level or 2) + 1)
    end
    argerror(fname, (what or "self") .. ": tensor expected, got " .. typename(x), (level or 2) + 1)
@@ -450,8 +605,15 @@ function Tensor.free(self)
    if getmetatable(self) ~= mt then
       argerror("free", "self: tensor expected, got " .. typename(self))
    end
+   if rawget(self, "_lz") ~= nil then   -- a pending result: drop the recipe, compute nothing
+      rawset(self, "_lz", nil)
+      debug.setmetatable(self, mt)
+      pending[self] = nil
+      return
+   end
    local c = rawget(self, "_c")
    if c ~= nil then
+      barrier(c)
       self._c = nil
       release(c)
    end
@@ -775,18 +937,29 @@ M.UNARY, M.BINARY, M.REDUCE = LM, B, R
 -- a op b, with tensors or numbers on either side; out (cdata or nil) receives the result.
 -- level: error level relative to the caller of binary.
 local function binary(op, a, b, alpha, fname, out, level)
-   outp[0] = out
+   if out ~= nil then barrier(out) end
    local st
    if getmetatable(a) == mt then
       local ac = rawget(a, "_c")
-      if ac == nil then tc(a, fname, "self", level + 1) end
+      if ac == nil then ac = tc(a, fname, "self", level + 1) end
       if getmetatable(b) == mt then
          local bc = rawget(b, "_c")
-         if bc == nil then tc(b, fname, "other", level + 1) end
+         if bc == nil then bc = tc(b, fname, "other", level + 1) end
+         if out == nil and ac.numel >= LAZY_MIN_ELEMENTS then
+            local x = defer(op, a, ac, b, bc, nil, nil, nil, alpha, fname)
+            if x ~= nil then return x end
+         end
+         outp[0] = out
          st = C.lm_binary(op, ac, bc, alpha, outp)
       elseif type(b) == "number" then
+         if out == nil and ac.numel >= LAZY_MIN_ELEMENTS then
+            local x = defer(op, a, ac, nil, nil, b, int_flag(b), 0, alpha, fname)
+            if x ~= nil then return x end
+         end
+         outp[0] = out
          st = C.lm_binary_scalar(op, ac, b, int_flag(b), 0, alpha, outp)
       elseif type(b) == "boolean" then
+         outp[0] = out
          st = C.lm_binary_scalar(op, ac, b and 1 or 0, 1, 0, alpha, outp)
       else
          argerror(fname, "other: tensor or number expected, got " .. typename(b), level + 1)
@@ -794,8 +967,9 @@ local function binary(op, a, b, alpha, fname, out, level)
    elseif getmetatable(b) == mt and (type(a) == "number" or type(a) == "boolean") then
       if out ~= nil then argerror(fname, "self: tensor expected, got " .. type(a), level + 1) end
       local bc = rawget(b, "_c")
-      if bc == nil then tc(b, fname, "other", level + 1) end
+      if bc == nil then bc = tc(b, fname, "other", level + 1) end
       if type(a) == "boolean" then a = a and 1 or 0 end
+      outp[0] = out
       st = C.lm_binary_scalar(op, bc, a, int_flag(a), 1, alpha, outp)
    else
       argerror(fname, ("expected tensors or numbers, got %s and %s"):format(typename(a),
@@ -859,7 +1033,12 @@ Tensor.div_ = inplace_binary(3, "div_")
 Tensor.pow_ = inplace_binary(4, "pow_")
 
 local function unary(op, fname)
+   local fusable = FUSABLE_UNARY[op] == true
    return function(self)
+      if fusable and type(self) == "table" and rawget(self, "_lz") ~= nil then
+         local r = fused_unary(self, op)
+         if r ~= nil then return r end
+      end
       local c = tc(self, fname)
       outp[0] = nil
       if C.lm_unary(op, c, outp) ~= 0 then raise(fname, 2) end
@@ -869,6 +1048,7 @@ end
 local function inplace_unary(op, fname)
    return function(self)
       local c = tc(self, fname)
+      barrier(c)
       outp[0] = c
       if C.lm_unary(op, c, outp) ~= 0 then raise(fname, 2) end
       return self
@@ -909,6 +1089,7 @@ Tensor.clip = Tensor.clamp
 function Tensor.clamp_(self, lo, hi)
    local c = tc(self, "clamp_")
    clamp_args("clamp_", lo, hi)
+   barrier(c)
    outp[0] = c
    check(C.lm_clamp(c, lo or 0, hi or 0, lo and 1 or 0, hi and 1 or 0, outp), "clamp_")
    return self
@@ -923,6 +1104,7 @@ local function addc(cfun, fname, inplace)
       elseif type(value) ~= "number" then
          argerror(fname, "value must be a number, got " .. typename(value))
       end
+      if inplace then barrier(c) end
       outp[0] = inplace and c or nil
       if cfun(c, ac, bc, value, outp) ~= 0 then raise(fname, 2) end
       if inplace then return self end
@@ -973,18 +1155,22 @@ function Tensor.fill_(self, v)
    elseif type(v) ~= "number" then
       argerror("fill_", "value must be a number, got " .. typename(v))
    end
+   barrier(c)
    check(C.lm_fill_(c, v), "fill_")
    return self
 end
 
 function Tensor.zero_(self)
-   check(C.lm_fill_(tc(self, "zero_"), 0), "zero_")
+   local c = tc(self, "zero_")
+   barrier(c)
+   check(C.lm_fill_(c, 0), "zero_")
    return self
 end
 
 function Tensor.copy_(self, src)
    local c = tc(self, "copy_")
    local sc = tc(src, "copy_", "src")
+   barrier(c)
    check(C.lm_copy_(c, sc), "copy_")
    return self
 end
@@ -1220,6 +1406,27 @@ mt.__unm = function(a) return Tensor.neg(a) end
 -- Lua's < and <= must return a boolean: point at the methods instead of comparing tables
 mt.__lt = function() argerror("lt", "Lua's < cannot compare tensors elementwise; use a:lt(b)") end
 mt.__le = function() argerror("le", "Lua's <= cannot compare tensors elementwise; use a:le(b)") end
+
+-- pending tensors: every metamethod of mt (they reach the tensor through methods or tc, which
+-- force it); getmetatable reports mt; any field or method lookup forces, except the fusable
+-- unary methods, which see the pending tensor (unary above)
+do
+   local fusable_names = {}
+   for _, u in ipairs(unary_names) do
+      if FUSABLE_UNARY[u[2]] then fusable_names[u[1]] = true end
+   end
+   for k, v in pairs(mt) do if k ~= "__index" then pmt[k] = v end end
+   pmt.__metatable = mt
+   pmt.__index = function(x, k)
+      if fusable_names[k] then return Tensor[k] end
+      force(x)
+      return x[k]
+   end
+   pmt.__newindex = function(x, k, v)
+      force(x)
+      x[k] = v
+   end
+end
 
 -- keep the original forward functions for autograd wrappers
 for k, v in pairs(Tensor) do M.raw[k] = v end

@@ -19,7 +19,9 @@ local function tensor_arg(fname, t)
    if not Tensor.is_floating_point(t) then
       fail(fname, "expected a floating point tensor, got " .. tostring(Tensor.dtype(t)))
    end
-   return rawget(t, "_c")
+   local c = T.cdata(t)
+   T.barrier(c)                    -- it is about to be overwritten
+   return c
 end
 
 local function ccheck(st, fname)

@@ -11,7 +11,7 @@ local C = require("lumen.C")
 local T = require("lumen.tensor")
 local Optimizer = require("lumen.optim.optimizer")
 
-local sqrt, type, rawget = math.sqrt, type, rawget
+local sqrt, type = math.sqrt, type
 local raw = T.raw
 local REQUIRED = Optimizer.REQUIRED
 
@@ -36,14 +36,14 @@ end
 
 -- may p's update be fused with these tensors (each nil or a tensor)?
 local function fusable(p, grad, a, b, c)
-   local pc = rawget(p, "_c")
+   local pc = T.cdata(p)
    if pc == nil or pc.device ~= 0 or (pc.dtype ~= 0 and pc.dtype ~= 1) then return false end
    if C.lm_is_non_overlapping_and_dense(pc) == 0 then return false end
    local nd = pc.ndim
    for k = 1, 4 do
       local t = k == 1 and grad or k == 2 and a or k == 3 and b or c
       if t ~= nil then
-         local tc = rawget(t, "_c")
+         local tc = T.cdata(t)
          if tc == nil or tc.dtype ~= pc.dtype or tc.device ~= 0 or tc.ndim ~= nd then
             return false
          end
@@ -84,6 +84,8 @@ M.SGD = Optimizer.class("SGD", {
          st.momentum_buffer = buf
          first = true
       end
+      T.barrier(p._c)                -- the step writes p and its buffer in place
+      if buf then T.barrier(buf._c) end
       c_check(C.lm_sgd_step(p._c, grad._c, buf and buf._c or nil, lr, momentum, group.dampening,
                             wd, group.nesterov and 1 or 0, group.maximize and 1 or 0,
                             first and 1 or 0), "SGD.step")
@@ -132,6 +134,10 @@ local function adam_update(decoupled)
       local step = st.step
       local mx = group.amsgrad and st.max_exp_avg_sq or nil
       if (mx ~= nil or not group.amsgrad) and fusable(p, grad, st.exp_avg, st.exp_avg_sq, mx) then
+         T.barrier(p._c)             -- the step writes p and its state in place
+         T.barrier(st.exp_avg._c)
+         T.barrier(st.exp_avg_sq._c)
+         if mx ~= nil then T.barrier(mx._c) end
          c_check(C.lm_adam_step(p._c, grad._c, st.exp_avg._c, st.exp_avg_sq._c,
                                 mx and mx._c or nil, lr, b1, b2, eps, wd, decoupled and 1 or 0,
                                 group.maximize and 1 or 0, step),
