@@ -320,6 +320,16 @@ static lm_status ew_exec_v(ew_plan *pl, int res_dt, lm_operand *ins, lm_tensor *
       } else {
          lm_iter_output_strides(nin, ins, nd, shape, same, st);
       }
+      if (pl->epi) {
+         /* fused binary + unary: the layout the unary op gives the binary op's result (they
+            differ in the strides of size-1 dims) */
+         lm_operand mid;
+         lm_operand_set(&mid, NULL, res_dt, nd, shape, st);
+         int nd1, same1;
+         int64_t shape1[LM_MAX_DIMS];
+         LM_TRY(lm_iter_shape(1, &mid, &nd1, shape1, &same1));
+         lm_iter_output_strides(1, &mid, nd1, shape1, same1, st);
+      }
       LM_TRY(lm_empty_strided(nd, shape, st, res_dt, LM_CPU, &created));
       o = created;
    }

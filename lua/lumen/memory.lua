@@ -11,6 +11,7 @@ local ffi = require("ffi")
 local C = require("lumen.C")
 
 local M = {}
+M.cycles = 0          -- sweeps so far (deferred results use it to age their recipes)
 
 ---------------------------------------------------------------------------------------------
 -- ownership of C tensors
@@ -89,6 +90,7 @@ local function sweep()
       end
    end
    sweeping = false
+   M.cycles = M.cycles + 1
    local live = nslots - nfree
    count_limit = live > COUNT_BASE and live or COUNT_BASE
    return total + n

@@ -156,6 +156,15 @@ local FUSABLE_UNARY = { [0] = true, [1] = true, [2] = true, [3] = true, [4] = tr
    [6] = true, [7] = true, [8] = true, [9] = true, [10] = true, [16] = true, [17] = true,
    [18] = true, [19] = true }
 
+-- make a pending tensor a plain (freed) one: no recipe, the tensor metatable
+local function drop_pending(x)
+   if rawget(x, "_lz") == nil then return end
+   rawset(x, "_lz", nil)
+   debug.setmetatable(x, mt)
+   pending[x] = nil
+end
+M.drop_pending = drop_pending
+
 -- compute a pending tensor (its recipe's op, with the eager op's error on failure); returns
 -- its cdata
 local function force(x)
@@ -230,9 +239,28 @@ local function alias_of(c, fname)
    return own(alias_p[0])
 end
 
+-- A pending result keeps its inputs alive. One that has outlived two collections is being kept,
+-- not dropped: compute it, so that its inputs can go (checked whenever a result is deferred)
+local seen_cycles = 0
+local function force_kept()
+   seen_cycles = memory.cycles
+   if npending == 0 then return end
+   local n = 0
+   for x in pairs(pending) do
+      local r = rawget(x, "_lz")
+      if r ~= nil and r.cycle < seen_cycles - 1 then
+         force(x)
+      elseif r ~= nil then
+         n = n + 1
+      end
+   end
+   npending = n
+end
+
 -- a pending tensor for a op b (b a cdata, or nil with the scalar s), or nil when the op runs now
 local function defer(op, a, ac, b, bc, s, is_int, rev, alpha, fname)
    if not lazy_on or lazy_suspended > 0 or not LAZY_OPS[op] then return nil end
+   if memory.cycles ~= seen_cycles then force_kept() end
    local dt = ac.dtype
    if (dt ~= 0 and dt ~= 1) or ac.device ~= 0 or ac.numel < LAZY_MIN_ELEMENTS then return nil end
    if rawget(a, "requires_grad") then return nil end
@@ -244,7 +272,8 @@ local function defer(op, a, ac, b, bc, s, is_int, rev, alpha, fname)
          if bc.sizes[d] ~= ac.sizes[d] then return nil end
       end
    end
-   local r = { op = op, ac = alias_of(ac, fname), alpha = alpha, fname = fname, sa = ac.storage }
+   local r = { op = op, ac = alias_of(ac, fname), alpha = alpha, fname = fname, sa = ac.storage,
+               cycle = memory.cycles }
    if bc ~= nil then
       r.bc = alias_of(bc, fname)
       r.sb = bc.storage
@@ -606,9 +635,7 @@ function Tensor.free(self)
       argerror("free", "self: tensor expected, got " .. typename(self))
    end
    if rawget(self, "_lz") ~= nil then   -- a pending result: drop the recipe, compute nothing
-      rawset(self, "_lz", nil)
-      debug.setmetatable(self, mt)
-      pending[self] = nil
+      drop_pending(self)
       return
    end
    local c = rawget(self, "_c")
@@ -1418,7 +1445,7 @@ do
    for k, v in pairs(mt) do if k ~= "__index" then pmt[k] = v end end
    pmt.__metatable = mt
    pmt.__index = function(x, k)
-      if fusable_names[k] then return Tensor[k] end
+      if fusable_names[k] or k == "free" then return Tensor[k] end
       force(x)
       return x[k]
    end

@@ -288,7 +288,7 @@ end
 -- Replace the data of tensor t by that of u, keeping t's identity (optimizers and user code
 -- keep references to parameters), like PyTorch's `param.data = ...`.
 local function set_data(t, u)
-   if u ~= t then rawset(t, "_c", T.cdata(u)) end
+   if u ~= t then T.drop_pending(t); rawset(t, "_c", T.cdata(u)) end
 end
 Module._set_data = set_data
 
