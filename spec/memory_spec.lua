@@ -116,8 +116,11 @@ describe("memory", function()
       assert.equal(start, lm.memory.live_bytes())
    end)
 
-   it("the traffic trigger: off by default, can be set, made adaptive, turned off", function()
-      assert.equal(0, lm.memory.traffic_limit())
+   it("the traffic trigger: adaptive by default, can be fixed, turned off, made adaptive again",
+      function()
+      if os.getenv("LUMEN_TRAFFIC_LIMIT") == nil then
+         assert.is_true(lm.memory.traffic_adaptive())
+      end
       lm.memory.set_traffic_limit(4 * 2 ^ 20)
       assert.equal(4 * 2 ^ 20, lm.memory.traffic_limit())
       -- with a 4 MiB growth limit, a loop of 6 MB temporaries collects as it goes: its peak is
@@ -134,12 +137,14 @@ describe("memory", function()
       assert.is_true(with < 0.75 * without,
          string.format("peak %.1f MB with the trigger, %.1f MB without", with / 2 ^ 20,
                        without / 2 ^ 20))
-      lm.memory.set_traffic_limit("auto")
-      assert.is_true(lm.memory.traffic_limit() >= 4 * 2 ^ 20)
+      assert.is_false(lm.memory.traffic_adaptive())
       lm.memory.set_traffic_limit(0)
       assert.equal(0, lm.memory.traffic_limit())
       assert.has_error(function() lm.memory.set_traffic_limit(-1) end,
          "lumen.memory.set_traffic_limit: bytes must be a non-negative integer, got -1")
       assert.has_error(function() lm.memory.set_traffic_limit("fast") end)
+      lm.memory.set_traffic_limit("auto")
+      assert.is_true(lm.memory.traffic_adaptive())
+      assert.is_true(lm.memory.traffic_limit() >= 4 * 2 ^ 20)
    end)
 end)

@@ -186,8 +186,16 @@ void lm_free(void *p, size_t nbytes) {
    A.live -= (int64_t)rounded;
    if (cls >= 0 && A.cached + (int64_t)rounded <= LM_CACHE_MAX) {
       block *b = p;
-      b->next = A.free_list[cls];
-      A.free_list[cls] = b;
+      block **at = &A.free_list[cls];
+      if (rounded >= LM_STAMP_MIN) {
+         /* most recently used first: a collection frees many blocks at once (in no useful
+            order), and the next allocation should get the one most likely still cached */
+         const int64_t stamp = ((stamped *)p)->stamp;
+         for (int walk = 0; *at && walk < 64 && ((stamped *)(void *)*at)->stamp > stamp; walk++)
+            at = &(*at)->next;
+      }
+      b->next = *at;
+      *at = b;
       A.cached += (int64_t)rounded;
       keep = 1;
    }
