@@ -116,10 +116,10 @@ describe("memory", function()
       assert.equal(start, lm.memory.live_bytes())
    end)
 
-   it("the traffic trigger: adaptive by default, can be fixed, turned off, made adaptive again",
-      function()
+   it("the traffic trigger: off by default, can be fixed, made adaptive, turned off", function()
       if os.getenv("LUMEN_TRAFFIC_LIMIT") == nil then
-         assert.is_true(lm.memory.traffic_adaptive())
+         assert.equal(0, lm.memory.traffic_limit())
+         assert.is_false(lm.memory.traffic_adaptive())
       end
       lm.memory.set_traffic_limit(4 * 2 ^ 20)
       assert.equal(4 * 2 ^ 20, lm.memory.traffic_limit())
@@ -146,5 +146,7 @@ describe("memory", function()
       lm.memory.set_traffic_limit("auto")
       assert.is_true(lm.memory.traffic_adaptive())
       assert.is_true(lm.memory.traffic_limit() >= 4 * 2 ^ 20)
+      lm.memory.set_traffic_limit(0)
+      assert.is_false(lm.memory.traffic_adaptive())
    end)
 end)

@@ -144,29 +144,32 @@ end
 
 -- The traffic trigger (alloc.c): collect whenever live bytes have grown by the traffic limit
 -- since the last collection, so that temporaries go back to the cache while their memory is still
--- in the last-level cache. A collection costs time proportional to the Lua heap (about 0.1 ms for
--- lumen alone, 1-2 ms in a training script), so the limit adapts to it by default ("auto"): the
--- growth whose DRAM round trip costs TRAFFIC_COST_RATIO times the measured (smoothed) collection
--- time, at least a quarter of the last-level cache; when that exceeds half the cache (a big heap),
--- the trigger rests, since results written after that much growth land in cold memory anyway.
--- Measured with bench/ops.lua (one process with the trigger, one without, alternately): the NHWC
--- rows 1.1-1.5x faster with it (add+relu 0.228 -> 0.172 ms), bench/train_step.lua unchanged.
--- LUMEN_TRAFFIC_LIMIT=<bytes> (or lm.memory.set_traffic_limit(bytes)) fixes the limit; 0 turns
--- the trigger off; "auto" restores the default.
+-- in the last-level cache. It is off by default: a collection costs time proportional to the Lua
+-- heap (about 0.1 ms for lumen alone idle, 0.15-0.3 ms right after a large operation has pushed
+-- the heap out of the caches, 1-2 ms in a training script), and a result block reused even two or
+-- three iterations later is already out of this machine's cache. Measured with bench/ops.lua, six
+-- processes each way alternately: "auto" against off, every row within +-10 % (a tie); a fixed
+-- 8 MB limit 0.7-1.0x. LUMEN_TRAFFIC_LIMIT=auto (or lm.memory.set_traffic_limit("auto")) turns
+-- on the adaptive limit: the growth whose DRAM round trip costs TRAFFIC_COST_RATIO times the
+-- measured (smoothed) collection time, at least half the last-level cache; when that exceeds the
+-- whole cache (a big heap) the trigger rests, since results written after that much growth land
+-- in cold memory anyway. A number of bytes fixes the limit; 0 turns it off.
 M.TRAFFIC_COST_RATIO = 2
 M.DRAM_BYTES_PER_SECOND = 30e9         -- a cold block costs a read for ownership plus a write back
 local cache_bytes = tonumber(C.lm_mem_cache_size())
 if cache_bytes <= 0 then cache_bytes = 32 * 2 ^ 20 end
-M.BASE_TRAFFIC_LIMIT = math.max(4 * 2 ^ 20, cache_bytes / 4)
-M.MAX_TRAFFIC_LIMIT = math.max(M.BASE_TRAFFIC_LIMIT, cache_bytes / 2)
-local traffic_auto = true
+M.BASE_TRAFFIC_LIMIT = math.max(4 * 2 ^ 20, cache_bytes / 2)
+M.MAX_TRAFFIC_LIMIT = math.max(M.BASE_TRAFFIC_LIMIT, cache_bytes)
+local traffic_auto = false
 do
    local env = os.getenv("LUMEN_TRAFFIC_LIMIT")
-   if tonumber(env) and tonumber(env) >= 0 then
-      traffic_auto = false
+   if env == "auto" then
+      traffic_auto = true
+      C.lm_mem_set_traffic_limit(M.BASE_TRAFFIC_LIMIT)
+   elseif tonumber(env) and tonumber(env) >= 0 then
       C.lm_mem_set_traffic_limit(tonumber(env))
    else
-      C.lm_mem_set_traffic_limit(M.BASE_TRAFFIC_LIMIT)
+      C.lm_mem_set_traffic_limit(0)
    end
 end
 
@@ -231,9 +234,9 @@ function M.soft_limit() return tonumber(C.lm_mem_soft_limit()) end
 function M.set_soft_limit(bytes) C.lm_mem_set_soft_limit(bytes_arg("set_soft_limit", bytes)) end
 function M.alloc_count() return tonumber(C.lm_mem_alloc_count()) end
 function M.traffic_limit() return tonumber(C.lm_mem_traffic_limit()) end
--- true while the traffic limit adapts to the cost of a collection ("auto", the default)
+-- true while the traffic limit adapts to the cost of a collection ("auto")
 function M.traffic_adaptive() return traffic_auto end
--- the traffic limit: bytes of growth (0 turns the trigger off) or "auto" (the default)
+-- the traffic limit: bytes of growth (0 turns the trigger off, the default) or "auto"
 function M.set_traffic_limit(bytes)
    if bytes == "auto" then
       traffic_auto = true
