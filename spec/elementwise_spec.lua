@@ -406,13 +406,20 @@ describe("streaming stores for cold outputs", function()
       end
    end)
 
-   it("marks large blocks cold after a cache's worth of traffic, small blocks never", function()
+   it("marks large blocks cold when fresh or streamed into, small blocks never", function()
       local big = 4 * 2 ^ 20
       local p = C.lm_alloc(big)
       assert.is_true(p ~= nil)
       assert.equal(1, C.lm_mem_is_cold(p, big))          -- fresh from the system
       C.lm_free(p, big)
       local q = C.lm_alloc(big)                           -- the same block, just used
+      assert.equal(0, C.lm_mem_is_cold(q, big))
+      C.lm_mem_note_streamed(q, big)                      -- written past the caches
+      C.lm_free(q, big)
+      q = C.lm_alloc(big)
+      assert.equal(1, C.lm_mem_is_cold(q, big))
+      C.lm_free(q, big)
+      q = C.lm_alloc(big)                                 -- once: then used normally
       assert.equal(0, C.lm_mem_is_cold(q, big))
       C.lm_free(q, big)
       local s = C.lm_alloc(1000)

@@ -376,6 +376,8 @@ static lm_status ew_exec_v(ew_plan *pl, int res_dt, lm_operand *ins, lm_tensor *
       pl->p.err = &err;
       if (status == LM_OK)
          lm_iter_run_grain(&it, ew_loop, &cx, pl->cheap ? LM_CHEAP_GRAIN : LM_PARALLEL_GRAIN);
+      if (status == LM_OK && cx.stream)
+         lm_mem_note_streamed(o->storage->data, (size_t)o->storage->nbytes);
       pl->p.err = NULL;
    }
    for (int k = 0; k < 3; k++) lm_tensor_free(tmps[k]);

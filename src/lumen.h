@@ -103,9 +103,13 @@ void lm_mem_set_traffic_limit(int64_t bytes);
 int64_t lm_mem_cache_size(void);              /* last-level cache bytes (sysconf), 0 if unknown */
 void lm_mem_collected(void);                  /* Lua reports a finished collection (limit adapts) */
 int64_t lm_mem_alloc_count(void);             /* calls that reached malloc (cache misses) */
-/* was the block at p (from lm_alloc(nbytes)) cold when handed out: more than the last-level cache
-   in bytes handed out since its previous use, or fresh from the system? (0 for small blocks) */
+/* was the block at p (from lm_alloc(nbytes)) cold when handed out: more than half the last-level
+   cache in bytes handed out since its previous use, last written with streaming stores, or fresh
+   from the system? (0 for small blocks) */
 int lm_mem_is_cold(const void *p, size_t nbytes);
+/* the block at p (from lm_alloc(nbytes)) was just written with streaming stores: its lines are in
+   no cache, so it counts as cold when next handed out, however recently it was used */
+void lm_mem_note_streamed(void *p, size_t nbytes);
 
 /* ---- storage and tensor lifetime (src/tensor.c) ---- */
 lm_storage *lm_storage_new(int64_t nbytes, int device);
