@@ -283,6 +283,42 @@ describe("F.batch_norm", function()
       end)
    end
 
+   it("writes large cold NHWC results with streaming stores, with the same values", function()
+      -- a fresh block (the cache emptied first) is cold: the forward and the backward of a
+      -- 1.2 MB channels-last float32 batch norm with 64 channels stream their results (AVX-512
+      -- machines); the values must match the float64 NCHW reference
+      local C = require("lumen.C")
+      local T = require("lumen.tensor")
+      lm.manual_seed(7)
+      local x64 = lm.randn({ 4, 64, 41, 29 }, { dtype = lm.float64 })
+      local w64 = lm.rand({ 64 }, { dtype = lm.float64 }) + 0.5
+      local b64 = lm.randn({ 64 }, { dtype = lm.float64 })
+      local g64 = lm.randn({ 4, 64, 41, 29 }, { dtype = lm.float64 })
+      local function run(x, w, b, g)
+         x = x:clone():requires_grad_(true)
+         local y = F.batch_norm(x, nil, nil, w, b, { training = true })
+         y:backward(g)
+         return y, x.grad
+      end
+      local yr, gr = run(x64, w64, b64, g64)
+      lm.memory.empty_cache()
+      local y, gx = run(x64:float():contiguous(CL), w64:float(), b64:float(),
+                        g64:float():contiguous(CL))
+      assert.is_true(is_cl(y) and is_cl(gx))
+      close(y:double(), yr, 1e-5, "output")
+      close(gx:double(), gr, 1e-5, "grad input")
+      if C.lm_gemm_isa() >= 3 then
+         -- streamed into (AVX-512 machines): the block comes back cold when handed out again,
+         -- though it was just used
+         local c = T.cdata(y)
+         local n, p = c.storage.nbytes, c.storage.data
+         y:free()
+         local q = C.lm_alloc(n)
+         if q == p then assert.equal(1, C.lm_mem_is_cold(q, n)) end
+         C.lm_free(q, n)
+      end
+   end)
+
    it("rejects bad input", function()
       local x = lm.randn({ 2, 3, 4, 4 })
       H.assert_error_like("batch_norm", "3 elements", F.batch_norm, x, lm.zeros({ 4 }),

@@ -309,7 +309,26 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
       }                                                                                            \
    }
 
-#define DEFINE_BN_ROWS(T, S, ATTR, V, VU, VI, VW, VWU, NV, NS, MLD, MST, MASKED)                   \
+/* a store of the affine map's result: streaming (non-temporal) when the output block is cold and
+   the copy has a streaming store (NTST), else ordinary */
+#define BN_YST(NTST, VU, p, v)                                                                     \
+   do {                                                                                            \
+      if (stream)                                                                                  \
+         NTST(VU, p, v);                                                                           \
+      else                                                                                         \
+         VST(VU, p, v);                                                                            \
+   } while (0)
+#if defined(__GNUC__) && defined(__x86_64__)
+#define BN_NTST_F32_512(VU, p, v) _mm512_stream_ps((float *)(void *)(p), (__m512)(v))
+#define BN_NTST_F64_512(VU, p, v) _mm512_stream_pd((double *)(void *)(p), (__m512d)(v))
+#define BN_SFENCE() _mm_sfence()
+#else
+#define BN_NTST_F32_512 VST
+#define BN_NTST_F64_512 VST
+#define BN_SFENCE() ((void)0)
+#endif
+
+#define DEFINE_BN_ROWS(T, S, ATTR, V, VU, VI, VW, VWU, NV, NS, MLD, MST, MASKED, NTST)             \
    /* s1, s2 partial sums of rows [rb, re) (re - rb <= SROWS), channels [cb, cb + nv VL), into     \
       this thread's p1, p2 (nv <= NS: a constant once inlined). Rows r = rb + 4i + j go to         \
       accumulator j (the rows past the last group of four to accumulator 0), which each sum at     \
@@ -393,7 +412,7 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
       [cb, cb + nv VL): the coefficients stay in registers over the rows */                        \
    ATTR static inline __attribute__((always_inline)) void rows_affine_blk_##S(                     \
       const T *a, const T *mk, const T *b, const T *res, T *y, int64_t rb, int64_t re, int64_t C,  \
-      int64_t cb, const int nv, const T *cf, int relu) {                                           \
+      int64_t cb, const int nv, const T *cf, int relu, int stream) {                               \
       enum { VL = (int)(sizeof(V) / sizeof(T)) };                                                  \
       const V zero = {0};                                                                          \
       V vA[NV], vMa[NV], vD[NV];                                                                   \
@@ -414,8 +433,8 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
                _Pragma("GCC unroll 8") for (int j = 0; j < nv; j++) {                              \
                   const int64_t oj = o + j * VL;                                                   \
                   const V av = VMASK(VI, V, VLD(VU, a + oj), VLD(VU, mk + oj), zero);              \
-                  VST(VU, y + oj, vA[j] * (av - vMa[j]) + vB[j] * (VLD(VU, b + oj) - vMb[j]) +     \
-                                     vD[j]);                                                       \
+                  const V t = vA[j] * (av - vMa[j]) + vB[j] * (VLD(VU, b + oj) - vMb[j]) + vD[j];  \
+                  BN_YST(NTST, VU, y + oj, t);                                                     \
                }                                                                                   \
             }                                                                                      \
          } else {                                                                                  \
@@ -423,8 +442,9 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
                const int64_t o = r * C + cb;                                                       \
                _Pragma("GCC unroll 8") for (int j = 0; j < nv; j++) {                              \
                   const int64_t oj = o + j * VL;                                                   \
-                  VST(VU, y + oj, vA[j] * (VLD(VU, a + oj) - vMa[j]) +                             \
-                                     vB[j] * (VLD(VU, b + oj) - vMb[j]) + vD[j]);                  \
+                  const V t = vA[j] * (VLD(VU, a + oj) - vMa[j]) +                                 \
+                              vB[j] * (VLD(VU, b + oj) - vMb[j]) + vD[j];                          \
+                  BN_YST(NTST, VU, y + oj, t);                                                     \
                }                                                                                   \
             }                                                                                      \
          }                                                                                         \
@@ -433,7 +453,8 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
             const int64_t o = r * C + cb;                                                          \
             _Pragma("GCC unroll 8") for (int j = 0; j < nv; j++) {                                 \
                const int64_t oj = o + j * VL;                                                      \
-               VST(VU, y + oj, vA[j] * (VLD(VU, a + oj) - vMa[j]) + vD[j]);                        \
+               const V t = vA[j] * (VLD(VU, a + oj) - vMa[j]) + vD[j];                             \
+               BN_YST(NTST, VU, y + oj, t);                                                        \
             }                                                                                      \
          }                                                                                         \
       } else {                                                                                     \
@@ -446,7 +467,7 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
                V t = vA[j] * (av - vMa[j]) + vD[j];                                                \
                if (res) t += VLD(VU, res + oj);                                                    \
                if (relu) t = VRELU(VI, V, t, zero);                                                \
-               VST(VU, y + oj, t);                                                                 \
+               BN_YST(NTST, VU, y + oj, t);                                                        \
             }                                                                                      \
          }                                                                                         \
       }                                                                                            \
@@ -507,7 +528,7 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
                                  int64_t M, int64_t C, double *part, T *facc, double *s1,          \
                                  double *s2, void (*prep)(void *), void *ctx, const T *a,          \
                                  const T *amk, const T *b, const T *res, T *y, const T *cf,        \
-                                 int relu) {                                                       \
+                                 int relu, int stream) {                                           \
       enum { VL = (int)(sizeof(V) / sizeof(T)), TW = NV * VL, TS = NS * VL };                      \
       /* the vector loops take the channels below a multiple of 64 bytes (VL, or a few VL in the   \
          baseline copies), the others the tail: the same split in every copy, so that a            \
@@ -587,9 +608,10 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
                const int64_t rb = re - RROWS > r0 ? re - RROWS : r0;                               \
                int64_t cb = 0;                                                                     \
                for (; cb < Ct; cb += TW)                                                           \
-                  rows_affine_blk_##S(a, amk, b, res, y, rb, re, C, cb, NV, cf, relu);             \
+                  rows_affine_blk_##S(a, amk, b, res, y, rb, re, C, cb, NV, cf, relu,             \
+                                      stream);                                                     \
                for (; cb < Cv; cb += VL)                                                           \
-                  rows_affine_blk_##S(a, amk, b, res, y, rb, re, C, cb, 1, cf, relu);              \
+                  rows_affine_blk_##S(a, amk, b, res, y, rb, re, C, cb, 1, cf, relu, stream);      \
                if (MASKED && Cv < C) {                                                             \
                   rows_affine_tail_##S(a, amk, b, res, y, rb, re, C, Cv, (int)(C - Cv), cf, relu); \
                } else if (Cv < C) {                                                                \
@@ -613,6 +635,7 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
                   }                                                                                \
                }                                                                                   \
             }                                                                                      \
+            if (stream) BN_SFENCE();                                                               \
          }                                                                                         \
       }                                                                                            \
    }
@@ -676,13 +699,13 @@ DEFINE_BN(double, f64_512, LM_AVX512_FN, bn_vd, bn_vd_u, bn_vdi)
    32 registers, the compiler keeps a few in the cache, which still beats walking the rows
    twice. */
 DEFINE_BN_ROWS(float, f32, , bn_vf4, bn_vf4_u, bn_vfi4, bn_vw4, bn_vw4_u, 2, 1, BN_MLD_LOOP,
-               BN_MST_LOOP, 0)
+               BN_MST_LOOP, 0, VST)
 DEFINE_BN_ROWS(double, f64, , bn_vd2, bn_vd2_u, bn_vdi2, bn_vd2, bn_vd2_u, 2, 1, BN_MLD_LOOP,
-               BN_MST_LOOP, 0)
+               BN_MST_LOOP, 0, VST)
 DEFINE_BN_ROWS(float, f32_512, LM_AVX512_FN, bn_vf, bn_vf_u, bn_vfi, bn_vw16, bn_vw16_u, 4, 4,
-               bn_mld_f32_512, bn_mst_f32_512, BN_MASKED)
+               bn_mld_f32_512, bn_mst_f32_512, BN_MASKED, BN_NTST_F32_512)
 DEFINE_BN_ROWS(double, f64_512, LM_AVX512_FN, bn_vd, bn_vd_u, bn_vdi, bn_vd, bn_vd_u, 4, 4,
-               bn_mld_f64_512, bn_mst_f64_512, BN_MASKED)
+               bn_mld_f64_512, bn_mst_f64_512, BN_MASKED, BN_NTST_F64_512)
 
 /* work buffers shared by forward and backward */
 typedef struct {
@@ -773,19 +796,23 @@ static void bn_coef(bn_work *w, const bn_geom *g, int dt, const double *A, const
  * map of a (masked by amk), b, res (y != NULL)]. Rows: both passes in one parallel region, prep on
  * one thread between them; planes: one after the other.
  */
-static void bn_run(const void *x, const void *dy, const void *mk, void *gm, const void *K,
+static int bn_run(const void *x, const void *dy, const void *mk, void *gm, const void *K,
                    const bn_geom *g, int dt, bn_work *w, double *s1, double *s2,
                    void (*prep)(void *), void *ctx, const void *a, const void *amk, const void *b,
-                   const void *res, void *y, int relu) {
+                   const void *res, void *y, int relu, int stream) {
    const int v = use_avx512();
    if (g->rows) {
+      /* streaming stores: whole aligned vectors only (the AVX-512 copies, rows of a multiple of
+         64 bytes, y aligned), so every channel goes through the vector loops */
+      const int esz = dt == LM_FLOAT64 ? 8 : 4;
+      const int st = stream && v && y && ((uintptr_t)y & 63) == 0 && (g->C * esz) % 64 == 0;
       if (dt == LM_FLOAT64)
          (v ? rows_run_f64_512 : rows_run_f64)(x, dy, mk, gm, K, g->M, g->C, w->part, w->facc, s1,
-                                               s2, prep, ctx, a, amk, b, res, y, w->coef, relu);
+                                               s2, prep, ctx, a, amk, b, res, y, w->coef, relu, st);
       else
          (v ? rows_run_f32_512 : rows_run_f32)(x, dy, mk, gm, K, g->M, g->C, w->part, w->facc, s1,
-                                               s2, prep, ctx, a, amk, b, res, y, w->coef, relu);
-      return;
+                                               s2, prep, ctx, a, amk, b, res, y, w->coef, relu, st);
+      return st;
    }
    if (K) {
       if (dt == LM_FLOAT64)
@@ -804,6 +831,7 @@ static void bn_run(const void *x, const void *dy, const void *mk, void *gm, cons
          (v ? planes_affine_f32_512 : planes_affine_f32)(a, amk, b, res, y, g->N, g->C, g->S,
                                                          w->coef, relu);
    }
+   return 0;
 }
 
 static void *bn_K(bn_work *w, const bn_geom *g, int dt) {
@@ -908,6 +936,7 @@ lm_status lm_batch_norm_fused(const lm_tensor *x, const lm_tensor *weight, const
    const int dt = x->dtype;
    bn_work w = {0};
    out_slot so = {0};
+   int streamed = 0; /* y was written with streaming stores */
    const lm_tensor *xd = NULL, *rd = NULL;
    lm_tensor *tmp = NULL, *rtmp = NULL;
    LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
@@ -928,8 +957,8 @@ lm_status lm_batch_norm_fused(const lm_tensor *x, const lm_tensor *weight, const
       if (training) {
          bn_shift(xp, &g, dt, f.K, NULL);
          if (g.M > 0)
-            bn_run(xp, NULL, NULL, NULL, f.K, &g, dt, &w, s1, s2, bn_fwd_prep, &f, xp, NULL, NULL,
-                   rp, yp, relu != 0);
+            streamed = bn_run(xp, NULL, NULL, NULL, f.K, &g, dt, &w, s1, s2, bn_fwd_prep, &f, xp,
+                              NULL, NULL, rp, yp, relu != 0, out_cold(&so));
          else
             bn_fwd_prep(&f); /* no rows: nothing to normalise either */
       } else {
@@ -938,11 +967,12 @@ lm_status lm_batch_norm_fused(const lm_tensor *x, const lm_tensor *weight, const
          for (int64_t c = 0; c < C; c++) invstd[c] = 1.0 / sqrt(rv[c] + eps);
          if (yp) {
             bn_fwd_coef(&f);
-            bn_run(NULL, NULL, NULL, NULL, NULL, &g, dt, &w, s1, s2, NULL, NULL, xp, NULL, NULL,
-                   rp, yp, relu != 0);
+            streamed = bn_run(NULL, NULL, NULL, NULL, NULL, &g, dt, &w, s1, s2, NULL, NULL, xp,
+                              NULL, NULL, rp, yp, relu != 0, out_cold(&so));
          }
       }
    }
+   if (streamed) out_note_streamed(&so);
    if (save_mean) st = vec_result(save_mean, C, dt, mean, "save_mean");
    if (st == LM_OK && save_invstd) {
       st = vec_result(save_invstd, C, dt, invstd, "save_invstd");
@@ -1037,6 +1067,7 @@ lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tenso
    const int wdt = weight ? weight->dtype : dt;
    bn_work w = {0};
    out_slot sg = {0}, sm = {0};
+   int streamed = 0; /* grad_input was written with streaming stores */
    const lm_tensor *xd = NULL, *gd = NULL, *md = NULL;
    lm_tensor *t1 = NULL, *t2 = NULL, *t3 = NULL;
    LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
@@ -1071,8 +1102,9 @@ lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tenso
       const void *ga = gmp && sums ? gmp : gp;
       const void *ma = ga == gp ? mp : NULL;
       if (sums || gxp)
-         bn_run(xp, gp, mp, gmp, sums ? b.K : NULL, &g, dt, &w, s1, s2, bn_bwd_prep, &b, ga, ma,
-                training ? xp : NULL, NULL, gxp, 0);
+         streamed = bn_run(xp, gp, mp, gmp, sums ? b.K : NULL, &g, dt, &w, s1, s2, bn_bwd_prep, &b,
+                           ga, ma, training ? xp : NULL, NULL, gxp, 0, gxp && out_cold(&sg));
+      if (streamed) out_note_streamed(&sg);
       if (grad_weight) {
          for (int64_t c = 0; c < C; c++) A[c] = s2[c] * invstd[c];
          st = vec_result(grad_weight, C, wdt, A, "grad_weight");
