@@ -961,6 +961,16 @@ static inline __mmask16 tail_mask(int64_t n) {
    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
+/* a 16-float store of a result: streaming (non-temporal: no read of the line, no cache
+   pollution) when the kernel writes a cold fresh grad_input (then p is 64-byte aligned), else
+   ordinary */
+LM_AVX512_FN static LM_AI void st16(float *p, __m512 v, int stream) {
+   if (stream)
+      _mm512_stream_ps(p, v);
+   else
+      _mm512_storeu_ps(p, v);
+}
+
 /* channel block of the row-parallel kernels: the whole C unless there are too few rows */
 static int64_t row_cblock(int64_t rows, int64_t C) {
 #ifdef _OPENMP
@@ -1069,7 +1079,7 @@ static void column_runs(const int64_t *lo, const int64_t *hi, int64_t I, int64_t
    read-modify-writes. Neighbouring columns held by the same windows (a run, cend) get the same
    sum: computed once. */
 LM_AVX512_FN static void avg_bwd_nhwc_v512(const float *go, float *gi, const pool_t *p, float *v,
-                                           const int64_t *cov) {
+                                           const int64_t *cov, int stream) {
    const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW;
    const int64_t orows = p->N * OH, irows = p->N * H;
    const int64_t *rlo = cov, *rhi = cov + H, *clo = cov + 2 * H, *chi = cov + 2 * H + W;
@@ -1122,16 +1132,16 @@ LM_AVX512_FN static void avg_bwd_nhwc_v512(const float *go, float *gi, const poo
             for (; c + 256 <= C; c += 256) {
                wsum(a, base + c, OW * C, C, na, nbw, 16);
                for (int64_t q = iw; q < iw1; q++)
-                  for (int k = 0; k < 16; k++) _mm512_storeu_ps(g + q * C + c + 16 * k, a[k]);
+                  for (int k = 0; k < 16; k++) st16(g + q * C + c + 16 * k, a[k], stream);
             }
             for (; c + 64 <= C; c += 64) {
                wsum(a, base + c, OW * C, C, na, nbw, 4);
                for (int64_t q = iw; q < iw1; q++)
-                  for (int k = 0; k < 4; k++) _mm512_storeu_ps(g + q * C + c + 16 * k, a[k]);
+                  for (int k = 0; k < 4; k++) st16(g + q * C + c + 16 * k, a[k], stream);
             }
             for (; c + 16 <= C; c += 16) {
                wsum(a, base + c, OW * C, C, na, nbw, 1);
-               for (int64_t q = iw; q < iw1; q++) _mm512_storeu_ps(g + q * C + c, a[0]);
+               for (int64_t q = iw; q < iw1; q++) st16(g + q * C + c, a[0], stream);
             }
             if (c < C) {
                const __mmask16 m = tail_mask(C - c);
@@ -1140,6 +1150,7 @@ LM_AVX512_FN static void avg_bwd_nhwc_v512(const float *go, float *gi, const poo
             }
          }
       }
+      if (stream) _mm_sfence();
    }
 }
 
@@ -1393,12 +1404,14 @@ LM_AVX512P_FN static LM_AI int64_t count_set64(const int64_t *x, int64_t n) {
 
 LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t *ind,
                                                   const uint8_t *cd, float *gi, const pool_t *p,
-                                                  const taps_t *tl) {
+                                                  const taps_t *tl, int stream) {
    const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * H;
    const int64_t kw = p->kw;
    const int64_t cb = row_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;
    int64_t nbad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : nbad) if (tasks > 1 && p->N * C * (H * W + OH * OW) > LM_PARALLEL_GRAIN)
+#pragma omp parallel reduction(+ : nbad) if (tasks > 1 && p->N * C * (H * W + OH * OW) > LM_PARALLEL_GRAIN)
+   {
+#pragma omp for schedule(static) nowait
    for (int64_t t = 0; t < tasks; t++) {
       const int64_t r = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);
       const int64_t ih = r % H, n = r / H;
@@ -1418,11 +1431,11 @@ LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t
             int64_t c = 0;
             for (; c + 128 <= cn; c += 128) {
                taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, 0xFFFF, 8);
-               for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+               for (int v = 0; v < 8; v++) st16(dst + c + 16 * v, acc[v], stream);
             }
             for (; c + 64 <= cn; c += 64) {
                taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, 0xFFFF, 4);
-               for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+               for (int v = 0; v < 4; v++) st16(dst + c + 16 * v, acc[v], stream);
             }
             for (; c < cn; c += 16) {
                const __mmask16 m = tail_mask(cn - c);
@@ -1450,11 +1463,11 @@ LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t
             int64_t c = 0;
             for (; c + 128 <= cn; c += 128) {
                index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, 0xFFFF, 8);
-               for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+               for (int v = 0; v < 8; v++) st16(dst + c + 16 * v, acc[v], stream);
             }
             for (; c + 64 <= cn; c += 64) {
                index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, 0xFFFF, 4);
-               for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + c + 16 * v, acc[v]);
+               for (int v = 0; v < 4; v++) st16(dst + c + 16 * v, acc[v], stream);
             }
             for (; c < cn; c += 16) {
                const __mmask16 m = tail_mask(cn - c);
@@ -1465,6 +1478,8 @@ LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t
          }
       }
       nbad += lbad;
+   }
+   if (stream) _mm_sfence(); /* each thread orders its own streaming stores */
    }
    return nbad;
 }
@@ -1684,8 +1699,14 @@ static lm_status max_backward_geom(const lm_tensor *grad_out, const lm_tensor *x
             if (f64)
                bad = (v512 ? max_gather_nhwc_f64_512 : max_gather_nhwc_f64)(g, ix, cd, gi, &p, &tl);
 #ifdef POOL_X86
-            else if (v512)
-               bad = max_gather_nhwc_v512(g, ix, cd, gi, &p, &tl);
+            else if (v512) {
+               /* streaming stores for a cold fresh grad_input: whole aligned vectors only */
+               const int64_t cb = row_cblock(p.N * p.H, p.C);
+               const int stream = out_cold(&sg) && p.C % 16 == 0 && cb % 16 == 0 &&
+                                  ((uintptr_t)gi & 63) == 0;
+               bad = max_gather_nhwc_v512(g, ix, cd, gi, &p, &tl, stream);
+               if (stream) out_note_streamed(&sg);
+            }
 #endif
             else
                bad = (v512 ? max_gather_nhwc_f32_512 : max_gather_nhwc_f32)(g, ix, cd, gi, &p, &tl);
@@ -1845,7 +1866,10 @@ static lm_status avg_backward(const lm_tensor *grad_out, const lm_tensor *x, poo
             cover_ranges(p->hs, p->he, p->OH, p->H, cov, cov + p->H);
             cover_ranges(p->ws, p->we, p->OW, p->W, cov + 2 * p->H, cov + 2 * p->H + p->W);
             column_runs(cov + 2 * p->H, cov + 2 * p->H + p->W, p->W, cov + 2 * p->H + 2 * p->W);
-            avg_bwd_nhwc_v512(g, gi, p, v, cov);
+            /* streaming stores for a cold fresh grad_input: whole aligned vectors only */
+            const int stream = out_cold(&sg) && p->C % 16 == 0 && ((uintptr_t)gi & 63) == 0;
+            avg_bwd_nhwc_v512(g, gi, p, v, cov, stream);
+            if (stream) out_note_streamed(&sg);
          }
          free(v);
          free(cov);
