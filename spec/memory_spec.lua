@@ -2,6 +2,7 @@
 -- must trigger collections under pressure (lua/lumen/memory.lua), so a loop of large temporaries
 -- stays bounded and every byte comes back once the tensors are unreachable.
 -- lm.memory.live_bytes / peak_bytes / reset_peak are lumen's allocator counters.
+local ffi = require("ffi")
 local H = require("spec.helpers")
 local lm = H.lm
 
@@ -114,6 +115,35 @@ describe("memory", function()
       holder = nil -- luacheck: ignore
       full_collect()
       assert.equal(start, lm.memory.live_bytes())
+   end)
+
+   it("a large request may take a cached block of a larger class (up to 2x), counted as asked",
+      function()
+      local C = require("lumen.C")
+      full_collect()
+      lm.memory.empty_cache()
+      local live0, cached0 = lm.memory.live_bytes(), lm.memory.cached_bytes()
+      local big = 4 * 2 ^ 20
+      local p = C.lm_alloc(big)
+      C.lm_free(p, big)
+      assert.equal(cached0 + big, lm.memory.cached_bytes())
+      local want = 3.5 * 2 ^ 20                         -- one class below: borrows the 4 MiB block
+      local q = C.lm_alloc(want)
+      assert.is_true(q == p)
+      assert.equal(live0 + want, lm.memory.live_bytes())
+      assert.equal(cached0, lm.memory.cached_bytes())
+      ffi.fill(q, want, 7)
+      C.lm_free(q, want)                                -- back to its own class
+      assert.equal(live0, lm.memory.live_bytes())
+      assert.equal(cached0 + big, lm.memory.cached_bytes())
+      local r = C.lm_alloc(big)
+      assert.is_true(r == p)
+      local s = C.lm_alloc(1.5 * 2 ^ 20)                -- far smaller: a block of its own
+      assert.is_true(s ~= p)
+      C.lm_free(s, 1.5 * 2 ^ 20)
+      C.lm_free(r, big)
+      lm.memory.empty_cache()
+      assert.equal(live0, lm.memory.live_bytes())
    end)
 
    it("the traffic trigger: off by default, can be fixed, made adaptive, turned off", function()
