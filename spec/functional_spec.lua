@@ -166,6 +166,23 @@ describe("pooling", function()
       end)
    end
 
+   it("averages windows of whole wide rows (NCHW contiguous runs) like the float64 mean",
+      function()
+      -- windows 37..45 wide that span whole rows take the contiguous-run path in avg_fwd_nchw
+      lm.manual_seed(3)
+      local x = lm.randn({ 2, 3, 37, 45 })
+      local xd = x:double()
+      close(F.adaptive_avg_pool2d(x, 1):double(), xd:mean({ 3, 4 }, true), 1e-6, "global")
+      -- three bands of whole rows: rows [0, 13), [12, 25), [24, 37) (PyTorch's adaptive windows)
+      local bands = F.adaptive_avg_pool2d(x, { 3, 1 }):double()
+      local exp = lm.cat({ xd:narrow(3, 1, 13):mean({ 3, 4 }, true),
+                           xd:narrow(3, 13, 13):mean({ 3, 4 }, true),
+                           xd:narrow(3, 25, 13):mean({ 3, 4 }, true) }, 3)
+      close(bands, exp, 1e-6, "bands")
+      close(F.avg_pool2d(x, { kernel_size = { 5, 45 } }):double(),
+            F.avg_pool2d(xd, { kernel_size = { 5, 45 } }), 1e-6, "avg_pool2d whole rows")
+   end)
+
    it("keeps the channels-last tag of a global average pool", function()
       local x = lm.randn({ 2, 3, 4, 4 }):to(CL)
       H.assert_strides(F.adaptive_avg_pool2d(x, 1), { 3, 1, 3, 3 })

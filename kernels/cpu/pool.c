@@ -813,6 +813,17 @@ DEFINE_MAX_GATHER(double, f64_512, LM_AVX512_FN)
                   const T *row = ip + ih * W;                                                      \
                   for (int64_t iw = w0; iw < w1; iw++) acc += row[iw];                             \
                }                                                                                   \
+            } else if (w0 == 0 && w1 == W) { /* whole rows: one contiguous run, 16 sums */     \
+               const T *run = ip + h0 * W;                                                         \
+               const int64_t n = (h1 - h0) * W;                                                    \
+               T part[16] = {0};                                                                   \
+               int64_t i = 0;                                                                      \
+               for (; i + 16 <= n; i += 16)                                                        \
+                  for (int k = 0; k < 16; k++) part[k] += run[i + k];                              \
+               for (; i < n; i++) part[0] += run[i];                                               \
+               for (int k = 8; k > 0; k /= 2)                                                      \
+                  for (int j = 0; j < k; j++) part[j] += part[j + k];                              \
+               acc = part[0];                                                                      \
             } else { /* wide windows: 8 independent partial sums (vectorized) */                   \
                T part[8] = {0};                                                                    \
                for (int64_t ih = h0; ih < h1; ih++) {                                              \
