@@ -790,6 +790,7 @@ DEFINE_MAX_GATHER(double, f64_512, LM_AVX512_FN)
 #undef TAPS_BAD_ROW
 
 /* window averages; empty windows give 0. acc is float for float (as PyTorch's CPU kernels). */
+enum { AVG_COLS = 512 }; /* the widest row whose column sums are kept on the stack */
 #define DEFINE_AVG(T, S, ATTR)                                                                     \
    ATTR static void avg_fwd_nchw_##S(const T *in, T *out, const pool_t *p) {                       \
       const int64_t H = p->H, W = p->W, OH = p->OH, OW = p->OW;                                    \
@@ -801,6 +802,18 @@ DEFINE_MAX_GATHER(double, f64_512, LM_AVX512_FN)
          const T *ip = in + (r / OH) * H * W;                                                      \
          T *op = out + r * OW;                                                                     \
          const int64_t h0 = p->hs[oh], h1 = p->he[oh];                                             \
+         /* narrow windows over several rows: the column sums of the band of rows first, with     \
+            whole-row (vectorized) adds, then each window sums its columns */                      \
+         T colsum[AVG_COLS];                                                                       \
+         const int cols = h1 - h0 > 2 && W <= AVG_COLS && OW > 1;                                  \
+         if (cols) {                                                                               \
+            const T *row = ip + h0 * W;                                                            \
+            for (int64_t iw = 0; iw < W; iw++) colsum[iw] = row[iw];                               \
+            for (int64_t ih = h0 + 1; ih < h1; ih++) {                                             \
+               row = ip + ih * W;                                                                  \
+               for (int64_t iw = 0; iw < W; iw++) colsum[iw] += row[iw];                           \
+            }                                                                                      \
+         }                                                                                         \
          for (int64_t ow = 0; ow < OW; ow++) {                                                     \
             const int64_t w0 = p->ws[ow], w1 = p->we[ow];                                          \
             if (h0 >= h1 || w0 >= w1) {                                                            \
@@ -808,7 +821,9 @@ DEFINE_MAX_GATHER(double, f64_512, LM_AVX512_FN)
                continue;                                                                           \
             }                                                                                      \
             T acc = 0;                                                                             \
-            if (w1 - w0 < 32) {                                                                    \
+            if (cols && w1 - w0 < 32) {                                                            \
+               for (int64_t iw = w0; iw < w1; iw++) acc += colsum[iw];                             \
+            } else if (w1 - w0 < 32) {                                                             \
                for (int64_t ih = h0; ih < h1; ih++) {                                              \
                   const T *row = ip + ih * W;                                                      \
                   for (int64_t iw = w0; iw < w1; iw++) acc += row[iw];                             \
