@@ -111,12 +111,6 @@ static void stream_bytes(char *dst, const char *src, int64_t n) {
 #endif
 }
 
-/* is t's storage an allocator block that was cold when it was handed out (alloc.c)? */
-static int cold_output(const lm_tensor *t) {
-   const lm_storage *s = t->storage;
-   return s && s->deleter == NULL && s->device == LM_CPU &&
-          lm_mem_is_cold(s->data, (size_t)s->nbytes);
-}
 #define LM_STREAM_MIN_BYTES ((int64_t)1 << 20)
 
 /* LUMEN_EW_STREAM=0 / 1: never / always stream large fresh outputs (specs, benchmarks); by
@@ -125,7 +119,7 @@ static int want_stream(const lm_tensor *o) {
    if (o->numel * lm_elsize(o->dtype) < LM_STREAM_MIN_BYTES) return 0;
    const char *e = getenv("LUMEN_EW_STREAM");
    if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
-   return cold_output(o);
+   return lm_tensor_block_cold(o);
 }
 
 /* src (dtype sdt, byte stride ss) -> dst of dtype ddt (dense), optionally rounding through via */
@@ -377,7 +371,7 @@ static lm_status ew_exec_v(ew_plan *pl, int res_dt, lm_operand *ins, lm_tensor *
       if (status == LM_OK)
          lm_iter_run_grain(&it, ew_loop, &cx, pl->cheap ? LM_CHEAP_GRAIN : LM_PARALLEL_GRAIN);
       if (status == LM_OK && cx.stream)
-         lm_mem_note_streamed(o->storage->data, (size_t)o->storage->nbytes);
+         lm_tensor_note_streamed(o);
       pl->p.err = NULL;
    }
    for (int k = 0; k < 3; k++) lm_tensor_free(tmps[k]);

@@ -31,6 +31,20 @@ lm_status lm_error(lm_status status, const char *fmt, ...)
 /* elements above which loops are split across OpenMP threads */
 enum { LM_PARALLEL_GRAIN = 32768 };
 
+/* Is t the whole of an allocator block (its own storage from lm_alloc, offset 0) that was cold
+ * when handed out (alloc.c: its lines have left the caches)? A kernel that writes all of a fresh
+ * result in such a block may use streaming stores, and then says so with
+ * lm_tensor_note_streamed so the block counts as cold when next handed out. */
+static inline int lm_tensor_block_cold(const lm_tensor *t) {
+   const lm_storage *s = t ? t->storage : NULL;
+   return s && s->deleter == NULL && s->device == LM_CPU && t->offset == 0 &&
+          lm_mem_is_cold(s->data, (size_t)s->nbytes);
+}
+
+static inline void lm_tensor_note_streamed(const lm_tensor *t) {
+   if (t && t->storage) lm_mem_note_streamed(t->storage->data, (size_t)t->storage->nbytes);
+}
+
 static inline bool lm_is_float_dtype(int dt) {
    return dt == LM_FLOAT32 || dt == LM_FLOAT64 || dt == LM_FLOAT16 || dt == LM_BFLOAT16;
 }

@@ -56,19 +56,15 @@ static inline lm_status out_open(out_slot *o, lm_tensor **user, int ndim, const 
 }
 
 /* is the result a block allocated here (not the caller's out= tensor) of 1 MiB or more that was
-   cold when handed out (alloc.c: its lines have left the caches)? A kernel that writes all of it
-   may then use streaming stores, and tells the allocator so with out_note_streamed */
+   cold when handed out (lm_tensor_block_cold)? A kernel that writes all of it may then use
+   streaming stores, and tells the allocator so with out_note_streamed */
 static inline int out_cold(const out_slot *o) {
    const lm_tensor *t = o->t;
-   if (!t || t == o->user || !t->storage) return 0;
-   const lm_storage *s = t->storage;
-   return s->deleter == NULL && s->device == LM_CPU && s->nbytes >= ((int64_t)1 << 20) &&
-          t->offset == 0 && lm_mem_is_cold(s->data, (size_t)s->nbytes);
+   return t && t != o->user && t->storage && t->storage->nbytes >= ((int64_t)1 << 20) &&
+          lm_tensor_block_cold(t);
 }
 
-static inline void out_note_streamed(const out_slot *o) {
-   if (o->t && o->t->storage) lm_mem_note_streamed(o->t->storage->data, (size_t)o->t->storage->nbytes);
-}
+static inline void out_note_streamed(const out_slot *o) { lm_tensor_note_streamed(o->t); }
 
 /* on success hand the result over; on failure free what was allocated here */
 static inline lm_status out_close(out_slot *o, lm_tensor **user, lm_status st) {
