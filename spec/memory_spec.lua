@@ -146,6 +146,58 @@ describe("memory", function()
       assert.equal(live0, lm.memory.live_bytes())
    end)
 
+   it("results above the coldness threshold get room for two more before a collection",
+      function()
+      -- a block that large is written cold however soon it is reused (alloc.c), so the soft
+      -- limit makes room for two more of them past the live bytes of the last collection; the
+      -- room ends at a collection, at a large request below the threshold, and is at most
+      -- twice the soft limit
+      local C = require("lumen.C")
+      full_collect()
+      local live0 = lm.memory.live_bytes()
+      local prev = lm.memory.soft_limit()
+      local r = tonumber(C.lm_mem_cold_bytes())
+      assert.is_true(r >= 256 * 1024)
+      local function reset(limit)
+         lm.memory.set_soft_limit(limit)
+         C.lm_mem_collected()                  -- live base = live0, flag down, room gone
+         assert.equal(0, C.lm_mem_pressure())
+      end
+      local ok, err = pcall(function()
+         -- plain limit: 1.5 results past the live bytes
+         local S = live0 + r + r / 2
+         reset(S)
+         local a = C.lm_alloc(r)
+         assert.equal(0, C.lm_mem_pressure())
+         local b = C.lm_alloc(r)                -- past S, inside the room (live0 + 2.5 r)
+         assert.equal(0, C.lm_mem_pressure(), "second result inside the room")
+         local c = C.lm_alloc(r)                -- past the room
+         assert.are_not.equal(0, C.lm_mem_pressure())
+         C.lm_free(c, r)
+         C.lm_free(b, r)
+         -- after a collection the room starts again from the live bytes then
+         reset(S)
+         b = C.lm_alloc(r)
+         assert.equal(0, C.lm_mem_pressure())
+         -- a large request below the threshold ends the room: the plain limit again
+         local m = 256 * 1024
+         local d = C.lm_alloc(m)
+         assert.are_not.equal(0, C.lm_mem_pressure(), "a smaller large request ends the room")
+         C.lm_free(d, m)
+         C.lm_free(b, r)
+         C.lm_free(a, r)
+         -- a soft limit set small on purpose: at most twice that limit
+         reset(math.floor(r / 4))
+         a = C.lm_alloc(r)
+         assert.are_not.equal(0, C.lm_mem_pressure(), "room capped at twice the soft limit")
+         C.lm_free(a, r)
+      end)
+      lm.memory.set_soft_limit(prev)
+      C.lm_mem_collected()
+      assert.is_true(ok, err)
+      assert.equal(live0, lm.memory.live_bytes())
+   end)
+
    it("the traffic trigger: off by default, can be fixed, made adaptive, turned off", function()
       if os.getenv("LUMEN_TRAFFIC_LIMIT") == nil then
          assert.equal(0, lm.memory.traffic_limit())

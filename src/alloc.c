@@ -72,11 +72,13 @@ static struct {
    int64_t handed, cold_bytes;     /* bytes handed out in all; the coldness threshold */
    int64_t soft_limit, base_limit;
    int64_t live_base, traffic_limit; /* live bytes after the last collection; growth limit */
+   int64_t big_allow;              /* the live bytes that large results allow until the next
+                                      collection (0: none since the last one) */
    int pressure;                   /* LM_PRESSURE_LIVE | LM_PRESSURE_TRAFFIC */
    block *meta_list[LM_META_CLASSES];
    int meta_count[LM_META_CLASSES];
 } A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, -1,
-       LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, 0, {0}, {0}};
+       LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, 0, 0, {0}, {0}};
 
 enum { LM_PRESSURE_LIVE = 1, LM_PRESSURE_TRAFFIC = 2 };
 #define LM_TRAFFIC_MIN_BLOCK ((size_t)256 << 10)
@@ -108,11 +110,35 @@ static size_t class_size(int c) {
  * anyway. The block keeps its class in its header and goes back to its own list. */
 enum { LM_BORROW = 4 };
 
+static int64_t cold_bytes(void);
+
+/* Results larger than the coldness threshold (half the last-level cache) are written cold
+ * whenever they are freed: another such result has always been handed out between two uses of
+ * a block. Collecting sooner buys them nothing, and a collection right after a large operation
+ * costs 0.3-0.6 ms here (the Lua heap has left the caches). So the soft limit makes room for
+ * LM_BIG_INFLIGHT of them beyond what was live after the last collection: a loop that drops a
+ * 25.7 MB convolution output each time collects every third time instead of every other.
+ * The room is at most twice the soft limit (a limit set small on purpose still collects often),
+ * and it ends at the next collection or at the first large request below the threshold, whose
+ * block can still be reused hot (a loop of 6.4 MB results after the convolutions must not run on
+ * fresh pages up to the room the convolutions left).
+ * Measured (bench/ops.lua conv1x1, NHWC): see docs/memory.md. */
+enum { LM_BIG_INFLIGHT = 2 };
+
 /* counters for a block handed out; called with the mutex held */
 static void account_alloc(size_t rounded) {
    A.live += (int64_t)rounded;
    if (A.live > A.peak) A.peak = A.live;
-   if (A.live > A.soft_limit) A.pressure |= LM_PRESSURE_LIVE;
+   if (rounded >= LM_STAMP_MIN && (int64_t)rounded < cold_bytes()) {
+      A.big_allow = 0; /* a large result that can still be hot: the plain limit again */
+   } else if (rounded >= LM_STAMP_MIN) {
+      /* half a result more: the kernels' scratch (packed weights) must not tip the count */
+      int64_t allow = A.live_base + LM_BIG_INFLIGHT * (int64_t)rounded + (int64_t)rounded / 2;
+      if (allow > 2 * A.soft_limit) allow = 2 * A.soft_limit; /* a small limit set on purpose */
+      if (allow > A.big_allow) A.big_allow = allow;
+   }
+   if (A.live > (A.soft_limit > A.big_allow ? A.soft_limit : A.big_allow))
+      A.pressure |= LM_PRESSURE_LIVE;
    if (rounded >= LM_TRAFFIC_MIN_BLOCK && A.traffic_limit > 0 &&
        A.live - A.live_base > A.traffic_limit)
       A.pressure |= LM_PRESSURE_TRAFFIC;
@@ -303,6 +329,8 @@ void lm_meta_free(void *p, size_t nbytes) {
 int64_t lm_mem_live_bytes(void) { LOCKED_GET(A.live); }
 int64_t lm_mem_peak_bytes(void) { LOCKED_GET(A.peak); }
 int64_t lm_mem_cached_bytes(void) { LOCKED_GET(A.cached); }
+
+int64_t lm_mem_cold_bytes(void) { LOCKED_GET(cold_bytes()); }
 int64_t lm_mem_soft_limit(void) { LOCKED_GET(A.soft_limit); }
 int64_t lm_mem_alloc_count(void) { LOCKED_GET(A.nmalloc); }
 int lm_mem_pressure(void) { return __atomic_load_n(&A.pressure, __ATOMIC_RELAXED); }
@@ -365,6 +393,7 @@ void lm_mem_collected(void) {
    }
    A.pressure = 0;
    A.live_base = A.live;
+   A.big_allow = 0;
    pthread_mutex_unlock(&A.mu);
 }
 

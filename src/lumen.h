@@ -101,6 +101,9 @@ int lm_mem_pressure(void);                    /* non-zero when live bytes crosse
 int64_t lm_mem_traffic_limit(void);           /* 0: traffic does not trigger collections */
 void lm_mem_set_traffic_limit(int64_t bytes);
 int64_t lm_mem_cache_size(void);              /* last-level cache bytes (sysconf), 0 if unknown */
+int64_t lm_mem_cold_bytes(void);              /* the coldness threshold: half the last-level cache
+                                                 (LUMEN_COLD_BYTES overrides); results this large
+                                                 get room for two more before a collection */
 void lm_mem_collected(void);                  /* Lua reports a finished collection (limit adapts) */
 int64_t lm_mem_alloc_count(void);             /* calls that reached malloc (cache misses) */
 /* was the block at p (from lm_alloc(nbytes)) cold when handed out: more than half the last-level
