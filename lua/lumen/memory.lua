@@ -233,6 +233,9 @@ function M.empty_cache() settle(); C.lm_mem_empty_cache() end
 function M.soft_limit() return tonumber(C.lm_mem_soft_limit()) end
 function M.set_soft_limit(bytes) C.lm_mem_set_soft_limit(bytes_arg("set_soft_limit", bytes)) end
 function M.alloc_count() return tonumber(C.lm_mem_alloc_count()) end
+-- the coldness threshold (half the last-level cache, LUMEN_COLD_BYTES overrides): a result this
+-- large is written cold anyway, so it makes room for two more before a collection (alloc.c)
+function M.cold_bytes() return tonumber(C.lm_mem_cold_bytes()) end
 function M.traffic_limit() return tonumber(C.lm_mem_traffic_limit()) end
 -- true while the traffic limit adapts to the cost of a collection ("auto")
 function M.traffic_adaptive() return traffic_auto end
