@@ -146,6 +146,29 @@ describe("memory", function()
       assert.equal(live0, lm.memory.live_bytes())
    end)
 
+   it("the count trigger follows the Lua heap that survives a collection", function()
+      if os.getenv("LUMEN_COUNT_BASE") then return end
+      lm.memory.collect()
+      local heap = collectgarbage("count") * 1024
+      local base = lm.memory.count_base()
+      assert.is_true(base >= 2048 and base <= 65536, tostring(base))
+      local want = math.min(65536, math.max(2048, math.floor(heap / 160)))
+      assert.is_true(math.abs(base - want) <= want / 10, base .. " vs " .. want)
+      -- a bigger heap that survives: a longer interval
+      local keep = {} -- luacheck: ignore
+      for i = 1, 20000 do keep[i] = { i } end
+      lm.memory.collect()
+      assert.is_true(lm.memory.count_base() > base)
+      keep = nil -- luacheck: ignore
+      lm.memory.collect()
+      assert.is_true(math.abs(lm.memory.count_base() - base) <= base / 10)
+      -- and a loop of small operations still sweeps within the interval
+      local a = lm.ones({ 4 })
+      local cycles = lm.memory.cycles
+      for _ = 1, 3 * lm.memory.count_base() do local _ = a + a end
+      assert.is_true(lm.memory.cycles >= cycles + 2)
+   end)
+
    it("results above the coldness threshold get room for two more before a collection",
       function()
       -- a block that large is written cold however soon it is reused (alloc.c), so the soft
