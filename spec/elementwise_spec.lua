@@ -406,6 +406,27 @@ describe("streaming stores for cold outputs", function()
       end
    end)
 
+   it("a loop that frees its large result writes the reused block through the cache", function()
+      local T = require("lumen.tensor")
+      local x = lm.randn({ 4, 64, 40, 40 }):contiguous(lm.channels_last)     -- 1.6 MB
+      local want = (x + 1):relu()
+      local y = (x + 1):relu()
+      local c = T.cdata(y)
+      local p, n = c.storage.data, c.storage.nbytes
+      C.lm_mem_note_streamed(p, n)                  -- as if the first turn streamed it
+      y:free()
+      for _ = 1, 3 do
+         y = (x + 1):relu()
+         c = T.cdata(y)
+         assert.is_true(c.storage.data == p, "the freed block comes back")
+         assert.equal(0, C.lm_mem_is_cold(p, n))
+         assert.equal(0, C.lm_mem_was_streamed(p, n))
+         assert.is_true(lm.equal(want, y))
+         assert.is_true(y:is_contiguous(lm.channels_last))
+         y:free()
+      end
+   end)
+
    it("marks large blocks cold when fresh or streamed into, small blocks never", function()
       local big = 4 * 2 ^ 20
       local p = C.lm_alloc(big)
@@ -414,12 +435,24 @@ describe("streaming stores for cold outputs", function()
       C.lm_free(p, big)
       local q = C.lm_alloc(big)                           -- the same block, just used
       assert.equal(0, C.lm_mem_is_cold(q, big))
+      assert.equal(0, C.lm_mem_was_streamed(q, big))
       C.lm_mem_note_streamed(q, big)                      -- written past the caches
+      assert.equal(1, C.lm_mem_was_streamed(q, big))
       C.lm_free(q, big)
+      local other = 2 ^ 20                                -- another large block freed after it,
+      local o = C.lm_alloc(other)                         -- as a collection frees many
+      C.lm_free(o, other)
       q = C.lm_alloc(big)
       assert.equal(1, C.lm_mem_is_cold(q, big))
+      assert.equal(0, C.lm_mem_was_streamed(q, big))      -- the mark is per hand-out
       C.lm_free(q, big)
       q = C.lm_alloc(big)                                 -- once: then used normally
+      assert.equal(0, C.lm_mem_is_cold(q, big))
+      -- streamed, freed and handed out again at once, nothing between (a loop that frees its
+      -- result): ordinary stores this time, so that the loop then runs in the cache
+      C.lm_mem_note_streamed(q, big)
+      C.lm_free(q, big)
+      q = C.lm_alloc(big)
       assert.equal(0, C.lm_mem_is_cold(q, big))
       C.lm_free(q, big)
       local s = C.lm_alloc(1000)

@@ -61,6 +61,7 @@ typedef struct stamped {
    int32_t cold;
    int32_t streamed;               /* last written with streaming stores: not in any cache */
    int32_t cls;                    /* the block's own size class (it may serve a smaller one) */
+   int64_t freed_at;               /* the byte counter when it was last freed */
 } stamped;
 #define LM_STAMP_MIN ((size_t)256 << 10)
 #define LM_HEADER 64
@@ -72,13 +73,14 @@ static struct {
    int64_t handed, cold_bytes;     /* bytes handed out in all; the coldness threshold */
    int64_t soft_limit, base_limit;
    int64_t live_base, traffic_limit; /* live bytes after the last collection; growth limit */
+   const void *last_freed;         /* the header of the large block freed last */
    int64_t big_allow;              /* the live bytes that large results allow until the next
                                       collection (0: none since the last one) */
    int pressure;                   /* LM_PRESSURE_LIVE | LM_PRESSURE_TRAFFIC */
    block *meta_list[LM_META_CLASSES];
    int meta_count[LM_META_CLASSES];
 } A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, -1,
-       LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, 0, 0, {0}, {0}};
+       LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, NULL, 0, 0, {0}, {0}};
 
 enum { LM_PRESSURE_LIVE = 1, LM_PRESSURE_TRAFFIC = 2 };
 #define LM_TRAFFIC_MIN_BLOCK ((size_t)256 << 10)
@@ -191,7 +193,13 @@ void *lm_alloc(size_t nbytes) {
       account_alloc(rounded);
       if (head) {
          stamped *h = p;
-         h->cold = h->streamed || A.handed - h->stamp > cold_bytes();
+         /* a streamed block is in no cache, but one handed out again right after it was the
+            last large block freed (a loop that frees its result, t:free(), and makes the next)
+            is written with ordinary stores: one read of each line from DRAM now, and from the
+            next turn on the loop runs in the cache, as with a reference-counted runtime.
+            Streaming would keep it out of the caches for good. */
+         const int again = p == A.last_freed && A.handed == h->freed_at;
+         h->cold = (h->streamed && !again) || A.handed - h->stamp > cold_bytes();
          h->streamed = 0;
          h->stamp = A.handed += (int64_t)rounded;
       } else {
@@ -233,6 +241,14 @@ int lm_mem_is_cold(const void *p, size_t nbytes) {
    return h->cold;
 }
 
+int lm_mem_was_streamed(const void *p, size_t nbytes) {
+   if (!p) return 0;
+   size_t rounded = nbytes;
+   if (nbytes <= LM_BIG_BLOCK) size_class(nbytes ? nbytes : 1, &rounded);
+   if (rounded < LM_STAMP_MIN) return 0;
+   return ((const stamped *)(const void *)((const char *)p - LM_HEADER))->streamed;
+}
+
 void lm_mem_note_streamed(void *p, size_t nbytes) {
    if (!p) return;
    size_t rounded = nbytes;
@@ -262,6 +278,10 @@ void lm_free(void *p, size_t nbytes) {
    int keep = 0;
    pthread_mutex_lock(&A.mu);
    A.live -= counted;
+   if (rounded >= LM_STAMP_MIN) {
+      ((stamped *)p)->freed_at = A.handed;
+      A.last_freed = p;
+   }
    if (cls >= 0 && A.cached + (int64_t)rounded <= LM_CACHE_MAX) {
       block *b = p;
       block **at = &A.free_list[cls];

@@ -113,6 +113,9 @@ int lm_mem_is_cold(const void *p, size_t nbytes);
 /* the block at p (from lm_alloc(nbytes)) was just written with streaming stores: its lines are in
    no cache, so it counts as cold when next handed out, however recently it was used */
 void lm_mem_note_streamed(void *p, size_t nbytes);
+/* was the block at p (from lm_alloc(nbytes)) last written with streaming stores (noted with
+   lm_mem_note_streamed since it was handed out)? (0 for small blocks) */
+int lm_mem_was_streamed(const void *p, size_t nbytes);
 
 /* ---- storage and tensor lifetime (src/tensor.c) ---- */
 lm_storage *lm_storage_new(int64_t nbytes, int device);
