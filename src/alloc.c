@@ -136,7 +136,8 @@ static void account_alloc(size_t rounded) {
    } else if (rounded >= LM_STAMP_MIN) {
       /* half a result more: the kernels' scratch (packed weights) must not tip the count */
       int64_t allow = A.live_base + LM_BIG_INFLIGHT * (int64_t)rounded + (int64_t)rounded / 2;
-      if (allow > 2 * A.soft_limit) allow = 2 * A.soft_limit; /* a small limit set on purpose */
+      const int64_t cap = A.soft_limit > INT64_MAX / 2 ? INT64_MAX : 2 * A.soft_limit;
+      if (allow > cap) allow = cap; /* a small limit set on purpose collects often */
       if (allow > A.big_allow) A.big_allow = allow;
    }
    if (A.live > (A.soft_limit > A.big_allow ? A.soft_limit : A.big_allow))
