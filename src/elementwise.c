@@ -94,10 +94,27 @@ typedef struct ew_ctx {
    int stream; /* write the (fresh, dense, cold) output with streaming stores */
 } ew_ctx;
 
-/* n bytes from an L1-resident buffer to dst with non-temporal stores where dst is 16-byte
- * aligned (ordinary stores for the unaligned head and the tail) */
+/* n bytes from an L1-resident buffer to dst with non-temporal stores: whole 64-byte lines with
+ * AVX-512 where the CPU has it and dst is line-aligned (every chunk of a fresh block is), else
+ * 16-byte stores where dst is 16-byte aligned; ordinary stores for an unaligned head and the
+ * tail. Measured, -x on 8x64x56x56 into cold blocks, one thread: 0.185-0.206 -> 0.165-0.188 ms
+ * (the raw memory floor here: 0.175-0.21 ms). */
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static void stream_bytes512(char *dst, const char *src,
+                                                                 int64_t n) {
+   int64_t i = 0;
+   for (; i + 64 <= n; i += 64)
+      _mm512_stream_si512((void *)(dst + i), _mm512_loadu_si512((const void *)(src + i)));
+   memcpy(dst + i, src + i, (size_t)(n - i));
+}
+#endif
+
 static void stream_bytes(char *dst, const char *src, int64_t n) {
 #if defined(__x86_64__)
+   if (((uintptr_t)dst & 63) == 0 && __builtin_cpu_supports("avx512f")) {
+      stream_bytes512(dst, src, n);
+      return;
+   }
    int64_t head = (int64_t)((16 - ((uintptr_t)dst & 15)) & 15);
    if (head > n) head = n;
    memcpy(dst, src, (size_t)head);
