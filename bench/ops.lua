@@ -62,6 +62,12 @@ for _, fmt in ipairs({ "nchw", "nhwc" }) do
       row("batch_norm_train_fwd", fmt, function() return bn(x) end)
    end
    row("add_relu", fmt, function() return (x + x):relu() end, 3 * nbytes)
+   -- lumen only: the same with the result freed at once (t:free()), as the peer's reference
+   -- counting does for a dropped result; compare it with the peer's add_relu row
+   row("add_relu_freed", fmt, function()
+      local y = (x + x):relu()
+      y:free()
+   end, 3 * nbytes)
    -- a lone large x + x is deferred (tensor.lua) and, dropped unused, never computed: force it,
    -- so these rows time the operation itself (add_relu above runs as one fused pass)
    row("add", fmt, function() return force(x + x) end, 3 * nbytes)
