@@ -146,6 +146,30 @@ describe("memory", function()
       assert.equal(live0, lm.memory.live_bytes())
    end)
 
+   it("the slot tables shrink back after a peak of live tensors, keeping the survivors", function()
+      full_collect()
+      local live0, owned0 = lm.memory.live_bytes(), lm.memory.owned_count()
+      local many, kept = {}, {}
+      for i = 1, 30000 do
+         many[i] = lm.full({ 3 }, i)
+         if i % 1000 == 0 then kept[#kept + 1] = many[i] end
+      end
+      assert.is_true(lm.memory.slot_capacity() >= 30000)
+      many = nil -- luacheck: ignore
+      full_collect()
+      lm.memory.collect()
+      assert.is_true(lm.memory.slot_capacity() <= 8192, tostring(lm.memory.slot_capacity()))
+      assert.equal(owned0 + #kept, lm.memory.owned_count())
+      for j, t in ipairs(kept) do                   -- the survivors are intact and still owned
+         assert.equal(3 * j * 1000, t:sum():item())
+      end
+      for _ = 1, 100 do local _ = lm.ones({ 2 }) end -- slots are handed out again
+      kept = nil -- luacheck: ignore
+      full_collect()
+      assert.equal(owned0, lm.memory.owned_count())
+      assert.equal(live0, lm.memory.live_bytes())
+   end)
+
    it("the count trigger follows the Lua heap that survives a collection", function()
       if os.getenv("LUMEN_COUNT_BASE") then return end
       lm.memory.collect()
