@@ -160,6 +160,14 @@ describe("memory", function()
       lm.memory.collect()
       assert.is_true(lm.memory.slot_capacity() <= 8192, tostring(lm.memory.slot_capacity()))
       assert.equal(owned0 + #kept, lm.memory.owned_count())
+      -- more collections and sweeps: a survivor the rebuild lost track of would be freed now
+      local live1 = lm.memory.live_bytes()
+      for _ = 1, 3 do
+         full_collect()
+         lm.memory.collect()
+      end
+      assert.equal(owned0 + #kept, lm.memory.owned_count())
+      assert.equal(live1, lm.memory.live_bytes())
       for j, t in ipairs(kept) do                   -- the survivors are intact and still owned
          assert.equal(3 * j * 1000, t:sum():item())
       end
@@ -182,7 +190,9 @@ describe("memory", function()
       local keep = {} -- luacheck: ignore
       for i = 1, 20000 do keep[i] = { i } end
       lm.memory.collect()
-      assert.is_true(lm.memory.count_base() > base)
+      if base < 65536 then                  -- all specs in one process: the heap is at the cap
+         assert.is_true(lm.memory.count_base() > base)
+      end
       keep = nil -- luacheck: ignore
       lm.memory.collect()
       assert.is_true(math.abs(lm.memory.count_base() - base) <= base / 10)
@@ -197,8 +207,8 @@ describe("memory", function()
       function()
       -- a block that large is written cold however soon it is reused (alloc.c), so the soft
       -- limit makes room for two more of them past the live bytes of the last collection; the
-      -- room ends at a collection, at a large request below the threshold, and is at most
-      -- twice the soft limit
+      -- room ends at a collection, at a large request below the threshold that needs fresh
+      -- memory, and is at most twice the soft limit
       local C = require("lumen.C")
       full_collect()
       local live0 = lm.memory.live_bytes()
@@ -206,41 +216,68 @@ describe("memory", function()
       local r = lm.memory.cold_bytes()
       assert.equal(tonumber(C.lm_mem_cold_bytes()), r)
       assert.is_true(r >= 256 * 1024)
-      local function reset(limit)
-         lm.memory.set_soft_limit(limit)
-         C.lm_mem_collected()                  -- live base = live0, flag down, room gone
+      -- a collection now, then a soft limit 1.5 results past the live bytes
+      local function reset()
+         C.lm_mem_collected()                  -- live base = live bytes now, room gone
+         lm.memory.set_soft_limit(lm.memory.live_bytes() + math.floor(1.5 * r))
          assert.equal(0, C.lm_mem_pressure())
       end
       local ok, err = pcall(function()
-         -- plain limit: 1.5 results past the live bytes
-         local S = live0 + r + r / 2
-         reset(S)
+         reset()                                -- L = live0, S = L + 1.5 r
          local a = C.lm_alloc(r)
          assert.equal(0, C.lm_mem_pressure())
-         local b = C.lm_alloc(r)                -- past S, inside the room (live0 + 2.5 r)
+         local b = C.lm_alloc(r)                -- L + 2 r: past S, inside the room (L + 2.5 r)
          assert.equal(0, C.lm_mem_pressure(), "second result inside the room")
-         local c = C.lm_alloc(r)                -- past the room
+         local c = C.lm_alloc(r)                -- L + 3 r: past the room
          assert.are_not.equal(0, C.lm_mem_pressure())
          C.lm_free(c, r)
          C.lm_free(b, r)
-         -- after a collection the room starts again from the live bytes then
-         reset(S)
+         -- a collection ends the room: one left from a higher live level must not carry over
+         local e = C.lm_alloc(r)
+         reset()                                -- L = live0 + 2 r
+         b = C.lm_alloc(r)                      -- room up to live0 + 4.5 r
+         C.lm_free(b, r)
+         C.lm_free(e, r)
+         reset()                                -- L = live0 + r, room up to live0 + 3.5 r
          b = C.lm_alloc(r)
+         c = C.lm_alloc(r)                      -- live0 + 3 r
          assert.equal(0, C.lm_mem_pressure())
-         -- a large request below the threshold ends the room: the plain limit again
+         local d = C.lm_alloc(r)                -- live0 + 4 r
+         assert.are_not.equal(0, C.lm_mem_pressure(), "a collection ends the room")
+         C.lm_free(d, r)
+         C.lm_free(c, r)
+         -- a large request below the threshold that the cache serves (a kernel's workspace)
+         -- keeps the room; one that needs fresh memory ends it: the plain limit again
          local m = 256 * 1024
-         local d = C.lm_alloc(m)
-         assert.are_not.equal(0, C.lm_mem_pressure(), "a smaller large request ends the room")
-         C.lm_free(d, m)
+         local w = C.lm_alloc(m)
+         C.lm_free(w, m)                        -- now cached
+         reset()                                -- L = live0 + 2 r (a, b), S = L + 1.5 r
+         c = C.lm_alloc(r)
+         d = C.lm_alloc(r)                      -- L + 2 r: past S, inside the room
+         assert.equal(0, C.lm_mem_pressure())
+         w = C.lm_alloc(m)
+         assert.equal(0, C.lm_mem_pressure(), "a cached workspace keeps the room")
+         C.lm_free(w, m)
+         lm.memory.empty_cache()
+         w = C.lm_alloc(m)
+         assert.are_not.equal(0, C.lm_mem_pressure(), "a fresh smaller large block ends it")
+         C.lm_free(w, m)
+         C.lm_free(d, r)
+         C.lm_free(c, r)
          C.lm_free(b, r)
          C.lm_free(a, r)
-         -- a soft limit set small on purpose: at most twice that limit
-         reset(math.floor(r / 4))
-         a = C.lm_alloc(r)
-         assert.are_not.equal(0, C.lm_mem_pressure(), "room capped at twice the soft limit")
-         C.lm_free(a, r)
+         -- a soft limit set small on purpose: the room is at most twice that limit
+         if live0 < r / 4 then
+            C.lm_mem_collected()
+            lm.memory.set_soft_limit(math.floor(r / 4))
+            assert.equal(0, C.lm_mem_pressure())
+            a = C.lm_alloc(r)
+            assert.are_not.equal(0, C.lm_mem_pressure(), "room capped at twice the soft limit")
+            C.lm_free(a, r)
+         end
          -- and the largest limit the API takes: the cap must not overflow (UBSan checks)
-         reset(2 ^ 62)
+         C.lm_mem_collected()
+         lm.memory.set_soft_limit(2 ^ 62)
          a = C.lm_alloc(r)
          assert.equal(0, C.lm_mem_pressure())
          C.lm_free(a, r)

@@ -121,18 +121,19 @@ static int64_t cold_bytes(void);
  * LM_BIG_INFLIGHT of them beyond what was live after the last collection: a loop that drops a
  * 25.7 MB convolution output each time collects every third time instead of every other.
  * The room is at most twice the soft limit (a limit set small on purpose still collects often),
- * and it ends at the next collection or at the first large request below the threshold, whose
- * block can still be reused hot (a loop of 6.4 MB results after the convolutions must not run on
- * fresh pages up to the room the convolutions left).
+ * and it ends at the next collection or at the first large request below the threshold that the
+ * cache cannot serve: a loop of 6.4 MB results after the convolutions must not run on fresh
+ * pages up to the room the convolutions left, while a kernel's workspace, which comes back from
+ * the cache on every call (the GEMM's packed panels in an NCHW 1x1 convolution), leaves it be.
  * Measured (bench/ops.lua conv1x1, NHWC): see docs/memory.md. */
 enum { LM_BIG_INFLIGHT = 2 };
 
-/* counters for a block handed out; called with the mutex held */
-static void account_alloc(size_t rounded) {
+/* counters for a block handed out (fresh: from the system); called with the mutex held */
+static void account_alloc(size_t rounded, int fresh) {
    A.live += (int64_t)rounded;
    if (A.live > A.peak) A.peak = A.live;
    if (rounded >= LM_STAMP_MIN && (int64_t)rounded < cold_bytes()) {
-      A.big_allow = 0; /* a large result that can still be hot: the plain limit again */
+      if (fresh) A.big_allow = 0; /* smaller results outgrow the cache: the plain limit again */
    } else if (rounded >= LM_STAMP_MIN) {
       /* half a result more: the kernels' scratch (packed weights) must not tip the count */
       int64_t allow = A.live_base + LM_BIG_INFLIGHT * (int64_t)rounded + (int64_t)rounded / 2;
@@ -191,7 +192,7 @@ void *lm_alloc(size_t nbytes) {
       /* live bytes count the requested class; the cache counts whole blocks */
       A.cached -= (int64_t)(from == cls ? rounded : class_size(from));
       p = b;
-      account_alloc(rounded);
+      account_alloc(rounded, 0);
       if (head) {
          stamped *h = p;
          /* a streamed block is in no cache, but one handed out again right after it was the
@@ -219,7 +220,7 @@ void *lm_alloc(size_t nbytes) {
       }
       pthread_mutex_lock(&A.mu);
       A.nmalloc++;
-      account_alloc(rounded);
+      account_alloc(rounded, 1);
       A.handed += (int64_t)rounded;
       if (head) {
          stamped *h = p;

@@ -115,8 +115,11 @@ local function sweep()
       while ncap < (nslots - nfree) * 2 do ncap = ncap * 2 end
       local ns = setmetatable(tnew(ncap, 0), WEAK_V)
       local na = ffi.new("lm_tensor*[?]", ncap + 1)
+      -- those two allocations may have run finalizers that made tensors (own() then used the
+      -- old tables): copy only if every slot in use still fits
+      local fits = nslots - nfree <= ncap
       local j = 0
-      for i = 1, nslots do
+      for i = 1, fits and nslots or 0 do
          local a = addrs[i]
          if a ~= nil then
             j = j + 1
@@ -124,8 +127,10 @@ local function sweep()
             ns[j] = slots[i]   -- nil if it died meanwhile: the next sweep frees its address
          end
       end
-      slots, addrs, cap, nslots = ns, na, ncap, j
-      free_slots, nfree = {}, 0
+      if fits then
+         slots, addrs, cap, nslots = ns, na, ncap, j
+         free_slots, nfree = {}, 0
+      end
    end
    sweeping = false
    M.cycles = M.cycles + 1
@@ -220,12 +225,12 @@ function M.collect()
    collecting = true
    local t0 = clock()
    collectgarbage()
-   local dt = clock() - t0
    if not count_fixed then
       local n = math.floor(collectgarbage("count") * 1024 / COUNT_HEAP_BYTES)
       count_base = n < COUNT_MIN and COUNT_MIN or (n > COUNT_MAX and COUNT_MAX or n)
    end
    sweep()
+   local dt = clock() - t0
    collecting = false
    C.lm_mem_collected()
    if traffic_auto then
