@@ -296,7 +296,7 @@ describe("memory", function()
       lm.memory.set_traffic_limit(4 * 2 ^ 20)
       assert.equal(4 * 2 ^ 20, lm.memory.traffic_limit())
       -- with a 4 MiB growth limit, a loop of 6 MB temporaries collects as it goes: its peak is
-      -- well under the one the 64 MiB soft limit alone allows
+      -- well under the one the 96 MiB soft limit alone allows
       local function loop_peak(limit)
          lm.memory.set_traffic_limit(limit)
          full_collect()
