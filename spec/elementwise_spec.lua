@@ -406,6 +406,21 @@ describe("streaming stores for cold outputs", function()
       end
    end)
 
+   it("gives the same values with 16-byte streaming stores (ISA forced below AVX-512)", function()
+      lm.manual_seed(4)
+      C.lm_gemm_set_isa(2)
+      local ok, err = pcall(function()
+         for _, fmt in ipairs({ lm.contiguous_format, lm.channels_last }) do
+            local x = lm.randn({ 3, 17, 101, 53 }):contiguous(fmt)
+            local w = tostring(fmt)
+            same(function() return x + 1 end, "add, avx2 " .. w)
+            same(function() return x:half() * 2 end, "float16, avx2 " .. w)
+         end
+      end)
+      C.lm_gemm_set_isa(0)                         -- back to auto
+      assert(ok, err)
+   end)
+
    it("a loop that frees its large result writes the reused block through the cache", function()
       local T = require("lumen.tensor")
       local x = lm.randn({ 4, 64, 40, 40 }):contiguous(lm.channels_last)     -- 1.6 MB

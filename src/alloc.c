@@ -234,29 +234,28 @@ void *lm_alloc(size_t nbytes) {
    return (char *)p + head;
 }
 
-int lm_mem_is_cold(const void *p, size_t nbytes) {
-   if (!p) return 0;
+/* the header of the large block at p (from lm_alloc(nbytes)), or NULL for a small one */
+static stamped *header_of(const void *p, size_t nbytes) {
+   if (!p) return NULL;
    size_t rounded = nbytes;
    if (nbytes <= LM_BIG_BLOCK) size_class(nbytes ? nbytes : 1, &rounded);
-   if (rounded < LM_STAMP_MIN) return 0;
-   const stamped *h = (const stamped *)(const void *)((const char *)p - LM_HEADER);
-   return h->cold;
+   if (rounded < LM_STAMP_MIN) return NULL;
+   return (stamped *)(void *)((char *)(uintptr_t)p - LM_HEADER);
+}
+
+int lm_mem_is_cold(const void *p, size_t nbytes) {
+   const stamped *h = header_of(p, nbytes);
+   return h ? h->cold : 0;
 }
 
 int lm_mem_was_streamed(const void *p, size_t nbytes) {
-   if (!p) return 0;
-   size_t rounded = nbytes;
-   if (nbytes <= LM_BIG_BLOCK) size_class(nbytes ? nbytes : 1, &rounded);
-   if (rounded < LM_STAMP_MIN) return 0;
-   return ((const stamped *)(const void *)((const char *)p - LM_HEADER))->streamed;
+   const stamped *h = header_of(p, nbytes);
+   return h ? h->streamed : 0;
 }
 
 void lm_mem_note_streamed(void *p, size_t nbytes) {
-   if (!p) return;
-   size_t rounded = nbytes;
-   if (nbytes <= LM_BIG_BLOCK) size_class(nbytes ? nbytes : 1, &rounded);
-   if (rounded < LM_STAMP_MIN) return;
-   ((stamped *)(void *)((char *)p - LM_HEADER))->streamed = 1;
+   stamped *h = header_of(p, nbytes);
+   if (h) h->streamed = 1;
 }
 
 void lm_free(void *p, size_t nbytes) {
@@ -351,7 +350,6 @@ void lm_meta_free(void *p, size_t nbytes) {
 int64_t lm_mem_live_bytes(void) { LOCKED_GET(A.live); }
 int64_t lm_mem_peak_bytes(void) { LOCKED_GET(A.peak); }
 int64_t lm_mem_cached_bytes(void) { LOCKED_GET(A.cached); }
-
 int64_t lm_mem_cold_bytes(void) { LOCKED_GET(cold_bytes()); }
 int64_t lm_mem_soft_limit(void) { LOCKED_GET(A.soft_limit); }
 int64_t lm_mem_alloc_count(void) { LOCKED_GET(A.nmalloc); }

@@ -92,10 +92,12 @@ typedef struct ew_ctx {
    const ew_plan *pl;
    int dt[4];  /* operand dtypes: out, inputs */
    int stream; /* write the (fresh, dense, cold) output with streaming stores */
+   int wide;   /* ... of whole 64-byte lines: the AVX-512 path is in use (lm_gemm_isa) */
 } ew_ctx;
 
 /* n bytes from an L1-resident buffer to dst with non-temporal stores: whole 64-byte lines with
- * AVX-512 where the CPU has it and dst is line-aligned (every chunk of a fresh block is), else
+ * AVX-512 (wide: the ISA lumen uses, as for the kernels, so a forced lower ISA is honoured) where
+ * dst is line-aligned (every chunk of a fresh block is), else
  * 16-byte stores where dst is 16-byte aligned; ordinary stores for an unaligned head and the
  * tail. Measured, -x on 8x64x56x56 into cold blocks, one thread: 0.185-0.206 -> 0.165-0.188 ms
  * (the raw memory floor here: 0.175-0.21 ms). */
@@ -109,9 +111,9 @@ __attribute__((target("avx512f"))) static void stream_bytes512(char *dst, const 
 }
 #endif
 
-static void stream_bytes(char *dst, const char *src, int64_t n) {
+static void stream_bytes(char *dst, const char *src, int64_t n, int wide) {
 #if defined(__x86_64__)
-   if (((uintptr_t)dst & 63) == 0 && __builtin_cpu_supports("avx512f")) {
+   if (wide && ((uintptr_t)dst & 63) == 0) {
       stream_bytes512(dst, src, n);
       return;
    }
@@ -124,6 +126,7 @@ static void stream_bytes(char *dst, const char *src, int64_t n) {
                        _mm_loadu_si128((const __m128i *)(const void *)(src + i)));
    memcpy(dst + i, src + i, (size_t)(n - i));
 #else
+   (void)wide;
    memcpy(dst, src, (size_t)n);
 #endif
 }
@@ -221,7 +224,7 @@ static void ew_loop(void *ctx_, char **data, const int64_t *st, int64_t n) {
          char *o = cx->stream ? obuf : dst;
          fn(o, q[0], q[1], q[2], m, &pl->p);
          if (pl->epi) pl->epi(o, o, NULL, NULL, m, &pl->ep);
-         if (cx->stream) stream_bytes(dst, obuf, m * oes);
+         if (cx->stream) stream_bytes(dst, obuf, m * oes, cx->wide);
       }
       if (!cx->stream) return;
 #if defined(__x86_64__)
@@ -383,6 +386,7 @@ static lm_status ew_exec_v(ew_plan *pl, int res_dt, lm_operand *ins, lm_tensor *
       ew_ctx cx;
       cx.pl = pl;
       cx.stream = created != NULL && want_stream(o);
+      cx.wide = cx.stream && lm_gemm_isa() >= 3;
       for (int k = 0; k <= nin; k++) cx.dt[k] = ops[k].dtype;
       pl->p.err = &err;
       if (status == LM_OK)
