@@ -40,7 +40,15 @@ local function builder(lm)
       if downsample then self.downsample = downsample end
       self.stride = stride or 1
    end
+   -- after nn.fold_batch_norm: each convolution carries its batch norm in its weights, and the
+   -- ReLU and the residual add run in the convolutions' epilogues
    function BasicBlock:forward(x)
+      if self.folded then
+         local out = self.conv1:forward(x, { relu = true })
+         local identity = x
+         if self.downsample then identity = self.downsample(x) end
+         return self.conv2:forward(out, { residual = identity, relu = true })
+      end
       local out = self.relu(self.bn1(self.conv1(x)))
       out = self.bn2(self.conv2(out))
       local identity = x
@@ -64,12 +72,40 @@ local function builder(lm)
       self.stride = stride or 1
    end
    function Bottleneck:forward(x)
+      if self.folded then
+         local out = self.conv1:forward(x, { relu = true })
+         out = self.conv2:forward(out, { relu = true })
+         local identity = x
+         if self.downsample then identity = self.downsample(x) end
+         return self.conv3:forward(out, { residual = identity, relu = true })
+      end
       local out = self.relu(self.bn1(self.conv1(x)))
       out = self.relu(self.bn2(self.conv2(out)))
       out = self.bn3(self.conv3(out))
       local identity = x
       if self.downsample then identity = self.downsample(x) end
       return self.relu(out + identity)
+   end
+
+   -- nn.fold_batch_norm: fold the block's (conv, bn) pairs, all or none (a batch norm without
+   -- running statistics cannot be folded), and its downsample (a Sequential) on its own
+   local function fold_block(self, names)
+      local n = self.downsample and self.downsample:fold_batch_norm() or 0
+      local pairs_list = {}
+      for _, nm in ipairs(names) do pairs_list[#pairs_list + 1] = { self[nm[1]], self[nm[2]] } end
+      if self.folded or not nn.utils.can_fold_all(pairs_list) then return n end
+      for _, nm in ipairs(names) do
+         nn.utils.fold_pair_(self[nm[1]], self[nm[2]])
+         self:add_module(nm[2], nn.Identity():eval())
+      end
+      self.folded = true
+      return n + #names
+   end
+   function BasicBlock:fold_batch_norm()
+      return fold_block(self, { { "conv1", "bn1" }, { "conv2", "bn2" } })
+   end
+   function Bottleneck:fold_batch_norm()
+      return fold_block(self, { { "conv1", "bn1" }, { "conv2", "bn2" }, { "conv3", "bn3" } })
    end
 
    local ResNet = nn.Module:extend("ResNet")
@@ -120,8 +156,21 @@ local function builder(lm)
       end
       return nn.Sequential(list)
    end
+   function ResNet:fold_batch_norm()
+      local n = 0
+      if not self.folded and nn.utils.fold_pair_(self.conv1, self.bn1) then
+         self:add_module("bn1", nn.Identity():eval())
+         self.folded = true
+         n = 1
+      end
+      return n + nn.Module.fold_batch_norm(self)      -- the layers' blocks, and the rest
+   end
    function ResNet:forward(x)
-      x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+      if self.folded then
+         x = self.maxpool(self.conv1:forward(x, { relu = true }))
+      else
+         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+      end
       x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
       x = self.avgpool(x)
       x = lm.F.flatten(x, 2)

@@ -46,8 +46,22 @@ function M.install(lm, models)
             end
          end
       end
+      -- nn.fold_batch_norm: the stem's batch norm into its convolution, then the blocks
+      function Small:fold_batch_norm()
+         local n = 0
+         if not self.folded and nn.utils.fold_pair_(self.conv1, self.bn1) then
+            self:add_module("bn1", nn.Identity():eval())
+            self.folded = true
+            n = 1
+         end
+         return n + nn.Module.fold_batch_norm(self)
+      end
       function Small:forward(x)
-         x = self.relu(self.bn1(self.conv1(x)))
+         if self.folded then
+            x = self.conv1:forward(x, { relu = true })
+         else
+            x = self.relu(self.bn1(self.conv1(x)))
+         end
          x = self.layer3(self.layer2(self.layer1(x)))
          x = lm.F.flatten(self.avgpool(x), 2)
          return self.fc(x)

@@ -136,7 +136,11 @@ local function suggest(c) return C.lm_suggest_memory_format(c, 0) end
 -- convolution
 ---------------------------------------------------------------------------------------------
 
--- conv2d(x, w, b, {stride=, padding=, dilation=, groups=}); padding may be "valid" or "same"
+-- conv2d(x, w, b, {stride=, padding=, dilation=, groups=, residual=, relu=}); padding may be
+-- "valid" or "same". The epilogue relu(conv + b + residual) (residual: a tensor of the output's
+-- shape and dtype, any strides; relu: boolean) runs inside the kernel, as the results are
+-- stored, when no gradient is wanted (inference, a folded model); when one is, it runs as the
+-- separate ops, which autograd differentiates.
 function F.conv2d(x, w, b, opts)
    local fname = "conv2d"
    local xc = tensor_arg(fname, x, "input")
@@ -206,11 +210,30 @@ function F.conv2d(x, w, b, opts)
           "padded input size (%d x %d)"):format(kh, kw, eh, ew, H + 2 * padding[1],
           W + 2 * padding[2]))
    end
+   local relu = bool_opt(fname, opts.relu, "relu", false)
+   local residual = opts.residual
+   local resc = opt_tensor(fname, residual, "residual")
+   if relu or resc ~= nil then
+      local rec = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b) or
+                                           (resc ~= nil and needs(residual)))
+      if rec or (resc ~= nil and (resc.dtype ~= xc.dtype or resc.device ~= xc.device)) then
+         -- the separate ops, which autograd differentiates (and which promote types and
+         -- broadcast as Tensor.add does): relu(conv2d(x, w, b) + residual)
+         local rest = {}
+         for k, v in pairs(opts) do rest[k] = v end
+         rest.residual, rest.relu = nil, nil
+         local y = F.conv2d(x, w, b, rest)
+         if residual ~= nil then y = Tensor.add(y, residual) end
+         if relu then y = Tensor.relu(y) end
+         return y
+      end
+   end
    local fmt = C.lm_conv_memory_format(xc, wc)
    outp[0] = nil
    check(C.lm_conv2d(xc, wc, bc, fill2(sbuf, stride), fill2(pbuf, padding),
-                     fill2(dbuf, dilation), groups, fmt, 0, nil, outp), fname)
+                     fill2(dbuf, dilation), groups, fmt, relu and 1 or 0, resc, outp), fname)
    local out = wrap(outp[0])
+   if relu or resc ~= nil then return out end     -- no gradient wanted (checked above)
    if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
       local need_x, need_w, need_b = needs(x), needs(w), needs(b)
       record(out, "ConvolutionBackward", function(g)

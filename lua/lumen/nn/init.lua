@@ -1,5 +1,6 @@
--- lumen.nn -- lm.nn: the Module base class, the standard layers, lm.nn.functional (lm.F) and
--- lm.nn.init (weight initialisers).
+-- lumen.nn -- lm.nn: the Module base class, the standard layers, lm.nn.functional (lm.F),
+-- lm.nn.init (weight initialisers), and batch-norm folding for inference (lm.nn.fold_batch_norm,
+-- lm.nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights).
 --
 --    local nn = lm.nn
 --    local net = nn.Sequential(nn.Conv2d(3, 16, 3, {padding = 1}), nn.BatchNorm2d(16),
@@ -22,5 +23,16 @@ nn.init = require("lumen.nn.weight_init")
 for k, v in pairs(layers) do
    if k:sub(1, 1) ~= "_" then nn[k] = v end
 end
+
+-- batch-norm folding for inference (lumen.nn.fold): nn.fold_batch_norm(model) and PyTorch's
+-- nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights
+local fold = require("lumen.nn.fold")
+nn.fold_batch_norm = fold.fold_batch_norm
+nn.utils = {
+   fuse_conv_bn_eval = fold.fuse_conv_bn_eval,
+   fuse_conv_bn_weights = fold.fuse_conv_bn_weights,
+   fold_pair_ = fold.fold_pair_,
+   can_fold_all = fold.can_fold_all,
+}
 
 return nn

@@ -120,9 +120,17 @@ function Conv2d:reset_parameters()
    end
 end
 
-function Conv2d:forward(x)
+-- forward(x [, {residual = t, relu = true}]): the optional second argument fuses
+-- relu(conv(x) + residual) into the convolution's epilogue (F.conv2d's residual / relu options),
+-- as the ResNet blocks of a model folded by nn.fold_batch_norm do
+function Conv2d:forward(x, fuse)
+   if fuse ~= nil and not plain_table(fuse) then
+      fail("Conv2d", "the second argument must be a table {residual =, relu =}, got " ..
+           T.typename(fuse))
+   end
    return F.conv2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
-                   dilation = self.dilation, groups = self.groups })
+                   dilation = self.dilation, groups = self.groups,
+                   residual = fuse and fuse.residual, relu = fuse and fuse.relu })
 end
 
 function Conv2d:extra_repr()

@@ -1,0 +1,220 @@
+-- lumen.nn.fold -- batch-norm folding for inference: a BatchNorm2d in evaluation mode that follows
+-- a Conv2d is a per-channel affine map, y = (conv(x) - mean) / sqrt(var + eps) * gamma + beta,
+-- so it can be folded into the convolution's weight and bias:
+--    scale = gamma / sqrt(var + eps)
+--    w'    = w * scale            (per output channel; w keeps its memory format)
+--    b'    = (b - mean) * scale + beta
+-- The folded model computes the same function (to rounding) with one pass over each activation
+-- fewer. lm.models' ResNet blocks then also run their ReLU and residual add in the convolution's
+-- epilogue (Conv2d:forward(x, {residual =, relu =})), so a Bottleneck is three kernels.
+--
+--    lm.nn.utils.fuse_conv_bn_weights(w, b, mean, var, eps, gamma, beta) -> w', b'
+--    lm.nn.utils.fuse_conv_bn_eval(conv, bn) -> a new Conv2d (conv and bn are left alone)
+--    lm.nn.fold_batch_norm(model) -> model, n   folds every Conv2d -> BatchNorm2d pair in place
+--
+-- fold_batch_norm walks the module tree: Sequential containers fold adjacent (Conv2d,
+-- BatchNorm2d) children and put an Identity where the batch norm was; a module class that knows
+-- its own data flow (lm.models' BasicBlock, Bottleneck, ResNet) defines fold_batch_norm(self)
+-- itself; any other module folds inside its children. A batch norm is folded only in evaluation
+-- mode and with running statistics (one without them normalizes with the batch's own, which no
+-- weight can express): the model must be in evaluation mode (model:eval()), else the call
+-- raises before changing anything. Folding is one-way and meant for inference: the batch norms'
+-- parameters and buffers leave the model (and its state_dict), the convolutions gain a bias.
+local Module = require("lumen.nn.module")
+local layers = require("lumen.nn.layers")
+local T = require("lumen.tensor")
+local A = require("lumen.autograd")
+local Tensor = T.Tensor
+
+local M = {}
+
+-- raise "lumen.<fname>: <msg>" blaming the caller of the public function (level: of that
+-- caller, counted from fail; 3 when fail is called by the public function itself)
+local function fail(fname, msg, level) error("lumen." .. fname .. ": " .. msg, level or 3) end
+
+local function is_a(m, cls)
+   return Module.is_module(m) and (getmetatable(m) == cls or m:type_name() == cls.__name)
+end
+
+local function sizes_string(t) return "(" .. table.concat(Tensor.size(t), ", ") .. ")" end
+local function requires_grad(t) return rawget(t, "requires_grad") == true end
+
+local function tensor_or_nil(fname, v, what, allow_nil)
+   if v == nil then
+      if allow_nil then return nil end
+      fail(fname, what .. ": tensor expected, got nil", 4)
+   end
+   if not T.is_tensor(v) then
+      fail(fname, what .. ": tensor expected, got " .. T.typename(v), 4)
+   end
+   return v
+end
+
+-- fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b) -> w', b' (PyTorch's
+-- torch.nn.utils.fuse_conv_bn_weights). conv_b, bn_w and bn_b may be nil (no bias: 0; no affine:
+-- gamma 1, beta 0). The results are new tensors in conv_w's dtype; w' has conv_w's strides
+-- (channels-last stays channels-last), and requires grad as conv_w does.
+function M.fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b)
+   local fname = "fuse_conv_bn_weights"
+   tensor_or_nil(fname, conv_w, "conv_w")
+   tensor_or_nil(fname, conv_b, "conv_b", true)
+   tensor_or_nil(fname, bn_rm, "bn_rm")
+   tensor_or_nil(fname, bn_rv, "bn_rv")
+   tensor_or_nil(fname, bn_w, "bn_w", true)
+   tensor_or_nil(fname, bn_b, "bn_b", true)
+   if type(bn_eps) ~= "number" or bn_eps < 0 then
+      fail(fname, "bn_eps must be a non-negative number, got " .. tostring(bn_eps))
+   end
+   if Tensor.dim(conv_w) < 1 then fail(fname, "conv_w must have an output-channel dimension") end
+   local O = Tensor.size(conv_w, 1)
+   local dt = Tensor.dtype(conv_w)
+   if not Tensor.is_floating_point(conv_w) then
+      fail(fname, "conv_w must be a floating-point tensor, got " .. tostring(dt))
+   end
+   for _, nv in ipairs({ { "conv_b", conv_b }, { "bn_rm", bn_rm }, { "bn_rv", bn_rv },
+                         { "bn_w", bn_w }, { "bn_b", bn_b } }) do
+      local v = nv[2]
+      if v ~= nil and (Tensor.dim(v) ~= 1 or Tensor.size(v, 1) ~= O) then
+         fail(fname, ("%s must be 1-D with %d elements (conv_w's output channels), got size %s")
+              :format(nv[1], O, sizes_string(v)))
+      end
+      if v ~= nil and not Tensor.is_floating_point(v) then
+         fail(fname, nv[1] .. " must be a floating-point tensor, got " ..
+              tostring(Tensor.dtype(v)))
+      end
+   end
+   local w, b = A.no_grad(function()
+      local function as(v) return Tensor.to(v, dt) end
+      local scale = Tensor.rsqrt(Tensor.add(as(bn_rv), bn_eps))
+      if bn_w ~= nil then scale = Tensor.mul(scale, as(bn_w)) end
+      local shape = { O }
+      for _ = 2, Tensor.dim(conv_w) do shape[#shape + 1] = 1 end
+      -- w * scale keeps w's layout (the elementwise output rule: the full-size operand decides)
+      local fw = Tensor.mul(conv_w, Tensor.view(scale, shape))
+      local fb
+      if conv_b ~= nil then
+         fb = Tensor.mul(Tensor.sub(as(conv_b), as(bn_rm)), scale)
+      else
+         fb = Tensor.mul(Tensor.neg(as(bn_rm)), scale)
+      end
+      if bn_b ~= nil then fb = Tensor.add(fb, as(bn_b)) end
+      T.force(fw)                       -- computed now (not left deferred)
+      T.force(fb)
+      return fw, fb
+   end)
+   if requires_grad(conv_w) then
+      Tensor.requires_grad_(w, true)
+      Tensor.requires_grad_(b, true)
+   end
+   return w, b
+end
+
+-- why bn cannot be folded into conv (a message), or nil when it can
+local function cannot_fold(conv, bn)
+   if not is_a(conv, layers.Conv2d) then return "the first module is not a Conv2d" end
+   if not is_a(bn, layers.BatchNorm2d) then return "the second module is not a BatchNorm2d" end
+   if conv.training or bn.training then
+      return "folding is for evaluation mode only (call model:eval() first)"
+   end
+   if bn.running_mean == nil or bn.running_var == nil then
+      return "the BatchNorm2d has no running statistics (track_running_stats = false)"
+   end
+   if bn.num_features ~= conv.out_channels then
+      return ("the BatchNorm2d has %d features but the Conv2d %d output channels")
+             :format(bn.num_features, conv.out_channels)
+   end
+   return nil
+end
+
+-- fold bn into conv (from src, conv itself by default): conv gets the new weight and bias
+-- parameters, which require grad as src's weight does
+local function fold_into(conv, bn, src)
+   src = src or conv
+   local w, b = M.fuse_conv_bn_weights(src.weight, src.bias, bn.running_mean, bn.running_var,
+                                       bn.eps, bn.weight, bn.bias)
+   local wg = requires_grad(src.weight)
+   conv:register_parameter("weight", w)
+   conv:register_parameter("bias", b)
+   Tensor.requires_grad_(w, wg)
+   Tensor.requires_grad_(b, wg)
+end
+
+-- fuse_conv_bn_eval(conv, bn) -> a new Conv2d computing bn(conv(x)) (PyTorch's
+-- torch.nn.utils.fuse_conv_bn_eval); conv and bn are not changed. Both must be in evaluation
+-- mode, and bn must have running statistics.
+function M.fuse_conv_bn_eval(conv, bn)
+   local why = cannot_fold(conv, bn)
+   if why then fail("fuse_conv_bn_eval", why) end
+   local c = layers.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size,
+                           { stride = conv.stride, padding = conv.padding,
+                             dilation = conv.dilation, groups = conv.groups,
+                             bias = false, dtype = Tensor.dtype(conv.weight) })
+   c:eval()
+   fold_into(c, bn, conv)
+   return c
+end
+
+-- fold_pair_(conv, bn) -> true when bn was folded into conv (in place), false (and the reason)
+-- when it cannot be. For model classes that define their own fold_batch_norm.
+function M.fold_pair_(conv, bn)
+   local why = cannot_fold(conv, bn)
+   if why then return false, why end
+   fold_into(conv, bn)
+   return true
+end
+
+-- can every pair be folded? (a block folds all its pairs or none)
+function M.can_fold_all(pairs_list)
+   for _, p in ipairs(pairs_list) do
+      if p[2] ~= nil and cannot_fold(p[1], p[2]) then return false end
+   end
+   return true
+end
+
+-- the default: fold inside each child
+function Module:fold_batch_norm()
+   local n = 0
+   for _, nm in ipairs(self:named_children()) do n = n + nm[2]:fold_batch_norm() end
+   return n
+end
+
+-- Sequential: adjacent (Conv2d, BatchNorm2d) children fold, an Identity takes the batch norm's
+-- place (so indices and the other children's names stay); the rest fold inside themselves
+function layers.Sequential:fold_batch_norm()
+   local n = 0
+   local kids = self:named_children()
+   local i = 1
+   while i <= #kids do
+      local m = kids[i][2]
+      local nxt = kids[i + 1]
+      if nxt and is_a(m, layers.Conv2d) and not cannot_fold(m, nxt[2]) then
+         fold_into(m, nxt[2])
+         self:add_module(nxt[1], layers.Identity():eval())   -- folding happens in eval mode
+         n = n + 1
+         i = i + 2
+      else
+         n = n + m:fold_batch_norm()
+         i = i + 1
+      end
+   end
+   return n
+end
+
+-- fold_batch_norm(model) -> model, n: folds every foldable Conv2d -> BatchNorm2d pair in place
+-- (n: how many). The model must be in evaluation mode.
+function M.fold_batch_norm(model)
+   local fname = "fold_batch_norm"
+   if not Module.is_module(model) then
+      fail(fname, "expected a Module, got " .. T.typename(model))
+   end
+   for _, pm in ipairs(model:named_modules()) do
+      if pm[2].training then
+         fail(fname, "the model is in training mode" .. (pm[1] ~= "" and " (module '" .. pm[1]
+              .. "')" or "") .. "; call model:eval() first: folding uses the running statistics")
+      end
+   end
+   local n = model:fold_batch_norm()
+   return model, n
+end
+
+return M

@@ -1,0 +1,305 @@
+-- The convolution's fused epilogue (F.conv2d / Conv2d:forward with {residual =, relu =}) against
+-- the same computation op by op; batch-norm folding for inference (nn.utils.fuse_conv_bn_weights,
+-- nn.utils.fuse_conv_bn_eval, nn.fold_batch_norm) against the unfolded modules in evaluation
+-- mode: values, memory formats, gradients, bad input.
+local lm = require("lumen")
+local H = require("spec.helpers")
+local gradcheck = require("spec.gradcheck")
+local F = lm.F
+local nn = lm.nn
+
+local function close(tag, a, b, tol)
+   assert.is_not_nil(a, tag)
+   local d = (a - b):abs():max():item()
+   local scale = math.max(1, b:abs():max():item())
+   assert.is_true(d <= tol * scale, tag .. ": max difference " .. d)
+end
+
+local function count(model, type_name)
+   local n = 0
+   for _, m in ipairs(model:modules()) do
+      if m:type_name() == type_name then n = n + 1 end
+   end
+   return n
+end
+
+-- a batch norm with non-trivial running statistics and affine parameters
+local function warmed_bn(c, dt)
+   local bn = nn.BatchNorm2d(c, { dtype = dt })
+   lm.no_grad(function()
+      bn.running_mean:copy_(lm.randn({ c }, { dtype = dt }))
+      bn.running_var:copy_(lm.rand({ c }, { dtype = dt }) + 0.5)
+      bn.weight:copy_(lm.randn({ c }, { dtype = dt }))
+      bn.bias:copy_(lm.randn({ c }, { dtype = dt }))
+   end)
+   return bn
+end
+
+describe("conv2d epilogue {residual =, relu =}", function()
+   -- {N, C, H, W, O, k, stride, padding, groups}: pointwise, 3x3 (Winograd and direct sizes),
+   -- strided, grouped, depthwise, few channels
+   local geoms = {
+      { 2, 16, 7, 7, 32, 1, 1, 0, 1 }, { 2, 64, 8, 8, 64, 3, 1, 1, 1 },
+      { 2, 8, 9, 9, 16, 3, 2, 1, 1 }, { 2, 8, 6, 6, 8, 3, 1, 1, 2 },
+      { 2, 16, 6, 6, 16, 3, 1, 1, 16 }, { 1, 3, 5, 5, 7, 3, 1, 0, 1 },
+   }
+   for _, dt in ipairs({ lm.float32, lm.float64 }) do
+      for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+         for gi, g in ipairs(geoms) do
+            for _, mode in ipairs({ "relu", "residual", "residual+relu" }) do
+               local name = ("%s %s geometry %d %s"):format(tostring(dt), tostring(fmt), gi, mode)
+               it(name, function()
+                  lm.manual_seed(gi)
+                  local N, Cn, Hh, W, O, k, s, p, groups = unpack(g)
+                  local x = lm.randn({ N, Cn, Hh, W }, { dtype = dt }):contiguous(fmt)
+                  local w = lm.randn({ O, Cn / groups, k, k }, { dtype = dt }):contiguous(fmt)
+                  local b = gi % 2 == 0 and lm.randn({ O }, { dtype = dt }) or nil
+                  local opts = { stride = s, padding = p, groups = groups }
+                  local ref = F.conv2d(x, w, b, opts)
+                  local eopts = { stride = s, padding = p, groups = groups }
+                  if mode:find("residual") then
+                     -- the residual in the other layout: any strides are accepted
+                     local other = fmt == lm.channels_last and lm.contiguous_format
+                                   or lm.channels_last
+                     eopts.residual = lm.randn(ref:size(), { dtype = dt }):contiguous(other)
+                     ref = ref + eopts.residual
+                  end
+                  if mode:find("relu") then
+                     eopts.relu = true
+                     ref = ref:relu()
+                  end
+                  local y = F.conv2d(x, w, b, eopts)
+                  close(name, y, ref, dt == lm.float32 and 1e-5 or 1e-12)
+                  assert.are.equal(ref:suggest_memory_format(), y:suggest_memory_format())
+                  assert.is_nil(y.grad_fn)
+               end)
+            end
+         end
+      end
+   end
+
+   it("runs as the separate ops when a gradient is wanted, and gradchecks", function()
+      lm.manual_seed(7)
+      for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+         local x = lm.randn({ 2, 3, 5, 5 }, { dtype = lm.float64 }):contiguous(fmt)
+         local w = lm.randn({ 4, 3, 3, 3 }, { dtype = lm.float64 }):contiguous(fmt)
+         local b = lm.randn({ 4 }, { dtype = lm.float64 })
+         local r = lm.randn({ 2, 4, 5, 5 }, { dtype = lm.float64 })
+         for _, t in ipairs({ x, w, b, r }) do t:requires_grad_(true) end
+         local y = F.conv2d(x, w, b, { padding = 1, residual = r, relu = true })
+         assert.is_not_nil(y.grad_fn)
+         assert.are.equal(fmt, y:suggest_memory_format())
+         gradcheck.check(function(xx, ww, bb, rr)
+            return F.conv2d(xx, ww, bb, { padding = 1, residual = rr, relu = true })
+         end, { x, w, b, r })
+         -- the gradients keep the input's layout
+         y:sum():backward()
+         assert.are.equal(fmt, x.grad:suggest_memory_format())
+      end
+   end)
+
+   it("a residual of another dtype promotes as Tensor.add does", function()
+      local x = lm.randn({ 1, 2, 4, 4 })
+      local w = lm.randn({ 3, 2, 1, 1 })
+      local r = lm.randn({ 1, 3, 4, 4 }, { dtype = lm.float64 })
+      local y = F.conv2d(x, w, nil, { residual = r })
+      H.assert_dtype(y, lm.float64)
+      close("promoted", y, F.conv2d(x, w):to(lm.float64) + r, 1e-6)
+   end)
+
+   it("Conv2d:forward(x, {residual =, relu =})", function()
+      lm.manual_seed(2)
+      local conv = nn.Conv2d(4, 6, 3, { padding = 1 })
+      local x = lm.randn({ 2, 4, 5, 5 }):contiguous(lm.channels_last)
+      local r = lm.randn({ 2, 6, 5, 5 })
+      local y = lm.no_grad(function() return conv:forward(x, { residual = r, relu = true }) end)
+      close("module", y, lm.no_grad(function() return (conv(x) + r):relu() end), 1e-5)
+      assert.are.equal(lm.channels_last, y:suggest_memory_format())
+   end)
+
+   it("rejects bad epilogue arguments", function()
+      local x, w = lm.randn({ 1, 3, 5, 5 }), lm.randn({ 4, 3, 3, 3 })
+      H.assert_error_like("conv2d", "residual", F.conv2d, x, w, nil,
+                          { residual = lm.randn({ 1, 4, 5, 5 }) })
+      H.assert_error_like("conv2d", "residual", F.conv2d, x, w, nil, { residual = 3 })
+      H.assert_error_like("conv2d", "relu", F.conv2d, x, w, nil, { relu = 1 })
+      H.assert_error_like("Conv2d", "table", function()
+         nn.Conv2d(3, 4, 3)(x, true)
+      end)
+   end)
+end)
+
+describe("fuse_conv_bn_weights / fuse_conv_bn_eval", function()
+   for _, dt in ipairs({ lm.float32, lm.float64 }) do
+      for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+         for _, with_bias in ipairs({ true, false }) do
+            local name = ("%s %s bias=%s"):format(tostring(dt), tostring(fmt), tostring(with_bias))
+            it(name, function()
+               lm.manual_seed(11)
+               local conv = nn.Conv2d(5, 7, 3, { padding = 1, bias = with_bias, dtype = dt })
+               local bn = warmed_bn(7, dt)
+               conv:to(fmt)
+               conv:eval()
+               bn:eval()
+               local x = lm.randn({ 2, 5, 6, 6 }, { dtype = dt }):contiguous(fmt)
+               local ref = lm.no_grad(function() return bn(conv(x)) end)
+               local w0 = conv.weight:clone()
+               local fused = nn.utils.fuse_conv_bn_eval(conv, bn)
+               local y = lm.no_grad(function() return fused(x) end)
+               close(name, y, ref, dt == lm.float32 and 1e-5 or 1e-12)
+               assert.are.equal(ref:suggest_memory_format(), y:suggest_memory_format())
+               -- the folded weight keeps the convolution weight's layout
+               assert.are.equal(fmt, fused.weight:suggest_memory_format())
+               H.assert_dtype(fused.weight, dt)
+               assert.is_true(fused.weight.requires_grad)
+               -- conv itself is unchanged
+               assert.are.equal(0, (conv.weight - w0):abs():max():item())
+               assert.are.equal(with_bias, conv.bias ~= nil)
+               -- the formula, by hand
+               local w, b = nn.utils.fuse_conv_bn_weights(conv.weight, conv.bias,
+                  bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
+               local scale = bn.weight / (bn.running_var + bn.eps):sqrt()
+               local cb = conv.bias or lm.zeros({ 7 }, { dtype = dt })
+               close("bias", b, (cb - bn.running_mean) * scale + bn.bias, 1e-6)
+               close("weight", w, conv.weight * scale:view({ 7, 1, 1, 1 }), 1e-6)
+            end)
+         end
+      end
+   end
+
+   it("works without affine parameters", function()
+      local conv = nn.Conv2d(2, 3, 1)
+      local bn = nn.BatchNorm2d(3, { affine = false })
+      lm.no_grad(function() bn.running_var:fill_(4) bn.running_mean:fill_(1) end)
+      conv:eval()
+      bn:eval()
+      local x = lm.randn({ 1, 2, 3, 3 })
+      close("no affine", lm.no_grad(function() return nn.utils.fuse_conv_bn_eval(conv, bn)(x) end),
+            lm.no_grad(function() return bn(conv(x)) end), 1e-5)
+   end)
+
+   it("rejects what cannot be folded", function()
+      local conv, bn = nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3)
+      H.assert_error_like("fuse_conv_bn_eval", "evaluation", nn.utils.fuse_conv_bn_eval, conv, bn)
+      conv:eval()
+      bn:eval()
+      H.assert_error_like("fuse_conv_bn_eval", "conv2d", nn.utils.fuse_conv_bn_eval, bn, bn)
+      H.assert_error_like("fuse_conv_bn_eval", "batchnorm2d", nn.utils.fuse_conv_bn_eval, conv,
+                          conv)
+      H.assert_error_like("fuse_conv_bn_eval", "features", nn.utils.fuse_conv_bn_eval, conv,
+                          nn.BatchNorm2d(4):eval())
+      H.assert_error_like("fuse_conv_bn_eval", "running",  nn.utils.fuse_conv_bn_eval, conv,
+                          nn.BatchNorm2d(3, { track_running_stats = false }):eval())
+      local w, v = lm.randn({ 3, 2, 1, 1 }), lm.ones({ 3 })
+      local f = nn.utils.fuse_conv_bn_weights
+      H.assert_error_like("fuse_conv_bn_weights", "conv_w", f, nil, nil, v, v, 1e-5)
+      H.assert_error_like("fuse_conv_bn_weights", "bn_rm", f, w, nil, nil, v, 1e-5)
+      H.assert_error_like("fuse_conv_bn_weights", "bn_rv", f, w, nil, v, lm.ones({ 4 }), 1e-5)
+      H.assert_error_like("fuse_conv_bn_weights", "bn_eps", f, w, nil, v, v, -1)
+      H.assert_error_like("fuse_conv_bn_weights", "floating", f,
+                          lm.ones({ 3, 2, 1, 1 }, { dtype = lm.int64 }), nil, v, v, 1e-5)
+   end)
+end)
+
+describe("nn.fold_batch_norm", function()
+   it("folds adjacent Conv2d, BatchNorm2d pairs of a Sequential", function()
+      lm.manual_seed(4)
+      for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+         local net = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), warmed_bn(8),
+                                   nn.ReLU(true), nn.Conv2d(8, 8, 1, { bias = false }),
+                                   warmed_bn(8), nn.BatchNorm2d(8), nn.AdaptiveAvgPool2d(1))
+         net:eval()
+         net:to(fmt)
+         local x = lm.randn({ 2, 3, 6, 6 }):contiguous(fmt)
+         local ref = lm.no_grad(function() return net(x) end)
+         local model, n = nn.fold_batch_norm(net)
+         assert.are.equal(net, model)
+         assert.are.equal(2, n)
+         -- the third batch norm follows a batch norm, not a convolution: it stays
+         assert.are.equal(1, count(net, "BatchNorm2d"))
+         assert.are.equal("Identity", net[2]:type_name())
+         assert.are.equal("Identity", net[5]:type_name())
+         assert.are.equal("BatchNorm2d", net[6]:type_name())
+         local y = lm.no_grad(function() return net(x) end)
+         close(tostring(fmt), y, ref, 1e-5)
+         assert.are.equal(fmt, net[1].weight:suggest_memory_format())
+         -- a second call finds nothing more to fold
+         local _, again = nn.fold_batch_norm(net)
+         assert.are.equal(0, again)
+      end
+   end)
+
+   local models = {
+      { "small_resnet", { num_classes = 10 }, 1, 28 },
+      { "resnet18", { num_classes = 10 }, 3, 32 },
+      { "resnet50", { num_classes = 10 }, 3, 32 },
+      { "resnext50_32x4d", { num_classes = 10 }, 3, 32 },
+   }
+   for _, spec in ipairs(models) do
+      local name, opts, inch, res = unpack(spec)
+      it(name .. ": same outputs, channels-last kept, every batch norm folded", function()
+         lm.manual_seed(9)
+         local m = lm.models[name](opts)
+         -- running statistics away from their initial values
+         lm.no_grad(function() m(lm.randn({ 4, inch, res, res })) end)
+         m:eval()
+         lm.to_channels_last(m)
+         local x = lm.randn({ 2, inch, res, res }):contiguous(lm.channels_last)
+         local ref = lm.no_grad(function() return m(x) end)
+         local nbn = count(m, "BatchNorm2d")
+         local _, n = nn.fold_batch_norm(m)
+         assert.are.equal(nbn, n)
+         assert.are.equal(0, count(m, "BatchNorm2d"))
+         local y = lm.no_grad(function() return m(x) end)
+         close(name, y, ref, 1e-4)
+         for _, p in ipairs(m:named_parameters()) do
+            if lm.is_tensor(p[2]) and p[2]:dim() == 4 then
+               assert.are.equal(lm.channels_last, p[2]:suggest_memory_format(), p[1])
+            end
+         end
+         local report = lm.layout.check(m, x)
+         assert.is_true(report.ok, tostring(report))
+      end)
+   end
+
+   it("a folded model still trains (the epilogue falls back to differentiable ops)", function()
+      lm.manual_seed(5)
+      local m = lm.models.small_resnet({ num_classes = 10 })
+      m:eval()
+      nn.fold_batch_norm(m)
+      m:train()
+      local x = lm.randn({ 2, 1, 28, 28 }):contiguous(lm.channels_last)
+      local loss = F.cross_entropy(m(x), lm.tensor({ 1, 2 }, { dtype = lm.int64 }))
+      loss:backward()
+      assert.is_not_nil(m.conv1.weight.grad)
+      assert.is_not_nil(m.conv1.bias.grad)
+      assert.is_not_nil(m.layer1[1].conv2.weight.grad)
+   end)
+
+   it("leaves a block with an unfoldable batch norm as it was", function()
+      local m = lm.models.resnet18({ num_classes = 10 })
+      local blk = m.layer1[1]
+      blk:add_module("bn2", nn.BatchNorm2d(64, { track_running_stats = false }))
+      m:eval()
+      local x = lm.randn({ 1, 3, 32, 32 })
+      local ref = lm.no_grad(function() return m(x) end)
+      local nbn = count(m, "BatchNorm2d")
+      local _, n = nn.fold_batch_norm(m)
+      assert.are.equal(nbn - 2, n)              -- the block's two batch norms stay
+      assert.are.equal("BatchNorm2d", blk.bn1:type_name())
+      assert.is_nil(blk.folded)
+      close("partly folded", lm.no_grad(function() return m(x) end), ref, 1e-4)
+   end)
+
+   it("refuses a model in training mode, before changing anything", function()
+      local m = lm.models.small_resnet({ num_classes = 10 })
+      local nbn = count(m, "BatchNorm2d")
+      H.assert_error_like("fold_batch_norm", "training mode", nn.fold_batch_norm, m)
+      m:eval()
+      m.layer2:train()
+      H.assert_error_like("fold_batch_norm", "layer2", nn.fold_batch_norm, m)
+      assert.are.equal(nbn, count(m, "BatchNorm2d"))
+      H.assert_error_like("fold_batch_norm", "module", nn.fold_batch_norm, nil)
+      H.assert_error_like("fold_batch_norm", "module", nn.fold_batch_norm, lm.randn({ 2 }))
+   end)
+end)
