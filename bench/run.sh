@@ -10,7 +10,9 @@
 # (> 1: lumen is faster). The machine is shared and noisy: alternating the two and taking
 # medians is what makes the ratio meaningful.
 # Output files go to $BENCH_OUT (default /tmp/lumen-bench): lumen.txt, peer.txt.
-# Set BENCH_ONLY=name to run bench/name.lua alone, NO_PEER=1 to skip the peer.
+# Set BENCH_ONLY=name to run bench/name.lua alone, NO_PEER=1 to skip the peer. BENCH_MODELS=1
+# adds bench/models.lua (resnet50 inference, about 20 s a run) and the peer's bench_models.py
+# (its img/s turned into the same '<row> nhwc <ms>' line); without it bench/models.lua is skipped.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 threads=${1:-2}
@@ -25,7 +27,15 @@ runs=${RUNS:-5}
 
 shopt -s nullglob
 scripts=(bench/*.lua)
-if [ -n "${BENCH_ONLY:-}" ]; then scripts=("bench/${BENCH_ONLY%.lua}.lua"); fi
+if [ -n "${BENCH_ONLY:-}" ]; then
+   scripts=("bench/${BENCH_ONLY%.lua}.lua")
+elif [ -z "${BENCH_MODELS:-}" ]; then
+   kept=()
+   for f in "${scripts[@]}"; do [ "$f" = bench/models.lua ] || kept+=("$f"); done
+   scripts=("${kept[@]}")
+fi
+models=
+case " ${scripts[*]} " in *" bench/models.lua "*) models=1 ;; esac
 if [ ${#scripts[@]} -eq 0 ]; then
    echo "bench: no bench/*.lua scripts yet"
 fi
@@ -49,6 +59,13 @@ for run in $(seq 1 "$runs"); do
       /usr/bin/python3 "$peer_dir/bench_ops.py" "$threads" "$iters" | tee -a "$out/peer.txt" || status=1
       if [ -z "${BENCH_ONLY:-}" ] || [ "${BENCH_ONLY%.lua}" = ops ]; then
          /usr/bin/python3 bench/peer_extra.py "$threads" "$iters" | tee -a "$out/peer.txt" || status=1
+      fi
+      if [ -n "$models" ] && [ -f "$peer_dir/bench_models.py" ]; then
+         miters=$(( iters / 4 > 3 ? iters / 4 : 3 ))
+         echo "== run $run/$runs: peer $peer_dir/bench_models.py resnet50 8 224 infer nhwc $miters $threads"
+         /usr/bin/python3 "$peer_dir/bench_models.py" resnet50 8 224 infer nhwc "$miters" "$threads" |
+            awk '/^img\/s/ { printf "resnet50_infer_b8 nhwc %.3f\n", 8000 / $2 }' |
+            tee -a "$out/peer.txt" || status=1
       fi
    fi
 done
