@@ -107,6 +107,13 @@ describe("conv2d epilogue {residual =, relu =}", function()
       close("promoted", y, F.conv2d(x, w):to(lm.float64) + r, 1e-6)
    end)
 
+   it("an unbatched input takes an unbatched residual", function()
+      local x, w, r = lm.randn({ 3, 5, 5 }), lm.randn({ 4, 3, 3, 3 }), lm.randn({ 4, 3, 3 })
+      local y = F.conv2d(x, w, nil, { residual = r, relu = true })
+      H.assert_sizes(y, { 4, 3, 3 })
+      close("unbatched", y, (F.conv2d(x, w) + r):relu(), 1e-5)
+   end)
+
    it("Conv2d:forward(x, {residual =, relu =})", function()
       lm.manual_seed(2)
       local conv = nn.Conv2d(4, 6, 3, { padding = 1 })

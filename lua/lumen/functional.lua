@@ -147,7 +147,13 @@ function F.conv2d(x, w, b, opts)
    local wc = tensor_arg(fname, w, "weight")
    local bc = opt_tensor(fname, b, "bias")
    opts = check_opts(fname, opts)
-   if xc.ndim == 3 then                     -- unbatched (C, H, W)
+   if xc.ndim == 3 then                     -- unbatched (C, H, W); so is a residual
+      if opts.residual ~= nil and T.is_tensor(opts.residual) then
+         local o2 = {}
+         for k, v in pairs(opts) do o2[k] = v end
+         o2.residual = Tensor.unsqueeze(opts.residual, 1)
+         opts = o2
+      end
       return Tensor.squeeze(F.conv2d(Tensor.unsqueeze(x, 1), w, b, opts), 1)
    end
    if xc.ndim ~= 4 then
