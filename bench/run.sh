@@ -63,9 +63,14 @@ for run in $(seq 1 "$runs"); do
       if [ -n "$models" ] && [ -f "$peer_dir/bench_models.py" ]; then
          miters=$(( iters / 4 > 3 ? iters / 4 : 3 ))
          echo "== run $run/$runs: peer $peer_dir/bench_models.py resnet50 8 224 infer nhwc $miters $threads"
-         /usr/bin/python3 "$peer_dir/bench_models.py" resnet50 8 224 infer nhwc "$miters" "$threads" |
-            awk '/^img\/s/ { printf "resnet50_infer_b8 nhwc %.3f\n", 8000 / $2 }' |
-            tee -a "$out/peer.txt" || status=1
+         if pm=$(/usr/bin/python3 "$peer_dir/bench_models.py" resnet50 8 224 infer nhwc \
+                    "$miters" "$threads"); then
+            echo "$pm" | awk '/^img\/s/ { printf "resnet50_infer_b8 nhwc %.3f\n", 8000 / $2 }' |
+               tee -a "$out/peer.txt"
+         else
+            echo "bench: $peer_dir/bench_models.py failed" >&2
+            status=1
+         fi
       fi
    fi
 done

@@ -98,13 +98,27 @@ describe("conv2d epilogue {residual =, relu =}", function()
       end
    end)
 
-   it("a residual of another dtype promotes as Tensor.add does", function()
-      local x = lm.randn({ 1, 2, 4, 4 })
-      local w = lm.randn({ 3, 2, 1, 1 })
-      local r = lm.randn({ 1, 3, 4, 4 }, { dtype = lm.float64 })
-      local y = F.conv2d(x, w, nil, { residual = r })
-      H.assert_dtype(y, lm.float64)
-      close("promoted", y, F.conv2d(x, w):to(lm.float64) + r, 1e-6)
+   it("a residual must have the output's shape and the input's dtype, with or without grad",
+      function()
+      local x, w = lm.randn({ 1, 3, 5, 5 }), lm.randn({ 4, 3, 3, 3 })
+      local wg = w:clone():requires_grad_(true)
+      for _, ww in ipairs({ w, wg }) do
+         -- broadcastable is not enough: the same rule on the fused and the differentiable path
+         H.assert_error_like("conv2d", "residual", F.conv2d, x, ww, nil,
+                             { residual = lm.randn({ 1, 4, 1, 1 }) })
+         H.assert_error_like("conv2d", "residual", F.conv2d, x, ww, nil,
+                             { residual = lm.randn({ 2, 4, 3, 3 }) })
+         H.assert_error_like("conv2d", "dtype", F.conv2d, x, ww, nil,
+                             { residual = lm.randn({ 1, 4, 3, 3 }, { dtype = lm.float64 }) })
+         H.assert_error_like("conv2d", "3-D", F.conv2d, lm.randn({ 3, 5, 5 }), ww, nil,
+                             { residual = lm.randn({ 1, 4, 3, 3 }) })
+      end
+      local freed = lm.randn({ 4, 3, 3 })
+      freed:free()
+      H.assert_error("conv2d", F.conv2d, lm.randn({ 3, 5, 5 }), w, nil, { residual = freed })
+      H.assert_error_like("conv2d", "residual", function()
+         nn.Conv2d(3, 4, 3)(x, { residual = lm.randn({ 1, 4, 5, 5 }) })
+      end)
    end)
 
    it("an unbatched input takes an unbatched residual", function()
@@ -174,6 +188,18 @@ describe("fuse_conv_bn_weights / fuse_conv_bn_eval", function()
       end
    end
 
+   it("leaves the random generator and the batch norm as they were", function()
+      local conv, bn = nn.Conv2d(4, 6, 3):eval(), warmed_bn(6):eval()
+      local rm, g = bn.running_mean:clone(), bn.weight:clone()
+      lm.manual_seed(5)
+      local expect = lm.randn({ 3 })
+      lm.manual_seed(5)
+      nn.utils.fuse_conv_bn_eval(conv, bn)
+      assert.are.equal(0, (lm.randn({ 3 }) - expect):abs():max():item())
+      assert.are.equal(0, (bn.running_mean - rm):abs():max():item())
+      assert.are.equal(0, (bn.weight - g):abs():max():item())
+   end)
+
    it("works without affine parameters", function()
       local conv = nn.Conv2d(2, 3, 1)
       local bn = nn.BatchNorm2d(3, { affine = false })
@@ -197,12 +223,16 @@ describe("fuse_conv_bn_weights / fuse_conv_bn_eval", function()
                           nn.BatchNorm2d(4):eval())
       H.assert_error_like("fuse_conv_bn_eval", "running",  nn.utils.fuse_conv_bn_eval, conv,
                           nn.BatchNorm2d(3, { track_running_stats = false }):eval())
+      local bad = nn.BatchNorm2d(3):eval()
+      bad.eps = -1
+      H.assert_error_like("fuse_conv_bn_eval", "eps", nn.utils.fuse_conv_bn_eval, conv, bad)
       local w, v = lm.randn({ 3, 2, 1, 1 }), lm.ones({ 3 })
       local f = nn.utils.fuse_conv_bn_weights
       H.assert_error_like("fuse_conv_bn_weights", "conv_w", f, nil, nil, v, v, 1e-5)
       H.assert_error_like("fuse_conv_bn_weights", "bn_rm", f, w, nil, nil, v, 1e-5)
       H.assert_error_like("fuse_conv_bn_weights", "bn_rv", f, w, nil, v, lm.ones({ 4 }), 1e-5)
       H.assert_error_like("fuse_conv_bn_weights", "bn_eps", f, w, nil, v, v, -1)
+      H.assert_error_like("fuse_conv_bn_weights", "bn_eps", f, w, nil, v, v, 0 / 0)
       H.assert_error_like("fuse_conv_bn_weights", "floating", f,
                           lm.ones({ 3, 2, 1, 1 }, { dtype = lm.int64 }), nil, v, v, 1e-5)
    end)
@@ -266,8 +296,58 @@ describe("nn.fold_batch_norm", function()
          end
          local report = lm.layout.check(m, x)
          assert.is_true(report.ok, tostring(report))
+         -- the blocks run the fused forward: their ReLU modules are no longer called
+         local Boom = nn.Module:extend("Boom")
+         function Boom:forward() error("the unfolded forward ran") end
+         for _, mm in ipairs(m:modules()) do
+            local ty = mm:type_name()
+            if ty == "BasicBlock" or ty == "Bottleneck" or ty == "ResNet" or
+               ty == "SmallResNet" then
+               assert.is_true(mm.folded, ty)
+               mm.relu = Boom()
+            end
+            if ty == "Identity" then assert.is_false(mm.training) end
+         end
+         close(name .. " fused forward", lm.no_grad(function() return m(x) end), ref, 1e-4)
+         -- the state_dict: no batch-norm entries, a bias for every convolution
+         local keys = m:state_keys()
+         for _, k in ipairs(keys) do assert.is_nil(k:find("bn", 1, true), k) end
+         local set = {}
+         for _, k in ipairs(keys) do set[k] = true end
+         assert.is_true(set["conv1.bias"])
       end)
    end
+
+   it("folds an NCHW float64 model too", function()
+      lm.manual_seed(8)
+      local m = lm.models.small_resnet({ num_classes = 10 }):double()
+      lm.no_grad(function() m(lm.randn({ 4, 1, 28, 28 }, { dtype = lm.float64 })) end)
+      m:eval()
+      local x = lm.randn({ 2, 1, 28, 28 }, { dtype = lm.float64 })
+      local ref = lm.no_grad(function() return m(x) end)
+      nn.fold_batch_norm(m)
+      local y = lm.no_grad(function() return m(x) end)
+      close("float64", y, ref, 1e-12)
+      assert.are.equal(lm.contiguous_format, y:suggest_memory_format())
+   end)
+
+   it("does not fold into a convolution used in two places, nor a pair it cannot", function()
+      lm.manual_seed(6)
+      local conv = nn.Conv2d(4, 4, 3, { padding = 1 })
+      local bad = nn.BatchNorm2d(4, { track_running_stats = false })   -- batch statistics
+      local net = nn.Sequential(conv, warmed_bn(4), nn.ReLU(), conv, warmed_bn(4),
+                                nn.Conv2d(4, 4, 1), warmed_bn(4), nn.Conv2d(4, 4, 1), bad)
+      net:eval()
+      local x = lm.randn({ 1, 4, 5, 5 })
+      local ref = lm.no_grad(function() return net(x) end)
+      local _, n = nn.fold_batch_norm(net)
+      assert.are.equal(1, n)                -- only the (6, 7) pair
+      assert.are.equal("BatchNorm2d", net[2]:type_name())
+      assert.are.equal("BatchNorm2d", net[5]:type_name())
+      assert.are.equal("Identity", net[7]:type_name())
+      assert.are.equal("BatchNorm2d", net[9]:type_name())
+      close("shared", lm.no_grad(function() return net(x) end), ref, 1e-5)
+   end)
 
    it("a folded model still trains (the epilogue falls back to differentiable ops)", function()
       lm.manual_seed(5)

@@ -148,7 +148,12 @@ function F.conv2d(x, w, b, opts)
    local bc = opt_tensor(fname, b, "bias")
    opts = check_opts(fname, opts)
    if xc.ndim == 3 then                     -- unbatched (C, H, W); so is a residual
-      if opts.residual ~= nil and T.is_tensor(opts.residual) then
+      local rc = opt_tensor(fname, opts.residual, "residual")
+      if rc ~= nil then
+         if rc.ndim ~= 3 then
+            err(fname, ("residual must be 3-D (C, H, W) like the unbatched input, got size %s")
+                :format(sizes_str(rc)))
+         end
          local o2 = {}
          for k, v in pairs(opts) do o2[k] = v end
          o2.residual = Tensor.unsqueeze(opts.residual, 1)
@@ -219,12 +224,27 @@ function F.conv2d(x, w, b, opts)
    local relu = bool_opt(fname, opts.relu, "relu", false)
    local residual = opts.residual
    local resc = opt_tensor(fname, residual, "residual")
+   if resc ~= nil then
+      -- exactly the output's shape and the input's dtype, whichever path runs below
+      local osz = { tonumber(xc.sizes[0]), cout,
+                    math.floor((H + 2 * padding[1] - eh) / stride[1]) + 1,
+                    math.floor((W + 2 * padding[2] - ew) / stride[2]) + 1 }
+      local same = resc.ndim == 4
+      for d = 1, 4 do same = same and tonumber(resc.sizes[d - 1]) == osz[d] end
+      if not same then
+         err(fname, ("residual of size %s does not match the output size (%s)")
+             :format(sizes_str(resc), table.concat(osz, ", ")))
+      end
+      if resc.dtype ~= xc.dtype then
+         err(fname, ("residual (%s) must have the input's dtype (%s)"):format(dtype_name(resc),
+             dtype_name(xc)))
+      end
+   end
    if relu or resc ~= nil then
       local rec = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b) or
                                            (resc ~= nil and needs(residual)))
-      if rec or (resc ~= nil and (resc.dtype ~= xc.dtype or resc.device ~= xc.device)) then
-         -- the separate ops, which autograd differentiates (and which promote types and
-         -- broadcast as Tensor.add does): relu(conv2d(x, w, b) + residual)
+      if rec then
+         -- the separate ops, which autograd differentiates: relu(conv2d(x, w, b) + residual)
          local rest = {}
          for k, v in pairs(opts) do rest[k] = v end
          rest.residual, rest.relu = nil, nil

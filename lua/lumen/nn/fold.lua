@@ -15,11 +15,14 @@
 -- fold_batch_norm walks the module tree: Sequential containers fold adjacent (Conv2d,
 -- BatchNorm2d) children and put an Identity where the batch norm was; a module class that knows
 -- its own data flow (lm.models' BasicBlock, Bottleneck, ResNet) defines fold_batch_norm(self)
--- itself; any other module folds inside its children. A batch norm is folded only in evaluation
--- mode and with running statistics (one without them normalizes with the batch's own, which no
--- weight can express): the model must be in evaluation mode (model:eval()), else the call
--- raises before changing anything. Folding is one-way and meant for inference: the batch norms'
--- parameters and buffers leave the model (and its state_dict), the convolutions gain a bias.
+-- itself; any other module folds inside its children (a custom module with a conv and a batch
+-- norm in its own forward is left as it is unless it defines fold_batch_norm). The model must
+-- be in evaluation mode (model:eval()), else the call raises before changing anything. A pair
+-- is left unfolded (the model still computes what it did) when the batch norm has no running
+-- statistics (it normalizes with the batch's own, which no weight can express), when the
+-- convolution is used in more than one place in the model, or when their tensors are not what
+-- the formula needs. Folding is one-way and meant for inference: the batch norms' parameters
+-- and buffers leave the model (and its state_dict), the convolutions gain a bias.
 local Module = require("lumen.nn.module")
 local layers = require("lumen.nn.layers")
 local T = require("lumen.tensor")
@@ -28,9 +31,8 @@ local Tensor = T.Tensor
 
 local M = {}
 
--- raise "lumen.<fname>: <msg>" blaming the caller of the public function (level: of that
--- caller, counted from fail; 3 when fail is called by the public function itself)
-local function fail(fname, msg, level) error("lumen." .. fname .. ": " .. msg, level or 3) end
+-- raise "lumen.<fname>: <msg>", blaming the first caller outside lumen
+local function fail(fname, msg) error("lumen." .. fname .. ": " .. msg, T.user_level()) end
 
 local function is_a(m, cls)
    return Module.is_module(m) and (getmetatable(m) == cls or m:type_name() == cls.__name)
@@ -42,10 +44,10 @@ local function requires_grad(t) return rawget(t, "requires_grad") == true end
 local function tensor_or_nil(fname, v, what, allow_nil)
    if v == nil then
       if allow_nil then return nil end
-      fail(fname, what .. ": tensor expected, got nil", 4)
+      fail(fname, what .. ": tensor expected, got nil")
    end
    if not T.is_tensor(v) then
-      fail(fname, what .. ": tensor expected, got " .. T.typename(v), 4)
+      fail(fname, what .. ": tensor expected, got " .. T.typename(v))
    end
    return v
 end
@@ -62,8 +64,8 @@ function M.fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b
    tensor_or_nil(fname, bn_rv, "bn_rv")
    tensor_or_nil(fname, bn_w, "bn_w", true)
    tensor_or_nil(fname, bn_b, "bn_b", true)
-   if type(bn_eps) ~= "number" or bn_eps < 0 then
-      fail(fname, "bn_eps must be a non-negative number, got " .. tostring(bn_eps))
+   if type(bn_eps) ~= "number" or bn_eps ~= bn_eps or bn_eps < 0 or bn_eps == math.huge then
+      fail(fname, "bn_eps must be a finite non-negative number, got " .. tostring(bn_eps))
    end
    if Tensor.dim(conv_w) < 1 then fail(fname, "conv_w must have an output-channel dimension") end
    local O = Tensor.size(conv_w, 1)
@@ -109,7 +111,18 @@ function M.fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b
    return w, b
 end
 
--- why bn cannot be folded into conv (a message), or nil when it can
+-- modules that appear more than once in the model being folded (fold_batch_norm sets it for the
+-- duration of the call): a Conv2d used in two places cannot take one place's batch norm
+local shared = nil
+
+local function vec_ok(v, O)
+   return v == nil or (T.is_tensor(v) and Tensor.dim(v) == 1 and Tensor.size(v, 1) == O
+                       and Tensor.is_floating_point(v))
+end
+
+-- why bn cannot be folded into conv (a message), or nil when it can. Everything that
+-- fuse_conv_bn_weights would reject is checked here, so that a fold that starts cannot fail
+-- halfway through a model.
 local function cannot_fold(conv, bn)
    if not is_a(conv, layers.Conv2d) then return "the first module is not a Conv2d" end
    if not is_a(bn, layers.BatchNorm2d) then return "the second module is not a BatchNorm2d" end
@@ -122,6 +135,23 @@ local function cannot_fold(conv, bn)
    if bn.num_features ~= conv.out_channels then
       return ("the BatchNorm2d has %d features but the Conv2d %d output channels")
              :format(bn.num_features, conv.out_channels)
+   end
+   if shared and shared[conv] then
+      return "the Conv2d is used in more than one place in the model"
+   end
+   local w = conv.weight
+   if not T.is_tensor(w) or Tensor.dim(w) ~= 4 or not Tensor.is_floating_point(w) then
+      return "the Conv2d's weight is not a 4-D floating-point tensor"
+   end
+   local O = Tensor.size(w, 1)
+   if not (vec_ok(conv.bias, O) and vec_ok(bn.running_mean, O) and vec_ok(bn.running_var, O)
+           and vec_ok(bn.weight, O) and vec_ok(bn.bias, O)) then
+      return "the BatchNorm2d's statistics or parameters, or the Conv2d's bias, are not 1-D " ..
+             "floating-point tensors of the output channels"
+   end
+   local eps = bn.eps
+   if type(eps) ~= "number" or eps ~= eps or eps < 0 or eps == math.huge then
+      return "the BatchNorm2d's eps is not a finite non-negative number"
    end
    return nil
 end
@@ -145,10 +175,14 @@ end
 function M.fuse_conv_bn_eval(conv, bn)
    local why = cannot_fold(conv, bn)
    if why then fail("fuse_conv_bn_eval", why) end
+   -- the constructor draws initial weights: leave the random generator as it was
+   local lm = require("lumen")
+   local rng = lm.get_rng_state()
    local c = layers.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size,
                            { stride = conv.stride, padding = conv.padding,
                              dilation = conv.dilation, groups = conv.groups,
                              bias = false, dtype = Tensor.dtype(conv.weight) })
+   lm.set_rng_state(rng)
    c:eval()
    fold_into(c, bn, conv)
    return c
@@ -213,7 +247,18 @@ function M.fold_batch_norm(model)
               .. "')" or "") .. "; call model:eval() first: folding uses the running statistics")
       end
    end
-   local n = model:fold_batch_norm()
+   -- how often each module is some module's child (the model itself counts once)
+   local uses = { [model] = 1 }
+   for _, pm in ipairs(model:named_modules()) do
+      for _, nm in ipairs(pm[2]:named_children()) do uses[nm[2]] = (uses[nm[2]] or 0) + 1 end
+   end
+   shared = {}
+   for m, k in pairs(uses) do
+      if k > 1 then shared[m] = true end
+   end
+   local ok, n = pcall(model.fold_batch_norm, model)
+   shared = nil
+   if not ok then error(n, 0) end
    return model, n
 end
 
