@@ -94,10 +94,7 @@ local function builder(lm)
       local pairs_list = {}
       for _, nm in ipairs(names) do pairs_list[#pairs_list + 1] = { self[nm[1]], self[nm[2]] } end
       if self.folded or not nn.utils.can_fold_all(pairs_list) then return n end
-      for _, nm in ipairs(names) do
-         nn.utils.fold_pair_(self[nm[1]], self[nm[2]])
-         self:add_module(nm[2], nn.Identity():eval())
-      end
+      for _, nm in ipairs(names) do nn.utils.fold_named_(self, nm[1], nm[2]) end
       self.folded = true
       return n + #names
    end
@@ -157,13 +154,11 @@ local function builder(lm)
       return nn.Sequential(list)
    end
    function ResNet:fold_batch_norm()
-      local n = 0
-      if not self.folded and nn.utils.fold_pair_(self.conv1, self.bn1) then
-         self:add_module("bn1", nn.Identity():eval())
-         self.folded = true
-         n = 1
+      local n = 0                                     -- the stem, then the blocks and the rest
+      if not self.folded and nn.utils.fold_named_(self, "conv1", "bn1") then
+         self.folded, n = true, 1
       end
-      return n + nn.Module.fold_batch_norm(self)      -- the layers' blocks, and the rest
+      return n + nn.Module.fold_batch_norm(self)
    end
    function ResNet:forward(x)
       if self.folded then

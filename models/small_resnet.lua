@@ -49,10 +49,8 @@ function M.install(lm, models)
       -- nn.fold_batch_norm: the stem's batch norm into its convolution, then the blocks
       function Small:fold_batch_norm()
          local n = 0
-         if not self.folded and nn.utils.fold_pair_(self.conv1, self.bn1) then
-            self:add_module("bn1", nn.Identity():eval())
-            self.folded = true
-            n = 1
+         if not self.folded and nn.utils.fold_named_(self, "conv1", "bn1") then
+            self.folded, n = true, 1
          end
          return n + nn.Module.fold_batch_norm(self)
       end

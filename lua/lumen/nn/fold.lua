@@ -197,6 +197,14 @@ function M.fold_pair_(conv, bn)
    return true
 end
 
+-- fold_named_(module, conv_name, bn_name) -> true when module[bn_name] was folded into
+-- module[conv_name]; an Identity (in evaluation mode) then takes the batch norm's place
+function M.fold_named_(module, conv_name, bn_name)
+   if not M.fold_pair_(module[conv_name], module[bn_name]) then return false end
+   module:add_module(bn_name, layers.Identity():eval())   -- folding happens in eval mode
+   return true
+end
+
 -- can every pair be folded? (a block folds all its pairs or none)
 function M.can_fold_all(pairs_list)
    for _, p in ipairs(pairs_list) do
@@ -221,9 +229,7 @@ function layers.Sequential:fold_batch_norm()
    while i <= #kids do
       local m = kids[i][2]
       local nxt = kids[i + 1]
-      if nxt and is_a(m, layers.Conv2d) and not cannot_fold(m, nxt[2]) then
-         fold_into(m, nxt[2])
-         self:add_module(nxt[1], layers.Identity():eval())   -- folding happens in eval mode
+      if nxt and is_a(m, layers.Conv2d) and M.fold_named_(self, kids[i][1], nxt[1]) then
          n = n + 1
          i = i + 2
       else

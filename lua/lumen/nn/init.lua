@@ -32,6 +32,7 @@ nn.utils = {
    fuse_conv_bn_eval = fold.fuse_conv_bn_eval,
    fuse_conv_bn_weights = fold.fuse_conv_bn_weights,
    fold_pair_ = fold.fold_pair_,
+   fold_named_ = fold.fold_named_,
    can_fold_all = fold.can_fold_all,
 }
 
