@@ -476,3 +476,64 @@ describe("streaming stores for cold outputs", function()
       assert.equal(0, C.lm_mem_is_cold(nil, big))
    end)
 end)
+
+describe("small dense operands (one kernel call, no iterator)", function()
+   -- lm_binary's fast path: float operands of at most 32768 elements with the same sizes and
+   -- strides, non-overlapping and dense. The result must be what the general path gives: the
+   -- same bits, and the inputs' strides (the spec's section 6 fast path). The general path is
+   -- reached with the same values in another layout (different strides).
+   local function layouts()
+      return {
+         { "contiguous", function(t) return t:contiguous() end },
+         { "channels_last", function(t) return t:contiguous(lm.channels_last) end },
+         -- dense but neither: a permutation of a contiguous tensor
+         { "permuted", function(t)
+            return t:permute(3, 1, 4, 2):contiguous():permute(2, 4, 1, 3)
+         end },
+      }
+   end
+   it("matches the general path for each op, layout and float dtype", function()
+      lm.manual_seed(12)
+      local ls = layouts()
+      local ops = {
+         { "add", function(a, b) return a + b end },
+         { "add alpha", function(a, b) return a:add(b, -0.75) end },
+         { "sub", function(a, b) return a - b end },
+         { "mul", function(a, b) return a * b end },
+         { "div", function(a, b) return a / b end },
+         { "maximum", function(a, b) return a:maximum(b) end },
+         { "minimum", function(a, b) return a:minimum(b) end },
+         { "pow", function(a, b) return a:abs():pow(b) end },
+         { "atan2", function(a, b) return a:atan2(b) end },
+      }
+      for _, dt in ipairs({ lm.float32, lm.float64 }) do
+         local x = lm.randn({ 2, 3, 4, 5 }, { dtype = dt })
+         local y = lm.randn({ 2, 3, 4, 5 }, { dtype = dt })
+         y:view(-1):narrow(1, 1, 1):fill_(0)             -- a division by zero
+         for _, l in ipairs(ls) do
+            local a, b = l[2](x), l[2](y)
+            for _, op in ipairs(ops) do
+               local what = ("%s %s %s"):format(op[1], l[1], tostring(dt))
+               local fast = op[2](a, b)
+               -- b in another layout: the general path
+               local other = l[1] == "contiguous" and lm.channels_last or lm.contiguous_format
+               local slow = op[2](a, b:contiguous(other))
+               assert.is_true(lm.equal(fast:isnan(), slow:isnan()), what .. ": NaNs differ")
+               assert.is_true(lm.equal(fast:where(fast:eq(fast), 0), slow:where(slow:eq(slow), 0)),
+                              what .. ": values differ")
+               H.assert_layout(fast, a:size(), a:stride(), what)
+            end
+         end
+      end
+   end)
+   it("is not taken for mixed dtypes, broadcasting, comparisons or large tensors", function()
+      local a = lm.randn({ 4 })
+      H.assert_dtype(a + lm.ones({ 4 }, { dtype = lm.float64 }), lm.float64)
+      H.assert_sizes(a + lm.randn({ 1 }), { 4 })
+      H.assert_dtype(a:gt(lm.randn({ 4 })), lm.bool)
+      H.assert_dtype(lm.ones({ 4 }, { dtype = lm.int64 }) + lm.ones({ 4 }, { dtype = lm.int64 }),
+                     lm.int64)
+      local big = lm.randn({ 40000 })
+      assert.is_true(lm.equal(big + big, big * 2))
+   end)
+end)

@@ -654,9 +654,46 @@ static lm_status binary_impl(int op, lm_operand *ins, int scalar_idx, double sva
    return ew_exec_v(&pl, res, local, out, op == LM_RELU_BACKWARD);
 }
 
+/* Small float operands with the same sizes and strides, non-overlapping and dense (two
+ * contiguous tensors, two channels-last ones, ...): the result takes those strides (the spec's
+ * first fast path, section 6), and one kernel call over the memory of each runs the whole op.
+ * No iterator is set up: for a 4-element add that is a quarter of the call. Returns 1 when it
+ * ran (*st set), 0 to take the general path. */
+enum { LM_SMALL_DENSE_MAX = LM_PARALLEL_GRAIN };
+
+static int binary_small_dense(int op, const lm_tensor *a, const lm_tensor *b, double alpha,
+                              lm_tensor **out, lm_status *st) {
+   if (*out || op < 0 || op >= LM_NUM_BINARY || is_bool_result(op)) return 0;
+   const int dt = a->dtype;
+   if ((dt != LM_FLOAT32 && dt != LM_FLOAT64) || b->dtype != dt || a->ndim != b->ndim ||
+       a->numel <= 0 || a->numel > LM_SMALL_DENSE_MAX)
+      return 0;
+   for (int d = 0; d < a->ndim; d++)
+      if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d] || a->strides[d] < 0)
+         return 0;
+   if (!lm_is_non_overlapping_and_dense(a)) return 0;
+   const int kind = lm_kind_of(dt);
+   const lm_kfn fn = lm_binary_kernels[op][kind].vv;
+   if (!fn || lm_kind_dtype(kind) != dt) return 0;
+   lm_kparams p;
+   memset(&p, 0, sizeof p);
+   set_params(&p, dt, alpha, 0.0, 0.0, 0.0);
+   lm_tensor *o = NULL;
+   *st = lm_empty_strided(a->ndim, a->sizes, a->strides, dt, LM_CPU, &o);
+   if (*st != LM_OK) return 1;
+   /* element 0 of a dense tensor with non-negative strides is the lowest address: each memory
+      block holds the elements in the same order */
+   fn(lm_tensor_data(o), lm_tensor_data(a), lm_tensor_data(b), NULL, a->numel, &p);
+   *out = o;
+   return 1;
+}
+
 lm_status lm_binary(int op, const lm_tensor *a, const lm_tensor *b, double alpha, lm_tensor **out) {
    LM_TRY(check_input(a, "input"));
    LM_TRY(check_input(b, "other"));
+   if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
+   lm_status fst;
+   if (binary_small_dense(op, a, b, alpha, out, &fst)) return fst;
    lm_operand ins[2];
    lm_operand_tensor(&ins[0], a);
    lm_operand_tensor(&ins[1], b);
