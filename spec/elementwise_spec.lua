@@ -480,7 +480,7 @@ end)
 describe("small dense operands (one kernel call, no iterator)", function()
    -- lm_binary's fast path: float operands of at most 32768 elements with the same sizes and
    -- strides, non-overlapping and dense. The result must be what the general path gives: the
-   -- same bits, and the inputs' strides (the spec's section 6 fast path). The general path is
+   -- same bits, and the fast setup's strides (the spec's section 6.2). The general path is
    -- reached with the same values in another layout (different strides).
    local function layouts()
       return {
@@ -526,6 +526,32 @@ describe("small dense operands (one kernel call, no iterator)", function()
          end
       end
    end)
+
+   -- size-1 dims with strides of no consequence: the result takes the fast setup's strides
+   -- (section 6.2: contiguous or channels-last recomputed, else the inputs' own), as the
+   -- general path does. {name, sizes, strides, expected result strides, large analog sizes
+   -- and strides (more than 32768 elements: the general path)}
+   local odd = {
+      { "contiguous, odd size-1 stride", { 3, 1, 4 }, { 4, 99, 1 }, { 4, 4, 1 },
+        { 300, 1, 400 }, { 400, 99, 1 }, { 400, 400, 1 } },
+      { "channels-last, odd size-1 stride", { 2, 3, 1, 5 }, { 15, 1, 77, 3 }, { 15, 1, 15, 3 },
+        { 2, 30, 1, 700 }, { 21000, 1, 77, 30 }, { 21000, 1, 21000, 30 } },
+      { "dense, odd size-1 stride", { 4, 1, 3 }, { 1, 50, 4 }, { 1, 50, 4 },
+        { 400, 1, 300 }, { 1, 50, 400 }, { 1, 50, 400 } },
+   }
+   it("gives the general path's strides when size-1 dims have odd strides", function()
+      lm.manual_seed(13)
+      for _, l in ipairs(odd) do
+         for _, v in ipairs({ { l[2], l[3], l[4] }, { l[5], l[6], l[7] } }) do
+            local a = lm.empty_strided(v[1], v[2]):copy_(lm.randn(v[1]))
+            local b = lm.empty_strided(v[1], v[2]):copy_(lm.randn(v[1]))
+            local r = a * b
+            H.assert_layout(r, v[1], v[3], l[1])
+            assert.is_true(lm.equal(r, a:contiguous() * b:contiguous()), l[1] .. ": values")
+         end
+      end
+   end)
+
    it("is not taken for mixed dtypes, broadcasting, comparisons or large tensors", function()
       local a = lm.randn({ 4 })
       H.assert_dtype(a + lm.ones({ 4 }, { dtype = lm.float64 }), lm.float64)

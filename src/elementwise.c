@@ -655,10 +655,13 @@ static lm_status binary_impl(int op, lm_operand *ins, int scalar_idx, double sva
 }
 
 /* Small float operands with the same sizes and strides, non-overlapping and dense (two
- * contiguous tensors, two channels-last ones, ...): the result takes those strides (the spec's
- * first fast path, section 6), and one kernel call over the memory of each runs the whole op.
- * No iterator is set up: for a 4-element add that is a quarter of the call. Returns 1 when it
- * ran (*st set), 0 to take the general path. */
+ * contiguous tensors, two channels-last ones, ...): the result's strides come from the spec's
+ * fast setup (section 6.2, as lm_iter_output_strides applies it: contiguous, else channels-last,
+ * else the inputs' own strides), and one kernel call over the memory of each runs the whole op:
+ * elements at the same memory position are the same element in all three, since size-1 dims,
+ * the only ones whose strides may differ, never move an offset. No iterator is set up: for a
+ * 4-element add that is a quarter of the call. Returns 1 when it ran (*st set), 0 to take the
+ * general path. */
 enum { LM_SMALL_DENSE_MAX = LM_PARALLEL_GRAIN };
 
 static int binary_small_dense(int op, const lm_tensor *a, const lm_tensor *b, double alpha,
@@ -671,15 +674,23 @@ static int binary_small_dense(int op, const lm_tensor *a, const lm_tensor *b, do
    for (int d = 0; d < a->ndim; d++)
       if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d] || a->strides[d] < 0)
          return 0;
-   if (!lm_is_non_overlapping_and_dense(a)) return 0;
+   if (!(a->flags & LM_FLAG_NOD)) return 0;
    const int kind = lm_kind_of(dt);
    const lm_kfn fn = lm_binary_kernels[op][kind].vv;
    if (!fn || lm_kind_dtype(kind) != dt) return 0;
    lm_kparams p;
    memset(&p, 0, sizeof p);
    set_params(&p, dt, alpha, 0.0, 0.0, 0.0);
+   int64_t ost[LM_MAX_DIMS];
+   if (a->flags & LM_FLAG_CONTIGUOUS) {
+      lm_compute_strides(a->ndim, a->sizes, LM_CONTIGUOUS, ost);
+   } else if (a->flags & LM_FLAG_CL_CONTIGUOUS) {
+      lm_compute_strides(a->ndim, a->sizes, LM_CHANNELS_LAST, ost);
+   } else {
+      for (int d = 0; d < a->ndim; d++) ost[d] = a->strides[d];
+   }
    lm_tensor *o = NULL;
-   *st = lm_empty_strided(a->ndim, a->sizes, a->strides, dt, LM_CPU, &o);
+   *st = lm_empty_strided(a->ndim, a->sizes, ost, dt, LM_CPU, &o);
    if (*st != LM_OK) return 1;
    /* element 0 of a dense tensor with non-negative strides is the lowest address: each memory
       block holds the elements in the same order */
