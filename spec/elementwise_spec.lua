@@ -552,6 +552,42 @@ describe("small dense operands (one kernel call, no iterator)", function()
       end
    end)
 
+   it("tensor-number and unary ops match the general path", function()
+      lm.manual_seed(14)
+      local ls = layouts()
+      local ops = {
+         { "mul number", function(t) return t * 3 end },
+         { "number minus", function(t) return 3 - t end },
+         { "div number", function(t) return t / 0.5 end },
+         { "number div", function(t) return 2 / t end },
+         { "sub alpha", function(t) return t:sub(2, 0.5) end },
+         { "maximum number", function(t) return t:maximum(lm.tensor(0.25)) end },
+         { "relu", function(t) return t:relu() end },
+         { "neg", function(t) return -t end },
+         { "exp", function(t) return t:exp() end },
+         { "sqrt (NaN below 0)", function(t) return t:sqrt() end },
+         { "tanh", function(t) return t:tanh() end },
+      }
+      for _, dt in ipairs({ lm.float32, lm.float64 }) do
+         local x = lm.randn({ 2, 3, 4, 5 }, { dtype = dt })
+         x:view(-1):narrow(1, 1, 1):fill_(0)
+         -- the same values in a view that is not dense: the general path
+         local holder = lm.zeros({ 2, 3, 4, 7 }, { dtype = dt })
+         local nd = holder:narrow(4, 2, 5):copy_(x)
+         for _, l in ipairs(ls) do
+            local a = l[2](x)
+            for _, op in ipairs(ops) do
+               local what = ("%s %s %s"):format(op[1], l[1], tostring(dt))
+               local fast, slow = op[2](a), op[2](nd)
+               assert.is_true(lm.equal(fast:isnan(), slow:isnan()), what .. ": NaNs differ")
+               assert.is_true(lm.equal(fast:where(fast:eq(fast), 0), slow:where(slow:eq(slow), 0)),
+                              what .. ": values differ")
+               H.assert_layout(fast, a:size(), a:stride(), what)
+            end
+         end
+      end
+   end)
+
    it("is not taken for mixed dtypes, broadcasting, comparisons or large tensors", function()
       local a = lm.randn({ 4 })
       H.assert_dtype(a + lm.ones({ 4 }, { dtype = lm.float64 }), lm.float64)

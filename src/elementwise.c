@@ -449,6 +449,53 @@ static lm_status check_input(const lm_tensor *t, const char *name) {
    return lm_check_cpu(t, name);
 }
 
+/* Small float operands with the same sizes and strides, non-overlapping and dense (two
+ * contiguous tensors, two channels-last ones, ...; or one tensor, with a scalar or alone): the
+ * result's strides come from the spec's fast setup (section 6.2, as lm_iter_output_strides
+ * applies it: contiguous, else channels-last, else the inputs' own), and one kernel call over
+ * the memory of each runs the whole op: elements at the same memory position are the same
+ * element in all of them, since size-1 dims, the only ones whose strides may differ, never move
+ * an offset. No iterator is set up: for a 4-element add that is a third of the call. */
+enum { LM_SMALL_DENSE_MAX = LM_PARALLEL_GRAIN };
+
+/* a float tensor the small path takes (its kernel kind computes in its own dtype) */
+static int small_dense_ok(const lm_tensor *a) {
+   const int dt = a->dtype;
+   if ((dt != LM_FLOAT32 && dt != LM_FLOAT64) || a->numel <= 0 || a->numel > LM_SMALL_DENSE_MAX ||
+       !(a->flags & LM_FLAG_NOD) || lm_kind_dtype(lm_kind_of(dt)) != dt)
+      return 0;
+   for (int d = 0; d < a->ndim; d++)
+      if (a->strides[d] < 0) return 0;
+   return 1;
+}
+
+/* the result of the small path: a's sizes, the fast setup's strides */
+static lm_status small_dense_out(const lm_tensor *a, lm_tensor **o) {
+   int64_t ost[LM_MAX_DIMS];
+   if (a->flags & LM_FLAG_CONTIGUOUS) {
+      lm_compute_strides(a->ndim, a->sizes, LM_CONTIGUOUS, ost);
+   } else if (a->flags & LM_FLAG_CL_CONTIGUOUS) {
+      lm_compute_strides(a->ndim, a->sizes, LM_CHANNELS_LAST, ost);
+   } else {
+      for (int d = 0; d < a->ndim; d++) ost[d] = a->strides[d];
+   }
+   return lm_empty_strided(a->ndim, a->sizes, ost, a->dtype, LM_CPU, o);
+}
+
+/* fn(result, x, y) into a new small result shaped like a, x and y being a's data, the other
+   operand's (b's data, a scalar, or NULL) in the kernel's order (first: x = the other); always
+   returns 1 (ran), with *st set */
+static int small_dense_run(lm_kfn fn, const lm_tensor *a, const void *other, int other_first,
+                           const lm_kparams *p, lm_tensor **out, lm_status *st) {
+   lm_tensor *o = NULL;
+   *st = small_dense_out(a, &o);
+   if (*st != LM_OK) return 1;
+   const void *ad = lm_tensor_data(a);
+   fn(lm_tensor_data(o), other_first ? other : ad, other_first ? ad : other, NULL, a->numel, p);
+   *out = o;
+   return 1;
+}
+
 /* ---------------------------------------------------------------- unary */
 
 static const char *unary_name(int op) {
@@ -500,6 +547,11 @@ lm_status lm_unary(int op, const lm_tensor *a, lm_tensor **out) {
    if (!pl.k.vv)
       return lm_error(LM_ERR_DTYPE, "%s is not supported for %s tensors", unary_name(op),
                       lm_dtype_name(dt));
+   if (out && !*out && op != LM_LOGICAL_NOT && res == dt && small_dense_ok(a)) {
+      lm_status fst;
+      small_dense_run(pl.k.vv, a, NULL, 0, &pl.p, out, &fst);
+      return fst;
+   }
    lm_operand in;
    lm_operand_tensor(&in, a);
    return ew_exec(&pl, res, &in, out);
@@ -654,49 +706,19 @@ static lm_status binary_impl(int op, lm_operand *ins, int scalar_idx, double sva
    return ew_exec_v(&pl, res, local, out, op == LM_RELU_BACKWARD);
 }
 
-/* Small float operands with the same sizes and strides, non-overlapping and dense (two
- * contiguous tensors, two channels-last ones, ...): the result's strides come from the spec's
- * fast setup (section 6.2, as lm_iter_output_strides applies it: contiguous, else channels-last,
- * else the inputs' own strides), and one kernel call over the memory of each runs the whole op:
- * elements at the same memory position are the same element in all three, since size-1 dims,
- * the only ones whose strides may differ, never move an offset. No iterator is set up: for a
- * 4-element add that is a quarter of the call. Returns 1 when it ran (*st set), 0 to take the
- * general path. */
-enum { LM_SMALL_DENSE_MAX = LM_PARALLEL_GRAIN };
-
 static int binary_small_dense(int op, const lm_tensor *a, const lm_tensor *b, double alpha,
                               lm_tensor **out, lm_status *st) {
-   if (*out || op < 0 || op >= LM_NUM_BINARY || is_bool_result(op)) return 0;
-   const int dt = a->dtype;
-   if ((dt != LM_FLOAT32 && dt != LM_FLOAT64) || b->dtype != dt || a->ndim != b->ndim ||
-       a->numel <= 0 || a->numel > LM_SMALL_DENSE_MAX)
+   if (*out || op < 0 || op >= LM_NUM_BINARY || is_bool_result(op) || !small_dense_ok(a) ||
+       b->dtype != a->dtype || b->ndim != a->ndim)
       return 0;
    for (int d = 0; d < a->ndim; d++)
-      if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d] || a->strides[d] < 0)
-         return 0;
-   if (!(a->flags & LM_FLAG_NOD)) return 0;
-   const int kind = lm_kind_of(dt);
-   const lm_kfn fn = lm_binary_kernels[op][kind].vv;
-   if (!fn || lm_kind_dtype(kind) != dt) return 0;
+      if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d]) return 0;
+   const lm_kfn fn = lm_binary_kernels[op][lm_kind_of(a->dtype)].vv;
+   if (!fn) return 0;
    lm_kparams p;
    memset(&p, 0, sizeof p);
-   set_params(&p, dt, alpha, 0.0, 0.0, 0.0);
-   int64_t ost[LM_MAX_DIMS];
-   if (a->flags & LM_FLAG_CONTIGUOUS) {
-      lm_compute_strides(a->ndim, a->sizes, LM_CONTIGUOUS, ost);
-   } else if (a->flags & LM_FLAG_CL_CONTIGUOUS) {
-      lm_compute_strides(a->ndim, a->sizes, LM_CHANNELS_LAST, ost);
-   } else {
-      for (int d = 0; d < a->ndim; d++) ost[d] = a->strides[d];
-   }
-   lm_tensor *o = NULL;
-   *st = lm_empty_strided(a->ndim, a->sizes, ost, dt, LM_CPU, &o);
-   if (*st != LM_OK) return 1;
-   /* element 0 of a dense tensor with non-negative strides is the lowest address: each memory
-      block holds the elements in the same order */
-   fn(lm_tensor_data(o), lm_tensor_data(a), lm_tensor_data(b), NULL, a->numel, &p);
-   *out = o;
-   return 1;
+   set_params(&p, a->dtype, alpha, 0.0, 0.0, 0.0);
+   return small_dense_run(fn, a, lm_tensor_data(b), 0, &p, out, st);
 }
 
 lm_status lm_binary(int op, const lm_tensor *a, const lm_tensor *b, double alpha, lm_tensor **out) {
@@ -714,6 +736,32 @@ lm_status lm_binary(int op, const lm_tensor *a, const lm_tensor *b, double alpha
 lm_status lm_binary_scalar(int op, const lm_tensor *a, double s, int is_int, int reverse,
                            double alpha, lm_tensor **out) {
    LM_TRY(check_input(a, "input"));
+   if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
+   /* a small float tensor with a number: the number in the tensor's dtype, as binary_impl
+      stores it (pow keeps its special cases on the general path). The number is a 0-dim
+      operand, so PyTorch's fast setup does not apply: the result's strides come from sorting
+      the tensor's (section 6.3), which gives its own strides back, except where size-1 dims
+      have strides that could sort either way; those take the general path. */
+   int no_ones = 1;
+   for (int d = 0; d < a->ndim; d++) no_ones &= a->sizes[d] != 1;
+   if (!*out && op >= 0 && op < LM_NUM_BINARY && !is_bool_result(op) && op != LM_POW &&
+       no_ones && small_dense_ok(a)) {
+      const lm_kset *k = &lm_binary_kernels[op][lm_kind_of(a->dtype)];
+      const lm_kfn fn = reverse ? k->sv : k->vs;
+      if (fn) {
+         _Alignas(16) char sb[16];
+         lm_store_from_double(sb, a->dtype, s);
+         lm_kparams p;
+         memset(&p, 0, sizeof p);
+         set_params(&p, a->dtype, alpha, 0.0, 0.0, 0.0);
+         lm_status fst;
+         lm_tensor *o = NULL;
+         small_dense_run(fn, a, sb, reverse, &p, &o, &fst);   /* sv: (scalar, tensor) */
+         if (fst != LM_OK) return fst;
+         *out = o;
+         return LM_OK;
+      }
+   }
    lm_operand ins[2];
    int ti = reverse ? 1 : 0, si = reverse ? 0 : 1;
    lm_operand_tensor(&ins[ti], a);
