@@ -588,6 +588,25 @@ describe("small dense operands (one kernel call, no iterator)", function()
       end
    end)
 
+   it("handles 0-dim, one-element, 5-D channels-last and offset views", function()
+      lm.manual_seed(15)
+      local z = lm.tensor(2.5) + lm.tensor(1.5)
+      assert.are.equal(0, z:dim())
+      assert.are.equal(4, z:item())
+      local one = lm.tensor({ 3 }) * lm.tensor({ -2 })
+      assert.are.equal(-6, one:item())
+      local v5 = lm.randn({ 2, 3, 2, 3, 4 }):contiguous(lm.channels_last_3d)
+      local r5 = v5 * v5
+      H.assert_layout(r5, v5:size(), v5:stride(), "5-D channels-last")
+      assert.is_true(lm.equal(r5, v5:contiguous() * v5:contiguous()))
+      local base = lm.randn({ 3, 4 })
+      local row = base:narrow(1, 2, 1)                   -- offset 4, dense
+      assert.are.equal(4, row:storage_offset())
+      assert.is_true(lm.equal(row + row, (base + base):narrow(1, 2, 1)))
+      assert.is_true(lm.equal(3 - row, (3 - base):narrow(1, 2, 1)))
+      assert.is_true(lm.equal(row:relu(), base:relu():narrow(1, 2, 1)))
+   end)
+
    it("is not taken for mixed dtypes, broadcasting, comparisons or large tensors", function()
       local a = lm.randn({ 4 })
       H.assert_dtype(a + lm.ones({ 4 }, { dtype = lm.float64 }), lm.float64)
