@@ -482,6 +482,14 @@ describe("small dense operands (one kernel call, no iterator)", function()
    -- strides, non-overlapping and dense. The result must be what the general path gives: the
    -- same bits, and the fast setup's strides (the spec's section 6.2). The general path is
    -- reached with the same values in another layout (different strides).
+   -- fast (the small path's result) against slow (the general path's): the same values and
+   -- NaNs, and a's strides
+   local function same_as_general(fast, slow, a, what)
+      assert.is_true(lm.equal(fast:isnan(), slow:isnan()), what .. ": NaNs differ")
+      assert.is_true(lm.equal(fast:where(fast:eq(fast), 0), slow:where(slow:eq(slow), 0)),
+                     what .. ": values differ")
+      H.assert_layout(fast, a:size(), a:stride(), what)
+   end
    local function layouts()
       return {
          { "contiguous", function(t) return t:contiguous() end },
@@ -518,10 +526,7 @@ describe("small dense operands (one kernel call, no iterator)", function()
                -- b in another layout: the general path
                local other = l[1] == "contiguous" and lm.channels_last or lm.contiguous_format
                local slow = op[2](a, b:contiguous(other))
-               assert.is_true(lm.equal(fast:isnan(), slow:isnan()), what .. ": NaNs differ")
-               assert.is_true(lm.equal(fast:where(fast:eq(fast), 0), slow:where(slow:eq(slow), 0)),
-                              what .. ": values differ")
-               H.assert_layout(fast, a:size(), a:stride(), what)
+               same_as_general(fast, slow, a, what)
             end
          end
       end
@@ -579,10 +584,7 @@ describe("small dense operands (one kernel call, no iterator)", function()
             for _, op in ipairs(ops) do
                local what = ("%s %s %s"):format(op[1], l[1], tostring(dt))
                local fast, slow = op[2](a), op[2](nd)
-               assert.is_true(lm.equal(fast:isnan(), slow:isnan()), what .. ": NaNs differ")
-               assert.is_true(lm.equal(fast:where(fast:eq(fast), 0), slow:where(slow:eq(slow), 0)),
-                              what .. ": values differ")
-               H.assert_layout(fast, a:size(), a:stride(), what)
+               same_as_general(fast, slow, a, what)
             end
          end
       end
