@@ -482,18 +482,17 @@ static lm_status small_dense_out(const lm_tensor *a, lm_tensor **o) {
    return lm_empty_strided(a->ndim, a->sizes, ost, a->dtype, LM_CPU, o);
 }
 
-/* fn(result, x, y) into a new small result shaped like a, x and y being a's data, the other
-   operand's (b's data, a scalar, or NULL) in the kernel's order (first: x = the other); always
-   returns 1 (ran), with *st set */
-static int small_dense_run(lm_kfn fn, const lm_tensor *a, const void *other, int other_first,
-                           const lm_kparams *p, lm_tensor **out, lm_status *st) {
+/* fn(result, x, y) into a new small result *out shaped like a, x and y being a's data and the
+   other operand's (b's data, a scalar, or NULL), in the kernel's order (other_first: the other
+   operand is x) */
+static lm_status small_dense_run(lm_kfn fn, const lm_tensor *a, const void *other,
+                                 int other_first, const lm_kparams *p, lm_tensor **out) {
    lm_tensor *o = NULL;
-   *st = small_dense_out(a, &o);
-   if (*st != LM_OK) return 1;
+   LM_TRY(small_dense_out(a, &o));
    const void *ad = lm_tensor_data(a);
    fn(lm_tensor_data(o), other_first ? other : ad, other_first ? ad : other, NULL, a->numel, p);
    *out = o;
-   return 1;
+   return LM_OK;
 }
 
 /* ---------------------------------------------------------------- unary */
@@ -547,11 +546,8 @@ lm_status lm_unary(int op, const lm_tensor *a, lm_tensor **out) {
    if (!pl.k.vv)
       return lm_error(LM_ERR_DTYPE, "%s is not supported for %s tensors", unary_name(op),
                       lm_dtype_name(dt));
-   if (out && !*out && op != LM_LOGICAL_NOT && res == dt && small_dense_ok(a)) {
-      lm_status fst;
-      small_dense_run(pl.k.vv, a, NULL, 0, &pl.p, out, &fst);
-      return fst;
-   }
+   if (out && !*out && op != LM_LOGICAL_NOT && res == dt && small_dense_ok(a))
+      return small_dense_run(pl.k.vv, a, NULL, 0, &pl.p, out);
    lm_operand in;
    lm_operand_tensor(&in, a);
    return ew_exec(&pl, res, &in, out);
@@ -706,27 +702,28 @@ static lm_status binary_impl(int op, lm_operand *ins, int scalar_idx, double sva
    return ew_exec_v(&pl, res, local, out, op == LM_RELU_BACKWARD);
 }
 
-static int binary_small_dense(int op, const lm_tensor *a, const lm_tensor *b, double alpha,
-                              lm_tensor **out, lm_status *st) {
-   if (*out || op < 0 || op >= LM_NUM_BINARY || is_bool_result(op) || !small_dense_ok(a) ||
-       b->dtype != a->dtype || b->ndim != a->ndim)
-      return 0;
-   for (int d = 0; d < a->ndim; d++)
-      if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d]) return 0;
-   const lm_kfn fn = lm_binary_kernels[op][lm_kind_of(a->dtype)].vv;
-   if (!fn) return 0;
-   lm_kparams p;
-   memset(&p, 0, sizeof p);
-   set_params(&p, a->dtype, alpha, 0.0, 0.0, 0.0);
-   return small_dense_run(fn, a, lm_tensor_data(b), 0, &p, out, st);
+/* the small path's kernel for binary op with a small float tensor a (vv, or the one-element
+   variant: vs / sv), or NULL to take the general path; *p gets the op's parameters */
+static lm_kfn small_binary_kernel(int op, const lm_tensor *a, lm_tensor **out, int variant,
+                                  double alpha, lm_kparams *p) {
+   if (*out || op < 0 || op >= LM_NUM_BINARY || is_bool_result(op) || !small_dense_ok(a))
+      return NULL;
+   const lm_kset *k = &lm_binary_kernels[op][lm_kind_of(a->dtype)];
+   memset(p, 0, sizeof *p);
+   set_params(p, a->dtype, alpha, 0.0, 0.0, 0.0);
+   return variant == 0 ? k->vv : variant == 1 ? k->vs : k->sv;
 }
 
 lm_status lm_binary(int op, const lm_tensor *a, const lm_tensor *b, double alpha, lm_tensor **out) {
    LM_TRY(check_input(a, "input"));
    LM_TRY(check_input(b, "other"));
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
-   lm_status fst;
-   if (binary_small_dense(op, a, b, alpha, out, &fst)) return fst;
+   lm_kparams p;
+   const lm_kfn fn = small_binary_kernel(op, a, out, 0, alpha, &p);
+   int same = fn && b->dtype == a->dtype && b->ndim == a->ndim;
+   for (int d = 0; same && d < a->ndim; d++)
+      same = a->sizes[d] == b->sizes[d] && a->strides[d] == b->strides[d];
+   if (same) return small_dense_run(fn, a, lm_tensor_data(b), 0, &p, out);
    lm_operand ins[2];
    lm_operand_tensor(&ins[0], a);
    lm_operand_tensor(&ins[1], b);
@@ -742,25 +739,14 @@ lm_status lm_binary_scalar(int op, const lm_tensor *a, double s, int is_int, int
       operand, so PyTorch's fast setup does not apply: the result's strides come from sorting
       the tensor's (section 6.3), which gives its own strides back, except where size-1 dims
       have strides that could sort either way; those take the general path. */
-   int no_ones = 1;
-   for (int d = 0; d < a->ndim; d++) no_ones &= a->sizes[d] != 1;
-   if (!*out && op >= 0 && op < LM_NUM_BINARY && !is_bool_result(op) && op != LM_POW &&
-       no_ones && small_dense_ok(a)) {
-      const lm_kset *k = &lm_binary_kernels[op][lm_kind_of(a->dtype)];
-      const lm_kfn fn = reverse ? k->sv : k->vs;
-      if (fn) {
-         _Alignas(16) char sb[16];
-         lm_store_from_double(sb, a->dtype, s);
-         lm_kparams p;
-         memset(&p, 0, sizeof p);
-         set_params(&p, a->dtype, alpha, 0.0, 0.0, 0.0);
-         lm_status fst;
-         lm_tensor *o = NULL;
-         small_dense_run(fn, a, sb, reverse, &p, &o, &fst);   /* sv: (scalar, tensor) */
-         if (fst != LM_OK) return fst;
-         *out = o;
-         return LM_OK;
-      }
+   int take = op != LM_POW;                       /* and no size-1 dims */
+   for (int d = 0; take && d < a->ndim; d++) take = a->sizes[d] != 1;
+   lm_kparams p;
+   const lm_kfn fn = take ? small_binary_kernel(op, a, out, reverse ? 2 : 1, alpha, &p) : NULL;
+   if (fn) {
+      _Alignas(16) char sb[16];
+      lm_store_from_double(sb, a->dtype, s);
+      return small_dense_run(fn, a, sb, reverse, &p, out);   /* sv: (scalar, tensor) */
    }
    lm_operand ins[2];
    int ti = reverse ? 1 : 0, si = reverse ? 0 : 1;

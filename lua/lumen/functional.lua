@@ -64,6 +64,15 @@ local function opt_tensor(fname, x, what)
    return tensor_arg(fname, x, what)
 end
 
+-- a copy of the options table with some entries replaced (nil removes one)
+local function opts_with(opts, k1, v1, k2, v2)
+   local o = {}
+   for k, v in pairs(opts) do o[k] = v end
+   o[k1] = v1
+   if k2 ~= nil then o[k2] = v2 end
+   return o
+end
+
 local function check_opts(fname, opts)
    if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
       err(fname, "options must be a table, got " .. typename(opts))
@@ -154,10 +163,7 @@ function F.conv2d(x, w, b, opts)
             err(fname, ("residual must be 3-D (C, H, W) like the unbatched input, got size %s")
                 :format(sizes_str(rc)))
          end
-         local o2 = {}
-         for k, v in pairs(opts) do o2[k] = v end
-         o2.residual = Tensor.unsqueeze(opts.residual, 1)
-         opts = o2
+         opts = opts_with(opts, "residual", Tensor.unsqueeze(opts.residual, 1))
       end
       return Tensor.squeeze(F.conv2d(Tensor.unsqueeze(x, 1), w, b, opts), 1)
    end
@@ -226,9 +232,9 @@ function F.conv2d(x, w, b, opts)
    local resc = opt_tensor(fname, residual, "residual")
    if resc ~= nil then
       -- exactly the output's shape and the input's dtype, whichever path runs below
-      local osz = { tonumber(xc.sizes[0]), cout,
-                    math.floor((H + 2 * padding[1] - eh) / stride[1]) + 1,
-                    math.floor((W + 2 * padding[2] - ew) / stride[2]) + 1 }
+      check(C.lm_conv2d_output_size(xc.sizes + 2, wc.sizes + 2, fill2(sbuf, stride),
+                                    fill2(pbuf, padding), fill2(dbuf, dilation), obuf), fname)
+      local osz = { tonumber(xc.sizes[0]), cout, tonumber(obuf[0]), tonumber(obuf[1]) }
       local same = resc.ndim == 4
       for d = 1, 4 do same = same and tonumber(resc.sizes[d - 1]) == osz[d] end
       if not same then
@@ -245,10 +251,7 @@ function F.conv2d(x, w, b, opts)
                                            (resc ~= nil and needs(residual)))
       if rec then
          -- the separate ops, which autograd differentiates: relu(conv2d(x, w, b) + residual)
-         local rest = {}
-         for k, v in pairs(opts) do rest[k] = v end
-         rest.residual, rest.relu = nil, nil
-         local y = F.conv2d(x, w, b, rest)
+         local y = F.conv2d(x, w, b, opts_with(opts, "residual", nil, "relu", nil))
          if residual ~= nil then y = Tensor.add(y, residual) end
          if relu then y = Tensor.relu(y) end
          return y
@@ -539,11 +542,8 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    if resc ~= nil and (resc.dtype ~= xc.dtype or resc.ndim ~= xc.ndim
                        or not A.same_sizes(resc, xc) or resc.device ~= xc.device) then
       -- not fusable: the separate ops (broadcasting and type promotion as Tensor.add does them)
-      local rest = {}
-      for k, v in pairs(opts) do rest[k] = v end
-      rest.residual, rest.relu = nil, nil
-      local y = Tensor.add(F.batch_norm(x, running_mean, running_var, weight, bias, rest),
-                           residual)
+      local y = Tensor.add(F.batch_norm(x, running_mean, running_var, weight, bias,
+                                        opts_with(opts, "residual", nil, "relu", nil)), residual)
       if relu then y = Tensor.relu_(y) end
       return y
    end
