@@ -222,6 +222,9 @@ describe("memory", function()
          lm.memory.set_soft_limit(lm.memory.live_bytes() + math.floor(1.5 * r))
          assert.equal(0, C.lm_mem_pressure())
       end
+      -- the miss trigger would collect on the fresh blocks below: this checks the room alone
+      local miss_block = lm.memory.miss_block()
+      lm.memory.set_miss_block(0)
       local ok, err = pcall(function()
          reset()                                -- L = live0, S = L + 1.5 r
          local a = C.lm_alloc(r)
@@ -283,9 +286,105 @@ describe("memory", function()
          C.lm_free(a, r)
       end)
       lm.memory.set_soft_limit(prev)
+      lm.memory.set_miss_block(miss_block)
       C.lm_mem_collected()
       assert.is_true(ok, err)
       assert.equal(live0, lm.memory.live_bytes())
+   end)
+
+   it("the miss trigger: a large block that comes fresh collects before more fresh pages",
+      function()
+      local C = require("lumen.C")
+      if os.getenv("LUMEN_MISS_BLOCK") == nil then
+         assert.equal(2 * 2 ^ 20, lm.memory.miss_block())
+      end
+      local miss_block, prev = lm.memory.miss_block(), lm.memory.soft_limit()
+      local B = 4 * 2 ^ 20                      -- above the miss block, 4 MiB: growth 2B = floor
+      local ok, err = pcall(function()
+         lm.memory.set_miss_block(2 * 2 ^ 20)   -- also resets the floor
+         assert.equal(8 * 2 ^ 20, lm.memory.miss_floor())
+         lm.memory.set_soft_limit(2 ^ 40)       -- only the miss trigger may raise the flag
+         lm.memory.empty_cache()
+         C.lm_mem_collected()
+         assert.equal(0, C.lm_mem_pressure())
+         local a = C.lm_alloc(B)                -- fresh, growth B: not yet
+         assert.equal(0, C.lm_mem_pressure(), "one block of growth")
+         local b = C.lm_alloc(B)                -- fresh, growth 2B: collect
+         assert.are_not.equal(0, C.lm_mem_pressure(), "two blocks of growth, fresh")
+         C.lm_free(a, B)
+         C.lm_free(b, B)                        -- all of it was garbage: the floor stays
+         C.lm_mem_collected()
+         assert.equal(8 * 2 ^ 20, lm.memory.miss_floor())
+         -- blocks that come from the cache never trigger it
+         a, b = C.lm_alloc(B), C.lm_alloc(B)
+         local c = C.lm_alloc(B)                -- fresh again, but growth 3B: the next one
+         assert.are_not.equal(0, C.lm_mem_pressure())
+         C.lm_mem_collected()                   -- nothing was freed: the program keeps them
+         assert.equal(16 * 2 ^ 20, lm.memory.miss_floor(), "the floor doubles")
+         local d = C.lm_alloc(B)                -- growth B since the collection
+         local e = C.lm_alloc(B)                -- 2B = 8 MiB < 16 MiB: not yet
+         assert.equal(0, C.lm_mem_pressure(), "a growing program pays fewer collections")
+         local f = C.lm_alloc(B)
+         local g = C.lm_alloc(B)                -- 4B = 16 MiB
+         assert.are_not.equal(0, C.lm_mem_pressure())
+         for _, p in ipairs({ a, b, c, d, e, f, g }) do C.lm_free(p, B) end
+         C.lm_mem_collected()                   -- freed more than half: back to the base
+         assert.equal(8 * 2 ^ 20, lm.memory.miss_floor())
+         -- blocks below the miss block never trigger it
+         lm.memory.empty_cache()
+         local small, S = {}, 2 ^ 20
+         for i = 1, 24 do small[i] = C.lm_alloc(S) end
+         assert.equal(0, C.lm_mem_pressure(), "1 MiB blocks are not worth a collection")
+         for i = 1, 24 do C.lm_free(small[i], S) end
+         C.lm_mem_collected()
+         -- off
+         lm.memory.set_miss_block(0)
+         lm.memory.empty_cache()
+         a, b, c = C.lm_alloc(B), C.lm_alloc(B), C.lm_alloc(B)
+         assert.equal(0, C.lm_mem_pressure(), "turned off")
+         C.lm_free(a, B)
+         C.lm_free(b, B)
+         C.lm_free(c, B)
+         C.lm_mem_collected()
+      end)
+      lm.memory.set_soft_limit(prev)
+      lm.memory.set_miss_block(miss_block)
+      C.lm_mem_collected()
+      assert.is_true(ok, err)
+      assert.has_error(function() lm.memory.set_miss_block(-1) end,
+         "lumen.memory.set_miss_block: bytes must be a non-negative integer, got -1")
+      assert.has_error(function() lm.memory.set_miss_block("big") end)
+      assert.has_error(function() lm.memory.set_miss_block(nil) end)
+   end)
+
+   it("the miss trigger: a new loop of large temporaries runs on far fewer fresh pages",
+      function()
+      -- a size no other spec uses, so its blocks start fresh; the loop drops each result
+      local miss_block = lm.memory.miss_block()
+      local function fresh_blocks(mb)
+         lm.memory.set_miss_block(mb)
+         full_collect()
+         lm.memory.empty_cache()
+         local start = lm.memory.live_bytes()
+         local x = lm.ones({ 8, 64, 56, 57 }, { memory_format = lm.channels_last })
+         local n0 = lm.memory.alloc_count()
+         for _ = 1, 21 do
+            local y = (x + x):relu()
+            assert.equal(1, y:stride(2))          -- channels-last kept
+         end
+         local n = lm.memory.alloc_count() - n0
+         x = nil -- luacheck: ignore
+         full_collect()
+         assert.equal(start, lm.memory.live_bytes())
+         return n
+      end
+      local ok, with, without = pcall(function()
+         return fresh_blocks(2 * 2 ^ 20), fresh_blocks(0)
+      end)
+      lm.memory.set_miss_block(miss_block)
+      assert.is_true(ok, with)
+      assert.is_true(with <= 10 and with < without,
+         string.format("%d fresh blocks with the trigger, %d without", with, without))
    end)
 
    it("the traffic trigger: off by default, can be fixed, made adaptive, turned off", function()

@@ -100,6 +100,9 @@ int lm_mem_pressure(void);                    /* non-zero when live bytes crosse
                                                  last lm_mem_collected(); Lua then collects garbage */
 int64_t lm_mem_traffic_limit(void);           /* 0: traffic does not trigger collections */
 void lm_mem_set_traffic_limit(int64_t bytes);
+int64_t lm_mem_miss_block(void);              /* the miss trigger's smallest block, 0: off */
+void lm_mem_set_miss_block(int64_t bytes);     /* (resets the miss floor) */
+int64_t lm_mem_miss_floor(void);              /* growth a miss needs before it collects */
 int64_t lm_mem_cache_size(void);              /* last-level cache bytes (sysconf), 0 if unknown */
 int64_t lm_mem_cold_bytes(void);              /* the coldness threshold: half the last-level cache
                                                  (LUMEN_COLD_BYTES overrides); results this large
