@@ -299,8 +299,10 @@ describe("memory", function()
          assert.equal(2 * 2 ^ 20, lm.memory.miss_block())
       end
       local miss_block, prev = lm.memory.miss_block(), lm.memory.soft_limit()
+      local traffic, adaptive = lm.memory.traffic_limit(), lm.memory.traffic_adaptive()
       local B = 4 * 2 ^ 20                      -- above the miss block, 4 MiB: growth 2B = floor
       local ok, err = pcall(function()
+         lm.memory.set_traffic_limit(0)         -- whatever LUMEN_TRAFFIC_LIMIT says
          lm.memory.set_miss_block(2 * 2 ^ 20)   -- also resets the floor
          assert.equal(8 * 2 ^ 20, lm.memory.miss_floor())
          lm.memory.set_soft_limit(2 ^ 40)       -- only the miss trigger may raise the flag
@@ -317,6 +319,7 @@ describe("memory", function()
          assert.equal(8 * 2 ^ 20, lm.memory.miss_floor())
          -- blocks that come from the cache never trigger it
          a, b = C.lm_alloc(B), C.lm_alloc(B)
+         assert.equal(0, C.lm_mem_pressure(), "cache hits")
          local c = C.lm_alloc(B)                -- fresh again, but growth 3B: the next one
          assert.are_not.equal(0, C.lm_mem_pressure())
          C.lm_mem_collected()                   -- nothing was freed: the program keeps them
@@ -330,6 +333,30 @@ describe("memory", function()
          for _, p in ipairs({ a, b, c, d, e, f, g }) do C.lm_free(p, B) end
          C.lm_mem_collected()                   -- freed more than half: back to the base
          assert.equal(8 * 2 ^ 20, lm.memory.miss_floor())
+         -- the floor stays within half the soft limit (else it could never be reached again),
+         -- and a collection with no growth since the last one resets it
+         lm.memory.set_soft_limit(lm.memory.live_bytes() + 24 * 2 ^ 20)
+         lm.memory.empty_cache()
+         C.lm_mem_collected()
+         local kept = {}
+         for _ = 1, 4 do                        -- a program that keeps every block
+            for _ = 1, 64 do
+               kept[#kept + 1] = C.lm_alloc(B)
+               if bit.band(C.lm_mem_pressure(), 4) ~= 0 then break end
+            end
+            assert.are_not.equal(0, bit.band(C.lm_mem_pressure(), 4), "the miss bit")
+            C.lm_mem_collected()
+            assert.is_true(lm.memory.miss_floor() <= math.max(8 * 2 ^ 20,
+                              lm.memory.soft_limit() / 2),
+               string.format("floor %d, soft limit %d", lm.memory.miss_floor(),
+                             lm.memory.soft_limit()))
+         end
+         assert.is_true(lm.memory.miss_floor() > 8 * 2 ^ 20)
+         for i = 1, #kept do C.lm_free(kept[i], B) end
+         C.lm_mem_collected()                   -- live bytes fell: back to the base
+         assert.equal(8 * 2 ^ 20, lm.memory.miss_floor(), "reset when the growth stops")
+         lm.memory.set_soft_limit(2 ^ 40)
+         C.lm_mem_collected()
          -- blocks below the miss block never trigger it
          lm.memory.empty_cache()
          local small, S = {}, 2 ^ 20
@@ -348,6 +375,7 @@ describe("memory", function()
          C.lm_mem_collected()
       end)
       lm.memory.set_soft_limit(prev)
+      lm.memory.set_traffic_limit(adaptive and "auto" or traffic)
       lm.memory.set_miss_block(miss_block)
       C.lm_mem_collected()
       assert.is_true(ok, err)
@@ -359,8 +387,10 @@ describe("memory", function()
 
    it("the miss trigger: a new loop of large temporaries runs on far fewer fresh pages",
       function()
-      -- a size no other spec uses, so its blocks start fresh; the loop drops each result
-      local miss_block = lm.memory.miss_block()
+      -- the cache is emptied first, so the loop's blocks start fresh; it drops each result.
+      -- The default soft limit and no traffic trigger, whatever the environment says.
+      local miss_block, prev = lm.memory.miss_block(), lm.memory.soft_limit()
+      local traffic, adaptive = lm.memory.traffic_limit(), lm.memory.traffic_adaptive()
       local function fresh_blocks(mb)
          lm.memory.set_miss_block(mb)
          full_collect()
@@ -379,8 +409,12 @@ describe("memory", function()
          return n
       end
       local ok, with, without = pcall(function()
+         lm.memory.set_soft_limit(lm.memory.DEFAULT_SOFT_LIMIT)
+         lm.memory.set_traffic_limit(0)
          return fresh_blocks(2 * 2 ^ 20), fresh_blocks(0)
       end)
+      lm.memory.set_soft_limit(prev)
+      lm.memory.set_traffic_limit(adaptive and "auto" or traffic)
       lm.memory.set_miss_block(miss_block)
       assert.is_true(ok, with)
       assert.is_true(with <= 10 and with < without,

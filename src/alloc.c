@@ -29,8 +29,9 @@
  * default) comes fresh while live bytes have grown since the last collection by at least two
  * such blocks and by the miss floor, the pressure flag goes up: the next tensor made collects,
  * and the blocks the dead results held serve the requests after it. A collection that finds
- * less than half of that growth dead (a program that keeps what it makes) doubles the floor, so
- * a growing program pays a few collections, not one per block; one that finds more resets it.
+ * less than half of that growth dead (a program that keeps what it makes) doubles the floor (up
+ * to half the soft limit), so a growing program pays a few collections, not one per block; one
+ * that finds more resets it, and so does any collection after which live bytes have not grown.
  * In a loop the pool of blocks then grows by one block per collection instead of all at once,
  * until the soft limit governs as before; a loop whose blocks come back from the cache never
  * misses, so the steady state is unchanged.
@@ -435,7 +436,7 @@ void lm_mem_collected(void) {
    pthread_mutex_lock(&A.mu);
    int by_live = A.pressure & LM_PRESSURE_LIVE;
    if (!by_live && A.live <= A.soft_limit) {
-      /* a collection asked for by traffic: the soft limit was not the reason, leave it */
+      /* a collection asked for by traffic or a miss: the soft limit was not the reason */
    } else if (A.live > A.soft_limit / 10 * 8) {
       A.soft_limit = A.soft_limit / 10 * 14; /* still needed: grow, as Torch7 did */
    } else if (A.live * 2 < A.base_limit && A.soft_limit > A.base_limit) {
@@ -443,12 +444,17 @@ void lm_mem_collected(void) {
    }
    if (A.pressure & LM_PRESSURE_MISS) {
       /* less than half the growth was dead: the program keeps what it makes, so ask for more
-         growth before the next miss collects; otherwise back to the base */
+         growth before the next miss collects; otherwise back to the base. The floor stays
+         within half the soft limit: one above the growth the soft limit allows between two
+         collections would never be reached, and the trigger would be off for good. */
       const int64_t freed = A.miss_live - A.live;
+      const int64_t cap = A.soft_limit / 2 > LM_MISS_FLOOR ? A.soft_limit / 2 : LM_MISS_FLOOR;
       if (freed < A.miss_growth / 2)
-         A.miss_floor = A.miss_floor > INT64_MAX / 2 ? INT64_MAX : 2 * A.miss_floor;
+         A.miss_floor = A.miss_floor > cap / 2 ? cap : 2 * A.miss_floor;
       else
          A.miss_floor = LM_MISS_FLOOR;
+   } else if (A.live <= A.live_base) {
+      A.miss_floor = LM_MISS_FLOOR; /* any collection: no growth since the last one */
    }
    A.pressure = 0;
    A.live_base = A.live;

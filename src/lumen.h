@@ -95,13 +95,15 @@ int64_t lm_mem_cached_bytes(void);            /* bytes held by the cache, not li
 void lm_mem_empty_cache(void);
 int64_t lm_mem_soft_limit(void);
 void lm_mem_set_soft_limit(int64_t bytes);
-int lm_mem_pressure(void);                    /* non-zero when live bytes crossed the soft limit, or
-                                                 large-block traffic the traffic limit, since the
-                                                 last lm_mem_collected(); Lua then collects garbage */
+int lm_mem_pressure(void);                    /* non-zero when live bytes crossed the soft limit,
+                                                 large-block traffic the traffic limit, or a large
+                                                 block came fresh past the miss floor (bits 1, 2,
+                                                 4), since the last lm_mem_collected(); Lua then
+                                                 collects garbage */
 int64_t lm_mem_traffic_limit(void);           /* 0: traffic does not trigger collections */
 void lm_mem_set_traffic_limit(int64_t bytes);
 int64_t lm_mem_miss_block(void);              /* the miss trigger's smallest block, 0: off */
-void lm_mem_set_miss_block(int64_t bytes);     /* (resets the miss floor) */
+void lm_mem_set_miss_block(int64_t bytes);    /* (resets the miss floor) */
 int64_t lm_mem_miss_floor(void);              /* growth a miss needs before it collects */
 int64_t lm_mem_cache_size(void);              /* last-level cache bytes (sysconf), 0 if unknown */
 int64_t lm_mem_cold_bytes(void);              /* the coldness threshold: half the last-level cache

@@ -3,9 +3,9 @@
 -- Tensor memory lives in C, so Lua's collector does not see it: a loop creating large
 -- temporaries would run out of memory long before the collector runs. The allocator raises a
 -- "pressure" flag when live bytes cross a soft limit (or large-block traffic crosses the traffic
--- limit); every tensor constructor checks it (one cheap FFI call) and then runs a full
--- collection here, sweeps the slots of unreachable tensors (below) and reports back so the
--- allocator can adapt the limit.
+-- limit, or a large block must come fresh: the miss trigger); every tensor constructor checks
+-- it (one cheap FFI call) and then runs a full collection here, sweeps the slots of unreachable
+-- tensors (below) and reports back so the allocator can adapt the limit.
 
 local ffi = require("ffi")
 local C = require("lumen.C")
