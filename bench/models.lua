@@ -6,12 +6,17 @@
 --                                        eager mode does not fold)
 -- Median of max(3, iters / 4) runs after one warm-up (a run takes about 0.25 s on 2 threads).
 -- bench/run.sh runs this file and the peer's model benchmark only with BENCH_MODELS=1.
--- Usage: bin/lumen bench/models.lua [threads] [iters]
+-- Usage: bin/lumen bench/models.lua [threads] [iters] [profile]
+-- With "profile" it then times every convolution of the folded model over three runs, grouped by
+-- shape, slowest first: calls per run, ms per run, GFLOP/s (2*N*Ho*Wo*Cout*Cin/groups*kh*kw over
+-- the measured time). That is how a slow layer shows up; those lines do not end in a number, so
+-- bench/compare skips them.
 local lm = require("lumen")
 local clock = require("lumen.util").clock
 
 local threads = tonumber(arg and arg[1]) or 2
 local iters = math.max(3, math.floor((tonumber(arg and arg[2]) or 20) / 4))
+local profile = arg and arg[3] == "profile"
 lm.set_num_threads(threads)
 lm.manual_seed(0)
 
@@ -37,3 +42,45 @@ print(string.format("resnet50_infer_b8 nhwc %.3f", median_ms(infer)))
 collectgarbage()
 lm.nn.fold_batch_norm(model)
 print(string.format("resnet50_infer_folded_b8 nhwc %.3f", median_ms(infer)))
+
+if profile then
+   local F = lm.nn.functional
+   local conv2d = F.conv2d
+   local stats, order = {}, {}
+   -- a wrapper around F.conv2d for the three timed runs (the blocks call F.conv2d or
+   -- Conv2d:forward, which goes through it)
+   F.conv2d = function(input, w, b, opts)
+      local t0 = clock()
+      local y = conv2d(input, w, b, opts)
+      local dt = clock() - t0
+      local st = opts and opts.stride or 1
+      if type(st) == "table" then st = st[1] end
+      local key = string.format("%dx%d %d->%d stride %d, %dx%d input%s", w:size(3), w:size(4),
+                                input:size(2), w:size(1), st, input:size(3), input:size(4),
+                                opts and opts.residual and ", +residual" or "")
+      local e = stats[key]
+      if not e then
+         e = { n = 0, t = 0, flop = 0 }
+         stats[key] = e
+         order[#order + 1] = key
+      end
+      e.n, e.t = e.n + 1, e.t + dt
+      e.flop = e.flop + 2 * y:numel() * w:size(2) * w:size(3) * w:size(4)
+      return y
+   end
+   local ok, err = pcall(function()
+      for _ = 1, 3 do infer() end
+   end)
+   F.conv2d = conv2d
+   assert(ok, err)
+   table.sort(order, function(a, b) return stats[a].t > stats[b].t end)
+   local total = 0
+   print("   convolutions of the folded model, per run (3 runs):")
+   for _, key in ipairs(order) do
+      local e = stats[key]
+      total = total + e.t
+      print(string.format("   %-44s %3d calls %8.2f ms %6.0f GFLOP/s", key, e.n / 3,
+                          e.t / 3 * 1e3, e.flop / e.t / 1e9))
+   end
+   print(string.format("   all convolutions: %.1f ms a run", total / 3 * 1e3))
+end
