@@ -483,7 +483,7 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
                st = lm_conv_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
             /* the algorithm depends on the geometry only, so grad_b alone gets the same sums
                as grad_b with grad_w */
-            if (st == LM_OK && (gwp || gbp) && lm_conv_wino_usable(&g, 0))
+            if (st == LM_OK && (gwp || gbp) && lm_conv_wino_bwdw_usable(&g))
                st = lm_conv_wino_bwdw_nhwc_avx512(&g, xp, lm_tensor_data(gd), gwp, gbp);
             else if (st == LM_OK && (gwp || gbp) && lm_conv_rb_bwdw_usable(&g) &&
                      conv_env_on("LUMEN_CONV_RB"))

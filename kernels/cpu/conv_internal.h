@@ -121,6 +121,12 @@ LM_CONV_HIDDEN int lm_conv_rb_cp(int64_t cin);
 LM_CONV_HIDDEN int lm_conv_rb_pbmax(int nv);
 LM_CONV_HIDDEN void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w,
                                     int64_t OB, float *out, int64_t pitch);
+/* the same over nq chunks of 64 reduction channels (nq <= LM_RB_MAXCHUNKS): chunk j of row k at
+   x + j*xchunk + k*64, its weights at w + j*64*OB; out = the sum over the chunks */
+enum { LM_RB_MAXCHUNKS = 32 };
+LM_CONV_HIDDEN void lm_conv_rb_gemm_chunks(int nq, int nv, int pb, const float *x, int64_t xchunk,
+                                           const float *w, int64_t OB, float *out,
+                                           int64_t pitch);
 
 /* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
  * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
@@ -131,7 +137,9 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const 
                                                       const float *res, int relu, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                        const float *w, float *gx);
-/* backward weight (and the bias gradient); usable when lm_conv_wino_usable(g, 0) */
+/* backward weight (and the bias gradient); usable when lm_conv_wino_bwdw_usable(g): the
+   forward's geometry with at most 64 input channels */
+LM_CONV_HIDDEN int lm_conv_wino_bwdw_usable(const conv_geom *g);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                        const float *gout, float *gw, float *gb);
 

@@ -174,6 +174,17 @@ void lm_conv_rb_gemm(int CP, int nv, int pb, const float *x, const float *w, int
    rb_tab[cpi][nv][pb](x, zero, w, zero, 1, OB, out, pitch, NULL);
 }
 
+void lm_conv_rb_gemm_chunks(int nq, int nv, int pb, const float *x, int64_t xchunk,
+                            const float *w, int64_t OB, float *out, int64_t pitch) {
+   /* the chunks are the kernel's taps: one reduction, in registers, over all of them */
+   int64_t xoff[LM_RB_MAXCHUNKS], woff[LM_RB_MAXCHUNKS];
+   for (int j = 0; j < nq; j++) {
+      xoff[j] = j * xchunk;
+      woff[j] = j * 64 * OB;
+   }
+   rb_tab[4][nv][pb](x, xoff, w, woff, nq, OB, out, pitch, NULL);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * the problem as the kernels see it: dst[n][y][x][0..Cout) from src[n][.][.][0..Cin)
  */

@@ -1,5 +1,7 @@
 /* winograd_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
- * groups 1, 3x3, padding 0..2): forward, backward data, backward weight.
+ * groups 1, 3x3, padding 0..2): forward, backward data, backward weight. Reduction channels:
+ * 11..64, padded to 16, 32 or 64; forward and backward data also 96..128, padded to 128 and
+ * reduced in chunks of 64 (wg_cp, WG_WIDE_MAX_CIN).
  *
  * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
  * around it:
@@ -36,6 +38,15 @@
 #include <immintrin.h>
 
 enum { WG_E = 36, WG_L2_BYTES = 320 * 1024, WG_MAXT = 96, WG_PF = 2 };
+/* more than 64 input channels: a unit's V and M may take this much (see wg_run), and the
+   transformed weights at most WG_WIDE_U (they are read once per unit, and must stay cached) */
+#define WG_WIDE_BYTES ((int64_t)8 << 20)
+#define WG_WIDE_U ((int64_t)16 << 20)
+/* and at most this many input channels. Measured on resnet50's layers (bench/models.lua
+   profile, folded, batch 8): 3x3 128->128 at 28x28 took 10.8-11.8 ms a run (3 calls) against
+   15.3-19.8 with the direct kernel, but 256->256 at 14x14 took 37-43 ms against 26-30, and
+   512->512 at 7x7 72 ms against 11-14 (its weights, 37.7 MB transformed, do not stay cached) */
+#define WG_WIDE_MAX_CIN 128
 
 /* ---------------------------------------------------------------------------------------------
  * 1-D transforms on vectors
@@ -126,7 +137,7 @@ typedef struct {
    int64_t N, ph, pw;      /* padding (0..2 for the forward form of a 3x3) */
    int64_t th, tw;         /* tiles per column / row */
    int m, a, E;            /* F(m x m, 3x3): output tile m, input tile a = m + 2, E = a*a */
-   int CP;                 /* Cin padded to 16, 32 or 64 */
+   int CP;                 /* Cin padded to 16, 32 or 64, or to a multiple of 64 (wg_cp) */
    int64_t OB, nob, CoutP; /* output channel blocks */
    const float *U;         /* [ob][E][CP][OB] */
    const float *bias, *res;
@@ -219,9 +230,20 @@ static inline __attribute__((always_inline)) void wg_prefetch_box(const float *b
    }
 }
 
-/* input transform of tiles [t0, t0 + T) into V[e][k][CP]. Tiles inside the image read it in
-   place; border tiles (and channel counts below CP) first copy their patch, zero padded, into
-   `patch` (36 x CP floats). */
+/* the padded reduction channels of the forward and backward-data passes: the register-blocked
+   kernels' 16, 32 or 64 up to 64 channels, beyond that a multiple of 64 reduced chunk by chunk
+   (at most a quarter of it padding); 0 when Winograd does not take cin */
+static int wg_cp(int64_t cin) {
+   if (cin <= 64) return lm_conv_rb_cp(cin);
+   if (cin > WG_WIDE_MAX_CIN) return 0;
+   const int64_t cp = (cin + 63) / 64 * 64;
+   return cin * 4 >= cp * 3 ? (int)cp : 0;
+}
+
+/* input transform of tiles [t0, t0 + T) into V[e][j][k][cw]: chunks j of cw = min(CP, 64)
+   channels, so that the GEMMs see each chunk's rows cw floats apart (for CP <= 64 that is
+   V[e][k][CP]). Tiles inside the image read it in place; border tiles (and channel counts below
+   CP) first copy their patch, zero padded, into `patch` (36 x CP floats). */
 static void wg_input(const wg_prob *P, int64_t t0, int64_t T, float *V, float *patch) {
    const int CP = P->CP, tm = P->m, ta = P->a;
    const int64_t Cin = P->Cin, H = P->H, W = P->W, es = T * CP;
@@ -266,11 +288,14 @@ static void wg_input(const wg_prob *P, int64_t t0, int64_t T, float *V, float *p
          rs = ta * CP;
          ps = CP;
       }
+      const int cw = CP < 64 ? CP : 64;
       if (tm == 4)
          for (int c0 = 0; c0 < CP; c0 += 16)
-            wg_tile_in(base + c0, rs, ps, (__mmask16)0xFFFF, V + k * CP + c0, es);
+            wg_tile_in(base + c0, rs, ps, (__mmask16)0xFFFF,
+                       V + (c0 / cw) * T * cw + k * cw + c0 % cw, es);
       else
-         for (int c0 = 0; c0 < CP; c0 += 16) wg_tile_in2(base + c0, rs, ps, V + k * CP + c0, es);
+         for (int c0 = 0; c0 < CP; c0 += 16)
+            wg_tile_in2(base + c0, rs, ps, V + (c0 / cw) * T * cw + k * cw + c0 % cw, es);
    }
 }
 
@@ -383,8 +408,12 @@ static void wg_gemm(const wg_prob *P, int64_t T, const float *V, float *M) {
          int64_t k = 0;
          for (int64_t b = 0; b < nb; b++) {
             const int m = (int)(base + (b < extra));
-            lm_conv_rb_gemm(CP, nv, m, V + ((int64_t)e * T + k) * CP, u, P->OB,
-                            M + ((int64_t)e * T + k) * P->CoutP + ob * P->OB, P->CoutP);
+            float *mo = M + ((int64_t)e * T + k) * P->CoutP + ob * P->OB;
+            if (CP <= 64)
+               lm_conv_rb_gemm(CP, nv, m, V + ((int64_t)e * T + k) * CP, u, P->OB, mo, P->CoutP);
+            else /* V[e][j][k][64]: chunk j of row k at V + e*T*CP + j*T*64 + k*64 */
+               lm_conv_rb_gemm_chunks(CP / 64, nv, m, V + (int64_t)e * T * CP + k * 64, T * 64,
+                                      u, P->OB, mo, P->CoutP);
             k += m;
          }
       }
@@ -402,6 +431,13 @@ static lm_status wg_run(const wg_prob *P) {
    const double work = (double)tiles * P->E * P->CP * P->CoutP;
    const int nthr = conv_threads(work);
    while (T > 8 && ceil_div(tiles, T) < 4 * nthr) T = (T + 1) / 2;
+   if (P->CP > 64) {
+      /* every unit reads all the transformed weights (E x CP x CoutP, megabytes at these widths):
+         one unit per thread, its V and M in the last-level cache rather than in L2 */
+      T = ceil_div(tiles, nthr);
+      const int64_t cap = WG_WIDE_BYTES / (P->E * (P->CP + P->CoutP) * (int64_t)sizeof(float));
+      if (T > cap) T = cap > 1 ? cap : 1;
+   }
    const int64_t units = ceil_div(tiles, T);
    T = ceil_div(tiles, units); /* balanced */
    const size_t vsz = (size_t)(P->E * T * P->CP), msz = (size_t)(P->E * T * P->CoutP);
@@ -481,7 +517,7 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src,
                          const float *bias, const float *res, int relu, float *dst) {
    const int E = (tm + 2) * (tm + 2);
    const int64_t cin = flip ? g->O : g->C, cout = flip ? g->C : g->O;
-   const int CP = lm_conv_rb_cp(cin);
+   const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
    /* gt[tap][ci][co] */
    const size_t gbytes = (size_t)(9 * CP * CoutP) * sizeof(float);
@@ -798,12 +834,17 @@ int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
        g->dw != 1)
       return 0;
    if (g->ph > 2 || g->pw > 2) return 0; /* the flipped form needs 2 - p >= 0 */
-   const int64_t cin = backward_data ? g->O : g->C;
-   const int CP = lm_conv_rb_cp(cin);
+   const int64_t cin = backward_data ? g->O : g->C, cout = backward_data ? g->C : g->O;
+   const int CP = wg_cp(cin);
    if (CP < 16) return 0;
+   if (CP > 64 && (int64_t)WG_E * CP * ((cout + 15) / 16 * 16) * 4 > WG_WIDE_U) return 0;
    const int64_t ho = backward_data ? g->H : g->Ho, wo = backward_data ? g->W : g->Wo;
    if (ho < 4 || wo < 4) return 0;
    return conv_env_on("LUMEN_CONV_WINOGRAD");
+}
+
+int lm_conv_wino_bwdw_usable(const conv_geom *g) {
+   return lm_conv_wino_usable(g, 0) && lm_conv_rb_cp(g->C) >= 16;
 }
 
 /* output tile size: F(4x4,3x3), or F(2x2,3x3) when LUMEN_CONV_WINOGRAD is "2" (forward and

@@ -441,7 +441,8 @@ static void random_cases(int count) {
 
 /* ---- the float32 channels-last algorithms: register-blocked kernels for small channel counts
  * (rows of 14+ pixels; channels 1, 5..8, 11..16, 22..32, 44..64), Winograd F(4x4,3x3) for 3x3
- * stride 1 (channels 11..64 padded to 16/32/64, maps of 4+ pixels), the single-channel weight
+ * stride 1 (channels 11..64 padded to 16/32/64, 96..128 to 128 for forward and backward data,
+ * maps of 4+ pixels), the single-channel weight
  * gradient. Each geometry runs with every algorithm that takes it (LUMEN_CONV_WINOGRAD=0 and
  * LUMEN_CONV_RB=0 switch them off) against the double reference. ---- */
 static void run_case_algos(const geom *g, int with_bias, int relu, int with_res, int lx, int lw) {
@@ -501,6 +502,15 @@ static void algo_cases(int random_count) {
                   L_CONTIG);
    run_case_algos((geom[]){mk(1, 64, 13, 4, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1)}, 0, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 17, 16, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   /* Winograd over more than 64 channels (chunks of 64, padded to 128): forward with 96, 120 and
+      128 input channels, partial tiles and every epilogue; backward data with 128 output
+      channels; 130 is past the limit (direct kernels) */
+   run_case_algos((geom[]){mk(1, 96, 9, 10, 80, 3, 3, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(2, 128, 7, 7, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 120, 6, 13, 33, 3, 3, 1, 1, 2, 1, 1, 1, 1)}, 0, 0, 1,
+                  L_NONDENSE_CL, L_CONTIG);
+   run_case_algos((geom[]){mk(2, 24, 8, 8, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 130, 5, 6, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 1, 0, L_CL, L_CL);
    /* register-blocked: every padded channel count, strides, dilation, odd widths, 5x5 */
    run_case_algos((geom[]){mk(1, 7, 15, 29, 9, 3, 3, 1, 2, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 3, 16, 30, 17, 5, 5, 2, 1, 2, 2, 1, 2, 1)}, 0, 0, 0, L_CL, L_CL);
@@ -544,6 +554,7 @@ static void winograd_accuracy_cases(void) {
       setenv("LUMEN_CONV_WINOGRAD", e ? "4" : "2", 1);
       run_case((geom[]){mk(8, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
       run_case((geom[]){mk(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 0, 1, L_CL, L_CL);
+      run_case((geom[]){mk(2, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
    }
    unsetenv("LUMEN_CONV_WINOGRAD");
    g_f32_nhwc_only = 0;
