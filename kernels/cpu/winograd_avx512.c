@@ -1,7 +1,8 @@
 /* winograd_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
  * groups 1, 3x3, padding 0..2): forward, backward data, backward weight. Reduction channels:
- * 11..64, padded to 16, 32 or 64; forward and backward data also 96..128, padded to 128 and
- * reduced in chunks of 64 (wg_cp, WG_WIDE_MAX_CIN).
+ * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also 96..128
+ * (with at most 128 output channels), padded to 128 and reduced in chunks of 64 (wg_cp,
+ * WG_WIDE_MAX_CIN, WG_WIDE_U).
  *
  * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
  * around it:
@@ -38,15 +39,18 @@
 #include <immintrin.h>
 
 enum { WG_E = 36, WG_L2_BYTES = 320 * 1024, WG_MAXT = 96, WG_PF = 2 };
-/* more than 64 input channels: a unit's V and M may take this much (see wg_run), and the
-   transformed weights at most WG_WIDE_U (they are read once per unit, and must stay cached) */
-#define WG_WIDE_BYTES ((int64_t)8 << 20)
-#define WG_WIDE_U ((int64_t)16 << 20)
-/* and at most this many input channels. Measured on resnet50's layers (bench/models.lua
-   profile, folded, batch 8): 3x3 128->128 at 28x28 took 10.8-11.8 ms a run (3 calls) against
-   15.3-19.8 with the direct kernel, but 256->256 at 14x14 took 37-43 ms against 26-30, and
-   512->512 at 7x7 72 ms against 11-14 (its weights, 37.7 MB transformed, do not stay cached) */
+/* More than 64 input channels (wg_cp): at most WG_WIDE_MAX_CIN of them, and transformed weights
+   (36 x CP x CoutP floats) of at most WG_WIDE_U bytes: every unit reads all of them, so they must
+   stay cached. Measured on resnet50's layers (bench/models.lua profile, folded, batch 8): 3x3
+   128->128 at 28x28 (2.4 MB of weights) took 11.8-12.2 ms a run (3 calls) against 14.8-18.2 on
+   the direct kernel, but 256->256 at 14x14 (9.4 MB) 37-43 ms against 26-30, and 512->512 at 7x7
+   (37.7 MB) 72 ms against 11-14. So the cap admits the measured win and nothing larger. A unit's V
+   and M may take WG_WIDE_BYTES per thread, and all threads' together WG_WIDE_ALL (wg_run). */
 #define WG_WIDE_MAX_CIN 128
+#define WG_WIDE_U ((int64_t)5 << 19)
+#define WG_WIDE_BYTES ((int64_t)8 << 20)
+#define WG_WIDE_ALL ((int64_t)64 << 20)
+_Static_assert(WG_WIDE_MAX_CIN <= 64 * LM_RB_MAXCHUNKS, "lm_conv_rb_gemm_chunks takes the chunks");
 
 /* ---------------------------------------------------------------------------------------------
  * 1-D transforms on vectors
@@ -433,9 +437,13 @@ static lm_status wg_run(const wg_prob *P) {
    while (T > 8 && ceil_div(tiles, T) < 4 * nthr) T = (T + 1) / 2;
    if (P->CP > 64) {
       /* every unit reads all the transformed weights (E x CP x CoutP, megabytes at these widths):
-         one unit per thread, its V and M in the last-level cache rather than in L2 */
+         one unit per thread, its V and M in the last-level cache rather than in L2, but at least
+         8 tiles (a short GEMM per read of the weights does not pay) and within the budgets */
       T = ceil_div(tiles, nthr);
-      const int64_t cap = WG_WIDE_BYTES / (P->E * (P->CP + P->CoutP) * (int64_t)sizeof(float));
+      if (T < 8) T = tiles < 8 ? tiles : 8;
+      int64_t budget = WG_WIDE_ALL / nthr;
+      if (budget > WG_WIDE_BYTES) budget = WG_WIDE_BYTES;
+      const int64_t cap = budget / (P->E * (P->CP + P->CoutP) * (int64_t)sizeof(float));
       if (T > cap) T = cap > 1 ? cap : 1;
    }
    const int64_t units = ceil_div(tiles, T);
@@ -837,7 +845,10 @@ int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
    const int64_t cin = backward_data ? g->O : g->C, cout = backward_data ? g->C : g->O;
    const int CP = wg_cp(cin);
    if (CP < 16) return 0;
-   if (CP > 64 && (int64_t)WG_E * CP * ((cout + 15) / 16 * 16) * 4 > WG_WIDE_U) return 0;
+   if (CP > 64) { /* the transformed weights, with CoutP as wg_conv pads it */
+      const int64_t ob = wg_block_width(cout), coutp = (cout + ob - 1) / ob * ob;
+      if ((int64_t)WG_E * CP * coutp * (int64_t)sizeof(float) > WG_WIDE_U) return 0;
+   }
    const int64_t ho = backward_data ? g->H : g->Ho, wo = backward_data ? g->W : g->Wo;
    if (ho < 4 || wo < 4) return 0;
    return conv_env_on("LUMEN_CONV_WINOGRAD");

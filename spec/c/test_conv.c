@@ -502,15 +502,19 @@ static void algo_cases(int random_count) {
                   L_CONTIG);
    run_case_algos((geom[]){mk(1, 64, 13, 4, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1)}, 0, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 17, 16, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
-   /* Winograd over more than 64 channels (chunks of 64, padded to 128): forward with 96, 120 and
-      128 input channels, partial tiles and every epilogue; backward data with 128 output
-      channels; 130 is past the limit (direct kernels) */
+   /* Winograd over more than 64 channels (chunks of 64, padded to 128): forward with 96, 100,
+      120 and 128 input channels, partial tiles and every epilogue; backward data with 128
+      output channels; 95 input channels (too much padding), 130 (past the limit) and 128 -> 200
+      (transformed weights past the cap) take the direct kernels */
    run_case_algos((geom[]){mk(1, 96, 9, 10, 80, 3, 3, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 128, 7, 7, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 120, 6, 13, 33, 3, 3, 1, 1, 2, 1, 1, 1, 1)}, 0, 0, 1,
                   L_NONDENSE_CL, L_CONTIG);
    run_case_algos((geom[]){mk(2, 24, 8, 8, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 130, 5, 6, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 1, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 100, 6, 7, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 95, 6, 7, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 128, 5, 5, 200, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
    /* register-blocked: every padded channel count, strides, dilation, odd widths, 5x5 */
    run_case_algos((geom[]){mk(1, 7, 15, 29, 9, 3, 3, 1, 2, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 3, 16, 30, 17, 5, 5, 2, 1, 2, 2, 1, 2, 1)}, 0, 0, 0, L_CL, L_CL);
@@ -521,13 +525,13 @@ static void algo_cases(int random_count) {
    run_case_algos((geom[]){mk(1, 32, 3, 20, 48, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 16, 5, 29, 16, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
    /* random geometries with rows wide enough for these kernels */
-   static const int64_t chans[] = {1, 3, 7, 12, 16, 17, 32, 48, 64};
+   static const int64_t chans[] = {1, 3, 7, 12, 16, 17, 32, 48, 64, 112};
    static const int64_t spat[] = {4, 7, 14, 15, 28, 30};
    for (int it = 0; it < random_count; it++) {
       geom g;
       g.N = 1 + (int64_t)(rnd_u64() % 2);
-      g.C = rnd_pick(chans, 9);
-      g.O = rnd_pick(chans, 9);
+      g.C = rnd_pick(chans, 10);
+      g.O = rnd_pick(chans, 10);
       g.H = rnd_pick(spat, 6);
       g.W = rnd_pick(spat, 6);
       g.G = 1;
