@@ -595,7 +595,6 @@ typedef struct {
 AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const pw_epi *ep,
                 const int PB, const int NV, const int MODE) {
    __m512 a[PW_MAXPB][4];
-
 #pragma GCC unroll 14
    for (int k = 0; k < PB; k++)
 #pragma GCC unroll 4
