@@ -12,7 +12,8 @@
 -- the measured time). That is how a slow layer shows up; those lines do not end in a number, so
 -- bench/compare skips them.
 local lm = require("lumen")
-local clock = require("lumen.util").clock
+local util = require("lumen.util")
+local clock = util.clock
 
 local threads = tonumber(arg and arg[1]) or 2
 local iters = math.max(3, math.floor((tonumber(arg and arg[2]) or 20) / 4))
@@ -20,17 +21,7 @@ local profile = arg and arg[3] == "profile"
 lm.set_num_threads(threads)
 lm.manual_seed(0)
 
-local function median_ms(fn)
-   fn()
-   local ts = {}
-   for i = 1, iters do
-      local t0 = clock()
-      fn()
-      ts[i] = clock() - t0
-   end
-   table.sort(ts)
-   return ts[math.floor(iters / 2) + 1] * 1e3
-end
+local function median_ms(fn) return util.median_ms(fn, iters) end
 
 local model = lm.models.resnet50({ num_classes = 1000 })
 model:eval()

@@ -11,21 +11,10 @@ local ITERS = tonumber(arg and arg[2]) or 20
 local filter = arg and arg[3]
 lm.set_num_threads(threads)
 
-local clock = require("lumen.util").clock
+local median_ms = require("lumen.util").median_ms
 local force = require("lumen.tensor").force
 
-local function med(fn, iters)
-   iters = iters or ITERS
-   fn()
-   local ts = {}
-   for i = 1, iters do
-      local t = clock()
-      fn()
-      ts[i] = clock() - t
-   end
-   table.sort(ts)
-   return ts[math.floor(iters / 2) + 1] * 1e3
-end
+local function med(fn, iters) return median_ms(fn, iters or ITERS) end
 
 local function row(name, fmt, fn, bytes)
    if filter and not name:find(filter, 1, true) then return end

@@ -90,6 +90,14 @@ local function is_float(c) return c.dtype == 0 or c.dtype == 1 end
 
 local function dtype_name(c) return tostring(dtypes.from_id(c.dtype)) end
 
+-- an operand (cdata c, named what) that must have the input's dtype
+local function input_dtype(fname, c, what, xc)
+   if c.dtype ~= xc.dtype then
+      err(fname, ("%s (%s) must have the input's dtype (%s)"):format(what, dtype_name(c),
+          dtype_name(xc)))
+   end
+end
+
 local function check_float(fname, c, what)
    if not is_float(c) then
       err(fname, ("expected %s of dtype float32 or float64, got %s"):format(what, dtype_name(c)))
@@ -215,10 +223,7 @@ function F.conv2d(x, w, b, opts)
       if bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= cout then
          err(fname, ("bias must be 1-D of size %d, got size %s"):format(cout, sizes_str(bc)))
       end
-      if bc.dtype ~= xc.dtype then
-         err(fname, ("bias (%s) must have the input's dtype (%s)"):format(dtype_name(bc),
-             dtype_name(xc)))
-      end
+      input_dtype(fname, bc, "bias", xc)
    end
    local H, W = tonumber(xc.sizes[2]), tonumber(xc.sizes[3])
    local eh, ew = dilation[1] * (kh - 1) + 1, dilation[2] * (kw - 1) + 1
@@ -241,10 +246,7 @@ function F.conv2d(x, w, b, opts)
          err(fname, ("residual of size %s does not match the output size (%s)")
              :format(sizes_str(resc), table.concat(osz, ", ")))
       end
-      if resc.dtype ~= xc.dtype then
-         err(fname, ("residual (%s) must have the input's dtype (%s)"):format(dtype_name(resc),
-             dtype_name(xc)))
-      end
+      input_dtype(fname, resc, "residual", xc)
    end
    if relu or resc ~= nil then
       local rec = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b) or

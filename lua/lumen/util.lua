@@ -12,6 +12,20 @@ pcall(ffi.cdef, "int isatty(int fd);")
 --- seconds on a monotonic clock
 M.clock = function() return C.lm_clock() end
 
+-- the benchmarks' measure (the peer's too): fn() once to warm up, then the median of `iters`
+-- timed calls, in milliseconds
+function M.median_ms(fn, iters)
+   fn()
+   local ts = {}
+   for i = 1, iters do
+      local t0 = C.lm_clock()
+      fn()
+      ts[i] = C.lm_clock() - t0
+   end
+   table.sort(ts)
+   return ts[math.floor(iters / 2) + 1] * 1e3
+end
+
 function M.isatty(fd) return ffi.C.isatty(fd or 1) == 1 end
 
 --- "m:ss"
