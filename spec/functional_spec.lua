@@ -105,6 +105,32 @@ describe("F.conv2d", function()
       close(y, F.conv2d(x:unsqueeze(1), w, nil, { padding = 1 }):squeeze(1), 1e-5)
    end)
 
+   it("writes large cold channels-last 1x1 results with streaming stores, with the same values",
+      function()
+      -- a fresh block (the cache emptied first) is cold: the pointwise kernels (AVX-512) stream
+      -- the 820 KB output and the 410 KB input gradient, and mark their blocks; the values must
+      -- match the float64 NCHW reference
+      lm.manual_seed(11)
+      local x64 = lm.randn({ 2, 32, 40, 40 }, { dtype = lm.float64 })
+      local w64 = lm.randn({ 64, 32, 1, 1 }, { dtype = lm.float64 })
+      local g64 = lm.randn({ 2, 64, 40, 40 }, { dtype = lm.float64 })
+      local function run(x, w, g)
+         x = x:clone():requires_grad_(true)
+         local y = F.conv2d(x, w)
+         y:backward(g)
+         return y, x.grad
+      end
+      local yr, gr = run(x64, w64, g64)
+      lm.memory.empty_cache()
+      local y, gx = run(x64:float():contiguous(CL), w64:float():contiguous(CL),
+                        g64:float():contiguous(CL))
+      assert.is_true(is_cl(y) and is_cl(gx))
+      close(y:double(), yr, 1e-4, "output")
+      close(gx:double(), gr, 1e-4, "grad input")
+      H.assert_streamed(y)
+      H.assert_streamed(gx)
+   end)
+
    it("rejects bad input", function()
       local x, w = lm.randn({ 2, 3, 5, 5 }), lm.randn({ 4, 3, 3, 3 })
       H.assert_error_like("conv2d", "channels", F.conv2d, lm.randn({ 2, 5, 5, 5 }), w)

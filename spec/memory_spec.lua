@@ -203,6 +203,15 @@ describe("memory", function()
       assert.is_true(lm.memory.cycles >= cycles + 2)
    end)
 
+   it("reports the cache share: the last-level cache capped at 32 MiB", function()
+      local share, size = lm.memory.cache_share(), lm.memory.cache_size()
+      assert.is_true(share > 0 and size > 0)
+      if not os.getenv("LUMEN_CACHE_SHARE") then
+         assert.equal(math.min(size, 32 * 2 ^ 20), share)
+      end
+      assert.equal(share, lm.memory.cache_share())        -- read once
+   end)
+
    it("results above the coldness threshold get room for two more before a collection",
       function()
       -- a block that large is written cold however soon it is reused (alloc.c), so the soft

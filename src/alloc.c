@@ -89,6 +89,7 @@ static struct {
    block *free_list[NCLASS];
    int64_t live, peak, cached, nmalloc;
    int64_t handed, cold_bytes;     /* bytes handed out in all; the coldness threshold */
+   int64_t cache_share;            /* the last-level cache one process can count on (-1: unread) */
    int64_t soft_limit, base_limit;
    int64_t live_base, traffic_limit; /* live bytes after the last collection; growth limit */
    const void *last_freed;         /* the header of the large block freed last */
@@ -99,7 +100,7 @@ static struct {
    int64_t miss_growth, miss_live; /* growth and live bytes when it fired */
    block *meta_list[LM_META_CLASSES];
    int meta_count[LM_META_CLASSES];
-} A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, -1,
+} A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, -1, -1,
        LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, NULL, 0, 0,
        LM_MISS_BLOCK, LM_MISS_FLOOR, 0, 0, {0}, {0}};
 
@@ -169,11 +170,35 @@ static void account_alloc(size_t rounded, int fresh) {
       A.pressure |= LM_PRESSURE_TRAFFIC;
 }
 
+/* The last-level cache one process can count on: what the kernel reports for cpu0, at most
+ * LM_CACHE_SHARE_MAX. A virtual machine reports its host's whole cache, shared with every other
+ * guest: 480 MiB on one of this project's machines, where 6.4 MB results written with ordinary
+ * stores into blocks last used 51 MB of results earlier took as long as streaming stores
+ * (0.24-0.26 ms), but into blocks last used 96 MB earlier twice as long (0.49 against 0.25 ms).
+ * Kernels size their decisions by it (the pointwise convolution streams an output larger than
+ * half of it). LUMEN_CACHE_SHARE (bytes) overrides it. Read once; called with the mutex held. */
+#define LM_CACHE_SHARE_MAX ((int64_t)32 << 20)
+static int64_t cache_share(void) {
+   if (A.cache_share < 0) {
+      const char *e = getenv("LUMEN_CACHE_SHARE");
+      long long v = e ? atoll(e) : 0;
+      if (v <= 0) {
+         v = lm_mem_cache_size();
+         if (v <= 0 || v > LM_CACHE_SHARE_MAX) v = LM_CACHE_SHARE_MAX;
+      }
+      A.cache_share = (int64_t)v;
+   }
+   return A.cache_share;
+}
+
 /* the coldness threshold: half the last-level cache (read once; called with the mutex held).
  * Half, not all: the cache is shared (with the inputs being read, with other processes and, on a
  * virtual machine, other guests). Measured here (32 MiB L3): a 6.4 MB result written into a block
  * last used 12.8 MB of allocations earlier took about the time of streaming stores, one last used
- * 19-38 MB earlier took 1.3-2x longer with ordinary stores. LUMEN_COLD_BYTES overrides it. */
+ * 19-38 MB earlier took 1.3-2x longer with ordinary stores. LUMEN_COLD_BYTES overrides it.
+ * Not the (capped) cache share: on the machine whose L3 reads 480 MiB, a threshold of 16 MiB
+ * streamed the activations of a training step, which the next layer then read from DRAM, and
+ * bench/train_step.lua took 4-8 % longer (4 alternations). */
 static int64_t cold_bytes(void) {
    if (A.cold_bytes < 0) {
       const char *e = getenv("LUMEN_COLD_BYTES");
@@ -382,6 +407,7 @@ int64_t lm_mem_live_bytes(void) { LOCKED_GET(A.live); }
 int64_t lm_mem_peak_bytes(void) { LOCKED_GET(A.peak); }
 int64_t lm_mem_cached_bytes(void) { LOCKED_GET(A.cached); }
 int64_t lm_mem_cold_bytes(void) { LOCKED_GET(cold_bytes()); }
+int64_t lm_mem_cache_share(void) { LOCKED_GET(cache_share()); }
 int64_t lm_mem_soft_limit(void) { LOCKED_GET(A.soft_limit); }
 int64_t lm_mem_alloc_count(void) { LOCKED_GET(A.nmalloc); }
 int lm_mem_pressure(void) { return __atomic_load_n(&A.pressure, __ATOMIC_RELAXED); }

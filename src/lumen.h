@@ -106,6 +106,10 @@ int64_t lm_mem_miss_block(void);              /* the miss trigger's smallest blo
 void lm_mem_set_miss_block(int64_t bytes);    /* (resets the miss floor) */
 int64_t lm_mem_miss_floor(void);              /* growth a miss needs before it collects */
 int64_t lm_mem_cache_size(void);              /* last-level cache bytes (sysconf), 0 if unknown */
+int64_t lm_mem_cache_share(void);             /* the last-level cache one process can count on:
+                                                 lm_mem_cache_size() capped at 32 MiB (a virtual
+                                                 machine reports its host's whole cache);
+                                                 LUMEN_CACHE_SHARE overrides it */
 int64_t lm_mem_cold_bytes(void);              /* the coldness threshold: half the last-level cache
                                                  (LUMEN_COLD_BYTES overrides); results this large
                                                  get room for two more before a collection */

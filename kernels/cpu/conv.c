@@ -390,10 +390,12 @@ lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
          st = lm_conv_wino_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
                                            relu, op);
       else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_pw_usable(&g, 0) &&
-               conv_env_on("LUMEN_CONV_PW"))
+               conv_env_on("LUMEN_CONV_PW")) {
+         int stream = lm_tensor_block_cold(res.t);
          st = lm_conv_pw_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
-                                         relu, op);
-      else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_rb_usable(&g, 0) &&
+                                         relu, op, &stream);
+         if (st == LM_OK && stream) lm_tensor_note_streamed(res.t);
+      } else if (x->dtype == LM_FLOAT32 && nhwc && use_avx512(&g) && lm_conv_rb_usable(&g, 0) &&
                conv_env_on("LUMEN_CONV_RB"))
          st = lm_conv_rb_fwd_nhwc_avx512(&g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf, rp,
                                          relu, op);
@@ -475,9 +477,11 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
          } else if (dt == LM_FLOAT32 && nhwc && use_avx512(&g)) {
             if (gxp && lm_conv_wino_usable(&g, 1))
                st = lm_conv_wino_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
-            else if (gxp && lm_conv_pw_usable(&g, 1) && conv_env_on("LUMEN_CONV_PW"))
-               st = lm_conv_pw_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
-            else if (gxp && lm_conv_rb_usable(&g, 1) && conv_env_on("LUMEN_CONV_RB"))
+            else if (gxp && lm_conv_pw_usable(&g, 1) && conv_env_on("LUMEN_CONV_PW")) {
+               int stream = lm_tensor_block_cold(rx.t);
+               st = lm_conv_pw_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp, &stream);
+               if (st == LM_OK && stream) lm_tensor_note_streamed(rx.t);
+            } else if (gxp && lm_conv_rb_usable(&g, 1) && conv_env_on("LUMEN_CONV_RB"))
                st = lm_conv_rb_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);
             else if (gxp)
                st = lm_conv_bwdd_nhwc_avx512(&g, lm_tensor_data(gd), wp, gxp);

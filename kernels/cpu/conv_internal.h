@@ -91,13 +91,17 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const f
 
 /* ---- pointwise (1x1, stride 1, no padding, groups 1) float32 NHWC (conv_avx512.c) ----
  * the input read in place as a pixels x channels matrix; lm_conv_pw_usable says whether they
- * take a geometry (backward_data: the reduction runs over O). LUMEN_CONV_PW=0 turns them off. */
+ * take a geometry (backward_data: the reduction runs over O). LUMEN_CONV_PW=0 turns them off.
+ * stream (may be NULL): in, nonzero when the output is a whole allocator block that was cold
+ * when handed out (lm_tensor_block_cold); out, nonzero when the kernel wrote it with streaming
+ * stores (the caller then notes it, lm_tensor_note_streamed). */
 LM_CONV_HIDDEN int lm_conv_pw_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                     const float *w, const float *bias,
-                                                    const float *res, int relu, float *out);
+                                                    const float *res, int relu, float *out,
+                                                    int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                     const float *w, float *gx);
+                                                     const float *w, float *gx, int *stream);
 
 /* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
  * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they

@@ -320,6 +320,9 @@ function M.set_traffic_limit(bytes)
    C.lm_mem_set_traffic_limit(bytes_arg("set_traffic_limit", bytes))
 end
 function M.cache_size() return cache_bytes end
+-- the last-level cache one process can count on: cache_size() capped at 32 MiB (a virtual
+-- machine reports its host's whole cache); LUMEN_CACHE_SHARE overrides it (alloc.c)
+function M.cache_share() return tonumber(C.lm_mem_cache_share()) end
 -- the miss trigger's smallest block (0: off) and the growth a miss needs now (it doubles after a
 -- collection that found little dead)
 function M.miss_block() return tonumber(C.lm_mem_miss_block()) end
