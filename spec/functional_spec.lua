@@ -131,6 +131,24 @@ describe("F.conv2d", function()
       H.assert_streamed(gx)
    end)
 
+   it("streams a 1x1 result larger than half the cache share even into a block still cached",
+      function()
+      -- y:free() then the same call: the block comes back at once, not cold (alloc.c), but the
+      -- 17.3 MB channels-last output is over half the cache share (at most 32 MiB)
+      if lm.memory.cache_share() > 32 * 2 ^ 20 then return end  -- LUMEN_CACHE_SHARE set larger
+      lm.manual_seed(12)
+      local x = lm.randn({ 1, 64, 130, 130 }):contiguous(CL)
+      local w = lm.randn({ 256, 64, 1, 1 }):contiguous(CL)
+      local ref = F.conv2d(x:double(), w:double())
+      local y = F.conv2d(x, w)
+      y:free()
+      y = F.conv2d(x, w)
+      local c = require("lumen.tensor").cdata(y)
+      assert.equal(0, require("lumen.C").lm_mem_is_cold(c.storage.data, c.storage.nbytes))
+      close(y:double(), ref, 1e-4, "output")
+      H.assert_streamed(y)
+   end)
+
    it("rejects bad input", function()
       local x, w = lm.randn({ 2, 3, 5, 5 }), lm.randn({ 4, 3, 3, 3 })
       H.assert_error_like("conv2d", "channels", F.conv2d, lm.randn({ 2, 5, 5, 5 }), w)
