@@ -178,15 +178,22 @@ static void account_alloc(size_t rounded, int fresh) {
  * Kernels size their decisions by it (the pointwise convolution streams an output larger than
  * half of it). LUMEN_CACHE_SHARE (bytes) overrides it. Read once; called with the mutex held. */
 #define LM_CACHE_SHARE_MAX ((int64_t)32 << 20)
+
+/* a byte count set in the environment variable name, or 0 when unset or not positive */
+static int64_t env_bytes(const char *name) {
+   const char *e = getenv(name);
+   const long long v = e ? atoll(e) : 0;
+   return v > 0 ? (int64_t)v : 0;
+}
+
 static int64_t cache_share(void) {
    if (A.cache_share < 0) {
-      const char *e = getenv("LUMEN_CACHE_SHARE");
-      long long v = e ? atoll(e) : 0;
-      if (v <= 0) {
+      int64_t v = env_bytes("LUMEN_CACHE_SHARE");
+      if (v == 0) {
          v = lm_mem_cache_size();
          if (v <= 0 || v > LM_CACHE_SHARE_MAX) v = LM_CACHE_SHARE_MAX;
       }
-      A.cache_share = (int64_t)v;
+      A.cache_share = v;
    }
    return A.cache_share;
 }
@@ -201,10 +208,9 @@ static int64_t cache_share(void) {
  * bench/train_step.lua took 4-8 % longer (4 alternations). */
 static int64_t cold_bytes(void) {
    if (A.cold_bytes < 0) {
-      const char *e = getenv("LUMEN_COLD_BYTES");
-      long long v = e ? atoll(e) : 0;
+      const int64_t v = env_bytes("LUMEN_COLD_BYTES");
       if (v > 0) {
-         A.cold_bytes = (int64_t)v;
+         A.cold_bytes = v;
       } else {
          int64_t c = lm_mem_cache_size();
          A.cold_bytes = c > 0 ? c / 2 : (int64_t)16 << 20;

@@ -41,6 +41,11 @@ end
 local function sizes_string(t) return "(" .. table.concat(Tensor.size(t), ", ") .. ")" end
 local function requires_grad(t) return rawget(t, "requires_grad") == true end
 
+-- a batch norm's eps: a finite non-negative number
+local function eps_ok(eps)
+   return type(eps) == "number" and eps == eps and eps >= 0 and eps ~= math.huge
+end
+
 local function tensor_or_nil(fname, v, what, allow_nil)
    if v == nil then
       if allow_nil then return nil end
@@ -64,7 +69,7 @@ function M.fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b
    tensor_or_nil(fname, bn_rv, "bn_rv")
    tensor_or_nil(fname, bn_w, "bn_w", true)
    tensor_or_nil(fname, bn_b, "bn_b", true)
-   if type(bn_eps) ~= "number" or bn_eps ~= bn_eps or bn_eps < 0 or bn_eps == math.huge then
+   if not eps_ok(bn_eps) then
       fail(fname, "bn_eps must be a finite non-negative number, got " .. tostring(bn_eps))
    end
    if Tensor.dim(conv_w) < 1 then fail(fname, "conv_w must have an output-channel dimension") end
@@ -149,8 +154,7 @@ local function cannot_fold(conv, bn)
       return "the BatchNorm2d's statistics or parameters, or the Conv2d's bias, are not 1-D " ..
              "floating-point tensors of the output channels"
    end
-   local eps = bn.eps
-   if type(eps) ~= "number" or eps ~= eps or eps < 0 or eps == math.huge then
+   if not eps_ok(bn.eps) then
       return "the BatchNorm2d's eps is not a finite non-negative number"
    end
    return nil
