@@ -22,8 +22,18 @@ the FFI, with autograd, nn modules, optimizers and torchvision-compatible models
    labels = { "tensor", "deep-learning", "luajit", "ffi" },
 }
 
+-- lua-cjson (or dkjson) is needed at run time too (lumen-0.1.0-1.rockspec declares it); it is
+-- left out here so that `luarocks make` from a checkout works offline with the distribution's
+-- package (apt-get install lua-cjson), which luarocks does not know about.
 dependencies = {
-   "lua >= 5.1",
+   "lua ~> 5.1",
+}
+
+-- the C core reads gzip'd IDX files (zlib) and decodes JPEG and PNG images (lm.data.read_image)
+external_dependencies = {
+   ZLIB = { header = "zlib.h", library = "z" },
+   JPEG = { header = "jpeglib.h", library = "jpeg" },
+   PNG = { header = "png.h", library = "png" },
 }
 
 build = {
@@ -33,7 +43,8 @@ build = {
       CC = "$(CC)",
       -- luarocks' CFLAGS carry -O2; the Makefile drops -O* when LUAROCKS_BUILD is set and keeps
       -- its own optimisation flags (OPT)
-      CFLAGS = "$(CFLAGS)",
+      CFLAGS = "$(CFLAGS) -I$(ZLIB_INCDIR) -I$(JPEG_INCDIR) -I$(PNG_INCDIR)",
+      LDFLAGS = "-L$(ZLIB_LIBDIR) -L$(JPEG_LIBDIR) -L$(PNG_LIBDIR)",
       LUAROCKS_BUILD = "1",
    },
    install_target = "install",

@@ -5,6 +5,13 @@
 -- format.lua (tostring), memory.lua (GC pressure, allocator statistics).
 -- Optional parts (autograd, nn, optim, layout, functional, models) are loaded when present.
 
+-- lumen is built on LuaJIT's FFI. Under PUC Lua (luarocks often installs for lua5.1) say so
+-- plainly, before require("ffi") fails with a message that names no cause.
+if type(jit) ~= "table" then
+   error("lumen requires LuaJIT (found " .. tostring(_VERSION) .. "); run scripts with " ..
+         "`lumen script.lua` or `luajit script.lua`", 2)
+end
+
 local ffi = require("ffi")
 local C = require("lumen.C")
 local dtypes = require("lumen.dtype")

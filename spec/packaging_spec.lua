@@ -1,0 +1,219 @@
+-- spec/packaging_spec.lua -- the released rock: rockspec/lumen-0.1.0-1.rockspec's fields, LICENSE,
+-- the version numbers agree, the PUC-Lua guard in lumen/init.lua, and a full round trip: the
+-- working tree is committed into a scratch git repository tagged v0.1.0, the rockspec (its url
+-- pointed there) is packed into a .src.rock with `luarocks pack`, that rock is installed into an
+-- empty tree with `luarocks install`, and the installed `lumen` command runs.
+
+local lm = require("lumen")
+
+local ROCKSPEC = "rockspec/lumen-0.1.0-1.rockspec"
+local SCM = "rockspec/lumen-scm-1.rockspec"
+
+local function q(s)
+   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+-- run a shell command; returns its output (stdout and stderr together) and exit status
+local function sh(cmd)
+   local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
+   local out = p:read("*a")
+   p:close()
+   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+   out = out:gsub("__rc=%d+%s*$", "")
+   return out, rc
+end
+
+local function read_file(path)
+   local f = io.open(path, "rb")
+   if not f then return nil end
+   local s = f:read("*a")
+   f:close()
+   return s
+end
+
+local function write_file(path, text)
+   local f = assert(io.open(path, "wb"))
+   f:write(text)
+   f:close()
+end
+
+-- a rockspec is Lua assigning globals: run it in an empty environment and return that
+local function load_rockspec(path)
+   local text = assert(read_file(path), "cannot read " .. path)
+   local chunk = assert(loadstring(text, "@" .. path))
+   local env = {}
+   setfenv(chunk, env)
+   chunk()
+   return env, text
+end
+
+local function have(cmd)
+   local _, rc = sh("command -v " .. cmd .. " >/dev/null")
+   return rc == 0
+end
+
+local have_luarocks = have("luarocks")
+local INSTALLED = (os.getenv("LUMEN_INSTALL_TREE") or "") ~= ""
+
+describe("rockspec/lumen-0.1.0-1.rockspec", function()
+   local spec = load_rockspec(ROCKSPEC)
+
+   it("names the package and a version that matches lm._VERSION", function()
+      assert.are.equal("3.0", spec.rockspec_format)
+      assert.are.equal("lumen", spec.package)
+      assert.are.equal("0.1.0-1", spec.version)
+      -- the file name carries the same version, as luarocks requires
+      assert.are.equal("rockspec/" .. spec.package .. "-" .. spec.version .. ".rockspec", ROCKSPEC)
+      assert.are.equal(spec.version:match("^(.-)%-%d+$"), lm._VERSION)
+   end)
+
+   it("fetches a git tag v<version> over https", function()
+      assert.is_string(spec.source.url)
+      assert.is_truthy(spec.source.url:match("^git%+https://github%.com/[%w%-_.]+/lumen%.git$"),
+                       spec.source.url)
+      assert.are.equal("v" .. lm._VERSION, spec.source.tag)
+   end)
+
+   it("describes the package with license MIT", function()
+      local d = spec.description
+      assert.are.equal("MIT", d.license)
+      assert.is_truthy(#d.summary > 10 and #d.summary <= 100, d.summary)
+      assert.is_truthy(#d.detailed > 50)
+      assert.is_truthy(d.homepage:match("^https://"))
+   end)
+
+   it("declares Lua 5.1 (LuaJIT) and a JSON library", function()
+      local deps = table.concat(spec.dependencies, "\n")
+      assert.is_truthy(deps:match("lua ~> 5%.1"), deps)
+      assert.is_truthy(deps:match("lua%-cjson") or deps:match("dkjson"), deps)
+   end)
+
+   it("declares zlib, libjpeg and libpng with a header and a library each", function()
+      local ext = spec.external_dependencies
+      for name, lib in pairs({ ZLIB = "z", JPEG = "jpeg", PNG = "png" }) do
+         assert.is_table(ext[name], name)
+         assert.are.equal(lib, ext[name].library, name)
+         assert.is_truthy(ext[name].header:match("%.h$"), name)
+      end
+      -- and the build passes their directories on to the compiler and the linker
+      local vars = spec.build.build_variables
+      for _, name in ipairs({ "ZLIB", "JPEG", "PNG" }) do
+         assert.is_truthy(vars.CFLAGS:find("$(" .. name .. "_INCDIR)", 1, true), name)
+         assert.is_truthy(vars.LDFLAGS:find("$(" .. name .. "_LIBDIR)", 1, true), name)
+      end
+   end)
+
+   it("builds with the Makefile like the scm rockspec", function()
+      local scm = load_rockspec(SCM)
+      assert.are.equal("make", spec.build.type)
+      assert.are.same(scm.build, spec.build)
+      assert.are.same(scm.external_dependencies, spec.external_dependencies)
+      assert.are.equal(spec.description.license, scm.description.license)
+      assert.are.equal("scm-1", scm.version)
+   end);
+
+   (have_luarocks and it or pending)("passes luarocks lint (both rockspecs)", function()
+      for _, path in ipairs({ ROCKSPEC, SCM }) do
+         local out, rc = sh("luarocks lint " .. q(path))
+         assert.are.equal(0, rc, path .. ": " .. out)
+      end
+   end)
+end)
+
+describe("LICENSE", function()
+   it("is the MIT license of the lumen authors", function()
+      local text = read_file("LICENSE")
+      assert.is_not_nil(text, "LICENSE is missing")
+      assert.is_truthy(text:find("MIT License", 1, true))
+      assert.is_truthy(text:find("Copyright %(c%) %d+ the lumen authors"))
+      assert.is_truthy(text:find("THE SOFTWARE IS PROVIDED \"AS IS\"", 1, true))
+   end)
+end)
+
+local have_puc = have("lua5.1")
+describe("require('lumen') under PUC Lua", function()
+   (have_puc and it or pending)("says that LuaJIT is needed (lua5.1 is " ..
+      (have_puc and "installed)" or "NOT installed: skipped)"), function()
+      local luadir = INSTALLED and (os.getenv("LUMEN_INSTALL_TREE") .. "/share/lua/5.1") or "lua"
+      local out, rc = sh("lua5.1 -e " .. q("package.path='" .. luadir .. "/?.lua;" .. luadir ..
+                         "/?/init.lua;'..package.path; require('lumen')"))
+      assert.are_not.equal(0, rc)
+      assert.is_truthy(out:find("lumen requires LuaJIT (found Lua 5.1)", 1, true), out)
+      assert.is_falsy(out:find("module 'ffi' not found", 1, true), out)
+   end)
+end)
+
+-- the round trip: pack a source rock from the working tree and install it into a fresh tree
+local function roundtrip_reason()
+   if not have_luarocks then return "luarocks is not installed: pack/install round trip skipped" end
+   if not have("git") then return "git is not installed: pack/install round trip skipped" end
+   if INSTALLED then
+      return "installed run: the pack/install round trip runs in the in-tree run only"
+   end
+   return nil
+end
+local skip = roundtrip_reason()
+
+describe("luarocks pack + install", function()
+   local tmp
+   teardown(function()
+      if tmp then sh("rm -rf " .. q(tmp)) end
+   end);
+
+   (skip and pending or it)(skip or "packs a source rock and installs it into an empty tree",
+      function()
+      local out, rc = sh("mktemp -d /tmp/lumen-pack.XXXXXX")
+      assert.are.equal(0, rc, out)
+      tmp = out:gsub("%s+$", "")
+      local src = tmp .. "/src"
+      -- the files git would commit (tracked, plus new files not ignored): what a release has
+      out, rc = sh("mkdir " .. q(src) .. " && git ls-files -co --exclude-standard -z | " ..
+                   "tar -cf - --null -T - | tar -xf - -C " .. q(src))
+      assert.are.equal(0, rc, out)
+      out, rc = sh("cd " .. q(src) .. " && git init -q && git add -A && git -c user.name=spec " ..
+                   "-c user.email=spec@invalid commit -qm release && git tag v" .. lm._VERSION)
+      assert.are.equal(0, rc, out)
+
+      -- the rockspec as published, with its url pointed at the scratch repository
+      local _, text = load_rockspec(ROCKSPEC)
+      local n
+      text, n = text:gsub('url = "git%+https://[^"]*"', 'url = "git+file://' .. src .. '"')
+      assert.are.equal(1, n, "source.url not found in the rockspec")
+      write_file(tmp .. "/lumen-0.1.0-1.rockspec", text)
+
+      -- luarocks does not see the distribution's lua-cjson (apt), and the tests run offline:
+      -- tell it the dependency is provided when the library loads here
+      local cfg = { ('rocks_trees = { "%s/tree" }'):format(tmp) }
+      local okj, cjson = pcall(require, "cjson")
+      if okj then
+         local v = tostring(cjson._VERSION or "2.1.0"):match("(%d+%.%d+[%.%d]*)") or "2.1.0"
+         cfg[#cfg + 1] = ('rocks_provided = { ["lua-cjson"] = "%s-1" }'):format(v)
+      end
+      write_file(tmp .. "/config.lua", table.concat(cfg, "\n") .. "\n")
+      local env = "env -u LUMEN_LIB -u LUA_PATH -u LUA_CPATH LUAROCKS_CONFIG=" ..
+         q(tmp .. "/config.lua") .. " "
+
+      out, rc = sh("cd " .. q(tmp) .. " && " .. env .. "luarocks pack lumen-0.1.0-1.rockspec")
+      assert.are.equal(0, rc, out)
+      local rock = tmp .. "/lumen-0.1.0-1.src.rock"
+      assert.is_not_nil(read_file(rock), "no source rock: " .. out)
+      -- the rock carries the rockspec and the sources of the tag
+      local list = sh("unzip -l " .. q(rock))
+      assert.is_truthy(list:find("lumen-0.1.0-1.rockspec", 1, true), list)
+
+      out, rc = sh("cd " .. q(tmp) .. " && " .. env .. "MAKEFLAGS=-j2 luarocks install --tree " ..
+                   q(tmp .. "/tree") .. " " .. q(rock))
+      assert.are.equal(0, rc, out)
+      assert.is_truthy(out:find("lumen 0.1.0-1 is now installed", 1, true), out)
+
+      -- the installed command, with nothing from the source tree in its environment
+      out, rc = sh("cd /tmp && env -u LUMEN_LIB -u LUA_PATH -u LUA_CPATH " ..
+                   q(tmp .. "/tree/bin/lumen") .. " -e " ..
+                   q("print(lm.ones({2,2})); print(package.searchpath('lumen', package.path)); " ..
+                     "print(lm._VERSION)"))
+      assert.are.equal(0, rc, out)
+      assert.is_truthy(out:find("[lumen.Tensor float32 of size 2x2", 1, true), out)
+      assert.is_truthy(out:find(tmp .. "/tree/share/lua/5.1/lumen/init.lua", 1, true), out)
+      assert.is_truthy(out:find("\n" .. lm._VERSION .. "\n", 1, true), out)
+   end)
+end)
