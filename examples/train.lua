@@ -3,12 +3,18 @@
 --   bin/lumen examples/train.lua [--model small_resnet] [--epochs 12] [--batch-size 128]
 --       [--lr 0.1] [--format nhwc|nchw] [--data /usr/share/datasets/fashion-mnist]
 --       [--checkpoint train.ckpt] [--resume] [--threads 2] [--seed 1] [--width 16]
---       [--blocks 1] [--limit N] [--quiet]
+--       [--blocks 1] [--limit N] [--quiet] [--log run.jsonl]
 --
 -- Prints a progress bar (images/s, loss, ETA), the test accuracy after every epoch, and writes a
 -- checkpoint after every epoch (atomically: a temporary file renamed over the old one).
 -- --resume continues from the checkpoint exactly (model, optimizer, schedule, epoch and the
 -- position in the epoch). Ctrl-C saves a checkpoint at the current step, then exits.
+--
+-- --log FILE writes one JSON object per line (JSON Lines): a "start" record, one "step" record
+-- per optimizer step (loss, lr, images/s, time) and one "epoch" record per epoch (mean train loss,
+-- test accuracy, live/peak tensor bytes). Every line is flushed as it is written, so a crash or
+-- Ctrl-C loses nothing; --resume appends to the file. Plot it with
+-- `bin/lumen tools/plot.lua FILE -o curves.png` (docs/training.md).
 local lm = require("lumen")
 
 local util = require("lumen.util")
@@ -21,10 +27,10 @@ local opt, usage = util.parse_flags({
    model = "small_resnet", epochs = 12, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
    data = "", checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
-   workers = 2, ["eval-batch"] = 500,
+   workers = 2, ["eval-batch"] = 500, log = "",
 }, "bin/lumen examples/train.lua [--model NAME] [--epochs N] [--batch-size N] [--lr X] " ..
    "[--format nhwc|nchw] [--data DIR] [--checkpoint FILE] [--resume] [--threads N] [--seed N] " ..
-   "[--width N] [--blocks N] [--limit N] [--quiet]", arg)
+   "[--width N] [--blocks N] [--limit N] [--quiet] [--log FILE.jsonl]", arg)
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
 lm.set_num_threads(opt.threads)
@@ -98,6 +104,54 @@ if opt.resume then
 end
 
 ---------------------------------------------------------------------------------------------
+-- the JSON Lines log (--log)
+---------------------------------------------------------------------------------------------
+-- Records are written by hand, keys in a fixed order, so that the file reads well and diffs
+-- cleanly. JSON has no NaN or infinity: a diverged loss is written as null.
+local log_file
+local function json_value(v)
+   local t = type(v)
+   if t == "number" then
+      if v ~= v or v == math.huge or v == -math.huge then return "null" end
+      if v % 1 == 0 and math.abs(v) < 2 ^ 53 then return string.format("%d", v) end
+      return string.format("%.9g", v)
+   elseif t == "string" then
+      return '"' .. v:gsub('[%c"\\]', function(c)
+         return string.format("\\u%04x", c:byte())
+      end) .. '"'
+   elseif t == "boolean" then
+      return tostring(v)
+   end
+   return "null"
+end
+
+-- log_record("step", "loss", 0.5, "lr", 0.1, ...): one line, flushed at once
+local function log_record(event, ...)
+   if not log_file then return end
+   local parts = { '{"event":' .. json_value(event) }
+   for i = 1, select("#", ...), 2 do
+      local k, v = select(i, ...)
+      parts[#parts + 1] = json_value(k) .. ":" .. json_value(v)
+   end
+   local ok, err = log_file:write(table.concat(parts, ",") .. "}\n")
+   if ok then ok, err = log_file:flush() end
+   if not ok then error("examples/train.lua: cannot write the log " .. opt.log .. ": " ..
+                        tostring(err), 0) end
+end
+
+if opt.log ~= "" then
+   -- a resumed run continues the log of the run it resumes
+   local err
+   log_file, err = io.open(opt.log, opt.resume and "a" or "w")
+   if not log_file then usage("--log: cannot open " .. opt.log .. ": " .. tostring(err)) end
+   log_record("start", "version", lm._VERSION, "model", opt.model, "format", opt.format,
+      "batch_size", opt["batch-size"], "epochs", opt.epochs, "lr", opt.lr,
+      "steps_per_epoch", steps_per_epoch, "train_images", train.images:size(1),
+      "test_images", test.images:size(1), "threads", opt.threads, "seed", opt.seed,
+      "resumed_at_step", opt.resume and state.step or nil, "unix_time", os.time())
+end
+
+---------------------------------------------------------------------------------------------
 -- progress
 ---------------------------------------------------------------------------------------------
 local tty = util.isatty(1) and not opt.quiet
@@ -127,27 +181,38 @@ local function run()
    while state.epoch <= opt.epochs do
       local epoch = state.epoch
       local t0, seen, loss_avg = now(), 0, nil
+      local loss_sum, loss_n = 0, 0
       for x, y, b in loader:iter(epoch, state.batch) do
-         util.set_lr(optimizer, lr_at(state.step))
+         local lr = lr_at(state.step)
+         util.set_lr(optimizer, lr)
          optimizer:zero_grad()
          local loss = lm.F.cross_entropy(model(x), y)
          loss:backward()
          optimizer:step()
          local l = loss:item()
          loss_avg = loss_avg and (0.98 * loss_avg + 0.02 * l) or l
+         loss_sum, loss_n = loss_sum + l, loss_n + 1
          seen = seen + x:size(1)
          state.batch, state.step = b + 1, state.step + 1
          local dt = now() - t0
          local ips = seen / math.max(dt, 1e-9)
          local eta = (total_steps - state.step) * opt["batch-size"] / ips
          progress(epoch, b, steps_per_epoch, ips, loss_avg, eta, b == steps_per_epoch)
+         log_record("step", "step", state.step, "epoch", epoch, "batch", b, "loss", l, "lr", lr,
+            "images_per_s", ips, "time", now() - t_start)
          if print_losses then
             print(string.format("step %d loss %.9g", state.step, l))
          end
       end
+      local epoch_time = now() - t0
       last_acc = util.accuracy(lm, model, test_loader)
       state.epoch, state.batch = epoch + 1, 1
       save_checkpoint(opt.checkpoint)
+      log_record("epoch", "epoch", epoch, "step", state.step,
+         "train_loss", loss_n > 0 and loss_sum / loss_n or nil, "test_accuracy", last_acc,
+         "images_per_s", seen / math.max(epoch_time, 1e-9), "epoch_time", epoch_time,
+         "live_bytes", lm.memory.live_bytes(), "peak_bytes", lm.memory.peak_bytes(),
+         "time", now() - t_start)
       print(string.format("epoch %d: test accuracy %.2f%%  (%.0f s elapsed, checkpoint %s, "
          .. "tensor memory %.1f MB live, %.1f MB peak)", epoch, 100 * last_acc, now() - t_start,
          opt.checkpoint, lm.memory.live_bytes() / 2 ^ 20, lm.memory.peak_bytes() / 2 ^ 20))
@@ -156,9 +221,12 @@ end
 
 util.run_interruptible(run, function()
    save_checkpoint(opt.checkpoint)
+   log_record("interrupted", "step", state.step, "epoch", state.epoch, "batch", state.batch,
+      "time", now() - t_start)
    print(string.format("interrupted: saved %s at epoch %d, batch %d (resume with --resume)",
                        opt.checkpoint, state.epoch, state.batch))
 end)
+if log_file then log_file:close() end
 if last_acc then
    print(string.format("final test accuracy: %.2f%% in %.1f s (%s)", 100 * last_acc,
                        now() - t_start, opt.format))

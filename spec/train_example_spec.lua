@@ -1,6 +1,7 @@
 -- examples/train.lua end to end on a tiny generated IDX data set: it trains, writes a checkpoint,
 -- and a run stopped after one epoch then resumed computes exactly the losses of an uninterrupted
--- run (model, optimizer, schedule, epoch and random state restored).
+-- run (model, optimizer, schedule, epoch and random state restored). --log writes one JSON line
+-- per step and per epoch, flushed as written, and a resumed run appends to it.
 local function write_idx(path, kind, dims, fill)
    local f = assert(io.open(path, "wb"))
    f:write(string.char(0, 0, kind, #dims))
@@ -50,6 +51,45 @@ local function run(args)
    return ok, out, losses
 end
 
+local lm = require("lumen")
+local json = require("lumen.serialize").json
+
+-- the log's records, in order; every line must be a whole JSON object
+local function read_log(path)
+   local f = assert(io.open(path, "r"), "no log at " .. path)
+   local text = f:read("*a")
+   f:close()
+   assert.are.equal("\n", text:sub(-1), "the log does not end with a newline")
+   local records = {}
+   for line in text:gmatch("([^\n]*)\n") do
+      local r, err = json.decode(line)
+      assert.is_table(r, "not JSON: " .. line .. " (" .. tostring(err) .. ")")
+      records[#records + 1] = r
+   end
+   return records
+end
+
+local function check_step(r, step, epoch)
+   assert.are.equal("step", r.event)
+   assert.are.equal(step, r.step)
+   assert.are.equal(epoch, r.epoch)
+   assert.is_number(r.loss)
+   assert.is_true(r.loss > 0 and r.loss < 10, "loss " .. tostring(r.loss))
+   assert.is_true(r.lr > 0 and r.lr <= 0.1, "lr " .. tostring(r.lr))
+   assert.is_true(r.images_per_s > 0)
+   assert.is_true(r.time >= 0)
+end
+
+local function check_epoch(r, epoch, step)
+   assert.are.equal("epoch", r.event)
+   assert.are.equal(epoch, r.epoch)
+   assert.are.equal(step, r.step)
+   assert.is_true(r.train_loss > 0 and r.train_loss < 10)
+   assert.is_true(r.test_accuracy >= 0 and r.test_accuracy <= 1)
+   assert.is_true(r.live_bytes > 0 and r.peak_bytes >= r.live_bytes)
+   assert.is_true(r.images_per_s > 0 and r.epoch_time > 0)
+end
+
 describe("examples/train.lua", function()
    local dir = os.tmpname() .. "-fmnist"
    local ckpt = dir .. "/run.ckpt"
@@ -62,15 +102,66 @@ describe("examples/train.lua", function()
       assert.is_true(ok, out)
       assert.is_truthy(out:find("final test accuracy", 1, true), out)
       assert.are.equal(16, #full) -- 2 epochs of 8 batches
-      local ok1, out1 = run(common .. "--epochs 1 --checkpoint " .. ckpt)
+      local log = dir .. "/run.jsonl"
+      local ok1, out1, first = run(common .. "--epochs 1 --checkpoint " .. ckpt .. " --log " .. log)
       assert.is_true(ok1, out1)
-      -- the checkpoint of an epoch-1 run, resumed for a second epoch
-      local ok2, out2, resumed = run(common .. "--epochs 2 --resume --checkpoint " .. ckpt)
+      -- the checkpoint of an epoch-1 run, resumed for a second epoch (its log appended)
+      local ok2, out2, resumed = run(common .. "--epochs 2 --resume --checkpoint " .. ckpt ..
+                                     " --log=" .. log)
       assert.is_true(ok2, out2)
       assert.is_truthy(out2:find("resumed from", 1, true), out2)
       for step = 9, 16 do
          assert.are.equal(full[step], resumed[step], "loss at step " .. step)
       end
+
+      -- the log: start, 8 steps, epoch 1, start (resumed at step 8), 8 steps, epoch 2
+      local recs = read_log(log)
+      assert.are.equal(1 + 8 + 1 + 1 + 8 + 1, #recs)
+      assert.are.equal("start", recs[1].event)
+      assert.are.equal(lm._VERSION, recs[1].version)
+      assert.are.equal(8, recs[1].steps_per_epoch)
+      assert.are.equal(32, recs[1].batch_size)
+      assert.are.equal(json.null, recs[1].resumed_at_step)
+      for s = 1, 8 do
+         check_step(recs[1 + s], s, 1)
+         -- the logged loss is the one printed (same float, 9 significant digits)
+         assert.is_true(math.abs(recs[1 + s].loss - tonumber(first[s])) <= 1e-6 *
+                        math.abs(recs[1 + s].loss), "loss at step " .. s)
+      end
+      check_epoch(recs[10], 1, 8)
+      assert.are.equal("start", recs[11].event)
+      assert.are.equal(8, recs[11].resumed_at_step)
+      for s = 9, 16 do
+         check_step(recs[3 + s], s, 2)
+         assert.is_true(math.abs(recs[3 + s].loss - tonumber(resumed[s])) <= 1e-6 *
+                        math.abs(recs[3 + s].loss), "loss at step " .. s)
+      end
+      check_epoch(recs[20], 2, 16)
+      -- the epoch's mean loss is the mean of its steps
+      local sum = 0
+      for s = 2, 9 do sum = sum + recs[s].loss end
+      assert.is_true(math.abs(recs[10].train_loss - sum / 8) < 1e-6)
+   end)
+
+   it("--log writes each line as it goes: a run killed mid-epoch leaves whole lines", function()
+      local log = dir .. "/killed.jsonl"
+      -- the first step record is on disk while the run is still going: kill it there
+      local cmd = "bin/lumen examples/train.lua --quiet --threads 1 --data " .. dir ..
+         " --batch-size 32 --width 4 --eval-batch 64 --epochs 50 --checkpoint " .. dir ..
+         "/killed.ckpt --log " .. log .. " >/dev/null 2>&1 & pid=$!; " ..
+         "for i in $(seq 1 600); do grep -q '\"event\":\"step\"' " .. log ..
+         " 2>/dev/null && break; sleep 0.1; done; kill -9 $pid; wait $pid 2>/dev/null; true"
+      os.execute(cmd)
+      local recs = read_log(log)
+      assert.is_true(#recs >= 2, "expected the start and at least one step record")
+      assert.are.equal("start", recs[1].event)
+      check_step(recs[2], 1, 1)
+   end)
+
+   it("--log into a missing directory is a usage error", function()
+      local ok, out = run("--data " .. dir .. " --log " .. dir .. "/no/such/dir/run.jsonl")
+      assert.is_false(ok)
+      assert.is_truthy(out:find("--log: cannot open", 1, true), out)
    end)
 
    it("rejects bad flags", function()
