@@ -3,6 +3,9 @@
 --
 --    bin/lumen examples/check_layout.lua            (after `make`)
 --    bin/lumen examples/check_layout.lua 2 96       (batch size, image size)
+--    bin/lumen examples/check_layout.lua 1 64 report.html
+--                                                   (also the report as a page: the module tree
+--                                                    coloured by format; open it in a browser)
 --
 -- See docs/checking_models.md for what the report means and docs/debugging_channels_last.md for
 -- what to do when it is not ok.
@@ -11,6 +14,7 @@ local lm = require("lumen")
 
 local batch = tonumber(arg and arg[1]) or 1
 local size = tonumber(arg and arg[2]) or 64
+local html = arg and arg[3] or nil
 
 lm.manual_seed(0)
 local model = lm.models.resnet50({ num_classes = 1000 })
@@ -22,8 +26,9 @@ local x = lm.randn({ batch, 3, size, size }):to(lm.channels_last)
 -- one forward and one backward (loss = output:sum()), then everything is put back as it was:
 -- forwards, gradients, batch-norm running statistics
 local t0 = os.clock()
-local report = lm.layout.check(model, x, { backward = true })
+local report = lm.layout.check(model, x, { backward = true, html = html })
 print(report)
+if html then print("\nHTML report written to " .. html) end
 print(("\n%d module calls checked in %.2f s of CPU time"):format(#report.rows, os.clock() - t0))
 
 if report.ok then

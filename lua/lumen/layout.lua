@@ -5,6 +5,8 @@
 --    local r = lm.layout.check(model, x, {backward = true})
 --    print(r)                                    -- one row per leaf-module call
 --    assert(r.ok, r.first_lost)
+--    lm.layout.check(model, x, {html = "report.html"}) -- also a page: the module tree coloured
+--                                                 -- by format (lua/lumen/layout_report.lua)
 --    local t = lm.layout.trace(function() return model(x) end)   -- which OPERATOR lost it
 --    print(lm.layout.coverage())                 -- every operator, run on NCHW and NHWC
 --
@@ -224,7 +226,10 @@ function Report.__tostring(r)
    local rows = {}
    for _, row in ipairs(r.rows) do
       local mark = ""
-      if row.lost then mark = "  <-- lost channels_last" end
+      if row.lost then
+         mark = "  <-- lost channels_last" ..
+            (row.lost_ops and (" (by " .. table.concat(row.lost_ops, ", ") .. ")") or "")
+      end
       if row.grad_note then mark = mark .. "  (output gradient " .. row.grad_note .. ")" end
       if row.grad_lost then
          mark = mark .. "  <-- output gradient not channels_last" ..
@@ -273,6 +278,28 @@ function Report.__tostring(r)
    return table.concat(lines, "\n")
 end
 
+--- report:to_html(path) -> the report as a self-contained HTML page (string); with a path, also
+--- written there. The page is made by lua/lumen/layout_report.lua.
+function Report.to_html(r, path)
+   if getmetatable(r) ~= Report then
+      fail("layout.Report.to_html", "call it as report:to_html(path)")
+   end
+   if path ~= nil and type(path) ~= "string" then
+      fail("layout.Report.to_html", "path must be a string, got %s", T.typename(path))
+   end
+   local html = require("lumen.layout_report").html(r)
+   if path then
+      local f, err = io.open(path, "wb")
+      if not f then fail("layout.Report.to_html", "cannot write %s: %s", path, tostring(err)) end
+      local ok, werr = f:write(html)
+      f:close()
+      if not ok then fail("layout.Report.to_html", "cannot write %s: %s", path, tostring(werr)) end
+   end
+   return html
+end
+
+local CHECK_OPTIONS = { backward = true, loss = true, html = true, trace = true }
+
 -- the tensor results of a forward (first tensor among the results)
 local function first_tensor(res)
    for i = 1, res.n do
@@ -281,11 +308,15 @@ local function first_tensor(res)
    return nil
 end
 
---- lm.layout.check(model, input, {backward = true, loss = fn}) -> report
+--- lm.layout.check(model, input, {backward = true, loss = fn, trace = false, html = path})
+--- -> report
 --- Runs one forward (and one backward) with every leaf module's forward wrapped, then restores
 --- everything: the forwards, the parameters' .grad, and the buffers (batch-norm running stats
 --- updated by a training-mode forward are put back). input is a tensor or an array of
---- arguments. loss(output) -> scalar defaults to output:sum().
+--- arguments. loss(output) -> scalar defaults to output:sum(). trace = true also runs the forward
+--- under lm.layout.trace: report.trace is that report, and a row that lost channels-last gets
+--- row.lost_ops (the operators, e.g. "Tensor.contiguous"). html = path writes
+--- report:to_html(path) (and implies trace). report.modules lists every module {path, type}.
 function M.check(model, input, opts)
    local fname = "layout.check"
    if not is_module(model) then fail(fname, "expected a Module, got %s", T.typename(model)) end
@@ -297,9 +328,17 @@ function M.check(model, input, opts)
       fail(fname, "input must be a tensor or an array of arguments, got %s", T.typename(input))
    end
    if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
-      fail(fname, "options must be a table {backward =, loss =}, got %s", T.typename(opts))
+      fail(fname, "options must be a table {backward =, loss =, trace =, html =}, got %s",
+           T.typename(opts))
    end
    opts = opts or {}
+   for k in pairs(opts) do
+      if not CHECK_OPTIONS[k] then fail(fname, "unknown option '%s'", tostring(k)) end
+   end
+   if opts.html ~= nil and (type(opts.html) ~= "string" or opts.html == "") then
+      fail(fname, "html must be a file name (string), got %s", T.typename(opts.html))
+   end
+   local want_trace = opts.trace == true or opts.html ~= nil
    local backward = opts.backward ~= false
    if opts.loss ~= nil and type(opts.loss) ~= "function" then
       fail(fname, "loss must be a function(output) -> scalar tensor")
@@ -310,9 +349,11 @@ function M.check(model, input, opts)
    local first_in = cdata_of(args[1])
    report.input_format = first_in and classify(first_in) or "-"
 
-   -- leaf modules
+   -- leaf modules (and every module, for the report's tree)
    local leaves = {}
+   report.modules = {}
    for _, pm in ipairs(model:named_modules()) do
+      report.modules[#report.modules + 1] = { path = pm[1], type = pm[2]:type_name() }
       if #pm[2]:named_children() == 0 then leaves[#leaves + 1] = { path = pm[1], m = pm[2] } end
    end
 
@@ -334,6 +375,7 @@ function M.check(model, input, opts)
    end
 
    -- wrap the leaf forwards
+   local current_row -- the leaf call running now (trace's losses are put on it)
    local hooks = {}
    local calls = {}
    local saved = {}
@@ -352,7 +394,10 @@ function M.check(model, input, opts)
             row.input_size = sizes_str(xc)
             row._in_cl = is_cl(xc)
          end
+         local outer = current_row
+         current_row = row
          local res = pack(orig(self, ...))
+         current_row = outer
          local out = first_tensor(res)
          local oc = out and cdata_of(out)
          row._out = out
@@ -415,8 +460,26 @@ function M.check(model, input, opts)
       end)
    end
 
+   local function on_lost(l)
+      local row = current_row
+      if row then
+         row.lost_ops = row.lost_ops or {}
+         row.lost_ops[#row.lost_ops + 1] = l.op
+      end
+   end
+
    local ok, err = pcall(function()
-      local res = pack(model:forward(unpack(args, 1, args.n)))
+      local res
+      if want_trace then
+         -- trace wraps the operators over the reshape wrappers above and puts them back first
+         local tr = pack(M.trace(function() return model:forward(unpack(args, 1, args.n)) end,
+                                 { on_lost = on_lost }))
+         report.trace = tr[1]
+         report.trace.results = nil -- the report must not keep the model's outputs alive
+         res = { n = tr.n - 1, unpack(tr, 2, tr.n) }
+      else
+         res = pack(model:forward(unpack(args, 1, args.n)))
+      end
       unwrap_reshapers()
       for i = #saved, 1, -1 do rawset(saved[i][1], "forward", saved[i][2]) end
       local out = first_tensor(res)
@@ -518,6 +581,7 @@ function M.check(model, input, opts)
    if backward and not report.backward_skipped then
       report.ok = report.ok and report.params_ok and report.first_grad_lost == nil
    end
+   if opts.html then Report.to_html(report, opts.html) end
    return report
 end
 
@@ -592,6 +656,7 @@ end
 --- channels-last tensor and returns a 4-D tensor that is not channels-last is recorded
 --- (report.lost, in call order; report.first, report.message). With {raise = true} the first
 --- one raises "lumen.layout.trace: Operator `X` lost channels_last property ..." at once.
+--- {on_lost = function(entry)} is called with each entry as it is recorded (check uses it).
 --- Everything is restored afterwards, also when fn raises.
 function M.trace(fn, opts)
    local fname = "layout.trace"
@@ -600,6 +665,10 @@ function M.trace(fn, opts)
       fail(fname, "options must be a table {raise =}, got %s", T.typename(opts))
    end
    local raise = opts and opts.raise or false
+   local on_lost = opts and opts.on_lost
+   if on_lost ~= nil and type(on_lost) ~= "function" then
+      fail(fname, "on_lost must be a function(entry), got %s", T.typename(on_lost))
+   end
    local lm = require("lumen")
    local F = require("lumen.functional")
    local report = setmetatable({ lost = {}, calls = 0, cl_calls = 0, ok = true, ops = {} }, Trace)
@@ -633,6 +702,7 @@ function M.trace(fn, opts)
                            chain_str = chain_string(saved_stack, my_depth),
                            input = describe(incl), output = describe(oc) }
                report.lost[#report.lost + 1] = l
+               if on_lost then on_lost(l) end
                if report.ok then
                   report.ok = false
                   report.first = l
