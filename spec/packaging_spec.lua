@@ -190,7 +190,9 @@ describe("luarocks pack + install", function()
          cfg[#cfg + 1] = ('rocks_provided = { ["lua-cjson"] = "%s-1" }'):format(v)
       end
       write_file(tmp .. "/config.lua", table.concat(cfg, "\n") .. "\n")
-      local env = "env -u LUMEN_LIB -u LUA_PATH -u LUA_CPATH LUAROCKS_CONFIG=" ..
+      -- nothing of the test run leaks into the build: not the library, the paths, nor an ASan
+      -- preload (make asan), which would slow every compiler process down
+      local env = "env -u LUMEN_LIB -u LUA_PATH -u LUA_CPATH -u LD_PRELOAD LUAROCKS_CONFIG=" ..
          q(tmp .. "/config.lua") .. " "
 
       out, rc = sh("cd " .. q(tmp) .. " && " .. env .. "luarocks pack lumen-0.1.0-1.rockspec")
@@ -198,8 +200,10 @@ describe("luarocks pack + install", function()
       local rock = tmp .. "/lumen-0.1.0-1.src.rock"
       assert.is_not_nil(read_file(rock), "no source rock: " .. out)
       -- the rock carries the rockspec and the sources of the tag
-      local list = sh("unzip -l " .. q(rock))
-      assert.is_truthy(list:find("lumen-0.1.0-1.rockspec", 1, true), list)
+      if have("unzip") then
+         local list = sh("unzip -l " .. q(rock))
+         assert.is_truthy(list:find("lumen-0.1.0-1.rockspec", 1, true), list)
+      end
 
       out, rc = sh("cd " .. q(tmp) .. " && " .. env .. "MAKEFLAGS=-j2 luarocks install --tree " ..
                    q(tmp .. "/tree") .. " " .. q(rock))
@@ -207,7 +211,7 @@ describe("luarocks pack + install", function()
       assert.is_truthy(out:find("lumen 0.1.0-1 is now installed", 1, true), out)
 
       -- the installed command, with nothing from the source tree in its environment
-      out, rc = sh("cd /tmp && env -u LUMEN_LIB -u LUA_PATH -u LUA_CPATH " ..
+      out, rc = sh("cd /tmp && env -u LUMEN_LIB -u LUA_PATH -u LUA_CPATH -u LD_PRELOAD " ..
                    q(tmp .. "/tree/bin/lumen") .. " -e " ..
                    q("print(lm.ones({2,2})); print(package.searchpath('lumen', package.path)); " ..
                      "print(lm._VERSION)"))
