@@ -47,6 +47,25 @@ local stridebuf = ffi.new("int64_t[8]")
 local dimbuf = ffi.new("int[8]")
 local dbl1 = ffi.new("double[1]")
 
+-- Doubles read out of FFI memory. LuaJIT keeps type tags in the high bits of NaNs: a double
+-- whose high word is 0xFFF80000 or more (a negative NaN with a payload, e.g. a float16 0xff6d
+-- widened by lm_to_doubles) is taken for a tagged value as soon as it is read into a Lua
+-- value, and the process crashes or a "number" turns into a table. Comparing v ~= v after the
+-- read is too late, so the high word is checked as a uint32 (always a plain number) first and
+-- such a NaN is replaced by the canonical one. One integer compare per element.
+local NAN = 0 / 0
+local dbl1_hi = ffi.cast("uint32_t*", dbl1)
+local HI_WORD = ffi.abi("le") and 1 or 0
+local TAGGED_HI = 0xFFF80000
+
+-- element i (0-based) of a double buffer whose uint32 view is hi32 (ffi.cast("uint32_t*", buf))
+local function read_double(buf, hi32, i)
+   if hi32[2 * i + HI_WORD] >= TAGGED_HI then return NAN end
+   return buf[i]
+end
+M.read_double = read_double
+M.NAN = NAN
+
 ---------------------------------------------------------------------------------------------
 -- errors
 ---------------------------------------------------------------------------------------------
@@ -582,9 +601,8 @@ function Tensor.item(self)
                " elements cannot be converted to a scalar")
    end
    check(C.lm_to_doubles(c, dbl1), "item")
-   local v = dbl1[0]
-   if c.dtype == 7 then return v ~= 0 end
-   return v
+   if c.dtype == 7 then return dbl1_hi[HI_WORD] ~= 0 end   -- 1.0 or 0.0 (high word 0)
+   return read_double(dbl1, dbl1_hi, 0)
 end
 
 function Tensor.totable(self)
@@ -594,9 +612,10 @@ function Tensor.totable(self)
    local isbool = c.dtype == 7
    local buf = ffi.new("double[?]", n > 0 and n or 1)
    if n > 0 then check(C.lm_to_doubles(c, buf), "totable") end
+   local hi32 = ffi.cast("uint32_t*", buf)
    if nd == 0 then
-      if isbool then return buf[0] ~= 0 end
-      return buf[0]
+      if isbool then return hi32[HI_WORD] ~= 0 end
+      return read_double(buf, hi32, 0)
    end
    local sizes = {}
    for i = 0, nd - 1 do sizes[i + 1] = tonumber(c.sizes[i]) end
@@ -606,9 +625,8 @@ function Tensor.totable(self)
       local sz = sizes[d]
       if d == nd then
          for i = 1, sz do
-            local v = buf[pos]
-            if isbool then v = v ~= 0 end
-            r[i] = v
+            if isbool then r[i] = hi32[2 * pos + HI_WORD] ~= 0
+            else r[i] = read_double(buf, hi32, pos) end
             pos = pos + 1
          end
       else
