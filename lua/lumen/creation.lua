@@ -18,6 +18,7 @@ local check_opts, opt_dtype, opt_format, opt_device = T.check_opts, T.opt_dtype,
    T.opt_device
 local finish, is_tensor, check_int, check_number = T.finish, T.is_tensor, T.check_int,
    T.check_number
+local check_fits = T.check_fits
 
 local M = {}
 
@@ -43,7 +44,10 @@ local function empty_from(fname, nd, opts, default_dtype, level)
    return wrap(outp[0])
 end
 
-local function fill(t, v, fname, level)
+-- floats_too: check v against float32/16/bfloat16 too (fill_'s rule; lm.tensor checks only the
+-- integer dtypes, as torch.tensor does)
+local function fill(t, v, fname, level, floats_too)
+   T.check_fits(fname, v, t._c.dtype, floats_too ~= false)
    if C.lm_fill_(t._c, v) ~= 0 then raise(fname, (level or 2) + 1) end
    return t
 end
@@ -143,14 +147,25 @@ local function fill_gen(t, n, gen, fname, level)
    local ct = direct_ct[c.dtype]
    if ct and c.device == 0 and C.lm_is_contiguous(c, 0) ~= 0 then
       local p = ffi.cast(ct, C.lm_tensor_data(c))
-      if c.dtype == 7 then
+      if c.dtype >= 4 and c.dtype <= 6 then
+         for i = 0, n - 1 do
+            local v = gen(i)
+            check_fits(fname, v, c.dtype, false)
+            p[i] = v
+         end
+      elseif c.dtype == 7 then
          for i = 0, n - 1 do p[i] = gen(i) ~= 0 and 1 or 0 end
       else
          for i = 0, n - 1 do p[i] = gen(i) end
       end
    else
       local buf = ffi.new("double[?]", n)
-      for i = 0, n - 1 do buf[i] = gen(i) end
+      local int = c.dtype >= 4 and c.dtype <= 6
+      for i = 0, n - 1 do
+         local v = gen(i)
+         if int then check_fits(fname, v, c.dtype, false) end
+         buf[i] = v
+      end
       check(C.lm_from_doubles(c, buf), fname, (level or 2) + 1)
    end
    return t
@@ -240,7 +255,7 @@ function M.tensor(data, opts)
    if tp == "number" or tp == "boolean" then
       local d = opt_dtype("tensor", opts, tp == "boolean" and BOOL or FLOAT32)
       local t = empty_from("tensor", 0, opts, d)
-      fill(t, tp == "boolean" and (data and 1 or 0) or data, "tensor")
+      fill(t, tp == "boolean" and (data and 1 or 0) or data, "tensor", nil, false)
       return finish(t, opts)
    end
    if tp ~= "table" or getmetatable(data) ~= nil then
@@ -312,6 +327,10 @@ function M.tensor(data, opts)
    local default = (seen_bool and not seen_num) and BOOL or FLOAT32
    for i = 1, nd do sizebuf[i - 1] = shape[i] end
    local t = empty_from("tensor", nd, opts, default)
+   local did = t._c.dtype
+   if did >= 4 and did <= 6 then
+      for i = 0, total - 1 do check_fits("tensor", buf[i], did, false) end
+   end
    if total > 0 then check(C.lm_from_doubles(t._c, buf), "tensor") end
    return finish(t, opts)
 end

@@ -535,6 +535,40 @@ local function finish(t, opts)
 end
 M.finish = finish
 
+-- Whether the Lua number v can be stored in dtype id did, by PyTorch's checked_convert (what
+-- fill_ / full / a Scalar argument go through): integer dtypes take no NaN, no infinity and
+-- nothing outside their range (uint8 also takes integral -255..-1, which wrap as in PyTorch,
+-- where a Python int may wrap but a float may not); with floats_too, float32 / float16 /
+-- bfloat16 take infinities and NaN but no finite value beyond their largest one (float64 and
+-- bool take anything). Without floats_too only the integer dtypes are checked (what
+-- torch.tensor does: a float too large for float16 becomes inf there).
+local FLOAT_MAX = { [0] = 3.4028234663852886e38, [2] = 65504, [3] = 3.3895313892515355e38 }
+local function fits_dtype(v, did, floats_too)
+   if did == 4 then return v >= -9223372036854775808 and v < 9223372036854775808 end
+   if did == 5 then return v >= -2147483648 and v <= 2147483647 end
+   if did == 6 then
+      if v % 1 == 0 then return v >= -255 and v <= 255 end
+      return v >= 0 and v <= 255
+   end
+   if floats_too then
+      local max = FLOAT_MAX[did]
+      if max ~= nil and v == v and v ~= math.huge and v ~= -math.huge then
+         return v >= -max and v <= max
+      end
+   end
+   return true
+end
+M.fits_dtype = fits_dtype
+
+-- raise PyTorch's overflow error when v does not fit dtype id did (see fits_dtype)
+local function check_fits(fname, v, did, floats_too)
+   if not fits_dtype(v, did, floats_too) then
+      argerror(fname, "value cannot be converted to type " .. dtype_by_id[did].name ..
+               " without overflow")
+   end
+end
+M.check_fits = check_fits
+
 ---------------------------------------------------------------------------------------------
 -- inspection
 ---------------------------------------------------------------------------------------------
@@ -1200,6 +1234,7 @@ function Tensor.fill_(self, v)
    elseif type(v) ~= "number" then
       argerror("fill_", "value must be a number, got " .. typename(v))
    end
+   check_fits("fill_", v, c.dtype, true)
    barrier(c)
    check(C.lm_fill_(c, v), "fill_")
    return self

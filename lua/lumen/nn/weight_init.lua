@@ -70,6 +70,11 @@ end
 
 function M.constant_(t, v)
    local c = tensor_arg("constant_", t)
+   if type(v) ~= "number" then fail("constant_", "val must be a number, got " .. T.typename(v)) end
+   if not T.fits_dtype(v, c.dtype, true) then
+      fail("constant_", "value cannot be converted to type " .. tostring(Tensor.dtype(t)) ..
+           " without overflow")
+   end
    ccheck(C.lm_fill_(c, v), "constant_")
    return t
 end
