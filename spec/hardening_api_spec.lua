@@ -132,3 +132,65 @@ describe("a number that does not fit the dtype", function()
       assert.are.same({ math.huge }, lm.tensor({ 1e300 }, { dtype = lm.float16 }):totable())
    end)
 end)
+
+describe("an in-place write into a tensor whose elements share memory", function()
+   local OVERLAP = "unsupported operation: more than one element of the written-to tensor " ..
+      "refers to a single memory location. Please clone() the tensor before performing the " ..
+      "operation."
+   local function expanded() return lm.zeros({ 1 }):expand({ 3 }) end
+   local cases = {
+      { "add_", function() expanded():add_(lm.ones({ 3 })) end },
+      { "sub_", function() expanded():sub_(1) end },
+      { "mul_", function() expanded():mul_(lm.ones({ 3 })) end },
+      { "div_", function() expanded():div_(2) end },
+      { "pow_", function() expanded():pow_(2) end },
+      { "relu_", function() expanded():relu_() end },
+      { "neg_", function() lm.zeros({ 2, 1 }):expand({ 2, 4 }):neg_() end },
+      { "clamp_", function() expanded():clamp_(0, 1) end },
+      { "addcmul_", function() expanded():addcmul_(lm.ones({ 3 }), lm.ones({ 3 })) end },
+      { "addcdiv_", function() expanded():addcdiv_(lm.ones({ 3 }), lm.ones({ 3 })) end },
+      { "copy_", function() expanded():copy_(lm.tensor({ 1.0, 2.0, 3.0 })) end },
+      { "nn.init.uniform_", function() lm.nn.init.uniform_(expanded()) end },
+      { "nn.init.normal_", function() lm.nn.init.normal_(expanded()) end },
+   }
+   for _, case in ipairs(cases) do
+      it(case[1] .. " raises", function()
+         raises(case[2], "lumen." .. case[1] .. ": " .. OVERLAP)
+      end)
+   end
+   it("batch_norm in training rejects an expanded running_mean or running_var", function()
+      local x = lm.randn({ 4, 3, 2, 2 })
+      raises(function()
+         lm.F.batch_norm(x, lm.zeros({ 1 }):expand({ 3 }), lm.ones({ 3 }), nil, nil,
+                         { training = true })
+      end, "lumen.batch_norm: running_mean: " .. OVERLAP)
+      raises(function()
+         lm.F.batch_norm(x, lm.zeros({ 3 }), lm.ones({ 1 }):expand({ 3 }), nil, nil,
+                         { training = true })
+      end, "lumen.batch_norm: running_var: " .. OVERLAP)
+      -- evaluation only reads them: allowed, as in PyTorch
+      local y = lm.F.batch_norm(x, lm.zeros({ 1 }):expand({ 3 }), lm.ones({ 1 }):expand({ 3 }))
+      assert.are.same({ 4, 3, 2, 2 }, y:size())
+   end)
+   it("an optimizer step on an expanded parameter raises instead of summing into one slot", function()
+      local p = lm.zeros({ 1 }):expand({ 3 })
+      p.requires_grad = true
+      p.grad = lm.ones({ 3 })
+      local opt = lm.optim.SGD({ p }, { lr = 0.1, momentum = 0.9 })
+      local ok, msg = pcall(function() opt:step() end)
+      assert.is_false(ok)
+      assert.is_truthy(tostring(msg):find(OVERLAP, 1, true), msg)
+   end)
+   it("fill_, zero_ and writes into an expanded size-1 dim are fine", function()
+      local e = expanded()
+      e:fill_(2)
+      assert.are.same({ 2, 2, 2 }, e:totable())
+      e:zero_()
+      assert.are.same({ 0, 0, 0 }, e:totable())
+      local k = lm.zeros({ 3, 1 }):expand({ 3, 1 })   -- stride 0 on a size-1 dim: no sharing
+      k:add_(1)
+      assert.are.same({ { 1 }, { 1 }, { 1 } }, k:totable())
+      local s = lm.zeros({ 4 }):as_strided({ 2 }, { 2 })
+      s:add_(1)
+   end)
+end)

@@ -552,6 +552,8 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias) or
                                         needs(residual))
    if training then               -- the running statistics are updated in place
+      if rmc ~= nil then T.check_no_overlap(fname, rmc, "running_mean") end
+      if rvc ~= nil then T.check_no_overlap(fname, rvc, "running_var") end
       T.barrier(rmc)
       T.barrier(rvc)
    end

@@ -569,6 +569,31 @@ local function check_fits(fname, v, did, floats_too)
 end
 M.check_fits = check_fits
 
+-- In-place writes that bypass the elementwise engine (batch norm's running statistics): a
+-- target where two elements share one memory location (a dim of size > 1 and stride 0, e.g.
+-- from expand) would receive every result in one slot, so it is rejected as PyTorch does
+-- (assert_no_internal_overlap; layouts PyTorch finds "too hard" to decide pass, as there). The
+-- elementwise ops, copy_ and the random fills make the same check in C (elementwise.c,
+-- random.c); fill_ / zero_ write one value everywhere and accept it, as in PyTorch.
+local OVERLAP_MSG = "unsupported operation: more than one element of the written-to tensor " ..
+   "refers to a single memory location. Please clone() the tensor before performing the operation."
+local function has_internal_overlap(c)
+   local sizes, strides = c.sizes, c.strides
+   for d = 0, c.ndim - 1 do
+      if strides[d] == 0 and sizes[d] > 1 then return true end
+   end
+   return false
+end
+M.has_internal_overlap = has_internal_overlap
+
+-- raise when the write target c overlaps itself; what names it when it is not self
+local function check_no_overlap(fname, c, what)
+   if has_internal_overlap(c) then
+      argerror(fname, what and (what .. ": " .. OVERLAP_MSG) or OVERLAP_MSG)
+   end
+end
+M.check_no_overlap = check_no_overlap
+
 ---------------------------------------------------------------------------------------------
 -- inspection
 ---------------------------------------------------------------------------------------------
