@@ -99,11 +99,15 @@ describe("a number that does not fit the dtype", function()
       { "full_like", "int32", function()
          return lm.full_like(lm.zeros({ 2 }, { dtype = lm.int32 }), 0 / 0)
       end },
-      { "fill_", "int64", function() return lm.zeros({ 2 }, { dtype = lm.int64 }):fill_(0 / 0) end },
+      { "fill_", "int64", function() return lm.zeros({ 2 }, { dtype = lm.int64 }):fill_(0 / 0)
+      end },
       { "fill_", "int32", function() return lm.zeros({ 2 }, { dtype = lm.int32 }):fill_(1e10) end },
-      { "fill_", "float16", function() return lm.zeros({ 2 }, { dtype = lm.float16 }):fill_(1e5) end },
+      { "fill_", "float16", function() return lm.zeros({ 2 }, { dtype = lm.float16 }):fill_(1e5)
+      end },
       { "tensor", "int64", function() return lm.tensor({ 1, 0 / 0 }, { dtype = lm.int64 }) end },
-      { "tensor", "int32", function() return lm.tensor({ { 1 }, { 1e300 } }, { dtype = lm.int32 }) end },
+      { "tensor", "int32", function()
+         return lm.tensor({ { 1 }, { 1e300 } }, { dtype = lm.int32 })
+      end },
       { "tensor", "int32", function() return lm.tensor(1e300, { dtype = lm.int32 }) end },
       { "tensor", "uint8", function() return lm.tensor({ 300 }, { dtype = lm.uint8 }) end },
       { "arange", "int32", function() return lm.arange(0, 4e9, 1e9, { dtype = lm.int32 }) end },
@@ -117,7 +121,8 @@ describe("a number that does not fit the dtype", function()
    it("nn.init.constant_ checks the value too", function()
       local w = lm.zeros({ 2 }, { dtype = lm.float16 })
       raises(function() lm.nn.init.constant_(w, 1e6) end,
-                     "lumen.nn.init.constant_: value cannot be converted to type float16 without overflow")
+                     "lumen.nn.init.constant_: value cannot be converted to type float16 " ..
+                     "without overflow")
    end)
    it("accepts what PyTorch accepts", function()
       assert.are.same({ 255, 255 }, lm.full({ 2 }, -1, { dtype = lm.uint8 }):totable())
@@ -172,7 +177,7 @@ describe("an in-place write into a tensor whose elements share memory", function
       local y = lm.F.batch_norm(x, lm.zeros({ 1 }):expand({ 3 }), lm.ones({ 1 }):expand({ 3 }))
       assert.are.same({ 4, 3, 2, 2 }, y:size())
    end)
-   it("an optimizer step on an expanded parameter raises instead of summing into one slot", function()
+   it("an optimizer step on an expanded parameter raises, not sum into one slot", function()
       local p = lm.zeros({ 1 }):expand({ 3 })
       p.requires_grad = true
       p.grad = lm.ones({ 3 })

@@ -347,7 +347,7 @@ function M.empty_strided(sizes, strides, opts)
    if n ~= m then
       argerror("empty_strided", ("mismatch in length of sizes (%d) and strides (%d)"):format(n, m))
    end
-   check_opts("empty_strided", opts)
+   check_opts("empty_strided", opts)      -- memory_format: the explicit message below
    local d = opt_dtype("empty_strided", opts, FLOAT32)
    local dev = opt_device("empty_strided", opts, 0)
    if opts and opts.memory_format ~= nil then
@@ -358,11 +358,13 @@ function M.empty_strided(sizes, strides, opts)
    return finish(wrap(outp[0]), opts)
 end
 
+local RANDPERM_OPTS = require("lumen.util").option_set("dtype", "device", "requires_grad")
+
 -- randperm(n, opts): a random permutation of 1..n (1-based, Torch7 style), int64
 function M.randperm(n, opts)
    n = check_int("randperm", n, "n")
    if n < 0 then argerror("randperm", "n must be non-negative, got " .. n) end
-   check_opts("randperm", opts)
+   check_opts("randperm", opts, nil, RANDPERM_OPTS)
    outp[0] = nil
    check(C.lm_randperm(n, outp), "randperm")
    local t = wrap(outp[0])

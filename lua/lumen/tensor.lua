@@ -15,6 +15,8 @@ local bit = require("bit")
 local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local memory = require("lumen.memory")
+local util = require("lumen.util")
+local unknown_option = util.unknown_option
 
 local type, tonumber, tostring, select, error = type, tonumber, tostring, select, error
 local getmetatable, setmetatable, rawget = getmetatable, setmetatable, rawget
@@ -462,9 +464,19 @@ local function parse_sizes(fname, buf, min_size, level, a1, ...)
 end
 M.parse_sizes = parse_sizes
 
-local function check_opts(fname, opts, level)
-   if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
-      argerror(fname, "options must be a table, got " .. typename(opts), (level or 2) + 1)
+-- the options of the factories (lm.zeros, *_like, lm.tensor, ...)
+local FACTORY_OPTS = util.option_set("dtype", "device", "memory_format", "requires_grad")
+M.FACTORY_OPTS = FACTORY_OPTS
+
+-- opts must be nil or a plain table whose keys are all in the set known (default: the
+-- factories' options); an unknown key is an error, not ignored
+local function check_opts(fname, opts, level, known)
+   if opts ~= nil then
+      if type(opts) ~= "table" or getmetatable(opts) ~= nil then
+         argerror(fname, "options must be a table, got " .. typename(opts), (level or 2) + 1)
+      end
+      local k = unknown_option(opts, known or FACTORY_OPTS)
+      if k ~= nil then argerror(fname, util.unknown_option_msg(k)) end
    end
    return opts
 end
@@ -915,6 +927,7 @@ function Tensor.contiguous(self, fmt)
 end
 
 -- clone(opts) / clone(memory_format): memory_format defaults to preserve_format
+local CLONE_OPTS = util.option_set("memory_format", "dtype", "requires_grad")
 function Tensor.clone(self, opts)
    local c = tc(self, "clone")
    local f, d = FMT.preserve, -1
@@ -922,7 +935,7 @@ function Tensor.clone(self, opts)
       if dtypes.is_memory_format(opts) or type(opts) == "string" then
          f = to_format("clone", opts)
       else
-         check_opts("clone", opts)
+         check_opts("clone", opts, nil, CLONE_OPTS)
          f = opt_format("clone", opts, FMT.preserve)
          local dt = opt_dtype("clone", opts, nil)
          if dt then d = dt.id end
@@ -958,6 +971,7 @@ M.alloc_like = alloc_like
 -- Returns self when nothing changes; a memory format counts as unchanged only when the tensor
 -- is contiguous in it and already suggests it (so ambiguous NC11 / N1HW shapes get tagged with
 -- channels-last strides, and the result is always is_contiguous(fmt)).
+local TO_OPTS = util.option_set("dtype", "device", "memory_format", "copy")
 function Tensor.to(self, ...)
    local c = tc(self, "to")
    local d, f, dev, copy
@@ -972,6 +986,7 @@ function Tensor.to(self, ...)
          elseif dtypes.is_format_name(x) then f = to_format("to", x)
          else dev = parse_device("to", x) end
       elseif type(x) == "table" and getmetatable(x) == nil then
+         check_opts("to", x, nil, TO_OPTS)
          if x.dtype ~= nil then d = to_dtype("to", x.dtype) end
          if x.memory_format ~= nil then f = to_format("to", x.memory_format) end
          if x.device ~= nil then dev = parse_device("to", x.device) end
