@@ -199,3 +199,87 @@ describe("an in-place write into a tensor whose elements share memory", function
       s:add_(1)
    end)
 end)
+
+describe("sizes as people expect to see them", function()
+   it("t:size() prints as {2, 3, 4, 4} and stays a plain array", function()
+      local x = lm.zeros({ 2, 3, 4, 4 })
+      local s = x:size()
+      assert.are.equal("{2, 3, 4, 4}", tostring(s))
+      assert.are.equal(4, #s)
+      assert.are.equal(3, s[2])
+      assert.are.equal("2x3x4x4", table.concat(s, "x"))
+      local n = 0
+      for i, v in ipairs(s) do n = n + i * v end
+      assert.are.equal(2 + 6 + 12 + 16, n)
+      assert.are.same({ 2, 3, 4, 4 }, s)
+      assert.are.equal("sizes {2, 3, 4, 4}", "sizes " .. s)
+      assert.are.equal("{}", tostring(lm.tensor(1.5):size()))
+      assert.are.equal("{0}", tostring(lm.zeros({ 0 }):size()))
+      assert.are.equal("{3000000000}", tostring(lm.zeros({ 1 }):expand({ 3e9 }):size()))
+   end)
+   it("t.shape is the same Size", function()
+      local x = lm.zeros({ 2, 3, 4, 4 })
+      assert.are.equal("{2, 3, 4, 4}", tostring(x.shape))
+      assert.are.equal(2, x.shape[1])
+      assert.are.equal(4, #x.shape)
+      assert.is_nil(x.shape[5])
+      assert.is_true(x.shape == x:size())
+      assert.is_true(x.shape == lm.ones({ 2, 3, 4, 4 }).shape)
+      assert.is_false(x.shape == lm.ones({ 2, 3, 4 }).shape)
+      assert.is_false(x.shape == lm.ones({ 2, 3, 4, 5 }).shape)
+      assert.is_true(lm.tensor(2.5).shape == lm.tensor(1.5):size())
+      -- a result computed later (deferred elementwise results) has a shape too
+      local big = lm.ones({ 600, 600 })
+      assert.are.equal("{600, 600}", tostring((big + big).shape))
+      -- fields and methods still resolve as before
+      assert.are.equal("function", type(x.add))
+      assert.is_false(x.requires_grad)
+      assert.is_nil(x.no_such_field)
+   end)
+   it("every function that takes sizes takes a Size", function()
+      local x = lm.zeros({ 2, 3, 4, 4 })
+      assert.are.same({ 2, 3, 4, 4 }, lm.zeros(x.shape):size())
+      assert.are.same({ 2, 3, 4, 4 }, lm.full(x:size(), 2):size())
+      assert.are.same({ 2, 3, 4, 4 }, lm.randint(0, 3, x.shape):size())
+      assert.are.same({ 2, 3, 4, 4 }, lm.empty_strided(x.shape, x:stride()):size())
+      assert.are.same({ 2, 48 }, x:view(lm.zeros({ 2, 48 }).shape):size())
+      assert.are.same({ 2, 3, 4, 4 }, lm.zeros({ 1, 3, 1, 1 }):expand(x.shape):size())
+      local s = lm.tensor(x.shape)
+      assert.are.same({ 2, 3, 4, 4 }, s:totable())
+      assert.are.equal(lm.int64, s:dtype())
+      local y = lm.F.max_pool2d(x, lm.zeros({ 2, 2 }).shape)
+      assert.are.same({ 2, 3, 2, 2 }, y:size())
+      assert.are.same({ 2, 3, 1, 1 }, lm.F.adaptive_avg_pool2d(x, lm.zeros({ 1, 1 }).shape):size())
+   end)
+end)
+
+describe("lm.tensor infers the dtype as torch.tensor does", function()
+   local cases = {
+      { "integers", { 1, 2, 3 }, lm.int64 },
+      { "nested integers", { { 1, -2 }, { 3, 4 } }, lm.int64 },
+      { "one float among integers", { 1, 2.5, 3 }, lm.float32 },
+      { "a NaN", { 1, 0 / 0 }, lm.float32 },
+      { "an infinity", { 1, math.huge }, lm.float32 },
+      { "an integer beyond int64", { 1, 2 ^ 63 }, lm.float32 },
+      { "booleans", { true, false }, lm.bool },
+      { "booleans and integers", { true, 2 }, lm.int64 },
+      { "booleans and floats", { true, 2.5 }, lm.float32 },
+      { "an empty table", {}, lm.float32 },
+      { "an integer scalar", 3, lm.int64 },
+      { "a float scalar", 2.5, lm.float32 },
+      { "a boolean scalar", true, lm.bool },
+   }
+   for _, case in ipairs(cases) do
+      it(case[1] .. " -> " .. tostring(case[3]), function()
+         local t = lm.tensor(case[2])
+         assert.are.equal(case[3], t:dtype())
+      end)
+   end
+   it("keeps large integers exact in int64", function()
+      assert.are.same({ 2 ^ 53, -2 ^ 53 }, lm.tensor({ 2 ^ 53, -2 ^ 53 }):totable())
+   end)
+   it("takes opts.dtype over the inferred one", function()
+      assert.are.equal(lm.float32, lm.tensor({ 1, 2 }, { dtype = lm.float32 }):dtype())
+      assert.are.equal(lm.float64, lm.tensor(3, { dtype = lm.float64 }):dtype())
+   end)
+end)

@@ -9,7 +9,7 @@ local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 
-local type, tostring, getmetatable, select = type, tostring, getmetatable, select
+local type, tostring, select = type, tostring, select
 local floor, ceil = math.floor, math.ceil
 
 local Tensor, wrap, raise, check, argerror = T.Tensor, T.wrap, T.raise, T.check, T.argerror
@@ -19,6 +19,8 @@ local check_opts, opt_dtype, opt_format, opt_device = T.check_opts, T.opt_dtype,
 local finish, is_tensor, check_int, check_number = T.finish, T.is_tensor, T.check_int,
    T.check_number
 local check_fits = T.check_fits
+-- a plain array, or a Size (t:size(), t.shape): sizes and nested data tables accept both
+local is_sizes = T.is_sizes
 
 local M = {}
 
@@ -85,7 +87,7 @@ end
 
 -- full(sizes, value, opts): dtype bool for a boolean value, else float32 unless opts.dtype
 function M.full(sizes, value, opts)
-   if type(sizes) ~= "table" or getmetatable(sizes) ~= nil then
+   if not is_sizes(sizes) then
       argerror("full", "sizes must be a table, got " .. typename(sizes))
    end
    local nd = fill_sizes("full", sizes, sizebuf, 0)
@@ -126,7 +128,7 @@ function M.randint(a, b, c, d)
    if type(b) == "table" then low, high, sizes, opts = 0, a, b, c
    else low, high, sizes, opts = a, b, c, d end
    low, high = randint_bounds("randint", low, high)
-   if type(sizes) ~= "table" or getmetatable(sizes) ~= nil then
+   if not is_sizes(sizes) then
       argerror("randint", "sizes must be a table, got " .. typename(sizes))
    end
    local nd = fill_sizes("randint", sizes, sizebuf, 0)
@@ -239,8 +241,24 @@ function M.eye(n, m, opts)
    return finish(t, opts)
 end
 
+-- an integral number that int64 holds: what PyTorch would get as a Python int
+local function is_int64(v)
+   return v % 1 == 0 and v >= -9223372036854775808 and v < 9223372036854775808
+end
+
+-- the dtype torch.tensor infers: bool when every element is a boolean, else int64 when every
+-- number is integral (booleans count as 0 / 1), else float32 (the default float dtype); an empty
+-- table is float32. Lua has one number type, so 2.0 counts as the integer 2: write
+-- lm.tensor({1, 2}, {dtype = lm.float32}) (or any non-integral element) for a float tensor.
+local function infer_dtype(seen_num, seen_bool, seen_float)
+   if seen_float then return FLOAT32 end
+   if seen_num then return INT64 end
+   if seen_bool then return BOOL end
+   return FLOAT32
+end
+
 -- tensor(data, opts): data is a number, a boolean, a (nested) table of them, or a tensor (copied).
--- Numbers give float32 and booleans bool unless opts.dtype; ragged tables are an error.
+-- The dtype unless opts.dtype: see infer_dtype (as PyTorch); ragged tables are an error.
 function M.tensor(data, opts)
    check_opts("tensor", opts)
    if is_tensor(data) then
@@ -253,18 +271,19 @@ function M.tensor(data, opts)
    end
    local tp = type(data)
    if tp == "number" or tp == "boolean" then
-      local d = opt_dtype("tensor", opts, tp == "boolean" and BOOL or FLOAT32)
+      local d = opt_dtype("tensor", opts, infer_dtype(tp == "number", tp == "boolean",
+                                                      tp == "number" and not is_int64(data)))
       local t = empty_from("tensor", 0, opts, d)
       fill(t, tp == "boolean" and (data and 1 or 0) or data, "tensor", nil, false)
       return finish(t, opts)
    end
-   if tp ~= "table" or getmetatable(data) ~= nil then
+   if not is_sizes(data) then
       argerror("tensor", "expected a number, boolean, table or tensor, got " .. typename(data))
    end
    -- infer the shape from the first element at every depth
    local shape = {}
    local x = data
-   while type(x) == "table" and getmetatable(x) == nil do
+   while is_sizes(x) do
       local n = #x
       if n == 0 and next(x) ~= nil then
          argerror("tensor", "tables must be arrays (found a non-integer key)")
@@ -279,7 +298,7 @@ function M.tensor(data, opts)
    for i = 1, nd do total = total * shape[i] end
    local buf = ffi.new("double[?]", total > 0 and total or 1)
    local pos = 0
-   local seen_num, seen_bool = false, false
+   local seen_num, seen_bool, seen_float = false, false, false
    local at = {}                       -- indices of the table being walked (for messages)
    local function path(d)
       local p = "data"
@@ -298,11 +317,12 @@ function M.tensor(data, opts)
             local tv = type(v)
             if tv == "number" then
                seen_num = true
+               if not seen_float and not is_int64(v) then seen_float = true end
                buf[pos] = v
             elseif tv == "boolean" then
                seen_bool = true
                buf[pos] = v and 1 or 0
-            elseif tv == "table" and getmetatable(v) == nil then
+            elseif is_sizes(v) then
                argerror("tensor", ("ragged nested table: expected a number at %s[%d], got a table")
                         :format(path(d), i))
             else
@@ -314,7 +334,7 @@ function M.tensor(data, opts)
       else
          for i = 1, n do
             local v = t[i]
-            if type(v) ~= "table" or getmetatable(v) ~= nil then
+            if not is_sizes(v) then
                argerror("tensor", ("ragged nested table: expected a table at %s[%d], got %s")
                         :format(path(d), i, typename(v)))
             end
@@ -324,7 +344,7 @@ function M.tensor(data, opts)
       end
    end
    walk(data, 1)
-   local default = (seen_bool and not seen_num) and BOOL or FLOAT32
+   local default = infer_dtype(seen_num, seen_bool, seen_float)
    for i = 1, nd do sizebuf[i - 1] = shape[i] end
    local t = empty_from("tensor", nd, opts, default)
    local did = t._c.dtype
@@ -336,10 +356,10 @@ function M.tensor(data, opts)
 end
 
 function M.empty_strided(sizes, strides, opts)
-   if type(sizes) ~= "table" or getmetatable(sizes) ~= nil then
+   if not is_sizes(sizes) then
       argerror("empty_strided", "sizes must be a table, got " .. typename(sizes))
    end
-   if type(strides) ~= "table" or getmetatable(strides) ~= nil then
+   if not is_sizes(strides) then
       argerror("empty_strided", "strides must be a table, got " .. typename(strides))
    end
    local n = fill_sizes("empty_strided", sizes, sizebuf, 0)

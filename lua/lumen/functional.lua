@@ -134,7 +134,7 @@ local function pair(fname, v, what, default, min)
    end
    local h, w
    if type(v) == "number" then h, w = v, v
-   elseif type(v) == "table" and getmetatable(v) == nil then
+   elseif T.is_sizes(v) then
       if #v == 1 then h, w = v[1], v[1]
       elseif #v == 2 then h, w = v[1], v[2]
       else err(fname, what .. " must be a number or {h, w}, got " .. #v .. " values") end
@@ -323,8 +323,7 @@ end
 
 -- pooling options: a table, or the kernel size (number or {h, w})
 local function pool_opts(fname, opts, known)
-   if type(opts) == "number" or (type(opts) == "table" and getmetatable(opts) == nil
-      and opts[1] ~= nil) then
+   if type(opts) == "number" or (T.is_sizes(opts) and opts[1] ~= nil) then
       return { kernel_size = opts }
    end
    if opts == nil then err(fname, "kernel_size is required") end
@@ -440,7 +439,7 @@ local function adaptive_size(fname, xc, size)
    local H, W = tonumber(xc.sizes[xc.ndim - 2]), tonumber(xc.sizes[xc.ndim - 1])
    local h, w
    if type(size) == "number" then h, w = size, size
-   elseif type(size) == "table" and getmetatable(size) == nil then
+   elseif T.is_sizes(size) then
       h, w = size[1], size[2]
       if size[1] == nil and size[2] == nil then
          err(fname, "output_size must be a number or {h, w}")

@@ -65,7 +65,7 @@ end
 -- number or {h, w} -> {h, w}
 local function pair(v)
    if type(v) == "number" then return { v, v } end
-   if plain_table(v) and #v == 1 then return { v[1], v[1] } end
+   if T.is_sizes(v) and #v == 1 then return { v[1], v[1] } end
    return v
 end
 
@@ -106,7 +106,7 @@ function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
    if in_channels % groups ~= 0 then fail(fname, "in_channels must be divisible by groups") end
    if out_channels % groups ~= 0 then fail(fname, "out_channels must be divisible by groups") end
    local k = pair(kernel_size)
-   if not plain_table(k) or #k ~= 2 then
+   if not T.is_sizes(k) or #k ~= 2 then
       fail(fname, "kernel_size must be a number or {h, w}, got " .. tostring(kernel_size))
    end
    int_arg(fname, k[1], "kernel_size", 1)
