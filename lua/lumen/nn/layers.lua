@@ -40,9 +40,9 @@ end
 -- the options each constructor takes
 local option_set = util.option_set
 local CONV_OPTS = option_set("stride", "padding", "dilation", "groups", "bias", "dtype",
-                             "padding_mode")
-local BN_OPTS = option_set("eps", "momentum", "affine", "track_running_stats", "dtype")
-local LINEAR_OPTS = option_set("bias", "dtype")
+                             "device", "padding_mode")
+local BN_OPTS = option_set("eps", "momentum", "affine", "track_running_stats", "dtype", "device")
+local LINEAR_OPTS = option_set("bias", "dtype", "device")
 local MAX_POOL_NAMES = { "kernel_size", "stride", "padding", "dilation", "return_indices",
                          "ceil_mode" }
 local AVG_POOL_NAMES = { "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
@@ -80,12 +80,15 @@ local function fmt_num(x)
    return tostring(x)
 end
 
--- the parameter dtype: opts.dtype or float32
-local function param_dtype(fname, opts)
-   if opts.dtype == nil then return dtypes.float32 end
-   local d, msg = dtypes.lookup(opts.dtype)
-   if not d then fail(fname, msg) end
-   return d
+-- the factory options of the parameters: {dtype = opts.dtype or float32, device = opts.device}
+local function param_opts(fname, opts)
+   local d = dtypes.float32
+   if opts.dtype ~= nil then
+      local msg
+      d, msg = dtypes.lookup(opts.dtype)
+      if not d then fail(fname, msg) end
+   end
+   return { dtype = d, device = opts.device }
 end
 
 ---------------------------------------------------------------------------------------------
@@ -122,11 +125,11 @@ function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
    self.padding = padding
    self.dilation = pair(opts.dilation or 1)
    self.groups = groups
-   local dt = param_dtype(fname, opts)
-   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2] }, { dtype = dt })
+   local fk = param_opts(fname, opts)
+   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2] }, fk)
    self:register_parameter("weight", w)
    if opts.bias == nil or opts.bias then
-      self:register_parameter("bias", creation.empty({ out_channels }, { dtype = dt }))
+      self:register_parameter("bias", creation.empty({ out_channels }, fk))
    else
       self:register_parameter("bias", nil)
    end
@@ -191,18 +194,19 @@ function BatchNorm2d:__init(num_features, opts)
    self.affine = opts.affine == nil or opts.affine and true or false
    self.track_running_stats = opts.track_running_stats == nil or
                               opts.track_running_stats and true or false
-   local dt = param_dtype(fname, opts)
+   local fk = param_opts(fname, opts)
    if self.affine then
-      self:register_parameter("weight", creation.ones({ num_features }, { dtype = dt }))
-      self:register_parameter("bias", creation.zeros({ num_features }, { dtype = dt }))
+      self:register_parameter("weight", creation.ones({ num_features }, fk))
+      self:register_parameter("bias", creation.zeros({ num_features }, fk))
    else
       self:register_parameter("weight", nil)
       self:register_parameter("bias", nil)
    end
    if self.track_running_stats then
-      self:register_buffer("running_mean", creation.zeros({ num_features }, { dtype = dt }))
-      self:register_buffer("running_var", creation.ones({ num_features }, { dtype = dt }))
-      self:register_buffer("num_batches_tracked", creation.zeros({}, { dtype = dtypes.int64 }))
+      self:register_buffer("running_mean", creation.zeros({ num_features }, fk))
+      self:register_buffer("running_var", creation.ones({ num_features }, fk))
+      self:register_buffer("num_batches_tracked", creation.zeros({}, { dtype = dtypes.int64,
+                                                                     device = opts.device }))
    else
       self:register_buffer("running_mean", nil)
       self:register_buffer("running_var", nil)
@@ -411,10 +415,10 @@ function Linear:__init(in_features, out_features, opts)
    int_arg(fname, in_features, "in_features", 0)
    int_arg(fname, out_features, "out_features", 0)
    self.in_features, self.out_features = in_features, out_features
-   local dt = param_dtype(fname, opts)
-   self:register_parameter("weight", creation.empty({ out_features, in_features }, { dtype = dt }))
+   local fk = param_opts(fname, opts)
+   self:register_parameter("weight", creation.empty({ out_features, in_features }, fk))
    if opts.bias == nil or opts.bias then
-      self:register_parameter("bias", creation.empty({ out_features }, { dtype = dt }))
+      self:register_parameter("bias", creation.empty({ out_features }, fk))
    else
       self:register_parameter("bias", nil)
    end
