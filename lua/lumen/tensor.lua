@@ -26,8 +26,10 @@ local M = {}
 local Tensor = {}                                 -- the method table
 local mt = {}                                     -- the shared instance metatable
 -- t.shape is t:size() (a Size); everything else comes from the method table. A function here
--- instead of the table costs one Lua call per method lookup, which the JIT inlines (measured:
--- docs/api, see the report; no difference within the noise on a:add(b) of 4 elements).
+-- instead of the table is one Lua call per method lookup, which the JIT inlines: a:add(b) on 4
+-- elements, median of 9 x 1e6 calls, six alternating runs, measured 0.151-0.166 us against
+-- 0.160-0.184 us with the plain table (no difference beyond the noise). REPLs that complete
+-- method names find the method table in mt.__fields.
 mt.__index = function(t, k)
    local v = Tensor[k]
    if v ~= nil or k ~= "shape" then return v end
