@@ -201,7 +201,7 @@ describe("lm.save / lm.load (safetensors)", function()
    it("lays the header out like the reference writer (aligned, padded, no gaps)", function()
       local path = dir .. "/layout.safetensors"
       S.save({ z = lm.ones({ 3 }, { dtype = lm.uint8 }), a = lm.ones({ 2 }, { dtype = lm.float64 }),
-               m = lm.ones({ 5 }), s = lm.tensor(1) }, path)
+               m = lm.ones({ 5 }), s = lm.tensor(1.5) }, path)
       local s = read_file(path)
       local n = 0
       for i = 8, 1, -1 do n = n * 256 + s:byte(i) end

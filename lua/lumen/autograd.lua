@@ -22,6 +22,7 @@ local ffi = require("ffi")
 local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
+local util = require("lumen.util")
 
 local type, rawget, rawset, getmetatable, select, error, pcall = type, rawget, rawset,
    getmetatable, select, error, pcall
@@ -571,6 +572,7 @@ local function run_backward(root_tensor, grad, retain)
 end
 
 -- t:backward(grad, {retain_graph = false})
+local BACKWARD_OPTS = util.option_set("retain_graph")
 function Tensor.backward(self, grad, opts)
    local c = T.tc(self, "backward")
    if not needs(self) then
@@ -596,6 +598,8 @@ function Tensor.backward(self, grad, opts)
    local retain = false
    if opts ~= nil then
       if type(opts) ~= "table" then argerror("backward", "options must be a table") end
+      local k = util.unknown_option(opts, BACKWARD_OPTS)
+      if k ~= nil then argerror("backward", util.unknown_option_msg(k)) end
       retain = opts.retain_graph and true or false
    end
    local prev = enabled

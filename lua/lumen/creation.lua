@@ -9,7 +9,7 @@ local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 
-local type, tostring, getmetatable, select = type, tostring, getmetatable, select
+local type, tostring, select = type, tostring, select
 local floor, ceil = math.floor, math.ceil
 
 local Tensor, wrap, raise, check, argerror = T.Tensor, T.wrap, T.raise, T.check, T.argerror
@@ -18,6 +18,9 @@ local check_opts, opt_dtype, opt_format, opt_device = T.check_opts, T.opt_dtype,
    T.opt_device
 local finish, is_tensor, check_int, check_number = T.finish, T.is_tensor, T.check_int,
    T.check_number
+local check_fits = T.check_fits
+-- a plain array, or a Size (t:size(), t.shape): sizes and nested data tables accept both
+local is_sizes = T.is_sizes
 
 local M = {}
 
@@ -43,7 +46,10 @@ local function empty_from(fname, nd, opts, default_dtype, level)
    return wrap(outp[0])
 end
 
-local function fill(t, v, fname, level)
+-- floats_too: check v against float32/16/bfloat16 too (fill_'s rule; lm.tensor checks only the
+-- integer dtypes, as torch.tensor does)
+local function fill(t, v, fname, level, floats_too)
+   T.check_fits(fname, v, t._c.dtype, floats_too ~= false)
    if C.lm_fill_(t._c, v) ~= 0 then raise(fname, (level or 2) + 1) end
    return t
 end
@@ -81,7 +87,7 @@ end
 
 -- full(sizes, value, opts): dtype bool for a boolean value, else float32 unless opts.dtype
 function M.full(sizes, value, opts)
-   if type(sizes) ~= "table" or getmetatable(sizes) ~= nil then
+   if not is_sizes(sizes) then
       argerror("full", "sizes must be a table, got " .. typename(sizes))
    end
    local nd = fill_sizes("full", sizes, sizebuf, 0)
@@ -122,7 +128,7 @@ function M.randint(a, b, c, d)
    if type(b) == "table" then low, high, sizes, opts = 0, a, b, c
    else low, high, sizes, opts = a, b, c, d end
    low, high = randint_bounds("randint", low, high)
-   if type(sizes) ~= "table" or getmetatable(sizes) ~= nil then
+   if not is_sizes(sizes) then
       argerror("randint", "sizes must be a table, got " .. typename(sizes))
    end
    local nd = fill_sizes("randint", sizes, sizebuf, 0)
@@ -143,14 +149,25 @@ local function fill_gen(t, n, gen, fname, level)
    local ct = direct_ct[c.dtype]
    if ct and c.device == 0 and C.lm_is_contiguous(c, 0) ~= 0 then
       local p = ffi.cast(ct, C.lm_tensor_data(c))
-      if c.dtype == 7 then
+      if c.dtype >= 4 and c.dtype <= 6 then
+         for i = 0, n - 1 do
+            local v = gen(i)
+            check_fits(fname, v, c.dtype, false)
+            p[i] = v
+         end
+      elseif c.dtype == 7 then
          for i = 0, n - 1 do p[i] = gen(i) ~= 0 and 1 or 0 end
       else
          for i = 0, n - 1 do p[i] = gen(i) end
       end
    else
       local buf = ffi.new("double[?]", n)
-      for i = 0, n - 1 do buf[i] = gen(i) end
+      local int = c.dtype >= 4 and c.dtype <= 6
+      for i = 0, n - 1 do
+         local v = gen(i)
+         if int then check_fits(fname, v, c.dtype, false) end
+         buf[i] = v
+      end
       check(C.lm_from_doubles(c, buf), fname, (level or 2) + 1)
    end
    return t
@@ -224,8 +241,24 @@ function M.eye(n, m, opts)
    return finish(t, opts)
 end
 
+-- an integral number that int64 holds: what PyTorch would get as a Python int
+local function is_int64(v)
+   return v % 1 == 0 and v >= -9223372036854775808 and v < 9223372036854775808
+end
+
+-- the dtype torch.tensor infers: bool when every element is a boolean, else int64 when every
+-- number is integral (booleans count as 0 / 1), else float32 (the default float dtype); an empty
+-- table is float32. Lua has one number type, so 2.0 counts as the integer 2: write
+-- lm.tensor({1, 2}, {dtype = lm.float32}) (or any non-integral element) for a float tensor.
+local function infer_dtype(seen_num, seen_bool, seen_float)
+   if seen_float then return FLOAT32 end
+   if seen_num then return INT64 end
+   if seen_bool then return BOOL end
+   return FLOAT32
+end
+
 -- tensor(data, opts): data is a number, a boolean, a (nested) table of them, or a tensor (copied).
--- Numbers give float32 and booleans bool unless opts.dtype; ragged tables are an error.
+-- The dtype unless opts.dtype: see infer_dtype (as PyTorch); ragged tables are an error.
 function M.tensor(data, opts)
    check_opts("tensor", opts)
    if is_tensor(data) then
@@ -238,18 +271,19 @@ function M.tensor(data, opts)
    end
    local tp = type(data)
    if tp == "number" or tp == "boolean" then
-      local d = opt_dtype("tensor", opts, tp == "boolean" and BOOL or FLOAT32)
+      local d = opt_dtype("tensor", opts, infer_dtype(tp == "number", tp == "boolean",
+                                                      tp == "number" and not is_int64(data)))
       local t = empty_from("tensor", 0, opts, d)
-      fill(t, tp == "boolean" and (data and 1 or 0) or data, "tensor")
+      fill(t, tp == "boolean" and (data and 1 or 0) or data, "tensor", nil, false)
       return finish(t, opts)
    end
-   if tp ~= "table" or getmetatable(data) ~= nil then
+   if not is_sizes(data) then
       argerror("tensor", "expected a number, boolean, table or tensor, got " .. typename(data))
    end
    -- infer the shape from the first element at every depth
    local shape = {}
    local x = data
-   while type(x) == "table" and getmetatable(x) == nil do
+   while is_sizes(x) do
       local n = #x
       if n == 0 and next(x) ~= nil then
          argerror("tensor", "tables must be arrays (found a non-integer key)")
@@ -264,7 +298,7 @@ function M.tensor(data, opts)
    for i = 1, nd do total = total * shape[i] end
    local buf = ffi.new("double[?]", total > 0 and total or 1)
    local pos = 0
-   local seen_num, seen_bool = false, false
+   local seen_num, seen_bool, seen_float = false, false, false
    local at = {}                       -- indices of the table being walked (for messages)
    local function path(d)
       local p = "data"
@@ -283,11 +317,12 @@ function M.tensor(data, opts)
             local tv = type(v)
             if tv == "number" then
                seen_num = true
+               if not seen_float and not is_int64(v) then seen_float = true end
                buf[pos] = v
             elseif tv == "boolean" then
                seen_bool = true
                buf[pos] = v and 1 or 0
-            elseif tv == "table" and getmetatable(v) == nil then
+            elseif is_sizes(v) then
                argerror("tensor", ("ragged nested table: expected a number at %s[%d], got a table")
                         :format(path(d), i))
             else
@@ -299,7 +334,7 @@ function M.tensor(data, opts)
       else
          for i = 1, n do
             local v = t[i]
-            if type(v) ~= "table" or getmetatable(v) ~= nil then
+            if not is_sizes(v) then
                argerror("tensor", ("ragged nested table: expected a table at %s[%d], got %s")
                         :format(path(d), i, typename(v)))
             end
@@ -309,18 +344,22 @@ function M.tensor(data, opts)
       end
    end
    walk(data, 1)
-   local default = (seen_bool and not seen_num) and BOOL or FLOAT32
+   local default = infer_dtype(seen_num, seen_bool, seen_float)
    for i = 1, nd do sizebuf[i - 1] = shape[i] end
    local t = empty_from("tensor", nd, opts, default)
+   local did = t._c.dtype
+   if did >= 4 and did <= 6 then
+      for i = 0, total - 1 do check_fits("tensor", buf[i], did, false) end
+   end
    if total > 0 then check(C.lm_from_doubles(t._c, buf), "tensor") end
    return finish(t, opts)
 end
 
 function M.empty_strided(sizes, strides, opts)
-   if type(sizes) ~= "table" or getmetatable(sizes) ~= nil then
+   if not is_sizes(sizes) then
       argerror("empty_strided", "sizes must be a table, got " .. typename(sizes))
    end
-   if type(strides) ~= "table" or getmetatable(strides) ~= nil then
+   if not is_sizes(strides) then
       argerror("empty_strided", "strides must be a table, got " .. typename(strides))
    end
    local n = fill_sizes("empty_strided", sizes, sizebuf, 0)
@@ -328,7 +367,7 @@ function M.empty_strided(sizes, strides, opts)
    if n ~= m then
       argerror("empty_strided", ("mismatch in length of sizes (%d) and strides (%d)"):format(n, m))
    end
-   check_opts("empty_strided", opts)
+   check_opts("empty_strided", opts)      -- memory_format: the explicit message below
    local d = opt_dtype("empty_strided", opts, FLOAT32)
    local dev = opt_device("empty_strided", opts, 0)
    if opts and opts.memory_format ~= nil then
@@ -339,11 +378,13 @@ function M.empty_strided(sizes, strides, opts)
    return finish(wrap(outp[0]), opts)
 end
 
+local RANDPERM_OPTS = require("lumen.util").option_set("dtype", "device", "requires_grad")
+
 -- randperm(n, opts): a random permutation of 1..n (1-based, Torch7 style), int64
 function M.randperm(n, opts)
    n = check_int("randperm", n, "n")
    if n < 0 then argerror("randperm", "n must be non-negative, got " .. n) end
-   check_opts("randperm", opts)
+   check_opts("randperm", opts, nil, RANDPERM_OPTS)
    outp[0] = nil
    check(C.lm_randperm(n, outp), "randperm")
    local t = wrap(outp[0])

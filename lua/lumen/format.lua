@@ -19,6 +19,8 @@ M.options = { threshold = 1000, edgeitems = 3, linewidth = 80 }
 
 local idxbuf = ffi.new("int64_t[8]")
 local valbuf = ffi.new("double[1]")
+-- read through read_double: a NaN with a payload must not reach Lua as a double (tensor.lua)
+local valbuf_hi = ffi.cast("uint32_t*", valbuf)
 
 local fmt_by_id = {
    [0] = dtypes.contiguous_format, dtypes.channels_last, dtypes.channels_last_3d,
@@ -26,6 +28,7 @@ local fmt_by_id = {
 }
 
 local ELLIPSIS = -1
+local read_double               -- tensor.read_double (tensor.lua requires this file lazily)
 
 local function format_desc(c)
    local f = C.lm_suggest_memory_format(c, 0)
@@ -84,7 +87,9 @@ local function make_formatter(values, dtype_id)
 end
 
 function M.tostring(t)
-   local c = require("lumen.tensor").cdata(t)
+   local T = require("lumen.tensor")
+   read_double = T.read_double
+   local c = T.cdata(t)
    if c == nil then return "[lumen.Tensor (freed)]" end
    local footer = M.footer(c)
    local nd = c.ndim
@@ -115,7 +120,7 @@ function M.tostring(t)
          if C.lm_get(c, idxbuf, valbuf) ~= 0 then
             error("lumen.tostring: " .. ffi.string(C.lm_last_error()), 0)
          end
-         values[#values + 1] = valbuf[0]
+         values[#values + 1] = read_double(valbuf, valbuf_hi, 0)
          return
       end
       for _, i in ipairs(lists[d]) do

@@ -12,6 +12,8 @@ local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
+local util = require("lumen.util")
+local unknown_option = util.unknown_option
 
 local type, tostring, tonumber, getmetatable, rawget, pairs = type, tostring, tonumber,
    getmetatable, rawget, pairs
@@ -73,12 +75,32 @@ local function opts_with(opts, k1, v1, k2, v2)
    return o
 end
 
-local function check_opts(fname, opts)
-   if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
-      err(fname, "options must be a table, got " .. typename(opts))
+-- opts: nil or a plain table whose keys are all in the set known (an unknown key is an error)
+local function check_opts(fname, opts, known)
+   if opts ~= nil then
+      if type(opts) ~= "table" or getmetatable(opts) ~= nil then
+         err(fname, "options must be a table, got " .. typename(opts))
+      end
+      local k = unknown_option(opts, known)
+      if k ~= nil then err(fname, util.unknown_option_msg(k)) end
    end
    return opts or {}
 end
+
+-- the options each function takes
+local option_set = util.option_set
+local CONV_OPTS = option_set("stride", "padding", "dilation", "groups", "relu", "residual")
+local MAX_POOL_OPTS = option_set("kernel_size", "stride", "padding", "dilation", "ceil_mode",
+                                 "return_indices")
+local AVG_POOL_OPTS = option_set("kernel_size", "stride", "padding", "ceil_mode",
+                                 "count_include_pad", "divisor_override")
+local BN_OPTS = option_set("training", "momentum", "eps", "residual", "relu")
+local NLL_OPTS = option_set("weight", "ignore_index", "reduction")
+local MSE_OPTS = option_set("reduction")
+local RELU_OPTS = option_set("inplace")
+F.OPTIONS = { conv2d = CONV_OPTS, max_pool2d = MAX_POOL_OPTS, avg_pool2d = AVG_POOL_OPTS,
+              batch_norm = BN_OPTS, nll_loss = NLL_OPTS, cross_entropy = NLL_OPTS,
+              mse_loss = MSE_OPTS }
 
 local function sizes_str(c)
    local s = {}
@@ -112,7 +134,7 @@ local function pair(fname, v, what, default, min)
    end
    local h, w
    if type(v) == "number" then h, w = v, v
-   elseif type(v) == "table" and getmetatable(v) == nil then
+   elseif T.is_sizes(v) then
       if #v == 1 then h, w = v[1], v[1]
       elseif #v == 2 then h, w = v[1], v[2]
       else err(fname, what .. " must be a number or {h, w}, got " .. #v .. " values") end
@@ -163,7 +185,7 @@ function F.conv2d(x, w, b, opts)
    local xc = tensor_arg(fname, x, "input")
    local wc = tensor_arg(fname, w, "weight")
    local bc = opt_tensor(fname, b, "bias")
-   opts = check_opts(fname, opts)
+   opts = check_opts(fname, opts, CONV_OPTS)
    if xc.ndim == 3 then                     -- unbatched (C, H, W); so is a residual
       local rc = opt_tensor(fname, opts.residual, "residual")
       if rc ~= nil then
@@ -300,13 +322,12 @@ local function pool_input(fname, x)
 end
 
 -- pooling options: a table, or the kernel size (number or {h, w})
-local function pool_opts(fname, opts)
-   if type(opts) == "number" or (type(opts) == "table" and getmetatable(opts) == nil
-      and opts[1] ~= nil) then
+local function pool_opts(fname, opts, known)
+   if type(opts) == "number" or (T.is_sizes(opts) and opts[1] ~= nil) then
       return { kernel_size = opts }
    end
    if opts == nil then err(fname, "kernel_size is required") end
-   return check_opts(fname, opts)
+   return check_opts(fname, opts, known)
 end
 
 local function check_pad(fname, kernel, padding, dilation)
@@ -332,7 +353,7 @@ end
 function F.max_pool2d(x, opts)
    local fname = "max_pool2d"
    local xc = pool_input(fname, x)
-   opts = pool_opts(fname, opts)
+   opts = pool_opts(fname, opts, MAX_POOL_OPTS)
    local kernel = pair(fname, opts.kernel_size, "kernel_size", nil, 1)
    local stride = pair(fname, opts.stride, "stride", kernel, 1)
    local padding = pair(fname, opts.padding, "padding", 0, 0)
@@ -384,7 +405,7 @@ end
 function F.avg_pool2d(x, opts)
    local fname = "avg_pool2d"
    local xc = pool_input(fname, x)
-   opts = pool_opts(fname, opts)
+   opts = pool_opts(fname, opts, AVG_POOL_OPTS)
    local kernel = pair(fname, opts.kernel_size, "kernel_size", nil, 1)
    local stride = pair(fname, opts.stride, "stride", kernel, 1)
    local padding = pair(fname, opts.padding, "padding", 0, 0)
@@ -418,7 +439,7 @@ local function adaptive_size(fname, xc, size)
    local H, W = tonumber(xc.sizes[xc.ndim - 2]), tonumber(xc.sizes[xc.ndim - 1])
    local h, w
    if type(size) == "number" then h, w = size, size
-   elseif type(size) == "table" and getmetatable(size) == nil then
+   elseif T.is_sizes(size) then
       h, w = size[1], size[2]
       if size[1] == nil and size[2] == nil then
          err(fname, "output_size must be a number or {h, w}")
@@ -498,7 +519,7 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    local rvc = opt_tensor(fname, running_var, "running_var")
    local wc = opt_tensor(fname, weight, "weight")
    local bc = opt_tensor(fname, bias, "bias")
-   opts = check_opts(fname, opts)
+   opts = check_opts(fname, opts, BN_OPTS)
    local training = bool_opt(fname, opts.training, "training", false)
    local momentum = opts.momentum
    if momentum == nil then momentum = 0.1 end
@@ -552,6 +573,8 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias) or
                                         needs(residual))
    if training then               -- the running statistics are updated in place
+      if rmc ~= nil then T.check_no_overlap(fname, rmc, "running_mean") end
+      if rvc ~= nil then T.check_no_overlap(fname, rvc, "running_var") end
       T.barrier(rmc)
       T.barrier(rvc)
    end
@@ -603,7 +626,9 @@ end
 ---------------------------------------------------------------------------------------------
 
 -- relu(x, inplace = false)
+-- relu(x, inplace) or relu(x, {inplace = true})
 function F.relu(x, inplace)
+   if type(inplace) == "table" then inplace = check_opts("relu", inplace, RELU_OPTS).inplace end
    if inplace then return Tensor.relu_(x) end
    return Tensor.relu(x)
 end
@@ -756,7 +781,7 @@ function F.nll_loss(input, target, opts)
    local fname = "nll_loss"
    local ic = tensor_arg(fname, input, "input")
    local tcd = tensor_arg(fname, target, "target")
-   opts = check_opts(fname, opts)
+   opts = check_opts(fname, opts, NLL_OPTS)
    local wt = opts.weight
    local wc = opt_tensor(fname, wt, "weight")
    local ignore = opts.ignore_index
@@ -802,6 +827,7 @@ end
 
 -- cross_entropy(logits, target, opts) = nll_loss(log_softmax(logits, class dim), target, opts)
 function F.cross_entropy(input, target, opts)
+   check_opts("cross_entropy", opts, NLL_OPTS)
    local ic = tensor_arg("cross_entropy", input, "input")
    tensor_arg("cross_entropy", target, "target")
    if ic.ndim < 1 then err("cross_entropy", "input must have at least 1 dim") end
@@ -813,7 +839,7 @@ end
 function F.mse_loss(a, b, opts)
    tensor_arg("mse_loss", a, "input")
    tensor_arg("mse_loss", b, "target")
-   opts = check_opts("mse_loss", opts)
+   opts = check_opts("mse_loss", opts, MSE_OPTS)
    local d = Tensor.sub(a, b)
    local sq = Tensor.mul(d, d)
    local r = opts.reduction or "mean"

@@ -26,10 +26,50 @@ local function load_model_file(name)
    return dofile(path)
 end
 
+-- the options each constructor takes (models/*.lua read them); anything else is an error,
+-- checked here around the constructors the files install
+local util = require("lumen.util")
+local RESNET_OPTS = util.option_set("num_classes", "groups", "width_per_group",
+                                    "zero_init_residual")
+local OPTIONS = {
+   alexnet = util.option_set("num_classes", "dropout"),
+   small_resnet = util.option_set("width", "blocks", "in_channels", "num_classes"),
+   resnet18 = RESNET_OPTS, resnet34 = RESNET_OPTS, resnet50 = RESNET_OPTS,
+   resnet101 = RESNET_OPTS, resnet152 = RESNET_OPTS, resnext50_32x4d = RESNET_OPTS,
+   resnext101_32x8d = RESNET_OPTS, wide_resnet50_2 = RESNET_OPTS, wide_resnet101_2 = RESNET_OPTS,
+}
+M.OPTIONS = OPTIONS
+
+local function check_keys(name, opts, known)
+   if type(opts) == "table" and getmetatable(opts) == nil then
+      local k = util.unknown_option(opts, known)
+      if k ~= nil then
+         error("lumen.models." .. name .. ": " .. util.unknown_option_msg(k),
+               require("lumen.tensor").user_level())
+      end
+   end
+end
+
 -- called once by lumen's init (lm.models is this table): fills in the constructors
 function M.install(lm)
    for _, name in ipairs(files) do
       load_model_file(name).install(lm, M)
+   end
+   for name, known in pairs(OPTIONS) do
+      local ctor = M[name]
+      if ctor ~= nil then
+         M[name] = function(opts, ...)
+            check_keys(name, opts, known)
+            return ctor(opts, ...)
+         end
+      end
+   end
+   local resnet = M.ResNet
+   if resnet ~= nil then
+      M.ResNet = function(block, layers, opts, ...)
+         check_keys("ResNet", opts, RESNET_OPTS)
+         return resnet(block, layers, opts, ...)
+      end
    end
    return M
 end

@@ -26,6 +26,28 @@ function M.median_ms(fn, iters)
    return ts[math.floor(iters / 2) + 1] * 1e3
 end
 
+--- the set {name = true, ...} of the option names given as arguments
+function M.option_set(...)
+   local set = {}
+   for i = 1, select("#", ...) do set[(select(i, ...))] = true end
+   return set
+end
+
+--- the first key of the options table opts that is not in the set `known` (option_set), or nil.
+--- Every function that takes an options table calls this once per call (a `next` loop over the
+--- few keys given; nothing allocated), so that a misspelt option is an error, not ignored.
+function M.unknown_option(opts, known)
+   for k in next, opts do
+      if known[k] == nil then return k end
+   end
+   return nil
+end
+
+--- "unknown option 'paddding'": the message for a key that unknown_option returned
+function M.unknown_option_msg(k)
+   return "unknown option '" .. tostring(k) .. "'"
+end
+
 function M.isatty(fd) return ffi.C.isatty(fd or 1) == 1 end
 
 --- "m:ss"

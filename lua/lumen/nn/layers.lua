@@ -10,9 +10,11 @@ local A = require("lumen.autograd")
 local F = require("lumen.functional")
 local Module = require("lumen.nn.module")
 local init = require("lumen.nn.weight_init")
+local util = require("lumen.util")
 
 local type, tostring, getmetatable, rawget, sqrt, select = type, tostring, getmetatable,
    rawget, math.sqrt, select
+local unpack = unpack or table.unpack   -- luacheck: ignore 143
 
 local Tensor = T.Tensor
 
@@ -24,13 +26,33 @@ end
 
 local function plain_table(x) return type(x) == "table" and getmetatable(x) == nil end
 
-local function opts_arg(fname, opts)
+-- opts: nil or a plain table whose keys are all in the set known (an unknown key is an error)
+local function opts_arg(fname, opts, known)
    if opts == nil then return {} end
    if not plain_table(opts) then
       fail(fname, "options must be a table, got " .. T.typename(opts))
    end
+   local k = util.unknown_option(opts, known)
+   if k ~= nil then fail(fname, util.unknown_option_msg(k)) end
    return opts
 end
+
+-- the options each constructor takes
+local option_set = util.option_set
+local CONV_OPTS = option_set("stride", "padding", "dilation", "groups", "bias", "dtype",
+                             "device", "padding_mode")
+local BN_OPTS = option_set("eps", "momentum", "affine", "track_running_stats", "dtype", "device")
+local LINEAR_OPTS = option_set("bias", "dtype", "device")
+local MAX_POOL_NAMES = { "kernel_size", "stride", "padding", "dilation", "return_indices",
+                         "ceil_mode" }
+local AVG_POOL_NAMES = { "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+                         "divisor_override" }
+local MAX_POOL_OPTS = option_set(unpack(MAX_POOL_NAMES))
+local AVG_POOL_OPTS = option_set(unpack(AVG_POOL_NAMES))
+local RELU_OPTS = option_set("inplace")
+local DROPOUT_OPTS = option_set("p")
+local LOSS_OPTS = option_set("weight", "ignore_index", "reduction")
+local MSE_OPTS = option_set("reduction")
 
 local function int_arg(fname, v, what, min)
    if type(v) ~= "number" or v % 1 ~= 0 then
@@ -43,7 +65,7 @@ end
 -- number or {h, w} -> {h, w}
 local function pair(v)
    if type(v) == "number" then return { v, v } end
-   if plain_table(v) and #v == 1 then return { v[1], v[1] } end
+   if T.is_sizes(v) and #v == 1 then return { v[1], v[1] } end
    return v
 end
 
@@ -58,12 +80,15 @@ local function fmt_num(x)
    return tostring(x)
 end
 
--- the parameter dtype: opts.dtype or float32
-local function param_dtype(fname, opts)
-   if opts.dtype == nil then return dtypes.float32 end
-   local d, msg = dtypes.lookup(opts.dtype)
-   if not d then fail(fname, msg) end
-   return d
+-- the factory options of the parameters: {dtype = opts.dtype or float32, device = opts.device}
+local function param_opts(fname, opts)
+   local d = dtypes.float32
+   if opts.dtype ~= nil then
+      local msg
+      d, msg = dtypes.lookup(opts.dtype)
+      if not d then fail(fname, msg) end
+   end
+   return { dtype = d, device = opts.device }
 end
 
 ---------------------------------------------------------------------------------------------
@@ -77,14 +102,14 @@ M.Conv2d = Conv2d
 --        bias=true, dtype=float32})
 function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
    local fname = "Conv2d"
-   opts = opts_arg(fname, opts)
+   opts = opts_arg(fname, opts, CONV_OPTS)
    int_arg(fname, in_channels, "in_channels", 1)
    int_arg(fname, out_channels, "out_channels", 1)
    local groups = int_arg(fname, opts.groups or 1, "groups", 1)
    if in_channels % groups ~= 0 then fail(fname, "in_channels must be divisible by groups") end
    if out_channels % groups ~= 0 then fail(fname, "out_channels must be divisible by groups") end
    local k = pair(kernel_size)
-   if not plain_table(k) or #k ~= 2 then
+   if not T.is_sizes(k) or #k ~= 2 then
       fail(fname, "kernel_size must be a number or {h, w}, got " .. tostring(kernel_size))
    end
    int_arg(fname, k[1], "kernel_size", 1)
@@ -100,11 +125,11 @@ function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
    self.padding = padding
    self.dilation = pair(opts.dilation or 1)
    self.groups = groups
-   local dt = param_dtype(fname, opts)
-   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2] }, { dtype = dt })
+   local fk = param_opts(fname, opts)
+   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2] }, fk)
    self:register_parameter("weight", w)
    if opts.bias == nil or opts.bias then
-      self:register_parameter("bias", creation.empty({ out_channels }, { dtype = dt }))
+      self:register_parameter("bias", creation.empty({ out_channels }, fk))
    else
       self:register_parameter("bias", nil)
    end
@@ -158,7 +183,7 @@ M.BatchNorm2d = BatchNorm2d
 -- momentum = false means PyTorch's momentum=None (a cumulative moving average)
 function BatchNorm2d:__init(num_features, opts)
    local fname = "BatchNorm2d"
-   opts = opts_arg(fname, opts)
+   opts = opts_arg(fname, opts, BN_OPTS)
    int_arg(fname, num_features, "num_features", 1)
    self.num_features = num_features
    self.eps = opts.eps or 1e-5
@@ -169,18 +194,19 @@ function BatchNorm2d:__init(num_features, opts)
    self.affine = opts.affine == nil or opts.affine and true or false
    self.track_running_stats = opts.track_running_stats == nil or
                               opts.track_running_stats and true or false
-   local dt = param_dtype(fname, opts)
+   local fk = param_opts(fname, opts)
    if self.affine then
-      self:register_parameter("weight", creation.ones({ num_features }, { dtype = dt }))
-      self:register_parameter("bias", creation.zeros({ num_features }, { dtype = dt }))
+      self:register_parameter("weight", creation.ones({ num_features }, fk))
+      self:register_parameter("bias", creation.zeros({ num_features }, fk))
    else
       self:register_parameter("weight", nil)
       self:register_parameter("bias", nil)
    end
    if self.track_running_stats then
-      self:register_buffer("running_mean", creation.zeros({ num_features }, { dtype = dt }))
-      self:register_buffer("running_var", creation.ones({ num_features }, { dtype = dt }))
-      self:register_buffer("num_batches_tracked", creation.zeros({}, { dtype = dtypes.int64 }))
+      self:register_buffer("running_mean", creation.zeros({ num_features }, fk))
+      self:register_buffer("running_var", creation.ones({ num_features }, fk))
+      self:register_buffer("num_batches_tracked", creation.zeros({}, { dtype = dtypes.int64,
+                                                                     device = opts.device }))
    else
       self:register_buffer("running_mean", nil)
       self:register_buffer("running_var", nil)
@@ -247,7 +273,7 @@ M.ReLU = ReLU
 
 -- ReLU(inplace) or ReLU({inplace = true})
 function ReLU:__init(inplace)
-   if plain_table(inplace) then inplace = inplace.inplace end
+   if plain_table(inplace) then inplace = opts_arg("ReLU", inplace, RELU_OPTS).inplace end
    self.inplace = inplace and true or false
 end
 
@@ -282,11 +308,16 @@ function LogSoftmax:extra_repr() return "dim=" .. tostring(self.dim) end
 -- pooling
 ---------------------------------------------------------------------------------------------
 
--- pooling options: a table, or positional (kernel_size, stride, padding, ...)
-local function pool_opts(fname, names, ...)
+-- pooling options: a table, or positional (kernel_size, stride, padding, ...); a table with
+-- no array part is the options table, {2, 2} is a kernel size
+local function pool_opts(fname, names, known, ...)
    local first = ...
    if first == nil then fail(fname, "kernel_size is required") end
-   if plain_table(first) and first.kernel_size ~= nil then return first end
+   if plain_table(first) and first[1] == nil and next(first) ~= nil then
+      opts_arg(fname, first, known)
+      if first.kernel_size == nil then fail(fname, "kernel_size is required") end
+      return first
+   end
    local o = {}
    for i = 1, select("#", ...) do o[names[i]] = (select(i, ...)) end
    return o
@@ -298,8 +329,7 @@ M.MaxPool2d = MaxPool2d
 -- MaxPool2d({kernel_size=, stride=, padding=0, dilation=1, ceil_mode=false}) or
 -- MaxPool2d(kernel_size, stride, padding, dilation, ceil_mode)
 function MaxPool2d:__init(...)
-   local o = pool_opts("MaxPool2d", { "kernel_size", "stride", "padding", "dilation",
-                       "return_indices", "ceil_mode" }, ...)
+   local o = pool_opts("MaxPool2d", MAX_POOL_NAMES, MAX_POOL_OPTS, ...)
    self.kernel_size = o.kernel_size
    self.stride = o.stride or o.kernel_size
    self.padding = o.padding or 0
@@ -326,8 +356,7 @@ M.AvgPool2d = AvgPool2d
 -- AvgPool2d({kernel_size=, stride=, padding=0, ceil_mode=false, count_include_pad=true,
 -- divisor_override=}) or AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad)
 function AvgPool2d:__init(...)
-   local o = pool_opts("AvgPool2d", { "kernel_size", "stride", "padding", "ceil_mode",
-                       "count_include_pad", "divisor_override" }, ...)
+   local o = pool_opts("AvgPool2d", AVG_POOL_NAMES, AVG_POOL_OPTS, ...)
    self.kernel_size = o.kernel_size
    self.stride = o.stride or o.kernel_size
    self.padding = o.padding or 0
@@ -382,14 +411,14 @@ M.Linear = Linear
 -- Linear(in_features, out_features, {bias=true, dtype=float32})
 function Linear:__init(in_features, out_features, opts)
    local fname = "Linear"
-   opts = opts_arg(fname, opts)
+   opts = opts_arg(fname, opts, LINEAR_OPTS)
    int_arg(fname, in_features, "in_features", 0)
    int_arg(fname, out_features, "out_features", 0)
    self.in_features, self.out_features = in_features, out_features
-   local dt = param_dtype(fname, opts)
-   self:register_parameter("weight", creation.empty({ out_features, in_features }, { dtype = dt }))
+   local fk = param_opts(fname, opts)
+   self:register_parameter("weight", creation.empty({ out_features, in_features }, fk))
    if opts.bias == nil or opts.bias then
-      self:register_parameter("bias", creation.empty({ out_features }, { dtype = dt }))
+      self:register_parameter("bias", creation.empty({ out_features }, fk))
    else
       self:register_parameter("bias", nil)
    end
@@ -415,7 +444,7 @@ end
 local Dropout = Module:extend("Dropout")
 M.Dropout = Dropout
 function Dropout:__init(p)
-   if plain_table(p) then p = p.p end
+   if plain_table(p) then p = opts_arg("Dropout", p, DROPOUT_OPTS).p end
    if p == nil then p = 0.5 end
    if type(p) ~= "number" or p < 0 or p > 1 then
       fail("Dropout", "dropout probability has to be between 0 and 1, but got " .. tostring(p))
@@ -447,17 +476,19 @@ function Identity:forward(x) return x end
 
 local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
 M.CrossEntropyLoss = CrossEntropyLoss
-function CrossEntropyLoss:__init(opts) self.opts = opts_arg("CrossEntropyLoss", opts) end
+function CrossEntropyLoss:__init(opts)
+   self.opts = opts_arg("CrossEntropyLoss", opts, LOSS_OPTS)
+end
 function CrossEntropyLoss:forward(x, target) return F.cross_entropy(x, target, self.opts) end
 
 local NLLLoss = Module:extend("NLLLoss")
 M.NLLLoss = NLLLoss
-function NLLLoss:__init(opts) self.opts = opts_arg("NLLLoss", opts) end
+function NLLLoss:__init(opts) self.opts = opts_arg("NLLLoss", opts, LOSS_OPTS) end
 function NLLLoss:forward(x, target) return F.nll_loss(x, target, self.opts) end
 
 local MSELoss = Module:extend("MSELoss")
 M.MSELoss = MSELoss
-function MSELoss:__init(opts) self.opts = opts_arg("MSELoss", opts) end
+function MSELoss:__init(opts) self.opts = opts_arg("MSELoss", opts, MSE_OPTS) end
 function MSELoss:forward(x, target) return F.mse_loss(x, target, self.opts) end
 
 ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
+local util = require("lumen.util")
 
 local type, rawget, rawset, getmetatable, setmetatable, pairs, ipairs, tostring, error =
    type, rawget, rawset, getmetatable, setmetatable, pairs, ipairs, tostring, error
@@ -295,6 +296,7 @@ Module._set_data = set_data
 -- to(x, ...): x is a dtype (floating parameters and buffers only), a memory format (4-D tensors
 -- for channels_last, 5-D for channels_last_3d; a tensor of the other rank raises the rank
 -- error), a device string or an opts table {dtype=, memory_format=, device=}.
+local TO_OPTS = util.option_set("dtype", "memory_format", "device")
 function Module:to(...)
    local n = select("#", ...)
    if n == 0 then argerror("Module.to", "expected a dtype, memory format, device or options") end
@@ -308,6 +310,8 @@ function Module:to(...)
          elseif dtypes.is_format_name(x) then fmt = dtypes.lookup_format(x)
          else device = x end
       elseif type(x) == "table" and getmetatable(x) == nil then
+         local k = util.unknown_option(x, TO_OPTS)
+         if k ~= nil then argerror("Module.to", util.unknown_option_msg(k)) end
          if x.dtype ~= nil then dtype = x.dtype end
          if x.memory_format ~= nil then fmt = x.memory_format end
          if x.device ~= nil then device = x.device end
@@ -408,10 +412,15 @@ end
 
 -- load_state_dict(sd, {strict = true}): copies values into the existing tensors (they keep
 -- their memory format and dtype). Returns {missing_keys = {...}, unexpected_keys = {...}}.
+local LOAD_OPTS = util.option_set("strict")
 function Module:load_state_dict(sd, opts)
    local fname = "load_state_dict"
    if type(sd) ~= "table" then argerror(fname, "state_dict must be a table of tensors") end
    if opts ~= nil and type(opts) ~= "table" then argerror(fname, "options must be a table") end
+   if opts ~= nil then
+      local k = util.unknown_option(opts, LOAD_OPTS)
+      if k ~= nil then argerror(fname, util.unknown_option_msg(k)) end
+   end
    local strict = true
    if opts and opts.strict ~= nil then strict = opts.strict and true or false end
    local entries = self:state_entries()

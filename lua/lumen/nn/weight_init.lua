@@ -4,6 +4,7 @@
 local C = require("lumen.C")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
+local util = require("lumen.util")
 
 local sqrt, type, tostring = math.sqrt, type, tostring
 local Tensor = T.Tensor
@@ -70,6 +71,11 @@ end
 
 function M.constant_(t, v)
    local c = tensor_arg("constant_", t)
+   if type(v) ~= "number" then fail("constant_", "val must be a number, got " .. T.typename(v)) end
+   if not T.fits_dtype(v, c.dtype, true) then
+      fail("constant_", "value cannot be converted to type " .. tostring(Tensor.dtype(t)) ..
+           " without overflow")
+   end
    ccheck(C.lm_fill_(c, v), "constant_")
    return t
 end
@@ -77,8 +83,11 @@ function M.zeros_(t) return M.constant_(t, 0) end
 function M.ones_(t) return M.constant_(t, 1) end
 
 -- kaiming options: (t, a, mode, nonlinearity) or (t, {a=, mode=, nonlinearity=})
-local function kaiming_args(a, mode, nonlinearity)
+local KAIMING_OPTS = util.option_set("a", "mode", "nonlinearity")
+local function kaiming_args(fname, a, mode, nonlinearity)
    if type(a) == "table" then
+      local k = util.unknown_option(a, KAIMING_OPTS)
+      if k ~= nil then fail(fname, util.unknown_option_msg(k)) end
       return a.a or 0, a.mode or "fan_in", a.nonlinearity or "leaky_relu"
    end
    return a or 0, mode or "fan_in", nonlinearity or "leaky_relu"
@@ -93,7 +102,7 @@ end
 
 function M.kaiming_uniform_(t, a, mode, nonlinearity)
    tensor_arg("kaiming_uniform_", t)
-   a, mode, nonlinearity = kaiming_args(a, mode, nonlinearity)
+   a, mode, nonlinearity = kaiming_args("kaiming_uniform_", a, mode, nonlinearity)
    local f = fan("kaiming_uniform_", t, mode)
    local std = M.calculate_gain(nonlinearity, a) / sqrt(f)
    local bound = sqrt(3) * std
@@ -102,7 +111,7 @@ end
 
 function M.kaiming_normal_(t, a, mode, nonlinearity)
    tensor_arg("kaiming_normal_", t)
-   a, mode, nonlinearity = kaiming_args(a, mode, nonlinearity)
+   a, mode, nonlinearity = kaiming_args("kaiming_normal_", a, mode, nonlinearity)
    local f = fan("kaiming_normal_", t, mode)
    return M.normal_(t, 0, M.calculate_gain(nonlinearity, a) / sqrt(f))
 end
