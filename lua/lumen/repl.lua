@@ -437,7 +437,8 @@ end
 local function start_eval()
    interrupting = false
    if intr.mode == "flag" then
-      take_flag()
+      -- the flag is not cleared here: a Ctrl-C right after Enter is meant for this evaluation
+      -- (read_line_cb clears it before each prompt)
       debug.sethook(interrupt_hook, "", HOOK_COUNT)
    else
       arm_host()
