@@ -1,4 +1,5 @@
--- spec/creation_spec.lua -- creation functions and inspection (API.md "Creation", "Inspection")
+-- spec/creation_spec.lua -- creation functions and inspection (docs/api.md "Creation", "The
+-- Tensor type and inspection")
 local H = require("spec.helpers")
 local lm = H.lm
 
@@ -133,7 +134,7 @@ describe("lm.tensor", function()
       assert.same(nested, cl:totable())
    end)
    it("infers float32 for numbers (also integral ones) and bool for booleans", function()
-      -- API.md leaves this open; Lua has one number type, so lumen (lua/lumen/creation.lua)
+      -- docs/api.md leaves this open; Lua has one number type, so lumen (lua/lumen/creation.lua)
       -- makes every number table float32, where PyTorch would give int64 for {1, 2}
       H.assert_dtype(lm.tensor({ 1.5, 2 }), lm.float32)
       H.assert_dtype(lm.tensor({ 1, 2 }), lm.float32)

@@ -59,8 +59,8 @@ local ERR_EW = "an argument that is neither a tensor nor a number, shapes that d
    .. "a dtype the op does not take: `lumen.<name>: <problem>`"
 local FMT_VIEW = "a view: shares t's storage, strides derived from t's (a channels-last input "
    .. "gives a view with permuted strides, not a copy)"
-local FMT_RED = "the result of a reduction over some dims keeps the input's layout where it "
-   .. "can (keepdim); a full reduction is a 0-d tensor"
+local FMT_RED = "the result is contiguous, also for a channels-last input (as PyTorch 1.13 "
+   .. "allocates reductions); a full reduction is a 0-d tensor"
 local ERR_DIM = "a dim out of range (`dim 5 out of range for a 4-dimensional tensor`), a "
    .. "non-integer dim"
 
