@@ -541,7 +541,7 @@ E("lm.F.batch_norm", "lm.F.batch_norm(x, running_mean, running_var, weight, bias
    .. "nil. In training the batch statistics are used and the running ones updated in place.",
    { opts = "{training = false, momentum = 0.1, eps = 1e-5, residual = nil, relu = false}: "
    .. "residual and relu fuse relu(bn(x) + residual) into the same pass",
-   fmt = FMT_NN, err = "x not 2-D..5-D, per-channel tensors of the wrong size, training "
+   fmt = FMT_NN, err = "x with fewer than 2 dims, per-channel tensors of the wrong size, training "
    .. "with one value per channel, eval without running statistics" })
 E("lm.F.relu", "lm.F.relu(x, inplace) -> Tensor", "max(x, 0); in place when inplace is true.",
    { fmt = FMT_EW })
