@@ -510,17 +510,10 @@ if jit then jit.off(read_line_cb) end
 local function read_line_plain(prompt)
    stdout:write(prompt)
    stdout:flush()
-   if intr.mode ~= "host" then return io.read("*l") end
-   -- the luajit handler fires its error at the first Lua instruction after the read returns
+   -- "host" mode: the luajit handler raises its error at the first Lua instruction after the
+   -- read returns; the REPL loop takes that error for a dropped line
    arm_host()
-   local ok, line = pcall(io.read, "*l")
-   if ok then
-      ok, line = pcall(function(l) return l end, line)
-   end
-   if not ok then
-      if tostring(line):find("interrupted!", 1, true) then return CANCELLED end
-      error(line, 0)
-   end
+   local line = io.read("*l")        -- not a tail call: the error must come from inside step
    return line
 end
 
@@ -701,31 +694,32 @@ function M.repl(opts)
    local read_line = intr.mode == "flag" and read_line_cb or rl and read_line_rl
       or read_line_plain
 
+   -- one prompt: read a line and run it; returns false at end of input. Each step runs under
+   -- pcall: an interrupt that lands outside an evaluation (the luajit handler fires at whatever
+   -- Lua instruction comes next) drops the line instead of ending the session
    local buffer
-   while true do
-      -- the REPL's own steps are protected too: an interrupt that lands between two evaluations
-      -- (the luajit handler, without readline) must not end the session
-      local okr, line = pcall(read_line, buffer and ">> " or "> ")
-      if not okr then
-         stderr:write(short_error(line), "\n")
-         stderr:flush()
-         line = CANCELLED
-      end
+   local function step()
+      local line = read_line(buffer and ">> " or "> ")
       if line == nil then
          if buffer then stderr:write("incomplete input dropped\n") end
          stdout:write("\n")
-         break
+         return false
       end
       if line == CANCELLED then
          buffer = nil
       else
-         local okh, res = pcall(handle_line, buffer, line)
-         if okh then
-            buffer = res
-         else
-            stderr:write(short_error(res), "\n")
+         buffer = handle_line(buffer, line)
+      end
+      return true
+   end
+   while true do
+      local oks, more = pcall(step)
+      if oks and not more then break end
+      if not oks then
+         buffer = nil
+         if not tostring(more):find("interrupted!", 1, true) then
+            stderr:write(short_error(more), "\n")
             stderr:flush()
-            buffer = nil
          end
       end
    end
