@@ -961,6 +961,12 @@ during an evaluation it stops it and returns to the prompt, every time. Code typ
 runs in LuaJIT's interpreter so that Ctrl-C reaches every loop; what it calls (lumen, modules
 loaded from files) is compiled as usual, and a long C operation finishes before the interrupt is
 seen.]])
+E("lm.help", "lm.help(x) -> string", "The text help(x) prints in the REPL (signature, "
+   .. "description, options, memory format, errors), for scripts: print(lm.help(lm.zeros)).",
+   { note = "loaded on first use from lumen.doc" })
+E("lm.doc", "lm.doc", "This reference as a Lua table (lua/lumen/doc.lua): doc.entries[name] = "
+   .. "{name, sig, desc, opts, fmt, err, note}, doc.list and doc.sections in document order, "
+   .. "doc.help(x) -> text.")
 E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a function, "
    .. "module, class, tensor or module instance, or a name such as \"conv2d\" or "
    .. "\"Tensor:add\"); help() explains the REPL.", { note = "from lua/lumen/doc.lua, the "
