@@ -489,8 +489,8 @@ E("lm.autograd.where", "lm.autograd.where(cond, a, b)", "The differentiable lm.w
 E("lm.autograd.cat", "lm.autograd.cat(list, dim)", "The differentiable lm.cat.")
 E("lm.autograd.clock", "lm.autograd.clock() -> seconds", "Monotonic wall time (the profiler's "
    .. "default clock).")
-E("lm.autograd.set_profiler", "lm.autograd.set_profiler(fn, clockfn)", "Time every forward op "
-   .. "and backward node: fn(name, seconds) is called for each (nil turns it off); clockfn "
+E("lm.autograd.set_profiler", "lm.autograd.set_profiler(fn, clockfn) -> previous fn", "Time the "
+   .. "backward nodes: fn(name, seconds) is called for each (nil turns it off); clockfn "
    .. "defaults to lm.autograd.clock.", { note = "LUMEN_PROFILE=1 installs a collecting profiler "
    .. "that prints its table to stderr at exit." })
 E("lm.autograd.profile_stats", "lm.autograd.profile_stats() -> table", "The collecting "
@@ -500,7 +500,7 @@ E("lm.autograd.profile_reset", "lm.autograd.profile_reset()", "Clear the collect
 E("lm.autograd.profile_collect", "lm.autograd.profile_collect(name, seconds)", "The collecting "
    .. "profiler itself (pass it to set_profiler).")
 E("lm.autograd.profile_report", "lm.autograd.profile_report() -> string", "The collecting "
-   .. "profiler's totals as a table.")
+   .. "profiler's totals as a table, slowest first.")
 
 S("functional", "lm.nn.functional (lm.F)", [[
 `lm.F`, `lm.nn.functional` and `lm.functional` are the same table. Operators take 4-D (N,C,H,W)
@@ -635,13 +635,14 @@ E("lm.nn.utils.fuse_conv_bn_weights", "lm.nn.utils.fuse_conv_bn_weights(conv_w, 
    .. "bn_rm, bn_rv, bn_eps, bn_w, bn_b) -> w, b", "The folded weight and bias (conv_b, bn_w, "
    .. "bn_b may be nil).", { fmt = "w has conv_w's strides (channels-last stays "
    .. "channels-last)" })
-E("lm.nn.utils.can_fold_all", "lm.nn.utils.can_fold_all(pairs) -> ok, why", "Whether every "
-   .. "(conv, bn) pair can be folded (checked before any is changed).")
-E("lm.nn.utils.fold_pair_", "lm.nn.utils.fold_pair_(conv, bn, src)", "Fold bn into conv in "
-   .. "place (from src, conv by default).")
-E("lm.nn.utils.fold_named_", "lm.nn.utils.fold_named_(module, conv_name, bn_name)", "Fold "
-   .. "module[bn_name] into module[conv_name] and put an Identity in bn's place (used by "
-   .. "modules that define fold_batch_norm).")
+E("lm.nn.utils.can_fold_all", "lm.nn.utils.can_fold_all(pairs) -> boolean", "Whether every "
+   .. "{conv, bn} pair of the array can be folded (a block folds all its pairs or none).")
+E("lm.nn.utils.fold_pair_", "lm.nn.utils.fold_pair_(conv, bn) -> ok, why", "Fold bn into conv "
+   .. "in place: true when folded, false and the reason when it cannot be (for model classes "
+   .. "that define their own fold_batch_norm).")
+E("lm.nn.utils.fold_named_", "lm.nn.utils.fold_named_(module, conv_name, bn_name) -> boolean",
+   "Fold module[bn_name] into module[conv_name] and put an Identity (in evaluation mode) in "
+   .. "the batch norm's place; false when it cannot be folded.")
 E("lm.nn.init", "lm.nn.init", "Weight initialisers (PyTorch's torch.nn.init), in place, from "
    .. "the global generator.")
 E("lm.nn.init.calculate_gain", "lm.nn.init.calculate_gain(nonlinearity, param) -> number",
@@ -708,8 +709,10 @@ local MM = {
 for _, mm in ipairs(MM) do
    local more
    if mm[1] == "to" then
-      more = { fmt = "a format of the wrong rank for a tensor raises the rank error; a dtype "
-         .. "conversion keeps each tensor's layout", err = "an unknown dtype/format/device" }
+      more = { fmt = "channels_last converts the 4-D tensors and channels_last_3d the 5-D ones "
+         .. "(tensors of lower rank are left as they are, one of the other rank raises the rank "
+         .. "error); a dtype conversion keeps each tensor's layout",
+         err = "an unknown dtype/format/device" }
    elseif mm[1] == "load_state_dict" then
       more = { opts = "{strict = true}", err = "strict and keys missing or unexpected; a "
          .. "tensor of the wrong size" }
