@@ -835,7 +835,7 @@ E("lm.data.is_image_folder", "lm.data.is_image_folder(x) -> boolean", "true for 
 E("lm.data.DataLoader", "lm.data.DataLoader(dataset, opts) -> loader", "Batches of float32 "
    .. "(B, C, H, W) with int64 labels from {images = uint8 (N,H,W[,C]), labels = int64 (N)} "
    .. "or an ImageFolder. `for x, y, i in loader:iter(epoch, start_batch) do ... end`; "
-   .. "loader:num_batches() (also #loader).",
+   .. "loader:num_batches() gives the batches per epoch.",
    { opts = "{batch_size = 64, shuffle = true, seed = 0, drop_last = false, workers = 2, "
    .. "prefetch = max(2, workers), memory_format = lm.channels_last, hflip = false, mean = 0, "
    .. "std = 1 (per channel, [0,1] scale); tensor data sets also pad = 0, crop}",
