@@ -1,4 +1,5 @@
--- spec/creation_spec.lua -- creation functions and inspection (API.md "Creation", "Inspection")
+-- spec/creation_spec.lua -- creation functions and inspection (docs/api.md "Creation", "The
+-- Tensor type and inspection")
 local H = require("spec.helpers")
 local lm = H.lm
 

@@ -1,4 +1,4 @@
--- spec/elementwise_spec.lua -- elementwise math (API.md "Math"): values against PyTorch 1.13
+-- spec/elementwise_spec.lua -- elementwise math (docs/api.md "Math"): values against PyTorch 1.13
 -- (spec/fixtures/core/values.lua), operators, broadcasting, type promotion, in-place forms,
 -- matmul and cat. The output layout rules of the memory-format spec are in memory_format_spec.
 local H = require("spec.helpers")

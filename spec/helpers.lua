@@ -3,9 +3,9 @@
 --    local H = require("spec.helpers")
 --    local lm = H.lm
 --
--- Everything is written against /work/shared/API.md: 1-based dims, sizes and strides as Lua arrays
--- in logical (N, C, H, W) order, formats compared through tostring() (the API fixes
--- tostring(lm.channels_last) == "channels_last").
+-- Everything is written against docs/api.md (the API reference): 1-based dims, sizes and
+-- strides as Lua arrays in logical (N, C, H, W) order, formats compared through tostring()
+-- (the API fixes tostring(lm.channels_last) == "channels_last").
 
 local lm = require("lumen")
 

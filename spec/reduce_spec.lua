@@ -1,5 +1,5 @@
--- spec/reduce_spec.lua -- sum / mean / max / min / argmax (API.md "Reductions") in both memory
--- formats: values against PyTorch 1.13 (spec/fixtures/core/values.lua) and output strides.
+-- spec/reduce_spec.lua -- sum / mean / max / min / argmax (docs/api.md "Reductions") in both
+-- memory formats: values against PyTorch 1.13 (spec/fixtures/core/values.lua) and output strides.
 --
 -- Output layout: PyTorch 1.13 allocates every reduction output contiguous, also for
 -- channels-last inputs (checked with /usr/bin/python3: x_cl.sum(1, keepdim=True) has strides

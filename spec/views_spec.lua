@@ -1,4 +1,4 @@
--- spec/views_spec.lua -- views (API.md "Layout and type changes"): view, reshape, permute,
+-- spec/views_spec.lua -- views (docs/api.md "Views"): view, reshape, permute,
 -- transpose, expand, narrow, select, unsqueeze, squeeze, flatten. Strides were checked against
 -- PyTorch 1.13; dims and indices are 1-based.
 local H = require("spec.helpers")

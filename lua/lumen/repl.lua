@@ -8,13 +8,18 @@
 --      -         run standard input
 --
 -- REPL: GNU readline through the FFI when libreadline loads (line editing, history in
--- $LUMEN_HISTORY or ~/.lumen_history, TAB completion of globals and of fields: `lm.ze<TAB>`);
--- plain io.read otherwise. Expressions print their values (a line is first tried as
--- "return <line>"), errors are printed and the session goes on, incomplete chunks continue on a
--- ">>" prompt. The last value is kept in `_`.
+-- $LUMEN_HISTORY or ~/.lumen_history, TAB completion of globals and of fields: `lm.ze<TAB>`, and
+-- of lumen's lazily loaded parts before they are loaded: `lm.op<TAB>`); plain io.read otherwise.
+-- Expressions print their values (a line is first tried as "return <line>"), errors are printed
+-- and the session goes on, incomplete chunks continue on a ">>" prompt. The last value is kept in
+-- `_`. `help(x)` and `?x` print x's signature and description (lua/lumen/doc.lua).
+--
+-- Ctrl-C (see "interrupts" below): at the prompt it drops the line being typed (and an incomplete
+-- chunk); during an evaluation it stops it and returns to the prompt, every time.
 --
 -- Used as a module, require("lumen.repl") gives { main = fn(argv), repl = fn(opts),
--- complete = fn(text, env), repr = fn(value) }. bin/lumen runs this file as a script.
+-- complete = fn(text, env), repr = fn(value), help = fn(x) }. bin/lumen runs this file as a
+-- script.
 
 local ffi = require("ffi")
 
@@ -38,6 +43,12 @@ end
 cdef("int isatty(int fd);")
 cdef("void free(void *p);")
 cdef("char *strdup(const char *s);")
+cdef("typedef void (*lumen_sighandler_t)(int);")
+cdef("lumen_sighandler_t signal(int signum, lumen_sighandler_t handler);")
+cdef("struct pollfd { int fd; short events; short revents; };")
+cdef("int poll(struct pollfd *fds, unsigned long nfds, int timeout);")
+
+local SIGINT, EINTR, POLLIN = 2, 4, 1    -- the same on Linux and the BSDs
 
 local function stdin_is_tty()
    local ok, r = pcall(function() return ffi.C.isatty(0) end)
@@ -147,6 +158,28 @@ local function collect_fields(v, out, seen)
    end
 end
 
+-- the names a table's __index function loads on first use: lumen's `lazy` and `lazy_fn` tables
+-- (lua/lumen/init.lua), found by name among the function's upvalues, and lm.F. So `lm.op<TAB>`
+-- offers `lm.optim` before anything touched it. Nothing is loaded here; completing a path
+-- (`lm.optim.S<TAB>`) loads it, as evaluating it would.
+local LAZY_TABLES = { lazy = true, lazy_fn = true }
+local function add_lazy_names(v, out)
+   if type(v) ~= "table" then return end
+   local mt = debug.getmetatable(v)
+   local idx = type(mt) == "table" and rawget(mt, "__index")
+   if type(idx) ~= "function" then return end
+   for i = 1, 255 do
+      local name, val = debug.getupvalue(idx, i)
+      if name == nil then break end
+      if LAZY_TABLES[name] and type(val) == "table" then
+         for k in pairs(val) do
+            if type(k) == "string" then out[k] = true end
+         end
+      end
+   end
+   if v == package.loaded["lumen"] then out.F = true end
+end
+
 -- complete `text` (the word under the cursor) against the environment env: a dotted/colon path
 -- is resolved from env, its last part is matched as a prefix. Returns a sorted array of the full
 -- replacement words.
@@ -171,6 +204,7 @@ function M.complete(text, env)
       end
       if head:match("[^%w_%.:]") or head == "" then return {} end
       collect_fields(v, names)
+      add_lazy_names(v, names)
    end
    local out = {}
    for name in pairs(names) do
@@ -213,16 +247,31 @@ local function load_readline(env)
       int read_history(const char *filename);
       int append_history(int nelements, const char *filename);
       int history_truncate_file(const char *filename, int nlines);
+      void using_history(void);
       typedef char *lumen_rl_compentry_func_t(const char *, int);
       typedef char **lumen_rl_completion_func_t(const char *, int, int);
+      typedef void lumen_rl_vcpfunc_t(char *);
       char **rl_completion_matches(const char *text, lumen_rl_compentry_func_t *entry_func);
       lumen_rl_completion_func_t *rl_attempted_completion_function;
       int rl_attempted_completion_over;
       int rl_completion_append_character;
       const char *rl_completer_word_break_characters;
       const char *rl_readline_name;
+      void rl_callback_handler_install(const char *prompt, lumen_rl_vcpfunc_t *lhandler);
+      void rl_callback_read_char(void);
+      void rl_callback_handler_remove(void);
+      int rl_set_signals(void);
+      int rl_clear_signals(void);
+      void rl_free_line_state(void);
+      void rl_callback_sigcleanup(void);
+      void rl_cleanup_after_signal(void);
+      void rl_redisplay(void);
+      int rl_catch_signals;
+      int rl_point;
+      int rl_end;
+      int _rl_caught_signal;
    ]])
-   if not ok and not pcall(ffi.typeof, "lumen_rl_compentry_func_t") then return nil end
+   if not ok and not pcall(ffi.typeof, "lumen_rl_vcpfunc_t") then return nil end
    local lib
    for _, name in ipairs({ "libreadline.so.8", "readline", "libreadline.so.7",
                            "libreadline.so.6" }) do
@@ -265,24 +314,233 @@ local function load_readline(env)
    return lib
 end
 
+local function remember(s)
+   if s:match("%S") then
+      rl.add_history(s)
+      if history_path then rl.append_history(1, history_path) end
+   end
+end
+
 local function read_line_rl(prompt)
    local p = rl.readline(prompt)
    if p == nil then return nil end
    local s = ffi.string(p)
    ffi.C.free(p)
-   if s:match("%S") then
-      rl.add_history(s)
-      if history_path then rl.append_history(1, history_path) end
-   end
+   remember(s)
    return s
 end
 -- readline calls back into Lua (completion): the call must not come from compiled code
 if jit then jit.off(read_line_rl) end
 
+-- ---------------------------------------------------------------------------------------------
+-- interrupts (Ctrl-C)
+--
+-- What runs the REPL is LuaJIT's `luajit` command, whose SIGINT handler (set around the script)
+-- makes the next Lua instruction raise "interrupted!" once and then resets SIGINT to the default:
+-- a Ctrl-C at the prompt ended the session when Enter was pressed (the error came from the REPL's
+-- own loop), and a second Ctrl-C during a computation killed the process. A Lua function cannot be
+-- a signal handler (it would run in the middle of other Lua code), so the REPL uses a C handler
+-- that only sets a flag: readline's own (rl_signal_handler, which stores the signal number in
+-- readline's `_rl_caught_signal`), taken from rl_set_signals() once and kept installed for the
+-- whole session, with readline's signal catching off (rl_catch_signals = 0) so that readline
+-- never replaces it. Then:
+--   * at the prompt, readline's callback interface reads the line: the REPL waits in poll() on
+--     stdin, which a signal interrupts (EINTR, never restarted); on SIGINT the line is dropped
+--     (and an incomplete chunk with it) and a fresh prompt comes. poll() also wakes every 250 ms,
+--     so a flag set by a signal delivered to another thread (OpenMP workers) is seen too.
+--   * during an evaluation, a count hook (every HOOK_COUNT VM instructions) reads the flag and
+--     raises "interrupted!"; it keeps raising until the evaluation is over, so a pcall in the
+--     interrupted code cannot swallow it. The flag is cleared before each prompt: every Ctrl-C
+--     works, not only the first.
+-- Hooks only run in LuaJIT's interpreter, not in compiled traces: a loop compiled by the JIT
+-- (`for i = 1, 1e10 do end`) would never see the flag. So the chunks typed at the prompt (and the
+-- functions they define) run with the JIT off for their own code (jit.off(chunk, true)); what they
+-- call (lumen's operators, modules loaded with require/dofile) is compiled as usual. A long C
+-- call (a big convolution) finishes before the interrupt is seen. A pure-Lua loop inside a
+-- compiled function from a file cannot be interrupted this way; Ctrl-\ (SIGQUIT) still ends the
+-- process.
+-- Without readline (LUMEN_NO_READLINE, no libreadline), the luajit handler is re-armed before
+-- every read and every evaluation instead: Ctrl-C at the prompt drops the line when Enter is
+-- pressed, and interrupts a computation every time (in interpreted code).
+
+local HOOK_COUNT = 10000
+local intr = { mode = nil }      -- mode: "flag" (readline's handler), "host" (luajit's), or false
+
+local function handler_id(h)
+   return tonumber(ffi.cast("intptr_t", h))
+end
+
+local function setup_interrupts()
+   if intr.mode ~= nil then return end
+   intr.mode = false
+   local okh, host = pcall(ffi.C.signal, SIGINT, ffi.cast("lumen_sighandler_t", 0))
+   if not okh then return end
+   ffi.C.signal(SIGINT, host)                  -- looked at, put back
+   intr.host = host
+   local hid = handler_id(host)
+   if rl then
+      local ok = pcall(function()
+         local _ = rl._rl_caught_signal         -- the flag must be reachable
+         rl.rl_catch_signals = 1
+         rl.rl_set_signals()                    -- SIGINT -> rl_signal_handler (unless ignored)
+         local h = ffi.C.signal(SIGINT, host)
+         rl.rl_clear_signals()                  -- puts back the other signals' handlers
+         local id = handler_id(h)
+         if id == 0 or id == 1 or id == hid then error("no readline handler") end
+         intr.flag_handler = h
+      end)
+      if ok then
+         rl.rl_catch_signals = 0
+         ffi.C.signal(SIGINT, intr.flag_handler)
+         rl._rl_caught_signal = 0
+         intr.mode = "flag"
+         return
+      end
+      ffi.C.signal(SIGINT, host)
+   end
+   if hid ~= 0 and hid ~= 1 then intr.mode = "host" end
+end
+
+local function restore_interrupts()
+   if intr.mode == "flag" then rl.rl_catch_signals = 1 end
+   if intr.host ~= nil then ffi.C.signal(SIGINT, intr.host) end
+   intr.mode = nil
+end
+
+-- "host" mode: the luajit handler resets itself to the default when it fires; arm it again
+local function arm_host()
+   if intr.mode == "host" then ffi.C.signal(SIGINT, intr.host) end
+end
+
+local function take_flag()
+   local s = rl._rl_caught_signal
+   if s ~= 0 then rl._rl_caught_signal = 0 end
+   return s
+end
+
+local interrupting = false
+local interrupt_hook
+function interrupt_hook()
+   if interrupting or rl._rl_caught_signal == SIGINT then
+      rl._rl_caught_signal = 0
+      if not interrupting then
+         -- from now on at every instruction: a pcall that caught the error is left at once
+         -- (with the count kept, the hook could land in the pcall'd function every time)
+         interrupting = true
+         debug.sethook(interrupt_hook, "", 1)
+      end
+      error("interrupted!", 2)
+   end
+end
+
+-- around one evaluation
+local function start_eval()
+   interrupting = false
+   if intr.mode == "flag" then
+      -- the flag is not cleared here: a Ctrl-C right after Enter is meant for this evaluation
+      -- (read_line_cb clears it before each prompt)
+      debug.sethook(interrupt_hook, "", HOOK_COUNT)
+   else
+      arm_host()
+   end
+end
+
+local function stop_eval()
+   if intr.mode == "flag" then debug.sethook() end
+   interrupting = false
+end
+
+-- a line read with readline's callback interface; returns the line, nil at end of input, or
+-- false when Ctrl-C dropped it
+local CANCELLED = false
+local cb_done, cb_line
+local function read_line_cb(prompt)
+   if not rl_keep.line_handler then
+      rl_keep.line_handler = ffi.cast("lumen_rl_vcpfunc_t *", function(p)
+         cb_done = true
+         if p == nil then
+            cb_line = nil
+         else
+            cb_line = ffi.string(p)
+            ffi.C.free(p)
+         end
+         -- removed here, so that readline does not print the prompt again after the line
+         rl.rl_callback_handler_remove()
+      end)
+      rl_keep.pfd = ffi.new("struct pollfd[1]")
+   end
+   local pfd = rl_keep.pfd
+   pfd[0].fd, pfd[0].events = 0, POLLIN
+   cb_done, cb_line = false, nil
+   take_flag()                                  -- a Ctrl-C from before this prompt is old news
+   rl.rl_callback_handler_install(prompt, rl_keep.line_handler)
+   while not cb_done do
+      local r = ffi.C.poll(pfd, 1, 250)
+      local errno = r < 0 and ffi.errno() or 0
+      if rl._rl_caught_signal == SIGINT then
+         take_flag()
+         -- show the dropped line whole, mark it, and start over on a new line
+         -- the cursor to the end of the dropped line, then readline's own clean-up after a
+         -- signal (the terminal back in its usual mode), as Python's readline module does
+         rl.rl_point = rl.rl_end
+         rl.rl_redisplay()
+         stdout:write("^C")
+         stdout:flush()
+         rl.rl_free_line_state()
+         rl.rl_callback_sigcleanup()
+         rl.rl_cleanup_after_signal()
+         rl.rl_callback_handler_remove()
+         stdout:write("\n")
+         stdout:flush()
+         rl.using_history()
+         return CANCELLED
+      end
+      if r > 0 then
+         rl.rl_callback_read_char()
+      elseif r < 0 and errno ~= EINTR then
+         rl.rl_callback_handler_remove()
+         return nil
+      end
+   end
+   if cb_line then remember(cb_line) end
+   return cb_line
+end
+if jit then jit.off(read_line_cb) end
+
 local function read_line_plain(prompt)
    stdout:write(prompt)
    stdout:flush()
-   return io.read("*l")
+   -- "host" mode: the luajit handler raises its error at the first Lua instruction after the
+   -- read returns; the REPL loop takes that error for a dropped line
+   arm_host()
+   local line = io.read("*l")        -- not a tail call: the error must come from inside step
+   return line
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- help: help(x) / ?x print x's entry of lua/lumen/doc.lua (the table docs/api.md is made from)
+
+local doc_module
+local function get_doc()
+   if doc_module == nil then
+      local ok, d = pcall(require, "lumen.doc")
+      doc_module = ok and d or false
+      if not ok then errmsg("help: cannot load lumen.doc: " .. tostring(d)) end
+   end
+   return doc_module or nil
+end
+
+--- help(x [, name]) -> the help text for x: a value (a function, a module, a class), a name
+--- ("lm.zeros", "zeros", "Tensor:add"), or nothing (how to use the REPL).
+function M.help_text(...)
+   local d = get_doc()
+   if not d then return "help: lumen.doc is not available" end
+   return d.help(...)
+end
+
+function M.help(...)
+   stdout:write(M.help_text(...), "\n")
+   stdout:flush()
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -311,10 +569,24 @@ local function pack(...)
    return { n = select("#", ...), ... }
 end
 
+-- the REPL's error handler: the interrupt hook must not fire inside it
+local function repl_traceback(msg)
+   if intr.mode == "flag" then debug.sethook() end
+   return traceback(msg)
+end
+
 -- fn returns pack(<values>) (expressions) or runs a statement; prints the values or the error
 local function run_chunk_repl(fn, is_expr)
-   local ok, res = xpcall(fn, traceback, pack)
+   -- the chunk and the functions it defines stay in the interpreter, where Ctrl-C reaches them
+   -- (see "interrupts" above)
+   if jit then jit.off(fn, true) end
+   start_eval()
+   local ok, res = xpcall(fn, repl_traceback, pack)
+   local was_interrupted = interrupting
+   stop_eval()
    if not ok then
+      -- after the terminal's "^C"
+      if was_interrupted then stderr:write("\n") end
       stderr:write(short_error(res), "\n")
       stderr:flush()
       return
@@ -323,6 +595,33 @@ local function run_chunk_repl(fn, is_expr)
       if res.n >= 1 then rawset(_G, "_", res[1]) end
       print_results(res.n, unpack(res, 1, res.n))
    end
+end
+
+-- `?x`: help for the expression x (`?lm.zeros`, `?t:add`, `?"conv2d"`); the text goes to help
+-- too, so that a name is found even where the value is shared
+local function help_line(expr)
+   expr = expr:match("^%s*(.-)%s*$")
+   if expr == "" then
+      M.help()
+      return
+   end
+   local obj, method = expr:match("^(.-):([%a_][%w_]*)$")
+   local src = obj and ("return (" .. obj .. ")." .. method) or ("return " .. expr)
+   local fn, cerr = loadstring(src, "=stdin")
+   if not fn then
+      stderr:write(cerr, "\n")
+      stderr:flush()
+      return
+   end
+   start_eval()
+   local ok, v = xpcall(fn, repl_traceback)
+   stop_eval()
+   if not ok then
+      stderr:write(short_error(v), "\n")
+      stderr:flush()
+      return
+   end
+   M.help(v, expr)
 end
 
 -- `lm` as a global for -e and the REPL, loaded on first use (a failed load is reported where it
@@ -343,17 +642,46 @@ local function install_lazy_lm()
    setmetatable(_G, mt)
 end
 
+-- one line of input: returns the new incomplete-chunk buffer (nil when the chunk is done)
+local function handle_line(buffer, line)
+   if not buffer and line:match("^%s*%?") then
+      help_line(line:match("^%s*%?(.*)$"))
+      return nil
+   end
+   local src = buffer and (buffer .. "\n" .. line) or line
+   if not buffer and src:sub(1, 1) == "=" then src = "return " .. src:sub(2) end
+   -- an expression list? The values go through a call (not `return <src>`), so that an error
+   -- raised by the expression keeps its position (a tail call would lose it)
+   local fn, cerr
+   local is_expr = loadstring("return " .. src, "=stdin") ~= nil
+   if is_expr then
+      fn = loadstring("local __lumen_pack = ...; return __lumen_pack(" .. src .. ")", "=stdin")
+      is_expr = fn ~= nil
+   end
+   if not fn then fn, cerr = loadstring(src, "=stdin") end
+   if not fn and is_incomplete(cerr) then return src end
+   if fn then
+      run_chunk_repl(fn, is_expr)
+   else
+      stderr:write(cerr, "\n")
+      stderr:flush()
+   end
+   return nil
+end
+
 --- Run the interactive loop until end of input. opts.quiet: no banner.
 function M.repl(opts)
    opts = opts or {}
    install_lazy_lm()
+   if rawget(_G, "help") == nil then rawset(_G, "help", M.help) end
    local ok, lm_or_err = pcall(function() return _G.lm end)
    if not opts.quiet then
       stdout:write(VERSION_LINE, "\n")
       if ok then
          local v = type(lm_or_err) == "table" and rawget(lm_or_err, "_VERSION")
          stdout:write("lm = require(\"lumen\")", v and (" (" .. tostring(v) .. ")") or "",
-                      " is loaded. TAB completes, Ctrl-D quits.\n")
+                      " is loaded. help() or ?x for help, TAB completes, Ctrl-C cancels,",
+                      " Ctrl-D quits.\n")
       else
          local first = short_error(lm_or_err):match("^[^\n]*")
          stdout:write("could not load lumen: ", first, "\n(`make` builds it; `lm` stays unset)\n")
@@ -362,39 +690,40 @@ function M.repl(opts)
    end
 
    if rl == nil and stdin_is_tty() then rl = load_readline(_G) or false end
-   local read_line = rl and read_line_rl or read_line_plain
+   setup_interrupts()
+   local read_line = intr.mode == "flag" and read_line_cb or rl and read_line_rl
+      or read_line_plain
 
+   -- one prompt: read a line and run it; returns false at end of input. Each step runs under
+   -- pcall: an interrupt that lands outside an evaluation (the luajit handler fires at whatever
+   -- Lua instruction comes next) drops the line instead of ending the session
    local buffer
-   while true do
+   local function step()
       local line = read_line(buffer and ">> " or "> ")
       if line == nil then
          if buffer then stderr:write("incomplete input dropped\n") end
          stdout:write("\n")
-         break
+         return false
       end
-      local src = buffer and (buffer .. "\n" .. line) or line
-      if not buffer and src:sub(1, 1) == "=" then src = "return " .. src:sub(2) end
-      -- an expression list? The values go through a call (not `return <src>`), so that an error
-      -- raised by the expression keeps its position (a tail call would lose it)
-      local fn, cerr
-      local is_expr = loadstring("return " .. src, "=stdin") ~= nil
-      if is_expr then
-         fn = loadstring("local __lumen_pack = ...; return __lumen_pack(" .. src .. ")", "=stdin")
-         is_expr = fn ~= nil
-      end
-      if not fn then fn, cerr = loadstring(src, "=stdin") end
-      if not fn and is_incomplete(cerr) then
-         buffer = src
-      else
+      if line == CANCELLED then
          buffer = nil
-         if fn then
-            run_chunk_repl(fn, is_expr)
-         else
-            stderr:write(cerr, "\n")
+      else
+         buffer = handle_line(buffer, line)
+      end
+      return true
+   end
+   while true do
+      local oks, more = pcall(step)
+      if oks and not more then break end
+      if not oks then
+         buffer = nil
+         if not tostring(more):find("interrupted!", 1, true) then
+            stderr:write(short_error(more), "\n")
             stderr:flush()
          end
       end
    end
+   restore_interrupts()
    if rl and history_path then rl.history_truncate_file(history_path, 2000) end
 end
 

@@ -1,0 +1,1142 @@
+-- lumen.doc -- the docstrings of lumen's public API: ONE table that both the REPL's help
+-- (`help(lm.zeros)`, `?lm.zeros`, lua/lumen/repl.lua) and docs/api.md (made by
+-- tools/gen_api.lua: `bin/lumen tools/gen_api.lua > docs/api.md`) are made from.
+-- spec/api_doc_spec.lua checks that every public name has an entry here and that docs/api.md is
+-- up to date: a new public function needs an entry, then `bin/lumen tools/gen_api.lua >
+-- docs/api.md`.
+--
+-- Entry names: `lm.zeros`, `lm.nn.Conv2d`, `lm.F.conv2d` (= lm.nn.functional.conv2d),
+-- `Tensor:add` (a method of lm.Tensor), `Tensor.requires_grad` (a field), `Module:forward`
+-- (lm.nn.Module), `Optimizer:step` (lm.optim.Optimizer).
+-- Entry fields: sig (the call, with `-> result`), desc (one line), and optionally opts (the
+-- options with their defaults), fmt (memory-format behaviour), err (the errors raised), note.
+--
+-- Loading this module loads nothing else; help() only looks at the lumen modules already loaded.
+
+local M = {}
+
+M.sections = {}      -- { {id =, title =, intro =, entries = {entry...}} ...} in document order
+M.entries = {}       -- name -> entry
+M.list = {}          -- every entry, in document order
+
+local section
+
+local function S(id, title, intro)
+   section = { id = id, title = title, intro = intro, entries = {} }
+   M.sections[#M.sections + 1] = section
+end
+
+local function E(name, sig, desc, more)
+   assert(M.entries[name] == nil, "lumen.doc: two entries named " .. name)
+   local e = { name = name, sig = sig, desc = desc, section = section.id }
+   if more then
+      for k, v in pairs(more) do e[k] = v end
+   end
+   section.entries[#section.entries + 1] = e
+   M.entries[name] = e
+   M.list[#M.list + 1] = e
+   return e
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- the entries. Shared phrases first.
+
+local OPTS = "a trailing table {dtype = lm.float32, device = \"cpu\", memory_format = "
+   .. "lm.contiguous_format, requires_grad = false}"
+local OPTS_LIKE = "{dtype = t's dtype, device = t's device, memory_format = lm.preserve_format, "
+   .. "requires_grad = false}"
+local ERR_OPTS = "options that are not a table, an unknown dtype, memory format or device, "
+   .. "preserve_format (only *_like and clone accept it), bad sizes (not integers, negative, "
+   .. "more than 8 dims): `lumen.<name>: <problem>`"
+local FMT_NEW = "the result is contiguous, or in opts.memory_format (channels_last needs 4-D "
+   .. "sizes, channels_last_3d 5-D)"
+local FMT_LIKE = "preserve_format by default: t's strides when t is non-overlapping and dense, "
+   .. "else the format t:suggest_memory_format() names"
+local FMT_EW = "the output layout follows the inputs by the memory-format rules "
+   .. "(docs/memory_formats.md, \"the layout of elementwise results\"): a channels-last input "
+   .. "gives a channels-last result"
+local ERR_EW = "an argument that is neither a tensor nor a number, shapes that do not broadcast, "
+   .. "a dtype the op does not take: `lumen.<name>: <problem>`"
+local FMT_VIEW = "a view: shares t's storage, strides derived from t's (a channels-last input "
+   .. "gives a view with permuted strides, not a copy)"
+local FMT_RED = "the result is contiguous, also for a channels-last input (as PyTorch 1.13 "
+   .. "allocates reductions); a full reduction is a 0-d tensor"
+local ERR_DIM = "a dim out of range (`dim 5 out of range for a 4-dimensional tensor`), a "
+   .. "non-integer dim"
+
+S("conventions", "Conventions", [[
+`local lm = require("lumen")`. Dims and indices are 1-based (`t:size(1)` is N), negative dims
+count from the end. Logical dim order is N, C, H, W (N, C, D, H, W): a channels-last tensor is
+NCHW logically and NHWC in memory, as in PyTorch. Sizes and strides are Lua arrays in logical
+order, strides in elements. Options are a trailing table. Bad input raises a Lua error
+`lumen.<function>: <problem>` at the caller's line (`pcall` returns `false, msg`); nothing a script
+passes crashes the process. The memory-format rules are in docs/memory_formats.md.]])
+E("lm", "lm = require(\"lumen\")", "The lumen namespace: tensors, creation, math, and the "
+   .. "parts loaded on first use (lm.nn, lm.F, lm.optim, lm.layout, lm.data, lm.models, "
+   .. "lm.serialize, lm.checkpoint, lm.save/load, lm.save_checkpoint/load_checkpoint, "
+   .. "lm.to_channels_last).", { note = "lm.autograd is loaded with lumen (it wraps the Tensor "
+   .. "methods); the others when first touched." })
+E("lm._VERSION", "lm._VERSION -> string", "lumen's version, e.g. \"0.1.0\".")
+
+S("constants", "Constants: dtypes and memory formats", [[
+Dtypes and memory formats are tables with `__tostring` (`tostring(lm.float32) == "float32"`,
+`tostring(lm.channels_last) == "channels_last"`). Where a dtype or format is expected, its name
+as a string is accepted too.]])
+E("lm.float32", "lm.float32", "32-bit float dtype: the default for creation and for numbers.")
+E("lm.float64", "lm.float64", "64-bit float dtype.")
+E("lm.float16", "lm.float16", "16-bit IEEE half dtype (storage and conversion; math converts "
+   .. "through float32).")
+E("lm.bfloat16", "lm.bfloat16", "16-bit brain-float dtype (storage and conversion).")
+E("lm.int64", "lm.int64", "64-bit integer dtype: indices (argmax, randint, class targets).")
+E("lm.int32", "lm.int32", "32-bit integer dtype.")
+E("lm.uint8", "lm.uint8", "8-bit unsigned dtype (images).")
+E("lm.bool", "lm.bool", "Boolean dtype (comparisons, masks).")
+E("lm.contiguous_format", "lm.contiguous_format", "Row-major (NCHW) memory format: the "
+   .. "default.")
+E("lm.channels_last", "lm.channels_last", "NHWC memory format for 4-D tensors: strides "
+   .. "{H*W*C, 1, W*C, C}.")
+E("lm.channels_last_3d", "lm.channels_last_3d", "NDHWC memory format for 5-D tensors.")
+E("lm.preserve_format", "lm.preserve_format", "Keep the input's layout (the default of "
+   .. "*_like and clone); not a layout of its own.")
+E("lm.dtypes", "lm.dtypes", "The dtype and format tables (lua/lumen/dtype.lua): "
+   .. "lm.dtypes.dtypes lists every dtype; lookup(x) / lookup_format(x) turn a name or table "
+   .. "into a dtype / format (nil, message when unknown).",
+   { note = "a helper module shared by lumen's modules; its other members are internal." })
+E("lm.format", "lm.format", "The printer behind tostring(tensor) (lua/lumen/format.lua); "
+   .. "lm.format.options holds the print options (precision, edge items).",
+   { note = "a helper module; tostring(t) is the public way in." })
+E("lm.tensor_mt", "lm.tensor_mt", "The metatable every tensor shares (__index = lm.Tensor, "
+   .. "the arithmetic operators, __tostring).",
+   { note = "for modules that must recognise tensors; lm.is_tensor(x) is the public test." })
+
+S("creation", "Creation", [[
+Sizes are one array (`{2, 3}`) or leading integers (`lm.zeros(2, 3)`); a 0-d tensor has
+sizes `{}`. At most 8 dims.]])
+E("lm.empty", "lm.empty(sizes, opts) -> Tensor", "A new tensor with uninitialised values.",
+   { opts = OPTS, fmt = FMT_NEW, err = ERR_OPTS })
+E("lm.zeros", "lm.zeros(sizes, opts) -> Tensor", "A new tensor filled with 0.",
+   { opts = OPTS, fmt = FMT_NEW, err = ERR_OPTS })
+E("lm.ones", "lm.ones(sizes, opts) -> Tensor", "A new tensor filled with 1.",
+   { opts = OPTS, fmt = FMT_NEW, err = ERR_OPTS })
+E("lm.full", "lm.full(sizes, value, opts) -> Tensor", "A new tensor filled with value (a number; "
+   .. "a boolean gives a bool tensor).",
+   { opts = OPTS, fmt = FMT_NEW, err = "sizes not a table; value not a number or boolean; "
+   .. ERR_OPTS })
+E("lm.rand", "lm.rand(sizes, opts) -> Tensor", "Uniform random values in [0, 1) from the global "
+   .. "generator (lm.manual_seed).", { opts = OPTS, fmt = FMT_NEW,
+   err = "a non-floating dtype; " .. ERR_OPTS })
+E("lm.randn", "lm.randn(sizes, opts) -> Tensor", "Standard normal random values.",
+   { opts = OPTS, fmt = FMT_NEW, err = "a non-floating dtype; " .. ERR_OPTS })
+E("lm.randint", "lm.randint(low, high, sizes, opts) / lm.randint(high, sizes, opts) -> Tensor",
+   "Random integers in [low, high) (low defaults to 0); int64 unless opts.dtype.",
+   { opts = OPTS .. " (dtype default int64)", fmt = FMT_NEW,
+   err = "low/high not integers, high <= low (`random_ expects 'from' ... to be less than "
+   .. "'to'`), sizes not a table; " .. ERR_OPTS })
+E("lm.arange", "lm.arange(stop, opts) / lm.arange(start, stop, step, opts) -> Tensor",
+   "The 1-D range start, start + step, ... up to but excluding stop (start 0, step 1); int64 when "
+   .. "every argument is an integer, else float32 (as PyTorch).",
+   { opts = OPTS, err = "non-numbers, step 0, a step whose sign cannot reach stop, more than "
+   .. "2^50 elements, options not last" })
+E("lm.linspace", "lm.linspace(start, stop, steps, opts) -> Tensor", "steps evenly spaced values "
+   .. "from start to stop inclusive (float32 unless opts.dtype).",
+   { opts = OPTS, err = "non-numbers, steps not a non-negative integer" })
+E("lm.eye", "lm.eye(n, m, opts) -> Tensor", "An n x m (m defaults to n) matrix with ones on "
+   .. "the diagonal.", { opts = OPTS, err = "n or m negative or not integers" })
+E("lm.tensor", "lm.tensor(data, opts) -> Tensor", "A tensor from a number, a boolean, a nested "
+   .. "array of them, or a tensor (copied). Numbers give float32, booleans bool, unless "
+   .. "opts.dtype.", { opts = OPTS .. "; a tensor argument keeps its dtype, device and layout "
+   .. "unless opts say otherwise", fmt = "contiguous for tables; a copied tensor keeps its "
+   .. "layout (preserve)", err = "ragged nested tables, non-array tables, non-numbers, more "
+   .. "than 8 dims" })
+E("lm.empty_strided", "lm.empty_strided(sizes, strides, opts) -> Tensor", "An uninitialised "
+   .. "tensor with exactly these strides.", { opts = "{dtype, device, requires_grad}",
+   fmt = "the strides given (they may describe any layout)",
+   err = "sizes and strides of different lengths, negative values, opts.memory_format given" })
+E("lm.randperm", "lm.randperm(n, opts) -> Tensor", "A random permutation of 1..n (1-based), "
+   .. "int64 unless opts.dtype.", { err = "n negative or not an integer" })
+E("lm.empty_like", "lm.empty_like(t, opts) -> Tensor", "An uninitialised tensor with t's "
+   .. "sizes.", { opts = OPTS_LIKE, fmt = FMT_LIKE, err = "t not a tensor; " .. ERR_OPTS })
+E("lm.zeros_like", "lm.zeros_like(t, opts) -> Tensor", "Zeros with t's sizes.",
+   { opts = OPTS_LIKE, fmt = FMT_LIKE, err = "t not a tensor; " .. ERR_OPTS })
+E("lm.ones_like", "lm.ones_like(t, opts) -> Tensor", "Ones with t's sizes.",
+   { opts = OPTS_LIKE, fmt = FMT_LIKE, err = "t not a tensor; " .. ERR_OPTS })
+E("lm.full_like", "lm.full_like(t, value, opts) -> Tensor", "value everywhere, with t's sizes.",
+   { opts = OPTS_LIKE, fmt = FMT_LIKE, err = "t not a tensor, value not a number or boolean" })
+E("lm.rand_like", "lm.rand_like(t, opts) -> Tensor", "Uniform [0, 1) values with t's sizes.",
+   { opts = OPTS_LIKE, fmt = FMT_LIKE, err = "a non-floating dtype" })
+E("lm.randn_like", "lm.randn_like(t, opts) -> Tensor", "Standard normal values with t's sizes.",
+   { opts = OPTS_LIKE, fmt = FMT_LIKE, err = "a non-floating dtype" })
+E("lm.randint_like", "lm.randint_like(t, low, high, opts) / lm.randint_like(t, high, opts) -> "
+   .. "Tensor", "Random integers in [low, high) with t's sizes and dtype.",
+   { opts = OPTS_LIKE, fmt = FMT_LIKE, err = "high <= low, non-integers" })
+E("lm.manual_seed", "lm.manual_seed(n)", "Seed the global random generator (rand, randn, "
+   .. "randint, randperm, dropout, init).", { err = "n not an integer in [0, 2^64)" })
+E("lm.initial_seed", "lm.initial_seed() -> number", "The seed the global generator started "
+   .. "from (the last manual_seed).")
+E("lm.get_rng_state", "lm.get_rng_state() -> {seed, offset}", "The generator's whole state, "
+   .. "for checkpoints.")
+E("lm.set_rng_state", "lm.set_rng_state(state)", "Restore a state from lm.get_rng_state().",
+   { err = "not {seed, offset} of non-negative integers" })
+
+S("tensor", "The Tensor type and inspection", [[
+A tensor is a Lua table with a shared metatable (`lm.tensor_mt`); its methods live in
+`lm.Tensor`. `t:method(...)` is `lm.Tensor.method(t, ...)`. Operators: `+ - * / ^`, unary `-`
+(tensors and numbers on either side), `..` (string concatenation with tostring).]])
+E("lm.Tensor", "lm.Tensor", "The tensor method table: every `t:method` below.")
+E("lm.is_tensor", "lm.is_tensor(x) -> boolean", "true when x is a lumen tensor.")
+E("Tensor.requires_grad", "t.requires_grad", "A field: true when autograd records operations "
+   .. "on t (set with t:requires_grad_() or opts.requires_grad).")
+E("Tensor:size", "t:size() -> array / t:size(d) -> number", "The sizes (logical order), or "
+   .. "the size of dim d.", { err = ERR_DIM })
+E("Tensor:stride", "t:stride() -> array / t:stride(d) -> number", "The strides in elements "
+   .. "(logical order), or the stride of dim d.",
+   { fmt = "a channels-last N,C,H,W tensor has strides {H*W*C, 1, W*C, C}", err = ERR_DIM })
+E("Tensor:dim", "t:dim() -> number", "The number of dims (alias t:ndimension()).")
+E("Tensor:numel", "t:numel() -> number", "The number of elements (alias t:nelement()).")
+E("Tensor:dtype", "t:dtype() -> dtype", "The dtype (lm.float32, ...).")
+E("Tensor:device", "t:device() -> string", "\"cpu\" (or \"cuda:N\").")
+E("Tensor:storage_offset", "t:storage_offset() -> number", "The offset of element 1 in the "
+   .. "storage, in elements.")
+E("Tensor:is_floating_point", "t:is_floating_point() -> boolean", "true for float32/64/16, "
+   .. "bfloat16.")
+E("Tensor:is_contiguous", "t:is_contiguous(fmt) -> boolean", "Whether t is contiguous in fmt "
+   .. "(default lm.contiguous_format).", { fmt = "an ambiguous shape (N,C,1,1 or N,1,H,W) can "
+   .. "be contiguous in both formats", err = "an unknown format" })
+E("Tensor:is_non_overlapping_and_dense", "t:is_non_overlapping_and_dense() -> boolean",
+   "true when t's elements fill its storage span exactly once, in some dim order.")
+E("Tensor:suggest_memory_format", "t:suggest_memory_format(exact) -> format", "The format "
+   .. "whose stride order t has (PyTorch's suggest_memory_format); operators pick their output "
+   .. "layout from it.", { opts = "exact = false: with true, only a tensor contiguous in the "
+   .. "format counts" })
+E("Tensor:is_same_storage", "t:is_same_storage(u) -> boolean", "true when t and u share "
+   .. "storage (one is a view of the other).")
+E("Tensor:item", "t:item() -> number | boolean", "The value of a one-element tensor.",
+   { err = "more or fewer than one element: `a Tensor with N elements cannot be converted to "
+   .. "a scalar`" })
+E("Tensor:totable", "t:totable() -> table", "The values as nested Lua arrays (logical order; "
+   .. "a 0-d tensor gives a number).")
+E("Tensor:free", "t:free()", "Release t's memory now instead of at the next collection; t is "
+   .. "unusable afterwards (any use raises `... is a freed tensor`). Safe to call twice.",
+   { note = "docs/memory.md" })
+
+S("views", "Views", [[
+Views share the tensor's storage: writing through one changes the other.]])
+E("Tensor:view", "t:view(sizes) -> Tensor", "The same elements with new sizes (one size may be "
+   .. "-1); no copy.", { fmt = FMT_VIEW .. "; the strides must allow it", err = "sizes whose "
+   .. "product differs from numel; strides that cannot express the view (use reshape)" })
+E("Tensor:reshape", "t:reshape(sizes) -> Tensor", "As view when the strides allow it, else a "
+   .. "contiguous copy.", { fmt = "a copy is contiguous (a channels-last 4-D input reshaped to "
+   .. "other sizes is copied)", err = "sizes whose product differs from numel" })
+E("Tensor:view_as", "t:view_as(u) -> Tensor", "t:view(u:size()).", { fmt = FMT_VIEW })
+E("Tensor:reshape_as", "t:reshape_as(u) -> Tensor", "t:reshape(u:size()).")
+E("Tensor:permute", "t:permute(d1, d2, ...) -> Tensor", "Reorder the dims (a permutation of "
+   .. "1..dim(), or one array).", { fmt = FMT_VIEW, err = "the wrong number of dims, a "
+   .. "repeated dim, " .. ERR_DIM })
+E("Tensor:transpose", "t:transpose(d1, d2) -> Tensor", "Swap two dims.", { fmt = FMT_VIEW,
+   err = ERR_DIM })
+E("Tensor:t", "t:t() -> Tensor", "Transpose of a tensor with at most 2 dims.",
+   { err = "more than 2 dims" })
+E("Tensor:expand", "t:expand(sizes) -> Tensor", "Broadcast size-1 dims to larger sizes "
+   .. "(stride 0); -1 keeps a size.", { fmt = FMT_VIEW, err = "a non-1 dim that differs" })
+E("Tensor:expand_as", "t:expand_as(u) -> Tensor", "t:expand(u:size()).")
+E("Tensor:narrow", "t:narrow(d, start, length) -> Tensor", "Elements start .. start+length-1 "
+   .. "(1-based; negative start counts from the end) of dim d.",
+   { fmt = FMT_VIEW, err = "start 0 (it is 1-based), a range past the end, a 0-d tensor" })
+E("Tensor:select", "t:select(d, i) -> Tensor", "Index i (1-based) of dim d; that dim is "
+   .. "removed.", { fmt = FMT_VIEW, err = "an index out of range, a 0-d tensor" })
+E("Tensor:unsqueeze", "t:unsqueeze(d) -> Tensor", "Insert a size-1 dim at d.",
+   { fmt = FMT_VIEW, err = "already 8 dims" })
+E("Tensor:squeeze", "t:squeeze(d) -> Tensor", "Remove dim d if its size is 1 (no d: every "
+   .. "size-1 dim).", { fmt = FMT_VIEW })
+E("Tensor:flatten", "t:flatten(start_dim, end_dim) -> Tensor", "Merge dims start_dim..end_dim "
+   .. "(defaults 1, -1) into one; a view when the strides allow, else a copy (as reshape).",
+   { fmt = "a channels-last input flattened over C, H, W is copied into a contiguous result",
+   err = "start_dim after end_dim" })
+E("Tensor:as_strided", "t:as_strided(sizes, strides, offset) -> Tensor", "A view with exactly "
+   .. "these sizes, strides and storage offset (default t's), in elements.",
+   { err = "sizes and strides of different lengths, a negative offset, a view past the "
+   .. "storage" })
+E("Tensor:alias", "t:alias() -> Tensor", "A new tensor object on the same data, sizes and "
+   .. "strides.")
+
+S("layout", "Layout and type changes", [[
+A memory format is applied with `to` or `contiguous`; `clone` and the *_like functions preserve
+the layout by default (docs/memory_formats.md).]])
+E("Tensor:contiguous", "t:contiguous(fmt) -> Tensor", "t itself when already contiguous in fmt "
+   .. "(default lm.contiguous_format), else a copy that is.",
+   { err = "fmt = preserve_format (`preserve memory format is unsupported`), an unknown format",
+   fmt = "channels_last needs 4-D, channels_last_3d 5-D" })
+E("Tensor:clone", "t:clone(opts) -> Tensor", "A copy (opts: a table {memory_format =} or a "
+   .. "format).", { opts = "memory_format = lm.preserve_format", fmt = FMT_LIKE })
+E("Tensor:to", "t:to(x, ...) -> Tensor", "Convert: x is a dtype, a memory format, a device "
+   .. "string or a table {dtype =, device =, memory_format =, copy = false}; several may be "
+   .. "given. Returns t itself when nothing changes (unless copy = true).",
+   { fmt = "t:to(fmt) always returns a tensor for which is_contiguous(fmt) holds and, like "
+   .. "PyTorch's .to(memory_format=), tags ambiguous shapes (N,C,1,1 / N,1,H,W) with "
+   .. "channels-last strides; a dtype or device change preserves the layout",
+   err = "no argument, an unknown dtype/format/device, a format of the wrong rank" })
+E("Tensor:type_as", "t:type_as(u) -> Tensor", "t:to(u:dtype()).")
+E("Tensor:float", "t:float() -> Tensor", "t:to(lm.float32); also t:double() (float64), "
+   .. "t:half() (float16), t:bfloat16(), t:long() (int64), t:int() (int32), t:byte() (uint8), "
+   .. "t:bool().", { fmt = "preserved" })
+E("Tensor:double", "t:double() -> Tensor", "t:to(lm.float64).")
+E("Tensor:half", "t:half() -> Tensor", "t:to(lm.float16).")
+E("Tensor:bfloat16", "t:bfloat16() -> Tensor", "t:to(lm.bfloat16).")
+E("Tensor:long", "t:long() -> Tensor", "t:to(lm.int64).")
+E("Tensor:int", "t:int() -> Tensor", "t:to(lm.int32).")
+E("Tensor:byte", "t:byte() -> Tensor", "t:to(lm.uint8).")
+E("Tensor:bool", "t:bool() -> Tensor", "t:to(lm.bool).")
+E("Tensor:cpu", "t:cpu() -> Tensor", "t:to(\"cpu\").")
+E("Tensor:cuda", "t:cuda(n) -> Tensor", "t:to(\"cuda:n\") (\"cuda\" without n).",
+   { err = "this build has no CUDA device: the conversion raises" })
+
+S("math", "Math", [[
+Binary ops take tensors or numbers on either side and broadcast; the result's dtype follows
+PyTorch's type promotion. Every elementwise op picks its output layout by the memory-format rules
+(docs/memory_formats.md). In-place forms end in `_` and return t. `lm.<op>(a, b)` is
+`a:<op>(b)` (a number may come first: `lm.sub(1, t)`).]])
+local function binary(name, what, extra)
+   E("Tensor:" .. name, "t:" .. name .. "(other" .. (extra or "") .. ") -> Tensor", what,
+      { fmt = FMT_EW, err = ERR_EW })
+end
+binary("add", "t + alpha * other (alpha defaults to 1).", ", alpha")
+binary("sub", "t - alpha * other (alpha defaults to 1).", ", alpha")
+binary("mul", "t * other.")
+binary("div", "t / other (true division: integer inputs give float32).")
+binary("pow", "t ^ other.")
+binary("maximum", "The elementwise maximum (NaN propagates).")
+binary("minimum", "The elementwise minimum (NaN propagates).")
+binary("fmod", "The C fmod remainder (sign of t).")
+binary("atan2", "atan2(t, other), elementwise.")
+binary("eq", "t == other as a bool tensor.")
+binary("ne", "t ~= other as a bool tensor.")
+binary("lt", "t < other as a bool tensor (Lua's < cannot compare tensors: it raises).")
+binary("le", "t <= other as a bool tensor.")
+binary("gt", "t > other as a bool tensor.")
+binary("ge", "t >= other as a bool tensor.")
+binary("logical_and", "Logical and (non-zero is true), bool result.")
+binary("logical_or", "Logical or, bool result.")
+local function inplace(name, of)
+   E("Tensor:" .. name, "t:" .. name .. "(...) -> t", "In-place t:" .. of .. "(...): the result "
+      .. "is written into t.", { fmt = "t keeps its layout", err = ERR_EW .. "; a result that "
+      .. "does not fit t's sizes or dtype" })
+end
+for _, n in ipairs({ "add", "sub", "mul", "div", "pow" }) do inplace(n .. "_", n) end
+local UNARY = {
+   neg = "-t.", abs = "|t|.", exp = "e^t.", log = "Natural logarithm.", sqrt = "Square root.",
+   rsqrt = "1 / sqrt(t).", relu = "max(t, 0).", sigmoid = "1 / (1 + e^-t).",
+   tanh = "Hyperbolic tangent.", square = "t * t.", reciprocal = "1 / t.",
+   sign = "-1, 0 or 1.", logical_not = "Logical not, bool result.", floor = "Round down.",
+   ceil = "Round up.", round = "Round half to even (as PyTorch).", sin = "Sine.",
+   cos = "Cosine.", log1p = "log(1 + t), accurate near 0.", expm1 = "e^t - 1, accurate near 0.",
+}
+for _, n in ipairs({ "neg", "abs", "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh",
+                     "square", "reciprocal", "sign", "logical_not", "floor", "ceil", "round",
+                     "sin", "cos", "log1p", "expm1" }) do
+   E("Tensor:" .. n, "t:" .. n .. "() -> Tensor", UNARY[n], { fmt = FMT_EW,
+      err = "t not a tensor; a dtype the op does not take" })
+   inplace(n .. "_", n)
+end
+E("Tensor:clamp", "t:clamp(min, max) -> Tensor", "Limit values to [min, max] (either may be "
+   .. "nil; alias t:clip).", { fmt = FMT_EW, err = "min/max neither numbers nor nil" })
+inplace("clamp_", "clamp")
+E("Tensor:addcmul", "t:addcmul(a, b, value) -> Tensor", "t + value * a * b (value defaults to "
+   .. "1).", { fmt = FMT_EW, err = ERR_EW })
+inplace("addcmul_", "addcmul")
+E("Tensor:addcdiv", "t:addcdiv(a, b, value) -> Tensor", "t + value * a / b (value defaults to "
+   .. "1).", { fmt = FMT_EW, err = ERR_EW })
+inplace("addcdiv_", "addcdiv")
+E("lm.where", "lm.where(cond, a, b) -> Tensor", "a where cond is true, else b (a and b tensors "
+   .. "or numbers; everything broadcasts).", { fmt = FMT_EW, err = ERR_EW })
+E("Tensor:where", "t:where(cond, other) -> Tensor", "lm.where(cond, t, other).")
+E("Tensor:fill_", "t:fill_(value) -> t", "Set every element to value.",
+   { err = "value not a number (or boolean)" })
+E("Tensor:zero_", "t:zero_() -> t", "Set every element to 0.")
+E("Tensor:copy_", "t:copy_(src) -> t", "Copy src's values into t (src broadcasts to t's sizes; "
+   .. "dtype converted).", { fmt = "t keeps its layout, whatever src's",
+   err = "sizes that do not broadcast" })
+E("Tensor:relu_backward", "grad:relu_backward(y) -> Tensor", "The gradient of relu given its "
+   .. "output y: grad where y > 0, else 0 (used by autograd).", { fmt = FMT_EW })
+E("Tensor:sigmoid_backward", "grad:sigmoid_backward(y) -> Tensor", "grad * y * (1 - y), the "
+   .. "gradient of sigmoid given its output y.", { fmt = FMT_EW })
+E("Tensor:tanh_backward", "grad:tanh_backward(y) -> Tensor", "grad * (1 - y^2), the gradient "
+   .. "of tanh given its output y.", { fmt = FMT_EW })
+
+S("reductions", "Reductions, comparison and linear algebra", [[
+Indices are 1-based int64 (Torch7 style): `t:max(2)` on `{{1, 5, 2}}` gives `{5}, {2}`.]])
+local RED_DIMS = "dims: nil (all elements), a dim, or an array of dims; keepdim = false"
+E("Tensor:sum", "t:sum(dims, keepdim, dtype) -> Tensor", "Sum over dims.",
+   { opts = RED_DIMS .. "; dtype: the result's dtype", fmt = FMT_RED,
+   err = "a repeated dim, " .. ERR_DIM })
+E("Tensor:mean", "t:mean(dims, keepdim, dtype) -> Tensor", "Mean over dims (floating dtypes).",
+   { opts = RED_DIMS, fmt = FMT_RED, err = "an integer input without dtype, " .. ERR_DIM })
+E("Tensor:prod", "t:prod(dims, keepdim, dtype) -> Tensor", "Product over dims.",
+   { opts = RED_DIMS, fmt = FMT_RED, err = ERR_DIM })
+E("Tensor:amax", "t:amax(dims, keepdim) -> Tensor", "Maximum over dims (values only).",
+   { opts = RED_DIMS, fmt = FMT_RED, err = ERR_DIM })
+E("Tensor:amin", "t:amin(dims, keepdim) -> Tensor", "Minimum over dims (values only).",
+   { opts = RED_DIMS, fmt = FMT_RED, err = ERR_DIM })
+E("Tensor:max", "t:max() -> Tensor / t:max(dim, keepdim) -> values, indices / t:max(other)",
+   "No dim: the largest element (0-d); a dim: values and 1-based int64 indices; a tensor: the "
+   .. "elementwise maximum.", { fmt = FMT_RED, err = "several dims (use amax), " .. ERR_DIM })
+E("Tensor:min", "t:min() / t:min(dim, keepdim) -> values, indices / t:min(other)", "As max, for "
+   .. "the smallest.", { fmt = FMT_RED, err = "several dims (use amin), " .. ERR_DIM })
+E("Tensor:argmax", "t:argmax(dim, keepdim) -> Tensor", "1-based int64 index of the maximum "
+   .. "along dim; no dim: the 1-based position in the flattened (row-major) tensor.",
+   { err = "a table of dims, " .. ERR_DIM })
+E("Tensor:argmin", "t:argmin(dim, keepdim) -> Tensor", "As argmax, for the minimum.")
+E("Tensor:all", "t:all(dim, keepdim) -> Tensor", "true where every element is non-zero (no dim: "
+   .. "a 0-d bool).")
+E("Tensor:any", "t:any(dim, keepdim) -> Tensor", "true where some element is non-zero.")
+E("Tensor:equal", "t:equal(u) -> boolean", "true when t and u have the same sizes and equal "
+   .. "elements.")
+E("Tensor:allclose", "t:allclose(u, rtol, atol) -> boolean", "|t - u| <= atol + rtol * |u| "
+   .. "everywhere (broadcasting; rtol 1e-5, atol 1e-8).")
+E("Tensor:isnan", "t:isnan() -> Tensor", "true where t is NaN (bool).", { fmt = FMT_EW })
+E("Tensor:matmul", "t:matmul(u) -> Tensor", "Matrix product with PyTorch's matmul rules (1-D "
+   .. "vectors, batched broadcasting); alias t:mm.", { err = "inner sizes that differ, 0-d "
+   .. "inputs, different dtypes" })
+E("lm.cat", "lm.cat(list, dim) -> Tensor", "Join tensors along dim (default 1).",
+   { fmt = "the result takes the layout of the inputs (channels-last inputs give a "
+   .. "channels-last result)", err = "not a non-empty array of tensors, sizes that differ "
+   .. "outside dim" })
+E("lm.stack", "lm.stack(list, dim) -> Tensor", "Join tensors of equal sizes along a new dim "
+   .. "(default 1).", { err = "not a non-empty array, different sizes or ranks" })
+
+S("functional_forms", "Functional forms", [[
+`lm.<name>(t, ...)` calls `t:<name>(...)` looked up at call time (so autograd's wrappers apply).
+For the binary ops a number may come first.]])
+for _, n in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt",
+   "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "fmod", "atan2", "neg", "abs",
+   "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh", "square", "reciprocal", "sign",
+   "floor", "ceil", "round", "sin", "cos", "log1p", "expm1", "clamp", "addcmul", "addcdiv",
+   "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "matmul", "mm",
+   "view", "reshape", "permute", "transpose", "expand", "narrow", "select", "unsqueeze",
+   "squeeze", "flatten", "clone", "contiguous", "numel", "equal", "allclose", "isnan", "all",
+   "any" }) do
+   local m = n == "mm" and "matmul" or n
+   E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. m
+      .. ").")
+end
+
+S("threads", "Threads", "")
+E("lm.set_num_threads", "lm.set_num_threads(n)", "The number of threads the kernels use.",
+   { err = "n not a positive integer <= 4096" })
+E("lm.get_num_threads", "lm.get_num_threads() -> number", "The number of kernel threads.")
+
+S("autograd", "Autograd", [[
+Reverse-mode differentiation on a graph recorded as operations run (lua/lumen/autograd.lua).
+A gradient has the memory format of the tensor it belongs to (a leaf's .grad has the leaf's
+strides when the leaf is non-overlapping and dense). A tensor saved for backward must not be
+changed in place before backward runs.]])
+E("Tensor:requires_grad_", "t:requires_grad_(flag) -> t", "Start (flag true or nil) or stop "
+   .. "recording operations on the leaf t.", { err = "a non-leaf tensor with flag false, a "
+   .. "non-floating dtype" })
+E("Tensor:backward", "t:backward(grad, opts)", "Accumulate d(t)/d(leaf) into every leaf's "
+   .. ".grad (grad defaults to 1 for a one-element t).", { opts = "{retain_graph = false}: "
+   .. "without it the graph's saved tensors are freed", fmt = "each .grad has its leaf's "
+   .. "layout", err = "t does not require grad; no grad for a t with more than one element; a "
+   .. "second backward through a freed graph" })
+E("Tensor.grad", "t.grad", "A field: the accumulated gradient of a leaf (nil before "
+   .. "backward); zero it with opt:zero_grad() or m:zero_grad().")
+E("Tensor:detach", "t:detach() -> Tensor", "A new tensor on the same data, outside the graph.")
+E("Tensor:detach_", "t:detach_() -> t", "Drop t's graph history in place.")
+E("Tensor:is_leaf", "t:is_leaf() -> boolean", "true for tensors not produced by a recorded "
+   .. "operation.")
+E("Tensor:register_hook", "t:register_hook(fn) -> handle", "fn(grad) runs when t's gradient "
+   .. "is computed; a tensor it returns replaces the gradient. handle:remove() unregisters.")
+E("Tensor:retain_grad", "t:retain_grad()", "Keep the gradient of a non-leaf t in t.grad after "
+   .. "backward.")
+E("lm.no_grad", "lm.no_grad(fn, ...) -> ...", "Run fn(...) with recording off; returns its "
+   .. "results.", { err = "fn not a function; errors of fn propagate (recording is restored)" })
+E("lm.enable_grad", "lm.enable_grad(fn, ...) -> ...", "Run fn(...) with recording on (inside "
+   .. "no_grad); returns its results.")
+E("lm.is_grad_enabled", "lm.is_grad_enabled() -> boolean", "Whether operations are recorded.")
+E("lm.set_grad_enabled", "lm.set_grad_enabled(flag)", "Turn recording on or off globally.")
+E("lm.autograd", "lm.autograd", "The autograd module: lm.no_grad etc., and the helpers "
+   .. "operators use to record their backward (docs/writing_operators.md).")
+E("lm.autograd.no_grad", "lm.autograd.no_grad(fn, ...)", "Same as lm.no_grad.")
+E("lm.autograd.enable_grad", "lm.autograd.enable_grad(fn, ...)", "Same as lm.enable_grad.")
+E("lm.autograd.is_grad_enabled", "lm.autograd.is_grad_enabled()", "Same as "
+   .. "lm.is_grad_enabled.")
+E("lm.autograd.set_grad_enabled", "lm.autograd.set_grad_enabled(flag)", "Same as "
+   .. "lm.set_grad_enabled.")
+E("lm.autograd.record", "lm.autograd.record(out, name, backward, x1, x2, ...) -> boolean",
+   "Make out the result of a recorded op when grad mode is on and an input needs grad: "
+   .. "backward(grad_out) returns one gradient per input. Returns true when recorded.",
+   { note = "docs/writing_operators.md walks through a complete operator." })
+E("lm.autograd.recording", "lm.autograd.recording(a, b, c, d) -> boolean", "true when grad mode "
+   .. "is on and one of the arguments requires grad.")
+E("lm.autograd.needs", "lm.autograd.needs(x) -> boolean", "Whether x takes part in the graph "
+   .. "(a tensor that requires grad).")
+E("lm.autograd.edge", "lm.autograd.edge(x)", "The graph edge for input x: its grad_fn node, "
+   .. "the leaf itself, or false.")
+E("lm.autograd.attach", "lm.autograd.attach(out, name, backward, inputs)", "Make out the "
+   .. "result of a recorded op unconditionally (record checks first).")
+E("lm.autograd.fresh", "lm.autograd.fresh(t) -> t", "Mark a gradient a backward function "
+   .. "allocated and hands to nobody else: a leaf may take it as its .grad without a copy.")
+E("lm.autograd.meta", "lm.autograd.meta(x, out)", "x's shape and dtype when they differ from "
+   .. "out's (what sum_to needs), else false.")
+E("lm.autograd.sum_to", "lm.autograd.sum_to(g, m) -> Tensor", "Reduce a broadcast gradient "
+   .. "back to an input's shape and dtype (m from meta; false: g as is).")
+E("lm.autograd.sizes_of", "lm.autograd.sizes_of(c) -> array", "The sizes of a C tensor "
+   .. "(lm_tensor*).")
+E("lm.autograd.same_sizes", "lm.autograd.same_sizes(ac, bc) -> boolean", "Whether two C "
+   .. "tensors have equal sizes.")
+E("lm.autograd.zeros_for", "lm.autograd.zeros_for(g, sizes, fmt) -> Tensor", "Zeros with these "
+   .. "sizes, g's dtype and memory format id fmt (0, contiguous, when nil).")
+E("lm.autograd.where", "lm.autograd.where(cond, a, b)", "The differentiable lm.where.")
+E("lm.autograd.cat", "lm.autograd.cat(list, dim)", "The differentiable lm.cat.")
+E("lm.autograd.clock", "lm.autograd.clock() -> seconds", "Monotonic wall time (the profiler's "
+   .. "default clock).")
+E("lm.autograd.set_profiler", "lm.autograd.set_profiler(fn, clockfn) -> previous fn", "Time the "
+   .. "backward nodes: fn(name, seconds) is called for each (nil turns it off); clockfn "
+   .. "defaults to lm.autograd.clock.", { note = "LUMEN_PROFILE=1 installs a collecting profiler "
+   .. "that prints its table to stderr at exit." })
+E("lm.autograd.profile_stats", "lm.autograd.profile_stats() -> table", "The collecting "
+   .. "profiler's totals: name -> {calls, seconds}.")
+E("lm.autograd.profile_reset", "lm.autograd.profile_reset()", "Clear the collecting profiler's "
+   .. "totals.")
+E("lm.autograd.profile_collect", "lm.autograd.profile_collect(name, seconds)", "The collecting "
+   .. "profiler itself (pass it to set_profiler).")
+E("lm.autograd.profile_report", "lm.autograd.profile_report() -> string", "The collecting "
+   .. "profiler's totals as a table, slowest first.")
+
+S("functional", "lm.nn.functional (lm.F)", [[
+`lm.F`, `lm.nn.functional` and `lm.functional` are the same table. Operators take 4-D (N,C,H,W)
+input, or 3-D (C,H,W) unbatched where PyTorch does; a size option is a number or `{h, w}`.
+Every operator here runs natively on channels-last input and returns channels-last output (and
+gradients) for it; `lm.layout.coverage()` lists the formats each one keeps.]])
+local FMT_NN = "a channels-last input gives a channels-last output and input gradient; a "
+   .. "contiguous input a contiguous one"
+local ERR_NN = "input not 3-D/4-D, a non-floating input, bad option values (non-positive "
+   .. "kernel/stride, padding more than half the kernel, unknown option types): "
+   .. "`lumen.<name>: <problem>`"
+E("lm.F", "lm.F", "The functional operators (lua/lumen/functional.lua); also "
+   .. "lm.nn.functional and lm.functional.")
+E("lm.F.conv2d", "lm.F.conv2d(x, w, b, opts) -> Tensor", "2-D convolution (cross-correlation) "
+   .. "of x (N,C,H,W) with w (out, C/groups, kH, kW) plus bias b (out) or nil.",
+   { opts = "{stride = 1, padding = 0 (a number, {h, w}, \"valid\" or \"same\"), dilation = 1, "
+   .. "groups = 1, residual = nil, relu = false}: residual (a tensor of the output's shape) and "
+   .. "relu fuse relu(conv + b + residual) into the kernel's epilogue",
+   fmt = FMT_NN .. "; the weight's gradient has the weight's layout",
+   err = "x not 3-D/4-D, w not 4-D, dtypes that differ, channels not divisible by groups, "
+   .. "padding='same' with a stride, an output with a non-positive size" })
+E("lm.F.max_pool2d", "lm.F.max_pool2d(x, opts) -> Tensor [, indices]", "2-D max pooling.",
+   { opts = "{kernel_size (required), stride = kernel_size, padding = 0, dilation = 1, "
+   .. "ceil_mode = false, return_indices = false}; opts may also be just the kernel size; "
+   .. "indices are 1-based int64 flat positions within each input plane",
+   fmt = FMT_NN, err = ERR_NN })
+E("lm.F.avg_pool2d", "lm.F.avg_pool2d(x, opts) -> Tensor", "2-D average pooling.",
+   { opts = "{kernel_size (required), stride = kernel_size, padding = 0, ceil_mode = false, "
+   .. "count_include_pad = true, divisor_override = nil}", fmt = FMT_NN, err = ERR_NN })
+E("lm.F.adaptive_avg_pool2d", "lm.F.adaptive_avg_pool2d(x, size) -> Tensor", "Average pooling "
+   .. "to a fixed output size (a number or {h, w}; nil/false in the pair keeps that input "
+   .. "size).", { fmt = FMT_NN, err = "size missing or not non-negative integers; " .. ERR_NN })
+E("lm.F.adaptive_max_pool2d", "lm.F.adaptive_max_pool2d(x, size) -> values, indices", "Max "
+   .. "pooling to a fixed output size; indices are 1-based int64 positions h*W + w + 1 within "
+   .. "the input plane.", { fmt = FMT_NN, err = ERR_NN })
+E("lm.F.batch_norm", "lm.F.batch_norm(x, running_mean, running_var, weight, bias, opts) -> "
+   .. "Tensor", "Batch normalisation over N, H, W per channel; any of the four tensors may be "
+   .. "nil. In training the batch statistics are used and the running ones updated in place.",
+   { opts = "{training = false, momentum = 0.1, eps = 1e-5, residual = nil, relu = false}: "
+   .. "residual and relu fuse relu(bn(x) + residual) into the same pass",
+   fmt = FMT_NN, err = "x with fewer than 2 dims, per-channel tensors of the wrong size, training "
+   .. "with one value per channel, eval without running statistics" })
+E("lm.F.relu", "lm.F.relu(x, inplace) -> Tensor", "max(x, 0); in place when inplace is true.",
+   { fmt = FMT_EW })
+E("lm.F.relu_", "lm.F.relu_(x) -> x", "In-place relu.")
+E("lm.F.sigmoid", "lm.F.sigmoid(x) -> Tensor", "x:sigmoid().")
+E("lm.F.tanh", "lm.F.tanh(x) -> Tensor", "x:tanh().")
+E("lm.F.linear", "lm.F.linear(x, w, b) -> Tensor", "x @ w^T + b: x (..., in), w (out, in), b "
+   .. "(out) or nil.", { err = "in sizes that differ, w not 2-D, dtypes that differ" })
+E("lm.F.dropout", "lm.F.dropout(x, p, training) -> Tensor", "Zero elements with probability p "
+   .. "(default 0.5) and scale the rest by 1/(1-p); the identity when training is false "
+   .. "(default true).", { fmt = FMT_EW, err = "p outside [0, 1]" })
+E("lm.F.flatten", "lm.F.flatten(x, start_dim, end_dim) -> Tensor", "x:flatten(start_dim, "
+   .. "end_dim) (defaults 1, -1).", { fmt = "a reshape: a channels-last input is copied into a "
+   .. "contiguous result (as PyTorch)" })
+E("lm.F.cat", "lm.F.cat(list, dim) -> Tensor", "lm.cat.")
+E("lm.F.softmax", "lm.F.softmax(x, dim) -> Tensor", "exp(x) / sum(exp(x)) along dim.",
+   { fmt = FMT_EW, err = "dim missing or out of range, a non-floating input" })
+E("lm.F.log_softmax", "lm.F.log_softmax(x, dim) -> Tensor", "log(softmax(x, dim)), computed "
+   .. "stably.", { fmt = FMT_EW, err = "dim missing or out of range" })
+E("lm.F.nll_loss", "lm.F.nll_loss(log_probs, target, opts) -> Tensor", "Negative log "
+   .. "likelihood: target holds 1-based int64 class indices (like argmax's).",
+   { opts = "{weight = nil (per-class weights), ignore_index = -100, reduction = \"mean\" | "
+   .. "\"sum\" | \"none\"}", err = "target not int64, a class index out of range, sizes that "
+   .. "do not match" })
+E("lm.F.cross_entropy", "lm.F.cross_entropy(logits, target, opts) -> Tensor", "nll_loss("
+   .. "log_softmax(logits, class dim), target, opts): the classification loss (mean by "
+   .. "default).", { opts = "as nll_loss" })
+E("lm.F.mse_loss", "lm.F.mse_loss(a, b, opts) -> Tensor", "Mean squared error.",
+   { opts = "{reduction = \"mean\" | \"sum\" | \"none\"}", err = "sizes that do not broadcast" })
+
+S("nn", "lm.nn: modules", [[
+`m(x)` is `m:forward(x)`. Parameters and buffers carry PyTorch's key names, so state dicts match
+torchvision's. `m:to(lm.channels_last)` converts the 4-D parameters (conv weights) and buffers;
+then a channels-last input keeps channels-last through every layer here.]])
+E("lm.nn", "lm.nn", "The module classes, lm.nn.functional, lm.nn.init, lm.nn.utils and "
+   .. "fold_batch_norm.")
+E("lm.nn.Module", "lm.nn.Module", "The base class: subclass with lm.nn.Module:extend(name), "
+   .. "define __init(self, ...) and forward(self, ...). Assigning a module to a field registers "
+   .. "it as a child.")
+E("lm.nn.Parameter", "lm.nn.Parameter(t, requires_grad) -> t", "Mark t so that assigning it "
+   .. "to a module field registers it as a parameter (requires_grad defaults to true).")
+E("lm.nn.is_module", "lm.nn.is_module(x) -> boolean", "true for module instances.")
+E("lm.nn.Conv2d", "lm.nn.Conv2d(in_channels, out_channels, kernel_size, opts)", "2-D "
+   .. "convolution layer (weight (out, in/groups, kH, kW), bias (out)); forward(x, fuse) "
+   .. "takes an optional {residual =, relu =} (see lm.F.conv2d).",
+   { opts = "{stride = 1, padding = 0, dilation = 1, groups = 1, bias = true, dtype = "
+   .. "float32}", fmt = "weight contiguous until m:to(lm.channels_last); output as lm.F.conv2d",
+   err = "non-positive sizes, channels not divisible by groups" })
+E("lm.nn.BatchNorm2d", "lm.nn.BatchNorm2d(num_features, opts)", "Batch norm over 4-D input "
+   .. "(weight, bias, buffers running_mean, running_var, num_batches_tracked).",
+   { opts = "{eps = 1e-5, momentum = 0.1 (false: cumulative average), affine = true, "
+   .. "track_running_stats = true}", fmt = FMT_NN })
+E("lm.nn.ReLU", "lm.nn.ReLU(inplace)", "relu as a module (inplace: boolean or {inplace =}).")
+E("lm.nn.Sigmoid", "lm.nn.Sigmoid()", "sigmoid as a module.")
+E("lm.nn.Tanh", "lm.nn.Tanh()", "tanh as a module.")
+E("lm.nn.Softmax", "lm.nn.Softmax(dim)", "softmax along dim as a module.")
+E("lm.nn.LogSoftmax", "lm.nn.LogSoftmax(dim)", "log_softmax along dim as a module.")
+E("lm.nn.MaxPool2d", "lm.nn.MaxPool2d(opts) / lm.nn.MaxPool2d(kernel_size, stride, padding, "
+   .. "dilation, ceil_mode)", "lm.F.max_pool2d as a module.", { opts = "as lm.F.max_pool2d" })
+E("lm.nn.AvgPool2d", "lm.nn.AvgPool2d(opts) / lm.nn.AvgPool2d(kernel_size, stride, padding, "
+   .. "...)", "lm.F.avg_pool2d as a module.", { opts = "as lm.F.avg_pool2d" })
+E("lm.nn.AdaptiveAvgPool2d", "lm.nn.AdaptiveAvgPool2d(size)", "lm.F.adaptive_avg_pool2d as a "
+   .. "module.")
+E("lm.nn.AdaptiveMaxPool2d", "lm.nn.AdaptiveMaxPool2d(size, return_indices)", "lm.F."
+   .. "adaptive_max_pool2d as a module (values only unless return_indices).")
+E("lm.nn.Linear", "lm.nn.Linear(in_features, out_features, opts)", "x @ weight^T + bias.",
+   { opts = "{bias = true, dtype = float32}" })
+E("lm.nn.Dropout", "lm.nn.Dropout(p)", "lm.F.dropout(x, p, self.training) (p defaults to "
+   .. "0.5).", { err = "p outside [0, 1]" })
+E("lm.nn.Flatten", "lm.nn.Flatten(start_dim, end_dim)", "lm.F.flatten as a module (defaults 2, "
+   .. "-1: 1-based, so dim 2 is PyTorch's start_dim=1).")
+E("lm.nn.Identity", "lm.nn.Identity()", "Returns its input.")
+E("lm.nn.CrossEntropyLoss", "lm.nn.CrossEntropyLoss(opts)", "m(logits, target) = "
+   .. "lm.F.cross_entropy(logits, target, opts).")
+E("lm.nn.NLLLoss", "lm.nn.NLLLoss(opts)", "m(log_probs, target) = lm.F.nll_loss(...).")
+E("lm.nn.MSELoss", "lm.nn.MSELoss(opts)", "m(a, b) = lm.F.mse_loss(a, b, opts).")
+E("lm.nn.Sequential", "lm.nn.Sequential(m1, m2, ...) / lm.nn.Sequential({m1, ...})", "Runs its "
+   .. "children in order; children are named \"0\", \"1\", ... (PyTorch's keys); seq[i] "
+   .. "(1-based) is the i-th; seq:add(m), seq:size(), seq:get(i).")
+E("lm.nn.fold_batch_norm", "lm.nn.fold_batch_norm(model) -> model, n", "Fold every "
+   .. "Conv2d -> BatchNorm2d pair into the convolution, in place, for inference (n: pairs "
+   .. "folded); see docs/inference.md.", { err = "the model is in training mode (call "
+   .. "model:eval() first); nothing is changed then",
+   fmt = "the folded weights keep the convolution's layout" })
+E("lm.nn.utils", "lm.nn.utils", "fuse_conv_bn_eval, fuse_conv_bn_weights (PyTorch's "
+   .. "torch.nn.utils names) and the folding helpers.")
+E("lm.nn.utils.fuse_conv_bn_eval", "lm.nn.utils.fuse_conv_bn_eval(conv, bn) -> Conv2d", "A new "
+   .. "Conv2d computing bn(conv(x)); conv and bn are not changed.", { err = "either module in "
+   .. "training mode, bn without running statistics" })
+E("lm.nn.utils.fuse_conv_bn_weights", "lm.nn.utils.fuse_conv_bn_weights(conv_w, conv_b, "
+   .. "bn_rm, bn_rv, bn_eps, bn_w, bn_b) -> w, b", "The folded weight and bias (conv_b, bn_w, "
+   .. "bn_b may be nil).", { fmt = "w has conv_w's strides (channels-last stays "
+   .. "channels-last)" })
+E("lm.nn.utils.can_fold_all", "lm.nn.utils.can_fold_all(pairs) -> boolean", "Whether every "
+   .. "{conv, bn} pair of the array can be folded (a block folds all its pairs or none).")
+E("lm.nn.utils.fold_pair_", "lm.nn.utils.fold_pair_(conv, bn) -> ok, why", "Fold bn into conv "
+   .. "in place: true when folded, false and the reason when it cannot be (for model classes "
+   .. "that define their own fold_batch_norm).")
+E("lm.nn.utils.fold_named_", "lm.nn.utils.fold_named_(module, conv_name, bn_name) -> boolean",
+   "Fold module[bn_name] into module[conv_name] and put an Identity (in evaluation mode) in "
+   .. "the batch norm's place; false when it cannot be folded.")
+E("lm.nn.init", "lm.nn.init", "Weight initialisers (PyTorch's torch.nn.init), in place, from "
+   .. "the global generator.")
+E("lm.nn.init.calculate_gain", "lm.nn.init.calculate_gain(nonlinearity, param) -> number",
+   "The recommended gain for a nonlinearity (\"relu\", \"leaky_relu\", \"tanh\", ...).")
+E("lm.nn.init.calculate_fan_in_and_fan_out", "lm.nn.init.calculate_fan_in_and_fan_out(t) -> "
+   .. "fan_in, fan_out", "Fans of a weight tensor.", { err = "fewer than 2 dims" })
+E("lm.nn.init.uniform_", "lm.nn.init.uniform_(t, a, b) -> t", "U(a, b) (defaults 0, 1).")
+E("lm.nn.init.normal_", "lm.nn.init.normal_(t, mean, std) -> t", "N(mean, std) (defaults 0, 1).")
+E("lm.nn.init.constant_", "lm.nn.init.constant_(t, v) -> t", "Fill with v.")
+E("lm.nn.init.ones_", "lm.nn.init.ones_(t) -> t", "Fill with 1.")
+E("lm.nn.init.zeros_", "lm.nn.init.zeros_(t) -> t", "Fill with 0.")
+E("lm.nn.init.xavier_uniform_", "lm.nn.init.xavier_uniform_(t, gain) -> t", "Glorot uniform.")
+E("lm.nn.init.xavier_normal_", "lm.nn.init.xavier_normal_(t, gain) -> t", "Glorot normal.")
+E("lm.nn.init.kaiming_uniform_", "lm.nn.init.kaiming_uniform_(t, a, mode, nonlinearity) -> t",
+   "He uniform (PyTorch's defaults: a = 0, mode = \"fan_in\", nonlinearity = \"leaky_relu\").")
+E("lm.nn.init.kaiming_normal_", "lm.nn.init.kaiming_normal_(t, a, mode, nonlinearity) -> t",
+   "He normal.")
+
+S("module_methods", "Module methods", "")
+local MM = {
+   { "extend", "Module:extend(name) -> class", "A new module class inheriting from this one." },
+   { "forward", "m:forward(...)", "The computation; m(...) calls it." },
+   { "type_name", "m:type_name() -> string", "The class name (\"Conv2d\")." },
+   { "register_parameter", "m:register_parameter(name, t)", "t (or nil) becomes a parameter: "
+     .. "a leaf that requires grad, saved in state_dict." },
+   { "register_buffer", "m:register_buffer(name, t, persistent)", "t becomes a buffer (saved in "
+     .. "state_dict unless persistent is false)." },
+   { "add_module", "m:add_module(name, child)", "Register a child module (alias "
+     .. "register_module)." },
+   { "named_children", "m:named_children() -> array of {name, module}", "The direct children." },
+   { "children", "m:children() -> array", "The direct children." },
+   { "named_modules", "m:named_modules() -> array of {path, module}", "Every module, self first "
+     .. "(path \"\"), depth first." },
+   { "modules", "m:modules() -> array", "Every module, self first." },
+   { "named_parameters", "m:named_parameters() -> array of {name, tensor}", "Parameters in "
+     .. "registration order (shared ones once), with dotted names." },
+   { "parameters", "m:parameters() -> array", "The parameters." },
+   { "named_buffers", "m:named_buffers() -> array of {name, tensor}", "The buffers." },
+   { "buffers", "m:buffers() -> array", "The buffers." },
+   { "apply", "m:apply(fn) -> m", "fn(module) on every submodule (children first) and m." },
+   { "train", "m:train(flag) -> m", "Training mode on (flag true or nil) or off, recursively." },
+   { "eval", "m:eval() -> m", "m:train(false)." },
+   { "zero_grad", "m:zero_grad(set_to_none)", "Zero the parameters' gradients in place (or drop "
+     .. "them with set_to_none)." },
+   { "requires_grad_", "m:requires_grad_(flag) -> m", "Set requires_grad on every parameter." },
+   { "to", "m:to(x, ...) -> m", "Convert parameters and buffers in place: a dtype (floating ones "
+     .. "only), a memory format (4-D tensors for channels_last, 5-D for channels_last_3d), a "
+     .. "device, or {dtype =, memory_format =, device =}." },
+   { "float", "m:float() -> m", "m:to(lm.float32)." },
+   { "double", "m:double() -> m", "m:to(lm.float64)." },
+   { "cpu", "m:cpu() -> m", "m:to(\"cpu\")." },
+   { "state_entries", "m:state_entries() -> array of {key, tensor}", "Parameters and persistent "
+     .. "buffers in PyTorch's state_dict order." },
+   { "state_dict", "m:state_dict() -> table", "key -> tensor (detached, sharing storage), "
+     .. "torchvision's key names." },
+   { "state_keys", "m:state_keys() -> array", "The state_dict keys in PyTorch's order." },
+   { "load_state_dict", "m:load_state_dict(sd, opts) -> {missing_keys, unexpected_keys}", "Copy "
+     .. "values into the existing tensors (they keep their dtype and memory format)." },
+   { "extra_repr", "m:extra_repr() -> string", "The text inside the parentheses when printed." },
+   { "repr", "m:repr() -> string", "The printed tree (tostring(m))." },
+   { "fold_batch_norm", "m:fold_batch_norm()", "Fold the batch norms inside m (lm.nn."
+     .. "fold_batch_norm calls it; modules with their own data flow override it)." },
+}
+for _, mm in ipairs(MM) do
+   local more
+   if mm[1] == "to" then
+      more = { fmt = "channels_last converts the 4-D tensors and channels_last_3d the 5-D ones "
+         .. "(tensors of lower rank are left as they are, one of the other rank raises the rank "
+         .. "error); a dtype conversion keeps each tensor's layout",
+         err = "an unknown dtype/format/device" }
+   elseif mm[1] == "load_state_dict" then
+      more = { opts = "{strict = true}", err = "strict and keys missing or unexpected; a "
+         .. "tensor of the wrong size" }
+   end
+   E("Module:" .. mm[1], mm[2], mm[3], more)
+end
+
+S("optim", "lm.optim", [[
+Optimizers with PyTorch 1.13's update formulas. State (momentum buffers, Adam moments) is
+allocated like its parameter: same memory format.]])
+local PARAMS = "params: an array of tensors, a Module (its parameters), or an array of groups "
+   .. "{params = {...}, lr = ..., ...}"
+E("lm.optim", "lm.optim", "SGD, Adam, AdamW and the Optimizer base class.")
+E("lm.optim.SGD", "lm.optim.SGD(params, opts) -> optimizer", "Stochastic gradient descent "
+   .. "(momentum, Nesterov, weight decay).", { opts = "{lr (required), momentum = 0, "
+   .. "dampening = 0, weight_decay = 0, nesterov = false, maximize = false}; " .. PARAMS,
+   fmt = "momentum buffers have their parameter's layout",
+   err = "lr missing, negative lr/momentum/weight_decay, nesterov without momentum or with "
+   .. "dampening, an empty parameter list" })
+E("lm.optim.Adam", "lm.optim.Adam(params, opts) -> optimizer", "Adam.",
+   { opts = "{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0, amsgrad = false, "
+   .. "maximize = false}; " .. PARAMS, fmt = "moments have their parameter's layout",
+   err = "values out of range (betas in [0, 1), eps >= 0, ...)" })
+E("lm.optim.AdamW", "lm.optim.AdamW(params, opts) -> optimizer", "Adam with decoupled weight "
+   .. "decay.", { opts = "as Adam, weight_decay = 1e-2" })
+E("lm.optim.Optimizer", "lm.optim.Optimizer", "The base class: "
+   .. "Optimizer.class(name, defaults, update, validate) makes a new optimizer class; update("
+   .. "group, p, grad, state) is called for every parameter with a gradient, autograd off.")
+E("Optimizer:class", "Optimizer.class(name, defaults, update, validate) -> class", "A new "
+   .. "optimizer class (a defaults value of Optimizer.REQUIRED must be given by the user).")
+E("Optimizer:new", "Optimizer.new(cls, params, opts) -> optimizer", "What calling a class "
+   .. "does.")
+E("Optimizer:REQUIRED", "Optimizer.REQUIRED", "Marker for a hyper-parameter without a default.")
+E("Optimizer:add_param_group", "opt:add_param_group(group)", "Add {params = {...}, <options>}.")
+E("Optimizer:zero_grad", "opt:zero_grad(set_to_none)", "Zero (or drop) every parameter's "
+   .. "gradient.")
+E("Optimizer:step", "opt:step(closure) -> loss", "One update of every parameter that has a "
+   .. "gradient; closure (optional) re-evaluates the loss with autograd on.")
+E("Optimizer:state_dict", "opt:state_dict() -> {state, param_groups}", "The state (copies) and "
+   .. "groups; parameters numbered 1, 2, ... across groups.")
+E("Optimizer:load_state_dict", "opt:load_state_dict(sd)", "Restore a state_dict; tensors are "
+   .. "converted to their parameter's dtype and memory format.",
+   { err = "groups that differ in number or sizes" })
+
+S("layout_tools", "Memory-format tools: lm.layout", [[
+Convert a model to channels-last and check, debug and survey how formats propagate
+(docs/checking_models.md, docs/debugging_channels_last.md, docs/operator_coverage.md).]])
+E("lm.layout", "lm.layout", "check, trace, coverage, to_channels_last and the format "
+   .. "predicates.")
+E("lm.to_channels_last", "lm.to_channels_last(model) -> model", "model:to(lm.channels_last) "
+   .. "in place: every 4-D parameter and buffer (1x1 and depthwise weights tagged with "
+   .. "channels-last strides); a tensor argument returns t:to(lm.channels_last).",
+   { err = "a model with a 5-D parameter or buffer raises (\"required rank 4 tensor\") before "
+   .. "converting anything, naming the tensors" })
+E("lm.layout.to_channels_last", "lm.layout.to_channels_last(model) -> model", "Same as "
+   .. "lm.to_channels_last.")
+E("lm.layout.format", "lm.layout.format(t) -> string", "\"channels_last\", \"contiguous\", "
+   .. "\"ambiguous\" or another description of t's layout, for reports.")
+E("lm.layout.is_channels_last", "lm.layout.is_channels_last(t) -> boolean", "4-D, "
+   .. "channels-last contiguous and not contiguous (the unambiguous predicate).")
+E("lm.layout.check", "lm.layout.check(model, input, opts) -> report", "One forward (and "
+   .. "backward) with every leaf module wrapped: report.ok, report.first_lost (module path of "
+   .. "the first module whose output stops being channels-last, or nil), report.rows ({path, "
+   .. "type, input_format, output_format, grad_format} per call), tostring(report).",
+   { opts = "{backward = true, loss = fn(output) -> scalar (default output:sum())}; input: a "
+   .. "tensor or an array of arguments", note = "everything is restored afterwards: forwards, "
+   .. ".grad, batch-norm running statistics" })
+E("lm.layout.trace", "lm.layout.trace(fn, opts) -> report, fn's results", "Run fn() with every "
+   .. "operator wrapped and record each call that receives a channels-last tensor and returns "
+   .. "a 4-D tensor that is not (report.lost, report.first, report.message).",
+   { opts = "{raise = false}: true raises at the first loss (\"Operator `X` lost "
+   .. "channels_last property\")" })
+E("lm.layout.coverage", "lm.layout.coverage(opts) -> report", "Run every operator on NCHW and "
+   .. "NHWC input and report the result formats, whether channels-last is kept, which formats "
+   .. "run natively, and the gradient format; tostring prints a table.",
+   { opts = "{shape = {2, 32, 96, 96}, backward = true, only = {op names}}" })
+E("lm.layout.operators", "lm.layout.operators() -> array of {op, kind}", "The operator list "
+   .. "coverage runs.")
+
+S("data", "lm.data", [[
+Data sets and the batch loader. The loader's worker threads (C) gather or decode samples,
+augment, normalise and write straight into channels-last float32 batches while Lua trains on the
+previous one; batches are the same whatever the number of workers (docs/training.md).]])
+E("lm.data", "lm.data", "read_idx, fashion_mnist, ImageFolder, DataLoader, image decoding.")
+E("lm.data.read_idx", "lm.data.read_idx(path) -> Tensor", "An IDX file (MNIST format, .gz or "
+   .. "plain) as a contiguous tensor (uint8, int32, float32 or float64 as stored).",
+   { err = "missing or malformed file" })
+E("lm.data.fashion_mnist", "lm.data.fashion_mnist(split, root) -> {images, labels}",
+   "Fashion-MNIST (or MNIST: same file names): images uint8 (N,28,28), labels int64 (N), "
+   .. "1-based (1..10).", { opts = "split = \"train\" | \"test\"; root = "
+   .. "lm.data.FASHION_MNIST_ROOT", err = "an unknown split, missing files" })
+E("lm.data.FASHION_MNIST_ROOT", "lm.data.FASHION_MNIST_ROOT", "Where Debian's "
+   .. "dataset-fashion-mnist puts the files.")
+E("lm.data.FASHION_MNIST_CLASSES", "lm.data.FASHION_MNIST_CLASSES", "The ten class names, "
+   .. "in label order.")
+E("lm.data.IMAGENET_MEAN", "lm.data.IMAGENET_MEAN", "{0.485, 0.456, 0.406}: torchvision's "
+   .. "normalisation mean.")
+E("lm.data.IMAGENET_STD", "lm.data.IMAGENET_STD", "{0.229, 0.224, 0.225}.")
+E("lm.data.image_support", "lm.data.image_support() -> {jpeg, png}", "Which decoders this "
+   .. "build has.")
+E("lm.data.read_image", "lm.data.read_image(path) -> Tensor", "Decode a JPEG or PNG (by "
+   .. "content) into uint8 (H, W, 3) RGB (gray replicated, alpha dropped, CMYK converted).",
+   { err = "not a string, unreadable or corrupt file, a format this build cannot decode" })
+E("lm.data.load_image", "lm.data.load_image(path, opts) -> Tensor", "One image decoded and "
+   .. "resampled as an ImageFolder sample: float32 (1, 3, h, w).",
+   { opts = "the ImageFolder image options (size, crop, resize, scale, ratio, draft), mean, "
+   .. "std, hflip = false, seed = 0, memory_format = lm.channels_last",
+   fmt = "channels-last unless opts.memory_format = lm.contiguous_format" })
+E("lm.data.ImageFolder", "lm.data.ImageFolder(root, opts) -> dataset", "root/<class>/**.{jpg,"
+   .. "jpeg,png}: one sub-folder per class (sorted names -> labels 1..C); nothing is decoded "
+   .. "until a DataLoader runs. Fields root, classes, class_to_idx, paths, labels (int64), "
+   .. "size; ds:read(i) (uint8 (H, W, 3)) and ds:load(i, opts) (the sample as the loader "
+   .. "makes it, and its label).",
+   { opts = "{size = 224 (number or {h, w}), crop = \"none\" | \"center\" | \"random\" "
+   .. "(RandomResizedCrop), resize (for center), scale = {0.08, 1}, ratio = {3/4, 4/3}, "
+   .. "draft = true, classes (list), extensions = {\"jpg\", \"jpeg\", \"png\"}}",
+   err = "root missing, no class folders, no images, bad option values" })
+E("lm.data.is_image_folder", "lm.data.is_image_folder(x) -> boolean", "true for ImageFolder "
+   .. "data sets.")
+E("lm.data.DataLoader", "lm.data.DataLoader(dataset, opts) -> loader", "Batches of float32 "
+   .. "(B, C, H, W) with int64 labels from {images = uint8 (N,H,W[,C]), labels = int64 (N)} "
+   .. "or an ImageFolder. `for x, y, i in loader:iter(epoch, start_batch) do ... end`; "
+   .. "loader:num_batches() gives the batches per epoch.",
+   { opts = "{batch_size = 64, shuffle = true, seed = 0, drop_last = false, workers = 2, "
+   .. "prefetch = max(2, workers), memory_format = lm.channels_last, hflip = false, mean = 0, "
+   .. "std = 1 (per channel, [0,1] scale); tensor data sets also pad = 0, crop}",
+   fmt = "batches are channels-last unless memory_format = lm.contiguous_format",
+   err = "a data set of the wrong shape or dtype, bad option values" })
+
+S("models", "lm.models", [[
+torchvision's architectures with torchvision's state_dict keys, so torchvision weights load
+unchanged. Each constructor takes `{num_classes = 1000}`.]])
+E("lm.models", "lm.models", "Model constructors (models/*.lua).")
+for _, n in ipairs({ "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+                     "resnext50_32x4d", "resnext101_32x8d", "wide_resnet50_2",
+                     "wide_resnet101_2" }) do
+   E("lm.models." .. n, "lm.models." .. n .. "(opts) -> model", "torchvision's " .. n .. ".",
+      { opts = "{num_classes = 1000}", err = "num_classes not a positive integer, opts not a "
+      .. "table" })
+end
+E("lm.models.alexnet", "lm.models.alexnet(opts) -> model", "torchvision's AlexNet.",
+   { opts = "{num_classes = 1000, dropout = 0.5}" })
+E("lm.models.small_resnet", "lm.models.small_resnet(opts) -> model", "A small ResNet for 28x28 "
+   .. "single-channel images (Fashion-MNIST): 3x3 stem, three stages of BasicBlocks, global "
+   .. "pooling, linear.", { opts = "{num_classes = 10, width = 16, blocks = 1, in_channels = 1}" })
+E("lm.models.ResNet", "lm.models.ResNet(block, layers, opts) -> model", "The ResNet builder: "
+   .. "block is \"BasicBlock\", \"Bottleneck\" or a class; layers the blocks per stage.",
+   { opts = "{num_classes = 1000, groups = 1, width_per_group = 64}" })
+E("lm.models.BasicBlock", "lm.models.BasicBlock(...) -> module", "torchvision's BasicBlock.")
+E("lm.models.Bottleneck", "lm.models.Bottleneck(...) -> module", "torchvision's Bottleneck.")
+
+S("serialization", "Serialization and checkpoints", [[
+Files are safetensors: files from other safetensors writers load, files written here load
+there, and lumen restores each tensor's memory format (recorded in the metadata). Saving goes
+to a temporary file that is fsync'd and renamed: a failure never leaves a half-written file.]])
+E("lm.save", "lm.save(tensors, path, metadata)", "Write a table name -> tensor to path "
+   .. "(safetensors); metadata: an optional table string -> string.",
+   { fmt = "values are written in logical order; channels-last tensors are recorded as such "
+   .. "and come back channels-last", err = "non-tensor values, non-string names or metadata, "
+   .. "an unwritable path (the previous file is left intact)" })
+E("lm.load", "lm.load(path) -> table name -> tensor, metadata", "Read a safetensors file; "
+   .. "contiguous aligned tensors are views of the mapped file (no copy).",
+   { fmt = "each tensor gets back the memory format it was saved with",
+   err = "a missing, truncated, corrupt or hostile file: `lumen.load: ...` (never a read past "
+   .. "the end)" })
+E("lm.serialize", "lm.serialize", "The module behind lm.save / lm.load (lm.serialize.save, "
+   .. "lm.serialize.load).")
+E("lm.serialize.save", "lm.serialize.save(tensors, path, metadata)", "Same as lm.save.")
+E("lm.serialize.load", "lm.serialize.load(path)", "Same as lm.load.")
+E("lm.save_checkpoint", "lm.save_checkpoint(path, state)", "Save a model's state, an "
+   .. "optimizer's state and any user fields (numbers, strings, nested tables, tensors) in one "
+   .. "safetensors file, atomically; the RNG state is saved too.",
+   { opts = "state.model: a Module or a state_dict; state.optimizer: an optimizer or its "
+   .. "state_dict; other fields: user fields", err = "values that cannot be stored (functions, "
+   .. "userdata), an unwritable path" })
+E("lm.load_checkpoint", "lm.load_checkpoint(path, opts) -> fields", "Read a checkpoint: the "
+   .. "user fields, plus .model (the state table), .optimizer (its state_dict or nil) and "
+   .. ".rng_state.", { opts = "{model = m, optimizer = o, strict = true, rng = false}: given "
+   .. "model/optimizer are loaded; rng = true restores the random generator",
+   err = "a missing or corrupt file, a state that does not fit the model (strict)" })
+E("lm.checkpoint", "lm.checkpoint", "The module behind lm.save_checkpoint / "
+   .. "lm.load_checkpoint.")
+E("lm.checkpoint.save_checkpoint", "lm.checkpoint.save_checkpoint(path, state)", "Same as "
+   .. "lm.save_checkpoint.")
+E("lm.checkpoint.load_checkpoint", "lm.checkpoint.load_checkpoint(path, opts)", "Same as "
+   .. "lm.load_checkpoint.")
+
+S("memory", "lm.memory", [[
+How tensor memory is owned and freed: tensors are released by Lua's collector, which the
+allocator triggers by count, by a soft limit on live bytes, and optionally by traffic and
+cache-miss triggers (docs/memory.md). Sizes are in bytes.]])
+E("lm.memory", "lm.memory", "Allocator statistics and the collection triggers.")
+E("lm.memory.collect", "lm.memory.collect()", "Run a full collection now (frees dead tensors).")
+E("lm.memory.check_pressure", "lm.memory.check_pressure()", "Collect if the allocator asks for "
+   .. "it (the check every constructor does).")
+E("lm.memory.live_bytes", "lm.memory.live_bytes() -> number", "Bytes held by live tensors.")
+E("lm.memory.peak_bytes", "lm.memory.peak_bytes() -> number", "The highest live_bytes since "
+   .. "the start or reset_peak.")
+E("lm.memory.reset_peak", "lm.memory.reset_peak()", "Restart the peak at the current live "
+   .. "bytes.")
+E("lm.memory.cached_bytes", "lm.memory.cached_bytes() -> number", "Freed blocks kept for reuse.")
+E("lm.memory.empty_cache", "lm.memory.empty_cache()", "Return cached blocks to the system.")
+E("lm.memory.alloc_count", "lm.memory.alloc_count() -> number", "Allocations so far.")
+E("lm.memory.owned_count", "lm.memory.owned_count() -> number", "Tensors currently owned "
+   .. "(slots in use).")
+E("lm.memory.slot_capacity", "lm.memory.slot_capacity() -> number", "The slot tables' "
+   .. "capacity (shrinks back after a peak).")
+E("lm.memory.soft_limit", "lm.memory.soft_limit() -> number", "The live-bytes growth that "
+   .. "triggers a collection (default 96 MiB; LUMEN_SOFT_LIMIT).")
+E("lm.memory.set_soft_limit", "lm.memory.set_soft_limit(bytes)", "Change the soft limit.",
+   { err = "not a non-negative number" })
+E("lm.memory.DEFAULT_SOFT_LIMIT", "lm.memory.DEFAULT_SOFT_LIMIT", "96 MiB.")
+E("lm.memory.traffic_limit", "lm.memory.traffic_limit() -> number", "The traffic trigger's "
+   .. "growth in bytes (0: off, the default).")
+E("lm.memory.set_traffic_limit", "lm.memory.set_traffic_limit(bytes | \"auto\")", "Fix the "
+   .. "traffic limit, 0 turns it off, \"auto\" adapts it to the cost of a collection "
+   .. "(LUMEN_TRAFFIC_LIMIT).", { err = "neither a non-negative number nor \"auto\"" })
+E("lm.memory.traffic_adaptive", "lm.memory.traffic_adaptive() -> boolean", "true while the "
+   .. "traffic limit is \"auto\".")
+E("lm.memory.TRAFFIC_COST_RATIO", "lm.memory.TRAFFIC_COST_RATIO", "\"auto\": the growth whose "
+   .. "DRAM round trip costs this many times a collection.")
+E("lm.memory.DRAM_BYTES_PER_SECOND", "lm.memory.DRAM_BYTES_PER_SECOND", "The bandwidth the "
+   .. "\"auto\" traffic limit assumes.")
+E("lm.memory.BASE_TRAFFIC_LIMIT", "lm.memory.BASE_TRAFFIC_LIMIT", "The smallest \"auto\" "
+   .. "limit: max(4 MiB, half the cache).")
+E("lm.memory.MAX_TRAFFIC_LIMIT", "lm.memory.MAX_TRAFFIC_LIMIT", "Above this \"auto\" growth "
+   .. "the trigger rests.")
+E("lm.memory.miss_block", "lm.memory.miss_block() -> number", "The miss trigger's smallest "
+   .. "block (2 MiB; 0: off; LUMEN_MISS_BLOCK).")
+E("lm.memory.set_miss_block", "lm.memory.set_miss_block(bytes)", "Change the miss block (0 "
+   .. "turns the trigger off).")
+E("lm.memory.miss_floor", "lm.memory.miss_floor() -> number", "The growth a miss needs now "
+   .. "(doubles after a collection that found little dead).")
+E("lm.memory.cache_size", "lm.memory.cache_size() -> number", "The reported last-level cache.")
+E("lm.memory.cache_share", "lm.memory.cache_share() -> number", "The cache one process counts "
+   .. "on: cache_size() capped at 32 MiB (LUMEN_CACHE_SHARE).")
+E("lm.memory.cold_bytes", "lm.memory.cold_bytes() -> number", "The coldness threshold: a "
+   .. "result this large is written cold (half the cache; LUMEN_COLD_BYTES).")
+E("lm.memory.count_base", "lm.memory.count_base() -> number", "Tensors made between "
+   .. "collections before the count trigger fires (diagnostics).")
+
+S("repl", "The lumen command and REPL", [[
+`bin/lumen FILE.lua args...` runs a script with `arg` set; `bin/lumen -e STMT`, `-l MOD`, `-i`,
+`-v`, `-h` as the `lua` command; with no arguments on a terminal, the REPL: `lm` preloaded,
+values printed (the last in `_`), TAB completion (also of lumen's lazily loaded parts:
+`lm.op<TAB>` gives `lm.optim`), `help(x)` / `?x`, history in `$LUMEN_HISTORY` (default
+`~/.lumen_history`), `LUMEN_NO_READLINE=1` for plain input. Ctrl-C at the prompt drops the line;
+during an evaluation it stops it and returns to the prompt, every time. Code typed at the prompt
+runs in LuaJIT's interpreter so that Ctrl-C reaches every loop; what it calls (lumen, modules
+loaded from files) is compiled as usual, and a long C operation finishes before the interrupt is
+seen.]])
+E("lm.help", "lm.help(x) -> string", "The text help(x) prints in the REPL (signature, "
+   .. "description, options, memory format, errors), for scripts: print(lm.help(lm.zeros)).",
+   { note = "loaded on first use from lumen.doc" })
+E("lm.doc", "lm.doc", "This reference as a Lua table (lua/lumen/doc.lua): doc.entries[name] = "
+   .. "{name, sig, desc, opts, fmt, err, note}, doc.list and doc.sections in document order, "
+   .. "doc.help(x) -> text.")
+E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a function, "
+   .. "module, class, tensor or module instance, or a name such as \"conv2d\" or "
+   .. "\"Tensor:add\"); help() explains the REPL.", { note = "from lua/lumen/doc.lua, the "
+   .. "table this page is generated from" })
+
+
+-- names the API contract fixes for later work that do not exist yet (listed on docs/api.md so
+-- that nobody looks for them); an entry replaces the line once one exists
+M.planned = {
+   "\"meta\" device, t:to(\"cuda:0\") on a CUDA build, lm.cuda.is_available(), "
+      .. "lm.cuda.device_count()",
+   "lm.comm.scatter / gather / broadcast / reduce_add",
+   "lm.autocast(opts, fn, ...), lm.amp.GradScaler(opts)",
+   "lm.F.conv1d, conv3d, max_pool1d, max_pool3d, avg_pool1d, avg_pool3d, adaptive_avg_pool1d, "
+      .. "adaptive_avg_pool3d, adaptive_max_pool3d; lm.nn.Conv1d, Conv3d, BatchNorm1d, "
+      .. "BatchNorm3d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, AdaptiveAvgPool1d, "
+      .. "AdaptiveAvgPool3d",
+   "lm.models.r3d_18, mc3_18, r2plus1d_18",
+   "lm.jit.trace, lm.jit.load, lm.jit.freeze; lm.onnx.export",
+   "lm.distributed.*, lm.nn.parallel.DistributedDataParallel",
+}
+
+-- ---------------------------------------------------------------------------------------------
+-- lookup
+
+-- where the object prefixes of entry names live
+local OWNERS = {
+   Tensor = { "Tensor" },
+   Module = { "nn", "Module" },
+   Optimizer = { "optim", "Optimizer" },
+}
+
+-- the value an entry names, looked up with rawget only (nothing is loaded); nil when its
+-- module is not loaded yet or the entry is a field
+local function resolve(name)
+   local lm = package.loaded["lumen"]
+   if type(lm) ~= "table" then return nil end
+   local parts = {}
+   local owner, method = name:match("^(%u%a*):([%w_]+)$")
+   if owner then
+      local path = OWNERS[owner]
+      if not path then return nil end
+      for _, p in ipairs(path) do parts[#parts + 1] = p end
+      parts[#parts + 1] = method
+   else
+      local rest = name:match("^lm%.(.+)$")
+      if not rest then return nil end
+      for p in rest:gmatch("[^%.]+") do parts[#parts + 1] = p end
+   end
+   local v = lm
+   for _, p in ipairs(parts) do
+      if type(v) ~= "table" then return nil end
+      v = rawget(v, p)
+      if v == nil then return nil end
+   end
+   return v
+end
+M.resolve = resolve
+
+-- value -> the first entry (document order) naming it, among the loaded modules
+local function find_value(v)
+   if v == nil then return nil end
+   for _, e in ipairs(M.list) do
+      if resolve(e.name) == v then return e end
+   end
+   return nil
+end
+
+-- a name as typed: `lm.nn.functional.x` and `lm.functional.x` are `lm.F.x`; `t:add` (any
+-- object) is found through its value
+local function normalize(name)
+   name = name:gsub("^lm%.nn%.functional%.", "lm.F."):gsub("^lm%.functional%.", "lm.F.")
+   return name
+end
+
+-- entries whose name is `name` or ends in `.name` / `:name`
+local function find_name(name)
+   name = normalize(name)
+   if M.entries[name] then return { M.entries[name] } end
+   local out = {}
+   for _, e in ipairs(M.list) do
+      local tail = e.name:match("[%.:]([%w_]+)$")
+      if tail == name then out[#out + 1] = e end
+   end
+   return out
+end
+
+local function wrap(text, indent, width)
+   local lines, line = {}, indent
+   for word in text:gmatch("%S+") do
+      if #line > #indent and #line + 1 + #word > width then
+         lines[#lines + 1] = line
+         line = indent .. word
+      else
+         line = (#line > #indent) and (line .. " " .. word) or (line .. word)
+      end
+   end
+   if #line > #indent then lines[#lines + 1] = line end
+   return table.concat(lines, "\n")
+end
+
+local function entry_text(e, short)
+   local out = { e.sig, wrap(e.desc, "  ", 96) }
+   if not short then
+      if e.opts then out[#out + 1] = wrap("options: " .. e.opts, "  ", 96) end
+      if e.fmt then out[#out + 1] = wrap("memory format: " .. e.fmt, "  ", 96) end
+      if e.err then out[#out + 1] = wrap("errors: " .. e.err, "  ", 96) end
+      out[#out + 1] = "  (docs/api.md, " .. e.name .. ")"
+   end
+   return table.concat(out, "\n")
+end
+M.entry_text = entry_text
+
+local GENERAL = [[
+lumen REPL: `lm` is require("lumen"). Type a Lua statement or expression; values are printed,
+the last one is kept in `_`.
+  help(x), ?x     the signature and description of x (a function, module or class; or a name:
+                  help("conv2d"))
+  TAB             completes globals and fields (lm.op<TAB> -> lm.optim)
+  Ctrl-C          drops the line being typed; stops a running computation
+  Ctrl-D          quits
+The whole API: docs/api.md.]]
+
+--- help(x [, expr]) -> text. x: a value (function, module, class, tensor, module instance), a
+--- name ("lm.zeros", "conv2d", "Tensor:add") or nothing; expr: the text the value came from.
+function M.help(...)
+   local n = select("#", ...)
+   local x, expr = ...
+   if n == 0 then return GENERAL end
+   if expr then
+      local hits = find_name(expr)
+      if #hits == 1 then return entry_text(hits[1]) end
+   end
+   local e = type(x) ~= "string" and find_value(x) or nil
+   if e then return entry_text(e) end
+   local lm = package.loaded["lumen"]
+   if type(lm) == "table" then
+      if type(rawget(lm, "is_tensor")) == "function" and lm.is_tensor(x) then
+         return tostring(x) .. "\n" .. entry_text(M.entries["lm.Tensor"], true)
+            .. "\n  (methods: help(\"Tensor:<name>\"); docs/api.md, Tensor methods)"
+      end
+      local nn = rawget(lm, "nn")
+      if type(nn) == "table" and type(x) == "table" and nn.is_module and nn.is_module(x) then
+         local cls = getmetatable(x)
+         local ce = cls and find_value(cls)
+         if ce then return entry_text(ce) end
+         return entry_text(M.entries["lm.nn.Module"])
+      end
+   end
+   if type(x) == "string" then
+      local hits = find_name(x)
+      if #hits == 1 then return entry_text(hits[1]) end
+      if #hits > 1 then
+         local out = {}
+         for _, h in ipairs(hits) do out[#out + 1] = entry_text(h, true) end
+         return table.concat(out, "\n")
+      end
+      return "no help for " .. string.format("%q", x)
+   end
+   local what = expr or tostring(x)
+   if type(x) == "function" then
+      local info = debug.getinfo(x, "S")
+      local where = info and info.short_src and info.linedefined
+         and (info.short_src .. ":" .. info.linedefined) or "?"
+      return "no help for " .. what .. " (a function defined at " .. where .. ")"
+   end
+   return "no help for " .. what .. " (a " .. type(x) .. " value)"
+end
+
+return M
