@@ -214,3 +214,18 @@ describe_tmux("REPL help and completion", function()
       s.wait_for(require("lumen.doc").entries["Tensor:add"].sig)
    end)
 end)
+
+describe("repl completion (no terminal)", function()
+   local lm = require("lumen")
+   local repl = require("lumen.repl")
+   it("completes a tensor's methods through its __index function (mt.__fields)", function()
+      local env = { x = lm.ones({ 2 }) }
+      local got = repl.complete("x:ad", env)
+      local set = {}
+      for _, c in ipairs(got) do set[c] = true end
+      assert.is_true(set["x:add"] and set["x:add_"] and true or false, table.concat(got, " "))
+   end)
+   it("lm.help returns the entry's text", function()
+      assert.truthy(lm.help(lm.zeros):find("lm.zeros(sizes, opts) -> Tensor", 1, true))
+   end)
+end)

@@ -47,7 +47,8 @@ local OPTS_LIKE = "{dtype = t's dtype, device = t's device, memory_format = lm.p
    .. "requires_grad = false}"
 local ERR_OPTS = "options that are not a table, an unknown dtype, memory format or device, "
    .. "preserve_format (only *_like and clone accept it), bad sizes (not integers, negative, "
-   .. "more than 8 dims): `lumen.<name>: <problem>`"
+   .. "more than 8 dims, sizes whose element count or strides overflow int64), a key the function "
+   .. "does not know (`lumen.<name>: unknown option 'paddding'`): `lumen.<name>: <problem>`"
 local FMT_NEW = "the result is contiguous, or in opts.memory_format (channels_last needs 4-D "
    .. "sizes, channels_last_3d 5-D)"
 local FMT_LIKE = "preserve_format by default: t's strides when t is non-overlapping and dense, "
@@ -121,7 +122,9 @@ E("lm.ones", "lm.ones(sizes, opts) -> Tensor", "A new tensor filled with 1.",
 E("lm.full", "lm.full(sizes, value, opts) -> Tensor", "A new tensor filled with value (a number; "
    .. "a boolean gives a bool tensor).",
    { opts = OPTS, fmt = FMT_NEW, err = "sizes not a table; value not a number or boolean; "
-   .. ERR_OPTS })
+   .. "a value the dtype cannot hold (NaN, inf or out of range for an integer dtype, a finite "
+   .. "value beyond a float dtype's range): `lumen.full: value cannot be converted to type "
+   .. "int32 without overflow`, as PyTorch; " .. ERR_OPTS })
 E("lm.rand", "lm.rand(sizes, opts) -> Tensor", "Uniform random values in [0, 1) from the global "
    .. "generator (lm.manual_seed).", { opts = OPTS, fmt = FMT_NEW,
    err = "a non-floating dtype; " .. ERR_OPTS })
@@ -143,8 +146,10 @@ E("lm.linspace", "lm.linspace(start, stop, steps, opts) -> Tensor", "steps evenl
 E("lm.eye", "lm.eye(n, m, opts) -> Tensor", "An n x m (m defaults to n) matrix with ones on "
    .. "the diagonal.", { opts = OPTS, err = "n or m negative or not integers" })
 E("lm.tensor", "lm.tensor(data, opts) -> Tensor", "A tensor from a number, a boolean, a nested "
-   .. "array of them, or a tensor (copied). Numbers give float32, booleans bool, unless "
-   .. "opts.dtype.", { opts = OPTS .. "; a tensor argument keeps its dtype, device and layout "
+   .. "array of them, or a tensor (copied). The dtype is inferred as torch.tensor does: "
+   .. "int64 when every number is integral (Lua has one number type, so 2.0 counts as 2), "
+   .. "float32 when any is not (NaN and inf included), bool for booleans, float32 for {}; "
+   .. "opts.dtype overrides (lm.tensor({1, 2}, {dtype = lm.float32})).", { opts = OPTS .. "; a tensor argument keeps its dtype, device and layout "
    .. "unless opts say otherwise", fmt = "contiguous for tables; a copied tensor keeps its "
    .. "layout (preserve)", err = "ragged nested tables, non-array tables, non-numbers, more "
    .. "than 8 dims" })
@@ -186,8 +191,12 @@ E("lm.Tensor", "lm.Tensor", "The tensor method table: every `t:method` below.")
 E("lm.is_tensor", "lm.is_tensor(x) -> boolean", "true when x is a lumen tensor.")
 E("Tensor.requires_grad", "t.requires_grad", "A field: true when autograd records operations "
    .. "on t (set with t:requires_grad_() or opts.requires_grad).")
-E("Tensor:size", "t:size() -> array / t:size(d) -> number", "The sizes (logical order), or "
-   .. "the size of dim d.", { err = ERR_DIM })
+E("Tensor:size", "t:size() -> Size / t:size(d) -> number", "The sizes (logical order), or "
+   .. "the size of dim d. A Size is a plain Lua array (#, ipairs, table.concat, indexing) that "
+   .. "prints as {2, 3, 4, 4} and compares by value with ==; every function that takes sizes "
+   .. "accepts one.", { err = ERR_DIM })
+E("Tensor.shape", "t.shape", "A field: the sizes as a Size, the same as t:size() "
+   .. "(print(x.shape) --> {2, 3, 4, 4}).")
 E("Tensor:stride", "t:stride() -> array / t:stride(d) -> number", "The strides in elements "
    .. "(logical order), or the stride of dim d.",
    { fmt = "a channels-last N,C,H,W tensor has strides {H*W*C, 1, W*C, C}", err = ERR_DIM })
@@ -777,14 +786,24 @@ E("lm.layout.check", "lm.layout.check(model, input, opts) -> report", "One forwa
    .. "backward) with every leaf module wrapped: report.ok, report.first_lost (module path of "
    .. "the first module whose output stops being channels-last, or nil), report.rows ({path, "
    .. "type, input_format, output_format, grad_format} per call), tostring(report).",
-   { opts = "{backward = true, loss = fn(output) -> scalar (default output:sum())}; input: a "
-   .. "tensor or an array of arguments", note = "everything is restored afterwards: forwards, "
-   .. ".grad, batch-norm running statistics" })
+   { opts = "{backward = true, loss = fn(output) -> scalar (default output:sum()), trace = "
+   .. "false (true also runs lm.layout.trace and names the operator that lost channels-last "
+   .. "per row: row.lost_ops, report.trace), html = path (also writes the report as a "
+   .. "self-contained HTML page, as report:to_html(path))}; input: a tensor or an array of "
+   .. "arguments", note = "everything is restored afterwards: forwards, .grad, batch-norm "
+   .. "running statistics", err = "an unknown option (`lumen.layout.check: unknown option "
+   .. "'x'`), an html path that cannot be written" })
+E("report:to_html", "report:to_html(path) -> true / report:to_html() -> string", "The "
+   .. "lm.layout.check report as one self-contained HTML page (inline CSS, no scripts): the "
+   .. "module tree coloured by each module's output format (channels-last, contiguous, mixed, "
+   .. "none), the module that loses channels-last and its operator highlighted "
+   .. "(docs/checking_models.md).", { err = "a path that cannot be written" })
 E("lm.layout.trace", "lm.layout.trace(fn, opts) -> report, fn's results", "Run fn() with every "
    .. "operator wrapped and record each call that receives a channels-last tensor and returns "
    .. "a 4-D tensor that is not (report.lost, report.first, report.message).",
-   { opts = "{raise = false}: true raises at the first loss (\"Operator `X` lost "
-   .. "channels_last property\")" })
+   { opts = "{raise = false, on_lost = nil}: raise = true raises at the first loss "
+   .. "(\"Operator `X` lost channels_last property\"); on_lost(entry) is called with each "
+   .. "loss as it is recorded" })
 E("lm.layout.coverage", "lm.layout.coverage(opts) -> report", "Run every operator on NCHW and "
    .. "NHWC input and report the result formats, whether channels-last is kept, which formats "
    .. "run natively, and the gradient format; tostring prints a table.",

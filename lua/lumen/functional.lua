@@ -98,7 +98,8 @@ local BN_OPTS = option_set("training", "momentum", "eps", "residual", "relu")
 local NLL_OPTS = option_set("weight", "ignore_index", "reduction")
 local MSE_OPTS = option_set("reduction")
 local RELU_OPTS = option_set("inplace")
-F.OPTIONS = { conv2d = CONV_OPTS, max_pool2d = MAX_POOL_OPTS, avg_pool2d = AVG_POOL_OPTS,
+-- the known keys per function (private: for tools and specs)
+F._OPTIONS = { conv2d = CONV_OPTS, max_pool2d = MAX_POOL_OPTS, avg_pool2d = AVG_POOL_OPTS,
               batch_norm = BN_OPTS, nll_loss = NLL_OPTS, cross_entropy = NLL_OPTS,
               mse_loss = MSE_OPTS }
 

@@ -113,7 +113,7 @@ if exists("lumen.autograd") then lm.autograd = load_part("lumen.autograd") end
 local lazy = {
    nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout", data = "lumen.data",
    functional = "lumen.functional", models = "lumen.models", serialize = "lumen.serialize",
-   checkpoint = "lumen.checkpoint",
+   checkpoint = "lumen.checkpoint", doc = "lumen.doc",
 }
 -- single functions that live in an optional module: name -> {module field, module}
 local lazy_fn = {
@@ -122,6 +122,7 @@ local lazy_fn = {
    to_channels_last = { "layout", "to_channels_last" },
    save_checkpoint = { "checkpoint", "save_checkpoint" },
    load_checkpoint = { "checkpoint", "load_checkpoint" },
+   help = { "doc", "help" },
 }
 setmetatable(lm, {
    __index = function(self, key)
@@ -137,7 +138,7 @@ setmetatable(lm, {
          local m = self[fn[1]]
          local f = type(m) == "table" and m[fn[2]] or nil
          if f == nil and key == "to_channels_last" then
-            -- API.md: same as model:to(lm.channels_last), in place, returns the model
+            -- docs/api.md: same as model:to(lm.channels_last), in place, returns the model
             f = function(model) return model:to(dtypes.channels_last) or model end
          end
          if f ~= nil then rawset(self, key, f) end

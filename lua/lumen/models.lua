@@ -38,7 +38,7 @@ local OPTIONS = {
    resnet101 = RESNET_OPTS, resnet152 = RESNET_OPTS, resnext50_32x4d = RESNET_OPTS,
    resnext101_32x8d = RESNET_OPTS, wide_resnet50_2 = RESNET_OPTS, wide_resnet101_2 = RESNET_OPTS,
 }
-M.OPTIONS = OPTIONS
+M._OPTIONS = OPTIONS   -- the known keys per constructor (private: for tools and specs)
 
 local function check_keys(name, opts, known)
    if type(opts) == "table" and getmetatable(opts) == nil then

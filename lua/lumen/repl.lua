@@ -148,6 +148,10 @@ local function collect_fields(v, out, seen)
       if type(mt) ~= "table" then return end
       local idx = rawget(mt, "__index")
       if type(idx) ~= "table" then
+         -- an __index function (tensors: methods plus the t.shape property) may name its method
+         -- table in mt.__fields (lua/lumen/tensor.lua)
+         local fields = rawget(mt, "__fields")
+         if type(fields) == "table" then v = fields; goto continue end
          -- objects whose __index is a function: offer the methods of their metatable
          for k in pairs(mt) do
             if type(k) == "string" and not k:match("^__") then out[k] = true end
@@ -155,6 +159,7 @@ local function collect_fields(v, out, seen)
          return
       end
       v = idx
+      ::continue::
    end
 end
 

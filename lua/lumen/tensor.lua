@@ -1,7 +1,7 @@
 -- lumen.tensor -- the Tensor type: a Lua table {_c = <lm_tensor* owned by memory.own>} with a
 -- shared metatable, plus inspection, views, layout changes and math on top of the C API.
 --
--- Conventions (see API.md):
+-- Conventions (see docs/api.md):
 --   * dims and indices are 1-based in Lua, negative counts from the end; C takes 0-based dims.
 --   * every public function validates its arguments in Lua before calling C and raises
 --     "lumen.<function>: <problem>"; a failing C call raises "lumen.<function>: <lm_last_error()>".
