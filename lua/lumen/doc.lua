@@ -149,7 +149,8 @@ E("lm.tensor", "lm.tensor(data, opts) -> Tensor", "A tensor from a number, a boo
    .. "array of them, or a tensor (copied). The dtype is inferred as torch.tensor does: "
    .. "int64 when every number is integral (Lua has one number type, so 2.0 counts as 2), "
    .. "float32 when any is not (NaN and inf included), bool for booleans, float32 for {}; "
-   .. "opts.dtype overrides (lm.tensor({1, 2}, {dtype = lm.float32})).", { opts = OPTS .. "; a tensor argument keeps its dtype, device and layout "
+   .. "opts.dtype overrides (lm.tensor({1, 2}, {dtype = lm.float32})).",
+   { opts = OPTS .. "; a tensor argument keeps its dtype, device and layout "
    .. "unless opts say otherwise", fmt = "contiguous for tables; a copied tensor keeps its "
    .. "layout (preserve)", err = "ragged nested tables, non-array tables, non-numbers, more "
    .. "than 8 dims" })
