@@ -19,9 +19,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 /* ------------------------------------------------------------------ IDX */
+
+/* zlib's message without the "<fd:N>: " it puts in front for a gzdopen'ed file */
+static const char *gz_message(gzFile f, int *zerr) {
+   const char *m = gzerror(f, zerr);
+   if (!m) return "gzip error";
+   if (strncmp(m, "<fd:", 4) == 0) {
+      const char *c = strstr(m, ": ");
+      if (c) m = c + 2;
+   }
+   return m;
+}
 
 static lm_status gz_read_exact(gzFile f, void *buf, size_t n, const char *path, const char *what) {
    size_t got = 0;
@@ -30,7 +42,7 @@ static lm_status gz_read_exact(gzFile f, void *buf, size_t n, const char *path, 
       int r = gzread(f, (char *)buf + got, chunk);
       if (r < 0) {
          int zerr;
-         const char *m = gzerror(f, &zerr);
+         const char *m = gz_message(f, &zerr);
          return lm_error(LM_ERR_IO, "'%s' is corrupt (%s while reading the %s)", path, m, what);
       }
       if (r == 0)
@@ -41,10 +53,47 @@ static lm_status gz_read_exact(gzFile f, void *buf, size_t n, const char *path, 
    return LM_OK;
 }
 
+/* after the data: the stream must end here, and end properly. For gzip, zlib checks the
+   trailer's CRC-32 and length (ISIZE) only when it reads past the data, so without this a
+   flipped byte, or a stream cut short of its trailer, would go unnoticed. Bytes after a complete
+   gzip member that do not start another member are ignored, as gzip does; decompressed data
+   beyond what the dimensions need is an error, as for a plain file. */
+static lm_status gz_check_end(gzFile f, const char *path, const char *dims) {
+   unsigned char extra[4096];
+   int64_t more = 0;
+   for (;;) {
+      int r = gzread(f, extra, sizeof extra);
+      if (r <= 0) {
+         int zerr = Z_OK;
+         const char *m = gz_message(f, &zerr);
+         if (r < 0 || zerr == Z_DATA_ERROR || zerr == Z_STREAM_ERROR || zerr == Z_ERRNO)
+            return lm_error(LM_ERR_IO, "'%s' is corrupt (%s)", path, m);
+         if (zerr == Z_BUF_ERROR)
+            return lm_error(LM_ERR_IO, "'%s' is truncated: the gzip stream ends before its "
+                            "trailer (%s)", path, m);
+         if (zerr != Z_OK)
+            return lm_error(LM_ERR_IO, "'%s' is corrupt (%s)", path, m);
+         break;
+      }
+      more += r;
+      if (more > (1 << 20)) break; /* enough to say so */
+   }
+   if (more > 0)
+      return lm_error(LM_ERR_IO, "'%s' has %s%lld bytes of data after what its dimensions (%s) "
+                      "need", path, more > (1 << 20) ? "more than " : "", (long long)more, dims);
+   return LM_OK;
+}
+
 lm_status lm_idx_read(const char *path, lm_tensor **out) {
    if (!path || !out) return lm_error(LM_ERR_ARG, "path is nil");
-   gzFile f = gzopen(path, "rb");
-   if (!f) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+   int fd;
+   int64_t fsize = 0;
+   LM_TRY(lm_open_regular(path, &fd, &fsize)); /* never blocks on a FIFO */
+   gzFile f = gzdopen(fd, "rb");
+   if (!f) {
+      close(fd);
+      return lm_error(LM_ERR_OOM, "cannot read '%s': out of memory", path);
+   }
    unsigned char magic[4];
    lm_status st = gz_read_exact(f, magic, 4, path, "magic number");
    if (st != LM_OK) goto done;
@@ -68,41 +117,54 @@ lm_status lm_idx_read(const char *path, lm_tensor **out) {
       goto done;
    }
    int64_t sizes[LM_MAX_DIMS];
-   int64_t numel = 1;
-   int too_big = 0;
    for (int d = 0; d < nd; d++) {
       unsigned char b[4];
       st = gz_read_exact(f, b, 4, path, "dimensions");
       if (st != LM_OK) goto done;
       sizes[d] = ((int64_t)b[0] << 24) | ((int64_t)b[1] << 16) | ((int64_t)b[2] << 8) | b[3];
-      if (sizes[d] > 0 && numel > ((int64_t)1 << 40) / sizes[d]) too_big = 1;
-      else numel *= sizes[d];
    }
-   /* the data must fit in the file: exactly for a plain file; for gzip, within deflate's
-      largest possible ratio (about 1032:1). Checked before anything is allocated. */
-   struct stat sb;
-   int64_t fsize = stat(path, &sb) == 0 ? (int64_t)sb.st_size : -1;
-   int64_t need = too_big ? -1 : numel * esize;
-   int64_t room = fsize < 0 ? -1 : gzdirect(f) ? fsize - 4 - 4 * nd : fsize * 1032 + 1024;
-   if (too_big || (room >= 0 && need > room)) {
-      char dims[160];
+   char dims[160];
+   {
       int len = 0;
+      dims[0] = 0;
       for (int d = 0; d < nd && len < (int)sizeof dims - 24; d++)
          len += snprintf(dims + len, sizeof dims - (size_t)len, "%s%lld", d ? " x " : "",
                          (long long)sizes[d]);
-      if (!too_big && gzdirect(f))
-         st = lm_error(LM_ERR_IO, "'%s' is truncated: its dimensions (%s) need %lld bytes of "
-                       "data, the file holds %lld", path, dims, (long long)need,
-                       (long long)(room < 0 ? 0 : room));
-      else
-         st = lm_error(LM_ERR_IO, "'%s': IDX dimensions (%s) are too large for the file", path,
-                       dims);
+   }
+   /* every product of the sizes is checked, even past a zero size: {0, 2^32-1, 2^32-1, ...}
+      holds no data but its strides would overflow (lm_check_sizes) */
+   if (lm_check_sizes(nd, sizes) != LM_OK) {
+      st = lm_error(LM_ERR_IO, "'%s': IDX dimensions (%s) are too large (their product or "
+                    "strides overflow)", path, dims);
+      goto done;
+   }
+   int64_t numel = lm_numel_of(nd, sizes); /* <= 2^50 */
+   /* the data must fit in the file: exactly for a plain file; for gzip, within deflate's
+      largest possible ratio (about 1032:1). Checked before anything is allocated. */
+   int64_t need = numel * esize;
+   int64_t head = 4 + 4 * (int64_t)nd;
+   if (gzdirect(f)) {
+      if (need != fsize - head) {
+         if (need > fsize - head)
+            st = lm_error(LM_ERR_IO, "'%s' is truncated: its dimensions (%s) need %lld bytes of "
+                          "data, the file holds %lld", path, dims, (long long)need,
+                          (long long)(fsize - head));
+         else
+            st = lm_error(LM_ERR_IO, "'%s' has %lld bytes after the %lld bytes of data its "
+                          "dimensions (%s) need", path, (long long)(fsize - head - need),
+                          (long long)need, dims);
+         goto done;
+      }
+   } else if (need / 1032 > fsize) {
+      st = lm_error(LM_ERR_IO, "'%s': IDX dimensions (%s) are too large for the file", path,
+                    dims);
       goto done;
    }
    lm_tensor *t = NULL;
    st = lm_empty(nd, sizes, dtype, LM_CONTIGUOUS, LM_CPU, &t);
    if (st != LM_OK) goto done;
    st = gz_read_exact(f, lm_tensor_data(t), (size_t)(numel * esize), path, "data");
+   if (st == LM_OK) st = gz_check_end(f, path, dims);
    if (st != LM_OK) {
       lm_tensor_free(t);
       goto done;

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <jpeglib.h>
 #include <jerror.h>
 #include <png.h>
@@ -309,12 +310,17 @@ static void jerr_exit(j_common_ptr cinfo) {
 }
 
 static void jerr_emit(j_common_ptr cinfo, int level) {
-   /* warnings (level -1) are mostly benign, except the end of the data coming early: libjpeg
-      would pad the image with grey, the sample would be silently wrong */
-   if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
-      dec *d = ((jerr_mgr *)cinfo->err)->d;
+   /* Level -1 is a warning: libjpeg found corrupt data and carries on, padding with grey or
+      inventing rows (a premature end of the data, a marker in the middle of the entropy-coded
+      data after an enlarged SOF height, extraneous bytes, a bad Huffman code): the sample would
+      be silently wrong, so every warning is an error. Levels >= 0 are trace messages. */
+   if (level >= 0) return;
+   dec *d = ((jerr_mgr *)cinfo->err)->d;
+   if (cinfo->err->msg_code == JWRN_JPEG_EOF)
       dec_fail(d, LM_ERR_IO, "truncated JPEG file (the data ends before the image does)");
-   }
+   char m[JMSG_LENGTH_MAX];
+   (*cinfo->err->format_message)(cinfo, m);
+   dec_fail(d, LM_ERR_IO, "bad JPEG data (%s)", m);
 }
 
 static void png_err_fn(png_structp p, png_const_charp m) {
@@ -325,8 +331,15 @@ static void png_err_fn(png_structp p, png_const_charp m) {
 }
 
 static void png_warn_fn(png_structp p, png_const_charp m) {
-   (void)p;
-   (void)m;
+   /* libpng reads past many oddities with a warning or a "benign" error (which it reports here
+      too). Those about ancillary chunks (a known incorrect sRGB profile, bad text) leave the
+      pixels intact and are ignored, as PIL does. Those about the image data mean the pixels
+      are not what the file's header promises: more rows of data than the header's height
+      ("Too much image data", "Extra compressed data": a shrunk IHDR would silently crop the
+      image), or an IDAT stream whose checksum is wrong. Those are errors. */
+   if (strstr(m, "image data") || strstr(m, "compressed data") || strstr(m, "IDAT") ||
+       strstr(m, "data check") || strstr(m, "zlib") || strstr(m, "inflate"))
+      png_error(p, m);
 }
 
 static void png_read_fn(png_structp p, png_bytep out, size_t n) {
@@ -339,8 +352,14 @@ static void png_read_fn(png_structp p, png_bytep out, size_t n) {
 /* read the whole file (outside the setjmp region) */
 static lm_status dec_load_file(dec *d, const char *path) {
    d->path = path;
-   FILE *f = fopen(path, "rb");
-   if (!f) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+   int fd;
+   LM_TRY(lm_open_regular(path, &fd, NULL)); /* a regular file; never blocks on a FIFO */
+   FILE *f = fdopen(fd, "rb");
+   if (!f) {
+      int e = errno;
+      close(fd);
+      return lm_error(LM_ERR_IO, "cannot read '%s': %s", path, strerror(e));
+   }
    lm_status st = LM_OK;
    size_t cap = 1 << 16, len = 0;
    unsigned char *buf = malloc(cap);

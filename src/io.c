@@ -22,21 +22,66 @@ static void unmap(void *ctx) {
    free(m);
 }
 
-lm_status lm_map_file(const char *path, lm_storage **out) {
-   if (!path || !out) return lm_error(LM_ERR_ARG, "path is nil");
-   int fd = open(path, O_RDONLY | O_CLOEXEC);
+static const char *kind_name(mode_t m) {
+   if (S_ISDIR(m)) return "a directory";
+   if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+   if (S_ISSOCK(m)) return "a socket";
+   if (S_ISCHR(m)) return "a character device";
+   if (S_ISBLK(m)) return "a block device";
+   return "not a regular file";
+}
+
+/* Open a user-given file for reading, only if it is a regular file. The open itself must not
+   block: opening a FIFO for reading waits for a writer, forever if none comes, so it is opened
+   with O_NONBLOCK and checked with fstat on the descriptor (the very file that was opened, no
+   race with a rename); blocking reads are restored for a regular file. Returns the descriptor
+   and the file's size, or -1 with the error set. */
+lm_status lm_open_regular(const char *path, int *fd_out, int64_t *size) {
+   *fd_out = -1;
+   if (!path) return lm_error(LM_ERR_ARG, "path is nil");
+   int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
    if (fd < 0) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
    struct stat sb;
-   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+   if (fstat(fd, &sb) != 0) {
+      int e = errno;
       close(fd);
-      return lm_error(LM_ERR_IO, "'%s' is not a regular file", path);
+      return lm_error(LM_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
    }
+   if (!S_ISREG(sb.st_mode)) {
+      close(fd);
+      return lm_error(LM_ERR_IO, "'%s' is not a regular file (it is %s)", path,
+                      kind_name(sb.st_mode));
+   }
+   int fl = fcntl(fd, F_GETFL);
+   if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+      int e = errno;
+      close(fd);
+      return lm_error(LM_ERR_IO, "cannot read '%s': %s", path, strerror(e));
+   }
+   if (size) *size = (int64_t)sb.st_size;
+   *fd_out = fd;
+   return LM_OK;
+}
+
+int32_t lm_path_kind(const char *path) {
+   struct stat sb;
+   if (!path || stat(path, &sb) != 0) return 0;
+   if (S_ISREG(sb.st_mode)) return 1;
+   if (S_ISDIR(sb.st_mode)) return 2;
+   return 3;
+}
+
+lm_status lm_map_file(const char *path, lm_storage **out) {
+   if (!path || !out) return lm_error(LM_ERR_ARG, "path is nil");
+   int64_t fsize = 0;
+   int fd;
+   LM_TRY(lm_open_regular(path, &fd, &fsize));
    mapping *m = malloc(sizeof *m);
    if (!m) {
       close(fd);
       return lm_error(LM_ERR_OOM, "out of memory");
    }
-   m->len = (size_t)sb.st_size;
+   m->len = (size_t)fsize;
    m->addr = NULL;
    if (m->len) {
       /* private and writable: tensors loaded from the file may be modified in place (copy on
@@ -115,20 +160,23 @@ lm_status lm_write_file_atomic(const char *tmp_path, const char *final_path, con
 lm_status lm_read_file_range(const char *path, int64_t offset, int64_t len, void *buf,
                              int64_t *file_size) {
    if (!path) return lm_error(LM_ERR_ARG, "path is nil");
-   FILE *f = fopen(path, "rb");
-   if (!f) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-   struct stat sb;
-   if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-      fclose(f);
-      return lm_error(LM_ERR_IO, "'%s' is not a regular file", path);
+   if (len < 0 || (len > 0 && !buf)) return lm_error(LM_ERR_ARG, "bad length %lld", (long long)len);
+   int64_t size = 0;
+   int fd;
+   LM_TRY(lm_open_regular(path, &fd, &size));
+   FILE *f = fdopen(fd, "rb");
+   if (!f) {
+      int e = errno;
+      close(fd);
+      return lm_error(LM_ERR_IO, "cannot read '%s': %s", path, strerror(e));
    }
-   if (file_size) *file_size = (int64_t)sb.st_size;
+   if (file_size) *file_size = size;
    if (len > 0) {
-      if (offset < 0 || offset + len > (int64_t)sb.st_size) {
+      if (offset < 0 || offset > size || len > size - offset) {
          fclose(f);
          return lm_error(LM_ERR_IO, "'%s' is truncated: %lld bytes wanted at offset %lld, file "
                                     "has %lld", path, (long long)len, (long long)offset,
-                         (long long)sb.st_size);
+                         (long long)size);
       }
       if (fseeko(f, (off_t)offset, SEEK_SET) != 0 || fread(buf, 1, (size_t)len, f) != (size_t)len) {
          fclose(f);
