@@ -193,6 +193,7 @@ typedef struct slot {
    lm_tensor *x, *y;
    lm_status status;
    char err[1024]; /* the worker's message (as long as lm_error's buffer) */
+   char *skipped;  /* skip_corrupt: "<index>\t<message>\n" per sample left out, or NULL */
 } slot;
 
 struct lm_loader {
@@ -210,7 +211,18 @@ struct lm_loader {
    slot *slots;
    pthread_t *threads;
    int nthreads;
+   char *skipped; /* the log of the batch taken last (lm_loader_skipped) */
 };
+
+/* append "<idx>\t<msg>\n" to *log (a malloc'd string); on out of memory the line is dropped
+   (the sample is still left out; only its warning is lost) */
+static void log_skip(char **log, int64_t idx, const char *msg) {
+   size_t old = *log ? strlen(*log) : 0, add = strlen(msg) + 32;
+   char *n = realloc(*log, old + add);
+   if (!n) return;
+   snprintf(n + old, add, "%lld\t%s\n", (long long)idx, msg);
+   *log = n;
+}
 
 static uint64_t mix64(uint64_t x) {
    x += 0x9e3779b97f4a7c15ull;
@@ -219,7 +231,8 @@ static uint64_t mix64(uint64_t x) {
    return x ^ (x >> 31);
 }
 
-static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor **py) {
+static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor **py,
+                            char **skipped) {
    int64_t first = b * L->o.batch_size;
    int64_t n = L->n_order - first < L->o.batch_size ? L->n_order - first : L->o.batch_size;
    int64_t xs[4] = {n, L->Cn, L->oh, L->ow};
@@ -242,23 +255,31 @@ static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor *
       scale[c] = 1.0f / (255.0f * L->o.std[c]);
       shift[c] = -L->o.mean[c] / L->o.std[c];
    }
+   int64_t k = 0; /* samples kept: with skip_corrupt, a sample that fails is left out and the
+                     next one takes its row */
    for (int64_t i = 0; i < n; i++) {
       int64_t pos = first + i, idx = L->order[pos];
       /* every random choice for this sample comes from (seed, position in the epoch) */
       uint64_t r = mix64(L->o.seed ^ mix64((uint64_t)pos));
       int flip = L->o.hflip && ((r >> 40) & 1);
-      if (y) ((int64_t *)lm_tensor_data(y))[i] = labels[idx];
+      if (y) ((int64_t *)lm_tensor_data(y))[k] = labels[idx];
       if (L->files) {
          lm_status st = lm_image_sample(L->files->paths[idx], &L->io,
-                                        mix64(r ^ 0x5851f42d4c957f2dull), flip, xo + i * sN, sC,
+                                        mix64(r ^ 0x5851f42d4c957f2dull), flip, xo + k * sN, sC,
                                         sH, sW, scale, shift);
+         if (st != LM_OK && L->o.skip_corrupt && st != LM_ERR_OOM) {
+            log_skip(skipped, idx, lm_last_error());
+            continue;
+         }
          if (st != LM_OK) {
             lm_tensor_free(x);
             lm_tensor_free(y);
             return st;
          }
+         k++;
          continue;
       }
+      k++;
       int64_t range_h = H + 2 * pad - L->oh + 1, range_w = W + 2 * pad - L->ow + 1;
       int64_t oy = (int64_t)(r % (uint64_t)range_h) - pad;
       int64_t ox = (int64_t)((r >> 20) % (uint64_t)range_w) - pad;
@@ -278,6 +299,19 @@ static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor *
          }
       }
    }
+   if (k < n) { /* samples were left out: the batch is the first k rows */
+      lm_tensor *xk = NULL, *yk = NULL;
+      lm_status st = lm_narrow(x, 0, 0, k, &xk);
+      if (st == LM_OK && y) st = lm_narrow(y, 0, 0, k, &yk);
+      lm_tensor_free(x);
+      lm_tensor_free(y);
+      if (st != LM_OK) {
+         lm_tensor_free(xk);
+         return st;
+      }
+      x = xk;
+      y = yk;
+   }
    *px = x;
    *py = y;
    return LM_OK;
@@ -296,11 +330,14 @@ static void *worker(void *arg) {
       slot *s = &L->slots[b % L->o.prefetch];
       pthread_mutex_unlock(&L->mu);
       lm_tensor *x = NULL, *y = NULL;
-      lm_status st = make_batch(L, b, &x, &y);
+      char *skipped = NULL;
+      lm_status st = make_batch(L, b, &x, &y, &skipped);
       pthread_mutex_lock(&L->mu);
       s->batch = b;
       s->x = x;
       s->y = y;
+      free(s->skipped);
+      s->skipped = skipped;
       s->status = st;
       if (st != LM_OK) snprintf(s->err, sizeof s->err, "%s", lm_last_error());
       s->ready = 1;
@@ -317,10 +354,12 @@ void lm_loader_free(lm_loader *L) {
    pthread_cond_broadcast(&L->cv_work);
    pthread_mutex_unlock(&L->mu);
    for (int i = 0; i < L->nthreads; i++) pthread_join(L->threads[i], NULL);
-   for (int i = 0; i < L->o.prefetch; i++) {
+   for (int i = 0; L->slots && i < L->o.prefetch; i++) {
       lm_tensor_free(L->slots[i].x);
       lm_tensor_free(L->slots[i].y);
+      free(L->slots[i].skipped);
    }
+   free(L->skipped);
    pthread_mutex_destroy(&L->mu);
    pthread_cond_destroy(&L->cv_work);
    pthread_cond_destroy(&L->cv_ready);
@@ -461,6 +500,10 @@ lm_status lm_image_loader_new(lm_image_list *files, const int64_t *order, int64_
 
 int64_t lm_loader_num_batches(const lm_loader *L) { return L ? L->n_batches : 0; }
 
+const char *lm_loader_skipped(const lm_loader *L) {
+   return L && L->skipped ? L->skipped : "";
+}
+
 /* the next batch in order; *x == NULL at the end of the epoch */
 lm_status lm_loader_next(lm_loader *L, lm_tensor **x, lm_tensor **y) {
    if (!L || !x || !y) return lm_error(LM_ERR_ARG, "loader is nil");
@@ -477,6 +520,9 @@ lm_status lm_loader_next(lm_loader *L, lm_tensor **x, lm_tensor **y) {
    *x = s->x;
    *y = s->y;
    s->x = s->y = NULL;
+   free(L->skipped);
+   L->skipped = s->skipped;
+   s->skipped = NULL;
    s->ready = 0;
    s->batch = -1;
    L->next_take++;
