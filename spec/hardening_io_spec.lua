@@ -228,6 +228,22 @@ describe("a FIFO given as a file", function()
       assert.truthy(out:find("is not a regular file", 1, true), out)
    end)
 
+   it("is neither listed nor opened by ImageFolder", function()
+      local root = tmpdir() .. "/fifo_folder"
+      os.execute("mkdir -p '" .. root .. "/a'")
+      write_file(root .. "/a/good.png", read_file(FOLDER .. "/bird/rgb.png"))
+      os.remove(root .. "/a/pipe.png")
+      assert(os.execute("mkfifo '" .. root .. "/a/pipe.png'") == 0)
+      local out, timed_out = run_child("local ds = lm.data.ImageFolder(" ..
+         string.format("%q", root) .. ", {size = 4})\n" ..
+         "local n = 0\nfor x in lm.data.DataLoader(ds, {batch_size = 4}):iter() do " ..
+         "n = n + x:size(1) end\nprint('files', #ds.paths, 'samples', n)\n" ..
+         "print(pcall(lm.data.ImageFolder, " .. string.format("%q", fifo) .. "))")
+      assert.is_false(timed_out, "ImageFolder blocked on a FIFO")
+      assert.truthy(out:find("files\t1\tsamples\t1", 1, true), out)
+      assert.truthy(out:find("false\tlumen.data.ImageFolder: ", 1, true), out)
+   end)
+
    it("and a folder are refused with a message naming what they are", function()
       H.assert_error_like("data.read_idx", "is a directory", data.read_idx, tmpdir())
       H.assert_error_like("load", "is a directory", lm.load, tmpdir())
@@ -255,6 +271,16 @@ describe("corrupt image data", function()
          H.assert_error_like("data.load_image", "bad JPEG data", data.load_image, path,
             { size = 4 })
       end
+   end)
+
+   it("a file far larger than any image is refused before it is read", function()
+      local path = tmpdir() .. "/huge.jpg"
+      os.remove(path)
+      -- sparse: no disk space is used
+      assert(os.execute("truncate -s 2G '" .. path .. "'") == 0)
+      H.assert_error_like("data.read_image", "too large for an image file", data.read_image,
+         path)
+      os.remove(path)
    end)
 
    -- an 8x6 RGB PNG; rows_h rows of data whatever IHDR says

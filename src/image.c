@@ -247,6 +247,7 @@ static int coeffs_make(coeffs *c, int64_t in_size, double in0, double in1, int64
 /* ------------------------------------------------------------------ decoders */
 
 enum { KIND_JPEG = 1, KIND_PNG = 2 };
+#define LM_MAX_IMAGE_FILE ((int64_t)1 << 30) /* bytes */
 
 typedef struct dec dec;
 typedef struct jerr_mgr {
@@ -353,7 +354,15 @@ static void png_read_fn(png_structp p, png_bytep out, size_t n) {
 static lm_status dec_load_file(dec *d, const char *path) {
    d->path = path;
    int fd;
-   LM_TRY(lm_open_regular(path, &fd, NULL)); /* a regular file; never blocks on a FIFO */
+   int64_t fsize = 0;
+   LM_TRY(lm_open_regular(path, &fd, &fsize)); /* a regular file; never blocks on a FIFO */
+   /* the whole file is read into memory: a file far larger than any real image (a mislabelled
+      video, a disk image) is refused before that */
+   if (fsize > LM_MAX_IMAGE_FILE) {
+      close(fd);
+      return lm_error(LM_ERR_IO, "'%s' is too large for an image file (%lld bytes, the limit is "
+                      "%lld)", path, (long long)fsize, (long long)LM_MAX_IMAGE_FILE);
+   }
    FILE *f = fdopen(fd, "rb");
    if (!f) {
       int e = errno;
@@ -376,6 +385,13 @@ static lm_status dec_load_file(dec *d, const char *path) {
       size_t r = fread(buf + len, 1, cap - len, f);
       len += r;
       if (r == 0) break;
+      if (len > (size_t)LM_MAX_IMAGE_FILE) { /* it grew while being read */
+         free(buf);
+         buf = NULL;
+         fclose(f);
+         return lm_error(LM_ERR_IO, "'%s' is too large for an image file (more than %lld bytes)",
+                         path, (long long)LM_MAX_IMAGE_FILE);
+      }
    }
    if (!buf) st = lm_error(LM_ERR_OOM, "out of memory reading '%s'", path);
    else if (ferror(f)) st = lm_error(LM_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
@@ -481,6 +497,10 @@ static void dec_start(dec *d, int denom) {
       if (d->dc < 1 || d->dc > 4 || d->rowbytes != (size_t)d->dw * (size_t)d->dc)
          dec_fail(d, LM_ERR_IO, "unexpected PNG pixel layout (%d channels)", d->dc);
       if (interlace != PNG_INTERLACE_NONE) {
+         /* the whole image is held: the same limit as lm_image_read's */
+         if (d->W * d->H > ((int64_t)1 << 31))
+            dec_fail(d, LM_ERR_IO, "the interlaced image is too large (%lld x %lld)",
+                     (long long)d->W, (long long)d->H);
          d->full = dec_alloc(d, d->rowbytes * (size_t)d->dh);
          png_bytep *rows = dec_alloc(d, sizeof(png_bytep) * (size_t)d->dh);
          for (int64_t y = 0; y < d->dh; y++) rows[y] = d->full + (size_t)y * d->rowbytes;
