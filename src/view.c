@@ -208,7 +208,8 @@ lm_status lm_narrow(const lm_tensor *t, int dim, int64_t start, int64_t length, 
    LM_TRY(lm_wrap_dim(&dim, t->ndim));
    if (start < 0 || length < 0 || start > t->sizes[dim] || length > t->sizes[dim] - start)
       return lm_error(LM_ERR_ARG, "start (%lld) + length (%lld) exceeds dimension size (%lld)",
-                      (long long)start + 1, (long long)length, (long long)t->sizes[dim]);
+                      (long long)(start < INT64_MAX ? start + 1 : start), /* 1-based for Lua */
+                      (long long)length, (long long)t->sizes[dim]);
    int64_t sz[LM_MAX_DIMS];
    memcpy(sz, t->sizes, sizeof sz);
    sz[dim] = length;
