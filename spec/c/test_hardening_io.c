@@ -100,6 +100,11 @@ static void test_sizes(void) {
    if (wide) {
       check(lm_unsqueeze(wide, 1, &t) == LM_OK, "unsqueeze of a wide empty view");
       lm_tensor_free(t);
+      /* cat along the huge dim: 17 * 2^59 overflows int64 */
+      const lm_tensor *many[17];
+      for (int i = 0; i < 17; i++) many[i] = wide;
+      t = NULL;
+      check(lm_cat(17, many, 1, &t) == LM_ERR_SHAPE && has("overflow"), "cat size overflow");
       lm_tensor_free(wide);
    }
    lm_tensor_free(base);
