@@ -50,7 +50,12 @@ lm_status lm_cat(int n, const lm_tensor *const *ts, int dim, lm_tensor **out) {
                             "sizes of tensors must match except in dimension %d. Expected size "
                             "%lld but got size %lld for tensor number %d in the list",
                             dim + 1, (long long)ref->sizes[d], (long long)t->sizes[d], i + 1);
-      shape[dim] += t->sizes[dim];
+      /* each size is <= 2^60 (lm_check_sizes), but enough of them can still overflow: checked
+         here, and the result's sizes by lm_empty below */
+      if (__builtin_add_overflow(shape[dim], t->sizes[dim], &shape[dim]) ||
+          shape[dim] > LM_MAX_SPAN)
+         return lm_error(LM_ERR_SHAPE, "cat: the result's size along dimension %d overflows",
+                         dim + 1);
    }
    (void)refpos;
    if (fmt == LM_CHANNELS_LAST && nd != 4) fmt = LM_CONTIGUOUS;

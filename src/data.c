@@ -19,9 +19,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 /* ------------------------------------------------------------------ IDX */
+
+/* zlib's message without the "<fd:N>: " it puts in front for a gzdopen'ed file */
+static const char *gz_message(gzFile f, int *zerr) {
+   const char *m = gzerror(f, zerr);
+   if (!m) return "gzip error";
+   if (strncmp(m, "<fd:", 4) == 0) {
+      const char *c = strstr(m, ": ");
+      if (c) m = c + 2;
+   }
+   return m;
+}
 
 static lm_status gz_read_exact(gzFile f, void *buf, size_t n, const char *path, const char *what) {
    size_t got = 0;
@@ -30,7 +42,7 @@ static lm_status gz_read_exact(gzFile f, void *buf, size_t n, const char *path, 
       int r = gzread(f, (char *)buf + got, chunk);
       if (r < 0) {
          int zerr;
-         const char *m = gzerror(f, &zerr);
+         const char *m = gz_message(f, &zerr);
          return lm_error(LM_ERR_IO, "'%s' is corrupt (%s while reading the %s)", path, m, what);
       }
       if (r == 0)
@@ -41,10 +53,47 @@ static lm_status gz_read_exact(gzFile f, void *buf, size_t n, const char *path, 
    return LM_OK;
 }
 
+/* after the data: the stream must end here, and end properly. For gzip, zlib checks the
+   trailer's CRC-32 and length (ISIZE) only when it reads past the data, so without this a
+   flipped byte, or a stream cut short of its trailer, would go unnoticed. Bytes after a complete
+   gzip member that do not start another member are ignored, as gzip does; decompressed data
+   beyond what the dimensions need is an error, as for a plain file. */
+static lm_status gz_check_end(gzFile f, const char *path, const char *dims) {
+   unsigned char extra[4096];
+   int64_t more = 0;
+   for (;;) {
+      int r = gzread(f, extra, sizeof extra);
+      if (r <= 0) {
+         int zerr = Z_OK;
+         const char *m = gz_message(f, &zerr);
+         if (r < 0 || zerr == Z_DATA_ERROR || zerr == Z_STREAM_ERROR || zerr == Z_ERRNO)
+            return lm_error(LM_ERR_IO, "'%s' is corrupt (%s)", path, m);
+         if (zerr == Z_BUF_ERROR)
+            return lm_error(LM_ERR_IO, "'%s' is truncated: the gzip stream ends before its "
+                            "trailer (%s)", path, m);
+         if (zerr != Z_OK)
+            return lm_error(LM_ERR_IO, "'%s' is corrupt (%s)", path, m);
+         break;
+      }
+      more += r;
+      if (more > (1 << 20)) break; /* enough to say so */
+   }
+   if (more > 0)
+      return lm_error(LM_ERR_IO, "'%s' has %s%lld bytes of data after what its dimensions (%s) "
+                      "need", path, more > (1 << 20) ? "more than " : "", (long long)more, dims);
+   return LM_OK;
+}
+
 lm_status lm_idx_read(const char *path, lm_tensor **out) {
    if (!path || !out) return lm_error(LM_ERR_ARG, "path is nil");
-   gzFile f = gzopen(path, "rb");
-   if (!f) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+   int fd;
+   int64_t fsize = 0;
+   LM_TRY(lm_open_regular(path, &fd, &fsize)); /* never blocks on a FIFO */
+   gzFile f = gzdopen(fd, "rb");
+   if (!f) {
+      close(fd);
+      return lm_error(LM_ERR_OOM, "cannot read '%s': out of memory", path);
+   }
    unsigned char magic[4];
    lm_status st = gz_read_exact(f, magic, 4, path, "magic number");
    if (st != LM_OK) goto done;
@@ -68,41 +117,54 @@ lm_status lm_idx_read(const char *path, lm_tensor **out) {
       goto done;
    }
    int64_t sizes[LM_MAX_DIMS];
-   int64_t numel = 1;
-   int too_big = 0;
    for (int d = 0; d < nd; d++) {
       unsigned char b[4];
       st = gz_read_exact(f, b, 4, path, "dimensions");
       if (st != LM_OK) goto done;
       sizes[d] = ((int64_t)b[0] << 24) | ((int64_t)b[1] << 16) | ((int64_t)b[2] << 8) | b[3];
-      if (sizes[d] > 0 && numel > ((int64_t)1 << 40) / sizes[d]) too_big = 1;
-      else numel *= sizes[d];
    }
-   /* the data must fit in the file: exactly for a plain file; for gzip, within deflate's
-      largest possible ratio (about 1032:1). Checked before anything is allocated. */
-   struct stat sb;
-   int64_t fsize = stat(path, &sb) == 0 ? (int64_t)sb.st_size : -1;
-   int64_t need = too_big ? -1 : numel * esize;
-   int64_t room = fsize < 0 ? -1 : gzdirect(f) ? fsize - 4 - 4 * nd : fsize * 1032 + 1024;
-   if (too_big || (room >= 0 && need > room)) {
-      char dims[160];
+   char dims[160];
+   {
       int len = 0;
+      dims[0] = 0;
       for (int d = 0; d < nd && len < (int)sizeof dims - 24; d++)
          len += snprintf(dims + len, sizeof dims - (size_t)len, "%s%lld", d ? " x " : "",
                          (long long)sizes[d]);
-      if (!too_big && gzdirect(f))
-         st = lm_error(LM_ERR_IO, "'%s' is truncated: its dimensions (%s) need %lld bytes of "
-                       "data, the file holds %lld", path, dims, (long long)need,
-                       (long long)(room < 0 ? 0 : room));
-      else
-         st = lm_error(LM_ERR_IO, "'%s': IDX dimensions (%s) are too large for the file", path,
-                       dims);
+   }
+   /* every product of the sizes is checked, even past a zero size: {0, 2^32-1, 2^32-1, ...}
+      holds no data but its strides would overflow (lm_check_sizes) */
+   if (lm_check_sizes(nd, sizes) != LM_OK) {
+      st = lm_error(LM_ERR_IO, "'%s': IDX dimensions (%s) are too large (their product or "
+                    "strides overflow)", path, dims);
+      goto done;
+   }
+   int64_t numel = lm_numel_of(nd, sizes); /* <= 2^50 */
+   /* the data must fit in the file: exactly for a plain file; for gzip, within deflate's
+      largest possible ratio (about 1032:1). Checked before anything is allocated. */
+   int64_t need = numel * esize;
+   int64_t head = 4 + 4 * (int64_t)nd;
+   if (gzdirect(f)) {
+      if (need != fsize - head) {
+         if (need > fsize - head)
+            st = lm_error(LM_ERR_IO, "'%s' is truncated: its dimensions (%s) need %lld bytes of "
+                          "data, the file holds %lld", path, dims, (long long)need,
+                          (long long)(fsize - head));
+         else
+            st = lm_error(LM_ERR_IO, "'%s' has %lld bytes after the %lld bytes of data its "
+                          "dimensions (%s) need", path, (long long)(fsize - head - need),
+                          (long long)need, dims);
+         goto done;
+      }
+   } else if (need / 1032 > fsize) {
+      st = lm_error(LM_ERR_IO, "'%s': IDX dimensions (%s) are too large for the file", path,
+                    dims);
       goto done;
    }
    lm_tensor *t = NULL;
    st = lm_empty(nd, sizes, dtype, LM_CONTIGUOUS, LM_CPU, &t);
    if (st != LM_OK) goto done;
    st = gz_read_exact(f, lm_tensor_data(t), (size_t)(numel * esize), path, "data");
+   if (st == LM_OK) st = gz_check_end(f, path, dims);
    if (st != LM_OK) {
       lm_tensor_free(t);
       goto done;
@@ -131,6 +193,7 @@ typedef struct slot {
    lm_tensor *x, *y;
    lm_status status;
    char err[1024]; /* the worker's message (as long as lm_error's buffer) */
+   char *skipped;  /* skip_corrupt: "<index>\t<message>\n" per sample left out, or NULL */
 } slot;
 
 struct lm_loader {
@@ -148,7 +211,18 @@ struct lm_loader {
    slot *slots;
    pthread_t *threads;
    int nthreads;
+   char *skipped; /* the log of the batch taken last (lm_loader_skipped) */
 };
+
+/* append "<idx>\t<msg>\n" to *log (a malloc'd string); on out of memory the line is dropped
+   (the sample is still left out; only its warning is lost) */
+static void log_skip(char **log, int64_t idx, const char *msg) {
+   size_t old = *log ? strlen(*log) : 0, add = strlen(msg) + 32;
+   char *n = realloc(*log, old + add);
+   if (!n) return;
+   snprintf(n + old, add, "%lld\t%s\n", (long long)idx, msg);
+   *log = n;
+}
 
 static uint64_t mix64(uint64_t x) {
    x += 0x9e3779b97f4a7c15ull;
@@ -157,7 +231,8 @@ static uint64_t mix64(uint64_t x) {
    return x ^ (x >> 31);
 }
 
-static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor **py) {
+static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor **py,
+                            char **skipped) {
    int64_t first = b * L->o.batch_size;
    int64_t n = L->n_order - first < L->o.batch_size ? L->n_order - first : L->o.batch_size;
    int64_t xs[4] = {n, L->Cn, L->oh, L->ow};
@@ -180,23 +255,31 @@ static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor *
       scale[c] = 1.0f / (255.0f * L->o.std[c]);
       shift[c] = -L->o.mean[c] / L->o.std[c];
    }
+   int64_t k = 0; /* samples kept: with skip_corrupt, a sample that fails is left out and the
+                     next one takes its row */
    for (int64_t i = 0; i < n; i++) {
       int64_t pos = first + i, idx = L->order[pos];
       /* every random choice for this sample comes from (seed, position in the epoch) */
       uint64_t r = mix64(L->o.seed ^ mix64((uint64_t)pos));
       int flip = L->o.hflip && ((r >> 40) & 1);
-      if (y) ((int64_t *)lm_tensor_data(y))[i] = labels[idx];
+      if (y) ((int64_t *)lm_tensor_data(y))[k] = labels[idx];
       if (L->files) {
          lm_status st = lm_image_sample(L->files->paths[idx], &L->io,
-                                        mix64(r ^ 0x5851f42d4c957f2dull), flip, xo + i * sN, sC,
+                                        mix64(r ^ 0x5851f42d4c957f2dull), flip, xo + k * sN, sC,
                                         sH, sW, scale, shift);
+         if (st != LM_OK && L->o.skip_corrupt && st != LM_ERR_OOM) {
+            log_skip(skipped, idx, lm_last_error());
+            continue;
+         }
          if (st != LM_OK) {
             lm_tensor_free(x);
             lm_tensor_free(y);
             return st;
          }
+         k++;
          continue;
       }
+      k++;
       int64_t range_h = H + 2 * pad - L->oh + 1, range_w = W + 2 * pad - L->ow + 1;
       int64_t oy = (int64_t)(r % (uint64_t)range_h) - pad;
       int64_t ox = (int64_t)((r >> 20) % (uint64_t)range_w) - pad;
@@ -216,6 +299,19 @@ static lm_status make_batch(lm_loader *L, int64_t b, lm_tensor **px, lm_tensor *
          }
       }
    }
+   if (k < n) { /* samples were left out: the batch is the first k rows */
+      lm_tensor *xk = NULL, *yk = NULL;
+      lm_status st = lm_narrow(x, 0, 0, k, &xk);
+      if (st == LM_OK && y) st = lm_narrow(y, 0, 0, k, &yk);
+      lm_tensor_free(x);
+      lm_tensor_free(y);
+      if (st != LM_OK) {
+         lm_tensor_free(xk);
+         return st;
+      }
+      x = xk;
+      y = yk;
+   }
    *px = x;
    *py = y;
    return LM_OK;
@@ -234,11 +330,14 @@ static void *worker(void *arg) {
       slot *s = &L->slots[b % L->o.prefetch];
       pthread_mutex_unlock(&L->mu);
       lm_tensor *x = NULL, *y = NULL;
-      lm_status st = make_batch(L, b, &x, &y);
+      char *skipped = NULL;
+      lm_status st = make_batch(L, b, &x, &y, &skipped);
       pthread_mutex_lock(&L->mu);
       s->batch = b;
       s->x = x;
       s->y = y;
+      free(s->skipped);
+      s->skipped = skipped;
       s->status = st;
       if (st != LM_OK) snprintf(s->err, sizeof s->err, "%s", lm_last_error());
       s->ready = 1;
@@ -255,10 +354,12 @@ void lm_loader_free(lm_loader *L) {
    pthread_cond_broadcast(&L->cv_work);
    pthread_mutex_unlock(&L->mu);
    for (int i = 0; i < L->nthreads; i++) pthread_join(L->threads[i], NULL);
-   for (int i = 0; i < L->o.prefetch; i++) {
+   for (int i = 0; L->slots && i < L->o.prefetch; i++) {
       lm_tensor_free(L->slots[i].x);
       lm_tensor_free(L->slots[i].y);
+      free(L->slots[i].skipped);
    }
+   free(L->skipped);
    pthread_mutex_destroy(&L->mu);
    pthread_cond_destroy(&L->cv_work);
    pthread_cond_destroy(&L->cv_ready);
@@ -399,6 +500,10 @@ lm_status lm_image_loader_new(lm_image_list *files, const int64_t *order, int64_
 
 int64_t lm_loader_num_batches(const lm_loader *L) { return L ? L->n_batches : 0; }
 
+const char *lm_loader_skipped(const lm_loader *L) {
+   return L && L->skipped ? L->skipped : "";
+}
+
 /* the next batch in order; *x == NULL at the end of the epoch */
 lm_status lm_loader_next(lm_loader *L, lm_tensor **x, lm_tensor **y) {
    if (!L || !x || !y) return lm_error(LM_ERR_ARG, "loader is nil");
@@ -415,6 +520,9 @@ lm_status lm_loader_next(lm_loader *L, lm_tensor **x, lm_tensor **y) {
    *x = s->x;
    *y = s->y;
    s->x = s->y = NULL;
+   free(L->skipped);
+   L->skipped = s->skipped;
+   s->skipped = NULL;
    s->ready = 0;
    s->batch = -1;
    L->next_take++;

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <jpeglib.h>
 #include <jerror.h>
 #include <png.h>
@@ -246,6 +247,7 @@ static int coeffs_make(coeffs *c, int64_t in_size, double in0, double in1, int64
 /* ------------------------------------------------------------------ decoders */
 
 enum { KIND_JPEG = 1, KIND_PNG = 2 };
+#define LM_MAX_IMAGE_FILE ((int64_t)1 << 30) /* bytes */
 
 typedef struct dec dec;
 typedef struct jerr_mgr {
@@ -309,12 +311,17 @@ static void jerr_exit(j_common_ptr cinfo) {
 }
 
 static void jerr_emit(j_common_ptr cinfo, int level) {
-   /* warnings (level -1) are mostly benign, except the end of the data coming early: libjpeg
-      would pad the image with grey, the sample would be silently wrong */
-   if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
-      dec *d = ((jerr_mgr *)cinfo->err)->d;
+   /* Level -1 is a warning: libjpeg found corrupt data and carries on, padding with grey or
+      inventing rows (a premature end of the data, a marker in the middle of the entropy-coded
+      data after an enlarged SOF height, extraneous bytes, a bad Huffman code): the sample would
+      be silently wrong, so every warning is an error. Levels >= 0 are trace messages. */
+   if (level >= 0) return;
+   dec *d = ((jerr_mgr *)cinfo->err)->d;
+   if (cinfo->err->msg_code == JWRN_JPEG_EOF)
       dec_fail(d, LM_ERR_IO, "truncated JPEG file (the data ends before the image does)");
-   }
+   char m[JMSG_LENGTH_MAX];
+   (*cinfo->err->format_message)(cinfo, m);
+   dec_fail(d, LM_ERR_IO, "bad JPEG data (%s)", m);
 }
 
 static void png_err_fn(png_structp p, png_const_charp m) {
@@ -325,8 +332,15 @@ static void png_err_fn(png_structp p, png_const_charp m) {
 }
 
 static void png_warn_fn(png_structp p, png_const_charp m) {
-   (void)p;
-   (void)m;
+   /* libpng reads past many oddities with a warning or a "benign" error (which it reports here
+      too). Those about ancillary chunks (a known incorrect sRGB profile, bad text) leave the
+      pixels intact and are ignored, as PIL does. Those about the image data mean the pixels
+      are not what the file's header promises: more rows of data than the header's height
+      ("Too much image data", "Extra compressed data": a shrunk IHDR would silently crop the
+      image), or an IDAT stream whose checksum is wrong. Those are errors. */
+   if (strstr(m, "image data") || strstr(m, "compressed data") || strstr(m, "IDAT") ||
+       strstr(m, "data check") || strstr(m, "zlib") || strstr(m, "inflate"))
+      png_error(p, m);
 }
 
 static void png_read_fn(png_structp p, png_bytep out, size_t n) {
@@ -339,8 +353,22 @@ static void png_read_fn(png_structp p, png_bytep out, size_t n) {
 /* read the whole file (outside the setjmp region) */
 static lm_status dec_load_file(dec *d, const char *path) {
    d->path = path;
-   FILE *f = fopen(path, "rb");
-   if (!f) return lm_error(LM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+   int fd;
+   int64_t fsize = 0;
+   LM_TRY(lm_open_regular(path, &fd, &fsize)); /* a regular file; never blocks on a FIFO */
+   /* the whole file is read into memory: a file far larger than any real image (a mislabelled
+      video, a disk image) is refused before that */
+   if (fsize > LM_MAX_IMAGE_FILE) {
+      close(fd);
+      return lm_error(LM_ERR_IO, "'%s' is too large for an image file (%lld bytes, the limit is "
+                      "%lld)", path, (long long)fsize, (long long)LM_MAX_IMAGE_FILE);
+   }
+   FILE *f = fdopen(fd, "rb");
+   if (!f) {
+      int e = errno;
+      close(fd);
+      return lm_error(LM_ERR_IO, "cannot read '%s': %s", path, strerror(e));
+   }
    lm_status st = LM_OK;
    size_t cap = 1 << 16, len = 0;
    unsigned char *buf = malloc(cap);
@@ -357,6 +385,13 @@ static lm_status dec_load_file(dec *d, const char *path) {
       size_t r = fread(buf + len, 1, cap - len, f);
       len += r;
       if (r == 0) break;
+      if (len > (size_t)LM_MAX_IMAGE_FILE) { /* it grew while being read */
+         free(buf);
+         buf = NULL;
+         fclose(f);
+         return lm_error(LM_ERR_IO, "'%s' is too large for an image file (more than %lld bytes)",
+                         path, (long long)LM_MAX_IMAGE_FILE);
+      }
    }
    if (!buf) st = lm_error(LM_ERR_OOM, "out of memory reading '%s'", path);
    else if (ferror(f)) st = lm_error(LM_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
@@ -462,6 +497,10 @@ static void dec_start(dec *d, int denom) {
       if (d->dc < 1 || d->dc > 4 || d->rowbytes != (size_t)d->dw * (size_t)d->dc)
          dec_fail(d, LM_ERR_IO, "unexpected PNG pixel layout (%d channels)", d->dc);
       if (interlace != PNG_INTERLACE_NONE) {
+         /* the whole image is held: the same limit as lm_image_read's */
+         if (d->W * d->H > ((int64_t)1 << 31))
+            dec_fail(d, LM_ERR_IO, "the interlaced image is too large (%lld x %lld)",
+                     (long long)d->W, (long long)d->H);
          d->full = dec_alloc(d, d->rowbytes * (size_t)d->dh);
          png_bytep *rows = dec_alloc(d, sizeof(png_bytep) * (size_t)d->dh);
          for (int64_t y = 0; y < d->dh; y++) rows[y] = d->full + (size_t)y * d->rowbytes;

@@ -154,13 +154,21 @@ const lm_device_ops *lm_device_get(int device); /* NULL if the device is not ava
 lm_status lm_check_cpu(const lm_tensor *t, const char *what);
 
 /* shape helpers (src/tensor.c) */
+/* sizes and strides of every tensor stay <= LM_MAX_SPAN elements (tensor.c: lm_check_sizes) */
+#define LM_MAX_SPAN ((int64_t)1 << 60)
 lm_status lm_check_sizes(int ndim, const int64_t *sizes);
+/* "{2, 3, 4}" into buf (cap bytes), for messages; returns buf */
+const char *lm_format_sizes(char *buf, size_t cap, int nd, const int64_t *sz);
 int64_t lm_numel_of(int ndim, const int64_t *sizes);
 /* broadcast two shapes; returns LM_ERR_SHAPE with a message on mismatch */
 lm_status lm_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int *nout,
                               int64_t *out);
 /* normalise a 0-based dim (negative counts from the end) against ndim; error if out of range */
 lm_status lm_wrap_dim(int *dim, int ndim);
+
+/* open a user-given file read-only if it is a regular file, without blocking on a FIFO (io.c);
+   *fd and the file's size on success */
+lm_status lm_open_regular(const char *path, int *fd, int64_t *size);
 
 /* tensor / storage structs: cached LIFO lists in alloc.c, not counted as tensor memory */
 void *lm_meta_alloc(size_t nbytes);

@@ -288,8 +288,18 @@ lm_status lm_map_file(const char *path, lm_storage **out);
    final_path. On failure tmp_path is removed and final_path is untouched. */
 lm_status lm_write_file_atomic(const char *tmp_path, const char *final_path, const char *head,
                                int64_t head_len, int n, const lm_tensor *const *ts);
+/* read len bytes at offset of a regular file into buf (an error past the end); *file_size (may
+   be NULL) gets the file's size. Refuses FIFOs, devices and folders without blocking. */
 lm_status lm_read_file_range(const char *path, int64_t offset, int64_t len, void *buf,
                              int64_t *file_size);
+/* remove the temporary files "<path>.tmp.<pid>.<n>.<n>" an interrupted lm_write_file_atomic left
+   (lm.save names them so): only those whose writer process is gone, that are regular files of
+   this user, and that were not modified in the last min_age_s seconds. Best effort: a folder
+   that cannot be read removes nothing. *removed (may be NULL) counts the files removed. */
+lm_status lm_remove_stale_tmp(const char *path, int32_t min_age_s, int32_t *removed);
+/* what path is, without opening it: 0 missing (or unreadable), 1 regular file, 2 folder,
+   3 anything else (FIFO, socket, device) */
+int32_t lm_path_kind(const char *path);
 /* seconds on the monotonic clock */
 double lm_clock(void);
 
@@ -310,6 +320,9 @@ typedef struct lm_loader_opts {
    uint64_t seed;
    float mean[4], std[4];  /* per channel: out = (x / 255 - mean) / std */
    int64_t start_batch;    /* skip the batches before this one (resuming mid-epoch) */
+   int32_t skip_corrupt;   /* image files: a sample that cannot be decoded is left out of its
+                              batch (which is then smaller; a batch with no sample left has 0
+                              rows) instead of failing the batch; see lm_loader_skipped */
 } lm_loader_opts;
 /* images: uint8 (N, H, W) or (N, H, W, C); labels: int64 (N) or NULL; order: the epoch's sample
    indices (0-based). Batches come out as float32 (B, C, H, W) in opts->out_fmt. */
@@ -318,6 +331,10 @@ lm_status lm_loader_new(const lm_tensor *images, const lm_tensor *labels, const 
 int64_t lm_loader_num_batches(const lm_loader *l);
 /* the next batch in order (caller owns x and y); *x == NULL after the last batch */
 lm_status lm_loader_next(lm_loader *l, lm_tensor **x, lm_tensor **y);
+/* the samples left out of the batch lm_loader_next returned last (skip_corrupt): one line per
+   sample, "<index, 0-based>\t<message naming the file>\n"; "" when none. Valid until the next
+   lm_loader_next or lm_loader_free. */
+const char *lm_loader_skipped(const lm_loader *l);
 void lm_loader_free(lm_loader *l);
 /* idx = a permutation of 0..n-1 that depends only on seed */
 lm_status lm_permutation(int64_t *idx, int64_t n, uint64_t seed);

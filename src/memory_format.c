@@ -122,8 +122,13 @@ int lm_suggest_memory_format(const lm_tensor *t, int exact) {
    return fmt;
 }
 
-/* section 1 */
+/* section 1. The sizes are checked first (lm_check_sizes: rank, no negative size, and the product
+   of the sizes counted as max(size, 1) at most 2^60), so none of the products below can
+   overflow, whatever the caller passes (this is public: Lua computes strides for a file's shapes
+   with it). */
 lm_status lm_compute_strides(int nd, const int64_t *sz, int fmt, int64_t *st) {
+   LM_TRY(lm_check_sizes(nd, sz));
+   if (nd > 0 && !st) return lm_error(LM_ERR_ARG, "strides are missing");
    switch (fmt) {
    case LM_CONTIGUOUS:
    case LM_PRESERVE: {

@@ -1,5 +1,6 @@
 /* tensor.c -- storage and tensor lifetime, creation, *_like and clone (spec section 5). */
 #include "internal.h"
+#include <stdio.h>
 #include <stdlib.h>
 
 /* ---------------------------------------------------------------- shape helpers */
@@ -10,19 +11,49 @@ int64_t lm_numel_of(int nd, const int64_t *sz) {
    return n;
 }
 
+/* "{2, 3, 4}" into buf (at most cap bytes, "..." when cut), for error messages */
+const char *lm_format_sizes(char *buf, size_t cap, int nd, const int64_t *sz) {
+   size_t len = 0;
+   buf[0] = 0;
+   len += (size_t)snprintf(buf, cap, "{");
+   for (int d = 0; d < nd && len < cap; d++) {
+      if (len + 28 > cap) {
+         snprintf(buf + len, cap - len, "...");
+         len = cap;
+         break;
+      }
+      len += (size_t)snprintf(buf + len, cap - len, "%s%lld", d ? ", " : "", (long long)sz[d]);
+   }
+   if (len < cap) snprintf(buf + len, cap - len, "}");
+   return buf;
+}
+
+/* Every size, stride and element count of a tensor stays at most LM_MAX_SPAN (2^60), and so does
+   the product of its sizes counted as max(size, 1) (the largest contiguous stride times the
+   first size): byte offsets (times an element size <= 8) and sums of a few of them then stay
+   inside int64, so no later computation can overflow. As in PyTorch, this holds even when a zero
+   size makes the tensor empty: {0, 2^40, 2^40, 2^40} would need strides of 2^80. */
 lm_status lm_check_sizes(int nd, const int64_t *sz) {
    if (nd < 0 || nd > LM_MAX_DIMS)
       return lm_error(LM_ERR_SHAPE, "tensors have at most %d dimensions, got %d", LM_MAX_DIMS, nd);
    if (nd > 0 && !sz) return lm_error(LM_ERR_ARG, "sizes are missing");
-   int64_t n = 1;
+   int64_t n = 1, span = 1;
+   int ovf = 0;
    for (int d = 0; d < nd; d++) {
       if (sz[d] < 0)
          return lm_error(LM_ERR_SHAPE, "negative dimension %lld at position %d",
                          (long long)sz[d], d + 1);
-      if (sz[d] > 0 && n > ((int64_t)1 << 50) / sz[d])
-         return lm_error(LM_ERR_SHAPE, "tensor too large");
-      n *= sz[d];
+      ovf |= __builtin_mul_overflow(span, sz[d] > 1 ? sz[d] : 1, &span);
+      ovf |= span > LM_MAX_SPAN;
+      if (!ovf) n *= sz[d]; /* n <= span: cannot overflow */
    }
+   if (ovf) {
+      char buf[256];
+      return lm_error(LM_ERR_SHAPE,
+                      "sizes %s overflow (their product or strides do not fit in 64 bits)",
+                      lm_format_sizes(buf, sizeof buf, nd, sz));
+   }
+   if (n > ((int64_t)1 << 50)) return lm_error(LM_ERR_SHAPE, "tensor too large");
    return LM_OK;
 }
 
@@ -151,15 +182,31 @@ int lm_tensor_same_storage(const lm_tensor *a, const lm_tensor *b) {
    return a && b && a->storage == b->storage;
 }
 
-/* bytes of storage a (sizes, strides, offset) view reaches; -1 for a negative stride */
+/* elements of storage a (sizes, strides) view reaches past its offset: 0 when empty, -1 for a
+   negative stride, -2 when a stride or the extent is past LM_MAX_SPAN (checked arithmetic:
+   hostile strides must not wrap around into a small extent) */
 static int64_t extent_elems(int nd, const int64_t *sz, const int64_t *st) {
+   for (int d = 0; d < nd; d++) {
+      if (st[d] < 0) return -1;
+      if (st[d] > LM_MAX_SPAN) return -2;
+   }
+   for (int d = 0; d < nd; d++)
+      if (sz[d] == 0) return 0;
    int64_t hi = 0;
    for (int d = 0; d < nd; d++) {
-      if (sz[d] == 0) return 0;
-      if (st[d] < 0) return -1;
-      hi += (sz[d] - 1) * st[d];
+      int64_t step;
+      if (__builtin_mul_overflow(sz[d] - 1, st[d], &step) || __builtin_add_overflow(hi, step, &hi) ||
+          hi >= LM_MAX_SPAN)
+         return -2;
    }
    return hi + 1;
+}
+
+static lm_status extent_error(int64_t ext, int nd, const int64_t *st) {
+   if (ext == -1) return lm_error(LM_ERR_ARG, "negative strides are not supported");
+   char buf[256];
+   return lm_error(LM_ERR_SHAPE, "strides %s overflow (the memory they reach does not fit in 64 "
+                   "bits)", lm_format_sizes(buf, sizeof buf, nd, st));
 }
 
 lm_status lm_tensor_from_storage(lm_storage *s, int64_t offset, int nd, const int64_t *sz,
@@ -167,10 +214,14 @@ lm_status lm_tensor_from_storage(lm_storage *s, int64_t offset, int nd, const in
    if (!s) return lm_error(LM_ERR_ARG, "storage is nil");
    if (!lm_valid_dtype(dtype)) return lm_error(LM_ERR_DTYPE, "unknown dtype %d", dtype);
    LM_TRY(lm_check_sizes(nd, sz));
+   if (nd > 0 && !st) return lm_error(LM_ERR_ARG, "strides are missing");
    if (offset < 0) return lm_error(LM_ERR_ARG, "negative storage offset %lld", (long long)offset);
+   if (offset > LM_MAX_SPAN)
+      return lm_error(LM_ERR_ARG, "storage offset %lld is out of range", (long long)offset);
    int64_t ext = extent_elems(nd, sz, st);
-   if (ext < 0) return lm_error(LM_ERR_ARG, "negative strides are not supported");
+   if (ext < 0) return extent_error(ext, nd, st);
    int64_t esz = lm_dtype_size(dtype);
+   /* offset, ext <= 2^60 and esz <= 8: no overflow */
    if (ext > 0 && (offset + ext) * esz > s->nbytes)
       return lm_error(LM_ERR_ARG,
                       "view of %lld elements at offset %lld is out of bounds for a storage of "
@@ -201,7 +252,7 @@ lm_status lm_empty_strided(int nd, const int64_t *sz, const int64_t *st, int dty
    LM_TRY(lm_check_sizes(nd, sz));
    if (nd > 0 && !st) return lm_error(LM_ERR_ARG, "strides are missing");
    int64_t ext = extent_elems(nd, sz, st);
-   if (ext < 0) return lm_error(LM_ERR_ARG, "negative strides are not supported");
+   if (ext < 0) return extent_error(ext, nd, st);
    if (ext > ((int64_t)1 << 50)) return lm_error(LM_ERR_SHAPE, "tensor too large");
    lm_storage *s = lm_storage_new(ext * lm_dtype_size(dtype), device);
    if (!s) return LM_ERR_OOM;

@@ -27,19 +27,29 @@ lm_status lm_as_strided(const lm_tensor *t, int nd, const int64_t *sz, const int
 static lm_status infer_size(int nd, const int64_t *in, int64_t numel, int64_t *out) {
    if (nd < 0 || nd > LM_MAX_DIMS)
       return lm_error(LM_ERR_SHAPE, "tensors have at most %d dimensions, got %d", LM_MAX_DIMS, nd);
+   if (nd > 0 && !in) return lm_error(LM_ERR_ARG, "sizes are missing");
    int infer = -1;
    int64_t prod = 1;
    for (int d = 0; d < nd; d++) {
       if (in[d] == -1) {
          if (infer >= 0) return lm_error(LM_ERR_SHAPE, "only one dimension can be inferred");
          infer = d;
+         out[d] = 1; /* for the size check below */
       } else if (in[d] < 0) {
          return lm_error(LM_ERR_SHAPE, "invalid shape dimension %lld", (long long)in[d]);
       } else {
-         prod *= in[d];
+         out[d] = in[d];
       }
-      out[d] = in[d];
    }
+   /* the sizes (with the inferred one as 1) must not overflow before they are multiplied */
+   if (lm_check_sizes(nd, out) != LM_OK) {
+      char buf[256];
+      return lm_error(LM_ERR_SHAPE,
+                      "sizes %s overflow (their product or strides do not fit in 64 bits)",
+                      lm_format_sizes(buf, sizeof buf, nd, in));
+   }
+   for (int d = 0; d < nd; d++)
+      if (d != infer) prod *= out[d];
    if (infer >= 0) {
       if (prod == 0 || numel % prod != 0)
          return lm_error(LM_ERR_SHAPE, "shape is invalid for input of size %lld",
@@ -48,7 +58,7 @@ static lm_status infer_size(int nd, const int64_t *in, int64_t numel, int64_t *o
    } else if (prod != numel) {
       return lm_error(LM_ERR_SHAPE, "shape is invalid for input of size %lld", (long long)numel);
    }
-   return LM_OK;
+   return lm_check_sizes(nd, out);
 }
 
 /* PyTorch's computeStride: strides for a view of (osz, ost) with new sizes nsz, or 0 if none */
@@ -181,17 +191,29 @@ lm_status lm_expand(const lm_tensor *t, int nd, const int64_t *sizes, lm_tensor 
    return make_view(t, nd, sz, st, t->offset, out);
 }
 
+/* t's offset plus i steps along dim. A view with elements stays inside the storage, so this is
+   small; only an empty tensor (another size 0) can have huge sizes and strides, and an empty view
+   may start anywhere: it then keeps t's offset rather than overflow. */
+static int64_t view_offset(const lm_tensor *t, int64_t i, int dim) {
+   int64_t step, off;
+   if (__builtin_mul_overflow(i, t->strides[dim], &step) ||
+       __builtin_add_overflow(t->offset, step, &off) || off > LM_MAX_SPAN)
+      return t->offset;
+   return off;
+}
+
 lm_status lm_narrow(const lm_tensor *t, int dim, int64_t start, int64_t length, lm_tensor **out) {
    LM_CHECK_TENSOR(t, "input");
    if (t->ndim == 0) return lm_error(LM_ERR_ARG, "cannot narrow a 0-dimensional tensor");
    LM_TRY(lm_wrap_dim(&dim, t->ndim));
-   if (start < 0 || length < 0 || start + length > t->sizes[dim])
+   if (start < 0 || length < 0 || start > t->sizes[dim] || length > t->sizes[dim] - start)
       return lm_error(LM_ERR_ARG, "start (%lld) + length (%lld) exceeds dimension size (%lld)",
-                      (long long)start + 1, (long long)length, (long long)t->sizes[dim]);
+                      (long long)(start < INT64_MAX ? start + 1 : start), /* 1-based for Lua */
+                      (long long)length, (long long)t->sizes[dim]);
    int64_t sz[LM_MAX_DIMS];
    memcpy(sz, t->sizes, sizeof sz);
    sz[dim] = length;
-   return make_view(t, t->ndim, sz, t->strides, t->offset + start * t->strides[dim], out);
+   return make_view(t, t->ndim, sz, t->strides, view_offset(t, start, dim), out);
 }
 
 lm_status lm_select(const lm_tensor *t, int dim, int64_t index, lm_tensor **out) {
@@ -210,7 +232,7 @@ lm_status lm_select(const lm_tensor *t, int dim, int64_t index, lm_tensor **out)
       st[k] = t->strides[d];
       k++;
    }
-   return make_view(t, k, sz, st, t->offset + index * t->strides[dim], out);
+   return make_view(t, k, sz, st, view_offset(t, index, dim), out);
 }
 
 lm_status lm_unsqueeze(const lm_tensor *t, int dim, lm_tensor **out) {
@@ -223,7 +245,11 @@ lm_status lm_unsqueeze(const lm_tensor *t, int dim, lm_tensor **out) {
    for (int d = 0; d <= t->ndim; d++) {
       if (d == dim) {
          sz[d] = 1;
-         st[d] = d < t->ndim ? t->sizes[k] * t->strides[k] : 1;
+         st[d] = 1;
+         /* size * stride of the next dim; only an empty tensor's can pass 2^60 (checked) */
+         if (d < t->ndim &&
+             (__builtin_mul_overflow(t->sizes[k], t->strides[k], &st[d]) || st[d] > LM_MAX_SPAN))
+            st[d] = LM_MAX_SPAN;
       } else {
          sz[d] = t->sizes[k];
          st[d] = t->strides[k];

@@ -108,35 +108,59 @@ local function encode(v, ctx, where, seen)
         is_module(v) and "Module" or type(v))
 end
 
+-- the inverse of encode. The metadata comes from a file, so every marker's shape is checked: a
+-- malformed one is a "malformed lumen.checkpoint metadata" error, never a Lua error from deep
+-- inside (indexing a number, a NaN table key) or a silently wrong value.
 local function decode(v, tensors, fname, path)
+   local function bad(what)
+      fail(fname, "'%s': malformed lumen.checkpoint metadata (%s)", path, what)
+   end
    if type(v) ~= "table" then
       if v == json.null then return nil end
       return v
    end
    if v["$n"] ~= nil then
       local s = v["$n"]
-      if s == "nan" then return 0 / 0 elseif s == "inf" then return math.huge end
-      return -math.huge
+      if s == "nan" then return 0 / 0 elseif s == "inf" then return math.huge
+      elseif s == "-inf" then return -math.huge end
+      bad("bad number marker " .. tostring(s))
    end
    if v["$tensor"] ~= nil then
-      local t = tensors[v["$tensor"]]
+      local t = type(v["$tensor"]) == "string" and tensors[v["$tensor"]] or nil
       if t == nil then
          fail(fname, "'%s': the checkpoint refers to a missing tensor '%s'", path,
               tostring(v["$tensor"]))
       end
       return t
    end
-   if v["$dtype"] ~= nil then return dtypes.lookup(v["$dtype"]) end
-   if v["$format"] ~= nil then return dtypes.lookup_format(v["$format"]) end
+   if v["$dtype"] ~= nil then
+      local ok, d = pcall(dtypes.lookup, v["$dtype"])
+      if not ok or d == nil then bad("unknown dtype " .. tostring(v["$dtype"])) end
+      return d
+   end
+   if v["$format"] ~= nil then
+      local ok, f = pcall(dtypes.lookup_format, v["$format"])
+      if not ok or f == nil then bad("unknown memory format " .. tostring(v["$format"])) end
+      return f
+   end
    if v["$kv"] ~= nil then
+      local kvs = v["$kv"]
+      if type(kvs) ~= "table" then bad("$kv is not a list") end
       local r = {}
-      for _, kv in ipairs(v["$kv"]) do
+      for _, kv in ipairs(kvs) do
+         if type(kv) ~= "table" then bad("a $kv entry is not a pair") end
          local k = decode(kv[1], tensors, fname, path)
-         if k ~= nil then r[k] = decode(kv[2], tensors, fname, path) end
+         if k ~= nil then
+            if type(k) ~= "string" and type(k) ~= "number" then
+               bad("a key is not a string or a number")
+            end
+            if k ~= k then bad("a key is NaN") end
+            r[k] = decode(kv[2], tensors, fname, path)
+         end
       end
       return r
    end
-   fail(fname, "'%s': malformed lumen.checkpoint metadata", path)
+   bad("an object without a lumen marker")
 end
 
 ---------------------------------------------------------------------------------------------

@@ -41,10 +41,10 @@ function M.read_idx(path)
    return wrap(p[0])
 end
 
+-- is there something at path? (not io.open: opening a FIFO blocks until a writer comes; what
+-- is found is then read by read_idx, which refuses anything but a regular file)
 local function exists(path)
-   local f = io.open(path, "rb")
-   if f then f:close() return true end
-   return false
+   return C.lm_path_kind(path) ~= 0
 end
 
 local function find(root, base)
@@ -267,16 +267,20 @@ ImageFolder.__len = function(self) return #self.paths end
 ---   draft       JPEGs may decode at 1/2..1/8 size when the crop stays >= size (true)
 ---   classes     list of class folder names to use, in this order (ids 1..#classes)
 ---   extensions  list of file extensions ({"jpg", "jpeg", "png"})
+---   skip_corrupt  a DataLoader over the folder leaves out an image it cannot decode (its batch
+---               is one sample smaller) and says so on stderr, once per file, instead of
+---               stopping with an error naming the file (false)
 --- Fields: root, classes, class_to_idx, paths, labels (int64 (N), 1-based), size = {h, w}.
 function M.ImageFolder(root, opts)
    local fname = "data.ImageFolder"
    if type(root) ~= "string" then argerror(fname, "root must be a string, got " .. type(root)) end
    opts = opts or {}
    if type(opts) ~= "table" then argerror(fname, "opts must be a table") end
-   local known = { classes = true, extensions = true }
+   local known = { classes = true, extensions = true, skip_corrupt = true }
    for k in pairs(IMAGE_KEYS) do known[k] = true end
    check_keys(fname, opts, known)
    local io = image_opts(fname, opts)
+   local skip_corrupt = opt_bool(fname, opts.skip_corrupt, "skip_corrupt", false)
    local exts = opts.extensions or { "jpg", "jpeg", "png" }
    if type(exts) ~= "table" or #exts == 0 then
       argerror(fname, "extensions must be a list of strings")
@@ -338,6 +342,7 @@ function M.ImageFolder(root, opts)
       root = root, classes = classes, class_to_idx = class_to_idx, paths = paths,
       labels = label_tensor, size = { tonumber(io.out_h), tonumber(io.out_w) },
       crop = opts.crop or "none", _io = io, _labels = labels,
+      skip_corrupt = skip_corrupt, _warned = {},
    }, ImageFolder)
 end
 
@@ -467,6 +472,7 @@ function M.DataLoader(dataset, opts)
          tostring(fmt))
    end
    o.out_fmt = fmt.id
+   o.skip_corrupt = self.folder and self.folder.skip_corrupt and 1 or 0
    o.hflip = opt_bool(fname, opts.hflip, "hflip", false) and 1 or 0
    o.workers = opt_int(fname, opts.workers, "workers", 1, 256, 2)
    o.prefetch = opt_int(fname, opts.prefetch, "prefetch", 1, 4096, math.max(2, o.workers))
@@ -532,19 +538,36 @@ function Loader:iter(epoch, start_batch)
    local handle = ffi.gc(lp[0], C.lm_loader_free)
    local xp, yp = ffi.new("lm_tensor*[1]"), ffi.new("lm_tensor*[1]")
    local i = start_batch - 1
+   local folder = self.folder
+   local skipping = folder and folder.skip_corrupt
    return function()
-      if handle == nil then return nil end
-      check(C.lm_loader_next(handle, xp, yp), fname)
-      if xp[0] == nil then
-         ffi.gc(handle, nil)
-         C.lm_loader_free(handle)
-         handle = nil
-         return nil
+      while handle ~= nil do
+         check(C.lm_loader_next(handle, xp, yp), fname)
+         if xp[0] == nil then
+            ffi.gc(handle, nil)
+            C.lm_loader_free(handle)
+            handle = nil
+            return nil
+         end
+         i = i + 1
+         local x = wrap(xp[0])
+         local y = yp[0] ~= nil and wrap(yp[0]) or nil
+         if skipping then
+            -- the images left out of this batch: one warning per file, for the folder's life
+            local log = ffi.string(C.lm_loader_skipped(handle))
+            for idx, msg in log:gmatch("(%d+)\t([^\n]*)\n") do
+               idx = tonumber(idx)
+               if not folder._warned[idx] then
+                  folder._warned[idx] = true
+                  io.stderr:write("lumen.data.DataLoader: warning: skipping a corrupt image: ",
+                     msg, "\n")
+               end
+            end
+         end
+         -- a batch whose every image was corrupt has no rows: go on to the next one
+         if x:size(1) > 0 then return x, y, i end
       end
-      i = i + 1
-      local x = wrap(xp[0])
-      local y = yp[0] ~= nil and wrap(yp[0]) or nil
-      return x, y, i
+      return nil
    end
 end
 

@@ -30,6 +30,11 @@ local floor = math.floor
 local M = {}
 
 local MAX_HEADER = 100 * 1024 * 1024 -- the reference implementation's limit
+-- seconds a dead writer's temporary file must have been left alone before lm.save removes it:
+-- a writer in another pid namespace (another container sharing the folder) looks dead from
+-- here, but keeps its file's modification time fresh while it writes
+local STALE_TMP_AGE = 60
+M.STALE_TMP_AGE = STALE_TMP_AGE
 
 local json
 do
@@ -186,6 +191,9 @@ function M.save(tensors, path, metadata)
    local head = u64le(#text) .. text
    local arr = ffi.new("const lm_tensor *[?]", #entries + 1)
    for i, e in ipairs(entries) do arr[i - 1] = e.c end
+   -- a save killed mid-write (SIGKILL, power cut) leaves its temporary file behind: remove
+   -- those of this target whose writer is gone (never a live process's; see STALE_TMP_AGE)
+   if C.lm_remove_stale_tmp(path, STALE_TMP_AGE, nil) ~= 0 then cerr("save") end
    local tmp = string.format("%s.tmp.%d.%d.%d", path, pid(), os.time(), math.random(1, 1e9))
    local st = C.lm_write_file_atomic(tmp, path, head, #head, #entries, arr)
    -- keep the tensors (and so their cdata) alive across the call
@@ -206,6 +214,98 @@ local function is_array(x)
    end
    return count == n
 end
+
+-- Is s valid UTF-8 (the JSON text of a header must be, as for the reference reader)? Checks the
+-- structure: lead bytes, continuation bytes, no overlong forms, no surrogates, nothing past
+-- U+10FFFF.
+local function valid_utf8(s)
+   local i, n = 1, #s
+   local byte, find = string.byte, string.find
+   while i <= n do
+      local _, e = find(s, "^[%z\1-\127]+", i) -- a run of ASCII
+      if e then i = e + 1 end
+      if i > n then break end
+      local c = byte(s, i)
+      local len
+      local lo, hi = 0x80, 0xBF
+      if c >= 0xC2 and c <= 0xDF then len = 1
+      elseif c == 0xE0 then len, lo = 2, 0xA0
+      elseif c == 0xED then len, hi = 2, 0x9F
+      elseif c >= 0xE1 and c <= 0xEF then len = 2
+      elseif c == 0xF0 then len, lo = 3, 0x90
+      elseif c >= 0xF1 and c <= 0xF3 then len = 3
+      elseif c == 0xF4 then len, hi = 3, 0x8F
+      else return false end
+      for k = 1, len do
+         local b = byte(s, i + k)
+         if not b then return false end
+         if k == 1 then
+            if b < lo or b > hi then return false end
+         elseif b < 0x80 or b > 0xBF then
+            return false
+         end
+      end
+      i = i + len + 1
+   end
+   return true
+end
+M._valid_utf8 = valid_utf8
+
+-- The first key that appears twice in one JSON object of text, or nil. JSON decoders keep the
+-- first or the last of duplicates as they please, so a header with two entries of one name
+-- would mean different tensors to different readers: lm.load refuses it. A small scanner over
+-- the (already decoded, so well-formed) text: strings are skipped whole, keys compared after
+-- their escapes are decoded.
+local function duplicate_key(text)
+   local find, sub, byte = string.find, string.sub, string.byte
+   local stack = {} -- per open bracket: a key set for an object, false for an array
+   local depth = 0
+   local i, n = 1, #text
+   local expect_key = false
+   while i <= n do
+      local s = find(text, '[{}%[%]",:]', i)
+      if not s then break end
+      local c = byte(text, s)
+      if c == 34 then -- '"': the string runs to the next quote that is not escaped
+         local j = s + 1
+         while true do
+            local q = find(text, '["\\]', j)
+            if not q then return nil end -- cannot happen in decoded JSON
+            if byte(text, q) == 92 then j = q + 2 else j = q break end
+         end
+         if expect_key and depth > 0 and stack[depth] then
+            local key = sub(text, s + 1, j - 1)
+            if find(key, "\\", 1, true) then key = json.decode(sub(text, s, j)) or key end
+            local set = stack[depth]
+            if set[key] then return key end
+            set[key] = true
+         end
+         expect_key = false
+         i = j + 1
+      else
+         if c == 123 then -- {
+            depth = depth + 1
+            stack[depth] = {}
+            expect_key = true
+         elseif c == 91 then -- [
+            depth = depth + 1
+            stack[depth] = false
+            expect_key = false
+         elseif c == 125 or c == 93 then -- } ]
+            stack[depth] = nil
+            depth = depth - 1
+            expect_key = false
+         elseif c == 44 then -- ,
+            expect_key = depth > 0 and stack[depth] and true or false
+         else -- :
+            expect_key = false
+         end
+         i = s + 1
+      end
+   end
+   return nil
+end
+M._duplicate_key = duplicate_key
 
 --- lm.load(path) -> table name -> tensor, metadata table (string -> string)
 function M.load(path)
@@ -234,10 +334,16 @@ function M.load(path)
    local hbuf = ffi.new("char[?]", n)
    if C.lm_read_file_range(path, 8, n, hbuf, nil) ~= 0 then cerr("load") end
    local text = ffi.string(hbuf, n)
+   if not valid_utf8(text) then fail("load", "'%s': the header is not valid UTF-8", path) end
    local header, jerr = json.decode(text)
-   if type(header) ~= "table" or is_array(header) and next(header) ~= nil then
+   if type(header) ~= "table" or not text:find("^%s*{") then
       fail("load", "'%s': bad JSON header (%s)", path,
            tostring(jerr or "not a JSON object"))
+   end
+   local dup = duplicate_key(text)
+   if dup then
+      fail("load", "'%s': the header names %s twice (a file that is read differently by " ..
+           "different readers)", path, json.encode(dup))
    end
    local data_start = 8 + n
    local data_len = file_size - data_start
@@ -286,8 +392,16 @@ function M.load(path)
             fail("load", "'%s': tensor '%s': data ends at %.0f, past the end of the data " ..
                  "(%d bytes): the file is truncated", path, name, offs[2], data_len)
          end
+         -- every product of the sizes must fit (even with a zero size, as in PyTorch): the
+         -- strides are computed here, before anything is mapped
+         local nd = #shape
+         local csizes, cstrides = ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
+         for i = 1, nd do csizes[i - 1] = shape[i] end
+         if C.lm_compute_strides(nd, csizes, 0, cstrides) ~= 0 then
+            fail("load", "'%s': tensor '%s': %s", path, name, ffi.string(C.lm_last_error()))
+         end
          entries[#entries + 1] = { name = name, id = id, shape = shape, b = offs[1], e = offs[2],
-                                   esize = esize }
+                                   esize = esize, sizes = csizes, strides = cstrides }
       end
    end
    table.sort(entries, function(a, b)
@@ -327,14 +441,11 @@ function M.load(path)
            file_size, tonumber(storage.nbytes))
    end
    local ok, lerr = pcall(function()
-      local sizes = ffi.new("int64_t[8]")
-      local strides = ffi.new("int64_t[8]")
       local tp = ffi.new("lm_tensor *[1]")
       local wrap = T().wrap
       for _, e in ipairs(entries) do
          local nd = #e.shape
-         for i = 1, nd do sizes[i - 1] = e.shape[i] end
-         C.lm_compute_strides(nd, sizes, 0, strides)
+         local sizes, strides = e.sizes, e.strides -- checked above
          local byte_off = data_start + e.b
          local t
          tp[0] = nil
