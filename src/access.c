@@ -1,6 +1,7 @@
 /* access.c -- single elements and bulk transfers to and from doubles, in logical order. Tensors on
  * another device go through a host copy of the storage range they span. */
 #include "iter.h"
+#include <math.h>
 
 static lm_status element_offset(const lm_tensor *t, const int64_t *idx, int64_t *off) {
    if (t->ndim > 0 && !idx) return lm_error(LM_ERR_ARG, "indices are missing");
@@ -15,6 +16,12 @@ static lm_status element_offset(const lm_tensor *t, const int64_t *idx, int64_t 
    return LM_OK;
 }
 
+/* A NaN carrying a payload (float64 bits 0xFFFA000000000000, or a float16 0xff6d widened) is a
+ * tagged value to LuaJIT 2.1 when it reads the double back from FFI memory, and crashes it.
+ * Every double handed to Lua goes out as C's quiet NaN (0x7FF8...), which LuaJIT reads as a
+ * number; tensor.lua checks the bits too, for reads that do not come through here. */
+static inline double canonical(double v) { return v != v ? (double)NAN : v; }
+
 lm_status lm_get(const lm_tensor *t, const int64_t *idx, double *value) {
    LM_CHECK_TENSOR(t, "tensor");
    if (!value) return lm_error(LM_ERR_ARG, "value pointer is NULL");
@@ -22,14 +29,14 @@ lm_status lm_get(const lm_tensor *t, const int64_t *idx, double *value) {
    LM_TRY(element_offset(t, idx, &off));
    const char *p = (const char *)lm_tensor_data(t) + off * lm_dtype_size(t->dtype);
    if (t->device == LM_CPU) {
-      *value = lm_load_as_double(p, t->dtype);
+      *value = canonical(lm_load_as_double(p, t->dtype));
       return LM_OK;
    }
    const lm_device_ops *ops = lm_device_get(t->device);
    if (!ops) return lm_error(LM_ERR_DEVICE, "device %d is not available in this build", t->device);
    _Alignas(8) char b[8];
    LM_TRY(ops->memcpy(b, p, (size_t)lm_dtype_size(t->dtype), 1));
-   *value = lm_load_as_double(b, t->dtype);
+   *value = canonical(lm_load_as_double(b, t->dtype));
    return LM_OK;
 }
 
@@ -65,6 +72,7 @@ lm_status lm_to_doubles(const lm_tensor *t, double *buf) {
    dense_operand(&d, buf, t);
    lm_status st = lm_copy_operands(&d, &m.op);
    lm_mirror_end(&m, 0);
+   for (int64_t i = 0; st == LM_OK && i < t->numel; i++) buf[i] = canonical(buf[i]);
    return st;
 }
 

@@ -432,16 +432,16 @@ static void set_params(lm_kparams *p, int common, double alpha, double val, doub
    double a = alpha, v = val, l = through(lo, common), h = through(hi, common);
    p->alpha_f = (float)a;
    p->alpha_d = a;
-   p->alpha_i = (int64_t)a;
+   p->alpha_i = lm_double_to_i64(a);
    p->val_f = (float)v;
    p->val_d = v;
-   p->val_i = (int64_t)v;
+   p->val_i = lm_double_to_i64(v);
    p->lo_f = (float)l;
    p->lo_d = l;
-   p->lo_i = (int64_t)l;
+   p->lo_i = lm_double_to_i64(l);
    p->hi_f = (float)h;
    p->hi_d = h;
-   p->hi_i = (int64_t)h;
+   p->hi_i = lm_double_to_i64(h);
 }
 
 static lm_status check_input(const lm_tensor *t, const char *name) {

@@ -109,6 +109,14 @@ static inline uint16_t lm_f2bf(float f) {
    return (uint16_t)(x >> 16);
 }
 
+/* double -> int64 without undefined behaviour: in range it truncates as a cast does; NaN and
+ * values outside int64 give INT64_MIN, which is what x86's cvttsd2si (so PyTorch's cast) gives.
+ * Narrower integer dtypes then wrap from the int64, as PyTorch casts a Scalar: int32 + 2^40
+ * adds 0, not INT_MIN. */
+static inline int64_t lm_double_to_i64(double v) {
+   return (v >= -9223372036854775808.0 && v < 9223372036854775808.0) ? (int64_t)v : INT64_MIN;
+}
+
 /* read / write one element of any dtype as double */
 static inline double lm_load_as_double(const void *p, int dt) {
    switch (dt) {
@@ -129,9 +137,9 @@ static inline void lm_store_from_double(void *p, int dt, double v) {
    case LM_FLOAT64: *(double *)p = v; break;
    case LM_FLOAT16: *(uint16_t *)p = lm_f2h((float)v); break;
    case LM_BFLOAT16: *(uint16_t *)p = lm_f2bf((float)v); break;
-   case LM_INT64: *(int64_t *)p = (int64_t)v; break;
-   case LM_INT32: *(int32_t *)p = (int32_t)v; break;
-   case LM_UINT8: *(uint8_t *)p = (uint8_t)(int64_t)v; break;
+   case LM_INT64: *(int64_t *)p = lm_double_to_i64(v); break;
+   case LM_INT32: *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)lm_double_to_i64(v); break;
+   case LM_UINT8: *(uint8_t *)p = (uint8_t)(uint64_t)lm_double_to_i64(v); break;
    case LM_BOOL: *(uint8_t *)p = v != 0.0; break;
    default: break;
    }

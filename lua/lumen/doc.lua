@@ -848,8 +848,11 @@ E("lm.data.ImageFolder", "lm.data.ImageFolder(root, opts) -> dataset", "root/<cl
    .. "makes it, and its label).",
    { opts = "{size = 224 (number or {h, w}), crop = \"none\" | \"center\" | \"random\" "
    .. "(RandomResizedCrop), resize (for center), scale = {0.08, 1}, ratio = {3/4, 4/3}, "
-   .. "draft = true, classes (list), extensions = {\"jpg\", \"jpeg\", \"png\"}}",
-   err = "root missing, no class folders, no images, bad option values" })
+   .. "draft = true, classes (list), extensions = {\"jpg\", \"jpeg\", \"png\"}, "
+   .. "skip_corrupt = false (true: a DataLoader leaves out an image it cannot decode, with "
+   .. "one warning per file on stderr, instead of raising; the batch is smaller)}",
+   err = "root missing, no class folders, no images, bad option values, an unknown option; "
+   .. "a corrupt image raises in the DataLoader, naming the file, unless skip_corrupt" })
 E("lm.data.is_image_folder", "lm.data.is_image_folder(x) -> boolean", "true for ImageFolder "
    .. "data sets.")
 E("lm.data.DataLoader", "lm.data.DataLoader(dataset, opts) -> loader", "Batches of float32 "
@@ -892,7 +895,10 @@ E("lm.save", "lm.save(tensors, path, metadata)", "Write a table name -> tensor t
    .. "(safetensors); metadata: an optional table string -> string.",
    { fmt = "values are written in logical order; channels-last tensors are recorded as such "
    .. "and come back channels-last", err = "non-tensor values, non-string names or metadata, "
-   .. "an unwritable path (the previous file is left intact)" })
+   .. "an unwritable path (the previous file is left intact)",
+   note = "written to <path>.tmp.<pid>.<n>.<n> and renamed; temporary files of the same path "
+   .. "left by a writer that died (its pid gone, unmodified for lm.serialize.STALE_TMP_AGE "
+   .. "seconds) are removed first (docs/file_formats.md)" })
 E("lm.load", "lm.load(path) -> table name -> tensor, metadata", "Read a safetensors file; "
    .. "contiguous aligned tensors are views of the mapped file (no copy).",
    { fmt = "each tensor gets back the memory format it was saved with",
@@ -902,6 +908,9 @@ E("lm.serialize", "lm.serialize", "The module behind lm.save / lm.load (lm.seria
    .. "lm.serialize.load).")
 E("lm.serialize.save", "lm.serialize.save(tensors, path, metadata)", "Same as lm.save.")
 E("lm.serialize.load", "lm.serialize.load(path)", "Same as lm.load.")
+E("lm.serialize.STALE_TMP_AGE", "lm.serialize.STALE_TMP_AGE = 60", "Seconds a dead writer's "
+   .. "temporary file must be left unmodified before lm.save removes it (a writer in another "
+   .. "container sharing the folder looks dead from here; the age protects it).")
 E("lm.save_checkpoint", "lm.save_checkpoint(path, state)", "Save a model's state, an "
    .. "optimizer's state and any user fields (numbers, strings, nested tables, tensors) in one "
    .. "safetensors file, atomically; the RNG state is saved too.",
