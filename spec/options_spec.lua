@@ -89,6 +89,13 @@ local cases = {
    { "models.resnet18", function(o) return lm.models.resnet18(o) end },
    { "models.resnext50_32x4d", function(o) return lm.models.resnext50_32x4d(o) end },
    { "models.ResNet", function(o) return lm.models.ResNet("BasicBlock", { 1, 1, 1, 1 }, o) end },
+   -- checkpoints and the layout tools
+   { "load_checkpoint", function(o) return lm.load_checkpoint("/nonexistent.ckpt", o) end },
+   { "layout.check", function(o)
+      return lm.layout.check(nn.ReLU(), lm.zeros({ 1, 1, 2, 2 }), o)
+   end },
+   { "layout.trace", function(o) return lm.layout.trace(function() end, o) end },
+   { "layout.coverage", function(o) return lm.layout.coverage(o) end },
 }
 
 local function raises_at_caller(f, expected)

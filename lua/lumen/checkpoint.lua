@@ -28,6 +28,8 @@ local type, pairs, ipairs, tostring, error, getmetatable, rawget = type, pairs, 
 local M = {}
 
 local json = serialize.json
+local util = require("lumen.util")
+local LOAD_OPTS = util.option_set("model", "optimizer", "strict", "rng")
 local VERSION = 1
 
 local function fail(fname, msg, ...)
@@ -79,7 +81,8 @@ local function encode(v, ctx, where, seen)
    end
    if dtypes.is_dtype(v) then return '{"$dtype":' .. json.encode(v.name) .. "}" end
    if dtypes.is_memory_format(v) then return '{"$format":' .. json.encode(v.name) .. "}" end
-   if plain_table(v) then
+   -- a Size (t:size(), t.shape) is a plain array with a metatable: saved as the array it is
+   if plain_table(v) or T.is_sizes(v) then
       seen = seen or {}
       if seen[v] then fail(ctx.fname, "%s contains a cycle", where) end
       seen[v] = true
@@ -274,6 +277,8 @@ function M.load_checkpoint(path, opts)
            T.typename(opts))
    end
    opts = opts or {}
+   local bad = util.unknown_option(opts, LOAD_OPTS)
+   if bad ~= nil then fail(fname, "%s", util.unknown_option_msg(bad)) end
    local ok, tensors, meta = pcall(serialize.load, path)
    if not ok then
       local err = tostring(tensors):gsub("^.-lumen%.load: ", "")

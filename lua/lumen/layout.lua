@@ -299,6 +299,8 @@ function Report.to_html(r, path)
 end
 
 local CHECK_OPTIONS = { backward = true, loss = true, html = true, trace = true }
+local TRACE_OPTIONS = { raise = true, on_lost = true }
+local COVERAGE_OPTIONS = { shape = true, backward = true, only = true }
 
 -- the tensor results of a forward (first tensor among the results)
 local function first_tensor(res)
@@ -664,6 +666,9 @@ function M.trace(fn, opts)
    if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
       fail(fname, "options must be a table {raise =}, got %s", T.typename(opts))
    end
+   for k in pairs(opts or {}) do
+      if not TRACE_OPTIONS[k] then fail(fname, "unknown option '%s'", tostring(k)) end
+   end
    local raise = opts and opts.raise or false
    local on_lost = opts and opts.on_lost
    if on_lost ~= nil and type(on_lost) ~= "function" then
@@ -930,6 +935,9 @@ function M.coverage(opts)
       fail(fname, "options must be a table {shape =, backward =, only =}, got %s", T.typename(opts))
    end
    opts = opts or {}
+   for k in pairs(opts) do
+      if not COVERAGE_OPTIONS[k] then fail(fname, "unknown option '%s'", tostring(k)) end
+   end
    local lm = require("lumen")
    local memory = require("lumen.memory")
    local shape = opts.shape or { 2, 32, 96, 96 }
