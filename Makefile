@@ -5,6 +5,9 @@
 #   make asan       the same tests against an ASan/UBSan build in build-asan/
 #   make bench      bench/run.sh: lumen's benchmarks, then the PyTorch peer if it is installed
 #   make lint       luacheck over the Lua tree (.luacheckrc)
+#   make fuzz       build the libFuzzer harnesses (fuzz/) into build-fuzz/ and run each one for
+#                   FUZZ_SECONDS (default 3600); make fuzz-ci: 30 s each (what CI runs)
+#   make fuzz-build just build them
 #   make demo       bin/lumen examples/demo.lua
 #   make install    PREFIX=/usr/local (or luarocks' INST_* variables)
 #   make clean
@@ -113,9 +116,78 @@ install: all
 	$(INSTALL) -m 755 bin/lumen "$(DESTDIR)$(INST_BINDIR)/lumen"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) lua/lumen/cdef.lua
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
 .PHONY: all test asan bench lint demo install clean
+
+# ---- fuzzing (fuzz/README.md) ---------------------------------------------------------------
+# The harnesses need clang (libFuzzer comes with libclang-rt-14-dev) and are built with
+# -fsanitize=fuzzer,address,undefined. The lumen sources are compiled once more into
+# $(FUZZ_BUILD)/obj with coverage instrumentation (fuzzer-no-link) and the same sanitizers and
+# linked straight into every harness; -Werror is relaxed as in `make asan` (clang's instrumented
+# builds warn differently), the normal build keeps it. The Lua harnesses embed LuaJIT
+# (libluajit-5.1-dev) and are linked with -rdynamic so that the FFI finds lm_* in the program.
+#   make fuzz                        every harness for FUZZ_SECONDS (3600) each, one after another
+#   make fuzz FUZZ_TARGETS=idx FUZZ_SECONDS=600 FUZZ_JOBS=2   one harness, 2 processes (-fork)
+#   make fuzz-ci                     every harness for 30 s, as .ci/run does
+# FUZZ_ARGS adds libFuzzer options (e.g. -max_len=65536). fuzz/run.sh prints one line per harness
+# and "N passed, N failed".
+FUZZ_CC ?= clang
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 3600
+FUZZ_JOBS ?= 1
+FUZZ_TARGETS ?= idx idx_gz image safetensors checkpoint
+FUZZ_SAN = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -g -O1 -march=x86-64-v2 -fopenmp -Isrc \
+   -Ikernels $(FUZZ_SAN)
+FUZZ_LIBS = -fopenmp -lm -lz -ljpeg -lpng -lpthread
+LUAJIT_CFLAGS ?= $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/include/luajit-2.1)
+LUAJIT_LIBS ?= $(shell pkg-config --libs luajit 2>/dev/null || echo -lluajit-5.1)
+FUZZ_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(SRCS))
+# kernels that clang cannot build: their AVX-512 copies use GCC's target("...,prefer-vector-
+# width=512"), which clang rejects as a whole (and then refuses the intrinsics). They are the
+# batch-norm and pooling kernels, which no parser reaches, so they are built with $(CC) (GCC),
+# without instrumentation; libomp, which clang's -fopenmp links, also serves GCC's GOMP_* calls.
+FUZZ_GCC_SRCS = kernels/cpu/norm.c kernels/cpu/pool.c
+$(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(FUZZ_GCC_SRCS)): $(FUZZ_BUILD)/obj/%.o: %.c $(HDRS) \
+      src/internal.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -g -O1 -march=x86-64-v2 -fopenmp -Isrc -Ikernels -c $< -o $@
+FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
+
+$(FUZZ_BUILD)/obj/%_avx512.o: %_avx512.c $(HDRS) src/internal.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -mavx512f -mavx512bw -mavx512dq \
+	   -mavx512vl -mfma -mf16c -c $< -o $@
+
+$(FUZZ_BUILD)/obj/%_avx2.o: %_avx2.c $(HDRS) src/internal.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -mavx2 -mfma -mf16c -c $< -o $@
+
+$(FUZZ_BUILD)/obj/%.o: %.c $(HDRS) src/internal.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/fuzz_%: fuzz/%_fuzz.c fuzz/common.h $(FUZZ_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJS) $(FUZZ_LIBS)
+
+$(FUZZ_BUILD)/fuzz_safetensors $(FUZZ_BUILD)/fuzz_checkpoint: $(FUZZ_BUILD)/fuzz_%: \
+      fuzz/lua_fuzz.c fuzz/common.h $(FUZZ_OBJS) lua/lumen/cdef.lua
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(LUAJIT_CFLAGS) \
+	   -DFUZZ_LUA_DIR='"$(CURDIR)/lua"' \
+	   -DFUZZ_LUA_TARGET=$(if $(filter checkpoint,$*),2,1) -rdynamic \
+	   -o $@ $< $(FUZZ_OBJS) $(LUAJIT_LIBS) $(FUZZ_LIBS)
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	FUZZ_BUILD="$(FUZZ_BUILD)" FUZZ_SECONDS="$(FUZZ_SECONDS)" FUZZ_JOBS="$(FUZZ_JOBS)" \
+	   FUZZ_ARGS="$(FUZZ_ARGS)" bash fuzz/run.sh $(FUZZ_TARGETS)
+
+fuzz-ci:
+	$(MAKE) fuzz FUZZ_SECONDS=30 FUZZ_JOBS=1
+
+.PHONY: fuzz fuzz-build fuzz-ci
 
 # last, so that `all` stays the default goal
 -include $(OBJS:.o=.d)
