@@ -137,8 +137,12 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 3600
 FUZZ_JOBS ?= 1
 FUZZ_TARGETS ?= idx idx_gz image safetensors checkpoint
-FUZZ_SAN = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -g -O1 -march=x86-64-v2 -fopenmp -Isrc \
+# FUZZ_RECOVER=1 (with another FUZZ_BUILD) makes UBSan reports recoverable, so that a known one can
+# be suppressed while exploring past it: UBSAN_OPTIONS=suppressions=fuzz/known-ubsan.supp
+FUZZ_RECOVER ?=
+FUZZ_SAN = -fsanitize=address,undefined -fno-omit-frame-pointer \
+   $(if $(FUZZ_RECOVER),-fsanitize-recover=undefined,-fno-sanitize-recover=undefined)
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unknown-pragmas -g -O1 -march=x86-64-v2 -fopenmp -Isrc \
    -Ikernels $(FUZZ_SAN)
 FUZZ_LIBS = -fopenmp -lm -lz -ljpeg -lpng -lpthread
 LUAJIT_CFLAGS ?= $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/include/luajit-2.1)
