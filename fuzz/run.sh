@@ -70,8 +70,19 @@ for h in "${harnesses[@]}"; do
          -artifact_prefix="$artifacts/" -print_final_stats=1)
    if [ -f "fuzz/dict/$h.dict" ]; then args+=(-dict="fuzz/dict/$h.dict"); fi
    if [ "$FUZZ_JOBS" -gt 1 ]; then args+=(-fork="$FUZZ_JOBS"); fi
+   # libFuzzer's fork mode (-fork) can overrun -max_total_time by a whole job: a stop (SIGINT,
+   # after which it prints its statistics) a little after the budget bounds the run; timeout
+   # then exits with 124, which counts as a run that ended without a finding
+   limit=$((FUZZ_SECONDS + FUZZ_SECONDS / 10 + 30))
    # shellcheck disable=SC2086
-   if "$bin" "${args[@]}" ${FUZZ_ARGS:-} "$corpus" "fuzz/corpus/$h" > "$FUZZ_BUILD/fuzz-$h.log" 2>&1
+   timeout -s INT -k 30 "$limit" "$bin" "${args[@]}" ${FUZZ_ARGS:-} "$corpus" "fuzz/corpus/$h" \
+      > "$FUZZ_BUILD/fuzz-$h.log" 2>&1
+   rc=$?
+   if [ "$rc" -eq 124 ]; then
+      echo "-- stopped after ${limit}s (the budget plus a margin)"
+      rc=0
+   fi
+   if [ "$rc" -eq 0 ]
    then
       grep -E "^stat::(number_of_executed_units|peak_rss_mb)|^#[0-9]+ *DONE" \
          "$FUZZ_BUILD/fuzz-$h.log" | tail -n 3
