@@ -5,6 +5,9 @@
 #   make asan       the same tests against an ASan/UBSan build in build-asan/
 #   make bench      bench/run.sh: lumen's benchmarks, then the PyTorch peer if it is installed
 #   make lint       luacheck over the Lua tree (.luacheckrc)
+#   make fuzz       build the libFuzzer harnesses (fuzz/) into build-fuzz/ and run each one for
+#                   FUZZ_SECONDS (default 3600); make fuzz-ci: 30 s each (what CI runs)
+#   make fuzz-build just build them
 #   make demo       bin/lumen examples/demo.lua
 #   make install    PREFIX=/usr/local (or luarocks' INST_* variables)
 #   make clean
@@ -113,9 +116,70 @@ install: all
 	$(INSTALL) -m 755 bin/lumen "$(DESTDIR)$(INST_BINDIR)/lumen"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) lua/lumen/cdef.lua
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
 .PHONY: all test asan bench lint demo install clean
+
+# ---- fuzzing (fuzz/README.md) ---------------------------------------------------------------
+# The harnesses need clang (libFuzzer comes with libclang-rt-14-dev) and are built with
+# -fsanitize=fuzzer,address,undefined. The lumen sources are compiled once more into
+# $(FUZZ_BUILD)/obj with coverage instrumentation (fuzzer-no-link) and the same sanitizers and
+# linked straight into every harness; -Werror is relaxed as in `make asan` (clang's instrumented
+# builds warn differently), the normal build keeps it. The Lua harnesses embed LuaJIT
+# (libluajit-5.1-dev) and are linked with -rdynamic so that the FFI finds lm_* in the program.
+#   make fuzz                        every harness for FUZZ_SECONDS (3600) each, one after another
+#   make fuzz FUZZ_TARGETS=idx FUZZ_SECONDS=600 FUZZ_JOBS=2   one harness, 2 processes (-fork)
+#   make fuzz-ci                     every harness for 30 s, as .ci/run does
+# FUZZ_ARGS adds libFuzzer options (e.g. -max_len=65536). fuzz/run.sh prints one line per harness
+# and "N passed, N failed".
+FUZZ_CC ?= clang
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 3600
+FUZZ_JOBS ?= 1
+FUZZ_TARGETS ?= idx idx_gz image safetensors checkpoint
+# FUZZ_RECOVER=1 (with another FUZZ_BUILD) makes UBSan reports recoverable, so that a known one can
+# be suppressed while exploring past it: UBSAN_OPTIONS=suppressions=fuzz/known-ubsan.supp
+FUZZ_RECOVER ?=
+FUZZ_SAN = -fsanitize=address,undefined -fno-omit-frame-pointer \
+   $(if $(FUZZ_RECOVER),-fsanitize-recover=undefined,-fno-sanitize-recover=undefined)
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unknown-pragmas -g -O1 -march=x86-64-v2 \
+   -fopenmp -Isrc -Ikernels $(FUZZ_SAN)
+FUZZ_LIBS = -fopenmp -lm -lz -ljpeg -lpng -lpthread
+LUAJIT_CFLAGS ?= $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/include/luajit-2.1)
+LUAJIT_LIBS ?= $(shell pkg-config --libs luajit 2>/dev/null || echo -lluajit-5.1)
+# src/ (every parser, the tensor core, the elementwise engine) is compiled once more with clang,
+# coverage instrumentation (fuzzer-no-link) and the sanitizers into $(FUZZ_BUILD)/obj. The
+# operator kernels (kernels/cpu/: convolution, GEMM, pooling, ...) are linked from the normal
+# build instead: no parser reaches them, instrumenting them would triple the build time (ASan on
+# their unrolled AVX-512 code), and two of them use a GCC-only target attribute clang refuses.
+FUZZ_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(wildcard src/*.c)) \
+   $(patsubst %.c,$(BUILD)/%.o,$(wildcard kernels/cpu/*.c))
+FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
+
+$(FUZZ_BUILD)/obj/%.o: %.c $(HDRS) src/internal.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/fuzz_%: fuzz/%_fuzz.c fuzz/common.h $(FUZZ_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJS) $(FUZZ_LIBS)
+
+$(FUZZ_BUILD)/fuzz_safetensors $(FUZZ_BUILD)/fuzz_checkpoint: $(FUZZ_BUILD)/fuzz_%: \
+      fuzz/lua_fuzz.c fuzz/common.h $(FUZZ_OBJS) lua/lumen/cdef.lua
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(LUAJIT_CFLAGS) \
+	   -DFUZZ_LUA_DIR='"$(CURDIR)/lua"' \
+	   -DFUZZ_LUA_TARGET=$(if $(filter checkpoint,$*),2,1) -rdynamic \
+	   -o $@ $< $(FUZZ_OBJS) $(LUAJIT_LIBS) $(FUZZ_LIBS)
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	FUZZ_BUILD="$(FUZZ_BUILD)" FUZZ_SECONDS="$(FUZZ_SECONDS)" FUZZ_JOBS="$(FUZZ_JOBS)" \
+	   FUZZ_ARGS="$(FUZZ_ARGS)" bash fuzz/run.sh $(FUZZ_TARGETS)
+
+fuzz-ci:
+	$(MAKE) fuzz FUZZ_SECONDS=30 FUZZ_JOBS=1
+
+.PHONY: fuzz fuzz-build fuzz-ci
 
 # last, so that `all` stays the default goal
 -include $(OBJS:.o=.d)
