@@ -283,6 +283,45 @@ describe("corrupt image data", function()
       os.remove(path)
    end)
 
+   it("a JPEG cut before its end marker is an error, also for a sample that needs few rows", function()
+      for _, src in ipairs({ "cat/rgb.jpg", "cat/gray.jpg", "cat/cmyk.jpg" }) do
+         local jpg = read_file(FOLDER .. "/" .. src)
+         assert.equal("\255\217", jpg:sub(-2))
+         local path = write_file(tmpdir() .. "/noeoi_" .. src:gsub("/", "_"), jpg:sub(1, -3))
+         H.assert_error_like("data.read_image", "truncated JPEG", data.read_image, path)
+         -- a 4x4 centre crop reads only the middle rows; the rest is still checked
+         H.assert_error_like("data.load_image", "truncated JPEG", data.load_image, path,
+            { size = 4, crop = "center" })
+         H.assert_error_like("data.load_image", "truncated JPEG", data.load_image, path,
+            { size = 4, crop = "center", draft = true })
+      end
+   end)
+
+   it("a decompression bomb (a small JPEG declaring 30000 x 30000 pixels) is refused before decoding",
+      function()
+      local jpg = read_file(FOLDER .. "/cat/rgb.jpg")
+      local sof = jpg:find("\255\192", 1, true)
+      local dims = string.char(117, 48, 117, 48)          -- height, width 30000
+      local path = write_file(tmpdir() .. "/bomb.jpg", jpg:sub(1, sof + 4) .. dims ..
+         jpg:sub(sof + 9))
+      local msg = H.assert_error_like("data.read_image", "decompression bomb", data.read_image,
+         path)
+      assert.truthy(msg:find("178956970", 1, true), msg)
+      H.assert_error_like("data.load_image", "decompression bomb", data.load_image, path,
+         { size = 4 })
+   end)
+
+   it("LUMEN_MAX_IMAGE_PIXELS sets the limit", function()
+      local ffi = require("ffi")
+      pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+      ffi.C.setenv("LUMEN_MAX_IMAGE_PIXELS", "10", 1)
+      local ok, msg = pcall(data.read_image, FOLDER .. "/cat/rgb.jpg")
+      ffi.C.unsetenv("LUMEN_MAX_IMAGE_PIXELS")
+      assert.is_false(ok)
+      assert.truthy(tostring(msg):find("limit of 10 ", 1, true), msg)
+      assert.truthy(data.read_image(FOLDER .. "/cat/rgb.jpg"))
+   end)
+
    -- an 8x6 RGB PNG; rows_h rows of data whatever IHDR says
    local function png(h_header, rows_h, zmut)
       local rows = {}

@@ -46,6 +46,7 @@ LM_WEAK(jpeg_read_header)
 LM_WEAK(jpeg_start_decompress)
 LM_WEAK(jpeg_read_scanlines)
 LM_WEAK(jpeg_skip_scanlines)
+LM_WEAK(jpeg_finish_decompress)
 LM_WEAK(png_create_read_struct)
 LM_WEAK(png_create_info_struct)
 LM_WEAK(png_destroy_read_struct)
@@ -67,7 +68,8 @@ LM_WEAK(png_error)
 
 static int have_jpeg(void) {
    return jpeg_std_error && jpeg_CreateDecompress && jpeg_destroy_decompress && jpeg_mem_src &&
-          jpeg_read_header && jpeg_start_decompress && jpeg_read_scanlines && jpeg_skip_scanlines;
+          jpeg_read_header && jpeg_start_decompress && jpeg_read_scanlines && jpeg_skip_scanlines &&
+          jpeg_finish_decompress;
 }
 
 static int have_png(void) {
@@ -422,6 +424,18 @@ static lm_status dec_load_file(dec *d, const char *path) {
    return LM_OK;
 }
 
+/* PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS * 2: PIL raises above it): a file of a
+ * few hundred bytes can declare 65535 x 65535 pixels. LUMEN_MAX_IMAGE_PIXELS overrides it. */
+static int64_t max_image_pixels(void) {
+   const char *e = getenv("LUMEN_MAX_IMAGE_PIXELS");
+   if (e && *e) {
+      char *end = NULL;
+      long long v = strtoll(e, &end, 10);
+      if (end && *end == '\0' && v > 0) return (int64_t)v;
+   }
+   return 178956970;
+}
+
 /* parse the header: W, H */
 static void dec_open(dec *d) {
    if (d->kind == KIND_JPEG) {
@@ -449,6 +463,33 @@ static void dec_open(dec *d) {
       d->H = h;
    }
    if (d->W < 1 || d->H < 1) dec_fail(d, LM_ERR_IO, "the image is empty");
+   const int64_t limit = max_image_pixels();
+   if (d->W * d->H > limit)
+      dec_fail(d, LM_ERR_IO, "the image has %lld x %lld pixels, more than the limit of %lld "
+               "(a decompression bomb?); LUMEN_MAX_IMAGE_PIXELS raises it", (long long)d->W,
+               (long long)d->H, (long long)limit);
+}
+
+/* Read the rest of the image after the rows a sample needed, so that corrupt or truncated data
+ * anywhere in the file is an error, as when PIL (torchvision) decodes the whole image: JPEG rows
+ * are skipped (entropy decoding only, no IDCT) and jpeg_finish_decompress reads up to the EOI
+ * marker (a missing one is libjpeg's "premature end" warning, an error here); PNG rows are read
+ * (inflate and unfilter). */
+static void dec_finish(dec *d) {
+   if (d->kind == KIND_JPEG) {
+      if (d->row < d->dh) {
+         JDIMENSION n = (JDIMENSION)(d->dh - d->row);
+         if (jpeg_skip_scanlines(&d->jd, n) != n)
+            dec_fail(d, LM_ERR_IO, "truncated JPEG file (no more rows)");
+         d->row = d->dh;
+      }
+      jpeg_finish_decompress(&d->jd);
+   } else if (!d->full) {
+      while (d->row < d->dh) {
+         png_read_row(d->png, d->rowbuf, NULL);
+         d->row++;
+      }
+   }
 }
 
 /* start decoding at 1/denom size (JPEG; PNG ignores denom): dw, dh, dc, cw, row buffers */
@@ -697,6 +738,7 @@ static void run_sample(dec *d, const sample_args *a) {
          }
       }
    }
+   dec_finish(d);
 }
 
 /* run fn(d, arg) with the decoder's error exit armed; the decoder is closed afterwards */
@@ -768,6 +810,7 @@ static void run_read(dec *d) {
          for (int64_t x = 0; x < d->dw; x++) q[3 * x] = q[3 * x + 1] = q[3 * x + 2] = s[x];
       }
    }
+   dec_finish(d);
 }
 
 static lm_status guarded_read(dec *d, lm_tensor **out) {
