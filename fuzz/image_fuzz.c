@@ -15,15 +15,29 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
    return 0;
 }
 
-/* where a JPEG's last scan's data ends: the first FF D9 after the last FF DA (SOS) marker;
-   entropy-coded data cannot hold FF D9 (a data byte FF is stuffed as FF 00). -1: none. */
+/* where the decoder meets the JPEG's EOI marker: walk the marker segments by their lengths and
+   each scan's entropy-coded data (a data byte FF is stuffed as FF 00; FF D0-D7 are restart
+   markers) to the first FF D9 outside a segment. What follows it is ignored by the decoder, so
+   cutting there proves nothing (searching for the last SOS made a false finding of a file with
+   a second SOS after its EOI). -1: no EOI found, or a malformed marker on the way. */
 static long jpeg_eoi(const uint8_t *d, size_t n) {
-   long sos = -1;
-   for (size_t i = 0; i + 1 < n; i++)
-      if (d[i] == 0xFF && d[i + 1] == 0xDA) sos = (long)i;
-   if (sos < 0) return -1;
-   for (size_t i = (size_t)sos + 2; i + 1 < n; i++)
-      if (d[i] == 0xFF && d[i + 1] == 0xD9) return (long)i;
+   size_t i = 2;
+   while (i + 1 < n) {
+      if (d[i] != 0xFF) return -1;
+      uint8_t m = d[i + 1];
+      if (m == 0xFF) { i++; continue; }                         /* fill byte */
+      if (m == 0xD9) return (long)i;
+      if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { i += 2; continue; }
+      if (i + 3 >= n) return -1;
+      size_t len = (size_t)d[i + 2] << 8 | d[i + 3];
+      if (len < 2) return -1;
+      i += 2 + len;
+      if (m == 0xDA) {                                          /* entropy-coded data */
+         while (i + 1 < n && !(d[i] == 0xFF && d[i + 1] != 0x00 &&
+                               !(d[i + 1] >= 0xD0 && d[i + 1] <= 0xD7)))
+            i++;
+      }
+   }
    return -1;
 }
 

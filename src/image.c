@@ -477,11 +477,19 @@ static void dec_open(dec *d) {
  * (inflate and unfilter). */
 static void dec_finish(dec *d) {
    if (d->kind == KIND_JPEG) {
-      if (d->row < d->dh) {
-         JDIMENSION n = (JDIMENSION)(d->dh - d->row);
+      /* libjpeg-turbo's jpeg_skip_scanlines to the bottom marks the end reached without reading
+         the data (found by fuzz/image): skip to the last row and decode that one */
+      if (d->row < d->dh - 1) {
+         JDIMENSION n = (JDIMENSION)(d->dh - 1 - d->row);
          if (jpeg_skip_scanlines(&d->jd, n) != n)
             dec_fail(d, LM_ERR_IO, "truncated JPEG file (no more rows)");
-         d->row = d->dh;
+         d->row = d->dh - 1;
+      }
+      while (d->row < d->dh) {
+         JSAMPROW r = d->rowbuf;
+         if (jpeg_read_scanlines(&d->jd, &r, 1) != 1)
+            dec_fail(d, LM_ERR_IO, "truncated JPEG file (no more rows)");
+         d->row++;
       }
       jpeg_finish_decompress(&d->jd);
    } else if (!d->full) {
