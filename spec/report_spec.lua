@@ -188,12 +188,22 @@ describe("the HTML report in a headless browser", function()
    end)
    teardown(function() os.execute("rm -rf " .. q(dir)) end)
 
-   -- its own profile directory: other chromium processes may be running
+   -- its own profile directory: other chromium processes may be running. The browser runs
+   -- without the sanitizer preload of `make asan` (LD_PRELOAD=libasan: chromium hung under it
+   -- until the timeout), and gets a second try with a fresh profile if the first leaves no file.
    local function screenshot(html_path, png_path)
-      return sh("timeout 120 chromium --headless --no-sandbox --disable-gpu " ..
-                "--user-data-dir=" .. q(dir .. "/profile") .. " --hide-scrollbars " ..
-                "--screenshot=" .. q(png_path) .. " --window-size=1200,900 " ..
-                q("file://" .. html_path))
+      local out = ""
+      for attempt = 1, 2 do
+         out = out .. sh("env -u LD_PRELOAD -u ASAN_OPTIONS -u UBSAN_OPTIONS -u LSAN_OPTIONS " ..
+                   "timeout -k 5 90 chromium --headless --no-sandbox --disable-gpu " ..
+                   "--disable-dev-shm-usage --no-first-run --no-default-browser-check " ..
+                   "--disable-extensions --disable-background-networking " ..
+                   "--user-data-dir=" .. q(dir .. "/profile" .. attempt) .. " --hide-scrollbars " ..
+                   "--screenshot=" .. q(png_path) .. " --window-size=1200,900 " ..
+                   q("file://" .. html_path))
+         if read_file(png_path) then break end
+      end
+      return out
    end
 
    local HIGHLIGHT = { 0xff, 0xcd, 0xd2 } -- .c-lost's background
