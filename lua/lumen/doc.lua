@@ -835,7 +835,10 @@ E("lm.data.image_support", "lm.data.image_support() -> {jpeg, png}", "Which deco
    .. "build has.")
 E("lm.data.read_image", "lm.data.read_image(path) -> Tensor", "Decode a JPEG or PNG (by "
    .. "content) into uint8 (H, W, 3) RGB (gray replicated, alpha dropped, CMYK converted).",
-   { err = "not a string, unreadable or corrupt file, a format this build cannot decode" })
+   { err = "not a string, unreadable, truncated (a JPEG without its end marker included) or "
+   .. "corrupt file, not a regular file (a FIFO), an image of more than 178956970 pixels (PIL's "
+   .. "decompression-bomb limit; LUMEN_MAX_IMAGE_PIXELS raises it), a format this build cannot "
+   .. "decode" })
 E("lm.data.load_image", "lm.data.load_image(path, opts) -> Tensor", "One image decoded and "
    .. "resampled as an ImageFolder sample: float32 (1, 3, h, w).",
    { opts = "the ImageFolder image options (size, crop, resize, scale, ratio, draft), mean, "
