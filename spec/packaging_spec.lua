@@ -5,31 +5,11 @@
 -- empty tree with `luarocks install`, and the installed `lumen` command runs.
 
 local lm = require("lumen")
+local shell = require("spec.shell")
+local q, sh, read_file = shell.q, shell.sh, shell.read_file
 
 local ROCKSPEC = "rockspec/lumen-0.1.0-1.rockspec"
 local SCM = "rockspec/lumen-scm-1.rockspec"
-
-local function q(s)
-   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
--- run a shell command; returns its output (stdout and stderr together) and exit status
-local function sh(cmd)
-   local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-   local out = p:read("*a")
-   p:close()
-   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-   out = out:gsub("__rc=%d+%s*$", "")
-   return out, rc
-end
-
-local function read_file(path)
-   local f = io.open(path, "rb")
-   if not f then return nil end
-   local s = f:read("*a")
-   f:close()
-   return s
-end
 
 local function write_file(path, text)
    local f = assert(io.open(path, "wb"))

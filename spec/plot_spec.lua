@@ -3,27 +3,8 @@
 -- (no gnuplot, a bad extension, a log with no records).
 
 local lm = require("lumen")
-
-local function q(s)
-   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
-local function sh(cmd)
-   local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-   local out = p:read("*a")
-   p:close()
-   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-   out = out:gsub("__rc=%d+%s*$", "")
-   return out, rc
-end
-
-local function read_file(path)
-   local f = io.open(path, "rb")
-   if not f then return nil end
-   local s = f:read("*a")
-   f:close()
-   return s
-end
+local shell = require("spec.shell")
+local q, sh, read_file = shell.q, shell.sh, shell.read_file
 
 -- the launcher of this run: the install tree's in an installed run, else the source tree's
 local TREE = os.getenv("LUMEN_INSTALL_TREE")

@@ -8,22 +8,10 @@
 -- machine may be loaded), and computations print a marker before they start so that Ctrl-C is
 -- only sent once they run. Skipped when tmux is missing.
 
+local shell = require("spec.shell")
+local q, sh = shell.q, shell.sh
 local TREE = os.getenv("LUMEN_INSTALL_TREE")
 if TREE == "" then TREE = nil end
-
-local function q(s)
-   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
--- run a shell command; returns its output (stdout and stderr together) and exit status
-local function sh(cmd)
-   local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-   local out = p:read("*a")
-   p:close()
-   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-   out = out:gsub("__rc=%d+%s*$", "")
-   return out, rc
-end
 
 local ROOT = (sh("pwd -P"):gsub("%s+$", ""))
 local LAUNCHER = TREE and (TREE .. "/bin/lumen") or (ROOT .. "/bin/lumen")

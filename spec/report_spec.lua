@@ -3,29 +3,10 @@
 -- screenshot in a real headless browser (chromium) to see that it renders with the highlight.
 
 local lm = require("lumen")
+local shell = require("spec.shell")
+local q, sh, read_file = shell.q, shell.sh, shell.read_file
 local nn = lm.nn
 local CL = lm.channels_last
-
-local function q(s)
-   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
-local function sh(cmd)
-   local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-   local out = p:read("*a")
-   p:close()
-   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-   out = out:gsub("__rc=%d+%s*$", "")
-   return out, rc
-end
-
-local function read_file(path)
-   local f = io.open(path, "rb")
-   if not f then return nil end
-   local s = f:read("*a")
-   f:close()
-   return s
-end
 
 local function count(s, plain)
    local n, i = 0, 1
