@@ -13,7 +13,7 @@
 #   make clean
 CC ?= cc
 OPT ?= -O3 -march=x86-64-v2 -mtune=native
-CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -fopenmp -Isrc -Ikernels $(OPT)
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -fopenmp -Isrc $(OPT)
 LDFLAGS_BASE = -shared -fopenmp -lm -lz -lpthread -Wl,-z,nodelete \
    -Wl,--push-state,--no-as-needed -ljpeg -lpng -Wl,--pop-state
 BUILD ?= build
@@ -24,13 +24,13 @@ ifneq ($(LUAROCKS_BUILD),)
 override CFLAGS := $(filter-out -O%,$(CFLAGS))
 endif
 
-SRCS := $(wildcard src/*.c) $(wildcard kernels/cpu/*.c)
+SRCS := $(wildcard src/*.c) $(wildcard src/ops/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/sim/*.c)
 OBJS := $(patsubst %.c,$(BUILD)/%.o,$(SRCS))
 
 # header dependencies: every object also depends on the headers it actually includes (src/iter.h,
 # kernels/cpu/*.h, ...), recorded by the compiler in $(BUILD)/**/*.d (included at the end)
 CFLAGS_BASE += -MMD -MP
-HDRS := src/lumen.h $(sort $(wildcard kernels/*.h))
+HDRS := src/lumen.h src/conv.h src/nn.h
 
 all: $(BUILD)/liblumen.so lua/lumen/cdef.lua
 
@@ -39,15 +39,15 @@ $(BUILD)/liblumen.so: $(OBJS)
 
 # ISA-specific translation units: *_avx512.c and *_avx2.c get their own flags; the rest stay
 # portable and pick a path at run time (CPUID).
-$(BUILD)/%_avx512.o: %_avx512.c $(HDRS) src/internal.h
+$(BUILD)/%_avx512.o: %_avx512.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%_avx2.o: %_avx2.c $(HDRS) src/internal.h
+$(BUILD)/%_avx2.o: %_avx2.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -mavx2 -mfma -mf16c $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.c $(HDRS) src/internal.h
+$(BUILD)/%.o: %.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -c $< -o $@
 
@@ -143,7 +143,7 @@ FUZZ_RECOVER ?=
 FUZZ_SAN = -fsanitize=address,undefined -fno-omit-frame-pointer \
    $(if $(FUZZ_RECOVER),-fsanitize-recover=undefined,-fno-sanitize-recover=undefined)
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unknown-pragmas -g -O1 -march=x86-64-v2 \
-   -fopenmp -Isrc -Ikernels $(FUZZ_SAN)
+   -fopenmp -Isrc $(FUZZ_SAN)
 FUZZ_LIBS = -fopenmp -lm -lz -ljpeg -lpng -lpthread
 LUAJIT_CFLAGS ?= $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/include/luajit-2.1)
 LUAJIT_LIBS ?= $(shell pkg-config --libs luajit 2>/dev/null || echo -lluajit-5.1)
@@ -152,11 +152,11 @@ LUAJIT_LIBS ?= $(shell pkg-config --libs luajit 2>/dev/null || echo -lluajit-5.1
 # operator kernels (kernels/cpu/: convolution, GEMM, pooling, ...) are linked from the normal
 # build instead: no parser reaches them, instrumenting them would triple the build time (ASan on
 # their unrolled AVX-512 code), and two of them use a GCC-only target attribute clang refuses.
-FUZZ_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(wildcard src/*.c)) \
-   $(patsubst %.c,$(BUILD)/%.o,$(wildcard kernels/cpu/*.c))
+FUZZ_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(wildcard src/*.c) $(wildcard src/ops/*.c)) \
+   $(patsubst %.c,$(BUILD)/%.o,$(wildcard kernels/cpu/*.c) $(wildcard kernels/sim/*.c))
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 
-$(FUZZ_BUILD)/obj/%.o: %.c $(HDRS) src/internal.h
+$(FUZZ_BUILD)/obj/%.o: %.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 

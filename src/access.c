@@ -32,10 +32,10 @@ lm_status lm_get(const lm_tensor *t, const int64_t *idx, double *value) {
       *value = canonical(lm_load_as_double(p, t->dtype));
       return LM_OK;
    }
-   const lm_device_ops *ops = lm_device_get(t->device);
-   if (!ops) return lm_error(LM_ERR_DEVICE, "device %d is not available in this build", t->device);
+   const lm_backend *ops = lm_backend_get(t->device);
+   if (!ops) return LM_ERR_DEVICE;
    _Alignas(8) char b[8];
-   LM_TRY(ops->memcpy(b, p, (size_t)lm_dtype_size(t->dtype), 1));
+   LM_TRY(ops->memcpy(ops, b, p, (size_t)lm_dtype_size(t->dtype), 1));
    *value = canonical(lm_load_as_double(b, t->dtype));
    return LM_OK;
 }
@@ -49,11 +49,11 @@ lm_status lm_set(lm_tensor *t, const int64_t *idx, double value) {
       lm_store_from_double(p, t->dtype, value);
       return LM_OK;
    }
-   const lm_device_ops *ops = lm_device_get(t->device);
-   if (!ops) return lm_error(LM_ERR_DEVICE, "device %d is not available in this build", t->device);
+   const lm_backend *ops = lm_backend_get(t->device);
+   if (!ops) return LM_ERR_DEVICE;
    _Alignas(8) char b[8];
    lm_store_from_double(b, t->dtype, value);
-   return ops->memcpy(p, b, (size_t)lm_dtype_size(t->dtype), 0);
+   return ops->memcpy(ops, p, b, (size_t)lm_dtype_size(t->dtype), 0);
 }
 
 static void dense_operand(lm_operand *op, void *buf, const lm_tensor *t) {

@@ -1,31 +1,120 @@
-/* device.c -- the per-device dispatch table. The CPU entry is always present; a CUDA backend
- * (kernels/cuda, built with LM_WITH_CUDA) supplies lm_cuda_device_ops(k) for cuda:k. The table is
- * constant: nothing here changes at run time. */
-#include "internal.h"
+/* device.c -- the device registry, the meta device, and lm_dispatch (backend.h).
+ *
+ * Device ids (lumen.h): LM_CPU; LM_CUDA0 + k (a CUDA build, kernels/cuda/); LM_META; LM_SIM0 + k
+ * (the test device, kernels/sim/). The registry is constant: every backend is a static table
+ * that its own file hands out, so nothing here changes at run time. */
+#include "backend.h"
 
-static lm_status cpu_memcpy(void *dst, const void *src, size_t nbytes, int dir) {
-   (void)dir;
-   if (nbytes) memcpy(dst, src, nbytes);
-   return LM_OK;
+#include <stdint.h>
+#include <stdio.h>
+
+static const char *const op_names[LM_OP_COUNT] = {
+#define LM_OP_NAME_(k, name) name,
+   LM_OP_LIST(LM_OP_NAME_)
+#undef LM_OP_NAME_
+};
+
+const char *lm_op_name(int kind) {
+   return kind >= 0 && kind < LM_OP_COUNT ? op_names[kind] : "unknown operator";
 }
 
-static const lm_device_ops cpu_ops = {"cpu", lm_alloc, lm_free, cpu_memcpy};
+/* ---- meta: sizes, strides, dtype and memory format only ----
+ * A meta storage has no bytes. Its data pointer is a fixed non-canonical address (bit 62 set), so
+ * a path that dereferences it faults at once instead of reading something; pointer arithmetic on
+ * it stays defined (it is not NULL). Values are never read: lm_get, lm_copy_ out of meta, the
+ * file writers refuse meta tensors with a message first. */
+#define META_DATA ((void *)((uintptr_t)1 << 62))
 
-#ifdef LM_WITH_CUDA
-const lm_device_ops *lm_cuda_device_ops(int index);
-#endif
+static void *meta_alloc(const lm_backend *b, size_t nbytes) {
+   (void)b, (void)nbytes;
+   return META_DATA;
+}
+static void meta_free(const lm_backend *b, void *p, size_t nbytes) { (void)b, (void)p, (void)nbytes; }
+static lm_status meta_memcpy(const lm_backend *b, void *dst, const void *src, size_t nbytes,
+                             int dir) {
+   (void)b, (void)dst, (void)src, (void)nbytes, (void)dir;
+   return lm_error(LM_ERR_DEVICE, "meta tensors have no data to copy");
+}
+static int meta_supports(const lm_backend *b, const lm_op *op) { (void)b, (void)op; return 1; }
+static lm_status meta_compute(const lm_backend *b, const lm_op *op) { (void)b, (void)op; return LM_OK; }
 
-const lm_device_ops *lm_device_get(int device) {
-   if (device == LM_CPU) return &cpu_ops;
+static const lm_backend meta_backend = {"meta", LM_META, 0, 0, meta_alloc, meta_free,
+                                        meta_memcpy, meta_supports, meta_compute};
+
+/* ---- the registry ---- */
+
+const lm_backend *lm_backend_get(int device) {
+   if (device == LM_CPU) return lm_cpu_backend();
+   if (device == LM_META) return &meta_backend;
+   if (device >= LM_SIM0 && device < LM_SIM0 + LM_NUM_SIM) return lm_sim_backend(device - LM_SIM0);
 #ifdef LM_WITH_CUDA
-   if (device >= LM_CUDA0 && device < LM_MAX_DEVICES) return lm_cuda_device_ops(device - LM_CUDA0);
+   if (device >= LM_CUDA0 && device < LM_CUDA0 + LM_NUM_CUDA) {
+      const lm_backend *b = lm_cuda_backend(device - LM_CUDA0);
+      if (b) return b;
+   }
 #endif
+   char buf[24];
+   lm_error(LM_ERR_DEVICE, "device %s is not available in this build",
+            lm_device_name(device, buf, sizeof buf));
    return NULL;
 }
 
+const char *lm_device_name(int device, char *buf, size_t cap) {
+   if (device == LM_CPU) snprintf(buf, cap, "cpu");
+   else if (device == LM_META) snprintf(buf, cap, "meta");
+   else if (device >= LM_CUDA0 && device < LM_CUDA0 + LM_NUM_CUDA)
+      snprintf(buf, cap, "cuda:%d", device - LM_CUDA0);
+   else if (device >= LM_SIM0 && device < LM_SIM0 + LM_NUM_SIM)
+      snprintf(buf, cap, "sim:%d", device - LM_SIM0);
+   else snprintf(buf, cap, "device %d", device);
+   return buf;
+}
+
+lm_status lm_check_same_device(const lm_tensor *a, const lm_tensor *b, const char *what) {
+   if (!a || !b || a->device == b->device) return LM_OK;
+   char da[24], db[24];
+   return lm_error(LM_ERR_DEVICE,
+                   "expected all tensors to be on the same device, got %s and %s (%s)",
+                   lm_device_name(a->device, da, sizeof da),
+                   lm_device_name(b->device, db, sizeof db), what);
+}
+
+lm_status lm_check_host(const lm_tensor *t, const char *what) {
+   if (!t || t->device == LM_CPU) return LM_OK;
+   char d[24];
+   lm_device_name(t->device, d, sizeof d);
+   if (t->device == LM_META)
+      return lm_error(LM_ERR_DEVICE, "%s is a meta tensor: it has no data", what);
+   return lm_error(LM_ERR_DEVICE, "%s is on %s; copy it to the CPU first", what, d);
+}
+
+lm_status lm_dispatch(const lm_op *op) {
+   const lm_tensor *first = NULL;
+   for (int i = 0; i < op->nt; i++) {
+      const lm_tensor *t = op->t[i];
+      if (!t) continue;
+      if (!first) first = t;
+      else LM_TRY(lm_check_same_device(first, t, lm_op_name(op->kind)));
+   }
+   if (!first || first->device == LM_CPU) {
+      /* the common case without a registry walk; the CPU supports every op */
+      const lm_backend *cpu = lm_cpu_backend();
+      return cpu->compute(cpu, op);
+   }
+   if (first->device == LM_META) return LM_OK;
+   const lm_backend *b = lm_backend_get(first->device);
+   if (!b) return LM_ERR_DEVICE;
+   if (!b->supports_op(b, op))
+      return lm_error(LM_ERR_DEVICE, "%s is not supported on %s", lm_op_name(op->kind), b->name);
+   return b->compute(b, op);
+}
+
+/* transitional (internal.h): the operators not yet split into front end and kernels */
 lm_status lm_check_cpu(const lm_tensor *t, const char *what) {
-   if (t && t->device != LM_CPU)
-      return lm_error(LM_ERR_DEVICE, "%s is on device %d; this operator runs on the CPU only",
-                      what, t->device);
+   if (t && t->device != LM_CPU) {
+      char d[24];
+      return lm_error(LM_ERR_DEVICE, "%s is on %s; this operator runs on the CPU only", what,
+                      lm_device_name(t->device, d, sizeof d));
+   }
    return LM_OK;
 }

@@ -989,11 +989,11 @@ lm_status lm_copy_(lm_tensor *dst, const lm_tensor *src) {
    if (plain_dense_match(dst, src) && dst->numel > 0) {
       size_t nbytes = (size_t)dst->numel * (size_t)lm_dtype_size(dst->dtype);
       int dir = src->device == LM_CPU ? 0 : dst->device == LM_CPU ? 1 : 2;
-      const lm_device_ops *ops = lm_device_get(dir == 1 ? src->device : dst->device);
-      if (!ops) return lm_error(LM_ERR_DEVICE, "device is not available in this build");
+      const lm_backend *ops = lm_backend_get(dir == 1 ? src->device : dst->device);
+      if (!ops) return LM_ERR_DEVICE;
       /* a NOD tensor occupies exactly numel elements from its lowest address, which is element
          0 since strides are non-negative */
-      return ops->memcpy(lm_tensor_data(dst), lm_tensor_data(src), nbytes, dir);
+      return ops->memcpy(ops, lm_tensor_data(dst), lm_tensor_data(src), nbytes, dir);
    }
    lm_host_mirror md, ms;
    LM_TRY(lm_mirror_begin(src, 1, &ms));
@@ -1031,7 +1031,7 @@ lm_status lm_fill_(lm_tensor *t, double value) {
 
 /* ---------------------------------------------------------------- fused optimizer steps */
 
-/* The optimizers' per-parameter updates in one pass (kernels/nn.h). Every operand has the
+/* The optimizers' per-parameter updates in one pass (src/nn.h). Every operand has the
    parameter's dtype (float32 / float64), sizes and strides and is non-overlapping and dense, so
    the loops run over the storage span linearly. The arithmetic follows the separate ops of
    optim/init.lua step by step, rounding to the dtype after each. */

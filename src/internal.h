@@ -145,20 +145,9 @@ static inline void lm_store_from_double(void *p, int dt, double v) {
    }
 }
 
-/* ---- device dispatch (src/device.c) ----
- * Every storage allocation and raw memory transfer goes through the table of the tensor's
- * device; a CUDA backend fills its own entry (compiled in with LM_WITH_CUDA). Operators check
- * the device and call the CPU kernels or the backend's. */
-typedef struct lm_device_ops {
-   const char *name;
-   void *(*alloc)(size_t nbytes);
-   void (*free)(void *p, size_t nbytes);
-   /* copy nbytes between this device and the host (dir 0: host->device, 1: device->host,
-      2: device->device) */
-   lm_status (*memcpy)(void *dst, const void *src, size_t nbytes, int dir);
-} lm_device_ops;
-
-const lm_device_ops *lm_device_get(int device); /* NULL if the device is not available */
+/* ---- devices: src/backend.h (lm_backend, lm_dispatch) ----
+ * transitional: refuses a tensor that is not on the CPU, for the operators that do not go
+ * through lm_dispatch yet; issue 16 removes it */
 lm_status lm_check_cpu(const lm_tensor *t, const char *what);
 
 /* shape helpers (src/tensor.c) */

@@ -522,8 +522,8 @@ lm_status lm_mirror_begin(const lm_tensor *t, int load, lm_host_mirror *m) {
    lm_operand_tensor(&m->op, t);
    m->device = t->device;
    if (t->device == LM_CPU) return LM_OK;
-   const lm_device_ops *ops = lm_device_get(t->device);
-   if (!ops) return lm_error(LM_ERR_DEVICE, "device %d is not available in this build", t->device);
+   const lm_backend *ops = lm_backend_get(t->device);
+   if (!ops) return LM_ERR_DEVICE;
    int64_t ext = 0;
    for (int d = 0; d < t->ndim; d++) {
       if (t->sizes[d] == 0) {
@@ -538,7 +538,7 @@ lm_status lm_mirror_begin(const lm_tensor *t, int load, lm_host_mirror *m) {
    m->buf = malloc(nbytes ? nbytes : 1);
    if (!m->buf) return lm_error(LM_ERR_OOM, "out of memory (%zu bytes host staging)", nbytes);
    if (load && nbytes) {
-      lm_status st = ops->memcpy(m->buf, m->dev_data, nbytes, 1);
+      lm_status st = ops->memcpy(ops, m->buf, m->dev_data, nbytes, 1);
       if (st != LM_OK) {
          free(m->buf);
          m->buf = NULL;
@@ -553,8 +553,8 @@ lm_status lm_mirror_end(lm_host_mirror *m, int store) {
    lm_status st = LM_OK;
    if (m->buf) {
       if (store && m->nbytes) {
-         const lm_device_ops *ops = lm_device_get(m->device);
-         st = ops ? ops->memcpy(m->dev_data, m->buf, m->nbytes, 0)
+         const lm_backend *ops = lm_backend_get(m->device);
+         st = ops ? ops->memcpy(ops, m->dev_data, m->buf, m->nbytes, 0)
                   : lm_error(LM_ERR_DEVICE, "device %d is not available", m->device);
       }
       free(m->buf);

@@ -3,7 +3,7 @@
  * and random.c. Internal: not part of the FFI header. */
 #ifndef LUMEN_ITER_H
 #define LUMEN_ITER_H
-#include "internal.h"
+#include "backend.h"
 #include <stdint.h>
 
 enum {

@@ -39,8 +39,11 @@ typedef enum lm_status {
    LM_ERR_OOM = 5, LM_ERR_DEVICE = 6, LM_ERR_IO = 7, LM_ERR_INTERNAL = 8
 } lm_status;
 
-/* Devices: 0 is the CPU; 1 + k is cuda:k. */
-enum { LM_CPU = 0, LM_CUDA0 = 1, LM_MAX_DEVICES = 9 };
+/* Devices: 0 is the CPU; 1 + k is cuda:k; LM_META is PyTorch's meta device (sizes, strides,
+   dtype, format; no data); LM_SIM0 + k is sim:k, the test device (kernels/sim/: memory the host
+   cannot read, the CPU's kernels). src/backend.h has the dispatch. */
+enum { LM_CPU = 0, LM_CUDA0 = 1, LM_NUM_CUDA = 8, LM_META = 9, LM_SIM0 = 10, LM_NUM_SIM = 4,
+       LM_MAX_DEVICES = 14 };
 
 typedef struct lm_storage {
    void *data;
@@ -59,7 +62,7 @@ typedef struct lm_tensor {
    int64_t numel;
    int32_t ndim;
    int32_t dtype;                  /* lm_dtype */
-   int32_t device;                 /* LM_CPU, LM_CUDA0 + k */
+   int32_t device;                 /* LM_CPU, LM_CUDA0 + k, LM_META, LM_SIM0 + k */
    int32_t flags;                  /* cached LM_FLAG_* bits, refreshed on every size/stride change */
    int64_t sizes[8];
    int64_t strides[8];

@@ -1,5 +1,5 @@
 /* tensor.c -- storage and tensor lifetime, creation, *_like and clone (spec section 5). */
-#include "internal.h"
+#include "backend.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -88,11 +88,8 @@ lm_status lm_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b
 /* ---------------------------------------------------------------- storage */
 
 lm_storage *lm_storage_new(int64_t nbytes, int device) {
-   const lm_device_ops *ops = lm_device_get(device);
-   if (!ops) {
-      lm_error(LM_ERR_DEVICE, "device %d is not available in this build", device);
-      return NULL;
-   }
+   const lm_backend *b = lm_backend_get(device);
+   if (!b) return NULL;
    if (nbytes < 0) {
       lm_error(LM_ERR_ARG, "negative storage size");
       return NULL;
@@ -102,7 +99,7 @@ lm_storage *lm_storage_new(int64_t nbytes, int device) {
       lm_error(LM_ERR_OOM, "out of memory");
       return NULL;
    }
-   s->data = ops->alloc((size_t)nbytes);
+   s->data = b->alloc(b, (size_t)nbytes);
    if (!s->data) {
       lm_meta_free(s, sizeof *s);
       return NULL;
@@ -141,8 +138,8 @@ void lm_storage_release(lm_storage *s) {
    if (s->deleter) {
       s->deleter(s->deleter_ctx);
    } else {
-      const lm_device_ops *ops = lm_device_get(s->device);
-      if (ops) ops->free(s->data, (size_t)s->nbytes);
+      const lm_backend *b = lm_backend_get(s->device);
+      if (b) b->free(b, s->data, (size_t)s->nbytes);
    }
    lm_meta_free(s, sizeof *s);
 }

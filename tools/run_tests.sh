@@ -120,7 +120,7 @@ if [ "${LUMEN_TEST_C:-1}" != 0 ] && [ ${#cprogs[@]} -gt 0 ]; then
          exe=$build_abs/spec_c/$name
          echo "== spec/c/$name"
          # shellcheck disable=SC2086
-         if ! "$CC" -std=c11 -Wall -Wextra -Werror -g -O1 -Isrc -Ikernels \
+         if ! "$CC" -std=c11 -Wall -Wextra -Werror -g -O1 -Isrc \
                $TEST_CFLAGS -o "$exe" "$src" -L"$build_abs" -llumen \
                -Wl,-rpath,"$build_abs" -lm -fopenmp; then
             echo "run_tests: spec/c/$name did not compile" >&2

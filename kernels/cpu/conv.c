@@ -6,10 +6,11 @@
  * (LUMEN_CONV_WINOGRAD / _PW / _RB = 0 switch them off); everything else to the portable kernels
  * in conv_tmpl.c (instantiated below for float32 and float64).
  *
- * The public functions are declared in kernels/conv.h. PyTorch semantics throughout; see that
+ * The public functions are declared in src/conv.h. PyTorch semantics throughout; see that
  * header for the contract and the choice of algorithm.
  */
 #include "conv_internal.h"
+#include "cpu.h"
 #include "conv.h"
 #include <stdio.h>
 
@@ -519,4 +520,9 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
       if (st == LM_OK) st = s3;
    }
    return st;
+}
+
+/* ---- registration (cpu.h) ---- */
+void lm_cpu_register_conv(lm_kernel_fn *table, int isa) {
+   (void)table, (void)isa;
 }

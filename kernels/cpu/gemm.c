@@ -17,57 +17,13 @@
  * LM_GEMM_WORK_PER_THREAD per thread uses fewer threads; inside an enclosing parallel region the
  * GEMM runs on the calling thread only.
  *
- * Mutable global state: exactly one, g_isa_request below (an atomic int).
+ * Mutable global state: none (the ISA comes from lm_cpu_isa, isa.c).
  */
 #ifndef LM_GEMM_TEMPLATE /* ---- the file proper; the template is at the end ---- */
 #include "internal.h"
 #include "gemm_internal.h"
+#include "cpu.h"
 #include <stdatomic.h>
-
-/* The ISA requested with lm_gemm_set_isa: LM_ISA_AUTO (0) picks the best one the CPU supports at
- * every call; 1..3 force a path (already lowered to one the CPU supports when it was stored).
- * This is the GEMM's only mutable global; it is read and written atomically (relaxed), so
- * concurrent GEMMs see either the old or the new choice, both of which are valid. */
-static atomic_int g_isa_request = 0;
-
-static int isa_supported(int isa) {
-#if defined(__x86_64__) || defined(__i386__)
-   __builtin_cpu_init();
-   switch (isa) {
-   case LM_ISA_C: return 1;
-   case LM_ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-   case LM_ISA_AVX512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("fma");
-   default: return 0;
-   }
-#else
-   return isa == LM_ISA_C;
-#endif
-}
-
-/* the best supported ISA at or below `req` (req == 0: the best there is) */
-static int isa_resolve(int req) {
-   if (req <= LM_ISA_AUTO || req > LM_ISA_AVX512) req = LM_ISA_AVX512;
-   while (req > LM_ISA_C && !isa_supported(req)) req--;
-   return req;
-}
-
-int lm_gemm_isa(void) {
-   return isa_resolve(atomic_load_explicit(&g_isa_request, memory_order_relaxed));
-}
-
-/* isa: 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512. An ISA the CPU lacks falls back to
- * the best one below it; the return value is the ISA in use after the call. Values outside 0..3
- * change nothing. */
-int lm_gemm_set_isa(int isa) {
-   if (isa >= LM_ISA_AUTO && isa <= LM_ISA_AVX512) {
-      int v = isa == LM_ISA_AUTO ? LM_ISA_AUTO : isa_resolve(isa);
-      atomic_store_explicit(&g_isa_request, v, memory_order_relaxed);
-   }
-   return lm_gemm_isa();
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Portable micro-kernels: plain loops over a small accumulator tile; gcc -O3 vectorizes the j loop.

@@ -20,7 +20,7 @@
  * element at all (possible only with dilation and a large padding) gives -inf and index -1, and
  * the backward skips -1; any other index outside the plane is an error, never a stray write.
  */
-#include "internal.h"
+#include "cpu.h"
 #include "nn.h"
 
 #include <math.h>
@@ -1982,4 +1982,9 @@ lm_status lm_adaptive_avg_pool2d_backward(const lm_tensor *grad_out, const lm_te
    int64_t os[2] = {grad_out->sizes[x->ndim - 2], grad_out->sizes[x->ndim - 1]};
    LM_TRY(adaptive_params(&p, os, "adaptive_avg_pool2d_backward"));
    return avg_backward(grad_out, x, &p, grad_x, "adaptive_avg_pool2d_backward");
+}
+
+/* ---- registration (cpu.h) ---- */
+void lm_cpu_register_pool(lm_kernel_fn *table, int isa) {
+   (void)table, (void)isa;
 }

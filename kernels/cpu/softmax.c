@@ -1,29 +1,19 @@
 /*
  * softmax.c -- softmax / log_softmax over one dim, forward and backward.
  *
- * As in PyTorch the input is made contiguous and the result is contiguous. With the data viewed
+ * The kernels of LM_OP_SOFTMAX / LM_OP_SOFTMAX_BACKWARD (front end: src/ops/softmax.c, which
+ * makes every operand contiguous and allocates the result). With the data viewed
  * as (outer, D, inner): inner == 1 runs a row kernel, otherwise the loops run over inner
  * positions with unit stride. Numerically stable (the max is subtracted); the sums are double.
  */
-#include "internal.h"
-#include "nn.h"
+#include "cpu.h"
+#include "ops/softmax.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include "nn_common.h"
 
 enum { IBLK = 64 };
-
-static lm_status dense_in(const lm_tensor *x, const lm_tensor **xd, lm_tensor **tmp) {
-   *tmp = NULL;
-   *xd = x;
-   if (!lm_is_contiguous(x, LM_CONTIGUOUS)) {
-      LM_TRY(lm_clone(x, LM_CONTIGUOUS, -1, tmp));
-      *xd = *tmp;
-   }
-   return LM_OK;
-}
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -130,78 +120,35 @@ static void split_dims(const lm_tensor *x, int dim, int64_t *outer, int64_t *D, 
 DEFINE_SOFTMAX(float, f32)
 DEFINE_SOFTMAX(double, f64)
 
-static lm_status softmax_forward(const lm_tensor *x, int dim, int lg, lm_tensor **out) {
-   LM_TRY(check_float(x, "input"));
-   if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
-   LM_TRY(lm_wrap_dim(&dim, x->ndim));
-   out_slot so;
-   const lm_tensor *xd;
-   lm_tensor *tmp = NULL;
-   LM_TRY(out_open(&so, out, x->ndim, x->sizes, x->dtype, LM_CONTIGUOUS, "output"));
-   lm_status st = dense_in(x, &xd, &tmp);
-   if (st == LM_OK && x->numel > 0) {
-      int64_t outer, D, inner;
-      split_dims(x, dim, &outer, &D, &inner);
-      if (x->dtype == LM_FLOAT64)
-         fwd_f64(lm_tensor_data(xd), lm_tensor_data(so.t), outer, D, inner, lg);
-      else
-         fwd_f32(lm_tensor_data(xd), lm_tensor_data(so.t), outer, D, inner, lg);
-   }
-   lm_tensor_free(tmp);
-   return out_close(&so, out, st);
+/* LM_OP_SOFTMAX: t = {x, y}, both contiguous (src/ops/softmax.h) */
+static lm_status k_softmax(const lm_op *op) {
+   const lm_softmax_params *p = op->params;
+   const lm_tensor *x = op->t[0], *y = op->t[1];
+   int64_t outer, D, inner;
+   split_dims(x, p->dim, &outer, &D, &inner);
+   if (x->dtype == LM_FLOAT64)
+      fwd_f64(lm_tensor_data(x), lm_tensor_data(y), outer, D, inner, p->log);
+   else
+      fwd_f32(lm_tensor_data(x), lm_tensor_data(y), outer, D, inner, p->log);
+   return LM_OK;
 }
 
-static lm_status softmax_backward(const lm_tensor *grad_out, const lm_tensor *y, int dim, int lg,
-                                  lm_tensor **grad_x, const char *what) {
-   LM_TRY(check_float(grad_out, "grad_output"));
-   LM_TRY(check_float(y, "output"));
-   if (!grad_x) return lm_error(LM_ERR_ARG, "grad_input is NULL");
-   if (grad_out->dtype != y->dtype)
-      return lm_error(LM_ERR_DTYPE, "%s: grad_output has dtype %s but output has %s", what,
-                      lm_dtype_name(grad_out->dtype), lm_dtype_name(y->dtype));
-   if (grad_out->ndim != y->ndim ||
-       memcmp(grad_out->sizes, y->sizes, (size_t)y->ndim * sizeof(int64_t)) != 0) {
-      char a[160], b[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, y->ndim, y->sizes);
-      return lm_error(LM_ERR_SHAPE, "%s: grad_output %s does not match output %s", what, a, b);
-   }
-   LM_TRY(lm_wrap_dim(&dim, y->ndim));
-   out_slot so;
-   const lm_tensor *gd = NULL, *yd = NULL;
-   lm_tensor *t1 = NULL, *t2 = NULL;
-   LM_TRY(out_open(&so, grad_x, y->ndim, y->sizes, y->dtype, LM_CONTIGUOUS, "grad_input"));
-   lm_status st = dense_in(grad_out, &gd, &t1);
-   if (st == LM_OK) st = dense_in(y, &yd, &t2);
-   if (st == LM_OK && y->numel > 0) {
-      int64_t outer, D, inner;
-      split_dims(y, dim, &outer, &D, &inner);
-      if (y->dtype == LM_FLOAT64)
-         bwd_f64(lm_tensor_data(gd), lm_tensor_data(yd), lm_tensor_data(so.t), outer, D, inner,
-                 lg);
-      else
-         bwd_f32(lm_tensor_data(gd), lm_tensor_data(yd), lm_tensor_data(so.t), outer, D, inner,
-                 lg);
-   }
-   lm_tensor_free(t1);
-   lm_tensor_free(t2);
-   return out_close(&so, grad_x, st);
+/* LM_OP_SOFTMAX_BACKWARD: t = {grad_out, y, grad_x}, all contiguous */
+static lm_status k_softmax_backward(const lm_op *op) {
+   const lm_softmax_params *p = op->params;
+   const lm_tensor *g = op->t[0], *y = op->t[1], *gx = op->t[2];
+   int64_t outer, D, inner;
+   split_dims(y, p->dim, &outer, &D, &inner);
+   if (y->dtype == LM_FLOAT64)
+      bwd_f64(lm_tensor_data(g), lm_tensor_data(y), lm_tensor_data(gx), outer, D, inner, p->log);
+   else
+      bwd_f32(lm_tensor_data(g), lm_tensor_data(y), lm_tensor_data(gx), outer, D, inner, p->log);
+   return LM_OK;
 }
 
-lm_status lm_softmax(const lm_tensor *x, int dim, lm_tensor **out) {
-   return softmax_forward(x, dim, 0, out);
-}
-
-lm_status lm_log_softmax(const lm_tensor *x, int dim, lm_tensor **out) {
-   return softmax_forward(x, dim, 1, out);
-}
-
-lm_status lm_softmax_backward(const lm_tensor *grad_out, const lm_tensor *out, int dim,
-                              lm_tensor **grad_x) {
-   return softmax_backward(grad_out, out, dim, 0, grad_x, "softmax_backward");
-}
-
-lm_status lm_log_softmax_backward(const lm_tensor *grad_out, const lm_tensor *out, int dim,
-                                  lm_tensor **grad_x) {
-   return softmax_backward(grad_out, out, dim, 1, grad_x, "log_softmax_backward");
+/* ---- registration (cpu.h) ---- */
+void lm_cpu_register_softmax(lm_kernel_fn *table, int isa) {
+   (void)isa;
+   table[LM_OP_SOFTMAX] = k_softmax;
+   table[LM_OP_SOFTMAX_BACKWARD] = k_softmax_backward;
 }

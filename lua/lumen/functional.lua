@@ -1,7 +1,7 @@
 -- lumen.functional -- lm.nn.functional (alias lm.F): convolution, pooling, batch norm,
 -- activations, dropout, softmax and losses, each with its backward.
 --
--- The kernels live in C (kernels/conv.h, kernels/nn.h); this file validates arguments (errors are
+-- The kernels live in C (src/conv.h, src/nn.h); this file validates arguments (errors are
 -- "lumen.<fn>: ..."), picks memory formats the way PyTorch does (memory_format.md section 7) and
 -- records the autograd node. Index conventions follow the Lua API: class targets of nll_loss /
 -- cross_entropy and the indices returned by the max pools are 1-BASED (the C kernels are

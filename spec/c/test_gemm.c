@@ -6,10 +6,10 @@
  *   cc -O2 -fopenmp -Isrc spec/c/test_gemm.c -Lbuild -llumen -Wl,-rpath,$PWD/build -lm \
  *      -o /tmp/test_gemm && /tmp/test_gemm
  * Standalone, GEMM core only (no tensor API needed):
- *   cc -O2 -fopenmp -Isrc -Ikernels -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma \
+ *   cc -O2 -fopenmp -Isrc -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma \
  *      -c kernels/cpu/gemm_avx512.c -o /tmp/gemm_avx512.o
- *   cc -O2 -fopenmp -Isrc -Ikernels -mavx2 -mfma -c kernels/cpu/gemm_avx2.c -o /tmp/gemm_avx2.o
- *   cc -O2 -fopenmp -Isrc -Ikernels -DLM_GEMM_STANDALONE spec/c/test_gemm.c kernels/cpu/gemm.c \
+ *   cc -O2 -fopenmp -Isrc -mavx2 -mfma -c kernels/cpu/gemm_avx2.c -o /tmp/gemm_avx2.o
+ *   cc -O2 -fopenmp -Isrc -DLM_GEMM_STANDALONE spec/c/test_gemm.c kernels/cpu/gemm.c \
  *      /tmp/gemm_avx512.o /tmp/gemm_avx2.o -lm -o /tmp/test_gemm && /tmp/test_gemm
  * Options: -q (quiet: failures and the summary only).
  */

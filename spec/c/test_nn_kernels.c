@@ -1,10 +1,10 @@
-/* test_nn_kernels.c -- pooling, batch norm, softmax and nll_loss kernels (kernels/nn.h) against
+/* test_nn_kernels.c -- pooling, batch norm, softmax and nll_loss kernels (src/nn.h) against
  * naive double references (random shapes, channel counts 1/3/7/17/64, spatial 1/2/7, both memory
  * formats, strided inputs, float32 and float64, forward and backward), fixed cases against
  * numbers printed by PyTorch 1.13, layout (memory-format) checks and error cases.
  * A standalone program: prints "N passed, N failed", exits non-zero on any failure.
  *
- *   make && cc -std=c11 -O2 -fopenmp -Isrc -Ikernels spec/c/test_nn_kernels.c -Lbuild -llumen \
+ *   make && cc -std=c11 -O2 -fopenmp -Isrc spec/c/test_nn_kernels.c -Lbuild -llumen \
  *      -Wl,-rpath,$PWD/build -lm -o /tmp/test_nn && /tmp/test_nn
  * Options: -v (print every case), --bench (also time NHWC vs NCHW on 8x64x56x56 float32;
  * build with -O2 for that).

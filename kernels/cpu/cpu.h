@@ -1,0 +1,32 @@
+/* cpu.h -- what the CPU kernels share (internal): the hardware probe and the kernel table.
+ *
+ * lm_cpu_isa() is the one probe: the instruction set the CPU kernels use (LM_ISA_C, LM_ISA_AVX2,
+ * LM_ISA_AVX512 of gemm_internal.h), the best the CPU has unless lm_gemm_set_isa forced a lower
+ * one (the specs force every path on every machine). kernels/cpu/backend.c fills the kernel table
+ * from it: each family's file has a register function that stores its kernels for that ISA;
+ * forcing another ISA refills the table. */
+#ifndef LUMEN_KERNELS_CPU_H
+#define LUMEN_KERNELS_CPU_H
+#include "backend.h"
+
+/* the ISA in use (1 portable C, 2 AVX2 + FMA, 3 AVX-512): the probe's answer or the forced one */
+int lm_cpu_isa(void);
+
+/* Each family stores its kernels in table[LM_OP_...] for isa. Called once at start and after
+ * every change of ISA; the table is read without locks by lm_dispatch (a kernel pointer is
+ * written atomically, and every kernel a table ever held stays valid). */
+void lm_cpu_register_elementwise(lm_kernel_fn *table, int isa);
+void lm_cpu_register_reduce(lm_kernel_fn *table, int isa);
+void lm_cpu_register_random(lm_kernel_fn *table, int isa);
+void lm_cpu_register_linalg(lm_kernel_fn *table, int isa);
+void lm_cpu_register_conv(lm_kernel_fn *table, int isa);
+void lm_cpu_register_pool(lm_kernel_fn *table, int isa);
+void lm_cpu_register_norm(lm_kernel_fn *table, int isa);
+void lm_cpu_register_softmax(lm_kernel_fn *table, int isa);
+void lm_cpu_register_loss(lm_kernel_fn *table, int isa);
+void lm_cpu_register_optim(lm_kernel_fn *table, int isa);
+
+/* refill the table for the current lm_cpu_isa() (isa.c calls it when the ISA changes) */
+void lm_cpu_backend_refresh(void);
+
+#endif

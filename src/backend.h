@@ -1,0 +1,119 @@
+/* backend.h -- the seam between operators and devices (internal; not part of the FFI header).
+ *
+ * An operator (lm_conv2d, lm_binary, ...) is a front end in src/ops/ or src/: it checks its
+ * arguments, works out the output's sizes and memory format, allocates every output through the
+ * tensors' device (lm_empty, ...), then hands one lm_op to lm_dispatch. lm_dispatch finds the
+ * device all the tensors are on and asks its backend: supports_op (else "not supported on
+ * <device>") and compute. The front end never touches tensor memory, so it runs unchanged on
+ * every device, the meta device included (whose compute does nothing).
+ *
+ * A backend is one lm_backend: memory (alloc, free, memcpy to and from the host) beside compute
+ * and supports_op, the shape of ggml's backend interface (ggml-backend-impl.h). The CPU backend
+ * (kernels/cpu/backend.c) computes from a table of kernels, one per lm_op_kind, filled once from
+ * one hardware probe (lm_cpu_isa, kernels/cpu/isa.c), as XNNPACK fills its configs from
+ * xnn_init_hardware_config. Adding an operator means: a kind below, a front end, and one kernel
+ * per backend (docs/writing_operators.md).
+ *
+ * Devices (ids in lumen.h): cpu; meta (sizes, strides, dtype, format; no memory, no compute;
+ * src/device.c); sim:0..3, the test device of kernels/sim/ (its own memory that the host cannot
+ * read, explicit copies, the CPU's kernels); cuda:0..7 when built with LM_WITH_CUDA.
+ */
+#ifndef LUMEN_BACKEND_H
+#define LUMEN_BACKEND_H
+#include "internal.h"
+
+/* Every operator kind, with the name its messages use. New kinds go at the end of their group. */
+#define LM_OP_LIST(X)                                                                            \
+   /* elementwise (src/elementwise.c; kernels/cpu/elementwise.c) */                              \
+   X(UNARY, "unary") X(CLAMP, "clamp") X(BINARY, "binary") X(BINARY_SCALAR, "binary_scalar")     \
+   X(BINARY_UNARY, "binary_unary") X(BINARY_SCALAR_UNARY, "binary_scalar_unary")                \
+   X(ADDCMUL, "addcmul") X(ADDCDIV, "addcdiv") X(WHERE, "where") X(COPY, "copy_")               \
+   X(FILL, "fill_")                                                                              \
+   /* reductions, concatenation, random fills */                                                \
+   X(REDUCE, "reduce") X(CAT, "cat") X(UNIFORM, "uniform_") X(NORMAL, "normal_")                 \
+   X(RANDINT, "randint_") X(BERNOULLI, "bernoulli_")                                             \
+   /* linear algebra, convolution */                                                             \
+   X(MATMUL, "matmul") X(CONV2D, "conv2d") X(CONV2D_BACKWARD, "conv2d_backward")                 \
+   /* pooling */                                                                                 \
+   X(MAX_POOL2D, "max_pool2d") X(MAX_POOL2D_BACKWARD, "max_pool2d_backward")                     \
+   X(MAX_POOL2D_TAPS, "max_pool2d_taps") X(MAX_POOL2D_TAPS_BACKWARD, "max_pool2d_taps_backward") \
+   X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BACKWARD, "avg_pool2d_backward")                     \
+   X(ADAPTIVE_AVG_POOL2D, "adaptive_avg_pool2d")                                                 \
+   X(ADAPTIVE_AVG_POOL2D_BACKWARD, "adaptive_avg_pool2d_backward")                               \
+   X(ADAPTIVE_MAX_POOL2D, "adaptive_max_pool2d")                                                 \
+   X(ADAPTIVE_MAX_POOL2D_BACKWARD, "adaptive_max_pool2d_backward")                               \
+   /* normalisation, softmax, losses */                                                          \
+   X(BATCH_NORM, "batch_norm") X(BATCH_NORM_BACKWARD, "batch_norm_backward")                     \
+   X(SOFTMAX, "softmax") X(SOFTMAX_BACKWARD, "softmax_backward")                                 \
+   X(NLL_LOSS, "nll_loss") X(NLL_LOSS_BACKWARD, "nll_loss_backward")                             \
+   /* optimizer steps */                                                                         \
+   X(SGD_STEP, "sgd_step") X(ADAM_STEP, "adam_step")
+
+#define LM_OP_ENUM_(k, name) LM_OP_##k,
+typedef enum lm_op_kind { LM_OP_LIST(LM_OP_ENUM_) LM_OP_COUNT } lm_op_kind;
+#undef LM_OP_ENUM_
+
+const char *lm_op_name(int kind);
+
+/* One call of an operator, as the front end hands it to a backend. t[0 .. nt) are every tensor
+ * the kernel reads or writes, outputs included, all on one device, in the order the op's
+ * parameter header documents (an absent optional tensor is NULL). params points at the op's
+ * parameter struct (its header under src/ops/), or NULL. */
+typedef struct lm_op {
+   int kind;              /* lm_op_kind */
+   int nt;
+   lm_tensor *const *t;
+   const void *params;
+} lm_op;
+
+/* a kernel: computes op (its outputs are allocated, its arguments checked) */
+typedef lm_status (*lm_kernel_fn)(const lm_op *op);
+
+typedef struct lm_backend lm_backend;
+struct lm_backend {
+   const char *name; /* "cpu", "meta", "sim:0", "cuda:0" */
+   int device;       /* its id (LM_CPU, LM_META, LM_SIM0 + k, LM_CUDA0 + k) */
+   int host_visible; /* 1: the host may read and write its memory directly (the CPU only) */
+   int has_memory;   /* 0: tensors have no storage bytes (meta) */
+   /* memory */
+   void *(*alloc)(const lm_backend *b, size_t nbytes);        /* NULL and an error on failure */
+   void (*free)(const lm_backend *b, void *p, size_t nbytes);
+   /* copy nbytes between this device and the host (dir 0: host->device, 1: device->host,
+      2: within this device) */
+   lm_status (*memcpy)(const lm_backend *b, void *dst, const void *src, size_t nbytes, int dir);
+   /* compute */
+   int (*supports_op)(const lm_backend *b, const lm_op *op);
+   lm_status (*compute)(const lm_backend *b, const lm_op *op);
+};
+
+/* the backend of a device id; NULL (with an error set) if it is not available in this build */
+const lm_backend *lm_backend_get(int device);
+/* "cpu", "meta", "sim:1", "cuda:0", or "device 42" for an unknown id (buf: >= 16 bytes) */
+const char *lm_device_name(int device, char *buf, size_t cap);
+
+/* Run op on its tensors' device: every non-NULL t[i] must be on the same device ("expected all
+ * tensors to be on the same device, got cpu and sim:0"); then supports_op ("<op> is not
+ * supported on <device>") and compute. Meta tensors return LM_OK at once. */
+lm_status lm_dispatch(const lm_op *op);
+
+/* Do a and b live on the same device? Else an LM_ERR_DEVICE error naming both and `what`. */
+lm_status lm_check_same_device(const lm_tensor *a, const lm_tensor *b, const char *what);
+
+/* Is t on a device whose memory the host may read? Else an LM_ERR_DEVICE error ("<what> is on
+ * sim:0; copy it to the CPU first") -- for the few host-only entry points (file writers). */
+lm_status lm_check_host(const lm_tensor *t, const char *what);
+
+/* the backends (defined next to their kernels; src/device.c holds the registry and meta) */
+const lm_backend *lm_cpu_backend(void);
+const lm_backend *lm_sim_backend(int index);
+#ifdef LM_WITH_CUDA
+const lm_backend *lm_cuda_backend(int index);
+#endif
+
+/* a helper for front ends: the lm_op of kind over n tensors and params */
+static inline lm_op lm_op_make(int kind, int nt, lm_tensor *const *t, const void *params) {
+   lm_op op = {kind, nt, t, params};
+   return op;
+}
+
+#endif
