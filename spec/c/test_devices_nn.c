@@ -418,9 +418,16 @@ static void nll_errors(void) {
    keep(tb);
    OK(lm_from_doubles(tb, bad));
    lm_tensor *stb = to_dev(tb, LM_SIM0), *mtb = to_dev(tb, LM_META);
-   lm_status st = lm_nll_loss(in, tb, NULL, 1, -100, &out, NULL);
-   check(st == LM_ERR_ARG && strstr(lm_last_error(), "out of bounds"), "cpu bad target: %d %s",
-         (int)st, lm_last_error());
+   lm_tensor *o1 = NULL;
+   lm_status st = lm_nll_loss(in, tb, NULL, 1, -100, &o1, NULL);
+   check(st == LM_ERR_ARG && strstr(lm_last_error(), "out of bounds") && !o1,
+         "cpu bad target: %d %s", (int)st, lm_last_error());
+   /* into an out= tensor (0-dim) on the CPU, then on sim:0 */
+   st = lm_nll_loss(in, tg, NULL, 2, -100, &out, NULL);
+   check(st == LM_OK, "cpu out=: %d %s", (int)st, lm_last_error());
+   st = lm_nll_loss(sin, stg, NULL, 2, -100, &sout, NULL);
+   check(st == LM_OK, "sim out=: %d %s", (int)st, lm_last_error());
+   same("out= result", out, sout, LM_SIM0);
    lm_tensor *o2 = NULL;
    st = lm_nll_loss(sin, stb, NULL, 1, -100, &o2, NULL);
    check(st == LM_ERR_ARG && strstr(lm_last_error(), "out of bounds") && !o2,

@@ -69,14 +69,16 @@ lm_status lm_nll_loss(const lm_tensor *input, const lm_tensor *target, const lm_
    LM_TRY(nll_check(input, target, weight, reduction));
    out_slot so = {0}, sw = {0};
    const int dt = input->dtype;
+   const int64_t scalar[1] = {1}; /* the sizes of a 0-dim result (none read) */
    lm_status st;
    if (reduction == LM_REDUCTION_NONE)
       st = out_open(&so, out, target->ndim, target->sizes, dt, LM_CONTIGUOUS, input->device,
                     "output");
    else
-      st = out_open(&so, out, 0, NULL, dt, LM_CONTIGUOUS, input->device, "output");
+      st = out_open(&so, out, 0, scalar, dt, LM_CONTIGUOUS, input->device, "output");
    if (st == LM_OK && total_weight)
-      st = out_open(&sw, total_weight, 0, NULL, dt, LM_CONTIGUOUS, input->device, "total_weight");
+      st = out_open(&sw, total_weight, 0, scalar, dt, LM_CONTIGUOUS, input->device,
+                    "total_weight");
    if (st == LM_OK) {
       const lm_nll_loss_params p = {reduction, ignore_index};
       lm_tensor *ts[5] = {(lm_tensor *)input, (lm_tensor *)target, (lm_tensor *)weight, so.t,
