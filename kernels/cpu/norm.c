@@ -3,7 +3,9 @@
  * used by the ResNet blocks: relu(batch_norm(x) [+ residual]) forward, and the backward of
  * batch_norm followed by a relu (the relu's gradient mask taken from its output).
  *
- * mf = x.suggest_memory_format(). Two kernels:
+ * The kernels of LM_OP_BATCH_NORM / LM_OP_BATCH_NORM_BACKWARD (front end: src/ops/norm.c, which
+ * checks the arguments, allocates the results and makes every operand of x's shape dense in
+ * mf = x.suggest_memory_format(); the t[] order is in src/ops/norm.h). Two kernels:
  *   rows   -- channels innermost: channels-last (4-D), channels-last-3d (5-D) and any contiguous
  *             input whose spatial size is 1 (e.g. (N, C)). The data is an (M, C) matrix; the
  *             loops hold a tile of channels (up to 64 floats / 32 doubles) in registers and run
@@ -14,15 +16,14 @@
  *             one OpenMP region, each thread on the same rows, the second one backwards from
  *             where the first ended (its last rows are still in that core's cache).
  *   planes -- contiguous (N, C, S): per (n, c) plane partial sums in double, then per channel.
- * An input that is not dense in mf is cloned once.
+ * Each kernel has a baseline copy and an AVX-512 copy; lm_cpu_register_norm picks one per ISA.
  */
 #include "cpu.h"
-#include "nn.h"
+#include "ops/norm.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include "nn_common.h"
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -44,25 +45,7 @@ static int num_threads(void) {
 #endif
 }
 
-/* a 1-D parameter of C elements (any floating dtype, any stride): check it */
-static lm_status check_param(const lm_tensor *t, int64_t C, const char *what) {
-   if (!t) return LM_OK;
-   LM_TRY(lm_check_cpu(t, what));
-   if (!lm_is_float_dtype(t->dtype))
-      return lm_error(LM_ERR_DTYPE, "expected %s to be a floating tensor, got %s", what,
-                      lm_dtype_name(t->dtype));
-   if (t->numel != C)
-      return lm_error(LM_ERR_SHAPE, "%s should contain %lld elements not %lld", what,
-                      (long long)C, (long long)t->numel);
-   if (t->ndim != 1) {
-      char s[160];
-      fmt_sizes(s, sizeof s, t->ndim, t->sizes);
-      return lm_error(LM_ERR_SHAPE, "%s should be a 1-D tensor of %lld elements, got sizes %s",
-                      what, (long long)C, s);
-   }
-   return LM_OK;
-}
-
+/* a 1-D parameter of C elements (any floating dtype, any stride; NULL: dflt) as doubles */
 static void param_load(const lm_tensor *t, int64_t C, double dflt, double *dst) {
    if (!t) {
       for (int64_t c = 0; c < C; c++) dst[c] = dflt;
@@ -79,16 +62,6 @@ static void param_store(lm_tensor *t, int64_t C, const double *src) {
    for (int64_t c = 0; c < C; c++) lm_store_from_double(p + c * st * es, t->dtype, src[c]);
 }
 
-/* a fresh (C) tensor from doubles, or the caller's out= tensor */
-static lm_status vec_result(lm_tensor **res, int64_t C, int dtype, const double *v,
-                            const char *what) {
-   out_slot o;
-   int64_t sz[1] = {C};
-   LM_TRY(out_open(&o, res, 1, sz, dtype, LM_CONTIGUOUS, what));
-   param_store(o.t, C, v);
-   return out_close(&o, res, LM_OK);
-}
-
 /* geometry: (N, C, S) with layout rows (M = N*S rows of C) or planes */
 typedef struct {
    int64_t N, C, S, M;
@@ -96,32 +69,23 @@ typedef struct {
    int rows;
 } bn_geom;
 
-static lm_status bn_geometry(const lm_tensor *x, bn_geom *g) {
-   if (x->ndim < 2) {
-      char s[160];
-      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
-      return lm_error(LM_ERR_SHAPE, "batch_norm: expected an input of 2 or more dimensions, got %s",
-                      s);
-   }
+/* x has 2 or more dims (the front end checked); mf is the format x is dense in */
+static void bn_geometry(const lm_tensor *x, int mf, bn_geom *g) {
    g->N = x->sizes[0];
    g->C = x->sizes[1];
    g->S = 1;
    for (int d = 2; d < x->ndim; d++) g->S *= x->sizes[d];
    g->M = g->N * g->S;
-   g->mf = lm_suggest_memory_format(x, 0);
-   g->rows = g->mf == LM_CHANNELS_LAST || g->mf == LM_CHANNELS_LAST_3D || g->S == 1;
-   if (g->mf != LM_CHANNELS_LAST && g->mf != LM_CHANNELS_LAST_3D) g->mf = LM_CONTIGUOUS;
-   return LM_OK;
+   g->mf = mf;
+   g->rows = mf == LM_CHANNELS_LAST || mf == LM_CHANNELS_LAST_3D || g->S == 1;
 }
 
-static lm_status dense_in(const lm_tensor *x, int mf, const lm_tensor **xd, lm_tensor **tmp) {
-   *tmp = NULL;
-   *xd = x;
-   if (!lm_is_contiguous(x, mf)) {
-      LM_TRY(lm_clone(x, mf, -1, tmp));
-      *xd = *tmp;
-   }
-   return LM_OK;
+/* is the result y a block allocated by the front end (fresh) of 1 MiB or more that was cold when
+   handed out (lm_tensor_block_cold)? A kernel that writes all of it may then use streaming
+   stores, and tells the allocator so with lm_tensor_note_streamed */
+static int bn_out_cold(const lm_tensor *y, int fresh) {
+   return fresh && y && y->storage && y->storage->nbytes >= ((int64_t)1 << 20) &&
+          lm_tensor_block_cold(y);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -652,10 +616,10 @@ typedef int64_t bn_vdi2 __attribute__((vector_size(16)));
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #define LM_AVX512_FN __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512")))
-static int use_avx512(void) { return lm_gemm_isa() >= 3; }
+#define BN_HAVE_AVX512 1
 #else
 #define LM_AVX512_FN
-static int use_avx512(void) { return 0; }
+#define BN_HAVE_AVX512 0
 #endif
 
 /* the first n (< VL) elements of a vector of type V: loads (zero in the other lanes) and stores;
@@ -688,7 +652,7 @@ static int use_avx512(void) { return 0; }
 #define bn_mst_f64_512 BN_MST_LOOP
 #endif
 
-/* a baseline copy and an AVX-512 copy (used when lm_gemm_isa() says AVX-512 is in use) */
+/* a baseline copy and an AVX-512 copy (registered when lm_cpu_isa() says AVX-512 is in use) */
 DEFINE_BN(float, f32, , bn_vf, bn_vf_u, bn_vfi)
 DEFINE_BN(double, f64, , bn_vd, bn_vd_u, bn_vdi)
 DEFINE_BN(float, f32_512, LM_AVX512_FN, bn_vf, bn_vf_u, bn_vfi)
@@ -794,13 +758,12 @@ static void bn_coef(bn_work *w, const bn_geom *g, int dt, const double *A, const
  * of x; mk / gm: the relu mask and the masked gradient, NULL for none], then prep(ctx) (may be
  * NULL), which sees s1, s2 and leaves the coefficients in w->coef (bn_coef), then [y = the affine
  * map of a (masked by amk), b, res (y != NULL)]. Rows: both passes in one parallel region, prep on
- * one thread between them; planes: one after the other.
+ * one thread between them; planes: one after the other. v: the AVX-512 copies.
  */
-static int bn_run(const void *x, const void *dy, const void *mk, void *gm, const void *K,
+static int bn_run(int v, const void *x, const void *dy, const void *mk, void *gm, const void *K,
                    const bn_geom *g, int dt, bn_work *w, double *s1, double *s2,
                    void (*prep)(void *), void *ctx, const void *a, const void *amk, const void *b,
                    const void *res, void *y, int relu, int stream) {
-   const int v = use_avx512();
    if (g->rows) {
       /* streaming stores: whole aligned vectors only (the AVX-512 copies, rows of a multiple of
          64 bytes, y aligned), so every channel goes through the vector loops */
@@ -836,21 +799,6 @@ static int bn_run(const void *x, const void *dy, const void *mk, void *gm, const
 
 static void *bn_K(bn_work *w, const bn_geom *g, int dt) {
    return (char *)w->coef + (size_t)5 * (size_t)g->C * (size_t)lm_dtype_size(dt);
-}
-
-/* an extra operand of the fused ops (residual, relu output): x's dtype and sizes, on the CPU */
-static lm_status check_like(const lm_tensor *t, const lm_tensor *x, const char *what) {
-   LM_TRY(lm_check_cpu(t, what));
-   if (t->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "batch_norm: %s has dtype %s but input has %s", what,
-                      lm_dtype_name(t->dtype), lm_dtype_name(x->dtype));
-   if (t->ndim != x->ndim || memcmp(t->sizes, x->sizes, (size_t)x->ndim * sizeof(int64_t)) != 0) {
-      char a[160], b[160];
-      fmt_sizes(a, sizeof a, t->ndim, t->sizes);
-      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
-      return lm_error(LM_ERR_SHAPE, "batch_norm: %s %s does not match input %s", what, a, b);
-   }
-   return LM_OK;
 }
 
 /* the forward's state, for the prep step that runs between its two passes */
@@ -909,91 +857,51 @@ static void bn_fwd_prep(void *p) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-lm_status lm_batch_norm_fused(const lm_tensor *x, const lm_tensor *weight, const lm_tensor *bias,
-                              lm_tensor *running_mean, lm_tensor *running_var, int training,
-                              double momentum, double eps, const lm_tensor *residual, int relu,
-                              lm_tensor **out, lm_tensor **save_mean, lm_tensor **save_invstd) {
-   bn_geom g = {0};
-   LM_TRY(check_float(x, "input"));
-   if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
-   LM_TRY(bn_geometry(x, &g));
+/* LM_OP_BATCH_NORM: t = {x, weight, bias, running_mean, running_var, residual, y, save_mean,
+   save_invstd} (src/ops/norm.h); v: the AVX-512 copies */
+static lm_status bn_forward(const lm_op *op, int v) {
+   const lm_batch_norm_params *p = op->params;
+   const lm_tensor *x = op->t[0], *weight = op->t[1], *bias = op->t[2], *residual = op->t[5];
+   lm_tensor *running_mean = op->t[3], *running_var = op->t[4], *y = op->t[6];
+   lm_tensor *save_mean = op->t[7], *save_invstd = op->t[8];
+   bn_geom g;
+   bn_geometry(x, p->mf, &g);
    const int64_t C = g.C;
-   LM_TRY(check_param(running_mean, C, "running_mean"));
-   LM_TRY(check_param(running_var, C, "running_var"));
-   LM_TRY(check_param(weight, C, "weight"));
-   LM_TRY(check_param(bias, C, "bias"));
-   if (residual) LM_TRY(check_like(residual, x, "residual"));
-   if (!training && (!running_mean || !running_var))
-      return lm_error(LM_ERR_ARG, "running_mean and running_var must be defined in evaluation mode");
-   if (training && g.M == 1) {
-      char s[160];
-      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
-      return lm_error(LM_ERR_ARG,
-                      "Expected more than 1 value per channel when training, got input size %s", s);
-   }
-   if (!(eps >= 0)) return lm_error(LM_ERR_ARG, "batch_norm: eps must be >= 0, got %g", eps);
-
    const int dt = x->dtype;
    bn_work w = {0};
-   out_slot so = {0};
    int streamed = 0; /* y was written with streaming stores */
-   const lm_tensor *xd = NULL, *rd = NULL;
-   lm_tensor *tmp = NULL, *rtmp = NULL;
    LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
    double *s1 = w.d, *s2 = s1 + C, *mean = s2 + C, *invstd = mean + C, *wt = invstd + C;
    double *bs = wt + C, *rm = bs + C, *rv = rm + C, *A = rv + C;
-   lm_status st = out_open(&so, out, x->ndim, x->sizes, dt, g.mf, "output");
-   if (st == LM_OK) st = dense_in(x, g.mf, &xd, &tmp);
-   if (st == LM_OK && residual) st = dense_in(residual, g.mf, &rd, &rtmp);
-   if (st != LM_OK) goto done;
 
    param_load(weight, C, 1.0, wt);
    param_load(bias, C, 0.0, bs);
-   {
-      const void *xp = lm_tensor_data(xd), *rp = rd ? lm_tensor_data(rd) : NULL;
-      void *yp = so.t->numel > 0 ? lm_tensor_data(so.t) : NULL;
-      bn_fwd_ctx f = {&g, dt, yp != NULL, &w, bn_K(&w, &g, dt), s1, s2, mean, invstd, wt, bs,
-                      rm, rv, A, running_mean, running_var, momentum, eps};
-      if (training) {
-         bn_shift(xp, &g, dt, f.K, NULL);
-         if (g.M > 0)
-            streamed = bn_run(xp, NULL, NULL, NULL, f.K, &g, dt, &w, s1, s2, bn_fwd_prep, &f, xp,
-                              NULL, NULL, rp, yp, relu != 0, out_cold(&so));
-         else
-            bn_fwd_prep(&f); /* no rows: nothing to normalise either */
-      } else {
-         param_load(running_mean, C, 0.0, mean);
-         param_load(running_var, C, 1.0, rv);
-         for (int64_t c = 0; c < C; c++) invstd[c] = 1.0 / sqrt(rv[c] + eps);
-         if (yp) {
-            bn_fwd_coef(&f);
-            streamed = bn_run(NULL, NULL, NULL, NULL, NULL, &g, dt, &w, s1, s2, NULL, NULL, xp,
-                              NULL, NULL, rp, yp, relu != 0, out_cold(&so));
-         }
+   const void *xp = lm_tensor_data(x), *rp = residual ? lm_tensor_data(residual) : NULL;
+   void *yp = y->numel > 0 ? lm_tensor_data(y) : NULL;
+   bn_fwd_ctx f = {&g, dt, yp != NULL, &w, bn_K(&w, &g, dt), s1, s2, mean, invstd, wt, bs,
+                   rm, rv, A, running_mean, running_var, p->momentum, p->eps};
+   if (p->training) {
+      bn_shift(xp, &g, dt, f.K, NULL);
+      if (g.M > 0)
+         streamed = bn_run(v, xp, NULL, NULL, NULL, f.K, &g, dt, &w, s1, s2, bn_fwd_prep, &f, xp,
+                           NULL, NULL, rp, yp, p->relu, bn_out_cold(y, p->fresh));
+      else
+         bn_fwd_prep(&f); /* no rows: nothing to normalise either */
+   } else {
+      param_load(running_mean, C, 0.0, mean);
+      param_load(running_var, C, 1.0, rv);
+      for (int64_t c = 0; c < C; c++) invstd[c] = 1.0 / sqrt(rv[c] + p->eps);
+      if (yp) {
+         bn_fwd_coef(&f);
+         streamed = bn_run(v, NULL, NULL, NULL, NULL, NULL, &g, dt, &w, s1, s2, NULL, NULL, xp,
+                           NULL, NULL, rp, yp, p->relu, bn_out_cold(y, p->fresh));
       }
    }
-   if (streamed) out_note_streamed(&so);
-   if (save_mean) st = vec_result(save_mean, C, dt, mean, "save_mean");
-   if (st == LM_OK && save_invstd) {
-      st = vec_result(save_invstd, C, dt, invstd, "save_invstd");
-      if (st != LM_OK && save_mean && *save_mean) {
-         lm_tensor_free(*save_mean);
-         *save_mean = NULL;
-      }
-   }
-done:
-   lm_tensor_free(tmp);
-   lm_tensor_free(rtmp);
+   if (streamed) lm_tensor_note_streamed(y);
+   if (save_mean) param_store(save_mean, C, mean);
+   if (save_invstd) param_store(save_invstd, C, invstd);
    bn_work_free(&w);
-   return out_close(&so, out, st);
-}
-
-lm_status lm_batch_norm(const lm_tensor *x, const lm_tensor *weight, const lm_tensor *bias,
-                        lm_tensor *running_mean, lm_tensor *running_var, int training,
-                        double momentum, double eps, lm_tensor **out, lm_tensor **save_mean,
-                        lm_tensor **save_invstd) {
-   return lm_batch_norm_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
-                              NULL, 0, out, save_mean, save_invstd);
+   return LM_OK;
 }
 
 /* the backward's state, for the prep step between its two passes */
@@ -1033,116 +941,74 @@ static void bn_bwd_prep(void *p) {
    bn_coef(b->w, b->g, b->dt, b->A, NULL, b->B, b->mean, b->D);
 }
 
-lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tensor *relu_out,
-                                       const lm_tensor *x, const lm_tensor *weight,
-                                       const lm_tensor *save_mean, const lm_tensor *save_invstd,
-                                       int training, lm_tensor **grad_x, lm_tensor **grad_weight,
-                                       lm_tensor **grad_bias, lm_tensor **grad_masked) {
-   bn_geom g = {0};
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(check_float(grad_out, "grad_output"));
-   LM_TRY(bn_geometry(x, &g));
+/* LM_OP_BATCH_NORM_BACKWARD: t = {grad_out, relu_out, x, weight, save_mean, save_invstd, grad_x,
+   grad_weight, grad_bias, grad_masked} (src/ops/norm.h); v: the AVX-512 copies */
+static lm_status bn_backward(const lm_op *op, int v) {
+   const lm_batch_norm_params *p = op->params;
+   const lm_tensor *go = op->t[0], *relu_out = op->t[1], *x = op->t[2], *weight = op->t[3];
+   const lm_tensor *save_mean = op->t[4], *save_invstd = op->t[5];
+   lm_tensor *grad_x = op->t[6], *grad_weight = op->t[7], *grad_bias = op->t[8];
+   lm_tensor *grad_masked = op->t[9];
+   const int training = p->training;
+   bn_geom g;
+   bn_geometry(x, p->mf, &g);
    const int64_t C = g.C;
-   if (grad_out->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "batch_norm_backward: grad_output has dtype %s but input has %s",
-                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
-   if (grad_out->ndim != x->ndim ||
-       memcmp(grad_out->sizes, x->sizes, (size_t)x->ndim * sizeof(int64_t)) != 0) {
-      char a[160], b[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
-      return lm_error(LM_ERR_SHAPE, "batch_norm_backward: grad_output %s does not match input %s",
-                      a, b);
-   }
-   if (!save_mean || !save_invstd)
-      return lm_error(LM_ERR_ARG, "batch_norm_backward: save_mean and save_invstd are required");
-   if (grad_masked && !relu_out)
-      return lm_error(LM_ERR_ARG, "batch_norm_backward: grad_masked needs the relu output");
-   if (relu_out) LM_TRY(check_like(relu_out, x, "relu output"));
-   LM_TRY(check_param(weight, C, "weight"));
-   LM_TRY(check_param(save_mean, C, "save_mean"));
-   LM_TRY(check_param(save_invstd, C, "save_invstd"));
-
    const int dt = x->dtype;
-   const int wdt = weight ? weight->dtype : dt;
    bn_work w = {0};
-   out_slot sg = {0}, sm = {0};
    int streamed = 0; /* grad_input was written with streaming stores */
-   const lm_tensor *xd = NULL, *gd = NULL, *md = NULL;
-   lm_tensor *t1 = NULL, *t2 = NULL, *t3 = NULL;
    LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
    double *s1 = w.d, *s2 = s1 + C, *mean = s2 + C, *invstd = mean + C, *wt = invstd + C;
    double *A = wt + C, *B = A + C, *D = B + C;
-   lm_status st = LM_OK;
-   if (grad_x) st = out_open(&sg, grad_x, x->ndim, x->sizes, dt, g.mf, "grad_input");
-   if (st == LM_OK && grad_masked)
-      st = out_open(&sm, grad_masked, x->ndim, x->sizes, dt, g.mf, "grad_masked");
-   if (st == LM_OK) st = dense_in(x, g.mf, &xd, &t1);
-   if (st == LM_OK) st = dense_in(grad_out, g.mf, &gd, &t2);
-   if (st == LM_OK && relu_out) st = dense_in(relu_out, g.mf, &md, &t3);
-   if (st != LM_OK) goto done;
 
    param_load(weight, C, 1.0, wt);
    param_load(save_mean, C, 0.0, mean);
    param_load(save_invstd, C, 0.0, invstd);
-   {
-      const void *xp = lm_tensor_data(xd), *gp = lm_tensor_data(gd);
-      const void *mp = md ? lm_tensor_data(md) : NULL;
-      void *gmp = grad_masked ? lm_tensor_data(sm.t) : NULL;
-      const int need_sums = grad_weight || grad_bias || (grad_x && training) || gmp;
-      const int sums = need_sums && g.M > 0;
-      void *gxp = grad_x && sg.t->numel > 0 ? lm_tensor_data(sg.t) : NULL;
-      bn_bwd_ctx b = {&g, dt, training, sums, gxp != NULL, &w, bn_K(&w, &g, dt), s1, s2, mean,
-                      invstd, wt, A, B, D};
-      for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;
-      /* s1 = sum dy, s2 = sum dy (x - K) (dy masked by the relu output), K = mean rounded to T */
-      if (sums) bn_shift(xp, &g, dt, b.K, mean);
-      /* the masked gradient, when the sums pass writes it, is read back instead of masking
-         grad_out again */
-      const void *ga = gmp && sums ? gmp : gp;
-      const void *ma = ga == gp ? mp : NULL;
-      if (sums || gxp)
-         streamed = bn_run(xp, gp, mp, gmp, sums ? b.K : NULL, &g, dt, &w, s1, s2, bn_bwd_prep, &b,
-                           ga, ma, training ? xp : NULL, NULL, gxp, 0, gxp && out_cold(&sg));
-      if (streamed) out_note_streamed(&sg);
-      if (grad_weight) {
-         for (int64_t c = 0; c < C; c++) A[c] = s2[c] * invstd[c];
-         st = vec_result(grad_weight, C, wdt, A, "grad_weight");
-      }
-      if (st == LM_OK && grad_bias) {
-         st = vec_result(grad_bias, C, wdt, s1, "grad_bias");
-         if (st != LM_OK && grad_weight && *grad_weight) {
-            lm_tensor_free(*grad_weight);
-            *grad_weight = NULL;
-         }
-      }
+   const void *xp = lm_tensor_data(x), *gp = lm_tensor_data(go);
+   const void *mp = relu_out ? lm_tensor_data(relu_out) : NULL;
+   void *gmp = grad_masked ? lm_tensor_data(grad_masked) : NULL;
+   const int need_sums = grad_weight || grad_bias || (grad_x && training) || gmp;
+   const int sums = need_sums && g.M > 0;
+   void *gxp = grad_x && grad_x->numel > 0 ? lm_tensor_data(grad_x) : NULL;
+   bn_bwd_ctx b = {&g, dt, training, sums, gxp != NULL, &w, bn_K(&w, &g, dt), s1, s2, mean,
+                   invstd, wt, A, B, D};
+   for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;
+   /* s1 = sum dy, s2 = sum dy (x - K) (dy masked by the relu output), K = mean rounded to T */
+   if (sums) bn_shift(xp, &g, dt, b.K, mean);
+   /* the masked gradient, when the sums pass writes it, is read back instead of masking
+      grad_out again */
+   const void *ga = gmp && sums ? gmp : gp;
+   const void *ma = ga == gp ? mp : NULL;
+   if (sums || gxp)
+      streamed = bn_run(v, xp, gp, mp, gmp, sums ? b.K : NULL, &g, dt, &w, s1, s2, bn_bwd_prep,
+                        &b, ga, ma, training ? xp : NULL, NULL, gxp, 0,
+                        gxp && bn_out_cold(grad_x, p->fresh));
+   if (streamed) lm_tensor_note_streamed(grad_x);
+   if (grad_weight) {
+      for (int64_t c = 0; c < C; c++) A[c] = s2[c] * invstd[c];
+      param_store(grad_weight, C, A);
    }
-done:
-   lm_tensor_free(t1);
-   lm_tensor_free(t2);
-   lm_tensor_free(t3);
+   if (grad_bias) param_store(grad_bias, C, s1);
    bn_work_free(&w);
-   if (grad_masked) {
-      lm_status st2 = out_close(&sm, grad_masked, st);
-      if (st == LM_OK) st = st2;
-   }
-   if (grad_x) {
-      lm_status st2 = out_close(&sg, grad_x, st);
-      if (st == LM_OK) st = st2;
-   }
-   return st;
+   return LM_OK;
 }
 
-lm_status lm_batch_norm_backward(const lm_tensor *grad_out, const lm_tensor *x,
-                                 const lm_tensor *weight, const lm_tensor *save_mean,
-                                 const lm_tensor *save_invstd, int training,
-                                 lm_tensor **grad_x, lm_tensor **grad_weight,
-                                 lm_tensor **grad_bias) {
-   return lm_batch_norm_backward_fused(grad_out, NULL, x, weight, save_mean, save_invstd,
-                                       training, grad_x, grad_weight, grad_bias, NULL);
-}
+static lm_status k_batch_norm(const lm_op *op) { return bn_forward(op, 0); }
+static lm_status k_batch_norm_backward(const lm_op *op) { return bn_backward(op, 0); }
+#if BN_HAVE_AVX512
+static lm_status k_batch_norm_avx512(const lm_op *op) { return bn_forward(op, 1); }
+static lm_status k_batch_norm_backward_avx512(const lm_op *op) { return bn_backward(op, 1); }
+#endif
 
 /* ---- registration (cpu.h) ---- */
 void lm_cpu_register_norm(lm_kernel_fn *table, int isa) {
-   (void)table, (void)isa;
+#if BN_HAVE_AVX512
+   if (isa >= 3) {
+      table[LM_OP_BATCH_NORM] = k_batch_norm_avx512;
+      table[LM_OP_BATCH_NORM_BACKWARD] = k_batch_norm_backward_avx512;
+      return;
+   }
+#endif
+   (void)isa;
+   table[LM_OP_BATCH_NORM] = k_batch_norm;
+   table[LM_OP_BATCH_NORM_BACKWARD] = k_batch_norm_backward;
 }

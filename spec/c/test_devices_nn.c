@@ -1,0 +1,488 @@
+/* test_devices_nn.c -- batch norm (plain and fused, forward and backward) and nll_loss (forward
+ * and backward) off the CPU: on sim:0 every result (the running statistics updated in place
+ * too) must be bit-identical to the CPU's, with the CPU's sizes, strides and dtype; on meta the
+ * calls must succeed and give the CPU's sizes, strides and dtype; a CPU tensor mixed with a
+ * sim:0 one must give LM_ERR_DEVICE ("same device"). Every case runs on each kernel copy (the
+ * machine's ISA and the portable one, lm_gemm_set_isa).
+ * A standalone program: prints "N passed, N failed", exits non-zero on any failure.
+ *
+ *   make && cc -std=c11 -fopenmp -Isrc spec/c/test_devices_nn.c -Lbuild -llumen \
+ *      -Wl,-rpath,$PWD/build -lm -o /tmp/test_devices_nn && /tmp/test_devices_nn
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "lumen.h"
+#include "nn.h"
+
+static int g_pass, g_fail;
+static char g_case[256];
+
+static void check(int ok, const char *fmt, ...) {
+   if (ok) {
+      g_pass++;
+      return;
+   }
+   g_fail++;
+   va_list ap;
+   va_start(ap, fmt);
+   printf("FAIL [%s]: ", g_case);
+   vprintf(fmt, ap);
+   printf("\n");
+   va_end(ap);
+}
+
+#define OK(expr)                                                                                   \
+   do {                                                                                            \
+      lm_status st_ = (expr);                                                                      \
+      if (st_ != LM_OK) {                                                                          \
+         printf("FAIL [%s]: %s -> %d (%s)\n", g_case, #expr, (int)st_, lm_last_error());          \
+         exit(2);                                                                                  \
+      }                                                                                            \
+   } while (0)
+
+/* a call on dev: LM_OK, or on meta the copy a dense_in_format makes (lm_clone -> lm_copy_),
+   which the meta device cannot do until lm_copy_ dispatches (then 0 and the case is counted as
+   skipped); any other error stops the program */
+static int g_meta_skipped;
+static int dev_ok(lm_status st, int dev, const char *expr) {
+   if (st == LM_OK) return 1;
+   if (dev == LM_META && strstr(lm_last_error(), "meta tensors have no data to copy")) {
+      g_meta_skipped++;
+      return 0;
+   }
+   printf("FAIL [%s]: %s -> %d (%s)\n", g_case, expr, (int)st, lm_last_error());
+   exit(2);
+}
+#define DEV(expr, dev) dev_ok((expr), (dev), #expr)
+
+/* tensors to free at the end of a case */
+enum { KEEP_MAX = 256 };
+static lm_tensor *g_keep[KEEP_MAX];
+static int g_nkeep;
+static lm_tensor *keep(lm_tensor *t) {
+   if (t) {
+      if (g_nkeep == KEEP_MAX) {
+         printf("keep: too many tensors\n");
+         exit(2);
+      }
+      g_keep[g_nkeep++] = t;
+   }
+   return t;
+}
+static void free_kept(void) {
+   while (g_nkeep > 0) lm_tensor_free(g_keep[--g_nkeep]);
+}
+
+enum { L_CONTIG, L_CL, L_STRIDED };
+
+/* a CPU tensor of random values in [lo, hi): contiguous, channels-last (4-D / 5-D) or strided (a
+   view of every other element of the last dim, at offset 1) */
+static lm_tensor *cpu_rand(int nd, const int64_t *sz, int dt, int layout, double lo, double hi) {
+   lm_tensor *t = NULL;
+   if (layout == L_STRIDED && nd > 0) {
+      int64_t big[LM_MAX_DIMS], st[LM_MAX_DIMS];
+      memcpy(big, sz, sizeof(int64_t) * (size_t)nd);
+      big[nd - 1] = 2 * sz[nd - 1] + 1;
+      lm_tensor *b = NULL;
+      OK(lm_empty(nd, big, dt, LM_CONTIGUOUS, LM_CPU, &b));
+      keep(b);
+      OK(lm_uniform_(b, lo, hi));
+      memcpy(st, b->strides, sizeof(int64_t) * (size_t)nd);
+      st[nd - 1] = 2;
+      OK(lm_as_strided(b, nd, sz, st, 1, &t));
+      return keep(t);
+   }
+   int fmt = LM_CONTIGUOUS;
+   if (layout == L_CL) fmt = nd == 5 ? LM_CHANNELS_LAST_3D : LM_CHANNELS_LAST;
+   OK(lm_empty(nd, sz, dt, fmt, LM_CPU, &t));
+   keep(t);
+   OK(lm_uniform_(t, lo, hi));
+   return t;
+}
+
+/* the same tensor (sizes, strides, values) on dev; meta: no values */
+static lm_tensor *to_dev(const lm_tensor *c, int dev) {
+   if (!c) return NULL;
+   lm_tensor *t = NULL;
+   OK(lm_empty_strided(c->ndim, c->sizes, c->strides, c->dtype, dev, &t));
+   keep(t);
+   if (dev != LM_META) OK(lm_copy_(t, c));
+   check(t->device == dev, "to_dev: device %d, wanted %d", t->device, dev);
+   return t;
+}
+
+/* d (on dev) against the CPU's c: sizes, strides, dtype; on sim also the values, bit for bit */
+static void same(const char *what, const lm_tensor *c, const lm_tensor *d, int dev) {
+   if (!c || !d) {
+      check(!c && !d, "%s: one result is missing (cpu %p, device %p)", what, (void *)c,
+            (void *)d);
+      return;
+   }
+   check(d->device == dev, "%s: on device %d, wanted %d", what, d->device, dev);
+   check(d->dtype == c->dtype, "%s: dtype %d, cpu %d", what, d->dtype, c->dtype);
+   int shape_ok = d->ndim == c->ndim;
+   for (int i = 0; shape_ok && i < c->ndim; i++)
+      shape_ok = d->sizes[i] == c->sizes[i] && (c->sizes[i] <= 1 || d->strides[i] == c->strides[i]);
+   check(shape_ok, "%s: sizes or strides differ from the cpu's", what);
+   if (!shape_ok || dev == LM_META) return;
+   lm_tensor *h = NULL;
+   OK(lm_empty_strided(d->ndim, d->sizes, d->strides, d->dtype, LM_CPU, &h));
+   OK(lm_copy_(h, d));
+   const size_t n = (size_t)c->numel + 1;
+   double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double));
+   OK(lm_to_doubles(c, a));
+   OK(lm_to_doubles(h, b));
+   check(memcmp(a, b, (size_t)c->numel * sizeof(double)) == 0, "%s: values differ from the cpu's",
+         what);
+   free(a);
+   free(b);
+   lm_tensor_free(h);
+}
+
+static void expect_device_error(lm_status st, const char *what) {
+   check(st == LM_ERR_DEVICE, "%s: status %d, wanted LM_ERR_DEVICE", what, (int)st);
+   check(strstr(lm_last_error(), "same device") != NULL, "%s: message '%s'", what,
+         lm_last_error());
+}
+
+/* ---- batch norm ---------------------------------------------------------------------------- */
+
+typedef struct {
+   int nd;
+   int64_t sz[5];
+   int layout;
+} bn_shape;
+
+/* one forward + backward case on cpu, sim:0 and meta */
+static void bn_case(const bn_shape *sh, int dt, int training, int affine, int stats,
+                    int residual, int relu, int pdt, int strided_param) {
+   const int64_t C = sh->sz[1];
+   const int64_t csz[1] = {C};
+   lm_tensor *x = cpu_rand(sh->nd, sh->sz, dt, sh->layout, -2, 3);
+   lm_tensor *w = affine ? cpu_rand(1, csz, pdt, strided_param ? L_STRIDED : L_CONTIG, 0.5, 1.5)
+                         : NULL;
+   lm_tensor *b = affine ? cpu_rand(1, csz, pdt, L_CONTIG, -1, 1) : NULL;
+   lm_tensor *rm = stats ? cpu_rand(1, csz, pdt, strided_param ? L_STRIDED : L_CONTIG, -1, 1)
+                         : NULL;
+   lm_tensor *rv = stats ? cpu_rand(1, csz, pdt, L_CONTIG, 0.5, 2) : NULL;
+   lm_tensor *res = residual ? cpu_rand(sh->nd, sh->sz, dt, L_STRIDED, -1, 1) : NULL;
+   lm_tensor *g = cpu_rand(sh->nd, sh->sz, dt, sh->layout == L_CL ? L_CL : L_STRIDED, -1, 1);
+   const double mom = 0.1, eps = 1e-5;
+
+   /* the device copies, before the cpu run updates the running statistics */
+   lm_tensor *dx[2], *dw[2], *db[2], *drm[2], *drv[2], *dres[2], *dg[2];
+   const int devs[2] = {LM_SIM0, LM_META};
+   for (int k = 0; k < 2; k++) {
+      dx[k] = to_dev(x, devs[k]), dw[k] = to_dev(w, devs[k]), db[k] = to_dev(b, devs[k]);
+      drm[k] = to_dev(rm, devs[k]), drv[k] = to_dev(rv, devs[k]);
+      dres[k] = to_dev(res, devs[k]), dg[k] = to_dev(g, devs[k]);
+   }
+
+   lm_tensor *y = NULL, *sm = NULL, *si = NULL;
+   OK(lm_batch_norm_fused(x, w, b, rm, rv, training, mom, eps, res, relu, &y, &sm, &si));
+   keep(y), keep(sm), keep(si);
+   const int fused_bwd = relu; /* the relu's backward inside: mask = y */
+   lm_tensor *gx = NULL, *gw = NULL, *gb = NULL, *gm = NULL;
+   OK(lm_batch_norm_backward_fused(g, fused_bwd ? y : NULL, x, w, sm, si, training, &gx, &gw, &gb,
+                                   fused_bwd && residual ? &gm : NULL));
+   keep(gx), keep(gw), keep(gb), keep(gm);
+
+   for (int k = 0; k < 2; k++) {
+      const int dev = devs[k];
+      lm_tensor *y2 = NULL, *sm2 = NULL, *si2 = NULL;
+      if (!DEV(lm_batch_norm_fused(dx[k], dw[k], db[k], drm[k], drv[k], training, mom, eps,
+                                   dres[k], relu, &y2, &sm2, &si2),
+               dev))
+         continue;
+      keep(y2), keep(sm2), keep(si2);
+      same("output", y, y2, dev);
+      same("save_mean", sm, sm2, dev);
+      same("save_invstd", si, si2, dev);
+      if (stats && dev != LM_META) {
+         same("running_mean", rm, drm[k], dev);
+         same("running_var", rv, drv[k], dev);
+      }
+      lm_tensor *gx2 = NULL, *gw2 = NULL, *gb2 = NULL, *gm2 = NULL;
+      if (!DEV(lm_batch_norm_backward_fused(dg[k], fused_bwd ? y2 : NULL, dx[k], dw[k], sm2, si2,
+                                            training, &gx2, &gw2, &gb2,
+                                            fused_bwd && residual ? &gm2 : NULL),
+               dev))
+         continue;
+      keep(gx2), keep(gw2), keep(gb2), keep(gm2);
+      same("grad_input", gx, gx2, dev);
+      same("grad_weight", gw, gw2, dev);
+      same("grad_bias", gb, gb2, dev);
+      same("grad_masked", gm, gm2, dev);
+      /* only grad_input (the sums skipped in eval) */
+      lm_tensor *gx3 = NULL, *gx4 = NULL;
+      OK(lm_batch_norm_backward(g, x, w, sm, si, training, &gx3, NULL, NULL));
+      keep(gx3);
+      if (!DEV(lm_batch_norm_backward(dg[k], dx[k], dw[k], sm2, si2, training, &gx4, NULL, NULL),
+               dev))
+         continue;
+      keep(gx4);
+      same("grad_input alone", gx3, gx4, dev);
+   }
+}
+
+static void bn_mixed(void) {
+   snprintf(g_case, sizeof g_case, "batch_norm mixed devices");
+   const int64_t sz[4] = {2, 3, 4, 4}, csz[1] = {3};
+   lm_tensor *x = cpu_rand(4, sz, LM_FLOAT32, L_CONTIG, -1, 1);
+   lm_tensor *rm = cpu_rand(1, csz, LM_FLOAT32, L_CONTIG, -1, 1);
+   lm_tensor *rv = cpu_rand(1, csz, LM_FLOAT32, L_CONTIG, 1, 2);
+   lm_tensor *w = cpu_rand(1, csz, LM_FLOAT32, L_CONTIG, -1, 1);
+   lm_tensor *sx = to_dev(x, LM_SIM0), *srm = to_dev(rm, LM_SIM0), *sw = to_dev(w, LM_SIM0);
+   lm_tensor *y = NULL, *sm = NULL, *si = NULL;
+   expect_device_error(lm_batch_norm(x, sw, NULL, rm, rv, 1, 0.1, 1e-5, &y, NULL, NULL),
+                       "weight on sim:0");
+   expect_device_error(lm_batch_norm(x, NULL, NULL, srm, rv, 1, 0.1, 1e-5, &y, NULL, NULL),
+                       "running_mean on sim:0");
+   expect_device_error(lm_batch_norm(sx, NULL, NULL, rm, rv, 0, 0.1, 1e-5, &y, NULL, NULL),
+                       "input on sim:0");
+   expect_device_error(lm_batch_norm_fused(x, NULL, NULL, rm, rv, 0, 0.1, 1e-5, sx, 1, &y, NULL,
+                                           NULL),
+                       "residual on sim:0");
+   check(y == NULL, "no output after a device error");
+   OK(lm_batch_norm(x, w, NULL, rm, rv, 1, 0.1, 1e-5, &y, &sm, &si));
+   keep(y), keep(sm), keep(si);
+   lm_tensor *gx = NULL;
+   expect_device_error(lm_batch_norm_backward(sx, x, w, sm, si, 1, &gx, NULL, NULL),
+                       "grad_output on sim:0");
+   expect_device_error(lm_batch_norm_backward(x, x, sw, sm, si, 1, &gx, NULL, NULL),
+                       "weight on sim:0 (backward)");
+   lm_tensor *ssm = to_dev(sm, LM_SIM0);
+   expect_device_error(lm_batch_norm_backward(x, x, w, ssm, si, 1, &gx, NULL, NULL),
+                       "save_mean on sim:0");
+   expect_device_error(lm_batch_norm_backward_fused(x, sx, x, w, sm, si, 1, &gx, NULL, NULL, NULL),
+                       "relu_out on sim:0");
+   /* an out= tensor on another device */
+   lm_tensor *yo = NULL;
+   OK(lm_empty(4, sz, LM_FLOAT32, LM_CONTIGUOUS, LM_SIM0, &yo));
+   keep(yo);
+   lm_status st = lm_batch_norm(x, NULL, NULL, rm, rv, 0, 0.1, 1e-5, &yo, NULL, NULL);
+   check(st == LM_ERR_DEVICE, "out= on sim:0: status %d", (int)st);
+   free_kept();
+}
+
+static void bn_tests(void) {
+   static const bn_shape shapes[] = {
+      {4, {4, 3, 5, 6}, L_CONTIG}, {4, {4, 3, 5, 6}, L_CL},     {4, {4, 3, 5, 6}, L_STRIDED},
+      {2, {6, 5}, L_CONTIG},       {2, {6, 5}, L_STRIDED},      {3, {3, 4, 7}, L_CONTIG},
+      {5, {2, 3, 2, 3, 4}, L_CL},  {5, {2, 3, 2, 3, 4}, L_CONTIG}, {4, {2, 70, 3, 3}, L_CL},
+      {4, {2, 19, 3, 3}, L_CL},    {4, {2, 70, 3, 3}, L_CONTIG}, {4, {8, 64, 24, 24}, L_CL},
+      {4, {8, 16, 48, 48}, L_CONTIG}, {4, {0, 3, 2, 2}, L_CONTIG},
+   };
+   const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+   for (int s = 0; s < ns; s++) {
+      const bn_shape *sh = &shapes[s];
+      const int64_t big = sh->sz[0] * sh->sz[1] * (sh->nd > 2 ? sh->sz[2] : 1);
+      for (int dti = 0; dti < 2; dti++) {
+         const int dt = dti ? LM_FLOAT64 : LM_FLOAT32;
+         for (int variant = 0; variant < 12; variant++) {
+            const int training = variant & 1, affine = (variant >> 1) & 1;
+            const int fused = variant >> 2; /* 0 plain, 1 relu, 2 residual + relu */
+            /* big shapes: a few variants only */
+            if (big > 10000 && variant != 1 && variant != 3 && variant != 11) continue;
+            const int residual = fused == 2, relu = fused >= 1;
+            for (int stats = 0; stats < 2; stats++) {
+               if (!training && !stats) continue; /* eval needs the running statistics */
+               const int pdt = (s + variant) % 3 == 0 ? (dt == LM_FLOAT32 ? LM_FLOAT64
+                                                                         : LM_FLOAT32)
+                                                      : dt;
+               const int sp = (s + variant + stats) % 2;
+               snprintf(g_case, sizeof g_case,
+                        "batch_norm %dD [%lld,%lld,...] layout %d %s train %d affine %d stats %d "
+                        "residual %d relu %d param %s%s isa %d",
+                        sh->nd, (long long)sh->sz[0], (long long)sh->sz[1], sh->layout,
+                        dt == LM_FLOAT64 ? "f64" : "f32", training, affine, stats, residual, relu,
+                        pdt == LM_FLOAT64 ? "f64" : "f32", sp ? " strided" : "", lm_gemm_isa());
+               bn_case(sh, dt, training, affine, stats, residual, relu, pdt, sp);
+               free_kept();
+            }
+         }
+      }
+   }
+}
+
+/* ---- nll_loss ---------------------------------------------------------------------------- */
+
+static lm_tensor *cpu_target(int nd, const int64_t *sz, int64_t C, int64_t ignore, int strided) {
+   int64_t n = 1;
+   for (int i = 0; i < nd; i++) n *= sz[i];
+   double *v = malloc(sizeof(double) * (size_t)(n + 1));
+   for (int64_t i = 0; i < n; i++) v[i] = (double)((i * 7 + 3) % C);
+   if (n > 2) v[1] = (double)ignore; /* at least one ignored sample */
+   lm_tensor *t = NULL;
+   if (strided && nd > 0) {
+      int64_t big[LM_MAX_DIMS], st[LM_MAX_DIMS];
+      memcpy(big, sz, sizeof(int64_t) * (size_t)nd);
+      big[0] = 2 * sz[0];
+      lm_tensor *b = NULL;
+      OK(lm_empty(nd, big, LM_INT64, LM_CONTIGUOUS, LM_CPU, &b));
+      keep(b);
+      OK(lm_fill_(b, 0));
+      memcpy(st, b->strides, sizeof(int64_t) * (size_t)nd);
+      st[0] *= 2;
+      OK(lm_as_strided(b, nd, sz, st, 0, &t));
+      keep(t);
+      lm_tensor *c = NULL;
+      OK(lm_empty(nd, sz, LM_INT64, LM_CONTIGUOUS, LM_CPU, &c));
+      keep(c);
+      OK(lm_from_doubles(c, v));
+      OK(lm_copy_(t, c));
+   } else {
+      OK(lm_empty(nd, sz, LM_INT64, LM_CONTIGUOUS, LM_CPU, &t));
+      keep(t);
+      OK(lm_from_doubles(t, v));
+   }
+   free(v);
+   return t;
+}
+
+typedef struct {
+   int nd;
+   int64_t sz[4];
+   int layout;
+} nll_shape;
+
+static void nll_case(const nll_shape *sh, int dt, int reduction, int weighted, int wdt,
+                     int64_t ignore, int strided_target) {
+   const int cdim = sh->nd == 1 ? 0 : 1;
+   const int64_t C = sh->sz[cdim], csz[1] = {C};
+   int64_t tsz[4];
+   int tnd = 0;
+   for (int i = 0; i < sh->nd; i++)
+      if (i != cdim) tsz[tnd++] = sh->sz[i];
+   lm_tensor *in = cpu_rand(sh->nd, sh->sz, dt, sh->layout, -3, 0);
+   lm_tensor *tg = cpu_target(tnd, tsz, C, ignore, strided_target);
+   lm_tensor *w = weighted ? cpu_rand(1, csz, wdt, L_CONTIG, 0.5, 2) : NULL;
+   lm_tensor *g = reduction == LM_REDUCTION_NONE ? cpu_rand(tnd, tsz, dt, L_STRIDED, -1, 1)
+                                                 : cpu_rand(0, NULL, dt, L_CONTIG, 0.5, 1.5);
+   lm_tensor *out = NULL, *tw = NULL, *gi = NULL;
+   OK(lm_nll_loss(in, tg, w, reduction, ignore, &out, &tw));
+   keep(out), keep(tw);
+   OK(lm_nll_loss_backward(g, in, tg, w, reduction, ignore, tw, &gi));
+   keep(gi);
+   const int devs[2] = {LM_SIM0, LM_META};
+   for (int k = 0; k < 2; k++) {
+      const int dev = devs[k];
+      lm_tensor *din = to_dev(in, dev), *dtg = to_dev(tg, dev), *dw = to_dev(w, dev);
+      lm_tensor *dg = to_dev(g, dev);
+      lm_tensor *out2 = NULL, *tw2 = NULL, *gi2 = NULL;
+      OK(lm_nll_loss(din, dtg, dw, reduction, ignore, &out2, &tw2));
+      keep(out2), keep(tw2);
+      same("output", out, out2, dev);
+      same("total_weight", tw, tw2, dev);
+      OK(lm_nll_loss_backward(dg, din, dtg, dw, reduction, ignore, tw2, &gi2));
+      keep(gi2);
+      same("grad_input", gi, gi2, dev);
+      /* without total_weight */
+      lm_tensor *out3 = NULL;
+      OK(lm_nll_loss(din, dtg, dw, reduction, ignore, &out3, NULL));
+      keep(out3);
+      same("output (no total_weight)", out, out3, dev);
+   }
+}
+
+static void nll_errors(void) {
+   snprintf(g_case, sizeof g_case, "nll_loss errors");
+   const int64_t sz[2] = {4, 3}, tsz[1] = {4}, csz[1] = {3};
+   lm_tensor *in = cpu_rand(2, sz, LM_FLOAT32, L_CONTIG, -2, 0);
+   lm_tensor *tg = cpu_target(1, tsz, 3, -100, 0);
+   lm_tensor *w = cpu_rand(1, csz, LM_FLOAT32, L_CONTIG, 1, 2);
+   lm_tensor *sin = to_dev(in, LM_SIM0), *stg = to_dev(tg, LM_SIM0), *sw = to_dev(w, LM_SIM0);
+   lm_tensor *out = NULL, *tw = NULL, *gi = NULL;
+   expect_device_error(lm_nll_loss(in, stg, NULL, 1, -100, &out, NULL), "target on sim:0");
+   expect_device_error(lm_nll_loss(sin, tg, NULL, 1, -100, &out, NULL), "input on sim:0");
+   expect_device_error(lm_nll_loss(in, tg, sw, 1, -100, &out, NULL), "weight on sim:0");
+   check(out == NULL, "no output after a device error");
+   OK(lm_nll_loss(in, tg, w, 1, -100, &out, &tw));
+   keep(out), keep(tw);
+   lm_tensor *sout = to_dev(out, LM_SIM0), *stw = to_dev(tw, LM_SIM0);
+   expect_device_error(lm_nll_loss_backward(sout, in, tg, w, 1, -100, tw, &gi),
+                       "grad_output on sim:0");
+   expect_device_error(lm_nll_loss_backward(out, in, tg, w, 1, -100, stw, &gi),
+                       "total_weight on sim:0");
+   expect_device_error(lm_nll_loss_backward(out, in, stg, w, 1, -100, tw, &gi),
+                       "target on sim:0 (backward)");
+   check(gi == NULL, "no grad_input after a device error");
+   /* a target out of range is the kernel's error, on every device that computes */
+   double bad[4] = {0, 1, 5, 2};
+   lm_tensor *tb = NULL;
+   OK(lm_empty(1, tsz, LM_INT64, LM_CONTIGUOUS, LM_CPU, &tb));
+   keep(tb);
+   OK(lm_from_doubles(tb, bad));
+   lm_tensor *stb = to_dev(tb, LM_SIM0), *mtb = to_dev(tb, LM_META);
+   lm_tensor *o1 = NULL;
+   lm_status st = lm_nll_loss(in, tb, NULL, 1, -100, &o1, NULL);
+   check(st == LM_ERR_ARG && strstr(lm_last_error(), "out of bounds") && !o1,
+         "cpu bad target: %d %s", (int)st, lm_last_error());
+   /* into an out= tensor (0-dim) on the CPU, then on sim:0 */
+   st = lm_nll_loss(in, tg, NULL, 2, -100, &out, NULL);
+   check(st == LM_OK, "cpu out=: %d %s", (int)st, lm_last_error());
+   st = lm_nll_loss(sin, stg, NULL, 2, -100, &sout, NULL);
+   check(st == LM_OK, "sim out=: %d %s", (int)st, lm_last_error());
+   same("out= result", out, sout, LM_SIM0);
+   lm_tensor *o2 = NULL;
+   st = lm_nll_loss(sin, stb, NULL, 1, -100, &o2, NULL);
+   check(st == LM_ERR_ARG && strstr(lm_last_error(), "out of bounds") && !o2,
+         "sim bad target: %d %s", (int)st, lm_last_error());
+   st = lm_nll_loss_backward(sout, sin, stb, NULL, 2, -100, NULL, &gi);
+   check(st == LM_ERR_ARG && strstr(lm_last_error(), "out of bounds") && !gi,
+         "sim bad target (backward): %d %s", (int)st, lm_last_error());
+   lm_tensor *min = to_dev(in, LM_META);
+   st = lm_nll_loss(min, mtb, NULL, 1, -100, &o2, NULL);
+   check(st == LM_OK, "meta: values are not looked at: %d", (int)st);
+   keep(o2);
+   free_kept();
+}
+
+static void nll_tests(void) {
+   static const nll_shape shapes[] = {
+      {1, {5}, L_CONTIG},          {2, {7, 5}, L_CONTIG},       {2, {7, 5}, L_STRIDED},
+      {4, {2, 5, 3, 4}, L_CONTIG}, {4, {2, 5, 3, 4}, L_CL},     {3, {3, 4, 6}, L_STRIDED},
+      {2, {0, 5}, L_CONTIG},
+   };
+   const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+   for (int s = 0; s < ns; s++)
+      for (int dti = 0; dti < 2; dti++)
+         for (int red = 0; red < 3; red++)
+            for (int wv = 0; wv < 3; wv++)
+               for (int ig = 0; ig < 2; ig++) {
+                  const int dt = dti ? LM_FLOAT64 : LM_FLOAT32;
+                  const int wdt = wv == 2 ? (dt == LM_FLOAT32 ? LM_FLOAT64 : LM_FLOAT32) : dt;
+                  const int64_t ignore = ig ? 2 : -100;
+                  const int st = (s + red + wv) % 2;
+                  snprintf(g_case, sizeof g_case,
+                           "nll_loss %dD layout %d %s reduction %d weight %d ignore %lld "
+                           "target %s",
+                           shapes[s].nd, shapes[s].layout, dt == LM_FLOAT64 ? "f64" : "f32", red,
+                           wv, (long long)ignore, st ? "strided" : "contiguous");
+                  nll_case(&shapes[s], dt, red, wv > 0, wdt, ignore, st);
+                  free_kept();
+               }
+}
+
+int main(void) {
+   lm_manual_seed(1234);
+   const int best = lm_gemm_isa();
+   const int isas[2] = {best, 1};
+   for (int i = 0; i < (best > 1 ? 2 : 1); i++) {
+      lm_gemm_set_isa(isas[i]);
+      bn_tests();
+   }
+   lm_gemm_set_isa(best);
+   nll_tests();
+   bn_mixed();
+   nll_errors();
+   if (g_meta_skipped)
+      printf("note: %d meta calls stopped at a dense copy (lm_copy_ on meta not dispatched yet)\n",
+             g_meta_skipped);
+   printf("%d passed, %d failed\n", g_pass, g_fail);
+   return g_fail ? 1 : 0;
+}
