@@ -17,12 +17,18 @@ local function raises(f, expected)
    assert(body == expected, ("expected %q, got %q"):format(expected, msg))
 end
 
--- a tensor of `dtype` whose first element has the raw little-endian bytes `bytes` (the rest 0)
-local function with_bytes(dtype, n, bytes)
-   local x = lm.zeros({ n }, { dtype = dtype })
+-- a tensor of `dtype` whose first element has the raw little-endian bytes `bytes` (the rest 0);
+-- every element at an even 0-based index below `every` gets them too. The bytes are written on
+-- the CPU (the host may only dereference CPU memory), then the tensor goes to the default device.
+local function with_bytes(dtype, n, bytes, every)
+   local x = lm.zeros({ n }, { dtype = dtype, device = "cpu" })
    local p = ffi.cast("uint8_t*", C.lm_tensor_data(x._c))
    for i = 1, #bytes do p[i - 1] = bytes[i] end
-   return x
+   local w = dtype.size
+   for i = 2, (every or 0) - 1, 2 do
+      for b = 1, #bytes do p[i * w + b - 1] = bytes[b] end
+   end
+   return x:to(lm.get_default_device())
 end
 
 -- NaN bit patterns that LuaJIT would take for tagged values once widened to a double
@@ -51,12 +57,7 @@ describe("a NaN with a payload", function()
       end)
       it("totable() gives plain NaNs: " .. name, function()
          -- enough elements and repetitions for the loop to be compiled by the JIT
-         local x = with_bytes(dtype, 300, bytes)
-         local p = ffi.cast("uint8_t*", C.lm_tensor_data(x._c))
-         local w = dtype.size
-         for i = 2, 299, 2 do
-            for b = 1, #bytes do p[i * w + b - 1] = bytes[b] end
-         end
+         local x = with_bytes(dtype, 300, bytes, 300)
          for _ = 1, 20 do
             local t = x:totable()
             for i = 1, 300 do

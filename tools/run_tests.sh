@@ -8,6 +8,11 @@
 #      "N passed, N failed" line (the last one counts; a non-zero exit with 0 failures adds one
 #      failure); otherwise it counts as one test, passed when it exits 0.
 #
+# On a test device: LUMEN_TEST_DEVICE=sim:0 (any device string lumen knows) runs every spec file
+# with LUMEN_DEFAULT_DEVICE set to it, so the factories make their tensors there and the specs'
+# values, formats and gradients are checked on that device; the C programs are skipped (they pick
+# their devices themselves) and so are the host-only spec files listed in device_skip below.
+#
 # busted's own summary "<n> successes / <n> failures / <n> errors / <n> pending : <t> seconds" is
 # parsed: passed += successes, failed += failures + errors. A busted run that dies before printing
 # its summary counts as one failure. Exit status: 0 only when nothing failed.
@@ -15,7 +20,8 @@
 # Environment: LUAJIT (luajit), BUSTED (/usr/bin/busted), CC (cc), BUILD (build), LUMEN_LIB (the
 # library the Lua binding loads), LUMEN_PRELOAD (becomes LD_PRELOAD for luajit and the C programs
 # only, e.g. libasan), TEST_CFLAGS (extra flags for the C programs), LUMEN_TEST_C=0 (skip the C
-# programs), LUMEN_TEST_SPLIT=0 (a single busted process for all files), BUSTED_OPTS (options
+# programs), LUMEN_TEST_DEVICE (see above), LUMEN_TEST_SPLIT=0 (a single busted process for all
+# files), BUSTED_OPTS (options
 # given to every busted run, e.g. --run=installed), LUMEN_TEST_COUNTS=FILE (also write
 # "passed failed" to FILE). busted's output must stay plain or utf (the default); other output
 # handlers (-o TAP, json) print no summary to parse.
@@ -32,6 +38,31 @@ cd "$(dirname "$0")/.." || exit 2
 root=$(pwd)
 case $BUILD in /*) build_abs=$BUILD ;; *) build_abs=$root/$BUILD ;; esac
 export LUMEN_LIB=${LUMEN_LIB:-$build_abs/liblumen.so}
+
+# Spec files about the host only, skipped under LUMEN_TEST_DEVICE (each with its reason). Every
+# spec of values, formats or gradients runs there.
+device_skip=(
+   spec/install_spec.lua        # where the installed modules and library were loaded from
+   spec/packaging_spec.lua      # the rockspec, luarocks and the launcher
+   spec/repl_spec.lua           # the interactive REPL (a terminal, readline, Ctrl-C)
+   spec/plot_spec.lua           # tools/plot.lua's command line and the files it writes
+   spec/report_spec.lua         # bin/lumen report: a command-line tool writing files
+   spec/train_example_spec.lua  # examples' command lines (they make their own tensors on the CPU)
+   spec/hardening_io_spec.lua   # files: image and safetensors parsing of hostile input
+   spec/data_spec.lua           # image files decoded on the host (the loader's tensors are CPU)
+)
+is_device_skipped() {
+   local s
+   for s in "${device_skip[@]}"; do [ "$s" = "$1" ] && return 0; done
+   return 1
+}
+test_device=${LUMEN_TEST_DEVICE:-}
+if [ -n "$test_device" ]; then
+   export LUMEN_DEFAULT_DEVICE=$test_device
+   export LUMEN_TEST_C=0
+   echo "run_tests: on device $test_device (LUMEN_DEFAULT_DEVICE); C programs and host-only" \
+        "spec files skipped"
+fi
 
 passed=0
 failed=0
@@ -99,6 +130,10 @@ elif [ $# -eq 0 ] && [ "${LUMEN_TEST_SPLIT:-1}" != 0 ]; then
    # one busted process per spec file (same .busted config): a crash in C loses only that file's
    # counts, and the file is named
    while IFS= read -r spec; do
+      if [ -n "$test_device" ] && is_device_skipped "$spec"; then
+         echo "== $spec: skipped on $test_device (host only)"
+         continue
+      fi
       echo "== $spec"
       run_busted "$spec"
    done < <(find spec -name '*_spec.lua' | sort)

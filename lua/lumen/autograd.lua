@@ -182,7 +182,8 @@ end
 A.zeros_for = zeros_for
 
 -- int64 1..n along dim d (0-based) of an nd-dim shape (other dims 1)
-local function iota_along(n, d, nd)
+-- made on the CPU, then copied to device id dev (the indices' device) when that is another
+local function iota_along(n, d, nd, dev)
    local buf = ffi.new("double[?]", n)
    for i = 0, n - 1 do buf[i] = i + 1 end
    for i = 0, nd - 1 do sizebuf[i] = 1 end
@@ -191,6 +192,7 @@ local function iota_along(n, d, nd)
    check(C.lm_empty(nd, sizebuf, 4, 0, 0, outp), "backward")
    local t = wrap(outp[0])
    check(C.lm_from_doubles(t._c, buf), "backward")
+   if dev ~= nil and dev ~= T.DEV_CPU then t = raw.to(t, T.device_name(dev)) end
    return t
 end
 
@@ -1205,7 +1207,8 @@ do
                g = raw.unsqueeze(g, d + 1)
                idx = raw.unsqueeze(idx, d + 1)
             end
-            local mask = raw.eq(iota_along(in_sizes[d + 1] or 1, d, math.max(nd, 1)), idx)
+            local mask = raw.eq(iota_along(in_sizes[d + 1] or 1, d, math.max(nd, 1),
+                                           idx._c.device), idx)
             if nd == 0 then mask = raw.reshape(mask, {}) end
             return T.where(mask, raw.expand(g, in_sizes), 0)
          end, { edge(self) })

@@ -29,6 +29,12 @@ local sizebuf = ffi.new("int64_t[8]")
 local stridebuf = ffi.new("int64_t[8]")
 
 local FLOAT32, INT64, BOOL = dtypes.float32, dtypes.int64, dtypes.bool
+
+-- A meta tensor has no data: the factories give it its sizes, strides and dtype, and write
+-- nothing (PyTorch's meta factories neither fill nor draw random numbers: the seed's stream is
+-- left as it was). The value checks (a fill value the dtype cannot hold, ...) still run.
+local DEV_META = T.DEV_META
+local function is_meta(t) return t._c.device == DEV_META end
 local CONTIG, PRESERVE = dtypes.contiguous_format, dtypes.preserve_format
 
 -- lm_empty from the sizes in sizebuf and opts; level relative to the caller
@@ -40,7 +46,7 @@ local function empty_from(fname, nd, opts, default_dtype, level)
    if f == PRESERVE then
       argerror(fname, "preserve_format is only valid for *_like and clone", level)
    end
-   local dev = opt_device(fname, opts, 0, level)
+   local dev = opt_device(fname, opts, nil, level)
    outp[0] = nil
    if C.lm_empty(nd, sizebuf, d.id, f.id, dev, outp) ~= 0 then raise(fname, level) end
    return wrap(outp[0])
@@ -50,6 +56,7 @@ end
 -- integer dtypes, as torch.tensor does)
 local function fill(t, v, fname, level, floats_too)
    T.check_fits(fname, v, t._c.dtype, floats_too ~= false)
+   if is_meta(t) then return t end
    if C.lm_fill_(t._c, v) ~= 0 then raise(fname, (level or 2) + 1) end
    return t
 end
@@ -99,7 +106,7 @@ function M.rand(...)
    local nd, opts = parse_sizes("rand", sizebuf, 0, 2, ...)
    local t = empty_from("rand", nd, opts)
    require_float("rand", t)
-   check(C.lm_uniform_(t._c, 0, 1), "rand")
+   if not is_meta(t) then check(C.lm_uniform_(t._c, 0, 1), "rand") end
    return finish(t, opts)
 end
 
@@ -107,7 +114,7 @@ function M.randn(...)
    local nd, opts = parse_sizes("randn", sizebuf, 0, 2, ...)
    local t = empty_from("randn", nd, opts)
    require_float("randn", t)
-   check(C.lm_normal_(t._c, 0, 1), "randn")
+   if not is_meta(t) then check(C.lm_normal_(t._c, 0, 1), "randn") end
    return finish(t, opts)
 end
 
@@ -133,7 +140,7 @@ function M.randint(a, b, c, d)
    end
    local nd = fill_sizes("randint", sizes, sizebuf, 0)
    local t = empty_from("randint", nd, opts, INT64)
-   check(C.lm_randint_(t._c, low, high), "randint")
+   if not is_meta(t) then check(C.lm_randint_(t._c, low, high), "randint") end
    return finish(t, opts)
 end
 
@@ -146,6 +153,12 @@ local direct_ct = {
 local function fill_gen(t, n, gen, fname, level)
    if n == 0 then return t end
    local c = t._c
+   if c.device == DEV_META then
+      if c.dtype >= 4 and c.dtype <= 6 then
+         for i = 0, n - 1 do check_fits(fname, gen(i), c.dtype, false) end
+      end
+      return t
+   end
    local ct = direct_ct[c.dtype]
    if ct and c.device == 0 and C.lm_is_contiguous(c, 0) ~= 0 then
       local p = ffi.cast(ct, C.lm_tensor_data(c))
@@ -266,7 +279,7 @@ function M.tensor(data, opts)
       local d = opt_dtype("tensor", opts, nil)
       local r = T.alloc_like("tensor", c, d and d.id or c.dtype, PRESERVE.id,
                              opt_device("tensor", opts, c.device))
-      check(C.lm_copy_(r._c, c), "tensor")
+      if not is_meta(r) then check(C.lm_copy_(r._c, c), "tensor") end
       return finish(r, opts)
    end
    local tp = type(data)
@@ -351,7 +364,7 @@ function M.tensor(data, opts)
    if did >= 4 and did <= 6 then
       for i = 0, total - 1 do check_fits("tensor", buf[i], did, false) end
    end
-   if total > 0 then check(C.lm_from_doubles(t._c, buf), "tensor") end
+   if total > 0 and not is_meta(t) then check(C.lm_from_doubles(t._c, buf), "tensor") end
    return finish(t, opts)
 end
 
@@ -369,7 +382,7 @@ function M.empty_strided(sizes, strides, opts)
    end
    check_opts("empty_strided", opts)      -- memory_format: the explicit message below
    local d = opt_dtype("empty_strided", opts, FLOAT32)
-   local dev = opt_device("empty_strided", opts, 0)
+   local dev = opt_device("empty_strided", opts, nil)
    if opts and opts.memory_format ~= nil then
       argerror("empty_strided", "memory_format cannot be given with explicit strides")
    end
@@ -394,6 +407,9 @@ function M.randperm(n, opts)
    end
    local d = opt_dtype("randperm", opts, nil)
    if d and d ~= INT64 then t = Tensor.to(t, d) end
+   -- made on the CPU (lm_randperm), then moved to opts.device or the default device
+   local dev = opt_device("randperm", opts, nil)
+   if dev ~= T.DEV_CPU then t = Tensor.to(t, T.device_name(dev)) end
    return finish(t, opts)
 end
 
@@ -432,14 +448,14 @@ end
 function M.rand_like(t, opts)
    local r = like("rand_like", t, opts)
    require_float("rand_like", r)
-   check(C.lm_uniform_(r._c, 0, 1), "rand_like")
+   if not is_meta(r) then check(C.lm_uniform_(r._c, 0, 1), "rand_like") end
    return finish(r, opts)
 end
 
 function M.randn_like(t, opts)
    local r = like("randn_like", t, opts)
    require_float("randn_like", r)
-   check(C.lm_normal_(r._c, 0, 1), "randn_like")
+   if not is_meta(r) then check(C.lm_normal_(r._c, 0, 1), "randn_like") end
    return finish(r, opts)
 end
 
@@ -449,7 +465,7 @@ function M.randint_like(t, a, b, c)
    if type(b) == "number" then low, high, opts = a, b, c else low, high, opts = 0, a, b end
    low, high = randint_bounds("randint_like", low, high)
    local r = like("randint_like", t, opts)
-   check(C.lm_randint_(r._c, low, high), "randint_like")
+   if not is_meta(r) then check(C.lm_randint_(r._c, low, high), "randint_like") end
    return finish(r, opts)
 end
 

@@ -204,7 +204,9 @@ E("Tensor:stride", "t:stride() -> array / t:stride(d) -> number", "The strides i
 E("Tensor:dim", "t:dim() -> number", "The number of dims (alias t:ndimension()).")
 E("Tensor:numel", "t:numel() -> number", "The number of elements (alias t:nelement()).")
 E("Tensor:dtype", "t:dtype() -> dtype", "The dtype (lm.float32, ...).")
-E("Tensor:device", "t:device() -> string", "\"cpu\" (or \"cuda:N\").")
+E("Tensor:device", "t:device() -> string", "The device: \"cpu\", \"cuda:N\", \"meta\" "
+   .. "(sizes, strides, dtype and format only: no data) or \"sim:N\" (N = 0..3, the test device "
+   .. "of kernels/sim/; \"sim\" is sim:0).")
 E("Tensor:storage_offset", "t:storage_offset() -> number", "The offset of element 1 in the "
    .. "storage, in elements.")
 E("Tensor:is_floating_point", "t:is_floating_point() -> boolean", "true for float32/64/16, "
@@ -296,9 +298,13 @@ E("Tensor:long", "t:long() -> Tensor", "t:to(lm.int64).")
 E("Tensor:int", "t:int() -> Tensor", "t:to(lm.int32).")
 E("Tensor:byte", "t:byte() -> Tensor", "t:to(lm.uint8).")
 E("Tensor:bool", "t:bool() -> Tensor", "t:to(lm.bool).")
-E("Tensor:cpu", "t:cpu() -> Tensor", "t:to(\"cpu\").")
-E("Tensor:cuda", "t:cuda(n) -> Tensor", "t:to(\"cuda:n\") (\"cuda\" without n).",
-   { err = "this build has no CUDA device: the conversion raises" })
+E("Tensor:cpu", "t:cpu() -> Tensor", "t:to(\"cpu\"): t itself on the CPU, else a copy in t's "
+   .. "memory format; differentiable (the gradient goes back to t's device).",
+   { fmt = "preserved", err = "t is a meta tensor (no data to copy: `lumen.to: cannot copy out "
+   .. "of a meta tensor`)" })
+E("Tensor:cuda", "t:cuda(n) -> Tensor", "t:to(\"cuda:n\") (n from 0, default 0).",
+   { fmt = "preserved", err = "n not a non-negative integer; a build without CUDA or without "
+   .. "that GPU: `lumen.cuda: device cuda:0 is not available in this build ...`" })
 
 S("math", "Math", [[
 Binary ops take tensors or numbers on either side and broadcast; the result's dtype follows
@@ -428,6 +434,56 @@ for _, n in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum", "e
    E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. m
       .. ").")
 end
+
+S("devices", "Devices", [[
+Device strings: "cpu", "cuda:N" (a CUDA build), "meta" (PyTorch's meta device: sizes, strides,
+dtype and memory format, no data; every operator gives the output it would give on the CPU) and
+"sim:N" (N = 0..3; "sim" is sim:0), the test device: its memory is not the host's, and its
+operators run the CPU kernels. The factories put their tensors on the default device unless
+opts.device says otherwise (*_like use their source's device). Copies between devices (t:to,
+t:cpu, lm.comm) keep the memory format. Reading values (item, totable, tostring) copies them to
+the host; on meta they raise `lumen.item: meta tensors have no data`, and tostring prints
+`tensor(..., device='meta', size=(2, 3))`. tools/run_tests.sh with LUMEN_TEST_DEVICE=sim:0 runs
+the specs with sim:0 as the default device.]])
+E("lm.set_default_device", "lm.set_default_device(device)", "The device the factories (lm.empty, "
+   .. "zeros, ones, full, rand, randn, randint, arange, tensor, empty_strided, randperm, ...) and "
+   .. "new modules' parameters use when opts.device is nil (torch.set_default_device); nil "
+   .. "means \"cpu\". The environment variable LUMEN_DEFAULT_DEVICE sets it when lumen loads.",
+   { err = "an unknown device: `lumen.set_default_device: unknown device 'x'`" })
+E("lm.get_default_device", "lm.get_default_device() -> string", "The factories' default device "
+   .. "(\"cpu\" unless lm.set_default_device or LUMEN_DEFAULT_DEVICE changed it).")
+E("lm.cuda", "lm.cuda", "torch.cuda's queries: lm.cuda.is_available(), lm.cuda.device_count().")
+E("lm.cuda.is_available", "lm.cuda.is_available() -> boolean", "Whether cuda:0 can be used "
+   .. "(false in a build without CUDA).")
+E("lm.cuda.device_count", "lm.cuda.device_count() -> number", "The number of usable CUDA "
+   .. "devices (0 in a build without CUDA).")
+E("lm.comm", "lm.comm", "Moving tensors between devices in one process (torch.cuda.comm), "
+   .. "loaded on first use. Device lists may name one device several times; every copy keeps "
+   .. "its source's memory format (a channels-last batch scatters into channels-last chunks and "
+   .. "gathers back into a channels-last batch). scatter and gather are differentiable.")
+E("lm.comm.scatter", "lm.comm.scatter(t, devices, opts) -> array of tensors", "Split t along "
+   .. "dim into chunks, chunk i on devices[i] (a view of t when that is t's own device, else a "
+   .. "copy). Without chunk_sizes the chunks are torch.chunk's (ceil(size / #devices) each; a "
+   .. "dim shorter than the device list gives fewer chunks). Differentiable.",
+   { opts = "{chunk_sizes = nil, dim = 1} (dims 1-based, negative from the end)",
+     fmt = "each chunk keeps t's memory format (channels-last chunks of a channels-last batch)",
+     err = "`lumen.comm.scatter: <problem>`: an unknown device, an empty device list, chunk "
+     .. "sizes that do not sum to the size in dim or are not one per device, a dim out of "
+     .. "range, t not a tensor or 0-dim, an unknown option" })
+E("lm.comm.gather", "lm.comm.gather(list, opts) -> Tensor", "Concatenate the tensors along dim "
+   .. "on destination (each moved there first). Differentiable: each input's gradient goes "
+   .. "back to its device.",
+   { opts = "{dim = 1, destination = lm.get_default_device()}",
+     fmt = "cat's rule: channels-last inputs give a channels-last result",
+     err = "`lumen.comm.gather: <problem>`: an empty list, a non-tensor, sizes that differ "
+     .. "outside dim, different ranks or dtypes, an unknown destination" })
+E("lm.comm.broadcast", "lm.comm.broadcast(t, devices) -> array of tensors", "t on every device "
+   .. "of the list: t itself where it already is (as torch), else a copy.",
+   { fmt = "copies keep t's memory format", err = "an unknown device, an empty list" })
+E("lm.comm.reduce_add", "lm.comm.reduce_add(list, destination) -> Tensor", "The sum of the "
+   .. "tensors, computed on destination (default: the default device).",
+   { fmt = "the first tensor's format", err = "an empty list, sizes that differ, an unknown "
+     .. "destination" })
 
 S("threads", "Threads", "")
 E("lm.set_num_threads", "lm.set_num_threads(n)", "The number of threads the kernels use.",
@@ -631,6 +687,22 @@ E("lm.nn.MSELoss", "lm.nn.MSELoss(opts)", "m(a, b) = lm.F.mse_loss(a, b, opts)."
 E("lm.nn.Sequential", "lm.nn.Sequential(m1, m2, ...) / lm.nn.Sequential({m1, ...})", "Runs its "
    .. "children in order; children are named \"0\", \"1\", ... (PyTorch's keys); seq[i] "
    .. "(1-based) is the i-th; seq:add(m), seq:size(), seq:get(i).")
+E("lm.nn.DataParallel", "lm.nn.DataParallel(module, devices, opts) -> Module", "torch.nn."
+   .. "DataParallel in one process: forward scatters every tensor argument along dim over the "
+   .. "devices (lm.comm.scatter), runs a replica of module on each (replica 1 is module itself; "
+   .. "the others hold differentiable copies p:to(device) of its parameters and copies of its "
+   .. "buffers), one after the other, and gathers the outputs on output_device. Backward sums "
+   .. "the replicas' gradients into module's parameters on devices[1]. The device list may name "
+   .. "one device several times ({\"cpu\", \"cpu\"}).",
+   { opts = "{output_device = devices[1], dim = 1}",
+     fmt = "chunks and the gathered output keep the memory format (channels-last stays "
+     .. "channels-last)",
+     note = "as in PyTorch, buffer updates made in forward (batch-norm running statistics) are "
+     .. "kept from replica 1 only: the other replicas update copies, which are lost; batch norm "
+     .. "in training mode uses each chunk's own statistics. module's parameters and buffers must "
+     .. "be on devices[1]. state_dict keys are \"module.<name>\" (PyTorch's).",
+     err = "`lumen.nn.DataParallel: <problem>`: module not a Module, an empty or unknown "
+     .. "device list, an unknown option, module not on devices[1], no tensor argument" })
 E("lm.nn.fold_batch_norm", "lm.nn.fold_batch_norm(model) -> model, n", "Fold every "
    .. "Conv2d -> BatchNorm2d pair into the convolution, in place, for inference (n: pairs "
    .. "folded); see docs/inference.md.", { err = "the model is in training mode (call "
@@ -700,7 +772,9 @@ local MM = {
    { "requires_grad_", "m:requires_grad_(flag) -> m", "Set requires_grad on every parameter." },
    { "to", "m:to(x, ...) -> m", "Convert parameters and buffers in place: a dtype (floating ones "
      .. "only), a memory format (4-D tensors for channels_last, 5-D for channels_last_3d), a "
-     .. "device, or {dtype =, memory_format =, device =}." },
+     .. "device, or {dtype =, memory_format =, device =}. As PyTorch's Module.to: the same "
+     .. "parameter objects, their data (and .grad) replaced; a device copy keeps each tensor's "
+     .. "memory format." },
    { "float", "m:float() -> m", "m:to(lm.float32)." },
    { "double", "m:double() -> m", "m:to(lm.float64)." },
    { "cpu", "m:cpu() -> m", "m:to(\"cpu\")." },
@@ -1011,9 +1085,7 @@ E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a fu
 -- names the API contract fixes for later work that do not exist yet (listed on docs/api.md so
 -- that nobody looks for them); an entry replaces the line once one exists
 M.planned = {
-   "\"meta\" device, t:to(\"cuda:0\") on a CUDA build, lm.cuda.is_available(), "
-      .. "lm.cuda.device_count()",
-   "lm.comm.scatter / gather / broadcast / reduce_add",
+   "t:to(\"cuda:0\") on a CUDA build (kernels/cuda/)",
    "lm.autocast(opts, fn, ...), lm.amp.GradScaler(opts)",
    "lm.F.conv1d, conv3d, max_pool1d, max_pool3d, avg_pool1d, avg_pool3d, adaptive_avg_pool1d, "
       .. "adaptive_avg_pool3d, adaptive_max_pool3d; lm.nn.Conv1d, Conv3d, BatchNorm1d, "

@@ -7,7 +7,9 @@
 --     [lumen.Tensor float32 of size 2x3x4x5, channels_last]
 --
 -- Tensors with more than options.threshold elements are abbreviated: edgeitems elements at each
--- end of every dim, "..." for the rest. Only the printed elements are read (lm_get).
+-- end of every dim, "..." for the rest. Only the printed elements are read (lm_get, which copies
+-- them from the device's memory: a sim or cuda tensor prints its values, and device='sim:0' in
+-- the footer). A meta tensor has no values: PyTorch's `tensor(..., device='meta', size=(2, 3))`.
 
 local ffi = require("ffi")
 local C = require("lumen.C")
@@ -44,7 +46,9 @@ function M.footer(c)
    for i = 0, nd - 1 do parts[i + 1] = tostring(tonumber(c.sizes[i])) end
    local size = nd == 0 and "()" or table.concat(parts, "x")
    local dev = ""
-   if c.device ~= 0 then dev = " on cuda:" .. (c.device - 1) end
+   if c.device ~= C.LM_CPU then
+      dev = ", device='" .. require("lumen.tensor").device_name(c.device) .. "'"
+   end
    local dt = dtypes.from_id(c.dtype)
    return ("[lumen.Tensor %s of size %s%s, %s]"):format(dt and dt.name or "?", size, dev,
                                                           format_desc(c))
@@ -93,6 +97,16 @@ function M.tostring(t)
    if c == nil then return "[lumen.Tensor (freed)]" end
    local footer = M.footer(c)
    local nd = c.ndim
+   if c.device == C.LM_META then
+      -- PyTorch's form: no values to show (then lumen's footer, for dtype and layout)
+      local parts = {}
+      for i = 0, nd - 1 do parts[i + 1] = tostring(tonumber(c.sizes[i])) end
+      local size = nd == 1 and ("(" .. parts[1] .. ",)")
+         or ("(" .. table.concat(parts, ", ") .. ")")
+      local dt = dtypes.from_id(c.dtype)
+      local dts = (dt and dt ~= dtypes.float32) and (", dtype=lumen." .. dt.name) or ""
+      return ("tensor(..., device='meta', size=%s%s)\n%s"):format(size, dts, footer)
+   end
    local numel = tonumber(c.numel)
    if numel == 0 then return footer end
 

@@ -66,6 +66,32 @@ for _, name in ipairs(functional) do
    lm[name] = function(...) return Tensor[name](...) end
 end
 
+-- devices: the factories' default (torch.set_default_device); LUMEN_DEFAULT_DEVICE sets it now
+function lm.set_default_device(dev)
+   T.set_default_device("set_default_device", dev)
+end
+function lm.get_default_device() return T.device_name(T.default_device()) end
+do
+   local env = os.getenv("LUMEN_DEFAULT_DEVICE")
+   if env and env ~= "" then
+      local id = T.device_id(env)
+      if id == nil then
+         error("lumen: LUMEN_DEFAULT_DEVICE: unknown device '" .. env .. "'", 0)
+      end
+      T.set_default_device("set_default_device", env)
+   end
+end
+
+-- lm.cuda.is_available(), lm.cuda.device_count() (torch.cuda's): false / 0 in a build without CUDA
+lm.cuda = {
+   is_available = function() return T.device_available(T.DEV_CUDA0) end,
+   device_count = function()
+      local n = 0
+      while n < T.NUM_CUDA and T.device_available(T.DEV_CUDA0 + n) do n = n + 1 end
+      return n
+   end,
+}
+
 -- threads
 function lm.set_num_threads(n)
    if type(n) ~= "number" or n % 1 ~= 0 or n < 1 or n > 4096 then
@@ -113,7 +139,7 @@ if exists("lumen.autograd") then lm.autograd = load_part("lumen.autograd") end
 local lazy = {
    nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout", data = "lumen.data",
    functional = "lumen.functional", models = "lumen.models", serialize = "lumen.serialize",
-   checkpoint = "lumen.checkpoint", doc = "lumen.doc",
+   checkpoint = "lumen.checkpoint", doc = "lumen.doc", comm = "lumen.comm",
 }
 -- single functions that live in an optional module: name -> {module field, module}
 local lazy_fn = {

@@ -545,25 +545,54 @@ local function to_format(fname, x, level)
 end
 M.to_format = to_format
 
--- device string -> id (0 cpu, 1 + k cuda:k)
+-- Device strings <-> ids (lumen.h's enum: LM_CPU, LM_CUDA0 + k, LM_META, LM_SIM0 + k): "cpu",
+-- "cuda" / "cuda:N", "meta", "sim" / "sim:N" (the test device of kernels/sim/).
+local DEV_CPU, DEV_META = tonumber(C.LM_CPU), tonumber(C.LM_META)
+local DEV_CUDA0, NUM_CUDA = tonumber(C.LM_CUDA0), tonumber(C.LM_NUM_CUDA)
+local DEV_SIM0, NUM_SIM = tonumber(C.LM_SIM0), tonumber(C.LM_NUM_SIM)
+M.DEV_CPU, M.DEV_META, M.DEV_CUDA0, M.DEV_SIM0 = DEV_CPU, DEV_META, DEV_CUDA0, DEV_SIM0
+M.NUM_CUDA, M.NUM_SIM = NUM_CUDA, NUM_SIM
+
+-- the id of a device string, or nil
+local function device_id(x)
+   if type(x) ~= "string" then return nil end
+   if x == "cpu" then return DEV_CPU end
+   if x == "meta" then return DEV_META end
+   if x == "cuda" then return DEV_CUDA0 end
+   if x == "sim" then return DEV_SIM0 end
+   local kind, k = x:match("^(%a+):(%d+)$")
+   k = tonumber(k)
+   if kind == "cuda" and k < NUM_CUDA then return DEV_CUDA0 + k end
+   if kind == "sim" and k < NUM_SIM then return DEV_SIM0 + k end
+   return nil
+end
+M.device_id = device_id
+
 local function parse_device(fname, x, level)
    if x == nil then return nil end
-   if type(x) == "string" then
-      if x == "cpu" then return 0 end
-      if x == "cuda" then return 1 end
-      local k = x:match("^cuda:(%d+)$")
-      if k and tonumber(k) < 8 then return 1 + tonumber(k) end
-   end
+   local id = device_id(x)
+   if id then return id end
    argerror(fname, "unknown device " .. (type(x) == "string" and ("'" .. x .. "'") or typename(x)),
             (level or 2) + 1)
 end
 M.parse_device = parse_device
 
 local function device_name(id)
-   if id == 0 then return "cpu" end
-   return "cuda:" .. (id - 1)
+   if id == DEV_CPU then return "cpu" end
+   if id == DEV_META then return "meta" end
+   if id >= DEV_SIM0 and id < DEV_SIM0 + NUM_SIM then return "sim:" .. (id - DEV_SIM0) end
+   if id >= DEV_CUDA0 and id < DEV_CUDA0 + NUM_CUDA then return "cuda:" .. (id - DEV_CUDA0) end
+   return "device " .. tostring(id)
 end
 M.device_name = device_name
+
+-- The default device of the factories (PyTorch's torch.set_default_device): the id used when
+-- opts.device is nil. LUMEN_DEFAULT_DEVICE sets it when lumen loads (lumen/init.lua).
+local default_device = DEV_CPU
+function M.set_default_device(fname, x, level)
+   default_device = parse_device(fname, x == nil and "cpu" or x, (level or 2) + 1)
+end
+function M.default_device() return default_device end
 
 -- opts.dtype (or default), opts.memory_format (or default), opts.device (or default)
 local function opt_dtype(fname, opts, default, level)
@@ -580,8 +609,10 @@ local function opt_format(fname, opts, default, level)
 end
 M.opt_format = opt_format
 
+-- default nil: the default device (lm.set_default_device)
 local function opt_device(fname, opts, default, level)
    if opts and opts.device ~= nil then return parse_device(fname, opts.device, (level or 2) + 1) end
+   if default == nil then return default_device end
    return default
 end
 M.opt_device = opt_device
@@ -714,8 +745,15 @@ function Tensor.is_same_storage(self, other)
                                    tc(other, "is_same_storage", "other")) ~= 0
 end
 
+-- values of a meta tensor: PyTorch raises too (there is no data to read)
+local function check_has_data(c, fname, level)
+   if c.device == DEV_META then argerror(fname, "meta tensors have no data", (level or 2) + 1) end
+end
+M.check_has_data = check_has_data
+
 function Tensor.item(self)
    local c = tc(self, "item")
+   check_has_data(c, "item")
    if c.numel ~= 1 then
       argerror("item", "a Tensor with " .. tonumber(c.numel) ..
                " elements cannot be converted to a scalar")
@@ -727,6 +765,7 @@ end
 
 function Tensor.totable(self)
    local c = tc(self, "totable")
+   check_has_data(c, "totable")
    local n = tonumber(c.numel)
    local nd = c.ndim
    local isbool = c.dtype == 7
@@ -1065,8 +1104,15 @@ function Tensor.to(self, ...)
       check(C.lm_clone(c, f.id, did, outp), "to")
       return wrap(outp[0])
    end
+   if cur_dev == DEV_META then
+      -- PyTorch: "Cannot copy out of meta tensor"
+      argerror("to", "cannot copy out of a meta tensor (it has no data); use " ..
+               "lm.empty_like(t, {device = '" .. device_name(devid) .. "'}) for a tensor " ..
+               "of its sizes there")
+   end
    local r = alloc_like("to", c, did, f.id, devid)
-   check(C.lm_copy_(r._c, c), "to")
+   -- to meta: the sizes, strides and dtype only, nothing to copy
+   if devid ~= DEV_META then check(C.lm_copy_(r._c, c), "to") end
    return r
 end
 
@@ -1082,8 +1128,37 @@ for name, dname in pairs(short) do
    Tensor[name] = function(self) return Tensor.to(self, d) end
 end
 
+-- Is device id usable in this build (its backend registered)? An empty tensor there tells.
+local avail = {}
+local function device_available(id)
+   if avail[id] == nil then
+      sizebuf[0] = 0
+      outp[0] = nil
+      local ok = C.lm_empty(1, sizebuf, 0, 0, id, outp) == 0
+      if ok then Tensor.free(wrap(outp[0])) end
+      avail[id] = ok
+   end
+   return avail[id]
+end
+M.device_available = device_available
+
 function Tensor.cpu(self) return Tensor.to(self, "cpu") end
-function Tensor.cuda(self, k) return Tensor.to(self, k and ("cuda:" .. tostring(k)) or "cuda") end
+-- t:cuda(k): t:to("cuda:k") (k from 0, as CUDA numbers devices; "cuda" = cuda:0)
+function Tensor.cuda(self, k)
+   tc(self, "cuda")
+   if k ~= nil and (type(k) ~= "number" or k % 1 ~= 0 or k < 0) then
+      argerror("cuda", "device index must be a non-negative integer, got " ..
+               (type(k) == "number" and tostring(k) or typename(k)))
+   end
+   local name = "cuda:" .. (k or 0)
+   local id = device_id(name)
+   if id == nil then argerror("cuda", "unknown device '" .. name .. "'") end
+   if not device_available(id) then
+      argerror("cuda", "device " .. name .. " is not available in this build (lumen was " ..
+               "built without CUDA, or it has no such GPU)")
+   end
+   return Tensor.to(self, name)
+end
 
 ---------------------------------------------------------------------------------------------
 -- math
@@ -1289,13 +1364,16 @@ Tensor.addcdiv = addc(lm_addcdiv, "addcdiv", false)
 Tensor.addcdiv_ = addc(lm_addcdiv, "addcdiv_", true)
 
 -- a number as a 0-dim tensor (int64 when integral, else float64: 0-dim tensors weigh less in
--- type promotion, so this behaves like a wrapped scalar)
-local function scalar_tensor(fname, x, level)
+-- type promotion, so this behaves like a wrapped scalar), on device id dev (default cpu: the
+-- tensor it meets is on dev, and the operators take all their tensors from one device)
+local function scalar_tensor(fname, x, level, dev)
    local did
    if type(x) == "boolean" then did = 7; x = x and 1 or 0
    else did = (x % 1 == 0 and x > -9.2e18 and x < 9.2e18) and 4 or 1 end
    outp[0] = nil
-   if C.lm_empty(0, sizebuf, did, 0, 0, outp) ~= 0 then raise(fname, (level or 2) + 1) end
+   if C.lm_empty(0, sizebuf, did, 0, dev or DEV_CPU, outp) ~= 0 then
+      raise(fname, (level or 2) + 1)
+   end
    local t = wrap(outp[0])
    check(C.lm_fill_(t._c, x), fname, (level or 2) + 1)
    return t
@@ -1305,8 +1383,9 @@ M.scalar_tensor = scalar_tensor
 -- where(cond, a, b): a and b may be tensors or numbers
 function M.where(cond, a, b)
    local cc = tc(cond, "where", "condition")
-   if type(a) == "number" or type(a) == "boolean" then a = scalar_tensor("where", a) end
-   if type(b) == "number" or type(b) == "boolean" then b = scalar_tensor("where", b) end
+   local dev = cc.device
+   if type(a) == "number" or type(a) == "boolean" then a = scalar_tensor("where", a, nil, dev) end
+   if type(b) == "number" or type(b) == "boolean" then b = scalar_tensor("where", b, nil, dev) end
    local ac = tc(a, "where", "input")
    local bc = tc(b, "where", "other")
    outp[0] = nil
@@ -1464,16 +1543,15 @@ Tensor.argmin = argmaxmin(5, "argmin")
 function Tensor.all(self, dim, keepdim)
    tc(self, "all")
    local nz = Tensor.ne(self, 0)
-   if dim == nil then
-      return scalar_tensor("all", Tensor.sum(Tensor.logical_not(nz)):item() == 0)
-   end
+   -- a 0-dim bool on self's device, reading no values (so it runs on every device)
+   if dim == nil then return Tensor.eq(Tensor.sum(Tensor.logical_not(nz)), 0) end
    return Tensor.eq(reduce(3, "all", nz, dim, keepdim, nil, 2), 1)
 end
 
 function Tensor.any(self, dim, keepdim)
    tc(self, "any")
    local nz = Tensor.ne(self, 0)
-   if dim == nil then return scalar_tensor("any", Tensor.sum(nz):item() ~= 0) end
+   if dim == nil then return Tensor.ne(Tensor.sum(nz), 0) end
    return Tensor.eq(reduce(2, "any", nz, dim, keepdim, nil, 2), 1)
 end
 

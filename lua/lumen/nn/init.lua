@@ -1,6 +1,6 @@
 -- lumen.nn -- lm.nn: the Module base class, the standard layers, lm.nn.functional (lm.F),
 -- lm.nn.init (weight initialisers), and batch-norm folding for inference (lm.nn.fold_batch_norm,
--- lm.nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights).
+-- lm.nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights), lm.nn.DataParallel (lumen.nn.parallel).
 --
 --    local nn = lm.nn
 --    local net = nn.Sequential(nn.Conv2d(3, 16, 3, {padding = 1}), nn.BatchNorm2d(16),
@@ -23,6 +23,9 @@ nn.init = require("lumen.nn.weight_init")
 for k, v in pairs(layers) do
    if k:sub(1, 1) ~= "_" then nn[k] = v end
 end
+
+-- several devices in one process (lumen.nn.parallel): nn.DataParallel(model, devices)
+nn.DataParallel = require("lumen.nn.parallel").DataParallel
 
 -- batch-norm folding for inference (lumen.nn.fold): nn.fold_batch_norm(model) and PyTorch's
 -- nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights

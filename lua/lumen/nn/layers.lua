@@ -246,7 +246,9 @@ function BatchNorm2d:forward(x, fuse)
    if self.training and self.track_running_stats and self.num_batches_tracked ~= nil then
       T.raw.add_(self.num_batches_tracked, 1)
       if self.momentum == false then
-         eaf = 1 / Tensor.item(self.num_batches_tracked)
+         -- a meta counter has no value (nothing is computed there: any factor will do)
+         local nbt = self.num_batches_tracked
+         eaf = Tensor.device(nbt) == "meta" and 0 or 1 / Tensor.item(nbt)
       end
    end
    local bn_training = self.training or (self.running_mean == nil and self.running_var == nil)

@@ -295,7 +295,9 @@ Module._set_data = set_data
 
 -- to(x, ...): x is a dtype (floating parameters and buffers only), a memory format (4-D tensors
 -- for channels_last, 5-D for channels_last_3d; a tensor of the other rank raises the rank
--- error), a device string or an opts table {dtype=, memory_format=, device=}.
+-- error), a device string or an opts table {dtype=, memory_format=, device=}. In place, as
+-- PyTorch's Module.to: the same parameter objects with their data replaced (a device copy keeps
+-- each tensor's memory format), gradients moved along.
 local TO_OPTS = util.option_set("dtype", "memory_format", "device")
 function Module:to(...)
    local n = select("#", ...)
@@ -320,6 +322,7 @@ function Module:to(...)
                   (is_tensor(x) and "tensor" or type(x)))
       end
    end
+   if device ~= nil then T.parse_device("Module.to", device) end
    if dtype ~= nil and not dtype.is_floating then
       argerror("Module.to", "nn.Module.to only accepts floating point dtypes, got " ..
                tostring(dtype))
