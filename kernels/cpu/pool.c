@@ -1,11 +1,14 @@
 /*
- * pool.c -- max / average / adaptive pooling over 2-D planes, forward and backward.
+ * pool.c -- max / average / adaptive pooling over 2-D planes, forward and backward: the CPU
+ * kernels of the pooling ops (src/ops/pool.h; front ends: src/ops/pool.c, which check the
+ * arguments, allocate every result and make every operand dense in mf).
  *
  * Layout (spec section 7): mf = x.suggest_memory_format(); output, indices and grad_input are
  * allocated in mf. Channels-last runs NHWC kernels whose inner loop walks the channels with unit
  * stride (vectorized; float32 under AVX-512 has its own kernels, see "AVX-512 float kernels"),
  * contiguous runs NCHW kernels over planes (max_pool2d / avg_pool2d forward vectorized along the
- * output row, one pass per window tap). An input that is not dense in mf is cloned into mf once.
+ * output row, one pass per window tap). An input that is not dense in mf is cloned into mf once
+ * (by the front end).
  * Windows are precomputed per output row / column, so max_pool2d and adaptive_max_pool2d share
  * the NHWC kernel and the backward, avg_pool2d and adaptive_avg_pool2d likewise.
  *
