@@ -1,11 +1,14 @@
 /*
- * pool.c -- max / average / adaptive pooling over 2-D planes, forward and backward.
+ * pool.c -- max / average / adaptive pooling over 2-D planes, forward and backward: the CPU
+ * kernels of the pooling ops (src/ops/pool.h; front ends: src/ops/pool.c, which check the
+ * arguments, allocate every result and make every operand dense in mf).
  *
  * Layout (spec section 7): mf = x.suggest_memory_format(); output, indices and grad_input are
  * allocated in mf. Channels-last runs NHWC kernels whose inner loop walks the channels with unit
  * stride (vectorized; float32 under AVX-512 has its own kernels, see "AVX-512 float kernels"),
  * contiguous runs NCHW kernels over planes (max_pool2d / avg_pool2d forward vectorized along the
- * output row, one pass per window tap). An input that is not dense in mf is cloned into mf once.
+ * output row, one pass per window tap). An input that is not dense in mf is cloned into mf once
+ * (by the front end).
  * Windows are precomputed per output row / column, so max_pool2d and adaptive_max_pool2d share
  * the NHWC kernel and the backward, avg_pool2d and adaptive_avg_pool2d likewise.
  *
@@ -21,26 +24,24 @@
  * the backward skips -1; any other index outside the plane is an error, never a stray write.
  */
 #include "cpu.h"
-#include "nn.h"
+#include "ops/pool.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include "nn_common.h"
 
 enum { CBLK = 256 }; /* channels per block in the NHWC kernels (stack scratch) */
 
 /* The vectorizable kernels are compiled twice: for the baseline ISA of the build and for AVX-512
-   (function attribute; the OpenMP bodies inherit it). The AVX-512 copy runs when lm_gemm_isa()
-   says AVX-512 is in use, so lm_gemm_set_isa(1) also selects the portable kernels here. */
+   (function attribute; the OpenMP bodies inherit it). The AVX-512 copies run when the kernel
+   table is filled for AVX-512 (lm_cpu_register_pool with isa >= 3), so lm_gemm_set_isa(1) also
+   selects the portable kernels here. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define LM_AVX512_FN __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512")))
 #define POOL_X86 1
-static int use_avx512(void) { return lm_gemm_isa() >= 3; }
 #else
 #define LM_AVX512_FN
-static int use_avx512(void) { return 0; }
 #endif
 
 /* ------------------------------------------------------------------------------------------ */
@@ -48,13 +49,6 @@ static int use_avx512(void) { return 0; }
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-/* floor division (PyTorch's div_rtn) */
-static inline int64_t div_floor(int64_t a, int64_t b) {
-   int64_t q = a / b, r = a % b;
-   if (r != 0 && ((r < 0) != (b < 0))) q--;
-   return q;
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* geometry                                                                                   */
@@ -75,106 +69,19 @@ typedef struct {
    int64_t *hs, *he, *hz, *ws, *we, *wz;
 } pool_t;
 
-static lm_status pool_input_dims(const lm_tensor *x, pool_t *p, const char *what, int adaptive) {
-   if (x->ndim != 3 && x->ndim != 4) {
-      char s[160];
-      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
-      if (adaptive)
-         return lm_error(LM_ERR_SHAPE, "%s: Expected 3D or 4D tensor, but got %s", what, s);
-      return lm_error(LM_ERR_SHAPE,
-                      "Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size for "
-                      "input, but got: %s",
-                      s);
-   }
-   for (int d = x->ndim - 3; d < x->ndim; d++) {
-      if (x->sizes[d] == 0) {
-         char s[160];
-         fmt_sizes(s, sizeof s, x->ndim, x->sizes);
-         if (adaptive)
-            return lm_error(LM_ERR_SHAPE,
-                            "%s: Expected input to have non-zero size for non-batch dimensions, "
-                            "but input has sizes %s with dimension %d being empty",
-                            what, s, d);
-         return lm_error(LM_ERR_SHAPE,
-                         "Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size "
-                         "for input, but got: %s",
-                         s);
-      }
-   }
-   p->ndim = x->ndim;
-   p->N = x->ndim == 4 ? x->sizes[0] : 1;
-   p->C = x->sizes[x->ndim - 3];
-   p->H = x->sizes[x->ndim - 2];
-   p->W = x->sizes[x->ndim - 1];
-   p->mf = lm_suggest_memory_format(x, 0);
-   if (p->mf != LM_CHANNELS_LAST) p->mf = LM_CONTIGUOUS;
-   return LM_OK;
-}
-
-static int64_t pool_out_size(int64_t in, int64_t k, int64_t pad, int64_t s, int64_t d, int ceil) {
-   int64_t o = div_floor(in + 2 * pad - d * (k - 1) - 1 + (ceil ? s - 1 : 0), s) + 1;
-   if (ceil && (o - 1) * s >= in + pad) --o;
-   return o;
-}
-
-/* kernel / stride / padding / dilation checks and output size of max_pool2d and avg_pool2d */
-static lm_status pool_params(pool_t *p, const int64_t *k, const int64_t *s, const int64_t *pad,
-                             const int64_t *dil, int ceil_mode) {
-   if (!k) return lm_error(LM_ERR_ARG, "kernel_size is nil");
-   p->kh = k[0];
-   p->kw = k[1];
-   p->sh = s ? s[0] : k[0];
-   p->sw = s ? s[1] : k[1];
-   p->ph = pad ? pad[0] : 0;
-   p->pw = pad ? pad[1] : 0;
-   p->dh = dil ? dil[0] : 1;
-   p->dw = dil ? dil[1] : 1;
-   p->ceil_mode = ceil_mode != 0;
-   if (p->kh <= 0 || p->kw <= 0)
-      return lm_error(LM_ERR_ARG, "kernel size should be greater than zero, but got kH: %lld kW: %lld",
-                      (long long)p->kh, (long long)p->kw);
-   if (p->sh <= 0 || p->sw <= 0)
-      return lm_error(LM_ERR_ARG, "stride should be greater than zero, but got dH: %lld dW: %lld",
-                      (long long)p->sh, (long long)p->sw);
-   if (p->dh <= 0 || p->dw <= 0)
-      return lm_error(LM_ERR_ARG,
-                      "dilation should be greater than zero, but got dilationH: %lld dilationW: %lld",
-                      (long long)p->dh, (long long)p->dw);
-   if (p->ph < 0 || p->pw < 0)
-      return lm_error(LM_ERR_ARG, "pad must be non-negative, but got pad: %lld",
-                      (long long)(p->ph < 0 ? p->ph : p->pw));
-   for (int i = 0; i < 2; i++) {
-      int64_t kk = i ? p->kw : p->kh, pp = i ? p->pw : p->ph, dd = i ? p->dw : p->dh;
-      if (pp > ((kk - 1) * dd + 1) / 2)
-         return lm_error(LM_ERR_ARG,
-                         "pad should be at most half of effective kernel size, but got pad=%lld, "
-                         "kernel_size=%lld and dilation=%lld",
-                         (long long)pp, (long long)kk, (long long)dd);
-   }
-   p->OH = pool_out_size(p->H, p->kh, p->ph, p->sh, p->dh, p->ceil_mode);
-   p->OW = pool_out_size(p->W, p->kw, p->pw, p->sw, p->dw, p->ceil_mode);
-   if (p->OH < 1 || p->OW < 1)
-      return lm_error(LM_ERR_SHAPE,
-                      "Given input size: (%lldx%lldx%lld). Calculated output size: "
-                      "(%lldx%lldx%lld). Output size is too small",
-                      (long long)p->C, (long long)p->H, (long long)p->W, (long long)p->C,
-                      (long long)p->OH, (long long)p->OW);
-   return LM_OK;
-}
-
-static lm_status adaptive_params(pool_t *p, const int64_t *out_size, const char *what) {
-   if (!out_size) return lm_error(LM_ERR_ARG, "%s: output_size is nil", what);
-   if (out_size[0] < 0 || out_size[1] < 0)
-      return lm_error(LM_ERR_ARG,
-                      "%s: elements of output_size must be greater than or equal to 0 but "
-                      "received {%lld, %lld}",
-                      what, (long long)out_size[0], (long long)out_size[1]);
-   p->OH = out_size[0];
-   p->OW = out_size[1];
-   p->kh = p->kw = p->sh = p->sw = 1;
-   p->ph = p->pw = 0;
-   p->dh = p->dw = 1;
-   return LM_OK;
+/* the geometry of one op (pool.h) for the kernels of kind */
+static void pool_from_params(pool_t *p, const lm_pool_params *g, int kind) {
+   p->kind = kind;
+   p->ndim = g->ndim;
+   p->mf = g->mf;
+   p->N = g->N, p->C = g->C, p->H = g->H, p->W = g->W, p->OH = g->OH, p->OW = g->OW;
+   p->kh = g->kh, p->kw = g->kw, p->sh = g->sh, p->sw = g->sw;
+   p->ph = g->ph, p->pw = g->pw, p->dh = g->dh, p->dw = g->dw;
+   p->ceil_mode = g->ceil_mode;
+   p->count_include_pad = g->count_include_pad;
+   p->has_div = g->has_div;
+   p->divisor = g->divisor;
+   p->hs = p->he = p->hz = p->ws = p->we = p->wz = NULL;
 }
 
 static inline int64_t ad_start(int64_t a, int64_t b, int64_t c) {
@@ -235,35 +142,11 @@ static void pool_free(pool_t *p) {
    p->hs = NULL;
 }
 
-static void out_sizes(const pool_t *p, int64_t *sz) {
-   if (p->ndim == 4) {
-      sz[0] = p->N;
-      sz[1] = p->C;
-      sz[2] = p->OH;
-      sz[3] = p->OW;
-   } else {
-      sz[0] = p->C;
-      sz[1] = p->OH;
-      sz[2] = p->OW;
-   }
-}
-
 /* the average divisor of window (oh, ow) */
 static inline double avg_div(const pool_t *p, int64_t oh, int64_t ow) {
    if (p->has_div) return (double)p->divisor;
    if (p->count_include_pad) return (double)(p->hz[oh] * p->wz[ow]);
    return (double)((p->he[oh] - p->hs[oh]) * (p->we[ow] - p->ws[ow]));
-}
-
-/* x made dense in p->mf (a borrowed pointer, or a clone stored in *tmp) */
-static lm_status dense_in(const lm_tensor *x, int mf, const lm_tensor **xd, lm_tensor **tmp) {
-   *tmp = NULL;
-   *xd = x;
-   if (!lm_is_contiguous(x, mf)) {
-      LM_TRY(lm_clone(x, mf, -1, tmp));
-      *xd = *tmp;
-   }
-   return LM_OK;
 }
 
 /* channel blocking of the NHWC scatter kernels: enough (n, block) tasks for the threads */
@@ -1515,476 +1398,253 @@ LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t
 /* ------------------------------------------------------------------------------------------ */
 /* drivers                                                                                    */
 
-/* codes (max_pool2d only; then indices is NULL): the tap numbers instead of the indices, into a
-   new uint8 tensor */
-static lm_status max_forward(const lm_tensor *x, pool_t *p, lm_tensor **out, lm_tensor **indices,
-                             lm_tensor **codes) {
-   int64_t osz[4];
-   out_sizes(p, osz);
-   out_slot so = {0}, si = {0};
-   const lm_tensor *xd;
-   lm_tensor *tmp = NULL, *ct = NULL;
-   lm_status st = LM_OK;
-   if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
+/* is grad_x a block allocated for this call (not the caller's out= tensor: params->fresh) of
+   1 MiB or more that was cold when handed out (lm_tensor_block_cold)? A kernel that writes all of
+   it may then use streaming stores, and tells the allocator so (lm_tensor_note_streamed) */
+static int out_cold(const lm_pool_params *g, const lm_tensor *t) {
+   return g->fresh && t->storage && t->storage->nbytes >= ((int64_t)1 << 20) &&
+          lm_tensor_block_cold(t);
+}
+
+/* LM_OP_MAX_POOL2D, LM_OP_ADAPTIVE_MAX_POOL2D: t = {x, out, indices or NULL};
+   LM_OP_MAX_POOL2D_TAPS: t = {x, out, taps} (the tap numbers instead of the indices) */
+static lm_status max_forward(const lm_op *op, int v512) {
+   const lm_tensor *xd = op->t[0], *ot = op->t[1], *it = op->t[2];
+   const int codes = op->kind == LM_OP_MAX_POOL2D_TAPS;
+   pool_t pp, *p = &pp;
+   pool_from_params(p, op->params, op->kind == LM_OP_ADAPTIVE_MAX_POOL2D ? KIND_AMAX : KIND_MAX);
    LM_TRY(pool_windows(p));
-   st = out_open(&so, out, p->ndim, osz, x->dtype, p->mf, "output");
-   if (st == LM_OK && indices) st = out_open(&si, indices, p->ndim, osz, LM_INT64, p->mf, "indices");
-   if (st == LM_OK && codes) st = lm_empty(p->ndim, osz, LM_UINT8, p->mf, LM_CPU, &ct);
-   if (st == LM_OK) st = dense_in(x, p->mf, &xd, &tmp);
-   if (st == LM_OK && so.t->numel > 0) {
-      const void *in = lm_tensor_data(xd);
-      void *o = lm_tensor_data(so.t);
-      int64_t *ix = si.t ? (int64_t *)lm_tensor_data(si.t) : NULL;
-      uint8_t *cd = ct ? (uint8_t *)lm_tensor_data(ct) : NULL;
-      const int v512 = use_avx512();
-      if (p->mf == LM_CHANNELS_LAST) {
-         if (x->dtype == LM_FLOAT64)
-            (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, cd, p);
+   const void *in = lm_tensor_data(xd);
+   void *o = lm_tensor_data(ot);
+   int64_t *ix = it && !codes ? (int64_t *)lm_tensor_data(it) : NULL;
+   uint8_t *cd = it && codes ? (uint8_t *)lm_tensor_data(it) : NULL;
+   if (p->mf == LM_CHANNELS_LAST) {
+      if (xd->dtype == LM_FLOAT64)
+         (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, cd, p);
 #ifdef POOL_X86
-         else if (v512 && p->H * p->W < INT32_MAX)
-            max_fwd_nhwc_v512(in, o, ix, cd, p);
+      else if (v512 && p->H * p->W < INT32_MAX)
+         max_fwd_nhwc_v512(in, o, ix, cd, p);
 #endif
-         else if (p->H * p->W < INT32_MAX)
-            (v512 ? max_fwd_nhwc_f32_512 : max_fwd_nhwc_f32)(in, o, ix, cd, p);
-         else
-            max_fwd_nhwc_f32l(in, o, ix, cd, p);
-      } else if (p->kind == KIND_MAX) {
-         if (x->dtype == LM_FLOAT64)
-            (v512 ? max_reg_nchw_f64_512 : max_reg_nchw_f64)(in, o, ix, cd, p);
-         else
-            (v512 ? max_reg_nchw_f32_512 : max_reg_nchw_f32)(in, o, ix, cd, p);
-      } else {
-         if (x->dtype == LM_FLOAT64)
-            max_fwd_nchw_f64(in, o, ix, p);
-         else
-            max_fwd_nchw_f32(in, o, ix, p);
-      }
-   }
-   lm_tensor_free(tmp);
-   pool_free(p);
-   if (indices) st = out_close(&si, indices, st);
-   /* a failed index hand-over must not leave a half-returned output */
-   st = out_close(&so, out, st);
-   if (codes) {
-      if (st == LM_OK)
-         *codes = ct;
+      else if (p->H * p->W < INT32_MAX)
+         (v512 ? max_fwd_nhwc_f32_512 : max_fwd_nhwc_f32)(in, o, ix, cd, p);
       else
-         lm_tensor_free(ct);
-   }
-   return st;
-}
-
-/* the checks and geometry shared by lm_max_pool2d and lm_max_pool2d_taps */
-static lm_status max_setup(pool_t *p, const lm_tensor *x, const int64_t *kernel,
-                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,
-                           int ceil_mode) {
-   p->kind = KIND_MAX;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(pool_input_dims(x, p, "max_pool2d", 0));
-   return pool_params(p, kernel, stride, padding, dilation, ceil_mode);
-}
-
-lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
-                        const int64_t *padding, const int64_t *dilation, int ceil_mode,
-                        lm_tensor **out, lm_tensor **indices) {
-   pool_t p = {0};
-   LM_TRY(max_setup(&p, x, kernel, stride, padding, dilation, ceil_mode));
-   return max_forward(x, &p, out, indices, NULL);
-}
-
-lm_status lm_adaptive_max_pool2d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out,
-                                 lm_tensor **indices) {
-   pool_t p = {0};
-   p.kind = KIND_AMAX;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(pool_input_dims(x, &p, "adaptive_max_pool2d()", 1));
-   LM_TRY(adaptive_params(&p, out_size, "adaptive_max_pool2d()"));
-   return max_forward(x, &p, out, indices, NULL);
-}
-
-/* grad_out and indices: same rank as x, same N and C, same (OH, OW) */
-static lm_status max_backward(const lm_tensor *grad_out, const lm_tensor *x,
-                              const lm_tensor *indices, lm_tensor **grad_x, const char *what) {
-   pool_t p = {0};
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(check_float(grad_out, "grad_output"));
-   if (!indices) return lm_error(LM_ERR_ARG, "indices is nil");
-   LM_TRY(lm_check_cpu(indices, "indices"));
-   if (!grad_x) return lm_error(LM_ERR_ARG, "grad_input is NULL");
-   if (indices->dtype != LM_INT64)
-      return lm_error(LM_ERR_DTYPE, "%s: expected indices of dtype int64, got %s", what,
-                      lm_dtype_name(indices->dtype));
-   if (grad_out->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "%s: grad_output has dtype %s but input has %s", what,
-                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
-   LM_TRY(pool_input_dims(x, &p, what, 0));
-   int ok = grad_out->ndim == x->ndim && indices->ndim == x->ndim;
-   for (int d = 0; ok && d < x->ndim; d++) {
-      if (indices->sizes[d] != grad_out->sizes[d]) ok = 0;
-      if (d < x->ndim - 2 && grad_out->sizes[d] != x->sizes[d]) ok = 0;
-   }
-   if (!ok) {
-      char a[160], b[160], c[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, indices->ndim, indices->sizes);
-      fmt_sizes(c, sizeof c, x->ndim, x->sizes);
-      return lm_error(LM_ERR_SHAPE,
-                      "%s: grad_output %s and indices %s do not match the input %s", what, a, b,
-                      c);
-   }
-   p.OH = grad_out->sizes[x->ndim - 2];
-   p.OW = grad_out->sizes[x->ndim - 1];
-
-   out_slot sg = {0};
-   const lm_tensor *god, *ind;
-   lm_tensor *t1 = NULL, *t2 = NULL;
-   lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p.mf, "grad_input");
-   if (st == LM_OK) st = dense_in(grad_out, p.mf, &god, &t1);
-   if (st == LM_OK) st = dense_in(indices, p.mf, &ind, &t2);
-   if (st == LM_OK && sg.t->numel > 0) {
-      const void *g = lm_tensor_data(god);
-      const int64_t *ix = lm_tensor_data(ind);
-      void *gi = lm_tensor_data(sg.t);
-      int64_t bad;
-      if (p.mf == LM_CHANNELS_LAST)
-         bad = x->dtype == LM_FLOAT64 ? max_bwd_nhwc_f64(g, ix, gi, &p)
-                                      : max_bwd_nhwc_f32(g, ix, gi, &p);
+         max_fwd_nhwc_f32l(in, o, ix, cd, p);
+   } else if (p->kind == KIND_MAX) {
+      if (xd->dtype == LM_FLOAT64)
+         (v512 ? max_reg_nchw_f64_512 : max_reg_nchw_f64)(in, o, ix, cd, p);
       else
-         bad = x->dtype == LM_FLOAT64 ? max_bwd_nchw_f64(g, ix, gi, &p)
-                                      : max_bwd_nchw_f32(g, ix, gi, &p);
-      if (bad)
-         st = lm_error(LM_ERR_ARG, "%s: %lld indices are out of range for an input plane of %lld",
-                       what, (long long)bad, (long long)(p.H * p.W));
+         (v512 ? max_reg_nchw_f32_512 : max_reg_nchw_f32)(in, o, ix, cd, p);
+   } else {
+      if (xd->dtype == LM_FLOAT64)
+         max_fwd_nchw_f64(in, o, ix, p);
+      else
+         max_fwd_nchw_f32(in, o, ix, p);
    }
-   lm_tensor_free(t1);
-   lm_tensor_free(t2);
-   return out_close(&sg, grad_x, st);
-}
-
-/* the backward given the window geometry, from int64 indices (ind) or tap numbers (codes):
-   channels-last gathers (max_gather_nhwc_*), contiguous scatters by planes */
-static lm_status max_backward_geom(const lm_tensor *grad_out, const lm_tensor *x,
-                                   const lm_tensor *ind, int codes, const int64_t *kernel,
-                                   const int64_t *stride, const int64_t *padding,
-                                   const int64_t *dilation, int ceil_mode, lm_tensor **grad_x,
-                                   const char *what) {
-   const char *iname = codes ? "taps" : "indices";
-   pool_t p = {0};
-   p.kind = KIND_MAX;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(check_float(grad_out, "grad_output"));
-   if (!ind) return lm_error(LM_ERR_ARG, "%s is nil", iname);
-   LM_TRY(lm_check_cpu(ind, iname));
-   if (!grad_x) return lm_error(LM_ERR_ARG, "grad_input is NULL");
-   if (ind->dtype != (codes ? LM_UINT8 : LM_INT64))
-      return lm_error(LM_ERR_DTYPE, "%s: expected %s of dtype %s, got %s", what, iname,
-                      codes ? "uint8" : "int64", lm_dtype_name(ind->dtype));
-   if (grad_out->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "%s: grad_output has dtype %s but input has %s", what,
-                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
-   LM_TRY(pool_input_dims(x, &p, what, 0));
-   LM_TRY(pool_params(&p, kernel, stride, padding, dilation, ceil_mode));
-   if (codes && p.kh * p.kw > 255)
-      return lm_error(LM_ERR_ARG, "%s: a window of %lld taps has no tap numbers (at most 255)",
-                      what, (long long)(p.kh * p.kw));
-   int64_t osz[4];
-   out_sizes(&p, osz);
-   for (int i = 0; i < 2; i++) {
-      const lm_tensor *t = i ? ind : grad_out;
-      if (t->ndim != p.ndim || memcmp(t->sizes, osz, (size_t)p.ndim * 8) != 0) {
-         char a[160], b[160];
-         fmt_sizes(a, sizeof a, p.ndim, osz);
-         fmt_sizes(b, sizeof b, t->ndim, t->sizes);
-         return lm_error(LM_ERR_SHAPE, "%s: expected %s of shape %s, got %s", what,
-                         i ? iname : "grad_output", a, b);
-      }
-   }
-
-   out_slot sg = {0};
-   const lm_tensor *god, *indd;
-   lm_tensor *t1 = NULL, *t2 = NULL;
-   int64_t *buf = NULL;
-   lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p.mf, "grad_input");
-   if (st == LM_OK) st = dense_in(grad_out, p.mf, &god, &t1);
-   if (st == LM_OK) st = dense_in(ind, p.mf, &indd, &t2);
-   if (st == LM_OK && sg.t->numel > 0) {
-      const void *g = lm_tensor_data(god);
-      const int64_t *ix = codes ? NULL : lm_tensor_data(indd);
-      const uint8_t *cd = codes ? lm_tensor_data(indd) : NULL;
-      void *gi = lm_tensor_data(sg.t);
-      const int v512 = use_avx512();
-      const int f64 = x->dtype == LM_FLOAT64;
-      int64_t bad = 0;
-      if (p.mf == LM_CHANNELS_LAST) {
-         buf = malloc((size_t)tap_lists_size(&p) * sizeof(int64_t));
-         if (!buf) {
-            st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
-         } else {
-            taps_t tl;
-            tap_lists_make(&p, buf, &tl);
-            if (f64)
-               bad = (v512 ? max_gather_nhwc_f64_512 : max_gather_nhwc_f64)(g, ix, cd, gi, &p, &tl);
-#ifdef POOL_X86
-            else if (v512) {
-               /* streaming stores for a cold fresh grad_input: whole aligned vectors only */
-               const int64_t cb = row_cblock(p.N * p.H, p.C);
-               const int stream = out_cold(&sg) && p.C % 16 == 0 && cb % 16 == 0 &&
-                                  ((uintptr_t)gi & 63) == 0;
-               bad = max_gather_nhwc_v512(g, ix, cd, gi, &p, &tl, stream);
-               if (stream) out_note_streamed(&sg);
-            }
-#endif
-            else
-               bad = (v512 ? max_gather_nhwc_f32_512 : max_gather_nhwc_f32)(g, ix, cd, gi, &p, &tl);
-         }
-      } else if (codes) {
-         int64_t di[256], dj[256], off[256];
-         uint8_t *full = malloc((size_t)(p.OH + p.OW));
-         int64_t *ins = malloc((size_t)(2 * (p.OH + p.OW)) * sizeof(int64_t));
-         if (!full || !ins) {
-            st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
-         } else {
-            for (int64_t c = 0; c < 256; c++) {
-               di[c] = c < p.kh * p.kw ? (c / p.kw) * p.dh : 0;
-               dj[c] = c < p.kh * p.kw ? (c % p.kw) * p.dw : 0;
-               off[c] = di[c] * p.W + dj[c];
-            }
-            taps_inside(p.H, p.OH, p.kh, p.sh, p.ph, p.dh, ins, ins + p.OH);
-            taps_inside(p.W, p.OW, p.kw, p.sw, p.pw, p.dw, ins + 2 * p.OH, ins + 2 * p.OH + p.OW);
-            for (int64_t o = 0; o < p.OH; o++) full[o] = ins[p.OH + o] == p.kh;
-            for (int64_t o = 0; o < p.OW; o++) full[p.OH + o] = ins[2 * p.OH + p.OW + o] == p.kw;
-            bad = f64 ? max_bwd_taps_nchw_f64(g, cd, gi, &p, di, dj, off, full)
-                      : max_bwd_taps_nchw_f32(g, cd, gi, &p, di, dj, off, full);
-         }
-         free(full);
-         free(ins);
-      } else {
-         bad = f64 ? max_bwd_nchw_f64(g, ix, gi, &p) : max_bwd_nchw_f32(g, ix, gi, &p);
-         if (bad)
-            st = lm_error(LM_ERR_ARG,
-                          "%s: %lld indices are out of range for an input plane of %lld", what,
-                          (long long)bad, (long long)(p.H * p.W));
-      }
-      if (st == LM_OK && bad)
-         st = lm_error(LM_ERR_ARG, "%s: %lld %s are out of range for their pooling windows",
-                       what, (long long)bad, iname);
-   }
-   free(buf);
-   lm_tensor_free(t1);
-   lm_tensor_free(t2);
-   return out_close(&sg, grad_x, st);
-}
-
-lm_status lm_max_pool2d_backward_geom(const lm_tensor *grad_out, const lm_tensor *x,
-                                      const lm_tensor *indices, const int64_t *kernel,
-                                      const int64_t *stride, const int64_t *padding,
-                                      const int64_t *dilation, int ceil_mode,
-                                      lm_tensor **grad_x) {
-   return max_backward_geom(grad_out, x, indices, 0, kernel, stride, padding, dilation, ceil_mode,
-                            grad_x, "max_pool2d_backward");
-}
-
-lm_status lm_max_pool2d_taps(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
-                             const int64_t *padding, const int64_t *dilation, int ceil_mode,
-                             lm_tensor **out, lm_tensor **taps) {
-   pool_t p = {0};
-   LM_TRY(max_setup(&p, x, kernel, stride, padding, dilation, ceil_mode));
-   if (!taps) return lm_error(LM_ERR_ARG, "taps is NULL");
-   if (*taps) return lm_error(LM_ERR_ARG, "max_pool2d_taps: taps must be NULL (a new tensor)");
-   if (p.kh * p.kw > 255)
-      return lm_error(LM_ERR_ARG, "max_pool2d_taps: a window of %lld taps has no tap numbers "
-                      "(at most 255)", (long long)(p.kh * p.kw));
-   return max_forward(x, &p, out, NULL, taps);
-}
-
-lm_status lm_max_pool2d_taps_backward(const lm_tensor *grad_out, const lm_tensor *x,
-                                      const lm_tensor *taps, const int64_t *kernel,
-                                      const int64_t *stride, const int64_t *padding,
-                                      const int64_t *dilation, int ceil_mode,
-                                      lm_tensor **grad_x) {
-   return max_backward_geom(grad_out, x, taps, 1, kernel, stride, padding, dilation, ceil_mode,
-                            grad_x, "max_pool2d_backward");
-}
-
-lm_status lm_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
-                                 const lm_tensor *indices, lm_tensor **grad_x) {
-   return max_backward(grad_out, x, indices, grad_x, "max_pool2d_backward");
-}
-
-lm_status lm_adaptive_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
-                                          const lm_tensor *indices, lm_tensor **grad_x) {
-   return max_backward(grad_out, x, indices, grad_x, "adaptive_max_pool2d_backward");
-}
-
-static lm_status avg_forward(const lm_tensor *x, pool_t *p, lm_tensor **out) {
-   int64_t osz[4];
-   out_sizes(p, osz);
-   out_slot so = {0};
-   const lm_tensor *xd;
-   lm_tensor *tmp = NULL;
-   if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
-   LM_TRY(pool_windows(p));
-   lm_status st = out_open(&so, out, p->ndim, osz, x->dtype, p->mf, "output");
-   if (st == LM_OK) st = dense_in(x, p->mf, &xd, &tmp);
-   if (st == LM_OK && so.t->numel > 0) {
-      const void *in = lm_tensor_data(xd);
-      void *o = lm_tensor_data(so.t);
-      const int v512 = use_avx512();
-      if (p->mf == LM_CHANNELS_LAST) {
-         if (x->dtype == LM_FLOAT64)
-            (v512 ? avg_fwd_nhwc_f64_512 : avg_fwd_nhwc_f64)(in, o, p);
-#ifdef POOL_X86
-         else if (v512)
-            avg_fwd_nhwc_v512(in, o, p);
-#endif
-         else
-            (v512 ? avg_fwd_nhwc_f32_512 : avg_fwd_nhwc_f32)(in, o, p);
-      } else if (p->kind == KIND_AVG) {
-         if (x->dtype == LM_FLOAT64)
-            (v512 ? avg_reg_nchw_f64_512 : avg_reg_nchw_f64)(in, o, p);
-         else
-            (v512 ? avg_reg_nchw_f32_512 : avg_reg_nchw_f32)(in, o, p);
-      } else {
-         if (x->dtype == LM_FLOAT64)
-            (v512 ? avg_fwd_nchw_f64_512 : avg_fwd_nchw_f64)(in, o, p);
-         else
-            (v512 ? avg_fwd_nchw_f32_512 : avg_fwd_nchw_f32)(in, o, p);
-      }
-   }
-   lm_tensor_free(tmp);
    pool_free(p);
-   return out_close(&so, out, st);
-}
-
-static lm_status avg_backward(const lm_tensor *grad_out, const lm_tensor *x, pool_t *p,
-                              lm_tensor **grad_x, const char *what) {
-   int64_t osz[4];
-   out_sizes(p, osz);
-   if (!grad_x) return lm_error(LM_ERR_ARG, "grad_input is NULL");
-   if (grad_out->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "%s: grad_output has dtype %s but input has %s", what,
-                      lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
-   if (grad_out->ndim != p->ndim || memcmp(grad_out->sizes, osz, (size_t)p->ndim * 8) != 0) {
-      char a[160], b[160];
-      fmt_sizes(a, sizeof a, p->ndim, osz);
-      fmt_sizes(b, sizeof b, grad_out->ndim, grad_out->sizes);
-      return lm_error(LM_ERR_SHAPE, "%s: expected grad_output of shape %s, got %s", what, a, b);
-   }
-   out_slot sg = {0};
-   const lm_tensor *god;
-   lm_tensor *tmp = NULL;
-   LM_TRY(pool_windows(p));
-   lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p->mf, "grad_input");
-   if (st == LM_OK) st = dense_in(grad_out, p->mf, &god, &tmp);
-   if (st == LM_OK && sg.t->numel > 0) {
-      const void *g = lm_tensor_data(god);
-      void *gi = lm_tensor_data(sg.t);
-      const int v512 = use_avx512();
-      if (p->mf == LM_CHANNELS_LAST && x->dtype == LM_FLOAT32 && v512) {
-#ifdef POOL_X86
-         /* gather: scratch for the scaled grad_out and, per input row / column, the windows that
-            hold it (and the runs of columns held by the same windows) */
-         float *v = malloc((size_t)(p->N * p->OH * p->OW * p->C) * sizeof(float));
-         int64_t *cov = malloc((size_t)(2 * p->H + 3 * p->W) * sizeof(int64_t));
-         if (!v || !cov) {
-            st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
-         } else {
-            cover_ranges(p->hs, p->he, p->OH, p->H, cov, cov + p->H);
-            cover_ranges(p->ws, p->we, p->OW, p->W, cov + 2 * p->H, cov + 2 * p->H + p->W);
-            column_runs(cov + 2 * p->H, cov + 2 * p->H + p->W, p->W, cov + 2 * p->H + 2 * p->W);
-            /* streaming stores for a cold fresh grad_input: whole aligned vectors only */
-            const int stream = out_cold(&sg) && p->C % 16 == 0 && ((uintptr_t)gi & 63) == 0;
-            avg_bwd_nhwc_v512(g, gi, p, v, cov, stream);
-            if (stream) out_note_streamed(&sg);
-         }
-         free(v);
-         free(cov);
-#endif
-      } else if (p->mf == LM_CHANNELS_LAST) {
-         if (x->dtype == LM_FLOAT64)
-            (v512 ? avg_bwd_nhwc_f64_512 : avg_bwd_nhwc_f64)(g, gi, p);
-         else
-            (v512 ? avg_bwd_nhwc_f32_512 : avg_bwd_nhwc_f32)(g, gi, p);
-      } else {
-         if (x->dtype == LM_FLOAT64)
-            (v512 ? avg_bwd_nchw_f64_512 : avg_bwd_nchw_f64)(g, gi, p);
-         else
-            (v512 ? avg_bwd_nchw_f32_512 : avg_bwd_nchw_f32)(g, gi, p);
-      }
-   }
-   lm_tensor_free(tmp);
-   pool_free(p);
-   return out_close(&sg, grad_x, st);
-}
-
-static lm_status avg_setup(pool_t *p, const lm_tensor *x, const int64_t *kernel,
-                           const int64_t *stride, const int64_t *padding, int ceil_mode,
-                           int count_include_pad, const int64_t *divisor_override) {
-   p->kind = KIND_AVG;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(pool_input_dims(x, p, "avg_pool2d", 0));
-   LM_TRY(pool_params(p, kernel, stride, padding, NULL, ceil_mode));
-   p->count_include_pad = count_include_pad != 0;
-   p->has_div = divisor_override != NULL;
-   if (divisor_override) {
-      if (*divisor_override == 0) return lm_error(LM_ERR_ARG, "divisor must be not zero");
-      p->divisor = *divisor_override;
-   }
    return LM_OK;
 }
 
-lm_status lm_avg_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
-                        const int64_t *padding, int ceil_mode, int count_include_pad,
-                        const int64_t *divisor_override, lm_tensor **out) {
-   pool_t p = {0};
-   LM_TRY(avg_setup(&p, x, kernel, stride, padding, ceil_mode, count_include_pad,
-                    divisor_override));
-   return avg_forward(x, &p, out);
-}
-
-lm_status lm_avg_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
-                                 const int64_t *kernel, const int64_t *stride,
-                                 const int64_t *padding, int ceil_mode, int count_include_pad,
-                                 const int64_t *divisor_override, lm_tensor **grad_x) {
-   pool_t p = {0};
-   LM_TRY(avg_setup(&p, x, kernel, stride, padding, ceil_mode, count_include_pad,
-                    divisor_override));
-   LM_TRY(check_float(grad_out, "grad_output"));
-   return avg_backward(grad_out, x, &p, grad_x, "avg_pool2d_backward");
-}
-
-lm_status lm_adaptive_avg_pool2d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out) {
-   pool_t p = {0};
-   p.kind = KIND_AAVG;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(pool_input_dims(x, &p, "adaptive_avg_pool2d()", 1));
-   LM_TRY(adaptive_params(&p, out_size, "adaptive_avg_pool2d"));
-   /* output (1,1) is PyTorch's mean(-1,-2) restrided to (C,1,C,C) for a channels-last input:
-      allocating in mf gives exactly those strides */
-   return avg_forward(x, &p, out);
-}
-
-lm_status lm_adaptive_avg_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
-                                          lm_tensor **grad_x) {
-   pool_t p = {0};
-   p.kind = KIND_AAVG;
-   LM_TRY(check_float(x, "input"));
-   LM_TRY(check_float(grad_out, "grad_output"));
-   LM_TRY(pool_input_dims(x, &p, "adaptive_avg_pool2d_backward", 1));
-   if (grad_out->ndim != x->ndim) {
-      char a[160], b[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
-      return lm_error(LM_ERR_SHAPE,
-                      "adaptive_avg_pool2d_backward: grad_output %s does not match the input %s",
-                      a, b);
+/* LM_OP_MAX_POOL2D_BACKWARD, LM_OP_ADAPTIVE_MAX_POOL2D_BACKWARD: t = {grad_out, indices, grad_x};
+   LM_OP_MAX_POOL2D_TAPS_BACKWARD: t = {grad_out, taps, grad_x}. With the window geometry (geom,
+   taps): channels-last gathers (max_gather_nhwc_*), contiguous scatters by planes; without it
+   (geom == 0) both scatter (max_bwd_*). */
+static lm_status max_backward(const lm_op *op, int v512) {
+   const lm_pool_params *g = op->params;
+   const lm_tensor *god = op->t[0], *indd = op->t[1], *gt = op->t[2];
+   const int codes = op->kind == LM_OP_MAX_POOL2D_TAPS_BACKWARD;
+   const char *what = op->kind == LM_OP_ADAPTIVE_MAX_POOL2D_BACKWARD
+                         ? "adaptive_max_pool2d_backward"
+                         : "max_pool2d_backward";
+   const char *iname = codes ? "taps" : "indices";
+   pool_t pp, *p = &pp;
+   pool_from_params(p, g, KIND_MAX);
+   const void *gp = lm_tensor_data(god);
+   const int64_t *ix = codes ? NULL : lm_tensor_data(indd);
+   const uint8_t *cd = codes ? lm_tensor_data(indd) : NULL;
+   void *gi = lm_tensor_data(gt);
+   const int f64 = gt->dtype == LM_FLOAT64;
+   lm_status st = LM_OK;
+   int64_t bad = 0;
+   if (!codes && !g->geom) {
+      if (p->mf == LM_CHANNELS_LAST)
+         bad = f64 ? max_bwd_nhwc_f64(gp, ix, gi, p) : max_bwd_nhwc_f32(gp, ix, gi, p);
+      else
+         bad = f64 ? max_bwd_nchw_f64(gp, ix, gi, p) : max_bwd_nchw_f32(gp, ix, gi, p);
+      if (bad)
+         return lm_error(LM_ERR_ARG,
+                         "%s: %lld indices are out of range for an input plane of %lld", what,
+                         (long long)bad, (long long)(p->H * p->W));
+      return LM_OK;
    }
-   int64_t os[2] = {grad_out->sizes[x->ndim - 2], grad_out->sizes[x->ndim - 1]};
-   LM_TRY(adaptive_params(&p, os, "adaptive_avg_pool2d_backward"));
-   return avg_backward(grad_out, x, &p, grad_x, "adaptive_avg_pool2d_backward");
+   int64_t *buf = NULL;
+   if (p->mf == LM_CHANNELS_LAST) {
+      buf = malloc((size_t)tap_lists_size(p) * sizeof(int64_t));
+      if (!buf) {
+         st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
+      } else {
+         taps_t tl;
+         tap_lists_make(p, buf, &tl);
+         if (f64)
+            bad = (v512 ? max_gather_nhwc_f64_512 : max_gather_nhwc_f64)(gp, ix, cd, gi, p, &tl);
+#ifdef POOL_X86
+         else if (v512) {
+            /* streaming stores for a cold fresh grad_input: whole aligned vectors only */
+            const int64_t cb = row_cblock(p->N * p->H, p->C);
+            const int stream = out_cold(g, gt) && p->C % 16 == 0 && cb % 16 == 0 &&
+                               ((uintptr_t)gi & 63) == 0;
+            bad = max_gather_nhwc_v512(gp, ix, cd, gi, p, &tl, stream);
+            if (stream) lm_tensor_note_streamed(gt);
+         }
+#endif
+         else
+            bad = (v512 ? max_gather_nhwc_f32_512 : max_gather_nhwc_f32)(gp, ix, cd, gi, p, &tl);
+      }
+   } else if (codes) {
+      int64_t di[256], dj[256], off[256];
+      uint8_t *full = malloc((size_t)(p->OH + p->OW));
+      int64_t *ins = malloc((size_t)(2 * (p->OH + p->OW)) * sizeof(int64_t));
+      if (!full || !ins) {
+         st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
+      } else {
+         for (int64_t c = 0; c < 256; c++) {
+            di[c] = c < p->kh * p->kw ? (c / p->kw) * p->dh : 0;
+            dj[c] = c < p->kh * p->kw ? (c % p->kw) * p->dw : 0;
+            off[c] = di[c] * p->W + dj[c];
+         }
+         taps_inside(p->H, p->OH, p->kh, p->sh, p->ph, p->dh, ins, ins + p->OH);
+         taps_inside(p->W, p->OW, p->kw, p->sw, p->pw, p->dw, ins + 2 * p->OH,
+                     ins + 2 * p->OH + p->OW);
+         for (int64_t o = 0; o < p->OH; o++) full[o] = ins[p->OH + o] == p->kh;
+         for (int64_t o = 0; o < p->OW; o++) full[p->OH + o] = ins[2 * p->OH + p->OW + o] == p->kw;
+         bad = f64 ? max_bwd_taps_nchw_f64(gp, cd, gi, p, di, dj, off, full)
+                   : max_bwd_taps_nchw_f32(gp, cd, gi, p, di, dj, off, full);
+      }
+      free(full);
+      free(ins);
+   } else {
+      bad = f64 ? max_bwd_nchw_f64(gp, ix, gi, p) : max_bwd_nchw_f32(gp, ix, gi, p);
+      if (bad)
+         st = lm_error(LM_ERR_ARG,
+                       "%s: %lld indices are out of range for an input plane of %lld", what,
+                       (long long)bad, (long long)(p->H * p->W));
+   }
+   if (st == LM_OK && bad)
+      st = lm_error(LM_ERR_ARG, "%s: %lld %s are out of range for their pooling windows", what,
+                    (long long)bad, iname);
+   free(buf);
+   return st;
 }
+
+/* LM_OP_AVG_POOL2D, LM_OP_ADAPTIVE_AVG_POOL2D: t = {x, out} */
+static lm_status avg_forward(const lm_op *op, int v512) {
+   const lm_tensor *xd = op->t[0], *ot = op->t[1];
+   pool_t pp, *p = &pp;
+   pool_from_params(p, op->params, op->kind == LM_OP_AVG_POOL2D ? KIND_AVG : KIND_AAVG);
+   LM_TRY(pool_windows(p));
+   const void *in = lm_tensor_data(xd);
+   void *o = lm_tensor_data(ot);
+   if (p->mf == LM_CHANNELS_LAST) {
+      if (xd->dtype == LM_FLOAT64)
+         (v512 ? avg_fwd_nhwc_f64_512 : avg_fwd_nhwc_f64)(in, o, p);
+#ifdef POOL_X86
+      else if (v512)
+         avg_fwd_nhwc_v512(in, o, p);
+#endif
+      else
+         (v512 ? avg_fwd_nhwc_f32_512 : avg_fwd_nhwc_f32)(in, o, p);
+   } else if (p->kind == KIND_AVG) {
+      if (xd->dtype == LM_FLOAT64)
+         (v512 ? avg_reg_nchw_f64_512 : avg_reg_nchw_f64)(in, o, p);
+      else
+         (v512 ? avg_reg_nchw_f32_512 : avg_reg_nchw_f32)(in, o, p);
+   } else {
+      if (xd->dtype == LM_FLOAT64)
+         (v512 ? avg_fwd_nchw_f64_512 : avg_fwd_nchw_f64)(in, o, p);
+      else
+         (v512 ? avg_fwd_nchw_f32_512 : avg_fwd_nchw_f32)(in, o, p);
+   }
+   pool_free(p);
+   return LM_OK;
+}
+
+/* LM_OP_AVG_POOL2D_BACKWARD, LM_OP_ADAPTIVE_AVG_POOL2D_BACKWARD: t = {grad_out, grad_x} */
+static lm_status avg_backward(const lm_op *op, int v512) {
+   const lm_pool_params *gp = op->params;
+   const lm_tensor *god = op->t[0], *gt = op->t[1];
+   const char *what = op->kind == LM_OP_AVG_POOL2D_BACKWARD ? "avg_pool2d_backward"
+                                                            : "adaptive_avg_pool2d_backward";
+   pool_t pp, *p = &pp;
+   pool_from_params(p, gp, op->kind == LM_OP_AVG_POOL2D_BACKWARD ? KIND_AVG : KIND_AAVG);
+   LM_TRY(pool_windows(p));
+   lm_status st = LM_OK;
+   const void *g = lm_tensor_data(god);
+   void *gi = lm_tensor_data(gt);
+   (void)what, (void)gp;
+   if (p->mf == LM_CHANNELS_LAST && gt->dtype == LM_FLOAT32 && v512) {
+#ifdef POOL_X86
+      /* gather: scratch for the scaled grad_out and, per input row / column, the windows that
+         hold it (and the runs of columns held by the same windows) */
+      float *v = malloc((size_t)(p->N * p->OH * p->OW * p->C) * sizeof(float));
+      int64_t *cov = malloc((size_t)(2 * p->H + 3 * p->W) * sizeof(int64_t));
+      if (!v || !cov) {
+         st = lm_error(LM_ERR_OOM, "out of memory (%s scratch)", what);
+      } else {
+         cover_ranges(p->hs, p->he, p->OH, p->H, cov, cov + p->H);
+         cover_ranges(p->ws, p->we, p->OW, p->W, cov + 2 * p->H, cov + 2 * p->H + p->W);
+         column_runs(cov + 2 * p->H, cov + 2 * p->H + p->W, p->W, cov + 2 * p->H + 2 * p->W);
+         /* streaming stores for a cold fresh grad_input: whole aligned vectors only */
+         const int stream = out_cold(gp, gt) && p->C % 16 == 0 && ((uintptr_t)gi & 63) == 0;
+         avg_bwd_nhwc_v512(g, gi, p, v, cov, stream);
+         if (stream) lm_tensor_note_streamed(gt);
+      }
+      free(v);
+      free(cov);
+#endif
+   } else if (p->mf == LM_CHANNELS_LAST) {
+      if (gt->dtype == LM_FLOAT64)
+         (v512 ? avg_bwd_nhwc_f64_512 : avg_bwd_nhwc_f64)(g, gi, p);
+      else
+         (v512 ? avg_bwd_nhwc_f32_512 : avg_bwd_nhwc_f32)(g, gi, p);
+   } else {
+      if (gt->dtype == LM_FLOAT64)
+         (v512 ? avg_bwd_nchw_f64_512 : avg_bwd_nchw_f64)(g, gi, p);
+      else
+         (v512 ? avg_bwd_nchw_f32_512 : avg_bwd_nchw_f32)(g, gi, p);
+   }
+   pool_free(p);
+   return st;
+}
+
+/* the kernels of the table: the portable copies, and the AVX-512 ones */
+#define POOL_KERNELS(name)                                                                         \
+   static lm_status k_##name(const lm_op *op) { return name(op, 0); }                              \
+   static lm_status k_##name##_512(const lm_op *op) { return name(op, 1); }
+POOL_KERNELS(max_forward)
+POOL_KERNELS(max_backward)
+POOL_KERNELS(avg_forward)
+POOL_KERNELS(avg_backward)
+#undef POOL_KERNELS
 
 /* ---- registration (cpu.h) ---- */
 void lm_cpu_register_pool(lm_kernel_fn *table, int isa) {
-   (void)table, (void)isa;
+#ifdef POOL_X86
+   const int v512 = isa >= 3;
+#else
+   const int v512 = 0;
+   (void)isa;
+#endif
+   const lm_kernel_fn maxf = v512 ? k_max_forward_512 : k_max_forward;
+   const lm_kernel_fn maxb = v512 ? k_max_backward_512 : k_max_backward;
+   const lm_kernel_fn avgf = v512 ? k_avg_forward_512 : k_avg_forward;
+   const lm_kernel_fn avgb = v512 ? k_avg_backward_512 : k_avg_backward;
+   table[LM_OP_MAX_POOL2D] = maxf;
+   table[LM_OP_ADAPTIVE_MAX_POOL2D] = maxf;
+   table[LM_OP_MAX_POOL2D_TAPS] = maxf;
+   table[LM_OP_MAX_POOL2D_BACKWARD] = maxb;
+   table[LM_OP_ADAPTIVE_MAX_POOL2D_BACKWARD] = maxb;
+   table[LM_OP_MAX_POOL2D_TAPS_BACKWARD] = maxb;
+   table[LM_OP_AVG_POOL2D] = avgf;
+   table[LM_OP_ADAPTIVE_AVG_POOL2D] = avgf;
+   table[LM_OP_AVG_POOL2D_BACKWARD] = avgb;
+   table[LM_OP_ADAPTIVE_AVG_POOL2D_BACKWARD] = avgb;
 }
