@@ -104,9 +104,10 @@ static lm_status inputs_device(int nin, lm_tensor *const *tin, const lm_tensor *
    for (int k = 0; k < nin; k++) {
       if (!tin[k]) continue;
       if (!first) first = tin[k];
-      else LM_TRY(lm_check_same_device(first, tin[k], "input"));
+      else if (tin[k]->device != first->device)
+         return lm_check_same_device(first, tin[k], "input");
    }
-   if (first && o) LM_TRY(lm_check_same_device(first, o, "out"));
+   if (first && o && o->device != first->device) return lm_check_same_device(first, o, "out");
    *device = first ? first->device : o ? o->device : LM_CPU;
    return LM_OK;
 }
@@ -132,7 +133,7 @@ static lm_status ew_exec_v(lm_ew_params *pl, int kind, int res_dt, const lm_oper
                            lm_tensor *const *tin, lm_tensor **out, int swap_vote) {
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
    const int nin = pl->nin;
-   int device;
+   int device = LM_CPU;
    LM_TRY(inputs_device(nin, tin, *out, &device));
    int nd, same;
    int64_t shape[LM_MAX_DIMS];
@@ -476,7 +477,7 @@ static lm_status binary_impl(int kind_op, int op, lm_operand *ins, lm_tensor *co
          up.table = LM_EW_OTHER;
          up.kop = t;
          up.out_via = res;
-         int device;
+         int device = LM_CPU;
          LM_TRY(inputs_device(1, tin, *out, &device));
          int nd, same;
          int64_t shape[LM_MAX_DIMS], st[LM_MAX_DIMS];

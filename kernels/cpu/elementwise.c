@@ -366,23 +366,28 @@ static void plan_of(const lm_ew_params *pp, ew_plan *pl) {
 /* UNARY ... WHERE: t = {out, in0, in1, in2} (ops/elementwise.h) */
 static lm_status k_ew(const lm_op *op) {
    const lm_ew_params *pp = op->params;
+   lm_tensor *o = op->t[0];
+   if (pp->small) {
+      /* one call over the memory of each operand: they share sizes and strides, dense (float
+         only, so no integer division flag) */
+      const lm_kset *k = pp->table == LM_EW_UNARY ? &lm_unary_kernels[pp->kop][pp->kind]
+                                                   : &lm_binary_kernels[pp->kop][pp->kind];
+      const lm_tensor *a = op->t[pp->variant == 2 ? 2 : 1];
+      const char *ad = lm_tensor_data(a);
+      const char *other = pp->nin < 2           ? NULL
+                          : pp->variant == 0 ? (const char *)lm_tensor_data(op->t[2])
+                                             : pp->scalar;
+      lm_kfn fn = pp->variant == 0 ? k->vv : pp->variant == 1 ? k->vs : k->sv;
+      const int other_first = pp->variant == 2;
+      fn(lm_tensor_data(o), other_first ? other : ad, other_first ? ad : other, NULL, o->numel,
+         &pp->p);
+      return LM_OK;
+   }
    ew_plan pl_, *pl = &pl_;
    plan_of(pp, pl);
-   lm_tensor *o = op->t[0];
    const int nin = pl->nin;
    _Alignas(16) char sbuf[16];
    memcpy(sbuf, pp->scalar, sizeof sbuf);
-   if (pp->small) {
-      /* one call over the memory of each operand: they share sizes and strides, dense */
-      const lm_tensor *a = op->t[pp->variant == 2 ? 2 : 1];
-      const void *ad = lm_tensor_data(a);
-      const void *other = nin < 2 ? NULL : pp->variant == 0 ? lm_tensor_data(op->t[2]) : sbuf;
-      lm_kfn fn = pp->variant == 0 ? pl->k.vv : pp->variant == 1 ? pl->k.vs : pl->k.sv;
-      const int other_first = pp->variant == 2;
-      fn(lm_tensor_data(o), other_first ? other : ad, other_first ? ad : other, NULL, o->numel,
-         &pl->p);
-      return LM_OK;
-   }
    const int nd = o->ndim;
    int64_t shape[LM_MAX_DIMS];
    for (int d = 0; d < nd; d++) shape[d] = o->sizes[d];
