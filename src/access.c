@@ -1,6 +1,7 @@
 /* access.c -- single elements and bulk transfers to and from doubles, in logical order. Tensors on
  * another device go through a host copy of the storage range they span. */
 #include "iter.h"
+#include "backend.h"
 #include <math.h>
 
 static lm_status element_offset(const lm_tensor *t, const int64_t *idx, int64_t *off) {
@@ -22,8 +23,15 @@ static lm_status element_offset(const lm_tensor *t, const int64_t *idx, int64_t 
  * number; tensor.lua checks the bits too, for reads that do not come through here. */
 static inline double canonical(double v) { return v != v ? (double)NAN : v; }
 
+/* a meta tensor has sizes and strides but no values to read or write */
+static lm_status check_data(const lm_tensor *t) {
+   if (t->device == LM_META) return lm_error(LM_ERR_DEVICE, "meta tensors have no data");
+   return LM_OK;
+}
+
 lm_status lm_get(const lm_tensor *t, const int64_t *idx, double *value) {
    LM_CHECK_TENSOR(t, "tensor");
+   LM_TRY(check_data(t));
    if (!value) return lm_error(LM_ERR_ARG, "value pointer is NULL");
    int64_t off = 0;
    LM_TRY(element_offset(t, idx, &off));
@@ -42,6 +50,7 @@ lm_status lm_get(const lm_tensor *t, const int64_t *idx, double *value) {
 
 lm_status lm_set(lm_tensor *t, const int64_t *idx, double value) {
    LM_CHECK_TENSOR(t, "tensor");
+   LM_TRY(check_data(t));
    int64_t off = 0;
    LM_TRY(element_offset(t, idx, &off));
    char *p = (char *)lm_tensor_data(t) + off * lm_dtype_size(t->dtype);
@@ -64,6 +73,7 @@ static void dense_operand(lm_operand *op, void *buf, const lm_tensor *t) {
 
 lm_status lm_to_doubles(const lm_tensor *t, double *buf) {
    LM_CHECK_TENSOR(t, "tensor");
+   LM_TRY(check_data(t));
    if (t->numel == 0) return LM_OK;
    if (!buf) return lm_error(LM_ERR_ARG, "buffer is NULL");
    lm_host_mirror m;
@@ -78,6 +88,7 @@ lm_status lm_to_doubles(const lm_tensor *t, double *buf) {
 
 lm_status lm_from_doubles(lm_tensor *t, const double *buf) {
    LM_CHECK_TENSOR(t, "tensor");
+   LM_TRY(check_data(t));
    if (t->numel == 0) return LM_OK;
    if (!buf) return lm_error(LM_ERR_ARG, "buffer is NULL");
    lm_host_mirror m;

@@ -31,7 +31,7 @@
    X(FILL, "fill_")                                                                              \
    /* reductions, concatenation, random fills */                                                \
    X(REDUCE, "reduce") X(CAT, "cat") X(UNIFORM, "uniform_") X(NORMAL, "normal_")                 \
-   X(RANDINT, "randint_") X(BERNOULLI, "bernoulli_")                                             \
+   X(RANDINT, "randint_") X(BERNOULLI, "bernoulli_") X(RANDPERM, "randperm")                      \
    /* linear algebra, convolution */                                                             \
    X(MATMUL, "matmul") X(CONV2D, "conv2d") X(CONV2D_BACKWARD, "conv2d_backward")                 \
    /* pooling */                                                                                 \

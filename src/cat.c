@@ -1,7 +1,11 @@
 /* cat.c -- concatenation with PyTorch 1.13 semantics: every input has the same rank and sizes
  * except along dim (legacy: 1-D empty tensors are skipped), dtypes promote, and the output takes
- * the memory format every input suggests (any Contiguous or any disagreement gives Contiguous). */
+ * the memory format every input suggests (any Contiguous or any disagreement gives Contiguous).
+ * The front end: checks, the result's shape, dtype and format, the output on the inputs' device;
+ * the copies are LM_OP_CAT's (kernels/cpu/reduce.c; parameters: ops/reduce.h). */
 #include "iter.h"
+#include "ops/reduce.h"
+#include <stdlib.h>
 
 lm_status lm_cat(int n, const lm_tensor *const *ts, int dim, lm_tensor **out) {
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
@@ -11,7 +15,7 @@ lm_status lm_cat(int n, const lm_tensor *const *ts, int dim, lm_tensor **out) {
    for (int i = 0; i < n; i++) {
       const lm_tensor *t = ts[i];
       if (!t) return lm_error(LM_ERR_ARG, "tensor %d of the list is nil", i + 1);
-      LM_TRY(lm_check_cpu(t, "input"));
+      LM_TRY(lm_check_same_device(ts[0], t, "cat"));
       if (t->ndim == 0)
          return lm_error(LM_ERR_SHAPE, "zero-dimensional tensor (at position %d) cannot be concatenated",
                          i + 1);
@@ -31,7 +35,7 @@ lm_status lm_cat(int n, const lm_tensor *const *ts, int dim, lm_tensor **out) {
          if ((*out)->numel != 0) return lm_error(LM_ERR_SHAPE, "cat: out has the wrong shape");
          return LM_OK;
       }
-      return lm_empty(1, &zero, dtype, LM_CONTIGUOUS, LM_CPU, out);
+      return lm_empty(1, &zero, dtype, LM_CONTIGUOUS, ts[0]->device, out);
    }
    const int nd = ref->ndim;
    LM_TRY(lm_wrap_dim(&dim, nd));
@@ -61,48 +65,32 @@ lm_status lm_cat(int n, const lm_tensor *const *ts, int dim, lm_tensor **out) {
    if (fmt == LM_CHANNELS_LAST && nd != 4) fmt = LM_CONTIGUOUS;
    if (fmt == LM_CHANNELS_LAST_3D && nd != 5) fmt = LM_CONTIGUOUS;
    lm_tensor *o = *out, *created = NULL;
-   lm_operand oo;
    if (o) {
-      LM_TRY(lm_check_cpu(o, "out"));
+      LM_TRY(lm_check_same_device(ts[0], o, "out"));
       int ok = o->ndim == nd;
       for (int d = 0; ok && d < nd; d++) ok = o->sizes[d] == shape[d];
       if (!ok) return lm_error(LM_ERR_SHAPE, "cat: out has the wrong shape");
       if (!lm_can_cast(dtype, o->dtype))
          return lm_error(LM_ERR_DTYPE, "result type %s can't be cast to the desired output type %s",
                          lm_dtype_name(dtype), lm_dtype_name(o->dtype));
-      lm_operand_tensor(&oo, o);
-      for (int i = 0; i < n; i++) {
-         lm_operand ti;
-         lm_operand_tensor(&ti, ts[i]);
-         if (lm_operands_overlap(&oo, &ti))
-            return lm_error(LM_ERR_ARG,
-                            "unsupported operation: the input tensors cannot refer to any of the "
-                            "output memory locations");
-      }
    } else {
-      LM_TRY(lm_empty(nd, shape, dtype, fmt, LM_CPU, &created));
+      LM_TRY(lm_empty(nd, shape, dtype, fmt, ts[0]->device, &created));
       o = created;
-      lm_operand_tensor(&oo, o);
    }
-   int64_t off = 0;
-   const int64_t es = lm_dtype_size(o->dtype);
-   for (int i = 0; i < n; i++) {
-      const lm_tensor *t = ts[i];
-      if (t->ndim == 1 && t->sizes[0] == 0) continue;
-      int64_t len = t->sizes[dim];
-      if (len > 0 && t->numel > 0) {
-         lm_operand dst = oo, src;
-         dst.sizes[dim] = len;
-         dst.data = oo.data + off * oo.strides[dim] * es;
-         dst.flags = lm_layout_flags(nd, dst.sizes, dst.strides);
-         lm_operand_tensor(&src, t);
-         lm_status st = lm_copy_operands(&dst, &src);
-         if (st != LM_OK) {
-            lm_tensor_free(created);
-            return st;
-         }
-      }
-      off += len;
+   lm_tensor *inl[8], **tl = n + 1 <= 8 ? inl : malloc(sizeof *tl * (size_t)(n + 1));
+   if (!tl) {
+      lm_tensor_free(created);
+      return lm_error(LM_ERR_OOM, "out of memory");
+   }
+   tl[0] = o;
+   for (int i = 0; i < n; i++) tl[i + 1] = (lm_tensor *)ts[i];
+   const lm_cat_params p = {dim};
+   const lm_op op = lm_op_make(LM_OP_CAT, n + 1, tl, &p);
+   lm_status st = lm_dispatch(&op);
+   if (tl != inl) free(tl);
+   if (st != LM_OK) {
+      lm_tensor_free(created);
+      return st;
    }
    *out = o;
    return LM_OK;

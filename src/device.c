@@ -96,7 +96,8 @@ lm_status lm_dispatch(const lm_op *op) {
       const lm_tensor *t = op->t[i];
       if (!t) continue;
       if (!first) first = t;
-      else LM_TRY(lm_check_same_device(first, t, lm_op_name(op->kind)));
+      else if (t->device != first->device)
+         return lm_check_same_device(first, t, lm_op_name(op->kind));
    }
    if (!first || first->device == LM_CPU) {
       /* the common case without a registry walk; the CPU supports every op */

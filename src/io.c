@@ -1,7 +1,7 @@
 /* io.c -- file access for serialization: memory-mapped reads (tensors become views of the file
  * with no copy) and atomic writes (a temporary file, fsync, then rename, so a crash mid-write
  * leaves the previous file intact). The format itself (safetensors) is parsed in Lua. */
-#include "internal.h"
+#include "backend.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -199,7 +199,7 @@ lm_status lm_write_file_atomic(const char *tmp_path, const char *final_path, con
    if (head_len < 0 || (head_len > 0 && !head)) return lm_error(LM_ERR_ARG, "bad header");
    for (int i = 0; i < n; i++) {
       if (!ts[i]) return lm_error(LM_ERR_ARG, "tensor %d is nil", i + 1);
-      LM_TRY(lm_check_cpu(ts[i], "tensor"));
+      LM_TRY(lm_check_host(ts[i], "tensor"));
    }
    /* O_EXCL | O_NOFOLLOW: a new file of our own, never a file or link planted at that name */
    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);

@@ -2,6 +2,7 @@
  * dimension ordering and coalescing, the (parallel) loop driver, overlap checks and the dtype
  * conversion loops. */
 #include "iter.h"
+#include <stdio.h>
 #include <stdlib.h>
 
 /* ---------------------------------------------------------------- operands */
@@ -561,4 +562,54 @@ lm_status lm_mirror_end(lm_host_mirror *m, int store) {
       m->buf = NULL;
    }
    return st;
+}
+
+/* ---------------------------------------------------------------- host-side copies */
+
+lm_status lm_overlap_error(void) {
+   return lm_error(LM_ERR_ARG,
+                   "unsupported operation: more than one element of the written-to tensor refers "
+                   "to a single memory location. Please clone() the tensor before performing the "
+                   "operation.");
+}
+
+static void shape_str(char *buf, size_t cap, int nd, const int64_t *sz) {
+   size_t n = 0;
+   n += (size_t)snprintf(buf + n, cap - n, "[");
+   for (int d = 0; d < nd && n < cap; d++)
+      n += (size_t)snprintf(buf + n, cap - n, d ? ", %lld" : "%lld", (long long)sz[d]);
+   if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+lm_status lm_copy_check_shape(int dnd, const int64_t *dsz, int snd, const int64_t *ssz) {
+   int nd;
+   int64_t shape[LM_MAX_DIMS];
+   LM_TRY(lm_broadcast_shapes(dnd, dsz, snd, ssz, &nd, shape));
+   int ok = nd == dnd;
+   for (int d = 0; ok && d < nd; d++) ok = shape[d] == dsz[d];
+   if (!ok) {
+      char a[160], b[160];
+      shape_str(a, sizeof a, snd, ssz);
+      shape_str(b, sizeof b, dnd, dsz);
+      return lm_error(LM_ERR_SHAPE, "the source of shape %s cannot be broadcast to shape %s", a,
+                      b);
+   }
+   return LM_OK;
+}
+
+static void copy_loop(void *ctx, char **data, const int64_t *st, int64_t n) {
+   const int *dt = ctx;
+   lm_convert(dt[0], data[0], st[0], dt[1], data[1], st[1], n);
+}
+
+lm_status lm_copy_operands(const lm_operand *dst, const lm_operand *src) {
+   LM_TRY(lm_copy_check_shape(dst->ndim, dst->sizes, src->ndim, src->sizes));
+   if (lm_operand_numel(dst) == 0) return LM_OK;
+   if (lm_operand_internal_overlap(dst)) return lm_overlap_error();
+   lm_operand ops[2] = {*dst, *src};
+   lm_iter it;
+   lm_iter_init(&it, 2, ops, dst->ndim, dst->sizes);
+   int dts[2] = {dst->dtype, src->dtype};
+   lm_iter_run_grain(&it, copy_loop, dts, LM_CHEAP_GRAIN);
+   return LM_OK;
 }

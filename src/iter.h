@@ -1,6 +1,6 @@
 /* iter.h -- the elementwise iterator (PyTorch's TensorIterator, spec section 6), dtype
- * conversion loops and the compute kernels shared by elementwise.c, reduce.c, access.c, cat.c
- * and random.c. Internal: not part of the FFI header. */
+ * conversion loops shared by the front ends (src/) and the CPU kernels (kernels/cpu/). Internal:
+ * not part of the FFI header. */
 #ifndef LUMEN_ITER_H
 #define LUMEN_ITER_H
 #include "backend.h"
@@ -80,8 +80,17 @@ int lm_operands_overlap(const lm_operand *a, const lm_operand *b);
 /* convert n elements between any two dtypes (byte strides; 0 repeats one source element) */
 void lm_convert(int ddt, char *dst, int64_t ds, int sdt, const char *src, int64_t ss, int64_t n);
 
-/* dst[...] = src broadcast to dst's shape, converted; dst must not overlap itself */
+/* dst[...] = src broadcast to dst's shape, converted (shape and internal-overlap errors as
+   copy_'s); dst and src must not share memory -- the host-side copies of src/ (host mirrors,
+   lm_to_doubles). The kernels' copy, which resolves overlap and transposes in tiles, is
+   lm_cpu_copy_operands (kernels/cpu/ew.h). */
 lm_status lm_copy_operands(const lm_operand *dst, const lm_operand *src);
+/* the shape error of a copy: "the source of shape [..] cannot be broadcast to shape [..]" (or
+   LM_OK when src broadcasts to dst's shape) */
+lm_status lm_copy_check_shape(int dnd, const int64_t *dsz, int snd, const int64_t *ssz);
+/* "unsupported operation: more than one element of the written-to tensor refers to a single
+   memory location. ..." */
+lm_status lm_overlap_error(void);
 /* a host-side view of a tensor's elements: for a CPU tensor the tensor's own memory; for a tensor
    on another device a host copy of the storage range it spans (loaded when `load`), written back
    by lm_mirror_end when `store` */
@@ -97,40 +106,5 @@ lm_status lm_mirror_end(lm_host_mirror *m, int store);
 
 /* PyTorch's canCast: float -> integral and non-bool -> bool are not allowed */
 int lm_can_cast(int from, int to);
-
-/* ---- compute kernels (ew_kernels.c) ----
- * A kernel works on dense arrays of its compute type: float (float32/16/bf16), double or int64
- * (integers and bool); comparison and logical kernels write bool bytes. */
-typedef struct lm_kparams {
-   float alpha_f, val_f, lo_f, hi_f;
-   double alpha_d, val_d, lo_d, hi_d;
-   int64_t alpha_i, val_i, lo_i, hi_i;
-   int *err; /* set to 1 on an integer division by zero */
-} lm_kparams;
-
-typedef void (*lm_kfn)(char *o, const char *a, const char *b, const char *c, int64_t n,
-                       const lm_kparams *p);
-typedef struct lm_kset {
-   lm_kfn vv; /* every input a dense array */
-   lm_kfn vs; /* binary: b is one element */
-   lm_kfn sv; /* binary: a is one element */
-} lm_kset;
-
-enum { LM_K_F32 = 0, LM_K_F64 = 1, LM_K_I64 = 2, LM_NUM_K = 3 };
-enum { LM_T_CLAMP = 0, LM_T_CLAMP_MIN, LM_T_CLAMP_MAX, LM_T_ADDCMUL, LM_T_ADDCDIV, LM_T_WHERE,
-       LM_T_POW2, LM_T_POW3, LM_T_POWHALF, LM_T_POWM1, LM_T_POWMHALF, LM_T_POWM2, LM_NUM_T };
-
-extern const lm_kset lm_unary_kernels[LM_NUM_UNARY][LM_NUM_K];
-extern const lm_kset lm_binary_kernels[LM_NUM_BINARY][LM_NUM_K];
-extern const lm_kset lm_other_kernels[LM_NUM_T][LM_NUM_K];
-
-static inline int lm_kind_of(int dtype) {
-   if (dtype == LM_FLOAT64) return LM_K_F64;
-   if (lm_is_float_dtype(dtype)) return LM_K_F32;
-   return LM_K_I64;
-}
-static inline int lm_kind_dtype(int kind) {
-   return kind == LM_K_F32 ? LM_FLOAT32 : kind == LM_K_F64 ? LM_FLOAT64 : LM_INT64;
-}
 
 #endif

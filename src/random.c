@@ -1,4 +1,5 @@
-/* random.c -- counter-based random numbers (Philox 4x32-10).
+/* random.c -- the random fills' front ends and the generator's state (the kernels, counter-based
+ * Philox 4x32-10, are kernels/cpu/random.c; parameters: ops/random.h).
  *
  * The global state is (seed, offset). Every call reserves as many counters as it fills elements
  * (atomically), and element i of the tensor in LOGICAL (row-major) order gets counter offset + i,
@@ -6,8 +7,7 @@
  * contiguous tensor filled after the same seed hold the same logical values. lm_manual_seed
  * resets the offset. */
 #include "iter.h"
-#include <math.h>
-#include <stdlib.h>
+#include "ops/random.h"
 
 static uint64_t g_seed = 67280421310721ULL; /* PyTorch's default seed */
 static uint64_t g_offset = 0;
@@ -29,158 +29,15 @@ void lm_rng_set_state(uint64_t seed, uint64_t offset) {
    __atomic_store_n(&g_offset, offset, __ATOMIC_RELAXED);
 }
 
-static uint64_t reserve(uint64_t n, uint64_t *seed) {
+uint64_t lm_rng_reserve(uint64_t n, uint64_t *seed) {
    *seed = __atomic_load_n(&g_seed, __ATOMIC_RELAXED);
    return __atomic_fetch_add(&g_offset, n, __ATOMIC_RELAXED);
 }
 
-/* Philox 4x32 with 10 rounds on counter (c, 0) and key = seed */
-static inline void philox(uint64_t seed, uint64_t c, uint32_t out[4]) {
-   uint32_t x0 = (uint32_t)c, x1 = (uint32_t)(c >> 32), x2 = 0, x3 = 0;
-   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-   for (int r = 0; r < 10; r++) {
-      uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
-      uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0, y1 = (uint32_t)p1;
-      uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1, y3 = (uint32_t)p0;
-      x0 = y0;
-      x1 = y1;
-      x2 = y2;
-      x3 = y3;
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-   }
-   out[0] = x0;
-   out[1] = x1;
-   out[2] = x2;
-   out[3] = x3;
-}
-
-/* the same for m counters at once (structure of arrays, so the rounds vectorize) */
-static LM_CLONES void philox_block(uint64_t seed, const uint64_t *ctr, int64_t m, uint32_t *w0,
-                                   uint32_t *w1, uint32_t *w2, uint32_t *w3) {
-   for (int64_t i = 0; i < m; i++) {
-      w0[i] = (uint32_t)ctr[i];
-      w1[i] = (uint32_t)(ctr[i] >> 32);
-      w2[i] = 0;
-      w3[i] = 0;
-   }
-   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-   for (int r = 0; r < 10; r++) {
-      for (int64_t i = 0; i < m; i++) {
-         uint64_t p0 = (uint64_t)0xD2511F53u * w0[i], p1 = (uint64_t)0xCD9E8D57u * w2[i];
-         uint32_t y0 = (uint32_t)(p1 >> 32) ^ w1[i] ^ k0, y1 = (uint32_t)p1;
-         uint32_t y2 = (uint32_t)(p0 >> 32) ^ w3[i] ^ k1, y3 = (uint32_t)p0;
-         w0[i] = y0;
-         w1[i] = y1;
-         w2[i] = y2;
-         w3[i] = y3;
-      }
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-   }
-}
-
-/* uniform in [0, 1) with 53 bits, from two words */
-static inline double u53(uint32_t a, uint32_t b) {
-   uint64_t v = ((uint64_t)a << 21) ^ (uint64_t)(b >> 11);
-   return (double)(v & ((1ULL << 53) - 1)) * (1.0 / 9007199254740992.0);
-}
-/* uniform in [0, 1) with 24 bits */
-static inline float u24(uint32_t a) { return (float)(a >> 8) * (1.0f / 16777216.0f); }
-
-enum { R_UNIFORM, R_NORMAL, R_RANDINT, R_BERNOULLI };
-
-typedef struct rng_ctx {
-   int kind, dtype;
-   uint64_t seed, offset;
-   double a, b;       /* uniform lo, hi / normal mean, std / bernoulli p */
-   int64_t lo, range; /* randint */
-} rng_ctx;
-
-/* Element i (logical index) uses counter offset + i; normal_ draws pairs: elements 2j and 2j+1
-   share counter offset + 2j (Box-Muller's cosine and sine halves). */
-static void rng_loop(void *ctx_, char **data, const int64_t *st, int64_t n) {
-   const rng_ctx *c = ctx_;
-   _Alignas(64) char buf[LM_CHUNK * 8];
-   _Alignas(64) uint64_t ctr[LM_CHUNK];
-   _Alignas(64) uint32_t w0[LM_CHUNK], w1[LM_CHUNK], w2[LM_CHUNK], w3[LM_CHUNK];
-   const int fast_float = c->dtype != LM_FLOAT64;
-   for (int64_t j = 0; j < n; j += LM_CHUNK) {
-      int64_t m = n - j < LM_CHUNK ? n - j : LM_CHUNK;
-      int64_t li = (int64_t)(uintptr_t)data[1] + j * st[1];
-      const int64_t ls = st[1];
-      int bdt;
-      if (c->kind == R_NORMAL) {
-         for (int64_t i = 0; i < m; i++) ctr[i] = c->offset + (uint64_t)((li + i * ls) & ~(int64_t)1);
-      } else {
-         for (int64_t i = 0; i < m; i++) ctr[i] = c->offset + (uint64_t)(li + i * ls);
-      }
-      philox_block(c->seed, ctr, m, w0, w1, w2, w3);
-      if (c->kind == R_UNIFORM && fast_float) {
-         float *f = (float *)buf, lo = (float)c->a, span = (float)c->b - (float)c->a;
-         for (int64_t i = 0; i < m; i++) f[i] = u24(w0[i]) * span + lo;
-         bdt = LM_FLOAT32;
-      } else if (c->kind == R_RANDINT) {
-         int64_t *v = (int64_t *)buf;
-         for (int64_t i = 0; i < m; i++) {
-            uint64_t r = (((uint64_t)w0[i] << 32) | w1[i]) % (uint64_t)c->range;
-            v[i] = (int64_t)((uint64_t)c->lo + r);
-         }
-         bdt = LM_INT64;
-      } else if (c->kind == R_NORMAL && fast_float) {
-         float *f = (float *)buf, mean = (float)c->a, sd = (float)c->b;
-         for (int64_t i = 0; i < m; i++) {
-            int odd = (int)((li + i * ls) & 1);
-            float u1 = 1.0f - u24(w0[i]), u2 = u24(w2[i]);
-            float r = sqrtf(-2.0f * logf(u1)), sn, cs;
-            sincosf(6.2831853071795865f * u2, &sn, &cs);
-            f[i] = mean + sd * r * (odd ? sn : cs);
-         }
-         bdt = LM_FLOAT32;
-      } else {
-         double *v = (double *)buf;
-         for (int64_t i = 0; i < m; i++) {
-            if (c->kind == R_UNIFORM) {
-               v[i] = u53(w0[i], w1[i]) * (c->b - c->a) + c->a;
-            } else if (c->kind == R_NORMAL) {
-               int odd = (int)((li + i * ls) & 1);
-               double u1 = 1.0 - u53(w0[i], w1[i]), u2 = u53(w2[i], w3[i]);
-               double r = sqrt(-2.0 * log(u1)), sn, cs;
-               sincos(6.283185307179586 * u2, &sn, &cs);
-               v[i] = c->a + c->b * r * (odd ? sn : cs);
-            } else {
-               v[i] = u53(w0[i], w1[i]) < c->a ? 1.0 : 0.0;
-            }
-         }
-         bdt = LM_FLOAT64;
-      }
-      lm_convert(c->dtype, data[0] + j * st[0], st[0], bdt, buf, lm_dtype_size(bdt), m);
-   }
-}
-
-static lm_status fill_random(lm_tensor *t, rng_ctx *c) {
-   c->dtype = t->dtype;
-   int64_t n = t->numel;
-   c->offset = reserve((uint64_t)n, &c->seed);
-   if (n == 0) return LM_OK;
-   lm_host_mirror m;
-   LM_TRY(lm_mirror_begin(t, !(t->flags & LM_FLAG_NOD), &m));
-   if (lm_operand_internal_overlap(&m.op)) {
-      lm_mirror_end(&m, 0);
-      return lm_error(LM_ERR_ARG,
-                      "unsupported operation: more than one element of the written-to tensor "
-                      "refers to a single memory location. Please clone() the tensor before "
-                      "performing the operation.");
-   }
-   int64_t li[LM_MAX_DIMS];
-   lm_compute_strides(t->ndim, t->sizes, LM_CONTIGUOUS, li);
-   lm_operand ops[2];
-   ops[0] = m.op;
-   lm_operand_set(&ops[1], NULL, LM_DT_INDEX, t->ndim, t->sizes, li);
-   lm_iter it;
-   lm_iter_init(&it, 2, ops, t->ndim, t->sizes);
-   lm_iter_run(&it, rng_loop, c);
-   return lm_mirror_end(&m, 1);
+static lm_status fill_random(lm_tensor *t, int kind, const lm_random_params *p) {
+   lm_tensor *ts[1] = {t};
+   const lm_op op = lm_op_make(kind, 1, ts, p);
+   return lm_dispatch(&op);
 }
 
 lm_status lm_uniform_(lm_tensor *t, double lo, double hi) {
@@ -190,8 +47,8 @@ lm_status lm_uniform_(lm_tensor *t, double lo, double hi) {
                       lm_dtype_name(t->dtype));
    if (!(lo <= hi))
       return lm_error(LM_ERR_ARG, "uniform_ expects from <= to, but got from=%g > to=%g", lo, hi);
-   rng_ctx c = {R_UNIFORM, 0, 0, 0, lo, hi, 0, 0};
-   return fill_random(t, &c);
+   const lm_random_params p = {LM_R_UNIFORM, lo, hi, 0, 0};
+   return fill_random(t, LM_OP_UNIFORM, &p);
 }
 
 lm_status lm_normal_(lm_tensor *t, double mean, double std) {
@@ -200,8 +57,8 @@ lm_status lm_normal_(lm_tensor *t, double mean, double std) {
       return lm_error(LM_ERR_DTYPE, "normal_ expects a floating point tensor, got %s",
                       lm_dtype_name(t->dtype));
    if (!(std >= 0.0)) return lm_error(LM_ERR_ARG, "normal_ expects std >= 0.0, but found std %g", std);
-   rng_ctx c = {R_NORMAL, 0, 0, 0, mean, std, 0, 0};
-   return fill_random(t, &c);
+   const lm_random_params p = {LM_R_NORMAL, mean, std, 0, 0};
+   return fill_random(t, LM_OP_NORMAL, &p);
 }
 
 lm_status lm_randint_(lm_tensor *t, int64_t low, int64_t high) {
@@ -209,18 +66,20 @@ lm_status lm_randint_(lm_tensor *t, int64_t low, int64_t high) {
    if (!(low < high))
       return lm_error(LM_ERR_ARG, "random_ expects 'from' to be less than 'to', but got from=%lld >= to=%lld",
                       (long long)low, (long long)high);
-   rng_ctx c = {R_RANDINT, 0, 0, 0, 0, 0, low, (int64_t)((uint64_t)high - (uint64_t)low)};
-   return fill_random(t, &c);
+   const lm_random_params p = {LM_R_RANDINT, 0, 0, low, (int64_t)((uint64_t)high - (uint64_t)low)};
+   return fill_random(t, LM_OP_RANDINT, &p);
 }
 
 lm_status lm_bernoulli_(lm_tensor *t, double p) {
    LM_CHECK_TENSOR(t, "self");
    if (!(p >= 0.0 && p <= 1.0))
       return lm_error(LM_ERR_ARG, "bernoulli_ expects p to be in [0, 1], but got p=%g", p);
-   rng_ctx c = {R_BERNOULLI, 0, 0, 0, p, 0, 0, 0};
-   return fill_random(t, &c);
+   const lm_random_params q = {LM_R_BERNOULLI, p, 0, 0, 0};
+   return fill_random(t, LM_OP_BERNOULLI, &q);
 }
 
+/* a new int64 tensor on the CPU, or the caller's out= (any device: the kernel shuffles on the
+   host, and a device that runs the CPU's kernels gives the CPU's permutation) */
 lm_status lm_randperm(int64_t n, lm_tensor **out) {
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
    if (n < 0) return lm_error(LM_ERR_ARG, "n must be non-negative, got %lld", (long long)n);
@@ -228,37 +87,13 @@ lm_status lm_randperm(int64_t n, lm_tensor **out) {
    if (o) {
       if (o->ndim != 1 || o->sizes[0] != n)
          return lm_error(LM_ERR_SHAPE, "randperm: out must be 1-D of size %lld", (long long)n);
-   }
-   int64_t *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
-   if (!v) return lm_error(LM_ERR_OOM, "out of memory");
-   uint64_t seed, off = reserve((uint64_t)n, &seed);
-   for (int64_t i = 0; i < n; i++) v[i] = i;
-   for (int64_t i = n - 1; i > 0; i--) {
-      uint32_t w[4];
-      philox(seed, off + (uint64_t)i, w);
-      int64_t j = (int64_t)((((uint64_t)w[0] << 32) | w[1]) % (uint64_t)(i + 1));
-      int64_t tmp = v[i];
-      v[i] = v[j];
-      v[j] = tmp;
-   }
-   lm_status st = LM_OK;
-   if (!o) {
-      st = lm_empty(1, &n, LM_INT64, LM_CONTIGUOUS, LM_CPU, &created);
+   } else {
+      LM_TRY(lm_empty(1, &n, LM_INT64, LM_CONTIGUOUS, LM_CPU, &created));
       o = created;
    }
-   if (st == LM_OK) {
-      lm_host_mirror m;
-      st = lm_mirror_begin(o, 0, &m);
-      if (st == LM_OK) {
-         lm_operand src;
-         int64_t one = 1;
-         lm_operand_set(&src, v, LM_INT64, 1, &n, &one);
-         st = lm_copy_operands(&m.op, &src);
-         lm_status st2 = lm_mirror_end(&m, st == LM_OK);
-         if (st == LM_OK) st = st2;
-      }
-   }
-   free(v);
+   lm_tensor *ts[1] = {o};
+   const lm_op op = lm_op_make(LM_OP_RANDPERM, 1, ts, NULL);
+   lm_status st = lm_dispatch(&op);
    if (st != LM_OK) {
       lm_tensor_free(created);
       return st;

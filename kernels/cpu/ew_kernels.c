@@ -1,11 +1,11 @@
 /* ew_kernels.c -- the compute kernels of the elementwise engine.
  *
  * Every kernel runs over dense arrays of its compute type (float for float32/float16/bfloat16,
- * double for float64, int64 for the integer types and bool); the engine (elementwise.c) gathers
+ * double for float64, int64 for the integer types and bool); the engine (kernels/cpu/elementwise.c) gathers
  * and converts anything else into aligned chunks first. The loops are plain C that the compiler
  * vectorizes; LM_CLONES builds AVX-512 / AVX2 / baseline versions picked at load time.
  * Integer arithmetic wraps (computed in uint64) as PyTorch's does. */
-#include "iter.h"
+#include "ew.h"
 #include <math.h>
 
 typedef int64_t i64;

@@ -1,0 +1,26 @@
+/* ew.h -- what the CPU kernels of the elementwise family share (internal): the compute loops of
+ * ew_kernels.c by [op][kind], and the kernels' strided copy (elementwise.c), which reduce.c and
+ * cat's kernel use too. */
+#ifndef LUMEN_KERNELS_CPU_EW_H
+#define LUMEN_KERNELS_CPU_EW_H
+#include "cpu.h"
+#include "iter.h"
+#include "ops/elementwise.h"
+
+typedef void (*lm_kfn)(char *o, const char *a, const char *b, const char *c, int64_t n,
+                       const lm_kparams *p);
+typedef struct lm_kset {
+   lm_kfn vv; /* every input a dense array */
+   lm_kfn vs; /* binary: b is one element */
+   lm_kfn sv; /* binary: a is one element */
+} lm_kset;
+
+extern const lm_kset lm_unary_kernels[LM_NUM_UNARY][LM_NUM_K];
+extern const lm_kset lm_binary_kernels[LM_NUM_BINARY][LM_NUM_K];
+extern const lm_kset lm_other_kernels[LM_NUM_T][LM_NUM_K];
+
+/* dst[...] = src broadcast to dst's shape, converted; a src that partially overlaps dst is
+   copied first, a same-dtype copy between transposed layouts runs in tiles */
+lm_status lm_cpu_copy_operands(const lm_operand *dst, const lm_operand *src);
+
+#endif
