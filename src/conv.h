@@ -1,6 +1,7 @@
 /*
- * conv.h -- 2-D convolution (kernels/cpu/conv*.c). Plain C declarations
- * only: this text is appended to src/lumen.h for ffi.cdef (every line starting with '#' is dropped).
+ * conv.h -- 2-D convolution (front end src/ops/conv.c; CPU kernels kernels/cpu/conv*.c). Plain C
+ * declarations only: this text is appended to src/lumen.h for ffi.cdef (every line starting with
+ * '#' is dropped).
  *
  * Semantics are PyTorch's conv2d:
  *   x (N, Cin, H, W), w (Cout, Cin/groups, kh, kw), bias NULL or (Cout), output (N, Cout, Ho, Wo)
@@ -8,7 +9,7 @@
  *   (groups == Cin is the depthwise case). stride, padding and dilation are int64 arrays {h, w};
  *   NULL means stride 1 / padding 0 / dilation 1.
  *   float32 and float64 only (LM_ERR_DTYPE otherwise); x, w, bias (and residual) share one dtype;
- *   CPU tensors only. Inputs may have any strides.
+ *   all tensors on one device (LM_ERR_DEVICE otherwise). Inputs may have any strides.
  *
  * Memory format (`fmt`): LM_CONTIGUOUS (NCHW kernels: im2col + GEMM per image tile and group) or
  *   LM_CHANNELS_LAST (NHWC kernels). LM_PRESERVE (or any negative value) means "decide":

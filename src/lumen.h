@@ -271,7 +271,7 @@ lm_status lm_from_doubles(lm_tensor *t, const double *buf);
 void lm_set_num_threads(int n);
 int lm_get_num_threads(void);
 
-/* ---- linear algebra (kernels/cpu/gemm.c, kernels/cpu/linalg.c) ---- */
+/* ---- linear algebra (kernels/cpu/gemm.c; lm_matmul: src/ops/linalg.c, kernels/cpu/linalg.c) */
 /* row-major C = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T; lda etc. are row strides */
 void lm_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float *a, int64_t lda, const float *b, int64_t ldb, float beta,

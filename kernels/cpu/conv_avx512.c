@@ -43,11 +43,6 @@
 #include <immintrin.h>
 #include <stdatomic.h>
 
-int lm_conv_avx512_usable(void) {
-   /* follow the GEMM's ISA switch so lm_gemm_set_isa(1 or 2) also exercises the portable path */
-   return lm_gemm_isa() >= 3;
-}
-
 #define AI static inline __attribute__((always_inline))
 
 enum { ACC_PITCH = 64, UNIT_PX = 128, ICB = 128 };

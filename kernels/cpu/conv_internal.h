@@ -1,8 +1,9 @@
-/* conv_internal.h -- shared by the convolution sources (conv.c, conv_tmpl.c, conv_avx512.c).
- * Not part of the FFI header. */
+/* conv_internal.h -- shared by the convolution kernels (conv.c, conv_tmpl.c, conv_avx512.c,
+ * conv_rb_avx512.c, winograd_avx512.c). Not part of the FFI header. */
 #ifndef LUMEN_CONV_INTERNAL_H
 #define LUMEN_CONV_INTERNAL_H
 #include "internal.h"
+#include "ops/conv.h"
 #include <stdlib.h>
 
 #if defined(__GNUC__)
@@ -11,12 +12,7 @@
 #define LM_CONV_HIDDEN
 #endif
 
-typedef struct conv_geom {
-   int64_t N, C, H, W;             /* input */
-   int64_t O, Ho, Wo;              /* output channels and size */
-   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
-   int64_t G, Cg, Og, K;           /* groups, channels per group in / out, K = Cg*kh*kw */
-} conv_geom;
+/* conv_geom, the geometry the front end works out, is in ops/conv.h */
 
 /* a 1x1 / stride 1 / no padding convolution reads its input as a matrix, in place */
 static inline int conv_is_pointwise(const conv_geom *g) {
@@ -70,8 +66,9 @@ static inline int conv_num_threads_in_team(void) {
 
 /* ---- AVX-512 float32 NHWC direct kernels (conv_avx512.c) ----
  * x, out, gout, gx: NHWC dense; w, gw: (O, kh, kw, Cg) dense (channels-last weights); bias, res,
- * gb may be NULL. Depthwise convolutions take the lm_conv_dw_* kernels below. */
-LM_CONV_HIDDEN int lm_conv_avx512_usable(void);
+ * gb may be NULL. Depthwise convolutions take the lm_conv_dw_* kernels below. conv.c registers
+ * the kernels that call them only when lm_cpu_isa() is AVX-512 (so lm_gemm_set_isa(1 or 2) also
+ * exercises the portable path). */
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                  const float *w, const float *bias,
                                                  const float *res, int relu, float *out);

@@ -1,0 +1,33 @@
+/* ops/conv.h -- the parameters of LM_OP_CONV2D and LM_OP_CONV2D_BACKWARD (front end:
+ * src/ops/conv.c; CPU kernels: kernels/cpu/conv*.c, winograd_avx512.c). The public functions are
+ * declared in src/conv.h.
+ *
+ * The front end has checked every argument and worked out the geometry (conv_geom, below) and
+ * the memory format; every tensor handed over is dense in that format (bias: any stride).
+ *   CONV2D:          t = {x, w, bias, residual, out}; bias and residual may be NULL; out is a
+ *                    fresh tensor (or the caller's out= tensor) dense in the format, with at
+ *                    least one element.
+ *   CONV2D_BACKWARD: t = {x, w, grad_out, grad_x, grad_w, grad_b}; grad_out always; grad_x,
+ *                    grad_w, grad_b (shape (O), contiguous) NULL when not wanted or empty, at
+ *                    least one of them present; x present when grad_w is, w when grad_x is
+ *                    (else NULL).
+ * channels_last: 1 for LM_CHANNELS_LAST (NHWC kernels), 0 for LM_CONTIGUOUS (NCHW kernels).
+ * relu (forward): apply max(0, .) after bias and residual. */
+#ifndef LUMEN_OPS_CONV_H
+#define LUMEN_OPS_CONV_H
+#include <stdint.h>
+
+typedef struct conv_geom {
+   int64_t N, C, H, W;             /* input */
+   int64_t O, Ho, Wo;              /* output channels and size */
+   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+   int64_t G, Cg, Og, K;           /* groups, channels per group in / out, K = Cg*kh*kw */
+} conv_geom;
+
+typedef struct lm_conv2d_params {
+   conv_geom g;
+   int channels_last;
+   int relu;
+} lm_conv2d_params;
+
+#endif

@@ -1,0 +1,21 @@
+/* ops/linalg.h -- the parameters of LM_OP_MATMUL (front end: src/ops/linalg.c; CPU kernel:
+ * kernels/cpu/linalg.c).
+ *   MATMUL: t = {a, b, c}; a, b float32 or float64 of one dtype, any strides; c the result (a
+ *   fresh contiguous tensor or the caller's out= tensor with its own strides, no overlap with a
+ *   or b), same dtype, at least one element.
+ * The plan: a batch of matrix products C[i] = A[i] B[i], i over the broadcast batch shape bsz,
+ * with every stride in elements from element 0 of each tensor; a broadcast batch dim has stride
+ * 0 in the operand it is broadcast over. A 1-D a is a 1 x k row (rsa 0); a 1-D b a k x 1 column
+ * (csb 0); the result's missing row / column dim has stride 0 / 1. */
+#ifndef LUMEN_OPS_LINALG_H
+#define LUMEN_OPS_LINALG_H
+#include "lumen.h"
+
+typedef struct lm_matmul_params {
+   int nb;                       /* batch dims */
+   int64_t bsz[LM_MAX_DIMS];     /* batch sizes */
+   int64_t bsa[LM_MAX_DIMS], bsb[LM_MAX_DIMS], bsc[LM_MAX_DIMS]; /* batch strides (elements) */
+   int64_t m, n, k;
+   int64_t rsa, csa, rsb, csb, rsc, csc;
+} lm_matmul_params;
+#endif
