@@ -137,8 +137,9 @@ describe("F.conv2d", function()
       -- 17.3 MB channels-last output is over half the cache share (at most 32 MiB)
       if lm.memory.cache_share() > 32 * 2 ^ 20 then return end  -- LUMEN_CACHE_SHARE set larger
       lm.manual_seed(12)
-      local x = lm.randn({ 1, 64, 130, 130 }):contiguous(CL)
-      local w = lm.randn({ 256, 64, 1, 1 }):contiguous(CL)
+      -- the allocator's coldness is a host-memory fact: CPU tensors on every test device
+      local x = lm.randn({ 1, 64, 130, 130 }, { device = "cpu" }):contiguous(CL)
+      local w = lm.randn({ 256, 64, 1, 1 }, { device = "cpu" }):contiguous(CL)
       local ref = F.conv2d(x:double(), w:double())
       local y = F.conv2d(x, w)
       y:free()

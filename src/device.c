@@ -112,12 +112,3 @@ lm_status lm_dispatch(const lm_op *op) {
    return b->compute(b, op);
 }
 
-/* transitional (internal.h): the operators not yet split into front end and kernels */
-lm_status lm_check_cpu(const lm_tensor *t, const char *what) {
-   if (t && t->device != LM_CPU) {
-      char d[24];
-      return lm_error(LM_ERR_DEVICE, "%s is on %s; this operator runs on the CPU only", what,
-                      lm_device_name(t->device, d, sizeof d));
-   }
-   return LM_OK;
-}

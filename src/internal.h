@@ -145,10 +145,7 @@ static inline void lm_store_from_double(void *p, int dt, double v) {
    }
 }
 
-/* ---- devices: src/backend.h (lm_backend, lm_dispatch) ----
- * transitional: refuses a tensor that is not on the CPU, for the operators that do not go
- * through lm_dispatch yet; issue 16 removes it */
-lm_status lm_check_cpu(const lm_tensor *t, const char *what);
+/* devices: src/backend.h (lm_backend, lm_dispatch, lm_check_same_device, lm_check_host) */
 
 /* shape helpers (src/tensor.c) */
 /* sizes and strides of every tensor stay <= LM_MAX_SPAN elements (tensor.c: lm_check_sizes) */

@@ -532,7 +532,7 @@ void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T
       nt = (int)(work / LM_GEMM_WORK_PER_THREAD);
       if (nt < 1) nt = 1;
    }
-   const int isa = lm_gemm_isa();
+   const int isa = lm_cpu_isa();
    const double small = (GEMM_IS_FLOAT && isa == LM_ISA_AVX512) ? LM_GEMM_SMALL_WORK_AVX512
                                                                    : LM_GEMM_SMALL_WORK;
    if (work <= small || m == 1 || n == 1) {

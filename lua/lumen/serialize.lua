@@ -141,6 +141,13 @@ function M.save(tensors, path, metadata)
       if not T().is_tensor(t) then fail("save", "'%s' is not a tensor (got %s)", name, type(t)) end
       local c = T().cdata(t)
       if c == nil then fail("save", "'%s' is a freed tensor", name) end
+      if c.device ~= C.LM_CPU then
+         -- the file holds host bytes: another device's tensor is copied to the host first (its
+         -- format kept), as safetensors does; lm.load gives CPU tensors back
+         if c.device == C.LM_META then fail("save", "'%s' is a meta tensor: it has no data", name) end
+         t = t:to("cpu")
+         c = T().cdata(t)
+      end
       local esize = C.lm_dtype_size(c.dtype)
       local shape = {}
       for d = 0, c.ndim - 1 do shape[d + 1] = tonumber(c.sizes[d]) end
