@@ -1,10 +1,19 @@
 /*
- * nn.h -- pooling, batch norm, softmax and loss kernels (kernels/cpu/pool.c, norm.c, softmax.c,
- * loss.c). Plain C declarations only: this text is appended to src/lumen.h for ffi.cdef (every
- * line starting with '#' is dropped).
+ * nn.h -- pooling, batch norm, softmax and loss operators, and the fused optimizer steps. Plain C
+ * declarations only: this text is appended to src/lumen.h for ffi.cdef (every line starting with
+ * '#' is dropped).
+ *
+ * Each operator is a front end in src/ops/ (pool.c, norm.c, softmax.c, loss.c: the argument
+ * checks, the output's sizes and memory format, the allocation of every result, then
+ * lm_dispatch) and one kernel per device (the CPU's in kernels/cpu/pool.c, norm.c, softmax.c,
+ * loss.c). The front ends never touch tensor memory, so every operator here runs on any device:
+ * cpu, sim:N (the test device: the CPU's kernels) and meta (sizes, strides, dtype; nothing is
+ * computed); others through lm_dispatch (src/backend.h, docs/devices.md).
  *
  * Common rules (PyTorch semantics):
- *   - Inputs are float32 or float64 (LM_ERR_DTYPE otherwise), on the CPU, with any strides.
+ *   - Inputs are float32 or float64 (LM_ERR_DTYPE otherwise), with any strides, all on one
+ *     device (LM_ERR_DEVICE "expected all tensors to be on the same device" otherwise). Results
+ *     are allocated on the input's device; an out= tensor on another device is LM_ERR_DEVICE.
  *   - Pools and batch norm pick mf = lm_suggest_memory_format(x); the output, the indices and the
  *     input gradient are allocated in mf. Channels-last runs NHWC kernels (vectorized over C),
  *     contiguous runs NCHW kernels (over planes); an input that is not dense in mf is cloned to
@@ -13,13 +22,15 @@
  *     is an out= tensor (shape must match; it keeps its strides).
  *   - int64 arrays of two elements are {H, W}. For the pools, `stride` may be NULL (= kernel),
  *     `padding` NULL (= 0) and `dilation` NULL (= 1).
- *   - Indices (max pools) are int64, the flat position h*W + w inside the input plane.
+ *   - Indices (max pools) are int64, the flat position h*W + w inside the input plane. Errors
+ *     that depend on values (an index or a target out of range) come from the kernels, on every
+ *     device that computes (not on meta, which reads no values).
  */
 #ifndef LUMEN_NN_H
 #define LUMEN_NN_H
 #include "lumen.h"
 
-/* ---- pooling (kernels/cpu/pool.c) ---- */
+/* ---- pooling (src/ops/pool.c; kernels/cpu/pool.c) ---- */
 /* indices may be NULL (the pointer) when they are not wanted */
 lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
                         const int64_t *padding, const int64_t *dilation, int ceil_mode,
@@ -74,7 +85,7 @@ lm_status lm_adaptive_max_pool2d(const lm_tensor *x, const int64_t *out_size, lm
 lm_status lm_adaptive_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
                                           const lm_tensor *indices, lm_tensor **grad_x);
 
-/* ---- batch norm (kernels/cpu/norm.c) ----
+/* ---- batch norm (src/ops/norm.c; kernels/cpu/norm.c) ----
  * x: (N, C, ...) of rank >= 2. weight, bias, running_mean, running_var: NULL or 1-D of C
  * elements (any floating dtype). training != 0: normalise with the batch mean and biased variance;
  * running stats (when given) are updated in place:
@@ -114,8 +125,8 @@ lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tenso
                                        int training, lm_tensor **grad_x, lm_tensor **grad_weight,
                                        lm_tensor **grad_bias, lm_tensor **grad_masked);
 
-/* ---- softmax (kernels/cpu/softmax.c): any rank (0-dim too), any dim (negative counts from the
-   end); the result is contiguous, as in PyTorch ---- */
+/* ---- softmax (src/ops/softmax.c; kernels/cpu/softmax.c): any rank (0-dim too), any dim
+   (negative counts from the end); the result is contiguous, as in PyTorch ---- */
 lm_status lm_softmax(const lm_tensor *x, int dim, lm_tensor **out);
 lm_status lm_log_softmax(const lm_tensor *x, int dim, lm_tensor **out);
 /* out is the forward result */
@@ -124,7 +135,7 @@ lm_status lm_softmax_backward(const lm_tensor *grad_out, const lm_tensor *out, i
 lm_status lm_log_softmax_backward(const lm_tensor *grad_out, const lm_tensor *out, int dim,
                                   lm_tensor **grad_x);
 
-/* ---- losses (kernels/cpu/loss.c) ---- */
+/* ---- losses (src/ops/loss.c; kernels/cpu/loss.c) ---- */
 typedef enum lm_reduction {
    LM_REDUCTION_NONE = 0, LM_REDUCTION_MEAN = 1, LM_REDUCTION_SUM = 2
 } lm_reduction;
@@ -144,7 +155,8 @@ lm_status lm_nll_loss_backward(const lm_tensor *grad_out, const lm_tensor *input
                                int64_t ignore_index, const lm_tensor *total_weight,
                                lm_tensor **grad_input);
 
-/* ---- fused optimizer steps (src/elementwise.c): one pass per parameter, in place ----
+/* ---- fused optimizer steps (src/elementwise.c; kernels/cpu/optim.c): one pass per parameter,
+ * in place ----
  * grad and the state tensors must have the parameter's dtype (float32 or float64), sizes and
  * strides, all non-overlapping and dense (LM_ERR_ARG / LM_ERR_DTYPE otherwise: the caller falls
  * back to separate ops). The arithmetic is PyTorch 1.13's single-tensor update, rounded to the
