@@ -5,8 +5,9 @@
 --   layout_check_resnet50_b2 meta <ms>   the same model and input moved to "meta"
 --   layout_check_resnet152_b64 meta <ms> resnet152 at batch 64 on meta (too large to be worth
 --                                        running on this machine's CPU for a check)
--- Both reports are compared (every module's input and output sizes and formats, and its gradient's format): a difference is an
--- error, not a row. Median of max(3, iters / 4) runs after one warm-up.
+-- Both reports are compared (every module's input and output sizes and formats, and its
+-- gradient's format): a difference is an error, not a row. Median of max(3, iters / 4) runs
+-- after one warm-up.
 -- Usage: bin/lumen bench/meta.lua [threads] [iters]
 local lm = require("lumen")
 local util = require("lumen.util")

@@ -144,7 +144,9 @@ function M.save(tensors, path, metadata)
       if c.device ~= C.LM_CPU then
          -- the file holds host bytes: another device's tensor is copied to the host first (its
          -- format kept), as safetensors does; lm.load gives CPU tensors back
-         if c.device == C.LM_META then fail("save", "'%s' is a meta tensor: it has no data", name) end
+         if c.device == C.LM_META then
+            fail("save", "'%s' is a meta tensor: it has no data", name)
+         end
          t = t:to("cpu")
          c = T().cdata(t)
       end
