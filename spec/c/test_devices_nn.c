@@ -1,5 +1,5 @@
-/* test_devices_nn.c -- batch norm (plain and fused, forward and backward) and nll_loss (forward
- * and backward) off the CPU: on sim:0 every result (the running statistics updated in place
+/* test_devices_nn.c -- batch norm (plain and fused, forward and backward), nll_loss (forward
+ * and backward) and softmax / log_softmax (forward and backward, any rank, every dim) off the CPU: on sim:0 every result (the running statistics updated in place
  * too) must be bit-identical to the CPU's, with the CPU's sizes, strides and dtype; on meta the
  * calls must succeed and give the CPU's sizes, strides and dtype; a CPU tensor mixed with a
  * sim:0 one must give LM_ERR_DEVICE ("same device"). Every case runs on each kernel copy (the
@@ -462,6 +462,196 @@ static void nll_tests(void) {
                }
 }
 
+
+/* ---- softmax / log_softmax ------------------------------------------------------------------ */
+
+typedef struct {
+   int nd;
+   int64_t sz[5];
+   int layout;
+} sm_shape;
+
+typedef lm_status (*sm_fwd_fn)(const lm_tensor *, int, lm_tensor **);
+typedef lm_status (*sm_bwd_fn)(const lm_tensor *, const lm_tensor *, int, lm_tensor **);
+
+/* an empty CPU tensor with c's sizes and strides (an out= tensor in that layout) */
+static lm_tensor *cpu_like(const lm_tensor *c) {
+   lm_tensor *t = NULL;
+   OK(lm_empty_strided(c->ndim, c->sizes, c->strides, c->dtype, LM_CPU, &t));
+   return keep(t);
+}
+
+/* a strided out= tensor of sizes sz (every other element of the last dim); 0-dim: contiguous */
+static lm_tensor *cpu_strided_out(int nd, const int64_t *sz, int dt) {
+   lm_tensor *t = cpu_rand(nd, sz, dt, L_STRIDED, 0, 1);
+   return t;
+}
+
+/* forward and backward over dim on cpu, sim:0 and meta; with out= tensors (contiguous and
+   strided) for both; the backward also from a non-contiguous copy of the forward's result */
+static void sm_case(const sm_shape *sh, int dt, int dim, int lg) {
+   const sm_fwd_fn fwd = lg ? lm_log_softmax : lm_softmax;
+   const sm_bwd_fn bwd = lg ? lm_log_softmax_backward : lm_softmax_backward;
+   lm_tensor *x = cpu_rand(sh->nd, sh->sz, dt, sh->layout, -4, 4);
+   lm_tensor *g = cpu_rand(sh->nd, sh->sz, dt, sh->layout == L_CL ? L_CL : L_STRIDED, -1, 1);
+   lm_tensor *y = NULL, *gx = NULL;
+   OK(fwd(x, dim, &y));
+   keep(y);
+   OK(bwd(g, y, dim, &gx));
+   keep(gx);
+   /* the forward's result in another layout (strided), for a backward that makes it dense */
+   lm_tensor *ys = cpu_strided_out(sh->nd, sh->sz, dt);
+   OK(lm_copy_(ys, y));
+   lm_tensor *gxs = NULL;
+   OK(bwd(g, ys, dim, &gxs));
+   keep(gxs);
+   /* out= on the cpu: contiguous (used in place) and strided (filled through a copy) */
+   lm_tensor *yo1 = cpu_like(y), *yo2 = cpu_strided_out(sh->nd, sh->sz, dt);
+   OK(fwd(x, dim, &yo1));
+   OK(fwd(x, dim, &yo2));
+   lm_tensor *go1 = cpu_like(gx), *go2 = cpu_strided_out(sh->nd, sh->sz, dt);
+   OK(bwd(g, y, dim, &go1));
+   OK(bwd(g, y, dim, &go2));
+
+   const int devs[2] = {LM_SIM0, LM_META};
+   for (int k = 0; k < 2; k++) {
+      const int dev = devs[k];
+      lm_tensor *dx = to_dev(x, dev), *dg = to_dev(g, dev);
+      lm_tensor *y2 = NULL, *gx2 = NULL, *gxs2 = NULL;
+      if (!DEV(fwd(dx, dim, &y2), dev)) continue;
+      keep(y2);
+      same("output", y, y2, dev);
+      if (!DEV(bwd(dg, y2, dim, &gx2), dev)) continue;
+      keep(gx2);
+      same("grad_input", gx, gx2, dev);
+      lm_tensor *dys = to_dev(ys, dev);
+      if (!DEV(bwd(dg, dys, dim, &gxs2), dev)) continue;
+      keep(gxs2);
+      same("grad_input (strided output)", gxs, gxs2, dev);
+      /* out= on dev, in the cpu's out= layouts (the values in them are overwritten) */
+      lm_tensor *dyo1 = to_dev(yo1, dev), *dyo2 = to_dev(yo2, dev);
+      lm_tensor *const dyo1_in = dyo1, *const dyo2_in = dyo2;
+      if (!DEV(fwd(dx, dim, &dyo1), dev) || !DEV(fwd(dx, dim, &dyo2), dev)) continue;
+      check(dyo1 == dyo1_in && dyo2 == dyo2_in, "out=: the result is the out tensor");
+      same("output out= contiguous", yo1, dyo1, dev);
+      same("output out= strided", yo2, dyo2, dev);
+      lm_tensor *dgo1 = to_dev(go1, dev), *dgo2 = to_dev(go2, dev);
+      if (!DEV(bwd(dg, y2, dim, &dgo1), dev) || !DEV(bwd(dg, y2, dim, &dgo2), dev)) continue;
+      same("grad_input out= contiguous", go1, dgo1, dev);
+      same("grad_input out= strided", go2, dgo2, dev);
+   }
+}
+
+static void sm_tests(void) {
+   static const sm_shape shapes[] = {
+      {0, {0}, L_CONTIG},             {1, {7}, L_CONTIG},             {1, {7}, L_STRIDED},
+      {1, {1}, L_CONTIG},             {2, {5, 9}, L_CONTIG},          {2, {5, 9}, L_STRIDED},
+      {2, {1, 33}, L_CONTIG},         {3, {3, 4, 6}, L_CONTIG},       {3, {3, 4, 6}, L_STRIDED},
+      {4, {2, 3, 4, 5}, L_CONTIG},    {4, {2, 3, 4, 5}, L_CL},        {4, {2, 3, 4, 5}, L_STRIDED},
+      {4, {2, 1, 3, 1}, L_CL},        {5, {2, 3, 2, 3, 4}, L_CL},     {5, {2, 3, 2, 3, 4}, L_STRIDED},
+      {2, {0, 5}, L_CONTIG},          {3, {2, 0, 3}, L_STRIDED},      {2, {64, 300}, L_CONTIG},
+      {3, {4, 130, 17}, L_CONTIG},    {4, {4, 40, 6, 7}, L_CL},
+   };
+   const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+   for (int s = 0; s < ns; s++) {
+      const sm_shape *sh = &shapes[s];
+      const int n = sh->nd > 0 ? sh->nd : 1;
+      for (int dti = 0; dti < 2; dti++) {
+         const int dt = dti ? LM_FLOAT64 : LM_FLOAT32;
+         for (int dim = -n; dim < n; dim++)
+            for (int lg = 0; lg < 2; lg++) {
+               snprintf(g_case, sizeof g_case, "%s %dD [%lld,...] layout %d %s dim %d isa %d",
+                        lg ? "log_softmax" : "softmax", sh->nd, (long long)sh->sz[0], sh->layout,
+                        dt == LM_FLOAT64 ? "f64" : "f32", dim, lm_gemm_isa());
+               sm_case(sh, dt, dim, lg);
+               free_kept();
+            }
+      }
+   }
+}
+
+static void expect_status(lm_status st, lm_status want, const char *msg_part, const char *what) {
+   check(st == want, "%s: status %d, wanted %d (%s)", what, (int)st, (int)want, lm_last_error());
+   if (msg_part)
+      check(strstr(lm_last_error(), msg_part) != NULL, "%s: message '%s' lacks '%s'", what,
+            lm_last_error(), msg_part);
+}
+
+static void sm_errors(void) {
+   snprintf(g_case, sizeof g_case, "softmax errors");
+   const int64_t sz[2] = {3, 4}, sz2[2] = {3, 5};
+   lm_tensor *x = cpu_rand(2, sz, LM_FLOAT32, L_CONTIG, -1, 1);
+   lm_tensor *y = NULL, *ly = NULL;
+   OK(lm_softmax(x, 1, &y));
+   keep(y);
+   OK(lm_log_softmax(x, 1, &ly));
+   keep(ly);
+   lm_tensor *sx = to_dev(x, LM_SIM0), *sy = to_dev(y, LM_SIM0), *sly = to_dev(ly, LM_SIM0);
+   lm_tensor *my = to_dev(y, LM_META), *s1y = to_dev(y, LM_SIM0 + 1);
+   lm_tensor *gx = NULL;
+   /* the backward's two tensors on different devices */
+   expect_device_error(lm_softmax_backward(x, sy, 1, &gx), "softmax_backward cpu grad, sim y");
+   check(strstr(lm_last_error(), "cpu") && strstr(lm_last_error(), "sim:0") &&
+            strstr(lm_last_error(), "softmax_backward"),
+         "the message names both devices and the op: '%s'", lm_last_error());
+   expect_device_error(lm_softmax_backward(sx, y, 1, &gx), "softmax_backward sim grad, cpu y");
+   expect_device_error(lm_log_softmax_backward(x, sly, 1, &gx),
+                       "log_softmax_backward cpu grad, sim y");
+   check(strstr(lm_last_error(), "log_softmax_backward") != NULL, "names the op: '%s'",
+         lm_last_error());
+   expect_device_error(lm_log_softmax_backward(sx, ly, 1, &gx),
+                       "log_softmax_backward sim grad, cpu y");
+   expect_device_error(lm_softmax_backward(x, my, 1, &gx), "softmax_backward cpu grad, meta y");
+   expect_device_error(lm_softmax_backward(sx, s1y, 1, &gx), "softmax_backward sim:0 and sim:1");
+   check(gx == NULL, "no grad_input after a device error");
+   /* an out= tensor on another device than the input */
+   lm_tensor *so = to_dev(y, LM_SIM0), *co = cpu_like(y), *mo = to_dev(y, LM_META);
+   lm_tensor *o = so;
+   expect_status(lm_softmax(x, 1, &o), LM_ERR_DEVICE, "out tensor is on sim:0",
+                 "softmax cpu input, sim out=");
+   o = co;
+   expect_status(lm_log_softmax(sx, 1, &o), LM_ERR_DEVICE, "out tensor is on cpu",
+                 "log_softmax sim input, cpu out=");
+   o = mo;
+   expect_status(lm_softmax(sx, 1, &o), LM_ERR_DEVICE, "out tensor is on meta",
+                 "softmax sim input, meta out=");
+   o = so;
+   expect_status(lm_softmax_backward(x, y, 1, &o), LM_ERR_DEVICE, "out tensor is on sim:0",
+                 "softmax_backward cpu inputs, sim out=");
+   o = co;
+   expect_status(lm_log_softmax_backward(sx, sly, 1, &o), LM_ERR_DEVICE, "out tensor is on cpu",
+                 "log_softmax_backward sim inputs, cpu out=");
+   /* the front end's argument errors are the same on every device */
+   const int devs[3] = {LM_CPU, LM_SIM0, LM_META};
+   for (int k = 0; k < 3; k++) {
+      const int dev = devs[k];
+      lm_tensor *dx = dev == LM_CPU ? x : to_dev(x, dev);
+      lm_tensor *dy = dev == LM_CPU ? y : to_dev(y, dev);
+      lm_tensor *r = NULL;
+      expect_status(lm_softmax(dx, 2, &r), LM_ERR_ARG, "dimension out of range", "dim 2");
+      expect_status(lm_log_softmax(dx, -3, &r), LM_ERR_ARG, "dimension out of range", "dim -3");
+      expect_status(lm_softmax_backward(dx, dy, 5, &r), LM_ERR_ARG, "dimension out of range",
+                    "backward dim 5");
+      check(r == NULL, "no result after an error");
+      lm_tensor *xi = NULL, *xd = NULL, *wrong = NULL;
+      OK(lm_empty(2, sz, LM_INT64, LM_CONTIGUOUS, dev, &xi));
+      keep(xi);
+      expect_status(lm_softmax(xi, 1, &r), LM_ERR_DTYPE, "float32 or float64", "int64 input");
+      OK(lm_empty(2, sz, LM_FLOAT64, LM_CONTIGUOUS, dev, &xd));
+      keep(xd);
+      expect_status(lm_softmax_backward(xd, dy, 1, &r), LM_ERR_DTYPE, "dtype", "dtype mismatch");
+      OK(lm_empty(2, sz2, LM_FLOAT32, LM_CONTIGUOUS, dev, &wrong));
+      keep(wrong);
+      expect_status(lm_log_softmax_backward(wrong, dy, 1, &r), LM_ERR_SHAPE, "does not match",
+                    "shape mismatch");
+      lm_tensor *wo = wrong;
+      expect_status(lm_softmax(dx, 1, &wo), LM_ERR_SHAPE, "out tensor of shape", "out= shape");
+      expect_status(lm_softmax(dx, 1, NULL), LM_ERR_ARG, "out is NULL", "out NULL");
+      check(r == NULL, "no result after an error");
+   }
+   free_kept();
+}
+
 int main(void) {
    lm_manual_seed(1234);
    const int best = lm_gemm_isa();
@@ -469,11 +659,13 @@ int main(void) {
    for (int i = 0; i < (best > 1 ? 2 : 1); i++) {
       lm_gemm_set_isa(isas[i]);
       bn_tests();
+      sm_tests();
    }
    lm_gemm_set_isa(best);
    nll_tests();
    bn_mixed();
    nll_errors();
+   sm_errors();
    printf("%d passed, %d failed\n", g_pass, g_fail);
    return g_fail ? 1 : 0;
 }
