@@ -56,7 +56,8 @@ const lm_backend *lm_backend_get(int device) {
    }
 #endif
    char buf[24];
-   lm_error(LM_ERR_DEVICE, "device %s is not available in this build",
+   lm_error(LM_ERR_DEVICE, "%s%s is not available in this build",
+            device >= LM_CUDA0 && device < LM_CUDA0 + LM_NUM_CUDA ? "device " : "",
             lm_device_name(device, buf, sizeof buf));
    return NULL;
 }

@@ -246,6 +246,7 @@ lm_status lm_empty_strided(int nd, const int64_t *sz, const int64_t *st, int dty
                            lm_tensor **out) {
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
    if (!lm_valid_dtype(dtype)) return lm_error(LM_ERR_DTYPE, "unknown dtype %d", dtype);
+   if (!lm_backend_get(device)) return LM_ERR_DEVICE; /* its message names the device */
    LM_TRY(lm_check_sizes(nd, sz));
    if (nd > 0 && !st) return lm_error(LM_ERR_ARG, "strides are missing");
    int64_t ext = extent_elems(nd, sz, st);
