@@ -32,19 +32,20 @@ end
 -- SGD(params, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false})
 -- The updates run as one fused C pass per parameter (lm_sgd_step / lm_adam_step) when the
 -- gradient and the state have the parameter's dtype (float32 / float64) and layout (dense, same
--- strides): the usual case. Anything else takes the separate ops below, the reference.
+-- strides) and device (any: lm_sgd_step dispatches to the device's kernel): the usual case.
+-- Anything else takes the separate ops below, the reference.
 
 -- may p's update be fused with these tensors (each nil or a tensor)?
 local function fusable(p, grad, a, b, c)
    local pc = T.cdata(p)
-   if pc == nil or pc.device ~= 0 or (pc.dtype ~= 0 and pc.dtype ~= 1) then return false end
+   if pc == nil or (pc.dtype ~= C.LM_FLOAT32 and pc.dtype ~= C.LM_FLOAT64) then return false end
    if C.lm_is_non_overlapping_and_dense(pc) == 0 then return false end
    local nd = pc.ndim
    for k = 1, 4 do
       local t = k == 1 and grad or k == 2 and a or k == 3 and b or c
       if t ~= nil then
          local tc = T.cdata(t)
-         if tc == nil or tc.dtype ~= pc.dtype or tc.device ~= 0 or tc.ndim ~= nd then
+         if tc == nil or tc.dtype ~= pc.dtype or tc.device ~= pc.device or tc.ndim ~= nd then
             return false
          end
          for d = 0, nd - 1 do
