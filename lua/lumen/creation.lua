@@ -154,21 +154,21 @@ local function fill_gen(t, n, gen, fname, level)
    if n == 0 then return t end
    local c = t._c
    if c.device == DEV_META then
-      if c.dtype >= 4 and c.dtype <= 6 then
+      if c.dtype >= C.LM_INT64 and c.dtype <= C.LM_UINT8 then
          for i = 0, n - 1 do check_fits(fname, gen(i), c.dtype, false) end
       end
       return t
    end
    local ct = direct_ct[c.dtype]
-   if ct and c.device == 0 and C.lm_is_contiguous(c, 0) ~= 0 then
+   if ct and c.device == C.LM_CPU and C.lm_is_contiguous(c, C.LM_CONTIGUOUS) ~= 0 then
       local p = ffi.cast(ct, C.lm_tensor_data(c))
-      if c.dtype >= 4 and c.dtype <= 6 then
+      if c.dtype >= C.LM_INT64 and c.dtype <= C.LM_UINT8 then
          for i = 0, n - 1 do
             local v = gen(i)
             check_fits(fname, v, c.dtype, false)
             p[i] = v
          end
-      elseif c.dtype == 7 then
+      elseif c.dtype == C.LM_BOOL then
          for i = 0, n - 1 do p[i] = gen(i) ~= 0 and 1 or 0 end
       else
          for i = 0, n - 1 do p[i] = gen(i) end

@@ -109,7 +109,7 @@ local function sizes_str(c)
    return "(" .. table.concat(s, ", ") .. ")"
 end
 
-local function is_float(c) return c.dtype == 0 or c.dtype == 1 end
+local function is_float(c) return c.dtype == C.LM_FLOAT32 or c.dtype == C.LM_FLOAT64 end
 
 local function dtype_name(c) return tostring(dtypes.from_id(c.dtype)) end
 
@@ -796,7 +796,7 @@ function F.nll_loss(input, target, opts)
           "(none, mean or sum)")
    end
    check_float(fname, ic, "input")
-   if tcd.dtype ~= 4 then
+   if tcd.dtype ~= C.LM_INT64 then
       err(fname, "expected target of dtype int64 (1-based class indices), got " ..
           dtype_name(tcd))
    end

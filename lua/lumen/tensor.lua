@@ -13,6 +13,7 @@
 local ffi = require("ffi")
 local bit = require("bit")
 local C = require("lumen.C")
+local CPU, F32, F64, BOOL = C.LM_CPU, C.LM_FLOAT32, C.LM_FLOAT64, C.LM_BOOL
 local dtypes = require("lumen.dtype")
 local memory = require("lumen.memory")
 local util = require("lumen.util")
@@ -332,10 +333,11 @@ local function defer(op, a, ac, b, bc, s, is_int, rev, alpha, fname)
    if not lazy_on or lazy_suspended > 0 or not LAZY_OPS[op] then return nil end
    if memory.cycles ~= seen_cycles then force_kept() end
    local dt = ac.dtype
-   if (dt ~= 0 and dt ~= 1) or ac.device ~= 0 or ac.numel < LAZY_MIN_ELEMENTS then return nil end
+   if (dt ~= F32 and dt ~= F64) or ac.device ~= CPU then return nil end
+   if ac.numel < LAZY_MIN_ELEMENTS then return nil end
    if rawget(a, "requires_grad") then return nil end
    if bc ~= nil then
-      if bc.dtype ~= dt or bc.device ~= 0 or bc.ndim ~= ac.ndim or rawget(b, "requires_grad") then
+      if bc.dtype ~= dt or bc.device ~= CPU or bc.ndim ~= ac.ndim or rawget(b, "requires_grad") then
          return nil
       end
       for d = 0, ac.ndim - 1 do
@@ -759,7 +761,7 @@ function Tensor.item(self)
                " elements cannot be converted to a scalar")
    end
    check(C.lm_to_doubles(c, dbl1), "item")
-   if c.dtype == 7 then return dbl1_hi[HI_WORD] ~= 0 end   -- 1.0 or 0.0 (high word 0)
+   if c.dtype == BOOL then return dbl1_hi[HI_WORD] ~= 0 end   -- 1.0 or 0.0 (high word 0)
    return read_double(dbl1, dbl1_hi, 0)
 end
 
@@ -768,7 +770,7 @@ function Tensor.totable(self)
    check_has_data(c, "totable")
    local n = tonumber(c.numel)
    local nd = c.ndim
-   local isbool = c.dtype == 7
+   local isbool = c.dtype == BOOL
    local buf = ffi.new("double[?]", n > 0 and n or 1)
    if n > 0 then check(C.lm_to_doubles(c, buf), "totable") end
    local hi32 = ffi.cast("uint32_t*", buf)
