@@ -29,31 +29,7 @@
 #include "nn.h"
 #include "ops/softmax.h"
 
-static int g_pass, g_fail;
-static char g_case[256];
-
-static void check(int ok, const char *fmt, ...) {
-   if (ok) {
-      g_pass++;
-      return;
-   }
-   g_fail++;
-   va_list ap;
-   va_start(ap, fmt);
-   printf("FAIL [%s]: ", g_case);
-   vprintf(fmt, ap);
-   printf("\n");
-   va_end(ap);
-}
-
-#define OK(expr)                                                                                   \
-   do {                                                                                            \
-      lm_status st_ = (expr);                                                                      \
-      if (st_ != LM_OK) {                                                                          \
-         printf("FAIL [%s]: %s -> %d (%s)\n", g_case, #expr, (int)st_, lm_last_error());          \
-         exit(2);                                                                                  \
-      }                                                                                            \
-   } while (0)
+#include "check.h"
 
 #define CASE(...) snprintf(g_case, sizeof g_case, __VA_ARGS__)
 
