@@ -77,21 +77,13 @@ int lm_result_type_scalar(const lm_tensor *a, int scalar_is_int, int scalar_is_b
 
 /* ---------------------------------------------------------------- the engine's front end */
 
-static void shape_str(char *buf, size_t cap, int nd, const int64_t *sz) {
-   size_t n = 0;
-   n += (size_t)snprintf(buf + n, cap - n, "[");
-   for (int d = 0; d < nd && n < cap; d++)
-      n += (size_t)snprintf(buf + n, cap - n, d ? ", %lld" : "%lld", (long long)sz[d]);
-   if (n < cap) snprintf(buf + n, cap - n, "]");
-}
-
 static lm_status check_out_shape(const lm_tensor *o, int nd, const int64_t *shape) {
    int ok = o->ndim == nd;
    for (int d = 0; ok && d < nd; d++) ok = o->sizes[d] == shape[d];
    if (!ok) {
       char a[160], b[160];
-      shape_str(a, sizeof a, o->ndim, o->sizes);
-      shape_str(b, sizeof b, nd, shape);
+      lm_format_shape(a, sizeof a, o->ndim, o->sizes);
+      lm_format_shape(b, sizeof b, nd, shape);
       return lm_error(LM_ERR_SHAPE, "output with shape %s doesn't match the broadcast shape %s", a,
                       b);
    }

@@ -4,6 +4,7 @@
 #include "lumen.h"
 #include <stdbool.h>
 #include <string.h>
+#include <stdio.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -153,6 +154,13 @@ static inline void lm_store_from_double(void *p, int dt, double v) {
 lm_status lm_check_sizes(int ndim, const int64_t *sizes);
 /* "{2, 3, 4}" into buf (cap bytes), for messages; returns buf */
 const char *lm_format_sizes(char *buf, size_t cap, int nd, const int64_t *sz);
+/* "[2, 3, 4]" into buf (cap bytes): PyTorch's way of naming a shape in a message */
+static inline void lm_format_shape(char *buf, size_t cap, int nd, const int64_t *sz) {
+   size_t n = (size_t)snprintf(buf, cap, "[");
+   for (int d = 0; d < nd && n < cap; d++)
+      n += (size_t)snprintf(buf + n, cap - n, d ? ", %lld" : "%lld", (long long)sz[d]);
+   if (n < cap) snprintf(buf + n, cap - n, "]");
+}
 int64_t lm_numel_of(int ndim, const int64_t *sizes);
 /* broadcast two shapes; returns LM_ERR_SHAPE with a message on mismatch */
 lm_status lm_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int *nout,

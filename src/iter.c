@@ -573,14 +573,6 @@ lm_status lm_overlap_error(void) {
                    "operation.");
 }
 
-static void shape_str(char *buf, size_t cap, int nd, const int64_t *sz) {
-   size_t n = 0;
-   n += (size_t)snprintf(buf + n, cap - n, "[");
-   for (int d = 0; d < nd && n < cap; d++)
-      n += (size_t)snprintf(buf + n, cap - n, d ? ", %lld" : "%lld", (long long)sz[d]);
-   if (n < cap) snprintf(buf + n, cap - n, "]");
-}
-
 lm_status lm_copy_check_shape(int dnd, const int64_t *dsz, int snd, const int64_t *ssz) {
    int nd;
    int64_t shape[LM_MAX_DIMS];
@@ -589,8 +581,8 @@ lm_status lm_copy_check_shape(int dnd, const int64_t *dsz, int snd, const int64_
    for (int d = 0; ok && d < nd; d++) ok = shape[d] == dsz[d];
    if (!ok) {
       char a[160], b[160];
-      shape_str(a, sizeof a, snd, ssz);
-      shape_str(b, sizeof b, dnd, dsz);
+      lm_format_shape(a, sizeof a, snd, ssz);
+      lm_format_shape(b, sizeof b, dnd, dsz);
       return lm_error(LM_ERR_SHAPE, "the source of shape %s cannot be broadcast to shape %s", a,
                       b);
    }

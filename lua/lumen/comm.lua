@@ -48,15 +48,11 @@ local function check_devices(fname, devices)
    return r
 end
 
+-- options: nil or a plain table of known keys (tensor.lua's check, with comm's names)
+local SCATTER_OPTS = require("lumen.util").option_set("chunk_sizes", "dim")
+local GATHER_OPTS = require("lumen.util").option_set("dim", "destination")
 local function check_opts(fname, opts, known)
-   if opts == nil then return {} end
-   if type(opts) ~= "table" or getmetatable(opts) ~= nil then
-      fail(fname, "options must be a table, got " .. typename(opts))
-   end
-   for k in pairs(opts) do
-      if not known[k] then fail(fname, "unknown option '" .. tostring(k) .. "'") end
-   end
-   return opts
+   return T.check_opts("comm." .. fname, opts, nil, known) or {}
 end
 
 -- a non-empty array of tensors
@@ -88,7 +84,7 @@ function M.scatter(t, devices, opts)
    local fname = "scatter"
    check_tensor(fname, t, "tensor")
    local devs = check_devices(fname, devices)
-   opts = check_opts(fname, opts, { chunk_sizes = true, dim = true })
+   opts = check_opts(fname, opts, SCATTER_OPTS)
    local nd = Tensor.dim(t)
    if nd == 0 then fail(fname, "cannot scatter a 0-dim tensor") end
    local dim = opts.dim == nil and 1 or opts.dim
@@ -148,7 +144,7 @@ end
 function M.gather(list, opts)
    local fname = "gather"
    local n = check_list(fname, list)
-   opts = check_opts(fname, opts, { dim = true, destination = true })
+   opts = check_opts(fname, opts, GATHER_OPTS)
    local dest = opts.destination == nil and T.device_name(T.default_device())
       or check_device(fname, opts.destination, "destination")
    local s1 = Tensor.size(list[1])

@@ -7,13 +7,6 @@
 #include "backend.h"
 #include <stdio.h>
 
-static inline void fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes) {
-   size_t k = (size_t)snprintf(buf, n, "[");
-   for (int i = 0; i < ndim && k < n; i++)
-      k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)sizes[i]);
-   if (k < n) snprintf(buf + k, n - k, "]");
-}
-
 static inline lm_status check_float(const lm_tensor *t, const char *what) {
    if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
    if (t->dtype != LM_FLOAT32 && t->dtype != LM_FLOAT64)
@@ -49,8 +42,8 @@ static inline lm_status out_open(out_slot *o, lm_tensor **user, int ndim, const 
       }
       if (u->ndim != ndim || memcmp(u->sizes, sizes, (size_t)ndim * sizeof(int64_t)) != 0) {
          char a[160], b[160];
-         fmt_sizes(a, sizeof a, ndim, sizes);
-         fmt_sizes(b, sizeof b, u->ndim, u->sizes);
+         lm_format_shape(a, sizeof a, ndim, sizes);
+         lm_format_shape(b, sizeof b, u->ndim, u->sizes);
          return lm_error(LM_ERR_SHAPE, "%s: expected an out tensor of shape %s, got %s", what, a,
                          b);
       }

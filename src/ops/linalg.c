@@ -98,8 +98,8 @@ lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out) {
       for (int d = 0; ok && d < on; d++) ok = o->sizes[d] == osz[d];
       if (!ok) {
          char s1[160], s2[160];
-         fmt_sizes(s1, sizeof s1, o->ndim, o->sizes);
-         fmt_sizes(s2, sizeof s2, on, osz);
+         lm_format_shape(s1, sizeof s1, o->ndim, o->sizes);
+         lm_format_shape(s2, sizeof s2, on, osz);
          return lm_error(LM_ERR_SHAPE, "output with shape %s doesn't match the result shape %s",
                          s1, s2);
       }

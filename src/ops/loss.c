@@ -25,8 +25,8 @@ static lm_status nll_check(const lm_tensor *input, const lm_tensor *target,
       return lm_error(LM_ERR_ARG, "invalid reduction %d (0 none, 1 mean, 2 sum)", reduction);
    if (input->ndim < 1) return lm_error(LM_ERR_SHAPE, "input tensor should be 1D or more");
    char a[160], b[160];
-   fmt_sizes(a, sizeof a, input->ndim, input->sizes);
-   fmt_sizes(b, sizeof b, target->ndim, target->sizes);
+   lm_format_shape(a, sizeof a, input->ndim, input->sizes);
+   lm_format_shape(b, sizeof b, target->ndim, target->sizes);
    if (input->ndim <= 2 && target->ndim > 1)
       return lm_error(LM_ERR_SHAPE, "0D or 1D target tensor expected, multi-target not supported");
    if (input->ndim == 1 && target->ndim != 0)
@@ -52,7 +52,7 @@ static lm_status nll_check(const lm_tensor *input, const lm_tensor *target,
          return lm_error(LM_ERR_DTYPE, "expected weight to be a floating tensor, got %s",
                          lm_dtype_name(weight->dtype));
       if (weight->ndim != 1 || weight->numel != C) {
-         fmt_sizes(b, sizeof b, weight->ndim, weight->sizes);
+         lm_format_shape(b, sizeof b, weight->ndim, weight->sizes);
          return lm_error(LM_ERR_SHAPE,
                          "weight tensor should be defined either for all %lld classes or no "
                          "classes but got weight tensor of shape: %s",
@@ -109,8 +109,8 @@ lm_status lm_nll_loss_backward(const lm_tensor *grad_out, const lm_tensor *input
       if (grad_out->ndim != target->ndim ||
           memcmp(grad_out->sizes, target->sizes, (size_t)target->ndim * sizeof(int64_t)) != 0) {
          char a[160], b[160];
-         fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-         fmt_sizes(b, sizeof b, target->ndim, target->sizes);
+         lm_format_shape(a, sizeof a, grad_out->ndim, grad_out->sizes);
+         lm_format_shape(b, sizeof b, target->ndim, target->sizes);
          return lm_error(LM_ERR_SHAPE,
                          "nll_loss_backward: grad_output %s should have the target's shape %s", a,
                          b);

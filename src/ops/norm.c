@@ -23,7 +23,7 @@ static lm_status check_param(const lm_tensor *x, const lm_tensor *t, int64_t C,
                       (long long)C, (long long)t->numel);
    if (t->ndim != 1) {
       char s[160];
-      fmt_sizes(s, sizeof s, t->ndim, t->sizes);
+      lm_format_shape(s, sizeof s, t->ndim, t->sizes);
       return lm_error(LM_ERR_SHAPE, "%s should be a 1-D tensor of %lld elements, got sizes %s",
                       what, (long long)C, s);
    }
@@ -49,8 +49,8 @@ static lm_status check_like(const lm_tensor *t, const lm_tensor *x, const char *
                       lm_dtype_name(t->dtype), lm_dtype_name(x->dtype));
    if (t->ndim != x->ndim || memcmp(t->sizes, x->sizes, (size_t)x->ndim * sizeof(int64_t)) != 0) {
       char a[160], b[160];
-      fmt_sizes(a, sizeof a, t->ndim, t->sizes);
-      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
+      lm_format_shape(a, sizeof a, t->ndim, t->sizes);
+      lm_format_shape(b, sizeof b, x->ndim, x->sizes);
       return lm_error(LM_ERR_SHAPE, "batch_norm: %s %s does not match input %s", what, a, b);
    }
    return LM_OK;
@@ -60,7 +60,7 @@ static lm_status check_like(const lm_tensor *t, const lm_tensor *x, const char *
 static lm_status bn_geometry(const lm_tensor *x, int64_t *C, int64_t *M, int *mf) {
    if (x->ndim < 2) {
       char s[160];
-      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+      lm_format_shape(s, sizeof s, x->ndim, x->sizes);
       return lm_error(LM_ERR_SHAPE, "batch_norm: expected an input of 2 or more dimensions, got %s",
                       s);
    }
@@ -109,7 +109,7 @@ lm_status lm_batch_norm_fused(const lm_tensor *x, const lm_tensor *weight, const
       return lm_error(LM_ERR_ARG, "running_mean and running_var must be defined in evaluation mode");
    if (training && M == 1) {
       char s[160];
-      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+      lm_format_shape(s, sizeof s, x->ndim, x->sizes);
       return lm_error(LM_ERR_ARG,
                       "Expected more than 1 value per channel when training, got input size %s", s);
    }
@@ -171,8 +171,8 @@ lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tenso
    if (grad_out->ndim != x->ndim ||
        memcmp(grad_out->sizes, x->sizes, (size_t)x->ndim * sizeof(int64_t)) != 0) {
       char a[160], b[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
+      lm_format_shape(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      lm_format_shape(b, sizeof b, x->ndim, x->sizes);
       return lm_error(LM_ERR_SHAPE, "batch_norm_backward: grad_output %s does not match input %s",
                       a, b);
    }

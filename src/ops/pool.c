@@ -22,7 +22,7 @@ static lm_status pool_input_dims(const lm_tensor *x, lm_pool_params *p, const ch
                                  int adaptive) {
    if (x->ndim != 3 && x->ndim != 4) {
       char s[160];
-      fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+      lm_format_shape(s, sizeof s, x->ndim, x->sizes);
       if (adaptive)
          return lm_error(LM_ERR_SHAPE, "%s: Expected 3D or 4D tensor, but got %s", what, s);
       return lm_error(LM_ERR_SHAPE,
@@ -33,7 +33,7 @@ static lm_status pool_input_dims(const lm_tensor *x, lm_pool_params *p, const ch
    for (int d = x->ndim - 3; d < x->ndim; d++) {
       if (x->sizes[d] == 0) {
          char s[160];
-         fmt_sizes(s, sizeof s, x->ndim, x->sizes);
+         lm_format_shape(s, sizeof s, x->ndim, x->sizes);
          if (adaptive)
             return lm_error(LM_ERR_SHAPE,
                             "%s: Expected input to have non-zero size for non-batch dimensions, "
@@ -258,9 +258,9 @@ static lm_status max_backward(const lm_tensor *grad_out, const lm_tensor *x,
    }
    if (!ok) {
       char a[160], b[160], c[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, indices->ndim, indices->sizes);
-      fmt_sizes(c, sizeof c, x->ndim, x->sizes);
+      lm_format_shape(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      lm_format_shape(b, sizeof b, indices->ndim, indices->sizes);
+      lm_format_shape(c, sizeof c, x->ndim, x->sizes);
       return lm_error(LM_ERR_SHAPE,
                       "%s: grad_output %s and indices %s do not match the input %s", what, a, b,
                       c);
@@ -302,8 +302,8 @@ static lm_status max_backward_geom(const lm_tensor *grad_out, const lm_tensor *x
       const lm_tensor *t = i ? ind : grad_out;
       if (t->ndim != p.ndim || memcmp(t->sizes, osz, (size_t)p.ndim * 8) != 0) {
          char a[160], b[160];
-         fmt_sizes(a, sizeof a, p.ndim, osz);
-         fmt_sizes(b, sizeof b, t->ndim, t->sizes);
+         lm_format_shape(a, sizeof a, p.ndim, osz);
+         lm_format_shape(b, sizeof b, t->ndim, t->sizes);
          return lm_error(LM_ERR_SHAPE, "%s: expected %s of shape %s, got %s", what,
                          i ? iname : "grad_output", a, b);
       }
@@ -377,8 +377,8 @@ static lm_status avg_backward(const lm_tensor *grad_out, const lm_tensor *x, lm_
                       lm_dtype_name(grad_out->dtype), lm_dtype_name(x->dtype));
    if (grad_out->ndim != p->ndim || memcmp(grad_out->sizes, osz, (size_t)p->ndim * 8) != 0) {
       char a[160], b[160];
-      fmt_sizes(a, sizeof a, p->ndim, osz);
-      fmt_sizes(b, sizeof b, grad_out->ndim, grad_out->sizes);
+      lm_format_shape(a, sizeof a, p->ndim, osz);
+      lm_format_shape(b, sizeof b, grad_out->ndim, grad_out->sizes);
       return lm_error(LM_ERR_SHAPE, "%s: expected grad_output of shape %s, got %s", what, a, b);
    }
    out_slot sg = {0};
@@ -452,8 +452,8 @@ lm_status lm_adaptive_avg_pool2d_backward(const lm_tensor *grad_out, const lm_te
    LM_TRY(pool_input_dims(x, &p, "adaptive_avg_pool2d_backward", 1));
    if (grad_out->ndim != x->ndim) {
       char a[160], b[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, x->ndim, x->sizes);
+      lm_format_shape(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      lm_format_shape(b, sizeof b, x->ndim, x->sizes);
       return lm_error(LM_ERR_SHAPE,
                       "adaptive_avg_pool2d_backward: grad_output %s does not match the input %s",
                       a, b);

@@ -37,8 +37,8 @@ static lm_status softmax_backward(const lm_tensor *grad_out, const lm_tensor *y,
    if (grad_out->ndim != y->ndim ||
        memcmp(grad_out->sizes, y->sizes, (size_t)y->ndim * sizeof(int64_t)) != 0) {
       char a[160], b[160];
-      fmt_sizes(a, sizeof a, grad_out->ndim, grad_out->sizes);
-      fmt_sizes(b, sizeof b, y->ndim, y->sizes);
+      lm_format_shape(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      lm_format_shape(b, sizeof b, y->ndim, y->sizes);
       return lm_error(LM_ERR_SHAPE, "%s: grad_output %s does not match output %s", what, a, b);
    }
    LM_TRY(lm_wrap_dim(&dim, y->ndim));
