@@ -43,6 +43,12 @@ $(BUILD)/%_avx512.o: %_avx512.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c $(CFLAGS) -c $< -o $@
 
+# AVX-512 with AVX512_BF16 (vdpbf16ps): the bfloat16 kernels; chosen at run time only when the CPU
+# has it (lm_cpu_isa() == LM_ISA_AVX512_BF16)
+$(BUILD)/%_avx512bf16.o: %_avx512bf16.c $(HDRS) src/internal.h src/backend.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mfma -mf16c $(CFLAGS) -c $< -o $@
+
 $(BUILD)/%_avx2.o: %_avx2.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -mavx2 -mfma -mf16c $(CFLAGS) -c $< -o $@

@@ -279,7 +279,8 @@ void lm_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float a
 void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
               const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
               double *c, int64_t ldc);
-/* 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512; returns the ISA in use after the call */
+/* 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512, 4 = AVX-512 with AVX512_BF16 (the
+   bfloat16 kernels; 3 forces their float32 fallback); returns the ISA in use after the call */
 int lm_gemm_set_isa(int isa);
 int lm_gemm_isa(void);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);

@@ -1,7 +1,7 @@
 /* cpu.h -- what the CPU kernels share (internal): the hardware probe and the kernel table.
  *
  * lm_cpu_isa() is the one probe: the instruction set the CPU kernels use (LM_ISA_C, LM_ISA_AVX2,
- * LM_ISA_AVX512 of gemm_internal.h), the best the CPU has unless lm_gemm_set_isa forced a lower
+ * LM_ISA_AVX512, LM_ISA_AVX512_BF16 of gemm_internal.h), the best the CPU has unless lm_gemm_set_isa forced a lower
  * one (the specs force every path on every machine). kernels/cpu/backend.c fills the kernel table
  * from it: each family's file has a register function that stores its kernels for that ISA;
  * forcing another ISA refills the table. */
@@ -9,7 +9,8 @@
 #define LUMEN_KERNELS_CPU_H
 #include "backend.h"
 
-/* the ISA in use (1 portable C, 2 AVX2 + FMA, 3 AVX-512): the probe's answer or the forced one */
+/* the ISA in use (1 portable C, 2 AVX2 + FMA, 3 AVX-512, 4 AVX-512 + AVX512_BF16): the probe's
+   answer or the forced one */
 int lm_cpu_isa(void);
 
 /* Each family stores its kernels in table[LM_OP_...] for isa. Called once at start and after

@@ -92,7 +92,7 @@ typedef struct {
 } dgemm_cfg;
 
 static sgemm_cfg sgemm_config(int isa) {
-   switch (isa) {
+   switch (isa >= LM_ISA_AVX512 ? LM_ISA_AVX512 : isa) {
    case LM_ISA_AVX512:
       return (sgemm_cfg){LM_SGEMM_AVX512_MR, LM_SGEMM_AVX512_NR, 14 * 12, 512, 32 * 128,
                          lm_sgemm_ukr_avx512, lm_sgemm_pack_a_avx512, lm_sgemm_pack_b_avx512};
@@ -105,7 +105,7 @@ static sgemm_cfg sgemm_config(int isa) {
 }
 
 static dgemm_cfg dgemm_config(int isa) {
-   switch (isa) {
+   switch (isa >= LM_ISA_AVX512 ? LM_ISA_AVX512 : isa) {
    case LM_ISA_AVX512:
       return (dgemm_cfg){LM_DGEMM_AVX512_MR, LM_DGEMM_AVX512_NR, 14 * 12, 256, 16 * 128,
                          lm_dgemm_ukr_avx512, NULL, NULL};
@@ -326,7 +326,7 @@ static void GNAME(direct_block)(int isa, int64_t m, int64_t n, int64_t k, T alph
                                 int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb,
                                 T beta, T *c, int64_t rsc, int64_t csc) {
 #if GEMM_IS_FLOAT
-   if (isa == LM_ISA_AVX512 &&
+   if (isa >= LM_ISA_AVX512 &&
        lm_sgemm_direct_avx512(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc))
       return;
 #else
@@ -533,7 +533,7 @@ void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T
       if (nt < 1) nt = 1;
    }
    const int isa = lm_cpu_isa();
-   const double small = (GEMM_IS_FLOAT && isa == LM_ISA_AVX512) ? LM_GEMM_SMALL_WORK_AVX512
+   const double small = (GEMM_IS_FLOAT && isa >= LM_ISA_AVX512) ? LM_GEMM_SMALL_WORK_AVX512
                                                                    : LM_GEMM_SMALL_WORK;
    if (work <= small || m == 1 || n == 1) {
       GNAME(direct)(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);

@@ -33,7 +33,10 @@
 #endif
 
 /* ISA ids, as used by lm_gemm_set_isa / lm_gemm_isa */
-enum { LM_ISA_AUTO = 0, LM_ISA_C = 1, LM_ISA_AVX2 = 2, LM_ISA_AVX512 = 3 };
+/* LM_ISA_AVX512_BF16: AVX-512 plus AVX512_BF16 (vdpbf16ps); every float32/float64 kernel treats
+   it as LM_ISA_AVX512, and only the bfloat16 kernels tell the two apart, so forcing
+   LM_ISA_AVX512 on a BF16 machine runs the bfloat16 fallback (float32 compute) */
+enum { LM_ISA_AUTO = 0, LM_ISA_C = 1, LM_ISA_AVX2 = 2, LM_ISA_AVX512 = 3, LM_ISA_AVX512_BF16 = 4 };
 
 typedef void (*lm_sgemm_ukr_fn)(int64_t kc, const float *pa, const float *pb, float *c,
                                 int64_t rsc, int64_t csc, float alpha, float beta, int m, int n);

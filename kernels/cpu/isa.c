@@ -21,6 +21,8 @@ static int isa_supported(int isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma");
+   case LM_ISA_AVX512_BF16:
+      return isa_supported(LM_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
    default: return 0;
    }
 #else
@@ -30,7 +32,7 @@ static int isa_supported(int isa) {
 
 /* the best supported ISA at or below `req` (req == 0: the best there is) */
 static int isa_resolve(int req) {
-   if (req <= LM_ISA_AUTO || req > LM_ISA_AVX512) req = LM_ISA_AVX512;
+   if (req <= LM_ISA_AUTO || req > LM_ISA_AVX512_BF16) req = LM_ISA_AVX512_BF16;
    while (req > LM_ISA_C && !isa_supported(req)) req--;
    return req;
 }
@@ -51,11 +53,11 @@ int lm_cpu_isa(void) {
 
 int lm_gemm_isa(void) { return lm_cpu_isa(); }
 
-/* isa: 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512. An ISA the CPU lacks falls back to
- * the best one below it; the return value is the ISA in use after the call. Values outside 0..3
- * change nothing. */
+/* isa: 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512, 4 = AVX-512 with AVX512_BF16. An ISA
+ * the CPU lacks falls back to the best one below it; the return value is the ISA in use after the
+ * call. Values outside 0..4 change nothing. */
 int lm_gemm_set_isa(int isa) {
-   if (isa >= LM_ISA_AUTO && isa <= LM_ISA_AVX512) {
+   if (isa >= LM_ISA_AUTO && isa <= LM_ISA_AVX512_BF16) {
       int v = isa == LM_ISA_AUTO ? LM_ISA_AUTO : isa_resolve(isa);
       atomic_store_explicit(&g_isa_request, v, memory_order_relaxed);
       lm_cpu_backend_refresh();

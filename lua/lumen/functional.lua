@@ -109,7 +109,11 @@ local function sizes_str(c)
    return "(" .. table.concat(s, ", ") .. ")"
 end
 
-local function is_float(c) return c.dtype == C.LM_FLOAT32 or c.dtype == C.LM_FLOAT64 end
+-- the floating dtypes; float16 and bfloat16 compute in float32 where a kernel has no native path
+local function is_float(c)
+   local d = c.dtype
+   return d == C.LM_FLOAT32 or d == C.LM_FLOAT64 or d == C.LM_FLOAT16 or d == C.LM_BFLOAT16
+end
 
 local function dtype_name(c) return tostring(dtypes.from_id(c.dtype)) end
 
@@ -123,7 +127,8 @@ end
 
 local function check_float(fname, c, what)
    if not is_float(c) then
-      err(fname, ("expected %s of dtype float32 or float64, got %s"):format(what, dtype_name(c)))
+      err(fname, ("expected %s of a floating dtype (float32, float64, float16, bfloat16), got %s")
+          :format(what, dtype_name(c)))
    end
 end
 
