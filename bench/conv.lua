@@ -1,6 +1,6 @@
 -- bench/conv.lua -- convolution timings, layer by layer and phase by phase.
 --
---   bin/lumen bench/conv.lua [threads] [iters] [filter]
+--   bin/lumen bench/conv.lua [threads] [iters] [filter] [bf16|fp16]
 --
 -- Layers: every convolution of models/small_resnet.lua (width 16, one block per stage) at batch
 -- 128 on 28x28 inputs, channels-last float32, as examples/train.lua trains it; then the shapes of
@@ -16,6 +16,10 @@
 -- in ')', so bench/compare skips them (the peer has no such rows). A filter (plain substring)
 -- selects rows. The load average is printed before and after: on a shared 2-core machine,
 -- compare runs made close together.
+-- With "bf16" (or "fp16") as the fourth argument every layer runs in that dtype (inputs, weights
+-- and gradients; the rows get a "_bf16" suffix) and the training step runs under lm.autocast: the
+-- float32 rows of the same shapes are the comparison (bf16 dot products have twice the FMA rate).
+-- An empty filter ("") selects every row.
 -- Algorithms (kernels/conv.h): LUMEN_CONV_WINOGRAD=0 turns Winograd off, =2 selects F(2x2,3x3)
 -- instead of F(4x4,3x3) for forward and backward data; LUMEN_CONV_RB=0 turns the
 -- register-blocked small-channel kernels off. E.g.
@@ -28,6 +32,11 @@ local T = require("lumen.tensor")
 local threads = tonumber(arg and arg[1]) or 2
 local ITERS = tonumber(arg and arg[2]) or 20
 local filter = arg and arg[3]
+if filter == "" then filter = nil end
+local low = arg and arg[4]
+local DT = ({ bf16 = lm.bfloat16, fp16 = lm.float16 })[low or ""]
+if low and not DT then error("bench/conv.lua: the dtype argument is bf16 or fp16, got " .. low) end
+local SUF = DT and "_" .. low or ""
 lm.set_num_threads(threads)
 
 -- clock_gettime may already be declared by another module with its own timespec type: pass the
@@ -97,9 +106,12 @@ local function layer(name, n, cin, cout, k, s, p, hw, opts)
    -- (1-channel input: contiguous(cl) keeps NCHW strides, and conv2d would pick NCHW)
    local x = lm.randn({ n, cin, hw, hw }):to(cl)
    local w = (lm.randn({ cout, cin, k, k }) * (1 / math.sqrt(cin * k * k))):to(cl)
+   if DT then x, w = x:to(DT), w:to(DT) end
    local y = lm.F.conv2d(x, w, nil, { stride = s, padding = p })
    local ho, wo = y:size(3), y:size(4)
    local g = lm.randn({ n, cout, ho, wo }):to(cl)
+   if DT then g = g:to(DT) end
+   name = name .. SUF
    local flops = 2.0 * n * ho * wo * cout * cin * k * k
    sbuf[0], sbuf[1], pbuf[0], pbuf[1] = s, s, p, p
    local xc, wc, gc = x._c, w._c, g._c
@@ -131,8 +143,9 @@ local function loadavg()
 end
 
 lm.manual_seed(0)
-print(string.format("== conv layers, channels-last float32, %d threads, %d iters; load average %s;"
-                    .. " LUMEN_CONV_WINOGRAD=%s LUMEN_CONV_RB=%s", threads, ITERS, loadavg(),
+print(string.format("== conv layers, channels-last %s, %d threads, %d iters; load average %s;"
+                    .. " LUMEN_CONV_WINOGRAD=%s LUMEN_CONV_RB=%s", low or "float32", threads, ITERS,
+                    loadavg(),
                     os.getenv("LUMEN_CONV_WINOGRAD") or "(default)",
                     os.getenv("LUMEN_CONV_RB") or "(default)"))
 -- small_resnet (width 16, blocks 1) at batch 128; the stem needs no grad_input
@@ -157,14 +170,17 @@ if not filter or ("small_resnet_train_step"):find(filter, 1, true) then
    local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
    local x = lm.randn({ B, 1, 28, 28 }):to(cl)
    local y = lm.randint(1, 11, { B }, { dtype = lm.int64 })
-   row("small_resnet_train_step_b128", nil, function()
+   local function loss_of() return lm.F.cross_entropy(model(x), y) end
+   local function forward() return model(x) end
+   local AMP = DT and { dtype = DT }
+   row("small_resnet_train_step_b128" .. SUF, nil, function()
       opt:zero_grad()
-      local loss = lm.F.cross_entropy(model(x), y)
+      local loss = AMP and lm.autocast(AMP, loss_of) or loss_of()
       loss:backward()
       opt:step()
    end, math.max(5, math.floor(ITERS / 2)))
-   row("small_resnet_forward_b128", nil, function()
-      return lm.no_grad(function() return model(x) end)
+   row("small_resnet_forward_b128" .. SUF, nil, function()
+      return lm.no_grad(function() return AMP and lm.autocast(AMP, forward) or forward() end)
    end, math.max(5, math.floor(ITERS / 2)))
 end
 print("== load average " .. loadavg() .. " (1, 5, 15 min)")

@@ -1,38 +1,87 @@
--- bench/models.lua -- whole-model inference: torchvision's resnet50 (lm.models.resnet50) on a
--- batch of 8 224x224 images, channels-last, evaluation mode, no gradients; as the peer's
--- ../shared/peer/bench_models.py times it ("resnet50 8 224 infer nhwc"). Rows:
---   resnet50_infer_b8 nhwc <ms>          the model as built (batch norms run as modules)
+-- bench/models.lua -- whole-model timings: torchvision's resnet50 (lm.models.resnet50) on a
+-- batch of 8 224x224 images, channels-last; as the peer's ../shared/peer/bench_models.py times it
+-- ("resnet50 8 224 infer|train nhwc ITERS THREADS [bf16]"). Rows:
+--   resnet50_infer_b8 nhwc <ms>          inference (eval, no gradients), batch norms as modules
 --   resnet50_infer_folded_b8 nhwc <ms>   after lm.nn.fold_batch_norm (lumen only: PyTorch's
---                                        eager mode does not fold)
--- Median of max(3, iters / 4) runs after one warm-up (a run takes about 0.25 s on 2 threads).
--- bench/run.sh runs this file and the peer's model benchmark only with BENCH_MODELS=1.
--- Usage: bin/lumen bench/models.lua [threads] [iters] [profile]
+--                                        eager mode does not fold; its frozen model does)
+-- and with the words "bf16" and/or "train" after the iteration count:
+--   resnet50_infer_bf16_b8 nhwc <ms>        inference under lm.autocast({dtype = lm.bfloat16})
+--   resnet50_infer_bf16_folded_b8 nhwc <ms> the same after folding the batch norms
+--   resnet50_train_b8 nhwc <ms>             one training step, float32: zero_grad, forward,
+--                                           cross_entropy, backward, SGD (momentum 0.9)
+--   resnet50_train_bf16_b8 nhwc <ms>        the same with forward and loss under bf16 autocast
+--                                           (PyTorch's recipe: float32 parameters and gradients)
+-- Median of max(3, iters / 4) runs after one warm-up (an inference run takes about 0.25-0.4 s
+-- on 2 threads, a training step 1-1.5 s).
+-- bench/run.sh runs this file and the peer's model benchmark only with BENCH_MODELS=1;
+-- bench/amp.sh runs the bf16 and training rows beside PyTorch 2.x.
+-- Usage: bin/lumen bench/models.lua [threads] [iters] [profile] [bf16] [train] [noinfer]
 -- With "profile" it then times every convolution of the folded model over three runs, grouped by
 -- shape, slowest first: calls per run, ms per run, GFLOP/s (2*N*Ho*Wo*Cout*Cin/groups*kh*kw over
 -- the measured time). That is how a slow layer shows up; those lines do not end in a number, so
--- bench/compare skips them.
+-- bench/compare skips them. "noinfer" leaves out the two float32 inference rows.
 local lm = require("lumen")
 local util = require("lumen.util")
 local clock = util.clock
 
 local threads = tonumber(arg and arg[1]) or 2
 local iters = math.max(3, math.floor((tonumber(arg and arg[2]) or 20) / 4))
-local profile = arg and arg[3] == "profile"
+local words = {}
+for i = 3, arg and #arg or 0 do words[arg[i]] = true end
+local profile, bf16, train = words.profile, words.bf16, words.train
 lm.set_num_threads(threads)
 lm.manual_seed(0)
 
 local function median_ms(fn) return util.median_ms(fn, iters) end
 
+local x = lm.randn({ 8, 3, 224, 224 }):contiguous(lm.channels_last)
+local AMP = { dtype = lm.bfloat16 }
+
+if train then
+   local tgt = lm.randint(0, 1000, { 8 })
+   for _, amp in ipairs(bf16 and { false, true } or { false }) do
+      lm.manual_seed(0)
+      local model = lm.models.resnet50({ num_classes = 1000 })
+      model:train()
+      lm.to_channels_last(model)
+      local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
+      local function loss_of() return lm.F.cross_entropy(model(x), tgt) end
+      local function step()
+         opt:zero_grad(true)
+         local loss = amp and lm.autocast(AMP, loss_of) or loss_of()
+         loss:backward()
+         opt:step()
+      end
+      step()
+      print(string.format("resnet50_train%s_b8 nhwc %.3f", amp and "_bf16" or "",
+                          median_ms(step)))
+      model, opt = nil, nil
+      collectgarbage()
+   end
+end
+
 local model = lm.models.resnet50({ num_classes = 1000 })
 model:eval()
 lm.to_channels_last(model)
-local x = lm.randn({ 8, 3, 224, 224 }):contiguous(lm.channels_last)
 local function infer() lm.no_grad(function() return model(x) end) end
+local function infer_bf16() lm.autocast(AMP, infer) end
 
-print(string.format("resnet50_infer_b8 nhwc %.3f", median_ms(infer)))
-collectgarbage()
+if not words.noinfer then
+   print(string.format("resnet50_infer_b8 nhwc %.3f", median_ms(infer)))
+   collectgarbage()
+end
+if bf16 then
+   print(string.format("resnet50_infer_bf16_b8 nhwc %.3f", median_ms(infer_bf16)))
+   collectgarbage()
+end
 lm.nn.fold_batch_norm(model)
-print(string.format("resnet50_infer_folded_b8 nhwc %.3f", median_ms(infer)))
+if not words.noinfer then
+   print(string.format("resnet50_infer_folded_b8 nhwc %.3f", median_ms(infer)))
+   collectgarbage()
+end
+if bf16 then
+   print(string.format("resnet50_infer_bf16_folded_b8 nhwc %.3f", median_ms(infer_bf16)))
+end
 
 if profile then
    local F = lm.nn.functional

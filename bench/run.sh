@@ -13,6 +13,7 @@
 # Set BENCH_ONLY=name to run bench/name.lua alone, NO_PEER=1 to skip the peer. BENCH_MODELS=1
 # adds bench/models.lua (resnet50 inference, about 20 s a run) and the peer's bench_models.py
 # (its img/s turned into the same '<row> nhwc <ms>' line); without it bench/models.lua is skipped.
+# Mixed precision (bf16 rows beside PyTorch 2.x) has its own driver: bench/amp.sh.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 threads=${1:-2}
@@ -29,9 +30,16 @@ shopt -s nullglob
 scripts=(bench/*.lua)
 if [ -n "${BENCH_ONLY:-}" ]; then
    scripts=("bench/${BENCH_ONLY%.lua}.lua")
-elif [ -z "${BENCH_MODELS:-}" ]; then
+else
+   # bench/amp_ops.lua has its own peer (PyTorch 2.x): bench/amp.sh runs it
    kept=()
-   for f in "${scripts[@]}"; do [ "$f" = bench/models.lua ] || kept+=("$f"); done
+   for f in "${scripts[@]}"; do
+      case "$f" in
+         bench/amp_ops.lua) ;;
+         bench/models.lua) [ -n "${BENCH_MODELS:-}" ] && kept+=("$f") ;;
+         *) kept+=("$f") ;;
+      esac
+   done
    scripts=("${kept[@]}")
 fi
 models=
