@@ -221,6 +221,37 @@ describe("half-precision nn operators", function()
       end
    end)
 
+   it("batch_norm: (N, C) and channels-last-3d half inputs (the row kernels)", function()
+      for _, isa in ipairs(isas()) do
+         C.lm_gemm_set_isa(isa)
+         for _, hd in ipairs(HALVES) do
+            local dt, tol = hd[1], hd[3]
+            for _, sz in ipairs({ { 6, 17 }, { 2, 17, 2, 3, 2 }, { 3, 64, 1, 1, 2 } }) do
+               for _, fmt in ipairs({ CONTIG, lm.channels_last_3d }) do
+                  if #sz == 5 or fmt == CONTIG then
+                     local x = lm.randn(sz):mul(2):add(1):to(dt):to(lm.float32)
+                     if #sz == 5 then x = x:contiguous(fmt) end
+                     local xh = x:to(dt)
+                     local g = lm.randn(sz):to(dt):to(lm.float32)
+                     local w = lm.randn({ sz[2] })
+                     local function op(t)
+                        return F.batch_norm(t, nil, nil, w, nil, { training = true })
+                     end
+                     local r32, gx32 = run(op, x, g)
+                     local y, gx = run(op, xh, g:to(dt))
+                     local what = ("%s isa %d %s %s"):format(hd[2], isa, H.fmt_list(sz),
+                                                             tostring(fmt))
+                     close(y, r32, dt, tol, what)
+                     H.assert_layout(y, r32:size(), r32:stride(), what)
+                     close(gx, gx32, dt, tol, what .. " grad")
+                     H.assert_layout(gx, gx32:size(), gx32:stride(), what .. " grad")
+                  end
+               end
+            end
+         end
+      end
+   end)
+
    it("batch_norm: save_mean / save_invstd are float32 for half inputs", function()
       local ffi = require("ffi")
       local T = require("lumen.tensor")

@@ -84,10 +84,8 @@ static lm_status bn_geometry(const lm_tensor *x, int64_t *C, int64_t *M, int *mf
 /* can the kernels take x's dtype as it is? float32 / float64 always; the halves in the row
    layout (channels innermost), which the kernels read and write natively; in the plane layout
    (contiguous, spatial > 1) the front end widens them to float32 copies */
-#define BN_HALF_ROWS 0
 static int bn_native(const lm_tensor *x, int mf) {
    if (!is_half(x->dtype)) return 1;
-   if (!BN_HALF_ROWS) return 0;
    if (mf == LM_CHANNELS_LAST || mf == LM_CHANNELS_LAST_3D) return 1;
    for (int d = 2; d < x->ndim; d++)
       if (x->sizes[d] != 1) return 0;
