@@ -50,6 +50,19 @@ enum { CBLK = 256 }; /* channels per block in the NHWC kernels (stack scratch) *
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* the loads and stores of the NHWC max kernels: as they are for float / double; bfloat16 values
+   widened to float (exact), a maximum stored back by truncation (exact: it is one of the inputs,
+   or -inf), a sum of gradients rounded once to nearest even (lm_f2bf) */
+#define POOL_ID(v) (v)
+static inline float pool_bf2f(uint16_t h) {
+   union { uint32_t u; float f; } c = {(uint32_t)h << 16};
+   return c.f;
+}
+static inline uint16_t pool_f2bf_exact(float f) {
+   union { float f; uint32_t u; } c = {f};
+   return (uint16_t)(c.u >> 16);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* geometry                                                                                   */
 
@@ -197,8 +210,9 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
          }                                                                                         \
       }                                                                                            \
    }
-#define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR)                                                        \
-   ATTR static void max_fwd_nhwc_##S(const T *in, T *out, int64_t *ind, uint8_t *cd,               \
+/* D: the stored type, read with LD into T and written with STO (POOL_ID for float / double) */
+#define DEFINE_MAX_FWD_NHWC_X(T, D, LD, STO, IT, S, ATTR)                                          \
+   ATTR static void max_fwd_nhwc_##S(const D *in, D *out, int64_t *ind, uint8_t *cd,               \
                                      const pool_t *p) {                                            \
       const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, dh = p->dh,              \
                     dw = p->dw;                                                                    \
@@ -209,8 +223,8 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
       for (int64_t q = 0; q < pix; q++) {                                                          \
          const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                         \
          const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];             \
-         const T *ib = in + n * H * W * C;                                                         \
-         T *op = out + q * C;                                                                      \
+         const D *ib = in + n * H * W * C;                                                         \
+         D *op = out + q * C;                                                                      \
          int64_t *xp = ind ? ind + q * C : NULL;                                                   \
          const IT id0 = cd ? (IT)(p->hz[oh] * p->kw + p->wz[ow]) : (IT)(h0 * W + w0);              \
          const IT first = (h0 < h1 && w0 < w1) ? id0 : cd ? (IT)255 : (IT)-1;                      \
@@ -226,16 +240,16 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
             for (int64_t ih = h0; ih < h1; ih += dh, rid += (IT)sh_) {                             \
                IT id = rid;                                                                        \
                for (int64_t iw = w0; iw < w1; iw += dw, id += (IT)sw_) {                           \
-                  const T *src = ib + (ih * W + iw) * C + c0;                                      \
+                  const D *src = ib + (ih * W + iw) * C + c0;                                      \
                   for (int64_t c = 0; c < cn; c++) {                                               \
-                     T v = src[c];                                                                 \
+                     T v = LD(src[c]);                                                             \
                      int take = (v > mx[c]) | (v != v);                                            \
                      mx[c] = take ? v : mx[c];                                                     \
                      li[c] = take ? id : li[c];                                                    \
                   }                                                                                \
                }                                                                                   \
             }                                                                                      \
-            for (int64_t c = 0; c < cn; c++) op[c0 + c] = mx[c];                                   \
+            for (int64_t c = 0; c < cn; c++) op[c0 + c] = STO(mx[c]);                              \
             if (xp)                                                                                \
                for (int64_t c = 0; c < cn; c++) xp[c0 + c] = li[c];                                \
             if (cd)                                                                                \
@@ -244,8 +258,15 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
       }                                                                                            \
    }
 
+#define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR) DEFINE_MAX_FWD_NHWC_X(T, T, POOL_ID, POOL_ID, IT, S, ATTR)
+
 DEFINE_MAX_FWD_NCHW(float, f32)
 DEFINE_MAX_FWD_NCHW(double, f64)
+/* bfloat16 channels-last (the ResNet stem's pool in a bf16 training step): the 16-bit values
+   read and written directly, compared as floats */
+DEFINE_MAX_FWD_NHWC_X(float, uint16_t, pool_bf2f, pool_f2bf_exact, int32_t, bf16, )
+DEFINE_MAX_FWD_NHWC_X(float, uint16_t, pool_bf2f, pool_f2bf_exact, int32_t, bf16_512,
+                      LM_AVX512_FN)
 DEFINE_MAX_FWD_NHWC(float, int32_t, f32, )
 DEFINE_MAX_FWD_NHWC(float, int64_t, f32l, )
 DEFINE_MAX_FWD_NHWC(double, int64_t, f64, )
@@ -602,9 +623,9 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
    Returns the number of entries that are neither -1 / 255 nor a tap of their window inside the
    plane. Tap numbers are checked directly (taps_bad_row); for indices, the ones that are set are
    counted, and each valid one matches exactly one pixel: the difference is the rest. */
-#define DEFINE_MAX_GATHER(T, S, ATTR)                                                              \
-   ATTR static int64_t max_gather_nhwc_##S(const T *go, const int64_t *ind, const uint8_t *cd,     \
-                                           T *gi, const pool_t *p, const taps_t *tl) {             \
+#define DEFINE_MAX_GATHER_X(T, D, LD, STO, S, ATTR)                                                \
+   ATTR static int64_t max_gather_nhwc_##S(const D *go, const int64_t *ind, const uint8_t *cd,     \
+                                           D *gi, const pool_t *p, const taps_t *tl) {             \
       const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * H;         \
       const int64_t kw = p->kw;                                                                    \
       const int64_t cb = scatter_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;       \
@@ -615,8 +636,8 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
          const int64_t ih = r % H, n = r / H;                                                      \
          const int64_t a0 = tl->rptr[ih], a1 = tl->rptr[ih + 1];                                   \
          const int64_t nofs = n * OH * OW * C + c0;                                                \
-         const T *gn = go + nofs;                                                                  \
-         T *g = gi + r * W * C + c0;                                                               \
+         const D *gn = go + nofs;                                                                  \
+         D *g = gi + r * W * C + c0;                                                               \
          int64_t lbad = 0;                                                                         \
          for (int64_t oh = 0; oh < OH; oh++) {                                                     \
             if (owner_row(p, oh) != ih) continue;                                                  \
@@ -639,22 +660,23 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
                for (int64_t a = a0; a < a1; a++)                                                   \
                   for (int64_t b = b0; b < b1; b++) {                                              \
                      const int64_t off = (tl->rwin[a] * OW + tl->cwin[b]) * C + cc;                \
-                     const T *o = gn + off;                                                        \
+                     const D *o = gn + off;                                                        \
                      if (cd) {                                                                     \
                         const uint8_t *x = cd + nofs + off;                                        \
                         const uint8_t code = (uint8_t)(tl->rtap[a] * kw + tl->ctap[b]);            \
-                        for (int64_t c = 0; c < cm; c++) acc[c] += x[c] == code ? o[c] : (T)0;     \
+                        for (int64_t c = 0; c < cm; c++)                                           \
+                           acc[c] += x[c] == code ? LD(o[c]) : (T)0;                               \
                      } else {                                                                      \
                         const int64_t *x = ind + nofs + off;                                       \
                         for (int64_t c = 0; c < cm; c++) {                                         \
                            const int64_t e = x[c] == pix;                                          \
-                           acc[c] += e ? o[c] : (T)0;                                              \
+                           acc[c] += e ? LD(o[c]) : (T)0;                                          \
                            m += e;                                                                 \
                         }                                                                          \
                      }                                                                             \
                   }                                                                                \
-               T *dst = g + iw * C + cc;                                                           \
-               for (int64_t c = 0; c < cm; c++) dst[c] = acc[c];                                   \
+               D *dst = g + iw * C + cc;                                                           \
+               for (int64_t c = 0; c < cm; c++) dst[c] = STO(acc[c]);                              \
                lbad -= m;                                                                          \
             }                                                                                      \
          }                                                                                         \
@@ -663,13 +685,17 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
       return nbad;                                                                                 \
    }
 
+#define DEFINE_MAX_GATHER(T, S, ATTR) DEFINE_MAX_GATHER_X(T, T, POOL_ID, POOL_ID, S, ATTR)
+/* bfloat16: the gradients summed in float, each sum rounded once (lm_f2bf) */
 #define TAPS_BAD_ROW taps_bad_row_base
 DEFINE_MAX_GATHER(float, f32, )
 DEFINE_MAX_GATHER(double, f64, )
+DEFINE_MAX_GATHER_X(float, uint16_t, pool_bf2f, lm_f2bf, bf16, )
 #undef TAPS_BAD_ROW
 #define TAPS_BAD_ROW taps_bad_row_512
 DEFINE_MAX_GATHER(float, f32_512, LM_AVX512_FN)
 DEFINE_MAX_GATHER(double, f64_512, LM_AVX512_FN)
+DEFINE_MAX_GATHER_X(float, uint16_t, pool_bf2f, lm_f2bf, bf16_512, LM_AVX512_FN)
 #undef TAPS_BAD_ROW
 
 /* window averages; empty windows give 0. acc is float for float (as PyTorch's CPU kernels). */
@@ -1419,7 +1445,9 @@ static lm_status max_forward(const lm_op *op, int v512) {
    int64_t *ix = it && !codes ? (int64_t *)lm_tensor_data(it) : NULL;
    uint8_t *cd = it && codes ? (uint8_t *)lm_tensor_data(it) : NULL;
    if (p->mf == LM_CHANNELS_LAST) {
-      if (xd->dtype == LM_FLOAT64)
+      if (xd->dtype == LM_BFLOAT16) /* the front end sends H * W < INT32_MAX only */
+         (v512 ? max_fwd_nhwc_bf16_512 : max_fwd_nhwc_bf16)(in, o, ix, cd, p);
+      else if (xd->dtype == LM_FLOAT64)
          (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, cd, p);
 #ifdef POOL_X86
       else if (v512 && p->H * p->W < INT32_MAX)
@@ -1484,7 +1512,9 @@ static lm_status max_backward(const lm_op *op, int v512) {
       } else {
          taps_t tl;
          tap_lists_make(p, buf, &tl);
-         if (f64)
+         if (gt->dtype == LM_BFLOAT16)
+            bad = (v512 ? max_gather_nhwc_bf16_512 : max_gather_nhwc_bf16)(gp, ix, cd, gi, p, &tl);
+         else if (f64)
             bad = (v512 ? max_gather_nhwc_f64_512 : max_gather_nhwc_f64)(gp, ix, cd, gi, p, &tl);
 #ifdef POOL_X86
          else if (v512) {
