@@ -118,7 +118,8 @@ describe("half-precision nn operators", function()
                        kernel_size = 3, stride = 2, padding = 1, return_indices = true })) end,
                     true },
                   { "avg_pool2d", function(t) return F.avg_pool2d(t, { kernel_size = k,
-                       stride = 1, padding = math.floor(k / 2), count_include_pad = trial % 2 == 0 }) end },
+                       stride = 1, padding = math.floor(k / 2),
+                       count_include_pad = trial % 2 == 0 }) end },
                   { "adaptive_avg_pool2d", function(t) return F.adaptive_avg_pool2d(t, 1) end },
                   { "adaptive_avg_pool2d 3", function(t) return F.adaptive_avg_pool2d(t, 3) end },
                   { "adaptive_max_pool2d", function(t)
