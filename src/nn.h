@@ -11,9 +11,13 @@
  * computed); others through lm_dispatch (src/backend.h, docs/devices.md).
  *
  * Common rules (PyTorch semantics):
- *   - Inputs are float32 or float64 (LM_ERR_DTYPE otherwise), with any strides, all on one
+ *   - Inputs are float32, float64, float16 or bfloat16 (LM_ERR_DTYPE otherwise), with any
+ *     strides, all on one
  *     device (LM_ERR_DEVICE "expected all tensors to be on the same device" otherwise). Results
  *     are allocated on the input's device; an out= tensor on another device is LM_ERR_DEVICE.
+ *   - float16 / bfloat16 (PyTorch): results and input gradients have the input's dtype and the
+ *     memory format a float32 input would give; the computation is float32 (or wider) and the
+ *     result is rounded once (max pooling exactly; batch-norm statistics in float32).
  *   - Pools and batch norm pick mf = lm_suggest_memory_format(x); the output, the indices and the
  *     input gradient are allocated in mf. Channels-last runs NHWC kernels (vectorized over C),
  *     contiguous runs NCHW kernels (over planes); an input that is not dense in mf is cloned to
@@ -91,7 +95,8 @@ lm_status lm_adaptive_max_pool2d_backward(const lm_tensor *grad_out, const lm_te
  * running stats (when given) are updated in place:
  *    running = (1 - momentum) * running + momentum * batch_stat  (the variance unbiased).
  * training == 0: normalise with the running stats (both required).
- * save_mean / save_invstd (pointers may be NULL): (C) tensors of x's dtype holding the mean and
+ * save_mean / save_invstd (pointers may be NULL): (C) tensors of x's dtype (float32 for a
+ * float16 / bfloat16 x: the statistics are float32) holding the mean and
  * 1/sqrt(var + eps) that were used, batch stats when training and running stats in eval mode,
  * exactly what lm_batch_norm_backward needs. */
 lm_status lm_batch_norm(const lm_tensor *x, const lm_tensor *weight, const lm_tensor *bias,

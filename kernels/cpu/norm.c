@@ -17,8 +17,14 @@
  *             where the first ended (its last rows are still in that core's cache).
  *   planes -- contiguous (N, C, S): per (n, c) plane partial sums in double, then per channel.
  * Each kernel has a baseline copy and an AVX-512 copy; lm_cpu_register_norm picks one per ISA.
+ *
+ * float16 / bfloat16 (the front end sends them here only in the row layout; planes get float32
+ * copies there): the row kernel of norm_half.h, which reads and writes the 16-bit values and
+ * computes in float32 (its AVX-512 copy in norm_half_avx512.c, the portable one below: bn_rows_half_c);
+ * the scratch, the shift K and the coefficients are float32, the statistics double as for float32.
  */
 #include "cpu.h"
+#include "norm_half.h"
 #include "ops/norm.h"
 
 #include <math.h>
@@ -36,6 +42,12 @@ enum { SROWS = 64, RROWS = 32, PLANEBLK = 1024 };
 #define BN_GRAIN ((int64_t)1 << 18)
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static inline int is_half(int dt) { return dt == LM_FLOAT16 || dt == LM_BFLOAT16; }
+/* the type of the scratch, the shift K and the coefficients: float32 for float32 and the halves */
+static inline int comp_dt(int dt) { return dt == LM_FLOAT64 ? LM_FLOAT64 : LM_FLOAT32; }
+static inline float half_ld(int dt, uint16_t h) { return dt == LM_BFLOAT16 ? lm_bf2f(h) : lm_h2f(h); }
+static inline uint16_t half_st(int dt, float v) { return dt == LM_BFLOAT16 ? lm_f2bf(v) : lm_f2h(v); }
 
 static int num_threads(void) {
 #ifdef _OPENMP
@@ -671,6 +683,85 @@ DEFINE_BN_ROWS(float, f32_512, LM_AVX512_FN, bn_vf, bn_vf_u, bn_vfi, bn_vw16, bn
 DEFINE_BN_ROWS(double, f64_512, LM_AVX512_FN, bn_vd, bn_vd_u, bn_vdi, bn_vd, bn_vd_u, 4, 4,
                bn_mld_f64_512, bn_mst_f64_512, BN_MASKED, BN_NTST_F64_512)
 
+/* the portable copy of the half row kernel (norm_half.h): float32 per-channel accumulators
+   (facc: nthreads * 2 * C floats) over blocks of SROWS rows, flushed into double */
+static void bn_rows_half_c(const lm_bn_half_args *p, float *facc) {
+   const int64_t M = p->M, C = p->C;
+   const int dt = p->dt;
+   void (*prep)(void *) = p->prep;
+   if (!p->K && prep) {
+      prep(p->ctx);
+      prep = NULL;
+   }
+#pragma omp parallel if (M * C > BN_GRAIN)
+   {
+      int tid = 0, nth = 1;
+      LM_OMP_TID(tid, nth);
+      const int64_t r0 = M * tid / nth, r1 = M * (tid + 1) / nth;
+      if (p->K) {
+         double *p1 = p->part + (size_t)tid * 2 * (size_t)C, *p2 = p1 + C;
+         float *a1 = facc + (size_t)tid * 2 * (size_t)C, *a2 = a1 + C;
+         for (int64_t c = 0; c < C; c++) p1[c] = p2[c] = 0, a1[c] = a2[c] = 0;
+         for (int64_t rb = r0; rb < r1; rb += SROWS) {
+            const int64_t re = min64(rb + SROWS, r1);
+            for (int64_t r = rb; r < re; r++) {
+               const int64_t o = r * C;
+               for (int64_t c = 0; c < C; c++) {
+                  const float d = half_ld(dt, p->x[o + c]) - p->K[c];
+                  if (!p->dy) {
+                     a1[c] += d;
+                     a2[c] += d * d;
+                  } else {
+                     float g = half_ld(dt, p->dy[o + c]);
+                     if (p->mk) {
+                        if (half_ld(dt, p->mk[o + c]) <= 0) g = 0;
+                        if (p->gm) p->gm[o + c] = half_st(dt, g);
+                     }
+                     a1[c] += g;
+                     a2[c] += g * d;
+                  }
+               }
+            }
+            for (int64_t c = 0; c < C; c++) {
+               p1[c] += a1[c];
+               p2[c] += a2[c];
+               a1[c] = a2[c] = 0;
+            }
+         }
+#pragma omp barrier
+         if (tid == 0) {
+            for (int64_t c = 0; c < C; c++) p->s1[c] = p->s2[c] = 0;
+            for (int t = 0; t < nth; t++) {
+               const double *q1 = p->part + (size_t)t * 2 * (size_t)C, *q2 = q1 + C;
+               for (int64_t c = 0; c < C; c++) {
+                  p->s1[c] += q1[c];
+                  p->s2[c] += q2[c];
+               }
+            }
+            if (prep) prep(p->ctx);
+         }
+         if (p->y) {
+#pragma omp barrier
+         }
+      }
+      if (p->y) {
+         const float *A = p->cf, *Ma = A + C, *B = A + 2 * C, *Mb = A + 3 * C, *D = A + 4 * C;
+         for (int64_t r = r1 - 1; r >= r0; r--) {
+            const int64_t o = r * C;
+            for (int64_t c = 0; c < C; c++) {
+               float av = half_ld(dt, p->a[o + c]);
+               if (p->amk && half_ld(dt, p->amk[o + c]) <= 0) av = 0;
+               float t = A[c] * (av - Ma[c]) + D[c];
+               if (p->b) t += B[c] * (half_ld(dt, p->b[o + c]) - Mb[c]);
+               if (p->res) t += half_ld(dt, p->res[o + c]);
+               if (p->relu && t < 0) t = 0;
+               p->y[o + c] = half_st(dt, t);
+            }
+         }
+      }
+   }
+}
+
 /* work buffers shared by forward and backward */
 typedef struct {
    double *d;     /* 10 * C doubles: s1, s2, mean, invstd, w, b, rm, rv, tmp... */
@@ -712,6 +803,8 @@ static void bn_shift(const void *x, const bn_geom *g, int dt, void *K, const dou
          v = 0;
       else if (dt == LM_FLOAT64)
          v = ((const double *)x)[g->rows ? c : c * g->S];
+      else if (is_half(dt))
+         v = half_ld(dt, ((const uint16_t *)x)[g->rows ? c : c * g->S]);
       else
          v = ((const float *)x)[g->rows ? c : c * g->S];
       if (!mean && !isfinite(v)) v = 0;
@@ -764,6 +857,18 @@ static int bn_run(int v, const void *x, const void *dy, const void *mk, void *gm
                    const bn_geom *g, int dt, bn_work *w, double *s1, double *s2,
                    void (*prep)(void *), void *ctx, const void *a, const void *amk, const void *b,
                    const void *res, void *y, int relu, int stream) {
+   if (is_half(dt)) { /* rows only (the front end widens planes); no streaming stores */
+      const lm_bn_half_args hp = {dt, x, dy, mk, gm, K, g->M, g->C, w->part, s1, s2, prep, ctx,
+                                  a, amk, b, res, y, w->coef, relu};
+#if BN_HAVE_AVX512
+      if (v) {
+         lm_bn_rows_half_avx512(&hp);
+         return 0;
+      }
+#endif
+      bn_rows_half_c(&hp, w->facc);
+      return 0;
+   }
    if (g->rows) {
       /* streaming stores: whole aligned vectors only (the AVX-512 copies, rows of a multiple of
          64 bytes, y aligned), so every channel goes through the vector loops */
@@ -798,7 +903,7 @@ static int bn_run(int v, const void *x, const void *dy, const void *mk, void *gm
 }
 
 static void *bn_K(bn_work *w, const bn_geom *g, int dt) {
-   return (char *)w->coef + (size_t)5 * (size_t)g->C * (size_t)lm_dtype_size(dt);
+   return (char *)w->coef + (size_t)5 * (size_t)g->C * (size_t)lm_dtype_size(comp_dt(dt));
 }
 
 /* the forward's state, for the prep step that runs between its two passes */
@@ -870,7 +975,7 @@ static lm_status bn_forward(const lm_op *op, int v) {
    const int dt = x->dtype;
    bn_work w = {0};
    int streamed = 0; /* y was written with streaming stores */
-   LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
+   LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(comp_dt(dt))));
    double *s1 = w.d, *s2 = s1 + C, *mean = s2 + C, *invstd = mean + C, *wt = invstd + C;
    double *bs = wt + C, *rm = bs + C, *rv = rm + C, *A = rv + C;
 
@@ -956,7 +1061,7 @@ static lm_status bn_backward(const lm_op *op, int v) {
    const int dt = x->dtype;
    bn_work w = {0};
    int streamed = 0; /* grad_input was written with streaming stores */
-   LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(dt)));
+   LM_TRY(bn_work_alloc(&w, &g, lm_dtype_size(comp_dt(dt))));
    double *s1 = w.d, *s2 = s1 + C, *mean = s2 + C, *invstd = mean + C, *wt = invstd + C;
    double *A = wt + C, *B = A + C, *D = B + C;
 

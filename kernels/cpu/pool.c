@@ -50,6 +50,19 @@ enum { CBLK = 256 }; /* channels per block in the NHWC kernels (stack scratch) *
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* the loads and stores of the NHWC max kernels: as they are for float / double; bfloat16 values
+   widened to float (exact), a maximum stored back by truncation (exact: it is one of the inputs,
+   or -inf), a sum of gradients rounded once to nearest even (lm_f2bf) */
+#define POOL_ID(v) (v)
+static inline float pool_bf2f(uint16_t h) {
+   union { uint32_t u; float f; } c = {(uint32_t)h << 16};
+   return c.f;
+}
+static inline uint16_t pool_f2bf_exact(float f) {
+   union { float f; uint32_t u; } c = {f};
+   return (uint16_t)(c.u >> 16);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* geometry                                                                                   */
 
@@ -197,8 +210,9 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
          }                                                                                         \
       }                                                                                            \
    }
-#define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR)                                                        \
-   ATTR static void max_fwd_nhwc_##S(const T *in, T *out, int64_t *ind, uint8_t *cd,               \
+/* D: the stored type, read with LD into T and written with STO (POOL_ID for float / double) */
+#define DEFINE_MAX_FWD_NHWC_X(T, D, LD, STO, IT, S, ATTR)                                          \
+   ATTR static void max_fwd_nhwc_##S(const D *in, D *out, int64_t *ind, uint8_t *cd,               \
                                      const pool_t *p) {                                            \
       const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, dh = p->dh,              \
                     dw = p->dw;                                                                    \
@@ -209,8 +223,8 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
       for (int64_t q = 0; q < pix; q++) {                                                          \
          const int64_t ow = q % OW, oh = (q / OW) % OH, n = q / (OW * OH);                         \
          const int64_t h0 = p->hs[oh], h1 = p->he[oh], w0 = p->ws[ow], w1 = p->we[ow];             \
-         const T *ib = in + n * H * W * C;                                                         \
-         T *op = out + q * C;                                                                      \
+         const D *ib = in + n * H * W * C;                                                         \
+         D *op = out + q * C;                                                                      \
          int64_t *xp = ind ? ind + q * C : NULL;                                                   \
          const IT id0 = cd ? (IT)(p->hz[oh] * p->kw + p->wz[ow]) : (IT)(h0 * W + w0);              \
          const IT first = (h0 < h1 && w0 < w1) ? id0 : cd ? (IT)255 : (IT)-1;                      \
@@ -226,16 +240,16 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
             for (int64_t ih = h0; ih < h1; ih += dh, rid += (IT)sh_) {                             \
                IT id = rid;                                                                        \
                for (int64_t iw = w0; iw < w1; iw += dw, id += (IT)sw_) {                           \
-                  const T *src = ib + (ih * W + iw) * C + c0;                                      \
+                  const D *src = ib + (ih * W + iw) * C + c0;                                      \
                   for (int64_t c = 0; c < cn; c++) {                                               \
-                     T v = src[c];                                                                 \
+                     T v = LD(src[c]);                                                             \
                      int take = (v > mx[c]) | (v != v);                                            \
                      mx[c] = take ? v : mx[c];                                                     \
                      li[c] = take ? id : li[c];                                                    \
                   }                                                                                \
                }                                                                                   \
             }                                                                                      \
-            for (int64_t c = 0; c < cn; c++) op[c0 + c] = mx[c];                                   \
+            for (int64_t c = 0; c < cn; c++) op[c0 + c] = STO(mx[c]);                              \
             if (xp)                                                                                \
                for (int64_t c = 0; c < cn; c++) xp[c0 + c] = li[c];                                \
             if (cd)                                                                                \
@@ -244,8 +258,15 @@ static int64_t scatter_cblock(int64_t N, int64_t C) {
       }                                                                                            \
    }
 
+#define DEFINE_MAX_FWD_NHWC(T, IT, S, ATTR) DEFINE_MAX_FWD_NHWC_X(T, T, POOL_ID, POOL_ID, IT, S, ATTR)
+
 DEFINE_MAX_FWD_NCHW(float, f32)
 DEFINE_MAX_FWD_NCHW(double, f64)
+/* bfloat16 channels-last (the ResNet stem's pool in a bf16 training step): the 16-bit values
+   read and written directly, compared as floats */
+DEFINE_MAX_FWD_NHWC_X(float, uint16_t, pool_bf2f, pool_f2bf_exact, int32_t, bf16, )
+DEFINE_MAX_FWD_NHWC_X(float, uint16_t, pool_bf2f, pool_f2bf_exact, int32_t, bf16_512,
+                      LM_AVX512_FN)
 DEFINE_MAX_FWD_NHWC(float, int32_t, f32, )
 DEFINE_MAX_FWD_NHWC(float, int64_t, f32l, )
 DEFINE_MAX_FWD_NHWC(double, int64_t, f64, )
@@ -602,9 +623,9 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
    Returns the number of entries that are neither -1 / 255 nor a tap of their window inside the
    plane. Tap numbers are checked directly (taps_bad_row); for indices, the ones that are set are
    counted, and each valid one matches exactly one pixel: the difference is the rest. */
-#define DEFINE_MAX_GATHER(T, S, ATTR)                                                              \
-   ATTR static int64_t max_gather_nhwc_##S(const T *go, const int64_t *ind, const uint8_t *cd,     \
-                                           T *gi, const pool_t *p, const taps_t *tl) {             \
+#define DEFINE_MAX_GATHER_X(T, D, LD, STO, S, ATTR)                                                \
+   ATTR static int64_t max_gather_nhwc_##S(const D *go, const int64_t *ind, const uint8_t *cd,     \
+                                           D *gi, const pool_t *p, const taps_t *tl) {             \
       const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * H;         \
       const int64_t kw = p->kw;                                                                    \
       const int64_t cb = scatter_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;       \
@@ -615,8 +636,8 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
          const int64_t ih = r % H, n = r / H;                                                      \
          const int64_t a0 = tl->rptr[ih], a1 = tl->rptr[ih + 1];                                   \
          const int64_t nofs = n * OH * OW * C + c0;                                                \
-         const T *gn = go + nofs;                                                                  \
-         T *g = gi + r * W * C + c0;                                                               \
+         const D *gn = go + nofs;                                                                  \
+         D *g = gi + r * W * C + c0;                                                               \
          int64_t lbad = 0;                                                                         \
          for (int64_t oh = 0; oh < OH; oh++) {                                                     \
             if (owner_row(p, oh) != ih) continue;                                                  \
@@ -639,22 +660,23 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
                for (int64_t a = a0; a < a1; a++)                                                   \
                   for (int64_t b = b0; b < b1; b++) {                                              \
                      const int64_t off = (tl->rwin[a] * OW + tl->cwin[b]) * C + cc;                \
-                     const T *o = gn + off;                                                        \
+                     const D *o = gn + off;                                                        \
                      if (cd) {                                                                     \
                         const uint8_t *x = cd + nofs + off;                                        \
                         const uint8_t code = (uint8_t)(tl->rtap[a] * kw + tl->ctap[b]);            \
-                        for (int64_t c = 0; c < cm; c++) acc[c] += x[c] == code ? o[c] : (T)0;     \
+                        for (int64_t c = 0; c < cm; c++)                                           \
+                           acc[c] += x[c] == code ? LD(o[c]) : (T)0;                               \
                      } else {                                                                      \
                         const int64_t *x = ind + nofs + off;                                       \
                         for (int64_t c = 0; c < cm; c++) {                                         \
                            const int64_t e = x[c] == pix;                                          \
-                           acc[c] += e ? o[c] : (T)0;                                              \
+                           acc[c] += e ? LD(o[c]) : (T)0;                                          \
                            m += e;                                                                 \
                         }                                                                          \
                      }                                                                             \
                   }                                                                                \
-               T *dst = g + iw * C + cc;                                                           \
-               for (int64_t c = 0; c < cm; c++) dst[c] = acc[c];                                   \
+               D *dst = g + iw * C + cc;                                                           \
+               for (int64_t c = 0; c < cm; c++) dst[c] = STO(acc[c]);                              \
                lbad -= m;                                                                          \
             }                                                                                      \
          }                                                                                         \
@@ -663,9 +685,12 @@ DEFINE_TAPS_BAD_ROW(512, LM_AVX512_FN)
       return nbad;                                                                                 \
    }
 
+#define DEFINE_MAX_GATHER(T, S, ATTR) DEFINE_MAX_GATHER_X(T, T, POOL_ID, POOL_ID, S, ATTR)
+/* bfloat16: the gradients summed in float, each sum rounded once (lm_f2bf) */
 #define TAPS_BAD_ROW taps_bad_row_base
 DEFINE_MAX_GATHER(float, f32, )
 DEFINE_MAX_GATHER(double, f64, )
+DEFINE_MAX_GATHER_X(float, uint16_t, pool_bf2f, lm_f2bf, bf16, )
 #undef TAPS_BAD_ROW
 #define TAPS_BAD_ROW taps_bad_row_512
 DEFINE_MAX_GATHER(float, f32_512, LM_AVX512_FN)
@@ -1229,29 +1254,58 @@ LM_AVX512_FN static void max_fwd_nhwc_v512(const float *in, float *out, int64_t 
 #define LM_AVX512P_FN                                                                              \
    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,popcnt,prefer-vector-width=512")))
 
+/* the gathers read grad_out as float32 (bf = 0) or bfloat16 (bf = 1: widened exactly), at
+   element i of p, lanes m (all of them: 0xFFFF) */
+LM_AVX512P_FN static LM_AI __m512 gload(const void *p, int64_t i, __mmask16 m, const int bf) {
+   if (bf) {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+   }
+   return m == 0xFFFF ? _mm512_loadu_ps((const float *)p + i)
+                      : _mm512_maskz_loadu_ps(m, (const float *)p + i);
+}
+
+/* a gathered sum stored at element i of p: float32 as it is (streaming when stream), bfloat16
+   rounded to nearest even (NaN kept quiet, as lm_f2bf) */
+LM_AVX512P_FN static LM_AI void gstore(void *p, int64_t i, __m512 v, __mmask16 m, int stream,
+                                        const int bf) {
+   if (bf) {
+      const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+      const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+      __m512i r = _mm512_srli_epi32(
+         _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+      r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                                _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+      _mm256_mask_storeu_epi16((uint16_t *)p + i, m, _mm512_cvtepi32_epi16(r));
+   } else if (m == 0xFFFF) {
+      st16((float *)p + i, v, stream);
+   } else {
+      _mm512_mask_storeu_ps((float *)p + i, m, v);
+   }
+}
+
 /* acc[0..NV) = 0 + grad_out of the windows (rows a0..a1, columns b0..b1 of the tap lists) whose
    tap number (bytes at tn) is the pixel's in that window, for 16 NV channels from gn / tn (m:
    the lanes, all of them for a full chunk) */
-LM_AVX512P_FN static LM_AI void taps_gather(__m512 *acc, const float *gn, const uint8_t *tn,
+LM_AVX512P_FN static LM_AI void taps_gather(__m512 *acc, const void *gn, const uint8_t *tn,
                                              const taps_t *tl, int64_t a0, int64_t a1, int64_t b0,
                                              int64_t b1, int64_t OW, int64_t C, int64_t kw,
-                                             __mmask16 m, const int NV) {
+                                             __mmask16 m, const int NV, const int bf) {
    for (int v = 0; v < NV; v++) acc[v] = _mm512_setzero_ps();
    for (int64_t a = a0; a < a1; a++) {
       const int64_t rb = tl->rwin[a] * OW, rc = tl->rtap[a] * kw;
       for (int64_t b = b0; b < b1; b++) {
          const int64_t off = (rb + tl->cwin[b]) * C;
-         const float *o = gn + off;
          const uint8_t *t = tn + off;
          const __m128i cv = _mm_set1_epi8((char)(rc + tl->ctap[b]));
          for (int v = 0; v < NV; v++) {
             if (m == 0xFFFF) {
                const __mmask16 k =
                   _mm_cmpeq_epi8_mask(_mm_loadu_si128((const __m128i *)(t + 16 * v)), cv);
-               acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], _mm512_loadu_ps(o + 16 * v));
+               acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], gload(gn, off + 16 * v, m, bf));
             } else {
                const __mmask16 k = _mm_mask_cmpeq_epi8_mask(m, _mm_maskz_loadu_epi8(m, t), cv);
-               acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], _mm512_maskz_loadu_ps(m, o));
+               acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], gload(gn, off, m, bf));
             }
          }
       }
@@ -1260,17 +1314,17 @@ LM_AVX512P_FN static LM_AI void taps_gather(__m512 *acc, const float *gn, const 
 
 /* the same with int64 indices compared with the pixel's flat index pix; *cnt counts the matches
    per lane */
-LM_AVX512P_FN static LM_AI void index_gather(__m512 *acc, __m512i *cnt, const float *gn,
+LM_AVX512P_FN static LM_AI void index_gather(__m512 *acc, __m512i *cnt, const void *gn,
                                               const int64_t *xn, const taps_t *tl, int64_t a0,
                                               int64_t a1, int64_t b0, int64_t b1, int64_t OW,
-                                              int64_t C, __m512i pix, __mmask16 m, const int NV) {
+                                              int64_t C, __m512i pix, __mmask16 m, const int NV,
+                                              const int bf) {
    const __m512i one = _mm512_set1_epi32(1);
    for (int v = 0; v < NV; v++) acc[v] = _mm512_setzero_ps();
    for (int64_t a = a0; a < a1; a++) {
       const int64_t rb = tl->rwin[a] * OW;
       for (int64_t b = b0; b < b1; b++) {
          const int64_t off = (rb + tl->cwin[b]) * C;
-         const float *o = gn + off;
          const int64_t *x = xn + off;
          for (int v = 0; v < NV; v++) {
             __mmask16 k;
@@ -1280,7 +1334,7 @@ LM_AVX512P_FN static LM_AI void index_gather(__m512 *acc, __m512i *cnt, const fl
                const __mmask8 hi =
                   _mm512_cmpeq_epi64_mask(_mm512_loadu_si512(x + 16 * v + 8), pix);
                k = _mm512_kunpackb(hi, lo);
-               g = _mm512_loadu_ps(o + 16 * v);
+               g = gload(gn, off + 16 * v, m, bf);
             } else {
                const __mmask8 ml = (__mmask8)m, mh = (__mmask8)(m >> 8);
                const __mmask8 lo =
@@ -1288,7 +1342,7 @@ LM_AVX512P_FN static LM_AI void index_gather(__m512 *acc, __m512i *cnt, const fl
                const __mmask8 hi =
                   _mm512_mask_cmpeq_epi64_mask(mh, _mm512_maskz_loadu_epi64(mh, x + 8), pix);
                k = _mm512_kunpackb(hi, lo);
-               g = _mm512_maskz_loadu_ps(m, o);
+               g = gload(gn, off, m, bf);
             }
             acc[v] = _mm512_mask_add_ps(acc[v], k, acc[v], g);
             *cnt = _mm512_mask_add_epi32(*cnt, k, *cnt, one);
@@ -1311,9 +1365,10 @@ LM_AVX512P_FN static LM_AI int64_t count_set64(const int64_t *x, int64_t n) {
    return cnt;
 }
 
-LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t *ind,
-                                                  const uint8_t *cd, float *gi, const pool_t *p,
-                                                  const taps_t *tl, int stream) {
+/* go, gi: float32, or bfloat16 (bf: the sums in float32, each rounded once; no streaming) */
+LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const void *go, const int64_t *ind,
+                                                  const uint8_t *cd, void *gi, const pool_t *p,
+                                                  const taps_t *tl, int stream, const int bf) {
    const int64_t H = p->H, W = p->W, C = p->C, OH = p->OH, OW = p->OW, rows = p->N * H;
    const int64_t kw = p->kw;
    const int64_t cb = row_cblock(rows, C), nb = (C + cb - 1) / cb, tasks = rows * nb;
@@ -1326,8 +1381,9 @@ LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t
       const int64_t ih = r % H, n = r / H;
       const int64_t a0 = tl->rptr[ih], a1 = tl->rptr[ih + 1];
       const int64_t nofs = n * OH * OW * C + c0;
-      const float *gn = go + nofs;
-      float *g = gi + r * W * C + c0;
+      const int esz = bf ? 2 : 4;
+      const void *gn = (const char *)go + nofs * esz;
+      char *g = (char *)gi + r * W * C * esz + c0 * esz;
       int64_t lbad = 0;
       if (cd) {
          const uint8_t *tn = cd + nofs;
@@ -1335,21 +1391,24 @@ LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t
             if (owner_row(p, oh) == ih) lbad += taps_bad_row_512(p, tl, tn, oh, cn);
          for (int64_t iw = 0; iw < W; iw++) {
             const int64_t b0 = tl->cptr[iw], b1 = tl->cptr[iw + 1];
-            float *dst = g + iw * C;
+            char *dst = g + iw * C * esz;
             __m512 acc[8];
             int64_t c = 0;
             for (; c + 128 <= cn; c += 128) {
-               taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, 0xFFFF, 8);
-               for (int v = 0; v < 8; v++) st16(dst + c + 16 * v, acc[v], stream);
+               taps_gather(acc, (const char *)gn + c * esz, tn + c, tl, a0, a1, b0, b1, OW, C, kw,
+                           0xFFFF, 8, bf);
+               for (int v = 0; v < 8; v++) gstore(dst, c + 16 * v, acc[v], 0xFFFF, stream, bf);
             }
             for (; c + 64 <= cn; c += 64) {
-               taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, 0xFFFF, 4);
-               for (int v = 0; v < 4; v++) st16(dst + c + 16 * v, acc[v], stream);
+               taps_gather(acc, (const char *)gn + c * esz, tn + c, tl, a0, a1, b0, b1, OW, C, kw,
+                           0xFFFF, 4, bf);
+               for (int v = 0; v < 4; v++) gstore(dst, c + 16 * v, acc[v], 0xFFFF, stream, bf);
             }
             for (; c < cn; c += 16) {
                const __mmask16 m = tail_mask(cn - c);
-               taps_gather(acc, gn + c, tn + c, tl, a0, a1, b0, b1, OW, C, kw, m, 1);
-               _mm512_mask_storeu_ps(dst + c, m, acc[0]);
+               taps_gather(acc, (const char *)gn + c * esz, tn + c, tl, a0, a1, b0, b1, OW, C, kw,
+                           m, 1, bf);
+               gstore(dst, c, acc[0], m, 0, bf);
             }
          }
       } else {
@@ -1366,22 +1425,25 @@ LM_AVX512P_FN static int64_t max_gather_nhwc_v512(const float *go, const int64_t
          for (int64_t iw = 0; iw < W; iw++) {
             const int64_t b0 = tl->cptr[iw], b1 = tl->cptr[iw + 1];
             const __m512i pix = _mm512_set1_epi64(ih * W + iw);
-            float *dst = g + iw * C;
+            char *dst = g + iw * C * esz;
             __m512 acc[8];
             __m512i mc = _mm512_setzero_si512();
             int64_t c = 0;
             for (; c + 128 <= cn; c += 128) {
-               index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, 0xFFFF, 8);
-               for (int v = 0; v < 8; v++) st16(dst + c + 16 * v, acc[v], stream);
+               index_gather(acc, &mc, (const char *)gn + c * esz, xn + c, tl, a0, a1, b0, b1, OW,
+                            C, pix, 0xFFFF, 8, bf);
+               for (int v = 0; v < 8; v++) gstore(dst, c + 16 * v, acc[v], 0xFFFF, stream, bf);
             }
             for (; c + 64 <= cn; c += 64) {
-               index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, 0xFFFF, 4);
-               for (int v = 0; v < 4; v++) st16(dst + c + 16 * v, acc[v], stream);
+               index_gather(acc, &mc, (const char *)gn + c * esz, xn + c, tl, a0, a1, b0, b1, OW,
+                            C, pix, 0xFFFF, 4, bf);
+               for (int v = 0; v < 4; v++) gstore(dst, c + 16 * v, acc[v], 0xFFFF, stream, bf);
             }
             for (; c < cn; c += 16) {
                const __mmask16 m = tail_mask(cn - c);
-               index_gather(acc, &mc, gn + c, xn + c, tl, a0, a1, b0, b1, OW, C, pix, m, 1);
-               _mm512_mask_storeu_ps(dst + c, m, acc[0]);
+               index_gather(acc, &mc, (const char *)gn + c * esz, xn + c, tl, a0, a1, b0, b1, OW,
+                            C, pix, m, 1, bf);
+               gstore(dst, c, acc[0], m, 0, bf);
             }
             lbad -= _mm512_reduce_add_epi32(mc);
          }
@@ -1419,7 +1481,9 @@ static lm_status max_forward(const lm_op *op, int v512) {
    int64_t *ix = it && !codes ? (int64_t *)lm_tensor_data(it) : NULL;
    uint8_t *cd = it && codes ? (uint8_t *)lm_tensor_data(it) : NULL;
    if (p->mf == LM_CHANNELS_LAST) {
-      if (xd->dtype == LM_FLOAT64)
+      if (xd->dtype == LM_BFLOAT16) /* the front end sends H * W < INT32_MAX only */
+         (v512 ? max_fwd_nhwc_bf16_512 : max_fwd_nhwc_bf16)(in, o, ix, cd, p);
+      else if (xd->dtype == LM_FLOAT64)
          (v512 ? max_fwd_nhwc_f64_512 : max_fwd_nhwc_f64)(in, o, ix, cd, p);
 #ifdef POOL_X86
       else if (v512 && p->H * p->W < INT32_MAX)
@@ -1484,7 +1548,15 @@ static lm_status max_backward(const lm_op *op, int v512) {
       } else {
          taps_t tl;
          tap_lists_make(p, buf, &tl);
-         if (f64)
+         if (gt->dtype == LM_BFLOAT16) {
+#ifdef POOL_X86
+            if (v512)
+               bad = max_gather_nhwc_v512(gp, ix, cd, gi, p, &tl, 0, 1);
+            else
+#endif
+               bad = max_gather_nhwc_bf16(gp, ix, cd, gi, p, &tl);
+         }
+         else if (f64)
             bad = (v512 ? max_gather_nhwc_f64_512 : max_gather_nhwc_f64)(gp, ix, cd, gi, p, &tl);
 #ifdef POOL_X86
          else if (v512) {
@@ -1492,7 +1564,7 @@ static lm_status max_backward(const lm_op *op, int v512) {
             const int64_t cb = row_cblock(p->N * p->H, p->C);
             const int stream = out_cold(g, gt) && p->C % 16 == 0 && cb % 16 == 0 &&
                                ((uintptr_t)gi & 63) == 0;
-            bad = max_gather_nhwc_v512(gp, ix, cd, gi, p, &tl, stream);
+            bad = max_gather_nhwc_v512(gp, ix, cd, gi, p, &tl, stream, 0);
             if (stream) lm_tensor_note_streamed(gt);
          }
 #endif

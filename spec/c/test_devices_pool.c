@@ -181,9 +181,11 @@ static void pool_tests(int isa) {
    static const int64_t ads[][2] = {{4, 5}, {1, 1}, {12, 13}, {3, 1}};
    const int ns = (int)(sizeof shapes / sizeof shapes[0]);
    for (int s = 0; s < ns; s++)
-      for (int dti = 0; dti < 2; dti++) {
-         const int dt = dti ? LM_FLOAT64 : LM_FLOAT32;
-         const char *dn = dti ? "f64" : "f32";
+      for (int dti = 0; dti < 4; dti++) {
+         /* the halves: computed on float32 copies, rounded once; the same on every device */
+         static const int dts[4] = {LM_FLOAT32, LM_FLOAT64, LM_BFLOAT16, LM_FLOAT16};
+         const int dt = dts[dti];
+         const char *dn = lm_dtype_name(dt);
          const shape *sh = &shapes[s];
          for (int i = 0; i < (int)(sizeof mg / sizeof mg[0]); i++) {
             snprintf(g_case, sizeof g_case, "isa %d max_pool2d %dD %s %s geometry %d", isa,

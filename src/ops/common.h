@@ -7,13 +7,20 @@
 #include "backend.h"
 #include <stdio.h>
 
+/* a floating tensor: float32, float64, or one of the halves (float16, bfloat16), which the
+   operators of src/ops/ compute in float32 and round once into the input's dtype */
 static inline lm_status check_float(const lm_tensor *t, const char *what) {
    if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
-   if (t->dtype != LM_FLOAT32 && t->dtype != LM_FLOAT64)
-      return lm_error(LM_ERR_DTYPE, "expected %s to be float32 or float64, got %s", what,
-                      lm_dtype_name(t->dtype));
+   if (t->dtype != LM_FLOAT32 && t->dtype != LM_FLOAT64 && t->dtype != LM_FLOAT16 &&
+       t->dtype != LM_BFLOAT16)
+      return lm_error(LM_ERR_DTYPE,
+                      "expected %s to be a floating tensor (float32, float64, float16 or "
+                      "bfloat16), got %s",
+                      what, lm_dtype_name(t->dtype));
    return LM_OK;
 }
+
+static inline int is_half(int dt) { return dt == LM_FLOAT16 || dt == LM_BFLOAT16; }
 
 /* an optional tensor argument that must be on `dev`'s device */
 static inline lm_status check_device(const lm_tensor *dev, const lm_tensor *t, const char *what) {
@@ -86,6 +93,38 @@ static inline lm_status dense_in_format(const lm_tensor *x, int fmt, const lm_te
       *xd = *tmp;
    }
    return LM_OK;
+}
+
+/* the half-precision route of a kernel without a half kernel: the operand x (dense or not)
+   widened once to a float32 copy dense in fmt (*tmp, freed by the caller) on x's device; any
+   other dtype as dense_in_format. NULL x: *xd = NULL. */
+static inline lm_status dense_float_in_format(const lm_tensor *x, int fmt, const lm_tensor **xd,
+                                              lm_tensor **tmp) {
+   *tmp = NULL;
+   *xd = x;
+   if (!x) return LM_OK;
+   if (!is_half(x->dtype)) return dense_in_format(x, fmt, xd, tmp);
+   LM_TRY(lm_clone(x, fmt, LM_FLOAT32, tmp));
+   *xd = *tmp;
+   return LM_OK;
+}
+
+/* a result r (dense in fmt) of a half dtype computed by a float32 kernel: *r32 is r itself for
+   other dtypes, else a fresh float32 tensor of r's shape in fmt on r's device (*tmp), whose
+   values half_close rounds once into r */
+static inline lm_status half_open(lm_tensor *r, int fmt, lm_tensor **r32, lm_tensor **tmp) {
+   *tmp = NULL;
+   *r32 = r;
+   if (!r || !is_half(r->dtype)) return LM_OK;
+   LM_TRY(lm_empty(r->ndim, r->sizes, LM_FLOAT32, fmt, r->device, tmp));
+   *r32 = *tmp;
+   return LM_OK;
+}
+
+static inline lm_status half_close(lm_tensor *r, lm_tensor *tmp, lm_status st) {
+   if (tmp && st == LM_OK) st = lm_copy_(r, tmp);
+   lm_tensor_free(tmp);
+   return st;
 }
 
 #endif

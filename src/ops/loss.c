@@ -4,7 +4,12 @@
  * input (N, C), (C) or (N, C, d1, ...) of log-probabilities, any strides; target int64 of the
  * input's shape without the class dim. No operand is copied: the kernels walk the samples over
  * the target shape (loss.h). The results are contiguous, on the input's device. The target
- * values are checked by the kernels (LM_OP_NLL_LOSS, LM_OP_NLL_LOSS_BACKWARD). */
+ * values are checked by the kernels (LM_OP_NLL_LOSS, LM_OP_NLL_LOSS_BACKWARD).
+ *
+ * float16 / bfloat16 input: the kernels read every dtype and sum in double, so a half input
+ * needs no copy; the loss (and grad_input) come out in the input's dtype, rounded once, as in
+ * PyTorch. total_weight, which only the backward reads, stays float32 for them: a count of
+ * samples past 256 is not exact in bfloat16, and the mean's gradient divides by it. */
 #include "common.h"
 #include "loss.h"
 #include "nn.h"
@@ -15,9 +20,7 @@ static lm_status nll_check(const lm_tensor *input, const lm_tensor *target,
    if (!input) return lm_error(LM_ERR_ARG, "input is nil");
    if (!target) return lm_error(LM_ERR_ARG, "target is nil");
    LM_TRY(check_device(input, target, "target"));
-   if (input->dtype != LM_FLOAT32 && input->dtype != LM_FLOAT64)
-      return lm_error(LM_ERR_DTYPE, "expected input to be float32 or float64, got %s",
-                      lm_dtype_name(input->dtype));
+   LM_TRY(check_float(input, "input"));
    if (target->dtype != LM_INT64)
       return lm_error(LM_ERR_DTYPE, "expected target of dtype int64, got %s",
                       lm_dtype_name(target->dtype));
@@ -77,8 +80,8 @@ lm_status lm_nll_loss(const lm_tensor *input, const lm_tensor *target, const lm_
    else
       st = out_open(&so, out, 0, scalar, dt, LM_CONTIGUOUS, input->device, "output");
    if (st == LM_OK && total_weight)
-      st = out_open(&sw, total_weight, 0, scalar, dt, LM_CONTIGUOUS, input->device,
-                    "total_weight");
+      st = out_open(&sw, total_weight, 0, scalar, is_half(dt) ? LM_FLOAT32 : dt, LM_CONTIGUOUS,
+                    input->device, "total_weight");
    if (st == LM_OK) {
       const lm_nll_loss_params p = {reduction, ignore_index};
       lm_tensor *ts[5] = {(lm_tensor *)input, (lm_tensor *)target, (lm_tensor *)weight, so.t,

@@ -5,7 +5,15 @@
  * mf = x.suggest_memory_format() (contiguous unless channels-last / channels-last-3d); the
  * results that have x's shape are made in mf on x's device, and every operand of x's shape that
  * is not dense in mf is cloned once. Kernels: LM_OP_BATCH_NORM, LM_OP_BATCH_NORM_BACKWARD
- * (norm.h), which also update the running statistics in place. */
+ * (norm.h), which also update the running statistics in place.
+ *
+ * float16 / bfloat16 input (PyTorch's mixed case: parameters and running statistics in float32,
+ * as under autocast; or all in the input's dtype, as after model:to(bfloat16)): y, grad_input
+ * and grad_masked in the input's dtype; the statistics (sums, mean, invstd, the running-stat
+ * update) in float32 or wider, so save_mean / save_invstd are float32 for half inputs; the running
+ * statistics keep their dtype, grad_weight / grad_bias have the weight's. The kernels read and
+ * write half rows (channels innermost: channels-last, or spatial size 1) directly (bn_native);
+ * other layouts go through float32 copies of the operands (one rounding of the result). */
 #include "common.h"
 #include "nn.h"
 #include "norm.h"
@@ -73,6 +81,17 @@ static lm_status bn_geometry(const lm_tensor *x, int64_t *C, int64_t *M, int *mf
    return LM_OK;
 }
 
+/* can the kernels take x's dtype as it is? float32 / float64 always; the halves in the row
+   layout (channels innermost), which the kernels read and write natively; in the plane layout
+   (contiguous, spatial > 1) the front end widens them to float32 copies */
+static int bn_native(const lm_tensor *x, int mf) {
+   if (!is_half(x->dtype)) return 1;
+   if (mf == LM_CHANNELS_LAST || mf == LM_CHANNELS_LAST_3D) return 1;
+   for (int d = 2; d < x->ndim; d++)
+      if (x->sizes[d] != 1) return 0;
+   return 1;
+}
+
 /* close slots[0 .. n) (the NULL user pointers skipped), keeping the first error */
 static lm_status close_all(out_slot *slots, lm_tensor ***users, int n, lm_status st) {
    for (int i = 0; i < n; i++) {
@@ -120,26 +139,36 @@ lm_status lm_batch_norm_fused(const lm_tensor *x, const lm_tensor *weight, const
    if (!(eps >= 0)) return lm_error(LM_ERR_ARG, "batch_norm: eps must be >= 0, got %g", eps);
 
    const int dt = x->dtype;
+   const int sdt = is_half(dt) ? LM_FLOAT32 : dt; /* the saved statistics */
+   const int native = bn_native(x, mf);
    const int64_t csz[1] = {C};
    out_slot so[3] = {{0}};
    lm_tensor **users[3] = {out, save_mean, save_invstd};
    const lm_tensor *xd = NULL, *rd = NULL;
-   lm_tensor *tmp = NULL, *rtmp = NULL;
+   lm_tensor *tmp = NULL, *rtmp = NULL, *y32 = NULL, *ytmp = NULL;
    lm_status st = out_open(&so[0], out, x->ndim, x->sizes, dt, mf, x->device, "output");
    if (st == LM_OK && save_mean)
-      st = out_open(&so[1], save_mean, 1, csz, dt, LM_CONTIGUOUS, x->device, "save_mean");
+      st = out_open(&so[1], save_mean, 1, csz, sdt, LM_CONTIGUOUS, x->device, "save_mean");
    if (st == LM_OK && save_invstd)
-      st = out_open(&so[2], save_invstd, 1, csz, dt, LM_CONTIGUOUS, x->device, "save_invstd");
-   if (st == LM_OK) st = dense_in_format(x, mf, &xd, &tmp);
-   if (st == LM_OK && residual) st = dense_in_format(residual, mf, &rd, &rtmp);
+      st = out_open(&so[2], save_invstd, 1, csz, sdt, LM_CONTIGUOUS, x->device, "save_invstd");
+   if (native) {
+      if (st == LM_OK) st = dense_in_format(x, mf, &xd, &tmp);
+      if (st == LM_OK && residual) st = dense_in_format(residual, mf, &rd, &rtmp);
+      y32 = so[0].t;
+   } else {
+      if (st == LM_OK) st = dense_float_in_format(x, mf, &xd, &tmp);
+      if (st == LM_OK && residual) st = dense_float_in_format(residual, mf, &rd, &rtmp);
+      if (st == LM_OK) st = half_open(so[0].t, mf, &y32, &ytmp);
+   }
    if (st == LM_OK) {
-      const lm_batch_norm_params p = {mf, training != 0, relu != 0, so[0].t != so[0].user,
-                                      momentum, eps};
+      const lm_batch_norm_params p = {mf, training != 0, relu != 0,
+                                      so[0].t != so[0].user && !ytmp, momentum, eps};
       lm_tensor *ts[9] = {(lm_tensor *)xd, (lm_tensor *)weight, (lm_tensor *)bias, running_mean,
-                          running_var, (lm_tensor *)rd, so[0].t, so[1].t, so[2].t};
+                          running_var, (lm_tensor *)rd, y32, so[1].t, so[2].t};
       const lm_op op = lm_op_make(LM_OP_BATCH_NORM, 9, ts, &p);
       st = lm_dispatch(&op);
    }
+   if (ytmp) st = half_close(so[0].t, ytmp, st);
    lm_tensor_free(tmp);
    lm_tensor_free(rtmp);
    return close_all(so, users, 3, st);
@@ -187,11 +216,13 @@ lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tenso
 
    const int dt = x->dtype;
    const int wdt = weight ? weight->dtype : dt;
+   const int native = bn_native(x, mf);
    const int64_t csz[1] = {C};
    out_slot so[4] = {{0}};
    lm_tensor **users[4] = {grad_x, grad_masked, grad_weight, grad_bias};
    const lm_tensor *xd = NULL, *gd = NULL, *md = NULL;
    lm_tensor *t1 = NULL, *t2 = NULL, *t3 = NULL;
+   lm_tensor *gx32 = NULL, *gxtmp = NULL, *gm32 = NULL, *gmtmp = NULL;
    lm_status st = LM_OK;
    if (grad_x) st = out_open(&so[0], grad_x, x->ndim, x->sizes, dt, mf, x->device, "grad_input");
    if (st == LM_OK && grad_masked)
@@ -200,18 +231,30 @@ lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tenso
       st = out_open(&so[2], grad_weight, 1, csz, wdt, LM_CONTIGUOUS, x->device, "grad_weight");
    if (st == LM_OK && grad_bias)
       st = out_open(&so[3], grad_bias, 1, csz, wdt, LM_CONTIGUOUS, x->device, "grad_bias");
-   if (st == LM_OK) st = dense_in_format(x, mf, &xd, &t1);
-   if (st == LM_OK) st = dense_in_format(grad_out, mf, &gd, &t2);
-   if (st == LM_OK && relu_out) st = dense_in_format(relu_out, mf, &md, &t3);
+   if (native) {
+      if (st == LM_OK) st = dense_in_format(x, mf, &xd, &t1);
+      if (st == LM_OK) st = dense_in_format(grad_out, mf, &gd, &t2);
+      if (st == LM_OK && relu_out) st = dense_in_format(relu_out, mf, &md, &t3);
+      gx32 = so[0].t;
+      gm32 = so[1].t;
+   } else {
+      if (st == LM_OK) st = dense_float_in_format(x, mf, &xd, &t1);
+      if (st == LM_OK) st = dense_float_in_format(grad_out, mf, &gd, &t2);
+      if (st == LM_OK && relu_out) st = dense_float_in_format(relu_out, mf, &md, &t3);
+      if (st == LM_OK) st = half_open(so[0].t, mf, &gx32, &gxtmp);
+      if (st == LM_OK) st = half_open(so[1].t, mf, &gm32, &gmtmp);
+   }
    if (st == LM_OK) {
-      const lm_batch_norm_params p = {mf, training != 0, 0, so[0].t && so[0].t != so[0].user,
-                                      0.0, 0.0};
+      const lm_batch_norm_params p = {mf, training != 0, 0,
+                                      so[0].t && so[0].t != so[0].user && !gxtmp, 0.0, 0.0};
       lm_tensor *ts[10] = {(lm_tensor *)gd, (lm_tensor *)md, (lm_tensor *)xd,
                            (lm_tensor *)weight, (lm_tensor *)save_mean, (lm_tensor *)save_invstd,
-                           so[0].t, so[2].t, so[3].t, so[1].t};
+                           gx32, so[2].t, so[3].t, gm32};
       const lm_op op = lm_op_make(LM_OP_BATCH_NORM_BACKWARD, 10, ts, &p);
       st = lm_dispatch(&op);
    }
+   if (gxtmp) st = half_close(so[0].t, gxtmp, st);
+   if (gmtmp) st = half_close(so[1].t, gmtmp, st);
    lm_tensor_free(t1);
    lm_tensor_free(t2);
    lm_tensor_free(t3);

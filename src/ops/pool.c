@@ -137,6 +137,14 @@ static void out_sizes(const lm_pool_params *p, int64_t *sz) {
 /* ------------------------------------------------------------------------------------------ */
 /* max pooling                                                                                */
 
+/* do the max-pool kernels take dtype dt as it is? float32 / float64, and bfloat16 channels-last
+   (the ResNet stem's pool in a bf16 training step: kernels/cpu/pool.c reads and writes the 16-bit
+   values); the other half cases run on float32 copies */
+static int max_native(int dt, const lm_pool_params *p) {
+   if (!is_half(dt)) return 1;
+   return dt == LM_BFLOAT16 && p->mf == LM_CHANNELS_LAST && p->H * p->W < INT32_MAX;
+}
+
 /* kind: MAX_POOL2D, ADAPTIVE_MAX_POOL2D or MAX_POOL2D_TAPS; codes (MAX_POOL2D_TAPS only; then
    indices is NULL): the tap numbers instead of the indices, into a new uint8 tensor */
 static lm_status max_forward(const lm_tensor *x, lm_pool_params *p, int kind, lm_tensor **out,
@@ -145,19 +153,30 @@ static lm_status max_forward(const lm_tensor *x, lm_pool_params *p, int kind, lm
    out_sizes(p, osz);
    out_slot so = {0}, si = {0};
    const lm_tensor *xd;
-   lm_tensor *tmp = NULL, *ct = NULL;
+   lm_tensor *tmp = NULL, *ct = NULL, *o32 = NULL, *otmp = NULL;
    lm_status st = LM_OK;
    if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
    st = out_open(&so, out, p->ndim, osz, x->dtype, p->mf, x->device, "output");
    if (st == LM_OK && indices)
       st = out_open(&si, indices, p->ndim, osz, LM_INT64, p->mf, x->device, "indices");
    if (st == LM_OK && codes) st = lm_empty(p->ndim, osz, LM_UINT8, p->mf, x->device, &ct);
-   if (st == LM_OK) st = dense_in_format(x, p->mf, &xd, &tmp);
+   /* halves: the float32 kernel on a widened copy (the maximum is one of the inputs, so the
+      rounding back is exact), but for bfloat16 channels-last, which the kernels read natively */
+   if (st == LM_OK) {
+      if (max_native(x->dtype, p)) {
+         st = dense_in_format(x, p->mf, &xd, &tmp);
+         o32 = so.t;
+      } else {
+         st = dense_float_in_format(x, p->mf, &xd, &tmp);
+         if (st == LM_OK && so.t->numel > 0) st = half_open(so.t, p->mf, &o32, &otmp);
+      }
+   }
    if (st == LM_OK && so.t->numel > 0) {
-      lm_tensor *ts[3] = {(lm_tensor *)xd, so.t, codes ? ct : si.t};
+      lm_tensor *ts[3] = {(lm_tensor *)xd, o32, codes ? ct : si.t};
       const lm_op op = lm_op_make(kind, 3, ts, p);
       st = lm_dispatch(&op);
    }
+   st = half_close(so.t, otmp, st);
    lm_tensor_free(tmp);
    if (indices) st = out_close(&si, indices, st);
    /* a failed index hand-over must not leave a half-returned output */
@@ -217,17 +236,26 @@ static lm_status max_backward_run(const lm_tensor *grad_out, const lm_tensor *x,
                                   lm_tensor **grad_x) {
    out_slot sg = {0};
    const lm_tensor *god, *indd;
-   lm_tensor *t1 = NULL, *t2 = NULL;
+   lm_tensor *t1 = NULL, *t2 = NULL, *g32 = NULL, *gtmp = NULL;
    lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p->mf, x->device,
                            "grad_input");
-   if (st == LM_OK) st = dense_in_format(grad_out, p->mf, &god, &t1);
+   /* the channels-last gathers (the geometry given) read and write bfloat16 natively */
+   const int native = max_native(x->dtype, p) && (p->geom || kind == LM_OP_MAX_POOL2D_TAPS_BACKWARD);
+   if (native) {
+      if (st == LM_OK) st = dense_in_format(grad_out, p->mf, &god, &t1);
+      g32 = sg.t;
+   } else {
+      if (st == LM_OK) st = dense_float_in_format(grad_out, p->mf, &god, &t1);
+      if (st == LM_OK && sg.t->numel > 0) st = half_open(sg.t, p->mf, &g32, &gtmp);
+   }
    if (st == LM_OK) st = dense_in_format(ind, p->mf, &indd, &t2);
    if (st == LM_OK && sg.t->numel > 0) {
-      p->fresh = sg.t != sg.user;
-      lm_tensor *ts[3] = {(lm_tensor *)god, (lm_tensor *)indd, sg.t};
+      p->fresh = sg.t != sg.user && !gtmp; /* a temporary is read back at once */
+      lm_tensor *ts[3] = {(lm_tensor *)god, (lm_tensor *)indd, g32};
       const lm_op op = lm_op_make(kind, 3, ts, p);
       st = lm_dispatch(&op);
    }
+   st = half_close(sg.t, gtmp, st);
    lm_tensor_free(t1);
    lm_tensor_free(t2);
    return out_close(&sg, grad_x, st);
@@ -353,15 +381,18 @@ static lm_status avg_forward(const lm_tensor *x, lm_pool_params *p, int kind, lm
    out_sizes(p, osz);
    out_slot so = {0};
    const lm_tensor *xd;
-   lm_tensor *tmp = NULL;
+   lm_tensor *tmp = NULL, *o32 = NULL, *otmp = NULL;
    if (!out) return lm_error(LM_ERR_ARG, "out is NULL");
    lm_status st = out_open(&so, out, p->ndim, osz, x->dtype, p->mf, x->device, "output");
-   if (st == LM_OK) st = dense_in_format(x, p->mf, &xd, &tmp);
+   /* halves: float32 kernel on a widened copy, the averages rounded once */
+   if (st == LM_OK) st = dense_float_in_format(x, p->mf, &xd, &tmp);
+   if (st == LM_OK && so.t->numel > 0) st = half_open(so.t, p->mf, &o32, &otmp);
    if (st == LM_OK && so.t->numel > 0) {
-      lm_tensor *ts[2] = {(lm_tensor *)xd, so.t};
+      lm_tensor *ts[2] = {(lm_tensor *)xd, o32};
       const lm_op op = lm_op_make(kind, 2, ts, p);
       st = lm_dispatch(&op);
    }
+   st = half_close(so.t, otmp, st);
    lm_tensor_free(tmp);
    return out_close(&so, out, st);
 }
@@ -383,16 +414,18 @@ static lm_status avg_backward(const lm_tensor *grad_out, const lm_tensor *x, lm_
    }
    out_slot sg = {0};
    const lm_tensor *god;
-   lm_tensor *tmp = NULL;
+   lm_tensor *tmp = NULL, *g32 = NULL, *gtmp = NULL;
    lm_status st = out_open(&sg, grad_x, x->ndim, x->sizes, x->dtype, p->mf, x->device,
                            "grad_input");
-   if (st == LM_OK) st = dense_in_format(grad_out, p->mf, &god, &tmp);
+   if (st == LM_OK) st = dense_float_in_format(grad_out, p->mf, &god, &tmp);
+   if (st == LM_OK && sg.t->numel > 0) st = half_open(sg.t, p->mf, &g32, &gtmp);
    if (st == LM_OK && sg.t->numel > 0) {
-      p->fresh = sg.t != sg.user;
-      lm_tensor *ts[2] = {(lm_tensor *)god, sg.t};
+      p->fresh = sg.t != sg.user && !gtmp; /* a temporary is read back at once */
+      lm_tensor *ts[2] = {(lm_tensor *)god, g32};
       const lm_op op = lm_op_make(kind, 2, ts, p);
       st = lm_dispatch(&op);
    }
+   st = half_close(sg.t, gtmp, st);
    lm_tensor_free(tmp);
    return out_close(&sg, grad_x, st);
 }

@@ -1,7 +1,12 @@
 /* softmax.c -- the front end of softmax / log_softmax over one dim, forward and backward.
  *
  * As in PyTorch the input is made contiguous and the result is contiguous (whatever the input's
- * memory format). Kernels: LM_OP_SOFTMAX, LM_OP_SOFTMAX_BACKWARD (softmax.h). */
+ * memory format). Kernels: LM_OP_SOFTMAX, LM_OP_SOFTMAX_BACKWARD (softmax.h).
+ *
+ * float16 / bfloat16 (PyTorch: the result in the input's dtype, computed in float32): the
+ * operands are widened once to float32 copies, the float32 kernel runs, and its result is rounded
+ * once into the half result. The softmax of a half row is a few exp per element, memory-bound
+ * on the copies; not on the ResNet training step's hot path (one (N, classes) call per step). */
 #include "common.h"
 #include "nn.h"
 #include "softmax.h"
@@ -12,15 +17,17 @@ static lm_status softmax_forward(const lm_tensor *x, int dim, int lg, lm_tensor 
    LM_TRY(lm_wrap_dim(&dim, x->ndim));
    out_slot so;
    const lm_tensor *xd;
-   lm_tensor *tmp = NULL;
+   lm_tensor *tmp = NULL, *o32 = NULL, *otmp = NULL;
    LM_TRY(out_open(&so, out, x->ndim, x->sizes, x->dtype, LM_CONTIGUOUS, x->device, "output"));
-   lm_status st = dense_in_format(x, LM_CONTIGUOUS, &xd, &tmp);
+   lm_status st = dense_float_in_format(x, LM_CONTIGUOUS, &xd, &tmp);
+   if (st == LM_OK && x->numel > 0) st = half_open(so.t, LM_CONTIGUOUS, &o32, &otmp);
    if (st == LM_OK && x->numel > 0) {
       const lm_softmax_params p = {dim, lg};
-      lm_tensor *ts[2] = {(lm_tensor *)xd, so.t};
+      lm_tensor *ts[2] = {(lm_tensor *)xd, o32};
       const lm_op op = lm_op_make(LM_OP_SOFTMAX, 2, ts, &p);
       st = lm_dispatch(&op);
    }
+   st = half_close(so.t, otmp, st);
    lm_tensor_free(tmp);
    return out_close(&so, out, st);
 }
@@ -44,17 +51,19 @@ static lm_status softmax_backward(const lm_tensor *grad_out, const lm_tensor *y,
    LM_TRY(lm_wrap_dim(&dim, y->ndim));
    out_slot so;
    const lm_tensor *gd = NULL, *yd = NULL;
-   lm_tensor *t1 = NULL, *t2 = NULL;
+   lm_tensor *t1 = NULL, *t2 = NULL, *g32 = NULL, *gtmp = NULL;
    LM_TRY(out_open(&so, grad_x, y->ndim, y->sizes, y->dtype, LM_CONTIGUOUS, y->device,
                    "grad_input"));
-   lm_status st = dense_in_format(grad_out, LM_CONTIGUOUS, &gd, &t1);
-   if (st == LM_OK) st = dense_in_format(y, LM_CONTIGUOUS, &yd, &t2);
+   lm_status st = dense_float_in_format(grad_out, LM_CONTIGUOUS, &gd, &t1);
+   if (st == LM_OK) st = dense_float_in_format(y, LM_CONTIGUOUS, &yd, &t2);
+   if (st == LM_OK && y->numel > 0) st = half_open(so.t, LM_CONTIGUOUS, &g32, &gtmp);
    if (st == LM_OK && y->numel > 0) {
       const lm_softmax_params p = {dim, lg};
-      lm_tensor *ts[3] = {(lm_tensor *)gd, (lm_tensor *)yd, so.t};
+      lm_tensor *ts[3] = {(lm_tensor *)gd, (lm_tensor *)yd, g32};
       const lm_op op = lm_op_make(LM_OP_SOFTMAX_BACKWARD, 3, ts, &p);
       st = lm_dispatch(&op);
    }
+   st = half_close(so.t, gtmp, st);
    lm_tensor_free(t1);
    lm_tensor_free(t2);
    return out_close(&so, grad_x, st);
