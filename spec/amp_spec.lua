@@ -273,7 +273,9 @@ local function write_idx(path, dims, fill)
 end
 
 local function run_train(args)
-   local p = assert(io.popen("bin/lumen examples/train.lua --quiet --threads 1 " .. args ..
+   -- the example makes its tensors on the CPU (LUMEN_DEFAULT_DEVICE cleared for it)
+   local p = assert(io.popen("LUMEN_DEFAULT_DEVICE= bin/lumen examples/train.lua --quiet " ..
+                             "--threads 1 " .. args ..
                              " 2>&1; echo \"exit=$?\""))
    local out = p:read("*a")
    p:close()

@@ -75,8 +75,8 @@ passes crashes the process. The memory-format rules are in docs/memory_formats.m
 E("lm", "lm = require(\"lumen\")", "The lumen namespace: tensors, creation, math, and the "
    .. "parts loaded on first use (lm.nn, lm.F, lm.optim, lm.layout, lm.data, lm.models, "
    .. "lm.serialize, lm.checkpoint, lm.save/load, lm.save_checkpoint/load_checkpoint, "
-   .. "lm.to_channels_last, lm.amp).", { note = "lm.autograd is loaded with lumen (it wraps the Tensor "
-   .. "methods); the others when first touched." })
+   .. "lm.to_channels_last, lm.amp).", { note = "lm.autograd and lm.autocast are loaded with "
+   .. "lumen (they wrap the Tensor methods); the others when first touched." })
 E("lm._VERSION", "lm._VERSION -> string", "lumen's version, e.g. \"0.1.0\".")
 
 S("constants", "Constants: dtypes and memory formats", [[
@@ -771,10 +771,10 @@ local MM = {
      .. "them with set_to_none)." },
    { "requires_grad_", "m:requires_grad_(flag) -> m", "Set requires_grad on every parameter." },
    { "to", "m:to(x, ...) -> m", "Convert parameters and buffers in place: a dtype (floating ones "
-     .. "only: m:to(lm.bfloat16) leaves num_batches_tracked int64), a memory format (4-D tensors for channels_last, 5-D for channels_last_3d), a "
-     .. "device, or {dtype =, memory_format =, device =}. As PyTorch's Module.to: the same "
-     .. "parameter objects, their data (and .grad) replaced; a device copy keeps each tensor's "
-     .. "memory format." },
+     .. "only: m:to(lm.bfloat16) leaves num_batches_tracked int64), a memory format (4-D "
+     .. "tensors for channels_last, 5-D for channels_last_3d), a device, or {dtype =, "
+     .. "memory_format =, device =}. As PyTorch's Module.to: the same parameter objects, "
+     .. "their data (and .grad) replaced; a device copy keeps each tensor's memory format." },
    { "float", "m:float() -> m", "m:to(lm.float32)." },
    { "double", "m:double() -> m", "m:to(lm.float64)." },
    { "half", "m:half() -> m", "m:to(lm.float16)." },
