@@ -303,7 +303,7 @@ describe("examples/train.lua --amp", function()
    end)
    teardown(function() os.execute("rm -rf " .. dir) end)
 
-   local common = "--batch-size 32 --width 4 --eval-batch 32 --epochs 1 --workers 0 "
+   local common = "--batch-size 32 --width 4 --eval-batch 32 --epochs 1 --workers 1 "
 
    it("rejects an unknown --amp", function()
       local code, out = run_train("--data " .. dir .. " --amp fp8")
