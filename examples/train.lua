@@ -3,7 +3,12 @@
 --   bin/lumen examples/train.lua [--model small_resnet] [--epochs 12] [--batch-size 128]
 --       [--lr 0.1] [--format nhwc|nchw] [--data /usr/share/datasets/fashion-mnist]
 --       [--checkpoint train.ckpt] [--resume] [--threads 2] [--seed 1] [--width 16]
---       [--blocks 1] [--limit N] [--quiet] [--log run.jsonl]
+--       [--blocks 1] [--limit N] [--quiet] [--log run.jsonl] [--amp bf16|fp16]
+--
+-- --amp bf16 runs the forward pass and the loss under lm.autocast({dtype = lm.bfloat16}):
+-- convolutions and linear layers in bfloat16, batch-norm statistics, softmax and the loss in
+-- float32, the weights and the optimizer in float32 (docs/mixed_precision.md). --amp fp16 uses
+-- float16 and a GradScaler (loss scaling; steps with inf/NaN gradients are skipped).
 --
 -- Prints a progress bar (images/s, loss, ETA), the test accuracy after every epoch, and writes a
 -- checkpoint after every epoch (atomically: a temporary file renamed over the old one).
@@ -27,12 +32,18 @@ local opt, usage = util.parse_flags({
    model = "small_resnet", epochs = 12, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
    data = "", checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
-   workers = 2, ["eval-batch"] = 500, log = "",
+   workers = 2, ["eval-batch"] = 500, log = "", amp = "",
 }, "bin/lumen examples/train.lua [--model NAME] [--epochs N] [--batch-size N] [--lr X] " ..
    "[--format nhwc|nchw] [--data DIR] [--checkpoint FILE] [--resume] [--threads N] [--seed N] " ..
-   "[--width N] [--blocks N] [--limit N] [--quiet] [--log FILE.jsonl]", arg)
+   "[--width N] [--blocks N] [--limit N] [--quiet] [--log FILE.jsonl] [--amp bf16|fp16]", arg)
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
+if opt.amp ~= "" and opt.amp ~= "bf16" and opt.amp ~= "fp16" then
+   usage("--amp is bf16 or fp16")
+end
+-- mixed precision: the autocast options (nil: float32 throughout)
+local amp_opts = opt.amp == "bf16" and { dtype = lm.bfloat16 } or
+   opt.amp == "fp16" and { dtype = lm.float16 } or nil
 lm.set_num_threads(opt.threads)
 lm.manual_seed(opt.seed)
 
@@ -73,6 +84,9 @@ model:to(fmt)
 local optimizer = lm.optim.SGD(util.decay_groups(model, opt["weight-decay"]),
                                { lr = opt.lr, momentum = opt.momentum, nesterov = true })
 
+-- float16 needs loss scaling (its range is small); bfloat16 has float32's range
+local scaler = opt.amp == "fp16" and lm.amp.GradScaler() or nil
+
 local steps_per_epoch = loader:num_batches()
 local total_steps = steps_per_epoch * opt.epochs
 local lr_at = util.warmup_cosine(opt.lr, math.min(steps_per_epoch, 200), total_steps)
@@ -87,7 +101,8 @@ local function save_checkpoint(path)
       model = model, optimizer = optimizer,
       fields = { epoch = state.epoch, batch = state.batch, step = state.step,
                  seed = opt.seed, format = opt.format, model_name = opt.model,
-                 width = opt.width, blocks = opt.blocks, rng = lm.get_rng_state() },
+                 width = opt.width, blocks = opt.blocks, rng = lm.get_rng_state(),
+                 amp = opt.amp, scaler = scaler and scaler:state_dict() or nil },
    })
 end
 
@@ -99,6 +114,9 @@ if opt.resume then
    local fields = ck.fields
    state.epoch, state.batch, state.step = fields.epoch, fields.batch, fields.step
    if fields.rng then lm.set_rng_state(fields.rng) end
+   if scaler and fields.scaler and next(fields.scaler) then
+      scaler:load_state_dict(fields.scaler)
+   end
    print(string.format("resumed from %s at epoch %d, batch %d", opt.checkpoint, state.epoch,
                        state.batch))
 end
@@ -148,6 +166,7 @@ if opt.log ~= "" then
       "batch_size", opt["batch-size"], "epochs", opt.epochs, "lr", opt.lr,
       "steps_per_epoch", steps_per_epoch, "train_images", train.images:size(1),
       "test_images", test.images:size(1), "threads", opt.threads, "seed", opt.seed,
+      "amp", opt.amp ~= "" and opt.amp or nil,
       "resumed_at_step", opt.resume and state.step or nil, "unix_time", os.time())
 end
 
@@ -170,12 +189,14 @@ end
 -- training
 ---------------------------------------------------------------------------------------------
 print(string.format("lumen %s: %s on Fashion-MNIST (%d train, %d test), %s, batch %d, %d epochs, "
-   .. "%d threads", lm._VERSION, opt.model, train.images:size(1), test.images:size(1),
-   opt.format, opt["batch-size"], opt.epochs, opt.threads))
+   .. "%d threads%s", lm._VERSION, opt.model, train.images:size(1), test.images:size(1),
+   opt.format, opt["batch-size"], opt.epochs, opt.threads,
+   amp_opts and (", mixed precision " .. opt.amp) or ""))
 
 local t_start = now()
 local print_losses = os.getenv("LUMEN_TRAIN_PRINT_LOSSES") == "1" -- for the resume spec
 local last_acc
+local function forward_loss(x, y) return lm.F.cross_entropy(model(x), y) end
 local function run()
    model:train()
    while state.epoch <= opt.epochs do
@@ -186,9 +207,20 @@ local function run()
          local lr = lr_at(state.step)
          util.set_lr(optimizer, lr)
          optimizer:zero_grad()
-         local loss = lm.F.cross_entropy(model(x), y)
-         loss:backward()
-         optimizer:step()
+         local loss
+         if amp_opts then
+            loss = lm.autocast(amp_opts, forward_loss, x, y)   -- float32 (cross_entropy's policy)
+         else
+            loss = forward_loss(x, y)
+         end
+         if scaler then
+            scaler:scale(loss):backward()
+            scaler:step(optimizer)          -- skipped when a gradient overflowed
+            scaler:update()
+         else
+            loss:backward()
+            optimizer:step()
+         end
          local l = loss:item()
          loss_avg = loss_avg and (0.98 * loss_avg + 0.02 * l) or l
          loss_sum, loss_n = loss_sum + l, loss_n + 1
@@ -205,7 +237,11 @@ local function run()
          end
       end
       local epoch_time = now() - t0
-      last_acc = util.accuracy(lm, model, test_loader)
+      if amp_opts then
+         last_acc = lm.autocast(amp_opts, util.accuracy, lm, model, test_loader)
+      else
+         last_acc = util.accuracy(lm, model, test_loader)
+      end
       state.epoch, state.batch = epoch + 1, 1
       save_checkpoint(opt.checkpoint)
       log_record("epoch", "epoch", epoch, "step", state.step,
@@ -228,6 +264,6 @@ util.run_interruptible(run, function()
 end)
 if log_file then log_file:close() end
 if last_acc then
-   print(string.format("final test accuracy: %.2f%% in %.1f s (%s)", 100 * last_acc,
-                       now() - t_start, opt.format))
+   print(string.format("final test accuracy: %.2f%% in %.1f s (%s%s)", 100 * last_acc,
+                       now() - t_start, opt.format, amp_opts and (", amp " .. opt.amp) or ""))
 end

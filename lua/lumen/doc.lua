@@ -75,8 +75,8 @@ passes crashes the process. The memory-format rules are in docs/memory_formats.m
 E("lm", "lm = require(\"lumen\")", "The lumen namespace: tensors, creation, math, and the "
    .. "parts loaded on first use (lm.nn, lm.F, lm.optim, lm.layout, lm.data, lm.models, "
    .. "lm.serialize, lm.checkpoint, lm.save/load, lm.save_checkpoint/load_checkpoint, "
-   .. "lm.to_channels_last).", { note = "lm.autograd is loaded with lumen (it wraps the Tensor "
-   .. "methods); the others when first touched." })
+   .. "lm.to_channels_last, lm.amp).", { note = "lm.autograd and lm.autocast are loaded with "
+   .. "lumen (they wrap the Tensor methods); the others when first touched." })
 E("lm._VERSION", "lm._VERSION -> string", "lumen's version, e.g. \"0.1.0\".")
 
 S("constants", "Constants: dtypes and memory formats", [[
@@ -771,12 +771,14 @@ local MM = {
      .. "them with set_to_none)." },
    { "requires_grad_", "m:requires_grad_(flag) -> m", "Set requires_grad on every parameter." },
    { "to", "m:to(x, ...) -> m", "Convert parameters and buffers in place: a dtype (floating ones "
-     .. "only), a memory format (4-D tensors for channels_last, 5-D for channels_last_3d), a "
-     .. "device, or {dtype =, memory_format =, device =}. As PyTorch's Module.to: the same "
-     .. "parameter objects, their data (and .grad) replaced; a device copy keeps each tensor's "
-     .. "memory format." },
+     .. "only: m:to(lm.bfloat16) leaves num_batches_tracked int64), a memory format (4-D "
+     .. "tensors for channels_last, 5-D for channels_last_3d), a device, or {dtype =, "
+     .. "memory_format =, device =}. As PyTorch's Module.to: the same parameter objects, "
+     .. "their data (and .grad) replaced; a device copy keeps each tensor's memory format." },
    { "float", "m:float() -> m", "m:to(lm.float32)." },
    { "double", "m:double() -> m", "m:to(lm.float64)." },
+   { "half", "m:half() -> m", "m:to(lm.float16)." },
+   { "bfloat16", "m:bfloat16() -> m", "m:to(lm.bfloat16)." },
    { "cpu", "m:cpu() -> m", "m:to(\"cpu\")." },
    { "state_entries", "m:state_entries() -> array of {key, tensor}", "Parameters and persistent "
      .. "buffers in PyTorch's state_dict order." },
@@ -840,6 +842,73 @@ E("Optimizer:state_dict", "opt:state_dict() -> {state, param_groups}", "The stat
 E("Optimizer:load_state_dict", "opt:load_state_dict(sd)", "Restore a state_dict; tensors are "
    .. "converted to their parameter's dtype and memory format.",
    { err = "groups that differ in number or sizes" })
+
+S("amp", "Mixed precision: lm.autocast, lm.amp", [[
+Automatic mixed precision as PyTorch's torch.autocast and torch.amp.GradScaler
+(docs/mixed_precision.md: what runs in which precision, a training loop, the accuracy to expect).
+Inside `lm.autocast`, conv2d, linear and matmul run in bfloat16 (or float16); softmax,
+log_softmax, the losses and sum / prod / exp / log / pow in float32; everything else follows its
+inputs. Parameters stay float32 and get float32 gradients.]])
+E("lm.autocast", "lm.autocast(opts, fn, ...) -> ...", "Run fn(...) with autocast on and "
+   .. "return its results; lm.autocast(fn, ...) uses the defaults.",
+   { opts = "{dtype = lm.bfloat16 on \"cpu\", lm.float16 on \"cuda\", device = the default "
+     .. "device's type (\"cpu\" covers cpu, meta and sim:N; \"cuda\" covers cuda:N), enabled "
+     .. "= true, cache_enabled = true}",
+     err = "a dtype other than bfloat16 / float16, an unknown option or device, fn not a "
+     .. "function: `lumen.autocast: <problem>`; an error inside fn propagates unchanged, with "
+     .. "the previous state restored",
+     note = "regions nest (an inner one may disable autocast or change the dtype; the outer "
+     .. "state comes back after it) and compose with lm.no_grad. A parameter (a leaf float32 "
+     .. "tensor that requires grad) is cast once per region and the cast reused; the cache "
+     .. "empties when the outermost region exits. Only float32 and the other half type are "
+     .. "cast; float64 stays float64." })
+E("lm.is_autocast_enabled", "lm.is_autocast_enabled(device) -> boolean", "Whether autocast is "
+   .. "on for the device type (\"cpu\" or \"cuda\"; default: the default device's).")
+E("lm.get_autocast_dtype", "lm.get_autocast_dtype(device) -> dtype", "The low-precision dtype "
+   .. "of the device type's innermost region (outside one: bfloat16 on \"cpu\", float16 on "
+   .. "\"cuda\").")
+E("lm.amp", "lm.amp", "Mixed-precision training helpers: lm.amp.GradScaler.")
+E("lm.amp.GradScaler", "lm.amp.GradScaler(opts) -> scaler", "Loss scaling for float16 "
+   .. "training: scaler:scale(loss):backward(); scaler:step(opt); scaler:update().",
+   { opts = "{init_scale = 65536, growth_factor = 2, backoff_factor = 0.5, growth_interval = "
+     .. "2000, enabled = true, device = \"cpu\"}",
+     err = "an unknown option, init_scale not positive and finite, growth_factor <= 1, "
+     .. "backoff_factor outside (0, 1), growth_interval not a positive integer: "
+     .. "`lumen.GradScaler: <problem>`",
+     note = "disabled (enabled = false), scale returns its argument, step calls opt:step() and "
+     .. "update does nothing" })
+E("GradScaler:scale", "scaler:scale(outputs) -> Tensor or array", "outputs * the scale "
+   .. "(differentiable); an array of tensors gives an array.",
+   { err = "outputs neither a tensor nor an array of tensors" })
+E("GradScaler:unscale_", "scaler:unscale_(opt)", "Divide the gradients of opt's parameters by "
+   .. "the scale in place and record whether one holds an inf or a NaN (for clipping "
+   .. "gradients before step).",
+   { err = "a second call before update(), a call after step(), no scale() before, float16 "
+     .. "gradients" })
+E("GradScaler:step", "scaler:step(opt, ...) -> opt:step's result or nil", "Unscale (unless "
+   .. "unscale_ ran), then opt:step(...) unless a gradient holds an inf or a NaN (skipped: "
+   .. "nil).", { err = "a second step() before update(), no scale() before, a closure" })
+E("GradScaler:update", "scaler:update(new_scale)", "Multiply the scale by backoff_factor when "
+   .. "a step found an inf or NaN, by growth_factor after growth_interval clean steps in a row "
+   .. "(not past float32's range); new_scale (a number or 1-element tensor) sets it instead.",
+   { err = "no step() / unscale_() since the last update, a non-positive new_scale" })
+E("GradScaler:get_scale", "scaler:get_scale() -> number", "The current scale (init_scale "
+   .. "before the first scale(); 1 when disabled).")
+E("GradScaler:is_enabled", "scaler:is_enabled() -> boolean", "The enabled option.")
+E("GradScaler:get_growth_factor", "scaler:get_growth_factor() -> number", "growth_factor.")
+E("GradScaler:set_growth_factor", "scaler:set_growth_factor(x)", "Set growth_factor (> 1).")
+E("GradScaler:get_backoff_factor", "scaler:get_backoff_factor() -> number", "backoff_factor.")
+E("GradScaler:set_backoff_factor", "scaler:set_backoff_factor(x)", "Set backoff_factor (in "
+   .. "(0, 1)).")
+E("GradScaler:get_growth_interval", "scaler:get_growth_interval() -> integer",
+  "growth_interval.")
+E("GradScaler:set_growth_interval", "scaler:set_growth_interval(n)", "Set growth_interval (a "
+   .. "positive integer).")
+E("GradScaler:state_dict", "scaler:state_dict() -> table", "PyTorch's keys: {scale, "
+   .. "growth_factor, backoff_factor, growth_interval, _growth_tracker} ({} when disabled); "
+   .. "plain numbers, so it fits a checkpoint's fields.")
+E("GradScaler:load_state_dict", "scaler:load_state_dict(sd)", "Restore a state_dict.",
+   { err = "an empty table (saved from a disabled scaler), missing or invalid values" })
 
 S("layout_tools", "Memory-format tools: lm.layout", [[
 Convert a model to channels-last and check, debug and survey how formats propagate
@@ -1086,7 +1155,6 @@ E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a fu
 -- that nobody looks for them); an entry replaces the line once one exists
 M.planned = {
    "t:to(\"cuda:0\") on a CUDA build (kernels/cuda/)",
-   "lm.autocast(opts, fn, ...), lm.amp.GradScaler(opts)",
    "lm.F.conv1d, conv3d, max_pool1d, max_pool3d, avg_pool1d, avg_pool3d, adaptive_avg_pool1d, "
       .. "adaptive_avg_pool3d, adaptive_max_pool3d; lm.nn.Conv1d, Conv3d, BatchNorm1d, "
       .. "BatchNorm3d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, AdaptiveAvgPool1d, "
@@ -1104,6 +1172,7 @@ local OWNERS = {
    Tensor = { "Tensor" },
    Module = { "nn", "Module" },
    Optimizer = { "optim", "Optimizer" },
+   GradScaler = { "amp", "GradScaler" },
 }
 
 -- the value an entry names, looked up with rawget only (nothing is loaded); nil when its

@@ -12,6 +12,7 @@ local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
+local AC = require("lumen.autocast")
 local util = require("lumen.util")
 local unknown_option = util.unknown_option
 
@@ -24,6 +25,12 @@ local typename, wrap_dim = T.typename, T.wrap_dim
 local needs, record, sizes_of, fresh = A.needs, A.record, A.sizes_of, A.fresh
 
 local F = {}
+
+-- inside lm.autocast: conv2d / linear cast their floating inputs to the low dtype, softmax,
+-- log_softmax and the losses to float32 (lua/lumen/autocast.lua); off, one upvalue test
+local ac_on = false
+AC.subscribe(function(on) ac_on = on end)
+local ac_low, ac_f32 = AC.low, AC.f32
 
 ---------------------------------------------------------------------------------------------
 -- helpers
@@ -188,6 +195,12 @@ local function suggest(c) return C.lm_suggest_memory_format(c, 0) end
 -- separate ops, which autograd differentiates.
 function F.conv2d(x, w, b, opts)
    local fname = "conv2d"
+   if ac_on then
+      x, w, b = ac_low(x), ac_low(w), ac_low(b)
+      local r = type(opts) == "table" and getmetatable(opts) == nil and opts.residual
+      local r2 = r and ac_low(r)
+      if r2 ~= r then opts = opts_with(opts, "residual", r2) end
+   end
    local xc = tensor_arg(fname, x, "input")
    local wc = tensor_arg(fname, w, "weight")
    local bc = opt_tensor(fname, b, "bias")
@@ -645,6 +658,7 @@ function F.tanh(x) return Tensor.tanh(x) end
 -- linear(x, w, b) = x @ w^T + b; x is (..., in), w (out, in), b (out) or nil
 function F.linear(x, w, b)
    local fname = "linear"
+   if ac_on then x, w, b = ac_low(x), ac_low(w), ac_low(b) end
    local xc = tensor_arg(fname, x, "input")
    local wc = tensor_arg(fname, w, "weight")
    local bc = opt_tensor(fname, b, "bias")
@@ -757,6 +771,7 @@ end
 
 local function softmax_like(fname, cfwd, cbwd, bname)
    return function(x, dim)
+      if ac_on then x = ac_f32(x) end
       local xc = tensor_arg(fname, x, "input")
       check_float(fname, xc, "input")
       local d = softmax_dim(fname, xc, dim)
@@ -785,6 +800,12 @@ local reductions = { none = 0, mean = 1, sum = 2 }
 -- 1-based int64 class indices (like argmax's); targets equal to ignore_index are skipped
 function F.nll_loss(input, target, opts)
    local fname = "nll_loss"
+   if ac_on then
+      input = ac_f32(input)
+      local wt = type(opts) == "table" and getmetatable(opts) == nil and opts.weight
+      local wt2 = wt and ac_f32(wt)
+      if wt2 ~= wt then opts = opts_with(opts, "weight", wt2) end
+   end
    local ic = tensor_arg(fname, input, "input")
    local tcd = tensor_arg(fname, target, "target")
    opts = check_opts(fname, opts, NLL_OPTS)
@@ -833,6 +854,7 @@ end
 
 -- cross_entropy(logits, target, opts) = nll_loss(log_softmax(logits, class dim), target, opts)
 function F.cross_entropy(input, target, opts)
+   if ac_on then input = ac_f32(input) end
    check_opts("cross_entropy", opts, NLL_OPTS)
    local ic = tensor_arg("cross_entropy", input, "input")
    tensor_arg("cross_entropy", target, "target")
@@ -843,6 +865,7 @@ end
 
 -- mse_loss(a, b, {reduction="mean"})
 function F.mse_loss(a, b, opts)
+   if ac_on then a, b = ac_f32(a), ac_f32(b) end
    tensor_arg("mse_loss", a, "input")
    tensor_arg("mse_loss", b, "target")
    opts = check_opts("mse_loss", opts, MSE_OPTS)

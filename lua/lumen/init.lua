@@ -3,7 +3,8 @@
 -- Core pieces (this directory): C.lua (FFI binding), dtype.lua (dtype / memory-format
 -- constants), tensor.lua (the Tensor type, views, layout, math), creation.lua (factories),
 -- format.lua (tostring), memory.lua (GC pressure, allocator statistics).
--- Optional parts (autograd, nn, optim, layout, functional, models) are loaded when present.
+-- Optional parts (autograd, autocast, nn, optim, layout, functional, models, amp) are loaded
+-- when present.
 
 -- lumen is built on LuaJIT's FFI. Under PUC Lua (luarocks often installs for lua5.1) say so
 -- plainly, before require("ffi") fails with a message that names no cause.
@@ -135,11 +136,14 @@ local function load_part(modname)
 end
 
 if exists("lumen.autograd") then lm.autograd = load_part("lumen.autograd") end
+-- autocast wraps autograd's Tensor methods (matmul, sum, ...), so it loads right after it:
+-- lm.autocast, lm.is_autocast_enabled, lm.get_autocast_dtype
+if exists("lumen.autocast") then load_part("lumen.autocast") end
 
 local lazy = {
    nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout", data = "lumen.data",
    functional = "lumen.functional", models = "lumen.models", serialize = "lumen.serialize",
-   checkpoint = "lumen.checkpoint", doc = "lumen.doc", comm = "lumen.comm",
+   checkpoint = "lumen.checkpoint", doc = "lumen.doc", comm = "lumen.comm", amp = "lumen.amp",
 }
 -- single functions that live in an optional module: name -> {module field, module}
 local lazy_fn = {

@@ -293,7 +293,8 @@ local function set_data(t, u)
 end
 Module._set_data = set_data
 
--- to(x, ...): x is a dtype (floating parameters and buffers only), a memory format (4-D tensors
+-- to(x, ...): x is a dtype (floating parameters and buffers only: float32, float64, float16,
+-- bfloat16; integer buffers such as num_batches_tracked keep theirs), a memory format (4-D tensors
 -- for channels_last, 5-D for channels_last_3d; a tensor of the other rank raises the rank
 -- error), a device string or an opts table {dtype=, memory_format=, device=}. In place, as
 -- PyTorch's Module.to: the same parameter objects with their data replaced (a device copy keeps
@@ -370,6 +371,8 @@ end
 function Module:float() return self:to(dtypes.float32) end
 function Module:cpu() return self:to("cpu") end
 function Module:double() return self:to(dtypes.float64) end
+function Module:half() return self:to(dtypes.float16) end
+function Module:bfloat16() return self:to(dtypes.bfloat16) end
 
 ---------------------------------------------------------------------------------------------
 -- state
