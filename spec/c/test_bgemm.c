@@ -1,0 +1,177 @@
+/* test_bgemm.c -- the bfloat16 GEMM (lm_bgemm_strided: float32 C, lm_bgemm_strided_bf16c:
+ * bfloat16 C rounded once; kernels/cpu/gemm.c, gemm_avx512bf16.c) against a float64 reference
+ * on the same bfloat16 inputs, on every ISA path the CPU has (4: vdpbf16ps, 3 and 2: the float32
+ * route, 1: the portable emulation of the packed kernel): random shapes (odd k, k deeper than
+ * one packed block, matrix-vector), operands plain / transposed / strided both ways / broadcast
+ * (stride 0), C row-major / column-major / strided, alpha and beta.
+ * A standalone program: prints "N passed, N failed", exits non-zero on any failure.
+ *   make && cc -std=c11 -O2 -fopenmp -Isrc spec/c/test_bgemm.c -Lbuild -llumen \
+ *      -Wl,-rpath,$PWD/build -lm -o /tmp/test_bgemm && /tmp/test_bgemm
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "check.h"
+
+/* exported by liblumen.so for this test (kernels/cpu/gemm_internal.h) */
+void lm_bgemm_strided(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                      int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
+                      float beta, float *c, int64_t rsc, int64_t csc);
+void lm_bgemm_strided_bf16c(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                            int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb,
+                            int64_t csb, float beta, uint16_t *c, int64_t rsc, int64_t csc);
+
+static uint64_t g_rng = 88172645463325252ull;
+static double urand(void) {
+   g_rng ^= g_rng << 13;
+   g_rng ^= g_rng >> 7;
+   g_rng ^= g_rng << 17;
+   return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+static float bf2f(uint16_t h) {
+   uint32_t u = (uint32_t)h << 16;
+   float f;
+   memcpy(&f, &u, 4);
+   return f;
+}
+static uint16_t f2bf(float f) {
+   uint32_t x;
+   memcpy(&x, &f, 4);
+   if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
+   x += 0x7fff + ((x >> 16) & 1);
+   return (uint16_t)(x >> 16);
+}
+
+/* an r x s operand in layout `lay`: 0 row-major, 1 column-major (transposed), 2 strided both
+   ways (every element apart), 3 rows broadcast (row stride 0) */
+typedef struct {
+   uint16_t *p;
+   int64_t rs, cs;
+   size_t n;
+} mat;
+
+static mat make_mat(int64_t r, int64_t s, int lay) {
+   mat x;
+   switch (lay) {
+   case 1: x.rs = 1; x.cs = r; x.n = (size_t)(r * s); break;
+   case 2: x.rs = 3 * s + 1; x.cs = 2; x.n = (size_t)(r * (3 * s + 1) + 2 * s + 1); break;
+   case 3: x.rs = 0; x.cs = 1; x.n = (size_t)s; break;
+   default: x.rs = s; x.cs = 1; x.n = (size_t)(r * s); break;
+   }
+   if (x.n == 0) x.n = 1;
+   x.p = malloc(x.n * 2);
+   for (size_t i = 0; i < x.n; i++) x.p[i] = f2bf((float)(urand() * 2 - 1));
+   return x;
+}
+
+static int g_failed_cases;
+
+static void run_case(int isa, int64_t m, int64_t n, int64_t k, int la, int lb, int lc, int cbf,
+                     float alpha, float beta) {
+   mat A = make_mat(m, k, la), B = make_mat(k, n, lb);
+   int64_t rsc = lc == 1 ? 1 : lc == 2 ? 2 * n + 3 : n, csc = lc == 1 ? m : lc == 2 ? 2 : 1;
+   size_t cn = m > 0 && n > 0 ? (size_t)((m - 1) * rsc + (n - 1) * csc + 1) : 1;
+   float *cf = malloc(cn * 4);
+   uint16_t *cb = malloc(cn * 2);
+   for (size_t i = 0; i < cn; i++) {
+      cb[i] = f2bf((float)(urand() - 0.5));
+      cf[i] = bf2f(cb[i]);
+   }
+   double *ref = malloc((size_t)(m * n + 1) * sizeof(double)),
+          *mag = malloc((size_t)(m * n + 1) * sizeof(double));
+   for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+         double s = 0, sa = 0;
+         for (int64_t p = 0; p < k; p++) {
+            double t = (double)bf2f(A.p[i * A.rs + p * A.cs]) * bf2f(B.p[p * B.rs + j * B.cs]);
+            s += t;
+            sa += fabs(t);
+         }
+         const double c0 = cf[i * rsc + j * csc];
+         ref[i * n + j] = alpha * s + (beta != 0 ? beta * c0 : 0);
+         mag[i * n + j] = fabs(alpha) * sa + fabs(beta * c0);
+      }
+   if (cbf)
+      lm_bgemm_strided_bf16c(m, n, k, alpha, A.p, A.rs, A.cs, B.p, B.rs, B.cs, beta, cb, rsc, csc);
+   else
+      lm_bgemm_strided(m, n, k, alpha, A.p, A.rs, A.cs, B.p, B.rs, B.cs, beta, cf, rsc, csc);
+   int bad = 0;
+   double worst = 0;
+   for (int64_t i = 0; i < m && !bad; i++)
+      for (int64_t j = 0; j < n; j++) {
+         const double r = ref[i * n + j], mg = mag[i * n + j];
+         const double got = cbf ? bf2f(cb[i * rsc + j * csc]) : cf[i * rsc + j * csc];
+         /* float32 sums: about k * 2^-24 of the sum of |terms| at worst; a bf16 result also
+            one rounding (2^-8 relative, plus the float error carried through it) */
+         double tol = (double)(k + 4) * 6e-8 * mg + 1e-30;
+         if (cbf) tol = tol * 1.01 + fabs(r) * 0.00391;
+         const double e = fabs(got - r);
+         if (e > worst) worst = e;
+         if (!(e <= tol)) {
+            bad = 1;
+            snprintf(g_case, sizeof g_case,
+                     "isa %d %lldx%lldx%lld A%d B%d C%d %s alpha %g beta %g", isa, (long long)m,
+                     (long long)n, (long long)k, la, lb, lc, cbf ? "bf16" : "f32", alpha, beta);
+            check(0, "(%lld,%lld): got %.9g want %.9g tol %.3g", (long long)i, (long long)j,
+                  got, r, tol);
+            g_failed_cases++;
+            break;
+         }
+      }
+   if (!bad) check(1, "");
+   /* beta == 0 never reads C: NaN there must not leak */
+   if (beta == 0 && m * n > 0) {
+      for (size_t i = 0; i < cn; i++) {
+         cf[i] = NAN;
+         cb[i] = 0x7fc0;
+      }
+      if (cbf)
+         lm_bgemm_strided_bf16c(m, n, k, alpha, A.p, A.rs, A.cs, B.p, B.rs, B.cs, 0.0f, cb, rsc,
+                                csc);
+      else
+         lm_bgemm_strided(m, n, k, alpha, A.p, A.rs, A.cs, B.p, B.rs, B.cs, 0.0f, cf, rsc, csc);
+      int nan = 0;
+      for (int64_t i = 0; i < m; i++)
+         for (int64_t j = 0; j < n; j++) {
+            const float v = cbf ? bf2f(cb[i * rsc + j * csc]) : cf[i * rsc + j * csc];
+            if (v != v) nan = 1;
+         }
+      snprintf(g_case, sizeof g_case, "isa %d %lldx%lldx%lld beta 0 with NaN C", isa,
+               (long long)m, (long long)n, (long long)k);
+      check(!nan, "NaN leaked from C");
+   }
+   free(A.p); free(B.p); free(cf); free(cb); free(ref); free(mag);
+}
+
+int main(void) {
+   static const int64_t shapes[][3] = {
+      {1, 1, 1},     {3, 5, 7},     {14, 32, 2},    {15, 33, 3},   {37, 41, 29},
+      {64, 64, 64},  {70, 90, 33},  {29, 100, 65},  {130, 70, 1},  {100, 45, 1025},
+      {1, 300, 200}, {300, 1, 201}, {200, 150, 47}, {8, 300, 517}, {45, 31, 2100},
+      {3, 500, 96},  {0, 5, 5},     {5, 5, 0}};
+   const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+   const int isas[] = {4, 3, 2, 1};
+   for (int ii = 0; ii < 4; ii++) {
+      const int isa = isas[ii];
+      if (lm_gemm_set_isa(isa) != isa) {
+         printf("isa %d: not on this CPU, skipped\n", isa);
+         continue;
+      }
+      for (int s = 0; s < ns; s++) {
+         const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+         for (int v = 0; v < 6; v++) {
+            /* layouts cycle so that each shape meets several; the big ones fewer */
+            const int la = (s + v) % 4, lb = (s + 2 * v + 1) % 4, lc = v % 3, cbf = (v + s) & 1;
+            if (la == 3 && m > 1 && v > 3) continue;
+            const float alpha = v == 2 ? -0.75f : 1.0f, beta = v >= 4 ? 0.5f : 0.0f;
+            run_case(isa, m, n, k, la == 3 && v == 5 ? 0 : la, lb, lc, cbf, alpha, beta);
+         }
+      }
+   }
+   lm_gemm_set_isa(0);
+   printf("%d passed, %d failed\n", g_pass, g_fail);
+   return g_fail != 0;
+}
