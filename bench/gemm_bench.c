@@ -11,7 +11,8 @@
  *   cc -O3 -fopenmp -Isrc -Ikernels -mavx2 -mfma -c kernels/cpu/gemm_avx2.c -o /tmp/gemm_avx2.o
  *   cc -O3 -fopenmp -Isrc -Ikernels -DLM_GEMM_STANDALONE bench/gemm_bench.c kernels/cpu/gemm.c \
  *      /tmp/gemm_avx512.o /tmp/gemm_avx512bf16.o /tmp/gemm_avx2.o -o /tmp/gemm_bench
- * Run: /tmp/gemm_bench [size [reps]]      (default 1024, 9 repetitions)
+ * Run: /tmp/gemm_bench [size [reps [bf16]]]  (default 1024, 9 repetitions; "bf16": only the
+ * bfloat16 rows)
  *
  * Prints, for 1 and 2 threads: the FMA peak (a loop of 16 independent vfmadd231ps chains on zmm
  * registers per thread, best of 31 runs of ~10 ms), then sgemm NN / NT / TN / TT on size^3 on the
@@ -304,6 +305,7 @@ static void bench_bf16(int64_t size, int reps, int nt) {
 int main(int argc, char **argv) {
    int64_t n = argc > 1 ? atoll(argv[1]) : 1024;
    int reps = argc > 2 ? atoi(argv[2]) : 9;
+   const int only_bf16 = argc > 3 && strcmp(argv[3], "bf16") == 0;
    float *a = aligned_alloc(64, n * n * 4), *b = aligned_alloc(64, n * n * 4),
          *c = aligned_alloc(64, n * n * 4);
    double *da = aligned_alloc(64, n * n * 8), *db = aligned_alloc(64, n * n * 8),
@@ -329,6 +331,15 @@ int main(int argc, char **argv) {
           "average %.2f\n", (long long)n, (long long)n, (long long)n, reps, load);
    for (int nt = 1; nt <= 2 && nt <= max_threads; nt++) {
       omp_set_num_threads(nt);
+      if (only_bf16) {
+         printf("\n== %d thread%s\n", nt, nt > 1 ? "s" : "");
+         if (lm_gemm_set_isa(4) == 4)
+            bench_bf16(n, reps, nt);
+         else
+            printf("  -- bfloat16: no AVX512_BF16 on this CPU\n");
+         lm_gemm_set_isa(0);
+         continue;
+      }
       double peak = fma_peak(nt);
       printf("\n== %d thread%s: measured FMA peak %.1f GFLOP/s (16 zmm vfmadd231ps chains per "
              "thread)\n", nt, nt > 1 ? "s" : "", peak);

@@ -464,6 +464,72 @@ static void bgemm_naive(int64_t m, int64_t n, int64_t k, float alpha, const uint
       }
 }
 
+/* Unpacked loops for rows [i0, i1) (small problems and matrix-vector products, where packing
+   would not pay): as the float template's direct_rows, the bfloat16 values widened on the fly
+   (a shift), float32 sums. Dot products when A's rows and B's columns run along k (x . W^T with
+   one row), else axpys over the rows of B. */
+static void bgemm_direct_rows(int64_t i0, int64_t i1, int64_t n, int64_t k, float alpha,
+                              const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
+                              int64_t rsb, int64_t csb, float beta, void *c, int64_t rsc,
+                              int64_t csc, int c_bf16) {
+   enum { JB = 256 };
+   float acc[JB];
+   for (int64_t i = i0; i < i1; i++) {
+      const uint16_t *ai = a + i * rsa;
+      for (int64_t j0 = 0; j0 < n; j0 += JB) {
+         const int nb = (int)imin(JB, n - j0);
+         if (csa == 1 && rsb == 1 && csb != 1) {
+            for (int j = 0; j < nb; j++) {
+               const uint16_t *bj = b + (j0 + j) * csb;
+               float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+               int64_t p = 0;
+               for (; p + 8 <= k; p += 8)
+                  for (int u = 0; u < 8; u++) s[u] += lm_bf2f(ai[p + u]) * lm_bf2f(bj[p + u]);
+               for (; p < k; p++) s[0] += lm_bf2f(ai[p]) * lm_bf2f(bj[p]);
+               acc[j] = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+            }
+         } else {
+            for (int j = 0; j < nb; j++) acc[j] = 0.0f;
+            for (int64_t p = 0; p < k; p++) {
+               const float av = lm_bf2f(ai[p * csa]);
+               const uint16_t *bp = b + p * rsb + j0 * csb;
+               if (csb == 1) {
+                  for (int j = 0; j < nb; j++) acc[j] += av * lm_bf2f(bp[j]);
+               } else {
+                  for (int j = 0; j < nb; j++) acc[j] += av * lm_bf2f(bp[j * csb]);
+               }
+            }
+         }
+         const int64_t off = i * rsc + j0 * csc;
+         if (c_bf16)
+            lm_gemm_merge_bf(1, nb, acc, nb, (uint16_t *)c + off, rsc, csc, alpha, beta);
+         else
+            lm_gemm_merge_s(1, nb, acc, nb, (float *)c + off, rsc, csc, alpha, beta);
+      }
+   }
+}
+
+/* the unpacked loops on nt threads: rows split, or columns when there are fewer rows */
+static void bgemm_direct(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                         int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
+                         float beta, void *c, int64_t rsc, int64_t csc, int c_bf16, int nt) {
+   if (nt > 1 && m >= 4 * nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int t = 0; t < nt; t++)
+         bgemm_direct_rows(m * t / nt, m * (t + 1) / nt, n, k, alpha, a, rsa, csa, b, rsb, csb,
+                           beta, c, rsc, csc, c_bf16);
+   } else if (nt > 1 && n >= nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int t = 0; t < nt; t++) {
+         const int64_t j0 = n * t / nt, j1 = n * (t + 1) / nt;
+         bgemm_direct_rows(0, m, j1 - j0, k, alpha, a, rsa, csa, b + j0 * csb, rsb, csb, beta,
+                           bgemm_c_at(c, c_bf16, j0 * csc), rsc, csc, c_bf16);
+      }
+   } else {
+      bgemm_direct_rows(0, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16);
+   }
+}
+
 /* dense float32 copy of an r x s bfloat16 matrix (element (i, j) at x[i*rs + j*cs]) */
 static void bf16_to_dense(int64_t r, int64_t s, const uint16_t *x, int64_t rs, int64_t cs,
                           float *dst, int nt) {
@@ -538,10 +604,11 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
       if (nt < 1) nt = 1;
    }
    const int isa = lm_cpu_isa();
-   const int packed = isa == LM_ISA_C ||
-                      (isa >= LM_ISA_AVX512_BF16 && work > LM_GEMM_SMALL_WORK_AVX512 && m > 1 &&
-                       n > 1);
-   if (packed) {
+   if (work <= LM_GEMM_SMALL_WORK_AVX512 || m == 1 || n == 1) {
+      bgemm_direct(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt);
+      return;
+   }
+   if (isa == LM_ISA_C || isa >= LM_ISA_AVX512_BF16) {
       const bgemm_cfg cf = bgemm_config(isa);
       if (!c_bf16 || k <= cf.kc) {
          if (bgemm_packed(&cf, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,

@@ -119,9 +119,10 @@ LM_GEMM_HIDDEN void lm_dgemm_strided(int64_t m, int64_t n, int64_t k, double alp
  * beta == 0 never reads C. C must not overlap A, B or itself.
  *
  * Paths (lm_cpu_isa()):
- *   LM_ISA_AVX512_BF16: packed BLIS nest (gemm.c) with the vdpbf16ps micro-kernel below;
- *     problems below LM_GEMM_SMALL_WORK_AVX512 multiply-adds and matrix-vector products take
- *     the float32 route instead (no packing to amortise).
+ *   every ISA: problems below LM_GEMM_SMALL_WORK_AVX512 multiply-adds and matrix-vector
+ *     products take unpacked loops (bfloat16 widened on the fly, float32 sums; no packing or
+ *     copy to amortise, and a matrix-vector product reads the bfloat16 matrix once).
+ *   LM_ISA_AVX512_BF16: packed BLIS nest (gemm.c) with the vdpbf16ps micro-kernel below.
  *   LM_ISA_AVX512, LM_ISA_AVX2: the float32 route: both operands converted to dense float32
  *     (exact), lm_sgemm_strided on them, the bf16 result rounded once.
  *   LM_ISA_C: the packed nest with a portable C emulation of the vdpbf16ps micro-kernel and the
