@@ -146,7 +146,58 @@ static void run_case(int isa, int64_t m, int64_t n, int64_t k, int la, int lb, i
    free(A.p); free(B.p); free(cf); free(cb); free(ref); free(mag);
 }
 
+/* lm_matmul on bfloat16 tensors into an out= tensor with its own (column-major) strides, and
+   batched with a broadcast operand, against the float64 reference of the same values */
+static void test_matmul_out(void) {
+   for (int isa = 4; isa >= 1; isa -= (isa == 4 ? 1 : 2)) {
+      if (lm_gemm_set_isa(isa) != isa) continue;
+      snprintf(g_case, sizeof g_case, "lm_matmul bf16 out= isa %d", isa);
+      const int64_t M = 23, K = 45, N = 19, BATCH = 3;
+      const int64_t sa[3] = {BATCH, M, K}, sb[2] = {K, N}, so[3] = {BATCH, M, N};
+      const int64_t st_o[3] = {M * N, 1, M}; /* each matrix column-major */
+      lm_tensor *a = NULL, *b = NULL, *o = NULL, *bad = NULL;
+      OK(lm_empty(3, sa, LM_BFLOAT16, LM_CONTIGUOUS, LM_CPU, &a));
+      OK(lm_empty(2, sb, LM_BFLOAT16, LM_CONTIGUOUS, LM_CPU, &b));
+      OK(lm_empty_strided(3, so, st_o, LM_BFLOAT16, LM_CPU, &o));
+      double *da = malloc(sizeof(double) * BATCH * M * K), *db = malloc(sizeof(double) * K * N),
+             *dout = malloc(sizeof(double) * BATCH * M * N);
+      for (int64_t i = 0; i < BATCH * M * K; i++) da[i] = bf2f(f2bf((float)(urand() - 0.5)));
+      for (int64_t i = 0; i < K * N; i++) db[i] = bf2f(f2bf((float)(urand() - 0.5)));
+      OK(lm_from_doubles(a, da));
+      OK(lm_from_doubles(b, db));
+      lm_tensor *out = o;
+      OK(lm_matmul(a, b, &out));
+      check(out == o, "out= used");
+      OK(lm_to_doubles(o, dout));
+      int okv = 1;
+      for (int64_t t = 0; t < BATCH && okv; t++)
+         for (int64_t i = 0; i < M && okv; i++)
+            for (int64_t j = 0; j < N; j++) {
+               double r = 0, mg = 0;
+               for (int64_t p = 0; p < K; p++) {
+                  r += da[(t * M + i) * K + p] * db[p * N + j];
+                  mg += fabs(da[(t * M + i) * K + p] * db[p * N + j]);
+               }
+               if (!(fabs(dout[(t * M + i) * N + j] - r) <= 0.0040 * fabs(r) + 1e-5 * mg)) {
+                  okv = 0;
+                  check(0, "[%lld,%lld,%lld] got %g want %g", (long long)t, (long long)i,
+                        (long long)j, dout[(t * M + i) * N + j], r);
+                  break;
+               }
+            }
+      if (okv) check(1, "");
+      /* a float32 out= for bfloat16 inputs is an error */
+      OK(lm_empty(3, so, LM_FLOAT32, LM_CONTIGUOUS, LM_CPU, &bad));
+      lm_tensor *bo = bad;
+      check(lm_matmul(a, b, &bo) == LM_ERR_DTYPE, "float32 out= for bfloat16 inputs rejected");
+      lm_tensor_free(a); lm_tensor_free(b); lm_tensor_free(o); lm_tensor_free(bad);
+      free(da); free(db); free(dout);
+   }
+   lm_gemm_set_isa(0);
+}
+
 int main(void) {
+   test_matmul_out();
    static const int64_t shapes[][3] = {
       {1, 1, 1},     {3, 5, 7},     {14, 32, 2},    {15, 33, 3},   {37, 41, 29},
       {64, 64, 64},  {70, 90, 33},  {29, 100, 65},  {130, 70, 1},  {100, 45, 1025},
