@@ -17,6 +17,10 @@
  * LM_GEMM_WORK_PER_THREAD per thread uses fewer threads; inside an enclosing parallel region the
  * GEMM runs on the calling thread only.
  *
+ * bfloat16 (lm_bgemm_strided, lm_bgemm_strided_bf16c; after the template instantiations): the
+ * same packed nest over 32-bit words holding k pairs, for the vdpbf16ps micro-kernel in
+ * gemm_avx512bf16.c; paths and layouts in gemm_internal.h.
+ *
  * Mutable global state: none (the ISA comes from lm_cpu_isa, isa.c).
  */
 #ifndef LM_GEMM_TEMPLATE /* ---- the file proper; the template is at the end ---- */
