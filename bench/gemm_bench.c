@@ -286,7 +286,7 @@ static void bench_bf16(int64_t size, int reps, int nt) {
    for (int s = 0; s < 5; s++) {
       const int64_t m = s ? shapes[s][0] : size, n = s ? shapes[s][1] : size,
                     k = s ? shapes[s][2] : size;
-      for (int v = 0; v < (s ? 1 : 3); v++) {
+      for (int v = 0; v < (s == 0 ? 3 : s == 3 ? 2 : 1); v++) { /* 8x1000x2048 also as x W^T */
          const int tb = v == 1, cbf = v == 2;
          timing t = time_bgemm(m, n, k, tb, cbf, reps, a, b, c);
          printf("  bgemm %5lldx%5lldx%5lld %s C %-4s %7.1f GFLOP/s [%6.1f]  %5.1f %% of bf16 "

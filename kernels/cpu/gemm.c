@@ -513,24 +513,39 @@ static void bgemm_direct_rows(int64_t i0, int64_t i1, int64_t n, int64_t k, floa
    }
 }
 
+/* one block of the unpacked path: the vdpbf16ps dot loops when the ISA and layout allow */
+static void bgemm_direct_block(int isa, int64_t m, int64_t n, int64_t k, float alpha,
+                               const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
+                               int64_t rsb, int64_t csb, float beta, void *c, int64_t rsc,
+                               int64_t csc, int c_bf16) {
+   if (isa >= LM_ISA_AVX512_BF16 && lm_bgemm_direct_avx512bf16(m, n, k, alpha, a, rsa, csa, b,
+                                                              rsb, csb, beta, c, rsc, csc, c_bf16))
+      return;
+   bgemm_direct_rows(0, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16);
+}
+
 /* the unpacked loops on nt threads: rows split, or columns when there are fewer rows */
-static void bgemm_direct(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
-                         int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
-                         float beta, void *c, int64_t rsc, int64_t csc, int c_bf16, int nt) {
+static void bgemm_direct(int isa, int64_t m, int64_t n, int64_t k, float alpha,
+                         const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
+                         int64_t rsb, int64_t csb, float beta, void *c, int64_t rsc, int64_t csc,
+                         int c_bf16, int nt) {
    if (nt > 1 && m >= 4 * nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
-      for (int t = 0; t < nt; t++)
-         bgemm_direct_rows(m * t / nt, m * (t + 1) / nt, n, k, alpha, a, rsa, csa, b, rsb, csb,
-                           beta, c, rsc, csc, c_bf16);
+      for (int t = 0; t < nt; t++) {
+         const int64_t i0 = m * t / nt, i1 = m * (t + 1) / nt;
+         bgemm_direct_block(isa, i1 - i0, n, k, alpha, a + i0 * rsa, rsa, csa, b, rsb, csb, beta,
+                            bgemm_c_at(c, c_bf16, i0 * rsc), rsc, csc, c_bf16);
+      }
    } else if (nt > 1 && n >= nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
       for (int t = 0; t < nt; t++) {
          const int64_t j0 = n * t / nt, j1 = n * (t + 1) / nt;
-         bgemm_direct_rows(0, m, j1 - j0, k, alpha, a, rsa, csa, b + j0 * csb, rsb, csb, beta,
-                           bgemm_c_at(c, c_bf16, j0 * csc), rsc, csc, c_bf16);
+         bgemm_direct_block(isa, m, j1 - j0, k, alpha, a, rsa, csa, b + j0 * csb, rsb, csb, beta,
+                            bgemm_c_at(c, c_bf16, j0 * csc), rsc, csc, c_bf16);
       }
    } else {
-      bgemm_direct_rows(0, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16);
+      bgemm_direct_block(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+                         c_bf16);
    }
 }
 
@@ -573,6 +588,9 @@ static int bgemm_via_float(int64_t m, int64_t n, int64_t k, float alpha, const u
    return 1;
 }
 
+/* at most this many rows (or columns) of a x . W^T take the unpacked dot loops */
+#define LM_BGEMM_DOT_ROWS 8
+
 static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                       int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
                       float beta, void *c, int64_t rsc, int64_t csc, int c_bf16) {
@@ -608,8 +626,12 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
       if (nt < 1) nt = 1;
    }
    const int isa = lm_cpu_isa();
-   if (work <= LM_GEMM_SMALL_WORK_AVX512 || m == 1 || n == 1) {
-      bgemm_direct(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt);
+   /* thin x . W^T (few rows, A rows and W rows along k): the dot loops read W in place instead
+      of packing all of it for a handful of rows; LM_BGEMM_DOT_ROWS measured below */
+   const int dot_thin = isa >= LM_ISA_AVX512_BF16 && csa == 1 && rsb == 1 &&
+                        (m <= LM_BGEMM_DOT_ROWS || n <= LM_BGEMM_DOT_ROWS);
+   if (work <= LM_GEMM_SMALL_WORK_AVX512 || m == 1 || n == 1 || dot_thin) {
+      bgemm_direct(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt);
       return;
    }
    if (isa == LM_ISA_C || isa >= LM_ISA_AVX512_BF16) {

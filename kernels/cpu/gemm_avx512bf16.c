@@ -253,3 +253,55 @@ void lm_bgemm_pack_b_avx512bf16(int64_t kc, int64_t nc, const uint16_t *b, int64
       lm_bgemm_pack_b_c(kc, nc, b, rsb, csb, BNR, q0, q1, dst);
    }
 }
+
+/* ---- unpacked dot form for thin problems: op(A) rows and op(B) columns both contiguous along k
+ * (x . W^T of a linear layer with few rows). R x Q tiles of dot products, 32 k per vdpbf16ps
+ * step (16 pairs per lane), reduced at the end; no packing, so W is read straight from memory,
+ * once per R rows. Masked loads zero the k tail in both operands. */
+static inline __attribute__((always_inline)) void dot_tile(const int R, int64_t k,
+                                                           const uint16_t *const *ar,
+                                                           const uint16_t *const *bc,
+                                                           float *out) {
+   __m512 acc[4][4];
+   for (int r = 0; r < R; r++)
+      for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
+   for (int64_t p = 0; p < k; p += 32) {
+      const __mmask32 mk = mask32(k - p < 32 ? (int)(k - p) : 32);
+      __m512bh bv[4];
+      for (int q = 0; q < 4; q++) bv[q] = (__m512bh)_mm512_maskz_loadu_epi16(mk, bc[q] + p);
+      for (int r = 0; r < R; r++) {
+         const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mk, ar[r] + p);
+         for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], av, bv[q]);
+      }
+   }
+   for (int r = 0; r < R; r++)
+      for (int q = 0; q < 4; q++) out[r * 4 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+int lm_bgemm_direct_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                               int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb,
+                               int64_t csb, float beta, void *c, int64_t rsc, int64_t csc,
+                               int c_bf16) {
+   if (csa != 1 || rsb != 1) return 0;
+   for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int R = m - i0 < 4 ? (int)(m - i0) : 4;
+      const uint16_t *ar[4];
+      for (int r = 0; r < 4; r++) ar[r] = a + (i0 + (r < R ? r : R - 1)) * rsa;
+      for (int64_t j0 = 0; j0 < n; j0 += 4) {
+         const int Q = n - j0 < 4 ? (int)(n - j0) : 4;
+         const uint16_t *bc[4];
+         for (int q = 0; q < 4; q++) bc[q] = b + (j0 + (q < Q ? q : Q - 1)) * csb;
+         float t[16];
+         if (R == 1)
+            dot_tile(1, k, ar, bc, t);
+         else
+            dot_tile(4, k, ar, bc, t);
+         const int64_t off = i0 * rsc + j0 * csc;
+         if (c_bf16)
+            lm_gemm_merge_bf(R, Q, t, 4, (uint16_t *)c + off, rsc, csc, alpha, beta);
+         else
+            lm_gemm_merge_s(R, Q, t, 4, (float *)c + off, rsc, csc, alpha, beta);
+      }
+   }
+   return 1;
+}

@@ -167,6 +167,14 @@ LM_GEMM_HIDDEN void lm_bgemm_pack_a_avx512bf16(int64_t mc, int64_t kc, const uin
 LM_GEMM_HIDDEN void lm_bgemm_pack_b_avx512bf16(int64_t kc, int64_t nc, const uint16_t *b,
                                                int64_t rsb, int64_t csb, int64_t q0, int64_t q1,
                                                uint32_t *dst);
+/* unpacked dot-product loops (same arguments as lm_bgemm_strided, c float or (c_bf16) bf16):
+ * only when op(A)'s rows and op(B)'s columns run along k (csa == 1, rsb == 1); returns 0
+ * otherwise, having done nothing */
+LM_GEMM_HIDDEN int lm_bgemm_direct_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha,
+                                              const uint16_t *a, int64_t rsa, int64_t csa,
+                                              const uint16_t *b, int64_t rsb, int64_t csb,
+                                              float beta, void *c, int64_t rsc, int64_t csc,
+                                              int c_bf16);
 /* the portable packing for any tile width (gemm.c); the AVX-512 routines use it for operands
  * strided both ways */
 LM_GEMM_HIDDEN void lm_bgemm_pack_a_c(int64_t mc, int64_t kc, const uint16_t *a, int64_t rsa,
