@@ -129,8 +129,10 @@ describe("bfloat16 matmul", function()
    end)
 
    it("rejects mixed dtypes, naming matmul", function()
-      H.assert_error_like("matmul", "dtype", function() return bf({ 2, 3 }):matmul(lm.randn({ 3, 2 })) end)
-      H.assert_error_like("matmul", "shapes", function() return bf({ 2, 3 }):matmul(bf({ 4, 2 })) end)
+      H.assert_error_like("matmul", "dtype",
+         function() return bf({ 2, 3 }):matmul(lm.randn({ 3, 2 })) end)
+      H.assert_error_like("matmul", "shapes",
+         function() return bf({ 2, 3 }):matmul(bf({ 4, 2 })) end)
    end)
 end)
 
