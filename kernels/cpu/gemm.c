@@ -513,13 +513,20 @@ static void bgemm_direct_rows(int64_t i0, int64_t i1, int64_t n, int64_t k, floa
    }
 }
 
+/* at most this many rows (or columns) of a thin product take the unpacked loops; 8x1000x2048,
+   1 thread: x . W^T 85 (packed) -> 193 GFLOP/s (dot loops); g . W (row loops) see the bench */
+#define LM_BGEMM_DOT_ROWS 8
+
 /* one block of the unpacked path: the vdpbf16ps dot loops when the ISA and layout allow */
 static void bgemm_direct_block(int isa, int64_t m, int64_t n, int64_t k, float alpha,
                                const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
                                int64_t rsb, int64_t csb, float beta, void *c, int64_t rsc,
                                int64_t csc, int c_bf16) {
-   if (isa >= LM_ISA_AVX512_BF16 && lm_bgemm_direct_avx512bf16(m, n, k, alpha, a, rsa, csa, b,
-                                                              rsb, csb, beta, c, rsc, csc, c_bf16))
+   if (isa >= LM_ISA_AVX512_BF16 &&
+       (lm_bgemm_direct_avx512bf16(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+                                   c_bf16) ||
+        lm_bgemm_rows_avx512bf16(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+                                 c_bf16)))
       return;
    bgemm_direct_rows(0, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16);
 }
@@ -529,7 +536,9 @@ static void bgemm_direct(int isa, int64_t m, int64_t n, int64_t k, float alpha,
                          const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
                          int64_t rsb, int64_t csb, float beta, void *c, int64_t rsc, int64_t csc,
                          int c_bf16, int nt) {
-   if (nt > 1 && m >= 4 * nt) {
+   /* a thin product (<= 8 rows) splits its columns, so that each thread reads its own part of
+      B instead of all of it */
+   if (nt > 1 && m >= 4 * nt && m > LM_BGEMM_DOT_ROWS) {
 #pragma omp parallel for num_threads(nt) schedule(static)
       for (int t = 0; t < nt; t++) {
          const int64_t i0 = m * t / nt, i1 = m * (t + 1) / nt;
@@ -588,9 +597,6 @@ static int bgemm_via_float(int64_t m, int64_t n, int64_t k, float alpha, const u
    return 1;
 }
 
-/* at most this many rows (or columns) of a x . W^T take the unpacked dot loops */
-#define LM_BGEMM_DOT_ROWS 8
-
 static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                       int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
                       float beta, void *c, int64_t rsc, int64_t csc, int c_bf16) {
@@ -626,10 +632,13 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
       if (nt < 1) nt = 1;
    }
    const int isa = lm_cpu_isa();
-   /* thin x . W^T (few rows, A rows and W rows along k): the dot loops read W in place instead
-      of packing all of it for a handful of rows; LM_BGEMM_DOT_ROWS measured below */
-   const int dot_thin = isa >= LM_ISA_AVX512_BF16 && csa == 1 && rsb == 1 &&
-                        (m <= LM_BGEMM_DOT_ROWS || n <= LM_BGEMM_DOT_ROWS);
+   /* thin products: x . W^T (few rows, A rows and W rows along k: the dot loops) or few rows
+      times a row-major B (the row loops) read B in place once instead of packing all of it for
+      a handful of rows */
+   const int dot_thin =
+      isa >= LM_ISA_AVX512_BF16 &&
+      ((csa == 1 && rsb == 1 && (m <= LM_BGEMM_DOT_ROWS || n <= LM_BGEMM_DOT_ROWS)) ||
+       (csb == 1 && m <= LM_BGEMM_DOT_ROWS));
    if (work <= LM_GEMM_SMALL_WORK_AVX512 || m == 1 || n == 1 || dot_thin) {
       bgemm_direct(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt);
       return;

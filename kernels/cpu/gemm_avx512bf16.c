@@ -305,3 +305,73 @@ int lm_bgemm_direct_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, con
    }
    return 1;
 }
+
+/* ---- unpacked row form for few rows of op(A) times a row-major op(B) (csb == 1: g . W in a
+ * linear layer's backward with a small batch): B is read once, in place. Each k pair's two rows
+ * of B are interleaved on the fly (vpunpck{l,h}wd), which puts columns in the order
+ * {0-3, 8-11, 16-19, 24-27} (lo) and {4-7, 12-15, 20-23, 28-31} (hi) within 32 columns; the
+ * accumulators keep that order and one vpermt2ps per 16 columns undoes it at the end. Up to 8
+ * rows x 32 columns = 16 accumulators; A's pair word is gathered per row (any strides). */
+static inline __attribute__((always_inline)) void rows_tile(const int R, int64_t k,
+                                                            const uint16_t *const *ar,
+                                                            int64_t csa, const uint16_t *b,
+                                                            int64_t rsb, int nv, float *out) {
+   __m512 lo[8], hi[8];
+   for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm512_setzero_ps();
+   const __mmask32 mk = mask32(nv);
+   int64_t p = 0;
+   for (; p + 2 <= k; p += 2) {
+      const __m512i r0 = _mm512_maskz_loadu_epi16(mk, b + p * rsb);
+      const __m512i r1 = _mm512_maskz_loadu_epi16(mk, b + (p + 1) * rsb);
+      const __m512bh wl = (__m512bh)_mm512_unpacklo_epi16(r0, r1);
+      const __m512bh wh = (__m512bh)_mm512_unpackhi_epi16(r0, r1);
+      for (int r = 0; r < R; r++) {
+         const uint16_t *ap = ar[r] + p * csa;
+         const __m512bh av =
+            (__m512bh)_mm512_set1_epi32((int)((uint32_t)ap[0] | ((uint32_t)ap[csa] << 16)));
+         lo[r] = _mm512_dpbf16_ps(lo[r], av, wl);
+         hi[r] = _mm512_dpbf16_ps(hi[r], av, wh);
+      }
+   }
+   if (p < k) { /* odd k: the last row alone, its partner zero in both operands */
+      const __m512i r0 = _mm512_maskz_loadu_epi16(mk, b + p * rsb), z = _mm512_setzero_si512();
+      const __m512bh wl = (__m512bh)_mm512_unpacklo_epi16(r0, z);
+      const __m512bh wh = (__m512bh)_mm512_unpackhi_epi16(r0, z);
+      for (int r = 0; r < R; r++) {
+         const __m512bh av = (__m512bh)_mm512_set1_epi32((int)(uint32_t)ar[r][p * csa]);
+         lo[r] = _mm512_dpbf16_ps(lo[r], av, wl);
+         hi[r] = _mm512_dpbf16_ps(hi[r], av, wh);
+      }
+   }
+   const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+   const __m512i i1 =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+   for (int r = 0; r < R; r++) {
+      _mm512_storeu_ps(out + r * 32, _mm512_permutex2var_ps(lo[r], i0, hi[r]));
+      _mm512_storeu_ps(out + r * 32 + 16, _mm512_permutex2var_ps(lo[r], i1, hi[r]));
+   }
+}
+
+int lm_bgemm_rows_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                             int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb,
+                             int64_t csb, float beta, void *c, int64_t rsc, int64_t csc,
+                             int c_bf16) {
+   if (csb != 1 || m > 8 || m < 1) return 0;
+   const uint16_t *ar[8]; /* rows past m repeat the last one (computed, then dropped) */
+   for (int r = 0; r < 8; r++) ar[r] = a + (r < m ? r : m - 1) * rsa;
+   float t[8 * 32];
+   for (int64_t j0 = 0; j0 < n; j0 += 32) {
+      const int nv = n - j0 < 32 ? (int)(n - j0) : 32;
+      switch (m) {
+      case 1: rows_tile(1, k, ar, csa, b + j0, rsb, nv, t); break;
+      case 2: rows_tile(2, k, ar, csa, b + j0, rsb, nv, t); break;
+      case 3: case 4: rows_tile(4, k, ar, csa, b + j0, rsb, nv, t); break;
+      default: rows_tile(8, k, ar, csa, b + j0, rsb, nv, t); break;
+      }
+      if (c_bf16)
+         lm_gemm_merge_bf((int)m, nv, t, 32, (uint16_t *)c + j0 * csc, rsc, csc, alpha, beta);
+      else
+         lm_gemm_merge_s((int)m, nv, t, 32, (float *)c + j0 * csc, rsc, csc, alpha, beta);
+   }
+   return 1;
+}

@@ -222,17 +222,18 @@ int main(void) {
          }
       }
    }
-   /* x . W^T layouts (A rows and B columns along k) with few rows or columns: the unpacked
-      vdpbf16ps dot loops on ISA 4 (k tails of every length mod 32) */
+   /* thin products with few rows or columns: x . W^T (A rows and B columns along k: the dot
+      loops on ISA 4, k tails of every length mod 32) and g . W (B row-major: the row loops,
+      odd k, column tails) */
    static const int64_t thin[][3] = {{8, 300, 517}, {3, 70, 33}, {5, 9, 64}, {8, 1000, 2048},
                                      {9, 40, 31},   {70, 8, 95}, {2, 2, 1}, {4, 33, 63}};
    for (int ii = 0; ii < 4; ii++) {
       const int isa = isas[ii];
       if (lm_gemm_set_isa(isa) != isa) continue;
       for (int s = 0; s < 8; s++)
-         for (int cbf = 0; cbf < 2; cbf++)
-            run_case(isa, thin[s][0], thin[s][1], thin[s][2], 0, 1, cbf ? 0 : 2, cbf,
-                     1.0f, cbf ? 0.0f : 0.5f);
+         for (int v = 0; v < 4; v++) /* x . W^T, g . W (B row-major), A transposed or not */
+            run_case(isa, thin[s][0], thin[s][1], thin[s][2], v >> 1, v & 1 ? 1 : 0,
+                     v & 1 ? 2 : 0, v == 0 || v == 3, 1.0f, v & 1 ? 0.5f : 0.0f);
    }
    lm_gemm_set_isa(0);
    printf("%d passed, %d failed\n", g_pass, g_fail);
