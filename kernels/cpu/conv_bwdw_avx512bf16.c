@@ -12,6 +12,8 @@
  * gout_g^T is read in place (op(A)(o, p) = gout[p * O + gi * Og + o]: rows stride 1, pixels
  * stride O), which the packing of A merges pixel pairs from.
  * Depthwise (Cg == 1): a float32 loop per output channel (threads over o).
+ * Measured (N 8, 56x56, 64 -> 64 channels, quiet machine): 3x3 pad 1 170 GFLOP/s on 1 thread,
+ * 300 on 2 (72 % / 64 % of the vdpbf16ps peak); 1x1 160 / 189 (k = 25088 pixels in place).
  */
 #include "cpu.h"
 #include "gemm_internal.h"

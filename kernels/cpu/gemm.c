@@ -293,8 +293,8 @@ typedef struct {
    float32 kernel's (KC 512): A block 168 x 1024 x 2 B = 336 KiB in L2, B micro-panel 64 KiB.
    Zen 4 runs a zmm vdpbf16ps as two 256-bit halves, one per cycle (measured peak 235 GFLOP/s a
    core = 64 flops a cycle, twice the float32 FMA peak of 118). bench/gemm_bench.c 1024 9 bf16,
-   in a quiet minute: 1024^3 1 thread 210 GFLOP/s (89 % of the measured vdpbf16ps peak),
-   2 threads 387 (82 % of 470); the float32 route (isa 3) 102 / 183. */
+   in a quiet minute: 1024^3 1 thread 214 GFLOP/s (91 % of the measured vdpbf16ps peak),
+   2 threads 434 (92 % of 470); 256x3136x576 209 / 385; the float32 route (isa 3) 102 / 208. */
 static bgemm_cfg bgemm_config(int isa) {
    if (isa >= LM_ISA_AVX512_BF16)
       return (bgemm_cfg){LM_BGEMM_AVX512_MR, LM_BGEMM_AVX512_NR, 14 * 12, 1024, 32 * 128,
@@ -516,8 +516,9 @@ static void bgemm_direct_rows(int64_t i0, int64_t i1, int64_t n, int64_t k, floa
    }
 }
 
-/* at most this many rows (or columns) of a thin product take the unpacked loops; 8x1000x2048,
-   1 thread: x . W^T 85 (packed) -> 193 GFLOP/s (dot loops); g . W (row loops) see the bench */
+/* at most this many rows (or columns) of a thin product take the unpacked loops. 8x1000x2048,
+   1 / 2 threads: x . W^T 85 / 78 GFLOP/s packed -> 194 / 400 dot loops; g . W (B row-major)
+   85 / 78 packed -> 164 / 323 row loops (packing all of B for 8 rows was the cost) */
 #define LM_BGEMM_DOT_ROWS 8
 
 /* one block of the unpacked path: the vdpbf16ps dot loops when the ISA and layout allow */
