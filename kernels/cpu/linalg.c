@@ -2,17 +2,18 @@
  * broadcast of batch dims and the output: src/ops/linalg.c; the plan: src/ops/linalg.h).
  *
  * Operands of any strides go straight to lm_*gemm_strided (the packing handles transposed and
- * strided operands, broadcast batch dims are stride 0), so no operand is copied.
+ * strided operands, broadcast batch dims are stride 0), so no operand is copied. bfloat16:
+ * lm_bgemm_strided_bf16c (float32 sums, the bfloat16 result rounded once; gemm_internal.h).
  */
 #include "cpu.h"
 #include "ops/linalg.h"
 #include "gemm_internal.h"
 
 /* a batch of matrix products: C[b] = A[b] B[b], with b over the broadcast batch shape: the
-   plan (ops/linalg.h) and the operands: element (0, ...) of each, float32 or float64 */
+   plan (ops/linalg.h) and the operands: element (0, ...) of each, float32, float64 or bfloat16 */
 typedef lm_matmul_params mm_plan;
 typedef struct {
-   int dtype; /* LM_FLOAT32 or LM_FLOAT64 */
+   int dtype; /* LM_FLOAT32, LM_FLOAT64 or LM_BFLOAT16 */
    void *a, *b, *c;
 } mm_data;
 
@@ -22,6 +23,10 @@ static void mm_one(const mm_plan *p, const mm_data *q, int64_t oa, int64_t ob, i
       lm_sgemm_strided(m, p->n, p->k, 1.0f, (const float *)q->a + oa, rsa, p->csa,
                        (const float *)q->b + ob, p->rsb, p->csb, 0.0f, (float *)q->c + oc, rsc,
                        p->csc);
+   else if (q->dtype == LM_BFLOAT16)
+      lm_bgemm_strided_bf16c(m, p->n, p->k, 1.0f, (const uint16_t *)q->a + oa, rsa, p->csa,
+                             (const uint16_t *)q->b + ob, p->rsb, p->csb, 0.0f,
+                             (uint16_t *)q->c + oc, rsc, p->csc);
    else
       lm_dgemm_strided(m, p->n, p->k, 1.0, (const double *)q->a + oa, rsa, p->csa,
                        (const double *)q->b + ob, p->rsb, p->csb, 0.0, (double *)q->c + oc, rsc,

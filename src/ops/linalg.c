@@ -8,14 +8,16 @@
  *
  * Operands of any strides go straight to the kernel (LM_OP_MATMUL, ops/linalg.h; on the CPU
  * lm_*gemm_strided, whose packing handles transposed and strided operands, broadcast batch dims
- * are stride 0), so no operand is copied. float16 and bfloat16 are computed in float32 and
- * rounded once at the end. A new output is contiguous; an out= tensor keeps its strides and must
+ * are stride 0), so no operand is copied. bfloat16 goes to the kernel as it is (on the CPU
+ * lm_bgemm_strided_bf16c: vdpbf16ps where the CPU has AVX512_BF16, float32 sums, the result
+ * rounded once); float16 is computed in float32 (the operands converted, F16C) and rounded once
+ * at the end (no AVX512_FP16 kernel). A new output is contiguous; an out= tensor keeps its strides and must
  * have the result's shape and dtype.
  */
 #include "common.h"
 #include "linalg.h"
 
-/* half-precision inputs: compute in float32, round into the result once */
+/* float16 inputs: compute in float32, round into the result once */
 static lm_status matmul_via_float(const lm_tensor *a, const lm_tensor *b, lm_tensor **out) {
    lm_tensor *a32 = NULL, *b32 = NULL, *r32 = NULL;
    lm_status st = lm_clone(a, LM_PRESERVE, LM_FLOAT32, &a32);
@@ -120,7 +122,7 @@ lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out) {
          return st;
       }
    }
-   if (dt == LM_FLOAT16 || dt == LM_BFLOAT16) return matmul_via_float(a, b, out);
+   if (dt == LM_FLOAT16) return matmul_via_float(a, b, out);
 
    lm_tensor *created = NULL;
    if (!o) {

@@ -1,8 +1,9 @@
 /* ops/linalg.h -- the parameters of LM_OP_MATMUL (front end: src/ops/linalg.c; CPU kernel:
  * kernels/cpu/linalg.c).
- *   MATMUL: t = {a, b, c}; a, b float32 or float64 of one dtype, any strides; c the result (a
- *   fresh contiguous tensor or the caller's out= tensor with its own strides, no overlap with a
- *   or b), same dtype, at least one element.
+ *   MATMUL: t = {a, b, c}; a, b float32, float64 or bfloat16 of one dtype, any strides; c the
+ *   result (a fresh contiguous tensor or the caller's out= tensor with its own strides, no
+ *   overlap with a or b), same dtype, at least one element. bfloat16: float32 sums, each result
+ *   rounded once (float16 never reaches the kernel: the front end computes it in float32).
  * The plan: a batch of matrix products C[i] = A[i] B[i], i over the broadcast batch shape bsz,
  * with every stride in elements from element 0 of each tensor; a broadcast batch dim has stride
  * 0 in the operand it is broadcast over. A 1-D a is a 1 x k row (rsa 0); a 1-D b a k x 1 column
