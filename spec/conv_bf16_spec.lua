@@ -178,6 +178,23 @@ describe("conv2d in bfloat16 / float16", function()
       end
    end)
 
+   it("matches float32 with 512 channels (staged copies at a padded pixel pitch), 1x1 and 3x3",
+      function()
+      for _, k in ipairs({ 1, 3 }) do
+         local x = lm.randn({ 2, 512, 5, 6 }):contiguous(CL):bfloat16()
+         local w = (lm.randn({ 512, 512, k, k }) * 0.05):contiguous(CL):bfloat16()
+         local opts = { padding = (k - 1) / 2 }
+         local y = F.conv2d(x, w, nil, opts)
+         close(y, F.conv2d(x:float(), w:float(), nil, opts), 1e-2, "forward k" .. k)
+         local xg = x:clone():requires_grad_(true)
+         local g = lm.randn(y:size()):contiguous(CL):bfloat16()
+         F.conv2d(xg, w, nil, opts):backward(g)
+         local xr = x:float():requires_grad_(true)
+         F.conv2d(xr, w:float(), nil, opts):backward(g:float())
+         close(xg.grad, xr.grad, 1e-2, "grad input k" .. k)
+      end
+   end)
+
    it("rejects mixed dtypes with an error naming conv2d", function()
       local x = lm.randn({ 1, 3, 5, 5 }):bfloat16()
       local w = lm.randn({ 4, 3, 3, 3 })

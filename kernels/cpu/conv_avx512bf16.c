@@ -34,10 +34,11 @@
 
 #define AI static inline __attribute__((always_inline))
 
-enum { OB = 32, PBMAX = 14, MAXTAPS = 1024 };
+enum { PBMAX = 14, MAXTAPS = 1024, VCHUNK_TILES = 4 };
 
 /* the engine: output pixels (n, u, v), u < Ho, v < Wo; pixel (n, u, v) reads tap t's run of R
-   words at x + n*ximg + u*xrow + v*xcol + xoff[t], with weights wk + ob*wob + widx[t]*R*OB */
+   words at x + n*ximg + u*xrow + v*xcol + xoff[t], with weights wk + ob*wob + widx[t]*R*OB
+   (OB = 16*nv output channels per block: nv 2 with tiles of 14 pixels, or 4 with tiles of 7) */
 typedef struct {
    int64_t N, Ho, Wo;
    const uint32_t *x;
@@ -47,6 +48,7 @@ typedef struct {
    int64_t R;
    const uint32_t *wk;
    int64_t wob;
+   int nv;                          /* zmm per channel block: 2 or 4 */
    int64_t O;                       /* real output channels (the channel stride of out / res) */
    uint16_t *out;
    const uint16_t *res;             /* same addressing as out, or NULL */
@@ -66,83 +68,123 @@ AI __m512 widen_bf16(__m256i h) {
    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* PB pixels (pixel k at xb + k*xcol) x 32 output channels */
+/* PB pixels (pixel k at xb + k*xcol) x NV*16 output channels; m[v]: the valid channels of
+   vector v */
 AI void bf_tile(const bf_eng *e, const uint32_t *xb, const uint32_t *wob, uint16_t *o,
-                const uint16_t *r, const float *bias, __mmask16 m0, __mmask16 m1, const int PB) {
-   __m512 acc[PBMAX][2];
+                const uint16_t *r, const float *bias, const __mmask16 *m, const int PB,
+                const int NV) {
+   __m512 acc[PBMAX][4];
 #pragma GCC unroll 14
-   for (int k = 0; k < PB; k++) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
-   const int64_t xc = e->xcol, R = e->R;
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[k][v] = _mm512_setzero_ps();
+   const int64_t xc = e->xcol, R = e->R, OBW = 16 * NV;
    for (int t = 0; t < e->ntap; t++) {
       const uint32_t *xp = xb + e->xoff[t];
-      const uint32_t *wt = wob + e->widx[t] * R * OB;
+      const uint32_t *wt = wob + e->widx[t] * R * OBW;
       for (int64_t q = 0; q < R; q++) {
-         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wt);
-         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wt + 16);
+         __m512bh w[4];
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) w[v] = (__m512bh)_mm512_loadu_si512(wt + 16 * v);
 #pragma GCC unroll 14
          for (int k = 0; k < PB; k++) {
             const __m512bh b = (__m512bh)_mm512_set1_epi32(ld32(xp + k * xc));
-            acc[k][0] = _mm512_dpbf16_ps(acc[k][0], b, w0);
-            acc[k][1] = _mm512_dpbf16_ps(acc[k][1], b, w1);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], b, w[v]);
          }
          xp++;
-         wt += OB;
+         wt += OBW;
       }
    }
-   __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-   if (bias) {
-      b0 = _mm512_maskz_loadu_ps(m0, bias);
-      b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-   }
+   __m512 bv[4];
+#pragma GCC unroll 4
+   for (int v = 0; v < NV; v++)
+      bv[v] = bias ? _mm512_maskz_loadu_ps(m[v], bias + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 14
    for (int k = 0; k < PB; k++) {
-      __m512 a0 = _mm512_add_ps(acc[k][0], b0), a1 = _mm512_add_ps(acc[k][1], b1);
       uint16_t *ok = o + k * e->ocol;
-      if (r) {
-         const uint16_t *rk = r + k * e->ocol;
-         a0 = _mm512_add_ps(a0, widen_bf16(_mm256_maskz_loadu_epi16(m0, rk)));
-         a1 = _mm512_add_ps(a1, widen_bf16(_mm256_maskz_loadu_epi16(m1, rk + 16)));
+      const uint16_t *rk = r ? r + k * e->ocol : NULL;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) {
+         __m512 a = _mm512_add_ps(acc[k][v], bv[v]);
+         if (rk) a = _mm512_add_ps(a, widen_bf16(_mm256_maskz_loadu_epi16(m[v], rk + 16 * v)));
+         if (e->relu) a = _mm512_max_ps(a, _mm512_setzero_ps());
+         _mm256_mask_storeu_epi16(ok + 16 * v, m[v], (__m256i)_mm512_cvtneps_pbh(a));
       }
-      if (e->relu) {
-         a0 = _mm512_max_ps(a0, _mm512_setzero_ps());
-         a1 = _mm512_max_ps(a1, _mm512_setzero_ps());
-      }
-      _mm256_mask_storeu_epi16(ok, m0, (__m256i)_mm512_cvtneps_pbh(a0));
-      _mm256_mask_storeu_epi16(ok + 16, m1, (__m256i)_mm512_cvtneps_pbh(a1));
    }
 }
 
-#define TILE_CASE(n)                                                                             \
-   case n: bf_tile(e, xb, wob, o, r, bias, m0, m1, n); break;
+#define TILE_CASE(n, nv)                                                                         \
+   case n: bf_tile(e, xb, wob, o, r, bias, m, n, nv); break;
 
-static void bf_row(const bf_eng *e, int64_t ob, int64_t n, int64_t u) {
-   const int64_t c0 = ob * OB, nv = e->O - c0 < OB ? e->O - c0 : OB;
-   const __mmask16 m0 = nv >= 16 ? 0xffff : (__mmask16)((1u << nv) - 1);
-   const __mmask16 m1 = nv >= 32 ? 0xffff : nv <= 16 ? 0 : (__mmask16)((1u << (nv - 16)) - 1);
+/* tiles [v0, v1) of output row (n, u), channel block ob */
+static void bf_tiles(const bf_eng *e, int64_t ob, int64_t n, int64_t u, int64_t v0, int64_t v1) {
+   const int64_t OBW = 16 * e->nv, c0 = ob * OBW;
+   const int pbmax = e->nv == 4 ? 7 : PBMAX;
+   __mmask16 m[4];
+   for (int v = 0; v < 4; v++) {
+      const int64_t nvld = e->O - c0 - 16 * v;
+      m[v] = nvld >= 16 ? 0xffff : nvld <= 0 ? 0 : (__mmask16)((1u << nvld) - 1);
+   }
    const uint32_t *wob = e->wk + ob * e->wob;
    const float *bias = e->bias ? e->bias + c0 : NULL;
-   for (int64_t v = 0; v < e->Wo; v += PBMAX) {
-      const int pb = e->Wo - v < PBMAX ? (int)(e->Wo - v) : PBMAX;
+   for (int64_t v = v0; v < v1; v += pbmax) {
+      const int pb = v1 - v < pbmax ? (int)(v1 - v) : pbmax;
       const uint32_t *xb = e->x + n * e->ximg + u * e->xrow + v * e->xcol;
       const int64_t oo = e->obase + n * e->oimg + u * e->orow + v * e->ocol + c0;
       uint16_t *o = e->out + oo;
       const uint16_t *r = e->res ? e->res + oo : NULL;
-      switch (pb) {
-         TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
-         TILE_CASE(7) TILE_CASE(8) TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12)
-         TILE_CASE(13) TILE_CASE(14)
-         default: break;
+      if (e->nv == 4) {
+         switch (pb) {
+            TILE_CASE(1, 4) TILE_CASE(2, 4) TILE_CASE(3, 4) TILE_CASE(4, 4) TILE_CASE(5, 4)
+            TILE_CASE(6, 4) TILE_CASE(7, 4)
+            default: break;
+         }
+      } else {
+         switch (pb) {
+            TILE_CASE(1, 2) TILE_CASE(2, 2) TILE_CASE(3, 2) TILE_CASE(4, 2) TILE_CASE(5, 2)
+            TILE_CASE(6, 2) TILE_CASE(7, 2) TILE_CASE(8, 2) TILE_CASE(9, 2) TILE_CASE(10, 2)
+            TILE_CASE(11, 2) TILE_CASE(12, 2) TILE_CASE(13, 2) TILE_CASE(14, 2)
+            default: break;
+         }
       }
    }
 }
 
+/* work units: (output row, chunk of VCHUNK_TILES tiles, channel block). When all the packed
+   weights fit in half of L2 (Zen 4: 1 MB) the channel block runs fastest, so a chunk of input
+   pixels stays in L1/L2 while every block reads it; otherwise slowest, so one block's weights
+   stay in L2 while the pixels pass (3x3 512->512: 4.7 MB of weights). */
 static void bf_run(const bf_eng *e) {
-   const int64_t nob = (e->O + OB - 1) / OB, rows = e->N * e->Ho;
+   const int64_t OBW = 16 * e->nv, nob = (e->O + OBW - 1) / OBW, rows = e->N * e->Ho;
+   const int64_t chunk = (e->nv == 4 ? 7 : PBMAX) * VCHUNK_TILES;
+   const int64_t nvc = (e->Wo + chunk - 1) / chunk, units = rows * nvc * nob;
+   const int ob_inner = (double)nob * (double)e->wob * 4 <= 512.0 * 1024;
    const double work = (double)rows * (double)e->Wo * (double)e->O * (double)e->R * e->ntap;
    const int nthr = conv_threads(work);
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthr) if (nthr > 1)
-   for (int64_t ob = 0; ob < nob; ob++)
-      for (int64_t row = 0; row < rows; row++) bf_row(e, ob, row / e->Ho, row % e->Ho);
+#pragma omp parallel for schedule(static) num_threads(nthr) if (nthr > 1)
+   for (int64_t i = 0; i < units; i++) {
+      int64_t ob, rc;
+      if (ob_inner) {
+         ob = i % nob;
+         rc = i / nob;
+      } else {
+         ob = i / (rows * nvc);
+         rc = i % (rows * nvc);
+      }
+      const int64_t row = rc / nvc, vc = rc % nvc;
+      const int64_t v0 = vc * chunk, v1 = v0 + chunk < e->Wo ? v0 + chunk : e->Wo;
+      bf_tiles(e, ob, row / e->Ho, row % e->Ho, v0, v1);
+   }
+}
+
+/* the channel block for Oo output channels over rows of Wo pixels: 64 (tiles of 7 pixels) where
+   rows are short (7x7 maps: a 14-pixel tile would be half empty) and there are channels to fill
+   it, else 32 (tiles of 14) */
+static int pick_nv(int64_t Oo, int64_t Wo) {
+   if (Oo <= 32) return 2;
+   if (Wo <= 7 || (Wo % 14 != 0 && Wo % 7 == 0)) return 4;
+   return 2;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -153,8 +195,8 @@ static void bf_run(const bf_eng *e) {
    ceil(Cr/2) pairs), from w of shape (O, kh, kw, C) (channels-last weights, groups 1). transposed
    (backward data): output channel o' = input channel c of w, reduction channel c' = output
    channel o of w, tap (i, j) unchanged */
-static uint32_t *pack_weights(const conv_geom *g, const uint16_t *w, int transposed, int64_t *wob,
-                              size_t *bytes) {
+static uint32_t *pack_weights(const conv_geom *g, const uint16_t *w, int transposed, int64_t OB,
+                              int64_t *wob, size_t *bytes) {
    const int64_t Oo = transposed ? g->C : g->O, Cr = transposed ? g->O : g->C;
    const int64_t P2 = (Cr + 1) / 2, T = g->kh * g->kw, nob = (Oo + OB - 1) / OB;
    *wob = T * P2 * OB;
@@ -167,88 +209,147 @@ static uint32_t *pack_weights(const conv_geom *g, const uint16_t *w, int transpo
    for (int64_t ob = 0; ob < nob; ob++)
       for (int64_t t = 0; t < T; t++) {
          uint32_t *dst = wk + ob * *wob + t * P2 * OB;
-         for (int64_t o = 0; o < OB; o++) {
-            const int64_t og = ob * OB + o;
-            for (int64_t p = 0; p < P2; p++) {
-               uint32_t lo = 0, hi = 0;
-               if (og < Oo) {
-                  const int64_t c0 = 2 * p, c1 = 2 * p + 1;
-                  if (!transposed) {
-                     const uint16_t *src = w + (og * T + t) * C;
-                     lo = src[c0];
-                     hi = c1 < C ? src[c1] : 0;
-                  } else { /* w[c'][t][og] */
-                     lo = w[(c0 * T + t) * C + og];
-                     hi = c1 < O ? w[(c1 * T + t) * C + og] : 0;
-                  }
+         if (!transposed) { /* w[og][t][:] is contiguous: channel pairs inner */
+            for (int64_t o = 0; o < OB; o++) {
+               const int64_t og = ob * OB + o;
+               if (og >= Oo) {
+                  for (int64_t p = 0; p < P2; p++) dst[p * OB + o] = 0;
+                  continue;
                }
-               dst[p * OB + o] = lo | hi << 16;
+               const uint16_t *src = w + (og * T + t) * C;
+               for (int64_t p = 0; p < P2; p++) {
+                  const int64_t c0 = 2 * p, c1 = 2 * p + 1;
+                  const uint32_t hi = c1 < C ? src[c1] : 0;
+                  dst[p * OB + o] = (uint32_t)src[c0] | hi << 16;
+               }
+            }
+         } else { /* w[c'][t][:] is contiguous over the output channels og: og inner (the
+                     other order reads w at a stride of 2*kh*kw*C elements, and packing 1x1
+                     2048->512 took longer than the convolution) */
+            for (int64_t p = 0; p < P2; p++) {
+               const int64_t c0 = 2 * p, c1 = 2 * p + 1;
+               const uint16_t *s0 = w + (c0 * T + t) * C;
+               const uint16_t *s1 = c1 < O ? w + (c1 * T + t) * C : NULL;
+               for (int64_t o = 0; o < OB; o++) {
+                  const int64_t og = ob * OB + o;
+                  const uint32_t lo = og < Oo ? s0[og] : 0;
+                  const uint32_t hi = og < Oo && s1 ? s1[og] : 0;
+                  dst[p * OB + o] = lo | hi << 16;
+               }
             }
          }
       }
    return wk;
 }
 
-/* staged input: dst[n][r][c][p] (Hp x Wp pixels of P2 words) = the channel pair (2p, 2p+1) of
-   src[n][r - pt][c - pl] (N x Hs x Ws x C, NHWC), zero outside src and for the odd channel */
+/* the pixel pitch (words) of a staged input of P2 words per pixel: a tile's 14 pixels are read
+   together, and at a pitch of a multiple of 1 KB they fall into 4 or fewer of L1's 64 sets (8
+   ways) and thrash (1x1 2048->512 on 7x7: 162 GFLOP/s on one core, 69 % of peak; 199 with the
+   pitch one cache line longer, which spreads them over 14 sets). At 512 bytes (C = 256) they
+   share 8 sets, two lines each, harmless: not worth a copy of an input read in place. */
+static int64_t stage_pitch(int64_t P2) { return P2 % 256 == 0 ? P2 + 16 : P2; }
+
+/* staged input: dst[n][r][c][p] (Hp x Wp pixels of `pitch` words, the first P2 used) = the
+   channel pair (2p, 2p+1) of src[n][r - pt][c - pl] (N x Hs x Ws x C, NHWC), zero outside src
+   and for the odd channel */
 static void stage(const uint16_t *src, int64_t N, int64_t Hs, int64_t Ws, int64_t C, int64_t pt,
-                  int64_t pl, int64_t Hp, int64_t Wp, uint32_t *dst) {
+                  int64_t pl, int64_t Hp, int64_t Wp, int64_t pitch, uint32_t *dst) {
    const int64_t P2 = (C + 1) / 2;
-   const int nthr = conv_threads((double)N * Hp * Wp * P2);
+   const int nthr = conv_threads((double)N * Hp * Wp * pitch);
 #pragma omp parallel for schedule(static) num_threads(nthr) if (nthr > 1)
    for (int64_t nr = 0; nr < N * Hp; nr++) {
       const int64_t n = nr / Hp, r = nr % Hp, hs = r - pt;
-      uint32_t *d = dst + nr * Wp * P2;
+      uint32_t *d = dst + nr * Wp * pitch;
       if (hs < 0 || hs >= Hs) {
-         memset(d, 0, (size_t)(Wp * P2) * 4);
+         memset(d, 0, (size_t)(Wp * pitch) * 4);
          continue;
       }
       const uint16_t *s = src + (n * Hs + hs) * Ws * C;
       for (int64_t c = 0; c < Wp; c++) {
          const int64_t ws = c - pl;
-         uint32_t *dc = d + c * P2;
+         uint32_t *dc = d + c * pitch;
          if (ws < 0 || ws >= Ws) {
-            memset(dc, 0, (size_t)P2 * 4);
-         } else if (!(C & 1)) {
+            memset(dc, 0, (size_t)pitch * 4);
+            continue;
+         }
+         if (!(C & 1)) {
             memcpy(dc, s + ws * C, (size_t)C * 2);
          } else {
             const uint16_t *sc = s + ws * C;
             for (int64_t p = 0; p < P2; p++)
                dc[p] = (uint32_t)sc[2 * p] | (2 * p + 1 < C ? (uint32_t)sc[2 * p + 1] << 16 : 0);
          }
+         if (pitch > P2) memset(dc + P2, 0, (size_t)(pitch - P2) * 4);
       }
    }
 }
 
-/* the input as the engine reads it: in place (need no padding, even C) or staged with padding
-   pt/pl (may be negative: rows / columns skipped) so rows [lo_r, hi_r] (relative to row 0 of the
-   staged map, after padding) exist; returns NULL on OOM */
+/* the input as the engine reads it: in place (no padding needed, even C, a pitch that does not
+   thrash L1) or staged with padding pt/pl (negative: rows / columns skipped) into Hp x Wp
+   pixels */
 typedef struct {
    const uint32_t *x;
    uint32_t *buf;
    size_t bytes;
-   int64_t img, wp; /* words per image, pixels per row */
+   int64_t img, wp, pitch; /* words per image, pixels per row, words per pixel */
 } staged;
 
 static int stage_input(const uint16_t *src, int64_t N, int64_t Hs, int64_t Ws, int64_t C,
-                       int64_t pt, int64_t pl, int64_t Hp, int64_t Wp, staged *s) {
-   const int64_t P2 = (C + 1) / 2;
+                       int64_t pt, int64_t pl, int64_t Hp, int64_t Wp, int allow_pitch,
+                       staged *s) {
+   const int64_t P2 = (C + 1) / 2, pitch = allow_pitch ? stage_pitch(P2) : P2;
    s->buf = NULL;
    s->bytes = 0;
-   if (!(C & 1) && pt == 0 && pl == 0 && Hp <= Hs && Wp <= Ws) {
+   if (!(C & 1) && pt == 0 && pl == 0 && Hp <= Hs && Wp <= Ws && pitch == P2) {
       s->x = (const uint32_t *)src;
       s->img = Hs * Ws * P2;
       s->wp = Ws;
+      s->pitch = P2;
       return 1;
    }
-   s->bytes = (size_t)(N * Hp * Wp * P2 + 16) * 4;
+   s->bytes = (size_t)(N * Hp * Wp * pitch + 16) * 4;
    s->buf = lm_alloc(s->bytes);
    if (!s->buf) return 0;
-   stage(src, N, Hs, Ws, C, pt, pl, Hp, Wp, s->buf);
+   stage(src, N, Hs, Ws, C, pt, pl, Hp, Wp, pitch, s->buf);
    s->x = s->buf;
-   s->img = Hp * Wp * P2;
+   s->img = Hp * Wp * pitch;
    s->wp = Wp;
+   s->pitch = pitch;
    return 1;
+}
+
+/* small channel counts (the RGB stem): "row im2col", dst[n][r][ow][q] = the pair (2q, 2q+1) of
+   the kw*C values (j*C + c) that output column ow reads from padded input row r: x[n][r -
+   ph][ow*sw + j*dw - pw][c] (zero outside). One pad to even per kernel row instead of one per
+   pixel: the 7x7 stem with C = 3 reduces 7 x 11 pairs instead of 7 x 7 x 2 (21 % less work). */
+static void stage_rows(const conv_geom *g, const uint16_t *x, int64_t Hp, int64_t P2r,
+                       uint32_t *dst) {
+   const int64_t C = g->C, KC = g->kw * g->C;
+   const int nthr = conv_threads((double)g->N * Hp * g->Wo * P2r);
+#pragma omp parallel for schedule(static) num_threads(nthr) if (nthr > 1)
+   for (int64_t nr = 0; nr < g->N * Hp; nr++) {
+      const int64_t n = nr / Hp, r = nr % Hp, hs = r - g->ph;
+      uint16_t *d = (uint16_t *)(dst + nr * g->Wo * P2r);
+      if (hs < 0 || hs >= g->H) {
+         memset(d, 0, (size_t)(g->Wo * P2r) * 4);
+         continue;
+      }
+      const uint16_t *s = x + (n * g->H + hs) * g->W * C;
+      for (int64_t ow = 0; ow < g->Wo; ow++) {
+         uint16_t *dc = d + ow * 2 * P2r;
+         const int64_t w0 = ow * g->sw - g->pw, w1 = w0 + (g->kw - 1) * g->dw;
+         if (g->dw == 1 && w0 >= 0 && w1 < g->W) { /* the window inside the row: one copy */
+            memcpy(dc, s + w0 * C, (size_t)KC * 2);
+            for (int64_t q = KC; q < 2 * P2r; q++) dc[q] = 0;
+            continue;
+         }
+         for (int64_t j = 0; j < g->kw; j++) {
+            const int64_t ws = ow * g->sw + j * g->dw - g->pw;
+            for (int64_t c = 0; c < C; c++) dc[j * C + c] = ws >= 0 && ws < g->W ? s[ws * C + c] : 0;
+         }
+         for (int64_t q = KC; q < 2 * P2r; q++) dc[q] = 0;
+      }
+   }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -264,38 +365,73 @@ lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x, con
                                       const float *bias, const uint16_t *res, int relu,
                                       uint16_t *out) {
    const int64_t P2 = (g->C + 1) / 2;
-   int64_t wob;
-   size_t wbytes;
-   uint32_t *wk = pack_weights(g, w, 0, &wob, &wbytes);
-   if (!wk) return LM_ERR_OOM;
+   /* 1x1 / stride 1 / no padding: the input is a pixels x C matrix (read in place when C is
+      even and the pitch is harmless), all N*H*W pixels one row of full tiles */
+   const int flat = conv_is_pointwise(g);
+   /* few channels and a wide kernel (the stem): row im2col */
+   const int rows = g->C <= 4 && g->kw > 1;
+   const int nv = pick_nv(g->O, flat ? g->N * g->Ho * g->Wo : g->Wo);
    const int64_t Hp = (g->Ho - 1) * g->sh + g->dh * (g->kh - 1) + 1;
    const int64_t Wp = (g->Wo - 1) * g->sw + g->dw * (g->kw - 1) + 1;
-   staged s;
-   if (!stage_input(x, g->N, g->H, g->W, g->C, g->ph, g->pw, Hp, Wp, &s)) {
-      lm_free(wk, wbytes);
-      return LM_ERR_OOM;
+   int64_t wob;
+   size_t wbytes;
+   uint32_t *wk;
+   if (rows) { /* the weights of a kernel row are one reduction of kw*C values */
+      conv_geom gr = *g;
+      gr.C = g->kw * g->C;
+      gr.kw = 1;
+      wk = pack_weights(&gr, w, 0, 16 * nv, &wob, &wbytes);
+   } else {
+      wk = pack_weights(g, w, 0, 16 * nv, &wob, &wbytes);
    }
+   if (!wk) return LM_ERR_OOM;
+   staged s;
    int64_t xoff[MAXTAPS], widx[MAXTAPS];
    bf_eng e;
-   e.R = P2;
    e.ntap = 0;
-   if (g->dw == 1) { /* a kernel row's taps read one run of kw*P2 words */
-      e.R = g->kw * P2;
+   if (rows) {
+      const int64_t P2r = (g->kw * g->C + 1) / 2;
+      s.bytes = (size_t)(g->N * Hp * g->Wo * P2r + 16) * 4;
+      s.buf = lm_alloc(s.bytes);
+      if (!s.buf) {
+         lm_free(wk, wbytes);
+         return LM_ERR_OOM;
+      }
+      stage_rows(g, x, Hp, P2r, s.buf);
+      s.x = s.buf;
+      e.R = P2r;
       for (int64_t i = 0; i < g->kh; i++) {
-         xoff[e.ntap] = i * g->dh * s.wp * P2;
+         xoff[e.ntap] = i * g->dh * g->Wo * P2r;
          widx[e.ntap++] = i;
       }
+      e.ximg = Hp * g->Wo * P2r, e.xrow = g->sh * g->Wo * P2r, e.xcol = P2r;
    } else {
-      for (int64_t i = 0; i < g->kh; i++)
-         for (int64_t j = 0; j < g->kw; j++) {
-            xoff[e.ntap] = (i * g->dh * s.wp + j * g->dw) * P2;
-            widx[e.ntap++] = i * g->kw + j;
+      if (!stage_input(x, g->N, g->H, g->W, g->C, g->ph, g->pw, Hp, Wp, 1, &s)) {
+         lm_free(wk, wbytes);
+         return LM_ERR_OOM;
+      }
+      const int64_t pitch = s.pitch;
+      e.R = P2;
+      if (g->dw == 1 && pitch == P2) { /* a kernel row's taps read one run of kw*P2 words */
+         e.R = g->kw * P2;
+         for (int64_t i = 0; i < g->kh; i++) {
+            xoff[e.ntap] = i * g->dh * s.wp * pitch;
+            widx[e.ntap++] = i;
          }
+      } else {
+         for (int64_t i = 0; i < g->kh; i++)
+            for (int64_t j = 0; j < g->kw; j++) {
+               xoff[e.ntap] = (i * g->dh * s.wp + j * g->dw) * pitch;
+               widx[e.ntap++] = i * g->kw + j;
+            }
+      }
+      e.ximg = s.img, e.xrow = g->sh * s.wp * pitch, e.xcol = g->sw * pitch;
    }
    e.N = g->N, e.Ho = g->Ho, e.Wo = g->Wo;
-   e.x = s.x, e.ximg = s.img, e.xrow = g->sh * s.wp * P2, e.xcol = g->sw * P2;
+   e.x = s.x;
+   if (flat) e.N = 1, e.Ho = 1, e.Wo = g->N * g->Ho * g->Wo;
    e.xoff = xoff, e.widx = widx;
-   e.wk = wk, e.wob = wob;
+   e.wk = wk, e.wob = wob, e.nv = nv;
    e.O = g->O;
    e.out = out, e.res = res;
    e.obase = 0, e.oimg = g->Ho * g->Wo * g->O, e.orow = g->Wo * g->O, e.ocol = g->O;
@@ -332,12 +468,14 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
          if (d < clo) clo = d;
          if (nv - 1 + d > chi) chi = nv - 1 + d;
       }
+   const int flat = conv_is_pointwise(g);
+   const int nv = pick_nv(g->C, flat ? g->N * g->H * g->W : (g->W + sw - 1) / sw);
    int64_t wob;
    size_t wbytes;
-   uint32_t *wk = pack_weights(g, w, 1, &wob, &wbytes);
+   uint32_t *wk = pack_weights(g, w, 1, 16 * nv, &wob, &wbytes);
    if (!wk) return LM_ERR_OOM;
    staged s;
-   if (!stage_input(gout, g->N, g->Ho, g->Wo, g->O, -rlo, -clo, rhi - rlo + 1, chi - clo + 1,
+   if (!stage_input(gout, g->N, g->Ho, g->Wo, g->O, -rlo, -clo, rhi - rlo + 1, chi - clo + 1, 1,
                     &s)) {
       lm_free(wk, wbytes);
       return LM_ERR_OOM;
@@ -353,15 +491,16 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
             for (int64_t j = 0; j < g->kw; j++) {
                const int64_t qj = b + g->pw - j * g->dw;
                if (qj - fdiv(qj, sw) * sw) continue;
-               xoff[e.ntap] = ((qi / sh - rlo) * s.wp + (qj / sw - clo)) * P2;
+               xoff[e.ntap] = ((qi / sh - rlo) * s.wp + (qj / sw - clo)) * s.pitch;
                widx[e.ntap++] = i * g->kw + j;
             }
          }
          e.N = g->N, e.Ho = (g->H - a + sh - 1) / sh, e.Wo = (g->W - b + sw - 1) / sw;
          e.R = P2;
-         e.x = s.x, e.ximg = s.img, e.xrow = s.wp * P2, e.xcol = P2;
+         e.x = s.x, e.ximg = s.img, e.xrow = s.wp * s.pitch, e.xcol = s.pitch;
+         if (flat) e.N = 1, e.Ho = 1, e.Wo = g->N * g->H * g->W; /* one phase, staged width W */
          e.xoff = xoff, e.widx = widx;
-         e.wk = wk, e.wob = wob;
+         e.wk = wk, e.wob = wob, e.nv = nv;
          e.O = g->C;
          e.out = gx, e.res = NULL;
          e.obase = (a * g->W + b) * g->C, e.oimg = g->H * g->W * g->C;
