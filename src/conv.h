@@ -13,11 +13,12 @@
  *   (LM_ERR_DEVICE otherwise). Inputs may have any strides.
  * float16 / bfloat16 (PyTorch's semantics outside autocast): products accumulated in float32,
  *   each result rounded once (round to nearest even). bfloat16 channels-last convolutions with
- *   groups 1 on CPUs with AVX512_BF16 (lm_cpu_isa() 4) run native kernels
+ *   groups 1 or depthwise on CPUs with AVX512_BF16 (lm_cpu_isa() 4) run native kernels
  *   (kernels/cpu/conv_avx512bf16.c: vdpbf16ps implicit GEMM over channel pairs, forward and
- *   backward data); everything else (float16 always, NCHW, groups > 1, the weight gradient for
- *   now, lm_gemm_set_isa(3 or less)) computes the float32 convolution of the widened inputs with
- *   the float32 kernels below and rounds it: bit-for-bit that float32 result, rounded.
+ *   backward data; LUMEN_CONV_BF16=0 turns them off); everything else (float16 always, NCHW,
+ *   other groups, the weight gradient for now, lm_gemm_set_isa(3 or less)) computes the float32
+ *   convolution of the widened inputs with the float32 kernels below and rounds it: bit-for-bit
+ *   that float32 result, rounded.
  *
  * Memory format (`fmt`): LM_CONTIGUOUS (NCHW kernels: im2col + GEMM per image tile and group) or
  *   LM_CHANNELS_LAST (NHWC kernels). LM_PRESERVE (or any negative value) means "decide":

@@ -1,7 +1,8 @@
 /* conv_avx512bf16.c -- bfloat16 NHWC convolution kernels for AVX-512 with AVX512_BF16
- * (vdpbf16ps): forward and backward data, groups 1. Registered (through conv.c) only when
- * lm_cpu_isa() >= LM_ISA_AVX512_BF16; everything else (float16, NCHW, groups > 1, the weight
- * gradient) takes conv.c's float32 fallback.
+ * (vdpbf16ps): forward and backward data, groups 1 and depthwise (at the end of the file).
+ * Registered (through conv.c) only when lm_cpu_isa() >= LM_ISA_AVX512_BF16; everything else
+ * (float16, NCHW, other grouped convolutions, the weight gradient) takes conv.c's float32
+ * fallback.
  *
  * Implicit GEMM over channel PAIRS. vdpbf16ps adds a0*b0 + a1*b1 to each float32 lane, over a
  * pair of consecutive reduction elements held in one 32-bit word. In NHWC the input channels
@@ -355,15 +356,24 @@ static void stage_rows(const conv_geom *g, const uint16_t *x, int64_t Hp, int64_
 /* ---------------------------------------------------------------------------------------------
  * entry points (conv_internal.h)
  */
+static lm_status dw_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
+                        const float *bias, const uint16_t *res, int relu, uint16_t *out);
+static lm_status dw_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
+                         uint16_t *gx);
+
+/* groups 1 (the implicit GEMM), or depthwise (groups == C == O: dw_fwd / dw_bwdd below); other
+   grouped convolutions take the float32 fallback */
 int lm_conv_bf16_usable(const conv_geom *g, int backward_data) {
    (void)backward_data;
    if (!conv_env_on("LUMEN_CONV_BF16")) return 0;
-   return g->G == 1 && g->K > 0 && g->O > 0 && g->C > 0 && g->kh * g->kw <= MAXTAPS;
+   return (g->G == 1 || conv_is_depthwise(g)) && g->K > 0 && g->O > 0 && g->C > 0 &&
+          g->kh * g->kw <= MAXTAPS;
 }
 
 lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x, const uint16_t *w,
                                       const float *bias, const uint16_t *res, int relu,
                                       uint16_t *out) {
+   if (conv_is_depthwise(g)) return dw_fwd(g, x, w, bias, res, relu, out);
    const int64_t P2 = (g->C + 1) / 2;
    /* 1x1 / stride 1 / no padding: the input is a pixels x C matrix (read in place when C is
       even and the pitch is harmless), all N*H*W pixels one row of full tiles */
@@ -447,6 +457,7 @@ static inline int64_t fdiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a
 
 lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
                                        const uint16_t *w, uint16_t *gx) {
+   if (conv_is_depthwise(g)) return dw_bwdd(g, gout, w, gx);
    const int64_t P2 = (g->O + 1) / 2;
    const int64_t sh = g->sh, sw = g->sw;
    /* grad_out rows read by phase a, tap i: u + (a + ph - i*dh)/sh for u < ceil((H - a)/sh);
@@ -510,5 +521,101 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
       }
    if (s.buf) lm_free(s.buf, s.bytes);
    lm_free(wk, wbytes);
+   return LM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * depthwise (groups == C == O): vectorized over 16 channels, float32 accumulation of the widened
+ * bf16 products, taps outside the input skipped; weights widened once into wf[tap][C]. No
+ * reduction over channels, so nothing for vdpbf16ps to pair up: these layers are memory-bound,
+ * and reading bf16 in place (no float32 copies) is what counts.
+ */
+static float *dw_weights(const conv_geom *g, const uint16_t *w, size_t *bytes) {
+   const int64_t T = g->kh * g->kw, C = g->C;
+   *bytes = (size_t)(T * C + 16) * sizeof(float);
+   float *wf = lm_alloc(*bytes);
+   if (!wf) return NULL;
+   for (int64_t c = 0; c < C; c++) /* w: (C, 1, kh, kw), i.e. w[c*T + t] */
+      for (int64_t t = 0; t < T; t++) wf[t * C + c] = lm_bf2f(w[c * T + t]);
+   return wf;
+}
+
+AI __mmask16 cmask(int64_t left) { return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1); }
+
+static lm_status dw_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
+                        const float *bias, const uint16_t *res, int relu, uint16_t *out) {
+   size_t wbytes;
+   float *wf = dw_weights(g, w, &wbytes);
+   if (!wf) return LM_ERR_OOM;
+   const int64_t C = g->C, rows = g->N * g->Ho;
+   const int nthr = conv_threads((double)rows * g->Wo * C * g->kh * g->kw);
+#pragma omp parallel for schedule(static) num_threads(nthr) if (nthr > 1)
+   for (int64_t row = 0; row < rows; row++) {
+      const int64_t n = row / g->Ho, oh = row % g->Ho;
+      for (int64_t ow = 0; ow < g->Wo; ow++) {
+         const int64_t oo = ((n * g->Ho + oh) * g->Wo + ow) * C;
+         for (int64_t c = 0; c < C; c += 16) {
+            const __mmask16 m = cmask(C - c);
+            __m512 acc = bias ? _mm512_maskz_loadu_ps(m, bias + c) : _mm512_setzero_ps();
+            for (int64_t i = 0; i < g->kh; i++) {
+               const int64_t ih = oh * g->sh - g->ph + i * g->dh;
+               if (ih < 0 || ih >= g->H) continue;
+               for (int64_t j = 0; j < g->kw; j++) {
+                  const int64_t iw = ow * g->sw - g->pw + j * g->dw;
+                  if (iw < 0 || iw >= g->W) continue;
+                  const uint16_t *xp = x + ((n * g->H + ih) * g->W + iw) * C + c;
+                  const __m512 xv = widen_bf16(_mm256_maskz_loadu_epi16(m, xp));
+                  const __m512 wv = _mm512_maskz_loadu_ps(m, wf + (i * g->kw + j) * C + c);
+                  acc = _mm512_fmadd_ps(xv, wv, acc);
+               }
+            }
+            if (res) acc = _mm512_add_ps(acc, widen_bf16(_mm256_maskz_loadu_epi16(m, res + oo + c)));
+            if (relu) acc = _mm512_max_ps(acc, _mm512_setzero_ps());
+            _mm256_mask_storeu_epi16(out + oo + c, m, (__m256i)_mm512_cvtneps_pbh(acc));
+         }
+      }
+   }
+   lm_free(wf, wbytes);
+   return LM_OK;
+}
+
+/* grad_x[h][w] = sum over the taps (i, j) with (h + ph - i*dh) = oh*sh, (w + pw - j*dw) = ow*sw
+   inside grad_out of grad_out[oh][ow] * w[i][j] (per channel): a gather, any stride */
+static lm_status dw_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
+                         uint16_t *gx) {
+   size_t wbytes;
+   float *wf = dw_weights(g, w, &wbytes);
+   if (!wf) return LM_ERR_OOM;
+   const int64_t C = g->C, rows = g->N * g->H;
+   const int nthr = conv_threads((double)rows * g->W * C * g->kh * g->kw);
+#pragma omp parallel for schedule(static) num_threads(nthr) if (nthr > 1)
+   for (int64_t row = 0; row < rows; row++) {
+      const int64_t n = row / g->H, h = row % g->H;
+      for (int64_t wc = 0; wc < g->W; wc++) {
+         const int64_t oo = ((n * g->H + h) * g->W + wc) * C;
+         for (int64_t c = 0; c < C; c += 16) {
+            const __mmask16 m = cmask(C - c);
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = 0; i < g->kh; i++) {
+               const int64_t q = h + g->ph - i * g->dh;
+               if (q < 0 || q % g->sh) continue;
+               const int64_t oh = q / g->sh;
+               if (oh >= g->Ho) continue;
+               for (int64_t j = 0; j < g->kw; j++) {
+                  const int64_t r = wc + g->pw - j * g->dw;
+                  if (r < 0 || r % g->sw) continue;
+                  const int64_t ow = r / g->sw;
+                  if (ow >= g->Wo) continue;
+                  const uint16_t *gp = gout + ((n * g->Ho + oh) * g->Wo + ow) * C + c;
+                  const __m512 gv = widen_bf16(_mm256_maskz_loadu_epi16(m, gp));
+                  const __m512 wv = _mm512_maskz_loadu_ps(m, wf + (i * g->kw + j) * C + c);
+                  acc = _mm512_fmadd_ps(gv, wv, acc);
+               }
+            }
+            _mm256_mask_storeu_epi16(gx + oo + c, m, (__m256i)_mm512_cvtneps_pbh(acc));
+         }
+      }
+   }
+   lm_free(wf, wbytes);
    return LM_OK;
 }
