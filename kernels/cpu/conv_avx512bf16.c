@@ -56,6 +56,7 @@ typedef struct {
    int64_t obase, oimg, orow, ocol; /* in elements */
    const float *bias;
    int relu;
+   int pf; /* prefetch the next tile's input (pointwise: no reuse across taps) */
 } bf_eng;
 
 /* a 32-bit word that may be only 2-byte aligned (an input read in place at an odd offset) */
@@ -69,6 +70,28 @@ AI __m512 widen_bf16(__m256i h) {
    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* acc[k][v] += the R pairs of pixel k (at xp + k*xc) . weights wt (R rows of 16*NV words). PF:
+   also prefetch the R*step words at nx, one cache line per 16/step iterations */
+AI void bf_reduce(__m512 (*acc)[4], const uint32_t *xp, const uint32_t *wt, int64_t R,
+                  int64_t xc, const uint32_t *nx, int64_t step, const int PB, const int NV,
+                  const int PF) {
+   const int64_t OBW = 16 * NV;
+   for (int64_t q = 0; q < R; q++) {
+      __m512bh w[4];
+      if (PF) _mm_prefetch((const char *)(nx + q * step), _MM_HINT_T0);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) w[v] = (__m512bh)_mm512_loadu_si512(wt + 16 * v);
+#pragma GCC unroll 14
+      for (int k = 0; k < PB; k++) {
+         const __m512bh b = (__m512bh)_mm512_set1_epi32(ld32(xp + k * xc));
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], b, w[v]);
+      }
+      xp++;
+      wt += OBW;
+   }
+}
+
 /* PB pixels (pixel k at xb + k*xcol) x NV*16 output channels; m[v]: the valid channels of
    vector v */
 AI void bf_tile(const bf_eng *e, const uint32_t *xb, const uint32_t *wob, uint16_t *o,
@@ -80,22 +103,16 @@ AI void bf_tile(const bf_eng *e, const uint32_t *xb, const uint32_t *wob, uint16
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) acc[k][v] = _mm512_setzero_ps();
    const int64_t xc = e->xcol, R = e->R, OBW = 16 * NV;
-   for (int t = 0; t < e->ntap; t++) {
-      const uint32_t *xp = xb + e->xoff[t];
-      const uint32_t *wt = wob + e->widx[t] * R * OBW;
-      for (int64_t q = 0; q < R; q++) {
-         __m512bh w[4];
-#pragma GCC unroll 4
-         for (int v = 0; v < NV; v++) w[v] = (__m512bh)_mm512_loadu_si512(wt + 16 * v);
-#pragma GCC unroll 14
-         for (int k = 0; k < PB; k++) {
-            const __m512bh b = (__m512bh)_mm512_set1_epi32(ld32(xp + k * xc));
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], b, w[v]);
-         }
-         xp++;
-         wt += OBW;
-      }
+   if (e->pf) { /* one tap, the tile's pixels one contiguous run read once: fetch the next
+                   tile's meanwhile (1x1 256->64 on 56x56, one core: 143 -> 218 GFLOP/s; its
+                   backward data 148 -> 221) */
+      const uint32_t *nx = xb + PB * xc;
+      const int64_t step = (PB * xc + R - 1) / R;
+      bf_reduce(acc, xb + e->xoff[0], wob + e->widx[0] * R * OBW, R, xc, nx, step, PB, NV, 1);
+   } else { /* the taps of neighbouring tiles overlap: their rows are in cache already (a
+               prefetch of the next tile per tap measured no gain on the 3x3 layers) */
+      for (int t = 0; t < e->ntap; t++)
+         bf_reduce(acc, xb + e->xoff[t], wob + e->widx[t] * R * OBW, R, xc, NULL, 0, PB, NV, 0);
    }
    __m512 bv[4];
 #pragma GCC unroll 4
@@ -440,6 +457,7 @@ lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x, con
    e.N = g->N, e.Ho = g->Ho, e.Wo = g->Wo;
    e.x = s.x;
    if (flat) e.N = 1, e.Ho = 1, e.Wo = g->N * g->Ho * g->Wo;
+   e.pf = flat;
    e.xoff = xoff, e.widx = widx;
    e.wk = wk, e.wob = wob, e.nv = nv;
    e.O = g->O;
@@ -510,6 +528,7 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
          e.R = P2;
          e.x = s.x, e.ximg = s.img, e.xrow = s.wp * s.pitch, e.xcol = s.pitch;
          if (flat) e.N = 1, e.Ho = 1, e.Wo = g->N * g->H * g->W; /* one phase, staged width W */
+         e.pf = flat;
          e.xoff = xoff, e.widx = widx;
          e.wk = wk, e.wob = wob, e.nv = nv;
          e.O = g->C;
