@@ -74,8 +74,6 @@ local function name(c, dt, view, isa)
 end
 
 describe("conv2d in bfloat16 / float16", function()
-   local best
-   before_each(function() best = C.lm_gemm_set_isa(0) end)
    after_each(function() C.lm_gemm_set_isa(0) end)
 
    for _, dt in ipairs({ lm.bfloat16, lm.float16 }) do
@@ -103,7 +101,8 @@ describe("conv2d in bfloat16 / float16", function()
                   assert(y:is_contiguous(is_cl(y) and CL or CONTIG), what .. ": dense output")
                   -- the fallback is the float32 result rounded, bit for bit
                   local native = isa >= 4 and tostring(dt) == "bfloat16"
-                  if native then close(y, yf, rel, what .. " out") else exact(y, yf:to(dt), what) end
+                  if native then close(y, yf, rel, what .. " out")
+                  else exact(y, yf:to(dt), what) end
                   -- residual + ReLU (fused: no gradient wanted)
                   local r = lm.randn(y:size()):to(dt)
                   local yr = F.conv2d(x, w, b, { stride = c[6], padding = c[7], dilation = c[8],
