@@ -363,10 +363,24 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       if (st != LM_OK) return st;
       rx = NULL;
    }
-   /* ==== NATIVE BFLOAT16 WEIGHT GRADIENT: wire lm_conv_bwdw_nhwc_bf16 (kernels/cpu/conv_bf16.h)
-      in here: when native && (rw || rb) && it takes g, call it with the bf16 x and grad_out and
-      float32 scratch gw (O*kh*kw*Cg, the (O, kh, kw, Cg) layout) / gb (O), round them into rw /
-      rb with half_narrow and clear rw, rb; what is left falls through to float32 below. ==== */
+   /* ==== NATIVE BFLOAT16 WEIGHT GRADIENT: lm_conv_bwdw_nhwc_bf16 (kernels/cpu/conv_bf16.h) is
+      wired in here, e.g.
+         if ((rw || rb) && native && <it takes g>) {
+            int ok2 = 1;
+            float *gwf = scratch_f32(wn, rw != NULL, &ok2), *gbf = scratch_f32(bn, rb != NULL, &ok2);
+            st = ok2 ? lm_conv_bwdw_nhwc_bf16(g, xd ? lm_tensor_data(xd) : NULL,
+                                              lm_tensor_data(gd), gwf, gbf) : LM_ERR_OOM;
+            if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
+            if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
+            scratch_free(gwf, wn), scratch_free(gbf, bn);
+            if (st != LM_OK) return st;
+            rw = rb = NULL;
+         }
+      gw is float32 (O, kh, kw, Cg) (channels-last weights), gb float32 (O). x (xd) is NULL when
+      only grad_b is wanted (the front end passes x only with grad_w), so the kernel must take
+      gw == NULL with x == NULL. Choose by the geometry only, never by which gradients are
+      wanted: grad_b alone must equal grad_b computed with grad_w, bit for bit
+      (spec/c/test_devices_conv.c checks). Whatever is left falls through to float32 below. ==== */
    if (!rx && !rw && !rb) return LM_OK;
    int ok = 1;
    float *gf = half_widened(gd, on, &ok);
