@@ -236,19 +236,24 @@ static uint32_t *pack_weights(const conv_geom *g, const uint16_t *w, int transpo
    for (int64_t ob = 0; ob < nob; ob++)
       for (int64_t t = 0; t < T; t++) {
          uint32_t *dst = wk + ob * *wob + t * P2 * OB;
-         if (!transposed) { /* w[og][t][:] is contiguous: channel pairs inner */
-            for (int64_t o = 0; o < OB; o++) {
-               const int64_t og = ob * OB + o;
-               if (og >= Oo) {
-                  for (int64_t p = 0; p < P2; p++) dst[p * OB + o] = 0;
-                  continue;
+         if (!transposed) {
+            /* a channel pair of w[og][t][:] is one 32-bit word: pairs outer, the OB output
+               channels inner (OB rows of w in L1, the packed rows written in order). The other
+               order (pairs inner, writes OB words apart) took 15 % of 3x3 512->512 on 7x7, this
+               one 9 %, about what reading 4.7 MB and writing 4.7 MB costs; a 16-lane gather did
+               no better. */
+            const int64_t oend = Oo - ob * OB < OB ? Oo - ob * OB : OB;
+            const uint16_t *src = w + (ob * OB * T + t) * C;
+            const int64_t rs = T * C; /* elements between the rows of consecutive og */
+            for (int64_t p = 0; p < P2; p++) {
+               uint32_t *d = dst + p * OB;
+               if (2 * p + 1 < C) {
+                  for (int64_t o = 0; o < oend; o++)
+                     d[o] = (uint32_t)ld32((const uint32_t *)(src + o * rs + 2 * p));
+               } else {
+                  for (int64_t o = 0; o < oend; o++) d[o] = src[o * rs + 2 * p];
                }
-               const uint16_t *src = w + (og * T + t) * C;
-               for (int64_t p = 0; p < P2; p++) {
-                  const int64_t c0 = 2 * p, c1 = 2 * p + 1;
-                  const uint32_t hi = c1 < C ? src[c1] : 0;
-                  dst[p * OB + o] = (uint32_t)src[c0] | hi << 16;
-               }
+               for (int64_t o = oend; o < OB; o++) d[o] = 0;
             }
          } else { /* w[c'][t][:] is contiguous over the output channels og: og inner (the
                      other order reads w at a stride of 2*kh*kw*C elements, and packing 1x1
