@@ -25,13 +25,15 @@
  * same reduction order for every thread count, so results do not vary). Pointwise layers run
  * their N*H*W pixels as one row and prefetch the next tile's input.
  *
- * One core of the 2-core Zen 4 (peak 64 bf16 flops/cycle, ~235 GFLOP/s), batch 8,
- * channels-last, GFLOP/s forward / backward data (process CPU time, best of 3, loaded machine):
- * 3x3 64->64 56x56 222/223, 3x3 128->128 28x28 225/227, 3x3 128->128 stride 2 from 56x56
- * 212/216, 3x3 256->256 14x14 222/224, 3x3 512->512 7x7 197/203, 1x1 64->256 56x56 196/226,
- * 1x1 2048->512 7x7 206/206, 7x7 stride 2 3->64 224x224 180/20 (the stem's grad_x: 3 useful
- * lanes of 32). PyTorch 2.x (oneDNN) on the same core, same run: 227/225, 232/227, 212/203,
- * 232/229, 229/233, 212/164, 158/190, 158/39.
+ * Both cores of the 2-core Zen 4 (bf16 peak ~490 GFLOP/s: PyTorch reaches 495), batch 8,
+ * channels-last, GFLOP/s forward / backward data, best of 5, quiet machine (/tmp timing script,
+ * the peer right after in the same command): 3x3 64->64 56x56 453/454 (PyTorch 2.x bf16
+ * 462/459), 3x3 128->128 28x28 452/456 (475/476), 3x3 128->128 stride 2 from 56x56 446/449
+ * (466/415), 3x3 256->256 14x14 454/454 (486/481), 3x3 512->512 7x7 403/415 (466/495), 1x1
+ * 64->256 56x56 431/431 (421/459), 1x1 2048->512 7x7 316/384 (360/434), 7x7 stride 2 3->64
+ * 224x224 372/39 (331/80: the stem's grad_x fills 3 lanes of 32). lumen float32 on the same
+ * layers: 665/668 and 568/587 (Winograd), 211/215, 231/230, 228/225, 188/185, 154/208, 173/42.
+ * The weight packing is ~9 % of the 7x7 512-channel layers (4.7 MB read and written per call).
  *
  * Backward data: grad_x = the transposed convolution of grad_out. Split grad_x into
  * sh x sw phases (rows h = a + u*sh); inside a phase every pixel uses the same taps (those with
