@@ -8,8 +8,17 @@
  *   with Ho = (H + 2*ph - dh*(kh-1) - 1) / sh + 1 (likewise Wo). groups divides Cin and Cout
  *   (groups == Cin is the depthwise case). stride, padding and dilation are int64 arrays {h, w};
  *   NULL means stride 1 / padding 0 / dilation 1.
- *   float32 and float64 only (LM_ERR_DTYPE otherwise); x, w, bias (and residual) share one dtype;
- *   all tensors on one device (LM_ERR_DEVICE otherwise). Inputs may have any strides.
+ *   float32, float64, float16 and bfloat16 (LM_ERR_DTYPE otherwise); x, w, bias (and residual,
+ *   grad_out) share one dtype; outputs and gradients have that dtype; all tensors on one device
+ *   (LM_ERR_DEVICE otherwise). Inputs may have any strides.
+ * float16 / bfloat16 (PyTorch's semantics outside autocast): products accumulated in float32,
+ *   each result rounded once (round to nearest even). bfloat16 channels-last convolutions with
+ *   groups 1 or depthwise on CPUs with AVX512_BF16 (lm_cpu_isa() 4) run native kernels
+ *   (kernels/cpu/conv_avx512bf16.c: vdpbf16ps implicit GEMM over channel pairs, forward and
+ *   backward data; LUMEN_CONV_BF16=0 turns them off); everything else (float16 always, NCHW,
+ *   other groups, the weight gradient for now, lm_gemm_set_isa(3 or less)) computes the float32
+ *   convolution of the widened inputs with the float32 kernels below and rounds it: bit-for-bit
+ *   that float32 result, rounded.
  *
  * Memory format (`fmt`): LM_CONTIGUOUS (NCHW kernels: im2col + GEMM per image tile and group) or
  *   LM_CHANNELS_LAST (NHWC kernels). LM_PRESERVE (or any negative value) means "decide":

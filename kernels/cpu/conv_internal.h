@@ -144,6 +144,19 @@ LM_CONV_HIDDEN int lm_conv_wino_bwdw_usable(const conv_geom *g);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                        const float *gout, float *gw, float *gb);
 
+/* ---- bfloat16 NHWC kernels for AVX-512 + AVX512_BF16 (conv_avx512bf16.c) ----
+ * x, w, res, out, gout, gx: bfloat16 (uint16_t) dense channels-last (w: (O, kh, kw, C)); bias:
+ * float32 (widened by conv.c) or NULL. lm_conv_bf16_usable says whether they take a geometry
+ * (groups 1; LUMEN_CONV_BF16=0 turns them off, for comparisons). conv.c calls them only when
+ * lm_cpu_isa() >= LM_ISA_AVX512_BF16. Accumulation in float32, one rounding per result. */
+LM_CONV_HIDDEN int lm_conv_bf16_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x,
+                                                     const uint16_t *w, const float *bias,
+                                                     const uint16_t *res, int relu,
+                                                     uint16_t *out);
+LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
+                                                      const uint16_t *w, uint16_t *gx);
+
 /* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
    Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */
 static inline int conv_env_on(const char *name) {

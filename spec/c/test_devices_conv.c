@@ -8,7 +8,8 @@
  * grad_weight, grad_bias) in both memory formats, from contiguous, channels-last and non-dense
  * inputs, groups / depthwise, stride, padding, dilation, 1x1 and 3x3 (the AVX-512 paths: direct,
  * Winograd, pointwise, register-blocked, depthwise; and the portable ones with
- * lm_gemm_set_isa(1)), float32 and float64; lm_matmul 1-D / 2-D / batched / broadcast, transposed
+ * lm_gemm_set_isa(1)), float32 and float64, bfloat16 (the native AVX512_BF16 kernels at the best
+ * ISA, the float32 fallback with lm_gemm_set_isa(3) and (1)) and float16; lm_matmul 1-D / 2-D / batched / broadcast, transposed
  * and non-dense operands, out= tensors. Mixing a CPU tensor with a sim:0 one gives LM_ERR_DEVICE
  * with "same device".
  *
@@ -218,22 +219,30 @@ static void conv_case(const ccase *c, int dt, int vx, int vw, int fmt) {
 }
 
 static void conv_cases(void) {
-   const int dts[2] = {LM_FLOAT32, LM_FLOAT64};
+   const int dts[4] = {LM_FLOAT32, LM_FLOAT64, LM_BFLOAT16, LM_FLOAT16};
    const int vpairs[][2] = {{V_CONTIG, V_CONTIG}, {V_CL, V_CL}, {V_CL, V_CONTIG},
                             {V_NARROW, V_CONTIG}, {V_NARROW, V_CL}};
    const int np = (int)(sizeof vpairs / sizeof vpairs[0]);
    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
-      for (int t = 0; t < 2; t++)
+      for (int t = 0; t < 4; t++)
          for (int v = 0; v < np; v++)
             conv_case(&CASES[i], dts[t], vpairs[v][0], vpairs[v][1], LM_PRESERVE);
    /* an explicit format against the inputs' own */
    conv_case(&CASES[0], LM_FLOAT32, V_CONTIG, V_CONTIG, LM_CHANNELS_LAST);
    conv_case(&CASES[7], LM_FLOAT32, V_CL, V_CL, LM_CONTIGUOUS);
+   conv_case(&CASES[0], LM_BFLOAT16, V_CONTIG, V_CONTIG, LM_CHANNELS_LAST);
+   /* bfloat16 through the float32 fallback with the AVX-512 kernels (ISA 3, where the CPU has
+      more) */
+   if (lm_gemm_set_isa(3) == 3) {
+      for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+         conv_case(&CASES[i], LM_BFLOAT16, V_CL, V_CL, LM_PRESERVE);
+   }
    /* the portable kernels (registered for ISA 1) */
    if (lm_gemm_set_isa(1) == 1) {
       for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
          conv_case(&CASES[i], LM_FLOAT32, V_CL, V_CL, LM_PRESERVE);
          conv_case(&CASES[i], LM_FLOAT32, V_CONTIG, V_CONTIG, LM_PRESERVE);
+         conv_case(&CASES[i], LM_BFLOAT16, V_CL, V_CL, LM_PRESERVE);
       }
    }
    lm_gemm_set_isa(0);

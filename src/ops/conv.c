@@ -4,6 +4,9 @@
  * (t[] order and parameters: ops/conv.h). The algorithm (Winograd, pointwise, register-blocked,
  * direct, im2col + GEMM) is the kernels' choice (kernels/cpu/conv.c).
  *
+ * float16 / bfloat16: the same checks and results of the input's dtype; the kernels accumulate
+ * in float32 and round once (kernels/cpu/conv.c), so nothing here differs by dtype.
+ *
  * PyTorch semantics throughout; see src/conv.h for the contract.
  */
 #include "common.h"
@@ -29,9 +32,11 @@ static lm_status conv_check(const lm_tensor *x, const lm_tensor *w, const lm_ten
    LM_CHECK_TENSOR(w, "weight");
    LM_TRY(lm_check_same_device(x, w, "conv2d weight"));
    if (bias) LM_TRY(lm_check_same_device(x, bias, "conv2d bias"));
-   if (x->dtype != LM_FLOAT32 && x->dtype != LM_FLOAT64)
-      return lm_error(LM_ERR_DTYPE, "conv2d supports float32 and float64 tensors, got %s input",
-                      lm_dtype_name(x->dtype));
+   if (x->dtype != LM_FLOAT32 && x->dtype != LM_FLOAT64 && x->dtype != LM_FLOAT16 &&
+       x->dtype != LM_BFLOAT16)
+      return lm_error(LM_ERR_DTYPE,
+                      "conv2d supports float16, bfloat16, float32 and float64 tensors, got %s "
+                      "input", lm_dtype_name(x->dtype));
    if (w->dtype != x->dtype)
       return lm_error(LM_ERR_DTYPE, "input type (%s) and weight type (%s) should be the same",
                       lm_dtype_name(x->dtype), lm_dtype_name(w->dtype));

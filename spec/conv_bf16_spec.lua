@@ -1,0 +1,235 @@
+-- conv2d in bfloat16 and float16: values against the float32 convolution of the same (rounded)
+-- inputs, on every ISA path the CPU has (the native AVX512_BF16 kernels at ISA 4, the float32
+-- fallback at 3 and 1: bit-for-bit the float32 result rounded once), both memory formats,
+-- non-dense inputs, the fused epilogue (bias, residual, ReLU), backward data / weight / bias
+-- through autograd, output dtypes and formats, and bad input.
+
+local H = require("spec.helpers")
+local lm = H.lm
+local F = lm.F
+local C = require("lumen.C")
+
+local CL, CONTIG = lm.channels_last, lm.contiguous_format
+
+local function is_cl(t) return tostring(t:suggest_memory_format()) == "channels_last" end
+
+-- the ISA paths this CPU has: the best, AVX-512 without BF16 (the fallback), portable C
+local function isas()
+   local best = C.lm_gemm_set_isa(0)
+   local r = { best }
+   if best > 3 then r[#r + 1] = 3 end
+   if best > 1 then r[#r + 1] = 1 end
+   return r
+end
+
+local function maxabs(t) return t:float():abs():max():item() end
+
+-- |got - ref| <= rel*|ref| + rel/10 * max|ref| everywhere (ref float32)
+local function close(got, ref, rel, what)
+   local g, r = got:float(), ref:float()
+   local bound = r:abs() * rel + (maxabs(r) + 1e-30) * rel / 10
+   local over = ((g - r):abs() - bound):max():item()
+   assert(over <= 0, ("%s: off by %g beyond the tolerance (max |ref| %g)"):format(what, over,
+          maxabs(r)))
+end
+
+local function exact(got, ref, what)
+   local d = (got:float() - ref:float()):abs():max():item()
+   assert(d == 0, ("%s: expected the float32 result rounded, differs by %g"):format(what, d))
+end
+
+-- a random tensor of `sizes` in dtype dt and layout `view`: "contig", "cl", or "narrow" (a
+-- non-dense slice of a wider tensor)
+local function make(sizes, dt, view)
+   local t
+   if view == "narrow" then
+      local s = { sizes[1], sizes[2], sizes[3], sizes[4] + 3 }
+      t = lm.randn(s):narrow(4, 2, sizes[4])
+   else
+      t = lm.randn(sizes)
+      if view == "cl" then t = t:contiguous(CL) end
+   end
+   return t:to(dt)
+end
+
+local cases = {
+   -- C, O, H, W, k, stride, pad, dil, groups
+   { 1, 3, 7, 7, 3, 1, 1, 1, 1 },
+   { 3, 17, 7, 7, 3, 2, 1, 1, 1 },
+   { 7, 64, 2, 7, 1, 1, 0, 1, 1 },
+   { 17, 7, 7, 2, 2, 1, 0, 1, 1 },
+   { 64, 17, 7, 7, 3, 1, 2, 2, 1 },
+   { 64, 64, 1, 1, 1, 1, 0, 1, 1 },
+   { 3, 64, 7, 7, 7, 2, 3, 1, 1 },
+   { 3, 7, 7, 7, 3, 1, 2, 2, 1 },
+   { 17, 3, 7, 7, 1, 2, 0, 1, 1 },
+   { 64, 33, 7, 7, 3, 2, 0, 1, 1 },
+   { 14, 6, 7, 7, 3, 1, 1, 1, 2 },
+   { 17, 17, 7, 2, 3, 2, 1, 1, 17 },
+   { 7, 7, 1, 2, 1, 1, 1, 1, 7 },
+}
+
+local function name(c, dt, view, isa)
+   return ("C%d O%d %dx%d k%d s%d p%d d%d g%d %s %s isa %d"):format(c[1], c[2], c[3], c[4], c[5],
+      c[6], c[7], c[8], c[9], tostring(dt), view, isa)
+end
+
+describe("conv2d in bfloat16 / float16", function()
+   after_each(function() C.lm_gemm_set_isa(0) end)
+
+   for _, dt in ipairs({ lm.bfloat16, lm.float16 }) do
+      local rel = tostring(dt) == "bfloat16" and 1e-2 or 2e-3
+      for _, view in ipairs({ "contig", "cl", "narrow" }) do
+         it(("forward with bias / residual / ReLU, backward (%s, %s), every ISA")
+            :format(tostring(dt), view), function()
+            lm.manual_seed(17)
+            for ci, c in ipairs(cases) do
+               for _, isa in ipairs(isas()) do
+                  C.lm_gemm_set_isa(isa)
+                  local what = name(c, dt, view, isa)
+                  local N = ci % 2 + 1
+                  local x = make({ N, c[1], c[3], c[4] }, dt, view)
+                  local w = make({ c[2], c[1] / c[9], c[5], c[5] }, dt, view == "cl" and "cl"
+                                 or "contig")
+                  local b = lm.randn({ c[2] }):to(dt)
+                  local opts = { stride = c[6], padding = c[7], dilation = c[8], groups = c[9] }
+                  local y = F.conv2d(x, w, b, opts)
+                  local xf, wf, bf = x:float(), w:float(), b:float()
+                  local yf = F.conv2d(xf, wf, bf, opts)
+                  assert.equal(tostring(dt), tostring(y:dtype()))
+                  H.assert_sizes(y, yf:size(), what)
+                  assert.equal(is_cl(yf), is_cl(y), what .. ": output format")
+                  assert(y:is_contiguous(is_cl(y) and CL or CONTIG), what .. ": dense output")
+                  -- the fallback is the float32 result rounded, bit for bit
+                  local native = isa >= 4 and tostring(dt) == "bfloat16"
+                  if native then close(y, yf, rel, what .. " out")
+                  else exact(y, yf:to(dt), what) end
+                  -- residual + ReLU (fused: no gradient wanted)
+                  local r = lm.randn(y:size()):to(dt)
+                  local yr = F.conv2d(x, w, b, { stride = c[6], padding = c[7], dilation = c[8],
+                                                 groups = c[9], residual = r, relu = true })
+                  local yrf = F.conv2d(xf, wf, bf, { stride = c[6], padding = c[7],
+                                                     dilation = c[8], groups = c[9],
+                                                     residual = r:float(), relu = true })
+                  assert(maxabs(yrf) > 0)
+                  if native then close(yr, yrf, rel, what .. " res+relu")
+                  else exact(yr, yrf:to(dt), what .. " res+relu") end
+                  -- gradients through autograd, in the input's dtype
+                  local xg = x:clone():requires_grad_(true)
+                  local wg = w:clone():requires_grad_(true)
+                  local bg = b:clone():requires_grad_(true)
+                  local g = lm.randn(y:size()):to(dt)
+                  if view == "cl" then g = g:contiguous(CL) end
+                  F.conv2d(xg, wg, bg, opts):backward(g)
+                  local xr = xf:clone():requires_grad_(true)
+                  local wr = wf:clone():requires_grad_(true)
+                  local br = bf:clone():requires_grad_(true)
+                  F.conv2d(xr, wr, br, opts):backward(g:float())
+                  for _, pair in ipairs({ { xg, xr, "grad input" }, { wg, wr, "grad weight" },
+                                          { bg, br, "grad bias" } }) do
+                     local gg, gr = pair[1].grad, pair[2].grad
+                     assert.equal(tostring(dt), tostring(gg:dtype()))
+                     H.assert_sizes(gg, gr:size(), what .. " " .. pair[3])
+                     if native then close(gg, gr, rel, what .. " " .. pair[3])
+                     else exact(gg, gr:to(dt), what .. " " .. pair[3]) end
+                  end
+                  if is_cl(yf) then
+                     assert(is_cl(xg.grad) or not xg:is_contiguous(), what .. ": grad_input CL")
+                  end
+               end
+            end
+         end)
+      end
+   end
+
+   it("keeps channels-last in the output and the gradients, and an explicit contiguous input " ..
+      "with a channels-last weight gives channels-last", function()
+      for _, isa in ipairs(isas()) do
+         C.lm_gemm_set_isa(isa)
+         local x = lm.randn({ 2, 16, 7, 7 }):bfloat16()
+         local w = lm.randn({ 32, 16, 3, 3 }):bfloat16():contiguous(CL)
+         local y = F.conv2d(x, w, nil, { padding = 1 })
+         assert(is_cl(y) and y:is_contiguous(CL), "output channels-last")
+         local xg = x:contiguous(CL):requires_grad_(true)
+         local wg = w:clone():requires_grad_(true)
+         F.conv2d(xg, wg, nil, { padding = 1 }):sum():backward()
+         assert(is_cl(xg.grad) and is_cl(wg.grad), "gradients channels-last")
+         assert.equal("bfloat16", tostring(xg.grad:dtype()))
+      end
+   end)
+
+   it("matches float32 on a ResNet-like channels-last layer (native kernel tiles and blocks)",
+      function()
+      -- 70 output channels: two full blocks of 32 and a masked one; 16-pixel rows: a full tile
+      -- of 14 and a tail of 2; stride 2 backward: four phases
+      for _, s in ipairs({ 1, 2 }) do
+         local x = lm.randn({ 2, 48, 16, 16 }):contiguous(CL):bfloat16()
+         local w = (lm.randn({ 70, 48, 3, 3 }) * 0.2):contiguous(CL):bfloat16()
+         local b = lm.randn({ 70 }):bfloat16()
+         local opts = { stride = s, padding = 1 }
+         local y = F.conv2d(x, w, b, opts)
+         close(y, F.conv2d(x:float(), w:float(), b:float(), opts), 1e-2, "forward s" .. s)
+         local xg = x:clone():requires_grad_(true)
+         local g = lm.randn(y:size()):contiguous(CL):bfloat16()
+         F.conv2d(xg, w, nil, opts):backward(g)
+         local xr = x:float():requires_grad_(true)
+         F.conv2d(xr, w:float(), nil, opts):backward(g:float())
+         close(xg.grad, xr.grad, 1e-2, "grad input s" .. s)
+      end
+   end)
+
+   it("matches float32 with 512 channels (staged copies at a padded pixel pitch), 1x1 and 3x3",
+      function()
+      for _, k in ipairs({ 1, 3 }) do
+         local x = lm.randn({ 2, 512, 5, 6 }):contiguous(CL):bfloat16()
+         local w = (lm.randn({ 512, 512, k, k }) * 0.05):contiguous(CL):bfloat16()
+         local opts = { padding = (k - 1) / 2 }
+         local y = F.conv2d(x, w, nil, opts)
+         close(y, F.conv2d(x:float(), w:float(), nil, opts), 1e-2, "forward k" .. k)
+         local xg = x:clone():requires_grad_(true)
+         local g = lm.randn(y:size()):contiguous(CL):bfloat16()
+         F.conv2d(xg, w, nil, opts):backward(g)
+         local xr = x:float():requires_grad_(true)
+         F.conv2d(xr, w:float(), nil, opts):backward(g:float())
+         close(xg.grad, xr.grad, 1e-2, "grad input k" .. k)
+      end
+   end)
+
+   it("matches float32 on asymmetric geometries (kernel, stride, padding, dilation per axis)",
+      function()
+      local geoms = {
+         { k = { 2, 3 }, s = { 1, 2 }, p = { 0, 1 }, d = { 2, 1 } },
+         { k = { 3, 1 }, s = { 2, 1 }, p = { 2, 0 }, d = { 1, 1 } },
+         { k = { 1, 3 }, s = { 3, 2 }, p = { 0, 2 }, d = { 1, 2 } },
+      }
+      for _, isa in ipairs(isas()) do
+         C.lm_gemm_set_isa(isa)
+         for gi, q in ipairs(geoms) do
+            for _, fmt in ipairs({ CONTIG, CL }) do
+               local what = ("geometry %d %s isa %d"):format(gi, tostring(fmt), isa)
+               local x = lm.randn({ 2, 6, 7, 9 }):contiguous(fmt):bfloat16()
+               local w = lm.randn({ 35, 6, q.k[1], q.k[2] }):contiguous(fmt):bfloat16()
+               local opts = { stride = q.s, padding = q.p, dilation = q.d }
+               local y = F.conv2d(x, w, nil, opts)
+               close(y, F.conv2d(x:float(), w:float(), nil, opts), 1e-2, what .. " forward")
+               local xg = x:clone():requires_grad_(true)
+               local g = lm.randn(y:size()):contiguous(fmt):bfloat16()
+               F.conv2d(xg, w, nil, opts):backward(g)
+               local xr = x:float():requires_grad_(true)
+               F.conv2d(xr, w:float(), nil, opts):backward(g:float())
+               close(xg.grad, xr.grad, 1e-2, what .. " grad input")
+            end
+         end
+      end
+   end)
+
+   it("rejects mixed dtypes with an error naming conv2d", function()
+      local x = lm.randn({ 1, 3, 5, 5 }):bfloat16()
+      local w = lm.randn({ 4, 3, 3, 3 })
+      H.assert_error_like("conv2d", "dtype", F.conv2d, x, w)
+      H.assert_error_like("conv2d", "dtype", F.conv2d, x, w:bfloat16(), lm.randn({ 4 }))
+      H.assert_error_like("conv2d", "dtype", F.conv2d, x, w:half())
+      H.assert_error_like("conv2d", "dtype", F.conv2d, x, w:bfloat16(), nil,
+                          { residual = lm.randn({ 1, 4, 3, 3 }) })
+   end)
+end)
