@@ -11,6 +11,7 @@
  * PyTorch semantics throughout; see src/conv.h for the contract and the choice of algorithm.
  */
 #include "conv_internal.h"
+#include "conv_bf16.h"
 #include "cpu.h"
 #include "gemm_internal.h"
 #include <stdio.h>
@@ -363,24 +364,22 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       if (st != LM_OK) return st;
       rx = NULL;
    }
-   /* ==== NATIVE BFLOAT16 WEIGHT GRADIENT: lm_conv_bwdw_nhwc_bf16 (kernels/cpu/conv_bf16.h) is
-      wired in here, e.g.
-         if ((rw || rb) && native && <it takes g>) {
-            int ok2 = 1;
-            float *gwf = scratch_f32(wn, rw != NULL, &ok2), *gbf = scratch_f32(bn, rb != NULL, &ok2);
-            st = ok2 ? lm_conv_bwdw_nhwc_bf16(g, xd ? lm_tensor_data(xd) : NULL,
-                                              lm_tensor_data(gd), gwf, gbf) : LM_ERR_OOM;
-            if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
-            if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
-            scratch_free(gwf, wn), scratch_free(gbf, bn);
-            if (st != LM_OK) return st;
-            rw = rb = NULL;
-         }
-      gw is float32 (O, kh, kw, Cg) (channels-last weights), gb float32 (O). x (xd) is NULL when
-      only grad_b is wanted (the front end passes x only with grad_w), so the kernel must take
-      gw == NULL with x == NULL. Choose by the geometry only, never by which gradients are
-      wanted: grad_b alone must equal grad_b computed with grad_w, bit for bit
-      (spec/c/test_devices_conv.c checks). Whatever is left falls through to float32 below. ==== */
+   /* the weight and bias gradients natively (conv_bwdw_avx512bf16.c: the bf16 GEMM over pixel
+      pairs) into float32 scratch, rounded once. Chosen by the geometry only, never by which
+      gradients are wanted: grad_b alone equals grad_b computed with grad_w, bit for bit
+      (spec/c/test_devices_conv.c checks). x is NULL when only grad_b is wanted. */
+   if ((rw || rb) && native) {
+      int ok2 = 1;
+      float *gwf = scratch_f32(wn, rw != NULL, &ok2), *gbf = scratch_f32(bn, rb != NULL, &ok2);
+      st = ok2 ? lm_conv_bwdw_nhwc_bf16(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd),
+                                        gwf, gbf)
+               : LM_ERR_OOM;
+      if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
+      if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
+      scratch_free(gwf, wn), scratch_free(gbf, bn);
+      if (st != LM_OK) return st;
+      rw = rb = NULL;
+   }
    if (!rx && !rw && !rb) return LM_OK;
    int ok = 1;
    float *gf = half_widened(gd, on, &ok);

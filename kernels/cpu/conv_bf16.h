@@ -8,7 +8,8 @@
  *   gw   (O, kh, kw, Cg) dense float32, OVERWRITTEN (not accumulated): for o in group gi,
  *        gw[o][i][j][c] = sum over n, ho, wo of gout[n][ho][wo][o] *
  *                         x[n][ho*sh - ph + i*dh][wo*sw - pw + j*dw][gi*Cg + c] (0 outside);
- *   gb   (O) float32 or NULL: sum of gout over n, ho, wo (overwritten).
+ *   gb   (O) float32 or NULL: sum of gout over n, ho, wo (overwritten); gw may be NULL (and
+ *        then x too) when only gb is wanted: the same sums as with gw.
  * Every sum in float32 (products of bfloat16 values are exact). Groups, stride, dilation and
  * padding from g (ops/conv.h); depthwise (Cg == 1) takes a plain float32 loop.
  * Precondition: lm_cpu_isa() >= LM_ISA_AVX512_BF16 (the file is compiled with -mavx512bf16);

@@ -123,7 +123,7 @@ lm_status lm_conv_bwdw_nhwc_bf16(const conv_geom *g, const uint16_t *x, const ui
       lm_status st = bias_grad(g, gout, gb, nt);
       if (st != LM_OK) return lm_error(st, "out of memory for the bias gradient");
    }
-   if (O == 0 || K == 0) return LM_OK;
+   if (!gw || O == 0 || K == 0) return LM_OK; /* grad_b alone: done */
    if (P == 0) {
       for (int64_t i = 0; i < O * K; i++) gw[i] = 0.0f;
       return LM_OK;
