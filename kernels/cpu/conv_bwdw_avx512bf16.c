@@ -140,9 +140,12 @@ lm_status lm_conv_bwdw_nhwc_bf16(const conv_geom *g, const uint16_t *x, const ui
                           gw + gi * Og * K, K, 1);
       return LM_OK;
    }
-   /* about 1 MiB of im2col rows per tile, an even number of pixels (whole pairs), at least 64 */
-   int64_t PT = ((int64_t)1 << 19) / K;
-   if (PT < 64) PT = 64;
+   /* tiles of PT pixels (an even number: whole pairs): at least the GEMM's KC (1024 k values),
+      so the float32 gw (Og x K, up to 9 MiB for 3x3 512 channels) is read and written once per
+      KC block of the reduction rather than once per small tile; larger (about 4 MiB of im2col
+      rows) where K is small */
+   int64_t PT = ((int64_t)1 << 21) / K;
+   if (PT < 1024) PT = 1024;
    PT &= ~(int64_t)1;
    if (PT > P) PT = P;
    const size_t bytes = (size_t)(PT * K) * sizeof(uint16_t);
