@@ -51,6 +51,10 @@ static inline bool lm_is_float_dtype(int dt) {
 }
 static inline bool lm_valid_dtype(int dt) { return dt >= 0 && dt < LM_NUM_DTYPES; }
 
+/* n float16 values to float32 and back, vectorizing (src/iter.c; bit-exact with lm_h2f / lm_f2h) */
+void lm_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
+void lm_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
+
 /* float16 / bfloat16 conversions, inline for the kernels (round to nearest even) */
 static inline float lm_h2f(uint16_t h) {
    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;

@@ -198,51 +198,9 @@ static lm_status bwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, cons
  * scratch is host memory the kernel allocates (the tensors may live on sim:0, whose kernels run
  * on the host).
  */
-/* branch-free float16 conversions (src/iter.c's h2f_fast / f2h_fast, bit-exact with lm_h2f /
-   lm_f2h): they vectorize, where lm_h2f's subnormal loop does not (the float16 fallback of 3x3
-   64->64 on 56x56, batch 8, one core: 15.3 ms with lm_h2f / lm_f2h, 8.4 ms with these; float32
-   6.5 ms). Kept apart from the bfloat16 loops: under this pragma those ran 30 % slower. */
-#pragma GCC push_options
-#pragma GCC optimize("no-trapping-math")
-static inline uint32_t cv_fbits(float f) {
-   uint32_t u;
-   memcpy(&u, &f, 4);
-   return u;
-}
-static inline float cv_bitsf(uint32_t u) {
-   float f;
-   memcpy(&f, &u, 4);
-   return f;
-}
-static inline float cv_h2f(uint16_t h) {
-   uint32_t em = (uint32_t)h & 0x7fff;
-   uint32_t sign = ((uint32_t)h & 0x8000) << 16;
-   uint32_t norm = (em << 13) + 0x38000000u;
-   uint32_t infnan = norm + 0x38000000u;
-   uint32_t sub = cv_fbits((float)(int32_t)em * 5.9604644775390625e-8f);
-   uint32_t r = em >= 0x7c00 ? infnan : em < 0x0400 ? sub : norm;
-   return cv_bitsf(r | sign);
-}
-static inline uint16_t cv_f2h(float fv) {
-   uint32_t x = cv_fbits(fv);
-   uint32_t sign = (x >> 16) & 0x8000;
-   uint32_t ax = x & 0x7fffffff;
-   uint32_t odd = (ax >> 13) & 1;
-   uint32_t rn = (ax + 0xC8000FFFu + odd) >> 13;
-   uint32_t rs = cv_fbits(cv_bitsf(ax) + 0.5f) - 0x3f000000u;
-   uint32_t r = ax > 0x7f800000u   ? 0x7e00u
-                : ax >= 0x47800000u ? 0x7c00u
-                : ax < 0x38800000u  ? rs
-                                    : rn;
-   return (uint16_t)(r | sign);
-}
-static void f16_widen(const uint16_t *src, float *dst, int64_t n) {
-   for (int64_t i = 0; i < n; i++) dst[i] = cv_h2f(src[i]);
-}
-static void f16_narrow(const float *src, uint16_t *dst, int64_t n) {
-   for (int64_t i = 0; i < n; i++) dst[i] = cv_f2h(src[i]);
-}
-#pragma GCC pop_options
+/* float16 through src/iter.c's vectorizing conversions (lm_f16_to_f32 / lm_f32_to_f16);
+   bfloat16 with lm_bf2f / lm_f2bf, kept out of iter.c's no-trapping-math region (under that
+   pragma these loops ran 30 % slower) */
 
 static void half_widen(int dt, const uint16_t *src, float *dst, int64_t n) {
    const int nt = conv_threads((double)n * 4);
@@ -252,7 +210,7 @@ static void half_widen(int dt, const uint16_t *src, float *dst, int64_t n) {
       if (dt == LM_BFLOAT16)
          for (int64_t i = lo; i < hi; i++) dst[i] = lm_bf2f(src[i]);
       else
-         f16_widen(src + lo, dst + lo, hi - lo);
+         lm_f16_to_f32(src + lo, dst + lo, hi - lo);
    }
 }
 
@@ -264,7 +222,7 @@ static void half_narrow(int dt, const float *src, uint16_t *dst, int64_t n) {
       if (dt == LM_BFLOAT16)
          for (int64_t i = lo; i < hi; i++) dst[i] = lm_f2bf(src[i]);
       else
-         f16_narrow(src + lo, dst + lo, hi - lo);
+         lm_f32_to_f16(src + lo, dst + lo, hi - lo);
    }
 }
 
