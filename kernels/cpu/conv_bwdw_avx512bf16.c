@@ -20,6 +20,7 @@
 #include "conv_bf16.h"
 
 static int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static int n_threads(void) {
 #ifdef _OPENMP
@@ -134,6 +135,10 @@ static lm_status bwdw_range(const conv_geom *g, const uint16_t *x, const uint16_
       rows) where K is small */
    int64_t PT = ((int64_t)1 << 21) / K;
    if (PT < 1024) PT = 1024;
+   /* a small gw (at most 1 MiB of float32: the layers whose pixels the threads split): tiles
+      of about 512 KiB instead, which stay in L2 between the im2col and the GEMM's packing
+      (3x3 64 -> 64 56x56 2 threads 300 -> 330 GFLOP/s, 128 28x28 310 -> 350) */
+   if (O * K <= ((int64_t)1 << 18)) PT = imax64(64, ((int64_t)1 << 18) / K);
    PT &= ~(int64_t)1;
    if (PT > P) PT = P;
    const size_t bytes = (size_t)(PT * K) * sizeof(uint16_t);
