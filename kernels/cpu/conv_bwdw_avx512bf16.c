@@ -35,12 +35,29 @@ static int n_threads(void) {
 static void im2col_tile(const conv_geom *g, const uint16_t *x, int64_t gi, int64_t p0,
                         int64_t np, uint16_t *col, int nt) {
    const int64_t K = g->kh * g->kw * g->Cg, HWo = g->Ho * g->Wo;
+   const int contig = g->G == 1 && g->dw == 1;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && np * K >= 32768)
    for (int64_t t = 0; t < np; t++) {
       const int64_t p = p0 + t, n = p / HWo, r = p % HWo, ho = r / g->Wo, wo = r % g->Wo;
       uint16_t *d = col + t * K;
+      const int64_t wb = wo * g->sw - g->pw;
       for (int64_t i = 0; i < g->kh; i++) {
          const int64_t h = ho * g->sh - g->ph + i * g->dh;
+         if (contig || h < 0 || h >= g->H) {
+            /* a kernel row of adjacent taps over all the channels: one run of x (the taps
+               inside the image) between zeros (the stem's 7 taps x 3 channels: one copy of 21
+               values instead of 7 of 3) */
+            const int64_t jlo = h < 0 || h >= g->H ? g->kw : wb < 0 ? imin64(-wb, g->kw) : 0;
+            const int64_t jhi = h < 0 || h >= g->H ? g->kw : imax64(jlo, imin64(g->kw, g->W - wb));
+            if (jlo > 0) memset(d, 0, (size_t)(jlo * g->Cg) * sizeof(uint16_t));
+            if (jhi > jlo)
+               memcpy(d + jlo * g->Cg, x + ((n * g->H + h) * g->W + wb + jlo) * g->C,
+                      (size_t)((jhi - jlo) * g->Cg) * sizeof(uint16_t));
+            if (jhi < g->kw)
+               memset(d + jhi * g->Cg, 0, (size_t)((g->kw - jhi) * g->Cg) * sizeof(uint16_t));
+            d += g->kw * g->Cg;
+            continue;
+         }
          for (int64_t j = 0; j < g->kw; j++, d += g->Cg) {
             const int64_t w = wo * g->sw - g->pw + j * g->dw;
             if (h < 0 || h >= g->H || w < 0 || w >= g->W) {
