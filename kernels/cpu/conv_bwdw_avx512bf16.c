@@ -7,13 +7,23 @@
  * pixels for vdpbf16ps), float32 C accumulated across pixel tiles (beta 1 after the first).
  *   1x1, stride 1, no padding: x is the im2col matrix already (row stride C), no copy;
  *   otherwise: the im2col matrix of one group is built in tiles of PT pixels (bfloat16, K
- *   contiguous per pixel, zeros for the padding), PT chosen so a tile is about 1 MiB (the GEMM
- *   then has k = PT deep enough to amortise its packing).
+ *   contiguous per pixel, zeros for the padding; a kernel row's adjacent in-image taps copied
+ *   as one run when groups == 1 and dilation along W is 1): about 512 KiB (L2) when gw is at
+ *   most 1 MiB of float32, else at least the GEMM's KC (1024 pixels) so a large gw is read and
+ *   written once per KC block.
  * gout_g^T is read in place (op(A)(o, p) = gout[p * O + gi * Og + o]: rows stride 1, pixels
- * stride O), which the packing of A merges pixel pairs from.
+ * stride O), which the packing of A merges pixel pairs from (prefetching the rows ahead).
+ * Threads: when every thread gets at least 2048 pixels and gw is at most 8 MiB (the 56x56 and
+ * 28x28 layers of ResNet50) the pixels are split between the threads, each running
+ * single-threaded GEMMs (and im2col tiles) over its own range into its own float32 gw, the
+ * copies then summed (thread 0's range into gw itself): each thread packs its gout and x
+ * panels once for all of Og x K, no barrier per k block. Otherwise the GEMM's own M x N split.
+ * The sums depend on the thread count (not on anything else); the bias gradient does not.
  * Depthwise (Cg == 1): a float32 loop per output channel (threads over o).
- * Measured (N 8, 56x56, 64 -> 64 channels, quiet machine): 3x3 pad 1 170 GFLOP/s on 1 thread,
- * 300 on 2 (72 % / 64 % of the vdpbf16ps peak); 1x1 160 / 189 (k = 25088 pixels in place).
+ * Measured (N 8, ResNet50 shapes, 2 threads, process CPU time / 2 on a shared machine):
+ * 3x3 64->64 56x56 331 GFLOP/s, 1x1 64->256 56x56 310, 1x1 256->64 296, 3x3 128 28x28 356,
+ * 3x3 256 14x14 366, 1x1 1024->256 14x14 373, 7x7 stem 3->64 238 (before the pixel split,
+ * the L2 tiles and the run copies: 308, 224, 270, 333, 352, 328, 144).
  */
 #include "cpu.h"
 #include "gemm_internal.h"
