@@ -14,7 +14,9 @@
  * padding from g (ops/conv.h); depthwise (Cg == 1) takes a plain float32 loop.
  * Precondition: lm_cpu_isa() >= LM_ISA_AVX512_BF16 (the file is compiled with -mavx512bf16);
  * otherwise it returns LM_ERR_INTERNAL without writing, and the caller takes its float32 route.
- * Threads: OpenMP inside (the GEMMs, the im2col tiles, the bias sums). LM_ERR_OOM when the
+ * Threads: OpenMP inside (the GEMMs, the im2col tiles, the bias sums; large pixel counts split
+ * between the threads, each into its own float32 copy of gw, then summed: gw may differ in the
+ * last bits with the thread count, gb does not). LM_ERR_OOM when the
  * im2col tile cannot be allocated. */
 #ifndef LUMEN_CONV_BF16_H
 #define LUMEN_CONV_BF16_H

@@ -176,6 +176,8 @@ static inline __m512i pair_words(const uint16_t *r0, const uint16_t *r1, int nv)
    return w;
 }
 
+enum { PFA = 8 }; /* k pairs ahead that pack_a prefetches strided k columns */
+
 void lm_bgemm_pack_a_avx512bf16(int64_t mc, int64_t kc, const uint16_t *a, int64_t rsa,
                                 int64_t csa, uint32_t *dst) {
    const int64_t kc2 = (kc + 1) / 2;
@@ -199,6 +201,16 @@ void lm_bgemm_pack_a_avx512bf16(int64_t mc, int64_t kc, const uint16_t *a, int64
       for (int64_t p2 = 0; p2 < kc2; p2++) {
          const uint16_t *c0 = a + 2 * p2 * csa;
          const uint16_t *c1 = 2 * p2 + 1 < kc ? c0 + csa : NULL;
+         /* the k columns are far apart (gout^T of a convolution's weight gradient: one pixel
+            row of O channels each) and only mc of each is read: the hardware prefetchers miss
+            them, so fetch the two columns PF pairs ahead */
+         if (p2 + PFA < kc2) {
+            const char *f0 = (const char *)(c0 + 2 * PFA * csa), *f1 = f0 + 2 * csa;
+            for (int64_t b = 0; b < 2 * mc; b += 64) {
+               _mm_prefetch(f0 + b, _MM_HINT_T0);
+               _mm_prefetch(f1 + b, _MM_HINT_T0);
+            }
+         }
          for (int64_t i0 = 0; i0 < mc; i0 += BMR) {
             const int mr = mc - i0 < BMR ? (int)(mc - i0) : BMR;
             const __m512i w = pair_words(c0 + i0, c1 ? c1 + i0 : NULL, mr);

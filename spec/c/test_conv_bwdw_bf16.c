@@ -126,6 +126,11 @@ int main(void) {
    run(2, 3, 2, 2, 7, 1, 1, 2, 0, 1, 1, 1);
    run(8, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1); /* P = 6272: im2col in several tiles */
    run(4, 64, 32, 32, 64, 1, 1, 1, 0, 1, 1, 1); /* P = 4096 pixels in place, bias threads */
+   /* odd pixel counts past the threads' pixel split (each thread its own range of the
+      reduction), grouped, in place and through im2col */
+   run(1, 34, 65, 65, 18, 3, 3, 1, 1, 1, 2, 1);
+   run(1, 34, 65, 65, 18, 1, 1, 1, 0, 1, 2, 0);
+   run(3, 17, 47, 47, 7, 1, 1, 1, 0, 1, 1, 1);
    /* random geometries */
    for (int t = 0; t < 60; t++) {
       const int64_t C0 = chans[rnd() % 5], O0 = chans[rnd() % 5];
