@@ -9,6 +9,7 @@
  */
 #include <immintrin.h>
 #include "gemm_internal.h"
+#include "avx512_util.h"
 
 #define SMR LM_SGEMM_AVX512_MR
 #define SNR LM_SGEMM_AVX512_NR
@@ -151,36 +152,6 @@ void lm_dgemm_ukr_avx512(int64_t kc, const double *pa, const double *pb, double 
 }
 
 /* ---- packing for the float kernel (layouts in gemm_internal.h) ---- */
-
-/* in-register transpose of a 16 x 16 block: r[i] lane j  ->  r[j] lane i */
-static inline void transpose16(__m512 r[16]) {
-   __m512 t[16];
-   for (int i = 0; i < 8; i++) {
-      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-   }
-   for (int i = 0; i < 4; i++) {
-      __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]),
-              t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
-      r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-      r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-      r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-      r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-   }
-   /* r[4g + c]: rows 4g..4g+3, columns c, c+4, c+8, c+12 (one per 128-bit lane) */
-   for (int c = 0; c < 4; c++) {
-      t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
-      t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
-      t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
-      t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
-   }
-   for (int c = 0; c < 4; c++) {
-      r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
-      r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
-      r[4 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
-      r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xdd);
-   }
-}
 
 static inline __mmask16 mask_lo(int n) { return (__mmask16)((1u << n) - 1u); }
 
