@@ -170,3 +170,54 @@ describe("F.linear on bfloat16", function()
       end
    end)
 end)
+
+describe("lm_addmm_ and F.linear's bias in 16 bits", function()
+   after_each(function() C.lm_gemm_set_isa(0) end)
+   local T = require("lumen.tensor")
+   local ffi = require("ffi")
+
+   it("adds the bias to the float32 sums and rounds once (torch.addmm), on every ISA", function()
+      -- 1 + 2^-9 rounds to 1 in bfloat16; with the bias 2^-8 the one rounding of the sum gives
+      -- 1 + 2^-7, while rounding the product first and then the sum gives 1 (a tie, to even)
+      for _, isa in ipairs(isas()) do
+         C.lm_gemm_set_isa(isa)
+         for _, dt in ipairs({ lm.bfloat16, lm.float16 }) do
+            local x = lm.tensor({ { 1, 2 ^ -9 } }):to(dt)
+            local w = lm.tensor({ { 1, 1 } }):to(dt)
+            local b = lm.tensor({ 2 ^ -8 }):to(dt)
+            local y = F.linear(x, w, b)
+            assert(y:dtype() == dt)
+            local want = dt == lm.bfloat16 and 1 + 2 ^ -7 or 1 + 3 * 2 ^ -9
+            assert.are.equal(want, y:float():item(), "isa " .. isa .. " " .. tostring(dt))
+         end
+      end
+   end)
+
+   it("matches float32 on random shapes (batched input, bias), every ISA", function()
+      lm.manual_seed(5)
+      for _, isa in ipairs(isas()) do
+         C.lm_gemm_set_isa(isa)
+         for _, s in ipairs({ { 1, 7, 3 }, { 5, 17, 64 }, { 9, 130, 33 }, { 40, 1100, 24 } }) do
+            local x, w, b = bf({ 2, s[1], s[2] }), bf({ s[3], s[2] }), bf({ s[3] })
+            local y = F.linear(x, w, b)
+            local ref = x:float():matmul(w:float():t()) + b:float()
+            H.assert_sizes(y, { 2, s[1], s[3] })
+            H.assert_close(y:float(), H.values(ref), 2e-2, "isa " .. isa)
+         end
+      end
+   end)
+
+   it("rejects bad input, naming addmm", function()
+      local o = lm.zeros({ 2, 3 }):bfloat16()
+      local a, b = bf({ 2, 4 }), bf({ 4, 3 })
+      local function st(out, x, y) return C.lm_addmm_(out._c, x._c, y._c) end
+      assert.are_not.equal(0, st(o, a, bf({ 5, 3 })))
+      assert.truthy(ffi.string(C.lm_last_error()):find("addmm", 1, true))
+      assert.are_not.equal(0, st(o, a:float(), b))
+      assert.truthy(ffi.string(C.lm_last_error()):find("one dtype", 1, true))
+      assert.are_not.equal(0, st(T.raw.expand(bf({ 3 }), { 2, 3 }), a, b))
+      assert.are_not.equal(0, st(a, a, bf({ 4, 4 })))
+      assert.truthy(ffi.string(C.lm_last_error()):find("share memory", 1, true))
+      assert.are.equal(0, st(o, a, b))
+   end)
+end)

@@ -284,6 +284,8 @@ void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double 
 int lm_gemm_set_isa(int isa);
 int lm_gemm_isa(void);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);
+/* out += a b (2-D, one dtype and device), each sum rounded once: torch.addmm with beta = alpha = 1 */
+lm_status lm_addmm_(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
 
 /* ---- files (src/io.c) ---- */
 /* map a whole file (private, copy-on-write); the storage unmaps it when released */

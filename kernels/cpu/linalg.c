@@ -19,18 +19,19 @@ typedef struct {
 
 static void mm_one(const mm_plan *p, const mm_data *q, int64_t oa, int64_t ob, int64_t oc,
                    int64_t m, int64_t rsa, int64_t rsc) {
+   const float beta = p->accumulate ? 1.0f : 0.0f; /* lm_addmm_: C + A B */
    if (q->dtype == LM_FLOAT32)
       lm_sgemm_strided(m, p->n, p->k, 1.0f, (const float *)q->a + oa, rsa, p->csa,
-                       (const float *)q->b + ob, p->rsb, p->csb, 0.0f, (float *)q->c + oc, rsc,
+                       (const float *)q->b + ob, p->rsb, p->csb, beta, (float *)q->c + oc, rsc,
                        p->csc);
    else if (q->dtype == LM_BFLOAT16)
       lm_bgemm_strided_bf16c(m, p->n, p->k, 1.0f, (const uint16_t *)q->a + oa, rsa, p->csa,
-                             (const uint16_t *)q->b + ob, p->rsb, p->csb, 0.0f,
+                             (const uint16_t *)q->b + ob, p->rsb, p->csb, beta,
                              (uint16_t *)q->c + oc, rsc, p->csc);
    else
       lm_dgemm_strided(m, p->n, p->k, 1.0, (const double *)q->a + oa, rsa, p->csa,
-                       (const double *)q->b + ob, p->rsb, p->csb, 0.0, (double *)q->c + oc, rsc,
-                       p->csc);
+                       (const double *)q->b + ob, p->rsb, p->csb, (double)beta,
+                       (double *)q->c + oc, rsc, p->csc);
 }
 
 /* offsets of batch entry `idx` (row-major over bsz) */

@@ -683,8 +683,17 @@ function F.linear(x, w, b)
    local in_sizes = sizes_of(xc)
    local x2 = x
    if xc.ndim ~= 2 then x2 = raw.reshape(x, { -1, fin }) end
-   local out = raw.matmul(x2, raw.transpose(w, 1, 2))
-   if bc ~= nil then raw.add_(out, b) end
+   local out
+   local d = xc.dtype
+   if bc ~= nil and bc.dtype == d and (d == C.LM_BFLOAT16 or d == C.LM_FLOAT16) then
+      -- 16 bits: the bias joins the float32 sums before the one rounding (torch.addmm), not the
+      -- already rounded product (which would round twice)
+      out = raw.clone(raw.expand(b, { tonumber(x2._c.sizes[0]), fout }))
+      check(C.lm_addmm_(out._c, x2._c, raw.transpose(w, 1, 2)._c), fname)
+   else
+      out = raw.matmul(x2, raw.transpose(w, 1, 2))
+      if bc ~= nil then raw.add_(out, b) end
+   end
    if xc.ndim ~= 2 then
       local os = {}
       for i = 1, #in_sizes - 1 do os[i] = in_sizes[i] end

@@ -145,3 +145,65 @@ lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out) {
    if (created) *out = created;
    return LM_OK;
 }
+
+/* out += a b for 2-D a (m x k), b (k x n) and out (m x n) of one floating dtype on one device,
+ * each element's sum rounded once (torch.addmm's beta = 1, alpha = 1; F.linear's bias in 16
+ * bits: the bias is added to the float32 sums, not to an already rounded product). float16 is
+ * computed in float32 and rounded once at the end. out must not share memory with a or b. */
+lm_status lm_addmm_(lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
+   LM_CHECK_TENSOR(out, "out");
+   LM_CHECK_TENSOR(a, "mat1");
+   LM_CHECK_TENSOR(b, "mat2");
+   LM_TRY(lm_check_same_device(out, a, "addmm mat1"));
+   LM_TRY(lm_check_same_device(out, b, "addmm mat2"));
+   if (a->ndim != 2 || b->ndim != 2 || out->ndim != 2)
+      return lm_error(LM_ERR_SHAPE, "addmm expects 2-D tensors, got %dD, %dD and %dD (out)",
+                      a->ndim, b->ndim, out->ndim);
+   if (a->dtype != b->dtype || a->dtype != out->dtype)
+      return lm_error(LM_ERR_DTYPE, "addmm expects one dtype, got %s, %s and %s (out)",
+                      lm_dtype_name(a->dtype), lm_dtype_name(b->dtype),
+                      lm_dtype_name(out->dtype));
+   const int dt = a->dtype;
+   if (!lm_is_float_dtype(dt))
+      return lm_error(LM_ERR_DTYPE, "addmm is not implemented for %s tensors", lm_dtype_name(dt));
+   if (a->sizes[1] != b->sizes[0] || out->sizes[0] != a->sizes[0] ||
+       out->sizes[1] != b->sizes[1])
+      return lm_error(LM_ERR_SHAPE, "addmm shapes do not match: out %lldx%lld, mat1 %lldx%lld, "
+                      "mat2 %lldx%lld", (long long)out->sizes[0], (long long)out->sizes[1],
+                      (long long)a->sizes[0], (long long)a->sizes[1], (long long)b->sizes[0],
+                      (long long)b->sizes[1]);
+   for (int d = 0; d < 2; d++)
+      if (out->sizes[d] > 1 && out->strides[d] == 0)
+         return lm_error(LM_ERR_ARG, "addmm: more than one element of out refers to a single "
+                         "memory location");
+   if (out->numel > 0 && (lm_tensor_same_storage(out, a) || lm_tensor_same_storage(out, b)))
+      return lm_error(LM_ERR_ARG, "addmm: out must not share memory with mat1 or mat2");
+   if (out->numel == 0) return LM_OK;
+   if (dt == LM_FLOAT16) { /* in float32, rounded once */
+      lm_tensor *a32 = NULL, *b32 = NULL, *o32 = NULL;
+      lm_status st = lm_clone(a, LM_PRESERVE, LM_FLOAT32, &a32);
+      if (st == LM_OK) st = lm_clone(b, LM_PRESERVE, LM_FLOAT32, &b32);
+      if (st == LM_OK) st = lm_clone(out, LM_PRESERVE, LM_FLOAT32, &o32);
+      if (st == LM_OK) st = lm_addmm_(o32, a32, b32);
+      if (st == LM_OK) st = lm_copy_(out, o32);
+      lm_tensor_free(a32);
+      lm_tensor_free(b32);
+      lm_tensor_free(o32);
+      return st;
+   }
+   lm_matmul_params p;
+   memset(&p, 0, sizeof p);
+   p.m = a->sizes[0];
+   p.k = a->sizes[1];
+   p.n = b->sizes[1];
+   p.rsa = a->strides[0];
+   p.csa = a->strides[1];
+   p.rsb = b->strides[0];
+   p.csb = b->strides[1];
+   p.rsc = out->strides[0];
+   p.csc = out->strides[1];
+   p.accumulate = 1;
+   lm_tensor *ts[3] = {(lm_tensor *)a, (lm_tensor *)b, out};
+   const lm_op op = lm_op_make(LM_OP_MATMUL, 3, ts, &p);
+   return lm_dispatch(&op);
+}

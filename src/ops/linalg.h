@@ -18,5 +18,7 @@ typedef struct lm_matmul_params {
    int64_t bsa[LM_MAX_DIMS], bsb[LM_MAX_DIMS], bsc[LM_MAX_DIMS]; /* batch strides (elements) */
    int64_t m, n, k;
    int64_t rsa, csa, rsb, csb, rsc, csc;
+   int accumulate;               /* 0: C = A B; 1: C = C + A B (lm_addmm_: C read, its sum with
+                                    the float32 (float64) products rounded once) */
 } lm_matmul_params;
 #endif
