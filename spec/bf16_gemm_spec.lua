@@ -219,5 +219,8 @@ describe("lm_addmm_ and F.linear's bias in 16 bits", function()
       assert.are_not.equal(0, st(a, a, bf({ 4, 4 })))
       assert.truthy(ffi.string(C.lm_last_error()):find("share memory", 1, true))
       assert.are.equal(0, st(o, a, b))
+      -- F.linear: the bias in the input's dtype, as torch.nn.functional.linear
+      assert.has_error(function() F.linear(a, bf({ 3, 4 }), lm.zeros({ 3 }):half()) end,
+                       "lumen.linear: bias (float16) must have the input's dtype (bfloat16)")
    end)
 end)

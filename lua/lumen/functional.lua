@@ -680,12 +680,13 @@ function F.linear(x, w, b)
    if bc ~= nil and (bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= fout) then
       err(fname, ("bias must be 1-D of size %d, got size %s"):format(fout, sizes_str(bc)))
    end
+   if bc ~= nil then input_dtype(fname, bc, "bias", xc) end
    local in_sizes = sizes_of(xc)
    local x2 = x
    if xc.ndim ~= 2 then x2 = raw.reshape(x, { -1, fin }) end
    local out
    local d = xc.dtype
-   if bc ~= nil and bc.dtype == d and (d == C.LM_BFLOAT16 or d == C.LM_FLOAT16) then
+   if bc ~= nil and (d == C.LM_BFLOAT16 or d == C.LM_FLOAT16) then
       -- 16 bits: the bias joins the float32 sums before the one rounding (torch.addmm), not the
       -- already rounded product (which would round twice)
       out = raw.clone(raw.expand(b, { tonumber(x2._c.sizes[0]), fout }))
