@@ -32,7 +32,22 @@ OBJS := $(patsubst %.c,$(BUILD)/%.o,$(SRCS))
 CFLAGS_BASE += -MMD -MP
 HDRS := src/lumen.h src/conv.h src/nn.h
 
-all: $(BUILD)/liblumen.so lua/lumen/cdef.lua
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDNN_HOME ?= $(CUDA_HOME)
+NCCL_HOME ?= $(CUDA_HOME)
+NVCC_GENCODE ?= -gencode arch=compute_90,code=[sm_90,compute_90]
+CU_INC = -Isrc -Ikernels/cuda -I$(CUDNN_HOME)/include -I$(NCCL_HOME)/include
+CU_LIBDIRS = $(foreach d,$(sort $(CUDA_HOME) $(CUDNN_HOME) $(NCCL_HOME)),-L$(d)/lib64 -L$(d)/lib)
+NVCC_FLAGS = -std=c++17 -O3 --extended-lambda -Xcompiler -fPIC,-Wall,-Wextra,-Werror \
+   -Werror all-warnings $(NVCC_GENCODE) $(CU_INC) -MMD -MP
+CU_SRCS := $(wildcard kernels/cuda/*.cu)
+CU_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRCS))
+CU_EMU_OBJS := $(patsubst %.cu,$(BUILD)/emu/%.o,$(CU_SRCS))
+CXX ?= g++
+
+all: $(BUILD)/liblumen.so lua/lumen/cdef.lua $(if $(filter 1,$(CUDA)),$(BUILD)/liblumen_cuda.so)
 
 $(BUILD)/liblumen.so: $(OBJS)
 	$(CC) -o $@ $(OBJS) $(LDFLAGS_BASE) $(LDFLAGS)
@@ -56,6 +71,42 @@ $(BUILD)/%_avx2.o: %_avx2.c $(HDRS) src/internal.h src/backend.h
 $(BUILD)/%.o: %.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -c $< -o $@
+
+# ---- the CUDA backend (kernels/cuda/, docs/cuda.md) -----------------------------------------
+# A second library, build/liblumen_cuda.so, which liblumen.so loads on demand (src/device.c): the
+# core never links the CUDA runtime, so one build runs on machines with and without a GPU.
+#   make                built when nvcc is found (PATH, or /usr/local/cuda/bin); CUDA=0 skips it,
+#                       CUDA=1 insists (fails without nvcc)
+#   NVCC_GENCODE        the GPUs to compile for (default: sm_90 machine code, the H100/H200, and
+#                       compute_90 PTX for newer ones)
+#   CUDNN_HOME, NCCL_HOME   where cudnn.h / nccl.h and their libraries are, when not in CUDA_HOME
+#   make cuda-emu       build/liblumen_cuda_emu.so: the same sources as host C++ (emu.h), no GPU
+#   make test-cuda-emu  the busted suite on the emulated cuda:0 (tools/run_tests.sh)
+
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(HDRS) src/internal.h src/backend.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(BUILD)/liblumen_cuda.so: $(CU_OBJS) $(BUILD)/liblumen.so
+	$(NVCC) -shared -o $@ $(CU_OBJS) -L$(BUILD) -llumen $(CU_LIBDIRS) \
+	   -Xlinker -rpath,'$$ORIGIN' -lcudart -lcudnn -lcublasLt -lcublas
+
+$(BUILD)/emu/kernels/cuda/%.o: kernels/cuda/%.cu $(HDRS) src/internal.h src/backend.h
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ -std=c++17 -DLM_CUDA_EMU -O2 -g -fPIC -Wall -Wextra -Werror -Wno-unused-parameter \
+	   -Isrc -Ikernels/cuda -MMD -MP $(CUDA_EMU_FLAGS) -c $< -o $@
+
+$(BUILD)/liblumen_cuda_emu.so: $(CU_EMU_OBJS) $(BUILD)/liblumen.so
+	$(CXX) -shared -o $@ $(CU_EMU_OBJS) -L$(BUILD) -llumen -Wl,-rpath,'$$ORIGIN' $(CUDA_EMU_FLAGS)
+
+cuda-emu: $(BUILD)/liblumen.so lua/lumen/cdef.lua $(BUILD)/liblumen_cuda_emu.so
+
+test-cuda-emu: cuda-emu
+	@$(TEST_ENV) LUMEN_LIB="$(CURDIR)/$(BUILD)/liblumen.so" \
+	   LUMEN_CUDA_LIB="$(CURDIR)/$(BUILD)/liblumen_cuda_emu.so" LUMEN_TEST_DEVICE=cuda:0 \
+	   bash tools/run_tests.sh $(TEST_ARGS)
+
+.PHONY: cuda-emu test-cuda-emu
 
 lua/lumen/cdef.lua: $(HDRS) tools/gen_cdef.sh
 	sh tools/gen_cdef.sh $(HDRS) > $@.tmp && mv $@.tmp $@
@@ -188,7 +239,7 @@ fuzz-ci:
 .PHONY: fuzz fuzz-build fuzz-ci
 
 # last, so that `all` stays the default goal
--include $(OBJS:.o=.d)
+-include $(OBJS:.o=.d) $(CU_OBJS:.o=.d) $(CU_EMU_OBJS:.o=.d)
 
 # ---- check-peer: lumen's models against torchvision with torchvision's weights ---------------
 # tools/gen_peer_models.py writes weights and reference results (PyTorch) into PEER_DIR (redone

@@ -16,7 +16,8 @@
  *
  * Devices (ids in lumen.h): cpu; meta (sizes, strides, dtype, format; no memory, no compute;
  * src/device.c); sim:0..3, the test device of kernels/sim/ (its own memory that the host cannot
- * read, explicit copies, the CPU's kernels); cuda:0..7 when built with LM_WITH_CUDA.
+ * read, explicit copies, the CPU's kernels); cuda:0..7 from liblumen_cuda.so (kernels/cuda/),
+ * loaded on demand.
  */
 #ifndef LUMEN_BACKEND_H
 #define LUMEN_BACKEND_H
@@ -106,9 +107,9 @@ lm_status lm_check_host(const lm_tensor *t, const char *what);
 /* the backends (defined next to their kernels; src/device.c holds the registry and meta) */
 const lm_backend *lm_cpu_backend(void);
 const lm_backend *lm_sim_backend(int index);
-#ifdef LM_WITH_CUDA
-const lm_backend *lm_cuda_backend(int index);
-#endif
+/* the CUDA library (kernels/cuda/, liblumen_cuda.so) registers cuda:index from its lm_cuda_init
+   (src/device.c loads it the first time a cuda:N device is asked for) */
+void lm_cuda_register(int index, const lm_backend *b);
 
 /* a helper for front ends: the lm_op of kind over n tensors and params */
 static inline lm_op lm_op_make(int kind, int nt, lm_tensor *const *t, const void *params) {

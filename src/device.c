@@ -5,8 +5,12 @@
  * that its own file hands out, so nothing here changes at run time. */
 #include "backend.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 static const char *const op_names[LM_OP_COUNT] = {
 #define LM_OP_NAME_(k, name) name,
@@ -43,22 +47,65 @@ static lm_status meta_compute(const lm_backend *b, const lm_op *op) { (void)b, (
 static const lm_backend meta_backend = {"meta", LM_META, 0, 0, meta_alloc, meta_free,
                                         meta_memcpy, meta_supports, meta_compute};
 
+/* ---- CUDA: a second library, loaded on demand ----
+ * The CUDA backend is build/liblumen_cuda.so (kernels/cuda/, built by `make` when nvcc is found).
+ * liblumen.so never links the CUDA runtime, so it loads on machines without CUDA; the first time a
+ * cuda:N device is asked for, the library beside liblumen.so (or $LUMEN_CUDA_LIB) is dlopen'ed and
+ * its lm_cuda_init() registers one backend per usable GPU through lm_cuda_register. No library, no
+ * driver, no GPU: cuda:N stays "not available", with the reason in the message. */
+static const lm_backend *cuda_backends[LM_NUM_CUDA];
+static char cuda_why[256] = "lumen was built without CUDA";
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+
+void lm_cuda_register(int index, const lm_backend *b) {
+   if (index >= 0 && index < LM_NUM_CUDA) cuda_backends[index] = b;
+}
+
+static void cuda_load(void) {
+   const char *env = getenv("LUMEN_CUDA_LIB");
+   char path[4096];
+   if (env && *env) snprintf(path, sizeof path, "%s", env);
+   else {
+      Dl_info info;
+      if (!dladdr((void *)&lm_cuda_register, &info) || !info.dli_fname) return;
+      const char *slash = strrchr(info.dli_fname, '/');
+      int dir = slash ? (int)(slash - info.dli_fname) : 0;
+      snprintf(path, sizeof path, "%.*s%sliblumen_cuda.so", dir, info.dli_fname, slash ? "/" : "");
+   }
+   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+   if (!h) {
+      const char *e = dlerror();
+      /* no library at all: a build without CUDA (the message above stands); one that does not
+         load (no CUDA runtime on this machine): say why */
+      if ((env && *env) || access(path, F_OK) == 0)
+         snprintf(cuda_why, sizeof cuda_why, "cannot load %.100s: %.140s", path, e ? e : "?");
+      return;
+   }
+   int (*init)(char *, size_t) = (int (*)(char *, size_t))dlsym(h, "lm_cuda_init");
+   if (!init) {
+      snprintf(cuda_why, sizeof cuda_why, "%.200s has no lm_cuda_init", path);
+      return;
+   }
+   if (init(cuda_why, sizeof cuda_why) <= 0 && !cuda_why[0])
+      snprintf(cuda_why, sizeof cuda_why, "no CUDA GPU was found");
+}
+
 /* ---- the registry ---- */
 
 const lm_backend *lm_backend_get(int device) {
    if (device == LM_CPU) return lm_cpu_backend();
    if (device == LM_META) return &meta_backend;
    if (device >= LM_SIM0 && device < LM_SIM0 + LM_NUM_SIM) return lm_sim_backend(device - LM_SIM0);
-#ifdef LM_WITH_CUDA
-   if (device >= LM_CUDA0 && device < LM_CUDA0 + LM_NUM_CUDA) {
-      const lm_backend *b = lm_cuda_backend(device - LM_CUDA0);
-      if (b) return b;
-   }
-#endif
    char buf[24];
-   lm_error(LM_ERR_DEVICE, "%s%s is not available in this build",
-            device >= LM_CUDA0 && device < LM_CUDA0 + LM_NUM_CUDA ? "device " : "",
-            lm_device_name(device, buf, sizeof buf));
+   if (device >= LM_CUDA0 && device < LM_CUDA0 + LM_NUM_CUDA) {
+      pthread_once(&cuda_once, cuda_load);
+      const lm_backend *b = cuda_backends[device - LM_CUDA0];
+      if (b) return b;
+      lm_error(LM_ERR_DEVICE, "device %s is not available (%s)",
+               lm_device_name(device, buf, sizeof buf), cuda_why);
+      return NULL;
+   }
+   lm_error(LM_ERR_DEVICE, "%s is not available in this build", lm_device_name(device, buf, sizeof buf));
    return NULL;
 }
 

@@ -10,6 +10,19 @@
 #include <omp.h>
 #endif
 
+/* LM_HD: the conversions below are also the CUDA backend's (kernels/cuda/cuda.cuh defines it as
+   __host__ __device__ before including this header), so device and host round identically */
+#ifndef LM_HD
+#define LM_HD
+#endif
+
+/* _Alignas in a struct that the CUDA backend's C++ (kernels/cuda/) reads too */
+#ifdef __cplusplus
+#define LM_ALIGNAS(n) alignas(n)
+#else
+#define LM_ALIGNAS(n) _Alignas(n)
+#endif
+
 /* Set the per-thread error message (printf format) and return `status`. */
 lm_status lm_error(lm_status status, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -56,7 +69,7 @@ void lm_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
 void lm_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
 
 /* float16 / bfloat16 conversions, inline for the kernels (round to nearest even) */
-static inline float lm_h2f(uint16_t h) {
+static inline LM_HD float lm_h2f(uint16_t h) {
    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
    if (exp == 0) {
       if (man == 0) {
@@ -76,7 +89,7 @@ static inline float lm_h2f(uint16_t h) {
    memcpy(&f, &bits, 4);
    return f;
 }
-static inline uint16_t lm_f2h(float f) {
+static inline LM_HD uint16_t lm_f2h(float f) {
    uint32_t x;
    memcpy(&x, &f, 4);
    uint32_t sign = (x >> 16) & 0x8000;
@@ -99,13 +112,13 @@ static inline uint16_t lm_f2h(float f) {
    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++;
    return (uint16_t)half;
 }
-static inline float lm_bf2f(uint16_t h) {
+static inline LM_HD float lm_bf2f(uint16_t h) {
    uint32_t bits = (uint32_t)h << 16;
    float f;
    memcpy(&f, &bits, 4);
    return f;
 }
-static inline uint16_t lm_f2bf(float f) {
+static inline LM_HD uint16_t lm_f2bf(float f) {
    uint32_t x;
    memcpy(&x, &f, 4);
    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
@@ -118,12 +131,12 @@ static inline uint16_t lm_f2bf(float f) {
  * values outside int64 give INT64_MIN, which is what x86's cvttsd2si (so PyTorch's cast) gives.
  * Narrower integer dtypes then wrap from the int64, as PyTorch casts a Scalar: int32 + 2^40
  * adds 0, not INT_MIN. */
-static inline int64_t lm_double_to_i64(double v) {
+static inline LM_HD int64_t lm_double_to_i64(double v) {
    return (v >= -9223372036854775808.0 && v < 9223372036854775808.0) ? (int64_t)v : INT64_MIN;
 }
 
 /* read / write one element of any dtype as double */
-static inline double lm_load_as_double(const void *p, int dt) {
+static inline LM_HD double lm_load_as_double(const void *p, int dt) {
    switch (dt) {
    case LM_FLOAT32: return *(const float *)p;
    case LM_FLOAT64: return *(const double *)p;
@@ -136,7 +149,7 @@ static inline double lm_load_as_double(const void *p, int dt) {
    default: return 0.0;
    }
 }
-static inline void lm_store_from_double(void *p, int dt, double v) {
+static inline LM_HD void lm_store_from_double(void *p, int dt, double v) {
    switch (dt) {
    case LM_FLOAT32: *(float *)p = (float)v; break;
    case LM_FLOAT64: *(double *)p = v; break;

@@ -53,12 +53,12 @@ typedef struct lm_ew_params {
    int scalar_idx;     /* the input given as a number, -1: none */
    int scalar_dtype;   /* its dtype (the bytes in scalar) */
    int scalar_wrapped; /* a wrapped number (lowest promotion priority, layout) */
-   _Alignas(16) char scalar[16];
+   LM_ALIGNAS(16) char scalar[16];
    lm_kparams p;
 } lm_ew_params;
 
 typedef struct lm_fill_params {
-   _Alignas(16) char value[16]; /* one element of self's dtype */
+   LM_ALIGNAS(16) char value[16]; /* one element of self's dtype */
 } lm_fill_params;
 
 static inline int lm_kind_of(int dtype) {
