@@ -80,12 +80,32 @@ static void cu_free(const lm_backend *b, void *p, size_t nbytes) {
 static lm_status cu_memcpy(const lm_backend *b, void *dst, const void *src, size_t nbytes, int dir) {
    return lm_cu_memcpy(b->device - LM_CUDA0, dst, src, nbytes, dir);
 }
+#ifdef LM_CUDA_EMU
+/* LUMEN_CUDA_EMU_FALLBACK=1 (the emulated build only, for developing one family at a time): ops
+   without a CUDA kernel run on the CPU's kernels instead of failing */
+static int emu_fallback(void) {
+   static int v = -1;
+   if (v < 0) {
+      const char *e = getenv("LUMEN_CUDA_EMU_FALLBACK");
+      v = e && *e == '1';
+   }
+   return v;
+}
+#endif
+
+static lm_kernel_fn kernel_of(int kind) {
+   lm_kernel_fn k = kind >= 0 && kind < LM_OP_COUNT ? table[kind] : NULL;
+#ifdef LM_CUDA_EMU
+   if (!k && kind >= 0 && kind < LM_OP_COUNT && emu_fallback()) k = lm_cu_run_on_cpu;
+#endif
+   return k;
+}
 static int cu_supports(const lm_backend *b, const lm_op *op) {
    (void)b;
-   return op->kind >= 0 && op->kind < LM_OP_COUNT && table[op->kind] != NULL;
+   return kernel_of(op->kind) != NULL;
 }
 static lm_status cu_compute(const lm_backend *b, const lm_op *op) {
-   lm_kernel_fn k = op->kind >= 0 && op->kind < LM_OP_COUNT ? table[op->kind] : NULL;
+   lm_kernel_fn k = kernel_of(op->kind);
    if (!k) return lm_error(LM_ERR_DEVICE, "%s is not supported on %s", lm_op_name(op->kind), b->name);
    LM_TRY(lm_cu_set_device(b->device - LM_CUDA0));
    return k(op);
