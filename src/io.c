@@ -153,7 +153,9 @@ lm_status lm_remove_stale_tmp(const char *path, int32_t min_age_s, int32_t *remo
    size_t blen = strlen(base);
    if (blen == 0) return LM_OK;
    size_t dlen = slash ? (size_t)(slash - path) : 1;
-   char *dir = malloc(dlen + 1);
+   /* dlen + 2: room for "." or "/" and the terminator when dlen is 0 or 1 (a file in the root,
+      "/name", has dlen 0: GCC 14 caught the 1-byte overflow of the old dlen + 1) */
+   char *dir = malloc(dlen + 2);
    if (!dir) return lm_error(LM_ERR_OOM, "out of memory");
    if (!slash) memcpy(dir, ".", 2);
    else if (dlen == 0) memcpy(dir, "/", 2);
