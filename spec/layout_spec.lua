@@ -371,9 +371,13 @@ describe("lm.layout", function()
                                "adaptive_avg_pool2d(7)", "clone", "view (same sizes)" }) do
             assert.are.equal("both", by[op].native, op)
          end
-         -- softmax copies a channels-last input to contiguous first (kernels/cpu/softmax.c)
-         assert.are.equal("nchw", by["softmax(2)"].native)
-         assert.is_true(by["softmax(2)"].temp_bytes.nhwc >= 0.9 * by["softmax(2)"].input_bytes)
+         -- softmax copies a channels-last input to contiguous first (kernels/cpu/softmax.c); the
+         -- survey counts temporaries with the host allocator, so this holds for host tensors
+         -- (the CPU, sim:N), not on cuda:N (device memory, its own softmax kernels)
+         if not lm.get_default_device():match("^cuda") then
+            assert.are.equal("nchw", by["softmax(2)"].native)
+            assert.is_true(by["softmax(2)"].temp_bytes.nhwc >= 0.9 * by["softmax(2)"].input_bytes)
+         end
       end)
 
       it("prints a table with a legend", function()
