@@ -17,7 +17,9 @@
  *    whole row (one pass);
  *  - otherwise two levels: pass 1 gives G threads to each output, thread g folding the elements
  *    g, g + G, g + 2G, ... of its row into a partial (value, index); pass 2 is one block per
- *    output, whose threads fold the G partials and combine them in a shared-memory tree. The
+ *    output, whose threads fold the G partials and combine them in a shared-memory tree. When
+ *    G >= 256 and g is the fast index, G is a multiple of 256 and each block of pass 1 already
+ *    folds its 256 threads' partials (a shared-memory tree), so pass 2 reads G / 256. The
  *    thread numbering of pass 1 follows the memory: when the innermost reduced dim is the one at
  *    the smaller stride (a full sum, a row sum) g is the fast index, so neighbouring threads read
  *    neighbouring elements; when a kept dim is (per-channel sums of NHWC: C at stride 1) the
@@ -273,6 +275,35 @@ template <class A> __global__ void pass2_kernel(Plan q, const Part<A> *part) {
       __syncthreads(); /* sh is reused by the next m */
    }
 }
+
+/* pass 1 for g-fast plans with G a multiple of the block size: the block's threads are 256
+   consecutive g of one output, and the block folds their partials itself (shared-memory tree),
+   so pass 2 reads G / 256 partials per output instead of G (a full sum of 25M elements: 528
+   partials, not 135168) */
+template <class A> __global__ void pass1_block_kernel(Plan q, Part<A> *part) {
+   __shared__ Part<A> sh[P2_THREADS];
+   const bool v = q.vi != 0;
+   const i64 nbg = q.G / P2_THREADS;
+   for (i64 b = blockIdx.x; b < q.M * nbg; b += gridDim.x) {
+      const i64 m = b / nbg, bg = b - m * nbg;
+      i64 ioff, ooff, xoff;
+      q.kept(m, &ioff, &ooff, &xoff);
+      Part<A> p;
+      init(q.op, p);
+      q.row(p, q.in + ioff * q.in_es, bg * P2_THREADS + threadIdx.x, q.G);
+      sh[threadIdx.x] = p;
+      __syncthreads();
+      for (int h = P2_THREADS / 2; h > 0; h >>= 1) {
+         if ((int)threadIdx.x < h) {
+            Part<A> o = sh[threadIdx.x + h];
+            fold(q.op, v, sh[threadIdx.x], o.v, o.i);
+         }
+         __syncthreads();
+      }
+      if (threadIdx.x == 0) part[b] = sh[0];
+      __syncthreads();
+   }
+}
 #endif
 
 template <class A> lm_status run_plan(int dev, const Plan &q) {
@@ -284,8 +315,26 @@ template <class A> lm_status run_plan(int dev, const Plan &q) {
    const size_t nb = (size_t)(q.M * q.G) * sizeof(Part<A>);
    Part<A> *part = (Part<A> *)lm_cu_alloc(dev, nb);
    if (!part) return LM_ERR_OOM;
+   lm_status st;
+#ifndef LM_CUDA_EMU
+   if (q.gfast && q.G % P2_THREADS == 0) {
+      const i64 nblk = q.M * (q.G / P2_THREADS);
+      pass1_block_kernel<A><<<(unsigned)(nblk < 132 * 64 ? nblk : 132 * 64), P2_THREADS, 0,
+                              lm_cu_stream(dev)>>>(q, part);
+      st = lm_cu_err(cudaPeekAtLastError(), "reduce kernel launch");
+      Plan q2 = q; /* pass 2 over the blocks' partials */
+      q2.G = q.G / P2_THREADS;
+      if (st == LM_OK) {
+         pass2_kernel<A><<<(unsigned)(q.M < 65535 ? q.M : 65535), P2_THREADS, 0,
+                           lm_cu_stream(dev)>>>(q2, part);
+         st = lm_cu_err(cudaPeekAtLastError(), "reduce kernel launch");
+      }
+      lm_cu_free(dev, part, nb);
+      return st;
+   }
+#endif
    Pass1<A> b1 = {q, part};
-   lm_status st = lm_cu_for(dev, q.M * q.G, b1);
+   st = lm_cu_for(dev, q.M * q.G, b1);
    if (st == LM_OK) {
 #ifdef LM_CUDA_EMU
       const bool v = q.vi != 0;
@@ -381,6 +430,8 @@ static lm_status k_reduce(const lm_op *op) {
    for (int d = 0; d < q.nk; d++)
       if (kmin < 0 || iabs(q.kin[d]) < kmin) kmin = iabs(q.kin[d]);
    q.gfast = q.nk == 0 || (q.nr > 0 && rmin < kmin);
+   /* a g-fast split of 256 threads or more: whole blocks per output (pass1_block_kernel) */
+   if (q.gfast && q.G >= P2_THREADS) q.G -= q.G % P2_THREADS;
    return acc_double ? run_plan<double>(dev, q) : run_plan<i64>(dev, q);
 }
 
