@@ -134,8 +134,7 @@ static lm_status k_sgd_step(const lm_op *op) {
    const lm_tensor *p = op->t[0];
    if (p->dtype == LM_FLOAT32) return sgd_run<float>(op);
    if (p->dtype == LM_FLOAT64) return sgd_run<double>(op);
-   return lm_error(LM_ERR_DTYPE, "sgd_step: unsupported dtype %s on %s", lm_dtype_name(p->dtype),
-                   "cuda");
+   return lm_error(LM_ERR_DTYPE, "sgd_step: unsupported dtype %s", lm_dtype_name(p->dtype));
 }
 
 /* ADAM_STEP: t = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (NULL: not amsgrad)} */
@@ -143,8 +142,7 @@ static lm_status k_adam_step(const lm_op *op) {
    const lm_tensor *p = op->t[0];
    if (p->dtype == LM_FLOAT32) return adam_run<float>(op);
    if (p->dtype == LM_FLOAT64) return adam_run<double>(op);
-   return lm_error(LM_ERR_DTYPE, "adam_step: unsupported dtype %s on %s", lm_dtype_name(p->dtype),
-                   "cuda");
+   return lm_error(LM_ERR_DTYPE, "adam_step: unsupported dtype %s", lm_dtype_name(p->dtype));
 }
 
 } // namespace
