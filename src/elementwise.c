@@ -675,8 +675,14 @@ lm_status lm_copy_(lm_tensor *dst, const lm_tensor *src) {
       const lm_op op = lm_op_make(LM_OP_COPY, 2, ts, NULL);
       return lm_dispatch(&op);
    }
-   /* another device on one side: one transfer when the layouts match, else through the host */
-   if (plain_dense_match(dst, src)) {
+   /* another device on one side: one transfer when the layouts match, else through the host.
+      Between two devices neither of which is the CPU, one transfer only within the sim devices
+      (one shared memory); sim <-> cuda and cuda:j <-> cuda:k go through the host (a cuda:j ->
+      cuda:k transfer would also have to wait for cuda:j's stream) */
+   const int sim_pair = src->device >= LM_SIM0 && src->device < LM_SIM0 + LM_NUM_SIM &&
+                        dst->device >= LM_SIM0 && dst->device < LM_SIM0 + LM_NUM_SIM;
+   if (plain_dense_match(dst, src) &&
+       (src->device == LM_CPU || dst->device == LM_CPU || sim_pair)) {
       size_t nbytes = (size_t)dst->numel * (size_t)lm_dtype_size(dst->dtype);
       int dir = src->device == LM_CPU ? 0 : dst->device == LM_CPU ? 1 : 2;
       const lm_backend *ops = lm_backend_get(dir == 1 ? src->device : dst->device);

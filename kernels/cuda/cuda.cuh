@@ -13,7 +13,7 @@
  * per-thread body LM_HD and give the emulated build a host loop over it (#ifdef LM_CUDA_EMU).
  *
  * Every kernel is launched on its device's one stream (lm_cu_stream); everything a kernel
- * allocates (workspace, temporaries) comes from the caching allocator (lm_cu_scratch) on that
+ * allocates (workspace, temporaries) comes from the caching allocator (lm_cu_alloc) on that
  * stream, so it may be freed as soon as the kernels are queued. */
 #ifndef LUMEN_CUDA_CUH
 #define LUMEN_CUDA_CUH
