@@ -203,6 +203,7 @@ fi
 ML=$PREFIX/usr/lib/x86_64-linux-gnu
 # link-time folder: the unversioned names the linker wants, pointing into the prefix (Debian's
 # libz.so is an absolute link to /lib/..., which would leave the prefix)
+rm -rf "$PREFIX/lnk" "$PREFIX/rt"
 mkdir -p "$PREFIX/lnk" "$PREFIX/rt"
 LDCONFIG=$(command -v ldconfig || ls /sbin/ldconfig /usr/sbin/ldconfig 2>/dev/null | head -1)
 for pair in libjpeg.so:libjpeg.so.62 libpng.so:libpng16.so.16 libpng16.so:libpng16.so.16 libz.so:libz.so.1; do

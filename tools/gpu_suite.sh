@@ -53,8 +53,9 @@ one() {
       echo "0 0 0s $f not run (out of time)"
       return
    fi
+   echo "== $f" > "$logdir/$name.log"
    timeout -k 5 "$t" env LUMEN_TEST_COUNTS="$logdir/$name.counts" \
-      bash tools/run_tests.sh "$f" > "$logdir/$name.log" 2>&1
+      bash tools/run_tests.sh "$f" >> "$logdir/$name.log" 2>&1
    rc=$?
    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && note=" timed out after ${t}s"
    if [ -s "$logdir/$name.counts" ]; then
@@ -82,7 +83,10 @@ for log in "$logdir"/*.log; do
    sed -e 's/\x1b\[[0-9;]*m//g' "$log" |
       awk '/^(Failure|Error) (→|->) / {if (n > 0) print "--"; n = 8}
            /^[0-9]+ passed, [0-9]+ failed$|^run_tests: / {if (n > 0) print "--"; n = 0}
-           n > 0 {print; n--; if (n == 0) print "--"}'
+           n > 0 {print; n--; if (n == 0) print "--"}
+           # busted itself died (a crash in C: no failure block for the test that was running)
+           NR == 1 && /^== / {file = $2}
+           /^run_tests: busted exited|Segmentation fault|Aborted|core dumped/ {print "CRASH " file ": " $0}'
 done
 awk '/timed out|crashed|not run/ {print "FILE " $4 ":" substr($0, index($0, $4) + length($4))}' \
    "$logdir/files.txt"
@@ -91,7 +95,9 @@ for log in "$logdir"/*.log; do
    sed -e 's/\x1b\[[0-9;]*m//g' "$log" |
       awk '/^(Failure|Error) (→|->) / {loc = $3 " @ " $5; n = 1; next}
            n == 1 {name = $0; n = 2; next}
-           n == 2 {print substr(loc " | " name " | " $0, 1, 200); n = 0}'
+           n == 2 {print substr(loc " | " name " | " $0, 1, 200); n = 0}
+           NR == 1 && /^== / {file = $2}
+           /^run_tests: busted exited/ {print file " | (busted died: a crash; the test running then is the next after the passed ones) | " $0}'
 done > "$logdir/failures.txt"
 awk '/timed out|crashed/ {print $4 " | (whole file) |" substr($0, index($0, $4) + length($4))}' \
    "$logdir/files.txt" >> "$logdir/failures.txt"
