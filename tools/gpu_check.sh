@@ -12,9 +12,10 @@
 #   env     nvidia-smi, nvcc, the compilers, torch; finds cuDNN/cuBLAS/NCCL/cudart (NVIDIA's Python
 #           wheels: nvidia/cudnn, nvidia/cu13, nvidia/nccl, or the toolkit) and links their
 #           headers and unversioned libraries into one folder, $CUHOME (CUDNN_HOME = NCCL_HOME)
-#   debs    .dev/debs/*.deb unpacked with dpkg -x into $PREFIX (never /): LuaJIT, busted and its
+#   luajit  .dev/debs/*.deb unpacked with dpkg -x into $PREFIX (never /): LuaJIT, busted and its
 #           Lua modules, and libjpeg/libpng/zlib headers and libraries for building liblumen.so
-#   build   make CUDA=1 with NVCC_GENCODE sm_90 (machine code for the H200, no PTX JIT at start)
+#   build   make CUDA=1 with NVCC_GENCODE sm_90 (machine code for the H200, no PTX JIT at start);
+#           when it fails, once more without -Werror (the step stays FAIL, the others go on)
 #   smoke   lm.cuda.is_available(), copies, elementwise, matmul, conv/pool/batch norm on cuda:0
 #           against the CPU (a broken build shows here first)
 #   bench   ResNet50 img/s, bf16 autocast, train and infer, NHWC and NCHW, batch 64 and 256:
