@@ -14,8 +14,8 @@
 --     DEVICE   default cuda:0 (tools/gpu_check.sh tests this file's logic on the emulated device)
 -- Training step: zero_grad, forward and cross_entropy (under autocast for amp), backward, SGD with
 -- momentum 0.9 (the peer's). Inference: eval mode, lm.no_grad, under autocast for amp.
--- Prints one line: "lumen <model> <mode> <fmt> b<batch> <prec> img/s <N> (<k> steps, median <ms> ms,
--- first step <ms> ms)", or "lumen ... error: <message>" and exits 1.
+-- Prints one line: "lumen <model> <mode> <fmt> b<batch> <prec> img/s <N> (<k> steps, median
+-- <ms> ms, first step <ms> ms)", or "lumen ... error: <message>" and exits 1.
 local lm = require("lumen")
 local util = require("lumen.util")
 local clock = util.clock

@@ -94,7 +94,8 @@ for _, op in ipairs(OPS) do
       for _, fmt in ipairs({ "nchw", "nhwc" }) do
          local name = string.format("%s %s %s", op[1], fmt, dtname)
          if not FILTER or name:find(FILTER, 1, true) then
-            local ok, err = pcall(bench, op, fmt, dtname, dtname == "bf16" and lm.bfloat16 or lm.float32)
+            local dt = dtname == "bf16" and lm.bfloat16 or lm.float32
+            local ok, err = pcall(bench, op, fmt, dtname, dt)
             if not ok then
                print(string.format("lumen %s error: %s", name, tostring(err):gsub("\n", " | ")))
             end
