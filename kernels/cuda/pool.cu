@@ -176,13 +176,10 @@ LM_HD inline void cover(int kind, int64_t i, int64_t O, int64_t I, int64_t k, in
       if (hi < lo) hi = lo;
       return;
    }
+   /* end(o) = ceil((o + 1) I / O) > i  <=>  o >= floor(i O / I);
+      start(o) = floor(o I / O) <= i  <=>  o < ceil((i + 1) O / I) */
    lo = min64(i * O / I, O);
    hi = min64(((i + 1) * O + I - 1) / I, O);
-   /* the closed forms are exact; the walks only guard them */
-   while (lo > 0 && ad_end(lo - 1, O, I) > i) lo--;
-   while (lo < O && ad_end(lo, O, I) <= i) lo++;
-   while (hi < O && ad_start(hi, O, I) <= i) hi++;
-   while (hi > lo && ad_start(hi - 1, O, I) > i) hi--;
    if (hi < lo) hi = lo;
 }
 
@@ -412,20 +409,22 @@ template <class D, class IT> struct max_gather {
       int64_t r0, r1, c0, c1;
       cover(g.kind, ih, g.OH, g.H, g.kh, g.sh, g.ph, g.dh, r0, r1);
       cover(g.kind, iw, g.OW, g.W, g.kw, g.sw, g.pw, g.dw, c0, c1);
-      const int dil = g.kind == G_MAX;
+      /* the tap (row tr, column tc) of window (oh, ow) that is this pixel: with dilation d, only
+         windows whose offset to the pixel is a multiple of d hold it (no division when d = 1) */
+      const int dh = g.kind == G_MAX && g.dh != 1, dw = g.kind == G_MAX && g.dw != 1;
       const int64_t pix = ih * g.W + iw;
       const D *gb = go + n * sg.n + c * sg.c;
       const int64_t ib = n * si.n + c * si.c;
       T acc = 0;
       for (int64_t oh = r0; oh < r1; oh++) {
          const int64_t a = ih + g.ph - oh * g.sh;
-         if (dil && a % g.dh != 0) continue;
-         const int64_t tr = dil ? a / g.dh : 0;
+         if (dh && a % g.dh != 0) continue;
+         const int64_t tr = dh ? a / g.dh : a;
          for (int64_t ow = c0; ow < c1; ow++) {
             const int64_t b = iw + g.pw - ow * g.sw;
-            if (dil && b % g.dw != 0) continue;
+            if (dw && b % g.dw != 0) continue;
             const int64_t e = ib + oh * si.h + ow * si.w;
-            const int hit = taps ? (int64_t)taps[e] == tr * g.kw + (dil ? b / g.dw : 0)
+            const int hit = taps ? (int64_t)taps[e] == tr * g.kw + (dw ? b / g.dw : b)
                                  : ind[e] == pix;
             if (hit) acc += ld(gb + oh * sg.h + ow * sg.w);
          }
@@ -474,10 +473,15 @@ template <class D, class IT> struct avg_gather {
       typedef typename acc_of<D>::T T;
       int64_t n, c, ih, iw;
       split<IT>(i, g.cl, g.C, g.H, g.W, n, c, ih, iw);
+      const D *gb = go + n * sg.n + c * sg.c;
+      if (g.kind == G_ADAPTIVE && g.OH == 1 && g.OW == 1) {
+         /* the global average's backward (the ResNet head): one window, the whole plane */
+         st(gi + at(sx, n, c, ih, iw), (T)(ld(gb) / (T)(double)(g.H * g.W)));
+         return;
+      }
       int64_t r0, r1, c0, c1;
       cover(g.kind, ih, g.OH, g.H, g.kh, g.sh, g.ph, 1, r0, r1);
       cover(g.kind, iw, g.OW, g.W, g.kw, g.sw, g.pw, 1, c0, c1);
-      const D *gb = go + n * sg.n + c * sg.c;
       T acc = 0;
       for (int64_t oh = r0; oh < r1; oh++)
          for (int64_t ow = c0; ow < c1; ow++)
