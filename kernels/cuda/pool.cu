@@ -6,7 +6,8 @@
  * address each tensor through its own (n, c, h, w) strides, so any dense layout works; mf only
  * decides the order of the threads: contiguous (NCHW) puts w on the fastest thread index,
  * channels-last (NHWC) puts c there, so neighbouring threads read and write neighbouring
- * channels (coalesced).
+ * channels (coalesced); there the max forward and the gathers give each thread up to VMAX (4)
+ * consecutive channels, so that the window / cover arithmetic is paid once for them.
  *
  * Forward: one thread per output element, looping over its window (max_fwd, avg_fwd). The global
  * average of a ResNet head (adaptive_avg_pool2d to 1x1, PyTorch #24396) is then, in NHWC, one
@@ -85,6 +86,8 @@ struct geo {
    int64_t N, C, H, W, OH, OW;
    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
    int64_t divisor;
+   int64_t vc;  /* channels a thread takes (channels-last: see VMAX; 1 otherwise) */
+   int64_t CG;  /* channel groups: ceil(C / vc), the thread domain's channel extent */
    int kind;    /* G_MAX, G_AVG, G_ADAPTIVE: how windows follow from the sizes */
    int cl;      /* channels-last: c on the fastest thread index */
    int cip;     /* avg_pool2d: count_include_pad */
@@ -116,6 +119,20 @@ geo geo_of(const lm_pool_params *p, int kind) {
    g.cl = p->mf == LM_CHANNELS_LAST;
    g.cip = p->count_include_pad;
    g.has_div = p->has_div;
+   g.vc = 1;
+   g.CG = g.C;
+   return g;
+}
+
+/* up to VMAX consecutive channels a thread in the channels-last gathers and max forward: the
+   window and cover arithmetic (a few divisions) is then paid once per VMAX elements; each load
+   instruction of a warp spans 32 VMAX channels, the next v hits the same lines in L1 */
+enum { VMAX = 4 };
+geo with_channel_groups(geo g) {
+   if (g.cl) {
+      g.vc = g.C < (int64_t)VMAX ? g.C : (int64_t)VMAX;
+      g.CG = (g.C + g.vc - 1) / g.vc;
+   }
    return g;
 }
 
@@ -247,33 +264,47 @@ template <class D, class IT> struct max_fwd {
    st4 sx, so, si;
    LM_HD void operator()(int64_t i) const {
       typedef typename acc_of<D>::T T;
-      int64_t n, c, oh, ow;
-      split<IT>(i, g.cl, g.C, g.OH, g.OW, n, c, oh, ow);
+      int64_t n, cg, oh, ow;
+      split<IT>(i, g.cl, g.CG, g.OH, g.OW, n, cg, oh, ow);
+      const int64_t c = cg * g.vc;
+      const int nv = (int)min64(g.vc, g.C - c); /* channels c .. c + nv */
       int64_t h0, h1, hz, w0, w1, wz;
       window(g.kind, oh, g.OH, g.H, g.kh, g.sh, g.ph, g.dh, h0, h1, hz);
       window(g.kind, ow, g.OW, g.W, g.kw, g.sw, g.pw, g.dw, w0, w1, wz);
       const int64_t sdh = g.kind == G_MAX ? g.dh : 1, sdw = g.kind == G_MAX ? g.dw : 1;
       const D *xb = x + n * sx.n + c * sx.c;
-      T mx = (T)-INFINITY;
+      /* sel: the winner's flat input index, or its tap number when taps are wanted */
       const int empty = !(h0 < h1 && w0 < w1);
-      int64_t mi = empty ? -1 : h0 * g.W + w0;
-      int64_t mc = empty ? 255 : hz * g.kw + wz;
+      const int64_t first = empty ? (taps ? 255 : -1) : (taps ? hz * g.kw + wz : h0 * g.W + w0);
+      T mx[VMAX];
+      int64_t sel[VMAX];
+      for (int v = 0; v < VMAX; v++) {
+         mx[v] = (T)-INFINITY;
+         sel[v] = first;
+      }
       int64_t rcode = hz * g.kw + wz;
       for (int64_t ih = h0; ih < h1; ih += sdh, rcode += g.kw) {
          const D *row = xb + ih * sx.h;
          int64_t code = rcode;
          for (int64_t iw = w0; iw < w1; iw += sdw, code++) {
-            const T v = ld(row + iw * sx.w);
-            if (v > mx || v != v) {
-               mx = v;
-               mi = ih * g.W + iw;
-               mc = code;
+            const D *px = row + iw * sx.w;
+            const int64_t id = taps ? code : ih * g.W + iw;
+            for (int v = 0; v < VMAX; v++) {
+               if (v >= nv) break;
+               const T val = ld(px + v * sx.c);
+               if (val > mx[v] || val != val) {
+                  mx[v] = val;
+                  sel[v] = id;
+               }
             }
          }
       }
-      st_exact(out + at(so, n, c, oh, ow), mx);
-      if (ind) ind[at(si, n, c, oh, ow)] = mi;
-      if (taps) taps[at(si, n, c, oh, ow)] = (uint8_t)mc;
+      for (int v = 0; v < VMAX; v++) {
+         if (v >= nv) break;
+         st_exact(out + at(so, n, c + v, oh, ow), mx[v]);
+         if (ind) ind[at(si, n, c + v, oh, ow)] = sel[v];
+         if (taps) taps[at(si, n, c + v, oh, ow)] = (uint8_t)sel[v];
+      }
    }
 };
 
@@ -409,8 +440,10 @@ template <class D, class IT> struct max_gather {
    st4 sg, si, sx;
    LM_HD void operator()(int64_t i) const {
       typedef typename acc_of<D>::T T;
-      int64_t n, c, ih, iw;
-      split<IT>(i, g.cl, g.C, g.H, g.W, n, c, ih, iw);
+      int64_t n, cg, ih, iw;
+      split<IT>(i, g.cl, g.CG, g.H, g.W, n, cg, ih, iw);
+      const int64_t c = cg * g.vc;
+      const int nv = (int)min64(g.vc, g.C - c); /* channels c .. c + nv */
       int64_t r0, r1, c0, c1;
       cover(g.kind, ih, g.OH, g.H, g.kh, g.sh, g.ph, g.dh, r0, r1);
       cover(g.kind, iw, g.OW, g.W, g.kw, g.sw, g.pw, g.dw, c0, c1);
@@ -420,7 +453,8 @@ template <class D, class IT> struct max_gather {
       const int64_t pix = ih * g.W + iw;
       const D *gb = go + n * sg.n + c * sg.c;
       const int64_t ib = n * si.n + c * si.c;
-      T acc = 0;
+      T acc[VMAX];
+      for (int v = 0; v < VMAX; v++) acc[v] = 0;
       for (int64_t oh = r0; oh < r1; oh++) {
          const int64_t a = ih + g.ph - oh * g.sh;
          if (dh && a % g.dh != 0) continue;
@@ -428,13 +462,20 @@ template <class D, class IT> struct max_gather {
          for (int64_t ow = c0; ow < c1; ow++) {
             const int64_t b = iw + g.pw - ow * g.sw;
             if (dw && b % g.dw != 0) continue;
-            const int64_t e = ib + oh * si.h + ow * si.w;
-            const int hit = taps ? (int64_t)taps[e] == tr * g.kw + (dw ? b / g.dw : b)
-                                 : ind[e] == pix;
-            if (hit) acc += ld(gb + oh * sg.h + ow * sg.w);
+            const int64_t e = ib + oh * si.h + ow * si.w, o = oh * sg.h + ow * sg.w;
+            const int64_t code = tr * g.kw + (dw ? b / g.dw : b);
+            for (int v = 0; v < VMAX; v++) {
+               if (v >= nv) break;
+               const int hit = taps ? (int64_t)taps[e + v * si.c] == code
+                                    : ind[e + v * si.c] == pix;
+               if (hit) acc[v] += ld(gb + o + v * sg.c);
+            }
          }
       }
-      st(gi + at(sx, n, c, ih, iw), acc);
+      for (int v = 0; v < VMAX; v++) {
+         if (v >= nv) break;
+         st(gi + at(sx, n, c + v, ih, iw), acc[v]);
+      }
    }
 };
 
@@ -476,22 +517,38 @@ template <class D, class IT> struct avg_gather {
    st4 sg, sx;
    LM_HD void operator()(int64_t i) const {
       typedef typename acc_of<D>::T T;
-      int64_t n, c, ih, iw;
-      split<IT>(i, g.cl, g.C, g.H, g.W, n, c, ih, iw);
+      int64_t n, cg, ih, iw;
+      split<IT>(i, g.cl, g.CG, g.H, g.W, n, cg, ih, iw);
+      const int64_t c = cg * g.vc;
+      const int nv = (int)min64(g.vc, g.C - c); /* channels c .. c + nv */
       const D *gb = go + n * sg.n + c * sg.c;
+      T acc[VMAX];
+      for (int v = 0; v < VMAX; v++) acc[v] = 0;
       if (g.kind == G_ADAPTIVE && g.OH == 1 && g.OW == 1) {
          /* the global average's backward (the ResNet head): one window, the whole plane */
-         st(gi + at(sx, n, c, ih, iw), (T)(ld(gb) / (T)(double)(g.H * g.W)));
-         return;
+         const T dv = (T)(double)(g.H * g.W);
+         for (int v = 0; v < VMAX; v++) {
+            if (v >= nv) break;
+            acc[v] = ld(gb + v * sg.c) / dv;
+         }
+      } else {
+         int64_t r0, r1, c0, c1;
+         cover(g.kind, ih, g.OH, g.H, g.kh, g.sh, g.ph, 1, r0, r1);
+         cover(g.kind, iw, g.OW, g.W, g.kw, g.sw, g.pw, 1, c0, c1);
+         for (int64_t oh = r0; oh < r1; oh++)
+            for (int64_t ow = c0; ow < c1; ow++) {
+               const T dv = (T)avg_div(g, oh, ow);
+               const D *o = gb + oh * sg.h + ow * sg.w;
+               for (int v = 0; v < VMAX; v++) {
+                  if (v >= nv) break;
+                  acc[v] += ld(o + v * sg.c) / dv;
+               }
+            }
       }
-      int64_t r0, r1, c0, c1;
-      cover(g.kind, ih, g.OH, g.H, g.kh, g.sh, g.ph, 1, r0, r1);
-      cover(g.kind, iw, g.OW, g.W, g.kw, g.sw, g.pw, 1, c0, c1);
-      T acc = 0;
-      for (int64_t oh = r0; oh < r1; oh++)
-         for (int64_t ow = c0; ow < c1; ow++)
-            acc += ld(gb + oh * sg.h + ow * sg.w) / (T)avg_div(g, oh, ow);
-      st(gi + at(sx, n, c, ih, iw), acc);
+      for (int v = 0; v < VMAX; v++) {
+         if (v >= nv) break;
+         st(gi + at(sx, n, c + v, ih, iw), acc[v]);
+      }
    }
 };
 
@@ -576,11 +633,12 @@ lm_status k_max_forward(const lm_op *op) {
    const lm_tensor *x = op->t[0], *out = op->t[1], *it = op->t[2];
    const int k = lm_cu_index(x);
    const int codes = op->kind == LM_OP_MAX_POOL2D_TAPS;
-   const geo g = geo_of(p, op->kind == LM_OP_ADAPTIVE_MAX_POOL2D ? G_ADAPTIVE : G_MAX);
+   const geo g = with_channel_groups(
+      geo_of(p, op->kind == LM_OP_ADAPTIVE_MAX_POOL2D ? G_ADAPTIVE : G_MAX));
    int64_t *ind = it && !codes ? (int64_t *)lm_cu_ptr(it) : NULL;
    uint8_t *taps = it && codes ? (uint8_t *)lm_cu_ptr(it) : NULL;
    const st4 sx = strides_of(x), so = strides_of(out), si = it ? strides_of(it) : so;
-   const int64_t n = g.N * g.C * g.OH * g.OW;
+   const int64_t n = g.N * g.CG * g.OH * g.OW;
    POOL_DTYPES(x->dtype, lm_op_name(op->kind),
                return launch<max_fwd, D>(k, n, (const D *)lm_cu_ptr(x), (D *)lm_cu_ptr(out), ind,
                                           taps, g, sx, so, si))
@@ -626,7 +684,7 @@ lm_status k_max_backward(const lm_op *op) {
    const int64_t *ind = codes ? NULL : (const int64_t *)lm_cu_ptr(it);
    const uint8_t *taps = codes ? (const uint8_t *)lm_cu_ptr(it) : NULL;
    const st4 sg = strides_of(gout), si = strides_of(it), sx = strides_of(gx);
-   const int64_t nout = g.N * g.C * g.OH * g.OW, nin = g.N * g.C * g.H * g.W;
+   const int64_t nout = g.N * g.C * g.OH * g.OW;
 
    unsigned long long cnt[2] = {0, 0};
    if (nout > 0) {
@@ -652,7 +710,9 @@ lm_status k_max_backward(const lm_op *op) {
       const D *gp = (const D *)lm_cu_ptr(gout);
       D *xp = (D *)lm_cu_ptr(gx);
       if (scatter) return launch<max_scatter_plane, D>(k, g.N * g.C, gp, ind, xp, g, sg, si, sx);
-      return launch<max_gather, D>(k, nin, gp, ind, taps, xp, g, sg, si, sx);
+      const geo gv = with_channel_groups(g);
+      return launch<max_gather, D>(k, g.N * gv.CG * g.H * g.W, gp, ind, taps, xp, gv, sg, si,
+                                   sx);
    })
 }
 
@@ -661,9 +721,10 @@ lm_status k_avg_backward(const lm_op *op) {
    const lm_pool_params *p = (const lm_pool_params *)op->params;
    const lm_tensor *gout = op->t[0], *gx = op->t[1];
    const int k = lm_cu_index(gx);
-   const geo g = geo_of(p, op->kind == LM_OP_AVG_POOL2D_BACKWARD ? G_AVG : G_ADAPTIVE);
+   const geo g = with_channel_groups(
+      geo_of(p, op->kind == LM_OP_AVG_POOL2D_BACKWARD ? G_AVG : G_ADAPTIVE));
    const st4 sg = strides_of(gout), sx = strides_of(gx);
-   const int64_t nin = g.N * g.C * g.H * g.W;
+   const int64_t nin = g.N * g.CG * g.H * g.W;
    POOL_DTYPES(gx->dtype, lm_op_name(op->kind),
                return launch<avg_gather, D>(k, nin, (const D *)lm_cu_ptr(gout),
                                             (D *)lm_cu_ptr(gx), g, sg, sx))
