@@ -1,0 +1,337 @@
+-- The pooling kernels of the CUDA backend (kernels/cuda/pool.cu) against the CPU's
+-- (kernels/cpu/pool.c): max / avg / adaptive pools, forward and backward (through autograd and
+-- through the C entry points), random shapes, both memory formats, non-dense inputs, float32 /
+-- float64 / float16 / bfloat16, NaN and -inf, the output formats, and bad input. Runs on cuda:0
+-- (a GPU, or the emulated build: LUMEN_CUDA_LIB=build/liblumen_cuda_emu.so); skips without one.
+
+local ffi = require("ffi")
+local H = require("spec.helpers")
+local lm = H.lm
+local F = lm.F
+local C = require("lumen.C")
+local T = require("lumen.tensor")
+local wrap = T.wrap
+
+local CL, CONTIG = lm.channels_last, lm.contiguous_format
+local DEV = "cuda:0"
+local CPU = { device = "cpu" }
+
+local DTYPES = {
+   { lm.float32, "float32", 1e-5 },
+   { lm.float64, "float64", 1e-12 },
+   { lm.float16, "float16", 1e-2 },
+   { lm.bfloat16, "bfloat16", 1e-2 },
+}
+
+-- a deterministic generator for the shapes (the values come from lm's seeded RNG)
+local seed = 4242
+local function rnd(n)
+   seed = (seed * 1103515245 + 12345) % 2147483648
+   return seed % n
+end
+
+-- same sizes and strides, values within tol (NaN equals NaN); a is on cuda:0, b on the CPU
+local function same(a, b, tol, what)
+   assert(a:device() == DEV, what .. ": result on " .. a:device())
+   H.assert_sizes(a, b:size(), what)
+   if a:numel() > 0 then H.assert_strides(a, b:stride(), what) end
+   -- exact when tol is 0 (NaN equals NaN; int64 indices are exact in a double)
+   H.assert_close(a:cpu():double(), H.values(b:double()), tol, what)
+end
+
+-- x (CPU) with ties, and NaN / -inf when special, of dtype dt in fmt; when strided, a narrowed
+-- view of a wider tensor (made on each device from the same values: base_cpu, base_dev, view)
+local function inputs(sizes, dt, fmt, special, strided)
+   local big = { sizes[1], sizes[2], sizes[3], sizes[4] + (strided and 3 or 0) }
+   local b = (lm.randn(big, CPU) * 2):round() / 2
+   if special then
+      b = lm.where(lm.rand(big, CPU):lt(0.1), -1 / 0, b)
+      b = lm.where(lm.rand(big, CPU):lt(0.1), 0 / 0, b)
+   end
+   b = b:to(dt):contiguous(fmt)
+   local function view(t)
+      if strided then return t:narrow(4, 2, sizes[4]) end
+      return t
+   end
+   return b, b:to(DEV), view
+end
+
+-- the gradient of sum(f(x) * g) on both devices: the base tensors' .grad
+local function grads(f, bc, bd, view, g)
+   local xc = bc:clone():requires_grad_(true)
+   local xd = bd:clone():requires_grad_(true)
+   local yc, yd = f(view(xc)), f(view(xd))
+   yc:backward(g)
+   yd:backward(g:to(DEV))
+   return xc.grad, xd.grad, yc, yd
+end
+
+describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
+   if not lm.cuda.is_available() then
+      pending("no CUDA device")
+      return
+   end
+
+   local function cases(n, body)
+      for i = 1, n do
+         local dt = DTYPES[(i - 1) % #DTYPES + 1]
+         local fmt = (rnd(2) == 0) and CL or CONTIG
+         local c = 1 + rnd(5) + (rnd(3) == 0 and 13 or 0)
+         local sizes = { 1 + rnd(3), c, 3 + rnd(9), 3 + rnd(9) }
+         body(dt, fmt, sizes, rnd(3) == 0, i)
+      end
+   end
+
+   it("max_pool2d forward, indices and gradients", function()
+      cases(48, function(dt, fmt, sizes, strided, i)
+         local k = { 1 + rnd(3), 1 + rnd(3) }
+         local d = { 1 + rnd(2), 1 + rnd(2) }
+         local p = { rnd(math.floor(((k[1] - 1) * d[1] + 1) / 2) + 1),
+                     rnd(math.floor(((k[2] - 1) * d[2] + 1) / 2) + 1) }
+         local opts = { kernel_size = k, stride = { 1 + rnd(3), 1 + rnd(3) }, padding = p,
+                        dilation = d, ceil_mode = rnd(2) == 0 }
+         local what = ("max_pool2d %s %s %s %s"):format(dt[2], tostring(fmt),
+            table.concat(sizes, "x"), i)
+         local bc, bd, view = inputs(sizes, dt[1], fmt, i % 3 == 0, strided)
+         local ok = pcall(F.max_pool2d, view(bc), opts)
+         if not ok then return end -- the output would be empty
+         local ro = { kernel_size = k, stride = opts.stride, padding = p, dilation = d,
+                      ceil_mode = opts.ceil_mode, return_indices = true }
+         local yc, ic = F.max_pool2d(view(bc), ro)
+         local yd, id = F.max_pool2d(view(bd), ro)
+         same(yd, yc, 0, what .. " values") -- a maximum is one of the inputs: exact
+         same(id, ic, 0, what .. " indices")
+         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
+         -- through autograd: tap numbers (channels-last) or int64 indices, with the geometry
+         local gc, gd = grads(function(t) return F.max_pool2d(t, opts) end, bc, bd, view, g)
+         same(gd, gc, dt[3], what .. " grad")
+      end)
+   end)
+
+   it("avg_pool2d forward and gradients", function()
+      cases(48, function(dt, fmt, sizes, strided, i)
+         local k = { 1 + rnd(4), 1 + rnd(4) }
+         local opts = { kernel_size = k, stride = { 1 + rnd(3), 1 + rnd(3) },
+                        padding = { rnd(math.floor(k[1] / 2) + 1), rnd(math.floor(k[2] / 2) + 1) },
+                        ceil_mode = rnd(2) == 0, count_include_pad = rnd(2) == 0,
+                        divisor_override = rnd(4) == 0 and (1 + rnd(5)) or nil }
+         local what = ("avg_pool2d %s %s %s %s"):format(dt[2], tostring(fmt),
+            table.concat(sizes, "x"), i)
+         local bc, bd, view = inputs(sizes, dt[1], fmt, false, strided)
+         local ok, yc = pcall(F.avg_pool2d, view(bc), opts)
+         if not ok then return end
+         same(F.avg_pool2d(view(bd), opts), yc, dt[3], what .. " values")
+         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
+         local gc, gd = grads(function(t) return F.avg_pool2d(t, opts) end, bc, bd, view, g)
+         same(gd, gc, dt[3], what .. " grad")
+      end)
+   end)
+
+   it("adaptive_avg_pool2d and adaptive_max_pool2d, forward and gradients", function()
+      cases(48, function(dt, fmt, sizes, strided, i)
+         local osz = { rnd(sizes[3] + 3), rnd(sizes[4] + 3) }
+         if rnd(4) == 0 then osz = { 1, 1 } end
+         if osz[1] == 0 and osz[2] == 0 then osz[1] = 1 end
+         local what = ("adaptive %s %s %s -> %dx%d %s"):format(dt[2], tostring(fmt),
+            table.concat(sizes, "x"), osz[1], osz[2], i)
+         local bc, bd, view = inputs(sizes, dt[1], fmt, i % 4 == 0, strided)
+         local yc = F.adaptive_avg_pool2d(view(bc), osz)
+         same(F.adaptive_avg_pool2d(view(bd), osz), yc, dt[3], what .. " avg values")
+         local mc, ic = F.adaptive_max_pool2d(view(bc), osz)
+         local md, id = F.adaptive_max_pool2d(view(bd), osz)
+         same(md, mc, 0, what .. " max values")
+         same(id, ic, 0, what .. " max indices")
+         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
+         local gc, gd = grads(function(t) return F.adaptive_avg_pool2d(t, osz) end, bc, bd, view, g)
+         same(gd, gc, dt[3], what .. " avg grad")
+         gc, gd = grads(function(t) return (F.adaptive_max_pool2d(t, osz)) end, bc, bd, view, g)
+         same(gd, gc, dt[3], what .. " max grad")
+      end)
+   end)
+
+   it("global average pooling (the ResNet head) and large windows: the split kernels", function()
+      -- few outputs with windows of >= 64 pixels take the split kernel (8 or 32 threads an
+      -- output); many outputs the one-thread-per-output kernel
+      for _, c in ipairs({
+         { { 2, 40, 12, 12 }, { 1, 1 } }, { { 1, 3, 70, 50 }, { 1, 1 } },
+         { { 2, 5, 33, 17 }, { 2, 1 } }, { { 3, 67, 7, 7 }, { 1, 1 } },
+         { { 1, 9, 40, 40 }, { 3, 5 } },
+      }) do
+         for _, fmt in ipairs({ CL, CONTIG }) do
+            for _, dt in ipairs(DTYPES) do
+               local what = ("global %s %s %s"):format(table.concat(c[1], "x"), tostring(fmt),
+                                                        dt[2])
+               local bc, bd, view = inputs(c[1], dt[1], fmt, false, false)
+               local yc = F.adaptive_avg_pool2d(bc, c[2])
+               same(F.adaptive_avg_pool2d(bd, c[2]), yc, dt[3], what)
+               local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
+               local gc, gd = grads(function(t) return F.adaptive_avg_pool2d(t, c[2]) end, bc, bd,
+                                    view, g)
+               same(gd, gc, dt[3], what .. " grad")
+               -- avg_pool2d with a whole-plane kernel: the same reduction
+               local k = { c[1][3], c[1][4] }
+               same(F.avg_pool2d(bd, { kernel_size = k }), F.avg_pool2d(bc, { kernel_size = k }),
+                    dt[3], what .. " avg_pool2d")
+            end
+         end
+      end
+   end)
+
+   it("3-D inputs (C, H, W) and empty batches", function()
+      local x = lm.randn({ 3, 9, 8 }, CPU)
+      local xd = x:to(DEV)
+      same(F.max_pool2d(xd, { kernel_size = 3, stride = 2, padding = 1 }),
+           F.max_pool2d(x, { kernel_size = 3, stride = 2, padding = 1 }), 0, "3-D max")
+      same(F.avg_pool2d(xd, { kernel_size = 2 }), F.avg_pool2d(x, { kernel_size = 2 }), 1e-6,
+           "3-D avg")
+      same(F.adaptive_avg_pool2d(xd, { 4, 3 }), F.adaptive_avg_pool2d(x, { 4, 3 }), 1e-6,
+           "3-D adaptive avg")
+      local e = lm.randn({ 0, 3, 5, 5 }, CPU)
+      same(F.max_pool2d(e:to(DEV), { kernel_size = 2 }), F.max_pool2d(e, { kernel_size = 2 }), 0,
+           "empty batch")
+   end)
+
+   -- the C entry points: every backward (the geometry, tap numbers, none) against the CPU's
+   local pa = ffi.new("lm_tensor*[1]")
+   local pb = ffi.new("lm_tensor*[1]")
+   local function i2(a) return ffi.new("int64_t[2]", a[1], a[2]) end
+   local function ok(st) assert(st == 0, ffi.string(C.lm_last_error())) end
+   local function call(f, ...)
+      pa[0] = nil
+      ok(f(...))
+      return wrap(pa[0])
+   end
+
+   it("backward from the same saved indices, with the same grad_output", function()
+      for i = 1, 24 do
+         local dt = ({ lm.float32, lm.float64, lm.bfloat16 })[(i - 1) % 3 + 1]
+         local tol = dt == lm.bfloat16 and 1e-2 or 1e-6
+         local fmt = i % 2 == 0 and CL or CONTIG
+         local sizes = { 1 + rnd(2), 1 + rnd(20), 4 + rnd(9), 4 + rnd(9) }
+         local K, S = i2({ 1 + rnd(3), 1 + rnd(3) }), i2({ 1 + rnd(2), 1 + rnd(2) })
+         local P, D = i2({ rnd(2), rnd(2) }), i2({ 1 + rnd(2), 1 + rnd(2) })
+         local what = ("saved %d %s %s"):format(i, tostring(dt), tostring(fmt))
+         local xc = ((lm.randn(sizes, CPU) * 2):round() / 2):to(dt):contiguous(fmt)
+         pa[0], pb[0] = nil, nil
+         if C.lm_max_pool2d(xc._c, K, S, P, D, 1, pa, pb) == 0 then
+            local out, ind = wrap(pa[0]), wrap(pb[0])
+            pa[0], pb[0] = nil, nil
+            ok(C.lm_max_pool2d_taps(xc._c, K, S, P, D, 1, pa, pb))
+            local taps = wrap(pb[0])
+            local g = lm.randn(out:size(), CPU):to(dt):contiguous(fmt)
+            local xd, gd, indd, tapsd = xc:to(DEV), g:to(DEV), ind:to(DEV), taps:to(DEV)
+            same(call(C.lm_max_pool2d_backward_geom, gd._c, xd._c, indd._c, K, S, P, D, 1, pa),
+                 call(C.lm_max_pool2d_backward_geom, g._c, xc._c, ind._c, K, S, P, D, 1, pa), tol,
+                 what .. " geom")
+            same(call(C.lm_max_pool2d_taps_backward, gd._c, xd._c, tapsd._c, K, S, P, D, 1, pa),
+                 call(C.lm_max_pool2d_taps_backward, g._c, xc._c, taps._c, K, S, P, D, 1, pa), tol,
+                 what .. " taps")
+            same(call(C.lm_max_pool2d_backward, gd._c, xd._c, indd._c, pa),
+                 call(C.lm_max_pool2d_backward, g._c, xc._c, ind._c, pa), tol, what .. " scatter")
+         end
+      end
+   end)
+
+   it("adaptive_max_pool2d backward from indices off their windows: the CPU's scatter", function()
+      for _, fmt in ipairs({ CL, CONTIG }) do
+         local x = lm.randn({ 2, 3, 6, 5 }, CPU):contiguous(fmt)
+         pa[0], pb[0] = nil, nil
+         ok(C.lm_adaptive_max_pool2d(x._c, i2({ 3, 2 }), pa, pb))
+         local out, ind = wrap(pa[0]), wrap(pb[0])
+         -- every index moved to pixel 29 (the last): inside the plane, outside most windows
+         local bad = lm.full(ind:size(), 29, { dtype = lm.int64, device = "cpu" }):contiguous(fmt)
+         bad:narrow(1, 1, 1):copy_(ind:narrow(1, 1, 1))
+         local g = lm.randn(out:size(), CPU):contiguous(fmt)
+         same(call(C.lm_adaptive_max_pool2d_backward, g:to(DEV)._c, x:to(DEV)._c, bad:to(DEV)._c,
+                   pa),
+              call(C.lm_adaptive_max_pool2d_backward, g._c, x._c, bad._c, pa), 1e-6,
+              "off-window indices " .. tostring(fmt))
+      end
+   end)
+
+   it("keeps the memory format of outputs and gradients", function()
+      local x = lm.randn({ 2, 5, 9, 9 }, CPU):contiguous(CL):to(DEV):requires_grad_(true)
+      for _, f in ipairs({
+         function(t) return F.max_pool2d(t, { kernel_size = 3, stride = 2, padding = 1 }) end,
+         function(t) return F.avg_pool2d(t, { kernel_size = 2 }) end,
+         function(t) return F.adaptive_avg_pool2d(t, 1) end,
+         function(t) return (F.adaptive_max_pool2d(t, { 4, 3 })) end,
+      }) do
+         x.grad = nil
+         local y = f(x)
+         assert(y:is_contiguous(CL), "output channels-last")
+         y:sum():backward()
+         assert(x.grad:is_contiguous(CL), "grad channels-last")
+         assert.equal(DEV, x.grad:device())
+      end
+   end)
+
+   it("bad input: clear errors", function()
+      local x = lm.randn({ 1, 2, 5, 5 }, CPU):contiguous(CL)
+      local K, S, P = i2({ 3, 3 }), i2({ 2, 2 }), i2({ 1, 1 })
+      pa[0], pb[0] = nil, nil
+      ok(C.lm_max_pool2d(x._c, K, S, P, nil, 0, pa, pb))
+      local out, ind = wrap(pa[0]), wrap(pb[0])
+      pa[0], pb[0] = nil, nil
+      ok(C.lm_max_pool2d_taps(x._c, K, S, P, nil, 0, pa, pb))
+      local taps = wrap(pb[0])
+      local function fails(st, needle, what)
+         assert(st ~= 0, what .. ": expected an error")
+         assert.equal(tonumber(C.LM_ERR_ARG), tonumber(st), what .. ": status")
+         local msg = ffi.string(C.lm_last_error())
+         assert(msg:find(needle, 1, true), what .. ": message " .. msg .. " lacks " .. needle)
+      end
+      for _, fmt in ipairs({ CL, CONTIG }) do
+         local xd = x:contiguous(fmt):to(DEV)
+         local g = lm.ones_like(out):contiguous(fmt):to(DEV)
+         local bad = ind:clone():contiguous(fmt)
+         bad:select(1, 1):select(1, 1):select(1, 1):select(1, 1):fill_(24)
+         pa[0] = nil
+         local st = C.lm_max_pool2d_backward_geom(g._c, xd._c, bad:to(DEV)._c, K, S, P, nil, 0, pa)
+         if fmt == CL then
+            fails(st, "1 indices are out of range for their pooling windows", "off window")
+         else
+            ok(st) -- contiguous: the CPU's scatter takes any index inside the plane
+            local got = wrap(pa[0])
+            local ref = call(C.lm_max_pool2d_backward_geom, lm.ones_like(out):contiguous(fmt)._c,
+                             x:contiguous(fmt)._c, bad._c, K, S, P, nil, 0, pa)
+            same(got, ref, 0, "off window, contiguous")
+         end
+         bad:select(1, 1):select(1, 1):select(1, 1):select(1, 1):fill_(25)
+         pa[0] = nil
+         fails(C.lm_max_pool2d_backward_geom(g._c, xd._c, bad:to(DEV)._c, K, S, P, nil, 0, pa),
+               "out of range", "off plane")
+         pa[0] = nil
+         fails(C.lm_max_pool2d_backward(g._c, xd._c, bad:to(DEV)._c, pa),
+               "1 indices are out of range for an input plane of 25", "off plane, no geometry")
+         pa[0] = nil
+         fails(C.lm_adaptive_max_pool2d_backward(lm.ones({ 1, 2, 3, 3 }):contiguous(fmt):to(DEV)._c,
+                                                 xd._c, bad:to(DEV)._c, pa),
+               "out of range for an input plane", "adaptive off plane")
+         for _, v in ipairs({ 9, 200, 0 }) do
+            local bt = taps:clone():contiguous(fmt)
+            bt:select(1, 1):select(1, 2):select(1, 1):select(1, 1):fill_(v)
+            pa[0] = nil
+            fails(C.lm_max_pool2d_taps_backward(g._c, xd._c, bt:to(DEV)._c, K, S, P, nil, 0, pa),
+                  "taps are out of range for their pooling windows", "tap " .. v)
+         end
+      end
+      -- errors the front end raises before the kernel, on the device as on the CPU
+      local xd = x:to(DEV)
+      H.assert_error_like("max_pool2d", "pad should be at most half", function()
+         return F.max_pool2d(xd, { kernel_size = 2, padding = 2 })
+      end)
+      H.assert_error_like("avg_pool2d", "too small", function()
+         return F.avg_pool2d(xd, { kernel_size = 7 })
+      end)
+      H.assert_error_like("adaptive_avg_pool2d", "4-D", function()
+         return F.adaptive_avg_pool2d(lm.randn({ 5, 5 }, CPU):to(DEV), 2)
+      end)
+      -- grad_output on another device than the input
+      pa[0] = nil
+      local st = C.lm_max_pool2d_backward_geom(lm.ones_like(out)._c, xd._c, ind:to(DEV)._c, K, S,
+                                               P, nil, 0, pa)
+      assert(st ~= 0 and ffi.string(C.lm_last_error()):find("same device", 1, true),
+             "mixed devices: " .. ffi.string(C.lm_last_error()))
+   end)
+end)
