@@ -17,8 +17,9 @@
  * dilation, CUDNN_CROSS_CORRELATION, cudnnSetConvolutionGroupCount(G) (depthwise: G = C).
  * Compute type float for float32 / float16 / bfloat16, double for float64. Math type:
  * CUDNN_TENSOR_OP_MATH for the halves; for float32 CUDNN_FMA_MATH (no TF32) unless
- * lm_cu_option(LM_CU_OPT_TF32_CONV), then CUDNN_TENSOR_OP_MATH (TF32 tensor cores, as PyTorch's
- * default allow_tf32); float64 CUDNN_DEFAULT_MATH.
+ * lm_cu_option(LM_CU_OPT_TF32_CONV), then CUDNN_DEFAULT_MATH (TF32 tensor cores allowed, as
+ * PyTorch's default allow_tf32); float64 CUDNN_DEFAULT_MATH. After the choice the descriptor
+ * takes the candidate's own math type (float32 without TF32 stays CUDNN_FMA_MATH).
  * Algorithms: chosen once per (op, dtype, format, geometry, math, deterministic) and cached in a
  * small open-addressing table per device; lm_cu_option(LM_CU_OPT_BENCHMARK): cudnnFind*AlgorithmEx
  * (timed on the real tensors, with a workspace from lm_cu_alloc), else cudnnGet*Algorithm_v7's
@@ -37,20 +38,310 @@
 #include "conv_algo.cuh"
 #include <string.h>
 
-#ifdef LM_CUDA_EMU
+/* ---- our own kernels: the epilogue, the bias gradient, zero fills ---- */
+template <class T> struct dnn_io;
+template <> struct dnn_io<float> {
+   typedef float acc;
+   static LM_HD float ld(const float *p, int64_t i, int) { return p[i]; }
+   static LM_HD void st(float *p, int64_t i, float v, int) { p[i] = v; }
+};
+template <> struct dnn_io<double> {
+   typedef double acc;
+   static LM_HD double ld(const double *p, int64_t i, int) { return p[i]; }
+   static LM_HD void st(double *p, int64_t i, double v, int) { p[i] = v; }
+};
+template <> struct dnn_io<uint16_t> { /* float16 / bfloat16 by dt, in float */
+   typedef float acc;
+   static LM_HD float ld(const uint16_t *p, int64_t i, int dt) {
+      return dt == LM_BFLOAT16 ? lm_bf2f(p[i]) : lm_h2f(p[i]);
+   }
+   static LM_HD void st(uint16_t *p, int64_t i, float v, int dt) {
+      p[i] = dt == LM_BFLOAT16 ? lm_f2bf(v) : lm_f2h(v);
+   }
+};
 
-static lm_status k_conv2d(const lm_op *op) { return lm_cu_run_on_cpu(op); }
-static lm_status k_conv2d_backward(const lm_op *op) { return lm_cu_run_on_cpu(op); }
+/* out = relu(out + bias[c] + res); channel c of element i: i % O (NHWC) or i / HW % O (NCHW);
+   bias of any stride (bstride elements) */
+template <class T>
+static lm_status dnn_epilogue_t(int k, int dt, T *out, const T *bias, int64_t bstride, const T *res,
+                                int relu, int64_t total, int64_t O, int64_t HW, int nhwc) {
+   typedef typename dnn_io<T>::acc A;
+   return lm_cu_for(k, total, [=] LM_HD(int64_t i) {
+      A v = dnn_io<T>::ld(out, i, dt);
+      if (bias) {
+         const int64_t c = nhwc ? i % O : i / HW % O;
+         v += dnn_io<T>::ld(bias, c * bstride, dt);
+      }
+      if (res) v += dnn_io<T>::ld(res, i, dt);
+      if (relu) v = v < (A)0 ? (A)0 : v; /* NaN stays NaN, as torch.relu */
+      dnn_io<T>::st(out, i, v, dt);
+   });
+}
 
-#else
+static lm_status dnn_epilogue(int k, const lm_tensor *bias, const lm_tensor *res, int relu,
+                              lm_tensor *out, const conv_geom *g, int nhwc) {
+   if (!bias && !res && !relu) return LM_OK;
+   const int dt = out->dtype;
+   const int64_t total = out->numel, HW = g->Ho * g->Wo;
+   const int64_t bs = bias ? bias->strides[0] : 0;
+   const char *bp = bias ? lm_cu_ptr(bias) : NULL, *rp = res ? lm_cu_ptr(res) : NULL;
+   char *op = lm_cu_ptr(out);
+   if (dt == LM_FLOAT32)
+      return dnn_epilogue_t<float>(k, dt, (float *)op, (const float *)bp, bs, (const float *)rp,
+                                   relu, total, g->O, HW, nhwc);
+   if (dt == LM_FLOAT64)
+      return dnn_epilogue_t<double>(k, dt, (double *)op, (const double *)bp, bs,
+                                    (const double *)rp, relu, total, g->O, HW, nhwc);
+   return dnn_epilogue_t<uint16_t>(k, dt, (uint16_t *)op, (const uint16_t *)bp, bs,
+                                   (const uint16_t *)rp, relu, total, g->O, HW, nhwc);
+}
+
+/* grad_b[o] = sum of grad_out over (n, ho, wo): partial sums in double per (chunk of pixels, o),
+   then one thread per channel adds its chunks in order (the same result every run) */
+template <class T>
+static lm_status dnn_bias_grad_t(int k, int dt, const T *gy, T *gb, int64_t N, int64_t O, int64_t HW,
+                                 int nhwc) {
+   const int64_t P = N * HW; /* pixels */
+   int64_t chunks = (65536 + O - 1) / O;
+   if (chunks > 1024) chunks = 1024;
+   if (chunks > P) chunks = P;
+   if (chunks < 1) chunks = 1;
+   const int64_t per = (P + chunks - 1) / chunks;
+   const size_t bytes = (size_t)(chunks * O) * sizeof(double);
+   double *part = (double *)lm_cu_alloc(k, bytes);
+   if (!part) return LM_ERR_OOM;
+   /* thread (chunk j, channel o); NHWC: neighbouring threads read neighbouring channels of one
+      pixel (coalesced); NCHW: each thread walks its run of one plane */
+   lm_status st = lm_cu_for(k, chunks * O, [=] LM_HD(int64_t t) {
+      const int64_t o = t % O, j = t / O;
+      const int64_t p0 = j * per, p1 = p0 + per < P ? p0 + per : P;
+      double s = 0;
+      for (int64_t q = p0; q < p1; q++) {
+         const int64_t idx = nhwc ? q * O + o : (q / HW * O + o) * HW + q % HW;
+         s += (double)dnn_io<T>::ld(gy, idx, dt);
+      }
+      part[t] = s;
+   });
+   if (st == LM_OK)
+      st = lm_cu_for(k, O, [=] LM_HD(int64_t o) {
+         double s = 0;
+         for (int64_t j = 0; j < chunks; j++) s += part[j * O + o];
+         dnn_io<T>::st(gb, o, (typename dnn_io<T>::acc)s, dt);
+      });
+   lm_cu_free(k, part, bytes);
+   return st;
+}
+
+static lm_status dnn_bias_grad(int k, const lm_tensor *gy, lm_tensor *gb, const conv_geom *g,
+                               int nhwc) {
+   const int dt = gb->dtype;
+   const int64_t HW = g->Ho * g->Wo;
+   if (dt == LM_FLOAT32)
+      return dnn_bias_grad_t<float>(k, dt, (const float *)lm_cu_ptr(gy), (float *)lm_cu_ptr(gb),
+                                    g->N, g->O, HW, nhwc);
+   if (dt == LM_FLOAT64)
+      return dnn_bias_grad_t<double>(k, dt, (const double *)lm_cu_ptr(gy),
+                                     (double *)lm_cu_ptr(gb), g->N, g->O, HW, nhwc);
+   return dnn_bias_grad_t<uint16_t>(k, dt, (const uint16_t *)lm_cu_ptr(gy),
+                                    (uint16_t *)lm_cu_ptr(gb), g->N, g->O, HW, nhwc);
+}
+
+static lm_status dnn_zero(int k, lm_tensor *t) {
+   LM_CU_TRY(cudaMemsetAsync(lm_cu_ptr(t), 0, (size_t)t->numel * lm_dtype_size(t->dtype),
+                             lm_cu_stream(k)),
+             "conv2d: cudaMemsetAsync");
+   return LM_OK;
+}
+
+/* ---- NHWC <-> NCHW copies (the float64 route below) ---- */
+/* dst = src permuted: to_nchw: src is dense NHWC of (N, C, H, W), dst dense NCHW; else back */
+template <class T>
+static lm_status dnn_permute_t(int k, const T *src, T *dst, int64_t N, int64_t C, int64_t H,
+                               int64_t W, int to_nchw) {
+   return lm_cu_for(k, N * C * H * W, [=] LM_HD(int64_t i) {
+      /* i runs over dst (coalesced writes) */
+      if (to_nchw) {
+         const int64_t w = i % W, h = i / W % H, c = i / (W * H) % C, n = i / (W * H * C);
+         dst[i] = src[((n * H + h) * W + w) * C + c];
+      } else {
+         const int64_t c = i % C, w = i / C % W, h = i / (C * W) % H, n = i / (C * W * H);
+         dst[i] = src[((n * C + c) * H + h) * W + w];
+      }
+   });
+}
+[[maybe_unused]] static lm_status dnn_permute(int k, int es, const void *src, void *dst, int64_t N, int64_t C,
+                             int64_t H, int64_t W, int to_nchw) {
+   if (es == 8)
+      return dnn_permute_t<uint64_t>(k, (const uint64_t *)src, (uint64_t *)dst, N, C, H, W,
+                                     to_nchw);
+   if (es == 4)
+      return dnn_permute_t<uint32_t>(k, (const uint32_t *)src, (uint32_t *)dst, N, C, H, W,
+                                     to_nchw);
+   return dnn_permute_t<uint16_t>(k, (const uint16_t *)src, (uint16_t *)dst, N, C, H, W, to_nchw);
+}
+
+/* device scratch freed when the call ends (the allocator is stream-ordered, so the queued work
+   that uses it is safe) */
+struct dnn_scratch {
+   int k;
+   void *p[6];
+   size_t n[6];
+   int count = 0;
+   explicit dnn_scratch(int dev) : k(dev) {}
+   void *get(size_t bytes) {
+      if (count == 6) return NULL;
+      void *q = lm_cu_alloc(k, bytes ? bytes : 1);
+      if (q) {
+         p[count] = q;
+         n[count++] = bytes ? bytes : 1;
+      }
+      return q;
+   }
+   ~dnn_scratch() {
+      for (int i = 0; i < count; i++) lm_cu_free(k, p[i], n[i]);
+   }
+};
+
+/* ---- direct convolutions of our own: the fallback where cuDNN has no algorithm for a case
+   (CUDNN_STATUS_NOT_SUPPORTED, or no candidate), and what the emulated build runs with
+   LUMEN_CUDA_EMU_CONV_DIRECT=1. One thread per result element, double sums, each result
+   rounded once; slow, but every geometry, dtype and format. ---- */
+typedef struct {
+   int64_t N, C, H, W, O, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, Cg, Og;
+   int nhwc;
+} dnn_g;
+static dnn_g dnn_g_of(const conv_geom *g, int nhwc) {
+   dnn_g d = {g->N, g->C, g->H, g->W, g->O, g->Ho, g->Wo, g->kh, g->kw, g->sh, g->sw,
+              g->ph, g->pw, g->dh, g->dw, g->Cg, g->Og, nhwc};
+   return d;
+}
+static inline LM_HD int64_t dg_x(const dnn_g &g, int64_t n, int64_t c, int64_t h, int64_t w) {
+   return g.nhwc ? ((n * g.H + h) * g.W + w) * g.C + c : ((n * g.C + c) * g.H + h) * g.W + w;
+}
+static inline LM_HD int64_t dg_y(const dnn_g &g, int64_t n, int64_t o, int64_t h, int64_t w) {
+   return g.nhwc ? ((n * g.Ho + h) * g.Wo + w) * g.O + o : ((n * g.O + o) * g.Ho + h) * g.Wo + w;
+}
+static inline LM_HD int64_t dg_w(const dnn_g &g, int64_t o, int64_t c, int64_t i, int64_t j) {
+   return g.nhwc ? ((o * g.kh + i) * g.kw + j) * g.Cg + c : ((o * g.Cg + c) * g.kh + i) * g.kw + j;
+}
+/* a dense physical index t of a (A, B, P, Q) tensor -> its logical (a, b, p, q) */
+static inline LM_HD void dg_split(int64_t t, int nhwc, int64_t B, int64_t P, int64_t Q, int64_t *a,
+                                  int64_t *b, int64_t *p, int64_t *q) {
+   if (nhwc) {
+      *b = t % B;
+      *q = t / B % Q;
+      *p = t / (B * Q) % P;
+      *a = t / (B * Q * P);
+   } else {
+      *q = t % Q;
+      *p = t / Q % P;
+      *b = t / (Q * P) % B;
+      *a = t / (Q * P * B);
+   }
+}
+
+template <class T>
+static lm_status dnn_direct_t(int k, int dt, const dnn_g g, const T *x, const T *w, const T *gy,
+                              T *y, T *gx, T *gw) {
+   typedef typename dnn_io<T>::acc A;
+   lm_status st = LM_OK;
+   if (y) /* forward: y[n, o, ho, wo] */
+      st = lm_cu_for(k, g.N * g.O * g.Ho * g.Wo, [=] LM_HD(int64_t t) {
+         int64_t n, o, ho, wo;
+         dg_split(t, g.nhwc, g.O, g.Ho, g.Wo, &n, &o, &ho, &wo);
+         const int64_t c0 = o / g.Og * g.Cg;
+         double s = 0;
+         for (int64_t i = 0; i < g.kh; i++) {
+            const int64_t h = ho * g.sh - g.ph + i * g.dh;
+            if (h < 0 || h >= g.H) continue;
+            for (int64_t j = 0; j < g.kw; j++) {
+               const int64_t ww = wo * g.sw - g.pw + j * g.dw;
+               if (ww < 0 || ww >= g.W) continue;
+               for (int64_t c = 0; c < g.Cg; c++)
+                  s += (double)dnn_io<T>::ld(x, dg_x(g, n, c0 + c, h, ww), dt) *
+                       (double)dnn_io<T>::ld(w, dg_w(g, o, c, i, j), dt);
+            }
+         }
+         dnn_io<T>::st(y, t, (A)s, dt);
+      });
+   if (st == LM_OK && gx) /* grad_x[n, c, h, w] */
+      st = lm_cu_for(k, g.N * g.C * g.H * g.W, [=] LM_HD(int64_t t) {
+         int64_t n, c, h, ww;
+         dg_split(t, g.nhwc, g.C, g.H, g.W, &n, &c, &h, &ww);
+         const int64_t o0 = c / g.Cg * g.Og, ci = c % g.Cg;
+         double s = 0;
+         for (int64_t i = 0; i < g.kh; i++) {
+            const int64_t hh = h + g.ph - i * g.dh;
+            if (hh < 0 || hh % g.sh != 0 || hh / g.sh >= g.Ho) continue;
+            for (int64_t j = 0; j < g.kw; j++) {
+               const int64_t w2 = ww + g.pw - j * g.dw;
+               if (w2 < 0 || w2 % g.sw != 0 || w2 / g.sw >= g.Wo) continue;
+               for (int64_t o = o0; o < o0 + g.Og; o++)
+                  s += (double)dnn_io<T>::ld(gy, dg_y(g, n, o, hh / g.sh, w2 / g.sw), dt) *
+                       (double)dnn_io<T>::ld(w, dg_w(g, o, ci, i, j), dt);
+            }
+         }
+         dnn_io<T>::st(gx, t, (A)s, dt);
+      });
+   if (st == LM_OK && gw) /* grad_w[o, c, i, j] */
+      st = lm_cu_for(k, g.O * g.Cg * g.kh * g.kw, [=] LM_HD(int64_t t) {
+         int64_t o, c, i, j;
+         dg_split(t, g.nhwc, g.Cg, g.kh, g.kw, &o, &c, &i, &j);
+         const int64_t cx = o / g.Og * g.Cg + c;
+         double s = 0;
+         for (int64_t n = 0; n < g.N; n++)
+            for (int64_t ho = 0; ho < g.Ho; ho++) {
+               const int64_t h = ho * g.sh - g.ph + i * g.dh;
+               if (h < 0 || h >= g.H) continue;
+               for (int64_t wo = 0; wo < g.Wo; wo++) {
+                  const int64_t ww = wo * g.sw - g.pw + j * g.dw;
+                  if (ww < 0 || ww >= g.W) continue;
+                  s += (double)dnn_io<T>::ld(x, dg_x(g, n, cx, h, ww), dt) *
+                       (double)dnn_io<T>::ld(gy, dg_y(g, n, o, ho, wo), dt);
+               }
+            }
+         dnn_io<T>::st(gw, t, (A)s, dt);
+      });
+   return st;
+}
+
+/* the direct kernels on dense device tensors (NULL: not wanted) */
+static lm_status dnn_direct(int k, const conv_geom *cg, int nhwc, int dt, const lm_tensor *x,
+                            const lm_tensor *w, const lm_tensor *gy, lm_tensor *y, lm_tensor *gx,
+                            lm_tensor *gw) {
+   const dnn_g g = dnn_g_of(cg, nhwc);
+#define DNN_P(t, T) ((t) ? (T *)lm_cu_ptr(t) : (T *)NULL)
+   if (dt == LM_FLOAT32)
+      return dnn_direct_t<float>(k, dt, g, DNN_P(x, const float), DNN_P(w, const float),
+                                 DNN_P(gy, const float), DNN_P(y, float), DNN_P(gx, float),
+                                 DNN_P(gw, float));
+   if (dt == LM_FLOAT64)
+      return dnn_direct_t<double>(k, dt, g, DNN_P(x, const double), DNN_P(w, const double),
+                                  DNN_P(gy, const double), DNN_P(y, double), DNN_P(gx, double),
+                                  DNN_P(gw, double));
+   return dnn_direct_t<uint16_t>(k, dt, g, DNN_P(x, const uint16_t), DNN_P(w, const uint16_t),
+                                 DNN_P(gy, const uint16_t), DNN_P(y, uint16_t),
+                                 DNN_P(gx, uint16_t), DNN_P(gw, uint16_t));
+#undef DNN_P
+}
+
+
+#ifndef LM_CUDA_EMU
 
 #include <cudnn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 
 /* ---- errors ---- */
+/* set when cuDNN turned a case down (a NOT_SUPPORTED or BAD_PARAM status, or no algorithm):
+   the op then runs on the direct kernels above instead of failing */
+static thread_local int dnn_declined = 0;
+
 static lm_status dnn_err(cudnnStatus_t s, const char *what) {
    if (s == CUDNN_STATUS_SUCCESS) return LM_OK;
+   /* cuDNN 9's status codes come in families: 2000s bad parameter, 3000s not supported */
+   if ((int)s / 1000 == 2 || (int)s / 1000 == 3) dnn_declined = 1;
    return lm_error(LM_ERR_DEVICE, "conv2d: %s: %s (cuDNN status %d)", what, cudnnGetErrorString(s),
                    (int)s);
 }
@@ -59,6 +350,18 @@ static lm_status dnn_err(cudnnStatus_t s, const char *what) {
       cudnnStatus_t dnn_s_ = (call);                                                             \
       if (dnn_s_ != CUDNN_STATUS_SUCCESS) return dnn_err(dnn_s_, (what));                        \
    } while (0)
+
+/* after cuDNN declined: say so once (the direct kernels are slow), forget the error */
+static void dnn_note_fallback(void) {
+   static int said = 0;
+   if (!said) {
+      said = 1;
+      fprintf(stderr, "lumen: cuDNN declined a convolution (%s); running lumen's direct CUDA "
+              "kernel for it (slow; reported once)\n", lm_last_error());
+   }
+   lm_clear_error();
+   dnn_declined = 0;
+}
 
 /* ---- one handle and one algorithm cache per device ---- */
 static cudnnHandle_t dnn_handle[LM_NUM_CUDA];
@@ -109,7 +412,9 @@ static cudnnDataType_t dnn_dtype(int dt) {
 static cudnnMathType_t dnn_math(int dt) {
    if (dt == LM_FLOAT16 || dt == LM_BFLOAT16) return CUDNN_TENSOR_OP_MATH;
    if (dt == LM_FLOAT32)
-      return lm_cu_option(LM_CU_OPT_TF32_CONV) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+      /* CUDNN_DEFAULT_MATH lets float32 run on TF32 tensor cores from Ampere on (what PyTorch
+         sets with allow_tf32); CUDNN_FMA_MATH keeps it in float32 FMAs */
+      return lm_cu_option(LM_CU_OPT_TF32_CONV) ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
    return CUDNN_DEFAULT_MATH;
 }
 
@@ -302,6 +607,7 @@ static lm_status dnn_choose(int k, cudnnHandle_t h, int op, const conv_geom *g, 
       lm_clear_error();
       return LM_OK;
    }
+   dnn_declined = 1;
    return lm_error(LM_ERR_DEVICE,
                    "conv2d: cuDNN has no %s%s algorithm for %s input %lldx%lldx%lldx%lld (%s), "
                    "weight %lldx%lldx%lldx%lld, stride %lldx%lld, padding %lldx%lld, dilation "
@@ -311,121 +617,6 @@ static lm_status dnn_choose(int k, cudnnHandle_t h, int op, const conv_geom *g, 
                    (long long)g->O, (long long)g->Cg, (long long)g->kh, (long long)g->kw,
                    (long long)g->sh, (long long)g->sw, (long long)g->ph, (long long)g->pw,
                    (long long)g->dh, (long long)g->dw, (long long)g->G, count);
-}
-
-/* ---- our own kernels: the epilogue, the bias gradient, zero fills ---- */
-template <class T> struct dnn_io;
-template <> struct dnn_io<float> {
-   typedef float acc;
-   static LM_HD float ld(const float *p, int64_t i, int) { return p[i]; }
-   static LM_HD void st(float *p, int64_t i, float v, int) { p[i] = v; }
-};
-template <> struct dnn_io<double> {
-   typedef double acc;
-   static LM_HD double ld(const double *p, int64_t i, int) { return p[i]; }
-   static LM_HD void st(double *p, int64_t i, double v, int) { p[i] = v; }
-};
-template <> struct dnn_io<uint16_t> { /* float16 / bfloat16 by dt, in float */
-   typedef float acc;
-   static LM_HD float ld(const uint16_t *p, int64_t i, int dt) {
-      return dt == LM_BFLOAT16 ? lm_bf2f(p[i]) : lm_h2f(p[i]);
-   }
-   static LM_HD void st(uint16_t *p, int64_t i, float v, int dt) {
-      p[i] = dt == LM_BFLOAT16 ? lm_f2bf(v) : lm_f2h(v);
-   }
-};
-
-/* out = relu(out + bias[c] + res); channel c of element i: i % O (NHWC) or i / HW % O (NCHW);
-   bias of any stride (bstride elements) */
-template <class T>
-static lm_status dnn_epilogue_t(int k, int dt, T *out, const T *bias, int64_t bstride, const T *res,
-                                int relu, int64_t total, int64_t O, int64_t HW, int nhwc) {
-   typedef typename dnn_io<T>::acc A;
-   return lm_cu_for(k, total, [=] LM_HD(int64_t i) {
-      A v = dnn_io<T>::ld(out, i, dt);
-      if (bias) {
-         const int64_t c = nhwc ? i % O : i / HW % O;
-         v += dnn_io<T>::ld(bias, c * bstride, dt);
-      }
-      if (res) v += dnn_io<T>::ld(res, i, dt);
-      if (relu) v = v < (A)0 ? (A)0 : v; /* NaN stays NaN, as torch.relu */
-      dnn_io<T>::st(out, i, v, dt);
-   });
-}
-
-static lm_status dnn_epilogue(int k, const lm_tensor *bias, const lm_tensor *res, int relu,
-                              lm_tensor *out, const conv_geom *g, int nhwc) {
-   if (!bias && !res && !relu) return LM_OK;
-   const int dt = out->dtype;
-   const int64_t total = out->numel, HW = g->Ho * g->Wo;
-   const int64_t bs = bias ? bias->strides[0] : 0;
-   const char *bp = bias ? lm_cu_ptr(bias) : NULL, *rp = res ? lm_cu_ptr(res) : NULL;
-   char *op = lm_cu_ptr(out);
-   if (dt == LM_FLOAT32)
-      return dnn_epilogue_t<float>(k, dt, (float *)op, (const float *)bp, bs, (const float *)rp,
-                                   relu, total, g->O, HW, nhwc);
-   if (dt == LM_FLOAT64)
-      return dnn_epilogue_t<double>(k, dt, (double *)op, (const double *)bp, bs,
-                                    (const double *)rp, relu, total, g->O, HW, nhwc);
-   return dnn_epilogue_t<uint16_t>(k, dt, (uint16_t *)op, (const uint16_t *)bp, bs,
-                                   (const uint16_t *)rp, relu, total, g->O, HW, nhwc);
-}
-
-/* grad_b[o] = sum of grad_out over (n, ho, wo): partial sums in double per (chunk of pixels, o),
-   then one thread per channel adds its chunks in order (the same result every run) */
-template <class T>
-static lm_status dnn_bias_grad_t(int k, int dt, const T *gy, T *gb, int64_t N, int64_t O, int64_t HW,
-                                 int nhwc) {
-   const int64_t P = N * HW; /* pixels */
-   int64_t chunks = (65536 + O - 1) / O;
-   if (chunks > 1024) chunks = 1024;
-   if (chunks > P) chunks = P;
-   if (chunks < 1) chunks = 1;
-   const int64_t per = (P + chunks - 1) / chunks;
-   const size_t bytes = (size_t)(chunks * O) * sizeof(double);
-   double *part = (double *)lm_cu_alloc(k, bytes);
-   if (!part) return LM_ERR_OOM;
-   /* thread (chunk j, channel o); NHWC: neighbouring threads read neighbouring channels of one
-      pixel (coalesced); NCHW: each thread walks its run of one plane */
-   lm_status st = lm_cu_for(k, chunks * O, [=] LM_HD(int64_t t) {
-      const int64_t o = t % O, j = t / O;
-      const int64_t p0 = j * per, p1 = p0 + per < P ? p0 + per : P;
-      double s = 0;
-      for (int64_t q = p0; q < p1; q++) {
-         const int64_t idx = nhwc ? q * O + o : (q / HW * O + o) * HW + q % HW;
-         s += (double)dnn_io<T>::ld(gy, idx, dt);
-      }
-      part[t] = s;
-   });
-   if (st == LM_OK)
-      st = lm_cu_for(k, O, [=] LM_HD(int64_t o) {
-         double s = 0;
-         for (int64_t j = 0; j < chunks; j++) s += part[j * O + o];
-         dnn_io<T>::st(gb, o, (typename dnn_io<T>::acc)s, dt);
-      });
-   lm_cu_free(k, part, bytes);
-   return st;
-}
-
-static lm_status dnn_bias_grad(int k, const lm_tensor *gy, lm_tensor *gb, const conv_geom *g,
-                               int nhwc) {
-   const int dt = gb->dtype;
-   const int64_t HW = g->Ho * g->Wo;
-   if (dt == LM_FLOAT32)
-      return dnn_bias_grad_t<float>(k, dt, (const float *)lm_cu_ptr(gy), (float *)lm_cu_ptr(gb),
-                                    g->N, g->O, HW, nhwc);
-   if (dt == LM_FLOAT64)
-      return dnn_bias_grad_t<double>(k, dt, (const double *)lm_cu_ptr(gy),
-                                     (double *)lm_cu_ptr(gb), g->N, g->O, HW, nhwc);
-   return dnn_bias_grad_t<uint16_t>(k, dt, (const uint16_t *)lm_cu_ptr(gy),
-                                    (uint16_t *)lm_cu_ptr(gb), g->N, g->O, HW, nhwc);
-}
-
-static lm_status dnn_zero(int k, lm_tensor *t) {
-   LM_CU_TRY(cudaMemsetAsync(lm_cu_ptr(t), 0, (size_t)t->numel * lm_dtype_size(t->dtype),
-                             lm_cu_stream(k)),
-             "conv2d: cudaMemsetAsync");
-   return LM_OK;
 }
 
 /* ---- batch chunks: cuDNN's tensors hold at most INT_MAX elements ---- */
@@ -445,55 +636,6 @@ static lm_status dnn_chunk(const conv_geom *g, int64_t *chunk) {
    *chunk = c;
    return LM_OK;
 }
-
-/* ---- NHWC <-> NCHW copies (the float64 route below) ---- */
-/* dst = src permuted: to_nchw: src is dense NHWC of (N, C, H, W), dst dense NCHW; else back */
-template <class T>
-static lm_status dnn_permute_t(int k, const T *src, T *dst, int64_t N, int64_t C, int64_t H,
-                               int64_t W, int to_nchw) {
-   return lm_cu_for(k, N * C * H * W, [=] LM_HD(int64_t i) {
-      /* i runs over dst (coalesced writes) */
-      if (to_nchw) {
-         const int64_t w = i % W, h = i / W % H, c = i / (W * H) % C, n = i / (W * H * C);
-         dst[i] = src[((n * H + h) * W + w) * C + c];
-      } else {
-         const int64_t c = i % C, w = i / C % W, h = i / (C * W) % H, n = i / (C * W * H);
-         dst[i] = src[((n * C + c) * H + h) * W + w];
-      }
-   });
-}
-static lm_status dnn_permute(int k, int es, const void *src, void *dst, int64_t N, int64_t C,
-                             int64_t H, int64_t W, int to_nchw) {
-   if (es == 8)
-      return dnn_permute_t<uint64_t>(k, (const uint64_t *)src, (uint64_t *)dst, N, C, H, W,
-                                     to_nchw);
-   if (es == 4)
-      return dnn_permute_t<uint32_t>(k, (const uint32_t *)src, (uint32_t *)dst, N, C, H, W,
-                                     to_nchw);
-   return dnn_permute_t<uint16_t>(k, (const uint16_t *)src, (uint16_t *)dst, N, C, H, W, to_nchw);
-}
-
-/* device scratch freed when the call ends (the allocator is stream-ordered, so the queued work
-   that uses it is safe) */
-struct dnn_scratch {
-   int k;
-   void *p[6];
-   size_t n[6];
-   int count = 0;
-   explicit dnn_scratch(int dev) : k(dev) {}
-   void *get(size_t bytes) {
-      if (count == 6) return NULL;
-      void *q = lm_cu_alloc(k, bytes ? bytes : 1);
-      if (q) {
-         p[count] = q;
-         n[count++] = bytes ? bytes : 1;
-      }
-      return q;
-   }
-   ~dnn_scratch() {
-      for (int i = 0; i < count; i++) lm_cu_free(k, p[i], n[i]);
-   }
-};
 
 static const float one_f = 1.0f, zero_f = 0.0f;
 static const double one_d = 1.0, zero_d = 0.0;
@@ -581,6 +723,12 @@ static int dnn_via_nchw(int dt, int nhwc) { return nhwc && dt == LM_FLOAT64; }
 
 /* ---- the kernels ---- */
 
+static lm_status dnn_conv_forward(int k, const conv_geom *g, int dt, int nhwc, const lm_tensor *x,
+                                  const lm_tensor *w, lm_tensor *out);
+static lm_status dnn_conv_backward(int k, const conv_geom *g, int dt, int nhwc, const lm_tensor *x,
+                                   const lm_tensor *w, const lm_tensor *gy, lm_tensor *gx,
+                                   lm_tensor *gw);
+
 /* LM_OP_CONV2D: t = {x, w, bias, residual, out} */
 static lm_status k_conv2d(const lm_op *op) {
    const lm_conv2d_params *p = (const lm_conv2d_params *)op->params;
@@ -595,6 +743,19 @@ static lm_status k_conv2d(const lm_op *op) {
       LM_TRY(dnn_zero(k, out));
       return dnn_epilogue(k, bias, res, p->relu, out, g, nhwc);
    }
+   dnn_declined = 0;
+   lm_status st = dnn_conv_forward(k, g, dt, nhwc, x, w, out);
+   if (st != LM_OK && dnn_declined) {
+      dnn_note_fallback();
+      st = dnn_direct(k, g, nhwc, dt, x, w, NULL, out, NULL, NULL);
+   }
+   LM_TRY(st);
+   return dnn_epilogue(k, bias, res, p->relu, out, g, nhwc);
+}
+
+/* the forward on cuDNN (float64 NHWC through NCHW copies) */
+static lm_status dnn_conv_forward(int k, const conv_geom *g, int dt, int nhwc, const lm_tensor *x,
+                                  const lm_tensor *w, lm_tensor *out) {
    if (dnn_via_nchw(dt, nhwc)) {
       const int es = (int)lm_dtype_size(dt);
       const int64_t xn = g->N * g->C * g->H * g->W, wn = g->O * g->Cg * g->kh * g->kw;
@@ -610,7 +771,7 @@ static lm_status k_conv2d(const lm_op *op) {
    } else {
       LM_TRY(dnn_forward(k, g, dt, nhwc, lm_cu_ptr(x), lm_cu_ptr(w), lm_cu_ptr(out)));
    }
-   return dnn_epilogue(k, bias, res, p->relu, out, g, nhwc);
+   return LM_OK;
 }
 
 /* LM_OP_CONV2D_BACKWARD: t = {x, w, grad_out, grad_x, grad_w, grad_b} */
@@ -630,6 +791,19 @@ static lm_status k_conv2d_backward(const lm_op *op) {
       if (gx) LM_TRY(dnn_zero(k, gx));
       return LM_OK;
    }
+   dnn_declined = 0;
+   lm_status st = dnn_conv_backward(k, g, dt, nhwc, x, w, gy, gx, gw);
+   if (st != LM_OK && dnn_declined) {
+      dnn_note_fallback();
+      st = dnn_direct(k, g, nhwc, dt, x, w, gy, NULL, gx, gw);
+   }
+   return st;
+}
+
+/* grad_x, grad_w on cuDNN (float64 NHWC through NCHW copies) */
+static lm_status dnn_conv_backward(int k, const conv_geom *g, int dt, int nhwc, const lm_tensor *x,
+                                   const lm_tensor *w, const lm_tensor *gy, lm_tensor *gx,
+                                   lm_tensor *gw) {
    if (!dnn_via_nchw(dt, nhwc))
       return dnn_backward(k, g, dt, nhwc, gw ? lm_cu_ptr(x) : NULL, gx ? lm_cu_ptr(w) : NULL,
                           lm_cu_ptr(gy), gx ? lm_cu_ptr(gx) : NULL, gw ? lm_cu_ptr(gw) : NULL);
@@ -648,6 +822,34 @@ static lm_status k_conv2d_backward(const lm_op *op) {
    if (gx) LM_TRY(dnn_permute(k, es, gxt, lm_cu_ptr(gx), g->N, g->C, g->H, g->W, 0));
    if (gw) LM_TRY(dnn_permute(k, es, gwt, lm_cu_ptr(gw), g->O, g->Cg, g->kh, g->kw, 0));
    return LM_OK;
+}
+
+#else /* LM_CUDA_EMU: no cuDNN; the CPU's kernels, or our direct ones when asked */
+
+static int emu_direct(void) {
+   const char *e = getenv("LUMEN_CUDA_EMU_CONV_DIRECT");
+   return e && *e == '1';
+}
+
+static lm_status k_conv2d(const lm_op *op) {
+   if (!emu_direct()) return lm_cu_run_on_cpu(op);
+   const lm_conv2d_params *p = (const lm_conv2d_params *)op->params;
+   lm_tensor *out = op->t[4];
+   const int k = lm_cu_index(out);
+   if (p->g.Cg == 0) LM_TRY(dnn_zero(k, out));
+   else LM_TRY(dnn_direct(k, &p->g, p->channels_last, out->dtype, op->t[0], op->t[1], NULL, out,
+                          NULL, NULL));
+   return dnn_epilogue(k, op->t[2], op->t[3], p->relu, out, &p->g, p->channels_last);
+}
+
+static lm_status k_conv2d_backward(const lm_op *op) {
+   if (!emu_direct()) return lm_cu_run_on_cpu(op);
+   const lm_conv2d_params *p = (const lm_conv2d_params *)op->params;
+   const lm_tensor *gy = op->t[2];
+   const int k = lm_cu_index(gy);
+   if (op->t[5]) LM_TRY(dnn_bias_grad(k, gy, op->t[5], &p->g, p->channels_last));
+   return dnn_direct(k, &p->g, p->channels_last, gy->dtype, op->t[0], op->t[1], gy, NULL,
+                     op->t[3], op->t[4]);
 }
 
 #endif /* LM_CUDA_EMU */
