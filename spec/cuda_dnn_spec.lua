@@ -70,7 +70,7 @@ describe("cuda:0 dnn families against the CPU", function()
          { 3, 5, 6, 7, 7, 2, 3, 2, 0, 2, 1 },    -- dilation 2, stride 2, no padding
       }
       local function geom_name(c)
-         return ("N%d C%d %dx%d O%d k%dx%d s%d p%d d%d g%d"):format(table.unpack(c))
+         return ("N%d C%d %dx%d O%d k%dx%d s%d p%d d%d g%d"):format(unpack(c))
       end
 
       for _, dt in ipairs(DTYPES) do
@@ -79,7 +79,7 @@ describe("cuda:0 dnn families against the CPU", function()
                function()
                lm.manual_seed(11)
                for _, c in ipairs(CASES) do
-                  local N, C, Hh, W, O, kh, kw, s, p, d, g = table.unpack(c)
+                  local N, C, Hh, W, O, kh, kw, s, p, d, g = unpack(c)
                   local x = randn({ N, C, Hh, W }, dt, fmt)
                   local w = randn({ O, C / g, kh, kw }, dt, fmt)
                   local b = randn({ O }, dt)
@@ -107,7 +107,7 @@ describe("cuda:0 dnn families against the CPU", function()
                tostring(fmt)), function()
                lm.manual_seed(12)
                for _, c in ipairs(CASES) do
-                  local N, C, Hh, W, O, kh, kw, s, p, d, g = table.unpack(c)
+                  local N, C, Hh, W, O, kh, kw, s, p, d, g = unpack(c)
                   local what = geom_name(c) .. " " .. tostring(dt) .. " " .. tostring(fmt)
                   local x0 = randn({ N, C, Hh, W }, dt, fmt)
                   local w0 = randn({ O, C / g, kh, kw }, dt, fmt)
@@ -184,7 +184,9 @@ describe("cuda:0 dnn families against the CPU", function()
 
    -- ---------------------------------------------------------------------------------------------
    describe("batch_norm", function()
-      local SHAPES = { { 4, 6, 5, 7 }, { 2, 16, 3, 3 }, { 8, 5, 1, 1 }, { 3, 3, 9, 4 } }
+      -- the last one has enough rows (2048) for the kernel's partial sums to be folded once
+      local SHAPES = { { 4, 6, 5, 7 }, { 2, 16, 3, 3 }, { 8, 5, 1, 1 }, { 3, 3, 9, 4 },
+                       { 8, 3, 16, 16 } }
 
       -- x, params (weight, bias, running stats) and the options on one device
       local function bn_case(x, pdt, affine, training, extra, dev)
@@ -258,6 +260,32 @@ describe("cuda:0 dnn families against the CPU", function()
             end
          end
       end
+
+      it("many rows (the partial sums folded twice), float32, both formats, train", function()
+         lm.manual_seed(27)
+         for _, fmt in ipairs({ lm.contiguous_format, lm.channels_last }) do
+            local x0 = randn({ 16, 2, 64, 68 }, lm.float32, fmt) * 3 + 5
+            local gy = randn({ 16, 2, 64, 68 }, lm.float32, fmt)
+            local function run(dev)
+               local x = (dev and x0:to(dev) or x0:clone()):requires_grad_()
+               local w = lm.tensor({ 1.5, -0.5 }, CPU)
+               local b = lm.tensor({ 0.25, 2 }, CPU)
+               local rm, rv = lm.zeros({ 2 }, CPU), lm.ones({ 2 }, CPU)
+               if dev then w, b, rm, rv = w:to(dev), b:to(dev), rm:to(dev), rv:to(dev) end
+               w:requires_grad_()
+               b:requires_grad_()
+               local y = F.batch_norm(x, rm, rv, w, b, { training = true })
+               ;(y * (dev and gy:to(dev) or gy)):sum():backward()
+               return y, rm, rv, x.grad, w.grad, b.grad
+            end
+            local ref, got = { run(nil) }, { run(DEV) }
+            local names = { "output", "running_mean", "running_var", "grad_input", "grad_weight",
+                            "grad_bias" }
+            for i, n in ipairs(names) do
+               cmp(got[i], ref[i], 1e-4, tostring(fmt) .. " " .. n)
+            end
+         end
+      end)
 
       it("2-D input (N, C) and a strided weight", function()
          lm.manual_seed(25)

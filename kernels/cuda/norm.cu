@@ -15,7 +15,8 @@
  *      element (the CPU's shift, so the one-pass variance does not cancel); backward:
  *      sum g and sum g (x - mean) with g = grad_out masked by the relu output (g = 0 where
  *      relu_out <= 0; NaN passes), stored into grad_masked when asked for.
- *   2. one thread per channel adds its chunks in order (deterministic), then: mean, invstd
+ *   1b. the chunks' sums added 64 at a time (bn_fold) until at most 64 per channel are left;
+ *   2. one thread per channel adds those in order (deterministic throughout), then: mean, invstd
  *      (1 / sqrt(var + eps), the biased variance), the running statistics (momentum, the
  *      unbiased variance M / (M - 1), as PyTorch), save_mean / save_invstd (eval: the running
  *      mean and 1 / sqrt(running_var + eps)), grad_weight = sum g (x - mean) invstd, grad_bias =
@@ -73,6 +74,8 @@ static inline LM_HD void bn_st(char *p, int64_t i, int es, int dt, double v) {
    lm_store_from_double(p + i * es, dt, v);
 }
 
+enum { BN_FOLD = 64 };
+
 static bn_lay bn_layout(const lm_tensor *x, int mf) {
    bn_lay l;
    l.C = x->sizes[1];
@@ -83,14 +86,50 @@ static bn_lay bn_layout(const lm_tensor *x, int mf) {
    return l;
 }
 
-/* chunks of rows per channel for pass 1: about 128 K threads in all, each chunk at least one
-   row, at most 1024 chunks (pass 2 adds them one by one) */
+/* chunks of rows per channel for pass 1: about a million threads in all (enough loads in flight
+   to keep the GPU's memory busy), each summing at least 16 rows */
 static int64_t bn_chunks(const bn_lay &l) {
-   int64_t ch = (131072 + l.C - 1) / l.C;
-   if (ch > 1024) ch = 1024;
-   if (ch > l.M) ch = l.M;
+   int64_t ch = ((int64_t)1 << 20) / l.C;
+   const int64_t most = l.M / 16 > 0 ? l.M / 16 : 1;
+   if (ch > most) ch = most;
    if (ch < 1) ch = 1;
    return ch;
+}
+/* the partial-sum buffer pass 1 fills, plus the second buffer of bn_fold */
+static int64_t bn_part_doubles(int64_t chunks, int64_t C) {
+   return 2 * chunks * C + (chunks > BN_FOLD ? 2 * ((chunks + BN_FOLD - 1) / BN_FOLD) * C : 0);
+}
+
+/* add the partial sums (pairs, [chunk][channel]) BN_FOLD chunks at a time until at most
+   BN_FOLD are left, between the two buffers a (pass 1's) and b; *out: where they are then.
+   The order of the sums is fixed, so the results are the same every run. */
+static lm_status bn_fold(int k, double *a, double *b, int64_t C, int64_t *chunks, double **out) {
+   double *src = a, *dst = b;
+   int64_t n = *chunks;
+   while (n > BN_FOLD) {
+      const int64_t m = (n + BN_FOLD - 1) / BN_FOLD, nn = n;
+      const double *sp = src;
+      double *dp = dst;
+      lm_status st = lm_cu_for(k, m * C, [=] LM_HD(int64_t t) {
+         const int64_t c = t % C, j = t / C;
+         const int64_t j0 = j * BN_FOLD, j1 = j0 + BN_FOLD < nn ? j0 + BN_FOLD : nn;
+         double s1 = 0, s2 = 0;
+         for (int64_t q = j0; q < j1; q++) {
+            s1 += sp[2 * (q * C + c)];
+            s2 += sp[2 * (q * C + c) + 1];
+         }
+         dp[2 * t] = s1;
+         dp[2 * t + 1] = s2;
+      });
+      if (st != LM_OK) return st;
+      n = m;
+      double *t = src;
+      src = dst;
+      dst = t;
+   }
+   *chunks = n;
+   *out = src;
+   return LM_OK;
 }
 
 /* device scratch of pass 1's partial sums (2 per thread) and pass 3's coefficients (3 per
@@ -132,10 +171,11 @@ static lm_status k_batch_norm(const lm_op *op) {
    const int64_t chunks = training && M > 0 ? bn_chunks(l) : 0;
    const int64_t per = chunks ? (M + chunks - 1) / chunks : 0;
    bn_scratch s(k);
-   s.bytes = (size_t)(2 * chunks * C + 3 * C) * sizeof(double);
+   const int64_t pn = bn_part_doubles(chunks, C);
+   s.bytes = (size_t)(pn + 3 * C) * sizeof(double);
    s.p = (double *)lm_cu_alloc(k, s.bytes);
    if (!s.p) return LM_ERR_OOM;
-   double *part = s.p, *cf = s.p + 2 * chunks * C; /* cf: A, mean, b per channel */
+   double *part = s.p, *cf = s.p + pn; /* cf: A, mean, b per channel */
    const char *xp = lm_cu_ptr(x);
    lm_status st = LM_OK;
 
@@ -156,6 +196,12 @@ static lm_status k_batch_norm(const lm_op *op) {
       });
       if (st != LM_OK) return st;
    }
+   int64_t nfin = chunks;
+   double *fin = part;
+   if (chunks) {
+      st = bn_fold(k, part, part + 2 * chunks * C, C, &nfin, &fin);
+      if (st != LM_OK) return st;
+   }
    /* 2. per channel: the statistics, the running stats, the saved ones, the coefficients */
    st = lm_cu_for(k, C, [=] LM_HD(int64_t c) {
       double mean, invstd;
@@ -165,9 +211,9 @@ static lm_status k_batch_norm(const lm_op *op) {
             invstd = 0;
          } else {
             double s1 = 0, s2 = 0;
-            for (int64_t j = 0; j < chunks; j++) {
-               s1 += part[2 * (j * C + c)];
-               s2 += part[2 * (j * C + c) + 1];
+            for (int64_t j = 0; j < nfin; j++) {
+               s1 += fin[2 * (j * C + c)];
+               s2 += fin[2 * (j * C + c) + 1];
             }
             double kk = bn_ld(xp, bn_at(l, 0, c), es, dt);
             if (!(kk - kk == 0.0)) kk = 0;
@@ -232,10 +278,11 @@ static lm_status k_batch_norm_backward(const lm_op *op) {
    const int64_t chunks = need_sums && M > 0 ? bn_chunks(l) : 0;
    const int64_t per = chunks ? (M + chunks - 1) / chunks : 0;
    bn_scratch s(k);
-   s.bytes = (size_t)(2 * chunks * C + 3 * C) * sizeof(double);
+   const int64_t pn = bn_part_doubles(chunks, C);
+   s.bytes = (size_t)(pn + 3 * C) * sizeof(double);
    s.p = (double *)lm_cu_alloc(k, s.bytes);
    if (!s.p) return LM_ERR_OOM;
-   double *part = s.p, *cf = s.p + 2 * chunks * C; /* cf: A, B, D per channel */
+   double *part = s.p, *cf = s.p + pn; /* cf: A, B, D per channel */
    const char *xp = lm_cu_ptr(x), *gyp = lm_cu_ptr(gy), *mkp = mk ? lm_cu_ptr(mk) : NULL;
    lm_status st = LM_OK;
 
@@ -258,12 +305,18 @@ static lm_status k_batch_norm_backward(const lm_op *op) {
       });
       if (st != LM_OK) return st;
    }
+   int64_t nfin = chunks;
+   double *fin = part;
+   if (chunks) {
+      st = bn_fold(k, part, part + 2 * chunks * C, C, &nfin, &fin);
+      if (st != LM_OK) return st;
+   }
    /* 2. per channel: grad_weight, grad_bias, the coefficients of grad_x */
    st = lm_cu_for(k, C, [=] LM_HD(int64_t c) {
       double s1 = 0, s2 = 0;
-      for (int64_t j = 0; j < chunks; j++) {
-         s1 += part[2 * (j * C + c)];
-         s2 += part[2 * (j * C + c) + 1];
+      for (int64_t j = 0; j < nfin; j++) {
+         s1 += fin[2 * (j * C + c)];
+         s2 += fin[2 * (j * C + c) + 1];
       }
       const double invstd = bn_get(siv, c, 0);
       bn_put(gwv, c, s2 * invstd);
