@@ -228,19 +228,22 @@ describe("cuda:0 dnn families against the CPU", function()
                               v.relu and " residual relu" or "")
                            local function run(dev)
                               local x = (dev and x0:to(dev) or x0:clone()):requires_grad_()
+                              -- a residual that wants its gradient: the masked gradient
+                              -- (grad_masked) of the fused backward
+                              local r = r0 and (dev and r0:to(dev) or r0:clone()):requires_grad_()
                               local w, b, rm, rv, opts = bn_case(x0, pdt, v.affine, training,
-                                 { relu = v.relu, residual = r0 and (dev and r0:to(dev) or r0) },
-                                 dev)
+                                 { relu = v.relu, residual = r }, dev)
                               if w then
                                  w:requires_grad_()
                                  b:requires_grad_()
                               end
                               local y = F.batch_norm(x, rm, rv, w, b, opts)
                               ;(y * (dev and gy:to(dev) or gy)):sum():backward()
-                              return y, rm, rv, x.grad, w and w.grad, b and b.grad
+                              return y, rm, rv, x.grad, w and w.grad, b and b.grad, r and r.grad
                            end
-                           local y, rm, rv, gx, gw, gb = run(nil)
-                           local yc, rmc, rvc, gxc, gwc, gbc = run(DEV)
+                           local y, rm, rv, gx, gw, gb, gr = run(nil)
+                           local yc, rmc, rvc, gxc, gwc, gbc, grc = run(DEV)
+                           if gr then cmp(grc, gr, tol, what .. " grad_residual") end
                            cmp(yc, y, tol, what .. " output")
                            same_format(yc, y, what .. " output")
                            -- the running statistics are rounded to the parameters' dtype
