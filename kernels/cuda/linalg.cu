@@ -21,18 +21,18 @@
  * that on CUDA.
  *
  * The emulated build (LM_CUDA_EMU) has no cuBLAS: the op runs on the CPU's kernel
- * (lm_cu_run_on_cpu), so that build checks the dispatch only. */
+ * (lm_cu_run_on_cpu), or, with LUMEN_CUDA_EMU_GEMM=1, this file's code over a host emulation of
+ * the cuBLAS calls it makes (linalg_cublas_emu.cuh, which checks the leading dimensions as cuBLAS
+ * does), so the suite checks the orientation, transposes, strides and copies here. */
 #include "cuda.cuh"
 #include "ops/linalg.h"
 #include <string.h>
 
 #ifdef LM_CUDA_EMU
-
-static lm_status k_matmul(const lm_op *op) { return lm_cu_run_on_cpu(op); }
-
+#include "linalg_cublas_emu.cuh"
 #else
-
 #include <cublas_v2.h>
+#endif
 #include <pthread.h>
 
 /* ---- handles ---- */
@@ -352,6 +352,14 @@ static lm_status k_matmul(const lm_op *op) {
    return st;
 }
 
-#endif /* LM_CUDA_EMU */
-
+#ifdef LM_CUDA_EMU
+/* the emulated build: the CPU's kernel, or with LUMEN_CUDA_EMU_GEMM=1 the code above over
+   linalg_cublas_emu.cuh's host cuBLAS */
+static lm_status k_matmul_emu(const lm_op *op) {
+   const char *e = getenv("LUMEN_CUDA_EMU_GEMM");
+   return e && *e == '1' ? k_matmul(op) : lm_cu_run_on_cpu(op);
+}
+void lm_cuda_register_linalg(lm_kernel_fn *table) { table[LM_OP_MATMUL] = k_matmul_emu; }
+#else
 void lm_cuda_register_linalg(lm_kernel_fn *table) { table[LM_OP_MATMUL] = k_matmul; }
+#endif
