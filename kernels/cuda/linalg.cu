@@ -66,6 +66,7 @@ static lm_status mm_get_handle(int k, cublasHandle_t *out) {
             caching allocator's back. Kept for the life of the process, as the handle. */
          void *ws = lm_cu_alloc(k, MM_WORKSPACE);
          if (!ws) st = LM_ERR_OOM; /* lm_cu_alloc set the message */
+         /* the stream first: cublasSetStream resets the workspace to cuBLAS's default pool */
          if (st == LM_OK) st = mm_err(cublasSetStream(h, lm_cu_stream(k)), "cublasSetStream");
          if (st == LM_OK) st = mm_err(cublasSetWorkspace(h, ws, MM_WORKSPACE), "cublasSetWorkspace");
          if (st == LM_OK)
@@ -244,7 +245,8 @@ static lm_status k_matmul(const lm_op *op) {
 
    cublasHandle_t h;
    LM_TRY(mm_get_handle(k, &h));
-   MM_TRY(cublasSetStream(h, lm_cu_stream(k)), "cublasSetStream");
+   /* (the stream was set once with the handle: cublasSetStream would also drop the workspace
+      back to cuBLAS's own pool; cuda:k's stream never changes) */
    /* float32 sums for the halves (cuBLAS may otherwise reduce split-K partials in 16 bits) */
    MM_TRY(cublasSetMathMode(h, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
