@@ -554,6 +554,11 @@ static lm_status dnn_choose(int k, cudnnHandle_t h, int op, const conv_geom *g, 
    pthread_mutex_lock(&dnn_lock);
    const int hit = conv_algo_lookup(&dnn_cache[k], &key, choice);
    pthread_mutex_unlock(&dnn_lock);
+   if (hit && choice->algo < 0) { /* cuDNN had no algorithm for this key before */
+      dnn_declined = 1;
+      return lm_error(LM_ERR_DEVICE, "conv2d: cuDNN has no %s algorithm for this case (cached)",
+                      dnn_op_name(op));
+   }
    if (hit) {
       DNN_TRY(cudnnSetConvolutionMathType(d->conv, (cudnnMathType_t)choice->math),
               "cudnnSetConvolutionMathType");
@@ -580,10 +585,12 @@ static lm_status dnn_choose(int k, cudnnHandle_t h, int op, const conv_geom *g, 
       LM_TRY(dnn_candidates(h, op, d, 0, x, w, y, NULL, 0, perf, &count));
    }
    /* the first usable candidate (cuDNN lists them best first) */
+   int eligible = 0; /* candidates turned down only for their workspace (out of memory now) */
    for (int i = 0; i < count; i++) {
       const dnn_perf &p = perf[i];
       if (p.status != CUDNN_STATUS_SUCCESS) continue;
       if (det && p.det != CUDNN_DETERMINISTIC) continue;
+      eligible++;
       /* the candidate's math type, except float32 without TF32, which stays in FMA math
          (as PyTorch does: CUDNN_DEFAULT_MATH would allow TF32 on this GPU) */
       const cudnnMathType_t math = dt == LM_FLOAT32 && want == CUDNN_FMA_MATH ? CUDNN_FMA_MATH
@@ -606,6 +613,16 @@ static lm_status dnn_choose(int k, cudnnHandle_t h, int op, const conv_geom *g, 
       *ws_bytes = bytes;
       lm_clear_error();
       return LM_OK;
+   }
+   /* none at all: remembered, so the next call with this key goes to the direct kernels at
+      once (not when memory was short: that may pass) */
+   if (!eligible) {
+      choice->algo = -1;
+      choice->math = 0;
+      choice->ws_bytes = 0;
+      pthread_mutex_lock(&dnn_lock);
+      conv_algo_insert(&dnn_cache[k], &key, choice);
+      pthread_mutex_unlock(&dnn_lock);
    }
    dnn_declined = 1;
    return lm_error(LM_ERR_DEVICE,

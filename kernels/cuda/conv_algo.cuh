@@ -18,7 +18,7 @@ typedef struct conv_algo_key {
 } conv_algo_key;
 
 typedef struct conv_algo_entry {
-   int algo;        /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t */
+   int algo;        /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t; -1: cuDNN has none */
    int math;        /* cudnnMathType_t to set on the descriptor */
    size_t ws_bytes; /* the workspace it needs */
 } conv_algo_entry;
