@@ -30,9 +30,14 @@
  * Batches whose tensors exceed cuDNN's 2^31-1 elements per tensor are split along N. float64
  * channels-last goes through NCHW copies (cuDNN's double convolutions are NCHW ones).
  *
+ * Where cuDNN declines a case (a NOT_SUPPORTED or BAD_PARAM status, or no algorithm; remembered
+ * per key), the op runs on direct kernels of our own (one thread per result element, double sums;
+ * slow but general), with a one-time note on stderr.
+ *
  * The emulated build (LM_CUDA_EMU) has no cuDNN: the ops run on the CPU's kernels
- * (lm_cu_run_on_cpu), so that build checks the dispatch only; conv_host_test.cpp (spec/cuda/)
- * checks the key and hash of the algorithm cache on the host. */
+ * (lm_cu_run_on_cpu), or with LUMEN_CUDA_EMU_CONV_DIRECT=1 on the direct kernels, the epilogue
+ * and the bias gradient of this file (so those are checked by the suite here);
+ * spec/cuda/conv_algo_test.cpp checks the algorithm cache (conv_algo.cuh) on the host. */
 #include "cuda.cuh"
 #include "ops/conv.h"
 #include "conv_algo.cuh"
