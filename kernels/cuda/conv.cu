@@ -71,10 +71,14 @@ template <class T>
 static lm_status dnn_epilogue_t(int k, int dt, T *out, const T *bias, int64_t bstride, const T *res,
                                 int relu, int64_t total, int64_t O, int64_t HW, int nhwc) {
    typedef typename dnn_io<T>::acc A;
+   const int small = total < ((int64_t)1 << 31);
    return lm_cu_for(k, total, [=] LM_HD(int64_t i) {
       A v = dnn_io<T>::ld(out, i, dt);
       if (bias) {
-         const int64_t c = nhwc ? i % O : i / HW % O;
+         /* 32-bit division when the indices fit (64-bit division is slow on the GPU) */
+         const int64_t c = small ? (int64_t)(nhwc ? (uint32_t)i % (uint32_t)O
+                                                  : (uint32_t)i / (uint32_t)HW % (uint32_t)O)
+                                 : nhwc ? i % O : i / HW % O;
          v += dnn_io<T>::ld(bias, c * bstride, dt);
       }
       if (res) v += dnn_io<T>::ld(res, i, dt);

@@ -60,11 +60,18 @@ static inline LM_HD void bn_put(const bn_vec &v, int64_t c, double x) {
 typedef struct {
    int64_t M, C, S;
    int rows;
+   int small; /* M * C < 2^31: 32-bit index math in bn_chan */
 } bn_lay;
 static inline LM_HD int64_t bn_at(const bn_lay &l, int64_t m, int64_t c) {
    return l.rows ? m * l.C + c : (m / l.S) * l.C * l.S + c * l.S + m % l.S;
 }
+/* the channel of element i (dense in the layout); 32-bit division when every index fits (a
+   64-bit division is a long instruction sequence on the GPU, once per element here) */
 static inline LM_HD int64_t bn_chan(const bn_lay &l, int64_t i) {
+   if (l.small) {
+      const uint32_t u = (uint32_t)i, C = (uint32_t)l.C;
+      return l.rows ? u % C : u / (uint32_t)l.S % C;
+   }
    return l.rows ? i % l.C : (i / l.S) % l.C;
 }
 static inline LM_HD double bn_ld(const char *p, int64_t i, int es, int dt) {
@@ -83,6 +90,7 @@ static bn_lay bn_layout(const lm_tensor *x, int mf) {
    for (int d = 2; d < x->ndim; d++) l.S *= x->sizes[d];
    l.M = x->sizes[0] * l.S;
    l.rows = mf == LM_CHANNELS_LAST || mf == LM_CHANNELS_LAST_3D || l.S == 1;
+   l.small = l.M * l.C < ((int64_t)1 << 31);
    return l;
 }
 
