@@ -208,6 +208,35 @@ describe("CUDA elementwise kernels against the CPU", function()
       check(f:to(DEV) / 0, f / 0, 0, "float division by zero: inf and NaN")
    end)
 
+   it("dense path: odd sizes (vector tails) and unaligned views", function()
+      lm.manual_seed(12)
+      for _, dt in ipairs({ F32, F16, BF16, F64, I64 }) do
+         for _, n in ipairs({ 1, 2, 3, 5, 7, 9, 33, 1027 }) do
+            local mk = dt == I64 and function() return cpu_ints({ n + 1 }, dt, -9, 9) end
+                       or function() return cpu_randn({ n + 1 }, dt) end
+            local a0, b0 = mk(), mk()
+            for off = 1, 2 do
+               -- off 2: every pointer one element past an aligned address
+               local function v(t) return t:narrow(1, off, n) end
+               local a, ac = pair(a0, v)
+               local b, bc = pair(b0, v)
+               local what = string.format("%s n=%d offset=%d", tostring(dt), n, off - 1)
+               local tol = tol_of(dt)
+               check(ac + bc, a + b, tol, "add " .. what)
+               check(ac * 3, a * 3, tol, "mul number " .. what)
+               check(ac:relu(), a:relu(), tol, "relu " .. what)
+               check(ac:le(bc), a:le(b), 0, "le " .. what)
+               check(lm.where(ac:gt(bc), ac, bc), lm.where(a:gt(b), a, b), 0, "where " .. what)
+               check(ac:to(F32), a:to(F32), 0, "to float32 " .. what)
+               check(ac:to(F16), a:to(F16), 0, "to float16 " .. what)
+               if dt ~= I64 then
+                  check(ac:addcmul(bc, ac, 0.5), a:addcmul(b, a, 0.5), tol, "addcmul " .. what)
+               end
+            end
+         end
+      end
+   end)
+
    it("mixed dtypes: promotion and rounding through the common dtype", function()
       lm.manual_seed(4)
       local a16 = cpu_randn(SHAPE, F16)

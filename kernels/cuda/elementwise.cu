@@ -51,12 +51,24 @@ template <class F> lm_status with_bits(int es, F &&f) {
 
 /* ---------------------------------------------------------------- copy bodies */
 
-/* dense: dst[i] = src[i] converted */
+/* dense: dst[i] = src[i] converted; work item j covers VW elements, moved as vectors when both
+   pointers are aligned for them (vec) */
 template <class SD, class SS> struct ConvDense {
    char *d;
    const char *s;
-   LM_HD void operator()(int64_t i) const {
-      St<SD>::st((SD *)d + i, St<SS>::ld((const SS *)s + i));
+   int64_t n;
+   int vec;
+   LM_HD void operator()(int64_t j) const {
+      const int64_t i0 = j * VW;
+      if (vec && i0 + VW <= n) {
+         const Vec<SS> x = *(const Vec<SS> *)((const SS *)s + i0);
+         Vec<SD> y;
+         for (int e = 0; e < VW; e++) St<SD>::st(&y.v[e], St<SS>::ld(&x.v[e]));
+         *(Vec<SD> *)((SD *)d + i0) = y;
+         return;
+      }
+      const int64_t end = i0 + VW < n ? i0 + VW : n;
+      for (int64_t i = i0; i < end; i++) St<SD>::st((SD *)d + i, St<SS>::ld((const SS *)s + i));
    }
 };
 /* strided, one dtype: bits moved */
@@ -241,10 +253,14 @@ lm_status cu_copy(int k, int device, const lm_operand *dst, const lm_operand *sr
          const int64_t n = it.numel;
          st = with_storage(ddt, [&](auto td) {
             return with_storage(sdt, [&](auto ts) {
-               ConvDense<typename decltype(td)::type, typename decltype(ts)::type> b;
+               typedef typename decltype(td)::type SD;
+               typedef typename decltype(ts)::type SS;
+               ConvDense<SD, SS> b;
                b.d = d;
                b.s = sp;
-               return lm_cu_for(k, n, b);
+               b.n = n;
+               b.vec = (uintptr_t)d % (sizeof(SD) * VW) == 0 && (uintptr_t)sp % (sizeof(SS) * VW) == 0;
+               return lm_cu_for(k, (n + VW - 1) / VW, b);
             });
          });
       }

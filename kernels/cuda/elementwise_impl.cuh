@@ -61,9 +61,24 @@ template <> struct St<double> {
    static LM_HD void st(double *p, double v) { *p = v; }
    static LM_HD void st(double *p, i64 v) { *p = (double)v; }
 };
+/* float16 -> float32 without lm_h2f's loop over subnormals (src/iter.c's h2f_fast, bit-exact with
+   lm_h2f over every input) */
+LM_HD inline float h2f(uint16_t h) {
+   const uint32_t em = (uint32_t)h & 0x7fff, sign = ((uint32_t)h & 0x8000) << 16;
+   const uint32_t norm = (em << 13) + 0x38000000u; /* exponent rebias (127 - 15) << 23 */
+   const uint32_t infnan = norm + 0x38000000u;     /* exponent 31 -> 255 */
+   const float subf = (float)(int32_t)em * 5.9604644775390625e-8f; /* em * 2^-24, exact */
+   uint32_t sub;
+   memcpy(&sub, &subf, 4);
+   const uint32_t r = (em >= 0x7c00 ? infnan : em < 0x0400 ? sub : norm) | sign;
+   float f;
+   memcpy(&f, &r, 4);
+   return f;
+}
+
 template <> struct St<H16> {
    typedef float V;
-   static LM_HD V ld(const H16 *p) { return lm_h2f(p->v); }
+   static LM_HD V ld(const H16 *p) { return h2f(p->v); }
    static LM_HD void st(H16 *p, float v) { p->v = lm_f2h(v); }
    static LM_HD void st(H16 *p, double v) { p->v = lm_f2h((float)v); }
    static LM_HD void st(H16 *p, i64 v) { p->v = lm_f2h((float)v); }
@@ -427,11 +442,12 @@ struct Geo {
    Div32 dv[LM_MAX_DIMS];
    int64_t st[MAXOPS][LM_MAX_DIMS];
    char *ptr[MAXOPS];
-   /* byte offsets of element i in each operand */
+   /* byte offsets of element i in each operand (the loops over operands run to MAXOPS, whose
+      unused strides are 0, so they unroll and off[] stays in registers) */
    LM_HD void offsets(int64_t i, int64_t *off) const {
       for (int k = 0; k < MAXOPS; k++) off[k] = 0;
       if (nd == 1) {
-         for (int k = 0; k < nops; k++) off[k] = i * st[k][0];
+         for (int k = 0; k < MAXOPS; k++) off[k] = i * st[k][0];
          return;
       }
       if (small) {
@@ -439,7 +455,7 @@ struct Geo {
          for (int d = 0; d < nd; d++) {
             const uint32_t q = d + 1 < nd ? dv[d].div(r) : 0;
             const int64_t c = (int64_t)(r - q * dv[d].d);
-            for (int k = 0; k < nops; k++) off[k] += c * st[k][d];
+            for (int k = 0; k < MAXOPS; k++) off[k] += c * st[k][d];
             r = q;
          }
       } else {
@@ -447,7 +463,7 @@ struct Geo {
          for (int d = 0; d < nd; d++) {
             const int64_t q = d + 1 < nd ? r / shape[d] : 0;
             const int64_t c = r - q * shape[d];
-            for (int k = 0; k < nops; k++) off[k] += c * st[k][d];
+            for (int k = 0; k < MAXOPS; k++) off[k] += c * st[k][d];
             r = q;
          }
       }
@@ -497,43 +513,88 @@ template <int TB, class T> struct GenBody {
       int64_t off[MAXOPS];
       g.offsets(i, off);
       T v[3] = {0, 0, 0};
-      for (int k = 0; k < a.nin; k++)
-         v[k] = k == a.scalar_k ? a.sval
-                                : load_in<T>(g.ptr[k + 1] + off[k + 1], a.dt[k + 1], a.via[k], a.in_dt[k]);
+      for (int k = 0; k < 3; k++)
+         if (k < a.nin)
+            v[k] = k == a.scalar_k ? a.sval
+                                   : load_in<T>(g.ptr[k + 1] + off[k + 1], a.dt[k + 1], a.via[k], a.in_dt[k]);
       T r = dispatch<0>(a.kop, v);
       if (a.epi >= 0) r = epilogue<T>(a.epi, r);
       store_out<T>(g.ptr[0] + off[0], a.dt[0], r, a.out_dt, a.out_via);
    }
 };
 
+/* VW elements of storage S moved as one aligned vector (a 16-byte load for float32, 8 bytes for
+   float16 / bfloat16) */
+constexpr int VW = 4;
+template <class S> struct alignas(sizeof(S) * VW) Vec { S v[VW]; };
+
 /* the dense body: element i at index i of every operand (bstride[k] 0 for a broadcast one-element
    input), tensor inputs of storage S (the where condition: bool / uint8 bytes), the output S or
-   bool */
+   bool. Work item j covers elements [VW j, VW j + VW): with vector loads and stores when every
+   pointer is aligned for them (vec), else one by one. */
 template <int TB, int OP, class T, class S> struct HomoBody {
    char *out;
    const char *in[3];
    int64_t bstride[3]; /* 1, or 0 for a one-element input */
+   int64_t n;
+   int vec;
    Args<T> a;
-   LM_HD void operator()(int64_t i) const {
-      constexpr int N = nin_of(TB, OP);
-      T v[3] = {0, 0, 0};
-#ifdef __CUDA_ARCH__
-#pragma unroll
-#endif
-      for (int k = 0; k < N; k++) {
-         if (k == a.scalar_k) {
-            v[k] = a.sval;
-         } else if (TB == LM_EW_OTHER && OP == LM_T_WHERE && k == 0) {
-            v[k] = (T)(((const uint8_t *)in[0])[i * bstride[0]] != 0);
-         } else {
-            v[k] = (T)St<S>::ld((const S *)in[k] + i * bstride[k]);
-         }
-      }
+   static constexpr bool WHERE = TB == LM_EW_OTHER && OP == LM_T_WHERE;
+   LM_HD T finish(const T *v) const {
       T r = apply<TB, OP, T>(v, a.p);
       if constexpr (TB == LM_EW_BINARY && !bool_out(TB, OP))
          if (a.epi >= 0) r = epilogue<T>(a.epi, r);
+      return r;
+   }
+   LM_HD void one(int64_t i) const {
+      constexpr int N = nin_of(TB, OP);
+      T v[3] = {0, 0, 0};
+      for (int k = 0; k < N; k++) {
+         if (k == a.scalar_k) v[k] = a.sval;
+         else if (WHERE && k == 0) v[k] = (T)(((const uint8_t *)in[0])[i * bstride[0]] != 0);
+         else v[k] = (T)St<S>::ld((const S *)in[k] + i * bstride[k]);
+      }
+      const T r = finish(v);
       if constexpr (bool_out(TB, OP)) ((uint8_t *)out)[i] = r != 0;
       else St<S>::st((S *)out + i, r);
+   }
+   LM_HD void operator()(int64_t j) const {
+      const int64_t i0 = j * VW;
+      if (!vec || i0 + VW > n) {
+         const int64_t end = i0 + VW < n ? i0 + VW : n;
+         for (int64_t i = i0; i < end; i++) one(i);
+         return;
+      }
+      constexpr int N = nin_of(TB, OP);
+      T v[VW][3];
+      for (int k = 0; k < N; k++) {
+         if (k == a.scalar_k) {
+            for (int e = 0; e < VW; e++) v[e][k] = a.sval;
+         } else if (WHERE && k == 0) {
+            if (bstride[0] == 0) {
+               const T c = (T)(*(const uint8_t *)in[0] != 0);
+               for (int e = 0; e < VW; e++) v[e][k] = c;
+            } else {
+               const Vec<uint8_t> c = *(const Vec<uint8_t> *)(in[0] + i0);
+               for (int e = 0; e < VW; e++) v[e][k] = (T)(c.v[e] != 0);
+            }
+         } else if (bstride[k] == 0) {
+            const T x = (T)St<S>::ld((const S *)in[k]);
+            for (int e = 0; e < VW; e++) v[e][k] = x;
+         } else {
+            const Vec<S> x = *(const Vec<S> *)((const S *)in[k] + i0);
+            for (int e = 0; e < VW; e++) v[e][k] = (T)St<S>::ld(&x.v[e]);
+         }
+      }
+      if constexpr (bool_out(TB, OP)) {
+         Vec<uint8_t> o;
+         for (int e = 0; e < VW; e++) o.v[e] = finish(v[e]) != 0;
+         *(Vec<uint8_t> *)(out + i0) = o;
+      } else {
+         Vec<S> o;
+         for (int e = 0; e < VW; e++) St<S>::st(&o.v[e], finish(v[e]));
+         *(Vec<S> *)((S *)out + i0) = o;
+      }
    }
 };
 
@@ -557,8 +618,15 @@ template <int TB, int OP, class T, class S> lm_status homo_run(const HomoLaunch 
    HomoBody<TB, OP, T, S> b;
    b.out = l.out;
    for (int k = 0; k < 3; k++) b.in[k] = l.in[k], b.bstride[k] = l.bstride[k];
+   b.n = l.n;
    b.a = *(const Args<T> *)l.args;
-   return lm_cu_for(l.k, l.n, b);
+   /* vector access needs every streamed pointer aligned to a whole vector */
+   const uintptr_t vs = sizeof(S) * VW, os = bool_out(TB, OP) ? (uintptr_t)VW : vs;
+   b.vec = (uintptr_t)l.out % os == 0;
+   for (int k = 0; k < nin_of(TB, OP); k++)
+      if (k != b.a.scalar_k && l.bstride[k] != 0)
+         b.vec &= (uintptr_t)l.in[k] % ((TB == LM_EW_OTHER && OP == LM_T_WHERE && k == 0) ? (uintptr_t)VW : vs) == 0;
+   return lm_cu_for(l.k, (l.n + VW - 1) / VW, b);
 }
 template <int TB, int OP> lm_status homo_op(const HomoLaunch &l) {
    if (l.kind == LM_K_F32) {
