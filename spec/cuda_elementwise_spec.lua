@@ -416,6 +416,10 @@ describe("CUDA elementwise kernels against the CPU", function()
             check(xl:to(DEV):contiguous(), xl:contiguous(), 0, "to NCHW " .. what)
             -- with a dtype change at once
             check(xc:to(F16, lm.channels_last), x:to(F16, lm.channels_last), 0, "to f16 NHWC " .. what)
+            check(xl:to(DEV):to(F32, lm.contiguous_format), xl:to(F32, lm.contiguous_format), 0,
+                  "NHWC to f32 NCHW " .. what)
+            check(xl:to(DEV):to(BF16, lm.contiguous_format), xl:to(BF16, lm.contiguous_format), 0,
+                  "NHWC to bf16 NCHW " .. what)
             -- non-dense sources
             local v = function(t) return t:narrow(3, 1, sh[3] - 1):permute(1, 3, 4, 2) end
             check(v(xc):contiguous(), v(x):contiguous(), 0, "strided " .. what)

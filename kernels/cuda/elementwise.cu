@@ -13,8 +13,9 @@
  * COPY: overlap as the CPU (the identical view of the same dtype: nothing; a partial overlap:
  * through a temporary), then a stream-ordered cudaMemcpyAsync for dense same-layout same-dtype
  * copies, a dense conversion kernel per (dst, src) dtype pair, a shared-memory tiled transpose for
- * a same-dtype copy between two layouts (NCHW <-> NHWC: :to(lm.channels_last)), else the general
- * strided copy (bits moved for one dtype, lm_convert's casts across dtypes).
+ * a copy between two layouts (NCHW <-> NHWC: :to(lm.channels_last); one dtype, or two float dtypes
+ * converted on the way), else the general strided copy (bits moved for one dtype, lm_convert's
+ * casts across dtypes).
  * FILL: cudaMemsetAsync for a dense zero fill, else a store kernel. */
 #include "elementwise_impl.cuh"
 #include <string.h>
@@ -143,9 +144,15 @@ struct TileGeo {
    }
 };
 
+/* one element of a tile: bits moved for one dtype, converted (lm_convert's casts) across two */
+template <class D, class S> LM_HD inline void tile_move(D *d, const S *s) {
+   if constexpr (std::is_same<D, S>::value) *d = *s;
+   else St<D>::st(d, St<S>::ld(s));
+}
+
 #ifndef LM_CUDA_EMU
-template <class E> __global__ void tile_kernel(TileGeo g) {
-   __shared__ E t[32][33];
+template <class D, class S> __global__ void tile_kernel(TileGeo g) {
+   __shared__ D t[32][33];
    const int tx = threadIdx.x, ty = threadIdx.y;
    for (int64_t task = blockIdx.x; task < g.tasks; task += gridDim.x) {
       char *dp;
@@ -153,16 +160,16 @@ template <class E> __global__ void tile_kernel(TileGeo g) {
       int64_t ni, nk;
       g.tile(task, &dp, &sp, &ni, &nk);
       for (int j = ty; j < TILE; j += TROWS)
-         if (j < ni && tx < nk) t[j][tx] = *(const E *)(sp + j * g.s0 + tx * g.sk);
+         if (j < ni && tx < nk) tile_move(&t[j][tx], (const S *)(sp + j * g.s0 + tx * g.sk));
       __syncthreads();
       for (int j = ty; j < TILE; j += TROWS)
-         if (tx < ni && j < nk) *(E *)(dp + tx * g.d0 + j * g.dk) = t[tx][j];
+         if (tx < ni && j < nk) *(D *)(dp + tx * g.d0 + j * g.dk) = t[tx][j];
       __syncthreads();
    }
 }
 #endif
 
-template <class E> lm_status tile_run(int k, const TileGeo &g) {
+template <class D, class S> lm_status tile_run(int k, const TileGeo &g) {
 #ifdef LM_CUDA_EMU
    (void)k;
    for (int64_t task = 0; task < g.tasks; task++) {
@@ -172,14 +179,24 @@ template <class E> lm_status tile_run(int k, const TileGeo &g) {
       g.tile(task, &dp, &sp, &ni, &nk);
       for (int64_t j = 0; j < nk; j++)
          for (int64_t i = 0; i < ni; i++)
-            *(E *)(dp + i * g.d0 + j * g.dk) = *(const E *)(sp + i * g.s0 + j * g.sk);
+            tile_move((D *)(dp + i * g.d0 + j * g.dk), (const S *)(sp + i * g.s0 + j * g.sk));
    }
    return LM_OK;
 #else
    int64_t blocks = g.tasks < 132 * 16 ? g.tasks : 132 * 16;
-   tile_kernel<E><<<(unsigned)blocks, dim3(32, TROWS), 0, lm_cu_stream(k)>>>(g);
+   tile_kernel<D, S><<<(unsigned)blocks, dim3(32, TROWS), 0, lm_cu_stream(k)>>>(g);
    return lm_cu_err(cudaPeekAtLastError(), "kernel launch");
 #endif
+}
+
+/* f(Tag<S>()) for the floating dtypes (the converting transposes: float32 <-> float16 ...) */
+template <class F> lm_status with_float_storage(int dt, F &&f) {
+   switch (dt) {
+   case LM_FLOAT32: return f(Tag<float>());
+   case LM_FLOAT64: return f(Tag<double>());
+   case LM_FLOAT16: return f(Tag<H16>());
+   default: return f(Tag<BF16>());
+   }
 }
 
 static void tile_geo(TileGeo &g, const lm_iter &it, int kd) {
@@ -265,11 +282,13 @@ lm_status cu_copy(int k, int device, const lm_operand *dst, const lm_operand *sr
          });
       }
    } else {
+      /* dst unit-stride in dim 0, src in another dim: tiles (one dtype, or two float dtypes) */
       int kd = -1;
-      if (ddt == sdt && it.ndim >= 2 && it.strides[0][0] == des && it.strides[1][0] != des &&
-          it.shape[0] >= 4) {
+      const bool tconv = ddt != sdt && lm_is_float_dtype(ddt) && lm_is_float_dtype(sdt);
+      if ((ddt == sdt || tconv) && it.ndim >= 2 && it.strides[0][0] == des &&
+          it.strides[1][0] != ses && it.shape[0] >= 4) {
          for (int d = 1; d < it.ndim; d++)
-            if (it.strides[1][d] == des && it.shape[d] >= 4) {
+            if (it.strides[1][d] == ses && it.shape[d] >= 4) {
                kd = d;
                break;
             }
@@ -277,7 +296,18 @@ lm_status cu_copy(int k, int device, const lm_operand *dst, const lm_operand *sr
       if (kd > 0) {
          TileGeo g;
          tile_geo(g, it, kd);
-         st = with_bits(des, [&](auto te) { return tile_run<typename decltype(te)::type>(k, g); });
+         if (ddt == sdt) {
+            st = with_bits(des, [&](auto te) {
+               typedef typename decltype(te)::type E;
+               return tile_run<E, E>(k, g);
+            });
+         } else {
+            st = with_float_storage(ddt, [&](auto td) {
+               return with_float_storage(sdt, [&](auto ts) {
+                  return tile_run<typename decltype(td)::type, typename decltype(ts)::type>(k, g);
+               });
+            });
+         }
       } else {
          Geo g;
          geo_of(g, it);

@@ -170,9 +170,9 @@ LM_HD inline Val through_rt(int dt, const Val &v) {
 /* a value as the compute type T (float / double / int64): the last step of lm_convert into the
    kernel's input dtype */
 template <class T> LM_HD inline T val_as(const Val &v) {
-   alignas(8) T r;
-   if (std::is_same<T, float>::value) st_val<float>((char *)&r, v);
-   else if (std::is_same<T, double>::value) st_val<double>((char *)&r, v);
+   T r;
+   if constexpr (std::is_same<T, float>::value) st_val<float>((char *)&r, v);
+   else if constexpr (std::is_same<T, double>::value) st_val<double>((char *)&r, v);
    else st_val<i64>((char *)&r, v);
    return r;
 }
