@@ -11,6 +11,7 @@
 #include <cudnn.h>
 #endif
 #include <stdio.h>
+#include <stdlib.h>
 
 static lm_kernel_fn table[LM_OP_COUNT];
 static int ndev = 0;
@@ -134,6 +135,12 @@ extern "C" int lm_cuda_init(char *why, size_t cap) {
    }
 #endif
    if (n > LM_NUM_CUDA) n = LM_NUM_CUDA;
+   /* environment overrides of the defaults: LUMEN_ALLOW_TF32=0|1 (both TF32 switches; the spec
+      suite on a GPU runs with 0, as its float32 tolerances are the CPU's), LUMEN_CUDNN_BENCHMARK */
+   const char *tf = getenv("LUMEN_ALLOW_TF32");
+   if (tf && *tf) options[LM_CU_OPT_TF32_CONV] = options[LM_CU_OPT_TF32_MATMUL] = *tf == '1';
+   const char *bm = getenv("LUMEN_CUDNN_BENCHMARK");
+   if (bm && *bm) options[LM_CU_OPT_BENCHMARK] = *bm == '1';
    lm_cuda_register_elementwise(table);
    lm_cuda_register_reduce(table);
    lm_cuda_register_random(table);
