@@ -8,10 +8,12 @@
 #      "N passed, N failed" line (the last one counts; a non-zero exit with 0 failures adds one
 #      failure); otherwise it counts as one test, passed when it exits 0.
 #
-# On a test device: LUMEN_TEST_DEVICE=sim:0 (any device string lumen knows) runs every spec file
-# with LUMEN_DEFAULT_DEVICE set to it, so the factories make their tensors there and the specs'
+# On a test device: LUMEN_TEST_DEVICE=sim:0 (any device string lumen knows: cuda:0 too, on a GPU
+# or with the emulated CUDA library, `make test-cuda-emu`) runs every spec file with
+# LUMEN_DEFAULT_DEVICE set to it, so the factories make their tensors there and the specs'
 # values, formats and gradients are checked on that device; the C programs are skipped (they pick
-# their devices themselves) and so are the host-only spec files listed in device_skip below.
+# their devices themselves) and so are the host-only spec files listed in device_skip below (the
+# same list for every device).
 #
 # busted's own summary "<n> successes / <n> failures / <n> errors / <n> pending : <t> seconds" is
 # parsed: passed += successes, failed += failures + errors. A busted run that dies before printing
