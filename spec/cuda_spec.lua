@@ -187,6 +187,48 @@ describe("lm.cuda on a CUDA device", function()
                       base:to("cuda:0"):transpose(1, 2):cpu():totable())
    end)
 
+   it("copies between cuda:0 and the sim test device through the host", function()
+      local x = host_values({ 2, 3, 4, 5 }, "float32"):contiguous(lm.channels_last)
+      local s = x:to("sim:0"):to("cuda:0")
+      assert.are.equal("cuda:0", s:device())
+      assert.are.same(x:stride(), s:stride())
+      local back = s:to("sim:1")
+      assert.are.same(x:stride(), back:stride())
+      assert.are.same(x:totable(), back:totable())
+      assert.are.same(x:narrow(2, 2, 2):totable(),
+                      x:to("sim:0"):narrow(2, 2, 2):to("cuda:0"):cpu():totable())
+   end)
+
+   it("copies between two GPUs (two emulated ones here)", function()
+      local code = [[
+         local lm = require("lumen")
+         assert(lm.cuda.device_count() == 2, "device_count " .. lm.cuda.device_count())
+         local x = lm.rand({ 2, 3, 4, 5 }, { device = "cpu" }):contiguous(lm.channels_last)
+         local a = x:to("cuda:0")
+         local b = a:to("cuda:1")
+         assert(b:device() == "cuda:1")
+         assert(b:is_contiguous(lm.channels_last))
+         assert(b:cpu():equal(x))
+         assert(a:narrow(2, 2, 2):to("cuda:1"):cpu():equal(x:narrow(2, 2, 2)))
+         local big = lm.rand({ 3 * 2 ^ 20 }, { device = "cpu" })
+         assert(big:to("cuda:1"):to("cuda:0"):cpu():equal(big))
+         assert(lm.cuda.memory_allocated(1) > 0)
+         io.write("ok")
+      ]]
+      local v = lm.cuda.versions()
+      if not v.emulated and lm.cuda.device_count() < 2 then return end   -- one real GPU
+      local sh = require("spec.shell")
+      local lib = os.getenv("LUMEN_CUDA_LIB")
+      local env = "LUMEN_CUDA_EMU_DEVICES=2 LUMEN_DEFAULT_DEVICE= "
+         .. (lib and ("LUMEN_CUDA_LIB=" .. sh.q(lib) .. " ") or "")
+      local full = "package.path = " .. ("%q"):format(package.path) .. "; " ..
+         "package.cpath = " .. ("%q"):format(package.cpath) .. "; " .. code
+      local luajit = os.getenv("LUAJIT") or "luajit"
+      local out, rc = sh.sh(env .. sh.q(luajit) .. " -e " .. sh.q(full))
+      assert.are.equal(0, rc, out)
+      assert.are.equal("ok", out)
+   end)
+
    it("counts live bytes, keeps freed blocks cached, and empty_cache releases them", function()
       lm.cuda.empty_cache()
       local s0 = stats()

@@ -111,10 +111,13 @@ struct Device {
    bool staged;
 };
 
-Device devs[LM_NUM_CUDA];
+/* on the heap and never destroyed (as PyTorch's allocator): a tensor freed while the process
+   exits, after static destructors have run, must still find its device's tables */
+Device *devs;
 pthread_once_t devs_once = PTHREAD_ONCE_INIT;
 
 void init_devs() {
+   devs = new Device[LM_NUM_CUDA]();
    for (int k = 0; k < LM_NUM_CUDA; k++) {
       Device &d = devs[k];
       pthread_mutex_init(&d.mu, NULL);

@@ -56,6 +56,12 @@ lm_status lm_cu_set_device(int k) {
    return LM_OK;
 }
 
+/* the host views' storages get this deleter (never called: they are stack copies) so that a CPU
+   kernel does not take the device block for one of the CPU allocator's (lm_tensor_block_cold
+   wants deleter == NULL): it would read the allocator's header in front of the block and, after
+   streaming stores, write one there (lm_tensor_note_streamed), into a neighbouring device block */
+static void not_an_lm_alloc_block(void *ctx) { (void)ctx; }
+
 lm_status lm_cu_run_on_cpu(const lm_op *op) {
    enum { N = 16 };
    if (op->nt > N) return lm_error(LM_ERR_INTERNAL, "%s: too many tensors", lm_op_name(op->kind));
@@ -75,6 +81,7 @@ lm_status lm_cu_run_on_cpu(const lm_op *op) {
          if (!tc[i].storage) {
             sc[i] = *t->storage;
             sc[i].device = LM_CPU;
+            sc[i].deleter = not_an_lm_alloc_block;
             tc[i].storage = &sc[i];
          }
       }
