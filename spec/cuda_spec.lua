@@ -199,10 +199,27 @@ describe("lm.cuda on a CUDA device", function()
                       x:to("sim:0"):narrow(2, 2, 2):to("cuda:0"):cpu():totable())
    end)
 
+   -- run code in a fresh LuaJIT with two GPUs (two emulated ones in the emulated build); false
+   -- when there are not two
+   local function on_two_gpus(code)
+      if not lm.cuda.versions().emulated and lm.cuda.device_count() < 2 then return false end
+      local sh = require("spec.shell")
+      local lib = os.getenv("LUMEN_CUDA_LIB")
+      local env = "LUMEN_CUDA_EMU_DEVICES=2 LUMEN_DEFAULT_DEVICE= "
+         .. (lib and ("LUMEN_CUDA_LIB=" .. sh.q(lib) .. " ") or "")
+      local full = "package.path = " .. ("%q"):format(package.path) .. "; " ..
+         "package.cpath = " .. ("%q"):format(package.cpath) .. "; " ..
+         "local lm = require('lumen'); " ..
+         "assert(lm.cuda.device_count() == 2, 'device_count ' .. lm.cuda.device_count()); " .. code
+      local luajit = os.getenv("LUAJIT") or "luajit"
+      local out, rc = sh.sh(env .. sh.q(luajit) .. " -e " .. sh.q(full))
+      assert.are.equal(0, rc, out)
+      assert.are.equal("ok", out)
+      return true
+   end
+
    it("copies between two GPUs (two emulated ones here)", function()
-      local code = [[
-         local lm = require("lumen")
-         assert(lm.cuda.device_count() == 2, "device_count " .. lm.cuda.device_count())
+      on_two_gpus([[
          local x = lm.rand({ 2, 3, 4, 5 }, { device = "cpu" }):contiguous(lm.channels_last)
          local a = x:to("cuda:0")
          local b = a:to("cuda:1")
@@ -214,19 +231,55 @@ describe("lm.cuda on a CUDA device", function()
          assert(big:to("cuda:1"):to("cuda:0"):cpu():equal(big))
          assert(lm.cuda.memory_allocated(1) > 0)
          io.write("ok")
-      ]]
-      local v = lm.cuda.versions()
-      if not v.emulated and lm.cuda.device_count() < 2 then return end   -- one real GPU
-      local sh = require("spec.shell")
-      local lib = os.getenv("LUMEN_CUDA_LIB")
-      local env = "LUMEN_CUDA_EMU_DEVICES=2 LUMEN_DEFAULT_DEVICE= "
-         .. (lib and ("LUMEN_CUDA_LIB=" .. sh.q(lib) .. " ") or "")
-      local full = "package.path = " .. ("%q"):format(package.path) .. "; " ..
-         "package.cpath = " .. ("%q"):format(package.cpath) .. "; " .. code
-      local luajit = os.getenv("LUAJIT") or "luajit"
-      local out, rc = sh.sh(env .. sh.q(luajit) .. " -e " .. sh.q(full))
-      assert.are.equal(0, rc, out)
-      assert.are.equal("ok", out)
+      ]])
+   end)
+
+   it("lm.comm broadcasts and sums across GPUs with NCCL (emulated: on the host)", function()
+      on_two_gpus([[
+         local comm = lm.comm
+         local x = lm.rand({ 2, 3, 4, 5 }, { device = "cpu" }):contiguous(lm.channels_last)
+         local a = x:to("cuda:0")
+         local calls = comm._nccl_calls
+         local out = comm.broadcast(a, { "cuda:1", "cuda:0" })
+         assert(comm._nccl_calls == calls + 1, "broadcast did not use NCCL")
+         assert(out[2] == a and out[1]:device() == "cuda:1")
+         assert(out[1]:is_contiguous(lm.channels_last))
+         assert(out[1]:cpu():equal(x))
+         for _, dn in ipairs({ "float32", "float64", "float16", "bfloat16", "int64", "int32",
+                               "uint8", "bool" }) do
+            local t = (x * 10):to(lm[dn]):to("cuda:0")
+            local o = comm.broadcast(t, { "cuda:0", "cuda:1" })
+            assert(o[2]:cpu():equal(t:cpu()), dn)
+         end
+         -- sums
+         local y = lm.rand({ 2, 3, 4, 5 }, { device = "cpu" }):contiguous(lm.channels_last)
+         calls = comm._nccl_calls
+         local s = comm.reduce_add({ x:to("cuda:0"), y:to("cuda:1") }, "cuda:1")
+         assert(comm._nccl_calls == calls + 1, "reduce_add did not use NCCL")
+         assert(s:device() == "cuda:1" and s:is_contiguous(lm.channels_last))
+         assert(s:cpu():allclose(x + y, 1e-6, 1e-6))
+         local i = comm.reduce_add({ lm.arange(6):to("cuda:1"), lm.arange(6):to("cuda:0") },
+                                   "cuda:0")
+         assert(i:dtype() == lm.int64)
+         assert(i:cpu():equal(lm.arange(6, { device = "cpu" }) * 2))
+         -- the copying path where NCCL does not apply: autograd, layouts that differ, a CPU
+         -- destination, bool
+         calls = comm._nccl_calls
+         local g = x:to("cuda:0")
+         g.requires_grad = true
+         local gb = comm.broadcast(g, { "cuda:0", "cuda:1" })
+         gb[2]:sum():backward()
+         assert(g.grad ~= nil)
+         local mixed = comm.reduce_add({ x:to("cuda:0"), y:contiguous():to("cuda:1") }, "cuda:1")
+         assert(mixed:cpu():allclose(x + y, 1e-6, 1e-6))
+         local host = comm.reduce_add({ x:to("cuda:0"), y:to("cuda:1") }, "cpu")
+         assert(host:allclose(x + y, 1e-6, 1e-6))
+         local bools = comm.reduce_add({ (x:gt(0.5)):to("cuda:0"), (y:gt(0.5)):to("cuda:1") },
+                                       "cuda:0")
+         assert(bools:cpu():equal(x:gt(0.5):logical_or(y:gt(0.5))))
+         assert(comm._nccl_calls == calls, "NCCL used where it must not be")
+         io.write("ok")
+      ]])
    end)
 
    it("counts live bytes, keeps freed blocks cached, and empty_cache releases them", function()

@@ -125,6 +125,8 @@ typedef struct lm_cuda_api {
    lm_status (*device_properties)(int dev, char *buf, size_t cap, int64_t *out);
    void (*versions)(int64_t *out);
    void (*collected)(void); /* Lua finished a collection (lm_mem_collected) */
+   lm_status (*nccl_broadcast)(lm_tensor **ts, int n, int root);
+   lm_status (*nccl_reduce_add)(lm_tensor **ins, int n, lm_tensor *out, int root);
 } lm_cuda_api;
 void lm_cuda_register_api(const lm_cuda_api *api);
 

@@ -183,6 +183,57 @@ lm_status lm_cuda_versions(int64_t *out) {
    return LM_OK;
 }
 
+/* the NCCL calls' tensors: each on another GPU, one dtype, sizes and strides, dense */
+static lm_status nccl_check(lm_tensor **ts, int n, const lm_tensor *like) {
+   if (!ts || n < 1 || n > LM_NUM_CUDA)
+      return lm_error(LM_ERR_ARG, "expected 1 to %d tensors, got %d", LM_NUM_CUDA, n);
+   int seen = 0;
+   for (int i = 0; i < n; i++) {
+      const lm_tensor *t = ts[i];
+      if (!t) return lm_error(LM_ERR_ARG, "tensors[%d] is nil", i + 1);
+      const int k = t->device - LM_CUDA0;
+      if (k < 0 || k >= LM_NUM_CUDA) {
+         char d[24];
+         return lm_error(LM_ERR_DEVICE, "tensors[%d] is on %s, not a GPU", i + 1,
+                         lm_device_name(t->device, d, sizeof d));
+      }
+      LM_TRY(cuda_check(k, 0));
+      if (seen & (1 << k)) return lm_error(LM_ERR_ARG, "two tensors on cuda:%d", k);
+      seen |= 1 << k;
+      if (!t->storage || !lm_is_non_overlapping_and_dense(t))
+         return lm_error(LM_ERR_ARG, "tensors[%d] is not dense", i + 1);
+      if (t->dtype != like->dtype || t->ndim != like->ndim ||
+          memcmp(t->sizes, like->sizes, sizeof(int64_t) * (size_t)t->ndim) != 0 ||
+          memcmp(t->strides, like->strides, sizeof(int64_t) * (size_t)t->ndim) != 0)
+         return lm_error(LM_ERR_ARG, "tensors[%d] differs from the others in dtype, sizes or "
+                         "strides", i + 1);
+   }
+   return LM_OK;
+}
+
+lm_status lm_cuda_nccl_broadcast(lm_tensor **ts, int n, int root) {
+   LM_TRY(cuda_check(-1, 1));
+   if (ts && n >= 1 && ts[0]) LM_TRY(nccl_check(ts, n, ts[0]));
+   else return lm_error(LM_ERR_ARG, "expected at least one tensor");
+   if (root < 0 || root >= n) return lm_error(LM_ERR_ARG, "root %d is not one of the %d", root, n);
+   return cuda_api->nccl_broadcast(ts, n, root);
+}
+
+lm_status lm_cuda_nccl_reduce_add(lm_tensor **ins, int n, lm_tensor *out) {
+   LM_TRY(cuda_check(-1, 1));
+   if (!out) return lm_error(LM_ERR_ARG, "out is nil");
+   LM_TRY(nccl_check(ins, n, out));
+   lm_tensor *one[1] = {out};
+   LM_TRY(nccl_check(one, 1, out));
+   int root = -1;
+   for (int i = 0; i < n; i++)
+      if (ins[i]->device == out->device) root = i;
+   if (root < 0) return lm_error(LM_ERR_ARG, "out must be on the GPU of one of the inputs");
+   if (out->dtype == LM_BOOL)
+      return lm_error(LM_ERR_DTYPE, "bool tensors have no sum (use an integer dtype)");
+   return cuda_api->nccl_reduce_add(ins, n, out, root);
+}
+
 /* called by lm_mem_collected for every collection: only a loaded library has anything to do (a
    collection never loads it) */
 void lm_device_collected(void) {

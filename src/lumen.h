@@ -167,6 +167,12 @@ lm_status lm_cuda_set_memory_fraction(int dev, double fraction);
 /* the GPU's name (cudaGetDeviceProperties) into buf, and out[LM_CUDA_NPROPS] (may be NULL) */
 lm_status lm_cuda_device_properties(int dev, char *buf, size_t cap, int64_t *out);
 lm_status lm_cuda_versions(int64_t *out);     /* out[LM_CUDA_NVERSIONS] */
+/* lm.comm on GPUs: NCCL across the GPUs of this process (kernels/cuda/nccl.cu; libnccl.so.2 is
+   loaded on first use; the emulated build copies and adds on the host). The tensors are
+   non-overlapping and dense, of one dtype, sizes and strides, each on another GPU. */
+lm_status lm_cuda_nccl_broadcast(lm_tensor **ts, int n, int root);  /* ts[root] into the others */
+/* out = the sum of ins[0..n) (not bool); out is on one of their GPUs */
+lm_status lm_cuda_nccl_reduce_add(lm_tensor **ins, int n, lm_tensor *out);
 
 /* ---- storage and tensor lifetime (src/tensor.c) ---- */
 lm_storage *lm_storage_new(int64_t nbytes, int device);

@@ -1,6 +1,6 @@
-/* alloc_api.cuh -- what the caching allocator (alloc.cu) offers backend.cu for liblumen's
- * lm_cuda_* API (src/lumen.h: memory statistics, empty_cache, the memory fraction, collections).
- * Kernels use cuda.cuh's lm_cu_alloc / lm_cu_free / lm_cu_memcpy only. */
+/* alloc_api.cuh -- what alloc.cu (the caching allocator) and nccl.cu offer backend.cu for
+ * liblumen's lm_cuda_* API (src/lumen.h: memory statistics, empty_cache, the memory fraction,
+ * collections; NCCL). Kernels use cuda.cuh's lm_cu_alloc / lm_cu_free / lm_cu_memcpy only. */
 #ifndef LUMEN_CUDA_ALLOC_API_CUH
 #define LUMEN_CUDA_ALLOC_API_CUH
 #include "cuda.cuh"
@@ -14,4 +14,9 @@ void lm_cu_reset_peak(int k);
 lm_status lm_cu_set_memory_fraction(int k, double fraction);
 /* Lua finished a collection: every device's growth is measured from its live bytes now */
 void lm_cu_collected(void);
+
+/* nccl.cu (src/device.c checked the tensors): ts[root] into every other ts[i]; out (on
+   ins[root]'s GPU) = the sum of ins */
+lm_status lm_cu_nccl_broadcast(lm_tensor **ts, int n, int root);
+lm_status lm_cu_nccl_reduce_add(lm_tensor **ins, int n, lm_tensor *out, int root);
 #endif

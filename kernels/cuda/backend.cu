@@ -197,6 +197,8 @@ static const lm_cuda_api api = {
    api_device_properties,
    api_versions,
    lm_cu_collected,
+   lm_cu_nccl_broadcast,
+   lm_cu_nccl_reduce_add,
 };
 
 /* LUMEN_CUDNN_BENCHMARK=0/1, LUMEN_ALLOW_TF32=0/1 (both TF32 switches) */

@@ -528,10 +528,12 @@ E("lm.comm.gather", "lm.comm.gather(list, opts) -> Tensor", "Concatenate the ten
      err = "`lumen.comm.gather: <problem>`: an empty list, a non-tensor, sizes that differ "
      .. "outside dim, different ranks or dtypes, an unknown destination" })
 E("lm.comm.broadcast", "lm.comm.broadcast(t, devices) -> array of tensors", "t on every device "
-   .. "of the list: t itself where it already is (as torch), else a copy.",
+   .. "of the list: t itself where it already is (as torch), else a copy. Over GPUs (t on one "
+   .. "of them, each another GPU, no grad) one NCCL broadcast; LUMEN_NCCL=0 turns that off.",
    { fmt = "copies keep t's memory format", err = "an unknown device, an empty list" })
 E("lm.comm.reduce_add", "lm.comm.reduce_add(list, destination) -> Tensor", "The sum of the "
-   .. "tensors, computed on destination (default: the default device).",
+   .. "tensors, computed on destination (default: the default device). Tensors on different "
+   .. "GPUs, one of them the destination, of one dtype and layout, no grad: one NCCL reduce.",
    { fmt = "the first tensor's format", err = "an empty list, sizes that differ, an unknown "
      .. "destination" })
 
