@@ -199,22 +199,27 @@ describe("lm.cuda on a CUDA device", function()
                       x:to("sim:0"):narrow(2, 2, 2):to("cuda:0"):cpu():totable())
    end)
 
-   -- run code in a fresh LuaJIT with two GPUs (two emulated ones in the emulated build); false
-   -- when there are not two
-   local function on_two_gpus(code)
-      if not lm.cuda.versions().emulated and lm.cuda.device_count() < 2 then return false end
+   -- run code in a fresh LuaJIT (this run's paths and libraries, the default device cpu) with
+   -- the environment variables env ("NAME=value ..."); it must write "ok"
+   local function run_fresh(env, code)
       local sh = require("spec.shell")
       local lib = os.getenv("LUMEN_CUDA_LIB")
-      local env = "LUMEN_CUDA_EMU_DEVICES=2 LUMEN_DEFAULT_DEVICE= "
+      env = env .. " LUMEN_DEFAULT_DEVICE= "
          .. (lib and ("LUMEN_CUDA_LIB=" .. sh.q(lib) .. " ") or "")
       local full = "package.path = " .. ("%q"):format(package.path) .. "; " ..
          "package.cpath = " .. ("%q"):format(package.cpath) .. "; " ..
-         "local lm = require('lumen'); " ..
-         "assert(lm.cuda.device_count() == 2, 'device_count ' .. lm.cuda.device_count()); " .. code
+         "local lm = require('lumen'); " .. code
       local luajit = os.getenv("LUAJIT") or "luajit"
       local out, rc = sh.sh(env .. sh.q(luajit) .. " -e " .. sh.q(full))
       assert.are.equal(0, rc, out)
       assert.are.equal("ok", out)
+   end
+
+   -- run code with two GPUs (two emulated ones in the emulated build); false when there are not
+   local function on_two_gpus(code)
+      if not lm.cuda.versions().emulated and lm.cuda.device_count() < 2 then return false end
+      run_fresh("LUMEN_CUDA_EMU_DEVICES=2", "assert(lm.cuda.device_count() == 2, "
+                .. "'device_count ' .. lm.cuda.device_count()); " .. code)
       return true
    end
 
@@ -381,23 +386,27 @@ describe("lm.cuda on a CUDA device", function()
    end)
 
    it("asks Lua for a collection, so a loop of dropped tensors stays flat", function()
-      lm.memory.collect()
-      local limit = stats().collection_growth_limit
-      assert.is_true(limit >= 64 * MiB)
-      local start = lm.cuda.memory_allocated()
-      local reserved = lm.cuda.memory_reserved()
-      lm.cuda.reset_peak_memory_stats()
-      local block = 8 * MiB
-      local rounds = math.ceil(3 * limit / block)   -- three times the limit in all
-      for _ = 1, rounds do
-         local t = lm.empty({ block / 4 }, { device = "cuda:0" })
-         assert(t)
-      end
-      local peak = lm.cuda.max_memory_allocated()
-      assert.is_true(peak <= start + limit + 2 * block,
-                     string.format("peak %d, start %d, limit %d", peak, start, limit))
-      -- the cache serves the loop: about the limit's worth of segments was taken, not the loop's
-      assert.is_true(lm.cuda.memory_reserved() - reserved <= 2 * limit)
+      assert.is_true(stats().collection_growth_limit >= 64 * MiB)
+      -- a fresh process with a 128 MiB limit (LUMEN_CUDA_SOFT_LIMIT), the same on a GPU
+      run_fresh("LUMEN_CUDA_SOFT_LIMIT=" .. 128 * MiB, [[
+         local MiB = 2 ^ 20
+         local limit = lm.cuda.memory_stats().collection_growth_limit
+         assert(limit == 128 * MiB, "limit " .. limit)
+         lm.memory.collect()
+         local start, reserved = lm.cuda.memory_allocated(), lm.cuda.memory_reserved()
+         lm.cuda.reset_peak_memory_stats()
+         local block = 8 * MiB
+         for _ = 1, 3 * limit / block do       -- three times the limit in all
+            local t = lm.empty({ block / 4 }, { device = "cuda:0" })
+            assert(t)
+         end
+         local peak = lm.cuda.max_memory_allocated()
+         assert(peak <= start + limit + 2 * block,
+                string.format("peak %d, start %d, limit %d", peak, start, limit))
+         -- the cache serves the loop: about the limit's worth of segments, not the loop's
+         assert(lm.cuda.memory_reserved() - reserved <= 2 * limit)
+         io.write("ok")
+      ]])
    end)
 
    it("keeps a small training loop flat", function()

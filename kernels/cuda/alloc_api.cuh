@@ -15,6 +15,10 @@ lm_status lm_cu_set_memory_fraction(int k, double fraction);
 /* Lua finished a collection: every device's growth is measured from its live bytes now */
 void lm_cu_collected(void);
 
+/* backend.cu: after a library call that may have switched the current device itself (NCCL),
+   the next lm_cu_set_device must call cudaSetDevice again */
+void lm_cu_forget_device(void);
+
 /* nccl.cu (src/device.c checked the tensors): ts[root] into every other ts[i]; out (on
    ins[root]'s GPU) = the sum of ins */
 lm_status lm_cu_nccl_broadcast(lm_tensor **ts, int n, int root);

@@ -49,6 +49,8 @@ lm_status lm_cu_err(cudaError_t e, const char *what) {
    return lm_error(LM_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
 }
 
+void lm_cu_forget_device(void) { current = -1; }
+
 lm_status lm_cu_set_device(int k) {
    if (k == current) return LM_OK;
    LM_CU_TRY(cudaSetDevice(k), "cudaSetDevice");

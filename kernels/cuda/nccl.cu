@@ -198,6 +198,7 @@ lm_status lm_cu_nccl_broadcast(lm_tensor **ts, int n, int root) {
    pthread_mutex_lock(&nccl_mu);
    const lm_status st = run_broadcast(ts, n, root);
    pthread_mutex_unlock(&nccl_mu);
+   lm_cu_forget_device(); /* NCCL sets devices itself */
    return st;
 #endif
 }
@@ -215,6 +216,7 @@ lm_status lm_cu_nccl_reduce_add(lm_tensor **ins, int n, lm_tensor *out, int root
    pthread_mutex_lock(&nccl_mu);
    const lm_status st = run_reduce_add(ins, n, out, root);
    pthread_mutex_unlock(&nccl_mu);
+   lm_cu_forget_device(); /* NCCL sets devices itself */
    return st;
 #endif
 }
