@@ -40,6 +40,9 @@ NCCL_HOME ?= $(CUDA_HOME)
 NVCC_GENCODE ?= -gencode arch=compute_90,code=[sm_90,compute_90]
 CU_INC = -Isrc -Ikernels/cuda -I$(CUDNN_HOME)/include -I$(NCCL_HOME)/include
 CU_LIBDIRS = $(foreach d,$(sort $(CUDA_HOME) $(CUDNN_HOME) $(NCCL_HOME)),-L$(d)/lib64 -L$(d)/lib)
+# the same directories as run paths, so the library finds the CUDA libraries it was linked with
+# where ld.so.conf does not list them (the loader's usual search still follows)
+CU_RPATH = $(foreach d,$(sort $(CUDA_HOME) $(CUDNN_HOME) $(NCCL_HOME)),-Xlinker -rpath,$(d)/lib64 -Xlinker -rpath,$(d)/lib)
 NVCC_FLAGS = -std=c++17 -O3 --extended-lambda -Xcompiler -fPIC,-Wall,-Wextra,-Werror \
    -Werror all-warnings $(NVCC_GENCODE) $(CU_INC) -MMD -MP
 CU_SRCS := $(wildcard kernels/cuda/*.cu)
@@ -89,7 +92,7 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(HDRS) src/internal.h src/backend.
 
 $(BUILD)/liblumen_cuda.so: $(CU_OBJS) $(BUILD)/liblumen.so
 	$(NVCC) -shared -o $@ $(CU_OBJS) -L$(BUILD) -llumen $(CU_LIBDIRS) \
-	   -Xlinker -rpath,'$$ORIGIN' -lcudart -lcudnn -lcublasLt -lcublas
+	   -Xlinker -rpath,'$$ORIGIN' $(CU_RPATH) -lcudart -lcudnn -lcublasLt -lcublas
 
 $(BUILD)/emu/kernels/cuda/%.o: kernels/cuda/%.cu $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
@@ -165,6 +168,9 @@ INSTALL ?= install
 install: all
 	$(INSTALL) -d "$(DESTDIR)$(INST_LIBDIR)" "$(DESTDIR)$(INST_LUADIR)/lumen" "$(DESTDIR)$(INST_BINDIR)"
 	$(INSTALL) -m 755 $(BUILD)/liblumen.so "$(DESTDIR)$(INST_LIBDIR)/liblumen.so"
+	# the CUDA backend, when this build made it: beside liblumen.so, where src/device.c looks
+	$(if $(filter 1,$(CUDA)),if [ -f $(BUILD)/liblumen_cuda.so ]; then \
+	   $(INSTALL) -m 755 $(BUILD)/liblumen_cuda.so "$(DESTDIR)$(INST_LIBDIR)/liblumen_cuda.so"; fi)
 	cd lua/lumen && find . -name '*.lua' | while read -r f; do \
 	   $(INSTALL) -D -m 644 "$$f" "$(DESTDIR)$(INST_LUADIR)/lumen/$$f" || exit 1; done
 	if ls models/*.lua >/dev/null 2>&1; then \

@@ -106,7 +106,21 @@ describe("install", function()
       local maps = read_file("/proc/self/maps")
       assert.is_not_nil(maps, "/proc/self/maps is not readable")
       local seen = {}
-      for path in maps:gmatch("(/%S*liblumen[^/%s]*%.so)") do seen[path] = true end
+      for path in maps:gmatch("(/%S*liblumen[^/%s]*%.so)") do
+         -- the CUDA backend (liblumen_cuda.so, loaded by liblumen when a spec in this process
+         -- asked for cuda:N) must sit beside the library, unless LUMEN_CUDA_LIB names another
+         local dir, name = path:match("^(.*)/(liblumen_cuda[^/]*%.so)$")
+         if dir then
+            local env = os.getenv("LUMEN_CUDA_LIB")
+            if env and env ~= "" then
+               assert.are.equal(realpath(env), path, "the CUDA library is not LUMEN_CUDA_LIB")
+            else
+               assert.are.equal(expected:match("^(.*)/"), dir, name .. " is not beside liblumen.so")
+            end
+         else
+            seen[path] = true
+         end
+      end
       assert.is_true(seen[expected] == true, "liblumen.so mapped from elsewhere than " ..
          tostring(expected))
       for path in pairs(seen) do

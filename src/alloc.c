@@ -42,7 +42,7 @@
  * bounded (LM_CACHE_MAX bytes); when full, blocks are returned to the system.
  *
  * This file, with the RNG, holds the core's only global mutable state, guarded by one mutex. */
-#include "internal.h"
+#include "backend.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,7 +104,19 @@ static struct {
        LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, NULL, 0, 0,
        LM_MISS_BLOCK, LM_MISS_FLOOR, 0, 0, {0}, {0}};
 
-enum { LM_PRESSURE_LIVE = 1, LM_PRESSURE_TRAFFIC = 2, LM_PRESSURE_MISS = 4 };
+enum { LM_PRESSURE_LIVE = 1, LM_PRESSURE_TRAFFIC = 2, LM_PRESSURE_MISS = 4, LM_PRESSURE_DEVICE = 8 };
+
+/* A device allocator's request for a collection (kernels/cuda/alloc.cu: a GPU's live bytes grew
+ * past its limit since the last collection). Device tensors dropped in Lua free their memory only
+ * when the collector runs, as host tensors do; the bit rides on the same flag every constructor
+ * reads (lm_mem_pressure), and lm_mem_collected clears it and tells the device allocators
+ * (lm_device_collected) to measure from the live bytes left. Its own variable, not A.pressure:
+ * the host triggers' adaptation in lm_mem_collected looks at their bits only. */
+static int device_pressure;
+
+void lm_mem_note_device_pressure(void) {
+   __atomic_store_n(&device_pressure, LM_PRESSURE_DEVICE, __ATOMIC_RELAXED);
+}
 #define LM_TRAFFIC_MIN_BLOCK ((size_t)256 << 10)
 
 /* size class of a request and the block size it rounds up to */
@@ -416,7 +428,10 @@ int64_t lm_mem_cold_bytes(void) { LOCKED_GET(cold_bytes()); }
 int64_t lm_mem_cache_share(void) { LOCKED_GET(cache_share()); }
 int64_t lm_mem_soft_limit(void) { LOCKED_GET(A.soft_limit); }
 int64_t lm_mem_alloc_count(void) { LOCKED_GET(A.nmalloc); }
-int lm_mem_pressure(void) { return __atomic_load_n(&A.pressure, __ATOMIC_RELAXED); }
+int lm_mem_pressure(void) {
+   return __atomic_load_n(&A.pressure, __ATOMIC_RELAXED) |
+          __atomic_load_n(&device_pressure, __ATOMIC_RELAXED);
+}
 
 void lm_mem_reset_peak(void) {
    pthread_mutex_lock(&A.mu);
@@ -492,6 +507,8 @@ void lm_mem_collected(void) {
    A.live_base = A.live;
    A.big_allow = 0;
    pthread_mutex_unlock(&A.mu);
+   __atomic_store_n(&device_pressure, 0, __ATOMIC_RELAXED);
+   lm_device_collected();
 }
 
 int64_t lm_mem_miss_block(void) { LOCKED_GET(A.miss_block); }

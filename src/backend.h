@@ -111,6 +111,31 @@ const lm_backend *lm_sim_backend(int index);
    (src/device.c loads it the first time a cuda:N device is asked for) */
 void lm_cuda_register(int index, const lm_backend *b);
 
+/* the CUDA library's side of lumen.h's lm_cuda_* API: lm_cuda_init registers it once, and
+   src/device.c forwards to it after checking that the library loaded and dev exists (so these
+   only ever see a valid dev, or -1 where lumen.h allows it) */
+typedef struct lm_cuda_api {
+   lm_status (*synchronize)(int dev);
+   lm_status (*set_option)(int which, int value);
+   int (*get_option)(int which);
+   lm_status (*memory_stats)(int dev, int64_t *out);
+   lm_status (*empty_cache)(int dev);
+   void (*reset_peak)(int dev);
+   lm_status (*set_memory_fraction)(int dev, double fraction);
+   lm_status (*device_properties)(int dev, char *buf, size_t cap, int64_t *out);
+   void (*versions)(int64_t *out);
+   void (*collected)(void); /* Lua finished a collection (lm_mem_collected) */
+   lm_status (*nccl_broadcast)(lm_tensor **ts, int n, int root);
+   lm_status (*nccl_reduce_add)(lm_tensor **ins, int n, lm_tensor *out, int root);
+} lm_cuda_api;
+void lm_cuda_register_api(const lm_cuda_api *api);
+
+/* lm_mem_collected (src/alloc.c) tells the device allocators (the CUDA library's, once loaded) */
+void lm_device_collected(void);
+/* a device allocator asks Lua for a collection: lm_mem_pressure() reports bit 8
+   (LM_PRESSURE_DEVICE, src/alloc.c) until the next lm_mem_collected() */
+void lm_mem_note_device_pressure(void);
+
 /* a helper for front ends: the lm_op of kind over n tensors and params */
 static inline lm_op lm_op_make(int kind, int nt, lm_tensor *const *t, const void *params) {
    lm_op op = {kind, nt, t, params};

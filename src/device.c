@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static const char *const op_names[LM_OP_COUNT] = {
@@ -88,6 +89,156 @@ static void cuda_load(void) {
    }
    if (init(cuda_why, sizeof cuda_why) <= 0 && !cuda_why[0])
       snprintf(cuda_why, sizeof cuda_why, "no CUDA GPU was found");
+}
+
+/* ---- lumen.h's lm_cuda_* API: checks here, the work in the CUDA library (lm_cuda_api) ---- */
+static const lm_cuda_api *cuda_api;
+
+void lm_cuda_register_api(const lm_cuda_api *api) {
+   __atomic_store_n(&cuda_api, api, __ATOMIC_RELEASE);
+}
+
+/* the GPUs registered (cuda:0 .. cuda:n-1) */
+static int cuda_count(void) {
+   int n = 0;
+   while (n < LM_NUM_CUDA && cuda_backends[n]) n++;
+   return n;
+}
+
+/* the library loaded, found GPUs, and (dev >= 0) cuda:dev is one of them; allow_all: dev -1
+   means every device */
+static lm_status cuda_check(int dev, int allow_all) {
+   pthread_once(&cuda_once, cuda_load);
+   if (!cuda_api || !cuda_backends[0])
+      return lm_error(LM_ERR_DEVICE, "CUDA is not available (%s)", cuda_why);
+   if (dev == -1 && allow_all) return LM_OK;
+   if (dev < 0 || dev >= LM_NUM_CUDA)
+      return lm_error(LM_ERR_ARG, "bad CUDA device index %d", dev);
+   if (!cuda_backends[dev])
+      return lm_error(LM_ERR_DEVICE, "device cuda:%d is not available (this machine has %d GPU%s)",
+                      dev, cuda_count(), cuda_count() == 1 ? "" : "s");
+   return LM_OK;
+}
+
+lm_status lm_cuda_synchronize(int dev) {
+   LM_TRY(cuda_check(dev, 1));
+   return cuda_api->synchronize(dev);
+}
+
+lm_status lm_cuda_set_option(int which, int value) {
+   LM_TRY(cuda_check(-1, 1));
+   if (which < 0 || which >= LM_CUDA_NUM_OPTS)
+      return lm_error(LM_ERR_ARG, "unknown CUDA option %d", which);
+   if (value != 0 && value != 1)
+      return lm_error(LM_ERR_ARG, "a CUDA option is 0 or 1, got %d", value);
+   return cuda_api->set_option(which, value);
+}
+
+lm_status lm_cuda_get_option(int which, int *value) {
+   LM_TRY(cuda_check(-1, 1));
+   if (which < 0 || which >= LM_CUDA_NUM_OPTS)
+      return lm_error(LM_ERR_ARG, "unknown CUDA option %d", which);
+   *value = cuda_api->get_option(which);
+   return LM_OK;
+}
+
+lm_status lm_cuda_memory_stats(int dev, int64_t *out) {
+   LM_TRY(cuda_check(dev, 0));
+   return cuda_api->memory_stats(dev, out);
+}
+
+lm_status lm_cuda_empty_cache(int dev) {
+   LM_TRY(cuda_check(dev, 1));
+   if (dev >= 0) return cuda_api->empty_cache(dev);
+   for (int k = 0; k < cuda_count(); k++) LM_TRY(cuda_api->empty_cache(k));
+   return LM_OK;
+}
+
+lm_status lm_cuda_reset_peak(int dev) {
+   LM_TRY(cuda_check(dev, 1));
+   if (dev >= 0) cuda_api->reset_peak(dev);
+   else
+      for (int k = 0; k < cuda_count(); k++) cuda_api->reset_peak(k);
+   return LM_OK;
+}
+
+lm_status lm_cuda_set_memory_fraction(int dev, double fraction) {
+   LM_TRY(cuda_check(dev, 0));
+   return cuda_api->set_memory_fraction(dev, fraction);
+}
+
+lm_status lm_cuda_device_properties(int dev, char *buf, size_t cap, int64_t *out) {
+   LM_TRY(cuda_check(dev, 0));
+   int64_t tmp[LM_CUDA_NPROPS];
+   char name[256];
+   LM_TRY(cuda_api->device_properties(dev, name, sizeof name, tmp));
+   if (buf && cap) snprintf(buf, cap, "%s", name);
+   if (out) memcpy(out, tmp, sizeof tmp);
+   return LM_OK;
+}
+
+lm_status lm_cuda_versions(int64_t *out) {
+   LM_TRY(cuda_check(-1, 1));
+   cuda_api->versions(out);
+   return LM_OK;
+}
+
+/* the NCCL calls' tensors: each on another GPU, one dtype, sizes and strides, dense */
+static lm_status nccl_check(lm_tensor **ts, int n, const lm_tensor *like) {
+   if (!ts || n < 1 || n > LM_NUM_CUDA)
+      return lm_error(LM_ERR_ARG, "expected 1 to %d tensors, got %d", LM_NUM_CUDA, n);
+   int seen = 0;
+   for (int i = 0; i < n; i++) {
+      const lm_tensor *t = ts[i];
+      if (!t) return lm_error(LM_ERR_ARG, "tensors[%d] is nil", i + 1);
+      const int k = t->device - LM_CUDA0;
+      if (k < 0 || k >= LM_NUM_CUDA) {
+         char d[24];
+         return lm_error(LM_ERR_DEVICE, "tensors[%d] is on %s, not a GPU", i + 1,
+                         lm_device_name(t->device, d, sizeof d));
+      }
+      LM_TRY(cuda_check(k, 0));
+      if (seen & (1 << k)) return lm_error(LM_ERR_ARG, "two tensors on cuda:%d", k);
+      seen |= 1 << k;
+      if (!t->storage || !lm_is_non_overlapping_and_dense(t))
+         return lm_error(LM_ERR_ARG, "tensors[%d] is not dense", i + 1);
+      if (t->dtype != like->dtype || t->ndim != like->ndim ||
+          memcmp(t->sizes, like->sizes, sizeof(int64_t) * (size_t)t->ndim) != 0 ||
+          memcmp(t->strides, like->strides, sizeof(int64_t) * (size_t)t->ndim) != 0)
+         return lm_error(LM_ERR_ARG, "tensors[%d] differs from the others in dtype, sizes or "
+                         "strides", i + 1);
+   }
+   return LM_OK;
+}
+
+lm_status lm_cuda_nccl_broadcast(lm_tensor **ts, int n, int root) {
+   LM_TRY(cuda_check(-1, 1));
+   if (ts && n >= 1 && ts[0]) LM_TRY(nccl_check(ts, n, ts[0]));
+   else return lm_error(LM_ERR_ARG, "expected at least one tensor");
+   if (root < 0 || root >= n) return lm_error(LM_ERR_ARG, "root %d is not one of the %d", root, n);
+   return cuda_api->nccl_broadcast(ts, n, root);
+}
+
+lm_status lm_cuda_nccl_reduce_add(lm_tensor **ins, int n, lm_tensor *out) {
+   LM_TRY(cuda_check(-1, 1));
+   if (!out) return lm_error(LM_ERR_ARG, "out is nil");
+   LM_TRY(nccl_check(ins, n, out));
+   lm_tensor *one[1] = {out};
+   LM_TRY(nccl_check(one, 1, out));
+   int root = -1;
+   for (int i = 0; i < n; i++)
+      if (ins[i]->device == out->device) root = i;
+   if (root < 0) return lm_error(LM_ERR_ARG, "out must be on the GPU of one of the inputs");
+   if (out->dtype == LM_BOOL)
+      return lm_error(LM_ERR_DTYPE, "bool tensors have no sum (use an integer dtype)");
+   return cuda_api->nccl_reduce_add(ins, n, out, root);
+}
+
+/* called by lm_mem_collected for every collection: only a loaded library has anything to do (a
+   collection never loads it) */
+void lm_device_collected(void) {
+   const lm_cuda_api *api = __atomic_load_n(&cuda_api, __ATOMIC_ACQUIRE);
+   if (api) api->collected();
 }
 
 /* ---- the registry ---- */

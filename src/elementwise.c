@@ -656,6 +656,12 @@ static int plain_dense_match(const lm_tensor *a, const lm_tensor *b) {
    return 1;
 }
 
+static int is_cuda_device(int d) { return d >= LM_CUDA0 && d < LM_CUDA0 + LM_NUM_CUDA; }
+static int is_sim_device(int d) { return d >= LM_SIM0 && d < LM_SIM0 + LM_NUM_SIM; }
+static int same_device_kind(int a, int b) {
+   return (is_cuda_device(a) && is_cuda_device(b)) || (is_sim_device(a) && is_sim_device(b));
+}
+
 /* As PyTorch: within one device a COPY op (the device's kernel); between devices one transfer
    when the layouts match, else through host copies of both (lm_mirror_begin). Copying into a meta
    tensor checks the shapes and does nothing; copying out of one into real memory is an error. */
@@ -675,14 +681,12 @@ lm_status lm_copy_(lm_tensor *dst, const lm_tensor *src) {
       const lm_op op = lm_op_make(LM_OP_COPY, 2, ts, NULL);
       return lm_dispatch(&op);
    }
-   /* another device on one side: one transfer when the layouts match, else through the host.
-      Between two devices neither of which is the CPU, one transfer only within the sim devices
-      (one shared memory); sim <-> cuda and cuda:j <-> cuda:k go through the host (a cuda:j ->
-      cuda:k transfer would also have to wait for cuda:j's stream) */
-   const int sim_pair = src->device >= LM_SIM0 && src->device < LM_SIM0 + LM_NUM_SIM &&
-                        dst->device >= LM_SIM0 && dst->device < LM_SIM0 + LM_NUM_SIM;
+   /* another device on one side: one transfer when the layouts match and one backend can do it
+      (host <-> device, or between two devices of one kind: cuda:0 -> cuda:1 by the runtime's
+      peer copy); else through host copies (sim:0 -> cuda:0: neither backend can read the
+      other's memory) */
    if (plain_dense_match(dst, src) &&
-       (src->device == LM_CPU || dst->device == LM_CPU || sim_pair)) {
+       (src->device == LM_CPU || dst->device == LM_CPU || same_device_kind(src->device, dst->device))) {
       size_t nbytes = (size_t)dst->numel * (size_t)lm_dtype_size(dst->dtype);
       int dir = src->device == LM_CPU ? 0 : dst->device == LM_CPU ? 1 : 2;
       const lm_backend *ops = lm_backend_get(dir == 1 ? src->device : dst->device);

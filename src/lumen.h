@@ -101,8 +101,9 @@ void lm_mem_set_soft_limit(int64_t bytes);
 int lm_mem_pressure(void);                    /* non-zero when live bytes crossed the soft limit,
                                                  large-block traffic the traffic limit, or a large
                                                  block came fresh past the miss floor (bits 1, 2,
-                                                 4), since the last lm_mem_collected(); Lua then
-                                                 collects garbage */
+                                                 4), or a GPU's live bytes grew past its limit (8,
+                                                 kernels/cuda/alloc.cu), since the last
+                                                 lm_mem_collected(); Lua then collects garbage */
 int64_t lm_mem_traffic_limit(void);           /* 0: traffic does not trigger collections */
 void lm_mem_set_traffic_limit(int64_t bytes);
 int64_t lm_mem_miss_block(void);              /* the miss trigger's smallest block, 0: off */
@@ -128,6 +129,50 @@ void lm_mem_note_streamed(void *p, size_t nbytes);
 /* was the block at p (from lm_alloc(nbytes)) last written with streaming stores (noted with
    lm_mem_note_streamed since it was handed out)? (0 for small blocks) */
 int lm_mem_was_streamed(const void *p, size_t nbytes);
+
+/* ---- CUDA (src/device.c forwards to build/liblumen_cuda.so, kernels/cuda/) ----
+   liblumen never links CUDA: these load the CUDA library on first use (as a cuda:N tensor does)
+   and fail with LM_ERR_DEVICE "CUDA is not available (<why>)" when it did not load or found no
+   GPU, or "device cuda:N is not available (...)" for a GPU that is not there. dev is the N of
+   cuda:N; -1 means every device where it says so. lua/lumen/cuda.lua is the Lua side (lm.cuda,
+   lm.backends). */
+/* the backend's switches (lm.backends.cudnn.benchmark, ...), each 0 or 1. Defaults: benchmark 0,
+   tf32_conv 1, tf32_matmul 0, deterministic 0 (PyTorch's); LUMEN_CUDNN_BENCHMARK=0/1 and
+   LUMEN_ALLOW_TF32=0/1 (both TF32 switches) override them when the library loads */
+enum { LM_CUDA_OPT_BENCHMARK = 0, LM_CUDA_OPT_TF32_CONV = 1, LM_CUDA_OPT_TF32_MATMUL = 2,
+       LM_CUDA_OPT_DETERMINISTIC = 3, LM_CUDA_NUM_OPTS = 4 };
+/* the caching allocator's counters (lm_cuda_memory_stats): live bytes (blocks handed out, rounded
+   to 512), their peak, reserved bytes (every segment: live + cached), cudaMalloc and cudaFree
+   calls, allocations retried after releasing the cache, out-of-memory errors, and the growth of
+   live bytes since the last collection that asks Lua for one (lm_mem_pressure bit 8) */
+enum { LM_CUDA_STAT_LIVE = 0, LM_CUDA_STAT_PEAK = 1, LM_CUDA_STAT_RESERVED = 2,
+       LM_CUDA_STAT_MALLOCS = 3, LM_CUDA_STAT_FREES = 4, LM_CUDA_STAT_RETRIES = 5,
+       LM_CUDA_STAT_OOMS = 6, LM_CUDA_STAT_GROWTH_LIMIT = 7, LM_CUDA_NSTATS = 8 };
+/* the versions as CUDA reports them (lm_cuda_versions): runtime and driver (1000 * major +
+   10 * minor), cuDNN (cudnnGetVersion), cuBLAS(Lt) (cublasLtGetVersion); the last is 1 in the
+   emulated build (make cuda-emu), whose versions are 0 */
+enum { LM_CUDA_VER_RUNTIME = 0, LM_CUDA_VER_DRIVER = 1, LM_CUDA_VER_CUDNN = 2,
+       LM_CUDA_VER_CUBLAS = 3, LM_CUDA_VER_EMULATED = 4, LM_CUDA_NVERSIONS = 5 };
+/* lm_cuda_device_properties' out[]: total memory in bytes, multiprocessors, compute capability */
+enum { LM_CUDA_PROP_TOTAL_MEMORY = 0, LM_CUDA_PROP_SM_COUNT = 1, LM_CUDA_PROP_MAJOR = 2,
+       LM_CUDA_PROP_MINOR = 3, LM_CUDA_NPROPS = 4 };
+lm_status lm_cuda_synchronize(int dev);       /* wait for everything queued on cuda:dev (-1: all) */
+lm_status lm_cuda_set_option(int which, int value);    /* LM_CUDA_OPT_*; value 0 or 1 */
+lm_status lm_cuda_get_option(int which, int *value);
+lm_status lm_cuda_memory_stats(int dev, int64_t *out); /* out[LM_CUDA_NSTATS] */
+lm_status lm_cuda_empty_cache(int dev);       /* release cached whole segments (-1: all devices) */
+lm_status lm_cuda_reset_peak(int dev);        /* peak live bytes := live bytes now */
+/* reserved bytes of cuda:dev at most fraction (0, 1] of its memory; beyond: out of memory */
+lm_status lm_cuda_set_memory_fraction(int dev, double fraction);
+/* the GPU's name (cudaGetDeviceProperties) into buf, and out[LM_CUDA_NPROPS] (may be NULL) */
+lm_status lm_cuda_device_properties(int dev, char *buf, size_t cap, int64_t *out);
+lm_status lm_cuda_versions(int64_t *out);     /* out[LM_CUDA_NVERSIONS] */
+/* lm.comm on GPUs: NCCL across the GPUs of this process (kernels/cuda/nccl.cu; libnccl.so.2 is
+   loaded on first use; the emulated build copies and adds on the host). The tensors are
+   non-overlapping and dense, of one dtype, sizes and strides, each on another GPU. */
+lm_status lm_cuda_nccl_broadcast(lm_tensor **ts, int n, int root);  /* ts[root] into the others */
+/* out = the sum of ins[0..n) (not bool); out is on one of their GPUs */
+lm_status lm_cuda_nccl_reduce_add(lm_tensor **ins, int n, lm_tensor *out);
 
 /* ---- storage and tensor lifetime (src/tensor.c) ---- */
 lm_storage *lm_storage_new(int64_t nbytes, int device);

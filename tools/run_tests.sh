@@ -8,10 +8,12 @@
 #      "N passed, N failed" line (the last one counts; a non-zero exit with 0 failures adds one
 #      failure); otherwise it counts as one test, passed when it exits 0.
 #
-# On a test device: LUMEN_TEST_DEVICE=sim:0 (any device string lumen knows) runs every spec file
-# with LUMEN_DEFAULT_DEVICE set to it, so the factories make their tensors there and the specs'
+# On a test device: LUMEN_TEST_DEVICE=sim:0 (any device string lumen knows: cuda:0 too, on a GPU
+# or with the emulated CUDA library, `make test-cuda-emu`) runs every spec file with
+# LUMEN_DEFAULT_DEVICE set to it, so the factories make their tensors there and the specs'
 # values, formats and gradients are checked on that device; the C programs are skipped (they pick
-# their devices themselves) and so are the host-only spec files listed in device_skip below.
+# their devices themselves) and so are the host-only spec files listed in device_skip below (the
+# same list for every device).
 #
 # busted's own summary "<n> successes / <n> failures / <n> errors / <n> pending : <t> seconds" is
 # parsed: passed += successes, failed += failures + errors. A busted run that dies before printing
@@ -54,9 +56,18 @@ device_skip=(
                                 # only, by design; elsewhere every op runs eagerly, which the
                                 # other specs check on the device
 )
+# ... and on a GPU (cuda:N, real or emulated) also these, about the CPU allocator's memory, which
+# sim:N shares (its memory comes from lm_alloc) and a GPU does not; the device allocator's
+# counters, cache and collection trigger are spec/cuda_spec.lua's
+cuda_skip=(
+   spec/memory_spec.lua         # lm.memory's host byte counters and collection triggers
+)
 is_device_skipped() {
    local s
    for s in "${device_skip[@]}"; do [ "$s" = "$1" ] && return 0; done
+   case $test_device in
+      cuda*) for s in "${cuda_skip[@]}"; do [ "$s" = "$1" ] && return 0; done ;;
+   esac
    return 1
 }
 test_device=${LUMEN_TEST_DEVICE:-}
@@ -134,7 +145,7 @@ elif [ $# -eq 0 ] && [ "${LUMEN_TEST_SPLIT:-1}" != 0 ]; then
    # counts, and the file is named
    while IFS= read -r spec; do
       if [ -n "$test_device" ] && is_device_skipped "$spec"; then
-         echo "== $spec: skipped on $test_device (device_skip in tools/run_tests.sh)"
+         echo "== $spec: skipped on $test_device (device_skip / cuda_skip in tools/run_tests.sh)"
          continue
       fi
       echo "== $spec"

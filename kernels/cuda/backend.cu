@@ -6,12 +6,15 @@
  * on the device's stream and not waited for: errors a kernel meets while running (not at launch)
  * show at the next copy to the host, as in PyTorch. */
 #include "cuda.cuh"
+#include "alloc_api.cuh"
 
 #ifndef LM_CUDA_EMU
+#include <cublasLt.h>
 #include <cudnn.h>
 #endif
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static lm_kernel_fn table[LM_OP_COUNT];
 static int ndev = 0;
@@ -23,8 +26,20 @@ static thread_local int current = -1;
 
 int lm_cu_device_count(void) { return ndev; }
 
+/* the switches (cuda.cuh's LM_CU_OPT_*, lumen.h's LM_CUDA_OPT_* for the Lua side): PyTorch's
+   defaults (cudnn.benchmark off, cudnn.allow_tf32 on, cuda.matmul.allow_tf32 off,
+   cudnn.deterministic off); LUMEN_CUDNN_BENCHMARK and LUMEN_ALLOW_TF32 override them at init */
+static_assert((int)LM_CU_OPT_BENCHMARK == (int)LM_CUDA_OPT_BENCHMARK &&
+              (int)LM_CU_OPT_TF32_CONV == (int)LM_CUDA_OPT_TF32_CONV &&
+              (int)LM_CU_OPT_TF32_MATMUL == (int)LM_CUDA_OPT_TF32_MATMUL &&
+              (int)LM_CU_OPT_DETERMINISTIC == (int)LM_CUDA_OPT_DETERMINISTIC &&
+              (int)LM_CU_NUM_OPTS == (int)LM_CUDA_NUM_OPTS,
+              "cuda.cuh's and lumen.h's option numbers must agree");
 static int options[LM_CU_NUM_OPTS] = {0, 1, 0, 0};
-int lm_cu_option(int which) { return which >= 0 && which < LM_CU_NUM_OPTS ? options[which] : 0; }
+int lm_cu_option(int which) {
+   return which >= 0 && which < LM_CU_NUM_OPTS ? __atomic_load_n(&options[which], __ATOMIC_RELAXED)
+                                               : 0;
+}
 cudaStream_t lm_cu_stream(int k) { return streams[k]; }
 
 lm_status lm_cu_err(cudaError_t e, const char *what) {
@@ -35,12 +50,20 @@ lm_status lm_cu_err(cudaError_t e, const char *what) {
    return lm_error(LM_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
 }
 
+void lm_cu_forget_device(void) { current = -1; }
+
 lm_status lm_cu_set_device(int k) {
    if (k == current) return LM_OK;
    LM_CU_TRY(cudaSetDevice(k), "cudaSetDevice");
    current = k;
    return LM_OK;
 }
+
+/* the host views' storages get this deleter (never called: they are stack copies) so that a CPU
+   kernel does not take the device block for one of the CPU allocator's (lm_tensor_block_cold
+   wants deleter == NULL): it would read the allocator's header in front of the block and, after
+   streaming stores, write one there (lm_tensor_note_streamed), into a neighbouring device block */
+static void not_an_lm_alloc_block(void *ctx) { (void)ctx; }
 
 lm_status lm_cu_run_on_cpu(const lm_op *op) {
    enum { N = 16 };
@@ -61,6 +84,7 @@ lm_status lm_cu_run_on_cpu(const lm_op *op) {
          if (!tc[i].storage) {
             sc[i] = *t->storage;
             sc[i].device = LM_CPU;
+            sc[i].deleter = not_an_lm_alloc_block;
             tc[i].storage = &sc[i];
          }
       }
@@ -112,6 +136,83 @@ static lm_status cu_compute(const lm_backend *b, const lm_op *op) {
    return k(op);
 }
 
+/* ---- liblumen's lm_cuda_* API (src/device.c checked dev: valid, or -1 where allowed) ---- */
+
+static lm_status api_synchronize(int dev) {
+   for (int k = dev < 0 ? 0 : dev; k < (dev < 0 ? ndev : dev + 1); k++) {
+      LM_TRY(lm_cu_set_device(k));
+      /* the device, not only lumen's stream: library calls may have queued work elsewhere; and
+         an error a kernel met while running shows here */
+      LM_CU_TRY(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+   }
+   return LM_OK;
+}
+
+static lm_status api_set_option(int which, int value) {
+   __atomic_store_n(&options[which], value, __ATOMIC_RELAXED);
+   return LM_OK;
+}
+
+static lm_status api_device_properties(int dev, char *buf, size_t cap, int64_t *out) {
+#ifdef LM_CUDA_EMU
+   size_t free_b = 0, total = 0;
+   LM_CU_TRY(cudaMemGetInfo(&free_b, &total), "cudaMemGetInfo");
+   snprintf(buf, cap, "emulated CUDA device %d (host memory, make cuda-emu)", dev);
+   out[LM_CUDA_PROP_TOTAL_MEMORY] = (int64_t)total;
+   out[LM_CUDA_PROP_SM_COUNT] = 1;
+   out[LM_CUDA_PROP_MAJOR] = 0;
+   out[LM_CUDA_PROP_MINOR] = 0;
+#else
+   cudaDeviceProp p;
+   LM_CU_TRY(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+   snprintf(buf, cap, "%s", p.name);
+   out[LM_CUDA_PROP_TOTAL_MEMORY] = (int64_t)p.totalGlobalMem;
+   out[LM_CUDA_PROP_SM_COUNT] = p.multiProcessorCount;
+   out[LM_CUDA_PROP_MAJOR] = p.major;
+   out[LM_CUDA_PROP_MINOR] = p.minor;
+#endif
+   return LM_OK;
+}
+
+static void api_versions(int64_t *out) {
+   for (int i = 0; i < LM_CUDA_NVERSIONS; i++) out[i] = 0;
+#ifdef LM_CUDA_EMU
+   out[LM_CUDA_VER_EMULATED] = 1;
+#else
+   int v = 0;
+   if (cudaRuntimeGetVersion(&v) == cudaSuccess) out[LM_CUDA_VER_RUNTIME] = v;
+   v = 0;
+   if (cudaDriverGetVersion(&v) == cudaSuccess) out[LM_CUDA_VER_DRIVER] = v;
+   (void)cudaGetLastError();
+   out[LM_CUDA_VER_CUDNN] = (int64_t)cudnnGetVersion();
+   out[LM_CUDA_VER_CUBLAS] = (int64_t)cublasLtGetVersion();
+#endif
+}
+
+static const lm_cuda_api api = {
+   api_synchronize,
+   api_set_option,
+   lm_cu_option,
+   lm_cu_memory_stats,
+   lm_cu_empty_cache,
+   lm_cu_reset_peak,
+   lm_cu_set_memory_fraction,
+   api_device_properties,
+   api_versions,
+   lm_cu_collected,
+   lm_cu_nccl_broadcast,
+   lm_cu_nccl_reduce_add,
+};
+
+/* LUMEN_CUDNN_BENCHMARK=0/1, LUMEN_ALLOW_TF32=0/1 (both TF32 switches) */
+static void options_from_env(void) {
+   const char *e = getenv("LUMEN_CUDNN_BENCHMARK");
+   if (e && (!strcmp(e, "0") || !strcmp(e, "1"))) options[LM_CU_OPT_BENCHMARK] = *e - '0';
+   e = getenv("LUMEN_ALLOW_TF32");
+   if (e && (!strcmp(e, "0") || !strcmp(e, "1")))
+      options[LM_CU_OPT_TF32_CONV] = options[LM_CU_OPT_TF32_MATMUL] = *e - '0';
+}
+
 /* the oldest cuDNN lumen accepts: 9.0 (the NHWC convolution and batch-norm paths used here; the
    version is checked here, at load, so an older library gives one clear message) */
 enum { LM_CUDNN_MIN = 90000 };
@@ -135,12 +236,6 @@ extern "C" int lm_cuda_init(char *why, size_t cap) {
    }
 #endif
    if (n > LM_NUM_CUDA) n = LM_NUM_CUDA;
-   /* environment overrides of the defaults: LUMEN_ALLOW_TF32=0|1 (both TF32 switches; the spec
-      suite on a GPU runs with 0, as its float32 tolerances are the CPU's), LUMEN_CUDNN_BENCHMARK */
-   const char *tf = getenv("LUMEN_ALLOW_TF32");
-   if (tf && *tf) options[LM_CU_OPT_TF32_CONV] = options[LM_CU_OPT_TF32_MATMUL] = *tf == '1';
-   const char *bm = getenv("LUMEN_CUDNN_BENCHMARK");
-   if (bm && *bm) options[LM_CU_OPT_BENCHMARK] = *bm == '1';
    lm_cuda_register_elementwise(table);
    lm_cuda_register_reduce(table);
    lm_cuda_register_random(table);
@@ -170,7 +265,10 @@ extern "C" int lm_cuda_init(char *why, size_t cap) {
       b->compute = cu_compute;
    }
    if (n > 0) cudaSetDevice(0);
+   current = n > 0 ? 0 : -1;
    ndev = n;
+   options_from_env();
    for (int k = 0; k < n; k++) lm_cuda_register(k, &backends[k]);
+   if (n > 0) lm_cuda_register_api(&api);
    return n;
 }

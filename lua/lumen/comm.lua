@@ -10,6 +10,8 @@
 -- torch.nn.parallel's Scatter and Gather): a gradient on a chunk reaches the batch on its device.
 -- Dims are 1-based as everywhere in lumen's Lua API (negative ones count from the end).
 
+local ffi = require("ffi")
+local C = require("lumen.C")
 local T = require("lumen.tensor")
 
 local type, ipairs, tostring, getmetatable = type, ipairs, tostring, getmetatable
@@ -183,12 +185,80 @@ function M.gather(list, opts)
    return T.cat(moved, dim)
 end
 
+-- NCCL (kernels/cuda/nccl.cu, through lumen.h's lm_cuda_nccl_*): broadcast and reduce_add over
+-- GPUs of this process go through one collective when every tensor and device is another GPU,
+-- the tensors are dense, of one dtype, sizes and strides, and autograd has nothing to record
+-- (no input requires grad); else, or when NCCL is missing, through copies as on other devices.
+-- LUMEN_NCCL=0 turns the NCCL path off. M._nccl_calls counts the calls that took it (specs).
+local nccl_off = os.getenv("LUMEN_NCCL") == "0"
+local DEV_CUDA0, NUM_CUDA, BOOL = T.DEV_CUDA0, T.NUM_CUDA, tonumber(C.LM_BOOL)
+M._nccl_calls = 0
+local function is_gpu(id) return id ~= nil and id >= DEV_CUDA0 and id < DEV_CUDA0 + NUM_CUDA end
+local function empty_like_on(t, device)
+   return require("lumen.creation").empty_strided(Tensor.size(t), Tensor.stride(t),
+      { dtype = Tensor.dtype(t), device = device })
+end
+-- run the C call; on failure (NCCL missing, layouts that differ) forget its message: the caller
+-- takes the copying path
+local function nccl_ok(st)
+   if st == 0 then
+      M._nccl_calls = M._nccl_calls + 1
+      return true
+   end
+   C.lm_clear_error()
+   return false
+end
+
+local function nccl_broadcast(t, devs)
+   if nccl_off or #devs < 2 or rawget(t, "requires_grad") == true then return nil end
+   local c = T.cdata(t)
+   if not is_gpu(c.device) or C.lm_is_non_overlapping_and_dense(c) == 0 then return nil end
+   local seen, root = {}, nil
+   for i, d in ipairs(devs) do
+      local id = T.device_id(d)
+      if not is_gpu(id) or seen[id] then return nil end
+      seen[id] = true
+      if id == c.device then root = i end
+   end
+   if root == nil then return nil end
+   local out, arr = {}, ffi.new("lm_tensor*[?]", #devs)
+   for i, d in ipairs(devs) do
+      out[i] = i == root and t or empty_like_on(t, d)
+      arr[i - 1] = T.cdata(out[i])
+   end
+   if not nccl_ok(C.lm_cuda_nccl_broadcast(arr, #devs, root - 1)) then return nil end
+   return out
+end
+
+local function nccl_reduce_add(list, n, dest)
+   local dest_id = T.device_id(dest)
+   if nccl_off or n < 2 or not is_gpu(dest_id) then return nil end
+   local seen, root = {}, nil
+   for i = 1, n do
+      local c = T.cdata(list[i])
+      if not is_gpu(c.device) or seen[c.device] or rawget(list[i], "requires_grad") == true
+         or c.dtype == BOOL then
+         return nil
+      end
+      seen[c.device] = true
+      if c.device == dest_id then root = i end
+   end
+   if root == nil then return nil end
+   local out = empty_like_on(list[root], dest)
+   local arr = ffi.new("lm_tensor*[?]", n)
+   for i = 1, n do arr[i - 1] = T.cdata(list[i]) end
+   if not nccl_ok(C.lm_cuda_nccl_reduce_add(arr, n, T.cdata(out))) then return nil end
+   return out
+end
+
 -- broadcast(t, devices) -> array: t on each device (t itself where it already is, as
 -- torch.cuda.comm.broadcast; elsewhere a copy in t's memory format)
 function M.broadcast(t, devices)
    local fname = "broadcast"
    check_tensor(fname, t, "tensor")
    local devs = check_devices(fname, devices)
+   local via_nccl = nccl_broadcast(t, devs)
+   if via_nccl then return via_nccl end
    local out = {}
    for i, d in ipairs(devs) do out[i] = move(t, d) end
    return out
@@ -211,6 +281,8 @@ function M.reduce_add(list, destination)
               :format(i, tostring(si), tostring(s1)))
       end
    end
+   local via_nccl = nccl_reduce_add(list, n, dest)
+   if via_nccl then return via_nccl end
    -- accumulate on the destination, starting from a copy of the first (its format)
    local acc = move(list[1], dest)
    if acc == list[1] then acc = Tensor.clone(acc) end

@@ -452,11 +452,61 @@ E("lm.set_default_device", "lm.set_default_device(device)", "The device the fact
    { err = "an unknown device: `lumen.set_default_device: unknown device 'x'`" })
 E("lm.get_default_device", "lm.get_default_device() -> string", "The factories' default device "
    .. "(\"cpu\" unless lm.set_default_device or LUMEN_DEFAULT_DEVICE changed it).")
-E("lm.cuda", "lm.cuda", "torch.cuda's queries: lm.cuda.is_available(), lm.cuda.device_count().")
+E("lm.cuda", "lm.cuda", "torch.cuda's queries and memory statistics (lua/lumen/cuda.lua; the "
+   .. "backend is build/liblumen_cuda.so, loaded on first use). Without CUDA is_available() is "
+   .. "false, device_count() 0, and the others raise `lumen.cuda.<fn>: CUDA is not available "
+   .. "(<why>)`. A device argument is an index from 0, \"cuda\" or \"cuda:N\"; nil is the "
+   .. "current device (0).")
 E("lm.cuda.is_available", "lm.cuda.is_available() -> boolean", "Whether cuda:0 can be used "
-   .. "(false in a build without CUDA).")
+   .. "(false in a build without CUDA or on a machine without a GPU).")
 E("lm.cuda.device_count", "lm.cuda.device_count() -> number", "The number of usable CUDA "
    .. "devices (0 in a build without CUDA).")
+E("lm.cuda.current_device", "lm.cuda.current_device() -> number", "0: every tensor names its own "
+   .. "device, so there is no other current one (torch.cuda.current_device before set_device).")
+E("lm.cuda.synchronize", "lm.cuda.synchronize(device)", "Wait until everything queued on the "
+   .. "GPU has finished (cudaDeviceSynchronize); an error a kernel met while running shows here.",
+   { err = "`lumen.cuda.synchronize: CUDA is not available (...)`, or CUDA's message" })
+E("lm.cuda.memory_allocated", "lm.cuda.memory_allocated(device) -> number", "Bytes of device "
+   .. "memory held by tensors (the caching allocator's live blocks, sizes rounded to 512). A "
+   .. "dropped tensor gives its block back when Lua's collector finds it dead; lumen asks for a "
+   .. "collection when live device bytes grow past a limit (memory_stats().collection_growth_limit"
+   .. "; LUMEN_CUDA_SOFT_LIMIT sets it).")
+E("lm.cuda.max_memory_allocated", "lm.cuda.max_memory_allocated(device) -> number", "The peak "
+   .. "of memory_allocated since the start or reset_peak_memory_stats.")
+E("lm.cuda.memory_reserved", "lm.cuda.memory_reserved(device) -> number", "Bytes the caching "
+   .. "allocator holds from the GPU: live blocks and the cache (freed blocks kept for reuse).")
+E("lm.cuda.memory_stats", "lm.cuda.memory_stats(device) -> table", "The allocator's counters "
+   .. "under torch.cuda.memory_stats's names: allocated_bytes.all.current / .peak, "
+   .. "reserved_bytes.all.current, num_device_alloc / num_device_free (cudaMalloc / cudaFree "
+   .. "calls), num_alloc_retries, num_ooms, and collection_growth_limit.")
+E("lm.cuda.reset_peak_memory_stats", "lm.cuda.reset_peak_memory_stats(device)", "Set the peak "
+   .. "of max_memory_allocated to the bytes allocated now.")
+E("lm.cuda.empty_cache", "lm.cuda.empty_cache()", "Run a collection, then give every cached "
+   .. "whole segment of every GPU back to CUDA (torch.cuda.empty_cache); live tensors stay.")
+E("lm.cuda.set_per_process_memory_fraction", "lm.cuda.set_per_process_memory_fraction(fraction, "
+   .. "device)", "Cap the memory the allocator reserves on the device at fraction (0, 1] of it; "
+   .. "beyond it an allocation releases the cache, retries, then fails as out of memory.",
+   { err = "`lumen.empty: cuda:0: out of memory: tried to allocate X MiB; Y MiB live, Z MiB "
+     .. "cached`" })
+E("lm.cuda.get_device_name", "lm.cuda.get_device_name(device) -> string", "The GPU's name "
+   .. "(\"NVIDIA H200\"; the emulated build says so).")
+E("lm.cuda.get_device_properties", "lm.cuda.get_device_properties(device) -> table", "{name, "
+   .. "total_memory (bytes), multi_processor_count, major, minor} of the GPU.")
+E("lm.cuda.versions", "lm.cuda.versions() -> table", "{runtime, driver, cudnn, cublas, emulated}: "
+   .. "the versions CUDA reports (12040 is 12.4, cuDNN 90100 is 9.1.0); emulated is true in the "
+   .. "emulated build (make cuda-emu), whose numbers are 0.")
+E("lm.backends", "lm.backends", "torch.backends' switches for the CUDA backend: lm.backends.cudnn "
+   .. "and lm.backends.cuda.matmul.")
+E("lm.backends.cudnn", "lm.backends.cudnn.benchmark = true", "cuDNN's switches, settable boolean "
+   .. "fields: benchmark (time every algorithm once per shape and keep the fastest; default "
+   .. "false, LUMEN_CUDNN_BENCHMARK=1), allow_tf32 (convolutions in float32 may use TF32 tensor "
+   .. "cores; default true, LUMEN_ALLOW_TF32=0 turns it off), deterministic (default false). "
+   .. "Without CUDA the values are kept and read back, as in PyTorch.",
+   { err = "`lumen.backends.cudnn.benchmark: expected a boolean`, or `no setting named 'x'`" })
+E("lm.backends.cuda", "lm.backends.cuda", "Holds lm.backends.cuda.matmul.")
+E("lm.backends.cuda.matmul", "lm.backends.cuda.matmul.allow_tf32 = true", "cuBLAS's switch: "
+   .. "allow_tf32 (float32 matrix products may use TF32 tensor cores; default false, as in "
+   .. "PyTorch; LUMEN_ALLOW_TF32=1 turns it on).")
 E("lm.comm", "lm.comm", "Moving tensors between devices in one process (torch.cuda.comm), "
    .. "loaded on first use. Device lists may name one device several times; every copy keeps "
    .. "its source's memory format (a channels-last batch scatters into channels-last chunks and "
@@ -478,10 +528,12 @@ E("lm.comm.gather", "lm.comm.gather(list, opts) -> Tensor", "Concatenate the ten
      err = "`lumen.comm.gather: <problem>`: an empty list, a non-tensor, sizes that differ "
      .. "outside dim, different ranks or dtypes, an unknown destination" })
 E("lm.comm.broadcast", "lm.comm.broadcast(t, devices) -> array of tensors", "t on every device "
-   .. "of the list: t itself where it already is (as torch), else a copy.",
+   .. "of the list: t itself where it already is (as torch), else a copy. Over GPUs (t on one "
+   .. "of them, each another GPU, no grad) one NCCL broadcast; LUMEN_NCCL=0 turns that off.",
    { fmt = "copies keep t's memory format", err = "an unknown device, an empty list" })
 E("lm.comm.reduce_add", "lm.comm.reduce_add(list, destination) -> Tensor", "The sum of the "
-   .. "tensors, computed on destination (default: the default device).",
+   .. "tensors, computed on destination (default: the default device). Tensors on different "
+   .. "GPUs, one of them the destination, of one dtype and layout, no grad: one NCCL reduce.",
    { fmt = "the first tensor's format", err = "an empty list, sizes that differ, an unknown "
      .. "destination" })
 

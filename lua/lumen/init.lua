@@ -83,15 +83,11 @@ do
    end
 end
 
--- lm.cuda.is_available(), lm.cuda.device_count() (torch.cuda's): false / 0 in a build without CUDA
-lm.cuda = {
-   is_available = function() return T.device_available(T.DEV_CUDA0) end,
-   device_count = function()
-      local n = 0
-      while n < T.NUM_CUDA and T.device_available(T.DEV_CUDA0 + n) do n = n + 1 end
-      return n
-   end,
-}
+-- lm.cuda (torch.cuda's queries: is_available, device_count, memory_allocated, synchronize, ...)
+-- and lm.backends (cudnn.benchmark, ...): lua/lumen/cuda.lua. is_available() is false and
+-- device_count() 0 in a build without CUDA or on a machine without a GPU.
+lm.cuda = require("lumen.cuda")
+lm.cuda.install(lm)
 
 -- threads
 function lm.set_num_threads(n)

@@ -1001,6 +1001,20 @@ function M.coverage(opts)
    C.lm_set_num_threads(1)
    memory.set_soft_limit(2 ^ 50)
 
+   -- the bytes a call needs beyond what it leaves live: the host allocator's, plus the device
+   -- allocator's when the tensors are on a GPU (its kernels' workspace; in the emulated build the
+   -- CPU kernels an op falls back to still take theirs from the host)
+   local gpu = nil
+   do
+      local dev = cdata_of(base.x).device
+      if dev >= T.DEV_CUDA0 and dev < T.DEV_CUDA0 + T.NUM_CUDA then gpu = dev - T.DEV_CUDA0 end
+   end
+   local gstats = ffi.new("int64_t[?]", C.LM_CUDA_NSTATS)
+   local function gpu_stat(which)
+      if gpu == nil or C.lm_cuda_memory_stats(gpu, gstats) ~= 0 then return 0 end
+      return tonumber(gstats[which])
+   end
+
    -- run one op on one format: returns {format=, keeps=, temp=, err=, grad=}
    local function run_one(e, cl)
       local s = context(cl)
@@ -1009,15 +1023,17 @@ function M.coverage(opts)
       collectgarbage()
       memory.settle()
       collectgarbage("stop")
-      local live0 = tonumber(C.lm_mem_live_bytes())
+      local live0 = tonumber(C.lm_mem_live_bytes()) + gpu_stat(C.LM_CUDA_STAT_LIVE)
       C.lm_mem_reset_peak()
+      if gpu then C.lm_cuda_reset_peak(gpu) end
       local ok, out = pcall(A.no_grad, e.run, x, s)
       local peak = tonumber(C.lm_mem_peak_bytes())
+      local gpeak = gpu_stat(C.LM_CUDA_STAT_PEAK)
       collectgarbage("restart")
       collectgarbage()
       memory.settle()
       local live1 = tonumber(C.lm_mem_live_bytes())
-      r.temp = math.max(0, peak - live1)
+      r.temp = math.max(0, peak - live1) + math.max(0, gpeak - gpu_stat(C.LM_CUDA_STAT_LIVE))
       r.base = live0
       if not ok then
          r.err = tostring(out):gsub("^.-(lumen%.)", "%1")

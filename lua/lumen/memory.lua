@@ -5,7 +5,10 @@
 -- "pressure" flag when live bytes cross a soft limit (or large-block traffic crosses the traffic
 -- limit, or a large block must come fresh: the miss trigger); every tensor constructor checks
 -- it (one cheap FFI call) and then runs a full collection here, sweeps the slots of unreachable
--- tensors (below) and reports back so the allocator can adapt the limit.
+-- tensors (below) and reports back so the allocator can adapt the limit. GPU memory takes the
+-- same road: the CUDA allocator (kernels/cuda/alloc.cu) raises the flag (bit 8) when a GPU's
+-- live bytes have grown past its limit since the last collection, and lm_mem_collected tells it
+-- the collection happened.
 
 local ffi = require("ffi")
 local C = require("lumen.C")
