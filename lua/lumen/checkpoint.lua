@@ -302,7 +302,9 @@ function M.load_checkpoint(path, opts)
       if key then sd[key] = t end
    end
    local osd
-   if type(info.optimizer) == "table" then
+   -- json.null is a table with dkjson (lightuserdata with cjson): a checkpoint without an
+   -- optimizer stores null there, which must not read as an empty optimizer state
+   if type(info.optimizer) == "table" and info.optimizer ~= json.null then
       osd = {
          state = decode(info.optimizer.state, tensors, fname, path) or {},
          param_groups = decode(info.optimizer.param_groups, tensors, fname, path) or {},
@@ -324,7 +326,7 @@ function M.load_checkpoint(path, opts)
       if osd == nil then fail(fname, "'%s' holds no optimizer state", path) end
       opts.optimizer:load_state_dict(osd)
    end
-   local rng = type(info.rng) == "table" and decode(info.rng, tensors, fname, path) or nil
+   local rng = type(info.rng) == "table" and info.rng ~= json.null and decode(info.rng, tensors, fname, path) or nil
    if opts.rng then
       if rng == nil then fail(fname, "'%s' holds no random generator state", path) end
       require("lumen").set_rng_state(rng)
