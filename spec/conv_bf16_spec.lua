@@ -100,8 +100,11 @@ describe("conv2d in bfloat16 / float16", function()
                   H.assert_sizes(y, yf:size(), what)
                   assert.equal(is_cl(yf), is_cl(y), what .. ": output format")
                   assert(y:is_contiguous(is_cl(y) and CL or CONTIG), what .. ": dense output")
-                  -- the fallback is the float32 result rounded, bit for bit
-                  local native = isa >= 4 and tostring(dt) == "bfloat16"
+                  -- the fallback is the float32 result rounded, bit for bit; a GPU (cuDNN:
+                  -- its own summation order, the epilogue rounded after the convolution, as
+                  -- PyTorch's) is held to the native kernels' tolerance
+                  local native = (isa >= 4 and tostring(dt) == "bfloat16") or
+                                 x:device():match("^cuda") ~= nil
                   if native then close(y, yf, rel, what .. " out")
                   else exact(y, yf:to(dt), what) end
                   -- residual + ReLU (fused: no gradient wanted)
