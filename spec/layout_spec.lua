@@ -366,15 +366,20 @@ describe("lm.layout", function()
 
       it("measures which formats run natively", function()
          local by = cov.by_op
+         local on_cuda = lm.get_default_device():match("^cuda") ~= nil
          for _, op in ipairs({ "relu", "add", "conv2d 3x3", "conv2d 1x1", "conv2d grouped (g=4)",
                                "conv2d depthwise", "max_pool2d 3/2", "batch_norm (train)",
                                "adaptive_avg_pool2d(7)", "clone", "view (same sizes)" }) do
-            assert.are.equal("both", by[op].native, op)
+            -- on a GPU a convolution's temporaries include cuDNN's workspace (per algorithm,
+            -- not a layout conversion), so only the other ops are held to "both" there
+            if not (on_cuda and op:match("^conv2d")) then
+               assert.are.equal("both", by[op].native, op)
+            end
          end
          -- softmax copies a channels-last input to contiguous first (kernels/cpu/softmax.c); the
          -- survey counts temporaries with the host allocator, so this holds for host tensors
          -- (the CPU, sim:N), not on cuda:N (device memory, its own softmax kernels)
-         if not lm.get_default_device():match("^cuda") then
+         if not on_cuda then
             assert.are.equal("nchw", by["softmax(2)"].native)
             assert.is_true(by["softmax(2)"].temp_bytes.nhwc >= 0.9 * by["softmax(2)"].input_bytes)
          end

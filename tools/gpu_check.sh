@@ -527,6 +527,23 @@ else
    record "$([ $CUDA_OK = 1 ] || [ $TORCH_OK = 1 ] && echo PASS || echo SKIP)" bench2 "$n float32 model rows, ${m:-0} conv/pool rows"
 fi
 
+# ---- profile (GPU_CHECK_PROFILE=1): where one step's device time goes, lumen beside PyTorch -------------
+# lumen: LUMEN_CUDA_PROFILE (kernels/cuda/backend.cu: every op waited for and timed, summed per op kind
+# and dtype over the timed steps); PyTorch: torch.profiler's CUDA time per kernel. $OUT/profile.log.
+PROFLOG=$OUT/profile.log
+if [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && [ $CUDA_OK = 1 ]; then
+   pb=${GPU_CHECK_PROFILE_BATCH:-256}
+   echo "== lumen: LUMEN_CUDA_PROFILE=3 $MODEL train nhwc b$pb amp" >> "$PROFLOG"
+   run_to "$PROFLOG" 90 env LUMEN_CUDA_PROFILE=3 "${LENV[@]}" "$ROOT/bin/lumen" bench/cuda_models.lua \
+      train nhwc "$pb" amp 5 30 "$RES" "$MODEL"
+   if [ $TORCH_OK = 1 ]; then
+      echo "== PyTorch profiler, the same step" >> "$PROFLOG"
+      run_to "$PROFLOG" 90 env PYTHONUNBUFFERED=1 python3 bench/cuda_torch_profile.py "$MODEL" "$pb" \
+         train nhwc amp 5
+   fi
+   record PASS profile "$PROFLOG"
+fi
+
 # ---- summary -------------------------------------------------------------------------------------------
 # bench.tsv: impl model mode fmt batch prec img_s  (from "lumen resnet50 train nhwc b64 amp img/s N ...")
 awk '$7 == "img/s" {b = $5; sub(/^b/, "", b); print $1 "\t" $2 "\t" $3 "\t" $4 "\t" b "\t" $6 "\t" $8}' \

@@ -26,8 +26,9 @@ jobs=${SUITE_JOBS:-8}
 per_file=${SUITE_FILE_TIMEOUT:-120}
 export LUMEN_TEST_C=0
 
-# the device_skip list of tools/run_tests.sh (one source of truth)
-skip=$(sed -n '/^device_skip=(/,/^)/p' tools/run_tests.sh | grep -oE 'spec/[A-Za-z0-9_/.-]+\.lua')
+# the device_skip and cuda_skip lists of tools/run_tests.sh (one source of truth)
+skip=$(sed -n -e '/^device_skip=(/,/^)/p' -e '/^cuda_skip=(/,/^)/p' tools/run_tests.sh |
+   grep -oE 'spec/[A-Za-z0-9_/.-]+\.lua')
 
 if [ $# -gt 0 ]; then
    files=$(printf '%s\n' "$@")
@@ -37,7 +38,7 @@ fi
 list=()
 for f in $files; do
    if printf '%s\n' "$skip" | grep -qxF "$f"; then
-      echo "skip $f (device_skip in tools/run_tests.sh)"
+      echo "skip $f (device_skip / cuda_skip in tools/run_tests.sh)"
       continue
    fi
    list+=("$f")

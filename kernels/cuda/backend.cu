@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static lm_kernel_fn table[LM_OP_COUNT];
 static int ndev = 0;
@@ -129,16 +130,76 @@ static int cu_supports(const lm_backend *b, const lm_op *op) {
    (void)b;
    return kernel_of(op->kind) != NULL;
 }
+/* ---- LUMEN_CUDA_PROFILE=N: the device time of every op kind ----
+ * Counting starts at the N-th lm.cuda.synchronize() (0: at once), so that a benchmark's warm-up
+ * steps (cuDNN's algorithm search) stay out of it. Each counted op waits for the stream before and after (so its kernels run alone and the host clock
+ * measures them, launch latency included: a few microseconds per op), and the totals per op kind
+ * and dtype of the first tensor are printed to stderr at exit, largest first. The synchronisation
+ * makes the whole run slower; the shares are what it is for (tools/gpu_check.sh's profile step). */
+static int profiling = -1;     /* -1: not read yet; 0 off; 1 on */
+static int prof_wait = 0;      /* synchronize calls still to come before counting starts */
+static double prof_ms[LM_OP_COUNT][LM_NUM_DTYPES];
+static int64_t prof_calls[LM_OP_COUNT][LM_NUM_DTYPES];
+
+static double now_ms(void) {
+   struct timespec ts;
+   clock_gettime(CLOCK_MONOTONIC, &ts);
+   return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static void prof_report(void) {
+   double total = 0;
+   for (int k = 0; k < LM_OP_COUNT; k++)
+      for (int d = 0; d < LM_NUM_DTYPES; d++) total += prof_ms[k][d];
+   fprintf(stderr, "lumen cuda profile (LUMEN_CUDA_PROFILE): %.1f ms of op time\n", total);
+   for (;;) {
+      int bk = -1, bd = -1;
+      for (int k = 0; k < LM_OP_COUNT; k++)
+         for (int d = 0; d < LM_NUM_DTYPES; d++)
+            if (prof_calls[k][d] && (bk < 0 || prof_ms[k][d] > prof_ms[bk][bd])) bk = k, bd = d;
+      if (bk < 0) break;
+      fprintf(stderr, "  %-30s %-9s %8lld calls %10.2f ms %5.1f%%\n", lm_op_name(bk),
+              lm_dtype_name(bd), (long long)prof_calls[bk][bd], prof_ms[bk][bd],
+              total > 0 ? 100 * prof_ms[bk][bd] / total : 0.0);
+      prof_calls[bk][bd] = 0;
+   }
+}
+
 static lm_status cu_compute(const lm_backend *b, const lm_op *op) {
    lm_kernel_fn k = kernel_of(op->kind);
    if (!k) return lm_error(LM_ERR_DEVICE, "%s is not supported on %s", lm_op_name(op->kind), b->name);
-   LM_TRY(lm_cu_set_device(b->device - LM_CUDA0));
-   return k(op);
+   const int dev = b->device - LM_CUDA0;
+   LM_TRY(lm_cu_set_device(dev));
+   if (profiling < 0) {
+      const char *e = getenv("LUMEN_CUDA_PROFILE");
+      profiling = e && *e >= '0' && *e <= '9';
+      if (profiling) {
+         prof_wait = atoi(e);
+         atexit(prof_report);
+      }
+   }
+   if (!profiling || prof_wait > 0) return k(op);
+   int dt = 0;
+   for (int i = 0; i < op->nt; i++)
+      if (op->t[i]) {
+         dt = op->t[i]->dtype;
+         break;
+      }
+   cudaStreamSynchronize(lm_cu_stream(dev));
+   const double t0 = now_ms();
+   const lm_status st = k(op);
+   cudaStreamSynchronize(lm_cu_stream(dev));
+   if (dt >= 0 && dt < LM_NUM_DTYPES) {
+      prof_ms[op->kind][dt] += now_ms() - t0;
+      prof_calls[op->kind][dt]++;
+   }
+   return st;
 }
 
 /* ---- liblumen's lm_cuda_* API (src/device.c checked dev: valid, or -1 where allowed) ---- */
 
 static lm_status api_synchronize(int dev) {
+   if (prof_wait > 0) prof_wait--;
    for (int k = dev < 0 ? 0 : dev; k < (dev < 0 ? ndev : dev + 1); k++) {
       LM_TRY(lm_cu_set_device(k));
       /* the device, not only lumen's stream: library calls may have queued work elsewhere; and
