@@ -33,7 +33,9 @@
 # GPU_CHECK_JOBS [nproc], GPU_CHECK_GENCODE [-gencode arch=compute_90,code=sm_90],
 # GPU_CHECK_ITERS timed steps per model row [10], GPU_CHECK_BATCHES ["256 64"], GPU_CHECK_RES
 # [224], GPU_CHECK_MODEL [resnet50], GPU_CHECK_OPS_BATCH [64], GPU_CHECK_SKIP (words: build,
-# bench, peer, suite, bench2: steps to leave out), GPU_CHECK_SUITE_FILES (spec files instead of
+# bench, peer, suite, bench2: steps to leave out), GPU_CHECK_PROFILE=1 (the profile step: lumen's
+# LUMEN_CUDA_PROFILE table beside torch.profiler, batch GPU_CHECK_PROFILE_BATCH [256], into
+# $OUT/profile.log), GPU_CHECK_SUITE_FILES (spec files instead of
 # all). A local dry run (no GPU) on the emulated device:
 #   make cuda-emu && LUMEN_CUDA_LIB=$PWD/build/liblumen_cuda_emu.so LUMEN_CUDA_EMU_FALLBACK=1 \
 #     GPU_CHECK_BATCHES=2 GPU_CHECK_RES=32 GPU_CHECK_MODEL=resnet18 GPU_CHECK_OPS_BATCH=1 \
