@@ -304,6 +304,121 @@ describe("cuda:0 dnn families against the CPU", function()
          end
       end)
 
+      -- the fast path of kernels/cuda/norm.cu (float32 / bfloat16 / float16, every operand dense
+      -- with channels innermost): vector widths 8 / 4 / 2 / 1 elements (C % 8 == 0, C % 4, C % 2,
+      -- odd C, views whose first element is not 16-byte aligned), 2-D and 5-D inputs, train and
+      -- eval, no weight, relu with and without a residual (the relu mask alone, and the mask
+      -- with the masked gradient), and its sums folded (many rows)
+      local FAST_DTS = { lm.float32, lm.bfloat16, lm.float16 }
+      local FAST_VARIANTS = { { affine = true }, { affine = false },
+                              { affine = true, relu = true, residual = true },
+                              { affine = true, relu = true }, { affine = false, relu = true } }
+
+      -- forward and backward on the CPU and on cuda:0 from the same operands; mk(dev) makes x,
+      -- the residual and the output's gradient on a device (nil: the CPU)
+      local function fast_case(what, dt, sz, training, v, mk, tol)
+         local function run(dev)
+            local x, r, gy = mk(dev)
+            x:requires_grad_()
+            if r then r:requires_grad_() end
+            local w, b, rm, rv, opts = bn_case(x, lm.float32, v.affine, training,
+               { relu = v.relu, residual = r }, dev)
+            if w then
+               w:requires_grad_()
+               b:requires_grad_()
+            end
+            local y = F.batch_norm(x, rm, rv, w, b, opts)
+            y:backward(gy)
+            return y, rm, rv, x.grad, w and w.grad, b and b.grad, r and r.grad
+         end
+         local y, rm, rv, gx, gw, gb, gr = run(nil)
+         local yc, rmc, rvc, gxc, gwc, gbc, grc = run(DEV)
+         cmp(yc, y, tol, what .. " output")
+         same_format(yc, y, what .. " output")
+         cmp(rmc, rm, 1e-5, what .. " running_mean")
+         cmp(rvc, rv, 1e-5, what .. " running_var")
+         cmp(gxc, gx, tol * 4, what .. " grad_input")
+         same_format(gxc, gx, what .. " grad_input")
+         if gw then
+            cmp(gwc, gw, tol * 4, what .. " grad_weight")
+            cmp(gbc, gb, tol * 4, what .. " grad_bias")
+         end
+         if gr then cmp(grc, gr, tol, what .. " grad_residual") end
+      end
+
+      for _, dt in ipairs(FAST_DTS) do
+         it(("%s channels innermost (the fast path): C %% 8 == 0, odd C, 2-D, 5-D"):format(
+            tostring(dt)), function()
+            local cases = { { { 4, 64, 5, 6 }, lm.channels_last }, { { 3, 24, 7, 5 },
+               lm.channels_last }, { { 2, 6, 9, 8 }, lm.channels_last },
+               { { 2, 7, 9, 8 }, lm.channels_last }, { { 200, 32 } }, { { 33, 5 } },
+               { { 2, 16, 3, 4, 5 }, lm.channels_last_3d } }
+            for _, cs in ipairs(cases) do
+               local sz, fmt = cs[1], cs[2]
+               for _, training in ipairs({ true, false }) do
+                  for _, v in ipairs(FAST_VARIANTS) do
+                     lm.manual_seed(40)
+                     local x0 = randn(sz, dt, fmt) * 2 + 1
+                     local r0 = randn(sz, dt, fmt)
+                     local g0 = randn(sz, dt, fmt)
+                     local what = ("%s %s %s%s%s%s"):format(H.fmt_list(sz), tostring(dt),
+                        training and "train" or "eval", v.affine and " affine" or "",
+                        v.relu and " relu" or "", v.residual and " residual" or "")
+                     fast_case(what, dt, sz, training, v, function(dev)
+                        local function on_dev(t) return dev and t:to(dev) or t:clone() end
+                        return on_dev(x0), v.residual and on_dev(r0) or nil, on_dev(g0)
+                     end, EXACT_TOL[tostring(dt)])
+                  end
+               end
+            end
+         end)
+      end
+
+      it("views whose first element is not 16-byte aligned (narrower vectors)", function()
+         local sz = { 3, 16, 5, 4 }
+         local n = 3 * 16 * 5 * 4
+         local strides = { 16 * 5 * 4, 1, 4 * 16, 16 } -- channels_last
+         for _, dt in ipairs(FAST_DTS) do
+            for _, off in ipairs({ 1, 2, 4, 6 }) do
+               for _, training in ipairs({ true, false }) do
+                  lm.manual_seed(41 + off)
+                  -- x, the residual and the output's gradient each a channels_last view at
+                  -- element off of a longer buffer (x's and the residual's grads still fresh)
+                  local bufs = { randn({ n + off }, dt), randn({ n + off }, dt),
+                                 randn({ n + off }, dt) }
+                  local v = { affine = true, relu = true, residual = true }
+                  local what = ("%s offset %d %s"):format(tostring(dt), off,
+                     training and "train" or "eval")
+                  fast_case(what, dt, sz, training, v, function(dev)
+                     local t = {}
+                     for i, b in ipairs(bufs) do
+                        local bd = dev and b:to(dev) or b:clone()
+                        t[i] = bd:as_strided(sz, strides, off)
+                        assert(t[i]:is_contiguous(lm.channels_last), what .. ": the view")
+                     end
+                     return t[1], t[2], t[3]
+                  end, EXACT_TOL[tostring(dt)])
+               end
+            end
+         end
+      end)
+
+      it("the fast path's sums folded (many rows), float32 and bfloat16, train", function()
+         for _, c in ipairs({ { { 9000, 128 }, lm.float32 }, { { 4, 256, 48, 48 }, lm.bfloat16 } }) do
+            local sz, dt = c[1], c[2]
+            lm.manual_seed(43)
+            local fmt = #sz == 4 and lm.channels_last or nil
+            local x0 = randn(sz, dt, fmt) * 3 + 5
+            local r0 = randn(sz, dt, fmt)
+            local g0 = randn(sz, dt, fmt)
+            fast_case(H.fmt_list(sz) .. " " .. tostring(dt), dt, sz, true,
+               { affine = true, relu = true, residual = true }, function(dev)
+                  local function on_dev(t) return dev and t:to(dev) or t:clone() end
+                  return on_dev(x0), on_dev(r0), on_dev(g0)
+               end, dt == lm.float32 and 1e-4 or EXACT_TOL[tostring(dt)])
+         end
+      end)
+
       it("2-D input (N, C) and a strided weight", function()
          lm.manual_seed(25)
          local x = randn({ 10, 7 }, lm.float32)
