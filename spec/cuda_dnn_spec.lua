@@ -1,3 +1,4 @@
+-- luacheck: max line length 120
 -- spec/cuda_dnn_spec.lua -- the CUDA backend's cuDNN / cuBLAS families (kernels/cuda/conv.cu,
 -- norm.cu, linalg.cu) against the CPU: conv2d forward and backward (every dtype, both formats,
 -- groups, depthwise, dilation, stride, bias / residual / relu), batch norm (training with the

@@ -1,3 +1,4 @@
+-- luacheck: max line length 120
 -- spec/cuda_elementwise_spec.lua -- the CUDA elementwise kernels (kernels/cuda/elementwise*.cu)
 -- against the CPU's: every unary and binary op, clamp, addcmul/addcdiv, where, copy (dtype
 -- conversions, layouts, broadcasting, overlap) and fill, in float32/float64/float16/bfloat16 and
@@ -369,7 +370,7 @@ describe("CUDA elementwise kernels against the CPU", function()
          shift(xc)
          check(xc, x, tol_of(dt), "add_ shifted " .. tostring(dt))
          -- a reversed-stride overlap through a transpose
-         local m, mc = cpu_randn({ 8, 8 }, F32), nil
+         local m, mc = cpu_randn({ 8, 8 }, F32) -- luacheck: ignore 311
          mc = m:to(DEV)
          m:add_(m:t())
          mc:add_(mc:t())
@@ -432,7 +433,7 @@ describe("CUDA elementwise kernels against the CPU", function()
       d:copy_(src)
       dc:copy_(src:to(DEV))
       check(dc, d, 0, "broadcast copy_")
-      local e, ec = lm.zeros({ 4, 6 }, { device = "cpu", dtype = F16 }), nil
+      local e, ec = lm.zeros({ 4, 6 }, { device = "cpu", dtype = F16 }) -- luacheck: ignore 311
       ec = e:to(DEV)
       e:t():copy_(cpu_randn({ 6, 1 }, F64))
       ec:t():copy_(cpu_randn({ 6, 1 }, F64):to(DEV))
@@ -452,7 +453,7 @@ describe("CUDA elementwise kernels against the CPU", function()
          x:copy_(x)
          xc:copy_(xc)
          check(xc, x, 0, "self copy_ " .. tostring(dt))
-         local m, mc = cpu_randn({ 6, 6 }):to(dt), nil
+         local m, mc = cpu_randn({ 6, 6 }):to(dt) -- luacheck: ignore 311
          mc = m:to(DEV)
          m:copy_(m:t())
          mc:copy_(mc:t())

@@ -1,3 +1,4 @@
+-- luacheck: max line length 120
 -- spec/cuda_reduce_spec.lua -- the CUDA kernels of kernels/cuda/reduce.cu (sum, mean, prod,
 -- max/min with indices, argmax/argmin, cat), random.cu (the random fills: the CPU's values for the
 -- same seed), softmax.cu (softmax / log_softmax, nll_loss / cross_entropy, forward and backward)

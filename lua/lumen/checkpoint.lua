@@ -326,7 +326,8 @@ function M.load_checkpoint(path, opts)
       if osd == nil then fail(fname, "'%s' holds no optimizer state", path) end
       opts.optimizer:load_state_dict(osd)
    end
-   local rng = type(info.rng) == "table" and info.rng ~= json.null and decode(info.rng, tensors, fname, path) or nil
+   local rng = type(info.rng) == "table" and info.rng ~= json.null and
+      decode(info.rng, tensors, fname, path) or nil
    if opts.rng then
       if rng == nil then fail(fname, "'%s' holds no random generator state", path) end
       require("lumen").set_rng_state(rng)
