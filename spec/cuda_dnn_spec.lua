@@ -191,15 +191,21 @@ describe("cuda:0 dnn families against the CPU", function()
       -- cuBLAS (conv.cu); in the emulated build with LUMEN_CUDA_EMU_GEMM=1 over the emulated
       -- cuBLAS, so these check the orientation, transposes and leading dimensions there
       describe("1x1 channels-last (cuBLAS GEMMs)", function()
-         -- {N, C, H, W, O}: C ~= O both ways, odd sizes, a batch of 1, one channel in or out
+         -- {N, C, H, W, O, stride}: C ~= O both ways, odd sizes, a batch of 1, one channel in or
+         -- out; strided ones (a gathered copy of the pixels read, grad_x scattered back)
          local GEMM_CASES = {
-            { 2, 5, 3, 7, 9 }, { 1, 16, 4, 4, 8 }, { 3, 7, 5, 1, 3 }, { 1, 1, 1, 1, 1 },
-            { 2, 3, 2, 3, 1 }, { 1, 33, 3, 5, 17 }, { 2, 1, 3, 3, 6 },
+            { 2, 5, 3, 7, 9, 1 }, { 1, 16, 4, 4, 8, 1 }, { 3, 7, 5, 1, 3, 1 }, { 1, 1, 1, 1, 1, 1 },
+            { 2, 3, 2, 3, 1, 1 }, { 1, 33, 3, 5, 17, 1 }, { 2, 1, 3, 3, 6, 1 },
+            { 2, 6, 7, 6, 5, 2 }, { 1, 4, 5, 8, 9, 3 }, { 2, 3, 6, 5, 4, { 1, 2 } },
+            { 1, 5, 4, 3, 2, { 3, 1 } }, { 1, 2, 1, 1, 3, 2 }, { 2, 3, 4, 4, 3, 5 },
+            { 2, 16, 6, 5, 8, 2 }, -- rows of 16-byte units in every dtype
          }
          local GEMM_DTYPES = { lm.float32, lm.float16, lm.bfloat16, lm.float64 }
          local CL = lm.channels_last
          local function name(c, dt)
-            return ("1x1 N%d C%d %dx%d O%d %s"):format(c[1], c[2], c[3], c[4], c[5], tostring(dt))
+            local st = type(c[6]) == "table" and (c[6][1] .. "x" .. c[6][2]) or tostring(c[6])
+            return ("1x1 N%d C%d %dx%d O%d s%s %s"):format(c[1], c[2], c[3], c[4], c[5], st,
+               tostring(dt))
          end
 
          for _, dt in ipairs(GEMM_DTYPES) do
@@ -208,26 +214,28 @@ describe("cuda:0 dnn families against the CPU", function()
                lm.manual_seed(21)
                local tol = CONV_TOL[tostring(dt)]
                for _, c in ipairs(GEMM_CASES) do
-                  local N, C, Hh, W, O = unpack(c)
+                  local N, C, Hh, W, O, s = unpack(c)
                   local what = name(c, dt)
                   local x = randn({ N, C, Hh, W }, dt, CL)
+                  local so = { stride = s }
                   for _, wfmt in ipairs({ CL, lm.contiguous_format }) do
                      local w = randn({ O, C, 1, 1 }, dt, wfmt)
                      local b = randn({ O }, dt)
-                     local y = F.conv2d(x, w, nil)
-                     local yc = F.conv2d(on(x), on(w), nil)
+                     local y = F.conv2d(x, w, nil, so)
+                     local yc = F.conv2d(on(x), on(w), nil, so)
                      cmp(yc, y, tol, what .. " no bias")
                      same_format(yc, y, what .. " no bias")
-                     cmp(F.conv2d(on(x), on(w), on(b)), F.conv2d(x, w, b), tol, what .. " bias")
+                     cmp(F.conv2d(on(x), on(w), on(b), so), F.conv2d(x, w, b, so), tol,
+                        what .. " bias")
                      local r = randn(y:size(), dt, CL)
-                     cmp(F.conv2d(on(x), on(w), on(b), { residual = on(r), relu = true }),
-                        F.conv2d(x, w, b, { residual = r, relu = true }), tol,
+                     cmp(F.conv2d(on(x), on(w), on(b), { stride = s, residual = on(r), relu = true }),
+                        F.conv2d(x, w, b, { stride = s, residual = r, relu = true }), tol,
                         what .. " residual relu")
-                     cmp(F.conv2d(on(x), on(w), nil, { relu = true }),
-                        F.conv2d(x, w, nil, { relu = true }), tol, what .. " relu")
+                     cmp(F.conv2d(on(x), on(w), nil, { stride = s, relu = true }),
+                        F.conv2d(x, w, nil, { stride = s, relu = true }), tol, what .. " relu")
                      -- dilation has no effect on a 1x1 kernel (cuDNN's route)
-                     cmp(F.conv2d(on(x), on(w), on(b), { dilation = 2 }),
-                        F.conv2d(x, w, b, { dilation = 2 }), tol, what .. " dilation 2")
+                     cmp(F.conv2d(on(x), on(w), on(b), { stride = s, dilation = 2 }),
+                        F.conv2d(x, w, b, { stride = s, dilation = 2 }), tol, what .. " dilation 2")
                   end
                end
             end)
@@ -236,18 +244,19 @@ describe("cuda:0 dnn families against the CPU", function()
                lm.manual_seed(22)
                local tol = CONV_TOL[tostring(dt)] * 2
                for _, c in ipairs(GEMM_CASES) do
-                  local N, C, Hh, W, O = unpack(c)
+                  local N, C, Hh, W, O, s = unpack(c)
+                  local so = { stride = s }
                   local x0 = randn({ N, C, Hh, W }, dt, CL)
                   local w0 = randn({ O, C, 1, 1 }, dt, CL)
                   local b0 = randn({ O }, dt)
-                  local gy = randn({ N, O, Hh, W }, dt, CL)
+                  local gy = randn(F.conv2d(x0, w0, b0, so):size(), dt, CL)
                   -- which: the operands that require grad ("xwb", "x", "w", "b")
                   local function run(x, w, b, g, which)
                      x, w, b = x:clone(), w:clone(), b:clone()
                      if which:find("x") then x:requires_grad_() end
                      if which:find("w") then w:requires_grad_() end
                      if which:find("b") then b:requires_grad_() end
-                     local y = F.conv2d(x, w, b)
+                     local y = F.conv2d(x, w, b, so)
                      ;(y * g):sum():backward()
                      return x.grad, w.grad, b.grad
                   end
@@ -294,9 +303,11 @@ describe("cuda:0 dnn families against the CPU", function()
             local x, w = xb:narrow(1, 2, 2), wb:select(1, 2)
             local xc, wc = on(xb):narrow(1, 2, 2), on(wb):select(1, 2)
             cmp(F.conv2d(xc, wc), F.conv2d(x, w), CONV_TOL[tostring(lm.float32)], "offset views")
+            cmp(F.conv2d(xc, wc, nil, { stride = 2 }), F.conv2d(x, w, nil, { stride = 2 }),
+               CONV_TOL[tostring(lm.float32)], "offset views, stride 2")
          end)
 
-         it("stride 2 and padding stay correct (cuDNN's route)", function()
+         it("padding (cuDNN's route) and stride", function()
             lm.manual_seed(25)
             local x = randn({ 2, 6, 7, 8 }, lm.bfloat16, CL)
             local w = randn({ 5, 6, 1, 1 }, lm.bfloat16, CL)

@@ -12,8 +12,8 @@
  *                    partial sums per chunk of pixels, then the chunks in order, in double)
  * Every gradient is written, not accumulated, as the CPU kernels do (the front end hands fresh
  * tensors, or out= tensors to overwrite).
- * Channels-last 1x1 convolutions with stride 1, no padding and one group (float32 / float16 /
- * bfloat16) skip cuDNN: they are GEMMs on cuBLAS ("1x1 convolutions as GEMMs on cuBLAS" below:
+ * Channels-last 1x1 convolutions with no padding and one group (float32 / float16 / bfloat16;
+ * any stride) skip cuDNN: they are GEMMs on cuBLAS ("1x1 convolutions as GEMMs on cuBLAS" below:
  * cuDNN's legacy API ran them 3x slower in bf16 than PyTorch's GEMMs on an H200), with the same
  * epilogue and grad_b.
  * Descriptors: x, y as 4-D tensors in CUDNN_TENSOR_NCHW or CUDNN_TENSOR_NHWC (channels_last),
@@ -362,10 +362,10 @@ static lm_status dnn_direct(int k, const conv_geom *cg, int nhwc, int dt, const 
  * split-K reductions disallowed, beta 0 (each result written once, as the CPU does). Then the
  * epilogue (bias, residual, relu) and the grad_b sum above, as on the cuDNN route. 64-bit sizes
  * (cublasGemmEx_64): no batch chunks. cuda:k's one cuBLAS handle is linalg.cu's
- * (cublas_handle.cuh), with its workspace, on lm_cu_stream(k). float64 stays on cuDNN; so do the
- * stride-2 1x1 convolutions (ResNet's downsample layers), whose input pixels are no single GEMM
- * operand (they would need a gather, or a batched call per image row). Where cuBLAS fails (a
- * status other than success), the op goes to cuDNN as before, with a one-time note.
+ * (cublas_handle.cuh), with its workspace, on lm_cu_stream(k). float64 and NCHW stay on cuDNN.
+ * Strided 1x1 convolutions (ResNet's downsample layers, stride 2) take the same GEMMs over a
+ * gathered copy of the pixels they read (below). Where cuBLAS fails (a status other than
+ * success; not out of memory), the op goes to cuDNN as before, with a one-time note.
  * The emulated build runs this code over linalg_cublas_emu.cuh (which checks the leading
  * dimensions as cuBLAS does) with LUMEN_CUDA_EMU_GEMM=1, the switch of linalg.cu's matmul. */
 
@@ -384,8 +384,9 @@ static int gemm_dense_nhwc(const lm_tensor *t) {
    (the front end's promise; checked, since the GEMM reads them as plain matrices) */
 static int gemm_1x1(const conv_geom *g, int dt, int nhwc, const lm_tensor *a, const lm_tensor *b,
                     const lm_tensor *c, const lm_tensor *d, const lm_tensor *e) {
-   if (!nhwc || g->kh != 1 || g->kw != 1 || g->sh != 1 || g->sw != 1 || g->ph != 0 ||
-       g->pw != 0 || g->dh != 1 || g->dw != 1 || g->G != 1 || g->Ho != g->H || g->Wo != g->W)
+   if (!nhwc || g->kh != 1 || g->kw != 1 || g->sh < 1 || g->sw < 1 || g->ph != 0 ||
+       g->pw != 0 || g->dh != 1 || g->dw != 1 || g->G != 1 || g->H < 1 || g->W < 1 ||
+       g->Ho != (g->H - 1) / g->sh + 1 || g->Wo != (g->W - 1) / g->sw + 1)
       return 0;
    if (dt != LM_FLOAT32 && dt != LM_FLOAT16 && dt != LM_BFLOAT16) return 0;
    return gemm_dense_nhwc(a) && gemm_dense_nhwc(b) && gemm_dense_nhwc(c) && gemm_dense_nhwc(d) &&
@@ -428,25 +429,113 @@ static lm_status gemm_call(int k, int dt, cublasOperation_t ta, cublasOperation_
                    "cublasGemmEx");
 }
 
-/* forward: out = x w^T (no epilogue) */
+/* ---- strided 1x1 (sh or sw > 1: ResNet's downsample layers, stride 2) ----
+ * The pixels such a convolution reads, x[n, ho*sh, wo*sw, :], are not one GEMM operand; they are
+ * gathered into a dense [N*Ho*Wo, C] copy first (a quarter of x at stride 2: a few microseconds
+ * of copying against the GEMM), and grad_x is the GEMM into such a dense buffer, scattered back
+ * with zeros at the pixels the convolution skips. The copies move a pixel's channels in units of
+ * 16 bytes where the row (C elements) and both addresses allow it (ResNet's channel counts do),
+ * else 8, 4 or 2, one unit per thread, channels fastest (coalesced), so the index arithmetic is
+ * paid once per unit; 32-bit index math when the indices fit (64-bit division is slow on the
+ * GPU). C below is the row length in units. */
+struct alignas(16) gemm_v16 {
+   uint32_t v[4];
+};
+template <class T, class I>
+static lm_status gemm_gather_ti(int k, const T *x, T *d, I C, I H, I W, I Ho, I Wo, I sh, I sw,
+                                int64_t total) {
+   return lm_cu_for(k, total, [=] LM_HD(int64_t t) {
+      const I i = (I)t, c = i % C, q = i / C, wo = q % Wo, r = q / Wo, ho = r % Ho, n = r / Ho;
+      d[t] = x[((int64_t)n * H + (int64_t)ho * sh) * W * C + ((int64_t)wo * sw) * C + c];
+   });
+}
+template <class T, class I>
+static lm_status gemm_scatter_ti(int k, const T *s, T *gx, I C, I H, I W, I Ho, I Wo, I sh, I sw,
+                                 int64_t total) {
+   return lm_cu_for(k, total, [=] LM_HD(int64_t t) {
+      const I i = (I)t, c = i % C, q = i / C, w = q % W, r = q / W, h = r % H, n = r / H;
+      gx[t] = h % sh == 0 && w % sw == 0
+                 ? s[((int64_t)n * Ho + h / sh) * Wo * C + (int64_t)(w / sw) * C + c]
+                 : T{}; /* zero bits: +0 in every float format */
+   });
+}
+/* dir 0: d = gather(x), N*Ho*Wo*Cu units; dir 1: x = scatter(d), N*H*W*Cu units (Cu units of T
+   per pixel) */
+template <class T>
+static lm_status gemm_restride_t(int k, const conv_geom *g, int64_t Cu, T *x, T *d, int dir) {
+   const int64_t total = dir == 0 ? g->N * g->Ho * g->Wo * Cu : g->N * g->H * g->W * Cu;
+   const int64_t lim = (int64_t)1 << 31;
+   if (total < lim && g->H < lim && g->W < lim && g->sh < lim && g->sw < lim) {
+      typedef uint32_t I; /* every index below total, and every size and stride, fits */
+      if (dir == 0)
+         return gemm_gather_ti<T, I>(k, x, d, (I)Cu, (I)g->H, (I)g->W, (I)g->Ho, (I)g->Wo,
+                                     (I)g->sh, (I)g->sw, total);
+      return gemm_scatter_ti<T, I>(k, d, x, (I)Cu, (I)g->H, (I)g->W, (I)g->Ho, (I)g->Wo,
+                                   (I)g->sh, (I)g->sw, total);
+   }
+   if (dir == 0)
+      return gemm_gather_ti<T, int64_t>(k, x, d, Cu, g->H, g->W, g->Ho, g->Wo, g->sh, g->sw,
+                                        total);
+   return gemm_scatter_ti<T, int64_t>(k, d, x, Cu, g->H, g->W, g->Ho, g->Wo, g->sh, g->sw,
+                                      total);
+}
+static lm_status gemm_restride(int k, const conv_geom *g, int dt, char *x, char *d, int dir) {
+   const uint64_t row = (uint64_t)g->C * lm_dtype_size(dt); /* bytes per pixel */
+   const uint64_t a = (uint64_t)(uintptr_t)x | (uint64_t)(uintptr_t)d | row;
+   if (a % 16 == 0)
+      return gemm_restride_t<gemm_v16>(k, g, (int64_t)(row / 16), (gemm_v16 *)x, (gemm_v16 *)d,
+                                       dir);
+   if (a % 8 == 0)
+      return gemm_restride_t<uint64_t>(k, g, (int64_t)(row / 8), (uint64_t *)x, (uint64_t *)d, dir);
+   if (a % 4 == 0)
+      return gemm_restride_t<uint32_t>(k, g, (int64_t)(row / 4), (uint32_t *)x, (uint32_t *)d, dir);
+   return gemm_restride_t<uint16_t>(k, g, (int64_t)(row / 2), (uint16_t *)x, (uint16_t *)d, dir);
+}
+static int gemm_strided(const conv_geom *g) { return g->sh != 1 || g->sw != 1; }
+
+/* forward: out = x w^T (no epilogue); x gathered first when strided */
 static lm_status gemm_forward(int k, const conv_geom *g, int dt, const lm_tensor *x,
                               const lm_tensor *w, lm_tensor *out) {
-   const int64_t M = g->N * g->H * g->W;
-   return gemm_call(k, dt, CUBLAS_OP_T, CUBLAS_OP_N, g->O, M, g->C, lm_cu_ptr(w), g->C,
-                    lm_cu_ptr(x), g->C, lm_cu_ptr(out), g->O);
+   const int64_t M = g->N * g->Ho * g->Wo;
+   const char *xp = lm_cu_ptr(x);
+   dnn_scratch s(k); /* freed on return: stream-ordered, so after the queued GEMM */
+   if (gemm_strided(g)) {
+      char *xs = (char *)s.get((size_t)(M * g->C) * lm_dtype_size(dt));
+      if (!xs) return LM_ERR_OOM;
+      LM_TRY(gemm_restride(k, g, dt, (char *)xp, xs, 0));
+      xp = xs;
+   }
+   return gemm_call(k, dt, CUBLAS_OP_T, CUBLAS_OP_N, g->O, M, g->C, lm_cu_ptr(w), g->C, xp, g->C,
+                    lm_cu_ptr(out), g->O);
 }
 
-/* backward: gx = gy w, gw = gy^T x (either may be NULL; M, C, O >= 1) */
+/* backward: gx = gy w, gw = gy^T x (either may be NULL; M, C, O >= 1); strided: gx through a
+   dense buffer scattered back, x gathered */
 static lm_status gemm_backward(int k, const conv_geom *g, int dt, const lm_tensor *x,
                                const lm_tensor *w, const lm_tensor *gy, lm_tensor *gx,
                                lm_tensor *gw) {
-   const int64_t M = g->N * g->H * g->W;
-   if (gx)
+   const int64_t M = g->N * g->Ho * g->Wo;
+   const size_t mc_bytes = (size_t)(M * g->C) * lm_dtype_size(dt);
+   const int strided = gemm_strided(g);
+   dnn_scratch s(k);
+   if (gx) {
+      char *gxp = lm_cu_ptr(gx);
+      if (strided && !(gxp = (char *)s.get(mc_bytes))) return LM_ERR_OOM;
       LM_TRY(gemm_call(k, dt, CUBLAS_OP_N, CUBLAS_OP_N, g->C, M, g->O, lm_cu_ptr(w), g->C,
-                       lm_cu_ptr(gy), g->O, lm_cu_ptr(gx), g->C));
-   if (gw)
-      LM_TRY(gemm_call(k, dt, CUBLAS_OP_N, CUBLAS_OP_T, g->C, g->O, M, lm_cu_ptr(x), g->C,
-                       lm_cu_ptr(gy), g->O, lm_cu_ptr(gw), g->C));
+                       lm_cu_ptr(gy), g->O, gxp, g->C));
+      if (strided) LM_TRY(gemm_restride(k, g, dt, lm_cu_ptr(gx), gxp, 1));
+   }
+   if (gw) {
+      const char *xp = lm_cu_ptr(x);
+      if (strided) {
+         char *xs = (char *)s.get(mc_bytes);
+         if (!xs) return LM_ERR_OOM;
+         LM_TRY(gemm_restride(k, g, dt, (char *)xp, xs, 0));
+         xp = xs;
+      }
+      LM_TRY(gemm_call(k, dt, CUBLAS_OP_N, CUBLAS_OP_T, g->C, g->O, M, xp, g->C, lm_cu_ptr(gy),
+                       g->O, lm_cu_ptr(gw), g->C));
+   }
    return LM_OK;
 }
 
