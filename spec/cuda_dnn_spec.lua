@@ -1,7 +1,8 @@
 -- luacheck: max line length 120
 -- spec/cuda_dnn_spec.lua -- the CUDA backend's cuDNN / cuBLAS families (kernels/cuda/conv.cu,
 -- norm.cu, linalg.cu) against the CPU: conv2d forward and backward (every dtype, both formats,
--- groups, depthwise, dilation, stride, bias / residual / relu), batch norm (training with the
+-- groups, depthwise, dilation, stride, bias / residual / relu; the channels-last 1x1 ones that run
+-- as cuBLAS GEMMs, each gradient alone), batch norm (training with the
 -- running statistics and eval, both formats, mixed half input with float32 parameters, the fused
 -- residual / relu forms and their backward), matmul (2-D, batched, broadcast, transposed and
 -- non-dense views, vectors, an empty inner dim, addmm's accumulate through F.linear).
@@ -185,6 +186,137 @@ describe("cuda:0 dnn families against the CPU", function()
          local w0 = randn({ 3, 0, 3, 3 }, lm.float32)
          local b0 = randn({ 3 }, lm.float32)
          cmp(F.conv2d(on(x0), on(w0), on(b0)), F.conv2d(x0, w0, b0), 0, "no input channels")
+      end)
+
+      -- channels-last 1x1 convolutions with stride 1, no padding, one group run as GEMMs on
+      -- cuBLAS (conv.cu); in the emulated build with LUMEN_CUDA_EMU_GEMM=1 over the emulated
+      -- cuBLAS, so these check the orientation, transposes and leading dimensions there
+      describe("1x1 channels-last (cuBLAS GEMMs)", function()
+         -- {N, C, H, W, O, stride}: C ~= O both ways, odd sizes, a batch of 1, one channel in or
+         -- out; strided ones (a gathered copy of the pixels read, grad_x scattered back)
+         local GEMM_CASES = {
+            { 2, 5, 3, 7, 9, 1 }, { 1, 16, 4, 4, 8, 1 }, { 3, 7, 5, 1, 3, 1 }, { 1, 1, 1, 1, 1, 1 },
+            { 2, 3, 2, 3, 1, 1 }, { 1, 33, 3, 5, 17, 1 }, { 2, 1, 3, 3, 6, 1 },
+            { 2, 6, 7, 6, 5, 2 }, { 1, 4, 5, 8, 9, 3 }, { 2, 3, 6, 5, 4, { 1, 2 } },
+            { 1, 5, 4, 3, 2, { 3, 1 } }, { 1, 2, 1, 1, 3, 2 }, { 2, 3, 4, 4, 3, 5 },
+            { 2, 16, 6, 5, 8, 2 }, -- rows of 16-byte units in every dtype
+         }
+         local GEMM_DTYPES = { lm.float32, lm.float16, lm.bfloat16, lm.float64 }
+         local CL = lm.channels_last
+         local function name(c, dt)
+            local st = type(c[6]) == "table" and (c[6][1] .. "x" .. c[6][2]) or tostring(c[6])
+            return ("1x1 N%d C%d %dx%d O%d s%s %s"):format(c[1], c[2], c[3], c[4], c[5], st,
+               tostring(dt))
+         end
+
+         for _, dt in ipairs(GEMM_DTYPES) do
+            it(("forward %s: no bias, bias, residual + relu, dilation 2"):format(tostring(dt)),
+               function()
+               lm.manual_seed(21)
+               local tol = CONV_TOL[tostring(dt)]
+               for _, c in ipairs(GEMM_CASES) do
+                  local N, C, Hh, W, O, s = unpack(c)
+                  local what = name(c, dt)
+                  local x = randn({ N, C, Hh, W }, dt, CL)
+                  local so = { stride = s }
+                  for _, wfmt in ipairs({ CL, lm.contiguous_format }) do
+                     local w = randn({ O, C, 1, 1 }, dt, wfmt)
+                     local b = randn({ O }, dt)
+                     local y = F.conv2d(x, w, nil, so)
+                     local yc = F.conv2d(on(x), on(w), nil, so)
+                     cmp(yc, y, tol, what .. " no bias")
+                     same_format(yc, y, what .. " no bias")
+                     cmp(F.conv2d(on(x), on(w), on(b), so), F.conv2d(x, w, b, so), tol,
+                        what .. " bias")
+                     local r = randn(y:size(), dt, CL)
+                     cmp(F.conv2d(on(x), on(w), on(b), { stride = s, residual = on(r), relu = true }),
+                        F.conv2d(x, w, b, { stride = s, residual = r, relu = true }), tol,
+                        what .. " residual relu")
+                     cmp(F.conv2d(on(x), on(w), nil, { stride = s, relu = true }),
+                        F.conv2d(x, w, nil, { stride = s, relu = true }), tol, what .. " relu")
+                     -- dilation has no effect on a 1x1 kernel (cuDNN's route)
+                     cmp(F.conv2d(on(x), on(w), on(b), { stride = s, dilation = 2 }),
+                        F.conv2d(x, w, b, { stride = s, dilation = 2 }), tol, what .. " dilation 2")
+                  end
+               end
+            end)
+
+            it(("backward %s: all gradients, and each alone"):format(tostring(dt)), function()
+               lm.manual_seed(22)
+               local tol = CONV_TOL[tostring(dt)] * 2
+               for _, c in ipairs(GEMM_CASES) do
+                  local N, C, Hh, W, O, s = unpack(c)
+                  local so = { stride = s }
+                  local x0 = randn({ N, C, Hh, W }, dt, CL)
+                  local w0 = randn({ O, C, 1, 1 }, dt, CL)
+                  local b0 = randn({ O }, dt)
+                  local gy = randn(F.conv2d(x0, w0, b0, so):size(), dt, CL)
+                  -- which: the operands that require grad ("xwb", "x", "w", "b")
+                  local function run(x, w, b, g, which)
+                     x, w, b = x:clone(), w:clone(), b:clone()
+                     if which:find("x") then x:requires_grad_() end
+                     if which:find("w") then w:requires_grad_() end
+                     if which:find("b") then b:requires_grad_() end
+                     local y = F.conv2d(x, w, b, so)
+                     ;(y * g):sum():backward()
+                     return x.grad, w.grad, b.grad
+                  end
+                  for _, which in ipairs({ "xwb", "x", "w", "b", "xw" }) do
+                     local what = name(c, dt) .. " grads " .. which
+                     local gx, gw, gb = run(x0, w0, b0, gy, which)
+                     local gxc, gwc, gbc = run(on(x0), on(w0), on(b0), on(gy), which)
+                     assert.are.equal(gx == nil, gxc == nil, what .. ": grad_input present")
+                     assert.are.equal(gw == nil, gwc == nil, what .. ": grad_weight present")
+                     assert.are.equal(gb == nil, gbc == nil, what .. ": grad_bias present")
+                     if gx then
+                        cmp(gxc, gx, tol, what .. " grad_input")
+                        same_format(gxc, gx, what .. " grad_input")
+                     end
+                     if gw then
+                        cmp(gwc, gw, tol, what .. " grad_weight")
+                        same_format(gwc, gw, what .. " grad_weight")
+                     end
+                     if gb then cmp(gbc, gb, tol, what .. " grad_bias") end
+                  end
+               end
+            end)
+         end
+
+         it("a larger float32 case with TF32 off (exact float32 sums)", function()
+            lm.manual_seed(23)
+            local x = randn({ 2, 64, 7, 9 }, lm.float32, CL)
+            local w = randn({ 48, 64, 1, 1 }, lm.float32, CL)
+            local b = randn({ 48 }, lm.float32)
+            local prev = lm.backends.cudnn.allow_tf32
+            lm.backends.cudnn.allow_tf32 = false
+            local ok, e = pcall(function()
+               cmp(F.conv2d(on(x), on(w), on(b)), F.conv2d(x, w, b), EXACT_TOL[tostring(lm.float32)],
+                  "1x1 float32 no TF32")
+            end)
+            lm.backends.cudnn.allow_tf32 = prev
+            assert(ok, e)
+         end)
+
+         it("an input that is a batch slice (dense, at an offset) and a weight view", function()
+            lm.manual_seed(24)
+            local xb = randn({ 3, 6, 4, 5 }, lm.float32, CL)
+            local wb = randn({ 2, 7, 6, 1, 1 }, lm.float32)
+            local x, w = xb:narrow(1, 2, 2), wb:select(1, 2)
+            local xc, wc = on(xb):narrow(1, 2, 2), on(wb):select(1, 2)
+            cmp(F.conv2d(xc, wc), F.conv2d(x, w), CONV_TOL[tostring(lm.float32)], "offset views")
+            cmp(F.conv2d(xc, wc, nil, { stride = 2 }), F.conv2d(x, w, nil, { stride = 2 }),
+               CONV_TOL[tostring(lm.float32)], "offset views, stride 2")
+         end)
+
+         it("padding (cuDNN's route) and stride", function()
+            lm.manual_seed(25)
+            local x = randn({ 2, 6, 7, 8 }, lm.bfloat16, CL)
+            local w = randn({ 5, 6, 1, 1 }, lm.bfloat16, CL)
+            for _, o in ipairs({ { stride = 2 }, { padding = 1 }, { stride = { 1, 2 } } }) do
+               cmp(F.conv2d(on(x), on(w), nil, o), F.conv2d(x, w, nil, o),
+                  CONV_TOL[tostring(lm.bfloat16)], "1x1 stride/padding")
+            end
+         end)
       end)
 
       it("bad input raises the front end's error on cuda:0", function()

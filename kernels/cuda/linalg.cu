@@ -25,14 +25,9 @@
  * the cuBLAS calls it makes (linalg_cublas_emu.cuh, which checks the leading dimensions as cuBLAS
  * does), so the suite checks the orientation, transposes, strides and copies here. */
 #include "cuda.cuh"
+#include "cublas_handle.cuh" /* cublas_v2.h, or linalg_cublas_emu.cuh in the emulated build */
 #include "ops/linalg.h"
 #include <string.h>
-
-#ifdef LM_CUDA_EMU
-#include "linalg_cublas_emu.cuh"
-#else
-#include <cublas_v2.h>
-#endif
 #include <pthread.h>
 
 /* ---- handles ---- */
@@ -83,6 +78,9 @@ static lm_status mm_get_handle(int k, cublasHandle_t *out) {
    pthread_mutex_unlock(&mm_lock);
    return st;
 }
+
+/* the same handle for the other families (cublas_handle.cuh): conv.cu's 1x1 convolutions */
+lm_status lm_cu_cublas_handle(int k, cublasHandle_t *out) { return mm_get_handle(k, out); }
 
 /* ---- copies between a strided view and a dense buffer (elements of 2, 4 or 8 bytes) ---- */
 template <class T> static lm_status mm_gather_t(int k, const lm_cu_view &v, const char *src, char *dst,

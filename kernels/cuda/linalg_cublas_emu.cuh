@@ -5,7 +5,8 @@
  * the CPU's kernel. cublasGemmStridedBatchedEx_64 checks its arguments as cuBLAS documents
  * (CUBLAS_STATUS_INVALID_VALUE for a leading dimension below the rows of the stored matrix) and
  * computes the column-major product naively: float32 sums (float64 for CUBLAS_COMPUTE_64F), one
- * rounding into C. */
+ * rounding into C. conv.cu's 1x1 convolutions (cublasGemmEx_64) run over it too, with the same
+ * switch. */
 #ifndef LUMEN_LINALG_CUBLAS_EMU_CUH
 #define LUMEN_LINALG_CUBLAS_EMU_CUH
 #include <stdint.h>
@@ -111,6 +112,18 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx_64(
          }
    }
    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* one product (conv.cu's 1x1 convolutions): the strided-batched call with a batch of one */
+static inline cublasStatus_t cublasGemmEx_64(cublasHandle_t h, cublasOperation_t ta,
+                                             cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                                             const void *alpha, const void *A, cudaDataType at,
+                                             int64_t lda, const void *B, cudaDataType bt,
+                                             int64_t ldb, const void *beta, void *C,
+                                             cudaDataType ct, int64_t ldc,
+                                             cublasComputeType_t comp, cublasGemmAlgo_t algo) {
+   return cublasGemmStridedBatchedEx_64(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0,
+                                        beta, C, ct, ldc, 0, 1, comp, algo);
 }
 
 #endif
