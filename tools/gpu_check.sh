@@ -33,7 +33,7 @@
 # GPU_CHECK_JOBS [nproc], GPU_CHECK_GENCODE [-gencode arch=compute_90,code=sm_90],
 # GPU_CHECK_ITERS timed steps per model row [10], GPU_CHECK_BATCHES ["256 64"], GPU_CHECK_RES
 # [224], GPU_CHECK_MODEL [resnet50], GPU_CHECK_OPS_BATCH [64], GPU_CHECK_SKIP (words: build,
-# bench, peer, suite, bench2: steps to leave out), GPU_CHECK_PROFILE=1 (the profile step: lumen's
+# bench, peer, suite, bench2: steps to leave out), GPU_CHECK_PROFILE=0 (leaves out the profile step: lumen's
 # LUMEN_CUDA_PROFILE table beside torch.profiler, batch GPU_CHECK_PROFILE_BATCH [256], into
 # $OUT/profile.log), GPU_CHECK_SUITE_FILES (spec files instead of
 # all). A local dry run (no GPU) on the emulated device:
@@ -529,21 +529,31 @@ else
    record "$([ $CUDA_OK = 1 ] || [ $TORCH_OK = 1 ] && echo PASS || echo SKIP)" bench2 "$n float32 model rows, ${m:-0} conv/pool rows"
 fi
 
-# ---- profile (GPU_CHECK_PROFILE=1): where one step's device time goes, lumen beside PyTorch -------------
+# ---- profile: where one step's device time goes, lumen beside PyTorch ----------------------------------
 # lumen: LUMEN_CUDA_PROFILE (kernels/cuda/backend.cu: every op waited for and timed, summed per op kind
-# and dtype over the timed steps); PyTorch: torch.profiler's CUDA time per kernel. $OUT/profile.log.
+# and dtype over the timed steps), once as built and once with the two paths that landed without a GPU
+# run switched off (LUMEN_CUDA_BN_FAST=0: the generic batch norm; LUMEN_CUDA_CONV_GEMM=0: 1x1
+# convolutions on cuDNN), plus that configuration's img/s; PyTorch: torch.profiler's CUDA time per
+# kernel. Into $OUT/profile.log; GPU_CHECK_PROFILE=0 leaves the step out.
 PROFLOG=$OUT/profile.log
-if [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && [ $CUDA_OK = 1 ]; then
+if [ "${GPU_CHECK_PROFILE:-1}" = 1 ] && [ $CUDA_OK = 1 ]; then
    pb=${GPU_CHECK_PROFILE_BATCH:-256}
    echo "== lumen: LUMEN_CUDA_PROFILE=3 $MODEL train nhwc b$pb amp" >> "$PROFLOG"
    run_to "$PROFLOG" 90 env LUMEN_CUDA_PROFILE=3 "${LENV[@]}" "$ROOT/bin/lumen" bench/cuda_models.lua \
       train nhwc "$pb" amp 5 30 "$RES" "$MODEL"
+   echo "== lumen, generic batch norm and 1x1 convolutions on cuDNN (LUMEN_CUDA_BN_FAST=0 LUMEN_CUDA_CONV_GEMM=0)" >> "$PROFLOG"
+   run_to "$PROFLOG" 90 env LUMEN_CUDA_PROFILE=3 LUMEN_CUDA_BN_FAST=0 LUMEN_CUDA_CONV_GEMM=0 \
+      "${LENV[@]}" "$ROOT/bin/lumen" bench/cuda_models.lua train nhwc "$pb" amp 5 30 "$RES" "$MODEL"
+   run_to "$PROFLOG" 60 env LUMEN_CUDA_BN_FAST=0 LUMEN_CUDA_CONV_GEMM=0 \
+      "${LENV[@]}" "$ROOT/bin/lumen" bench/cuda_models.lua train nhwc "$pb" amp 10 20 "$RES" "$MODEL"
    if [ $TORCH_OK = 1 ]; then
       echo "== PyTorch profiler, the same step" >> "$PROFLOG"
       run_to "$PROFLOG" 90 env PYTHONUNBUFFERED=1 python3 bench/cuda_torch_profile.py "$MODEL" "$pb" \
          train nhwc amp 5
    fi
-   record PASS profile "$PROFLOG"
+   # the profiled runs' img/s are slowed by the waits; the third run is unprofiled: the figure to set
+   # beside the bench step's row of the same configuration
+   record PASS profile "BN_FAST=0 CONV_GEMM=0: $(grep -E '^lumen .*img/s' "$PROFLOG" | sed -n 3p | sed 's/ (.*//')"
 fi
 
 # ---- summary -------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@
  * LUMEN_CUDA_EMU_GEMM=1 runs the 1x1 GEMM route over the emulated cuBLAS (linalg_cublas_emu.cuh);
  * spec/cuda/conv_algo_test.cpp checks the algorithm cache (conv_algo.cuh) on the host. */
 #include "cuda.cuh"
+#include <stdlib.h>
 #include "ops/conv.h"
 #include "conv_algo.cuh"
 #include "cublas_handle.cuh"
@@ -382,9 +383,20 @@ static int gemm_dense_nhwc(const lm_tensor *t) {
 
 /* is this convolution one GEMM (above)? The tensors passed (NULL: absent) must be dense NHWC
    (the front end's promise; checked, since the GEMM reads them as plain matrices) */
+/* LUMEN_CUDA_CONV_GEMM=0 keeps every convolution on cuDNN (the 1x1 GEMM route landed without a GPU
+   run: the switch lets one GPU run measure both, and step around the route if it misbehaves) */
+static int gemm_route_on(void) {
+   static int v = -1;
+   if (v < 0) {
+      const char *e = getenv("LUMEN_CUDA_CONV_GEMM");
+      v = !(e && *e == '0');
+   }
+   return v;
+}
+
 static int gemm_1x1(const conv_geom *g, int dt, int nhwc, const lm_tensor *a, const lm_tensor *b,
                     const lm_tensor *c, const lm_tensor *d, const lm_tensor *e) {
-   if (!nhwc || g->kh != 1 || g->kw != 1 || g->sh < 1 || g->sw < 1 || g->ph != 0 ||
+   if (!gemm_route_on() || !nhwc || g->kh != 1 || g->kw != 1 || g->sh < 1 || g->sw < 1 || g->ph != 0 ||
        g->pw != 0 || g->dh != 1 || g->dw != 1 || g->G != 1 || g->H < 1 || g->W < 1 ||
        g->Ho != (g->H - 1) / g->sh + 1 || g->Wo != (g->W - 1) / g->sw + 1)
       return 0;

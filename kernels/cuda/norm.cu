@@ -75,6 +75,7 @@
  * against the CPU (spec/cuda_dnn_spec.lua: every vector width, misaligned views, 2-D / 5-D,
  * folded sums); launch configurations and speed are the GPU's to check. */
 #include "cuda.cuh"
+#include <stdlib.h>
 #include "ops/norm.h"
 #include <math.h>
 #include <string.h>
@@ -710,7 +711,19 @@ static int bn_rows_dense(const lm_tensor *t, const lm_tensor *x) {
    generic path: float32 / bfloat16 / float16, all of x's shape and dtype, dense in the rows
    layout, some rows and channels (fewer than 2^30 rows: 32-bit row counters); the widest V of
    16, 8, 4 bytes (or 1 element) with C % V == 0 and every operand aligned to V elements */
+/* LUMEN_CUDA_BN_FAST=0 keeps every batch norm on the generic path (the fast path landed without a
+   GPU run: the switch lets one GPU run measure both, and step around it if it misbehaves) */
+static int bn_fast_on(void) {
+   static int v = -1;
+   if (v < 0) {
+      const char *e = getenv("LUMEN_CUDA_BN_FAST");
+      v = !(e && *e == '0');
+   }
+   return v;
+}
+
 static int bn_fast_width(const bn_lay &l, const lm_tensor *const *ops, int nops) {
+   if (!bn_fast_on()) return 0;
    const lm_tensor *x = ops[0];
    const int dt = x->dtype;
    if (!l.rows || (dt != LM_FLOAT32 && dt != LM_BFLOAT16 && dt != LM_FLOAT16)) return 0;
