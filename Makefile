@@ -109,7 +109,21 @@ test-cuda-emu: cuda-emu
 	   LUMEN_CUDA_LIB="$(CURDIR)/$(BUILD)/liblumen_cuda_emu.so" LUMEN_TEST_DEVICE=cuda:0 \
 	   bash tools/run_tests.sh $(TEST_ARGS)
 
-.PHONY: cuda-emu test-cuda-emu
+# the emulated CUDA backend under ASan/UBSan: every kernel body's index arithmetic runs on the host
+# with bounds checking (on a GPU an out-of-range index is silent corruption), the allocator's split
+# and merge too; against the ASan liblumen of `make asan`, with the suite on the emulated cuda:0
+asan-cuda-emu:
+	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
+	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen.so lua/lumen/cdef.lua
+	$(MAKE) BUILD=$(ASAN_BUILD) CUDA_EMU_FLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen_cuda_emu.so
+	@$(TEST_ENV) BUILD="$(ASAN_BUILD)" LUMEN_LIB="$(CURDIR)/$(ASAN_BUILD)/liblumen.so" \
+	   LUMEN_CUDA_LIB="$(CURDIR)/$(ASAN_BUILD)/liblumen_cuda_emu.so" LUMEN_TEST_DEVICE=cuda:0 \
+	   LUMEN_PRELOAD="$(ASAN_RT)" \
+	   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+	   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+	   bash tools/run_tests.sh $(TEST_ARGS)
+
+.PHONY: cuda-emu test-cuda-emu asan-cuda-emu
 
 lua/lumen/cdef.lua: $(HDRS) tools/gen_cdef.sh
 	sh tools/gen_cdef.sh $(HDRS) > $@.tmp && mv $@.tmp $@
