@@ -29,7 +29,7 @@
 # suite.log bench.tsv summary.txt.
 #
 # Environment (defaults in brackets): OUT [/tmp/gpu_check_out], GPU_CHECK_BUDGET seconds for the
-# whole run [470], GPU_CHECK_DEBS [.dev/debs], GPU_CHECK_PREFIX [/tmp/lumen-dev],
+# whole run [470], GPU_CHECK_DEBS [.dev/debs: made by tools/gpu_debs.sh], GPU_CHECK_PREFIX [/tmp/lumen-dev],
 # GPU_CHECK_JOBS [nproc], GPU_CHECK_GENCODE [-gencode arch=compute_90,code=sm_90],
 # GPU_CHECK_ITERS timed steps per model row [10], GPU_CHECK_BATCHES ["256 64"], GPU_CHECK_RES
 # [224], GPU_CHECK_MODEL [resnet50], GPU_CHECK_OPS_BATCH [64], GPU_CHECK_SKIP (words: build,
