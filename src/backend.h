@@ -104,6 +104,15 @@ lm_status lm_check_same_device(const lm_tensor *a, const lm_tensor *b, const cha
  * sim:0; copy it to the CPU first") -- for the few host-only entry points (file writers). */
 lm_status lm_check_host(const lm_tensor *t, const char *what);
 
+/* Run op on the CPU's kernels over host views of its tensors: each tensor struct copied with
+ * device cpu, each storage struct copied with its data pointer mapped by to_host (NULL: kept);
+ * tensors that share a storage share the copy, so the kernels' aliasing checks see what they
+ * would see. foreign = 1: the memory is not the CPU allocator's (the views' storages get a no-op
+ * deleter, so no CPU kernel reads or writes an allocator header in front of it). The test device
+ * (sim: tagged addresses of lumen's allocator) and the emulated CUDA build's cuDNN / cuBLAS
+ * families (host memory of the device allocator) compute this way. */
+lm_status lm_compute_on_host(const lm_op *op, void *(*to_host)(void *), int foreign);
+
 /* the backends (defined next to their kernels; src/device.c holds the registry and meta) */
 const lm_backend *lm_cpu_backend(void);
 const lm_backend *lm_sim_backend(int index);

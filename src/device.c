@@ -48,6 +48,61 @@ static lm_status meta_compute(const lm_backend *b, const lm_op *op) { (void)b, (
 static const lm_backend meta_backend = {"meta", LM_META, 0, 0, meta_alloc, meta_free,
                                         meta_memcpy, meta_supports, meta_compute};
 
+/* ---- the CPU's kernels over host views (backend.h) ---- */
+
+/* the foreign views' deleter, never called (the views are stack copies): a CPU kernel takes a
+   storage without a deleter for one of the CPU allocator's blocks (lm_tensor_block_cold) and
+   would read, after streaming stores write (lm_tensor_note_streamed), the allocator's header in
+   front of it: in front of a device block, that is a neighbouring block */
+static void not_an_lm_alloc_block(void *ctx) { (void)ctx; }
+
+enum { HOST_VIEWS_INLINE = 8 };
+
+lm_status lm_compute_on_host(const lm_op *op, void *(*to_host)(void *), int foreign) {
+   lm_tensor tin[HOST_VIEWS_INLINE], *tp_in[HOST_VIEWS_INLINE];
+   lm_storage sin[HOST_VIEWS_INLINE];
+   lm_tensor *tc = tin, **tp = tp_in;
+   lm_storage *sc = sin;
+   const int n = op->nt;
+   if (n > HOST_VIEWS_INLINE) {
+      tc = malloc(sizeof *tc * (size_t)n);
+      tp = malloc(sizeof *tp * (size_t)n);
+      sc = malloc(sizeof *sc * (size_t)n);
+      if (!tc || !tp || !sc) {
+         free(tc), free(tp), free(sc);
+         return lm_error(LM_ERR_OOM, "out of memory");
+      }
+   }
+   for (int i = 0; i < n; i++) {
+      const lm_tensor *t = op->t[i];
+      if (!t) {
+         tp[i] = NULL;
+         continue;
+      }
+      tc[i] = *t;
+      tc[i].device = LM_CPU;
+      tc[i].storage = NULL;
+      if (t->storage) {
+         for (int j = 0; j < i && !tc[i].storage; j++)
+            if (op->t[j] && op->t[j]->storage == t->storage) tc[i].storage = tc[j].storage;
+         if (!tc[i].storage) {
+            sc[i] = *t->storage;
+            if (to_host) sc[i].data = to_host(t->storage->data);
+            sc[i].device = LM_CPU;
+            if (foreign) sc[i].deleter = not_an_lm_alloc_block;
+            tc[i].storage = &sc[i];
+         }
+      }
+      tp[i] = &tc[i];
+   }
+   lm_op host = *op;
+   host.t = tp;
+   const lm_backend *cpu = lm_cpu_backend();
+   lm_status st = cpu->compute(cpu, &host);
+   if (n > HOST_VIEWS_INLINE) free(tc), free(tp), free(sc);
+   return st;
+}
+
 /* ---- CUDA: a second library, loaded on demand ----
  * The CUDA backend is build/liblumen_cuda.so (kernels/cuda/, built by `make` when nvcc is found).
  * liblumen.so never links the CUDA runtime, so it loads on machines without CUDA; the first time a

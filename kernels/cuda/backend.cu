@@ -60,41 +60,9 @@ lm_status lm_cu_set_device(int k) {
    return LM_OK;
 }
 
-/* the host views' storages get this deleter (never called: they are stack copies) so that a CPU
-   kernel does not take the device block for one of the CPU allocator's (lm_tensor_block_cold
-   wants deleter == NULL): it would read the allocator's header in front of the block and, after
-   streaming stores, write one there (lm_tensor_note_streamed), into a neighbouring device block */
-static void not_an_lm_alloc_block(void *ctx) { (void)ctx; }
-
 lm_status lm_cu_run_on_cpu(const lm_op *op) {
-   enum { N = 16 };
-   if (op->nt > N) return lm_error(LM_ERR_INTERNAL, "%s: too many tensors", lm_op_name(op->kind));
-   lm_tensor tc[N];
-   lm_storage sc[N];
-   lm_tensor *tp[N];
-   for (int i = 0; i < op->nt; i++) {
-      const lm_tensor *t = op->t[i];
-      tp[i] = NULL;
-      if (!t) continue;
-      tc[i] = *t;
-      tc[i].device = LM_CPU;
-      tc[i].storage = NULL;
-      if (t->storage) {
-         for (int j = 0; j < i && !tc[i].storage; j++)
-            if (op->t[j] && op->t[j]->storage == t->storage) tc[i].storage = tc[j].storage;
-         if (!tc[i].storage) {
-            sc[i] = *t->storage;
-            sc[i].device = LM_CPU;
-            sc[i].deleter = not_an_lm_alloc_block;
-            tc[i].storage = &sc[i];
-         }
-      }
-      tp[i] = &tc[i];
-   }
-   lm_op host = *op;
-   host.t = tp;
-   const lm_backend *cpu = lm_cpu_backend();
-   return cpu->compute(cpu, &host);
+   /* the emulated build's device memory is host memory from the device allocator's segments */
+   return lm_compute_on_host(op, NULL, 1);
 }
 
 static void *cu_alloc(const lm_backend *b, size_t nbytes) {

@@ -48,54 +48,13 @@ static int sim_supports(const lm_backend *b, const lm_op *op) {
    return cpu->supports_op(cpu, op);
 }
 
-enum { SIM_INLINE = 8 };
+/* the op again over host views of the same memory (lm_compute_on_host): the untagged addresses of
+   blocks from lumen's allocator */
+static void *untag_fn(void *p) { return untag(p); }
 
-/* the op again over host views of the same memory: every tensor struct copied with device CPU
- * and its storage struct copied with the untagged pointer. Tensors that share a storage share
- * the copy, so the kernels' aliasing checks (same storage, overlap) see what they would see. */
 static lm_status sim_compute(const lm_backend *b, const lm_op *op) {
-   lm_tensor tin[SIM_INLINE], *tp_in[SIM_INLINE];
-   lm_storage sin[SIM_INLINE];
-   lm_tensor *tc = tin, **tp = tp_in;
-   lm_storage *sc = sin;
-   const int n = op->nt;
-   if (n > SIM_INLINE) {
-      tc = malloc(sizeof *tc * (size_t)n);
-      tp = malloc(sizeof *tp * (size_t)n);
-      sc = malloc(sizeof *sc * (size_t)n);
-      if (!tc || !tp || !sc) {
-         free(tc), free(tp), free(sc);
-         return lm_error(LM_ERR_OOM, "out of memory");
-      }
-   }
-   for (int i = 0; i < n; i++) {
-      const lm_tensor *t = op->t[i];
-      if (!t) {
-         tp[i] = NULL;
-         continue;
-      }
-      tc[i] = *t;
-      tc[i].device = LM_CPU;
-      tc[i].storage = NULL;
-      if (t->storage) {
-         for (int j = 0; j < i && !tc[i].storage; j++)
-            if (op->t[j] && op->t[j]->storage == t->storage) tc[i].storage = tc[j].storage;
-         if (!tc[i].storage) {
-            sc[i] = *t->storage;
-            sc[i].data = untag(t->storage->data);
-            sc[i].device = LM_CPU;
-            tc[i].storage = &sc[i];
-         }
-      }
-      tp[i] = &tc[i];
-   }
-   lm_op host = *op;
-   host.t = tp;
-   const lm_backend *cpu = lm_cpu_backend();
-   lm_status st = cpu->compute(cpu, &host);
-   if (n > SIM_INLINE) free(tc), free(tp), free(sc);
    (void)b;
-   return st;
+   return lm_compute_on_host(op, untag_fn, 0);
 }
 
 #define SIM(k) {"sim:" #k, LM_SIM0 + k, 0, 1, sim_alloc, sim_free, sim_memcpy, sim_supports, sim_compute}
