@@ -191,6 +191,34 @@ describe("3-D pools", function()
       end
    end)
 
+   it("gives bit-identical gradients for any thread count (the backwards are deterministic)",
+      function()
+      local threads0 = lm.get_num_threads()
+      lm.manual_seed(11)
+      local x0 = lm.randn({ 2, 40, 5, 6, 7 })
+      local ops = {
+         function(u) return F.max_pool3d(u, { kernel_size = 3, stride = 1, padding = 1 }) end,
+         function(u) return F.avg_pool3d(u, { kernel_size = 3, stride = 2, padding = 1,
+                                              ceil_mode = true }) end,
+         function(u) return F.adaptive_avg_pool3d(u, { 3, 4, 5 }) end,
+         function(u) return F.adaptive_max_pool3d(u, { 4, 4, 4 }) end,
+      }
+      for _, fmt in ipairs({ CONTIG, CL3 }) do
+         for k, f in ipairs(ops) do
+            local ref
+            for _, nt in ipairs({ 1, 2, 3 }) do
+               lm.set_num_threads(nt)
+               local x = x0:contiguous(fmt):detach():requires_grad_(true)
+               local y = f(x)
+               y:backward(lm.full(y:size(), 0.3))
+               ref = ref or x.grad
+               assert(lm.equal(ref, x.grad), ("op %d, %d threads"):format(k, nt))
+            end
+         end
+      end
+      lm.set_num_threads(threads0)
+   end)
+
    it("follows PyTorch on NaN, -inf and ties in max pools", function()
       local x = lm.full({ 1, 2, 2, 2, 2 }, 1.0)
       x:select(1, 1):select(1, 1):select(1, 2):select(1, 1):select(1, 2):fill_(0 / 0)
