@@ -233,6 +233,20 @@ describe("3-D pools", function()
          local av, ai = F.adaptive_max_pool3d(x:contiguous(fmt), 1, true)
          assert(lm.equal(av:isnan(), v:isnan()) and lm.equal(ai, i))
       end
+      -- a window without an input element (dilation and padding): -inf and index 0 (the
+      -- kernels' -1, as max_pool2d; PyTorch 2.15 returns indices that name no tap there), and no
+      -- gradient
+      local e = lm.randn({ 1, 2, 1, 3, 3 })
+      for _, fmt in ipairs({ CONTIG, CL3 }) do
+         local xe = e:contiguous(fmt):detach():requires_grad_(true)
+         local o = { kernel_size = { 2, 1, 1 }, stride = 1, padding = { 1, 0, 0 },
+                     dilation = { 2, 1, 1 }, return_indices = true }
+         local v, i = F.max_pool3d(xe, o)
+         assert(lm.equal(v, lm.full({ 1, 2, 1, 3, 3 }, -1 / 0)))
+         assert(lm.equal(i, lm.zeros({ 1, 2, 1, 3, 3 }, { dtype = lm.int64 })))
+         v:sum():backward()
+         assert(lm.equal(xe.grad, lm.zeros({ 1, 2, 1, 3, 3 })))
+      end
       -- ties keep the first position
       local _, it1 = F.max_pool3d(lm.ones({ 1, 1, 3, 3, 3 }), { kernel_size = 2, stride = 1,
                                                                return_indices = true })
