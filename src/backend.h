@@ -43,6 +43,12 @@
    X(ADAPTIVE_AVG_POOL2D_BACKWARD, "adaptive_avg_pool2d_backward")                               \
    X(ADAPTIVE_MAX_POOL2D, "adaptive_max_pool2d")                                                 \
    X(ADAPTIVE_MAX_POOL2D_BACKWARD, "adaptive_max_pool2d_backward")                               \
+   X(MAX_POOL3D, "max_pool3d") X(MAX_POOL3D_BACKWARD, "max_pool3d_backward")                     \
+   X(AVG_POOL3D, "avg_pool3d") X(AVG_POOL3D_BACKWARD, "avg_pool3d_backward")                     \
+   X(ADAPTIVE_AVG_POOL3D, "adaptive_avg_pool3d")                                                 \
+   X(ADAPTIVE_AVG_POOL3D_BACKWARD, "adaptive_avg_pool3d_backward")                               \
+   X(ADAPTIVE_MAX_POOL3D, "adaptive_max_pool3d")                                                 \
+   X(ADAPTIVE_MAX_POOL3D_BACKWARD, "adaptive_max_pool3d_backward")                               \
    /* normalisation, softmax, losses */                                                          \
    X(BATCH_NORM, "batch_norm") X(BATCH_NORM_BACKWARD, "batch_norm_backward")                     \
    X(SOFTMAX, "softmax") X(SOFTMAX_BACKWARD, "softmax_backward")                                 \

@@ -89,6 +89,34 @@ lm_status lm_adaptive_max_pool2d(const lm_tensor *x, const int64_t *out_size, lm
 lm_status lm_adaptive_max_pool2d_backward(const lm_tensor *grad_out, const lm_tensor *x,
                                           const lm_tensor *indices, lm_tensor **grad_x);
 
+/* ---- 3-D pooling (src/ops/pool3d.c; kernels/cpu/pool3d.c) ----
+ * x: (N, C, D, H, W) or unbatched (C, D, H, W). int64 arrays of three elements are {D, H, W};
+ * stride may be NULL (= kernel), padding NULL (= 0), dilation NULL (= 1). Indices are int64, the
+ * flat position (d * H + h) * W + w inside the input volume. Every result of a channels_last_3d
+ * input is channels_last_3d (issue 19's rule: PyTorch 2.15 returns contiguous for avg_pool3d and
+ * the adaptive pools; values identical), of any other input contiguous. The backwards scatter per
+ * (sample, channel block) in window order: deterministic. */
+lm_status lm_max_pool3d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, const int64_t *dilation, int ceil_mode,
+                        lm_tensor **out, lm_tensor **indices);
+lm_status lm_max_pool3d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const lm_tensor *indices, lm_tensor **grad_x);
+lm_status lm_avg_pool3d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
+                        const int64_t *padding, int ceil_mode, int count_include_pad,
+                        const int64_t *divisor_override, lm_tensor **out);
+lm_status lm_avg_pool3d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const int64_t *kernel, const int64_t *stride,
+                                 const int64_t *padding, int ceil_mode, int count_include_pad,
+                                 const int64_t *divisor_override, lm_tensor **grad_x);
+/* out_size {OD, OH, OW}: any sizes >= 0 */
+lm_status lm_adaptive_avg_pool3d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out);
+lm_status lm_adaptive_avg_pool3d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                          lm_tensor **grad_x);
+lm_status lm_adaptive_max_pool3d(const lm_tensor *x, const int64_t *out_size, lm_tensor **out,
+                                 lm_tensor **indices);
+lm_status lm_adaptive_max_pool3d_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                          const lm_tensor *indices, lm_tensor **grad_x);
+
 /* ---- batch norm (src/ops/norm.c; kernels/cpu/norm.c) ----
  * x: (N, C, ...) of rank >= 2. weight, bias, running_mean, running_var: NULL or 1-D of C
  * elements (any floating dtype). training != 0: normalise with the batch mean and biased variance;

@@ -19,6 +19,7 @@ static void fill(int isa) {
       lm_cpu_register_linalg(table, isa);
       lm_cpu_register_conv(table, isa);
       lm_cpu_register_pool(table, isa);
+      lm_cpu_register_pool3d(table, isa);
       lm_cpu_register_norm(table, isa);
       lm_cpu_register_softmax(table, isa);
       lm_cpu_register_loss(table, isa);

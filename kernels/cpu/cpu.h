@@ -22,6 +22,7 @@ void lm_cpu_register_random(lm_kernel_fn *table, int isa);
 void lm_cpu_register_linalg(lm_kernel_fn *table, int isa);
 void lm_cpu_register_conv(lm_kernel_fn *table, int isa);
 void lm_cpu_register_pool(lm_kernel_fn *table, int isa);
+void lm_cpu_register_pool3d(lm_kernel_fn *table, int isa);
 void lm_cpu_register_norm(lm_kernel_fn *table, int isa);
 void lm_cpu_register_softmax(lm_kernel_fn *table, int isa);
 void lm_cpu_register_loss(lm_kernel_fn *table, int isa);

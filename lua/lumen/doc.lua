@@ -654,6 +654,28 @@ E("lm.F.adaptive_avg_pool2d", "lm.F.adaptive_avg_pool2d(x, size) -> Tensor", "Av
 E("lm.F.adaptive_max_pool2d", "lm.F.adaptive_max_pool2d(x, size) -> values, indices", "Max "
    .. "pooling to a fixed output size; indices are 1-based int64 positions h*W + w + 1 within "
    .. "the input plane.", { fmt = FMT_NN, err = ERR_NN })
+local FMT_NN3 = "a channels_last_3d input gives a channels_last_3d output, indices and input "
+   .. "gradient (for every 3-D pool; PyTorch 2.15 returns contiguous for avg_pool3d and the "
+   .. "adaptive ones, with the same values); any other input contiguous ones"
+local ERR_NN3 = "input not 4-D/5-D or with an empty non-batch dim, a non-floating input, bad "
+   .. "option values (non-positive kernel/stride/dilation, padding more than half the kernel, an "
+   .. "output with a non-positive size): `lumen.<name>: <problem>`"
+E("lm.F.max_pool3d", "lm.F.max_pool3d(x, opts) -> Tensor [, indices]", "3-D max pooling of x "
+   .. "(N,C,D,H,W) or unbatched (C,D,H,W).",
+   { opts = "{kernel_size (required), stride = kernel_size, padding = 0, dilation = 1, "
+   .. "ceil_mode = false, return_indices = false}, each size a number or {d, h, w}; opts may "
+   .. "also be just the kernel size; indices are 1-based int64 flat positions (d*H + h)*W + w + 1 "
+   .. "within each input volume", fmt = FMT_NN3, err = ERR_NN3 })
+E("lm.F.avg_pool3d", "lm.F.avg_pool3d(x, opts) -> Tensor", "3-D average pooling.",
+   { opts = "{kernel_size (required), stride = kernel_size, padding = 0, ceil_mode = false, "
+   .. "count_include_pad = true, divisor_override = nil}, sizes numbers or {d, h, w}",
+   fmt = FMT_NN3, err = ERR_NN3 })
+E("lm.F.adaptive_avg_pool3d", "lm.F.adaptive_avg_pool3d(x, size) -> Tensor", "Average pooling "
+   .. "to a fixed output size (a number or {d, h, w}; nil/false in the triple keeps that input "
+   .. "size).", { fmt = FMT_NN3, err = "size missing or not non-negative integers; " .. ERR_NN3 })
+E("lm.F.adaptive_max_pool3d", "lm.F.adaptive_max_pool3d(x, size, return_indices) -> values "
+   .. "[, indices]", "Max pooling to a fixed output size; with return_indices, 1-based int64 "
+   .. "positions (d*H + h)*W + w + 1 within the input volume.", { fmt = FMT_NN3, err = ERR_NN3 })
 E("lm.F.batch_norm", "lm.F.batch_norm(x, running_mean, running_var, weight, bias, opts) -> "
    .. "Tensor", "Batch normalisation over N, H, W per channel; any of the four tensors may be "
    .. "nil. In training the batch statistics are used and the running ones updated in place.",
@@ -725,6 +747,16 @@ E("lm.nn.AdaptiveAvgPool2d", "lm.nn.AdaptiveAvgPool2d(size)", "lm.F.adaptive_avg
    .. "module.")
 E("lm.nn.AdaptiveMaxPool2d", "lm.nn.AdaptiveMaxPool2d(size, return_indices)", "lm.F."
    .. "adaptive_max_pool2d as a module (values only unless return_indices).")
+E("lm.nn.MaxPool3d", "lm.nn.MaxPool3d(opts) / lm.nn.MaxPool3d(kernel_size, stride, padding, "
+   .. "dilation, return_indices, ceil_mode)", "lm.F.max_pool3d as a module.",
+   { opts = "as lm.F.max_pool3d" })
+E("lm.nn.AvgPool3d", "lm.nn.AvgPool3d(opts) / lm.nn.AvgPool3d(kernel_size, stride, padding, "
+   .. "ceil_mode, count_include_pad, divisor_override)", "lm.F.avg_pool3d as a module.",
+   { opts = "as lm.F.avg_pool3d" })
+E("lm.nn.AdaptiveAvgPool3d", "lm.nn.AdaptiveAvgPool3d(size)", "lm.F.adaptive_avg_pool3d as a "
+   .. "module.")
+E("lm.nn.AdaptiveMaxPool3d", "lm.nn.AdaptiveMaxPool3d(size, return_indices)", "lm.F."
+   .. "adaptive_max_pool3d as a module (values only unless return_indices).")
 E("lm.nn.Linear", "lm.nn.Linear(in_features, out_features, opts)", "x @ weight^T + bias.",
    { opts = "{bias = true, dtype = float32}" })
 E("lm.nn.Dropout", "lm.nn.Dropout(p)", "lm.F.dropout(x, p, self.training) (p defaults to "

@@ -515,6 +515,198 @@ function F.adaptive_max_pool2d(x, size)
 end
 
 ---------------------------------------------------------------------------------------------
+-- 3-D pooling (N x C x D x H x W, or unbatched C x D x H x W; src/ops/pool3d.c). A
+-- channels_last_3d input gives channels_last_3d results for every one of them (issue 19's rule;
+-- PyTorch 2.15 returns contiguous for avg_pool3d and the adaptive pools, with the same values).
+---------------------------------------------------------------------------------------------
+
+F._OPTIONS.max_pool3d = MAX_POOL_OPTS
+F._OPTIONS.avg_pool3d = AVG_POOL_OPTS
+
+local kbuf3, sbuf3, pbuf3, dbuf3, obuf3 = ffi.new("int64_t[3]"), ffi.new("int64_t[3]"),
+   ffi.new("int64_t[3]"), ffi.new("int64_t[3]"), ffi.new("int64_t[3]")
+
+local function pool3d_input(fname, x)
+   local xc = tensor_arg(fname, x, "input")
+   if xc.ndim ~= 4 and xc.ndim ~= 5 then
+      err(fname, ("expected 4-D (unbatched) or 5-D (batched) input, got %d-D input of size %s")
+          :format(xc.ndim, sizes_str(xc)))
+   end
+   check_float(fname, xc, "input")
+   return xc
+end
+
+-- a number or {d, h, w} (a one-element table repeats) -> {d, h, w}
+local function triple(fname, v, what, default, min)
+   if v == nil then
+      if default == nil then err(fname, what .. " is required") end
+      v = default
+   end
+   local r
+   if type(v) == "number" then r = { v, v, v }
+   elseif T.is_sizes(v) then
+      if #v == 1 then r = { v[1], v[1], v[1] }
+      elseif #v == 3 then r = { v[1], v[2], v[3] }
+      else err(fname, what .. " must be a number or {d, h, w}, got " .. #v .. " values") end
+   else
+      err(fname, what .. " must be a number or {d, h, w}, got " .. typename(v))
+   end
+   for i = 1, 3 do
+      if type(r[i]) ~= "number" or r[i] % 1 ~= 0 then
+         err(fname, what .. " must hold integers, got " .. tostring(r[i]))
+      end
+   end
+   if r[1] < min or r[2] < min or r[3] < min then
+      err(fname, ("%s must be %s, got (%d, %d, %d)"):format(what,
+          min == 0 and "non-negative" or ("at least " .. min), r[1], r[2], r[3]))
+   end
+   return r
+end
+
+local function fill3(buf, p) buf[0] = p[1]; buf[1] = p[2]; buf[2] = p[3]; return buf end
+
+local function check_pad3(fname, kernel, padding, dilation)
+   for i = 1, 3 do
+      local ek = dilation and (dilation[i] * (kernel[i] - 1) + 1) or kernel[i]
+      if padding[i] * 2 > ek then
+         err(fname, ("pad should be at most half of effective kernel size, but got pad=%d, " ..
+             "kernel_size=%d and dilation=%d"):format(padding[i], kernel[i],
+             dilation and dilation[i] or 1))
+      end
+   end
+end
+
+-- max_pool3d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=})
+-- -> out[, indices (int64, 1-based flat positions (d*H + h)*W + w + 1 in the input volume)]
+function F.max_pool3d(x, opts)
+   local fname = "max_pool3d"
+   local xc = pool3d_input(fname, x)
+   opts = pool_opts(fname, opts, MAX_POOL_OPTS)
+   local kernel = triple(fname, opts.kernel_size, "kernel_size", nil, 1)
+   local stride = triple(fname, opts.stride, "stride", kernel, 1)
+   local padding = triple(fname, opts.padding, "padding", 0, 0)
+   local dilation = triple(fname, opts.dilation, "dilation", 1, 1)
+   local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
+   local want_idx = bool_opt(fname, opts.return_indices, "return_indices", false)
+   check_pad3(fname, kernel, padding, dilation)
+   local rec = A.is_grad_enabled() and needs(x)
+   outp[0], idxp[0] = nil, nil
+   check(C.lm_max_pool3d(xc, fill3(kbuf3, kernel), fill3(sbuf3, stride), fill3(pbuf3, padding),
+                         fill3(dbuf3, dilation), ceil_mode and 1 or 0, outp,
+                         (rec or want_idx) and idxp or nil), fname)
+   local out = wrap(outp[0])
+   local idx = (rec or want_idx) and wrap(idxp[0]) or nil
+   if rec then
+      record(out, "MaxPool3DWithIndicesBackward", function(g)
+         p1[0] = nil
+         check(C.lm_max_pool3d_backward(g._c, x._c, idx._c, p1), "max_pool3d_backward")
+         return fresh(wrap(p1[0]))
+      end, x)
+   end
+   if want_idx then return out, raw.add(idx, 1) end
+   return out
+end
+
+-- avg_pool3d(x, {kernel_size=, stride=, padding=, ceil_mode=, count_include_pad=,
+--                divisor_override=})
+function F.avg_pool3d(x, opts)
+   local fname = "avg_pool3d"
+   local xc = pool3d_input(fname, x)
+   opts = pool_opts(fname, opts, AVG_POOL_OPTS)
+   local kernel = triple(fname, opts.kernel_size, "kernel_size", nil, 1)
+   local stride = triple(fname, opts.stride, "stride", kernel, 1)
+   local padding = triple(fname, opts.padding, "padding", 0, 0)
+   local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
+   local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
+   local dov = opts.divisor_override
+   if dov ~= nil then dov = int_opt(fname, dov, "divisor_override", nil, 1) end
+   check_pad3(fname, kernel, padding, nil)
+   local dovbuf = dov and ffi.new("int64_t[1]", dov) or nil
+   local cm, ci = ceil_mode and 1 or 0, cip and 1 or 0
+   outp[0] = nil
+   check(C.lm_avg_pool3d(xc, fill3(kbuf3, kernel), fill3(sbuf3, stride), fill3(pbuf3, padding),
+                         cm, ci, dovbuf, outp), fname)
+   local out = wrap(outp[0])
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "AvgPool3DBackward", function(g)
+         p1[0] = nil
+         check(C.lm_avg_pool3d_backward(g._c, x._c, fill3(kbuf3, kernel), fill3(sbuf3, stride),
+                                        fill3(pbuf3, padding), cm, ci, dovbuf, p1),
+               "avg_pool3d_backward")
+         return fresh(wrap(p1[0]))
+      end, x)
+   end
+   return out
+end
+
+-- output size: a number, or {d, h, w} where false / nil keeps the input's size
+local function adaptive_size3(fname, xc, size)
+   if size == nil then err(fname, "output_size is required") end
+   local nd = xc.ndim
+   local r
+   if type(size) == "number" then r = { size, size, size }
+   elseif type(size) == "table" and getmetatable(size) == nil then
+      if size[1] == nil and size[2] == nil and size[3] == nil then
+         err(fname, "output_size must be a number or {d, h, w}")
+      end
+      r = { size[1], size[2], size[3] }
+      for i = 1, 3 do
+         if r[i] == nil or r[i] == false then r[i] = tonumber(xc.sizes[nd - 4 + i]) end
+      end
+   else
+      err(fname, "output_size must be a number or {d, h, w}, got " .. typename(size))
+   end
+   for i = 1, 3 do
+      local v = r[i]
+      if type(v) ~= "number" or v % 1 ~= 0 or v < 0 then
+         err(fname, "output_size must hold non-negative integers, got " .. tostring(v))
+      end
+   end
+   return r
+end
+
+function F.adaptive_avg_pool3d(x, size)
+   local fname = "adaptive_avg_pool3d"
+   local xc = pool3d_input(fname, x)
+   local osz = adaptive_size3(fname, xc, size)
+   outp[0] = nil
+   check(C.lm_adaptive_avg_pool3d(xc, fill3(obuf3, osz), outp), fname)
+   local out = wrap(outp[0])
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "AdaptiveAvgPool3DBackward", function(g)
+         p1[0] = nil
+         check(C.lm_adaptive_avg_pool3d_backward(g._c, x._c, p1), "adaptive_avg_pool3d_backward")
+         return fresh(wrap(p1[0]))
+      end, x)
+   end
+   return out
+end
+
+-- adaptive_max_pool3d(x, size[, return_indices]) -> values[, indices (int64, 1-based flat
+-- positions (d*H + h)*W + w + 1 in the input volume)]. Unlike adaptive_max_pool2d (which always
+-- returns both), the indices come only with return_indices = true, as in PyTorch.
+function F.adaptive_max_pool3d(x, size, return_indices)
+   local fname = "adaptive_max_pool3d"
+   local xc = pool3d_input(fname, x)
+   local osz = adaptive_size3(fname, xc, size)
+   local want_idx = bool_opt(fname, return_indices, "return_indices", false)
+   outp[0], idxp[0] = nil, nil
+   check(C.lm_adaptive_max_pool3d(xc, fill3(obuf3, osz), outp, idxp), fname)
+   local out = wrap(outp[0])
+   local idx = wrap(idxp[0])
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "AdaptiveMaxPool3DBackward", function(g)
+         p1[0] = nil
+         check(C.lm_adaptive_max_pool3d_backward(g._c, x._c, idx._c, p1),
+               "adaptive_max_pool3d_backward")
+         return fresh(wrap(p1[0]))
+      end, x)
+   end
+   if want_idx then return out, raw.add(idx, 1) end
+   return out
+end
+
+---------------------------------------------------------------------------------------------
 -- batch norm
 ---------------------------------------------------------------------------------------------
 

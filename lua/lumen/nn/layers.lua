@@ -403,6 +403,96 @@ function AdaptiveMaxPool2d:forward(x)
 end
 function AdaptiveMaxPool2d:extra_repr() return "output_size=" .. pair_str(self.output_size) end
 
+-- 3-D pools (F.max_pool3d, ...): sizes are numbers or {d, h, w}; tostring as PyTorch prints them
+local function triple_str(p)
+   if type(p) ~= "table" then return tostring(p) end
+   if #p == 1 then return tostring(p[1]) end
+   local s = {}
+   for i = 1, 3 do
+      local v = p[i]
+      s[i] = (v == nil or v == false) and "None" or tostring(v)
+   end
+   return "(" .. table.concat(s, ", ") .. ")"
+end
+
+local MaxPool3d = Module:extend("MaxPool3d")
+M.MaxPool3d = MaxPool3d
+
+-- MaxPool3d({kernel_size=, stride=, padding=0, dilation=1, return_indices=false,
+-- ceil_mode=false}) or MaxPool3d(kernel_size, stride, padding, dilation, return_indices,
+-- ceil_mode) (PyTorch's order)
+function MaxPool3d:__init(...)
+   local o = pool_opts("MaxPool3d", MAX_POOL_NAMES, MAX_POOL_OPTS, ...)
+   self.kernel_size = o.kernel_size
+   self.stride = o.stride or o.kernel_size
+   self.padding = o.padding or 0
+   self.dilation = o.dilation or 1
+   self.ceil_mode = o.ceil_mode or false
+   self.return_indices = o.return_indices or false
+end
+
+function MaxPool3d:forward(x)
+   return F.max_pool3d(x, { kernel_size = self.kernel_size, stride = self.stride,
+                       padding = self.padding, dilation = self.dilation,
+                       ceil_mode = self.ceil_mode, return_indices = self.return_indices })
+end
+
+function MaxPool3d:extra_repr()
+   return ("kernel_size=%s, stride=%s, padding=%s, dilation=%s, ceil_mode=%s"):format(
+      triple_str(self.kernel_size), triple_str(self.stride), triple_str(self.padding),
+      triple_str(self.dilation), fmt_num(self.ceil_mode))
+end
+
+local AvgPool3d = Module:extend("AvgPool3d")
+M.AvgPool3d = AvgPool3d
+
+-- AvgPool3d({kernel_size=, stride=, padding=0, ceil_mode=false, count_include_pad=true,
+-- divisor_override=}) or AvgPool3d(kernel_size, stride, padding, ceil_mode, count_include_pad,
+-- divisor_override)
+function AvgPool3d:__init(...)
+   local o = pool_opts("AvgPool3d", AVG_POOL_NAMES, AVG_POOL_OPTS, ...)
+   self.kernel_size = o.kernel_size
+   self.stride = o.stride or o.kernel_size
+   self.padding = o.padding or 0
+   self.ceil_mode = o.ceil_mode or false
+   if o.count_include_pad == nil then self.count_include_pad = true
+   else self.count_include_pad = o.count_include_pad end
+   self.divisor_override = o.divisor_override
+end
+
+function AvgPool3d:forward(x)
+   return F.avg_pool3d(x, { kernel_size = self.kernel_size, stride = self.stride,
+                       padding = self.padding, ceil_mode = self.ceil_mode,
+                       count_include_pad = self.count_include_pad,
+                       divisor_override = self.divisor_override })
+end
+
+function AvgPool3d:extra_repr()
+   return ("kernel_size=%s, stride=%s, padding=%s"):format(triple_str(self.kernel_size),
+      triple_str(self.stride), triple_str(self.padding))
+end
+
+local AdaptiveAvgPool3d = Module:extend("AdaptiveAvgPool3d")
+M.AdaptiveAvgPool3d = AdaptiveAvgPool3d
+function AdaptiveAvgPool3d:__init(size)
+   if size == nil then fail("AdaptiveAvgPool3d", "output_size is required") end
+   self.output_size = size
+end
+function AdaptiveAvgPool3d:forward(x) return F.adaptive_avg_pool3d(x, self.output_size) end
+function AdaptiveAvgPool3d:extra_repr() return "output_size=" .. triple_str(self.output_size) end
+
+local AdaptiveMaxPool3d = Module:extend("AdaptiveMaxPool3d")
+M.AdaptiveMaxPool3d = AdaptiveMaxPool3d
+function AdaptiveMaxPool3d:__init(size, return_indices)
+   if size == nil then fail("AdaptiveMaxPool3d", "output_size is required") end
+   self.output_size = size
+   self.return_indices = return_indices and true or false
+end
+function AdaptiveMaxPool3d:forward(x)
+   return F.adaptive_max_pool3d(x, self.output_size, self.return_indices)
+end
+function AdaptiveMaxPool3d:extra_repr() return "output_size=" .. triple_str(self.output_size) end
+
 ---------------------------------------------------------------------------------------------
 -- Linear, Dropout, Flatten, Identity
 ---------------------------------------------------------------------------------------------
