@@ -662,15 +662,14 @@ local ERR_1D = "input not 2-D/3-D, a non-floating input, bad option values (non-
 E("lm.F.conv1d", "lm.F.conv1d(x, w, b, opts) -> Tensor", "1-D convolution of x (N,C,L) or "
    .. "unbatched (C,L) with w (out, C/groups, k) plus bias b (out) or nil: lm.F.conv2d's kernels "
    .. "on the views x N,C,1,L and w out,C/groups,1,k, as PyTorch computes it.",
-   { opts = "{stride = 1, padding = 0 (a number, {n}, \"valid\" or \"same\"), dilation = 1, "
-   .. "groups = 1}",
+   { opts = "{stride = 1, padding = 0 (a number, {n}, \"valid\" or \"same\": an odd total "
+   .. "padding puts the extra one on the right, as PyTorch), dilation = 1, groups = 1}",
    fmt = "an N,L,C-strided input (or weight) runs the channels-last (NHWC) kernels in place; the "
    .. "output's layout follows the weight's as PyTorch's does (N,L,C strides for an "
    .. "N,k,C-strided weight, else contiguous, whatever the input's layout); the gradients have "
    .. "the layouts of x and w",
    err = "x not 2-D/3-D, w not 3-D, dtypes that differ, channels not divisible by groups, "
-   .. "padding='same' with a stride or an odd total padding, a kernel larger than the padded "
-   .. "input" })
+   .. "padding='same' with a stride, a kernel larger than the padded input" })
 E("lm.F.max_pool1d", "lm.F.max_pool1d(x, opts) -> Tensor [, indices]", "1-D max pooling of "
    .. "x (N,C,L) or (C,L) (lm.F.max_pool2d over the view N,C,1,L).",
    { opts = "{kernel_size (required), stride = kernel_size, padding = 0, dilation = 1, "

@@ -370,9 +370,10 @@ local function squeeze_as(t4, cl)
 end
 
 -- conv1d(x, w, b, {stride=, padding=, dilation=, groups=}): x (N, C, L) or unbatched (C, L),
--- w (O, C / groups, k); padding is a number, {n}, "valid" or "same" (stride 1, even total
--- padding). Runs lm_conv2d on the views x: N×C×1×L and w: O×C/g×1×k; a channels-last-like x
--- (N×L×C strides) or w runs the NHWC kernels on the data in place. The output's layout follows
+-- w (O, C / groups, k); padding is a number, {n}, "valid" or "same" (stride 1; an odd total
+-- padding puts the extra one on the right, as PyTorch). Runs lm_conv2d on the views
+-- x: N×C×1×L and w: O×C/g×1×k; a channels-last-like x (N×L×C strides) or w runs the NHWC kernels
+-- on the data in place. The output's layout follows
 -- the weight's as PyTorch's does (N×L×C strides for a channels-last-like weight, else
 -- contiguous; the input's layout does not matter); the gradients have the layouts of x and w.
 local CONV1D_OPTS = option_set("stride", "padding", "dilation", "groups")
@@ -404,18 +405,18 @@ function F.conv1d(x, w, b, opts)
    local dilation = single(fname, opts.dilation, "dilation", 1, 1)
    local groups = int_opt(fname, opts.groups, "groups", 1, 1)
    local k = tonumber(wc.sizes[2])
-   local padding
+   local padding, drop_first
    if opts.padding == "valid" then
       padding = 0
    elseif opts.padding == "same" then
       if stride ~= 1 then
          err(fname, "padding='same' is not supported for strided convolutions")
       end
+      -- an odd total is padded one more on the right (PyTorch): computed as the convolution
+      -- padded (tot + 1) / 2 on both sides without its first output
       local tot = dilation * (k - 1)
-      if tot % 2 ~= 0 then
-         err(fname, "padding='same' needs an even total padding (odd kernel extent)")
-      end
-      padding = tot / 2
+      padding = (tot + tot % 2) / 2
+      drop_first = tot % 2 == 1
    else
       padding = single(fname, opts.padding, "padding", 0, 0)
    end
@@ -468,6 +469,10 @@ function F.conv1d(x, w, b, opts)
          local gb = need_b and wrap(p3[0]) or nil
          return fresh(gx), fresh(gw), fresh(gb)
       end, x, w, b or false)
+   end
+   if drop_first then           -- odd padding='same': the output without its first position
+      out = Tensor.unsqueeze(Tensor.narrow(out, 3, 2, L), 3)
+      out = Tensor.squeeze(Tensor.contiguous(out, wcl and "channels_last" or nil), 3)
    end
    return out
 end
