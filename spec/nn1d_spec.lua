@@ -85,6 +85,22 @@ describe("F.conv1d", function()
       end
    end)
 
+   it("computes only the gradients wanted; none under no_grad", function()
+      local x = lm.randn({ 2, 4, 7 }):permute(1, 3, 2):contiguous():permute(1, 3, 2)
+      local w = lm.randn({ 3, 2, 4 }):permute(1, 3, 2):requires_grad_(true)
+      local b = lm.randn({ 3 })
+      local xr = x:detach():requires_grad_(true)
+      local wr = w:detach():requires_grad_(true)
+      local ref = F.conv1d(xr, wr, b)
+      ref:sum():backward()
+      F.conv1d(x, w, b):sum():backward()
+      close(w.grad, wr.grad, 1e-6, "grad weight alone")
+      assert.is_nil(x.grad)
+      local y
+      lm.no_grad(function() y = F.conv1d(x, w, b) end)
+      assert.is_false(y.requires_grad)
+   end)
+
    it("runs the channels-last-like input on the NHWC path (its 4-D view is channels_last)",
       function()
       local x = lm.randn({ 2, 9, 4 }):permute(1, 3, 2)
