@@ -676,12 +676,47 @@ E("lm.F.adaptive_avg_pool3d", "lm.F.adaptive_avg_pool3d(x, size) -> Tensor", "Av
 E("lm.F.adaptive_max_pool3d", "lm.F.adaptive_max_pool3d(x, size, return_indices) -> values "
    .. "[, indices]", "Max pooling to a fixed output size; with return_indices, 1-based int64 "
    .. "positions (d*H + h)*W + w + 1 within the input volume.", { fmt = FMT_NN3, err = ERR_NN3 })
+local FMT_1D = "the output keeps the input's layout (contiguous N,C,L, or the N,L,C-strided "
+   .. "x = y:permute(1, 3, 2) of a contiguous y), as PyTorch's does; so does the input's gradient"
+local ERR_1D = "input not 2-D/3-D, a non-floating input, bad option values (non-positive "
+   .. "kernel/stride, padding more than half the kernel, an output of size 0, {h, w} where {n} "
+   .. "is meant): `lumen.<name>: <problem>`"
+E("lm.F.conv1d", "lm.F.conv1d(x, w, b, opts) -> Tensor", "1-D convolution of x (N,C,L) or "
+   .. "unbatched (C,L) with w (out, C/groups, k) plus bias b (out) or nil: lm.F.conv2d's kernels "
+   .. "on the views x N,C,1,L and w out,C/groups,1,k, as PyTorch computes it.",
+   { opts = "{stride = 1, padding = 0 (a number, {n}, \"valid\" or \"same\": an odd total "
+   .. "padding puts the extra one on the right, as PyTorch), dilation = 1, groups = 1}",
+   fmt = "an N,L,C-strided input (or weight) runs the channels-last (NHWC) kernels in place; the "
+   .. "output's layout follows the weight's as PyTorch's does (N,L,C strides for an "
+   .. "N,k,C-strided weight, else contiguous, whatever the input's layout); the gradients have "
+   .. "the layouts of x and w",
+   err = "x not 2-D/3-D, w not 3-D, dtypes that differ, channels not divisible by groups, "
+   .. "padding='same' with a stride, a kernel larger than the padded input" })
+E("lm.F.max_pool1d", "lm.F.max_pool1d(x, opts) -> Tensor [, indices]", "1-D max pooling of "
+   .. "x (N,C,L) or (C,L) (lm.F.max_pool2d over the view N,C,1,L).",
+   { opts = "{kernel_size (required), stride = kernel_size, padding = 0, dilation = 1, "
+   .. "ceil_mode = false, return_indices = false}, each size a number or {n}; opts may also be "
+   .. "just the kernel size; indices are 1-based int64 positions along L",
+   fmt = FMT_1D, err = ERR_1D })
+E("lm.F.avg_pool1d", "lm.F.avg_pool1d(x, opts) -> Tensor", "1-D average pooling (lm.F."
+   .. "avg_pool2d over the view N,C,1,L).",
+   { opts = "{kernel_size (required), stride = kernel_size, padding = 0, ceil_mode = false, "
+   .. "count_include_pad = true}", fmt = FMT_1D, err = ERR_1D })
+E("lm.F.adaptive_avg_pool1d", "lm.F.adaptive_avg_pool1d(x, size) -> Tensor", "Average pooling "
+   .. "to a fixed output length (a number or {n}).", { fmt = FMT_1D, err = "size missing or "
+   .. "negative; " .. ERR_1D })
+E("lm.F.adaptive_max_pool1d", "lm.F.adaptive_max_pool1d(x, size) -> values, indices", "Max "
+   .. "pooling to a fixed output length; indices are 1-based int64 positions along L.",
+   { fmt = FMT_1D, err = ERR_1D })
 E("lm.F.batch_norm", "lm.F.batch_norm(x, running_mean, running_var, weight, bias, opts) -> "
-   .. "Tensor", "Batch normalisation over N, H, W per channel; any of the four tensors may be "
-   .. "nil. In training the batch statistics are used and the running ones updated in place.",
+   .. "Tensor", "Batch normalisation per channel (dim 2) over the other dims of a 2-D to 5-D "
+   .. "input (N,C), (N,C,L), (N,C,H,W), (N,C,D,H,W); any of the four tensors may be nil. In "
+   .. "training the batch statistics are used and the running ones updated in place.",
    { opts = "{training = false, momentum = 0.1, eps = 1e-5, residual = nil, relu = false}: "
    .. "residual and relu fuse relu(bn(x) + residual) into the same pass",
-   fmt = FMT_NN, err = "x with fewer than 2 dims, per-channel tensors of the wrong size, training "
+   fmt = FMT_NN .. "; a channels_last_3d input a channels_last_3d output and gradient; an "
+   .. "N,L,C-strided 3-D input a contiguous output and an N,L,C-strided input gradient (as "
+   .. "PyTorch)", err = "x with fewer than 2 dims, per-channel tensors of the wrong size, training "
    .. "with one value per channel, eval without running statistics" })
 E("lm.F.relu", "lm.F.relu(x, inplace) -> Tensor", "max(x, 0); in place when inplace is true.",
    { fmt = FMT_EW })
@@ -712,6 +747,16 @@ E("lm.F.cross_entropy", "lm.F.cross_entropy(logits, target, opts) -> Tensor", "n
 E("lm.F.mse_loss", "lm.F.mse_loss(a, b, opts) -> Tensor", "Mean squared error.",
    { opts = "{reduction = \"mean\" | \"sum\" | \"none\"}", err = "sizes that do not broadcast" })
 
+E("lm.nn.MaxPool3d", "lm.nn.MaxPool3d(opts) / lm.nn.MaxPool3d(kernel_size, stride, padding, "
+   .. "dilation, return_indices, ceil_mode)", "lm.F.max_pool3d as a module.",
+   { opts = "as lm.F.max_pool3d" })
+E("lm.nn.AvgPool3d", "lm.nn.AvgPool3d(opts) / lm.nn.AvgPool3d(kernel_size, stride, padding, "
+   .. "ceil_mode, count_include_pad, divisor_override)", "lm.F.avg_pool3d as a module.",
+   { opts = "as lm.F.avg_pool3d" })
+E("lm.nn.AdaptiveAvgPool3d", "lm.nn.AdaptiveAvgPool3d(size)", "lm.F.adaptive_avg_pool3d as a "
+   .. "module.")
+E("lm.nn.AdaptiveMaxPool3d", "lm.nn.AdaptiveMaxPool3d(size, return_indices)", "lm.F."
+   .. "adaptive_max_pool3d as a module (values only unless return_indices).")
 S("nn", "lm.nn: modules", [[
 `m(x)` is `m:forward(x)`. Parameters and buffers carry PyTorch's key names, so state dicts match
 torchvision's. `m:to(lm.channels_last)` converts the 4-D parameters (conv weights) and buffers;
@@ -747,16 +792,31 @@ E("lm.nn.AdaptiveAvgPool2d", "lm.nn.AdaptiveAvgPool2d(size)", "lm.F.adaptive_avg
    .. "module.")
 E("lm.nn.AdaptiveMaxPool2d", "lm.nn.AdaptiveMaxPool2d(size, return_indices)", "lm.F."
    .. "adaptive_max_pool2d as a module (values only unless return_indices).")
-E("lm.nn.MaxPool3d", "lm.nn.MaxPool3d(opts) / lm.nn.MaxPool3d(kernel_size, stride, padding, "
-   .. "dilation, return_indices, ceil_mode)", "lm.F.max_pool3d as a module.",
-   { opts = "as lm.F.max_pool3d" })
-E("lm.nn.AvgPool3d", "lm.nn.AvgPool3d(opts) / lm.nn.AvgPool3d(kernel_size, stride, padding, "
-   .. "ceil_mode, count_include_pad, divisor_override)", "lm.F.avg_pool3d as a module.",
-   { opts = "as lm.F.avg_pool3d" })
-E("lm.nn.AdaptiveAvgPool3d", "lm.nn.AdaptiveAvgPool3d(size)", "lm.F.adaptive_avg_pool3d as a "
+E("lm.nn.Conv1d", "lm.nn.Conv1d(in_channels, out_channels, kernel_size, opts)", "1-D "
+   .. "convolution layer (weight (out, in/groups, k), bias (out); PyTorch's init).",
+   { opts = "{stride = 1, padding = 0 (a number, {n}, \"valid\" or \"same\"), dilation = 1, "
+   .. "groups = 1, bias = true, dtype = float32}", fmt = "output as lm.F.conv1d",
+   err = "non-positive sizes, channels not divisible by groups, padding='same' with a stride" })
+E("lm.nn.BatchNorm1d", "lm.nn.BatchNorm1d(num_features, opts)", "Batch norm over 2-D (N,C) or "
+   .. "3-D (N,C,L) input; parameters, buffers and options as lm.nn.BatchNorm2d.",
+   { opts = "as lm.nn.BatchNorm2d", fmt = "as lm.F.batch_norm (an N,L,C-strided input gives "
+   .. "a contiguous output, as PyTorch)", err = "other input ranks: `lumen.BatchNorm1d: "
+   .. "expected 2D or 3D input (got 4D input)`" })
+E("lm.nn.BatchNorm3d", "lm.nn.BatchNorm3d(num_features, opts)", "Batch norm over 5-D input "
+   .. "(N,C,D,H,W); parameters, buffers and options as lm.nn.BatchNorm2d.",
+   { opts = "as lm.nn.BatchNorm2d", fmt = "a channels_last_3d input gives a channels_last_3d "
+   .. "output and input gradient", err = "other input ranks: `lumen.BatchNorm3d: expected 5D "
+   .. "input (got 4D input)`" })
+E("lm.nn.MaxPool1d", "lm.nn.MaxPool1d(opts) / lm.nn.MaxPool1d(kernel_size, stride, padding, "
+   .. "dilation, return_indices, ceil_mode)", "lm.F.max_pool1d as a module.",
+   { opts = "as lm.F.max_pool1d" })
+E("lm.nn.AvgPool1d", "lm.nn.AvgPool1d(opts) / lm.nn.AvgPool1d(kernel_size, stride, padding, "
+   .. "ceil_mode, count_include_pad)", "lm.F.avg_pool1d as a module.",
+   { opts = "as lm.F.avg_pool1d" })
+E("lm.nn.AdaptiveAvgPool1d", "lm.nn.AdaptiveAvgPool1d(size)", "lm.F.adaptive_avg_pool1d as a "
    .. "module.")
-E("lm.nn.AdaptiveMaxPool3d", "lm.nn.AdaptiveMaxPool3d(size, return_indices)", "lm.F."
-   .. "adaptive_max_pool3d as a module (values only unless return_indices).")
+E("lm.nn.AdaptiveMaxPool1d", "lm.nn.AdaptiveMaxPool1d(size, return_indices)", "lm.F."
+   .. "adaptive_max_pool1d as a module (values only unless return_indices).")
 E("lm.nn.Linear", "lm.nn.Linear(in_features, out_features, opts)", "x @ weight^T + bias.",
    { opts = "{bias = true, dtype = float32}" })
 E("lm.nn.Dropout", "lm.nn.Dropout(p)", "lm.F.dropout(x, p, self.training) (p defaults to "

@@ -327,6 +327,157 @@ function F.conv2d(x, w, b, opts)
 end
 
 ---------------------------------------------------------------------------------------------
+-- 1-D convolution and pooling (on the 2-D ops over an N×C×1×L view, as PyTorch does)
+---------------------------------------------------------------------------------------------
+
+-- a number or {n} -> n, an integer of at least min
+local function single(fname, v, what, default, min)
+   if v == nil then
+      if default == nil then err(fname, what .. " is required") end
+      v = default
+   end
+   if T.is_sizes(v) then
+      if #v ~= 1 then err(fname, what .. " must be a number or {n}, got " .. #v .. " values") end
+      v = v[1]
+   end
+   if type(v) ~= "number" then
+      err(fname, what .. " must be a number or {n}, got " .. typename(v))
+   end
+   if v % 1 ~= 0 then err(fname, what .. " must be an integer, got " .. tostring(v)) end
+   if v < min then
+      err(fname, ("%s must be %s, got %d"):format(what,
+          min == 0 and "non-negative" or ("at least " .. min), v))
+   end
+   return v
+end
+
+-- The 4-D view N×C×1×L of an N×C×L tensor (autograd-free): the contiguous N×C×L gives a
+-- contiguous view, the N×L×C-strided one (strides {L*C, 1, C}) the channels_last view
+-- {L*C, 1, L*C, C}.
+local r_unsqueeze, r_squeeze, r_contiguous = raw.unsqueeze, raw.squeeze, raw.contiguous
+local function view4(t) return r_unsqueeze(t, 3) end
+-- a 4-D result t4 (N×C×1×L) as a 3-D tensor in the layout cl (true: N×L×C strides)
+local function squeeze_as(t4, cl)
+   local have = suggest(t4._c) == 1
+   if have ~= cl then
+      local c = r_contiguous(t4, cl and "channels_last" or nil)
+      if c ~= t4 then t4:free() end
+      t4 = c
+   end
+   local r = r_squeeze(t4, 3)
+   if r ~= t4 then t4:free() end
+   return r
+end
+
+-- conv1d(x, w, b, {stride=, padding=, dilation=, groups=}): x (N, C, L) or unbatched (C, L),
+-- w (O, C / groups, k); padding is a number, {n}, "valid" or "same" (stride 1; an odd total
+-- padding puts the extra one on the right, as PyTorch). Runs lm_conv2d on the views
+-- x: N×C×1×L and w: O×C/g×1×k; a channels-last-like x (N×L×C strides) or w runs the NHWC kernels
+-- on the data in place. The output's layout follows
+-- the weight's as PyTorch's does (N×L×C strides for a channels-last-like weight, else
+-- contiguous; the input's layout does not matter); the gradients have the layouts of x and w.
+local CONV1D_OPTS = option_set("stride", "padding", "dilation", "groups")
+F._OPTIONS.conv1d = CONV1D_OPTS
+function F.conv1d(x, w, b, opts)
+   local fname = "conv1d"
+   if ac_on then x, w, b = ac_low(x), ac_low(w), ac_low(b) end
+   local xc = tensor_arg(fname, x, "input")
+   local wc = tensor_arg(fname, w, "weight")
+   local bc = opt_tensor(fname, b, "bias")
+   opts = check_opts(fname, opts, CONV1D_OPTS)
+   if xc.ndim == 2 then                     -- unbatched (C, L)
+      return Tensor.squeeze(F.conv1d(Tensor.unsqueeze(x, 1), w, b, opts), 1)
+   end
+   if xc.ndim ~= 3 then
+      err(fname, ("expected 2-D (unbatched) or 3-D (batched) input, got %d-D input of size %s")
+          :format(xc.ndim, sizes_str(xc)))
+   end
+   if wc.ndim ~= 3 then
+      err(fname, ("weight must be 3-D (out_channels, in_channels / groups, kW), got %d-D " ..
+          "of size %s"):format(wc.ndim, sizes_str(wc)))
+   end
+   check_float(fname, xc, "input")
+   if wc.dtype ~= xc.dtype then
+      err(fname, ("input (%s) and weight (%s) must have the same dtype"):format(dtype_name(xc),
+          dtype_name(wc)))
+   end
+   local stride = single(fname, opts.stride, "stride", 1, 1)
+   local dilation = single(fname, opts.dilation, "dilation", 1, 1)
+   local groups = int_opt(fname, opts.groups, "groups", 1, 1)
+   local k = tonumber(wc.sizes[2])
+   local padding, drop_first
+   if opts.padding == "valid" then
+      padding = 0
+   elseif opts.padding == "same" then
+      if stride ~= 1 then
+         err(fname, "padding='same' is not supported for strided convolutions")
+      end
+      -- an odd total is padded one more on the right (PyTorch): computed as the convolution
+      -- padded (tot + 1) / 2 on both sides without its first output
+      local tot = dilation * (k - 1)
+      padding = (tot + tot % 2) / 2
+      drop_first = tot % 2 == 1
+   else
+      padding = single(fname, opts.padding, "padding", 0, 0)
+   end
+   local cin, cout = tonumber(xc.sizes[1]), tonumber(wc.sizes[0])
+   if cout % groups ~= 0 then
+      err(fname, ("out_channels (%d) must be divisible by groups (%d)"):format(cout, groups))
+   end
+   if cin % groups ~= 0 then
+      err(fname, ("in_channels (%d) must be divisible by groups (%d)"):format(cin, groups))
+   end
+   if tonumber(wc.sizes[1]) * groups ~= cin then
+      err(fname, ("expected input with %d channels (weight of size %s, groups %d), got %d " ..
+          "channels (input of size %s)"):format(tonumber(wc.sizes[1]) * groups, sizes_str(wc),
+          groups, cin, sizes_str(xc)))
+   end
+   if bc ~= nil then
+      if bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= cout then
+         err(fname, ("bias must be 1-D of size %d, got size %s"):format(cout, sizes_str(bc)))
+      end
+      input_dtype(fname, bc, "bias", xc)
+   end
+   local L = tonumber(xc.sizes[2])
+   local ek = dilation * (k - 1) + 1
+   if ek > L + 2 * padding then
+      err(fname, ("kernel size (%d, %d after dilation) can't be greater than the padded input " ..
+          "size (%d)"):format(k, ek, L + 2 * padding))
+   end
+   local x4, w4 = view4(x), view4(w)
+   local xcl, wcl = suggest(x4._c) == 1, suggest(w4._c) == 1
+   local fmt = (xcl or wcl) and 1 or 0        -- NHWC in place when either is channels-last-like
+   sbuf[0], sbuf[1], pbuf[0], pbuf[1], dbuf[0], dbuf[1] = 1, stride, 0, padding, 1, dilation
+   outp[0] = nil
+   check(C.lm_conv2d(x4._c, w4._c, bc, sbuf, pbuf, dbuf, groups, fmt, 0, nil, outp), fname)
+   x4:free(); w4:free()
+   local out = squeeze_as(wrap(outp[0]), wcl)
+   if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
+      local need_x, need_w, need_b = needs(x), needs(w), needs(b)
+      record(out, "ConvolutionBackward", function(g)
+         local g4, bx, bw = view4(g), view4(x), view4(w)
+         local gfmt = fmt
+         if gfmt == 0 and suggest(g4._c) == 1 then gfmt = 1 end
+         sbuf[0], sbuf[1], pbuf[0], pbuf[1], dbuf[0], dbuf[1] = 1, stride, 0, padding, 1, dilation
+         p1[0], p2[0], p3[0] = nil, nil, nil
+         check(C.lm_conv2d_backward(bx._c, bw._c, g4._c, sbuf, pbuf, dbuf, groups, gfmt,
+                                    need_x and p1 or nil, need_w and p2 or nil,
+                                    need_b and p3 or nil), "conv1d_backward")
+         g4:free(); bx:free(); bw:free()
+         local gx = need_x and squeeze_as(wrap(p1[0]), xcl) or nil
+         local gw = need_w and squeeze_as(wrap(p2[0]), wcl) or nil
+         local gb = need_b and wrap(p3[0]) or nil
+         return fresh(gx), fresh(gw), fresh(gb)
+      end, x, w, b or false)
+   end
+   if drop_first then           -- odd padding='same': the output without its first position
+      out = Tensor.unsqueeze(Tensor.narrow(out, 3, 2, L), 3)
+      out = Tensor.squeeze(Tensor.contiguous(out, wcl and "channels_last" or nil), 3)
+   end
+   return out
+end
+
+---------------------------------------------------------------------------------------------
 -- pooling
 ---------------------------------------------------------------------------------------------
 
@@ -512,6 +663,109 @@ function F.adaptive_max_pool2d(x, size)
       end, x)
    end
    return out, raw.add(idx, 1)
+end
+
+-- The 1-D pools: the 2-D pool over the view N×C×1×L (unbatched C×L: C×1×L) with the geometry
+-- {1, k}; the output and the gradient keep the input's layout (contiguous, or N×L×C strides) as
+-- PyTorch's do. Errors the 2-D op raises name the 1-D function.
+local function pool1d_input(fname, x)
+   local xc = tensor_arg(fname, x, "input")
+   if xc.ndim ~= 2 and xc.ndim ~= 3 then
+      err(fname, ("expected 2-D (unbatched) or 3-D (batched) input, got %d-D input of size %s")
+          :format(xc.ndim, sizes_str(xc)))
+   end
+   check_float(fname, xc, "input")
+   return xc
+end
+
+local function pool1d_opts(fname, opts, known)
+   if type(opts) == "number" or (T.is_sizes(opts) and opts[1] ~= nil) then
+      return { kernel_size = opts }
+   end
+   if opts == nil then err(fname, "kernel_size is required") end
+   return check_opts(fname, opts, known)
+end
+
+-- run f(x4, ...) (a 2-D pool), errors renamed from lumen.<name2d> to lumen.<fname>; the results
+-- squeezed back to the input's rank
+local function via2d(fname, name2d, f, x, a)
+   local x4 = Tensor.unsqueeze(x, -2)
+   local ok, r1, r2 = pcall(f, x4, a)
+   if not ok then
+      if type(r1) == "string" then
+         r1 = r1:gsub("lumen%." .. name2d .. ":", "lumen." .. fname .. ":", 1)
+      end
+      error(r1, 0)
+   end
+   r1 = Tensor.squeeze(r1, -2)
+   if r2 ~= nil then r2 = raw.squeeze(r2, -2) end
+   return r1, r2
+end
+
+local function check_pad1d(fname, k, p, d)
+   if p * 2 > d * (k - 1) + 1 then
+      err(fname, ("pad should be at most half of effective kernel size, but got pad=%d, " ..
+          "kernel_size=%d and dilation=%d"):format(p, k, d))
+   end
+end
+
+-- max_pool1d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=}) or
+-- max_pool1d(x, kernel_size); indices (return_indices) are 1-based positions along L
+function F.max_pool1d(x, opts)
+   local fname = "max_pool1d"
+   pool1d_input(fname, x)
+   opts = pool1d_opts(fname, opts, MAX_POOL_OPTS)
+   local k = single(fname, opts.kernel_size, "kernel_size", nil, 1)
+   local s = single(fname, opts.stride, "stride", k, 1)
+   local p = single(fname, opts.padding, "padding", 0, 0)
+   local d = single(fname, opts.dilation, "dilation", 1, 1)
+   local cm = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
+   local ri = bool_opt(fname, opts.return_indices, "return_indices", false)
+   check_pad1d(fname, k, p, d)
+   return via2d(fname, "max_pool2d", F.max_pool2d, x,
+                { kernel_size = { 1, k }, stride = { 1, s }, padding = { 0, p },
+                  dilation = { 1, d }, ceil_mode = cm, return_indices = ri })
+end
+
+-- avg_pool1d(x, {kernel_size=, stride=, padding=, ceil_mode=, count_include_pad=}) or
+-- avg_pool1d(x, kernel_size)
+local AVG_POOL1D_OPTS = option_set("kernel_size", "stride", "padding", "ceil_mode",
+                                   "count_include_pad")
+F._OPTIONS.max_pool1d, F._OPTIONS.avg_pool1d = MAX_POOL_OPTS, AVG_POOL1D_OPTS
+function F.avg_pool1d(x, opts)
+   local fname = "avg_pool1d"
+   pool1d_input(fname, x)
+   opts = pool1d_opts(fname, opts, AVG_POOL1D_OPTS)
+   local k = single(fname, opts.kernel_size, "kernel_size", nil, 1)
+   local s = single(fname, opts.stride, "stride", k, 1)
+   local p = single(fname, opts.padding, "padding", 0, 0)
+   local cm = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
+   local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
+   check_pad1d(fname, k, p, 1)
+   return (via2d(fname, "avg_pool2d", F.avg_pool2d, x,
+                 { kernel_size = { 1, k }, stride = { 1, s }, padding = { 0, p },
+                   ceil_mode = cm, count_include_pad = cip }))
+end
+
+local function adaptive1d_size(fname, size)
+   if size == nil then err(fname, "output_size is required") end
+   return single(fname, size, "output_size", nil, 0)
+end
+
+-- adaptive_avg_pool1d(x, output_size)
+function F.adaptive_avg_pool1d(x, size)
+   local fname = "adaptive_avg_pool1d"
+   pool1d_input(fname, x)
+   local n = adaptive1d_size(fname, size)
+   return (via2d(fname, "adaptive_avg_pool2d", F.adaptive_avg_pool2d, x, { 1, n }))
+end
+
+-- adaptive_max_pool1d(x, output_size) -> values, indices (int64, 1-based positions along L)
+function F.adaptive_max_pool1d(x, size)
+   local fname = "adaptive_max_pool1d"
+   pool1d_input(fname, x)
+   local n = adaptive1d_size(fname, size)
+   return via2d(fname, "adaptive_max_pool2d", F.adaptive_max_pool2d, x, { 1, n })
 end
 
 ---------------------------------------------------------------------------------------------

@@ -173,6 +173,91 @@ function Conv2d:extra_repr()
 end
 
 ---------------------------------------------------------------------------------------------
+-- Conv1d
+---------------------------------------------------------------------------------------------
+
+local Conv1d = Module:extend("Conv1d")
+M.Conv1d = Conv1d
+
+-- number or {n} -> n (nil when neither)
+local function single(v)
+   if type(v) == "number" then return v end
+   if T.is_sizes(v) and #v == 1 then return v[1] end
+   return nil
+end
+
+-- PyTorch prints the 1-D sizes of Conv1d / AvgPool1d as 1-tuples: (3,)
+local function single_str(v) return "(" .. tostring(v) .. ",)" end
+
+-- Conv1d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1,
+--        bias=true, dtype=float32}); padding is a number, {n}, "valid" or "same"
+function Conv1d:__init(in_channels, out_channels, kernel_size, opts)
+   local fname = "Conv1d"
+   opts = opts_arg(fname, opts, CONV_OPTS)
+   int_arg(fname, in_channels, "in_channels", 1)
+   int_arg(fname, out_channels, "out_channels", 1)
+   local groups = int_arg(fname, opts.groups or 1, "groups", 1)
+   if in_channels % groups ~= 0 then fail(fname, "in_channels must be divisible by groups") end
+   if out_channels % groups ~= 0 then fail(fname, "out_channels must be divisible by groups") end
+   local k = single(kernel_size)
+   if k == nil then
+      fail(fname, "kernel_size must be a number or {n}, got " .. tostring(kernel_size))
+   end
+   int_arg(fname, k, "kernel_size", 1)
+   local padding = opts.padding or 0
+   if padding ~= "same" and padding ~= "valid" then
+      padding = single(padding)
+      if padding == nil then
+         fail(fname, "padding must be a number, {n}, 'valid' or 'same', got " ..
+              tostring(opts.padding))
+      end
+      int_arg(fname, padding, "padding", 0)
+   end
+   if opts.padding_mode ~= nil and opts.padding_mode ~= "zeros" then
+      fail(fname, "padding_mode '" .. tostring(opts.padding_mode) .. "' is not supported " ..
+           "(only 'zeros')")
+   end
+   local stride, dilation = single(opts.stride or 1), single(opts.dilation or 1)
+   if stride == nil then fail(fname, "stride must be a number or {n}") end
+   if dilation == nil then fail(fname, "dilation must be a number or {n}") end
+   int_arg(fname, stride, "stride", 1)
+   int_arg(fname, dilation, "dilation", 1)
+   if padding == "same" and stride ~= 1 then
+      fail(fname, "padding='same' is not supported for strided convolutions")
+   end
+   self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+   self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+   local fk = param_opts(fname, opts)
+   self:register_parameter("weight", creation.empty({ out_channels, in_channels / groups, k },
+                                                    fk))
+   if opts.bias == nil or opts.bias then
+      self:register_parameter("bias", creation.empty({ out_channels }, fk))
+   else
+      self:register_parameter("bias", nil)
+   end
+   self:reset_parameters()
+end
+
+Conv1d.reset_parameters = Conv2d.reset_parameters       -- PyTorch's _ConvNd init
+
+function Conv1d:forward(x)
+   return F.conv1d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
+                   dilation = self.dilation, groups = self.groups })
+end
+
+function Conv1d:extra_repr()
+   local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
+      single_str(self.kernel_size), single_str(self.stride))
+   local p = self.padding
+   if type(p) == "string" then s = s .. ", padding=" .. p
+   elseif p ~= 0 then s = s .. ", padding=" .. single_str(p) end
+   if self.dilation ~= 1 then s = s .. ", dilation=" .. single_str(self.dilation) end
+   if self.groups ~= 1 then s = s .. ", groups=" .. self.groups end
+   if self.bias == nil then s = s .. ", bias=False" end
+   return s
+end
+
+---------------------------------------------------------------------------------------------
 -- BatchNorm2d
 ---------------------------------------------------------------------------------------------
 
@@ -182,7 +267,7 @@ M.BatchNorm2d = BatchNorm2d
 -- BatchNorm2d(num_features, {eps=1e-5, momentum=0.1, affine=true, track_running_stats=true});
 -- momentum = false means PyTorch's momentum=None (a cumulative moving average)
 function BatchNorm2d:__init(num_features, opts)
-   local fname = "BatchNorm2d"
+   local fname = self.__name
    opts = opts_arg(fname, opts, BN_OPTS)
    int_arg(fname, num_features, "num_features", 1)
    self.num_features = num_features
@@ -232,16 +317,20 @@ end
 
 -- forward(x [, {residual = t, relu = true}]): the optional second argument fuses a ResNet block's
 -- tail, relu(bn(x) + residual), into the batch norm (F.batch_norm's residual / relu options)
+function BatchNorm2d:_check_input_dim(d)
+   if d ~= 4 then fail("BatchNorm2d", ("expected 4D input (got %dD input)"):format(d)) end
+end
+
 function BatchNorm2d:forward(x, fuse)
+   local name = self.__name
    if fuse ~= nil and not plain_table(fuse) then
-      fail("BatchNorm2d", "the second argument must be a table {residual =, relu =}, got " ..
+      fail(name, "the second argument must be a table {residual =, relu =}, got " ..
            T.typename(fuse))
    end
    if not T.is_tensor(x) then
-      fail("BatchNorm2d", "input: tensor expected, got " .. T.typename(x))
+      fail(name, "input: tensor expected, got " .. T.typename(x))
    end
-   local d = Tensor.dim(x)
-   if d ~= 4 then fail("BatchNorm2d", ("expected 4D input (got %dD input)"):format(d)) end
+   self:_check_input_dim(Tensor.dim(x))
    local eaf = self.momentum or 0
    if self.training and self.track_running_stats and self.num_batches_tracked ~= nil then
       T.raw.add_(self.num_batches_tracked, 1)
@@ -264,6 +353,22 @@ function BatchNorm2d:extra_repr()
       self.num_features, tostring(self.eps),
       self.momentum == false and "None" or tostring(self.momentum), fmt_num(self.affine),
       fmt_num(self.track_running_stats))
+end
+
+-- BatchNorm1d (2-D (N, C) or 3-D (N, C, L) input) and BatchNorm3d (5-D input): BatchNorm2d with
+-- another input check (PyTorch's _check_input_dim)
+local BatchNorm1d = BatchNorm2d:extend("BatchNorm1d")
+M.BatchNorm1d = BatchNorm1d
+function BatchNorm1d:_check_input_dim(d)
+   if d ~= 2 and d ~= 3 then
+      fail("BatchNorm1d", ("expected 2D or 3D input (got %dD input)"):format(d))
+   end
+end
+
+local BatchNorm3d = BatchNorm2d:extend("BatchNorm3d")
+M.BatchNorm3d = BatchNorm3d
+function BatchNorm3d:_check_input_dim(d)
+   if d ~= 5 then fail("BatchNorm3d", ("expected 5D input (got %dD input)"):format(d)) end
 end
 
 ---------------------------------------------------------------------------------------------
@@ -402,6 +507,84 @@ function AdaptiveMaxPool2d:forward(x)
    return v
 end
 function AdaptiveMaxPool2d:extra_repr() return "output_size=" .. pair_str(self.output_size) end
+
+-- the 1-D pools (PyTorch's constructor arguments, positional or one options table)
+local MaxPool1d = Module:extend("MaxPool1d")
+M.MaxPool1d = MaxPool1d
+
+-- MaxPool1d({kernel_size=, stride=, padding=0, dilation=1, return_indices=false,
+-- ceil_mode=false}) or MaxPool1d(kernel_size, stride, padding, dilation, return_indices,
+-- ceil_mode)
+function MaxPool1d:__init(...)
+   local o = pool_opts("MaxPool1d", MAX_POOL_NAMES, MAX_POOL_OPTS, ...)
+   self.kernel_size = o.kernel_size
+   self.stride = o.stride or o.kernel_size
+   self.padding = o.padding or 0
+   self.dilation = o.dilation or 1
+   self.ceil_mode = o.ceil_mode or false
+   self.return_indices = o.return_indices or false
+end
+
+function MaxPool1d:forward(x)
+   return F.max_pool1d(x, { kernel_size = self.kernel_size, stride = self.stride,
+                       padding = self.padding, dilation = self.dilation,
+                       ceil_mode = self.ceil_mode, return_indices = self.return_indices })
+end
+MaxPool1d.extra_repr = MaxPool2d.extra_repr
+
+local AVG_POOL1D_NAMES = { "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad" }
+local AVG_POOL1D_OPTS = option_set(unpack(AVG_POOL1D_NAMES))
+local AvgPool1d = Module:extend("AvgPool1d")
+M.AvgPool1d = AvgPool1d
+
+-- AvgPool1d({kernel_size=, stride=, padding=0, ceil_mode=false, count_include_pad=true}) or
+-- AvgPool1d(kernel_size, stride, padding, ceil_mode, count_include_pad)
+function AvgPool1d:__init(...)
+   local o = pool_opts("AvgPool1d", AVG_POOL1D_NAMES, AVG_POOL1D_OPTS, ...)
+   self.kernel_size = o.kernel_size
+   self.stride = o.stride or o.kernel_size
+   self.padding = o.padding or 0
+   self.ceil_mode = o.ceil_mode or false
+   if o.count_include_pad == nil then self.count_include_pad = true
+   else self.count_include_pad = o.count_include_pad end
+end
+
+function AvgPool1d:forward(x)
+   return F.avg_pool1d(x, { kernel_size = self.kernel_size, stride = self.stride,
+                       padding = self.padding, ceil_mode = self.ceil_mode,
+                       count_include_pad = self.count_include_pad })
+end
+
+function AvgPool1d:extra_repr()
+   local function s1(v) return single_str(single(v) or v) end
+   return ("kernel_size=%s, stride=%s, padding=%s"):format(s1(self.kernel_size),
+      s1(self.stride), s1(self.padding))
+end
+
+local AdaptiveAvgPool1d = Module:extend("AdaptiveAvgPool1d")
+M.AdaptiveAvgPool1d = AdaptiveAvgPool1d
+function AdaptiveAvgPool1d:__init(size)
+   if size == nil then fail("AdaptiveAvgPool1d", "output_size is required") end
+   self.output_size = size
+end
+function AdaptiveAvgPool1d:forward(x) return F.adaptive_avg_pool1d(x, self.output_size) end
+function AdaptiveAvgPool1d:extra_repr()
+   return "output_size=" .. tostring(single(self.output_size) or self.output_size)
+end
+
+local AdaptiveMaxPool1d = Module:extend("AdaptiveMaxPool1d")
+M.AdaptiveMaxPool1d = AdaptiveMaxPool1d
+function AdaptiveMaxPool1d:__init(size, return_indices)
+   if size == nil then fail("AdaptiveMaxPool1d", "output_size is required") end
+   self.output_size = size
+   self.return_indices = return_indices and true or false
+end
+function AdaptiveMaxPool1d:forward(x)
+   local v, i = F.adaptive_max_pool1d(x, self.output_size)
+   if self.return_indices then return v, i end
+   return v
+end
+AdaptiveMaxPool1d.extra_repr = AdaptiveAvgPool1d.extra_repr
 
 -- 3-D pools (F.max_pool3d, ...): sizes are numbers or {d, h, w}; tostring as PyTorch prints them
 local function triple_str(p)
