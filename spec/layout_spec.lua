@@ -68,19 +68,28 @@ describe("lm.layout", function()
          H.assert_strides(t, { 60, 1, 15, 3 })
       end)
 
-      it("refuses a model with 5-D tensors before converting anything, naming them", function()
+      it("converts 4-D tensors to channels_last and 5-D ones to channels_last_3d", function()
          local Hybrid = nn.Module:extend("Hybrid")
          function Hybrid:__init()
             self.conv = nn.Conv2d(3, 4, 3)
             self:register_parameter("w3d", lm.randn({ 4, 3, 2, 2, 2 }))
+            self.bn = nn.BatchNorm3d(4)
          end
          local m = Hybrid()
-         local ok, err = pcall(L.to_channels_last, m)
+         local w3, v3 = m.w3d, m.w3d:clone()
+         m.w3d.grad = lm.randn({ 4, 3, 2, 2, 2 })
+         assert.are.equal(m, L.to_channels_last(m))
+         assert.is_true(m.conv.weight:is_contiguous(CL))
+         assert.are.equal(w3, m.w3d)                             -- the same object
+         assert.is_true(m.w3d:is_contiguous(lm.channels_last_3d))
+         assert.is_true(m.w3d.grad:is_contiguous(lm.channels_last_3d))
+         assert.is_true(m.w3d:equal(v3))                         -- values kept
+         assert.is_true(m.bn.weight:is_contiguous())             -- 1-D: untouched
+         -- a tensor: its rank's format; other ranks raise the rank error
+         H.assert_strides(L.to_channels_last(lm.randn({ 2, 3, 2, 2, 2 })), { 24, 1, 12, 6, 3 })
+         local ok, err = pcall(L.to_channels_last, lm.randn({ 2, 3 }))
          assert.is_false(ok)
-         assert.truthy(tostring(err):find("lumen.to_channels_last: required rank 4", 1, true))
-         assert.truthy(tostring(err):find("w3d (4,3,2,2,2)", 1, true))
-         assert.is_true(m.conv.weight:is_contiguous())          -- untouched
-         assert.is_false(m.conv.weight:is_contiguous(CL))
+         assert.truthy(tostring(err):find("required rank 4 tensor", 1, true))
          -- Module:to itself raises PyTorch's rank errors
          ok, err = pcall(m.to, m, CL)
          assert.is_false(ok)

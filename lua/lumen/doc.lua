@@ -1059,11 +1059,12 @@ Convert a model to channels-last and check, debug and survey how formats propaga
 (docs/checking_models.md, docs/debugging_channels_last.md, docs/operator_coverage.md).]])
 E("lm.layout", "lm.layout", "check, trace, coverage, to_channels_last and the format "
    .. "predicates.")
-E("lm.to_channels_last", "lm.to_channels_last(model) -> model", "model:to(lm.channels_last) "
-   .. "in place: every 4-D parameter and buffer (1x1 and depthwise weights tagged with "
-   .. "channels-last strides); a tensor argument returns t:to(lm.channels_last).",
-   { err = "a model with a 5-D parameter or buffer raises (\"required rank 4 tensor\") before "
-   .. "converting anything, naming the tensors" })
+E("lm.to_channels_last", "lm.to_channels_last(model) -> model", "In place: every 4-D "
+   .. "parameter and buffer (and gradient) to channels_last, every 5-D one to channels_last_3d "
+   .. "(1x1 and depthwise weights tagged with the format's strides), the same parameter objects; "
+   .. "a tensor argument returns the tensor in its rank's format.",
+   { err = "a tensor of another rank than 4 or 5 raises the rank error (\"required rank 4 "
+   .. "tensor\")" })
 E("lm.layout.to_channels_last", "lm.layout.to_channels_last(model) -> model", "Same as "
    .. "lm.to_channels_last.")
 E("lm.layout.format", "lm.layout.format(t) -> string", "\"channels_last\", \"contiguous\", "

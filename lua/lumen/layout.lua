@@ -176,31 +176,49 @@ M._render = render
 -- to_channels_last
 ---------------------------------------------------------------------------------------------
 
---- lm.to_channels_last(model) -> model: model:to(lm.channels_last) (every 4-D parameter and
---- buffer, 1x1 and depthwise weights tagged with channels-last strides), in place. A model with a
---- 5-D parameter or buffer raises (as PyTorch's "required rank 4 tensor") BEFORE converting
---- anything, naming the tensors. A tensor argument returns t:to(lm.channels_last).
+--- lm.to_channels_last(model) -> model: every 4-D parameter and buffer (and gradient) to
+--- channels_last, every 5-D one to channels_last_3d (1x1 and depthwise weights tagged with the
+--- format's strides), in place: the same parameter objects, as Module:to. A model mixing 2-D and
+--- 3-D layers converts each to its own format (model:to(lm.channels_last) raises PyTorch's rank
+--- error on the 5-D tensors instead). A tensor argument returns the tensor in its rank's format.
+local function cl_format_of(t)
+   local d = Tensor.dim(t)
+   if d == 4 then return dtypes.channels_last end
+   if d == 5 then return dtypes.channels_last_3d end
+   return nil
+end
+
 function M.to_channels_last(model)
    local fname = "to_channels_last"
-   if T.is_tensor(model) then return Tensor.to(model, dtypes.channels_last) end
+   if T.is_tensor(model) then
+      local fmt = cl_format_of(model)
+      if fmt == nil then return Tensor.to(model, dtypes.channels_last) end -- the rank error
+      return Tensor.to(model, fmt)
+   end
    if not is_module(model) then
       fail(fname, "expected a Module (or a tensor), got %s", T.typename(model))
    end
-   local bad = {}
-   local lists = { model:named_parameters(), model:named_buffers() }
-   for _, list in ipairs(lists) do
-      for _, nt in ipairs(list) do
-         local c = cdata_of(nt[2])
-         if c ~= nil and c.ndim == 5 then bad[#bad + 1] = nt[1] .. " " .. sizes_str(c) end
+   local set_data = model._set_data
+   local function convert(t)
+      local fmt = cl_format_of(t)
+      if fmt == nil then return t end
+      return raw.to(t, { memory_format = fmt })
+   end
+   A.no_grad(function()
+      for _, pm in ipairs(model:named_modules()) do
+         local m = pm[2]
+         for _, regname in ipairs({ "_params", "_buffers" }) do
+            for _, name in ipairs(rawget(m, regname)) do
+               local t = rawget(m, name)
+               if t ~= nil then
+                  set_data(t, convert(t))
+                  local g = rawget(t, "grad")
+                  if g ~= nil then set_data(g, convert(g)) end
+               end
+            end
+         end
       end
-   end
-   if #bad > 0 then
-      fail(fname, "required rank 4 tensor to use channels_last format, but the model has 5-D " ..
-           "tensors: %s (channels_last applies to 4-D tensors; use " ..
-           "model:to(lm.channels_last_3d) for a 3-D model, or convert the 2-D submodules one by " ..
-           "one)", table.concat(bad, ", "))
-   end
-   model:to(dtypes.channels_last)
+   end)
    return model
 end
 
