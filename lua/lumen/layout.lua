@@ -198,28 +198,11 @@ function M.to_channels_last(model)
    if not is_module(model) then
       fail(fname, "expected a Module (or a tensor), got %s", T.typename(model))
    end
-   local set_data = model._set_data
-   local function convert(t)
+   return model:_convert_tensors(function(t)
       local fmt = cl_format_of(t)
       if fmt == nil then return t end
       return raw.to(t, { memory_format = fmt })
-   end
-   A.no_grad(function()
-      for _, pm in ipairs(model:named_modules()) do
-         local m = pm[2]
-         for _, regname in ipairs({ "_params", "_buffers" }) do
-            for _, name in ipairs(rawget(m, regname)) do
-               local t = rawget(m, name)
-               if t ~= nil then
-                  set_data(t, convert(t))
-                  local g = rawget(t, "grad")
-                  if g ~= nil then set_data(g, convert(g)) end
-               end
-            end
-         end
-      end
    end)
-   return model
 end
 
 ---------------------------------------------------------------------------------------------

@@ -350,6 +350,14 @@ function Module:to(...)
       if not ok then error(u, 0) end
       return u
    end
+   return self:_convert_tensors(convert)
+end
+
+-- m:_convert_tensors(convert): every parameter and buffer of m and its submodules, and their
+-- gradients, replaced in place by convert(t) (the same objects, their data swapped: optimizers
+-- keep their references), without recording autograd history. Module:to and
+-- lm.to_channels_last are built on it.
+function Module:_convert_tensors(convert)
    A.no_grad(function()
       for _, pm in ipairs(self:named_modules()) do
          local m = pm[2]
