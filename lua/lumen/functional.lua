@@ -500,8 +500,9 @@ local function pool_opts(fname, opts, known)
    return check_opts(fname, opts, known)
 end
 
+-- kernel, padding, dilation: one entry per spatial dim (2-D and 3-D pools)
 local function check_pad(fname, kernel, padding, dilation)
-   for i = 1, 2 do
+   for i = 1, #kernel do
       local ek = dilation and (dilation[i] * (kernel[i] - 1) + 1) or kernel[i]
       if padding[i] * 2 > ek then
          err(fname, ("pad should be at most half of effective kernel size, but got pad=%d, " ..
@@ -702,13 +703,6 @@ local function via2d(fname, name2d, f, x, a)
    return r1, r2
 end
 
-local function check_pad1d(fname, k, p, d)
-   if p * 2 > d * (k - 1) + 1 then
-      err(fname, ("pad should be at most half of effective kernel size, but got pad=%d, " ..
-          "kernel_size=%d and dilation=%d"):format(p, k, d))
-   end
-end
-
 -- max_pool1d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=}) or
 -- max_pool1d(x, kernel_size); indices (return_indices) are 1-based positions along L
 function F.max_pool1d(x, opts)
@@ -721,7 +715,7 @@ function F.max_pool1d(x, opts)
    local d = single(fname, opts.dilation, "dilation", 1, 1)
    local cm = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
    local ri = bool_opt(fname, opts.return_indices, "return_indices", false)
-   check_pad1d(fname, k, p, d)
+   check_pad(fname, { k }, { p }, { d })
    return via2d(fname, "max_pool2d", F.max_pool2d, x,
                 { kernel_size = { 1, k }, stride = { 1, s }, padding = { 0, p },
                   dilation = { 1, d }, ceil_mode = cm, return_indices = ri })
@@ -741,7 +735,7 @@ function F.avg_pool1d(x, opts)
    local p = single(fname, opts.padding, "padding", 0, 0)
    local cm = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
    local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
-   check_pad1d(fname, k, p, 1)
+   check_pad(fname, { k }, { p }, { 1 })
    return (via2d(fname, "avg_pool2d", F.avg_pool2d, x,
                  { kernel_size = { 1, k }, stride = { 1, s }, padding = { 0, p },
                    ceil_mode = cm, count_include_pad = cip }))
@@ -819,17 +813,6 @@ end
 
 local function fill3(buf, p) buf[0] = p[1]; buf[1] = p[2]; buf[2] = p[3]; return buf end
 
-local function check_pad3(fname, kernel, padding, dilation)
-   for i = 1, 3 do
-      local ek = dilation and (dilation[i] * (kernel[i] - 1) + 1) or kernel[i]
-      if padding[i] * 2 > ek then
-         err(fname, ("pad should be at most half of effective kernel size, but got pad=%d, " ..
-             "kernel_size=%d and dilation=%d"):format(padding[i], kernel[i],
-             dilation and dilation[i] or 1))
-      end
-   end
-end
-
 -- max_pool3d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=})
 -- -> out[, indices (int64, 1-based flat positions (d*H + h)*W + w + 1 in the input volume)]
 function F.max_pool3d(x, opts)
@@ -842,7 +825,7 @@ function F.max_pool3d(x, opts)
    local dilation = triple(fname, opts.dilation, "dilation", 1, 1)
    local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
    local want_idx = bool_opt(fname, opts.return_indices, "return_indices", false)
-   check_pad3(fname, kernel, padding, dilation)
+   check_pad(fname, kernel, padding, dilation)
    local rec = A.is_grad_enabled() and needs(x)
    outp[0], idxp[0] = nil, nil
    check(C.lm_max_pool3d(xc, fill3(kbuf3, kernel), fill3(sbuf3, stride), fill3(pbuf3, padding),
@@ -874,7 +857,7 @@ function F.avg_pool3d(x, opts)
    local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
    local dov = opts.divisor_override
    if dov ~= nil then dov = int_opt(fname, dov, "divisor_override", nil, 1) end
-   check_pad3(fname, kernel, padding, nil)
+   check_pad(fname, kernel, padding, nil)
    local dovbuf = dov and ffi.new("int64_t[1]", dov) or nil
    local cm, ci = ceil_mode and 1 or 0, cip and 1 or 0
    outp[0] = nil
