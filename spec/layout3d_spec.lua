@@ -31,11 +31,16 @@ function Scale3d:forward(x) return x * self.weight end
 local Frame = nn.Module:extend("Frame")
 function Frame:forward(x) return x:select(3, 1) end
 
--- a small video model from nn modules: 3-D pools, batch norm, elementwise ops
+-- a small video model from nn modules: a 3x7x7 stem of stride (1, 2, 2), batch norm, a 5-D
+-- parameter, the 3-D pools, a (2+1)-D pair of convolutions; mid goes after the max pool
 local function video_net(mid)
-   local m = nn.Sequential(nn.BatchNorm3d(8), nn.ReLU(), Scale3d(8, 4, 8, 8),
+   local m = nn.Sequential(nn.Conv3d(3, 8, { 3, 7, 7 }, { stride = { 1, 2, 2 },
+                                                          padding = { 1, 3, 3 }, bias = false }),
+                           nn.BatchNorm3d(8), nn.ReLU(), Scale3d(8, 4, 8, 8),
                            nn.MaxPool3d({ kernel_size = 3, stride = 2, padding = 1 }))
    if mid then m:add(mid) end
+   m:add(nn.Conv3d(8, 8, { 1, 3, 3 }, { padding = { 0, 1, 1 } }))
+   m:add(nn.Conv3d(8, 8, { 3, 1, 1 }, { padding = { 1, 0, 0 } }))
    m:add(nn.BatchNorm3d(8))
    m:add(nn.AvgPool3d({ kernel_size = { 1, 2, 2 } }))
    m:add(nn.AdaptiveMaxPool3d({ 1, 2, 2 }))
@@ -45,7 +50,7 @@ local function video_net(mid)
    return lm.to_channels_last(m)
 end
 
-local function clip() return lm.randn({ 2, 8, 4, 8, 8 }):to(CL3) end
+local function clip() return lm.randn({ 2, 3, 4, 16, 16 }):to(CL3) end
 
 -- the 3-D pools have no CUDA kernels yet ("not supported on cuda"): the tests that run them are
 -- pending on cuda devices; the 1-D ones run everywhere
@@ -87,23 +92,27 @@ describe("lm.layout on 5-D and 1-D models", function()
          assert.are.equal(0, #r.non_cl)
          assert.is_true(r.output_ranks[5])
          assert.is_nil(r.output_ranks[4])
-         -- the 5-D parameter and its gradient
-         assert.are.equal(1, r.n_params5)
+         -- the 5-D parameters (three convolutions, Scale3d) and their gradients
+         assert.are.equal(4, r.n_params5)
          assert.are.equal(0, r.n_params4)
          assert.is_true(r.params_ok)
-         for i = 1, 6 do
+         for i = 1, 10 do
             local row = r.rows[i]
             assert.are.equal("channels_last_3d", row.input_format, row.path)
             assert.are.equal("channels_last_3d", row.output_format, row.path)
             assert.are.equal("channels_last_3d", row.grad_format, row.path)
          end
-         assert.are.equal("channels_last_3d", r.rows[3].param_grad_format)
-         assert.are.equal("MaxPool3d", r.rows[4].type)
-         assert.are.equal("(2,8,2,4,4)", r.rows[4].output_size)
-         assert.are.equal("ambiguous_cl3d", r.rows[8].output_format)   -- N x C x 1 x 1 x 1
+         assert.are.equal("Conv3d", r.rows[1].type)
+         assert.are.equal("(2,8,4,8,8)", r.rows[1].output_size)
+         for _, i in ipairs({ 1, 4, 6, 7 }) do
+            assert.are.equal("channels_last_3d", r.rows[i].param_grad_format, r.rows[i].path)
+         end
+         assert.are.equal("MaxPool3d", r.rows[5].type)
+         assert.are.equal("(2,8,2,4,4)", r.rows[5].output_size)
+         assert.are.equal("ambiguous_cl3d", r.rows[11].output_format)   -- N x C x 1 x 1 x 1
          local s = tostring(r)
          assert.truthy(s:find("every 5-D module output is channels_last_3d", 1, true), s)
-         assert.truthy(s:find("5-D parameter gradients: all 1 channels_last_3d", 1, true), s)
+         assert.truthy(s:find("5-D parameter gradients: all 4 channels_last_3d", 1, true), s)
          assert.falsy(s:find("4-D parameter gradients", 1, true), s)
       end)
 
@@ -111,27 +120,28 @@ describe("lm.layout on 5-D and 1-D models", function()
          lm.manual_seed(1)
          local r = L.check(video_net(Lossy()), clip(), { trace = true })
          assert.is_false(r.ok)
-         assert.are.equal("4", r.first_lost)
+         assert.are.equal("5", r.first_lost)
          assert.are.equal("channels_last_3d", r.first_lost_format)
-         local row = r.rows[5]
+         local row = r.rows[6]
          assert.are.equal("Lossy3d", row.type)
          assert.is_true(row.lost)
          assert.are.equal("channels_last_3d", row.lost_format)
          assert.are.equal("contiguous", row.output_format)
          assert.are.same({ "Tensor.contiguous" }, row.lost_ops)
-         -- the batch norm after it keeps the (now contiguous) input's format
-         assert.are.equal("contiguous", r.rows[6].output_format)
+         -- the convolution after it restores the format (its weight is channels_last_3d)
+         assert.are.equal("contiguous", r.rows[7].input_format)
+         assert.are.equal("channels_last_3d", r.rows[7].output_format)
          assert.are.equal("Tensor.contiguous", r.trace.first.op)
          assert.are.equal("channels_last_3d", r.trace.first.format)
          local s = tostring(r)
          assert.truthy(s:find("<-- lost channels_last_3d (by Tensor.contiguous)", 1, true), s)
-         assert.truthy(s:find("first module to lose channels_last_3d: 4", 1, true), s)
+         assert.truthy(s:find("first module to lose channels_last_3d: 5", 1, true), s)
          -- a permute in the middle: the same, named Tensor.permute
          lm.manual_seed(1)
          r = L.check(video_net(SwapHW()), clip(), { trace = true, backward = false })
-         assert.are.equal("4", r.first_lost)
-         assert.are.equal("strided", r.rows[5].output_format)
-         assert.are.same({ "Tensor.permute" }, r.rows[5].lost_ops)
+         assert.are.equal("5", r.first_lost)
+         assert.are.equal("strided", r.rows[6].output_format)
+         assert.are.same({ "Tensor.permute" }, r.rows[6].lost_ops)
       end)
 
       it3("reports an unconverted 5-D model", function()
@@ -162,7 +172,8 @@ describe("lm.layout on 5-D and 1-D models", function()
             m:add(nn.Linear(8, 2))
             return lm.to_channels_last(m)
          end
-         local r = L.check(mixed(false), clip(), { backward = true })
+         local x = lm.randn({ 2, 8, 4, 8, 8 }):to(CL3)
+         local r = L.check(mixed(false), x, { backward = true })
          assert.is_true(r.ok, tostring(r))
          assert.are.equal("channels_last_3d", r.rows[3].output_format)
          assert.are.equal("cl_strided", r.rows[4].output_format)   -- the frame: a 4-D view
@@ -177,7 +188,7 @@ describe("lm.layout on 5-D and 1-D models", function()
          assert.truthy(s:find("4-D parameter gradients: all 1 channels-last", 1, true), s)
          assert.truthy(s:find("5-D parameter gradients: all 1 channels_last_3d", 1, true), s)
          -- a loss in the 2-D part is a channels_last loss
-         r = L.check(mixed(true), clip(), { trace = true })
+         r = L.check(mixed(true), x, { trace = true })
          assert.are.equal("5", r.first_lost)
          assert.are.equal("channels_last", r.first_lost_format)
          assert.truthy(tostring(r):find("first module to lose channels_last: 5", 1, true))
@@ -210,7 +221,7 @@ describe("lm.layout on 5-D and 1-D models", function()
 
    describe("trace", function()
       it3("finds the operator that lost channels_last_3d; 4-D and 5-D in one function", function()
-         local x5 = clip()
+         local x5 = lm.randn({ 2, 8, 4, 8, 8 }):to(CL3)
          local x4 = lm.randn({ 2, 8, 6, 6 }):to(CL)
          local r = L.trace(function()
             local a = F.max_pool3d(x5, 2)              -- keeps channels_last_3d
@@ -261,14 +272,14 @@ describe("lm.layout on 5-D and 1-D models", function()
          lm.manual_seed(1)
          local r = L.check(video_net(Lossy()), clip(), { trace = true })
          local html = r:to_html()
-         assert.truthy(html:find('channels_last_3d is lost at module <a href="#m-4"><code>4' ..
+         assert.truthy(html:find('channels_last_3d is lost at module <a href="#m-5"><code>5' ..
                                  '</code></a> by operator <code>Tensor.contiguous</code>', 1, true))
          assert.truthy(html:find("loses channels_last_3d: operator <code>Tensor.contiguous" ..
                                  "</code>", 1, true))
-         assert.truthy(html:find('<span class="box c-lost" id="m-4"', 1, true))
-         assert.truthy(html:find('<span class="box c-cl" id="m-3"', 1, true))  -- MaxPool3d
-         assert.truthy(html:find('<span class="box c-contiguous" id="m-5"', 1, true))
-         assert.truthy(html:find('<span class="box c-neutral" id="m-8"', 1, true)) -- 1x1x1
+         assert.truthy(html:find('<span class="box c-lost" id="m-5"', 1, true))
+         assert.truthy(html:find('<span class="box c-cl" id="m-4"', 1, true))  -- MaxPool3d
+         assert.truthy(html:find('<span class="box c-cl" id="m-6"', 1, true))  -- Conv3d
+         assert.truthy(html:find('<span class="box c-neutral" id="m-11"', 1, true)) -- 1x1x1
          assert.truthy(html:find("5-D parameter gradients", 1, true))
          lm.manual_seed(1)
          html = L.check(video_net(), clip()):to_html()
@@ -318,6 +329,21 @@ describe("lm.layout on 5-D and 1-D models", function()
             if op ~= "max_pool3d 2 (indices)" then
                assert.are.equal("channels_last_3d", by[op].grad_nhwc, op)
             end
+         end
+         -- convolutions: channels_last_3d when the input or the weight suggests it
+         for _, op in ipairs({ "conv3d 3x3x3", "conv3d 1x1x1", "conv3d 1x1x1 stride 2",
+                               "conv3d stem 3x7x7 s(1,2,2)", "conv3d (2+1)-D 1x3x3",
+                               "conv3d (2+1)-D 3x1x1", "conv3d grouped (g=4)", "conv3d depthwise",
+                               "conv3d dilated", "conv3d 3x3x3 (NCDHW weight)" }) do
+            assert.are.equal("contiguous", by[op].nchw, op)
+            assert.are.equal("channels_last_3d", by[op].nhwc, op)
+            assert.is_true(by[op].preserves, op)
+            assert.are.equal("channels_last_3d", by[op].grad_nhwc, op)
+         end
+         -- depth-1 kernels read a channels_last_3d input in place; NCDHW copies it
+         -- (src/ops/conv3d.c)
+         for _, op in ipairs({ "conv3d 1x1x1", "conv3d (2+1)-D 1x3x3" }) do
+            assert.are.equal("ndhwc", by[op].native, op)
          end
          assert.are.equal("ambiguous_cl3d", by["adaptive_avg_pool3d(1)"].nhwc)
          assert.is_true(by["adaptive_avg_pool3d(1)"].preserves)

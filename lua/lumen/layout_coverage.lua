@@ -225,6 +225,32 @@ local function operator_list(lm)
    add("view", "narrow(3, 2, D-2) (5-D)", function(x) return x:narrow(3, 2, x:size(3) - 2) end)
    add("view", "select(3, 1) (5-D -> 4-D)", function(x) return x:select(3, 1) end)
    add("join", "cat(dim 2, channels) (5-D)", function(x, s) return lm.cat({ x, s.y }, 2) end)
+   add("conv", "conv3d 3x3x3", function(x, s) return F.conv3d(x, s.w3, s.b, { padding = 1 }) end)
+   add("conv", "conv3d 1x1x1", function(x, s) return F.conv3d(x, s.w1, nil) end)
+   add("conv", "conv3d 1x1x1 stride 2", function(x, s)
+      return F.conv3d(x, s.w1, nil, { stride = 2 })
+   end)
+   add("conv", "conv3d stem 3x7x7 s(1,2,2)", function(x, s)
+      return F.conv3d(x, s.wstem, nil, { stride = { 1, 2, 2 }, padding = { 1, 3, 3 } })
+   end)
+   add("conv", "conv3d (2+1)-D 1x3x3", function(x, s)
+      return F.conv3d(x, s.wsp, nil, { padding = { 0, 1, 1 } })
+   end)
+   add("conv", "conv3d (2+1)-D 3x1x1", function(x, s)
+      return F.conv3d(x, s.wt, nil, { padding = { 1, 0, 0 } })
+   end)
+   add("conv", "conv3d grouped (g=4)", function(x, s)
+      return F.conv3d(x, s.wg, nil, { padding = 1, groups = 4 })
+   end)
+   add("conv", "conv3d depthwise", function(x, s)
+      return F.conv3d(x, s.wd, nil, { padding = 1, groups = s.C })
+   end)
+   add("conv", "conv3d dilated", function(x, s)
+      return F.conv3d(x, s.w3, nil, { padding = 2, dilation = 2 })
+   end)
+   add("conv", "conv3d 3x3x3 (NCDHW weight)", function(x, s)
+      return F.conv3d(x, s.w3_plain, s.b, { padding = 1 })
+   end)
    add("pool", "max_pool3d 3/2", function(x)
       return F.max_pool3d(x, { kernel_size = 3, stride = 2, padding = 1 })
    end)
@@ -319,6 +345,15 @@ local function make_base(lm, g, shape)
    elseif g.rank == 5 then
       s.bias = lm.rand({ 1, Cc, 1, 1, 1 })
       s.gate = lm.rand({ N, Cc, 1, 1, 1 })
+      s.w3 = lm.randn({ Cc, Cc, 3, 3, 3 }) * 0.03
+      s.w1 = lm.randn({ Cc, Cc, 1, 1, 1 }) * 0.1
+      s.wstem = lm.randn({ Cc, Cc, 3, 7, 7 }) * 0.01
+      s.wsp = lm.randn({ Cc, Cc, 1, 3, 3 }) * 0.05
+      s.wt = lm.randn({ Cc, Cc, 3, 1, 1 }) * 0.1
+      s.wg = lm.randn({ Cc, Cc / 4, 3, 3, 3 }) * 0.05
+      s.wd = lm.randn({ Cc, 1, 3, 3, 3 }) * 0.1
+      s.w3_plain = s.w3
+      convert.wstem, convert.wsp, convert.wt = true, true, true
    else
       s.bias = lm.rand({ 1, Cc, 1 })
       s.w3 = lm.randn({ Cc, Cc, 3 }) * 0.1
