@@ -31,6 +31,18 @@ local function isas()
    return r
 end
 
+-- LUMEN_CONV3D_SPLIT: "0" packs the depth taps into one conv2d, "1" runs one conv2d per tap,
+-- nil lets lm_conv3d choose (src/ops/conv3d.c, split_taps)
+local ffi = require("ffi")
+pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+local function with_split(mode, f)
+   if mode then ffi.C.setenv("LUMEN_CONV3D_SPLIT", mode, 1) end
+   local ok, e = pcall(f)
+   ffi.C.unsetenv("LUMEN_CONV3D_SPLIT")
+   if not ok then error(e, 0) end
+end
+local SPLITS = { false, "0", "1" }
+
 local function fmt_strides(fmt, sizes)
    if #sizes ~= 5 then return H.contig_strides(sizes) end
    return tostring(fmt) == "channels_last_3d" and H.cl3d_strides(sizes) or H.contig_strides(sizes)
@@ -45,20 +57,23 @@ describe("conv3d against PyTorch", function()
          for _, fmt in ipairs(fmts) do
             it(("%s %s %s"):format(c.name, tostring(dt[1]), tostring(fmt)), function()
                for _, isa in ipairs(isas()) do
+                  for _, split in ipairs(SPLITS) do with_split(split, function()
                   C.lm_gemm_set_isa(isa)
+                  local what = (" (isa %d, split %s)"):format(isa, tostring(split))
                   local x, w = fx(c.x, dt[1], fmt, true), fx(c.w, dt[1], fmt, true)
                   local b = fx(c.b, dt[1], nil, true)
                   local y = F.conv3d(x, w, b, c.opts)
                   H.assert_sizes(y, c.out.sizes, "output")
                   H.assert_dtype(y, dt[1], "output")
-                  close(y, c.out.data, dt[2], "output")
+                  close(y, c.out.data, dt[2], "output" .. what)
                   H.assert_strides(y, fmt_strides(fmt, c.out.sizes), "output")
                   y:backward(fx(c.gout, dt[1]))
-                  close(x.grad, c.gx.data, dt[2], "grad input")
-                  close(w.grad, c.gw.data, dt[2], "grad weight")
-                  if b then close(b.grad, c.gb.data, dt[2], "grad bias") end
-                  H.assert_strides(x.grad, fmt_strides(fmt, c.x.sizes), "grad input")
-                  H.assert_strides(w.grad, fmt_strides(fmt, c.w.sizes), "grad weight")
+                  close(x.grad, c.gx.data, dt[2], "grad input" .. what)
+                  close(w.grad, c.gw.data, dt[2], "grad weight" .. what)
+                  if b then close(b.grad, c.gb.data, dt[2], "grad bias" .. what) end
+                  H.assert_strides(x.grad, fmt_strides(fmt, c.x.sizes), "grad input" .. what)
+                  H.assert_strides(w.grad, fmt_strides(fmt, c.w.sizes), "grad weight" .. what)
+                  end) end
                end
             end)
          end
@@ -133,6 +148,7 @@ describe("conv3d", function()
 
    it("fuses bias, residual and relu into the epilogue, equal to the separate ops", function()
       lm.manual_seed(5)
+      for _, split in ipairs(SPLITS) do with_split(split, function()
       for _, fmt in ipairs({ CONTIG, CL3 }) do
          for _, k in ipairs({ { 3, 3, 3 }, { 1, 1, 1 }, { 1, 3, 3 }, { 3, 1, 1 } }) do
             local x = lm.randn({ 2, 6, 4, 5, 6 }):to(fmt)
@@ -154,6 +170,7 @@ describe("conv3d", function()
             assert(xg.grad ~= nil)
          end
       end
+      end) end
    end)
 
    it("runs float16 and bfloat16 as the rounded float32 convolution", function()

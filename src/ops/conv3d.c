@@ -22,6 +22,7 @@
  */
 #include "common.h"
 #include "../conv.h"
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -177,7 +178,8 @@ static void tap_range(const c3_geom *g, int64_t kd, int64_t *lo, int64_t *hi) {
 }
 
 /* 6-D views (N, depths, G, Cg, H, W) of a 5-D tensor t (N, C, D, H, W) at depths d0, d0 + step,
-   ... and of a 4-D packed tensor p (N*Do, kD*C, H, W) at output depths od0.. and tap kd */
+   ... and of a 4-D tap tensor p (N*Do, nk*C, H, W) holding nk taps per group, at output depths
+   od0.. and tap slot k */
 static lm_status view5_taps(const lm_tensor *t, const c3_geom *g, int64_t d0, int64_t step,
                             int64_t cnt, lm_tensor **out) {
    const int64_t *s = t->strides;
@@ -186,12 +188,12 @@ static lm_status view5_taps(const lm_tensor *t, const c3_geom *g, int64_t d0, in
    return lm_as_strided(t, 6, sz, st, t->offset + d0 * s[2], out);
 }
 
-static lm_status view4_taps(const lm_tensor *p, const c3_geom *g, int64_t od0, int64_t kd,
-                            int64_t cnt, lm_tensor **out) {
+static lm_status view4_taps(const lm_tensor *p, const c3_geom *g, int64_t nk, int64_t od0,
+                            int64_t k, int64_t cnt, lm_tensor **out) {
    const int64_t *s = p->strides;
    const int64_t sz[6] = {g->N, cnt, g->G, g->Cg, p->sizes[2], p->sizes[3]};
-   const int64_t st[6] = {g->Do * s[0], s[0], g->kd * g->Cg * s[1], s[1], s[2], s[3]};
-   return lm_as_strided(p, 6, sz, st, p->offset + od0 * s[0] + kd * g->Cg * s[1], out);
+   const int64_t st[6] = {g->Do * s[0], s[0], nk * g->Cg * s[1], s[1], s[2], s[3]};
+   return lm_as_strided(p, 6, sz, st, p->offset + od0 * s[0] + k * g->Cg * s[1], out);
 }
 
 /* a 4-D view (N*Do, C, H, W) of a 5-D tensor (N, C, Do, H, W) whose batch and depth strides
@@ -236,20 +238,25 @@ static lm_status fold(const lm_tensor *t, int fmt2, lm_tensor **out) {
    return st;
 }
 
-/* X2 (N*Do, kD*C, H, W) dense in fmt2: the depth taps side by side (see the top) */
-static lm_status pack_input(const lm_tensor *x, const c3_geom *g, lm_tensor **out) {
+/* The input of depth taps k0 .. k0+nk-1 side by side, (N*Do, nk*C, H, W) dense in fmt2:
+   [n*Do + od, g*nk*Cg + k*Cg + c] = x[n, g*Cg + c, od*sd - pd + (k0 + k)*dd], zero outside the
+   input. One tap (nk 1) whose depths all lie inside the input is a view of x when x's strides
+   allow it and the view is dense in fmt2. */
+static lm_status gather_taps(const lm_tensor *x, const c3_geom *g, int64_t k0, int64_t nk,
+                             lm_tensor **out) {
    *out = NULL;
-   if (g->kd == 1 && g->pd == 0) {
-      /* depth tap 0 only, at depths od*sd: a view when the strides allow it */
-      lm_tensor *v = NULL;
+   if (nk == 1) {
+      int64_t lo, hi;
+      tap_range(g, k0, &lo, &hi);
       const int64_t *s = x->strides;
-      const int64_t sz[4] = {g->N * g->Do, g->C, g->H, g->W};
       int64_t bs = -1;
       if (g->Do == 1) bs = s[0];
       else if (g->N == 1 || s[0] == g->Do * g->sd * s[2]) bs = g->sd * s[2];
-      if (bs >= 0) {
+      if (lo == 0 && hi == g->Do && bs >= 0) {
+         const int64_t sz[4] = {g->N * g->Do, g->C, g->H, g->W};
          const int64_t st[4] = {bs, s[1], s[3], s[4]};
-         LM_TRY(lm_as_strided(x, 4, sz, st, x->offset, &v));
+         lm_tensor *v = NULL;
+         LM_TRY(lm_as_strided(x, 4, sz, st, x->offset + (k0 * g->dd - g->pd) * s[2], &v));
          if (lm_is_contiguous(v, g->fmt2)) {
             *out = v;
             return LM_OK;
@@ -257,18 +264,18 @@ static lm_status pack_input(const lm_tensor *x, const c3_geom *g, lm_tensor **ou
          lm_tensor_free(v);
       }
    }
-   const int64_t sz[4] = {g->N * g->Do, g->kd * g->C, g->H, g->W};
+   const int64_t sz[4] = {g->N * g->Do, nk * g->C, g->H, g->W};
    lm_tensor *p = NULL;
    LM_TRY(lm_empty(4, sz, x->dtype, g->fmt2, x->device, &p));
    lm_status st = LM_OK;
-   for (int64_t kd = 0; kd < g->kd && st == LM_OK; kd++) {
+   for (int64_t k = 0; k < nk && st == LM_OK; k++) {
       int64_t lo, hi;
-      tap_range(g, kd, &lo, &hi);
+      tap_range(g, k0 + k, &lo, &hi);
       lm_tensor *dv = NULL, *sv = NULL;
       if (hi > lo) {
-         st = view4_taps(p, g, lo, kd, hi - lo, &dv);
+         st = view4_taps(p, g, nk, lo, k, hi - lo, &dv);
          if (st == LM_OK)
-            st = view5_taps(x, g, lo * g->sd - g->pd + kd * g->dd, g->sd, hi - lo, &sv);
+            st = view5_taps(x, g, lo * g->sd - g->pd + (k0 + k) * g->dd, g->sd, hi - lo, &sv);
          if (st == LM_OK) st = lm_copy_(dv, sv);
          if (dv) lm_tensor_free(dv);
          if (sv) lm_tensor_free(sv);
@@ -276,13 +283,13 @@ static lm_status pack_input(const lm_tensor *x, const c3_geom *g, lm_tensor **ou
       }
       /* the output depths whose tap falls in the padding read zeros */
       if (st == LM_OK && lo > 0) {
-         st = view4_taps(p, g, 0, kd, lo, &dv);
+         st = view4_taps(p, g, nk, 0, k, lo, &dv);
          if (st == LM_OK) st = lm_fill_(dv, 0.0);
          if (dv) lm_tensor_free(dv);
          dv = NULL;
       }
       if (st == LM_OK && hi < g->Do) {
-         st = view4_taps(p, g, hi, kd, g->Do - hi, &dv);
+         st = view4_taps(p, g, nk, hi, k, g->Do - hi, &dv);
          if (st == LM_OK) st = lm_fill_(dv, 0.0);
          if (dv) lm_tensor_free(dv);
       }
@@ -295,33 +302,50 @@ static lm_status pack_input(const lm_tensor *x, const c3_geom *g, lm_tensor **ou
    return LM_OK;
 }
 
-/* the 5-D view (O, Cg, kD, kh, kw) of a 4-D (O, kD*Cg, kh, kw) packed weight */
-static lm_status weight_view5(const lm_tensor *p, const c3_geom *g, lm_tensor **out) {
+/* grad_x += the gradient gp (N*Do, nk*C, H, W) of the taps k0 .. k0+nk-1 (gather_taps'
+   layout), each tap's slice added into the input depths it read; copied instead of added when
+   `assign` (grad_x zero there, and no other tap of this call reads those depths: nk 1) */
+static lm_status scatter_taps(lm_tensor *gx, const lm_tensor *gp, const c3_geom *g, int64_t k0,
+                              int64_t nk, int assign) {
+   lm_status st = LM_OK;
+   for (int64_t k = 0; k < nk && st == LM_OK; k++) {
+      int64_t lo, hi;
+      tap_range(g, k0 + k, &lo, &hi);
+      if (hi <= lo) continue;
+      lm_tensor *sv = NULL, *dv = NULL;
+      st = view4_taps(gp, g, nk, lo, k, hi - lo, &sv);
+      if (st == LM_OK)
+         st = view5_taps(gx, g, lo * g->sd - g->pd + (k0 + k) * g->dd, g->sd, hi - lo, &dv);
+      if (st == LM_OK) st = assign ? lm_copy_(dv, sv) : lm_binary(LM_ADD, dv, sv, 1.0, &dv);
+      if (sv) lm_tensor_free(sv);
+      if (dv) lm_tensor_free(dv);
+   }
+   return st;
+}
+
+/* the weight of taps k0 .. k0+nk-1 as a 4-D (O, nk*Cg, kh, kw) conv2d weight
+   ([o, k*Cg + c] = w[o, c, k0 + k]): a view of w for one tap (the conv2d makes it dense when it
+   is not), else a copy dense in fmt2; and the 5-D view (O, Cg, nk, kh, kw) of such a tensor */
+static lm_status weight_view5(const lm_tensor *p, const c3_geom *g, int64_t nk, lm_tensor **out) {
    const int64_t *s = p->strides;
-   const int64_t sz[5] = {g->O, g->Cg, g->kd, g->kh, g->kw};
+   const int64_t sz[5] = {g->O, g->Cg, nk, g->kh, g->kw};
    const int64_t st[5] = {s[0], s[1], g->Cg * s[1], s[2], s[3]};
    return lm_as_strided(p, 5, sz, st, p->offset, out);
 }
 
-/* W2 (O, kD*Cg, kh, kw) dense in fmt2: a view of w for kD == 1 when dense, else a copy */
-static lm_status pack_weight(const lm_tensor *w, const c3_geom *g, lm_tensor **out) {
+static lm_status weight_taps(const lm_tensor *w, const c3_geom *g, int64_t k0, int64_t nk,
+                             lm_tensor **out) {
    *out = NULL;
-   if (g->kd == 1) {
-      const int64_t *s = w->strides;
+   const int64_t *s = w->strides;
+   if (nk == 1) {
       const int64_t sz[4] = {g->O, g->Cg, g->kh, g->kw};
       const int64_t st[4] = {s[0], s[1], s[3], s[4]};
-      lm_tensor *v = NULL;
-      LM_TRY(lm_as_strided(w, 4, sz, st, w->offset, &v));
-      if (lm_is_contiguous(v, g->fmt2)) {
-         *out = v;
-         return LM_OK;
-      }
-      lm_tensor_free(v);
+      return lm_as_strided(w, 4, sz, st, w->offset + k0 * s[2], out);
    }
-   const int64_t sz[4] = {g->O, g->kd * g->Cg, g->kh, g->kw};
+   const int64_t sz[4] = {g->O, nk * g->Cg, g->kh, g->kw};
    lm_tensor *p = NULL, *v = NULL;
    LM_TRY(lm_empty(4, sz, w->dtype, g->fmt2, w->device, &p));
-   lm_status st = weight_view5(p, g, &v);
+   lm_status st = weight_view5(p, g, nk, &v);
    if (st == LM_OK) st = lm_copy_(v, w);
    if (v) lm_tensor_free(v);
    if (st != LM_OK) {
@@ -330,6 +354,22 @@ static lm_status pack_weight(const lm_tensor *w, const c3_geom *g, lm_tensor **o
    }
    *out = p;
    return LM_OK;
+}
+
+/* one conv2d per depth tap (accumulating through the conv2d's residual) or one over all taps
+   packed side by side. Measured (r3d_18's 3x3x3 layers at 2 clips of 8x112x112, 2 threads,
+   AVX-512, forward / forward+backward ms, packed -> per tap): channels_last_3d 64 channels at
+   8x56x56 110 -> 52 / 283 -> 163, 128 at 4x28x28 54 -> 24 / 160 -> 156 (the NHWC Winograd of
+   up to 128 channels), but 256 at 2x14x14 27 -> 59 and 512 at 1x7x7 29 -> 48 (the direct kernel
+   prefers the longer reduction over few pixels); NCDHW (im2col + GEMM) is slower per tap at
+   every size. A kernel without spatial extent (the (2+1)-D temporal 3x1x1) is one pointwise
+   GEMM either way and packs (no partial sums). LUMEN_CONV3D_SPLIT=0/1 forces one way (tests,
+   benchmarks). */
+static int split_taps(const c3_geom *g) {
+   const char *e = getenv("LUMEN_CONV3D_SPLIT");
+   if (e && (e[0] == '0' || e[0] == '1')) return g->kd > 1 && e[0] == '1';
+   return g->kd > 1 && g->fmt == LM_CHANNELS_LAST_3D && g->kh * g->kw > 1 && g->Cg >= 16 &&
+          g->Cg <= 128;
 }
 
 static void free_all(lm_tensor **ts, int n) {
@@ -361,22 +401,38 @@ lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
    out_slot o;
    LM_TRY(out_open(&o, out, 5, osz, x->dtype, g.fmt, x->device, "conv3d"));
    if (o.t->numel == 0) return out_close(&o, out, LM_OK);
-   /* tmp: X2, W2, the residual folded, the conv2d's output (a view of the result in
-      channels_last_3d, else an NCHW tensor), its 5-D view */
-   lm_tensor *tmp[5] = {NULL, NULL, NULL, NULL, NULL};
-   lm_status st = pack_input(x, &g, &tmp[0]);
-   if (st == LM_OK) st = pack_weight(w, &g, &tmp[1]);
-   if (st == LM_OK && residual) st = fold(residual, g.fmt2, &tmp[2]);
+   const int split = split_taps(&g);
+   const int64_t calls = split ? g.kd : 1, nk = split ? 1 : g.kd;
+   /* tmp: the taps' input and weight, the residual folded, the final conv2d output (a view of
+      the result in channels_last_3d, else an NCHW tensor), the partial sums of the taps
+      (two, alternating with the final output so that a conv2d's residual is never its
+      output), a 5-D view */
+   lm_tensor *tmp[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+   lm_status st = LM_OK;
+   if (residual) st = fold(residual, g.fmt2, &tmp[2]);
    if (st == LM_OK && g.fmt == LM_CHANNELS_LAST_3D) st = fold_view(o.t, &tmp[3]);
    const int direct = tmp[3] != NULL;     /* the conv2d writes the result in place */
-   if (st == LM_OK)
-      st = lm_conv2d(tmp[0], tmp[1], bias, g.st2, g.pd2, g.dl2, groups, g.fmt2, relu, tmp[2],
-                     &tmp[3]);
-   if (st == LM_OK && !direct) {
-      st = unfold_view(tmp[3], g.N, g.Do, &tmp[4]);
-      if (st == LM_OK) st = lm_copy_(o.t, tmp[4]);
+   const int64_t s4[4] = {g.N * g.Do, g.O, g.Ho, g.Wo};
+   if (st == LM_OK && calls > 1) st = lm_empty(4, s4, x->dtype, g.fmt2, x->device, &tmp[4]);
+   if (st == LM_OK && calls > 2) st = lm_empty(4, s4, x->dtype, g.fmt2, x->device, &tmp[5]);
+   const lm_tensor *prev = tmp[2];        /* the residual of the next conv2d */
+   for (int64_t c = 0; c < calls && st == LM_OK; c++) {
+      st = gather_taps(x, &g, c * nk, nk, &tmp[0]);
+      if (st == LM_OK) st = weight_taps(w, &g, c * nk, nk, &tmp[1]);
+      /* the last call writes the result; the others a partial sum, alternately tmp[4], tmp[5] */
+      lm_tensor **dst = c == calls - 1 ? &tmp[3] : &tmp[4 + (c & 1)];
+      if (st == LM_OK)
+         st = lm_conv2d(tmp[0], tmp[1], c == 0 ? bias : NULL, g.st2, g.pd2, g.dl2, groups, g.fmt2,
+                        c == calls - 1 ? relu : 0, prev, dst);
+      prev = *dst;
+      free_all(tmp, 2);
+      tmp[0] = tmp[1] = NULL;
    }
-   free_all(tmp, 5);
+   if (st == LM_OK && !direct) {
+      st = unfold_view(tmp[3], g.N, g.Do, &tmp[6]);
+      if (st == LM_OK) st = lm_copy_(o.t, tmp[6]);
+   }
+   free_all(tmp, 7);
    return out_close(&o, out, st);
 }
 
@@ -409,68 +465,70 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
    if (st == LM_OK && grad_b)
       st = out_open(&ob, grad_b, 1, bsz, x->dtype, LM_CONTIGUOUS, x->device, "conv3d grad_bias");
    const int empty = x->numel == 0 || grad_out->numel == 0;
-   /* tmp: X2 (or a stand-in with X2's sizes when only grad_x is wanted), W2, grad_out folded,
-      the conv2d's grad_x, grad_w, grad_b, scratch views */
-   lm_tensor *tmp[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
    const int want_x = ox.t && ox.t->numel > 0, want_w = ow.t && ow.t->numel > 0;
    const int want_b = ob.t && ob.t->numel > 0;
+   /* tmp: the taps' input (or a stand-in with its sizes when only grad_x is wanted) and weight,
+      grad_out folded, the conv2d's grad_x, grad_w, grad_b, a 5-D view, the stand-in's element */
+   lm_tensor *tmp[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
    if (st == LM_OK && empty) {
       if (ox.t) st = lm_fill_(ox.t, 0.0);
       if (st == LM_OK && ow.t) st = lm_fill_(ow.t, 0.0);
       if (st == LM_OK && ob.t) st = lm_fill_(ob.t, 0.0);
    } else if (st == LM_OK && (want_x || want_w || want_b)) {
-      if (want_w) {
-         st = pack_input(x, &g, &tmp[0]);
-      } else {
-         /* the conv2d needs X2's sizes only: a broadcast element stands in */
-         const int64_t one = 1, sz[4] = {g.N * g.Do, g.kd * g.C, g.H, g.W}, zs[4] = {0, 0, 0, 0};
-         lm_tensor *e = NULL;
-         st = lm_empty(1, &one, x->dtype, LM_CONTIGUOUS, x->device, &e);
-         if (st == LM_OK) st = lm_as_strided(e, 4, sz, zs, 0, &tmp[0]);
-         if (e) lm_tensor_free(e);
+      const int split = split_taps(&g);
+      const int64_t calls = split ? g.kd : 1, nk = split ? 1 : g.kd;
+      st = fold(grad_out, g.fmt2, &tmp[2]);
+      if (!want_w) {
+         const int64_t one = 1;
+         if (st == LM_OK) st = lm_empty(1, &one, x->dtype, LM_CONTIGUOUS, x->device, &tmp[7]);
       }
-      if (st == LM_OK) st = pack_weight(w, &g, &tmp[1]);
-      if (st == LM_OK) st = fold(grad_out, g.fmt2, &tmp[2]);
-      /* with one depth tap, stride 1 and no depth padding X2 is x's depths one for one: the
-         conv2d writes grad_x through its folded view (in place when that view is dense) */
+      /* one tap of stride 1 without depth padding reads x's depths one for one: the conv2d
+         writes grad_x through its folded view (in place when that view is dense) */
       int x_direct = want_x && g.kd == 1 && g.pd == 0 && g.sd == 1;
-      if (st == LM_OK && x_direct) st = fold_view(ox.t, &tmp[3]);
-      x_direct = x_direct && tmp[3] != NULL;
-      const int w_direct = want_w && g.kd == 1;
-      if (st == LM_OK && w_direct) {
-         const int64_t *s = ow.t->strides;
-         const int64_t sz[4] = {g.O, g.Cg, g.kh, g.kw}, sv[4] = {s[0], s[1], s[3], s[4]};
-         st = lm_as_strided(ow.t, 4, sz, sv, ow.t->offset, &tmp[4]);
-      }
-      if (st == LM_OK && want_b) st = lm_alias(ob.t, &tmp[5]);
-      if (st == LM_OK)
-         st = lm_conv2d_backward(tmp[0], tmp[1], tmp[2], g.st2, g.pd2, g.dl2, groups, g.fmt2,
-                                 want_x ? &tmp[3] : NULL, want_w ? &tmp[4] : NULL,
-                                 want_b ? &tmp[5] : NULL);
-      if (st == LM_OK && want_w && !w_direct) {
-         st = weight_view5(tmp[4], &g, &tmp[6]);
-         if (st == LM_OK) st = lm_copy_(ow.t, tmp[6]);
-         if (tmp[6]) lm_tensor_free(tmp[6]);
-         tmp[6] = NULL;
-      }
-      if (st == LM_OK && want_x && !x_direct) {
-         /* each depth tap's slice of X2's gradient into its input depths; the taps of one
-            input depth add up (zero where no tap reads it) */
-         st = lm_fill_(ox.t, 0.0);
-         for (int64_t kd = 0; kd < g.kd && st == LM_OK; kd++) {
-            int64_t lo, hi;
-            tap_range(&g, kd, &lo, &hi);
-            if (hi <= lo) continue;
-            st = view4_taps(tmp[3], &g, lo, kd, hi - lo, &tmp[6]);
-            if (st == LM_OK)
-               st = view5_taps(ox.t, &g, lo * g.sd - g.pd + kd * g.dd, g.sd, hi - lo, &tmp[7]);
-            if (st == LM_OK) {
-               if (g.kd == 1) st = lm_copy_(tmp[7], tmp[6]);
-               else st = lm_binary(LM_ADD, tmp[7], tmp[6], 1.0, &tmp[7]);
-            }
-            free_all(&tmp[6], 2);
-            tmp[6] = tmp[7] = NULL;
+      /* several taps of one call, or one tap whose depths other taps also read, add up: grad_x
+         starts from zero */
+      if (st == LM_OK && want_x && !x_direct) st = lm_fill_(ox.t, 0.0);
+      for (int64_t c = 0; c < calls && st == LM_OK; c++) {
+         const int64_t k0 = c * nk;
+         if (want_w) {
+            st = gather_taps(x, &g, k0, nk, &tmp[0]);
+         } else {
+            /* the conv2d needs the input's sizes only: a broadcast element stands in */
+            const int64_t sz[4] = {g.N * g.Do, nk * g.C, g.H, g.W}, zs[4] = {0, 0, 0, 0};
+            st = lm_as_strided(tmp[7], 4, sz, zs, 0, &tmp[0]);
          }
+         if (st == LM_OK) st = weight_taps(w, &g, k0, nk, &tmp[1]);
+         if (st == LM_OK && x_direct) {
+            st = fold_view(ox.t, &tmp[3]);
+            if (st == LM_OK && !tmp[3]) {
+               x_direct = 0;
+               st = lm_fill_(ox.t, 0.0);
+            }
+         }
+         /* grad_w of these taps: written through a view of grad_w (the conv2d copies into it
+            when the view is not dense) */
+         if (st == LM_OK && want_w) {
+            if (nk == 1) {
+               const int64_t *s = ow.t->strides;
+               const int64_t sz[4] = {g.O, g.Cg, g.kh, g.kw}, sv[4] = {s[0], s[1], s[3], s[4]};
+               st = lm_as_strided(ow.t, 4, sz, sv, ow.t->offset + k0 * s[2], &tmp[4]);
+            }
+         }
+         const int b_now = want_b && c == 0;
+         if (st == LM_OK && b_now) st = lm_alias(ob.t, &tmp[5]);
+         if (st == LM_OK)
+            st = lm_conv2d_backward(tmp[0], tmp[1], tmp[2], g.st2, g.pd2, g.dl2, groups, g.fmt2,
+                                    want_x ? &tmp[3] : NULL, want_w ? &tmp[4] : NULL,
+                                    b_now ? &tmp[5] : NULL);
+         if (st == LM_OK && want_w && nk > 1) {
+            st = weight_view5(tmp[4], &g, nk, &tmp[6]);
+            if (st == LM_OK) st = lm_copy_(ow.t, tmp[6]);
+         }
+         if (st == LM_OK && want_x && !x_direct)
+            st = scatter_taps(ox.t, tmp[3], &g, k0, nk, 0);
+         free_all(tmp, 2);
+         free_all(&tmp[3], 4);
+         tmp[0] = tmp[1] = tmp[3] = tmp[4] = tmp[5] = tmp[6] = NULL;
       }
    }
    free_all(tmp, 8);
