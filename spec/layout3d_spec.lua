@@ -192,6 +192,22 @@ describe("lm.layout on 5-D and 1-D models", function()
          assert.are.equal("5", r.first_lost)
          assert.are.equal("channels_last", r.first_lost_format)
          assert.truthy(tostring(r):find("first module to lose channels_last: 5", 1, true))
+         -- a temporal mean (5-D -> contiguous 4-D, as PyTorch 2.15's): not channels-last, but a
+         -- rank change, not a loss
+         local TMean = nn.Module:extend("TMean")
+         function TMean:forward(t) return t:mean(3) end
+         local m = lm.to_channels_last(nn.Sequential(nn.BatchNorm3d(8), TMean(),
+                                                     nn.Conv2d(8, 8, 3)))
+         r = L.check(m, x)
+         assert.is_false(r.ok)
+         assert.is_nil(r.first_lost)
+         assert.are.same({ "1" }, r.non_cl)
+         assert.are.equal("contiguous", r.rows[2].output_format)
+         assert.are.equal("channels_last", r.rows[3].output_format)
+         local s2 = tostring(r)
+         assert.truthy(s2:find("1 leaf-module output(s) are 4-D or 5-D and not in their " ..
+                               "channels-last format (first: 1); it changes the rank of a " ..
+                               "channels_last_3d input (not counted as a loss)", 1, true), s2)
       end)
 
       it("shows 1-D models (N x C x L) without judging them", function()

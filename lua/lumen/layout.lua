@@ -73,7 +73,7 @@ end
 -- the channels-last format of a rank (memory_format.md section 1): its C enum value and its name
 local CL_ENUM = { [4] = 1, [5] = 2 }
 local CL_NAME = { [4] = "channels_last", [5] = "channels_last_3d" }
-M.CL_NAME = CL_NAME
+M._CL_NAME = CL_NAME
 
 -- a 3-D N x C x L tensor with the strides of a permuted contiguous N x L x C one (the 1-D
 -- "channels-last" layout, which has no memory-format constant: memory_formats.md, 1-D
@@ -265,9 +265,9 @@ local function row_name(r)
 end
 
 -- how the summary names the formats a report checked: 4-D outputs only (or none) "channels-last",
--- 5-D only "channels_last_3d", both "its channels-last format"
+-- 5-D only "channels_last_3d", both "in their channels-last format"
 local function ranks_phrase(ranks)
-   if ranks[5] and ranks[4] then return "4-D or 5-D", "in its channels-last format" end
+   if ranks[5] and ranks[4] then return "4-D or 5-D", "in their channels-last format" end
    if ranks[5] then return "5-D", "channels_last_3d" end
    return "4-D", "channels-last"
 end
@@ -331,8 +331,10 @@ function Report.__tostring(r)
          ": " .. r.first_lost
    elseif #r.non_cl > 0 then
       local rk, fmt = ranks_phrase(ranks)
-      lines[#lines + 1] = ("%d leaf-module output(s) are %s and not %s (first: %s); " ..
-         "was the model converted (lm.to_channels_last)?"):format(#r.non_cl, rk, fmt, r.non_cl[1])
+      lines[#lines + 1] = ("%d leaf-module output(s) are %s and not %s (first: %s); %s")
+         :format(#r.non_cl, rk, fmt, r.non_cl[1], r.non_cl_rank_change and
+            ("it changes the rank of a " .. r.non_cl_rank_change .. " input (not counted as " ..
+             "a loss)") or "was the model converted (lm.to_channels_last)?")
    elseif ranks[4] and ranks[5] then
       lines[#lines + 1] = "every 4-D module output is channels-last and every 5-D one " ..
          "channels_last_3d"
@@ -637,6 +639,10 @@ function M.check(model, input, opts)
       if CL_NAME[rank] then report.output_ranks[rank] = true end
       if CL_NAME[rank] and not row._out_keeps then
          report.non_cl[#report.non_cl + 1] = row_name(row)
+         if #report.non_cl == 1 and row._in_cl and row._in_cl ~= rank then
+            -- the first one came from a channels-last input of another rank (a temporal mean)
+            report.non_cl_rank_change = CL_NAME[row._in_cl]
+         end
          if row._in_cl == rank then
             row.lost = true
             row.lost_format = CL_NAME[rank]

@@ -252,8 +252,10 @@ function M.html(report)
    elseif #report.non_cl > 0 then
       local rk, fmt = require("lumen.layout")._ranks_phrase(ranks)
       fact("not channels-last", ("%d leaf-module output(s) are %s and not %s " ..
-         "(first: <code>%s</code>); was the model converted (lm.to_channels_last)?")
-         :format(#report.non_cl, rk, fmt, esc(report.non_cl[1])))
+         "(first: <code>%s</code>); %s"):format(#report.non_cl, rk, fmt, esc(report.non_cl[1]),
+         report.non_cl_rank_change and ("it changes the rank of a " ..
+            esc(report.non_cl_rank_change) .. " input (not counted as a loss)") or
+         "was the model converted (lm.to_channels_last)?"))
    end
    if first_op then
       fact("operator that lost it", '<code>' .. esc(first_op.op) .. '</code>' ..
