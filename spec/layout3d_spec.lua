@@ -160,7 +160,7 @@ describe("lm.layout on 5-D and 1-D models", function()
          assert.truthy(s:find("5-D parameter gradients: 1 of 1 NOT channels_last_3d", 1, true), s)
       end)
 
-      it3("checks 4-D and 5-D layers of one model each against its own format", function()
+      it("checks 4-D and 5-D layers of one model each against its own format", function()
          lm.manual_seed(2)
          local function mixed(lossy2d)
             local m = nn.Sequential(nn.BatchNorm3d(8), nn.ReLU(), Scale3d(8, 4, 8, 8), Frame(),

@@ -386,7 +386,6 @@ end
 local CHECK_OPTIONS = { backward = true, loss = true, html = true, trace = true }
 local TRACE_OPTIONS = { raise = true, on_lost = true }
 
-
 -- the tensor results of a forward (first tensor among the results)
 local function first_tensor(res)
    for i = 1, res.n do
