@@ -700,8 +700,8 @@ E("lm.F.conv1d", "lm.F.conv1d(x, w, b, opts) -> Tensor", "1-D convolution of x (
    .. "padding puts the extra one on the right, as PyTorch), dilation = 1, groups = 1}",
    fmt = "an N,L,C-strided input (or weight) runs the channels-last (NHWC) kernels in place; the "
    .. "output's layout follows the weight's as PyTorch's does (N,L,C strides for an "
-   .. "N,k,C-strided weight, else contiguous, whatever the input's layout); the gradients have "
-   .. "the layouts of x and w",
+   .. "N,k,C-strided weight, else contiguous, whatever the input's layout); so do both "
+   .. "gradients, as PyTorch's (x.grad and w.grad then take their leaf's layout)",
    err = "x not 2-D/3-D, w not 3-D, dtypes that differ, channels not divisible by groups, "
    .. "padding='same' with a stride, a kernel larger than the padded input" })
 E("lm.F.max_pool1d", "lm.F.max_pool1d(x, opts) -> Tensor [, indices]", "1-D max pooling of "

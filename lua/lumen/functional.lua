@@ -263,7 +263,8 @@ end
 -- x: N×C×1×L and w: O×C/g×1×k; a channels-last-like x (N×L×C strides) or w runs the NHWC kernels
 -- on the data in place. The output's layout follows
 -- the weight's as PyTorch's does (N×L×C strides for a channels-last-like weight, else
--- contiguous; the input's layout does not matter); the gradients have the layouts of x and w.
+-- contiguous; the input's layout does not matter); so do both gradients (PyTorch's; a leaf's
+-- .grad then takes the leaf's layout).
 local CONV1D_OPTS = option_set("stride", "padding", "dilation", "groups")
 F._OPTIONS.conv1d = CONV1D_OPTS
 function F.conv1d(x, w, b, opts)
@@ -335,7 +336,7 @@ function F.conv1d(x, w, b, opts)
                                     need_x and p1 or nil, need_w and p2 or nil,
                                     need_b and p3 or nil), "conv1d_backward")
          g4:free(); bx:free(); bw:free()
-         local gx = need_x and squeeze_as(wrap(p1[0]), xcl) or nil
+         local gx = need_x and squeeze_as(wrap(p1[0]), wcl) or nil
          local gw = need_w and squeeze_as(wrap(p2[0]), wcl) or nil
          local gb = need_b and wrap(p3[0]) or nil
          return fresh(gx), fresh(gw), fresh(gb)
