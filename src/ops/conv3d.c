@@ -251,13 +251,25 @@ static lm_status gather_taps(const lm_tensor *x, const c3_geom *g, int64_t k0, i
    return LM_OK;
 }
 
+/* the depth tap that reads every input depth exactly once (stride 1, as many output depths as
+   input depths, kd*dd == pd: the centre tap of a "same" temporal kernel), or -1. Its gradient is
+   copied into grad_x first and the other taps' added, which saves zeroing grad_x (the
+   (2+1)-D temporal 3x1x1 backward: one pass of five over grad_x). */
+static int64_t full_tap(const c3_geom *g) {
+   if (g->sd != 1 || g->Do != g->D || g->pd % g->dd != 0 || g->pd / g->dd >= g->kd) return -1;
+   return g->pd / g->dd;
+}
+
 /* grad_x += the gradient gp (N*Do, nk*C, H, W) of the taps k0 .. k0+nk-1 (gather_taps'
-   layout), each tap's slice added into the input depths it read; copied instead of added when
-   `assign` (grad_x zero there, and no other tap of this call reads those depths: nk 1) */
+   layout), each tap's slice added into the input depths it read; tap `assign` (when among them)
+   first and copied instead of added (see full_tap) */
 static lm_status scatter_taps(lm_tensor *gx, const lm_tensor *gp, const c3_geom *g, int64_t k0,
-                              int64_t nk, int assign) {
+                              int64_t nk, int64_t assign) {
    lm_status st = LM_OK;
-   for (int64_t k = 0; k < nk && st == LM_OK; k++) {
+   const int have = assign >= k0 && assign < k0 + nk;
+   for (int64_t i = 0; i < nk && st == LM_OK; i++) {
+      /* the assigned tap first, then the others in order */
+      const int64_t k = !have ? i : i == 0 ? assign - k0 : i <= assign - k0 ? i - 1 : i;
       int64_t lo, hi;
       tap_range(g, k0 + k, &lo, &hi);
       if (hi <= lo) continue;
@@ -265,7 +277,8 @@ static lm_status scatter_taps(lm_tensor *gx, const lm_tensor *gp, const c3_geom 
       st = view4_taps(gp, g, nk, lo, k, hi - lo, &sv);
       if (st == LM_OK)
          st = view5_taps(gx, g, lo * g->sd - g->pd + (k0 + k) * g->dd, g->sd, hi - lo, &dv);
-      if (st == LM_OK) st = assign ? lm_copy_(dv, sv) : lm_binary(LM_ADD, dv, sv, 1.0, &dv);
+      if (st == LM_OK)
+         st = k0 + k == assign ? lm_copy_(dv, sv) : lm_binary(LM_ADD, dv, sv, 1.0, &dv);
       if (sv) lm_tensor_free(sv);
       if (dv) lm_tensor_free(dv);
    }
@@ -434,10 +447,13 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
       /* one tap of stride 1 without depth padding reads x's depths one for one: the conv2d
          writes grad_x through its folded view (in place when that view is dense) */
       int x_direct = want_x && g.kd == 1 && g.pd == 0 && g.sd == 1;
-      /* several taps of one call, or one tap whose depths other taps also read, add up: grad_x
-         starts from zero */
-      if (st == LM_OK && want_x && !x_direct) st = lm_fill_(ox.t, 0.0);
-      for (int64_t c = 0; c < calls && st == LM_OK; c++) {
+      /* the taps' gradients add up in grad_x: it starts from zero, or from the copy of the tap
+         that reads every input depth once (full_tap) */
+      const int64_t kf = want_x && !x_direct ? full_tap(&g) : -1;
+      if (st == LM_OK && want_x && !x_direct && kf < 0) st = lm_fill_(ox.t, 0.0);
+      for (int64_t i = 0; i < calls && st == LM_OK; i++) {
+         /* one call per tap: the tap kf's call first (its gradient is copied, see full_tap) */
+         const int64_t c = calls == 1 || kf < 0 ? i : i == 0 ? kf : i <= kf ? i - 1 : i;
          const int64_t k0 = c * nk;
          if (want_w) {
             st = gather_taps(x, &g, k0, nk, &tmp[0]);
@@ -474,7 +490,7 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
             if (st == LM_OK) st = lm_copy_(ow.t, tmp[6]);
          }
          if (st == LM_OK && want_x && !x_direct)
-            st = scatter_taps(ox.t, tmp[3], &g, k0, nk, 0);
+            st = scatter_taps(ox.t, tmp[3], &g, k0, nk, kf);
          free_all(tmp, 2);
          free_all(&tmp[3], 4);
          tmp[0] = tmp[1] = tmp[3] = tmp[4] = tmp[5] = tmp[6] = NULL;
