@@ -82,4 +82,29 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
                              const int64_t *dilation, int64_t groups, int fmt,
                              lm_tensor **grad_x, lm_tensor **grad_w, lm_tensor **grad_b);
 
+/* ---- 3-D convolution (src/ops/conv3d.c) ----
+ * PyTorch's conv3d: x (N, Cin, D, H, W), w (Cout, Cin/groups, kd, kh, kw), bias NULL or (Cout),
+ * output (N, Cout, Do, Ho, Wo) (each size as conv2d's); stride, padding, dilation are int64
+ * arrays {d, h, w} (NULL: 1 / 0 / 1). Dtypes, devices, out= and the fused epilogue (bias,
+ * residual of the output's shape, relu) as lm_conv2d.
+ * Memory format (`fmt`): LM_CONTIGUOUS (NCDHW) or LM_CHANNELS_LAST_3D (NDHWC); LM_PRESERVE (or
+ * any negative value) means lm_conv3d_memory_format(x, w). Outputs and gradients are allocated
+ * in fmt.
+ * It runs as one lm_conv2d (one lm_conv2d_backward) over the batch N*Do, with the kd depth taps
+ * of the input side by side in the channels (a copy of kd times the input; none for a depth-1
+ * kernel of stride 1 without depth padding on a channels_last_3d input), so the 2-D kernels and
+ * their algorithm choice apply (see above); NCDHW adds one permuting copy of the output. */
+int lm_conv3d_memory_format(const lm_tensor *x, const lm_tensor *w);
+lm_status lm_conv3d_output_size(const int64_t *in_dhw, const int64_t *kernel_dhw,
+                                const int64_t *stride, const int64_t *padding,
+                                const int64_t *dilation, int64_t *out_dhw);
+lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
+                    const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                    int64_t groups, int fmt, int relu, const lm_tensor *residual,
+                    lm_tensor **out);
+lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_tensor *grad_out,
+                             const int64_t *stride, const int64_t *padding,
+                             const int64_t *dilation, int64_t groups, int fmt,
+                             lm_tensor **grad_x, lm_tensor **grad_w, lm_tensor **grad_b);
+
 #endif

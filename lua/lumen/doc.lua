@@ -676,6 +676,18 @@ E("lm.F.adaptive_avg_pool3d", "lm.F.adaptive_avg_pool3d(x, size) -> Tensor", "Av
 E("lm.F.adaptive_max_pool3d", "lm.F.adaptive_max_pool3d(x, size, return_indices) -> values "
    .. "[, indices]", "Max pooling to a fixed output size; with return_indices, 1-based int64 "
    .. "positions (d*H + h)*W + w + 1 within the input volume.", { fmt = FMT_NN3, err = ERR_NN3 })
+E("lm.F.conv3d", "lm.F.conv3d(x, w, b, opts) -> Tensor", "3-D convolution (cross-correlation) "
+   .. "of x (N,C,D,H,W) or unbatched (C,D,H,W) with w (out, C/groups, kD, kH, kW) plus bias b "
+   .. "(out) or nil. Runs as one lm.F.conv2d over the N*Do output depth planes with the kD depth "
+   .. "taps side by side in the channels (src/ops/conv3d.c), so every dtype, device and kernel of "
+   .. "conv2d applies.",
+   { opts = "{stride = 1, padding = 0 (numbers or {d, h, w}; padding also \"valid\" or "
+   .. "\"same\"), dilation = 1, groups = 1, residual = nil, relu = false}: residual and relu fuse "
+   .. "relu(conv + b + residual) into the kernel's epilogue as lm.F.conv2d's",
+   fmt = "channels_last_3d output and gradients when x or w suggests channels_last_3d (PyTorch's "
+   .. "rule; also in float64, where PyTorch's slow path returns contiguous), else contiguous",
+   err = "x not 4-D/5-D, w not 5-D, dtypes that differ, channels not divisible by groups, "
+   .. "padding='same' with a stride, a kernel larger than the padded input" })
 local FMT_1D = "the output keeps the input's layout (contiguous N,C,L, or the N,L,C-strided "
    .. "x = y:permute(1, 3, 2) of a contiguous y), as PyTorch's does; so does the input's gradient"
 local ERR_1D = "input not 2-D/3-D, a non-floating input, bad option values (non-positive "
@@ -796,6 +808,14 @@ E("lm.nn.Conv1d", "lm.nn.Conv1d(in_channels, out_channels, kernel_size, opts)", 
    .. "convolution layer (weight (out, in/groups, k), bias (out); PyTorch's init).",
    { opts = "{stride = 1, padding = 0 (a number, {n}, \"valid\" or \"same\"), dilation = 1, "
    .. "groups = 1, bias = true, dtype = float32}", fmt = "output as lm.F.conv1d",
+   err = "non-positive sizes, channels not divisible by groups, padding='same' with a stride" })
+E("lm.nn.Conv3d", "lm.nn.Conv3d(in_channels, out_channels, kernel_size, opts)", "3-D "
+   .. "convolution layer (weight (out, in/groups, kD, kH, kW), bias (out); PyTorch's init); "
+   .. "forward(x, fuse) takes an optional {residual =, relu =} (see lm.F.conv3d).",
+   { opts = "{stride = 1, padding = 0 (numbers or {d, h, w}; padding also \"valid\" or "
+   .. "\"same\"), dilation = 1, groups = 1, bias = true, dtype = float32}",
+   fmt = "weight contiguous until lm.to_channels_last(m) (channels_last_3d); output as "
+   .. "lm.F.conv3d",
    err = "non-positive sizes, channels not divisible by groups, padding='same' with a stride" })
 E("lm.nn.BatchNorm1d", "lm.nn.BatchNorm1d(num_features, opts)", "Batch norm over 2-D (N,C) or "
    .. "3-D (N,C,L) input; parameters, buffers and options as lm.nn.BatchNorm2d.",
@@ -1317,11 +1337,6 @@ E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a fu
 -- names the API contract fixes for later work that do not exist yet (listed on docs/api.md so
 -- that nobody looks for them); an entry replaces the line once one exists
 M.planned = {
-   "t:to(\"cuda:0\") on a CUDA build (kernels/cuda/)",
-   "lm.F.conv1d, conv3d, max_pool1d, max_pool3d, avg_pool1d, avg_pool3d, adaptive_avg_pool1d, "
-      .. "adaptive_avg_pool3d, adaptive_max_pool3d; lm.nn.Conv1d, Conv3d, BatchNorm1d, "
-      .. "BatchNorm3d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, AdaptiveAvgPool1d, "
-      .. "AdaptiveAvgPool3d",
    "lm.jit.trace, lm.jit.load, lm.jit.freeze; lm.onnx.export",
    "lm.distributed.*, lm.nn.parallel.DistributedDataParallel",
 }

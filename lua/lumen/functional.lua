@@ -813,6 +813,154 @@ end
 
 local function fill3(buf, p) buf[0] = p[1]; buf[1] = p[2]; buf[2] = p[3]; return buf end
 
+---------------------------------------------------------------------------------------------
+-- 3-D convolution
+---------------------------------------------------------------------------------------------
+
+-- conv3d(x, w, b, {stride=, padding=, dilation=, groups=, residual=, relu=}): x (N, C, D, H, W)
+-- or unbatched (C, D, H, W), w (O, C / groups, kD, kH, kW); sizes are numbers or {d, h, w};
+-- padding may be "valid" or "same". The output is channels_last_3d when x or w suggests it
+-- (PyTorch's rule), else contiguous; the gradients follow the output's format as conv2d's do.
+-- lm_conv3d runs it as one conv2d over N*Do images (src/ops/conv3d.c); residual / relu as
+-- conv2d's (fused in the kernel's epilogue when no gradient is wanted).
+function F.conv3d(x, w, b, opts)
+   local fname = "conv3d"
+   if ac_on then
+      x, w, b = ac_low(x), ac_low(w), ac_low(b)
+      local r = type(opts) == "table" and getmetatable(opts) == nil and opts.residual
+      local r2 = r and ac_low(r)
+      if r2 ~= r then opts = opts_with(opts, "residual", r2) end
+   end
+   local xc = tensor_arg(fname, x, "input")
+   local wc = tensor_arg(fname, w, "weight")
+   local bc = opt_tensor(fname, b, "bias")
+   opts = check_opts(fname, opts, CONV_OPTS)
+   if xc.ndim == 4 then                     -- unbatched (C, D, H, W); so is a residual
+      local rc = opt_tensor(fname, opts.residual, "residual")
+      if rc ~= nil then
+         if rc.ndim ~= 4 then
+            err(fname, ("residual must be 4-D (C, D, H, W) like the unbatched input, got size " ..
+                "%s"):format(sizes_str(rc)))
+         end
+         opts = opts_with(opts, "residual", Tensor.unsqueeze(opts.residual, 1))
+      end
+      return Tensor.squeeze(F.conv3d(Tensor.unsqueeze(x, 1), w, b, opts), 1)
+   end
+   if xc.ndim ~= 5 then
+      err(fname, ("expected 4-D (unbatched) or 5-D (batched) input, got %d-D input of size %s")
+          :format(xc.ndim, sizes_str(xc)))
+   end
+   if wc.ndim ~= 5 then
+      err(fname, ("weight must be 5-D (out_channels, in_channels / groups, kD, kH, kW), got " ..
+          "%d-D of size %s"):format(wc.ndim, sizes_str(wc)))
+   end
+   check_float(fname, xc, "input")
+   if wc.dtype ~= xc.dtype then
+      err(fname, ("input (%s) and weight (%s) must have the same dtype"):format(dtype_name(xc),
+          dtype_name(wc)))
+   end
+   local stride = triple(fname, opts.stride, "stride", 1, 1)
+   local dilation = triple(fname, opts.dilation, "dilation", 1, 1)
+   local groups = int_opt(fname, opts.groups, "groups", 1, 1)
+   local k = { tonumber(wc.sizes[2]), tonumber(wc.sizes[3]), tonumber(wc.sizes[4]) }
+   local padding
+   if opts.padding == "valid" then
+      padding = { 0, 0, 0 }
+   elseif opts.padding == "same" then
+      if stride[1] ~= 1 or stride[2] ~= 1 or stride[3] ~= 1 then
+         err(fname, "padding='same' is not supported for strided convolutions")
+      end
+      padding = {}
+      for i = 1, 3 do
+         local t = dilation[i] * (k[i] - 1)
+         if t % 2 ~= 0 then
+            err(fname, "padding='same' needs an even total padding (odd kernel extent)")
+         end
+         padding[i] = t / 2
+      end
+   else
+      padding = triple(fname, opts.padding, "padding", 0, 0)
+   end
+   local cin, cout = tonumber(xc.sizes[1]), tonumber(wc.sizes[0])
+   if cout % groups ~= 0 then
+      err(fname, ("out_channels (%d) must be divisible by groups (%d)"):format(cout, groups))
+   end
+   if cin % groups ~= 0 then
+      err(fname, ("in_channels (%d) must be divisible by groups (%d)"):format(cin, groups))
+   end
+   if tonumber(wc.sizes[1]) * groups ~= cin then
+      err(fname, ("expected input with %d channels (weight of size %s, groups %d), got %d " ..
+          "channels (input of size %s)"):format(tonumber(wc.sizes[1]) * groups, sizes_str(wc),
+          groups, cin, sizes_str(xc)))
+   end
+   if bc ~= nil then
+      if bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= cout then
+         err(fname, ("bias must be 1-D of size %d, got size %s"):format(cout, sizes_str(bc)))
+      end
+      input_dtype(fname, bc, "bias", xc)
+   end
+   for i = 1, 3 do
+      local n, e = tonumber(xc.sizes[i + 1]) + 2 * padding[i], dilation[i] * (k[i] - 1) + 1
+      if e > n then
+         err(fname, ("kernel size (%d x %d x %d) can't be greater than the padded input size " ..
+             "(%d x %d x %d) after dilation"):format(k[1], k[2], k[3],
+             tonumber(xc.sizes[2]) + 2 * padding[1], tonumber(xc.sizes[3]) + 2 * padding[2],
+             tonumber(xc.sizes[4]) + 2 * padding[3]))
+      end
+   end
+   local relu = bool_opt(fname, opts.relu, "relu", false)
+   local residual = opts.residual
+   local resc = opt_tensor(fname, residual, "residual")
+   if resc ~= nil then
+      check(C.lm_conv3d_output_size(xc.sizes + 2, wc.sizes + 2, fill3(sbuf3, stride),
+                                    fill3(pbuf3, padding), fill3(dbuf3, dilation), obuf3), fname)
+      local osz = { tonumber(xc.sizes[0]), cout, tonumber(obuf3[0]), tonumber(obuf3[1]),
+                    tonumber(obuf3[2]) }
+      local same = resc.ndim == 5
+      for d = 1, 5 do same = same and tonumber(resc.sizes[d - 1]) == osz[d] end
+      if not same then
+         err(fname, ("residual of size %s does not match the output size (%s)")
+             :format(sizes_str(resc), table.concat(osz, ", ")))
+      end
+      input_dtype(fname, resc, "residual", xc)
+   end
+   if relu or resc ~= nil then
+      local rec = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b) or
+                                           (resc ~= nil and needs(residual)))
+      if rec then
+         local y = F.conv3d(x, w, b, opts_with(opts, "residual", nil, "relu", nil))
+         if residual ~= nil then y = Tensor.add(y, residual) end
+         if relu then y = Tensor.relu(y) end
+         return y
+      end
+   end
+   local fmt = C.lm_conv3d_memory_format(xc, wc)
+   outp[0] = nil
+   check(C.lm_conv3d(xc, wc, bc, fill3(sbuf3, stride), fill3(pbuf3, padding),
+                     fill3(dbuf3, dilation), groups, fmt, relu and 1 or 0, resc, outp), fname)
+   local out = wrap(outp[0])
+   if relu or resc ~= nil then return out end     -- no gradient wanted (checked above)
+   if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
+      local need_x, need_w, need_b = needs(x), needs(w), needs(b)
+      record(out, "ConvolutionBackward", function(g)
+         local gc = g._c
+         local gfmt = fmt
+         if gfmt == 0 and suggest(gc) == 2 then gfmt = 2 end
+         p1[0], p2[0], p3[0] = nil, nil, nil
+         check(C.lm_conv3d_backward(x._c, w._c, gc, fill3(sbuf3, stride), fill3(pbuf3, padding),
+                                    fill3(dbuf3, dilation), groups, gfmt,
+                                    need_x and p1 or nil, need_w and p2 or nil,
+                                    need_b and p3 or nil), "conv3d_backward")
+         local gx = need_x and wrap(p1[0]) or nil
+         local gw = need_w and wrap(p2[0]) or nil
+         local gb = need_b and wrap(p3[0]) or nil
+         return fresh(gx), fresh(gw), fresh(gb)
+      end, x, w, b or false)
+   end
+   return out
+end
+F._OPTIONS.conv3d = CONV_OPTS
+
 -- max_pool3d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=})
 -- -> out[, indices (int64, 1-based flat positions (d*H + h)*W + w + 1 in the input volume)]
 function F.max_pool3d(x, opts)

@@ -258,6 +258,101 @@ function Conv1d:extra_repr()
 end
 
 ---------------------------------------------------------------------------------------------
+-- Conv3d
+---------------------------------------------------------------------------------------------
+
+local Conv3d = Module:extend("Conv3d")
+M.Conv3d = Conv3d
+
+-- number or {d, h, w} (a one-element table repeats) -> {d, h, w}, nil when neither
+local function triple(v)
+   if type(v) == "number" then return { v, v, v } end
+   if T.is_sizes(v) and #v == 1 then return { v[1], v[1], v[1] } end
+   if T.is_sizes(v) and #v == 3 then return { v[1], v[2], v[3] } end
+   return nil
+end
+
+local function triple_arg(fname, v, what, min)
+   local t = triple(v)
+   if t == nil then
+      fail(fname, ("%s must be a number or {d, h, w}, got %s"):format(what, tostring(v)))
+   end
+   for i = 1, 3 do int_arg(fname, t[i], what, min) end
+   return t
+end
+
+local function conv3_str(p) return ("(%d, %d, %d)"):format(p[1], p[2], p[3]) end
+
+-- Conv3d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1,
+--        bias=true, dtype=float32}); sizes are numbers or {d, h, w}; padding may also be
+-- "valid" or "same"
+function Conv3d:__init(in_channels, out_channels, kernel_size, opts)
+   local fname = "Conv3d"
+   opts = opts_arg(fname, opts, CONV_OPTS)
+   int_arg(fname, in_channels, "in_channels", 1)
+   int_arg(fname, out_channels, "out_channels", 1)
+   local groups = int_arg(fname, opts.groups or 1, "groups", 1)
+   if in_channels % groups ~= 0 then fail(fname, "in_channels must be divisible by groups") end
+   if out_channels % groups ~= 0 then fail(fname, "out_channels must be divisible by groups") end
+   local k = triple_arg(fname, kernel_size, "kernel_size", 1)
+   local padding = opts.padding or 0
+   if padding ~= "same" and padding ~= "valid" then
+      padding = triple_arg(fname, padding, "padding", 0)
+   end
+   if opts.padding_mode ~= nil and opts.padding_mode ~= "zeros" then
+      fail(fname, "padding_mode '" .. tostring(opts.padding_mode) .. "' is not supported " ..
+           "(only 'zeros')")
+   end
+   self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+   self.stride = triple_arg(fname, opts.stride or 1, "stride", 1)
+   self.padding = padding
+   self.dilation = triple_arg(fname, opts.dilation or 1, "dilation", 1)
+   self.groups = groups
+   if padding == "same" then
+      for i = 1, 3 do
+         if self.stride[i] ~= 1 then
+            fail(fname, "padding='same' is not supported for strided convolutions")
+         end
+      end
+   end
+   local fk = param_opts(fname, opts)
+   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2], k[3] }, fk)
+   self:register_parameter("weight", w)
+   if opts.bias == nil or opts.bias then
+      self:register_parameter("bias", creation.empty({ out_channels }, fk))
+   else
+      self:register_parameter("bias", nil)
+   end
+   self:reset_parameters()
+end
+
+Conv3d.reset_parameters = Conv2d.reset_parameters       -- PyTorch's _ConvNd init
+
+-- forward(x [, {residual = t, relu = true}]): as Conv2d:forward (F.conv3d's fused epilogue)
+function Conv3d:forward(x, fuse)
+   if fuse ~= nil and not plain_table(fuse) then
+      fail("Conv3d", "the second argument must be a table {residual =, relu =}, got " ..
+           T.typename(fuse))
+   end
+   return F.conv3d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
+                   dilation = self.dilation, groups = self.groups,
+                   residual = fuse and fuse.residual, relu = fuse and fuse.relu })
+end
+
+function Conv3d:extra_repr()
+   local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
+      conv3_str(self.kernel_size), conv3_str(self.stride))
+   local p = self.padding
+   if type(p) == "string" then s = s .. ", padding=" .. p
+   elseif p[1] ~= 0 or p[2] ~= 0 or p[3] ~= 0 then s = s .. ", padding=" .. conv3_str(p) end
+   local d = self.dilation
+   if d[1] ~= 1 or d[2] ~= 1 or d[3] ~= 1 then s = s .. ", dilation=" .. conv3_str(d) end
+   if self.groups ~= 1 then s = s .. ", groups=" .. self.groups end
+   if self.bias == nil then s = s .. ", bias=False" end
+   return s
+end
+
+---------------------------------------------------------------------------------------------
 -- BatchNorm2d
 ---------------------------------------------------------------------------------------------
 
