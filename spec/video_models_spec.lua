@@ -4,9 +4,10 @@
 -- against PyTorch on formula weights (spec/fixtures/models/video.lua, gen_video.py: every
 -- parameter and buffer is a closed formula of its state_dict index, evaluated here bit for bit
 -- as the generator does, so the 130 MB of weights are never stored), in NCDHW and after
--- lm.to_channels_last (channels_last_3d), evaluation and training mode; a channels_last_3d SGD
--- step whose weight gradients are channels_last_3d; batch-norm folding (nn.fold_batch_norm) against
--- the evaluation-mode model; option errors.
+-- lm.to_channels_last (channels_last_3d), evaluation and training mode, float32 and (the
+-- gradients) float64; a channels_last_3d SGD step whose weight gradients are channels_last_3d;
+-- lm.layout.check; batch-norm folding (nn.fold_batch_norm) against the evaluation-mode model;
+-- initialisation; option errors.
 
 local H = require("spec.helpers")
 local lm = H.lm
@@ -74,14 +75,15 @@ local function formula_value(key, sizes, p)
    return formula(n, p, map):view(sizes)
 end
 
--- every float32 entry of the model's state_dict from the formula (in place: the tensors keep
--- their memory format); num_batches_tracked back to 0
+-- every floating-point entry of the model's state_dict from the formula (float32 values, also in
+-- a float64 model, as gen_video.py converts its float32 model; in place: the tensors keep their
+-- memory format); num_batches_tracked back to 0
 local function set_formula(model)
    lm.no_grad(function()
       for p, kv in ipairs(model:state_entries()) do
          local key, t = kv[1], kv[2]
-         if t:dtype() == lm.float32 then
-            t:copy_(formula_value(key, t:size(), p - 1))
+         if t:is_floating_point() then
+            t:copy_(formula_value(key, t:size(), p - 1))       -- float32 values, as PyTorch's
          else
             t:zero_()
          end
@@ -115,29 +117,52 @@ local function check_stats(name, model, tag)
    end
 end
 
--- gradients after cross_entropy(train logits):backward(), against PyTorch's: the norm within
--- 1e-3 relative, six elements within 1e-2 of the largest element (float32 alone moves
--- r2plus1d_18's stem gradient by 0.4 % of its largest element: gen_video.py)
-local function check_grads(name, model, tag)
+-- gradients after cross_entropy(train logits):backward(), against PyTorch's float64 ones (norm,
+-- largest element and six elements: gen_video.py).
+-- float32 (f64 = false): fc's and the last convolution's, within 1e-4 (of the norm, of the
+-- largest element) plus 10 times what float32 costs PyTorch itself there (f32_norm, f32_dev).
+-- Not the stem's: a gradient that deep crosses every ReLU, and float32 rounding flips the odd
+-- pre-activation that is within ~1e-6 of zero (mc3_18 in channels_last_3d has one in
+-- layer3.1.conv1, |x| = 2.5e-6, which moves the stem's gradient by 1 % of its largest element;
+-- r2plus1d_18's stem gradient moves by 0.2 % in PyTorch's own float32). That is float32, not an
+-- error: the float64 run checks every gradient, the stem's included.
+-- float64 (f64 = true): every recorded gradient within 1e-9 relative (they agree to ~1e-12).
+local function check_grads(name, model, tag, f64)
    local params = {}
    for _, np in ipairs(model:named_parameters()) do params[np[1]] = np[2] end
    for key, ref in pairs(FX[name].grads) do
-      local g = params[key].grad
-      assert.is_not_nil(g, key)
-      local gd = g:contiguous():double():view({ -1 })
-      local norm = math.sqrt((gd * gd):sum():item())
-      assert.is_true(math.abs(norm - ref.norm) <= 1e-3 * ref.norm,
-                     ("%s %s %s: gradient norm %.9g, PyTorch %.9g"):format(name, tag, key, norm,
-                                                                        ref.norm))
-      local got = gd:narrow(1, ref.at + 1, #ref.values)
-      local e = (got - lm.tensor(ref.values, { dtype = lm.float64 })):abs():max():item()
-      assert.is_true(e <= 1e-2 * ref.amax, ("%s %s %s: gradient elements off by %g (largest %g)")
-                     :format(name, tag, key, e, ref.amax))
+      if f64 or not key:match("^stem") then
+         local g = params[key].grad
+         assert.is_not_nil(g, key)
+         local gd = g:contiguous():double():view({ -1 })
+         local norm = math.sqrt((gd * gd):sum():item())
+         local en = math.abs(norm - ref.norm)
+         local got = gd:narrow(1, ref.at + 1, #ref.values)
+         local ev = (got - lm.tensor(ref.values, { dtype = lm.float64 })):abs():max():item()
+         if os.getenv("VIDEO_SPEC_VERBOSE") then
+            print(("%s %s %s: norm off by %.3g (PyTorch float32 %.3g), elements by %.3g (%.3g)")
+                  :format(name, tag, key, en, ref.f32_norm, ev, ref.f32_dev))
+         end
+         local tn = f64 and 1e-9 * ref.norm or 1e-4 * ref.norm + 10 * ref.f32_norm
+         local tv = f64 and 1e-9 * ref.amax or 1e-4 * ref.amax + 10 * ref.f32_dev
+         assert.is_true(en <= tn, ("%s %s %s: gradient norm %.12g, PyTorch %.12g")
+                        :format(name, tag, key, norm, ref.norm))
+         assert.is_true(ev <= tv, ("%s %s %s: gradient elements off by %g (largest %g)")
+                        :format(name, tag, key, ev, ref.amax))
+      end
    end
 end
 
 describe("lm.models video ResNets", function()
    after_each(function() collectgarbage() end)
+
+   -- one model of each kind, built once and used by the tests below in their order (building
+   -- one draws its ~30 M initial weights at random, the slowest part of some tests)
+   local built = {}
+   local function model(name)
+      built[name] = built[name] or lm.models[name]()
+      return built[name]
+   end
 
    it("has the three constructors", function()
       for _, name in ipairs(NAMES) do assert.is_function(lm.models[name], name) end
@@ -145,9 +170,9 @@ describe("lm.models video ResNets", function()
 
    for _, name in ipairs(NAMES) do
       it(name .. ": torchvision's keys, shapes, dtypes and parameter counts", function()
-         local model = lm.models[name]()
+         local m = model(name)
          local fx = TV[name]
-         local entries = model:state_entries()
+         local entries = m:state_entries()
          assert.are.equal(#fx.keys, #entries, name .. ": number of state_dict keys")
          for i, k in ipairs(fx.keys) do
             local key, t = entries[i][1], entries[i][2]
@@ -158,34 +183,43 @@ describe("lm.models video ResNets", function()
             H.assert_sizes(t, sizes, name .. ": " .. key)
          end
          local np, nb = 0, 0
-         for _, p in ipairs(model:parameters()) do np = np + p:numel() end
-         for _, b in ipairs(model:buffers()) do nb = nb + b:numel() end
+         for _, p in ipairs(m:parameters()) do np = np + p:numel() end
+         for _, b in ipairs(m:buffers()) do nb = nb + b:numel() end
          assert.are.equal(fx.params, np, name .. ": parameter elements")
          assert.are.equal(fx.buffers, nb, name .. ": buffer elements")
-         assert.are.equal(fx.nparams, #model:parameters(), name .. ": parameter tensors")
+         assert.are.equal(fx.nparams, #m:parameters(), name .. ": parameter tensors")
       end)
    end
 
    it("initialises like torchvision (kaiming fan_out convs, BN 1 and 0, fc normal(0, 0.01))",
       function()
-      lm.manual_seed(0)
-      local m = lm.models.r3d_18()
+      local m = model("r3d_18")
       assert.are.equal(64, m.stem[2].weight:sum():item())
       assert.are.equal(0, m.stem[2].bias:abs():sum():item())
+      assert.are.equal(0, m.stem[2].running_mean:abs():sum():item())
+      assert.are.equal(64, m.stem[2].running_var:sum():item())
       local w = m.stem[1].weight                    -- 64 x 3 x 3 x 7 x 7: fan_out 64 * 147
       local std = math.sqrt(((w * w):mean()):item())
       assert.is_true(math.abs(std - math.sqrt(2 / (64 * 147))) < 0.002, tostring(std))
+      w = m.layer4[2].conv2[1].weight               -- fan_out 512 * 27
+      std = math.sqrt(((w * w):mean()):item())
+      assert.is_true(math.abs(std - math.sqrt(2 / (512 * 27))) < 0.001, tostring(std))
       local fw = m.fc.weight
       assert.is_true(math.abs(math.sqrt(((fw * fw):mean()):item()) - 0.01) < 0.001)
       assert.are.equal(0, m.fc.bias:abs():sum():item())
-      local r = lm.models.r2plus1d_18()
+      local r = model("r2plus1d_18")
       assert.are.equal(45, r.stem[2].weight:sum():item())
-      assert.are.equal(230, r.layer2[1].conv1[1][2].num_features)     -- torchvision's midplanes
+      -- torchvision's midplanes: (in * out * 27) // (in * 9 + 3 * out), once per block (from
+      -- the block's inplanes and planes: conv2 has conv1's)
+      assert.are.equal(144, r.layer1[1].conv1[1][2].num_features)
+      assert.are.equal(230, r.layer2[1].conv1[1][2].num_features)
+      assert.are.equal(230, r.layer2[1].conv2[1][2].num_features)
+      assert.are.equal(288, r.layer2[2].conv1[1][2].num_features)
+      assert.are.equal(1152, r.layer4[2].conv2[1][2].num_features)
    end)
 
    it("num_classes changes the classifier; bad options are errors", function()
       for _, name in ipairs(NAMES) do
-         H.assert_sizes(lm.models[name]({ num_classes = 7 }).fc.weight, { 7, 512 })
          for _, bad in ipairs({ 0, 1.5, "x" }) do
             H.assert_error_like("models." .. name, "num_classes", lm.models[name],
                                 { num_classes = bad })
@@ -196,16 +230,19 @@ describe("lm.models video ResNets", function()
          H.assert_error_like("models." .. name, "zero_init_residual", lm.models[name],
                              { zero_init_residual = 1 })
       end
-      -- accepted as torchvision accepts it (it touches only Bottleneck blocks: none here)
-      local z = lm.models.r3d_18({ num_classes = 3, zero_init_residual = true })
-      assert.are.equal(128, z.layer2[1].conv2[2].weight:sum():item())
+      -- zero_init_residual is accepted as torchvision accepts it (it touches only Bottleneck
+      -- blocks: none here)
+      local m = lm.models.mc3_18({ num_classes = 7, zero_init_residual = true })
+      H.assert_sizes(m.fc.weight, { 7, 512 })
+      H.assert_sizes(m.fc.bias, { 7 })
+      assert.are.equal(128, m.layer2[1].conv2[2].weight:sum():item())
    end)
 
    -- F.conv3d and the 3-D pools have no CUDA kernels: the forwards run on the CPU and sim:N
    for _, name in ipairs(on_cuda and {} or NAMES) do
       it(name .. ": PyTorch's logits, statistics and gradients, NCDHW then channels_last_3d, " ..
          "and a channels_last_3d SGD step", function()
-         local m = lm.models[name]()
+         local m = model(name)
          local x = formula_input()
          for _, fmt in ipairs({ lm.contiguous_format, CL3 }) do
             local tag = tostring(fmt)
@@ -251,13 +288,35 @@ describe("lm.models video ResNets", function()
          local y = lm.no_grad(function() return m(x) end)
          local amax = y:abs():max():item()
          assert.is_true(amax == amax and amax < math.huge, "logits after the step: " .. amax)
+         -- lm.layout.check: every layer keeps channels_last_3d, forward and backward (main's
+         -- layout.lua at the time of writing judged 4-D modules only, so this passed trivially
+         -- there; h-layout's 5-D version fails a module that drops channels_last_3d and passes
+         -- the three models)
+         m:train()
+         local r = lm.layout.check(m, x, { backward = true })
+         assert.is_true(r.ok, tostring(r))
       end)
-   end
 
-   for _, name in ipairs(on_cuda and {} or NAMES) do
+      it(name .. ": float64 channels_last_3d gradients == PyTorch's float64 (1e-9)", function()
+         local m = model(name):double()
+         set_formula(m)
+         lm.to_channels_last(m)
+         m:train()
+         local t = m(formula_input():double():to(CL3))
+         H.assert_dtype(t, lm.float64)
+         F.cross_entropy(t, target()):backward()
+         check_grads(name, m, "float64 channels_last_3d", true)
+         for _, np in ipairs(m:named_parameters()) do
+            if np[2]:dim() == 5 then
+               assert.is_true(np[2].grad:is_contiguous(CL3), np[1] .. ".grad")
+            end
+         end
+      end)
+
       it(name .. ": folded (every BatchNorm3d) == evaluation mode, channels_last_3d kept",
          function()
-         local m = lm.models[name]({ num_classes = 10 })
+         local m = model(name):float()
+         built[name] = nil                          -- folding is the model's last use
          set_formula(m)
          m:eval()
          lm.to_channels_last(m)
@@ -284,6 +343,7 @@ describe("lm.models video ResNets", function()
                assert.is_true(mm.folded, ty)
             end
             if ty == "BasicBlock" then mm.relu = Boom() end
+            if ty == "BasicStem" or ty == "R2Plus1dStem" then mm:add_module("2", Boom()) end
          end
          local y2 = lm.no_grad(function() return m(x) end)
          assert.is_true(rel_err(y2, ref) < 1e-4)
