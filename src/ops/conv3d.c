@@ -22,6 +22,7 @@
  */
 #include "common.h"
 #include "../conv.h"
+#include "conv.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,60 +77,8 @@ int lm_conv3d_memory_format(const lm_tensor *x, const lm_tensor *w) {
 static lm_status c3_check(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                           int64_t groups, int fmt, c3_geom *g) {
-   char s1[160], s2[160];
-   LM_CHECK_TENSOR(x, "input");
-   LM_CHECK_TENSOR(w, "weight");
-   LM_TRY(lm_check_same_device(x, w, "conv3d weight"));
-   if (bias) LM_TRY(lm_check_same_device(x, bias, "conv3d bias"));
-   LM_TRY(check_float(x, "conv3d input"));
-   if (w->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "input type (%s) and weight type (%s) should be the same",
-                      lm_dtype_name(x->dtype), lm_dtype_name(w->dtype));
-   if (bias && bias->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "input type (%s) and bias type (%s) should be the same",
-                      lm_dtype_name(x->dtype), lm_dtype_name(bias->dtype));
-   if (w->ndim != 5) {
-      fmt_sizes(s1, sizeof s1, w);
-      return lm_error(LM_ERR_SHAPE,
-                      "expected a 5-D weight (out_channels, in_channels/groups, kD, kH, kW), got "
-                      "%d-D weight of size %s", w->ndim, s1);
-   }
-   if (x->ndim != 5) {
-      fmt_sizes(s1, sizeof s1, w);
-      fmt_sizes(s2, sizeof s2, x);
-      return lm_error(LM_ERR_SHAPE,
-                      "expected 5-D input (N, C, D, H, W) for 5-D weight %s, but got %d-D input "
-                      "of size %s", s1, x->ndim, s2);
-   }
-   if (groups <= 0) return lm_error(LM_ERR_ARG, "non-positive groups is not supported");
+   LM_TRY(lm_conv_check_args(x, w, bias, groups, 3));
    const int64_t O = w->sizes[0], C = x->sizes[1];
-   if (O % groups != 0) {
-      fmt_sizes(s1, sizeof s1, w);
-      return lm_error(LM_ERR_SHAPE,
-                      "Given groups=%lld, expected weight to be divisible by %lld at dimension 0, "
-                      "but got weight of size %s instead",
-                      (long long)groups, (long long)groups, s1);
-   }
-   if (C != w->sizes[1] * groups) {
-      fmt_sizes(s1, sizeof s1, w);
-      fmt_sizes(s2, sizeof s2, x);
-      return lm_error(LM_ERR_SHAPE,
-                      "Given groups=%lld, weight of size %s, expected input%s to have %lld "
-                      "channels, but got %lld channels instead",
-                      (long long)groups, s1, s2, (long long)(w->sizes[1] * groups), (long long)C);
-   }
-   if (w->sizes[2] <= 0 || w->sizes[3] <= 0 || w->sizes[4] <= 0) {
-      fmt_sizes(s1, sizeof s1, w);
-      return lm_error(LM_ERR_SHAPE, "weight of size %s has an empty kernel", s1);
-   }
-   if (bias && (bias->ndim != 1 || bias->sizes[0] != O)) {
-      fmt_sizes(s1, sizeof s1, w);
-      fmt_sizes(s2, sizeof s2, bias);
-      return lm_error(LM_ERR_SHAPE,
-                      "Given weight of size %s, expected bias to be 1-dimensional with %lld "
-                      "elements, but got bias of size %s instead",
-                      s1, (long long)O, s2);
-   }
    int64_t o3[3];
    LM_TRY(lm_conv3d_output_size(&x->sizes[2], &w->sizes[2], stride, padding, dilation, o3));
    if (fmt < 0 || fmt == LM_PRESERVE) fmt = lm_conv3d_memory_format(x, w);
