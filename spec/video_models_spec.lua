@@ -288,10 +288,8 @@ describe("lm.models video ResNets", function()
          local y = lm.no_grad(function() return m(x) end)
          local amax = y:abs():max():item()
          assert.is_true(amax == amax and amax < math.huge, "logits after the step: " .. amax)
-         -- lm.layout.check: every layer keeps channels_last_3d, forward and backward (main's
-         -- layout.lua at the time of writing judged 4-D modules only, so this passed trivially
-         -- there; h-layout's 5-D version fails a module that drops channels_last_3d and passes
-         -- the three models)
+         -- lm.layout.check: every layer keeps channels_last_3d, forward and backward, and the
+         -- 5-D parameter gradients are channels_last_3d
          m:train()
          local r = lm.layout.check(m, x, { backward = true })
          assert.is_true(r.ok, tostring(r))
