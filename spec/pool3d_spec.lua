@@ -5,7 +5,9 @@
 -- dilation, divisor_override, unbatched input; output and gradient layouts (issue 19's rule: a
 -- channels_last_3d input gives channels_last_3d results for every op, where PyTorch 2.15 gives
 -- contiguous for avg_pool3d and the adaptive pools); float64 gradchecks; every ISA path;
--- float16 / bfloat16; bad input.
+-- float16 / bfloat16; bad input. Under LUMEN_TEST_DEVICE=cuda:0 (make test-cuda-emu, a GPU) the
+-- same checks run on the CUDA kernels (kernels/cuda/pool3d.cu; spec/cuda_pool3d_spec.lua compares
+-- them with the CPU's).
 
 local H = require("spec.helpers")
 local G = require("spec.gradcheck")
@@ -16,8 +18,6 @@ local F = lm.F
 local CL3, CONTIG = lm.channels_last_3d, lm.contiguous_format
 local DTYPES = { { lm.float64, 1e-7 }, { lm.float32, 2e-5 } }
 local close = G.close
-
-local on_cuda = lm.get_default_device():match("^cuda") ~= nil
 
 -- a fixture tensor in dtype and format (5-D only), a fresh leaf
 local function fx(d, dtype, fmt, rg)
@@ -58,22 +58,6 @@ local RUN = {
    adaptive_max_pool3d = function(x, c) return F.adaptive_max_pool3d(x, c.size, true) end,
 }
 local OPS = { "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d" }
-
-if on_cuda then
-   describe("3-D pools on a cuda device", function()
-      it("are not supported there yet", function()
-         local x = lm.randn({ 1, 2, 3, 4, 4 })
-         for _, f in ipairs({ function() return F.max_pool3d(x, 2) end,
-                              function() return F.avg_pool3d(x, 2) end,
-                              function() return F.adaptive_avg_pool3d(x, 1) end,
-                              function() return F.adaptive_max_pool3d(x, 1) end }) do
-            local ok, msg = pcall(f)
-            assert(not ok and tostring(msg):find("not supported on cuda", 1, true), tostring(msg))
-         end
-      end)
-   end)
-   return
-end
 
 describe("3-D pools against PyTorch", function()
    local P = G.fixture("pool3d")
@@ -147,7 +131,6 @@ describe("3-D pools against PyTorch", function()
    end)
 end)
 
-if not on_cuda then
 describe("3-D pools", function()
    after_each(function() C.lm_gemm_set_isa(0) end)
 
@@ -281,6 +264,43 @@ describe("3-D pools", function()
       end
    end)
 
+   it("lm_max_pool3d_backward_geom (autograd's): lm_max_pool3d_backward's gradient, its errors",
+      function()
+      local ffi = require("ffi")
+      local wrap = require("lumen.tensor").wrap
+      local pa, pb = ffi.new("lm_tensor*[1]"), ffi.new("lm_tensor*[1]")
+      local function i3(a) return ffi.new("int64_t[3]", a[1], a[2], a[3]) end
+      local function ok(st) assert(st == 0, ffi.string(C.lm_last_error())) end
+      local K, S, P, D = i3({ 3, 2, 3 }), i3({ 2, 1, 2 }), i3({ 1, 1, 0 }), i3({ 1, 2, 1 })
+      for _, fmt in ipairs({ CONTIG, CL3 }) do
+         local x = ((lm.randn({ 2, 3, 5, 6, 8 }) * 2):round() / 2):contiguous(fmt)
+         pa[0], pb[0] = nil, nil
+         ok(C.lm_max_pool3d(x._c, K, S, P, D, 1, pa, pb))
+         local out, ind = wrap(pa[0]), wrap(pb[0])
+         local g = lm.randn(out:size()):contiguous(fmt)
+         pa[0] = nil
+         ok(C.lm_max_pool3d_backward(g._c, x._c, ind._c, pa))
+         local ref = wrap(pa[0])
+         pa[0] = nil
+         ok(C.lm_max_pool3d_backward_geom(g._c, x._c, ind._c, K, S, P, D, 1, pa))
+         local got = wrap(pa[0])
+         assert(lm.equal(got, ref), "same gradient")
+         H.assert_strides(got, ref:stride(), "same strides")
+         -- the geometry must give grad_output's shape (ceil_mode 0: one output fewer here)
+         pa[0] = nil
+         local st = C.lm_max_pool3d_backward_geom(g._c, x._c, ind._c, K, S, P, D, 0, pa)
+         assert(st ~= 0 and ffi.string(C.lm_last_error()):find("expected grad_output of shape",
+                                                             1, true),
+                ffi.string(C.lm_last_error()))
+         local bad = ind:clone()
+         bad:select(1, 1):select(1, 1):select(1, 1):select(1, 1):select(1, 1):fill_(5 * 6 * 8)
+         pa[0] = nil
+         st = C.lm_max_pool3d_backward_geom(g._c, x._c, bad._c, K, S, P, D, 1, pa)
+         assert(st ~= 0 and ffi.string(C.lm_last_error()):find("out of range", 1, true),
+                ffi.string(C.lm_last_error()))
+      end
+   end)
+
    it("takes unbatched C x D x H x W input and an empty batch", function()
       local x = lm.randn({ 3, 4, 5, 6 })
       local y = F.max_pool3d(x, 2)
@@ -360,4 +380,3 @@ describe("3-D pooling modules", function()
       H.assert_error_like("AdaptiveAvgPool3d", "output_size", nn.AdaptiveAvgPool3d)
    end)
 end)
-end

@@ -101,6 +101,15 @@ lm_status lm_max_pool3d(const lm_tensor *x, const int64_t *kernel, const int64_t
                         lm_tensor **out, lm_tensor **indices);
 lm_status lm_max_pool3d_backward(const lm_tensor *grad_out, const lm_tensor *x,
                                  const lm_tensor *indices, lm_tensor **grad_x);
+/* The same gradient, given the forward's geometry (kernel .. ceil_mode as lm_max_pool3d; grad_out
+   and indices must have its output shape): the result is lm_max_pool3d_backward's bit for bit
+   (any index inside the volume is taken, one outside is LM_ERR_ARG "out of range"); a device may
+   use the geometry to gather instead of scattering (the CUDA kernels do). */
+lm_status lm_max_pool3d_backward_geom(const lm_tensor *grad_out, const lm_tensor *x,
+                                      const lm_tensor *indices, const int64_t *kernel,
+                                      const int64_t *stride, const int64_t *padding,
+                                      const int64_t *dilation, int ceil_mode,
+                                      lm_tensor **grad_x);
 lm_status lm_avg_pool3d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
                         const int64_t *padding, int ceil_mode, int count_include_pad,
                         const int64_t *divisor_override, lm_tensor **out);

@@ -16,7 +16,7 @@
 #           Lua modules, and libjpeg/libpng/zlib headers and libraries for building liblumen.so
 #   build   make CUDA=1 with NVCC_GENCODE sm_90 (machine code for the H200, no PTX JIT at start);
 #           when it fails, once more without -Werror (the step stays FAIL, the others go on)
-#   smoke   lm.cuda.is_available(), copies, elementwise, matmul, conv/pool/batch norm on cuda:0
+#   smoke   lm.cuda.is_available(), copies, elementwise, matmul, conv/pool (2-D, 3-D)/batch norm on cuda:0
 #           against the CPU (a broken build shows here first)
 #   bench   ResNet50 img/s, bf16 autocast, train and infer, NHWC and NCHW, batch 64 and 256:
 #           lumen (bench/cuda_models.lua, one process per row) then PyTorch on the same GPU
@@ -369,6 +369,31 @@ end)
 check("adaptive_avg_pool2d nhwc", 1e-5, function()
    local xc = x:contiguous(lm.channels_last)
    return rel(F.adaptive_avg_pool2d(xc:to(D), { 1, 1 }), F.adaptive_avg_pool2d(xc, { 1, 1 }))
+end)
+check("max_pool3d 3x3x3 s2 ndhwc, indices, backward", 0, function()
+   local v = lm.randn({ 2, 8, 6, 10, 10 }):contiguous(lm.channels_last_3d)
+   local o = { kernel_size = 3, stride = 2, padding = 1, return_indices = true }
+   local yd, id = F.max_pool3d(v:to(D), o)
+   local yc, ic = F.max_pool3d(v, o)
+   assert(yd:is_contiguous(lm.channels_last_3d), "output not channels_last_3d")
+   local function grad(dev)
+      local xi = v:to(dev):requires_grad_(true)
+      F.max_pool3d(xi, { kernel_size = 3, stride = 2, padding = 1 }):sum():backward()
+      return xi.grad
+   end
+   return math.max(rel(yd, yc), rel(id, ic), rel(grad(D), grad("cpu")))
+end)
+check("adaptive_avg_pool3d 1x1x1 ndhwc (video head), backward", 1e-5, function()
+   local v = lm.randn({ 2, 64, 2, 7, 7 }):contiguous(lm.channels_last_3d)
+   local function run(dev)
+      local xi = v:to(dev):requires_grad_(true)
+      local y = F.adaptive_avg_pool3d(xi, 1)
+      y:sum():backward()
+      return y, xi.grad
+   end
+   local yd, gd = run(D)
+   local yc, gc = run("cpu")
+   return math.max(rel(yd, yc), rel(gd, gc))
 end)
 check("BatchNorm2d train nhwc", 1e-4, function()
    local bn = lm.nn.BatchNorm2d(16)

@@ -136,6 +136,7 @@ void lm_cuda_register_random(lm_kernel_fn *table);
 void lm_cuda_register_linalg(lm_kernel_fn *table);
 void lm_cuda_register_conv(lm_kernel_fn *table);
 void lm_cuda_register_pool(lm_kernel_fn *table);
+void lm_cuda_register_pool3d(lm_kernel_fn *table);
 void lm_cuda_register_norm(lm_kernel_fn *table);
 void lm_cuda_register_softmax(lm_kernel_fn *table);
 void lm_cuda_register_optim(lm_kernel_fn *table);

@@ -873,7 +873,11 @@ function F.max_pool3d(x, opts)
    if rec then
       record(out, "MaxPool3DWithIndicesBackward", function(g)
          p1[0] = nil
-         check(C.lm_max_pool3d_backward(g._c, x._c, idx._c, p1), "max_pool3d_backward")
+         -- with the geometry: the CUDA kernels gather instead of scattering
+         check(C.lm_max_pool3d_backward_geom(g._c, x._c, idx._c, fill3(kbuf3, kernel),
+                                             fill3(sbuf3, stride), fill3(pbuf3, padding),
+                                             fill3(dbuf3, dilation), ceil_mode and 1 or 0, p1),
+               "max_pool3d_backward")
          return fresh(wrap(p1[0]))
       end, x)
    end

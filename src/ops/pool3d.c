@@ -259,6 +259,37 @@ lm_status lm_max_pool3d_backward(const lm_tensor *grad_out, const lm_tensor *x,
                         "max_pool3d_backward");
 }
 
+/* the same gradient given the forward's geometry (for autograd): the CUDA kernels gather over
+   the windows holding each input element instead of scattering (the CPU's ignore it) */
+lm_status lm_max_pool3d_backward_geom(const lm_tensor *grad_out, const lm_tensor *x,
+                                      const lm_tensor *indices, const int64_t *kernel,
+                                      const int64_t *stride, const int64_t *padding,
+                                      const int64_t *dilation, int ceil_mode,
+                                      lm_tensor **grad_x) {
+   const char *what = "max_pool3d_backward";
+   lm_pool3d_params p = {0};
+   LM_TRY(check_float(x, "input"));
+   if (!indices) return lm_error(LM_ERR_ARG, "indices is nil");
+   LM_TRY(check_float(grad_out, "grad_output"));
+   LM_TRY(lm_check_same_device(x, indices, what));
+   if (indices->dtype != LM_INT64)
+      return lm_error(LM_ERR_DTYPE, "%s: expected indices of dtype int64, got %s", what,
+                      lm_dtype_name(indices->dtype));
+   LM_TRY(input_dims(x, &p, what, 0));
+   LM_TRY(geometry(&p, kernel, stride, padding, dilation, ceil_mode));
+   LM_TRY(check_grad(grad_out, x, &p, what));
+   if (indices->ndim != grad_out->ndim ||
+       memcmp(indices->sizes, grad_out->sizes, (size_t)x->ndim * 8) != 0) {
+      char a[160], b[160];
+      lm_format_shape(a, sizeof a, grad_out->ndim, grad_out->sizes);
+      lm_format_shape(b, sizeof b, indices->ndim, indices->sizes);
+      return lm_error(LM_ERR_SHAPE, "%s: grad_output %s and indices %s differ in shape", what, a,
+                      b);
+   }
+   p.geom = 1;
+   return backward(grad_out, x, indices, &p, LM_OP_MAX_POOL3D_BACKWARD, grad_x);
+}
+
 lm_status lm_adaptive_max_pool3d_backward(const lm_tensor *grad_out, const lm_tensor *x,
                                           const lm_tensor *indices, lm_tensor **grad_x) {
    return max_backward3(grad_out, x, indices, grad_x, LM_OP_ADAPTIVE_MAX_POOL3D_BACKWARD,

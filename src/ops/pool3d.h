@@ -5,8 +5,11 @@
  * copies and rounds the results once into the half outputs. Outputs and gradients are allocated
  * by the front end; the kernels write every element of them.
  *   MAX_POOL3D, ADAPTIVE_MAX_POOL3D:   t = {x, out, indices}; indices NULL when not wanted.
- *   MAX_POOL3D_BACKWARD, ADAPTIVE_MAX_POOL3D_BACKWARD: t = {grad_out, indices, grad_x}; only the
- *                                      sizes are used (the indices name the taps).
+ *   MAX_POOL3D_BACKWARD, ADAPTIVE_MAX_POOL3D_BACKWARD: t = {grad_out, indices, grad_x}; the
+ *                                      indices name the taps. MAX_POOL3D_BACKWARD with geom = 1
+ *                                      (lm_max_pool3d_backward_geom): the window geometry below
+ *                                      is set too (a kernel may gather; the CPU's scatters and
+ *                                      ignores it); geom = 0: only the sizes are.
  *   AVG_POOL3D, ADAPTIVE_AVG_POOL3D:   t = {x, out}.
  *   AVG_POOL3D_BACKWARD, ADAPTIVE_AVG_POOL3D_BACKWARD: t = {grad_out, grad_x}.
  * Indices are the flat positions (d * H + h) * W + w inside the input volume, -1 for a window
@@ -25,6 +28,7 @@ typedef struct lm_pool3d_params {
    int count_include_pad; /* avg_pool3d */
    int has_div;           /* avg_pool3d: divisor_override given (divisor != 0) */
    int64_t divisor;
+   int geom; /* MAX_POOL3D_BACKWARD: k, s, p, d and ceil_mode are set (see above) */
 } lm_pool3d_params;
 
 #endif
