@@ -202,6 +202,20 @@ describe("conv3d", function()
       close(wg.grad, lm.zeros({ 2, 3, 2, 2, 2 }), 0, "empty batch weight gradient")
    end)
 
+   it("gives PyTorch's sizes and strides on the meta device, without data", function()
+      local M = { device = "meta" }
+      local x = lm.empty({ 2, 4, 5, 6, 7 }, M):contiguous(CL3):requires_grad_(true)
+      local w = lm.empty({ 6, 4, 3, 3, 3 }, M):requires_grad_(true)
+      local y = F.conv3d(x, w, nil, { padding = 1 })
+      assert.equal("meta", y:device())
+      H.assert_layout(y, { 2, 6, 5, 6, 7 }, { 1260, 1, 252, 42, 6 }, "output")
+      y:backward(lm.empty(y:size(), M))
+      H.assert_strides(x.grad, { 840, 1, 168, 28, 4 }, "grad input")
+      H.assert_strides(w.grad, { 108, 27, 9, 3, 1 }, "grad weight (the leaf's layout)")
+      H.assert_layout(F.conv3d(x:contiguous(), w, nil, { padding = 1, stride = 2 }),
+                      { 2, 6, 3, 3, 4 }, { 216, 36, 12, 4, 1 }, "NCDHW, stride 2")
+   end)
+
    it("gives the same gradients run after run (conv2d's fixed reduction order)", function()
       lm.manual_seed(13)
       local x0 = lm.randn({ 2, 8, 4, 6, 6 }):to(CL3)

@@ -329,6 +329,32 @@ describe("1-D modules and BatchNorm1d / BatchNorm3d", function()
    end)
 end)
 
+describe("conv1d's gradient layouts", function()
+   it("follow the weight's layout before the leaf's .grad contract, as PyTorch 2.15's", function()
+      -- PyTorch: torch.autograd.grad(conv1d(x, w), [x, w]) gives N,L,C-strided gradients for an
+      -- N,k,C-strided weight and contiguous ones otherwise, whatever x's layout; x.grad then
+      -- takes x's layout (the gradient layout contract)
+      for _, xcl in ipairs({ false, true }) do
+         for _, wcl in ipairs({ false, true }) do
+            local x, w = lm.randn({ 2, 6, 9 }), lm.randn({ 4, 6, 3 })
+            if xcl then x = x:transpose(2, 3):contiguous():transpose(2, 3) end
+            if wcl then w = w:transpose(2, 3):contiguous():transpose(2, 3) end
+            x:requires_grad_(true); w:requires_grad_(true)
+            local box = {}
+            local hx, hw = x * 1, w * 1
+            hx:register_hook(function(g) box.x = g end)
+            hw:register_hook(function(g) box.w = g end)
+            local y = F.conv1d(hx, hw, nil, { padding = 1 })
+            y:backward(lm.randn(y:size()))
+            local what = ("x %s, w %s"):format(tostring(xcl), tostring(wcl))
+            H.assert_strides(box.x, wcl and { 54, 1, 6 } or { 54, 9, 1 }, "grad input " .. what)
+            H.assert_strides(box.w, wcl and { 18, 1, 6 } or { 18, 3, 1 }, "grad weight " .. what)
+            H.assert_strides(x.grad, xcl and { 54, 1, 6 } or { 54, 9, 1 }, "x.grad " .. what)
+         end
+      end
+   end)
+end)
+
 describe("1-D operators on the meta device", function()
    it("give PyTorch's sizes and strides without data", function()
       local M = { device = "meta" }

@@ -700,8 +700,8 @@ E("lm.F.conv1d", "lm.F.conv1d(x, w, b, opts) -> Tensor", "1-D convolution of x (
    .. "padding puts the extra one on the right, as PyTorch), dilation = 1, groups = 1}",
    fmt = "an N,L,C-strided input (or weight) runs the channels-last (NHWC) kernels in place; the "
    .. "output's layout follows the weight's as PyTorch's does (N,L,C strides for an "
-   .. "N,k,C-strided weight, else contiguous, whatever the input's layout); the gradients have "
-   .. "the layouts of x and w",
+   .. "N,k,C-strided weight, else contiguous, whatever the input's layout); so do both "
+   .. "gradients, as PyTorch's (x.grad and w.grad then take their leaf's layout)",
    err = "x not 2-D/3-D, w not 3-D, dtypes that differ, channels not divisible by groups, "
    .. "padding='same' with a stride, a kernel larger than the padded input" })
 E("lm.F.max_pool1d", "lm.F.max_pool1d(x, opts) -> Tensor [, indices]", "1-D max pooling of "
@@ -1087,14 +1087,20 @@ E("lm.to_channels_last", "lm.to_channels_last(model) -> model", "In place: every
    .. "tensor\")" })
 E("lm.layout.to_channels_last", "lm.layout.to_channels_last(model) -> model", "Same as "
    .. "lm.to_channels_last.")
-E("lm.layout.format", "lm.layout.format(t) -> string", "\"channels_last\", \"contiguous\", "
-   .. "\"ambiguous\" or another description of t's layout, for reports.")
+E("lm.layout.format", "lm.layout.format(t) -> string", "\"channels_last\", "
+   .. "\"channels_last_3d\", \"contiguous\", \"ambiguous\", \"nlc\" (a 3-D N,C,L tensor with "
+   .. "N,L,C strides) or another description of t's layout, for reports.")
 E("lm.layout.is_channels_last", "lm.layout.is_channels_last(t) -> boolean", "4-D, "
    .. "channels-last contiguous and not contiguous (the unambiguous predicate).")
+E("lm.layout.is_channels_last_3d", "lm.layout.is_channels_last_3d(t) -> boolean", "5-D, "
+   .. "channels_last_3d contiguous and not contiguous.")
 E("lm.layout.check", "lm.layout.check(model, input, opts) -> report", "One forward (and "
    .. "backward) with every leaf module wrapped: report.ok, report.first_lost (module path of "
-   .. "the first module whose output stops being channels-last, or nil), report.rows ({path, "
-   .. "type, input_format, output_format, grad_format} per call), tostring(report).",
+   .. "the first module whose output stops being channels-last, or nil; report.first_lost_format "
+   .. "says which: a 4-D output is expected to stay channels_last, a 5-D one channels_last_3d), "
+   .. "report.rows ({path, type, input_format, output_format, grad_format} per call), "
+   .. "tostring(report). 4-D and 5-D parameter gradients are checked against their "
+   .. "parameter's format; other ranks (the 1-D operators' N,C,L) are shown, never judged.",
    { opts = "{backward = true, loss = fn(output) -> scalar (default output:sum()), trace = "
    .. "false (true also runs lm.layout.trace and names the operator that lost channels-last "
    .. "per row: row.lost_ops, report.trace), html = path (also writes the report as a "
@@ -1109,16 +1115,19 @@ E("report:to_html", "report:to_html(path) -> true / report:to_html() -> string",
    .. "(docs/checking_models.md).", { err = "a path that cannot be written" })
 E("lm.layout.trace", "lm.layout.trace(fn, opts) -> report, fn's results", "Run fn() with every "
    .. "operator wrapped and record each call that receives a channels-last tensor and returns "
-   .. "a 4-D tensor that is not (report.lost, report.first, report.message).",
+   .. "a 4-D tensor that is not, or a channels_last_3d tensor and returns a 5-D tensor that is "
+   .. "not (report.lost, report.first, report.message; entry.format says which).",
    { opts = "{raise = false, on_lost = nil}: raise = true raises at the first loss "
-   .. "(\"Operator `X` lost channels_last property\"); on_lost(entry) is called with each "
-   .. "loss as it is recorded" })
+   .. "(\"Operator `X` lost channels_last property\", or channels_last_3d); on_lost(entry) is "
+   .. "called with each loss as it is recorded" })
 E("lm.layout.coverage", "lm.layout.coverage(opts) -> report", "Run every operator on NCHW and "
-   .. "NHWC input and report the result formats, whether channels-last is kept, which formats "
-   .. "run natively, and the gradient format; tostring prints a table.",
-   { opts = "{shape = {2, 32, 96, 96}, backward = true, only = {op names}}" })
-E("lm.layout.operators", "lm.layout.operators() -> array of {op, kind}", "The operator list "
-   .. "coverage runs.")
+   .. "NHWC input (the 3-D ones on NCDHW and NDHWC, the 1-D ones on N,C,L contiguous and N,L,C "
+   .. "strides) and report the result formats, whether channels-last is kept, which formats "
+   .. "run natively, and the gradient format; tostring prints one table per group.",
+   { opts = "{shape = {2, 32, 96, 96}, shape3d = {2, 32, 8, 24, 24}, shape1d = {8, 32, 1024}, "
+   .. "backward = true, only = {op names}}" })
+E("lm.layout.operators", "lm.layout.operators() -> array of {op, kind, group}", "The operator "
+   .. "list coverage runs (group: \"2-D\", \"3-D\" or \"1-D\").")
 
 S("data", "lm.data", [[
 Data sets and the batch loader. The loader's worker threads (C) gather or decode samples,

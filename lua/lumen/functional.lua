@@ -184,70 +184,8 @@ end
 -- the (C) format of a tensor as a kernel picks it (lm_suggest_memory_format)
 local function suggest(c) return C.lm_suggest_memory_format(c, 0) end
 
----------------------------------------------------------------------------------------------
--- convolution
----------------------------------------------------------------------------------------------
-
--- conv2d(x, w, b, {stride=, padding=, dilation=, groups=, residual=, relu=}); padding may be
--- "valid" or "same". The epilogue relu(conv + b + residual) (residual: a tensor of the output's
--- shape and dtype, any strides; relu: boolean) runs inside the kernel, as the results are
--- stored, when no gradient is wanted (inference, a folded model); when one is, it runs as the
--- separate ops, which autograd differentiates.
-function F.conv2d(x, w, b, opts)
-   local fname = "conv2d"
-   if ac_on then
-      x, w, b = ac_low(x), ac_low(w), ac_low(b)
-      local r = type(opts) == "table" and getmetatable(opts) == nil and opts.residual
-      local r2 = r and ac_low(r)
-      if r2 ~= r then opts = opts_with(opts, "residual", r2) end
-   end
-   local xc = tensor_arg(fname, x, "input")
-   local wc = tensor_arg(fname, w, "weight")
-   local bc = opt_tensor(fname, b, "bias")
-   opts = check_opts(fname, opts, CONV_OPTS)
-   if xc.ndim == 3 then                     -- unbatched (C, H, W); so is a residual
-      local rc = opt_tensor(fname, opts.residual, "residual")
-      if rc ~= nil then
-         if rc.ndim ~= 3 then
-            err(fname, ("residual must be 3-D (C, H, W) like the unbatched input, got size %s")
-                :format(sizes_str(rc)))
-         end
-         opts = opts_with(opts, "residual", Tensor.unsqueeze(opts.residual, 1))
-      end
-      return Tensor.squeeze(F.conv2d(Tensor.unsqueeze(x, 1), w, b, opts), 1)
-   end
-   if xc.ndim ~= 4 then
-      err(fname, ("expected 3-D (unbatched) or 4-D (batched) input, got %d-D input of size %s")
-          :format(xc.ndim, sizes_str(xc)))
-   end
-   if wc.ndim ~= 4 then
-      err(fname, ("weight must be 4-D (out_channels, in_channels / groups, kH, kW), got %d-D " ..
-          "of size %s"):format(wc.ndim, sizes_str(wc)))
-   end
-   check_float(fname, xc, "input")
-   if wc.dtype ~= xc.dtype then
-      err(fname, ("input (%s) and weight (%s) must have the same dtype"):format(dtype_name(xc),
-          dtype_name(wc)))
-   end
-   local stride = pair(fname, opts.stride, "stride", 1, 1)
-   local dilation = pair(fname, opts.dilation, "dilation", 1, 1)
-   local groups = int_opt(fname, opts.groups, "groups", 1, 1)
-   local kh, kw = tonumber(wc.sizes[2]), tonumber(wc.sizes[3])
-   local padding
-   if opts.padding == "valid" then
-      padding = { 0, 0 }
-   elseif opts.padding == "same" then
-      if stride[1] ~= 1 or stride[2] ~= 1 then
-         err(fname, "padding='same' is not supported for strided convolutions")
-      end
-      local th, tw = dilation[1] * (kh - 1), dilation[2] * (kw - 1)
-      if th % 2 ~= 0 or tw % 2 ~= 0 then
-         err(fname, "padding='same' needs an even total padding (odd kernel extent)")
-      end
-      padding = { th / 2, tw / 2 }
-   else
-      padding = pair(fname, opts.padding, "padding", 0, 0)
-   end
+-- the channel checks every convolution makes (input, weight, groups, bias) -> out_channels
+local function conv_channels(fname, xc, wc, bc, groups)
    local cin, cout = tonumber(xc.sizes[1]), tonumber(wc.sizes[0])
    if cout % groups ~= 0 then
       err(fname, ("out_channels (%d) must be divisible by groups (%d)"):format(cout, groups))
@@ -266,65 +204,15 @@ function F.conv2d(x, w, b, opts)
       end
       input_dtype(fname, bc, "bias", xc)
    end
-   local H, W = tonumber(xc.sizes[2]), tonumber(xc.sizes[3])
-   local eh, ew = dilation[1] * (kh - 1) + 1, dilation[2] * (kw - 1) + 1
-   if eh > H + 2 * padding[1] or ew > W + 2 * padding[2] then
-      err(fname, ("kernel size (%d x %d, %d x %d after dilation) can't be greater than the " ..
-          "padded input size (%d x %d)"):format(kh, kw, eh, ew, H + 2 * padding[1],
-          W + 2 * padding[2]))
-   end
-   local relu = bool_opt(fname, opts.relu, "relu", false)
-   local residual = opts.residual
-   local resc = opt_tensor(fname, residual, "residual")
-   if resc ~= nil then
-      -- exactly the output's shape and the input's dtype, whichever path runs below
-      check(C.lm_conv2d_output_size(xc.sizes + 2, wc.sizes + 2, fill2(sbuf, stride),
-                                    fill2(pbuf, padding), fill2(dbuf, dilation), obuf), fname)
-      local osz = { tonumber(xc.sizes[0]), cout, tonumber(obuf[0]), tonumber(obuf[1]) }
-      local same = resc.ndim == 4
-      for d = 1, 4 do same = same and tonumber(resc.sizes[d - 1]) == osz[d] end
-      if not same then
-         err(fname, ("residual of size %s does not match the output size (%s)")
-             :format(sizes_str(resc), table.concat(osz, ", ")))
-      end
-      input_dtype(fname, resc, "residual", xc)
-   end
-   if relu or resc ~= nil then
-      local rec = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b) or
-                                           (resc ~= nil and needs(residual)))
-      if rec then
-         -- the separate ops, which autograd differentiates: relu(conv2d(x, w, b) + residual)
-         local y = F.conv2d(x, w, b, opts_with(opts, "residual", nil, "relu", nil))
-         if residual ~= nil then y = Tensor.add(y, residual) end
-         if relu then y = Tensor.relu(y) end
-         return y
-      end
-   end
-   local fmt = C.lm_conv_memory_format(xc, wc)
-   outp[0] = nil
-   check(C.lm_conv2d(xc, wc, bc, fill2(sbuf, stride), fill2(pbuf, padding),
-                     fill2(dbuf, dilation), groups, fmt, relu and 1 or 0, resc, outp), fname)
-   local out = wrap(outp[0])
-   if relu or resc ~= nil then return out end     -- no gradient wanted (checked above)
-   if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
-      local need_x, need_w, need_b = needs(x), needs(w), needs(b)
-      record(out, "ConvolutionBackward", function(g)
-         local gc = g._c
-         local gfmt = fmt
-         if gfmt == 0 and suggest(gc) == 1 then gfmt = 1 end
-         p1[0], p2[0], p3[0] = nil, nil, nil
-         check(C.lm_conv2d_backward(x._c, w._c, gc, fill2(sbuf, stride), fill2(pbuf, padding),
-                                    fill2(dbuf, dilation), groups, gfmt,
-                                    need_x and p1 or nil, need_w and p2 or nil,
-                                    need_b and p3 or nil), "conv2d_backward")
-         local gx = need_x and wrap(p1[0]) or nil
-         local gw = need_w and wrap(p2[0]) or nil
-         local gb = need_b and wrap(p3[0]) or nil
-         return fresh(gx), fresh(gw), fresh(gb)
-      end, x, w, b or false)
-   end
-   return out
+   return cout
 end
+
+
+---------------------------------------------------------------------------------------------
+-- convolution
+---------------------------------------------------------------------------------------------
+
+-- F.conv2d and F.conv3d: below the 3-D pools' helpers (conv_nd)
 
 ---------------------------------------------------------------------------------------------
 -- 1-D convolution and pooling (on the 2-D ops over an N×C×1×L view, as PyTorch does)
@@ -375,7 +263,8 @@ end
 -- x: N×C×1×L and w: O×C/g×1×k; a channels-last-like x (N×L×C strides) or w runs the NHWC kernels
 -- on the data in place. The output's layout follows
 -- the weight's as PyTorch's does (N×L×C strides for a channels-last-like weight, else
--- contiguous; the input's layout does not matter); the gradients have the layouts of x and w.
+-- contiguous; the input's layout does not matter); so do both gradients (PyTorch's; a leaf's
+-- .grad then takes the leaf's layout).
 local CONV1D_OPTS = option_set("stride", "padding", "dilation", "groups")
 F._OPTIONS.conv1d = CONV1D_OPTS
 function F.conv1d(x, w, b, opts)
@@ -420,24 +309,7 @@ function F.conv1d(x, w, b, opts)
    else
       padding = single(fname, opts.padding, "padding", 0, 0)
    end
-   local cin, cout = tonumber(xc.sizes[1]), tonumber(wc.sizes[0])
-   if cout % groups ~= 0 then
-      err(fname, ("out_channels (%d) must be divisible by groups (%d)"):format(cout, groups))
-   end
-   if cin % groups ~= 0 then
-      err(fname, ("in_channels (%d) must be divisible by groups (%d)"):format(cin, groups))
-   end
-   if tonumber(wc.sizes[1]) * groups ~= cin then
-      err(fname, ("expected input with %d channels (weight of size %s, groups %d), got %d " ..
-          "channels (input of size %s)"):format(tonumber(wc.sizes[1]) * groups, sizes_str(wc),
-          groups, cin, sizes_str(xc)))
-   end
-   if bc ~= nil then
-      if bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= cout then
-         err(fname, ("bias must be 1-D of size %d, got size %s"):format(cout, sizes_str(bc)))
-      end
-      input_dtype(fname, bc, "bias", xc)
-   end
+   conv_channels(fname, xc, wc, bc, groups)
    local L = tonumber(xc.sizes[2])
    local ek = dilation * (k - 1) + 1
    if ek > L + 2 * padding then
@@ -464,7 +336,7 @@ function F.conv1d(x, w, b, opts)
                                     need_x and p1 or nil, need_w and p2 or nil,
                                     need_b and p3 or nil), "conv1d_backward")
          g4:free(); bx:free(); bw:free()
-         local gx = need_x and squeeze_as(wrap(p1[0]), xcl) or nil
+         local gx = need_x and squeeze_as(wrap(p1[0]), wcl) or nil
          local gw = need_w and squeeze_as(wrap(p2[0]), wcl) or nil
          local gb = need_b and wrap(p3[0]) or nil
          return fresh(gx), fresh(gw), fresh(gb)
@@ -814,17 +686,38 @@ end
 local function fill3(buf, p) buf[0] = p[1]; buf[1] = p[2]; buf[2] = p[3]; return buf end
 
 ---------------------------------------------------------------------------------------------
--- 3-D convolution
+-- 2-D and 3-D convolution
 ---------------------------------------------------------------------------------------------
 
--- conv3d(x, w, b, {stride=, padding=, dilation=, groups=, residual=, relu=}): x (N, C, D, H, W)
--- or unbatched (C, D, H, W), w (O, C / groups, kD, kH, kW); sizes are numbers or {d, h, w};
--- padding may be "valid" or "same". The output is channels_last_3d when x or w suggests it
--- (PyTorch's rule), else contiguous; the gradients follow the output's format as conv2d's do.
--- lm_conv3d runs it as one conv2d over N*Do images (src/ops/conv3d.c); residual / relu as
--- conv2d's (fused in the kernel's epilogue when no gradient is wanted).
-function F.conv3d(x, w, b, opts)
-   local fname = "conv3d"
+-- what differs between conv2d and conv3d: the number of spatial dims, their option parser and
+-- scratch buffers, the C entry points, the channels-last format id and the words of the errors
+local CONV_ND = {
+   [2] = { fname = "conv2d", tuple = pair, fill = fill2, sb = sbuf, pb = pbuf, db = dbuf,
+           ob = obuf, output_size = C.lm_conv2d_output_size, run = C.lm_conv2d,
+           backward = C.lm_conv2d_backward, memory_format = C.lm_conv_memory_format, cl = 1,
+           input = "(N, C, H, W)", unbatched = "(C, H, W)", kernel = "kH, kW" },
+   [3] = { fname = "conv3d", tuple = triple, fill = fill3, sb = sbuf3, pb = pbuf3, db = dbuf3,
+           ob = obuf3, output_size = C.lm_conv3d_output_size, run = C.lm_conv3d,
+           backward = C.lm_conv3d_backward, memory_format = C.lm_conv3d_memory_format, cl = 2,
+           input = "(N, C, D, H, W)", unbatched = "(C, D, H, W)", kernel = "kD, kH, kW" },
+}
+
+local function dims_str(t, add)
+   local r = {}
+   for i = 1, #t do r[i] = tostring(t[i] + (add and add[i] or 0)) end
+   return table.concat(r, " x ")
+end
+
+-- conv{nd}d(x, w, b, {stride=, padding=, dilation=, groups=, residual=, relu=}); sizes are
+-- numbers or tables of nd values; padding may be "valid" or "same". The epilogue
+-- relu(conv + b + residual) (residual: a tensor of the output's shape and dtype, any strides;
+-- relu: boolean) runs inside the kernel, as the results are stored, when no gradient is wanted
+-- (inference, a folded model); when one is, it runs as the separate ops, which autograd
+-- differentiates. The output is channels-last (channels_last / channels_last_3d) when x or w
+-- suggests it (PyTorch's rule), else contiguous.
+local function conv_nd(nd, x, w, b, opts)
+   local K = CONV_ND[nd]
+   local fname = K.fname
    if ac_on then
       x, w, b = ac_low(x), ac_low(w), ac_low(b)
       local r = type(opts) == "table" and getmetatable(opts) == nil and opts.residual
@@ -835,43 +728,44 @@ function F.conv3d(x, w, b, opts)
    local wc = tensor_arg(fname, w, "weight")
    local bc = opt_tensor(fname, b, "bias")
    opts = check_opts(fname, opts, CONV_OPTS)
-   if xc.ndim == 4 then                     -- unbatched (C, D, H, W); so is a residual
+   if xc.ndim == nd + 1 then                -- unbatched; so is a residual
       local rc = opt_tensor(fname, opts.residual, "residual")
       if rc ~= nil then
-         if rc.ndim ~= 4 then
-            err(fname, ("residual must be 4-D (C, D, H, W) like the unbatched input, got size " ..
-                "%s"):format(sizes_str(rc)))
+         if rc.ndim ~= nd + 1 then
+            err(fname, ("residual must be %d-D %s like the unbatched input, got size %s")
+                :format(nd + 1, K.unbatched, sizes_str(rc)))
          end
          opts = opts_with(opts, "residual", Tensor.unsqueeze(opts.residual, 1))
       end
-      return Tensor.squeeze(F.conv3d(Tensor.unsqueeze(x, 1), w, b, opts), 1)
+      return Tensor.squeeze(conv_nd(nd, Tensor.unsqueeze(x, 1), w, b, opts), 1)
    end
-   if xc.ndim ~= 5 then
-      err(fname, ("expected 4-D (unbatched) or 5-D (batched) input, got %d-D input of size %s")
-          :format(xc.ndim, sizes_str(xc)))
+   if xc.ndim ~= nd + 2 then
+      err(fname, ("expected %d-D (unbatched) or %d-D (batched) input, got %d-D input of size %s")
+          :format(nd + 1, nd + 2, xc.ndim, sizes_str(xc)))
    end
-   if wc.ndim ~= 5 then
-      err(fname, ("weight must be 5-D (out_channels, in_channels / groups, kD, kH, kW), got " ..
-          "%d-D of size %s"):format(wc.ndim, sizes_str(wc)))
+   if wc.ndim ~= nd + 2 then
+      err(fname, ("weight must be %d-D (out_channels, in_channels / groups, %s), got %d-D " ..
+          "of size %s"):format(nd + 2, K.kernel, wc.ndim, sizes_str(wc)))
    end
    check_float(fname, xc, "input")
    if wc.dtype ~= xc.dtype then
       err(fname, ("input (%s) and weight (%s) must have the same dtype"):format(dtype_name(xc),
           dtype_name(wc)))
    end
-   local stride = triple(fname, opts.stride, "stride", 1, 1)
-   local dilation = triple(fname, opts.dilation, "dilation", 1, 1)
+   local stride = K.tuple(fname, opts.stride, "stride", 1, 1)
+   local dilation = K.tuple(fname, opts.dilation, "dilation", 1, 1)
    local groups = int_opt(fname, opts.groups, "groups", 1, 1)
-   local k = { tonumber(wc.sizes[2]), tonumber(wc.sizes[3]), tonumber(wc.sizes[4]) }
-   local padding
+   local k, padding = {}, {}
+   for i = 1, nd do k[i] = tonumber(wc.sizes[i + 1]) end
    if opts.padding == "valid" then
-      padding = { 0, 0, 0 }
+      for i = 1, nd do padding[i] = 0 end
    elseif opts.padding == "same" then
-      if stride[1] ~= 1 or stride[2] ~= 1 or stride[3] ~= 1 then
-         err(fname, "padding='same' is not supported for strided convolutions")
+      for i = 1, nd do
+         if stride[i] ~= 1 then
+            err(fname, "padding='same' is not supported for strided convolutions")
+         end
       end
-      padding = {}
-      for i = 1, 3 do
+      for i = 1, nd do
          local t = dilation[i] * (k[i] - 1)
          if t % 2 ~= 0 then
             err(fname, "padding='same' needs an even total padding (odd kernel extent)")
@@ -879,45 +773,32 @@ function F.conv3d(x, w, b, opts)
          padding[i] = t / 2
       end
    else
-      padding = triple(fname, opts.padding, "padding", 0, 0)
+      padding = K.tuple(fname, opts.padding, "padding", 0, 0)
    end
-   local cin, cout = tonumber(xc.sizes[1]), tonumber(wc.sizes[0])
-   if cout % groups ~= 0 then
-      err(fname, ("out_channels (%d) must be divisible by groups (%d)"):format(cout, groups))
+   local cout = conv_channels(fname, xc, wc, bc, groups)
+   local insz, ext, pad2 = {}, {}, {}
+   local fits = true
+   for i = 1, nd do
+      insz[i] = tonumber(xc.sizes[i + 1])
+      ext[i] = dilation[i] * (k[i] - 1) + 1
+      pad2[i] = 2 * padding[i]
+      if ext[i] > insz[i] + pad2[i] then fits = false end
    end
-   if cin % groups ~= 0 then
-      err(fname, ("in_channels (%d) must be divisible by groups (%d)"):format(cin, groups))
-   end
-   if tonumber(wc.sizes[1]) * groups ~= cin then
-      err(fname, ("expected input with %d channels (weight of size %s, groups %d), got %d " ..
-          "channels (input of size %s)"):format(tonumber(wc.sizes[1]) * groups, sizes_str(wc),
-          groups, cin, sizes_str(xc)))
-   end
-   if bc ~= nil then
-      if bc.ndim ~= 1 or tonumber(bc.sizes[0]) ~= cout then
-         err(fname, ("bias must be 1-D of size %d, got size %s"):format(cout, sizes_str(bc)))
-      end
-      input_dtype(fname, bc, "bias", xc)
-   end
-   for i = 1, 3 do
-      local n, e = tonumber(xc.sizes[i + 1]) + 2 * padding[i], dilation[i] * (k[i] - 1) + 1
-      if e > n then
-         err(fname, ("kernel size (%d x %d x %d) can't be greater than the padded input size " ..
-             "(%d x %d x %d) after dilation"):format(k[1], k[2], k[3],
-             tonumber(xc.sizes[2]) + 2 * padding[1], tonumber(xc.sizes[3]) + 2 * padding[2],
-             tonumber(xc.sizes[4]) + 2 * padding[3]))
-      end
+   if not fits then
+      err(fname, ("kernel size (%s, %s after dilation) can't be greater than the padded input " ..
+          "size (%s)"):format(dims_str(k), dims_str(ext), dims_str(insz, pad2)))
    end
    local relu = bool_opt(fname, opts.relu, "relu", false)
    local residual = opts.residual
    local resc = opt_tensor(fname, residual, "residual")
+   local sb, pb, db = K.fill(K.sb, stride), K.fill(K.pb, padding), K.fill(K.db, dilation)
    if resc ~= nil then
-      check(C.lm_conv3d_output_size(xc.sizes + 2, wc.sizes + 2, fill3(sbuf3, stride),
-                                    fill3(pbuf3, padding), fill3(dbuf3, dilation), obuf3), fname)
-      local osz = { tonumber(xc.sizes[0]), cout, tonumber(obuf3[0]), tonumber(obuf3[1]),
-                    tonumber(obuf3[2]) }
-      local same = resc.ndim == 5
-      for d = 1, 5 do same = same and tonumber(resc.sizes[d - 1]) == osz[d] end
+      -- exactly the output's shape and the input's dtype, whichever path runs below
+      check(K.output_size(xc.sizes + 2, wc.sizes + 2, sb, pb, db, K.ob), fname)
+      local osz = { tonumber(xc.sizes[0]), cout }
+      for i = 1, nd do osz[i + 2] = tonumber(K.ob[i - 1]) end
+      local same = resc.ndim == nd + 2
+      for d = 1, nd + 2 do same = same and tonumber(resc.sizes[d - 1]) == osz[d] end
       if not same then
          err(fname, ("residual of size %s does not match the output size (%s)")
              :format(sizes_str(resc), table.concat(osz, ", ")))
@@ -928,16 +809,16 @@ function F.conv3d(x, w, b, opts)
       local rec = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b) or
                                            (resc ~= nil and needs(residual)))
       if rec then
-         local y = F.conv3d(x, w, b, opts_with(opts, "residual", nil, "relu", nil))
+         -- the separate ops, which autograd differentiates: relu(conv(x, w, b) + residual)
+         local y = conv_nd(nd, x, w, b, opts_with(opts, "residual", nil, "relu", nil))
          if residual ~= nil then y = Tensor.add(y, residual) end
          if relu then y = Tensor.relu(y) end
          return y
       end
    end
-   local fmt = C.lm_conv3d_memory_format(xc, wc)
+   local fmt = K.memory_format(xc, wc)
    outp[0] = nil
-   check(C.lm_conv3d(xc, wc, bc, fill3(sbuf3, stride), fill3(pbuf3, padding),
-                     fill3(dbuf3, dilation), groups, fmt, relu and 1 or 0, resc, outp), fname)
+   check(K.run(xc, wc, bc, sb, pb, db, groups, fmt, relu and 1 or 0, resc, outp), fname)
    local out = wrap(outp[0])
    if relu or resc ~= nil then return out end     -- no gradient wanted (checked above)
    if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
@@ -945,12 +826,11 @@ function F.conv3d(x, w, b, opts)
       record(out, "ConvolutionBackward", function(g)
          local gc = g._c
          local gfmt = fmt
-         if gfmt == 0 and suggest(gc) == 2 then gfmt = 2 end
+         if gfmt == 0 and suggest(gc) == K.cl then gfmt = K.cl end
          p1[0], p2[0], p3[0] = nil, nil, nil
-         check(C.lm_conv3d_backward(x._c, w._c, gc, fill3(sbuf3, stride), fill3(pbuf3, padding),
-                                    fill3(dbuf3, dilation), groups, gfmt,
-                                    need_x and p1 or nil, need_w and p2 or nil,
-                                    need_b and p3 or nil), "conv3d_backward")
+         check(K.backward(x._c, w._c, gc, K.fill(K.sb, stride), K.fill(K.pb, padding),
+                          K.fill(K.db, dilation), groups, gfmt, need_x and p1 or nil,
+                          need_w and p2 or nil, need_b and p3 or nil), fname .. "_backward")
          local gx = need_x and wrap(p1[0]) or nil
          local gw = need_w and wrap(p2[0]) or nil
          local gb = need_b and wrap(p3[0]) or nil
@@ -959,6 +839,15 @@ function F.conv3d(x, w, b, opts)
    end
    return out
 end
+
+-- conv2d(x, w, b, opts): x (N, C, H, W) or unbatched (C, H, W), w (O, C / groups, kH, kW);
+-- sizes are numbers or {h, w} (see conv_nd)
+function F.conv2d(x, w, b, opts) return conv_nd(2, x, w, b, opts) end
+
+-- conv3d(x, w, b, opts): x (N, C, D, H, W) or unbatched (C, D, H, W), w (O, C / groups, kD, kH,
+-- kW); sizes are numbers or {d, h, w}. lm_conv3d runs it as conv2d over the N*Do output depth
+-- planes (src/ops/conv3d.c); the output is channels_last_3d when x or w suggests it.
+function F.conv3d(x, w, b, opts) return conv_nd(3, x, w, b, opts) end
 F._OPTIONS.conv3d = CONV_OPTS
 
 -- max_pool3d(x, {kernel_size=, stride=, padding=, dilation=, ceil_mode=, return_indices=})

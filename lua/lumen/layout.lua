@@ -8,14 +8,21 @@
 --    lm.layout.check(model, x, {html = "report.html"}) -- also a page: the module tree coloured
 --                                                 -- by format (lua/lumen/layout_report.lua)
 --    local t = lm.layout.trace(function() return model(x) end)   -- which OPERATOR lost it
---    print(lm.layout.coverage())                 -- every operator, run on NCHW and NHWC
+--    print(lm.layout.coverage())                 -- every operator, run on NCHW and NHWC (and
+--                                                 -- the 3-D ones on NCDHW and NDHWC, the 1-D
+--                                                 -- ones on NCL and NLC: layout_coverage.lua)
 --
 -- "Channels-last" is the predicate of memory_format.md section 9 (the tutorial's contains_cl):
--- 4-D, channels-last contiguous and NOT contiguous. Ambiguous tensors (both contiguous and
--- channels-last contiguous: C == 1 or H == W == 1) carry no information and count as keeping the
--- format; so does a non-dense view whose strides are still ordered like channels-last (a slice
--- of a channels-last tensor), because every kernel picks its format from
--- suggest_memory_format, which says channels-last for it.
+-- 4-D, channels-last contiguous and NOT contiguous; for 5-D tensors the same with
+-- channels_last_3d. A 4-D activation is expected to stay channels_last and a 5-D one
+-- channels_last_3d, so a model mixing 2-D and 3-D layers is checked rank by rank. Ambiguous
+-- tensors (both contiguous and channels-last contiguous: C == 1 or H == W == 1, and C == 1 or
+-- D == H == W == 1 in 5-D) carry no information and count as keeping the format; so does a
+-- non-dense view whose strides are still ordered like channels-last (a slice of a channels-last
+-- tensor), because every kernel picks its format from suggest_memory_format, which says
+-- channels-last for it. 3-D tensors (the 1-D operators' N x C x L) are named ("contiguous", or
+-- "nlc" for N x L x C strides) but never judged: there is no 1-D memory format, and PyTorch's own
+-- 1-D operators do not keep N x L x C (batch_norm returns contiguous, conv1d follows its weight).
 --
 -- Everything here reads the C predicates directly (no Tensor method is called on the tensors it
 -- inspects), so wrapping the Tensor methods (trace) cannot recurse into the checks.
@@ -63,20 +70,45 @@ local function has_broadcast(c)
    return false
 end
 
+-- the channels-last format of a rank (memory_format.md section 1): its C enum value and its name
+local CL_ENUM = { [4] = 1, [5] = 2 }
+local CL_NAME = { [4] = "channels_last", [5] = "channels_last_3d" }
+M._CL_NAME = CL_NAME
+
+-- a 3-D N x C x L tensor with the strides of a permuted contiguous N x L x C one (the 1-D
+-- "channels-last" layout, which has no memory-format constant: memory_formats.md, 1-D
+-- operators); size-1 dims are skipped, as in the contiguity predicates
+local function is_nlc_dense(c)
+   if c.ndim ~= 3 then return false end
+   local expected = 1
+   for _, d in ipairs({ 1, 2, 0 }) do
+      local n = tonumber(c.sizes[d])
+      if n ~= 1 then
+         if tonumber(c.strides[d]) ~= expected then return false end
+         expected = expected * n
+      end
+   end
+   return true
+end
+
 -- the format of a tensor cdata, as a short name:
 --   "channels_last" / "channels_last_3d"   dense in that format and not contiguous
 --   "contiguous"                            dense row-major (and not channels-last dense)
---   "ambiguous_cl" / "ambiguous_cl3d"       both (C == 1 or H == W == 1), with the channels-last
---                                           tag strides (.to(lm.channels_last) made it)
+--   "ambiguous_cl" / "ambiguous_cl3d"       both (C == 1 or H == W == 1; 5-D: C == 1 or
+--                                           D == H == W == 1), with the channels-last tag strides
+--                                           (.to(lm.channels_last) made it)
 --   "ambiguous"                             both, without the tag (N111, or made contiguous)
 --   "cl_strided" / "cl3d_strided"           a non-dense view ordered like channels-last
+--   "nlc"                                   3-D N x C x L with N x L x C strides (x:permute(1, 3,
+--                                           2) of a contiguous N x L x C), not contiguous; a 3-D
+--                                           tensor that is both (C == 1 or L == 1) is "ambiguous"
 --   "broadcast"                             an expanded tensor (a stride 0 over a size > 1)
 --   "strided"                               anything else (a permuted or sliced view)
 local function classify(c)
    local nd = c.ndim
    local ct = C.lm_is_contiguous(c, 0) ~= 0
    if nd == 4 or nd == 5 then
-      local f = nd == 4 and 1 or 2
+      local f = CL_ENUM[nd]
       local cl = C.lm_is_contiguous(c, f) ~= 0
       if cl and ct then
          -- both: tagged with channels-last strides (suggest_memory_format says so) or not
@@ -85,13 +117,17 @@ local function classify(c)
          end
          return "ambiguous"
       end
-      if cl then return nd == 4 and "channels_last" or "channels_last_3d" end
+      if cl then return CL_NAME[nd] end
       if ct then return "contiguous" end
       if has_broadcast(c) then return "broadcast" end
       if C.lm_suggest_memory_format(c, 0) == f then
          return nd == 4 and "cl_strided" or "cl3d_strided"
       end
       return "strided"
+   end
+   if nd == 3 and is_nlc_dense(c) then
+      -- both (C == 1 or L == 1) carries no 1-D layout
+      return ct and "ambiguous" or "nlc"
    end
    if ct then return "contiguous" end
    if has_broadcast(c) then return "broadcast" end
@@ -105,22 +141,32 @@ function M.format(t)
    return classify(c)
 end
 
--- memory_format.md section 9: 4-D, channels-last contiguous, not contiguous
+-- memory_format.md section 9, for both ranks: 4-D (5-D), channels-last (3d) contiguous, not
+-- contiguous
 local function is_cl(c)
-   return c.ndim == 4 and C.lm_is_contiguous(c, 1) ~= 0 and C.lm_is_contiguous(c, 0) == 0
+   local f = CL_ENUM[c.ndim]
+   return f ~= nil and C.lm_is_contiguous(c, f) ~= 0 and C.lm_is_contiguous(c, 0) == 0
 end
 
 --- lm.layout.is_channels_last(t): the predicate of memory_format.md section 9 (unambiguous)
 function M.is_channels_last(t)
    local c = cdata_of(t)
-   return c ~= nil and is_cl(c)
+   return c ~= nil and c.ndim == 4 and is_cl(c)
 end
 
--- does a 4-D tensor keep channels-last? (cl dense, ambiguous, or a cl-ordered view)
+--- lm.layout.is_channels_last_3d(t): the same for 5-D tensors and channels_last_3d
+function M.is_channels_last_3d(t)
+   local c = cdata_of(t)
+   return c ~= nil and c.ndim == 5 and is_cl(c)
+end
+
+-- does a 4-D (5-D) tensor keep channels_last (channels_last_3d)? (dense in it, ambiguous, or a
+-- view ordered like it). Other ranks carry no format: always true.
 local function keeps_cl(c)
-   if c.ndim ~= 4 then return true end
-   if C.lm_is_contiguous(c, 1) ~= 0 then return true end
-   return C.lm_suggest_memory_format(c, 0) == 1
+   local f = CL_ENUM[c.ndim]
+   if f == nil then return true end
+   if C.lm_is_contiguous(c, f) ~= 0 then return true end
+   return C.lm_suggest_memory_format(c, 0) == f
 end
 
 local function sizes_str(c)
@@ -218,6 +264,36 @@ local function row_name(r)
    return p
 end
 
+-- how the summary names the formats a report checked: 4-D outputs only (or none) "channels-last",
+-- 5-D only "channels_last_3d", both "in their channels-last format"
+local function ranks_phrase(ranks)
+   if ranks[5] and ranks[4] then return "4-D or 5-D", "in their channels-last format" end
+   if ranks[5] then return "5-D", "channels_last_3d" end
+   return "4-D", "channels-last"
+end
+M._ranks_phrase = ranks_phrase
+
+-- the parameter-gradient lines: 4-D ones (also when there are none and no 5-D ones either, as
+-- before 5-D models), then 5-D ones
+local function param_lines(r)
+   local out = {}
+   for _, rank in ipairs({ 4, 5 }) do
+      local n = r["n_params" .. rank] or 0
+      if n > 0 or (rank == 4 and (r.n_params5 or 0) == 0) then
+         local bad = r.bad_params_by_rank and r.bad_params_by_rank[rank] or {}
+         local fmt = rank == 4 and "channels-last" or "channels_last_3d"
+         if #bad == 0 then
+            out[#out + 1] = ("%d-D parameter gradients: all %d %s"):format(rank, n, fmt)
+         else
+            out[#out + 1] = ("%d-D parameter gradients: %d of %d NOT %s: %s")
+               :format(rank, #bad, n, fmt, table.concat(bad, ", "))
+         end
+      end
+   end
+   return out
+end
+M._param_lines = param_lines
+
 function Report.__tostring(r)
    local header = { "module", "type", "input", "output", "output size" }
    if r.backward then
@@ -228,12 +304,12 @@ function Report.__tostring(r)
    for _, row in ipairs(r.rows) do
       local mark = ""
       if row.lost then
-         mark = "  <-- lost channels_last" ..
+         mark = "  <-- lost " .. (row.lost_format or "channels_last") ..
             (row.lost_ops and (" (by " .. table.concat(row.lost_ops, ", ") .. ")") or "")
       end
       if row.grad_note then mark = mark .. "  (output gradient " .. row.grad_note .. ")" end
       if row.grad_lost then
-         mark = mark .. "  <-- output gradient not channels_last" ..
+         mark = mark .. "  <-- output gradient not " .. (row.grad_lost_format or "channels_last") ..
             (row.grad_from and (" (from " .. row.grad_from .. ")") or "")
       end
       local line = { row_name(row), row.type, row.input_format or "-", row.output_format or "-",
@@ -249,31 +325,39 @@ function Report.__tostring(r)
    local lines = { render(header, rows), "" }
    lines[#lines + 1] = "ok: " .. tostring(r.ok)
    lines[#lines + 1] = "input: " .. tostring(r.input_format)
+   local ranks = r.output_ranks or {}
    if r.first_lost then
-      lines[#lines + 1] = "first module to lose channels_last: " .. r.first_lost
+      lines[#lines + 1] = "first module to lose " .. (r.first_lost_format or "channels_last") ..
+         ": " .. r.first_lost
    elseif #r.non_cl > 0 then
-      lines[#lines + 1] = ("%d leaf-module output(s) are 4-D and not channels-last (first: %s); " ..
-         "was the model converted (lm.to_channels_last)?"):format(#r.non_cl, r.non_cl[1])
-   else
+      local rk, fmt = ranks_phrase(ranks)
+      lines[#lines + 1] = ("%d leaf-module output(s) are %s and not %s (first: %s); %s")
+         :format(#r.non_cl, rk, fmt, r.non_cl[1], r.non_cl_rank_change and
+            ("it changes the rank of a " .. r.non_cl_rank_change .. " input (not counted as " ..
+             "a loss)") or "was the model converted (lm.to_channels_last)?")
+   elseif ranks[4] and ranks[5] then
+      lines[#lines + 1] = "every 4-D module output is channels-last and every 5-D one " ..
+         "channels_last_3d"
+   elseif ranks[5] then
+      lines[#lines + 1] = "every 5-D module output is channels_last_3d"
+   elseif ranks[4] or #r.rows == 0 then
       lines[#lines + 1] = "every 4-D module output is channels-last"
+   else
+      lines[#lines + 1] = "no module output is 4-D or 5-D: nothing to check (other ranks carry " ..
+         "no memory format)"
    end
    if r.backward then
       if r.backward_skipped then
          lines[#lines + 1] = "backward skipped: " .. r.backward_skipped
       else
          if r.first_grad_lost then
-            lines[#lines + 1] = "first module whose output gradient is not channels-last " ..
-               "(backward order): " .. r.first_grad_lost ..
+            lines[#lines + 1] = "first module whose output gradient is not " ..
+               (r.first_grad_lost_format == "channels_last_3d" and "channels_last_3d" or
+                "channels-last") .. " (backward order): " .. r.first_grad_lost ..
                (r.first_grad_lost_by and (" (the gradient comes from " .. r.first_grad_lost_by ..
                 ")") or "")
          end
-         if r.params_ok then
-            lines[#lines + 1] = ("4-D parameter gradients: all %d channels-last")
-               :format(r.n_params4)
-         else
-            lines[#lines + 1] = ("4-D parameter gradients: %d of %d NOT channels-last: %s")
-               :format(#r.bad_params, r.n_params4, table.concat(r.bad_params, ", "))
-         end
+         for _, l in ipairs(param_lines(r)) do lines[#lines + 1] = l end
       end
    end
    return table.concat(lines, "\n")
@@ -301,7 +385,6 @@ end
 
 local CHECK_OPTIONS = { backward = true, loss = true, html = true, trace = true }
 local TRACE_OPTIONS = { raise = true, on_lost = true }
-local COVERAGE_OPTIONS = { shape = true, backward = true, only = true }
 
 -- the tensor results of a forward (first tensor among the results)
 local function first_tensor(res)
@@ -320,6 +403,11 @@ end
 --- under lm.layout.trace: report.trace is that report, and a row that lost channels-last gets
 --- row.lost_ops (the operators, e.g. "Tensor.contiguous"). html = path writes
 --- report:to_html(path) (and implies trace). report.modules lists every module {path, type}.
+--- A 4-D output is expected to stay channels_last and a 5-D one channels_last_3d: a module whose
+--- input is unambiguously in its rank's channels-last format and whose output of the same rank
+--- is not is a loss (row.lost, row.lost_format); 4-D and 5-D parameter gradients are checked
+--- against their parameter's format (report.n_params4, report.n_params5). Other ranks (the 1-D
+--- operators' N x C x L) are shown, never judged.
 function M.check(model, input, opts)
    local fname = "layout.check"
    if not is_module(model) then fail(fname, "expected a Module, got %s", T.typename(model)) end
@@ -348,7 +436,8 @@ function M.check(model, input, opts)
    end
 
    local report = setmetatable({ rows = {}, backward = backward, non_cl = {}, bad_params = {},
-                                 n_params4 = 0 }, Report)
+                                 bad_params_by_rank = { [4] = {}, [5] = {} }, n_params4 = 0,
+                                 n_params5 = 0, output_ranks = {} }, Report)
    local first_in = cdata_of(args[1])
    report.input_format = first_in and classify(first_in) or "-"
 
@@ -395,7 +484,7 @@ function M.check(model, input, opts)
          if xc ~= nil then
             row.input_format = classify(xc)
             row.input_size = sizes_str(xc)
-            row._in_cl = is_cl(xc)
+            row._in_cl = is_cl(xc) and xc.ndim or nil   -- the rank whose format it has
          end
          local outer = current_row
          current_row = row
@@ -409,7 +498,7 @@ function M.check(model, input, opts)
             row.output_size = sizes_str(oc)
             row._out_ndim = oc.ndim
             row._out_keeps = keeps_cl(oc)
-            row._out_cl_like = oc.ndim == 4 and keeps_cl(oc)
+            row._out_cl_like = CL_NAME[oc.ndim] ~= nil and keeps_cl(oc)
             if backward and A.is_grad_enabled() and rawget(out, "requires_grad") == true then
                hooks[#hooks + 1] = Tensor.register_hook(out, function(g)
                   local gc = cdata_of(g)
@@ -520,14 +609,19 @@ function M.check(model, input, opts)
       for _, nt in ipairs(params) do
          local p = nt[2]
          local pc = cdata_of(p)
-         if pc ~= nil and pc.ndim == 4 then
-            report.n_params4 = report.n_params4 + 1
+         if pc ~= nil and CL_NAME[pc.ndim] ~= nil then
+            local rank = pc.ndim
+            local key = "n_params" .. rank
+            report[key] = report[key] + 1
             local g = rawget(p, "grad")
             local gc = g and cdata_of(g)
             local f = gc and classify(gc) or "none"
-            local good = gc ~= nil and C.lm_is_contiguous(gc, 1) ~= 0
+            local good = gc ~= nil and C.lm_is_contiguous(gc, CL_ENUM[rank]) ~= 0
             if not good then
-               report.bad_params[#report.bad_params + 1] = nt[1] .. " (" .. f .. ")"
+               local name = nt[1] .. " (" .. f .. ")"
+               report.bad_params[#report.bad_params + 1] = name
+               local by = report.bad_params_by_rank[rank]
+               by[#by + 1] = name
             end
             local leaf = leaf_of_param[p]
             if leaf then pgrad[leaf.m] = f end
@@ -540,21 +634,31 @@ function M.check(model, input, opts)
    local rows = report.rows
    for i, row in ipairs(rows) do
       row.param_grad_format = pgrad[row.module]
-      if row._out_ndim == 4 and not row._out_keeps then
+      local rank = row._out_ndim
+      if CL_NAME[rank] then report.output_ranks[rank] = true end
+      if CL_NAME[rank] and not row._out_keeps then
          report.non_cl[#report.non_cl + 1] = row_name(row)
-         if row._in_cl then
+         if #report.non_cl == 1 and row._in_cl and row._in_cl ~= rank then
+            -- the first one came from a channels-last input of another rank (a temporal mean)
+            report.non_cl_rank_change = CL_NAME[row._in_cl]
+         end
+         if row._in_cl == rank then
             row.lost = true
-            if not report.first_lost then report.first_lost = row.path end
+            row.lost_format = CL_NAME[rank]
+            if not report.first_lost then
+               report.first_lost = row.path
+               report.first_lost_format = row.lost_format
+            end
          end
       end
       local gcl = row._grad_c
-      if gcl and row._out_cl_like and gcl.ndim == 4 and not gcl.keeps and not gcl.broadcast then
+      if gcl and row._out_cl_like and gcl.ndim == rank and not gcl.keeps and not gcl.broadcast then
          -- who handed this gradient back: the leaf modules that consumed the output
          local consumers, all_reshape = {}, true
          for j, r2 in ipairs(rows) do
             if j ~= i and r2._in ~= nil and rawequal(r2._in, row._out) then
                consumers[#consumers + 1] = row_name(r2)
-               if r2._out_ndim == 4 then all_reshape = false end
+               if (r2._out_ndim or 0) >= rank then all_reshape = false end
             end
          end
          row.grad_from = #consumers > 0 and table.concat(consumers, ", ") or nil
@@ -569,8 +673,10 @@ function M.check(model, input, opts)
             row.grad_note = "from " .. row.grad_from .. " (rank change)"
          else
             row.grad_lost = true
+            row.grad_lost_format = CL_NAME[rank]
             report.first_grad_lost = row.path   -- the latest in forward order runs first backward
             report.first_grad_lost_by = row.grad_from
+            report.first_grad_lost_format = row.grad_lost_format
          end
       end
    end
@@ -612,15 +718,24 @@ local LM_SKIP = {
 local Trace = {}
 Trace.__index = Trace
 
+-- "channels_last", "channels_last_3d" or both, for the formats in a set {[4] =, [5] =}
+local function formats_phrase(ranks)
+   if ranks[4] and ranks[5] then return "channels_last or channels_last_3d" end
+   if ranks[5] then return "channels_last_3d" end
+   return "channels_last"
+end
+
 function Trace.__tostring(r)
    local lines = {}
    if r.ok then
-      lines[1] = ("no operator lost channels_last (%d operator calls traced, %d with a " ..
-         "channels-last input)"):format(r.calls, r.cl_calls)
+      lines[1] = ("no operator lost %s (%d operator calls traced, %d with a " ..
+         "channels-last input)"):format(formats_phrase(r.cl_ranks or {}), r.calls, r.cl_calls)
       return lines[1]
    end
-   lines[1] = ("%d operator call(s) lost channels_last (%d calls traced, %d with a " ..
-      "channels-last input):"):format(#r.lost, r.calls, r.cl_calls)
+   local lost_ranks = {}
+   for _, l in ipairs(r.lost) do lost_ranks[l.format == "channels_last_3d" and 5 or 4] = true end
+   lines[1] = ("%d operator call(s) lost %s (%d calls traced, %d with a " ..
+      "channels-last input):"):format(#r.lost, formats_phrase(lost_ranks), r.calls, r.cl_calls)
    local rows = {}
    for i, l in ipairs(r.lost) do
       rows[i] = { tostring(i), l.op, l.chain_str, l.input, l.output }
@@ -636,29 +751,36 @@ local function chain_string(stack, depth)
    return #parts > 0 and table.concat(parts, " > ") or "-"
 end
 
--- every tensor among the arguments (and inside array arguments, one level deep)
-local function cl_input(args)
+-- the first unambiguously channels_last (4-D) and channels_last_3d (5-D) tensors among the
+-- arguments (and inside array arguments, one level deep)
+local function cl_inputs(args)
+   local c4, c5
+   local function see(c)
+      if c ~= nil and is_cl(c) then
+         if c.ndim == 4 then c4 = c4 or c else c5 = c5 or c end
+      end
+   end
    for i = 1, args.n do
       local a = args[i]
       local c = cdata_of(a)
       if c ~= nil then
-         if is_cl(c) then return c end
+         see(c)
       elseif type(a) == "table" and getmetatable(a) == nil then
-         for j = 1, #a do
-            local cj = cdata_of(a[j])
-            if cj ~= nil and is_cl(cj) then return cj end
-         end
+         for j = 1, #a do see(cdata_of(a[j])) end
       end
    end
-   return nil
+   return c4, c5
 end
 
 --- lm.layout.trace(fn, {raise = false}) -> report, fn's results
 --- Runs fn() with every operator wrapped: the functional ops (lm.F.*), the Tensor methods (so
 --- also + - * / on tensors) and the lm.* functions. A call that receives an unambiguously
 --- channels-last tensor and returns a 4-D tensor that is not channels-last is recorded
---- (report.lost, in call order; report.first, report.message). With {raise = true} the first
---- one raises "lumen.layout.trace: Operator `X` lost channels_last property ..." at once.
+--- (report.lost, in call order; report.first, report.message); so is one that receives a
+--- channels_last_3d tensor and returns a 5-D one that is not (entry.format says which: a result
+--- is judged against the format of an input of its own rank). With {raise = true} the first one
+--- raises "lumen.layout.trace: Operator `X` lost channels_last property ..." (or
+--- "channels_last_3d property") at once.
 --- {on_lost = function(entry)} is called with each entry as it is recorded (check uses it).
 --- Everything is restored afterwards, also when fn raises.
 function M.trace(fn, opts)
@@ -677,7 +799,8 @@ function M.trace(fn, opts)
    end
    local lm = require("lumen")
    local F = require("lumen.functional")
-   local report = setmetatable({ lost = {}, calls = 0, cl_calls = 0, ok = true, ops = {} }, Trace)
+   local report = setmetatable({ lost = {}, calls = 0, cl_calls = 0, ok = true, ops = {},
+                                 cl_ranks = {} }, Trace)
    local stack, depth = {}, 0
    local patched = {}
 
@@ -691,20 +814,25 @@ function M.trace(fn, opts)
          stack[depth] = name
          report.calls = report.calls + 1
          report.ops[name] = (report.ops[name] or 0) + 1
-         local incl = cl_input(args)
+         local in4, in5 = cl_inputs(args)
          local res = pack(pcall(f, ...))
          local my_depth = depth
          stack[depth] = nil
          depth = depth - 1
          if not res[1] then error(res[2], 0) end
-         if incl ~= nil then
+         if in4 ~= nil or in5 ~= nil then
             report.cl_calls = report.cl_calls + 1
+            if in4 then report.cl_ranks[4] = true end
+            if in5 then report.cl_ranks[5] = true end
             local oc = cdata_of(res[2])
-            if oc ~= nil and oc.ndim == 4 and not keeps_cl(oc) then
+            -- a result of the rank of a channels-last input that does not keep that format
+            local incl = oc ~= nil and (oc.ndim == 4 and in4 or oc.ndim == 5 and in5) or nil
+            if incl ~= nil and not keeps_cl(oc) then
+               local fmt = CL_NAME[oc.ndim]
                local saved_stack = {}
                for i = 1, my_depth - 1 do saved_stack[i] = stack[i] end
                saved_stack[my_depth] = name
-               local l = { op = name, chain = saved_stack,
+               local l = { op = name, chain = saved_stack, format = fmt,
                            chain_str = chain_string(saved_stack, my_depth),
                            input = describe(incl), output = describe(oc) }
                report.lost[#report.lost + 1] = l
@@ -712,10 +840,10 @@ function M.trace(fn, opts)
                if report.ok then
                   report.ok = false
                   report.first = l
-                  report.message = ("Operator `%s`%s lost channels_last property: " ..
-                     "channels-last input %s -> output %s"):format(name,
-                     l.chain_str ~= "-" and (" (called from " .. l.chain_str .. ")") or "",
-                     l.input, l.output)
+                  report.message = ("Operator `%s`%s lost %s property: " ..
+                     "%s input %s -> output %s"):format(name,
+                     l.chain_str ~= "-" and (" (called from " .. l.chain_str .. ")") or "", fmt,
+                     fmt == "channels_last" and "channels-last" or fmt, l.input, l.output)
                end
                if raise then
                   error("lumen.layout.trace: " .. report.message, 0)
@@ -764,348 +892,19 @@ function M.trace(fn, opts)
 end
 
 ---------------------------------------------------------------------------------------------
--- coverage: run every operator on NCHW and NHWC inputs
+-- coverage: lua/lumen/layout_coverage.lua
 ---------------------------------------------------------------------------------------------
 
--- Operators with sample-argument builders. Each run(x, s) gets the input x (NCHW or NHWC, shape
--- s.shape, positive values) and a context s with weights made in the same format as x (as after
--- lm.to_channels_last), and returns the result. grad = false: not differentiable.
-local function operator_list(lm)
-   local F = lm.F
-   local ops = {}
-   local function add(kind, op, run, extra)
-      local e = { kind = kind, op = op, run = run }
-      for k, v in pairs(extra or {}) do e[k] = v end
-      ops[#ops + 1] = e
-   end
-   -- elementwise, unary
-   for _, name in ipairs({ "neg", "abs", "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh",
-      "square", "reciprocal", "sin", "cos", "log1p", "expm1" }) do
-      add("unary", name, function(x) return x[name](x) end)
-   end
-   for _, name in ipairs({ "sign", "floor", "ceil", "round" }) do
-      add("unary", name, function(x) return x[name](x) end, { grad = false })
-   end
-   add("unary", "logical_not", function(x) return x:logical_not() end, { grad = false })
-   add("unary", "clamp", function(x) return x:clamp(0.2, 0.8) end)
-   add("unary", "relu_ (in place)", function(x) return x:clone():relu_() end, { grad = false })
-   -- elementwise, binary (both operands in the input's format)
-   for _, name in ipairs({ "add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2" }) do
-      add("binary", name, function(x, s) return x[name](x, s.y) end)
-   end
-   for _, name in ipairs({ "eq", "lt", "ge", "fmod", "logical_and" }) do
-      add("binary", name, function(x, s) return x[name](x, s.y) end, { grad = false })
-   end
-   add("binary", "add (scalar)", function(x) return x + 2 end)
-   add("binary", "add (bias 1xCx1x1)", function(x, s) return x + s.bias4 end)
-   add("binary", "mul (gate NxCx1x1)", function(x, s) return x * s.gate end)
-   add("binary", "add (x + NCHW y)", function(x, s) return x + s.y_nchw end)
-   add("binary", "add_ (in place)", function(x, s) return x:clone():add_(s.y) end, { grad = false })
-   add("ternary", "addcmul", function(x, s) return x:addcmul(s.y, s.y, 0.5) end)
-   add("ternary", "addcdiv", function(x, s) return x:addcdiv(s.y, s.y, 0.5) end)
-   add("ternary", "where", function(x, s) return lm.where(s.mask, x, s.y) end)
-   -- conversions and factories
-   add("copy", "clone", function(x) return x:clone() end)
-   add("copy", "contiguous", function(x) return x:contiguous() end)
-   add("copy", "to(float64)", function(x) return x:to(lm.float64) end)
-   add("copy", "to(float16)", function(x) return x:to(lm.float16) end, { grad = false })
-   add("copy", "to(bfloat16)", function(x) return x:to(lm.bfloat16) end, { grad = false })
-   add("copy", "to(int32)", function(x) return x:to(lm.int32) end, { grad = false })
-   add("copy", "copy_ (into empty_like)", function(x) return lm.empty_like(x):copy_(x) end,
-       { grad = false })
-   for _, name in ipairs({ "empty_like", "zeros_like", "ones_like", "rand_like", "randn_like" }) do
-      add("factory", name, function(x) return lm[name](x) end, { grad = false })
-   end
-   add("factory", "full_like", function(x) return lm.full_like(x, 3) end, { grad = false })
-   -- reductions
-   add("reduction", "sum (all)", function(x) return x:sum() end)
-   add("reduction", "sum(2, keepdim)", function(x) return x:sum(2, true) end)
-   add("reduction", "sum({3,4}, keepdim)", function(x) return x:sum({ 3, 4 }, true) end)
-   add("reduction", "sum(1, keepdim)", function(x) return x:sum(1, true) end)
-   add("reduction", "mean({3,4}, keepdim)", function(x) return x:mean({ 3, 4 }, true) end)
-   add("reduction", "mean(4, keepdim)", function(x) return x:mean(4, true) end)
-   add("reduction", "amax(2, keepdim)", function(x) return x:amax(2, true) end)
-   add("reduction", "max(2, keepdim)", function(x) return (x:max(2, true)) end)
-   add("reduction", "argmax(2, keepdim)", function(x) return x:argmax(2, true) end,
-       { grad = false })
-   add("reduction", "prod(4, keepdim)", function(x) return x:prod(4, true) end, { grad = false })
-   -- views and shape
-   add("view", "view (same sizes)", function(x) return x:view(x:size()) end)
-   add("view", "reshape (same sizes)", function(x) return x:reshape(x:size()) end)
-   add("view", "reshape (N, C, H*W)", function(x)
-      local s = x:size()
-      return x:reshape({ s[1], s[2], s[3] * s[4] })
-   end)
-   add("view", "permute(1,3,4,2)", function(x) return x:permute(1, 3, 4, 2) end)
-   add("view", "transpose(3,4)", function(x) return x:transpose(3, 4) end)
-   add("view", "narrow(2, 1, C/2)", function(x) return x:narrow(2, 1, x:size(2) / 2) end)
-   add("view", "narrow(3, 2, H-2)", function(x) return x:narrow(3, 2, x:size(3) - 2) end)
-   add("view", "select(1, 1)", function(x) return x:select(1, 1) end)
-   add("view", "unsqueeze(1)", function(x) return x:unsqueeze(1) end)
-   add("view", "expand (gate NxCx1x1)", function(x, s) return s.gate:expand(x:size()) end,
-       { grad = false })
-   add("view", "flatten(2)", function(x) return x:flatten(2) end)
-   add("join", "cat(dim 2, channels)", function(x, s) return lm.cat({ x, s.y }, 2) end)
-   add("join", "cat(dim 1, batch)", function(x, s) return lm.cat({ x, s.y }, 1) end)
-   add("join", "cat(x, NCHW y, dim 2)", function(x, s) return lm.cat({ x, s.y_nchw }, 2) end)
-   add("join", "stack(dim 1)", function(x, s) return lm.stack({ x, s.y }, 1) end)
-   -- nn.functional
-   add("conv", "conv2d 3x3", function(x, s) return F.conv2d(x, s.w3, s.b, { padding = 1 }) end)
-   add("conv", "conv2d 1x1", function(x, s) return F.conv2d(x, s.w1, nil) end)
-   add("conv", "conv2d 3x3 stride 2", function(x, s)
-      return F.conv2d(x, s.w3, s.b, { padding = 1, stride = 2 })
-   end)
-   add("conv", "conv2d grouped (g=4)", function(x, s)
-      return F.conv2d(x, s.wg, nil, { padding = 1, groups = 4 })
-   end)
-   add("conv", "conv2d depthwise", function(x, s)
-      return F.conv2d(x, s.wd, nil, { padding = 1, groups = s.C })
-   end)
-   add("conv", "conv2d dilated", function(x, s)
-      return F.conv2d(x, s.w3, nil, { padding = 2, dilation = 2 })
-   end)
-   add("pool", "max_pool2d 3/2", function(x)
-      return F.max_pool2d(x, { kernel_size = 3, stride = 2, padding = 1 })
-   end)
-   add("pool", "avg_pool2d 2", function(x) return F.avg_pool2d(x, { kernel_size = 2 }) end)
-   add("pool", "adaptive_avg_pool2d(1)", function(x) return F.adaptive_avg_pool2d(x, 1) end)
-   add("pool", "adaptive_avg_pool2d(7)", function(x) return F.adaptive_avg_pool2d(x, 7) end)
-   add("pool", "adaptive_max_pool2d(5)", function(x) return (F.adaptive_max_pool2d(x, 5)) end)
-   add("norm", "batch_norm (train)", function(x, s)
-      return F.batch_norm(x, s.rm, s.rv, s.gamma, s.beta, { training = true })
-   end)
-   add("norm", "batch_norm (eval)", function(x, s)
-      return F.batch_norm(x, s.rm, s.rv, s.gamma, s.beta, { training = false })
-   end)
-   add("activation", "F.relu", function(x) return F.relu(x) end)
-   add("activation", "F.dropout (train)", function(x) return F.dropout(x, 0.5, true) end)
-   add("activation", "softmax(2)", function(x) return F.softmax(x, 2) end)
-   add("activation", "log_softmax(2)", function(x) return F.log_softmax(x, 2) end)
-   add("linear", "linear (on W)", function(x, s) return F.linear(x, s.lw, s.lb) end)
-   add("linear", "matmul (x @ W x W)", function(x, s) return x:matmul(s.mm) end)
-   add("linear", "F.flatten(x, 2)", function(x) return F.flatten(x, 2) end)
-   add("loss", "mse_loss (none)", function(x, s)
-      return F.mse_loss(x, s.y, { reduction = "none" })
-   end)
-   add("loss", "cross_entropy (N,C,H,W)", function(x, s) return F.cross_entropy(x, s.target) end)
-   return ops
-end
-
-local Coverage = {}
-Coverage.__index = Coverage
-
-local function yes_no(v)
-   if v == nil then return "-" end
-   return v and "yes" or "NO"
-end
-
-function Coverage.__tostring(r)
-   local rows = {}
-   for _, row in ipairs(r.rows) do
-      rows[#rows + 1] = { row.op, row.kind, row.nchw, row.nhwc, yes_no(row.preserves), row.native,
-                          row.grad_nhwc or "-" }
-   end
-   local s = render({ "operator", "kind", "NCHW input ->", "NHWC input ->", "keeps CL",
-                      "native", "grad (NHWC)" }, rows)
-   return s .. "\n\n" .. r.legend
-end
-
-local LEGEND = table.concat({
-   "NCHW / NHWC input -> the format of the result when the inputs (and weights) are contiguous /",
-   "  channels-last: channels_last, contiguous, ambiguous (both: C == 1 or H == W == 1;",
-   "  ambiguous_cl: with the channels-last tag strides),",
-   "  cl_strided (a channels-last-ordered view), strided, broadcast, or an error; (k-D) for other",
-   "  ranks. keeps CL: a 4-D result of the NHWC input is channels-last, ambiguous or cl_strided",
-   "  ('-': the result is not 4-D). native: the formats the operator computes in place of its",
-   "  input layout, i.e. without allocating a temporary copy of the input (measured: the",
-   "  allocator's peak bytes during the call minus what is still live after it, single-threaded;",
-   "  a format is NOT native when it needs >= 90% of an input's bytes more temporary memory than",
-   "  the other format). grad (NHWC): the format of the gradient the backward hands to the NHWC",
-   "  input (seed: ones in the result's format).",
-}, "\n")
-
---- lm.layout.coverage({shape = {2, 32, 96, 96}, backward = true, only = {op names}}) -> report
---- Runs every operator of the list on an NCHW input and on the same values in NHWC (weights
---- converted alike) and reports, per operator, the result formats, whether channels-last is kept,
---- which formats run natively, and the gradient format. report.rows[i] = {op=, kind=, nchw=,
---- nhwc=, preserves=, native=, native_nchw=, native_nhwc=, temp_bytes = {nchw=, nhwc=},
---- input_bytes=, grad_nhwc=, grad_nchw=, errors = {nchw=, nhwc=}}; report.by_op[name] = row.
+--- lm.layout.coverage(opts) -> report: every operator run on contiguous and channels-last input
+--- (the 2-D ones on NCHW / NHWC, the 3-D ones on NCDHW / NDHWC, the 1-D ones on NCL / NLC);
+--- see lua/lumen/layout_coverage.lua
 function M.coverage(opts)
-   local fname = "layout.coverage"
-   if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
-      fail(fname, "options must be a table {shape =, backward =, only =}, got %s", T.typename(opts))
-   end
-   opts = opts or {}
-   for k in pairs(opts) do
-      if not COVERAGE_OPTIONS[k] then fail(fname, "unknown option '%s'", tostring(k)) end
-   end
-   local lm = require("lumen")
-   local memory = require("lumen.memory")
-   local shape = opts.shape or { 2, 32, 96, 96 }
-   if type(shape) ~= "table" or #shape ~= 4 then fail(fname, "shape must be {N, C, H, W}") end
-   local N, Cc, H, W = shape[1], shape[2], shape[3], shape[4]
-   if Cc % 8 ~= 0 or Cc < 8 or H < 8 or W < 8 or N < 1 then
-      fail(fname, "shape needs C a multiple of 8 and H, W >= 8, got (%d,%d,%d,%d)", N, Cc, H, W)
-   end
-   local backward = opts.backward ~= false
-   local only
-   if opts.only then
-      only = {}
-      for _, n in ipairs(opts.only) do only[n] = true end
-   end
-
-   local ops = operator_list(lm)
-   local report = setmetatable({ rows = {}, by_op = {}, shape = shape, legend = LEGEND }, Coverage)
-
-   -- inputs and weights, made once (same values in both formats)
-   local base = A.no_grad(function()
-      local s = {}
-      s.x = lm.rand(shape) + 0.1
-      s.y = lm.rand(shape) + 0.1
-      s.bias4 = lm.rand({ 1, Cc, 1, 1 })
-      s.gate = lm.rand({ N, Cc, 1, 1 })
-      s.mask = lm.rand(shape):gt(0.5)
-      s.w3 = lm.randn({ Cc, Cc, 3, 3 }) * 0.05
-      s.w1 = lm.randn({ Cc, Cc, 1, 1 }) * 0.1
-      s.wg = lm.randn({ Cc, Cc / 4, 3, 3 }) * 0.1
-      s.wd = lm.randn({ Cc, 1, 3, 3 }) * 0.1
-      s.b = lm.randn({ Cc })
-      s.rm, s.rv = lm.zeros({ Cc }), lm.ones({ Cc })
-      s.gamma, s.beta = lm.ones({ Cc }), lm.zeros({ Cc })
-      s.lw, s.lb = lm.randn({ 16, W }) * 0.1, lm.zeros({ 16 })
-      s.mm = lm.randn({ W, W }) * 0.1
-      s.target = lm.randint(1, Cc + 1, { N, H, W })
-      s.C = Cc
-      return s
-   end)
-   local four_d = { x = true, y = true, bias4 = true, gate = true, mask = true, w3 = true,
-                    w1 = true, wg = true, wd = true }
-   local function context(cl)
-      local s = {}
-      for k, v in pairs(base) do
-         if cl and four_d[k] then s[k] = raw.to(v, dtypes.channels_last) else s[k] = v end
-      end
-      s.y_nchw = base.y
-      -- batch-norm running stats are updated in place: fresh ones per run
-      s.rm, s.rv = raw.clone(base.rm), raw.clone(base.rv)
-      return s
-   end
-
-   local function fmt_result(c)
-      local f = classify(c)
-      if c.ndim ~= 4 then f = f .. " (" .. c.ndim .. "-D)" end
-      return f
-   end
-
-   local prev_threads = C.lm_get_num_threads()
-   local prev_limit = memory.soft_limit()
-   C.lm_set_num_threads(1)
-   memory.set_soft_limit(2 ^ 50)
-
-   -- the bytes a call needs beyond what it leaves live: the host allocator's, plus the device
-   -- allocator's when the tensors are on a GPU (its kernels' workspace; in the emulated build the
-   -- CPU kernels an op falls back to still take theirs from the host)
-   local gpu = nil
-   do
-      local dev = cdata_of(base.x).device
-      if dev >= T.DEV_CUDA0 and dev < T.DEV_CUDA0 + T.NUM_CUDA then gpu = dev - T.DEV_CUDA0 end
-   end
-   local gstats = ffi.new("int64_t[?]", C.LM_CUDA_NSTATS)
-   local function gpu_stat(which)
-      if gpu == nil or C.lm_cuda_memory_stats(gpu, gstats) ~= 0 then return 0 end
-      return tonumber(gstats[which])
-   end
-
-   -- run one op on one format: returns {format=, keeps=, temp=, err=, grad=}
-   local function run_one(e, cl)
-      local s = context(cl)
-      local x = s.x
-      local r = {}
-      collectgarbage()
-      memory.settle()
-      collectgarbage("stop")
-      local live0 = tonumber(C.lm_mem_live_bytes()) + gpu_stat(C.LM_CUDA_STAT_LIVE)
-      C.lm_mem_reset_peak()
-      if gpu then C.lm_cuda_reset_peak(gpu) end
-      local ok, out = pcall(A.no_grad, e.run, x, s)
-      local peak = tonumber(C.lm_mem_peak_bytes())
-      local gpeak = gpu_stat(C.LM_CUDA_STAT_PEAK)
-      collectgarbage("restart")
-      collectgarbage()
-      memory.settle()
-      local live1 = tonumber(C.lm_mem_live_bytes())
-      r.temp = math.max(0, peak - live1) + math.max(0, gpeak - gpu_stat(C.LM_CUDA_STAT_LIVE))
-      r.base = live0
-      if not ok then
-         r.err = tostring(out):gsub("^.-(lumen%.)", "%1")
-         r.format = "error"
-         return r
-      end
-      local oc = cdata_of(out)
-      if oc == nil then
-         r.format = "-"
-      else
-         r.format = fmt_result(oc)
-         r.ndim = oc.ndim
-         r.keeps = oc.ndim == 4 and keeps_cl(oc) or nil
-         if oc.ndim ~= 4 then r.keeps = nil end
-      end
-      -- backward: the gradient handed to the input
-      if backward and e.grad ~= false and oc ~= nil and C.lm_dtype_is_floating(oc.dtype) ~= 0 then
-         local xg = raw.alias(x)
-         Tensor.requires_grad_(xg, true)
-         local gf
-         local okb, berr = pcall(function()
-            Tensor.register_hook(xg, function(g)
-               local gc = cdata_of(g)
-               gf = gc and classify(gc) or "-"
-            end)
-            local s2 = context(cl)
-            local o2 = e.run(xg, s2)
-            if rawget(o2, "requires_grad") == true then
-               Tensor.backward(o2, lm.ones_like(o2))
-            end
-         end)
-         if okb then r.grad = gf or "-" else r.grad = "error" ; r.grad_err = berr end
-      end
-      return r
-   end
-
-   local ok, err = pcall(function()
-      local input_bytes = N * Cc * H * W * 4
-      for _, e in ipairs(ops) do
-         if not only or only[e.op] then
-            local a = run_one(e, false)
-            local b = run_one(e, true)
-            local row = { op = e.op, kind = e.kind, nchw = a.format, nhwc = b.format,
-                          temp_bytes = { nchw = a.temp, nhwc = b.temp }, input_bytes = input_bytes,
-                          grad_nchw = a.grad, grad_nhwc = b.grad,
-                          errors = { nchw = a.err, nhwc = b.err } }
-            if b.err then row.preserves = false
-            elseif b.ndim == 4 then row.preserves = b.keeps and true or false end
-            local margin = 0.9 * input_bytes
-            row.native_nchw = a.err == nil and a.temp < b.temp + margin
-            row.native_nhwc = b.err == nil and b.temp < a.temp + margin
-            if row.native_nchw and row.native_nhwc then row.native = "both"
-            elseif row.native_nchw then row.native = "nchw"
-            elseif row.native_nhwc then row.native = "nhwc"
-            else row.native = "none" end
-            report.rows[#report.rows + 1] = row
-            report.by_op[e.op] = row
-         end
-      end
-   end)
-   C.lm_set_num_threads(prev_threads)
-   memory.set_soft_limit(prev_limit)
-   if not ok then error(err, 0) end
-   return report
+   return require("lumen.layout_coverage").coverage(opts)
 end
 
--- the operator list, for documentation and specs: array of {op=, kind=}
+-- the operator list, for documentation and specs: array of {op=, kind=, group=}
 function M.operators()
-   local r = {}
-   for i, e in ipairs(operator_list(require("lumen"))) do r[i] = { op = e.op, kind = e.kind } end
-   return r
+   return require("lumen.layout_coverage").operators()
 end
 
 -- lumen's init calls install(lm) when lm.layout is first used
@@ -1115,6 +914,7 @@ end
 
 M._classify = classify
 M._keeps_cl = keeps_cl
+M._is_nlc_dense = is_nlc_dense
 M._ffi = ffi
 
 return M

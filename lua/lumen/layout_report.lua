@@ -4,9 +4,11 @@
 --    report:to_html("report.html")           -- or without a path: the page as a string
 --
 -- The page shows the verdict, the module tree coloured by the memory format of each module's
--- output (channels-last, contiguous, mixed for a container whose modules differ, neutral for
--- outputs that carry no format), the module that lost channels-last and the operator that did it
--- (from lm.layout.trace) highlighted, the operator table, and the text report. Everything is
+-- output (channels-last: channels_last for a 4-D output, channels_last_3d for a 5-D one;
+-- contiguous; mixed for a container whose modules differ; neutral for outputs that carry no
+-- format: other ranks, ambiguous shapes), the module that lost its channels-last format and the
+-- operator that did it (from lm.layout.trace) highlighted, the operator table, and the text
+-- report. Everything is
 -- inline (CSS in a <style> element, no scripts, no external files): the page can be mailed or
 -- attached to an issue. Collapsing uses <details>, which needs no script.
 
@@ -20,11 +22,15 @@ end
 
 -- the colour classes; the legend lists them in this order
 local CLASSES = {
-   { "cl", "channels-last", "4-D output in channels-last (dense, or a view ordered like it)" },
-   { "contiguous", "contiguous", "4-D output in NCHW order (contiguous or another stride order)" },
+   { "cl", "channels-last", "4-D output in channels_last, 5-D output in channels_last_3d " ..
+     "(dense, or a view ordered like it)" },
+   { "contiguous", "contiguous", "4-D or 5-D output in NC(D)HW order (contiguous or another " ..
+     "stride order)" },
    { "mixed", "mixed", "a container whose modules produce both" },
-   { "lost", "loses channels-last", "channels-last input, NCHW output: the operator is named" },
-   { "neutral", "no format", "not 4-D, ambiguous (C == 1 or H == W == 1), or not called" },
+   { "lost", "loses channels-last", "channels-last input, NC(D)HW output of the same rank: the " ..
+     "operator is named" },
+   { "neutral", "no format", "not 4-D or 5-D (the 1-D operators' N x C x L included), ambiguous " ..
+     "(C == 1 or H == W == 1; 5-D: C == 1 or D == H == W == 1), or not called" },
 }
 
 local CSS = [[
@@ -72,16 +78,17 @@ local function rank_of(size)
    return n
 end
 
-local CL_LIKE = { channels_last = true, cl_strided = true }
+local CL_LIKE = { channels_last = true, cl_strided = true, channels_last_3d = true,
+                  cl3d_strided = true }
+local AMBIGUOUS = { ambiguous = true, ambiguous_cl = true, ambiguous_cl3d = true }
 
 -- the class of one leaf call, from its output
 local function call_class(row)
    if row.lost then return "lost" end
-   if rank_of(row.output_size) ~= 4 then return "neutral" end
+   local rank = rank_of(row.output_size)
+   if rank ~= 4 and rank ~= 5 then return "neutral" end
    if CL_LIKE[row.output_format] then return "cl" end
-   if row.output_format == "ambiguous" or row.output_format == "ambiguous_cl" then
-      return "neutral"
-   end
+   if AMBIGUOUS[row.output_format] then return "neutral" end
    return "contiguous"
 end
 
@@ -121,11 +128,13 @@ local function row_details(row, backward)
    end
    if row.lost then
       local ops = row.lost_ops and table.concat(row.lost_ops, ", ") or nil
-      parts[#parts + 1] = '<span class="note">&#9888; loses channels-last' ..
+      parts[#parts + 1] = '<span class="note">&#9888; loses ' ..
+         (row.lost_format == "channels_last_3d" and "channels_last_3d" or "channels-last") ..
          (ops and (': operator <code>' .. esc(ops) .. '</code>') or "") .. '</span>'
    end
    if row.grad_lost then
-      parts[#parts + 1] = '<span class="note gradlost">output gradient not channels-last' ..
+      parts[#parts + 1] = '<span class="note gradlost">output gradient not ' ..
+         (row.grad_lost_format == "channels_last_3d" and "channels_last_3d" or "channels-last") ..
          (row.grad_from and (" (from " .. esc(row.grad_from) .. ")") or "") .. '</span>'
    elseif row.grad_note then
       parts[#parts + 1] = '<span class="fmt">(output gradient ' .. esc(row.grad_note) .. ')</span>'
@@ -212,12 +221,18 @@ function M.html(report)
 
    -- the verdict
    local first_op = report.trace and report.trace.first
+   local ranks = report.output_ranks or {}
    if report.ok then
-      w('<div class="verdict ok">ok: channels-last all the way' ..
+      local params = (report.n_params5 or 0) > 0 and ((report.n_params4 or 0) > 0 and
+         "4-D and 5-D" or "5-D") or "4-D"
+      w('<div class="verdict ok">ok: ' .. (ranks[5] and not ranks[4] and "channels_last_3d" or
+        "channels-last") .. ' all the way' ..
         (report.backward and not report.backward_skipped and
-         " (forward, backward and every 4-D parameter gradient)" or " (forward)") .. '</div>\n')
+         (" (forward, backward and every " .. params .. " parameter gradient)") or " (forward)")
+        .. '</div>\n')
    elseif report.first_lost then
-      w('<div class="verdict bad">channels-last is lost at module <a href="#' ..
+      w('<div class="verdict bad">' .. esc(report.first_lost_format == "channels_last_3d" and
+        "channels_last_3d" or "channels-last") .. ' is lost at module <a href="#' ..
         anchor(report.first_lost) .. '"><code>' .. esc(report.first_lost) .. '</code></a>' ..
         (first_op and (' by operator <code>' .. esc(first_op.op) .. '</code>') or "") ..
         '</div>\n')
@@ -232,11 +247,15 @@ function M.html(report)
    fact("output", '<code>' .. esc(report.output_format or "-") .. '</code>')
    fact("module calls", tostring(#report.rows))
    if report.first_lost then
-      fact("first module to lose channels-last", '<code>' .. esc(report.first_lost) .. '</code>')
+      fact("first module to lose " .. (report.first_lost_format == "channels_last_3d" and
+           "channels_last_3d" or "channels-last"), '<code>' .. esc(report.first_lost) .. '</code>')
    elseif #report.non_cl > 0 then
-      fact("not channels-last", ("%d leaf-module output(s) are 4-D and not channels-last " ..
-         "(first: <code>%s</code>); was the model converted (lm.to_channels_last)?")
-         :format(#report.non_cl, esc(report.non_cl[1])))
+      local rk, fmt = require("lumen.layout")._ranks_phrase(ranks)
+      fact("not channels-last", ("%d leaf-module output(s) are %s and not %s " ..
+         "(first: <code>%s</code>); %s"):format(#report.non_cl, rk, fmt, esc(report.non_cl[1]),
+         report.non_cl_rank_change and ("it changes the rank of a " ..
+            esc(report.non_cl_rank_change) .. " input (not counted as a loss)") or
+         "was the model converted (lm.to_channels_last)?"))
    end
    if first_op then
       fact("operator that lost it", '<code>' .. esc(first_op.op) .. '</code>' ..
@@ -249,16 +268,17 @@ function M.html(report)
          fact("backward", "skipped: " .. esc(report.backward_skipped))
       else
          if report.first_grad_lost then
-            fact("first output gradient not channels-last", '<code>' ..
+            fact("first output gradient not " .. (report.first_grad_lost_format ==
+                 "channels_last_3d" and "channels_last_3d" or "channels-last"), '<code>' ..
                  esc(report.first_grad_lost) .. '</code>' .. (report.first_grad_lost_by and
                  (" (from <code>" .. esc(report.first_grad_lost_by) .. "</code>)") or ""))
          end
-         if report.params_ok then
-            fact("4-D parameter gradients", ("all %d channels-last"):format(report.n_params4 or 0))
-         else
-            fact("4-D parameter gradients", ("%d of %d NOT channels-last: <code>%s</code>")
-               :format(#report.bad_params, report.n_params4 or 0,
-                       esc(table.concat(report.bad_params, ", "))))
+         -- "4-D parameter gradients: all 20 channels-last", and the 5-D line
+         for _, line in ipairs(require("lumen.layout")._param_lines(report)) do
+            local k, v = line:match("^(.-): (.*)$")
+            local head, names = v:match("^(.-NOT [%w_%-]+): (.*)$")
+            if head then v = esc(head) .. ": <code>" .. esc(names) .. "</code>" else v = esc(v) end
+            fact(k, v)
          end
       end
    end

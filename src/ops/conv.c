@@ -24,49 +24,47 @@ static void fmt_tsizes(char *buf, size_t n, const lm_tensor *t) {
    if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-static lm_status conv_check(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
-                            const int64_t *stride, const int64_t *padding,
-                            const int64_t *dilation, int64_t groups, conv_geom *g) {
-   char s1[160], s2[160];
+/* the argument checks conv2d (nd 2) and conv3d (nd 3) share: tensors, devices, dtypes, ranks,
+   groups against the channels, a non-empty kernel, the bias's size (PyTorch's messages) */
+lm_status lm_conv_check_args(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
+                             int64_t groups, int nd) {
+   char s1[160], s2[160], what[32];
+   const char *name = nd == 3 ? "conv3d" : "conv2d";
    LM_CHECK_TENSOR(x, "input");
    LM_CHECK_TENSOR(w, "weight");
-   LM_TRY(lm_check_same_device(x, w, "conv2d weight"));
-   if (bias) LM_TRY(lm_check_same_device(x, bias, "conv2d bias"));
+   snprintf(what, sizeof what, "%s weight", name);
+   LM_TRY(lm_check_same_device(x, w, what));
+   if (bias) {
+      snprintf(what, sizeof what, "%s bias", name);
+      LM_TRY(lm_check_same_device(x, bias, what));
+   }
    if (x->dtype != LM_FLOAT32 && x->dtype != LM_FLOAT64 && x->dtype != LM_FLOAT16 &&
        x->dtype != LM_BFLOAT16)
       return lm_error(LM_ERR_DTYPE,
-                      "conv2d supports float16, bfloat16, float32 and float64 tensors, got %s "
-                      "input", lm_dtype_name(x->dtype));
+                      "%s supports float16, bfloat16, float32 and float64 tensors, got %s "
+                      "input", name, lm_dtype_name(x->dtype));
    if (w->dtype != x->dtype)
       return lm_error(LM_ERR_DTYPE, "input type (%s) and weight type (%s) should be the same",
                       lm_dtype_name(x->dtype), lm_dtype_name(w->dtype));
    if (bias && bias->dtype != x->dtype)
       return lm_error(LM_ERR_DTYPE, "input type (%s) and bias type (%s) should be the same",
                       lm_dtype_name(x->dtype), lm_dtype_name(bias->dtype));
-   if (w->ndim != 4) {
+   const char *kdims = nd == 3 ? "kD, kH, kW" : "kH, kW";
+   const char *xdims = nd == 3 ? "(N, C, D, H, W)" : "(N, C, H, W)";
+   if (w->ndim != nd + 2) {
       fmt_tsizes(s1, sizeof s1, w);
       return lm_error(LM_ERR_SHAPE,
-                      "expected a 4-D weight (out_channels, in_channels/groups, kH, kW), got "
-                      "%d-D weight of size %s", w->ndim, s1);
+                      "expected a %d-D weight (out_channels, in_channels/groups, %s), got "
+                      "%d-D weight of size %s", nd + 2, kdims, w->ndim, s1);
    }
-   if (x->ndim != 4) {
+   if (x->ndim != nd + 2) {
       fmt_tsizes(s1, sizeof s1, w);
       fmt_tsizes(s2, sizeof s2, x);
       return lm_error(LM_ERR_SHAPE,
-                      "expected 4-D input (N, C, H, W) for 4-D weight %s, but got %d-D input of "
-                      "size %s", s1, x->ndim, s2);
+                      "expected %d-D input %s for %d-D weight %s, but got %d-D input of "
+                      "size %s", nd + 2, xdims, nd + 2, s1, x->ndim, s2);
    }
    if (groups <= 0) return lm_error(LM_ERR_ARG, "non-positive groups is not supported");
-   int64_t st[2] = {1, 1}, pd[2] = {0, 0}, dl[2] = {1, 1};
-   for (int i = 0; i < 2; i++) {
-      if (stride) st[i] = stride[i];
-      if (padding) pd[i] = padding[i];
-      if (dilation) dl[i] = dilation[i];
-   }
-   if (st[0] <= 0 || st[1] <= 0) return lm_error(LM_ERR_ARG, "non-positive stride is not supported");
-   if (dl[0] <= 0 || dl[1] <= 0)
-      return lm_error(LM_ERR_ARG, "non-positive dilation is not supported");
-   if (pd[0] < 0 || pd[1] < 0) return lm_error(LM_ERR_ARG, "negative padding is not supported");
    const int64_t O = w->sizes[0], C = x->sizes[1];
    if (O % groups != 0) {
       fmt_tsizes(s1, sizeof s1, w);
@@ -83,10 +81,11 @@ static lm_status conv_check(const lm_tensor *x, const lm_tensor *w, const lm_ten
                       "channels, but got %lld channels instead",
                       (long long)groups, s1, s2, (long long)(w->sizes[1] * groups), (long long)C);
    }
-   if (w->sizes[2] <= 0 || w->sizes[3] <= 0) {
-      fmt_tsizes(s1, sizeof s1, w);
-      return lm_error(LM_ERR_SHAPE, "weight of size %s has an empty kernel", s1);
-   }
+   for (int d = 2; d < nd + 2; d++)
+      if (w->sizes[d] <= 0) {
+         fmt_tsizes(s1, sizeof s1, w);
+         return lm_error(LM_ERR_SHAPE, "weight of size %s has an empty kernel", s1);
+      }
    if (bias && (bias->ndim != 1 || bias->sizes[0] != O)) {
       fmt_tsizes(s1, sizeof s1, w);
       fmt_tsizes(s2, sizeof s2, bias);
@@ -95,6 +94,24 @@ static lm_status conv_check(const lm_tensor *x, const lm_tensor *w, const lm_ten
                       "elements, but got bias of size %s instead",
                       s1, (long long)O, s2);
    }
+   return LM_OK;
+}
+
+static lm_status conv_check(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
+                            const int64_t *stride, const int64_t *padding,
+                            const int64_t *dilation, int64_t groups, conv_geom *g) {
+   LM_TRY(lm_conv_check_args(x, w, bias, groups, 2));
+   int64_t st[2] = {1, 1}, pd[2] = {0, 0}, dl[2] = {1, 1};
+   for (int i = 0; i < 2; i++) {
+      if (stride) st[i] = stride[i];
+      if (padding) pd[i] = padding[i];
+      if (dilation) dl[i] = dilation[i];
+   }
+   if (st[0] <= 0 || st[1] <= 0) return lm_error(LM_ERR_ARG, "non-positive stride is not supported");
+   if (dl[0] <= 0 || dl[1] <= 0)
+      return lm_error(LM_ERR_ARG, "non-positive dilation is not supported");
+   if (pd[0] < 0 || pd[1] < 0) return lm_error(LM_ERR_ARG, "negative padding is not supported");
+   const int64_t O = w->sizes[0], C = x->sizes[1];
    int64_t ohw[2];
    LM_TRY(lm_conv2d_output_size(&x->sizes[2], &w->sizes[2], st, pd, dl, ohw));
    g->N = x->sizes[0];

@@ -30,4 +30,10 @@ typedef struct lm_conv2d_params {
    int relu;
 } lm_conv2d_params;
 
+/* the argument checks of lm_conv2d (nd 2) and lm_conv3d (nd 3): tensors, devices, dtypes, ranks,
+   groups, a non-empty kernel, the bias (src/ops/conv.c) */
+struct lm_tensor;
+lm_status lm_conv_check_args(const struct lm_tensor *x, const struct lm_tensor *w,
+                             const struct lm_tensor *bias, int64_t groups, int nd);
+
 #endif

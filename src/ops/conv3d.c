@@ -22,6 +22,7 @@
  */
 #include "common.h"
 #include "../conv.h"
+#include "conv.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,60 +77,8 @@ int lm_conv3d_memory_format(const lm_tensor *x, const lm_tensor *w) {
 static lm_status c3_check(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                           int64_t groups, int fmt, c3_geom *g) {
-   char s1[160], s2[160];
-   LM_CHECK_TENSOR(x, "input");
-   LM_CHECK_TENSOR(w, "weight");
-   LM_TRY(lm_check_same_device(x, w, "conv3d weight"));
-   if (bias) LM_TRY(lm_check_same_device(x, bias, "conv3d bias"));
-   LM_TRY(check_float(x, "conv3d input"));
-   if (w->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "input type (%s) and weight type (%s) should be the same",
-                      lm_dtype_name(x->dtype), lm_dtype_name(w->dtype));
-   if (bias && bias->dtype != x->dtype)
-      return lm_error(LM_ERR_DTYPE, "input type (%s) and bias type (%s) should be the same",
-                      lm_dtype_name(x->dtype), lm_dtype_name(bias->dtype));
-   if (w->ndim != 5) {
-      fmt_sizes(s1, sizeof s1, w);
-      return lm_error(LM_ERR_SHAPE,
-                      "expected a 5-D weight (out_channels, in_channels/groups, kD, kH, kW), got "
-                      "%d-D weight of size %s", w->ndim, s1);
-   }
-   if (x->ndim != 5) {
-      fmt_sizes(s1, sizeof s1, w);
-      fmt_sizes(s2, sizeof s2, x);
-      return lm_error(LM_ERR_SHAPE,
-                      "expected 5-D input (N, C, D, H, W) for 5-D weight %s, but got %d-D input "
-                      "of size %s", s1, x->ndim, s2);
-   }
-   if (groups <= 0) return lm_error(LM_ERR_ARG, "non-positive groups is not supported");
+   LM_TRY(lm_conv_check_args(x, w, bias, groups, 3));
    const int64_t O = w->sizes[0], C = x->sizes[1];
-   if (O % groups != 0) {
-      fmt_sizes(s1, sizeof s1, w);
-      return lm_error(LM_ERR_SHAPE,
-                      "Given groups=%lld, expected weight to be divisible by %lld at dimension 0, "
-                      "but got weight of size %s instead",
-                      (long long)groups, (long long)groups, s1);
-   }
-   if (C != w->sizes[1] * groups) {
-      fmt_sizes(s1, sizeof s1, w);
-      fmt_sizes(s2, sizeof s2, x);
-      return lm_error(LM_ERR_SHAPE,
-                      "Given groups=%lld, weight of size %s, expected input%s to have %lld "
-                      "channels, but got %lld channels instead",
-                      (long long)groups, s1, s2, (long long)(w->sizes[1] * groups), (long long)C);
-   }
-   if (w->sizes[2] <= 0 || w->sizes[3] <= 0 || w->sizes[4] <= 0) {
-      fmt_sizes(s1, sizeof s1, w);
-      return lm_error(LM_ERR_SHAPE, "weight of size %s has an empty kernel", s1);
-   }
-   if (bias && (bias->ndim != 1 || bias->sizes[0] != O)) {
-      fmt_sizes(s1, sizeof s1, w);
-      fmt_sizes(s2, sizeof s2, bias);
-      return lm_error(LM_ERR_SHAPE,
-                      "Given weight of size %s, expected bias to be 1-dimensional with %lld "
-                      "elements, but got bias of size %s instead",
-                      s1, (long long)O, s2);
-   }
    int64_t o3[3];
    LM_TRY(lm_conv3d_output_size(&x->sizes[2], &w->sizes[2], stride, padding, dilation, o3));
    if (fmt < 0 || fmt == LM_PRESERVE) fmt = lm_conv3d_memory_format(x, w);
@@ -302,13 +251,25 @@ static lm_status gather_taps(const lm_tensor *x, const c3_geom *g, int64_t k0, i
    return LM_OK;
 }
 
+/* the depth tap that reads every input depth exactly once (stride 1, as many output depths as
+   input depths, kd*dd == pd: the centre tap of a "same" temporal kernel), or -1. Its gradient is
+   copied into grad_x first and the other taps' added, which saves zeroing grad_x (the
+   (2+1)-D temporal 3x1x1 backward: one pass of five over grad_x). */
+static int64_t full_tap(const c3_geom *g) {
+   if (g->sd != 1 || g->Do != g->D || g->pd % g->dd != 0 || g->pd / g->dd >= g->kd) return -1;
+   return g->pd / g->dd;
+}
+
 /* grad_x += the gradient gp (N*Do, nk*C, H, W) of the taps k0 .. k0+nk-1 (gather_taps'
-   layout), each tap's slice added into the input depths it read; copied instead of added when
-   `assign` (grad_x zero there, and no other tap of this call reads those depths: nk 1) */
+   layout), each tap's slice added into the input depths it read; tap `assign` (when among them)
+   first and copied instead of added (see full_tap) */
 static lm_status scatter_taps(lm_tensor *gx, const lm_tensor *gp, const c3_geom *g, int64_t k0,
-                              int64_t nk, int assign) {
+                              int64_t nk, int64_t assign) {
    lm_status st = LM_OK;
-   for (int64_t k = 0; k < nk && st == LM_OK; k++) {
+   const int have = assign >= k0 && assign < k0 + nk;
+   for (int64_t i = 0; i < nk && st == LM_OK; i++) {
+      /* the assigned tap first, then the others in order */
+      const int64_t k = !have ? i : i == 0 ? assign - k0 : i <= assign - k0 ? i - 1 : i;
       int64_t lo, hi;
       tap_range(g, k0 + k, &lo, &hi);
       if (hi <= lo) continue;
@@ -316,7 +277,8 @@ static lm_status scatter_taps(lm_tensor *gx, const lm_tensor *gp, const c3_geom 
       st = view4_taps(gp, g, nk, lo, k, hi - lo, &sv);
       if (st == LM_OK)
          st = view5_taps(gx, g, lo * g->sd - g->pd + (k0 + k) * g->dd, g->sd, hi - lo, &dv);
-      if (st == LM_OK) st = assign ? lm_copy_(dv, sv) : lm_binary(LM_ADD, dv, sv, 1.0, &dv);
+      if (st == LM_OK)
+         st = k0 + k == assign ? lm_copy_(dv, sv) : lm_binary(LM_ADD, dv, sv, 1.0, &dv);
       if (sv) lm_tensor_free(sv);
       if (dv) lm_tensor_free(dv);
    }
@@ -485,10 +447,13 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
       /* one tap of stride 1 without depth padding reads x's depths one for one: the conv2d
          writes grad_x through its folded view (in place when that view is dense) */
       int x_direct = want_x && g.kd == 1 && g.pd == 0 && g.sd == 1;
-      /* several taps of one call, or one tap whose depths other taps also read, add up: grad_x
-         starts from zero */
-      if (st == LM_OK && want_x && !x_direct) st = lm_fill_(ox.t, 0.0);
-      for (int64_t c = 0; c < calls && st == LM_OK; c++) {
+      /* the taps' gradients add up in grad_x: it starts from zero, or from the copy of the tap
+         that reads every input depth once (full_tap) */
+      const int64_t kf = want_x && !x_direct ? full_tap(&g) : -1;
+      if (st == LM_OK && want_x && !x_direct && kf < 0) st = lm_fill_(ox.t, 0.0);
+      for (int64_t i = 0; i < calls && st == LM_OK; i++) {
+         /* one call per tap: the tap kf's call first (its gradient is copied, see full_tap) */
+         const int64_t c = calls == 1 || kf < 0 ? i : i == 0 ? kf : i <= kf ? i - 1 : i;
          const int64_t k0 = c * nk;
          if (want_w) {
             st = gather_taps(x, &g, k0, nk, &tmp[0]);
@@ -525,7 +490,7 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
             if (st == LM_OK) st = lm_copy_(ow.t, tmp[6]);
          }
          if (st == LM_OK && want_x && !x_direct)
-            st = scatter_taps(ox.t, tmp[3], &g, k0, nk, 0);
+            st = scatter_taps(ox.t, tmp[3], &g, k0, nk, kf);
          free_all(tmp, 2);
          free_all(&tmp[3], 4);
          tmp[0] = tmp[1] = tmp[3] = tmp[4] = tmp[5] = tmp[6] = NULL;

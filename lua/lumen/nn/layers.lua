@@ -62,13 +62,6 @@ local function int_arg(fname, v, what, min)
    return v
 end
 
--- number or {h, w} -> {h, w}
-local function pair(v)
-   if type(v) == "number" then return { v, v } end
-   if T.is_sizes(v) and #v == 1 then return { v[1], v[1] } end
-   return v
-end
-
 local function pair_str(p)
    if type(p) ~= "table" then return tostring(p) end
    return "(" .. tostring(p[1]) .. ", " .. tostring(p[2]) .. ")"
@@ -98,42 +91,68 @@ end
 local Conv2d = Module:extend("Conv2d")
 M.Conv2d = Conv2d
 
--- Conv2d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1,
---        bias=true, dtype=float32})
-function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
-   local fname = "Conv2d"
+-- a number or a table of 1 or nd integers of at least min -> a table of nd
+local NAMES = { [2] = "{h, w}", [3] = "{d, h, w}" }
+local function sizes_arg(fname, v, what, min, nd)
+   local t
+   if type(v) == "number" then t = {}; for i = 1, nd do t[i] = v end
+   elseif T.is_sizes(v) and #v == 1 then t = {}; for i = 1, nd do t[i] = v[1] end
+   elseif T.is_sizes(v) and #v == nd then t = {}; for i = 1, nd do t[i] = v[i] end
+   else
+      fail(fname, ("%s must be a number or %s, got %s"):format(what, NAMES[nd], tostring(v)))
+   end
+   for i = 1, nd do int_arg(fname, t[i], what, min) end
+   return t
+end
+
+-- what Conv2d and Conv3d share: the arguments' checks, the fields, the parameters weight (out,
+-- in / groups, k...) and bias (out), PyTorch's init. Sizes are numbers or tables of nd values;
+-- padding may also be "valid" or "same".
+local function conv_init(self, fname, nd, in_channels, out_channels, kernel_size, opts)
    opts = opts_arg(fname, opts, CONV_OPTS)
    int_arg(fname, in_channels, "in_channels", 1)
    int_arg(fname, out_channels, "out_channels", 1)
    local groups = int_arg(fname, opts.groups or 1, "groups", 1)
    if in_channels % groups ~= 0 then fail(fname, "in_channels must be divisible by groups") end
    if out_channels % groups ~= 0 then fail(fname, "out_channels must be divisible by groups") end
-   local k = pair(kernel_size)
-   if not T.is_sizes(k) or #k ~= 2 then
-      fail(fname, "kernel_size must be a number or {h, w}, got " .. tostring(kernel_size))
-   end
-   int_arg(fname, k[1], "kernel_size", 1)
-   int_arg(fname, k[2], "kernel_size", 1)
+   local k = sizes_arg(fname, kernel_size, "kernel_size", 1, nd)
    local padding = opts.padding or 0
-   if padding ~= "same" and padding ~= "valid" then padding = pair(padding) end
+   if padding ~= "same" and padding ~= "valid" then
+      padding = sizes_arg(fname, padding, "padding", 0, nd)
+   end
    if opts.padding_mode ~= nil and opts.padding_mode ~= "zeros" then
       fail(fname, "padding_mode '" .. tostring(opts.padding_mode) .. "' is not supported " ..
            "(only 'zeros')")
    end
    self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
-   self.stride = pair(opts.stride or 1)
+   self.stride = sizes_arg(fname, opts.stride or 1, "stride", 1, nd)
    self.padding = padding
-   self.dilation = pair(opts.dilation or 1)
+   self.dilation = sizes_arg(fname, opts.dilation or 1, "dilation", 1, nd)
    self.groups = groups
+   if padding == "same" then
+      for i = 1, nd do
+         if self.stride[i] ~= 1 then
+            fail(fname, "padding='same' is not supported for strided convolutions")
+         end
+      end
+   end
    local fk = param_opts(fname, opts)
-   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2] }, fk)
-   self:register_parameter("weight", w)
+   local wsz = { out_channels, in_channels / groups }
+   for i = 1, nd do wsz[i + 2] = k[i] end
+   self:register_parameter("weight", creation.empty(wsz, fk))
    if opts.bias == nil or opts.bias then
       self:register_parameter("bias", creation.empty({ out_channels }, fk))
    else
       self:register_parameter("bias", nil)
    end
    self:reset_parameters()
+end
+
+-- Conv2d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1,
+--        bias=true, dtype=float32})
+Conv2d._functional = "conv2d"   -- forward's F function (Conv3d: conv3d)
+function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
+   conv_init(self, "Conv2d", 2, in_channels, out_channels, kernel_size, opts)
 end
 
 function Conv2d:reset_parameters()
@@ -150,12 +169,13 @@ end
 -- as the ResNet blocks of a model folded by nn.fold_batch_norm do
 function Conv2d:forward(x, fuse)
    if fuse ~= nil and not plain_table(fuse) then
-      fail("Conv2d", "the second argument must be a table {residual =, relu =}, got " ..
+      fail(self.__name, "the second argument must be a table {residual =, relu =}, got " ..
            T.typename(fuse))
    end
-   return F.conv2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
-                   dilation = self.dilation, groups = self.groups,
-                   residual = fuse and fuse.residual, relu = fuse and fuse.relu })
+   return F[self._functional](x, self.weight, self.bias, { stride = self.stride,
+                                padding = self.padding,
+                                dilation = self.dilation, groups = self.groups,
+                                residual = fuse and fuse.residual, relu = fuse and fuse.relu })
 end
 
 function Conv2d:extra_repr()
@@ -264,80 +284,19 @@ end
 local Conv3d = Module:extend("Conv3d")
 M.Conv3d = Conv3d
 
--- number or {d, h, w} (a one-element table repeats) -> {d, h, w}, nil when neither
-local function triple(v)
-   if type(v) == "number" then return { v, v, v } end
-   if T.is_sizes(v) and #v == 1 then return { v[1], v[1], v[1] } end
-   if T.is_sizes(v) and #v == 3 then return { v[1], v[2], v[3] } end
-   return nil
-end
-
-local function triple_arg(fname, v, what, min)
-   local t = triple(v)
-   if t == nil then
-      fail(fname, ("%s must be a number or {d, h, w}, got %s"):format(what, tostring(v)))
-   end
-   for i = 1, 3 do int_arg(fname, t[i], what, min) end
-   return t
-end
-
 local function conv3_str(p) return ("(%d, %d, %d)"):format(p[1], p[2], p[3]) end
 
 -- Conv3d(in_channels, out_channels, kernel_size, {stride=1, padding=0, dilation=1, groups=1,
 --        bias=true, dtype=float32}); sizes are numbers or {d, h, w}; padding may also be
 -- "valid" or "same"
 function Conv3d:__init(in_channels, out_channels, kernel_size, opts)
-   local fname = "Conv3d"
-   opts = opts_arg(fname, opts, CONV_OPTS)
-   int_arg(fname, in_channels, "in_channels", 1)
-   int_arg(fname, out_channels, "out_channels", 1)
-   local groups = int_arg(fname, opts.groups or 1, "groups", 1)
-   if in_channels % groups ~= 0 then fail(fname, "in_channels must be divisible by groups") end
-   if out_channels % groups ~= 0 then fail(fname, "out_channels must be divisible by groups") end
-   local k = triple_arg(fname, kernel_size, "kernel_size", 1)
-   local padding = opts.padding or 0
-   if padding ~= "same" and padding ~= "valid" then
-      padding = triple_arg(fname, padding, "padding", 0)
-   end
-   if opts.padding_mode ~= nil and opts.padding_mode ~= "zeros" then
-      fail(fname, "padding_mode '" .. tostring(opts.padding_mode) .. "' is not supported " ..
-           "(only 'zeros')")
-   end
-   self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
-   self.stride = triple_arg(fname, opts.stride or 1, "stride", 1)
-   self.padding = padding
-   self.dilation = triple_arg(fname, opts.dilation or 1, "dilation", 1)
-   self.groups = groups
-   if padding == "same" then
-      for i = 1, 3 do
-         if self.stride[i] ~= 1 then
-            fail(fname, "padding='same' is not supported for strided convolutions")
-         end
-      end
-   end
-   local fk = param_opts(fname, opts)
-   local w = creation.empty({ out_channels, in_channels / groups, k[1], k[2], k[3] }, fk)
-   self:register_parameter("weight", w)
-   if opts.bias == nil or opts.bias then
-      self:register_parameter("bias", creation.empty({ out_channels }, fk))
-   else
-      self:register_parameter("bias", nil)
-   end
-   self:reset_parameters()
+   conv_init(self, "Conv3d", 3, in_channels, out_channels, kernel_size, opts)
 end
 
 Conv3d.reset_parameters = Conv2d.reset_parameters       -- PyTorch's _ConvNd init
-
 -- forward(x [, {residual = t, relu = true}]): as Conv2d:forward (F.conv3d's fused epilogue)
-function Conv3d:forward(x, fuse)
-   if fuse ~= nil and not plain_table(fuse) then
-      fail("Conv3d", "the second argument must be a table {residual =, relu =}, got " ..
-           T.typename(fuse))
-   end
-   return F.conv3d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
-                   dilation = self.dilation, groups = self.groups,
-                   residual = fuse and fuse.residual, relu = fuse and fuse.relu })
-end
+Conv3d.forward = Conv2d.forward
+Conv3d._functional = "conv3d"
 
 function Conv3d:extra_repr()
    local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
