@@ -1,7 +1,8 @@
 -- The convolution's fused epilogue (F.conv2d / Conv2d:forward with {residual =, relu =}) against
 -- the same computation op by op; batch-norm folding for inference (nn.utils.fuse_conv_bn_weights,
 -- nn.utils.fuse_conv_bn_eval, nn.fold_batch_norm) against the unfolded modules in evaluation
--- mode: values, memory formats, gradients, bad input.
+-- mode: values, memory formats, gradients, bad input; the same for Conv3d -> BatchNorm3d
+-- (channels_last_3d kept; the video models: spec/video_models_spec.lua).
 local lm = require("lumen")
 local H = require("spec.helpers")
 local gradcheck = require("spec.gradcheck")
@@ -23,9 +24,10 @@ local function count(model, type_name)
    return n
 end
 
--- a batch norm with non-trivial running statistics and affine parameters
-local function warmed_bn(c, dt)
-   local bn = nn.BatchNorm2d(c, { dtype = dt })
+-- a batch norm with non-trivial running statistics and affine parameters (BatchNorm3d when
+-- cls says so)
+local function warmed_bn(c, dt, cls)
+   local bn = (cls or nn.BatchNorm2d)(c, { dtype = dt })
    lm.no_grad(function()
       bn.running_mean:copy_(lm.randn({ c }, { dtype = dt }))
       bn.running_var:copy_(lm.rand({ c }, { dtype = dt }) + 0.5)
@@ -388,5 +390,97 @@ describe("nn.fold_batch_norm", function()
       assert.are.equal(nbn, count(m, "BatchNorm2d"))
       H.assert_error_like("fold_batch_norm", "module", nn.fold_batch_norm, nil)
       H.assert_error_like("fold_batch_norm", "module", nn.fold_batch_norm, lm.randn({ 2 }))
+   end)
+end)
+
+describe("folding Conv3d -> BatchNorm3d", function()
+   -- F.conv3d has no CUDA kernel
+   local on_cuda = lm.get_default_device():match("^cuda") ~= nil
+   local CL3 = lm.channels_last_3d
+
+   for _, dt in ipairs({ lm.float32, lm.float64 }) do
+      for _, fmt in ipairs({ CL3, lm.contiguous_format }) do
+         it(("fuse_conv_bn_weights on 5-D weights keeps their format: %s %s")
+            :format(tostring(dt), tostring(fmt)), function()
+            lm.manual_seed(21)
+            local w = lm.randn({ 6, 4, 3, 1, 2 }, { dtype = dt }):contiguous(fmt)
+            local bn = warmed_bn(6, dt, nn.BatchNorm3d)
+            local cb = lm.randn({ 6 }, { dtype = dt })
+            local fw, fb = nn.utils.fuse_conv_bn_weights(w, cb, bn.running_mean, bn.running_var,
+                                                         bn.eps, bn.weight, bn.bias)
+            assert.is_true(fw:is_contiguous(fmt), H.describe(fw))
+            assert.are.equal(fmt, fw:suggest_memory_format())
+            H.assert_dtype(fw, dt)
+            local scale = bn.weight / (bn.running_var + bn.eps):sqrt()
+            close("weight", fw, w * scale:view({ 6, 1, 1, 1, 1 }), 1e-6)
+            close("bias", fb, (cb - bn.running_mean) * scale + bn.bias, 1e-6)
+            -- a 1x1x1 weight too (ambiguous strides: the channels_last_3d tag survives)
+            local w1 = lm.randn({ 6, 4, 1, 1, 1 }, { dtype = dt }):to(fmt)
+            local f1 = nn.utils.fuse_conv_bn_weights(w1, nil, bn.running_mean, bn.running_var,
+                                                     bn.eps, bn.weight, bn.bias)
+            assert.are.equal(fmt, f1:suggest_memory_format())
+         end)
+      end
+   end
+
+   if on_cuda then return end
+
+   for _, fmt in ipairs({ CL3, lm.contiguous_format }) do
+      it("fuse_conv_bn_eval makes a Conv3d: " .. tostring(fmt), function()
+         lm.manual_seed(22)
+         local conv = nn.Conv3d(3, 5, { 3, 1, 3 }, { stride = { 1, 2, 1 }, padding = { 1, 0, 1 } })
+         local bn = warmed_bn(5, lm.float32, nn.BatchNorm3d)
+         conv:eval()
+         bn:eval()
+         lm.to_channels_last(conv)
+         if fmt ~= CL3 then conv:to(fmt) end
+         local x = lm.randn({ 2, 3, 4, 5, 6 }):contiguous(fmt)
+         local ref = lm.no_grad(function() return bn(conv(x)) end)
+         local fused = nn.utils.fuse_conv_bn_eval(conv, bn)
+         assert.are.equal("Conv3d", fused:type_name())
+         assert.are.equal(fmt, fused.weight:suggest_memory_format())
+         local y = lm.no_grad(function() return fused(x) end)
+         close("fused", y, ref, 1e-5)
+         assert.are.equal(ref:suggest_memory_format(), y:suggest_memory_format())
+      end)
+   end
+
+   it("rejects mismatched pairs", function()
+      local c3, b3 = nn.Conv3d(2, 3, 1):eval(), nn.BatchNorm3d(3):eval()
+      local c2, b2 = nn.Conv2d(2, 3, 1):eval(), nn.BatchNorm2d(3):eval()
+      H.assert_error_like("fuse_conv_bn_eval", "batchnorm3d", nn.utils.fuse_conv_bn_eval, c3, b2)
+      H.assert_error_like("fuse_conv_bn_eval", "batchnorm2d", nn.utils.fuse_conv_bn_eval, c2, b3)
+      H.assert_error_like("fuse_conv_bn_eval", "conv3d", nn.utils.fuse_conv_bn_eval, b3, b3)
+      H.assert_error_like("fuse_conv_bn_eval", "features", nn.utils.fuse_conv_bn_eval, c3,
+                          nn.BatchNorm3d(4):eval())
+   end)
+
+   it("nn.fold_batch_norm folds the pairs of a Sequential, channels_last_3d kept", function()
+      lm.manual_seed(23)
+      for _, fmt in ipairs({ CL3, lm.contiguous_format }) do
+         local net = nn.Sequential(nn.Conv3d(3, 8, 3, { padding = 1 }),
+                                   warmed_bn(8, lm.float32, nn.BatchNorm3d), nn.ReLU(true),
+                                   nn.Conv3d(8, 8, 1, { bias = false }),
+                                   warmed_bn(8, lm.float32, nn.BatchNorm3d),
+                                   warmed_bn(8, lm.float32, nn.BatchNorm3d),
+                                   nn.AdaptiveAvgPool3d(1))
+         net:eval()
+         lm.to_channels_last(net)
+         if fmt ~= CL3 then net:to(fmt) end
+         local x = lm.randn({ 2, 3, 3, 5, 5 }):contiguous(fmt)
+         local ref = lm.no_grad(function() return net(x) end)
+         local _, n = nn.fold_batch_norm(net)
+         assert.are.equal(2, n)
+         assert.are.equal("Identity", net[2]:type_name())
+         assert.are.equal("Identity", net[5]:type_name())
+         assert.are.equal("BatchNorm3d", net[6]:type_name())   -- follows a batch norm: stays
+         close(tostring(fmt), lm.no_grad(function() return net(x) end), ref, 1e-5)
+         assert.is_true(net[1].weight:is_contiguous(fmt))
+         assert.is_true(net[4].weight:is_contiguous(fmt))
+      end
+      -- a Conv2d followed by a BatchNorm3d is not a pair
+      local odd = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm3d(3)):eval()
+      local _, n = nn.fold_batch_norm(odd)
+      assert.are.equal(0, n)
    end)
 end)

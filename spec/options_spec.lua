@@ -88,6 +88,8 @@ local cases = {
    { "models.small_resnet", function(o) return lm.models.small_resnet(o) end },
    { "models.resnet18", function(o) return lm.models.resnet18(o) end },
    { "models.resnext50_32x4d", function(o) return lm.models.resnext50_32x4d(o) end },
+   { "models.r3d_18", function(o) return lm.models.r3d_18(o) end },
+   { "models.r2plus1d_18", function(o) return lm.models.r2plus1d_18(o) end },
    { "models.ResNet", function(o) return lm.models.ResNet("BasicBlock", { 1, 1, 1, 1 }, o) end },
    -- checkpoints and the layout tools
    { "load_checkpoint", function(o) return lm.load_checkpoint("/nonexistent.ckpt", o) end },

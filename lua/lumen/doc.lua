@@ -868,19 +868,20 @@ E("lm.nn.DataParallel", "lm.nn.DataParallel(module, devices, opts) -> Module", "
      err = "`lumen.nn.DataParallel: <problem>`: module not a Module, an empty or unknown "
      .. "device list, an unknown option, module not on devices[1], no tensor argument" })
 E("lm.nn.fold_batch_norm", "lm.nn.fold_batch_norm(model) -> model, n", "Fold every "
-   .. "Conv2d -> BatchNorm2d pair into the convolution, in place, for inference (n: pairs "
-   .. "folded); see docs/inference.md.", { err = "the model is in training mode (call "
-   .. "model:eval() first); nothing is changed then",
-   fmt = "the folded weights keep the convolution's layout" })
+   .. "Conv2d -> BatchNorm2d and Conv3d -> BatchNorm3d pair into the convolution, in place, for "
+   .. "inference (n: pairs folded); see docs/inference.md.", { err = "the model is in training "
+   .. "mode (call model:eval() first); nothing is changed then",
+   fmt = "the folded weights keep the convolution's layout (channels_last, channels_last_3d)" })
 E("lm.nn.utils", "lm.nn.utils", "fuse_conv_bn_eval, fuse_conv_bn_weights (PyTorch's "
    .. "torch.nn.utils names) and the folding helpers.")
-E("lm.nn.utils.fuse_conv_bn_eval", "lm.nn.utils.fuse_conv_bn_eval(conv, bn) -> Conv2d", "A new "
-   .. "Conv2d computing bn(conv(x)); conv and bn are not changed.", { err = "either module in "
-   .. "training mode, bn without running statistics" })
+E("lm.nn.utils.fuse_conv_bn_eval", "lm.nn.utils.fuse_conv_bn_eval(conv, bn) -> Conv2d or "
+   .. "Conv3d", "A new convolution computing bn(conv(x)) (Conv2d with BatchNorm2d, Conv3d with "
+   .. "BatchNorm3d); conv and bn are not changed.", { err = "either module in training mode, bn "
+   .. "without running statistics, a pair of the wrong kinds or sizes" })
 E("lm.nn.utils.fuse_conv_bn_weights", "lm.nn.utils.fuse_conv_bn_weights(conv_w, conv_b, "
    .. "bn_rm, bn_rv, bn_eps, bn_w, bn_b) -> w, b", "The folded weight and bias (conv_b, bn_w, "
-   .. "bn_b may be nil).", { fmt = "w has conv_w's strides (channels-last stays "
-   .. "channels-last)" })
+   .. "bn_b may be nil); conv_w of any rank (4-D, 5-D).", { fmt = "w has conv_w's strides "
+   .. "(channels_last stays channels_last, channels_last_3d stays channels_last_3d)" })
 E("lm.nn.utils.can_fold_all", "lm.nn.utils.can_fold_all(pairs) -> boolean", "Whether every "
    .. "{conv, bn} pair of the array can be folded (a block folds all its pairs or none).")
 E("lm.nn.utils.fold_pair_", "lm.nn.utils.fold_pair_(conv, bn) -> ok, why", "Fold bn into conv "
@@ -1187,7 +1188,7 @@ E("lm.data.DataLoader", "lm.data.DataLoader(dataset, opts) -> loader", "Batches 
 
 S("models", "lm.models", [[
 torchvision's architectures with torchvision's state_dict keys, so torchvision weights load
-unchanged. Each constructor takes `{num_classes = 1000}`.]])
+unchanged. Each constructor takes `{num_classes = 1000}` (the video models: 400).]])
 E("lm.models", "lm.models", "Model constructors (models/*.lua).")
 for _, n in ipairs({ "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
                      "resnext50_32x4d", "resnext101_32x8d", "wide_resnet50_2",
@@ -1206,6 +1207,23 @@ E("lm.models.ResNet", "lm.models.ResNet(block, layers, opts) -> model", "The Res
    { opts = "{num_classes = 1000, groups = 1, width_per_group = 64}" })
 E("lm.models.BasicBlock", "lm.models.BasicBlock(...) -> module", "torchvision's BasicBlock.")
 E("lm.models.Bottleneck", "lm.models.Bottleneck(...) -> module", "torchvision's Bottleneck.")
+for _, v in ipairs({
+   { "r3d_18", "3x3x3 convolutions throughout (BasicStem: 3x7x7, stride (1, 2, 2))" },
+   { "mc3_18", "3x3x3 convolutions in the first stage, 1x3x3 (no temporal) after" },
+   { "r2plus1d_18", "every 3x3x3 convolution factorised into 1x3x3, batch norm, ReLU, 3x1x1 "
+     .. "(Conv2Plus1D; R2Plus1dStem)" } }) do
+   E("lm.models." .. v[1], "lm.models." .. v[1] .. "(opts) -> model", "torchvision's video "
+      .. "ResNet " .. v[1] .. " (torchvision.models.video) for clips N x 3 x T x H x W: " .. v[2]
+      .. "; BasicBlocks {2, 2, 2, 2}, global average pooling, fc. Same state_dict keys as "
+      .. "torchvision's; nn.fold_batch_norm folds every BatchNorm3d and runs the ReLUs and "
+      .. "residual adds in the convolutions' epilogues (models/video_resnet.lua).",
+      { opts = "{num_classes = 400, zero_init_residual = false (accepted as torchvision "
+        .. "accepts it; it only touches Bottleneck blocks, which these models do not have)}",
+        fmt = "lm.to_channels_last(model) puts the 5-D weights in channels_last_3d; a "
+        .. "channels_last_3d clip then runs channels_last_3d end to end, gradients included",
+        err = "num_classes not a positive integer, zero_init_residual not a boolean, opts not a "
+        .. "table, an unknown option" })
+end
 
 S("serialization", "Serialization and checkpoints", [[
 Files are safetensors: files from other safetensors writers load, files written here load
@@ -1328,7 +1346,6 @@ E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a fu
 -- names the API contract fixes for later work that do not exist yet (listed on docs/api.md so
 -- that nobody looks for them); an entry replaces the line once one exists
 M.planned = {
-   "lm.models.r3d_18, mc3_18, r2plus1d_18",
    "lm.jit.trace, lm.jit.load, lm.jit.freeze; lm.onnx.export",
    "lm.distributed.*, lm.nn.parallel.DistributedDataParallel",
 }

@@ -1,11 +1,11 @@
 -- lumen.models -- lm.models: the model constructors defined in the models/ folder
--- (models/resnet.lua, models/alexnet.lua, models/small_resnet.lua).
+-- (models/resnet.lua, models/alexnet.lua, models/small_resnet.lua, models/video_resnet.lua).
 --
 -- Installed by luarocks, the folder is lumen/models/ on package.path; in the source tree it is
 -- <repo>/models, found relative to this file.
 local M = {}
 
-local files = { "resnet", "alexnet", "small_resnet" }
+local files = { "resnet", "alexnet", "small_resnet", "video_resnet" }
 
 local function this_dir()
    local src = debug.getinfo(1, "S").source
@@ -31,12 +31,16 @@ end
 local util = require("lumen.util")
 local RESNET_OPTS = util.option_set("num_classes", "groups", "width_per_group",
                                     "zero_init_residual")
+-- torchvision's VideoResNet takes num_classes and zero_init_residual (which touches only
+-- Bottleneck blocks: none in r3d_18, mc3_18, r2plus1d_18)
+local VIDEO_OPTS = util.option_set("num_classes", "zero_init_residual")
 local OPTIONS = {
    alexnet = util.option_set("num_classes", "dropout"),
    small_resnet = util.option_set("width", "blocks", "in_channels", "num_classes"),
    resnet18 = RESNET_OPTS, resnet34 = RESNET_OPTS, resnet50 = RESNET_OPTS,
    resnet101 = RESNET_OPTS, resnet152 = RESNET_OPTS, resnext50_32x4d = RESNET_OPTS,
    resnext101_32x8d = RESNET_OPTS, wide_resnet50_2 = RESNET_OPTS, wide_resnet101_2 = RESNET_OPTS,
+   r3d_18 = VIDEO_OPTS, mc3_18 = VIDEO_OPTS, r2plus1d_18 = VIDEO_OPTS,
 }
 M._OPTIONS = OPTIONS   -- the known keys per constructor (private: for tools and specs)
 

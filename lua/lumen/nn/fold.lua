@@ -1,20 +1,24 @@
--- lumen.nn.fold -- batch-norm folding for inference: a BatchNorm2d in evaluation mode that follows
--- a Conv2d is a per-channel affine map, y = (conv(x) - mean) / sqrt(var + eps) * gamma + beta,
+-- lumen.nn.fold -- batch-norm folding for inference: a BatchNorm2d (BatchNorm3d) in evaluation mode
+-- that follows a Conv2d (Conv3d) is a per-channel affine map,
+-- y = (conv(x) - mean) / sqrt(var + eps) * gamma + beta,
 -- so it can be folded into the convolution's weight and bias:
 --    scale = gamma / sqrt(var + eps)
 --    w'    = w * scale            (per output channel; w keeps its memory format)
 --    b'    = (b - mean) * scale + beta
 -- The folded model computes the same function (to rounding) with one pass over each activation
--- fewer. lm.models' ResNet blocks then also run their ReLU and residual add in the convolution's
--- epilogue (Conv2d:forward(x, {residual =, relu =})), so a Bottleneck is three kernels.
+-- fewer. lm.models' ResNet blocks (2-D and video) then also run their ReLU and residual add in the
+-- convolution's epilogue (Conv2d:forward / Conv3d:forward(x, {residual =, relu =})), so a
+-- Bottleneck is three kernels.
 --
 --    lm.nn.utils.fuse_conv_bn_weights(w, b, mean, var, eps, gamma, beta) -> w', b'
---    lm.nn.utils.fuse_conv_bn_eval(conv, bn) -> a new Conv2d (conv and bn are left alone)
---    lm.nn.fold_batch_norm(model) -> model, n   folds every Conv2d -> BatchNorm2d pair in place
+--    lm.nn.utils.fuse_conv_bn_eval(conv, bn) -> a new Conv2d / Conv3d (conv and bn left alone)
+--    lm.nn.fold_batch_norm(model) -> model, n   folds every Conv2d -> BatchNorm2d and
+--                                               Conv3d -> BatchNorm3d pair in place
 --
 -- fold_batch_norm walks the module tree: Sequential containers fold adjacent (Conv2d,
--- BatchNorm2d) children and put an Identity where the batch norm was; a module class that knows
--- its own data flow (lm.models' BasicBlock, Bottleneck, ResNet) defines fold_batch_norm(self)
+-- BatchNorm2d) and (Conv3d, BatchNorm3d) children and put an Identity where the batch norm was;
+-- a module class that knows its own data flow (lm.models' BasicBlock, Bottleneck, ResNet, the
+-- video models' stems and BasicBlock) defines fold_batch_norm(self)
 -- itself; any other module folds inside its children (a custom module with a conv and a batch
 -- norm in its own forward is left as it is unless it defines fold_batch_norm). The model must
 -- be in evaluation mode (model:eval()), else the call raises before changing anything. A pair
@@ -34,8 +38,10 @@ local M = {}
 -- raise "lumen.<fname>: <msg>", blaming the first caller outside lumen
 local function fail(fname, msg) error("lumen." .. fname .. ": " .. msg, T.user_level()) end
 
-local function is_a(m, cls)
-   return Module.is_module(m) and (getmetatable(m) == cls or m:type_name() == cls.__name)
+-- the convolutions that fold: their batch norm's class name and their weight's rank
+local FOLDS = { Conv2d = { "BatchNorm2d", 4 }, Conv3d = { "BatchNorm3d", 5 } }
+local function conv_kind(m)
+   return Module.is_module(m) and FOLDS[m:type_name()] and m:type_name() or nil
 end
 
 local function sizes_string(t) return "(" .. table.concat(Tensor.size(t), ", ") .. ")" end
@@ -60,7 +66,7 @@ end
 -- fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b) -> w', b' (PyTorch's
 -- torch.nn.utils.fuse_conv_bn_weights). conv_b, bn_w and bn_b may be nil (no bias: 0; no affine:
 -- gamma 1, beta 0). The results are new tensors in conv_w's dtype; w' has conv_w's strides
--- (channels-last stays channels-last), and requires grad as conv_w does.
+-- (channels-last and channels_last_3d stay so), and requires grad as conv_w does.
 function M.fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b)
    local fname = "fuse_conv_bn_weights"
    tensor_or_nil(fname, conv_w, "conv_w")
@@ -117,7 +123,7 @@ function M.fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b
 end
 
 -- modules that appear more than once in the model being folded (fold_batch_norm sets it for the
--- duration of the call): a Conv2d used in two places cannot take one place's batch norm
+-- duration of the call): a convolution used in two places cannot take one place's batch norm
 local shared = nil
 
 local function vec_ok(v, O)
@@ -129,33 +135,37 @@ end
 -- fuse_conv_bn_weights would reject is checked here, so that a fold that starts cannot fail
 -- halfway through a model.
 local function cannot_fold(conv, bn)
-   if not is_a(conv, layers.Conv2d) then return "the first module is not a Conv2d" end
-   if not is_a(bn, layers.BatchNorm2d) then return "the second module is not a BatchNorm2d" end
+   local cname = conv_kind(conv)
+   if not cname then return "the first module is not a Conv2d or Conv3d" end
+   local bname, rank = FOLDS[cname][1], FOLDS[cname][2]
+   if not (Module.is_module(bn) and bn:type_name() == bname) then
+      return "the second module is not a " .. bname .. " (the " .. cname .. "'s batch norm)"
+   end
    if conv.training or bn.training then
       return "folding is for evaluation mode only (call model:eval() first)"
    end
    if bn.running_mean == nil or bn.running_var == nil then
-      return "the BatchNorm2d has no running statistics (track_running_stats = false)"
+      return "the " .. bname .. " has no running statistics (track_running_stats = false)"
    end
    if bn.num_features ~= conv.out_channels then
-      return ("the BatchNorm2d has %d features but the Conv2d %d output channels")
-             :format(bn.num_features, conv.out_channels)
+      return ("the %s has %d features but the %s %d output channels")
+             :format(bname, bn.num_features, cname, conv.out_channels)
    end
    if shared and shared[conv] then
-      return "the Conv2d is used in more than one place in the model"
+      return "the " .. cname .. " is used in more than one place in the model"
    end
    local w = conv.weight
-   if not T.is_tensor(w) or Tensor.dim(w) ~= 4 or not Tensor.is_floating_point(w) then
-      return "the Conv2d's weight is not a 4-D floating-point tensor"
+   if not T.is_tensor(w) or Tensor.dim(w) ~= rank or not Tensor.is_floating_point(w) then
+      return ("the %s's weight is not a %d-D floating-point tensor"):format(cname, rank)
    end
    local O = Tensor.size(w, 1)
    if not (vec_ok(conv.bias, O) and vec_ok(bn.running_mean, O) and vec_ok(bn.running_var, O)
            and vec_ok(bn.weight, O) and vec_ok(bn.bias, O)) then
-      return "the BatchNorm2d's statistics or parameters, or the Conv2d's bias, are not 1-D " ..
-             "floating-point tensors of the output channels"
+      return ("the %s's statistics or parameters, or the %s's bias, are not 1-D " ..
+              "floating-point tensors of the output channels"):format(bname, cname)
    end
    if not eps_ok(bn.eps) then
-      return "the BatchNorm2d's eps is not a finite non-negative number"
+      return "the " .. bname .. "'s eps is not a finite non-negative number"
    end
    return nil
 end
@@ -173,7 +183,7 @@ local function fold_into(conv, bn, src)
    Tensor.requires_grad_(b, wg)
 end
 
--- fuse_conv_bn_eval(conv, bn) -> a new Conv2d computing bn(conv(x)) (PyTorch's
+-- fuse_conv_bn_eval(conv, bn) -> a new Conv2d (Conv3d) computing bn(conv(x)) (PyTorch's
 -- torch.nn.utils.fuse_conv_bn_eval); conv and bn are not changed. Both must be in evaluation
 -- mode, and bn must have running statistics.
 function M.fuse_conv_bn_eval(conv, bn)
@@ -182,7 +192,7 @@ function M.fuse_conv_bn_eval(conv, bn)
    -- the constructor draws initial weights: leave the random generator as it was
    local lm = require("lumen")
    local rng = lm.get_rng_state()
-   local c = layers.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size,
+   local c = layers[conv_kind(conv)](conv.in_channels, conv.out_channels, conv.kernel_size,
                            { stride = conv.stride, padding = conv.padding,
                              dilation = conv.dilation, groups = conv.groups,
                              bias = false, dtype = Tensor.dtype(conv.weight) })
@@ -224,8 +234,9 @@ function Module:fold_batch_norm()
    return n
 end
 
--- Sequential: adjacent (Conv2d, BatchNorm2d) children fold, an Identity takes the batch norm's
--- place (so indices and the other children's names stay); the rest fold inside themselves
+-- Sequential: adjacent (Conv2d, BatchNorm2d) and (Conv3d, BatchNorm3d) children fold, an
+-- Identity takes the batch norm's place (so indices and the other children's names stay); the
+-- rest fold inside themselves
 function layers.Sequential:fold_batch_norm()
    local n = 0
    local kids = self:named_children()
@@ -233,7 +244,7 @@ function layers.Sequential:fold_batch_norm()
    while i <= #kids do
       local m = kids[i][2]
       local nxt = kids[i + 1]
-      if nxt and is_a(m, layers.Conv2d) and M.fold_named_(self, kids[i][1], nxt[1]) then
+      if nxt and conv_kind(m) and M.fold_named_(self, kids[i][1], nxt[1]) then
          n = n + 1
          i = i + 2
       else
@@ -244,7 +255,8 @@ function layers.Sequential:fold_batch_norm()
    return n
 end
 
--- fold_batch_norm(model) -> model, n: folds every foldable Conv2d -> BatchNorm2d pair in place
+-- fold_batch_norm(model) -> model, n: folds every foldable Conv2d -> BatchNorm2d and
+-- Conv3d -> BatchNorm3d pair in place
 -- (n: how many). The model must be in evaluation mode.
 function M.fold_batch_norm(model)
    local fname = "fold_batch_norm"
