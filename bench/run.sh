@@ -13,7 +13,8 @@
 # Set BENCH_ONLY=name to run bench/name.lua alone, NO_PEER=1 to skip the peer. BENCH_MODELS=1
 # adds bench/models.lua (resnet50 inference, about 20 s a run) and the peer's bench_models.py
 # (its img/s turned into the same '<row> nhwc <ms>' line); without it bench/models.lua is skipped.
-# Mixed precision (bf16 rows beside PyTorch 2.x) has its own driver: bench/amp.sh.
+# Mixed precision (bf16 rows beside PyTorch 2.x) has its own driver: bench/amp.sh; the 3-D (video)
+# rows and r3d_18 beside PyTorch 2.x theirs: bench/video.sh.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 threads=${1:-2}
@@ -31,11 +32,12 @@ scripts=(bench/*.lua)
 if [ -n "${BENCH_ONLY:-}" ]; then
    scripts=("bench/${BENCH_ONLY%.lua}.lua")
 else
-   # bench/amp_ops.lua has its own peer (PyTorch 2.x): bench/amp.sh runs it
+   # bench/amp_ops.lua and the video scripts have their own peer (PyTorch 2.x): bench/amp.sh
+   # and bench/video.sh run them
    kept=()
    for f in "${scripts[@]}"; do
       case "$f" in
-         bench/amp_ops.lua) ;;
+         bench/amp_ops.lua | bench/video_ops.lua | bench/video_models.lua) ;;
          bench/models.lua) [ -n "${BENCH_MODELS:-}" ] && kept+=("$f") ;;
          *) kept+=("$f") ;;
       esac
