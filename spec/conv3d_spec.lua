@@ -202,6 +202,53 @@ describe("conv3d", function()
       close(wg.grad, lm.zeros({ 2, 3, 2, 2, 2 }), 0, "empty batch weight gradient")
    end)
 
+   it("runs depth-only kernels (kd x 1 x 1) as GEMMs in place, equal to the conv2d route",
+      function()
+      -- src/ops/conv3d.c temporal_products; LUMEN_CONV3D_GEMM=0 is the gathered conv2d route
+      local function both(f)
+         local a = f()
+         ffi.C.setenv("LUMEN_CONV3D_GEMM", "0", 1)
+         local ok, b = pcall(f)
+         ffi.C.unsetenv("LUMEN_CONV3D_GEMM")
+         assert(ok, b)
+         return a, b
+      end
+      lm.manual_seed(17)
+      for _, c in ipairs({ { k = 3, p = 1, d = 1 }, { k = 3, p = 0, d = 2 }, { k = 2, p = 2, d = 1 },
+                           { k = 5, p = 2, d = 1, n = 3 }, { k = 3, p = 4, d = 1 } }) do
+         for _, dt in ipairs({ lm.float64, lm.float32, lm.bfloat16 }) do
+            local tol = dt == lm.bfloat16 and 2e-2 or dt == lm.float32 and 1e-5 or 1e-12
+            local x0 = lm.randn({ c.n or 2, 6, 5, 4, 3 }, { dtype = dt }):to(CL3)
+            local w0 = lm.randn({ 7, 6, c.k, 1, 1 }, { dtype = dt }):to(CL3)
+            local b0 = lm.randn({ 7 }, { dtype = dt })
+            local opts = { padding = { c.p, 0, 0 }, dilation = { c.d, 1, 1 } }
+            local run = function()
+               local x, w = x0:detach():requires_grad_(true), w0:detach():requires_grad_(true)
+               local b = b0:detach():requires_grad_(true)
+               local y = F.conv3d(x, w, b, opts)
+               y:backward(y:detach() * 0.5 + 1)
+               return { y, x.grad, w.grad, b.grad }
+            end
+            local a, r = both(run)
+            for i = 1, 4 do
+               close(a[i], r[i], tol, ("k %d p %d d %d %s result %d"):format(c.k, c.p, c.d,
+                     tostring(dt), i))
+            end
+            H.assert_strides(a[1], H.cl3d_strides(a[1]:size()), "output")
+            -- fused residual + relu, and a non-dense input
+            local res = lm.randn(a[1]:size(), { dtype = dt }):to(CL3)
+            local fa, fr = both(function()
+               return lm.no_grad(function()
+                  return F.conv3d(x0:narrow(2, 1, 6), w0, b0,
+                                  { padding = opts.padding, dilation = opts.dilation,
+                                    residual = res, relu = true })
+               end)
+            end)
+            close(fa, fr, tol, "fused")
+         end
+      end
+   end)
+
    it("gives PyTorch's sizes and strides on the meta device, without data", function()
       local M = { device = "meta" }
       local x = lm.empty({ 2, 4, 5, 6, 7 }, M):contiguous(CL3):requires_grad_(true)
