@@ -50,7 +50,7 @@ for _, mode in ipairs(modes) do
       local ms
       if mode == "train" then
          model:train()
-         local tgt = lm.randint(0, 1000, { B })
+         local tgt = lm.randint(1, 1001, { B })   -- 1-based classes
          local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
          ms = median_ms(function()
             opt:zero_grad(true)

@@ -324,9 +324,12 @@ static lm_status weight_taps(const lm_tensor *w, const c3_geom *g, int64_t k0, i
    const int64_t sz[4] = {g->O, nk * g->Cg, g->kh, g->kw};
    lm_tensor *p = NULL, *v = NULL;
    LM_TRY(lm_empty(4, sz, w->dtype, g->fmt2, w->device, &p));
+   lm_tensor *wn = NULL;                  /* w's taps k0 .. k0+nk-1 */
    lm_status st = weight_view5(p, g, nk, &v);
-   if (st == LM_OK) st = lm_copy_(v, w);
+   if (st == LM_OK) st = lm_narrow(w, 2, k0, nk, &wn);
+   if (st == LM_OK) st = lm_copy_(v, wn);
    if (v) lm_tensor_free(v);
+   if (wn) lm_tensor_free(wn);
    if (st != LM_OK) {
       lm_tensor_free(p);
       return st;
@@ -615,6 +618,8 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
       int x_direct = want_x && g.kd == 1 && g.pd == 0 && g.sd == 1;
       /* the taps' gradients add up in grad_x: it starts from zero, or from the copy of the tap
          that reads every input depth once (full_tap) */
+      /* the taps that read only padding get no gradient */
+      if (st == LM_OK && want_w && g.nt < g.kd) st = lm_fill_(ow.t, 0.0);
       const int64_t kf = want_x && !x_direct ? full_tap(&g) : -1;
       if (st == LM_OK && want_x && !x_direct && kf < 0) st = lm_fill_(ox.t, 0.0);
       for (int64_t i = 0; i < calls && st == LM_OK; i++) {
@@ -653,8 +658,11 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
                                     want_x ? &tmp[3] : NULL, want_w ? &tmp[4] : NULL,
                                     b_now ? &tmp[5] : NULL);
          if (st == LM_OK && want_w && nk > 1) {
+            lm_tensor *gwn = NULL;           /* grad_w's taps k0 .. k0+nk-1 */
             st = weight_view5(tmp[4], &g, nk, &tmp[6]);
-            if (st == LM_OK) st = lm_copy_(ow.t, tmp[6]);
+            if (st == LM_OK) st = lm_narrow(ow.t, 2, k0, nk, &gwn);
+            if (st == LM_OK) st = lm_copy_(gwn, tmp[6]);
+            if (gwn) lm_tensor_free(gwn);
          }
          if (st == LM_OK && want_x && !x_direct)
             st = scatter_taps(ox.t, tmp[3], &g, k0, nk, kf);
