@@ -46,6 +46,7 @@ typedef struct {
    int64_t I[3], O[3], step[3];
    int64_t *st[3], *en[3], *sz[3]; /* per output index of dim i: first, end, count with pad */
    int64_t *buf;
+   int tiles; /* the windows tile the input: each input element lies in exactly one */
 } geo_t;
 
 static lm_status geo_make(geo_t *q, const lm_pool3d_params *g, int kind) {
@@ -83,6 +84,13 @@ static lm_status geo_make(geo_t *q, const lm_pool3d_params *g, int kind) {
          q->en[i][o] = e;
          q->sz[i][o] = z;
       }
+   }
+   q->tiles = kind != K_MAX;
+   for (int i = 0; i < 3 && q->tiles; i++) {
+      const int64_t O = q->O[i];
+      if (O == 0 || q->st[i][0] != 0 || q->en[i][O - 1] != q->I[i]) q->tiles = 0;
+      for (int64_t o = 0; o + 1 < O && q->tiles; o++)
+         if (q->en[i][o] != q->st[i][o + 1]) q->tiles = 0;
    }
    return LM_OK;
 }
@@ -342,6 +350,23 @@ static int64_t bwd_cblock(int64_t N, int64_t C) {
       for (int64_t t = 0; t < tasks; t++) {                                                        \
          const int64_t n = t / nb, c0 = (t % nb) * cb, cn = mn(cb, C - c0);                        \
          T *gb = gi + n * V * C + c0;                                                              \
+         if (q->tiles) {                                                                           \
+            /* one window per input element: its gradient written once (0 + v as v), no       \
+               zeroing pass (adaptive_avg_pool3d(x, 1)'s backward: one pass, not two) */      \
+            for (int64_t od = 0; od < OD; od++)                                                    \
+               for (int64_t oh = 0; oh < OH; oh++)                                                 \
+                  for (int64_t ow = 0; ow < OW; ow++) {                                            \
+                     const T dd = (T)avg_div(q, od, oh, ow);                                       \
+                     const T *gop = go + (n * OV + (od * OH + oh) * OW + ow) * C + c0;             \
+                     for (int64_t id = q->st[0][od]; id < q->en[0][od]; id++)                      \
+                        for (int64_t ih = q->st[1][oh]; ih < q->en[1][oh]; ih++)                   \
+                           for (int64_t iw = q->st[2][ow]; iw < q->en[2][ow]; iw++) {              \
+                              T *dst = gb + ((id * H + ih) * W + iw) * C;                          \
+                              for (int64_t c = 0; c < cn; c++) dst[c] = gop[c] / dd;               \
+                           }                                                                       \
+                  }                                                                                \
+            continue;                                                                              \
+         }                                                                                         \
          for (int64_t v = 0; v < V; v++)                                                           \
             for (int64_t c = 0; c < cn; c++) gb[v * C + c] = 0;                                    \
          for (int64_t od = 0; od < OD; od++)                                                       \
