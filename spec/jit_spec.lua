@@ -244,3 +244,132 @@ describe("g:save / lm.jit.load", function()
       os.remove(bad)
    end)
 end)
+
+describe("lm.jit.freeze", function()
+   local function close(tag, a, b, tol)
+      local d = maxdiff(a, b)
+      local scale = math.max(1, b:abs():max():item())
+      assert.is_true(d <= tol * scale, tag .. ": max difference " .. d)
+   end
+   local function conv_opts(g, k)
+      local n = 0
+      for _, node in ipairs(g.graph.nodes) do
+         if node.op == "F.conv2d" then
+            n = n + 1
+            if n == k then return node.args[4].map end
+         end
+      end
+   end
+
+   it("removes dropout, folds the batch norm, fuses bias + relu into the convolution", function()
+      local m = small_net()
+      local x = lm.randn({ 2, 3, 8, 8 })
+      local g = lm.jit.trace(m, x)
+      local f = lm.jit.freeze(g)
+      assert.are.same({ "Tensor.contiguous", "F.conv2d", "F.max_pool2d", "F.flatten", "F.linear" },
+                      ops_of(f))
+      assert.are.equal(1, f.freeze_stats.dropout)
+      assert.are.equal(1, f.freeze_stats.fold_bn)
+      assert.is_true(conv_opts(f, 1).relu)
+      close("frozen", lm.no_grad(function() return f(x) end), m(x), 1e-5)
+      -- g is unchanged; the frozen weights do not require grad; it saves and loads
+      assert.are.equal(7, #g.graph.nodes)
+      for _, p in ipairs(f:parameters()) do assert.is_falsy(p.requires_grad) end
+      local path = tmpfile()
+      f:save(path)
+      local f2 = lm.jit.load(path)
+      os.remove(path)
+      close("loaded", lm.no_grad(function() return f2(x) end), m(x), 1e-5)
+   end)
+
+   it("fuses conv -> add -> relu into the convolution's residual epilogue", function()
+      lm.manual_seed(2)
+      local w1, w2 = lm.randn({ 4, 4, 3, 3 }), lm.randn({ 4, 4, 1, 1 })
+      local b1 = lm.randn({ 4 })
+      local fn = function(x)
+         local y = F.conv2d(x, w1, b1, { padding = 1 }):relu()
+         local z = F.conv2d(y, w2) + x
+         return z:relu_(), F.conv2d(x, w2) + y      -- the second: conv + residual, no relu
+      end
+      local x = lm.randn({ 1, 4, 5, 5 })
+      local f = lm.jit.freeze(lm.jit.trace(fn, x))
+      assert.are.same({ "Tensor.contiguous", "F.conv2d", "F.conv2d", "F.conv2d",
+                        "Tensor.contiguous", "Tensor.contiguous" }, ops_of(f))
+      assert.is_true(conv_opts(f, 1).relu)
+      assert.is_true(conv_opts(f, 2).relu)
+      assert.is_not_nil(conv_opts(f, 2).residual.v)
+      assert.is_nil(conv_opts(f, 3).relu)
+      assert.is_not_nil(conv_opts(f, 3).residual.v)
+      local a1, a2 = f(x)
+      local e1, e2 = fn(x)
+      close("relu(conv + x)", a1, e1, 1e-5)
+      close("conv + y", a2, e2, 1e-5)
+      assert.is_true(a1:is_contiguous())            -- the output keeps the traced format
+   end)
+
+   it("does not move a convolution past an in-place write into its input", function()
+      local w = lm.randn({ 3, 3, 1, 1 })
+      local fn = function(x)
+         local y = x * 1
+         local c = F.conv2d(y, w)
+         y:neg_()
+         return (c + y):relu()
+      end
+      local x = lm.randn({ 1, 3, 4, 4 })
+      local f = lm.jit.freeze(lm.jit.trace(fn, x))
+      assert.are.equal(0, f.freeze_stats.fuse)
+      close("in place", f(x), fn(x), 1e-6)
+   end)
+
+   it("leaves a batch norm that follows no convolution, and one whose input has other uses", function()
+      local bn = nn.BatchNorm2d(3):eval()
+      local w = lm.randn({ 3, 3, 1, 1 })
+      local fn = function(x)
+         local c = F.conv2d(x, w)
+         return bn(x) + bn(c) + c
+      end
+      local x = lm.randn({ 1, 3, 4, 4 })
+      local f = lm.jit.freeze(lm.jit.trace(fn, x))
+      assert.are.equal(2, f:count("F.batch_norm"))
+      close("bn", f(x), fn(x), 1e-6)
+   end)
+
+   it("propagates channels-last: the conversions in between cancel, one at input and output", function()
+      lm.manual_seed(3)
+      local w1, w2 = lm.randn({ 8, 3, 3, 3 }), lm.randn({ 8, 8, 3, 3 })
+      local fn = function(x)
+         local y = F.conv2d(x:contiguous(lm.channels_last), w1:contiguous(lm.channels_last))
+         y = y:contiguous():relu()
+         y = F.conv2d(y:contiguous(lm.channels_last), w2)
+         y = F.max_pool2d(y:contiguous(), 2)
+         return y:contiguous(lm.channels_last):contiguous()
+      end
+      local x = lm.randn({ 2, 3, 9, 9 })
+      local g = lm.jit.trace(fn, x)
+      assert.are.equal(7, g:count("Tensor.contiguous"))
+      local f = lm.jit.freeze(g)
+      assert.are.equal(2, f:count("Tensor.contiguous"))
+      assert.are.equal("Tensor.contiguous", f.graph.nodes[1].op)
+      assert.are.equal("Tensor.contiguous", f.graph.nodes[#f.graph.nodes].op)
+      for i = 2, #f.graph.nodes - 1 do
+         local n = f.graph.nodes[i]
+         assert.are.equal("channels_last", f.graph.values[n.outs.v].format, n.op)
+      end
+      local y = f(x)
+      assert.is_true(y:is_contiguous())
+      close("layout", y, fn(x), 1e-5)
+      -- a conversion a view needs stays
+      local fv = function(t) return F.conv2d(t, w1):contiguous():view(2, -1) end
+      local xv = lm.randn({ 2, 3, 9, 9 })
+      local ff = lm.jit.freeze(lm.jit.trace(fv, xv))
+      close("view", ff(xv), fv(xv), 1e-5)
+   end)
+
+   it("refuses graphs traced in training mode", function()
+      local m = small_net():train()
+      local g = lm.jit.trace(m, lm.randn({ 2, 3, 8, 8 }))
+      assert.has_error(function() lm.jit.freeze(g) end,
+         "lumen.jit.freeze: node 2: a batch norm in training mode: trace the model after model:eval()")
+      assert.has_error(function() lm.jit.freeze(m) end)
+   end)
+end)
