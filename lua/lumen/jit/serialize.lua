@@ -259,6 +259,18 @@ function M.load(path)
       if type(verr) == "table" then bad(verr.msg) end
       bad("damaged graph: " .. tostring(verr))
    end
+   -- the weights go to the device the trace had them on
+   for _, v in pairs(g.values) do
+      local t = v.name and tensors[v.name]
+      if t and type(v.device) == "string" and v.device ~= Tensor.device(t) then
+         local mok, moved = pcall(Tensor.to, t, v.device)
+         if not mok then
+            bad(("the graph's weight '%s' was on device %s, which cannot be used here (%s)")
+                :format(v.name, v.device, tostring(moved)))
+         end
+         tensors[v.name] = moved
+      end
+   end
    for _, v in pairs(g.values) do
       if v.kind == "param" then Tensor.requires_grad_(tensors[v.name], true) end
    end
