@@ -31,11 +31,12 @@ scripts=(bench/*.lua)
 if [ -n "${BENCH_ONLY:-}" ]; then
    scripts=("bench/${BENCH_ONLY%.lua}.lua")
 else
-   # bench/amp_ops.lua has its own peer (PyTorch 2.x): bench/amp.sh runs it
+   # bench/amp_ops.lua has its own peer (PyTorch 2.x): bench/amp.sh runs it; bench/jit_freeze.lua
+   # compares two lumen paths (no peer) and runs on its own (docs/shipping_models.md)
    kept=()
    for f in "${scripts[@]}"; do
       case "$f" in
-         bench/amp_ops.lua) ;;
+         bench/amp_ops.lua|bench/jit_freeze.lua) ;;
          bench/models.lua) [ -n "${BENCH_MODELS:-}" ] && kept+=("$f") ;;
          *) kept+=("$f") ;;
       esac

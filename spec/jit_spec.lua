@@ -54,7 +54,7 @@ describe("lm.jit.trace", function()
       assert.are.equal(0, maxdiff(m(x3), g(x3)))
    end)
 
-   it("records sizes, dtype, memory format and device of every value; tostring prints them", function()
+   it("records sizes, dtype, format and device of every value; tostring prints them", function()
       local m = small_net()
       lm.to_channels_last(m)
       local x = lm.randn({ 2, 3, 8, 8 }):contiguous(lm.channels_last)
@@ -124,7 +124,8 @@ describe("lm.jit.trace", function()
 
    it("rejects what it cannot trace", function()
       assert.has_error(function() lm.jit.trace(42, lm.ones({ 2 })) end,
-                       "lumen.jit.trace: model must be an nn.Module, a traced module or a function, got number")
+                       "lumen.jit.trace: model must be an nn.Module, a traced module or a " ..
+                       "function, got number")
       assert.has_error(function() lm.jit.trace(function(x) return x end, 3) end)
       assert.has_error(function() lm.jit.trace(function() return 1 end, lm.ones({ 1 })) end)
       local ok, err = pcall(lm.jit.trace, function(x) return x:add(x, { f = print }) end,
@@ -141,7 +142,7 @@ describe("g:save / lm.jit.load", function()
    before_each(function() path = tmpfile() end)
    after_each(function() os.remove(path) end)
 
-   it("writes one safetensors file that loads without the model and keeps memory formats", function()
+   it("writes one safetensors file that loads without the model, formats kept", function()
       local m = small_net()
       lm.to_channels_last(m)
       local x = lm.randn({ 2, 3, 8, 8 }):contiguous(lm.channels_last)
@@ -209,7 +210,9 @@ describe("g:save / lm.jit.load", function()
       rewrite(path, bad, function(meta) meta["lumen.jit.version"] = "99" end)
       assert.truthy(load_error(bad):find("format version 99; this lumen reads version 1", 1, true))
       -- a damaged graph (valid checksum)
-      rewrite(path, bad, function(meta) meta["lumen.jit.graph"] = "{\"version\": 1, \"nodes\": [" end)
+      rewrite(path, bad, function(meta)
+         meta["lumen.jit.graph"] = "{\"version\": 1, \"nodes\": ["
+      end)
       assert.truthy(load_error(bad):find("damaged graph", 1, true))
       for _, edit in ipairs({
          function(d) d.nodes[2].args[1] = { v = 999 } end,
@@ -236,9 +239,11 @@ describe("g:save / lm.jit.load", function()
       end
       -- graph / weight mismatch: a weight missing, of another size, one the graph does not use
       rewrite(path, bad, function(_, t) t["6.bias"] = nil end)
-      assert.truthy(load_error(bad):find("graph/weight mismatch: the graph's weight '6.bias'", 1, true))
+      assert.truthy(load_error(bad):find("graph/weight mismatch: the graph's weight '6.bias'",
+                                         1, true))
       rewrite(path, bad, function(_, t) t["6.bias"] = lm.zeros({ 4 }) end)
-      assert.truthy(load_error(bad):find("'6.bias' is float32[5] in the graph but float32[4]", 1, true))
+      assert.truthy(load_error(bad):find("'6.bias' is float32[5] in the graph but float32[4]",
+                                         1, true))
       rewrite(path, bad, function(_, t) t.extra = lm.zeros({ 4 }) end)
       assert.truthy(load_error(bad):find("the file's tensor 'extra' is not in the graph", 1, true))
       os.remove(bad)
@@ -321,7 +326,7 @@ describe("lm.jit.freeze", function()
       close("in place", f(x), fn(x), 1e-6)
    end)
 
-   it("leaves a batch norm that follows no convolution, and one whose input has other uses", function()
+   it("leaves a batch norm after no convolution, and one whose input has other uses", function()
       local bn = nn.BatchNorm2d(3):eval()
       local w = lm.randn({ 3, 3, 1, 1 })
       local fn = function(x)
@@ -334,7 +339,7 @@ describe("lm.jit.freeze", function()
       close("bn", f(x), fn(x), 1e-6)
    end)
 
-   it("propagates channels-last: the conversions in between cancel, one at input and output", function()
+   it("propagates channels-last: conversions in between cancel, one at input, output", function()
       lm.manual_seed(3)
       local w1, w2 = lm.randn({ 8, 3, 3, 3 }), lm.randn({ 8, 8, 3, 3 })
       local fn = function(x)
@@ -369,7 +374,19 @@ describe("lm.jit.freeze", function()
       local m = small_net():train()
       local g = lm.jit.trace(m, lm.randn({ 2, 3, 8, 8 }))
       assert.has_error(function() lm.jit.freeze(g) end,
-         "lumen.jit.freeze: node 2: a batch norm in training mode: trace the model after model:eval()")
+         "lumen.jit.freeze: node 2: a batch norm in training mode: trace the model after " ..
+         "model:eval()")
       assert.has_error(function() lm.jit.freeze(m) end)
+   end)
+end)
+
+describe("lm.jit and lm.onnx in lumen's namespace", function()
+   it("are loaded on first use, not by require('lumen')", function()
+      local shell = require("spec.shell")
+      local out, rc = shell.sh("bin/lumen -e 'local lm = require(\"lumen\"); " ..
+         "print(package.loaded[\"lumen.jit\"], package.loaded[\"lumen.onnx\"], " ..
+         "type(lm.jit.trace), type(lm.onnx.export))'")
+      assert.are.equal(0, rc, out)
+      assert.truthy(out:find("nil\tnil\tfunction\tfunction", 1, true), out)
    end)
 end)

@@ -56,7 +56,7 @@ local function venv()
 end
 
 describe("lm.onnx.export", function()
-   it("resnet50, resnext50_32x4d, alexnet: onnx.checker passes, ONNX Runtime within 1e-4", function()
+   it("resnet50, resnext50_32x4d, alexnet: onnx.checker, ONNX Runtime within 1e-4", function()
       local py = venv()
       if not py then
          print("\nSKIPPED onnx_spec (ONNX Runtime comparison): " .. why_not)
@@ -82,7 +82,9 @@ describe("lm.onnx.export", function()
          assert.are.equal(p .. ".onnx", lm.onnx.export(model, x, p .. ".onnx", { opset = 17 }))
          write_f32(p .. ".x", x)
          want[name] = lm.no_grad(function() return model(x) end)
-         for _, a in ipairs({ p .. ".onnx", p .. ".x", p .. ".y" }) do args[#args + 1] = shell.q(a) end
+         for _, a in ipairs({ p .. ".onnx", p .. ".x", p .. ".y" }) do
+            args[#args + 1] = shell.q(a)
+         end
       end
       local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. table.concat(args, " "))
       assert.are.equal(0, rc, out)
@@ -96,7 +98,7 @@ describe("lm.onnx.export", function()
       os.execute("rm -rf " .. shell.q(dir))
    end)
 
-   it("exports the ops of a small graph (adaptive pool to a larger size, cat, linear on 3-D)", function()
+   it("exports a small graph (adaptive pool to a larger size, cat, 4-D linear)", function()
       local py = venv()
       if not py then
          pending("ONNX Runtime comparison skipped: " .. why_not)

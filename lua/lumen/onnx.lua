@@ -274,7 +274,8 @@ OPS["F.max_pool2d"] = function(B, _, a, outs)
    local st, pad, dl = pair(o.stride, nil), pair(o.padding, 0), pair(o.dilation, 1)
    if st[1] == nil then st = k end
    B.node("MaxPool", { B.name(a[1].id) }, outs, { kernel_shape = k, strides = st,
-      pads = { pad[1], pad[2], pad[1], pad[2] }, dilations = dl, ceil_mode = o.ceil_mode and 1 or 0 })
+      pads = { pad[1], pad[2], pad[1], pad[2] }, dilations = dl,
+      ceil_mode = o.ceil_mode and 1 or 0 })
 end
 
 OPS["F.avg_pool2d"] = function(B, _, a, outs)

@@ -19,7 +19,7 @@ local dtypes = require("lumen.dtype")
 local Tensor = T.Tensor
 
 local type, pairs, ipairs, tostring, select = type, pairs, ipairs, tostring, select
-local unpack = unpack or table.unpack
+local unpack = unpack -- luacheck: ignore
 
 local M = {}
 
@@ -109,8 +109,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- arguments
 ---------------------------------------------------------------------------------------------
-
-local function is_plain(x) return type(x) == "table" and getmetatable(x) == nil end
 
 -- encode(x, ref) -> the JSON-able form; ref(tensor) -> value id. Raises (a string) on what
 -- cannot be recorded.

@@ -17,7 +17,7 @@ local G = require("lumen.jit.graph")
 local Tensor = T.Tensor
 
 local pairs, ipairs, type, select, error, pcall = pairs, ipairs, type, select, error, pcall
-local unpack = unpack or table.unpack
+local unpack = unpack -- luacheck: ignore
 
 local M = {}
 

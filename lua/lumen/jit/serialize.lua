@@ -140,7 +140,9 @@ local function validate(g, tensors, bad)
       if type(v.dtype) ~= "string" or not dtypes.lookup(v.dtype) then
          vbad("unknown dtype '" .. tostring(v.dtype) .. "'")
       end
-      if v.kind ~= nil and not KINDS[v.kind] then vbad("unknown kind '" .. tostring(v.kind) .. "'") end
+      if v.kind ~= nil and not KINDS[v.kind] then
+         vbad("unknown kind '" .. tostring(v.kind) .. "'")
+      end
       if (v.kind == "param" or v.kind == "buffer" or v.kind == "const")
          and (type(v.name) ~= "string" or v.name == "") then
          vbad("a weight without a name")
@@ -168,14 +170,18 @@ local function validate(g, tensors, bad)
       if not G.resolve(node.op) then
          bad(("node %d: unknown operator '%s'"):format(i, node.op))
       end
-      if type(node.args) ~= "table" then bad(("damaged graph: node %d has no arguments"):format(i)) end
+      if type(node.args) ~= "table" then
+         bad(("damaged graph: node %d has no arguments"):format(i))
+      end
       if node.nargs == nil then node.nargs = #node.args end
       if not is_int(node.nargs) or node.nargs > #node.args then
          bad(("damaged graph: node %d: argument count %s"):format(i, tostring(node.nargs)))
       end
       local used = {}
       for j = 1, node.nargs do
-         if node.args[j] == nil then bad(("damaged graph: node %d: argument %d missing"):format(i, j)) end
+         if node.args[j] == nil then
+            bad(("damaged graph: node %d: argument %d missing"):format(i, j))
+         end
          G.enc_ids(node.args[j], used)
       end
       for _, id in ipairs(used) do
@@ -193,7 +199,9 @@ local function validate(g, tensors, bad)
       end
    end
    for _, id in ipairs(G.enc_ids(g.outputs, {})) do
-      if not defined[id] then bad(("damaged graph: output value %s is not defined"):format(tostring(id))) end
+      if not defined[id] then
+         bad(("damaged graph: output value %s is not defined"):format(tostring(id)))
+      end
    end
    -- the weights against the file
    local want = {}
@@ -201,7 +209,8 @@ local function validate(g, tensors, bad)
       if v.name ~= nil then
          local t = tensors[v.name]
          if t == nil then
-            bad(("graph/weight mismatch: the graph's weight '%s' is not in the file"):format(v.name))
+            bad(("graph/weight mismatch: the graph's weight '%s' is not in the file")
+                :format(v.name))
          end
          local sz = Tensor.size(t)
          local same = #sz == #v.sizes and Tensor.dtype(t).name == v.dtype
@@ -237,10 +246,13 @@ function M.load(path)
    meta = meta or {}
    local ver = meta["lumen.jit.version"]
    if ver == nil then
-      bad("no graph in the file's metadata (not written by g:save; lm.load reads plain weight files)")
+      bad("no graph in the file's metadata (not written by g:save; lm.load reads plain " ..
+          "weight files)")
    end
    local vn = tonumber(ver)
-   if not is_int(vn, 1) then bad("the graph format version '" .. tostring(ver) .. "' is not a number") end
+   if not is_int(vn, 1) then
+      bad("the graph format version '" .. tostring(ver) .. "' is not a number")
+   end
    if vn > G.VERSION then
       bad(("the graph is format version %d; this lumen reads version %d and older: load it " ..
          "with a newer lumen"):format(vn, G.VERSION))
