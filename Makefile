@@ -239,7 +239,7 @@ FUZZ_CC ?= clang
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 3600
 FUZZ_JOBS ?= 1
-FUZZ_TARGETS ?= idx idx_gz image safetensors checkpoint
+FUZZ_TARGETS ?= idx idx_gz image safetensors checkpoint jit
 # FUZZ_RECOVER=1 (with another FUZZ_BUILD) makes UBSan reports recoverable, so that a known one can
 # be suppressed while exploring past it: UBSAN_OPTIONS=suppressions=fuzz/known-ubsan.supp
 FUZZ_RECOVER ?=
@@ -266,11 +266,12 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(HDRS) src/internal.h src/backend.h
 $(FUZZ_BUILD)/fuzz_%: fuzz/%_fuzz.c fuzz/common.h $(FUZZ_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJS) $(FUZZ_LIBS)
 
-$(FUZZ_BUILD)/fuzz_safetensors $(FUZZ_BUILD)/fuzz_checkpoint: $(FUZZ_BUILD)/fuzz_%: \
+$(FUZZ_BUILD)/fuzz_safetensors $(FUZZ_BUILD)/fuzz_checkpoint $(FUZZ_BUILD)/fuzz_jit: \
+      $(FUZZ_BUILD)/fuzz_%: \
       fuzz/lua_fuzz.c fuzz/common.h $(FUZZ_OBJS) lua/lumen/cdef.lua
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(LUAJIT_CFLAGS) \
 	   -DFUZZ_LUA_DIR='"$(CURDIR)/lua"' \
-	   -DFUZZ_LUA_TARGET=$(if $(filter checkpoint,$*),2,1) -rdynamic \
+	   -DFUZZ_LUA_TARGET=$(if $(filter checkpoint,$*),2,$(if $(filter jit,$*),3,1)) -rdynamic \
 	   -o $@ $< $(FUZZ_OBJS) $(LUAJIT_LIBS) $(FUZZ_LIBS)
 
 fuzz-build: $(FUZZ_BINS)

@@ -76,8 +76,11 @@ lm.save(out, dir .. "/out.safetensors")
 print("done")
 ]==])
       f:close()
+      -- the library this process runs (LUMEN_LIB: the ASan build in `make asan`), else the build
+      local lib = os.getenv("LUMEN_LIB")
+      if not lib or lib == "" then lib = os.getenv("PWD") .. "/build/liblumen.so" end
       local cmd = ("cd %s && LUMEN_LIB=%s LUA_PATH=%s luajit lua/lumen/repl.lua run.lua %s"):format(
-         shell.q(dir), shell.q(os.getenv("PWD") .. "/build/liblumen.so"),
+         shell.q(dir), shell.q(lib),
          shell.q(dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua"), shell.q(dir))
       local output, rc = shell.sh(cmd)
       assert.are.equal(0, rc, output)

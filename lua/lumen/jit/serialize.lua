@@ -24,6 +24,10 @@ local json = S.json
 
 local M = {}
 
+-- the fuzzing harness (fuzz/lua_fuzz.c, fuzz_jit) sets this to false, so that mutated graphs
+-- reach the structure checks behind the checksum
+M._verify_checksum = true
+
 local FNV_OFFSET = 0xcbf29ce484222325ULL
 local FNV_PRIME = 0x100000001b3ULL
 local bxor = bit.bxor
@@ -261,7 +265,7 @@ function M.load(path)
    if type(text) ~= "string" then bad("damaged graph: no graph text") end
    local sum = meta["lumen.jit.checksum"]
    if type(sum) ~= "string" then bad("no checksum in the metadata") end
-   if M.checksum(text, tensors) ~= sum then
+   if M._verify_checksum ~= false and M.checksum(text, tensors) ~= sum then
       bad("checksum mismatch: the graph or the weights were changed after the file was saved")
    end
    local g, err = json.decode(text)
