@@ -1281,7 +1281,8 @@ E("lm.jit.freeze", "lm.jit.freeze(g) -> g2", "An inference graph: dropout remove
    .. "into F.conv2d's epilogue, dead nodes removed; g is left as it is.",
    { fmt = "channels-last is propagated: 4-D convolution weights are stored channels-last, "
    .. "the layout conversions between 4-D values are removed, one conversion stands at each "
-   .. "4-D input (to channels-last) and output (back to the traced format)",
+   .. "4-D input (to channels-last) and output (back to the traced format); a graph that "
+   .. "views a 4-D value keeps its layouts",
    err = "a graph traced in training mode (a batch norm or dropout in training mode)",
    note = "g2.freeze_stats counts what each pass did; the frozen weights do not require grad" })
 E("lm.jit.is_traced", "lm.jit.is_traced(x) -> boolean", "true for a traced module.")

@@ -10,16 +10,18 @@
 --                to the convolution)
 --   fuse         conv -> add(., r) -> relu and conv -> relu (and conv -> add) become one
 --                F.conv2d(x, w, b, {residual = r, relu = true}): the epilogue runs in the kernel
---   layout       channels-last through the graph: 4-D convolution weights are stored
+--   layout       (graphs with a convolution and no view of a 4-D value, whose layout a
+--                change upstream could break: freeze_stats.layout_skipped says why)
+--                channels-last through the graph: 4-D convolution weights are stored
 --                channels-last, every layout conversion between 4-D values (contiguous(fmt),
 --                to(fmt)) is removed (they cancel: lumen's operators keep channels-last), and one
 --                conversion is put at each 4-D input (to channels-last) and at each 4-D output
 --                (back to the format the trace gave it, when that was not channels-last)
 --   dce          nodes whose results nothing uses are removed
 -- A node moves only later in the graph (to the place of the last node it replaces), and only
--- when no in-place operator in between writes into one of its inputs. After the passes the
--- graph is traced again on a zero input of the recorded sizes, so every value's sizes and
--- memory format in the result are the ones the frozen graph really produces. The frozen
+-- when no in-place operator lies in between (it could write into one of its inputs). After the
+-- passes the graph is traced again on a zero input of the recorded sizes, so every value's sizes
+-- and memory format in the result are the ones the frozen graph really produces. The frozen
 -- weights do not require grad (the fused epilogue runs inside the kernel).
 local T = require("lumen.tensor")
 local G = require("lumen.jit.graph")
@@ -118,19 +120,14 @@ local function index(st)
    return pos, def
 end
 
--- may `node` (at position i) run at position j > i instead? Not when an in-place node in
--- between writes into one of its inputs.
+-- may `node` (at position i) run at position j > i instead? Not when an in-place node lies in
+-- between: it may write into one of node's inputs, directly or through a view or alias (the
+-- graph does not track storage), so any in-place node blocks the move.
 local function can_move(st, node, i, j)
-   local ins = {}
-   for k = 1, node.nargs or #node.args do
-      for _, id in ipairs(G.enc_ids(node.args[k], {})) do ins[id] = true end
-   end
+   local _ = node
    for k = i + 1, j - 1 do
       local n = st.nodes[k]
-      if n.inplace and not n.dead then
-         local target = arg_id(n, 1)
-         if target and ins[target] then return false end
-      end
+      if n.inplace and not n.dead then return false end
    end
    return true
 end
@@ -365,6 +362,15 @@ function P.layout(st)
       if CONV[node.op] then has_conv = true end
    end
    if not has_conv then return 0 end
+   -- a view (view, view_as, as_strided) of a 4-D value needs the layout the trace had: changing
+   -- any format upstream could break it, so such a graph keeps its layouts
+   for k, node in ipairs(st.nodes) do
+      local x = LAYOUT_SENSITIVE[node.op] and arg_id(node, 1)
+      if x and st.values[x] and #st.values[x].sizes >= 4 then
+         st.layout_skipped = ("node %d (%s) views a 4-D value"):format(k, node.op)
+         return 0
+      end
+   end
    local cl = require("lumen.dtype").channels_last
    -- convolution weights channels-last
    for _, node in ipairs(st.nodes) do
@@ -391,10 +397,16 @@ function P.layout(st)
    apply_subst(st, subst)
    -- one conversion at each 4-D floating input, one at each 4-D output
    local head = {}
+   local function layout_sensitive_use(id)
+      for _, n in ipairs(st.nodes) do
+         if LAYOUT_SENSITIVE[n.op] and arg_id(n, 1) == id then return true end
+      end
+      return false
+   end
    for _, id in ipairs(st.inputs) do
       local v = st.values[id]
       if #v.sizes == 4 and (v.dtype == "float32" or v.dtype == "float64" or v.dtype == "float16"
-                             or v.dtype == "bfloat16") then
+                             or v.dtype == "bfloat16") and not layout_sensitive_use(id) then
          st.next_id = st.next_id + 1
          local nid = st.next_id
          st.values[nid] = { sizes = v.sizes, dtype = v.dtype, format = "channels_last",
@@ -506,6 +518,7 @@ function M.freeze(traced)
    stats.fold_bn = P.fold_bn(st)
    stats.fuse = P.fuse(st)
    stats.layout = P.layout(st)
+   stats.layout_skipped = st.layout_skipped
    stats.dce = P.dce(st)
    local A = require("lumen.autograd")
    local out = A.no_grad(function() return M.finish(st) end)

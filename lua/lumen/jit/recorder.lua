@@ -119,9 +119,13 @@ function M.record(fn, inputs, named, opts)
          outs = { list = l }
       end
       local node = { op = opname, args = enc, nargs = args.n, outs = outs }
+      -- an in-place operator (add_, relu_, copy_, ...) writes into its first argument; other
+      -- operators that return their input (contiguous on a contiguous tensor) only alias it
       local first = args[1]
-      for j = 1, r.n do
-         if T.is_tensor(first) and r[j] == first then node.inplace = true end
+      if opname:sub(-1) == "_" and T.is_tensor(first) then
+         for j = 1, r.n do
+            if r[j] == first then node.inplace = true end
+         end
       end
       g.nodes[#g.nodes + 1] = node
       return unpack(r, 1, r.n)
