@@ -143,6 +143,32 @@ describe("lm.onnx.export", function()
       os.remove(dir .. ".y")
    end)
 
+   it("exports a frozen graph (fused conv epilogues with residual adds)", function()
+      local py = venv()
+      if not py then
+         pending("ONNX Runtime comparison skipped: " .. why_not)
+         return
+      end
+      lm.manual_seed(6)
+      local model = lm.models.small_resnet({ in_channels = 3, width = 8, blocks = 2,
+                                             num_classes = 4 }):eval()
+      warm(model)
+      local x = lm.randn({ 2, 3, 16, 16 })
+      local f = lm.jit.freeze(lm.jit.trace(model, x))
+      assert.is_true(f.freeze_stats.fuse > 0)
+      local p = os.tmpname()
+      lm.onnx.export(f, nil, p .. ".onnx")
+      write_f32(p .. ".x", x)
+      local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. shell.q(p .. ".onnx") ..
+                               " " .. shell.q(p .. ".x") .. " " .. shell.q(p .. ".y"))
+      assert.are.equal(0, rc, out)
+      local want = lm.no_grad(function() return model(x) end)
+      local got = read_f32(p .. ".y", want:size())
+      local d = (got - want):abs():max():item() / math.max(1, want:abs():max():item())
+      assert.is_true(d <= 1e-4, "frozen: " .. d)
+      for _, e in ipairs({ "", ".onnx", ".x", ".y" }) do os.remove(p .. e) end
+   end)
+
    it("rejects bad options and models it cannot export", function()
       local m = nn.Sequential(nn.Linear(3, 2), nn.Dropout(0.5))
       local x = lm.randn({ 1, 3 })

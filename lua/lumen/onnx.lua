@@ -382,10 +382,10 @@ end
 
 local function concat(B, _, a, outs, g)
    local list = a[1]
-   if type(list) ~= "table" or not list.__dyn then fail("cat of a non-list", 0) end
+   if type(list) ~= "table" or getmetatable(list) == G.REF then fail("cat of a non-list", 0) end
    local ins = {}
    local nd
-   for i, r in ipairs(list.t) do
+   for i, r in ipairs(list) do
       ins[i] = B.name(r.id)
       nd = nd or #value_sizes(g, r.id)
    end
@@ -401,6 +401,18 @@ OPS["F.softmax"] = function(B, _, a, outs, g)
    local d = a[2] or -1
    if d < 0 then d = d + nd + 1 end
    B.node("Softmax", { B.name(a[1].id) }, outs, { axis = d - 1 })
+end
+
+-- a decoded argument with its tables of references unwrapped (graph.decode keeps a table that
+-- holds a tensor as {__dyn = true, t = {...}}); the references stay
+local function unwrap(x)
+   if type(x) ~= "table" or getmetatable(x) == G.REF then return x end
+   if x.__dyn then
+      local o = {}
+      for k, v in pairs(x.t) do o[k] = unwrap(v) end
+      return o
+   end
+   return x
 end
 
 -- operators that pass their input on (the value is the same in ONNX's logical view)
@@ -474,7 +486,8 @@ function M.export(model, input, path, opts)
    end
    local ok, err = pcall(function()
       for k, node in ipairs(g.nodes) do
-         local a = g.plan[k].args
+         local a = {}
+         for j = 1, g.plan[k].n do a[j] = unwrap(g.plan[k].args[j]) end
          if PASS[node.op] then
             B.names[node.outs.v] = B.name(a[1].id)
          else
