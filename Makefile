@@ -50,7 +50,31 @@ CU_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRCS))
 CU_EMU_OBJS := $(patsubst %.cu,$(BUILD)/emu/%.o,$(CU_SRCS))
 CXX ?= g++
 
-all: $(BUILD)/liblumen.so lua/lumen/cdef.lua $(if $(filter 1,$(CUDA)),$(BUILD)/liblumen_cuda.so)
+# ---- the ONNX writer (src/onnx/, lm.onnx.export) ----------------------------------------------
+# build/liblumen_onnx.so: a small shim over Debian's protobuf-c and the code protoc-c generates
+# from src/onnx/onnx.proto (the ONNX schema). Optional, like the CUDA backend: built when protoc-c
+# and the protobuf-c headers are installed (ONNX=0 skips it, ONNX=1 insists), loaded by lumen only
+# when lm.onnx.export runs.
+PROTOC_C ?= $(shell command -v protoc-c 2>/dev/null)
+PROTOBUF_C_H := $(wildcard /usr/include/protobuf-c/protobuf-c.h)
+ONNX ?= $(if $(and $(PROTOC_C),$(PROTOBUF_C_H)),1,0)
+
+all: $(BUILD)/liblumen.so lua/lumen/cdef.lua $(if $(filter 1,$(CUDA)),$(BUILD)/liblumen_cuda.so) \
+   $(if $(filter 1,$(ONNX)),$(BUILD)/liblumen_onnx.so)
+
+onnx: $(BUILD)/liblumen_onnx.so
+
+$(BUILD)/onnx/onnx.pb-c.c $(BUILD)/onnx/onnx.pb-c.h: src/onnx/onnx.proto
+	@mkdir -p $(BUILD)/onnx
+	$(PROTOC_C) --proto_path=src/onnx --c_out=$(BUILD)/onnx src/onnx/onnx.proto
+
+# the generated code is compiled as protoc-c writes it (its own warnings are not ours to fix)
+$(BUILD)/liblumen_onnx.so: src/onnx/onnx_shim.c $(BUILD)/onnx/onnx.pb-c.c $(BUILD)/onnx/onnx.pb-c.h
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -fPIC -Wall -Wextra -Werror -I$(BUILD)/onnx -c \
+	   src/onnx/onnx_shim.c -o $(BUILD)/onnx/onnx_shim.o
+	$(CC) -std=c11 -O2 -fPIC -w -I$(BUILD)/onnx -c $(BUILD)/onnx/onnx.pb-c.c \
+	   -o $(BUILD)/onnx/onnx.pb-c.o
+	$(CC) -shared -o $@ $(BUILD)/onnx/onnx_shim.o $(BUILD)/onnx/onnx.pb-c.o -lprotobuf-c
 
 $(BUILD)/liblumen.so: $(OBJS)
 	$(CC) -o $@ $(OBJS) $(LDFLAGS_BASE) $(LDFLAGS)
@@ -185,6 +209,8 @@ install: all
 	# the CUDA backend, when this build made it: beside liblumen.so, where src/device.c looks
 	$(if $(filter 1,$(CUDA)),if [ -f $(BUILD)/liblumen_cuda.so ]; then \
 	   $(INSTALL) -m 755 $(BUILD)/liblumen_cuda.so "$(DESTDIR)$(INST_LIBDIR)/liblumen_cuda.so"; fi)
+	if [ -f $(BUILD)/liblumen_onnx.so ]; then \
+	   $(INSTALL) -m 755 $(BUILD)/liblumen_onnx.so "$(DESTDIR)$(INST_LIBDIR)/liblumen_onnx.so"; fi
 	cd lua/lumen && find . -name '*.lua' | while read -r f; do \
 	   $(INSTALL) -D -m 644 "$$f" "$(DESTDIR)$(INST_LUADIR)/lumen/$$f" || exit 1; done
 	if ls models/*.lua >/dev/null 2>&1; then \
@@ -195,7 +221,7 @@ install: all
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
-.PHONY: all test asan bench lint demo install clean
+.PHONY: all onnx test asan bench lint demo install clean
 
 # ---- fuzzing (fuzz/README.md) ---------------------------------------------------------------
 # The harnesses need clang (libFuzzer comes with libclang-rt-14-dev) and are built with
@@ -213,7 +239,7 @@ FUZZ_CC ?= clang
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 3600
 FUZZ_JOBS ?= 1
-FUZZ_TARGETS ?= idx idx_gz image safetensors checkpoint
+FUZZ_TARGETS ?= idx idx_gz image safetensors checkpoint jit
 # FUZZ_RECOVER=1 (with another FUZZ_BUILD) makes UBSan reports recoverable, so that a known one can
 # be suppressed while exploring past it: UBSAN_OPTIONS=suppressions=fuzz/known-ubsan.supp
 FUZZ_RECOVER ?=
@@ -240,11 +266,12 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(HDRS) src/internal.h src/backend.h
 $(FUZZ_BUILD)/fuzz_%: fuzz/%_fuzz.c fuzz/common.h $(FUZZ_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJS) $(FUZZ_LIBS)
 
-$(FUZZ_BUILD)/fuzz_safetensors $(FUZZ_BUILD)/fuzz_checkpoint: $(FUZZ_BUILD)/fuzz_%: \
+$(FUZZ_BUILD)/fuzz_safetensors $(FUZZ_BUILD)/fuzz_checkpoint $(FUZZ_BUILD)/fuzz_jit: \
+      $(FUZZ_BUILD)/fuzz_%: \
       fuzz/lua_fuzz.c fuzz/common.h $(FUZZ_OBJS) lua/lumen/cdef.lua
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(LUAJIT_CFLAGS) \
 	   -DFUZZ_LUA_DIR='"$(CURDIR)/lua"' \
-	   -DFUZZ_LUA_TARGET=$(if $(filter checkpoint,$*),2,1) -rdynamic \
+	   -DFUZZ_LUA_TARGET=$(if $(filter checkpoint,$*),2,$(if $(filter jit,$*),3,1)) -rdynamic \
 	   -o $@ $< $(FUZZ_OBJS) $(LUAJIT_LIBS) $(FUZZ_LIBS)
 
 fuzz-build: $(FUZZ_BINS)

@@ -33,11 +33,12 @@ if [ -n "${BENCH_ONLY:-}" ]; then
    scripts=("bench/${BENCH_ONLY%.lua}.lua")
 else
    # bench/amp_ops.lua and the video scripts have their own peer (PyTorch 2.x): bench/amp.sh
-   # and bench/video.sh run them
+   # and bench/video.sh run them; bench/jit_freeze.lua compares two lumen paths (no peer) and
+   # runs on its own (docs/shipping_models.md)
    kept=()
    for f in "${scripts[@]}"; do
       case "$f" in
-         bench/amp_ops.lua | bench/video_ops.lua | bench/video_models.lua) ;;
+         bench/amp_ops.lua | bench/video_ops.lua | bench/video_models.lua | bench/jit_freeze.lua) ;;
          bench/models.lua) [ -n "${BENCH_MODELS:-}" ] && kept+=("$f") ;;
          *) kept+=("$f") ;;
       esac

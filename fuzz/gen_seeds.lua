@@ -144,6 +144,26 @@ write(d .. "truncated.checkpoint", f:sub(1, #f - 5))
 write(d .. "plain.safetensors", read(OUT .. "safetensors/f32.safetensors"))
 
 ---------------------------------------------------------------------------------------------
+-- lm.jit files: a traced and a frozen graph (conv, batch norm, relu, pool, dropout, linear), one
+-- traced from a function (constants, several outputs, in-place ops), a truncated one
+---------------------------------------------------------------------------------------------
+d = reset("jit")
+lm.manual_seed(2)
+local jm = nn.Sequential(nn.Conv2d(2, 3, 3, { padding = 1 }), nn.BatchNorm2d(3), nn.ReLU(true),
+                         nn.MaxPool2d(2), nn.Dropout(0.2), nn.Flatten(), nn.Linear(3, 2)):eval()
+local jg = lm.jit.trace(jm, lm.randn({ 1, 2, 2, 2 }))
+jg:save(d .. "traced.safetensors")
+lm.jit.freeze(jg):save(d .. "frozen.safetensors")
+local jc = lm.tensor({ 1, 2 })
+lm.jit.trace(function(a, b)
+   local s = a + b * jc
+   s:mul_(2)
+   return s, lm.cat({ a, s }, 1)
+end, { lm.ones({ 2 }), lm.ones({ 2 }) }):save(d .. "function.safetensors")
+f = read(d .. "traced.safetensors")
+write(d .. "truncated.safetensors", f:sub(1, #f - 7))
+
+---------------------------------------------------------------------------------------------
 -- images: the spec fixtures, and corrupt variants
 ---------------------------------------------------------------------------------------------
 d = reset("image")

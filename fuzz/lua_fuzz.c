@@ -1,9 +1,13 @@
-/* libFuzzer harness for the parsers written in Lua: lm.load (safetensors, lua/lumen/serialize.lua)
- * and lm.load_checkpoint (lua/lumen/checkpoint.lua). Built twice from this file:
+/* libFuzzer harness for the parsers written in Lua: lm.load (safetensors, lua/lumen/serialize.lua),
+ * lm.load_checkpoint (lua/lumen/checkpoint.lua) and lm.jit.load (lua/lumen/jit/serialize.lua).
+ * Built three times from this file:
  *   -DFUZZ_LUA_TARGET=1  fuzz_safetensors: lm.load(path), then every small tensor is read back
  *                        (totable, which converts every element to a Lua number) and summed
  *   -DFUZZ_LUA_TARGET=2  fuzz_checkpoint: lm.load_checkpoint(path), then again into a small
  *                        model and optimizer with rng = true (load_state_dict, set_rng_state)
+ *   -DFUZZ_LUA_TARGET=3  fuzz_jit: lm.jit.load(path) (version, checksum, the graph's structure,
+ *                        operators and weights checked), then tostring of the loaded graph; the
+ *                        graph is not run (its operators are the operator specs' to fuzz)
  * The lumen C library is compiled into this program with the sanitizers; LuaJIT (not
  * instrumented) runs the real lua/ tree, with `lumen.C` preloaded as ffi.C (the program is linked
  * with -rdynamic, so the FFI finds lm_* in it). A Lua error is an expected outcome (bad input
@@ -23,7 +27,7 @@
 #error "build with -DFUZZ_LUA_DIR=\"<repo>/lua\""
 #endif
 #ifndef FUZZ_LUA_TARGET
-#error "build with -DFUZZ_LUA_TARGET=1 (safetensors) or 2 (checkpoint)"
+#error "build with -DFUZZ_LUA_TARGET=1 (safetensors), 2 (checkpoint) or 3 (jit)"
 #endif
 
 static lua_State *L;
@@ -63,6 +67,14 @@ static const char *setup_code =
    "   return function(path)\n"
    "      local ts = lm.load(path)\n"
    "      for _, t in pairs(ts) do touch(t) end\n"
+   "   end\n"
+   "end\n"
+   "if target == 3 then\n"
+   "   require('lumen.jit.serialize')._verify_checksum = false\n"
+   "   return function(path)\n"
+   "      local g = lm.jit.load(path)\n"
+   "      local _ = tostring(g)\n"
+   "      for _, e in ipairs(g:named_tensors()) do touch(e[2]) end\n"
    "   end\n"
    "end\n"
    "local nn = lm.nn\n"

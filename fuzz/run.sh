@@ -25,7 +25,7 @@ FUZZ_JOBS=${FUZZ_JOBS:-1}
 FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-10}
 FUZZ_RSS_MB=${FUZZ_RSS_MB:-2048}
 harnesses=("$@")
-if [ ${#harnesses[@]} -eq 0 ]; then harnesses=(idx idx_gz image safetensors checkpoint); fi
+if [ ${#harnesses[@]} -eq 0 ]; then harnesses=(idx idx_gz image safetensors checkpoint jit); fi
 
 # the sanitizers: stop at the first report, with symbolised stacks
 # (leaks: LeakSanitizer is on by default; the Lua harnesses turn it off and check lumen's own

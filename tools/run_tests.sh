@@ -52,6 +52,8 @@ device_skip=(
    spec/train_example_spec.lua  # examples' command lines (they make their own tensors on the CPU)
    spec/hardening_io_spec.lua   # files: image and safetensors parsing of hostile input
    spec/data_spec.lua           # image files decoded on the host (the loader's tensors are CPU)
+   spec/jit_models_spec.lua     # a fresh process reading the saved files (its tensors are CPU)
+   spec/onnx_spec.lua           # ONNX files and ONNX Runtime read on the host
    spec/lazy_spec.lua           # the deferred elementwise engine (tensor.lua) defers CPU tensors
                                 # only, by design; elsewhere every op runs eagerly, which the
                                 # other specs check on the device

@@ -1267,6 +1267,60 @@ E("lm.checkpoint.save_checkpoint", "lm.checkpoint.save_checkpoint(path, state)",
 E("lm.checkpoint.load_checkpoint", "lm.checkpoint.load_checkpoint(path, opts)", "Same as "
    .. "lm.load_checkpoint.")
 
+S("jit", "Shipping models: lm.jit, lm.onnx", [[
+`lm.jit.trace(model, x)` records the operators one forward runs (the F.* functions, the Tensor
+methods, lm.*'s operators; the outermost call only) into a graph; the traced module `g` runs them
+again on the model's own tensors: `g(x)`, autograd works through it. `tostring(g)` prints one line
+per node with the sizes, dtype and memory format of its values; `g:save(path)` writes one
+safetensors file (the weights by state_dict name, the graph as versioned JSON in the metadata);
+`lm.jit.load(path)` needs no model source; `lm.jit.freeze(g)` is the inference pipeline.
+`g:count(op)`, `g:named_tensors()`, `g:parameters()`, `g:state_dict()` inspect it.
+`lm.onnx.export` writes ONNX. Guide: docs/shipping_models.md.]])
+E("lm.jit", "lm.jit", "Tracing, saving, loading and freezing models (lua/lumen/jit/: "
+   .. "recorder, graph, serialize, freeze).", { note = "loaded on first use" })
+E("lm.jit.trace", "lm.jit.trace(model, input, {warn = fn}) -> g", "Record one forward of "
+   .. "model (an nn.Module, a traced module or a function) on input (a tensor or an array of "
+   .. "tensors) into a callable traced module.",
+   { fmt = "every value's memory format is recorded; g runs the same operators, so the same "
+   .. "formats come out", err = "a model that is not a Module or function, an input that is "
+   .. "not a tensor, an operator argument that cannot be recorded (a function, a module), a "
+   .. "forward that returns no tensor: `lumen.jit.trace: ...`",
+   note = "control flow that depends on tensor values is not recorded (as torch.jit.trace): "
+   .. "the trace warns (stderr, or opts.warn(msg)) when the forward reads Tensor:item() or "
+   .. "totable(); trace after model:eval() to trace inference" })
+E("lm.jit.load", "lm.jit.load(path) -> g", "Load a traced module written by g:save(path), "
+   .. "without the model's source; weights go to the device they were traced on.",
+   { fmt = "weights come back in the memory format they were saved with",
+   err = "a missing, truncated or non-jit file, a newer graph format version, a checksum "
+   .. "mismatch (the file was changed), a damaged graph, an unknown operator, a graph/weight "
+   .. "mismatch: `lumen.jit.load: '<path>': ...`, never a crash" })
+E("lm.jit.freeze", "lm.jit.freeze(g) -> g2", "An inference graph: dropout removed, batch norms "
+   .. "folded into the convolutions before them, conv + bias + relu (+ residual add) fused "
+   .. "into F.conv2d's epilogue, dead nodes removed; g is left as it is.",
+   { fmt = "channels-last is propagated: 4-D convolution weights are stored channels-last, "
+   .. "the layout conversions between 4-D values are removed, one conversion stands at each "
+   .. "4-D input (to channels-last) and output (back to the traced format); a graph that "
+   .. "views a 4-D value keeps its layouts",
+   err = "a graph traced in training mode (a batch norm or dropout in training mode)",
+   note = "g2.freeze_stats counts what each pass did; the frozen weights do not require grad" })
+E("lm.jit.is_traced", "lm.jit.is_traced(x) -> boolean", "true for a traced module.")
+E("lm.onnx", "lm.onnx", "ONNX export (lua/lumen/onnx.lua; the writer build/liblumen_onnx.so is "
+   .. "built by make when protoc-c and libprotobuf-c-dev are installed).",
+   { note = "loaded on first use; the writer library only when export runs" })
+E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17}) -> path", "Write an ONNX "
+   .. "model of the traced graph (model is traced with input, or a traced module is taken as "
+   .. "it is) that ONNX Runtime runs with the same results.",
+   { fmt = "ONNX is NCHW: channels-last values are exported with their logical sizes and "
+   .. "weights in logical order", err = "an operator without an ONNX form, a model in training "
+   .. "mode, an opset outside 13-21, the writer not built: `lumen.onnx.export: ...` (nothing "
+   .. "is written)", note = "inputs are named input (input.1, ...), outputs output, weights by "
+   .. "their state_dict names" })
+E("lm.onnx.available", "lm.onnx.available() -> boolean", "Whether the ONNX writer library "
+   .. "can be loaded.")
+E("lm.onnx.DEFAULT_OPSET", "lm.onnx.DEFAULT_OPSET = 17", "The opset export writes by default.")
+E("lm.onnx.MIN_OPSET", "lm.onnx.MIN_OPSET = 13", "The lowest opset export writes.")
+E("lm.onnx.MAX_OPSET", "lm.onnx.MAX_OPSET = 21", "The highest opset export writes.")
+
 S("memory", "lm.memory", [[
 How tensor memory is owned and freed: tensors are released by Lua's collector, which the
 allocator triggers by count, by a soft limit on live bytes, and optionally by traffic and
@@ -1346,7 +1400,6 @@ E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a fu
 -- names the API contract fixes for later work that do not exist yet (listed on docs/api.md so
 -- that nobody looks for them); an entry replaces the line once one exists
 M.planned = {
-   "lm.jit.trace, lm.jit.load, lm.jit.freeze; lm.onnx.export",
    "lm.distributed.*, lm.nn.parallel.DistributedDataParallel",
 }
 

@@ -1,0 +1,514 @@
+-- lumen.onnx -- lm.onnx.export(model, input, path, {opset = 17}): an ONNX model of the traced
+-- graph (lm.jit.trace), which ONNX Runtime runs with the same results.
+--
+-- The model is traced (or a traced module is taken as it is) and each node becomes ONNX nodes:
+--   F.conv2d            Conv (a fused epilogue {residual =, relu =} adds Add and Relu)
+--   F.batch_norm        BatchNormalization (evaluation mode only)
+--   relu, relu_         Relu;  sigmoid, tanh: Sigmoid, Tanh;  F.softmax: Softmax
+--   F.max_pool2d        MaxPool;  F.avg_pool2d: AveragePool
+--   F.adaptive_avg_pool2d  GlobalAveragePool (1x1), AveragePool (sizes that divide), else two
+--                       MatMuls with constant averaging matrices (the same regions as lumen's)
+--   F.linear            Gemm (2-D input) or MatMul + Add
+--   F.flatten           Flatten (to the end) or Reshape;  view, reshape: Reshape
+--   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
+--   dropout (evaluation), contiguous, to(memory format), clone: nothing (the value is passed on)
+-- ONNX tensors are NCHW by definition: a channels-last value is exported with its logical sizes,
+-- and weights are written in logical (row-major) order, whatever their memory format.
+-- The protobuf is written by build/liblumen_onnx.so (src/onnx/onnx_shim.c over Debian's
+-- protobuf-c and the ONNX schema), loaded the first time export runs.
+local ffi = require("ffi")
+local T = require("lumen.tensor")
+local G = require("lumen.jit.graph")
+local Tensor = T.Tensor
+
+local M = {}
+
+M.DEFAULT_OPSET = 17
+M.MIN_OPSET, M.MAX_OPSET = 13, 21
+
+local function fail(msg, level)
+   error("lumen.onnx.export: " .. msg, level or T.user_level())
+end
+
+---------------------------------------------------------------------------------------------
+-- the shim
+---------------------------------------------------------------------------------------------
+
+local CDEF = [[
+typedef struct lm_onnx lm_onnx;
+const char *lm_onnx_error(void);
+lm_onnx *lm_onnx_new(const char *graph_name, const char *producer, const char *producer_version,
+                     int64_t opset, int64_t ir_version);
+void lm_onnx_free(lm_onnx *m);
+int lm_onnx_add_io(lm_onnx *m, int is_output, const char *name, int32_t elem_type, int ndims,
+                   const int64_t *dims);
+int lm_onnx_add_initializer(lm_onnx *m, const char *name, int32_t elem_type, int ndims,
+                            const int64_t *dims, const void *data, size_t nbytes);
+int lm_onnx_add_node(lm_onnx *m, const char *op_type, const char *name, int nin,
+                     const char **inputs, int nout, const char **outputs);
+int lm_onnx_attr_int(lm_onnx *m, int node, const char *name, int64_t v);
+int lm_onnx_attr_float(lm_onnx *m, int node, const char *name, float v);
+int lm_onnx_attr_ints(lm_onnx *m, int node, const char *name, int n, const int64_t *v);
+int lm_onnx_save(lm_onnx *m, const char *path);
+]]
+
+local lib
+local function shim()
+   if lib then return lib end
+   pcall(ffi.cdef, CDEF)
+   local tried = {}
+   local list = {}
+   local env = os.getenv("LUMEN_ONNX_LIB")
+   if env and env ~= "" then list[1] = env end
+   local lumen_lib = os.getenv("LUMEN_LIB")
+   if lumen_lib and lumen_lib ~= "" then
+      list[#list + 1] = (lumen_lib:match("^(.*)/[^/]*$") or ".") .. "/liblumen_onnx.so"
+   end
+   local src = debug.getinfo(1, "S").source
+   if src:sub(1, 1) == "@" then
+      list[#list + 1] = (src:sub(2):match("^(.*)[/\\]") or ".") .. "/../../build/liblumen_onnx.so"
+   end
+   for template in package.cpath:gmatch("[^;]+") do
+      if template:find("?", 1, true) then
+         list[#list + 1] = (template:gsub("%?", "liblumen_onnx"))
+      end
+   end
+   for _, path in ipairs(list) do
+      local f = io.open(path, "rb")
+      if f then
+         f:close()
+         local ok, l = pcall(ffi.load, path)
+         if ok then
+            lib = l
+            return lib
+         end
+         tried[#tried + 1] = path .. " (" .. tostring(l) .. ")"
+      else
+         tried[#tried + 1] = path .. " (not found)"
+      end
+   end
+   fail("the ONNX writer build/liblumen_onnx.so is not built (apt-get install " ..
+        "libprotobuf-c-dev protobuf-c-compiler, then make); tried:\n  " ..
+        table.concat(tried, "\n  "), 0)
+end
+
+-- is the writer there? (specs skip with a message when it is not)
+function M.available()
+   return (pcall(shim))
+end
+
+---------------------------------------------------------------------------------------------
+-- export
+---------------------------------------------------------------------------------------------
+
+local ELEM = { float32 = 1, uint8 = 2, int8 = 3, int32 = 6, int64 = 7, bool = 9, float16 = 10,
+               float64 = 11, bfloat16 = 16 }
+
+local function ir_version(opset)
+   if opset <= 14 then return 7 end
+   if opset <= 18 then return 8 end
+   if opset <= 20 then return 9 end
+   return 10
+end
+
+local function pair(v, default)
+   if v == nil then return { default, default } end
+   if type(v) == "number" then return { v, v } end
+   return { v[1], v[2] or v[1] }
+end
+
+-- the writer for one export: names, initializers, nodes
+local function builder(L, m, g, tensors)
+   local B = { names = {}, added = {}, n = 0 }
+   local function check(rc, what)
+      if rc < 0 then fail(what .. ": " .. ffi.string(L.lm_onnx_error()), 0) end
+      return rc
+   end
+   local function dims(sizes)
+      local d = ffi.new("int64_t[?]", math.max(1, #sizes))
+      for i, s in ipairs(sizes) do d[i - 1] = s end
+      return d
+   end
+   function B.fresh(base)
+      B.n = B.n + 1
+      return (base or "t") .. "_" .. B.n
+   end
+   -- an initializer from a tensor (its logical order)
+   function B.init(name, t)
+      if B.added[name] then return name end
+      local dt = Tensor.dtype(t).name
+      local et = ELEM[dt]
+      if not et then fail("a weight of dtype " .. dt .. " has no ONNX type", 0) end
+      if Tensor.device(t) ~= "cpu" then t = Tensor.to(t, "cpu") end
+      local c = Tensor.contiguous(t)
+      local sz = Tensor.size(c)
+      local n = Tensor.numel(c) * Tensor.dtype(c).size
+      check(L.lm_onnx_add_initializer(m, name, et, #sz, dims(sz),
+                                      require("lumen.C").lm_tensor_data(c._c), n), name)
+      B.added[name] = true
+      return name
+   end
+   function B.const_f(values, sizes, dtype)
+      local lm = require("lumen")
+      local t = lm.tensor(values, { dtype = dtype or "float32" })
+      if sizes then t = Tensor.reshape(t, sizes) end
+      return B.init(B.fresh("const"), t)
+   end
+   function B.const_i64(values)
+      local lm = require("lumen")
+      return B.init(B.fresh("shape"), lm.tensor(values, { dtype = "int64" }))
+   end
+   -- the ONNX name of value id
+   function B.name(id)
+      local nm = B.names[id]
+      if nm then return nm end
+      local v = g.values[id]
+      if v and v.name then
+         return B.init(v.name, tensors[v.name])
+      end
+      fail("internal: value " .. tostring(id) .. " has no ONNX name", 0)
+   end
+   -- a node: inputs (names), outputs (names), attributes {name = number | {ints} | {f = x}}
+   function B.node(op, inputs, outputs, attrs)
+      local ci = ffi.new("const char *[?]", math.max(1, #inputs))
+      for i, s in ipairs(inputs) do ci[i - 1] = s end
+      local co = ffi.new("const char *[?]", #outputs)
+      for i, s in ipairs(outputs) do co[i - 1] = s end
+      local k = check(L.lm_onnx_add_node(m, op, B.fresh(op), #inputs, ci, #outputs, co), op)
+      local keys = {}
+      for a in pairs(attrs or {}) do keys[#keys + 1] = a end
+      table.sort(keys)
+      for _, a in ipairs(keys) do
+         local v = attrs[a]
+         if type(v) == "number" then
+            check(L.lm_onnx_attr_int(m, k, a, v), op)
+         elseif type(v) == "table" and v.f then
+            check(L.lm_onnx_attr_float(m, k, a, v.f), op)
+         else
+            local arr = ffi.new("int64_t[?]", math.max(1, #v))
+            for i, x in ipairs(v) do arr[i - 1] = x end
+            check(L.lm_onnx_attr_ints(m, k, a, #v, arr), op)
+         end
+      end
+   end
+   return B
+end
+
+local function value_sizes(g, id) return g.values[id].sizes end
+
+-- averaging matrix (out x n): row i averages lumen's adaptive region [floor(i n / out),
+-- ceil((i + 1) n / out))
+local function adaptive_matrix(n, out)
+   local rows = {}
+   for i = 0, out - 1 do
+      local s = math.floor(i * n / out)
+      local e = math.ceil((i + 1) * n / out)
+      local row = {}
+      for j = 0, n - 1 do row[j + 1] = (j >= s and j < e) and 1 / (e - s) or 0 end
+      rows[i + 1] = row
+   end
+   return rows
+end
+
+-- the exporters of the graph's operators: f(B, node, args (decoded), out names, g) -> nil
+local OPS = {}
+
+local function relu_chain(B, y, opts, outs)
+   local cur = y
+   local res = opts and opts.residual
+   if res ~= nil then
+      local nxt = opts.relu and B.fresh("add") or outs[1]
+      B.node("Add", { cur, B.name(res.id) }, { nxt })
+      cur = nxt
+   end
+   if opts and opts.relu then B.node("Relu", { cur }, { outs[1] }) end
+end
+
+OPS["F.conv2d"] = function(B, _, a, outs, g)
+   local o = a[4] or {}
+   local p = o.padding
+   if type(p) == "string" then
+      if p ~= "valid" then fail("conv2d with padding '" .. p .. "' is not exported", 0) end
+      p = 0
+   end
+   local pad, st, dl = pair(p, 0), pair(o.stride, 1), pair(o.dilation, 1)
+   local w = g.values[a[2].id]
+   local ins = { B.name(a[1].id), B.name(a[2].id) }
+   if a[3] ~= nil then ins[3] = B.name(a[3].id) end
+   local fused = o.residual ~= nil or o.relu
+   local y = fused and B.fresh("conv") or outs[1]
+   B.node("Conv", ins, { y }, { kernel_shape = { w.sizes[3], w.sizes[4] },
+      strides = st, pads = { pad[1], pad[2], pad[1], pad[2] }, dilations = dl,
+      group = o.groups or 1 })
+   if fused then relu_chain(B, y, o, outs) end
+end
+
+OPS["F.batch_norm"] = function(B, _, a, outs, g)
+   local o = a[6] or {}
+   if o.training then fail("a batch norm in training mode (call model:eval() first)", 0) end
+   if a[2] == nil or a[3] == nil then fail("a batch norm without running statistics", 0) end
+   local c = value_sizes(g, a[2].id)[1]
+   local ones, zeros = {}, {}
+   for i = 1, c do ones[i], zeros[i] = 1, 0 end
+   local scale = a[4] and B.name(a[4].id) or B.const_f(ones)
+   local bias = a[5] and B.name(a[5].id) or B.const_f(zeros)
+   local fused = o.residual ~= nil or o.relu
+   local y = fused and B.fresh("bn") or outs[1]
+   B.node("BatchNormalization", { B.name(a[1].id), scale, bias, B.name(a[2].id),
+      B.name(a[3].id) }, { y }, { epsilon = { f = o.eps or 1e-5 } })
+   if fused then relu_chain(B, y, o, outs) end
+end
+
+for _, op in ipairs({ "Tensor.relu", "Tensor.relu_", "F.relu", "F.relu_", "lm.relu" }) do
+   OPS[op] = function(B, _, a, outs) B.node("Relu", { B.name(a[1].id) }, outs) end
+end
+for op, onnx in pairs({ ["Tensor.sigmoid"] = "Sigmoid", ["F.sigmoid"] = "Sigmoid",
+                        ["Tensor.tanh"] = "Tanh", ["F.tanh"] = "Tanh" }) do
+   OPS[op] = function(B, _, a, outs) B.node(onnx, { B.name(a[1].id) }, outs) end
+end
+
+OPS["F.max_pool2d"] = function(B, _, a, outs)
+   local o = a[2] or {}
+   if o.return_indices then fail("max_pool2d with return_indices is not exported", 0) end
+   local k = pair(o.kernel_size)
+   local st, pad, dl = pair(o.stride, nil), pair(o.padding, 0), pair(o.dilation, 1)
+   if st[1] == nil then st = k end
+   B.node("MaxPool", { B.name(a[1].id) }, outs, { kernel_shape = k, strides = st,
+      pads = { pad[1], pad[2], pad[1], pad[2] }, dilations = dl,
+      ceil_mode = o.ceil_mode and 1 or 0 })
+end
+
+OPS["F.avg_pool2d"] = function(B, _, a, outs)
+   local o = a[2] or {}
+   if o.divisor_override ~= nil then fail("avg_pool2d with divisor_override is not exported", 0) end
+   local k = pair(o.kernel_size)
+   local st, pad = pair(o.stride, nil), pair(o.padding, 0)
+   if st[1] == nil then st = k end
+   B.node("AveragePool", { B.name(a[1].id) }, outs, { kernel_shape = k, strides = st,
+      pads = { pad[1], pad[2], pad[1], pad[2] }, ceil_mode = o.ceil_mode and 1 or 0,
+      count_include_pad = (o.count_include_pad == false) and 0 or 1 })
+end
+
+OPS["F.adaptive_avg_pool2d"] = function(B, node, a, outs, g)
+   local x = B.name(a[1].id)
+   local xs = value_sizes(g, a[1].id)
+   local ys = value_sizes(g, node.outs.v)
+   local H, W, oh, ow = xs[3], xs[4], ys[3], ys[4]
+   if oh == 1 and ow == 1 then
+      B.node("GlobalAveragePool", { x }, outs)
+   elseif H % oh == 0 and W % ow == 0 then
+      local kh, kw = H / oh, W / ow
+      B.node("AveragePool", { x }, outs, { kernel_shape = { kh, kw }, strides = { kh, kw } })
+   else
+      -- y = Ph x Pw^T: the regions of an adaptive pool are products of row and column ranges
+      local dt = g.values[a[1].id].dtype
+      local ph = adaptive_matrix(H, oh)
+      local pw = adaptive_matrix(W, ow)
+      local pwt = {}
+      for j = 1, W do
+         pwt[j] = {}
+         for i = 1, ow do pwt[j][i] = pw[i][j] end
+      end
+      local mid = B.fresh("pool_rows")
+      B.node("MatMul", { B.const_f(ph, nil, dt), x }, { mid })
+      B.node("MatMul", { mid, B.const_f(pwt, nil, dt) }, outs)
+   end
+end
+
+OPS["F.linear"] = function(B, _, a, outs, g)
+   local x = a[1].id
+   local nd = #value_sizes(g, x)
+   if nd == 2 then
+      local ins = { B.name(x), B.name(a[2].id) }
+      if a[3] ~= nil then ins[3] = B.name(a[3].id) end
+      B.node("Gemm", ins, outs, { transB = 1 })
+   else
+      local wt = B.fresh("wt")
+      B.node("Transpose", { B.name(a[2].id) }, { wt }, { perm = { 1, 0 } })
+      local y = a[3] ~= nil and B.fresh("mm") or outs[1]
+      B.node("MatMul", { B.name(x), wt }, { y })
+      if a[3] ~= nil then B.node("Add", { y, B.name(a[3].id) }, outs) end
+   end
+end
+
+local function reshape_to(B, x, sizes, outs)
+   B.node("Reshape", { x, B.const_i64(sizes) }, outs)
+end
+
+OPS["F.flatten"] = function(B, node, a, outs, g)
+   local nd = #value_sizes(g, a[1].id)
+   local s = a[2] or 1
+   local e = a[3] or -1
+   if s < 0 then s = s + nd + 1 end
+   if e < 0 then e = e + nd + 1 end
+   if e == nd and s >= 2 and s == 2 then
+      B.node("Flatten", { B.name(a[1].id) }, outs, { axis = 1 })
+   else
+      reshape_to(B, B.name(a[1].id), value_sizes(g, node.outs.v), outs)
+   end
+end
+for _, op in ipairs({ "Tensor.view", "Tensor.reshape", "lm.view", "lm.reshape" }) do
+   OPS[op] = function(B, node, a, outs, g)
+      reshape_to(B, B.name(a[1].id), value_sizes(g, node.outs.v), outs)
+   end
+end
+
+-- a binary elementwise op: tensor or number operands
+local function binary(onnx)
+   return function(B, node, a, outs, g)
+      local dt = g.values[node.outs.v].dtype
+      local ins = {}
+      for i = 1, 2 do
+         local x = a[i]
+         if type(x) == "number" then
+            ins[i] = B.const_f({ x }, {}, dt)
+         elseif type(x) == "table" and getmetatable(x) == G.REF then
+            ins[i] = B.name(x.id)
+         else
+            fail("an operand of " .. node.op .. " is not a tensor or a number", 0)
+         end
+      end
+      if (node.nargs or 2) > 2 and a[3] ~= nil then
+         fail(node.op .. " with a third argument (alpha) is not exported", 0)
+      end
+      B.node(onnx, ins, outs)
+   end
+end
+for name, onnx in pairs({ add = "Add", sub = "Sub", mul = "Mul", div = "Div" }) do
+   OPS["Tensor." .. name] = binary(onnx)
+   OPS["lm." .. name] = binary(onnx)
+   OPS["Tensor." .. name .. "_"] = binary(onnx)
+end
+
+local function concat(B, _, a, outs, g)
+   local list = a[1]
+   if type(list) ~= "table" or getmetatable(list) == G.REF then fail("cat of a non-list", 0) end
+   local ins = {}
+   local nd
+   for i, r in ipairs(list) do
+      ins[i] = B.name(r.id)
+      nd = nd or #value_sizes(g, r.id)
+   end
+   local d = a[2] or 1
+   if d < 0 then d = d + nd + 1 end
+   B.node("Concat", ins, outs, { axis = d - 1 })
+end
+OPS["lm.cat"] = concat
+OPS["Tensor.cat"] = concat
+
+OPS["F.softmax"] = function(B, _, a, outs, g)
+   local nd = #value_sizes(g, a[1].id)
+   local d = a[2] or -1
+   if d < 0 then d = d + nd + 1 end
+   B.node("Softmax", { B.name(a[1].id) }, outs, { axis = d - 1 })
+end
+
+-- a decoded argument with its tables of references unwrapped (graph.decode keeps a table that
+-- holds a tensor as {__dyn = true, t = {...}}); the references stay
+local function unwrap(x)
+   if type(x) ~= "table" or getmetatable(x) == G.REF then return x end
+   if x.__dyn then
+      local o = {}
+      for k, v in pairs(x.t) do o[k] = unwrap(v) end
+      return o
+   end
+   return x
+end
+
+-- operators that pass their input on (the value is the same in ONNX's logical view)
+local PASS = { ["F.dropout"] = true, ["Tensor.contiguous"] = true, ["lm.contiguous"] = true,
+               ["Tensor.clone"] = true, ["lm.clone"] = true, ["Tensor.to"] = true,
+               ["Tensor.detach"] = true }
+
+--- lm.onnx.export(model, input, path, {opset = 17}) -> path
+--- model: an nn.Module (traced here with input), or a traced module (lm.jit.trace / load /
+--- freeze). The ONNX graph's inputs are named "input" (or "input.1", ...), its outputs
+--- "output" (or "output.1", ...), its weights by their state_dict names.
+function M.export(model, input, path, opts)
+   if type(path) ~= "string" or path == "" then
+      fail("path must be a non-empty string, got " .. T.typename(path))
+   end
+   if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
+      fail("options must be a table {opset =}, got " .. T.typename(opts))
+   end
+   for k in pairs(opts or {}) do
+      if k ~= "opset" then fail("unknown option '" .. tostring(k) .. "'") end
+   end
+   local opset = opts and opts.opset or M.DEFAULT_OPSET
+   if type(opset) ~= "number" or opset % 1 ~= 0 or opset < M.MIN_OPSET or opset > M.MAX_OPSET then
+      fail(("opset must be an integer from %d to %d, got %s"):format(M.MIN_OPSET, M.MAX_OPSET,
+           tostring(opset)))
+   end
+   local jit = require("lumen.jit")
+   local traced = jit.is_traced(model) and model or jit.trace(model, input)
+   local g = traced.graph
+   -- every operator must be one ONNX can express: checked before anything is written
+   for i, node in ipairs(g.nodes) do
+      if not OPS[node.op] and not PASS[node.op] then
+         fail(("node %d: operator %s has no ONNX export"):format(i, node.op))
+      end
+      if node.op == "Tensor.to" then
+         for j = 2, node.nargs or #node.args do
+            local e = node.args[j]
+            if not (type(e) == "table" and e.format) then
+               fail(("node %d: Tensor.to with other than a memory format is not exported")
+                    :format(i))
+            end
+         end
+      end
+      if node.op == "F.dropout" then
+         local p, tr = node.args[2], node.args[3]
+         if (tr == nil or tr == true or (type(tr) == "table" and tr["nil"])) and p ~= 0 then
+            fail(("node %d: a dropout in training mode (call model:eval() first)"):format(i))
+         end
+      end
+   end
+   local L = shim()
+   local m = L.lm_onnx_new("lumen", "lumen", require("lumen")._VERSION, opset, ir_version(opset))
+   if m == nil then fail(ffi.string(L.lm_onnx_error())) end
+   m = ffi.gc(m, L.lm_onnx_free)
+   local B = builder(L, m, g, traced.tensors)
+   local function io_name(base, i, n) return n == 1 and base or (base .. "." .. i) end
+   local function add_io(is_out, name, id)
+      local v = g.values[id]
+      local et = ELEM[v.dtype]
+      if not et then fail("a value of dtype " .. v.dtype .. " has no ONNX type") end
+      local d = ffi.new("int64_t[?]", math.max(1, #v.sizes))
+      for i, s in ipairs(v.sizes) do d[i - 1] = s end
+      if L.lm_onnx_add_io(m, is_out and 1 or 0, name, et, #v.sizes, d) < 0 then
+         fail(ffi.string(L.lm_onnx_error()))
+      end
+   end
+   for i, id in ipairs(g.inputs) do
+      local name = io_name("input", i, #g.inputs)
+      B.names[id] = name
+      add_io(false, name, id)
+   end
+   local ok, err = pcall(function()
+      for k, node in ipairs(g.nodes) do
+         local a = {}
+         for j = 1, g.plan[k].n do a[j] = unwrap(g.plan[k].args[j]) end
+         if PASS[node.op] then
+            B.names[node.outs.v] = B.name(a[1].id)
+         else
+            local out = B.fresh("v")
+            B.names[node.outs.v] = out
+            OPS[node.op](B, node, a, { out }, g)
+         end
+      end
+   end)
+   if not ok then
+      if type(err) == "string" and err:find("^lumen%.onnx%.export: ") then error(err, 0) end
+      fail(tostring(err))
+   end
+   local out_ids = G.enc_ids(g.outputs, {})
+   for i, id in ipairs(out_ids) do
+      local name = io_name("output", i, #out_ids)
+      B.node("Identity", { B.name(id) }, { name })
+      add_io(true, name, id)
+   end
+   if L.lm_onnx_save(m, path) < 0 then fail(ffi.string(L.lm_onnx_error())) end
+   return path
+end
+
+return M

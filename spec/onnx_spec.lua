@@ -1,0 +1,185 @@
+-- lm.onnx.export: resnet50 (channels-last), resnext50_32x4d and alexnet exported at opset 17 pass
+-- onnx.checker, and ONNX Runtime gives the eager model's logits within 1e-4. ONNX Runtime runs in
+-- a test-only virtual environment (tools/setup_onnx_venv.sh, under ~/.cache); when it cannot be
+-- made, or the writer (build/liblumen_onnx.so) is not built, the comparison is skipped with a
+-- message saying why. Bad input is checked in any case.
+local lm = require("lumen")
+local ffi = require("ffi")
+local C = require("lumen.C")
+local shell = require("spec.shell")
+local nn = lm.nn
+
+local function write_f32(path, t)
+   local c = t:contiguous()
+   local f = assert(io.open(path, "wb"))
+   f:write(ffi.string(C.lm_tensor_data(c._c), c:numel() * 4))
+   f:close()
+end
+
+local function read_f32(path, sizes)
+   local s = assert(shell.read_file(path))
+   local t = lm.zeros(sizes)
+   assert(#s == t:numel() * 4, "output size")
+   ffi.copy(C.lm_tensor_data(t._c), s, #s)
+   return t
+end
+
+local function warm(model)
+   lm.no_grad(function()
+      for _, m in ipairs(model:modules()) do
+         if m:type_name() == "BatchNorm2d" then
+            local c = m.num_features
+            m.running_mean:copy_(lm.randn({ c }) * 0.1)
+            m.running_var:copy_(lm.rand({ c }) * 0.5 + 0.75)
+            m.weight:copy_(lm.rand({ c }) * 0.5 + 0.75)
+            m.bias:copy_(lm.randn({ c }) * 0.1)
+         end
+      end
+   end)
+end
+
+local python, why_not
+local function venv()
+   if python or why_not then return python end
+   if not lm.onnx.available() then
+      why_not = "the ONNX writer build/liblumen_onnx.so is not built (libprotobuf-c-dev, " ..
+                "protobuf-c-compiler)"
+      return nil
+   end
+   local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
+   if rc ~= 0 then
+      why_not = "the ONNX Runtime venv could not be made: " .. out:sub(-300)
+      return nil
+   end
+   python = out:match("([^\n]+)%s*$")
+   return python
+end
+
+describe("lm.onnx.export", function()
+   it("resnet50, resnext50_32x4d, alexnet: onnx.checker, ONNX Runtime within 1e-4", function()
+      local py = venv()
+      if not py then
+         print("\nSKIPPED onnx_spec (ONNX Runtime comparison): " .. why_not)
+         pending("ONNX Runtime comparison skipped: " .. why_not)
+         return
+      end
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir -p " .. shell.q(dir)) == 0)
+      local want, args = {}, {}
+      for i, mm in ipairs({ { "resnet50", true }, { "resnext50_32x4d", false },
+                            { "alexnet", false } }) do
+         local name = mm[1]
+         lm.manual_seed(20 + i)
+         local model = lm.models[name]({ num_classes = 10 }):eval()
+         warm(model)
+         local x = lm.randn({ 1, 3, 64, 64 })
+         if mm[2] then
+            lm.to_channels_last(model)
+            x = x:contiguous(lm.channels_last)            -- exported in logical NCHW order
+         end
+         local p = dir .. "/" .. name
+         assert.are.equal(p .. ".onnx", lm.onnx.export(model, x, p .. ".onnx", { opset = 17 }))
+         write_f32(p .. ".x", x)
+         want[name] = lm.no_grad(function() return model(x) end)
+         for _, a in ipairs({ p .. ".onnx", p .. ".x", p .. ".y" }) do
+            args[#args + 1] = shell.q(a)
+         end
+      end
+      local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. table.concat(args, " "))
+      assert.are.equal(0, rc, out)
+      for name, y in pairs(want) do
+         assert.truthy(out:find("checked " .. dir .. "/" .. name .. ".onnx opset 17", 1, true), out)
+         local got = read_f32(dir .. "/" .. name .. ".y", y:size())
+         local d = (got - y):abs():max():item() / math.max(1, y:abs():max():item())
+         if os.getenv("JIT_VERBOSE") then print(name, "ONNX Runtime vs eager", d) end
+         assert.is_true(d <= 1e-4, name .. ": " .. d)
+      end
+      os.execute("rm -rf " .. shell.q(dir))
+   end)
+
+   it("exports a small graph (adaptive pool to a larger size, cat, 4-D linear)", function()
+      local py = venv()
+      if not py then
+         pending("ONNX Runtime comparison skipped: " .. why_not)
+         return
+      end
+      lm.manual_seed(5)
+      local w = lm.randn({ 4, 3, 3, 3 })
+      local lin, lin4 = nn.Linear(6, 2), nn.Linear(4, 2)
+      local fn = function(x)
+         local y = lm.F.conv2d(x, w, nil, { padding = 1, stride = 2, relu = true })
+         y = lm.F.adaptive_avg_pool2d(y, { 5, 3 })              -- 4x4 -> 5x3: MatMuls
+         y = lm.cat({ y, y * 2 }, 2)
+         y = lm.F.avg_pool2d(y, { kernel_size = 2, stride = 1, padding = 1 })
+         return lin(y:reshape({ 1, 8, 6, 4 }):transpose(3, 4):contiguous():view(1, 32, 6))
+      end
+      local x = lm.randn({ 1, 3, 8, 8 })
+      local ok, err = pcall(lm.onnx.export, fn, x, "/tmp/never.onnx")
+      -- transpose has no exporter: a clear error, nothing written
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("lumen.onnx.export: node %d+: operator Tensor.transpose " ..
+                                       "has no ONNX export"))
+      assert.is_nil(io.open("/tmp/never.onnx"))
+      local fn2 = function(t)
+         local y = lm.F.conv2d(t, w, nil, { padding = 1, stride = 2, relu = true })
+         y = lm.F.adaptive_avg_pool2d(y, { 5, 3 })
+         y = lm.cat({ y, y * 2 }, 2)
+         y = lm.F.avg_pool2d(y, { kernel_size = 2, stride = 1, padding = 1 })
+         return lin4(y:reshape({ 1, 8, 6, 4 }))
+      end
+      local dir = os.tmpname()
+      os.remove(dir)
+      lm.onnx.export(fn2, x, dir .. ".onnx")
+      write_f32(dir .. ".x", x)
+      local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. shell.q(dir .. ".onnx") ..
+                               " " .. shell.q(dir .. ".x") .. " " .. shell.q(dir .. ".y"))
+      assert.are.equal(0, rc, out)
+      local want = lm.no_grad(function() return fn2(x) end)
+      local got = read_f32(dir .. ".y", want:size())
+      assert.is_true((got - want):abs():max():item() < 1e-5)
+      os.remove(dir .. ".onnx")
+      os.remove(dir .. ".x")
+      os.remove(dir .. ".y")
+   end)
+
+   it("exports a frozen graph (fused conv epilogues with residual adds)", function()
+      local py = venv()
+      if not py then
+         pending("ONNX Runtime comparison skipped: " .. why_not)
+         return
+      end
+      lm.manual_seed(6)
+      local model = lm.models.small_resnet({ in_channels = 3, width = 8, blocks = 2,
+                                             num_classes = 4 }):eval()
+      warm(model)
+      local x = lm.randn({ 2, 3, 16, 16 })
+      local f = lm.jit.freeze(lm.jit.trace(model, x))
+      assert.is_true(f.freeze_stats.fuse > 0)
+      local p = os.tmpname()
+      lm.onnx.export(f, nil, p .. ".onnx")
+      write_f32(p .. ".x", x)
+      local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. shell.q(p .. ".onnx") ..
+                               " " .. shell.q(p .. ".x") .. " " .. shell.q(p .. ".y"))
+      assert.are.equal(0, rc, out)
+      local want = lm.no_grad(function() return model(x) end)
+      local got = read_f32(p .. ".y", want:size())
+      local d = (got - want):abs():max():item() / math.max(1, want:abs():max():item())
+      assert.is_true(d <= 1e-4, "frozen: " .. d)
+      for _, e in ipairs({ "", ".onnx", ".x", ".y" }) do os.remove(p .. e) end
+   end)
+
+   it("rejects bad options and models it cannot export", function()
+      local m = nn.Sequential(nn.Linear(3, 2), nn.Dropout(0.5))
+      local x = lm.randn({ 1, 3 })
+      assert.has_error(function() lm.onnx.export(m, x, "/tmp/x.onnx", { opset = 7 }) end,
+                       "lumen.onnx.export: opset must be an integer from 13 to 21, got 7")
+      assert.has_error(function() lm.onnx.export(m, x, "/tmp/x.onnx", { op = 17 }) end,
+                       "lumen.onnx.export: unknown option 'op'")
+      assert.has_error(function() lm.onnx.export(m, x, 5) end,
+                       "lumen.onnx.export: path must be a non-empty string, got number")
+      local ok, err = pcall(lm.onnx.export, m, x, "/tmp/x.onnx")   -- training mode
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("a dropout in training mode", 1, true))
+   end)
+end)
