@@ -27,7 +27,7 @@ end
 local function warm(model)
    lm.no_grad(function()
       for _, m in ipairs(model:modules()) do
-         if m:type_name() == "BatchNorm2d" then
+         if m:type_name() == "BatchNorm2d" or m:type_name() == "BatchNorm3d" then
             local c = m.num_features
             m.running_mean:copy_(lm.randn({ c }) * 0.1)
             m.running_var:copy_(lm.rand({ c }) * 0.5 + 0.75)
@@ -90,6 +90,42 @@ describe("lm.onnx.export", function()
       assert.are.equal(0, rc, out)
       for name, y in pairs(want) do
          assert.truthy(out:find("checked " .. dir .. "/" .. name .. ".onnx opset 17", 1, true), out)
+         local got = read_f32(dir .. "/" .. name .. ".y", y:size())
+         local d = (got - y):abs():max():item() / math.max(1, y:abs():max():item())
+         if os.getenv("JIT_VERBOSE") then print(name, "ONNX Runtime vs eager", d) end
+         assert.is_true(d <= 1e-4, name .. ": " .. d)
+      end
+      os.execute("rm -rf " .. shell.q(dir))
+   end)
+
+   it("the video models (r3d_18, r2plus1d_18, mc3_18, channels_last_3d): ONNX Runtime within "
+      .. "1e-4", function()
+      local py = venv()
+      if not py then
+         pending("ONNX Runtime comparison skipped: " .. why_not)
+         return
+      end
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir -p " .. shell.q(dir)) == 0)
+      local want, args = {}, {}
+      for i, name in ipairs({ "r3d_18", "r2plus1d_18", "mc3_18" }) do
+         lm.manual_seed(40 + i)
+         local model = lm.models[name]({ num_classes = 7 }):eval()
+         warm(model)
+         lm.to_channels_last(model)
+         local x = lm.randn({ 1, 3, 4, 32, 32 }):contiguous(lm.channels_last_3d)
+         local p = dir .. "/" .. name
+         lm.onnx.export(model, x, p .. ".onnx")
+         write_f32(p .. ".x", x)
+         want[name] = lm.no_grad(function() return model(x) end)
+         for _, a in ipairs({ p .. ".onnx", p .. ".x", p .. ".y" }) do
+            args[#args + 1] = shell.q(a)
+         end
+      end
+      local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. table.concat(args, " "))
+      assert.are.equal(0, rc, out)
+      for name, y in pairs(want) do
          local got = read_f32(dir .. "/" .. name .. ".y", y:size())
          local d = (got - y):abs():max():item() / math.max(1, y:abs():max():item())
          if os.getenv("JIT_VERBOSE") then print(name, "ONNX Runtime vs eager", d) end

@@ -5,7 +5,7 @@
 --   F.conv2d            Conv (a fused epilogue {residual =, relu =} adds Add and Relu)
 --   F.batch_norm        BatchNormalization (evaluation mode only)
 --   relu, relu_         Relu;  sigmoid, tanh: Sigmoid, Tanh;  F.softmax: Softmax
---   F.max_pool2d        MaxPool;  F.avg_pool2d: AveragePool
+--   F.max_pool2d        MaxPool;  F.avg_pool2d: AveragePool (and the 3-D pools, F.conv3d)
 --   F.adaptive_avg_pool2d  GlobalAveragePool (1x1), AveragePool (sizes that divide), else two
 --                       MatMuls with constant averaging matrices (the same regions as lumen's)
 --   F.linear            Gemm (2-D input) or MatMul + Add
@@ -117,6 +117,13 @@ local function pair(v, default)
    return { v[1], v[2] or v[1] }
 end
 
+-- a number or {d, h, w} (one value repeats) -> {d, h, w}
+local function triple(v, default)
+   if v == nil then return { default, default, default } end
+   if type(v) == "number" then return { v, v, v } end
+   return { v[1], v[2] or v[1], v[3] or v[1] }
+end
+
 -- the writer for one export: names, initializers, nodes
 local function builder(L, m, g, tensors)
    local B = { names = {}, added = {}, n = 0 }
@@ -224,24 +231,34 @@ local function relu_chain(B, y, opts, outs)
    if opts and opts.relu then B.node("Relu", { cur }, { outs[1] }) end
 end
 
-OPS["F.conv2d"] = function(B, _, a, outs, g)
-   local o = a[4] or {}
-   local p = o.padding
-   if type(p) == "string" then
-      if p ~= "valid" then fail("conv2d with padding '" .. p .. "' is not exported", 0) end
-      p = 0
+-- Conv of 2 or 3 spatial dims (ONNX's Conv is N-D: pads are all the begins, then the ends)
+local function conv_op(nd)
+   local tuple, name = nd == 3 and triple or pair, nd == 3 and "conv3d" or "conv2d"
+   return function(B, _, a, outs, g)
+      local o = a[4] or {}
+      local p = o.padding
+      if type(p) == "string" then
+         if p ~= "valid" then fail(name .. " with padding '" .. p .. "' is not exported", 0) end
+         p = 0
+      end
+      local pad, st, dl = tuple(p, 0), tuple(o.stride, 1), tuple(o.dilation, 1)
+      local w = g.values[a[2].id]
+      local ins = { B.name(a[1].id), B.name(a[2].id) }
+      if a[3] ~= nil then ins[3] = B.name(a[3].id) end
+      local fused = o.residual ~= nil or o.relu
+      local y = fused and B.fresh("conv") or outs[1]
+      local ks, pads = {}, {}
+      for i = 1, nd do
+         ks[i] = w.sizes[i + 2]
+         pads[i], pads[i + nd] = pad[i], pad[i]
+      end
+      B.node("Conv", ins, { y }, { kernel_shape = ks, strides = st, pads = pads, dilations = dl,
+         group = o.groups or 1 })
+      if fused then relu_chain(B, y, o, outs) end
    end
-   local pad, st, dl = pair(p, 0), pair(o.stride, 1), pair(o.dilation, 1)
-   local w = g.values[a[2].id]
-   local ins = { B.name(a[1].id), B.name(a[2].id) }
-   if a[3] ~= nil then ins[3] = B.name(a[3].id) end
-   local fused = o.residual ~= nil or o.relu
-   local y = fused and B.fresh("conv") or outs[1]
-   B.node("Conv", ins, { y }, { kernel_shape = { w.sizes[3], w.sizes[4] },
-      strides = st, pads = { pad[1], pad[2], pad[1], pad[2] }, dilations = dl,
-      group = o.groups or 1 })
-   if fused then relu_chain(B, y, o, outs) end
 end
+OPS["F.conv2d"] = conv_op(2)
+OPS["F.conv3d"] = conv_op(3)
 
 OPS["F.batch_norm"] = function(B, _, a, outs, g)
    local o = a[6] or {}
@@ -267,26 +284,53 @@ for op, onnx in pairs({ ["Tensor.sigmoid"] = "Sigmoid", ["F.sigmoid"] = "Sigmoid
    OPS[op] = function(B, _, a, outs) B.node(onnx, { B.name(a[1].id) }, outs) end
 end
 
-OPS["F.max_pool2d"] = function(B, _, a, outs)
-   local o = a[2] or {}
-   if o.return_indices then fail("max_pool2d with return_indices is not exported", 0) end
-   local k = pair(o.kernel_size)
-   local st, pad, dl = pair(o.stride, nil), pair(o.padding, 0), pair(o.dilation, 1)
-   if st[1] == nil then st = k end
-   B.node("MaxPool", { B.name(a[1].id) }, outs, { kernel_shape = k, strides = st,
-      pads = { pad[1], pad[2], pad[1], pad[2] }, dilations = dl,
-      ceil_mode = o.ceil_mode and 1 or 0 })
+-- MaxPool / AveragePool of 2 or 3 spatial dims
+local function pool_op(nd, avg)
+   local tuple = nd == 3 and triple or pair
+   local name = (avg and "avg_pool" or "max_pool") .. nd .. "d"
+   return function(B, _, a, outs)
+      local o = a[2] or {}
+      if type(o) == "number" then o = { kernel_size = o } end
+      if o.return_indices then fail(name .. " with return_indices is not exported", 0) end
+      if o.divisor_override ~= nil then
+         fail(name .. " with divisor_override is not exported", 0)
+      end
+      local k = tuple(o.kernel_size)
+      local st, pad = tuple(o.stride, nil), tuple(o.padding, 0)
+      if st[1] == nil then st = k end
+      local pads = {}
+      for i = 1, nd do pads[i], pads[i + nd] = pad[i], pad[i] end
+      local attrs = { kernel_shape = k, strides = st, pads = pads,
+                      ceil_mode = o.ceil_mode and 1 or 0 }
+      if avg then
+         attrs.count_include_pad = (o.count_include_pad == false) and 0 or 1
+      else
+         attrs.dilations = tuple(o.dilation, 1)
+      end
+      B.node(avg and "AveragePool" or "MaxPool", { B.name(a[1].id) }, outs, attrs)
+   end
 end
+OPS["F.max_pool2d"] = pool_op(2, false)
+OPS["F.avg_pool2d"] = pool_op(2, true)
+OPS["F.max_pool3d"] = pool_op(3, false)
+OPS["F.avg_pool3d"] = pool_op(3, true)
 
-OPS["F.avg_pool2d"] = function(B, _, a, outs)
-   local o = a[2] or {}
-   if o.divisor_override ~= nil then fail("avg_pool2d with divisor_override is not exported", 0) end
-   local k = pair(o.kernel_size)
-   local st, pad = pair(o.stride, nil), pair(o.padding, 0)
-   if st[1] == nil then st = k end
-   B.node("AveragePool", { B.name(a[1].id) }, outs, { kernel_shape = k, strides = st,
-      pads = { pad[1], pad[2], pad[1], pad[2] }, ceil_mode = o.ceil_mode and 1 or 0,
-      count_include_pad = (o.count_include_pad == false) and 0 or 1 })
+-- adaptive_avg_pool3d: GlobalAveragePool (1x1x1) or an AveragePool when the sizes divide
+OPS["F.adaptive_avg_pool3d"] = function(B, node, a, outs, g)
+   local xs = value_sizes(g, a[1].id)
+   local ys = value_sizes(g, node.outs.v)
+   local k = {}
+   for i = 1, 3 do
+      if xs[i + 2] % ys[i + 2] ~= 0 then
+         fail("adaptive_avg_pool3d to sizes that do not divide the input is not exported", 0)
+      end
+      k[i] = xs[i + 2] / ys[i + 2]
+   end
+   if ys[3] == 1 and ys[4] == 1 and ys[5] == 1 then
+      B.node("GlobalAveragePool", { B.name(a[1].id) }, outs)
+   else
+      B.node("AveragePool", { B.name(a[1].id) }, outs, { kernel_shape = k, strides = k })
+   end
 end
 
 OPS["F.adaptive_avg_pool2d"] = function(B, node, a, outs, g)

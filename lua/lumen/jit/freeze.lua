@@ -132,7 +132,7 @@ local function can_move(st, node, i, j)
    return true
 end
 
-local CONV = { ["F.conv2d"] = true }
+local CONV = { ["F.conv2d"] = true, ["F.conv3d"] = true }
 local ADD = { ["Tensor.add"] = true, ["lm.add"] = true }
 local RELU = { ["Tensor.relu"] = true, ["Tensor.relu_"] = true, ["F.relu"] = true,
                ["F.relu_"] = true, ["lm.relu"] = true }
