@@ -140,6 +140,7 @@ local lazy = {
    nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout", data = "lumen.data",
    functional = "lumen.functional", models = "lumen.models", serialize = "lumen.serialize",
    checkpoint = "lumen.checkpoint", doc = "lumen.doc", comm = "lumen.comm", amp = "lumen.amp",
+   distributed = "lumen.distributed",
 }
 -- single functions that live in an optional module: name -> {module field, module}
 local lazy_fn = {
