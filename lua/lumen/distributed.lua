@@ -600,10 +600,13 @@ end
 -- the buffer a tensor is communicated through: t itself when it is on the CPU, of a dtype MPI
 -- can take as is, with the canonical strides; else a CPU copy with those strides (of work_dtype
 -- when given). Returns buf (a tensor), staged (true when buf is a copy to copy back).
+-- M.stats.staged counts the copies (specs check that dense tensors go in place)
+M.stats = { staged = 0 }
 local function buffer_for(t, c, strides, work_dtype, fill)
    if is_cpu(c) and (work_dtype == nil or work_dtype == c.dtype) and has_strides(c, strides) then
       return t, false
    end
+   M.stats.staged = M.stats.staged + 1
    local b = empty_cpu(sizes_of(c), strides, work_dtype or c.dtype)
    if fill then Tensor.copy_(b, t) end
    return b, true

@@ -516,7 +516,7 @@ function DDP:forward(...)
    if self.training and self.broadcast_buffers then sync_buffers(self) end
    local armed = A_lib.is_grad_enabled() and self.require_backward_grad_sync
    rawset(self, "_armed", armed)
-   if armed then
+   if A_lib.is_grad_enabled() then
       -- per backward: how many bucket all-reduces started during backward and after it
       rawset(self, "stats", { started_in_backward = 0, started_after_backward = 0 })
    end
