@@ -31,11 +31,12 @@ scripts=(bench/*.lua)
 if [ -n "${BENCH_ONLY:-}" ]; then
    scripts=("bench/${BENCH_ONLY%.lua}.lua")
 else
-   # bench/amp_ops.lua has its own peer (PyTorch 2.x): bench/amp.sh runs it
+   # bench/amp_ops.lua has its own peer (PyTorch 2.x): bench/amp.sh runs it; bench/ddp.lua runs
+   # under mpirun (docs/distributed.md)
    kept=()
    for f in "${scripts[@]}"; do
       case "$f" in
-         bench/amp_ops.lua) ;;
+         bench/amp_ops.lua|bench/ddp.lua) ;;
          bench/models.lua) [ -n "${BENCH_MODELS:-}" ] && kept+=("$f") ;;
          *) kept+=("$f") ;;
       esac
