@@ -295,7 +295,7 @@ end)
 -- hooks do not go with.
 local dist = lm.distributed
 local preload = os.getenv("LD_PRELOAD") or ""
-local mpi_ok = dist.is_available() and not preload:find("asan", 1, true)
+local mpi_ok = not preload:find("asan", 1, true) and dist.is_available()
 local describe_mpi = mpi_ok and describe or pending
 
 describe_mpi("lm.distributed in a job of one process", function()
@@ -357,6 +357,8 @@ describe_mpi("lm.distributed in a job of one process", function()
       local ref, m = net(), net()
       local ddp = nn.parallel.DistributedDataParallel(m, { bucket_cap_mb = 0.0001 })
       assert.matches("^module%.", ddp:state_keys()[1])
+      assert.are.equal(#m:parameters(), #ddp:parameters())
+      assert.are.equal(m:parameters()[1], ddp:parameters()[1])
       local x = lm.randn({ 5, 2, 4, 4 })
       ;(ref(x) * 1):sum():backward()
       ;(ddp(x) * 1):sum():backward()

@@ -608,7 +608,7 @@ local function buffer_for(t, c, strides, work_dtype, fill)
    end
    M.stats.staged = M.stats.staged + 1
    local b = empty_cpu(sizes_of(c), strides, work_dtype or c.dtype)
-   if fill then Tensor.copy_(b, t) end
+   if fill then raw.copy_(b, t) end
    return b, true
 end
 
@@ -652,7 +652,7 @@ function M._all_reduce_unchecked(fname, t, c, op, strides, async)
    local dt, mop = bits_type(bc.dtype), mpi_op(c.dtype, op)
    local function finish()
       mean_fix(buf, op)
-      if staged then Tensor.copy_(t, buf) end
+      if staged then raw.copy_(t, buf) end
       return t
    end
    if count == 0 or state.size == 1 then
@@ -691,7 +691,7 @@ function M._broadcast_unchecked(fname, t, c, root, strides, async)
    local buf, staged = buffer_for(t, c, strides, nil, is_root)
    local count = tonumber(T.cdata(buf).numel)
    local function finish()
-      if staged and not is_root then Tensor.copy_(t, buf) end
+      if staged and not is_root then raw.copy_(t, buf) end
       return t
    end
    if count == 0 or state.size == 1 then

@@ -299,7 +299,7 @@ function DDP:__init(module, opts)
    for _, p in ipairs(module:parameters()) do
       if rawget(p, "requires_grad") == true then params[#params + 1] = p end
    end
-   rawset(self, "_params", params)
+   rawset(self, "_ddp_params", params)
    -- the same parameters on every rank?
    local creation = require("lumen.creation")
    local mine = creation.tensor({ #params, signature(params) }, { dtype = "float64" })
@@ -333,7 +333,7 @@ end
 -- buckets over the parameters in reverse order, one dtype and device each
 function DDP:_build_buckets()
    local creation = require("lumen.creation")
-   local params = rawget(self, "_params")
+   local params = rawget(self, "_ddp_params")
    local cap = self.bucket_cap_mb * 2 ^ 20
    local buckets, of = {}, {}
    local cur, cur_bytes, cur_key = nil, 0, nil
@@ -510,7 +510,7 @@ function DDP:forward(...)
    end
    -- parameters given new data (module:to(...)) need new buckets
    local pc = rawget(self, "_param_c")
-   for _, p in ipairs(rawget(self, "_params")) do
+   for _, p in ipairs(rawget(self, "_ddp_params")) do
       if T.cdata(p) ~= pc[p] then self:_build_buckets(); break end
    end
    if self.training and self.broadcast_buffers then sync_buffers(self) end
