@@ -302,15 +302,23 @@ function DDP:__init(module, opts)
    rawset(self, "_ddp_params", params)
    -- the same parameters on every rank?
    local creation = require("lumen.creation")
-   local mine = creation.tensor({ #params, signature(params) }, { dtype = "float64" })
+   local buffers = module:buffers()
+   local mine = creation.tensor({ #params, signature(params), #buffers, signature(buffers) },
+                                { dtype = "float64" })
    local all = dist.all_gather(mine)
+   local function at(t, i) return Tensor.item(Tensor.select(t, 1, i)) end
    for r = 1, #all do
-      local n = Tensor.item(Tensor.select(all[r], 1, 1))
-      local sig = Tensor.item(Tensor.select(all[r], 1, 2))
-      if n ~= #params or sig ~= Tensor.item(Tensor.select(mine, 1, 2)) then
+      local n = at(all[r], 1)
+      if n ~= #params or at(all[r], 2) ~= at(mine, 2) then
          dfail(("the modules differ across ranks: rank %d has %d parameters, rank %d has %d%s")
                :format(dist.rank(), #params, r - 1, n,
                        n == #params and " (with other sizes or dtypes)" or ""))
+      end
+      local nb = at(all[r], 3)
+      if nb ~= #buffers or at(all[r], 4) ~= at(mine, 4) then
+         dfail(("the modules differ across ranks: rank %d has %d buffers, rank %d has %d%s")
+               :format(dist.rank(), #buffers, r - 1, nb,
+                       nb == #buffers and " (with other sizes or dtypes)" or ""))
       end
    end
    -- rank 0's parameters and buffers everywhere
