@@ -163,6 +163,11 @@ TEST_ENV = LUAJIT="$(LUAJIT)" BUSTED="$(BUSTED)" CC="$(CC)" BUILD="$(BUILD)"
 test: all
 	@$(TEST_ENV) LUMEN_LIB="$${LUMEN_LIB:-$(CURDIR)/$(BUILD)/liblumen.so}" bash tools/run_tests.sh $(TEST_ARGS)
 
+# lm.distributed and DistributedDataParallel across processes (Open MPI's mpirun, 2 ranks):
+# spec/mpi/, the "mpi" stage of .ci/run (docs/distributed.md)
+test-mpi: all
+	@$(TEST_ENV) LUMEN_LIB="$${LUMEN_LIB:-$(CURDIR)/$(BUILD)/liblumen.so}" bash tools/mpi_tests.sh
+
 # ASan + UBSan. LuaJIT itself is not instrumented, so libasan is preloaded (LUMEN_PRELOAD becomes
 # LD_PRELOAD for luajit only, not for the compiler); its leak checker is
 # off because LuaJIT's own allocations are not ours to fix. -Werror is relaxed here only: the
@@ -221,7 +226,7 @@ install: all
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
-.PHONY: all onnx test asan bench lint demo install clean
+.PHONY: all onnx test test-mpi asan bench lint demo install clean
 
 # ---- fuzzing (fuzz/README.md) ---------------------------------------------------------------
 # The harnesses need clang (libFuzzer comes with libclang-rt-14-dev) and are built with

@@ -34,11 +34,13 @@ if [ -n "${BENCH_ONLY:-}" ]; then
 else
    # bench/amp_ops.lua and the video scripts have their own peer (PyTorch 2.x): bench/amp.sh
    # and bench/video.sh run them; bench/jit_freeze.lua compares two lumen paths (no peer) and
-   # runs on its own (docs/shipping_models.md)
+   # runs on its own (docs/shipping_models.md); bench/ddp.lua runs under mpirun
+   # (docs/distributed.md)
    kept=()
    for f in "${scripts[@]}"; do
       case "$f" in
          bench/amp_ops.lua | bench/video_ops.lua | bench/video_models.lua | bench/jit_freeze.lua) ;;
+         bench/ddp.lua) ;;
          bench/models.lua) [ -n "${BENCH_MODELS:-}" ] && kept+=("$f") ;;
          *) kept+=("$f") ;;
       esac

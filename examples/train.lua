@@ -4,6 +4,18 @@
 --       [--lr 0.1] [--format nhwc|nchw] [--data /usr/share/datasets/fashion-mnist]
 --       [--checkpoint train.ckpt] [--resume] [--threads 2] [--seed 1] [--width 16]
 --       [--blocks 1] [--limit N] [--quiet] [--log run.jsonl] [--amp bf16|fp16]
+--       [--distributed] [--sync-bn]
+--
+-- --distributed trains data-parallel over the processes of an MPI job (docs/distributed.md):
+--   mpirun -np 2 bin/lumen examples/train.lua --distributed --threads 1
+-- --batch-size stays the global batch (each rank runs batch-size / world-size samples of its
+-- DistributedSampler share); the model is wrapped in nn.parallel.DistributedDataParallel, which
+-- averages the gradients while backward runs, so every rank takes the same optimizer steps as
+-- one process with the global batch. Rank 0 alone prints, evaluates, writes the log and the
+-- checkpoint (the plain model's state: a distributed checkpoint resumes without --distributed
+-- and the other way round); --resume reads the checkpoint on every rank (one machine, or a
+-- shared file system). --sync-bn uses nn.SyncBatchNorm (statistics over the global batch);
+-- without it each rank's batch norms use the rank's own samples, as PyTorch's DDP.
 --
 -- --amp bf16 runs the forward pass and the loss under lm.autocast({dtype = lm.bfloat16}):
 -- convolutions and linear layers in bfloat16, batch-norm statistics, softmax and the loss in
@@ -32,10 +44,12 @@ local opt, usage = util.parse_flags({
    model = "small_resnet", epochs = 12, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
    data = "", checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
-   workers = 2, ["eval-batch"] = 500, log = "", amp = "",
+   workers = 2, ["eval-batch"] = 500, log = "", amp = "", distributed = false,
+   ["sync-bn"] = false,
 }, "bin/lumen examples/train.lua [--model NAME] [--epochs N] [--batch-size N] [--lr X] " ..
    "[--format nhwc|nchw] [--data DIR] [--checkpoint FILE] [--resume] [--threads N] [--seed N] " ..
-   "[--width N] [--blocks N] [--limit N] [--quiet] [--log FILE.jsonl] [--amp bf16|fp16]", arg)
+   "[--width N] [--blocks N] [--limit N] [--quiet] [--log FILE.jsonl] [--amp bf16|fp16] " ..
+   "[--distributed] [--sync-bn]", arg)
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
 if opt.amp ~= "" and opt.amp ~= "bf16" and opt.amp ~= "fp16" then
@@ -46,6 +60,23 @@ local amp_opts = opt.amp == "bf16" and { dtype = lm.bfloat16 } or
    opt.amp == "fp16" and { dtype = lm.float16 } or nil
 lm.set_num_threads(opt.threads)
 lm.manual_seed(opt.seed)
+
+-- data parallel over an MPI job: rank 0 is the one that talks and writes
+local dist = opt.distributed and lm.distributed or nil
+local rank, world = 0, 1
+if dist then
+   dist.init({ backend = "mpi" })
+   rank, world = dist.rank(), dist.world_size()
+   if opt["batch-size"] % world ~= 0 then
+      usage(("--batch-size %d is the global batch: it must be a multiple of the %d processes")
+            :format(opt["batch-size"], world))
+   end
+elseif opt["sync-bn"] then
+   usage("--sync-bn needs --distributed")
+end
+local main = rank == 0
+local print = main and print or function() end
+local local_batch = opt["batch-size"] / world
 
 ---------------------------------------------------------------------------------------------
 -- data, model, optimizer, schedule
@@ -61,9 +92,11 @@ if opt.limit > 0 then
 end
 local MEAN, STD = 0.2860, 0.3530 -- Fashion-MNIST pixel statistics
 local loader = lm.data.DataLoader(train, {
-   batch_size = opt["batch-size"], shuffle = true, seed = opt.seed, drop_last = true,
+   batch_size = local_batch, shuffle = true, seed = opt.seed, drop_last = true,
    memory_format = fmt, pad = 2, crop = 28, hflip = true, mean = { MEAN }, std = { STD },
    workers = opt.workers, prefetch = 3,
+   -- each rank its share of every epoch's order (one process: the loader's own order)
+   sampler = dist and lm.data.DistributedSampler(train, { seed = opt.seed }) or nil,
 })
 local test_loader = lm.data.DataLoader(test, {
    batch_size = opt["eval-batch"], shuffle = false, memory_format = fmt, mean = { MEAN },
@@ -79,6 +112,7 @@ else
    model = ctor({ num_classes = 10 })
 end
 model:to(fmt)
+if opt["sync-bn"] then model = lm.nn.SyncBatchNorm.convert_sync_batchnorm(model) end
 
 -- no weight decay on batch-norm parameters and biases
 local optimizer = lm.optim.SGD(util.decay_groups(model, opt["weight-decay"]),
@@ -106,6 +140,9 @@ local function save_checkpoint(path)
    })
 end
 
+-- net: what the training step calls (the model, or its DistributedDataParallel wrapper, made
+-- after --resume has loaded the checkpoint; the wrapper broadcasts rank 0's weights anyway)
+local net = model
 if opt.resume then
    local f = io.open(opt.checkpoint, "rb")
    if not f then usage("--resume: no checkpoint at " .. opt.checkpoint) end
@@ -120,6 +157,7 @@ if opt.resume then
    print(string.format("resumed from %s at epoch %d, batch %d", opt.checkpoint, state.epoch,
                        state.batch))
 end
+if dist then net = lm.nn.parallel.DistributedDataParallel(model) end
 
 ---------------------------------------------------------------------------------------------
 -- the JSON Lines log (--log)
@@ -157,7 +195,7 @@ local function log_record(event, ...)
                         tostring(err), 0) end
 end
 
-if opt.log ~= "" then
+if opt.log ~= "" and main then
    -- a resumed run continues the log of the run it resumes
    local err
    log_file, err = io.open(opt.log, opt.resume and "a" or "w")
@@ -173,9 +211,10 @@ end
 ---------------------------------------------------------------------------------------------
 -- progress
 ---------------------------------------------------------------------------------------------
-local tty = util.isatty(1) and not opt.quiet
+local tty = util.isatty(1) and not opt.quiet and main
 local now = util.clock
 local function progress(epoch, b, nb, ips, loss, eta, final)
+   if not main then return end
    if not tty and not final and b % math.max(1, math.floor(nb / 4)) ~= 0 then return end
    local width = 24
    local filled = math.floor(width * b / nb)
@@ -189,14 +228,17 @@ end
 -- training
 ---------------------------------------------------------------------------------------------
 print(string.format("lumen %s: %s on Fashion-MNIST (%d train, %d test), %s, batch %d, %d epochs, "
-   .. "%d threads%s", lm._VERSION, opt.model, train.images:size(1), test.images:size(1),
+   .. "%d threads%s%s", lm._VERSION, opt.model, train.images:size(1), test.images:size(1),
    opt.format, opt["batch-size"], opt.epochs, opt.threads,
-   amp_opts and (", mixed precision " .. opt.amp) or ""))
+   amp_opts and (", mixed precision " .. opt.amp) or "",
+   dist and (", %d processes x batch %d (MPI)%s"):format(world, local_batch,
+                                                        opt["sync-bn"] and ", SyncBatchNorm" or "")
+   or ""))
 
 local t_start = now()
 local print_losses = os.getenv("LUMEN_TRAIN_PRINT_LOSSES") == "1" -- for the resume spec
 local last_acc
-local function forward_loss(x, y) return lm.F.cross_entropy(model(x), y) end
+local function forward_loss(x, y) return lm.F.cross_entropy(net(x), y) end
 local function run()
    model:train()
    while state.epoch <= opt.epochs do
@@ -224,7 +266,7 @@ local function run()
          local l = loss:item()
          loss_avg = loss_avg and (0.98 * loss_avg + 0.02 * l) or l
          loss_sum, loss_n = loss_sum + l, loss_n + 1
-         seen = seen + x:size(1)
+         seen = seen + x:size(1) * world
          state.batch, state.step = b + 1, state.step + 1
          local dt = now() - t0
          local ips = seen / math.max(dt, 1e-9)
@@ -237,25 +279,31 @@ local function run()
          end
       end
       local epoch_time = now() - t0
-      if amp_opts then
-         last_acc = lm.autocast(amp_opts, util.accuracy, lm, model, test_loader)
-      else
-         last_acc = util.accuracy(lm, model, test_loader)
-      end
       state.epoch, state.batch = epoch + 1, 1
-      save_checkpoint(opt.checkpoint)
+      if main then
+         if amp_opts then
+            last_acc = lm.autocast(amp_opts, util.accuracy, lm, model, test_loader)
+         else
+            last_acc = util.accuracy(lm, model, test_loader)
+         end
+         save_checkpoint(opt.checkpoint)
+      end
       log_record("epoch", "epoch", epoch, "step", state.step,
          "train_loss", loss_n > 0 and loss_sum / loss_n or nil, "test_accuracy", last_acc,
          "images_per_s", seen / math.max(epoch_time, 1e-9), "epoch_time", epoch_time,
          "live_bytes", lm.memory.live_bytes(), "peak_bytes", lm.memory.peak_bytes(),
          "time", now() - t_start)
-      print(string.format("epoch %d: test accuracy %.2f%%  (%.0f s elapsed, checkpoint %s, "
-         .. "tensor memory %.1f MB live, %.1f MB peak)", epoch, 100 * last_acc, now() - t_start,
-         opt.checkpoint, lm.memory.live_bytes() / 2 ^ 20, lm.memory.peak_bytes() / 2 ^ 20))
+      if main then
+         print(string.format("epoch %d: test accuracy %.2f%%  (%.0f s elapsed, checkpoint %s, "
+            .. "tensor memory %.1f MB live, %.1f MB peak)", epoch, 100 * last_acc,
+            now() - t_start, opt.checkpoint, lm.memory.live_bytes() / 2 ^ 20,
+            lm.memory.peak_bytes() / 2 ^ 20))
+      end
    end
 end
 
 util.run_interruptible(run, function()
+   if not main then return end
    save_checkpoint(opt.checkpoint)
    log_record("interrupted", "step", state.step, "epoch", state.epoch, "batch", state.batch,
       "time", now() - t_start)
@@ -263,6 +311,7 @@ util.run_interruptible(run, function()
                        opt.checkpoint, state.epoch, state.batch))
 end)
 if log_file then log_file:close() end
+if dist then dist.finalize() end
 if last_acc then
    print(string.format("final test accuracy: %.2f%% in %.1f s (%s%s)", 100 * last_acc,
                        now() - t_start, opt.format, amp_opts and (", amp " .. opt.amp) or ""))

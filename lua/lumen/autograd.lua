@@ -263,6 +263,34 @@ function Tensor.register_hook(self, fn)
    end }
 end
 
+-- register_post_accumulate_grad_hook(fn) (PyTorch's name), on a leaf that requires grad:
+-- fn(self) runs once per backward, after self.grad has received every gradient of that backward
+-- (a leaf used several times in the graph gets its hook after the last accumulation); its result
+-- is ignored. DistributedDataParallel starts a bucket's all-reduce from it. Returns a handle with
+-- :remove().
+function Tensor.register_post_accumulate_grad_hook(self, fn)
+   local fname = "register_post_accumulate_grad_hook"
+   T.tc(self, fname)
+   if not needs(self) then
+      argerror(fname, "cannot register a hook on a tensor that doesn't require gradient")
+   end
+   if rawget(self, "grad_fn") ~= nil then
+      argerror(fname, "post accumulate grad hooks cannot be registered on non-leaf tensors")
+   end
+   if type(fn) ~= "function" then
+      argerror(fname, "hook must be a function, got " .. T.typename(fn))
+   end
+   local hooks = rawget(self, "_post_hooks")
+   if not hooks then hooks = {}; rawset(self, "_post_hooks", hooks) end
+   hooks[#hooks + 1] = fn
+   return { remove = function()
+      for i = #hooks, 1, -1 do if hooks[i] == fn then table.remove(hooks, i) end end
+      if #hooks == 0 and rawget(self, "_post_hooks") == hooks then
+         rawset(self, "_post_hooks", nil)
+      end
+   end }
+end
+
 -- keep the gradient of a non-leaf tensor in self.grad after backward
 function Tensor.retain_grad(self)
    T.tc(self, "retain_grad")
@@ -359,6 +387,29 @@ local function accumulate(leaf, g)
 end
 
 local function is_node(e) return getmetatable(e) ~= mt end
+
+local function run_post_hooks(leaf)
+   local hooks = rawget(leaf, "_post_hooks")
+   if hooks then
+      for i = 1, #hooks do hooks[i](leaf) end
+   end
+end
+
+-- A.queue_callback(fn): during a backward pass (from a hook), fn() runs once that pass has
+-- finished, before backward returns (PyTorch's Variable._execution_engine.queue_callback);
+-- callbacks run in the order queued, with grad mode off. DistributedDataParallel waits for its
+-- all-reduces there. Outside a backward pass it is an error.
+local callbacks = nil
+function A.queue_callback(fn)
+   if type(fn) ~= "function" then
+      error("lumen.autograd.queue_callback: expected a function, got " .. T.typename(fn), 2)
+   end
+   if callbacks == nil then
+      error("lumen.autograd.queue_callback: no backward pass is running (queue callbacks from " ..
+            "a hook during backward)", 2)
+   end
+   callbacks[#callbacks + 1] = fn
+end
 
 ---------------------------------------------------------------------------------------------
 -- profiling: A.set_profiler(fn) makes backward call fn(name, seconds) after each node's backward
@@ -497,10 +548,13 @@ local function run_backward(root_tensor, grad, retain)
    local root = rawget(root_tensor, "grad_fn")
    if root == nil then
       accumulate(root_tensor, grad)
+      run_post_hooks(root_tensor)
       return
    end
-   -- dependency counts over the nodes reachable from root
+   -- dependency counts over the nodes reachable from root; leaves with post-accumulate hooks:
+   -- how many edges lead to them (their hooks run after the last one)
    local deps = { [root] = 0 }
+   local lcount = nil
    local stack, sp = { root }, 1
    while sp > 0 do
       local node = stack[sp]; stack[sp] = nil; sp = sp - 1
@@ -520,9 +574,13 @@ local function run_backward(root_tensor, grad, retain)
             else
                deps[e] = d + 1
             end
+         elseif e and rawget(e, "_post_hooks") then
+            if lcount == nil then lcount = {} end
+            lcount[e] = (lcount[e] or 0) + 1
          end
       end
    end
+   local lgot = lcount and {}
    local grads = { [root] = grad }
    local ready, rp = { root }, 1
    while rp > 0 do
@@ -561,8 +619,16 @@ local function run_backward(root_tensor, grad, retain)
                local d = deps[e] - 1
                deps[e] = d
                if d == 0 then rp = rp + 1; ready[rp] = e end
-            elseif gi ~= nil then
-               accumulate_timed(e, gi)
+            else
+               if gi ~= nil then
+                  accumulate_timed(e, gi)
+                  if lgot then lgot[e] = true end
+               end
+               local lc = lcount and lcount[e]
+               if lc then
+                  lcount[e] = lc - 1
+                  if lc == 1 and lgot[e] then run_post_hooks(e) end
+               end
             end
          end
       end
@@ -607,8 +673,18 @@ function Tensor.backward(self, grad, opts)
    local prev = enabled
    enabled = false
    T.suspend_lazy(true)        -- no deferred results inside backward (tensor.lua)
+   local prev_cb = callbacks
+   local cbs = {}
+   callbacks = cbs
    local ok, err = pcall(run_backward, self, grad, retain)
    T.suspend_lazy(false)
+   -- the callbacks queued during the pass (A.queue_callback), in order; more may be queued
+   local i = 1
+   while ok and i <= #cbs do
+      ok, err = pcall(cbs[i])
+      i = i + 1
+   end
+   callbacks = prev_cb
    enabled = prev
    if not ok then
       if type(err) == "string" and not err:find("^lumen%.") then

@@ -4,6 +4,7 @@
 --   lm.data.fashion_mnist(split, root)     {images = uint8 (N,28,28), labels = int64 (N)}
 --   lm.data.ImageFolder(root, opts)        root/<class>/**.{jpg,jpeg,png}: files + 1-based labels
 --   lm.data.DataLoader(dataset, opts)      batches of float32 (B,C,H,W) in channels-last
+--   lm.data.DistributedSampler(n, opts)    each rank's share of the samples, per epoch
 --   lm.data.read_image(path)               a JPEG / PNG file -> uint8 (H, W, 3) RGB
 --   lm.data.load_image(path, opts)         one image as ImageFolder samples it -> (1,3,h,w)
 --
@@ -409,12 +410,109 @@ M._permutation = permutation
 
 local U64 = ffi.typeof("uint64_t")
 
+---------------------------------------------------------------------------------------------
+-- the distributed sampler
+---------------------------------------------------------------------------------------------
+
+local Sampler = {}
+Sampler.__index = Sampler
+Sampler.__len = function(self) return self.num_samples end
+
+--- DistributedSampler(n | dataset, opts): each rank's share of the samples 1..n for a job of
+--- num_replicas ranks (PyTorch's torch.utils.data.DistributedSampler). opts: num_replicas and
+--- rank (default: lm.distributed's world_size() and rank(), which must then be initialized),
+--- shuffle (true), seed (0), drop_last (false). Each epoch the samples are put in one order --
+--- the permutation a DataLoader with the same seed uses (lm_permutation(seed * 1000003 + epoch))
+--- or 1..n without shuffle -- the same on every rank; without drop_last the order is padded by
+--- repeating its start up to a multiple of num_replicas (as PyTorch), with drop_last its tail is
+--- cut; rank r takes positions r + 1, r + 1 + num_replicas, ... So the ranks' shares are disjoint
+--- and cover the data set, the same seed gives the same split, and set_epoch(e) reshuffles.
+--- With one replica the order is exactly a shuffling DataLoader's own. Give it to a DataLoader
+--- as opts.sampler: loader:iter(epoch) then calls sampler:set_epoch(epoch) and loads the rank's
+--- share. Fields: num_replicas, rank, num_samples (per rank), total_size, epoch.
+local SAMPLER_KEYS = { num_replicas = true, rank = true, shuffle = true, seed = true,
+   drop_last = true }
+function M.DistributedSampler(n, opts)
+   local fname = "data.DistributedSampler"
+   if type(n) == "table" and not tensor.is_tensor(n) then
+      if M.is_image_folder(n) then n = #n.paths
+      elseif tensor.is_tensor(n.images) then n = n.images:size(1)
+      else argerror(fname, "expected a sample count, an ImageFolder or a {images =} data set") end
+   end
+   if not is_integer(n) or n < 0 then
+      argerror(fname, "the sample count must be a non-negative integer, got " .. describe(n))
+   end
+   opts = opts or {}
+   if type(opts) ~= "table" then argerror(fname, "opts must be a table") end
+   check_keys(fname, opts, SAMPLER_KEYS)
+   local R, r = opts.num_replicas, opts.rank
+   if R == nil or r == nil then
+      local dist = require("lumen.distributed")
+      if not dist.is_initialized() then
+         argerror(fname, "num_replicas and rank are needed when lm.distributed is not " ..
+            "initialized")
+      end
+      if R == nil then R = dist.world_size() end
+      if r == nil then r = dist.rank() end
+   end
+   R = opt_int(fname, R, "num_replicas", 1, nil)
+   r = opt_int(fname, r, "rank", 0, R - 1)
+   local self = setmetatable({
+      n = n, num_replicas = R, rank = r,
+      shuffle = opt_bool(fname, opts.shuffle, "shuffle", true),
+      seed = opt_int(fname, opts.seed, "seed", 0, 2 ^ 53, 0),
+      drop_last = opt_bool(fname, opts.drop_last, "drop_last", false),
+      epoch = 0,
+   }, Sampler)
+   if self.drop_last then
+      self.num_samples = math.floor(n / R)
+   else
+      self.num_samples = math.ceil(n / R)
+   end
+   self.total_size = self.num_samples * R
+   return self
+end
+
+function M.is_distributed_sampler(x) return getmetatable(x) == Sampler end
+
+--- sampler:set_epoch(epoch): the order of the next indices() (every rank must use the same)
+function Sampler:set_epoch(epoch)
+   self.epoch = opt_int("data.DistributedSampler", epoch, "epoch", 0, 2 ^ 40)
+end
+
+-- this rank's samples for the current epoch as a C int64 array of 0-based indices, and its length
+function Sampler:_order()
+   local n, R, r = self.n, self.num_replicas, self.rank
+   local full
+   if self.shuffle then
+      full = permutation(n, U64(self.seed) * 1000003 + self.epoch)
+   else
+      full = ffi.new("int64_t[?]", math.max(n, 1))
+      for i = 0, n - 1 do full[i] = i end
+   end
+   local m = self.num_samples
+   local out = ffi.new("int64_t[?]", math.max(m, 1))
+   for k = 0, m - 1 do
+      local pos = r + k * R                   -- a position in the padded order
+      if n > 0 then out[k] = full[pos % n] end
+   end
+   return out, m
+end
+
+--- sampler:indices() -> this rank's sample numbers (1-based) for the current epoch
+function Sampler:indices()
+   local order, m = self:_order()
+   local t = {}
+   for k = 1, m do t[k] = tonumber(order[k - 1]) + 1 end
+   return t
+end
+
 local Loader = {}
 Loader.__index = Loader
 
 local LOADER_KEYS = { batch_size = true, shuffle = true, seed = true, drop_last = true,
    workers = true, prefetch = true, memory_format = true, pad = true, crop = true, hflip = true,
-   mean = true, std = true }
+   mean = true, std = true, sampler = true }
 
 --- DataLoader(dataset, opts): dataset = {images = uint8 (N,H,W[,C]), labels = int64 (N)} or an
 --- ImageFolder. Batches are float32 (B, C, H, W) (C = 3 for an ImageFolder) with int64 labels.
@@ -422,6 +520,8 @@ local LOADER_KEYS = { batch_size = true, shuffle = true, seed = true, drop_last 
 --- (max(2, workers)), memory_format (lm.channels_last or lm.contiguous_format), hflip (false),
 --- mean / std (per-channel values on the [0,1] scale; default 0 / 1); for tensor data sets
 --- also pad (0) and crop ({h, w} or number: a random crop of the padded image; default none).
+--- sampler: a DistributedSampler over this data set: the loader goes over the rank's share only
+--- (in the sampler's order; shuffle is then the sampler's), and the augmentations differ by rank.
 function M.DataLoader(dataset, opts)
    local fname = "data.DataLoader"
    opts = opts or {}
@@ -457,6 +557,17 @@ function M.DataLoader(dataset, opts)
       end
       self.images, self.labels = images, labels
       self.n = images:size(1)
+   end
+   if opts.sampler ~= nil then
+      if not M.is_distributed_sampler(opts.sampler) then
+         argerror(fname, "sampler must be a DistributedSampler, got " .. describe(opts.sampler))
+      end
+      if opts.sampler.n ~= self.n then
+         argerror(fname, string.format("the sampler is over %d samples, the data set has %d",
+            opts.sampler.n, self.n))
+      end
+      self.sampler = opts.sampler
+      self.n = opts.sampler.num_samples
    end
    self.batch_size = opt_int(fname, opts.batch_size, "batch_size", 1, nil, 64)
    self.shuffle = opt_bool(fname, opts.shuffle, "shuffle", true)
@@ -519,7 +630,11 @@ function Loader:iter(epoch, start_batch)
    start_batch = opt_int(fname, start_batch, "start_batch", 1, nil, 1)
    local n = self.n
    local order
-   if self.shuffle then
+   local sampler = self.sampler
+   if sampler then
+      sampler:set_epoch(epoch)
+      order, n = sampler:_order()
+   elseif self.shuffle then
       order = permutation(n, U64(self.seed) * 1000003 + epoch)
    else
       order = ffi.new("int64_t[?]", math.max(n, 1))
@@ -527,6 +642,8 @@ function Loader:iter(epoch, start_batch)
    end
    local o = ffi.new("lm_loader_opts", self.opts)
    o.seed = U64(self.seed) * 7919 + U64(epoch) * 104729 + 1
+   -- ranks: different augmentations (the positions of their shares are the same numbers)
+   if sampler and sampler.rank > 0 then o.seed = o.seed + U64(sampler.rank) * 2654435761 end
    o.start_batch = start_batch - 1
    local lp = ffi.new("lm_loader*[1]")
    if self.folder then

@@ -537,6 +537,79 @@ E("lm.comm.reduce_add", "lm.comm.reduce_add(list, destination) -> Tensor", "The 
    { fmt = "the first tensor's format", err = "an empty list, sizes that differ, an unknown "
      .. "destination" })
 
+S("distributed", "Scale-out: several processes (lm.distributed, MPI)", [[
+Data-parallel training across processes and machines on Open MPI (docs/distributed.md). Start a
+job with `mpirun -np K bin/lumen script.lua` (as root add `--allow-run-as-root`); every rank runs
+the same script. Every collective must be called by every rank in the same order with tensors of
+the same sizes and dtype: the ranks first exchange a small header, and a mismatch raises the same
+`lumen.distributed.<fn>: ranks disagree: ...` error on every rank. A dense tensor
+(non-overlapping and dense: contiguous, channels-last, ...) with the same strides on every rank is
+communicated in place; any other is packed (contiguous) and copied back; float16 and bfloat16 are
+reduced in float32. A rank that exits with an error after init aborts the whole job
+(MPI_Abort), so no rank waits forever.]])
+E("lm.distributed", "lm.distributed", "Collectives across processes on MPI (Open MPI through the "
+   .. "FFI), loaded on first use; libmpi.so.40 is loaded by init(), so lumen works where MPI is "
+   .. "not installed. Ranks are 0-based.")
+E("lm.distributed.init", "lm.distributed.init(opts)", "Join the job (MPI_Init_thread, "
+   .. "MPI_THREAD_FUNNELED). Started without mpirun, a process is a job of one (rank 0).",
+   { opts = "{backend = \"mpi\"} (\"nccl\" is reserved for GPUs and not available yet)",
+     err = "`lumen.distributed.init: <problem>`: the MPI library cannot be loaded (install "
+     .. "libopenmpi-dev openmpi-bin, or set LUMEN_MPI_LIB), an unknown backend or option, "
+     .. "already initialized, finalized before (MPI starts once per process)" })
+E("lm.distributed.finalize", "lm.distributed.finalize()", "Wait for the operations in flight, "
+   .. "then leave the job (MPI_Finalize). bin/lumen calls it at a successful exit when the "
+   .. "script did not.", { err = "not initialized" })
+E("lm.distributed.is_initialized", "lm.distributed.is_initialized() -> boolean", "true between "
+   .. "init() and finalize().")
+E("lm.distributed.is_available", "lm.distributed.is_available() -> boolean", "Whether the MPI "
+   .. "library can be loaded (needs no init).")
+E("lm.distributed.library_version", "lm.distributed.library_version() -> string",
+   "MPI_Get_library_version's text (needs no init).")
+E("lm.distributed.rank", "lm.distributed.rank() -> number", "This process's rank, 0 .. "
+   .. "world_size() - 1.", { err = "`lumen.distributed.rank: the process group is not "
+   .. "initialized; call lm.distributed.init(...)` (every function of lm.distributed but "
+   .. "init, is_available, is_initialized and library_version says so before init)" })
+E("lm.distributed.world_size", "lm.distributed.world_size() -> number", "The number of "
+   .. "processes in the job.")
+E("lm.distributed.get_backend", "lm.distributed.get_backend() -> \"mpi\"", "The backend init "
+   .. "chose.")
+E("lm.distributed.barrier", "lm.distributed.barrier(opts) -> nil or Work", "Wait until every "
+   .. "rank has reached it.", { opts = "{async = false}: true returns a Work (MPI_Ibarrier)" })
+E("lm.distributed.all_reduce", "lm.distributed.all_reduce(t, opts) -> t or Work", "In place: "
+   .. "every rank's t becomes the reduction of the ranks' t.",
+   { opts = "{op = \"sum\" | \"mean\" | \"max\" | \"min\" | \"prod\", async = false} (bool: "
+     .. "sum and max are or, min and prod and; mean needs a floating dtype)",
+     fmt = "t keeps its layout; a dense t with the same strides on every rank is reduced in "
+     .. "place with no copy",
+     err = "`lumen.distributed.all_reduce: <problem>`: not initialized; ranks disagree (sizes, "
+     .. "dtype, op, or another collective called), named with both ranks' values, on every "
+     .. "rank; an unknown op or option; a meta tensor; more than 2^31-1 elements" })
+E("lm.distributed.broadcast", "lm.distributed.broadcast(t, opts) -> t or Work", "In place: "
+   .. "every rank's t becomes root's.", { opts = "{root = 0, async = false}",
+   fmt = "as all_reduce (float16 / bfloat16 move as bits)", err = "as all_reduce; root not a "
+   .. "rank, or not the same on every rank" })
+E("lm.distributed.all_gather", "lm.distributed.all_gather(t, opts) -> array or Work", "A new "
+   .. "array of world_size() tensors: [r + 1] is rank r's t. t is not changed.",
+   { opts = "{async = false} (Work:wait() returns the array)", fmt = "t's strides when t is "
+     .. "dense with the same strides on every rank, else contiguous; on t's device",
+     err = "as all_reduce" })
+E("lm.distributed.reduce_scatter", "lm.distributed.reduce_scatter(t, opts) -> Tensor or Work",
+   "t reduced over the ranks, cut along dim 1 into world_size() equal chunks: rank r gets "
+   .. "chunk r + 1 (a new tensor). t is not changed.", { opts = "{op = \"sum\", async = false}",
+   fmt = "the chunk keeps t's layout when dim 1 is outermost in memory (contiguous, "
+   .. "channels-last), else contiguous", err = "as all_reduce; dim 1 not a multiple of the "
+   .. "world size; a 0-dim tensor" })
+E("lm.distributed.Work", "h:wait() -> result; h:is_completed() -> boolean", "The handle of a "
+   .. "non-blocking collective ({async = true}: MPI_Iallreduce, MPI_Ibcast, ...): wait() "
+   .. "blocks until done and returns what the blocking call returns; is_completed() tests "
+   .. "without blocking. The tensors must not be used before.",
+   { note = "MPI advances non-blocking operations while this process is inside an MPI call: "
+     .. "lm.distributed.progress() lets them move on (DistributedDataParallel's hooks call it)" })
+E("lm.distributed.progress", "lm.distributed.progress()", "Test every operation in flight "
+   .. "once (cheap), so that MPI advances them.")
+E("lm.distributed.stats", "lm.distributed.stats", "Counters: staged (tensors that went through "
+   .. "a packed or converted copy instead of in place).")
+
 S("threads", "Threads", "")
 E("lm.set_num_threads", "lm.set_num_threads(n)", "The number of threads the kernels use.",
    { err = "n not a positive integer <= 4096" })
@@ -563,6 +636,11 @@ E("Tensor:is_leaf", "t:is_leaf() -> boolean", "true for tensors not produced by 
    .. "operation.")
 E("Tensor:register_hook", "t:register_hook(fn) -> handle", "fn(grad) runs when t's gradient "
    .. "is computed; a tensor it returns replaces the gradient. handle:remove() unregisters.")
+E("Tensor:register_post_accumulate_grad_hook", "t:register_post_accumulate_grad_hook(fn) -> "
+   .. "handle", "On a leaf: fn(t) runs once per backward, after t.grad has received every "
+   .. "gradient of that backward (PyTorch's name). DistributedDataParallel starts its "
+   .. "all-reduces from it. handle:remove() unregisters.", { err = "a non-leaf t, a t that does "
+   .. "not require grad, fn not a function" })
 E("Tensor:retain_grad", "t:retain_grad()", "Keep the gradient of a non-leaf t in t.grad after "
    .. "backward.")
 E("lm.no_grad", "lm.no_grad(fn, ...) -> ...", "Run fn(...) with recording off; returns its "
@@ -574,6 +652,11 @@ E("lm.set_grad_enabled", "lm.set_grad_enabled(flag)", "Turn recording on or off 
 E("lm.autograd", "lm.autograd", "The autograd module: lm.no_grad etc., and the helpers "
    .. "operators use to record their backward (docs/writing_operators.md).")
 E("lm.autograd.no_grad", "lm.autograd.no_grad(fn, ...)", "Same as lm.no_grad.")
+E("lm.autograd.queue_callback", "lm.autograd.queue_callback(fn)", "From a hook during a "
+   .. "backward pass: fn() runs once the pass has finished, before backward returns, in the "
+   .. "order queued, with grad mode off (PyTorch's queue_callback). An error in fn is the "
+   .. "backward's error.", { err = "`lumen.autograd.queue_callback: no backward pass is "
+   .. "running`; fn not a function" })
 E("lm.autograd.enable_grad", "lm.autograd.enable_grad(fn, ...)", "Same as lm.enable_grad.")
 E("lm.autograd.is_grad_enabled", "lm.autograd.is_grad_enabled()", "Same as "
    .. "lm.is_grad_enabled.")
@@ -867,6 +950,38 @@ E("lm.nn.DataParallel", "lm.nn.DataParallel(module, devices, opts) -> Module", "
      .. "be on devices[1]. state_dict keys are \"module.<name>\" (PyTorch's).",
      err = "`lumen.nn.DataParallel: <problem>`: module not a Module, an empty or unknown "
      .. "device list, an unknown option, module not on devices[1], no tensor argument" })
+E("lm.nn.parallel", "lm.nn.parallel", "The data-parallel modules: DataParallel (one process, "
+   .. "several devices), DistributedDataParallel (several processes) and SyncBatchNorm.")
+E("lm.nn.parallel.DistributedDataParallel", "lm.nn.parallel.DistributedDataParallel(module, "
+   .. "opts) -> Module (also lm.nn.DistributedDataParallel)", "PyTorch's "
+   .. "DistributedDataParallel on lm.distributed (init first; one replica per process): at wrap "
+   .. "time the ranks check that their modules match and rank 0's parameters and buffers are "
+   .. "broadcast; backward leaves in every parameter's .grad the mean over the ranks. The "
+   .. "gradients are grouped in buckets (reverse parameter order, the first one at most 1 MB); "
+   .. "a bucket's non-blocking all-reduce starts as soon as its last gradient is ready "
+   .. "(post-accumulate-grad hooks), while backward goes on, and backward waits for all of them "
+   .. "at its end (lm.autograd.queue_callback). ddp:no_sync(fn, ...) runs fn without "
+   .. "communication (gradient accumulation); ddp.stats counts the all-reduces started during "
+   .. "and after the last backward; ddp:bucket_sizes() lists the buckets in MB.",
+   { opts = "{bucket_cap_mb = 25, broadcast_buffers = true (rank 0's buffers to every rank "
+     .. "before each training forward), overlap = true (false: every all-reduce after backward)}",
+     fmt = "each .grad is a view of its bucket with its parameter's strides (channels-last "
+     .. "weights keep channels-last gradients)",
+     note = "each forward in grad mode arms one backward; a parameter that took no part "
+     .. "in a backward contributes zeros; batch norm uses each rank's own batch statistics "
+     .. "(as PyTorch) unless converted to SyncBatchNorm. state_dict keys are \"module.<name>\".",
+     err = "`lumen.nn.DistributedDataParallel: <problem>`: not initialized, the modules "
+     .. "differ across ranks (on every rank), module not a Module, an unknown option, "
+     .. "bucket_cap_mb not positive" })
+E("lm.nn.SyncBatchNorm", "lm.nn.SyncBatchNorm(num_features, opts) -> Module", "Batch norm "
+   .. "whose training statistics are those of the global batch: per-channel sums are "
+   .. "all-reduced over the ranks (forward: the mean, then the variance; backward through the "
+   .. "same all-reduces). Outside a job of more than one rank, or in evaluation mode, it is "
+   .. "BatchNorm2d (for any input of 2 or more dims). "
+   .. "lm.nn.SyncBatchNorm.convert_sync_batchnorm(module) -> module replaces every "
+   .. "BatchNorm1d/2d/3d in the tree by one holding the same parameters and buffers.",
+   { opts = "BatchNorm2d's", fmt = "the output follows the input's layout",
+     err = "an input of fewer than 2 dims; a rank that skips it blocks the others" })
 E("lm.nn.fold_batch_norm", "lm.nn.fold_batch_norm(model) -> model, n", "Fold every "
    .. "Conv2d -> BatchNorm2d and Conv3d -> BatchNorm3d pair into the convolution, in place, for "
    .. "inference (n: pairs folded); see docs/inference.md.", { err = "the model is in training "
@@ -1184,7 +1299,22 @@ E("lm.data.DataLoader", "lm.data.DataLoader(dataset, opts) -> loader", "Batches 
    .. "prefetch = max(2, workers), memory_format = lm.channels_last, hflip = false, mean = 0, "
    .. "std = 1 (per channel, [0,1] scale); tensor data sets also pad = 0, crop}",
    fmt = "batches are channels-last unless memory_format = lm.contiguous_format",
-   err = "a data set of the wrong shape or dtype, bad option values" })
+   err = "a data set of the wrong shape or dtype, bad option values",
+   note = "opts.sampler = a DistributedSampler: the loader goes over that rank's share "
+   .. "(iter(epoch) calls sampler:set_epoch(epoch)); the augmentations differ by rank" })
+E("lm.data.DistributedSampler", "lm.data.DistributedSampler(n | dataset, opts) -> sampler",
+   "Each rank's share of the samples (PyTorch's DistributedSampler): every epoch one order of "
+   .. "1..n, the same on every rank (the permutation a DataLoader with the same seed shuffles "
+   .. "with; 1..n without shuffle), padded by repeating its start to a multiple of "
+   .. "num_replicas (or cut, with drop_last); rank r takes every num_replicas-th position from "
+   .. "r + 1. sampler:set_epoch(e) reshuffles, sampler:indices() lists the rank's samples "
+   .. "(1-based); fields num_samples (per rank), total_size.",
+   { opts = "{num_replicas = lm.distributed.world_size(), rank = lm.distributed.rank(), "
+     .. "shuffle = true, seed = 0, drop_last = false}",
+     err = "rank outside 0..num_replicas-1, num_replicas < 1, no num_replicas / rank before "
+     .. "lm.distributed.init, an unknown option" })
+E("lm.data.is_distributed_sampler", "lm.data.is_distributed_sampler(x) -> boolean", "true for "
+   .. "DistributedSampler objects.")
 
 S("models", "lm.models", [[
 torchvision's architectures with torchvision's state_dict keys, so torchvision weights load
@@ -1399,9 +1529,7 @@ E("help", "help(x) / ?x", "In the REPL: the signature and description of x (a fu
 
 -- names the API contract fixes for later work that do not exist yet (listed on docs/api.md so
 -- that nobody looks for them); an entry replaces the line once one exists
-M.planned = {
-   "lm.distributed.*, lm.nn.parallel.DistributedDataParallel",
-}
+M.planned = {}
 
 -- ---------------------------------------------------------------------------------------------
 -- lookup

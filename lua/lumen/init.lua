@@ -141,6 +141,7 @@ local lazy = {
    functional = "lumen.functional", models = "lumen.models", serialize = "lumen.serialize",
    checkpoint = "lumen.checkpoint", doc = "lumen.doc", comm = "lumen.comm", amp = "lumen.amp",
    jit = "lumen.jit", onnx = "lumen.onnx",
+   distributed = "lumen.distributed",
 }
 -- single functions that live in an optional module: name -> {module field, module}
 local lazy_fn = {

@@ -749,6 +749,9 @@ With no script and no -e, lumen opens the REPL (or runs standard input when it i
 
 local function finish(code)
    io.stdout:flush()
+   -- lm.distributed after init: finalize MPI on success, abort the whole job on failure
+   local dist = package.loaded["lumen.distributed"]
+   if dist and dist._at_exit then dist._at_exit(code) end
    collectgarbage()
    collectgarbage()
    os.exit(code, true)

@@ -150,13 +150,19 @@ end
 function M.run_interruptible(fn, on_interrupt)
    local ok, err = xpcall(fn, debug.traceback)
    if ok then return end
+   -- after lm.distributed.init, leaving aborts the whole job (no rank waits for this one)
+   local function exit(code)
+      local dist = package.loaded["lumen.distributed"]
+      if dist and dist._at_exit then dist._at_exit(code) end
+      os.exit(code)
+   end
    if tostring(err):find("interrupted", 1, true) then
       io.write("\n")
       on_interrupt()
-      os.exit(130)
+      exit(130)
    end
    io.stderr:write(tostring(err) .. "\n")
-   os.exit(1)
+   exit(1)
 end
 
 return M

@@ -1,6 +1,7 @@
 -- lumen.nn -- lm.nn: the Module base class, the standard layers, lm.nn.functional (lm.F),
 -- lm.nn.init (weight initialisers), and batch-norm folding for inference (lm.nn.fold_batch_norm,
--- lm.nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights), lm.nn.DataParallel (lumen.nn.parallel).
+-- lm.nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights), lm.nn.DataParallel (lumen.nn.parallel),
+-- lm.nn.parallel.DistributedDataParallel and lm.nn.SyncBatchNorm (several processes on MPI).
 --
 --    local nn = lm.nn
 --    local net = nn.Sequential(nn.Conv2d(3, 16, 3, {padding = 1}), nn.BatchNorm2d(16),
@@ -26,6 +27,11 @@ end
 
 -- several devices in one process (lumen.nn.parallel): nn.DataParallel(model, devices)
 nn.DataParallel = require("lumen.nn.parallel").DataParallel
+-- several processes (lm.distributed, MPI): nn.parallel.DistributedDataParallel (also
+-- nn.DistributedDataParallel), nn.SyncBatchNorm
+nn.parallel = require("lumen.nn.parallel")
+nn.DistributedDataParallel = nn.parallel.DistributedDataParallel
+nn.SyncBatchNorm = nn.parallel.SyncBatchNorm
 
 -- batch-norm folding for inference (lumen.nn.fold): nn.fold_batch_norm(model) and PyTorch's
 -- nn.utils.fuse_conv_bn_eval / fuse_conv_bn_weights
