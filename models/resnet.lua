@@ -175,28 +175,6 @@ local function builder(lm)
    return { BasicBlock = BasicBlock, Bottleneck = Bottleneck, ResNet = ResNet }
 end
 
-local cache = setmetatable({}, { __mode = "k" })
-local function classes(lm)
-   local c = cache[lm]
-   if not c then
-      c = builder(lm)
-      cache[lm] = c
-   end
-   return c
-end
-
-local function opts_of(fname, opts)
-   if opts ~= nil and type(opts) ~= "table" then
-      error("lumen.models." .. fname .. ": opts must be a table, got " .. type(opts), 3)
-   end
-   local o = {}
-   for k, v in pairs(opts or {}) do o[k] = v end
-   local nc = o.num_classes
-   if nc ~= nil and (type(nc) ~= "number" or nc < 1 or nc % 1 ~= 0) then
-      error("lumen.models." .. fname .. ": num_classes must be a positive integer", 3)
-   end
-   return o
-end
 
 local configs = {
    resnet18 = { "BasicBlock", { 2, 2, 2, 2 } },
@@ -212,6 +190,7 @@ local configs = {
 
 --- install the model constructors into `models` (lm.models), built on `lm`
 function M.install(lm, models)
+   local classes, opts_of = models._class_cache(builder), models._opts_of
    for name, cfg in pairs(configs) do
       models[name] = function(opts)
          local o = opts_of(name, opts)

@@ -54,6 +54,38 @@ local function check_keys(name, opts, known)
    end
 end
 
+-- what the model files share (models/*.lua call these through the table install gets):
+-- a builder's classes made once per lm, on first use, and a constructor's options copied with
+-- the common checks (the unknown keys are checked around the constructors, below)
+function M._class_cache(builder)
+   local cache = setmetatable({}, { __mode = "k" })
+   return function(lm)
+      local c = cache[lm]
+      if not c then
+         c = builder(lm)
+         cache[lm] = c
+      end
+      return c
+   end
+end
+
+function M._opts_of(fname, opts)
+   if opts ~= nil and type(opts) ~= "table" then
+      error("lumen.models." .. fname .. ": opts must be a table, got " .. type(opts), 3)
+   end
+   local o = {}
+   for k, v in pairs(opts or {}) do o[k] = v end
+   local nc = o.num_classes
+   if nc ~= nil and (type(nc) ~= "number" or nc < 1 or nc % 1 ~= 0) then
+      error("lumen.models." .. fname .. ": num_classes must be a positive integer", 3)
+   end
+   local z = o.zero_init_residual
+   if z ~= nil and type(z) ~= "boolean" then
+      error("lumen.models." .. fname .. ": zero_init_residual must be a boolean", 3)
+   end
+   return o
+end
+
 -- called once by lumen's init (lm.models is this table): fills in the constructors
 function M.install(lm)
    for _, name in ipairs(files) do
