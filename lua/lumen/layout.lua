@@ -32,6 +32,7 @@ local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
+local function_keys = require("lumen.util").function_keys
 
 local type, pairs, ipairs, tostring, tonumber, select, error, pcall, rawget, rawset,
    getmetatable, setmetatable = type, pairs, ipairs, tostring, tonumber, select, error, pcall,
@@ -855,27 +856,15 @@ function M.trace(fn, opts)
    end
 
    local ok, err = pcall(function()
-      local keys = {}
-      for k, v in pairs(F) do
-         if type(v) == "function" and type(k) == "string" and k:sub(1, 1) ~= "_" then
-            keys[#keys + 1] = k
-         end
+      for _, k in ipairs(function_keys(F)) do wrap(F, k, "F." .. k) end
+      -- Tensor's and lm's private "_" functions too (as they always were): only INSPECT and
+      -- LM_SKIP are left alone
+      for _, k in ipairs(function_keys(Tensor, function(k) return not INSPECT[k] end, true)) do
+         wrap(Tensor, k, "Tensor." .. k)
       end
-      for _, k in ipairs(keys) do wrap(F, k, "F." .. k) end
-      keys = {}
-      for k, v in pairs(Tensor) do
-         if type(v) == "function" and type(k) == "string" and not INSPECT[k] then
-            keys[#keys + 1] = k
-         end
+      for _, k in ipairs(function_keys(lm, function(k) return not LM_SKIP[k] end, true)) do
+         wrap(lm, k, "lm." .. k)
       end
-      for _, k in ipairs(keys) do wrap(Tensor, k, "Tensor." .. k) end
-      keys = {}
-      for k, v in pairs(lm) do
-         if type(v) == "function" and type(k) == "string" and not LM_SKIP[k] then
-            keys[#keys + 1] = k
-         end
-      end
-      for _, k in ipairs(keys) do wrap(lm, k, "lm." .. k) end
    end)
    local results
    if ok then

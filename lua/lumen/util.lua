@@ -26,6 +26,20 @@ function M.median_ms(fn, iters)
    return ts[math.floor(iters / 2) + 1] * 1e3
 end
 
+--- the string keys of t whose values are functions that keep(k) accepts (all when keep is nil),
+--- without those starting with "_" unless private: the operators lm.layout.trace and
+--- lm.jit.trace wrap
+function M.function_keys(t, keep, private)
+   local keys = {}
+   for k, v in pairs(t) do
+      if type(v) == "function" and type(k) == "string" and (private or k:sub(1, 1) ~= "_")
+         and (keep == nil or keep(k)) then
+         keys[#keys + 1] = k
+      end
+   end
+   return keys
+end
+
 --- the set {name = true, ...} of the option names given as arguments
 function M.option_set(...)
    local set = {}

@@ -14,6 +14,7 @@
 -- the caller's to avoid, as in torch.jit.trace).
 local T = require("lumen.tensor")
 local G = require("lumen.jit.graph")
+local function_keys = require("lumen.util").function_keys
 local Tensor = T.Tensor
 
 local pairs, ipairs, type, select, error, pcall = pairs, ipairs, type, select, error, pcall
@@ -155,21 +156,10 @@ function M.record(fn, inputs, named, opts)
    end
 
    local ok, err = pcall(function()
-      local keys = {}
-      for k, v in pairs(F) do
-         if type(v) == "function" and type(k) == "string" and k:sub(1, 1) ~= "_" then
-            keys[#keys + 1] = k
-         end
+      for _, k in ipairs(function_keys(F)) do wrap(F, k, "F." .. k) end
+      for _, k in ipairs(function_keys(Tensor, function(k) return not G.TENSOR_SKIP[k] end)) do
+         wrap(Tensor, k, "Tensor." .. k)
       end
-      for _, k in ipairs(keys) do wrap(F, k, "F." .. k) end
-      keys = {}
-      for k, v in pairs(Tensor) do
-         if type(v) == "function" and type(k) == "string" and k:sub(1, 1) ~= "_"
-            and not G.TENSOR_SKIP[k] then
-            keys[#keys + 1] = k
-         end
-      end
-      for _, k in ipairs(keys) do wrap(Tensor, k, "Tensor." .. k) end
       for k in pairs(G.LM_OPS) do wrap(lm, k, "lm." .. k) end
       wrap_read("item")
       wrap_read("totable")
