@@ -2,12 +2,14 @@
 -- here, then loaded, run and frozen in a fresh process whose Lua path is a copy of lua/ without
 -- lumen/models.lua (so no model source can be found): the loaded graph's logits equal the eager
 -- model's within 1e-5, the frozen graph's within 1e-4 with no batch_norm node left.
--- Small inputs (1x3x64x64) keep it fast.
+-- Small inputs (1x3x64x64; r3d_18, in channels_last_3d: 1x3x4x32x32) keep it fast.
 local lm = require("lumen")
 local shell = require("spec.shell")
 
+-- {name, channels-last, input sizes}
 local MODELS = {
    { "resnet50", true }, { "resnext50_32x4d", false }, { "alexnet", false },
+   { "r3d_18", true, { 1, 3, 4, 32, 32 } },
 }
 
 local function rel(a, b)
@@ -18,7 +20,7 @@ end
 local function warm(model)
    lm.no_grad(function()
       for _, m in ipairs(model:modules()) do
-         if m:type_name() == "BatchNorm2d" then
+         if m:type_name() == "BatchNorm2d" or m:type_name() == "BatchNorm3d" then
             local c = m.num_features
             m.running_mean:copy_(lm.randn({ c }) * 0.1)
             m.running_var:copy_(lm.rand({ c }) * 0.5 + 0.75)
@@ -30,7 +32,8 @@ local function warm(model)
 end
 
 describe("lm.jit on the torchvision models, loaded in a fresh process", function()
-   it("resnet50, resnext50_32x4d, alexnet: loaded within 1e-5, frozen within 1e-4", function()
+   it("resnet50, resnext50_32x4d, alexnet, r3d_18: loaded within 1e-5, frozen within 1e-4",
+      function()
       local dir = os.tmpname()
       os.remove(dir)
       assert(os.execute("mkdir -p " .. shell.q(dir .. "/lua")) == 0)
@@ -42,10 +45,10 @@ describe("lm.jit on the torchvision models, loaded in a fresh process", function
          lm.manual_seed(10 + i)
          local model = lm.models[mm[1]]({ num_classes = 10 }):eval()
          warm(model)
-         local x = lm.randn({ 1, 3, 64, 64 })
+         local x = lm.randn(mm[3] or { 1, 3, 64, 64 })
          if mm[2] then
             lm.to_channels_last(model)
-            x = x:contiguous(lm.channels_last)
+            x = x:contiguous(#x:size() == 5 and lm.channels_last_3d or lm.channels_last)
          end
          local g = lm.jit.trace(model, x)
          g:save(dir .. "/" .. mm[1] .. ".safetensors")
@@ -62,13 +65,14 @@ local lm = require("lumen")
 assert(lm.models == nil, "lm.models found")
 local e = lm.load(dir .. "/expect.safetensors")
 local out = {}
-for _, name in ipairs({ "resnet50", "resnext50_32x4d", "alexnet" }) do
+for _, name in ipairs({ "resnet50", "resnext50_32x4d", "alexnet", "r3d_18" }) do
    local g = lm.jit.load(dir .. "/" .. name .. ".safetensors")
    local x = e[name .. ".x"]
    out[name] = lm.no_grad(function() return g(x) end)
    local f = lm.jit.freeze(g)
    out[name .. ".frozen"] = lm.no_grad(function() return f(x) end)
-   print(name, "batch_norm nodes", f:count("F.batch_norm"), "conv2d nodes", f:count("F.conv2d"),
+   print(name, "batch_norm nodes", f:count("F.batch_norm"),
+         "conv2d nodes", f:count("F.conv2d") + f:count("F.conv3d"),
          "conversions", f:count("Tensor.contiguous"), "input format",
          g.graph.values[g.graph.inputs[1]].format)
 end
