@@ -489,8 +489,10 @@ M.MaxPool2d = MaxPool2d
 
 -- MaxPool2d({kernel_size=, stride=, padding=0, dilation=1, ceil_mode=false}) or
 -- MaxPool2d(kernel_size, stride, padding, dilation, ceil_mode)
+-- (MaxPool1d and MaxPool3d share __init and forward: the class's name and F function differ)
+MaxPool2d._functional = "max_pool2d"
 function MaxPool2d:__init(...)
-   local o = pool_opts("MaxPool2d", MAX_POOL_NAMES, MAX_POOL_OPTS, ...)
+   local o = pool_opts(self.__name, MAX_POOL_NAMES, MAX_POOL_OPTS, ...)
    self.kernel_size = o.kernel_size
    self.stride = o.stride or o.kernel_size
    self.padding = o.padding or 0
@@ -500,7 +502,7 @@ function MaxPool2d:__init(...)
 end
 
 function MaxPool2d:forward(x)
-   return F.max_pool2d(x, { kernel_size = self.kernel_size, stride = self.stride,
+   return F[self._functional](x, { kernel_size = self.kernel_size, stride = self.stride,
                        padding = self.padding, dilation = self.dilation,
                        ceil_mode = self.ceil_mode, return_indices = self.return_indices })
 end
@@ -516,8 +518,10 @@ M.AvgPool2d = AvgPool2d
 
 -- AvgPool2d({kernel_size=, stride=, padding=0, ceil_mode=false, count_include_pad=true,
 -- divisor_override=}) or AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad)
+-- (AvgPool3d shares __init and forward, AvgPool1d forward)
+AvgPool2d._functional = "avg_pool2d"
 function AvgPool2d:__init(...)
-   local o = pool_opts("AvgPool2d", AVG_POOL_NAMES, AVG_POOL_OPTS, ...)
+   local o = pool_opts(self.__name, AVG_POOL_NAMES, AVG_POOL_OPTS, ...)
    self.kernel_size = o.kernel_size
    self.stride = o.stride or o.kernel_size
    self.padding = o.padding or 0
@@ -528,7 +532,7 @@ function AvgPool2d:__init(...)
 end
 
 function AvgPool2d:forward(x)
-   return F.avg_pool2d(x, { kernel_size = self.kernel_size, stride = self.stride,
+   return F[self._functional](x, { kernel_size = self.kernel_size, stride = self.stride,
                        padding = self.padding, ceil_mode = self.ceil_mode,
                        count_include_pad = self.count_include_pad,
                        divisor_override = self.divisor_override })
@@ -569,21 +573,8 @@ M.MaxPool1d = MaxPool1d
 -- MaxPool1d({kernel_size=, stride=, padding=0, dilation=1, return_indices=false,
 -- ceil_mode=false}) or MaxPool1d(kernel_size, stride, padding, dilation, return_indices,
 -- ceil_mode)
-function MaxPool1d:__init(...)
-   local o = pool_opts("MaxPool1d", MAX_POOL_NAMES, MAX_POOL_OPTS, ...)
-   self.kernel_size = o.kernel_size
-   self.stride = o.stride or o.kernel_size
-   self.padding = o.padding or 0
-   self.dilation = o.dilation or 1
-   self.ceil_mode = o.ceil_mode or false
-   self.return_indices = o.return_indices or false
-end
-
-function MaxPool1d:forward(x)
-   return F.max_pool1d(x, { kernel_size = self.kernel_size, stride = self.stride,
-                       padding = self.padding, dilation = self.dilation,
-                       ceil_mode = self.ceil_mode, return_indices = self.return_indices })
-end
+MaxPool1d.__init, MaxPool1d.forward = MaxPool2d.__init, MaxPool2d.forward
+MaxPool1d._functional = "max_pool1d"
 MaxPool1d.extra_repr = MaxPool2d.extra_repr
 
 local AVG_POOL1D_NAMES = { "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad" }
@@ -603,11 +594,8 @@ function AvgPool1d:__init(...)
    else self.count_include_pad = o.count_include_pad end
 end
 
-function AvgPool1d:forward(x)
-   return F.avg_pool1d(x, { kernel_size = self.kernel_size, stride = self.stride,
-                       padding = self.padding, ceil_mode = self.ceil_mode,
-                       count_include_pad = self.count_include_pad })
-end
+AvgPool1d.forward = AvgPool2d.forward   -- divisor_override is nil: AvgPool1d has none
+AvgPool1d._functional = "avg_pool1d"
 
 function AvgPool1d:extra_repr()
    local function s1(v) return single_str(single(v) or v) end
@@ -658,21 +646,8 @@ M.MaxPool3d = MaxPool3d
 -- MaxPool3d({kernel_size=, stride=, padding=0, dilation=1, return_indices=false,
 -- ceil_mode=false}) or MaxPool3d(kernel_size, stride, padding, dilation, return_indices,
 -- ceil_mode) (PyTorch's order)
-function MaxPool3d:__init(...)
-   local o = pool_opts("MaxPool3d", MAX_POOL_NAMES, MAX_POOL_OPTS, ...)
-   self.kernel_size = o.kernel_size
-   self.stride = o.stride or o.kernel_size
-   self.padding = o.padding or 0
-   self.dilation = o.dilation or 1
-   self.ceil_mode = o.ceil_mode or false
-   self.return_indices = o.return_indices or false
-end
-
-function MaxPool3d:forward(x)
-   return F.max_pool3d(x, { kernel_size = self.kernel_size, stride = self.stride,
-                       padding = self.padding, dilation = self.dilation,
-                       ceil_mode = self.ceil_mode, return_indices = self.return_indices })
-end
+MaxPool3d.__init, MaxPool3d.forward = MaxPool2d.__init, MaxPool2d.forward
+MaxPool3d._functional = "max_pool3d"
 
 function MaxPool3d:extra_repr()
    return ("kernel_size=%s, stride=%s, padding=%s, dilation=%s, ceil_mode=%s"):format(
@@ -686,23 +661,8 @@ M.AvgPool3d = AvgPool3d
 -- AvgPool3d({kernel_size=, stride=, padding=0, ceil_mode=false, count_include_pad=true,
 -- divisor_override=}) or AvgPool3d(kernel_size, stride, padding, ceil_mode, count_include_pad,
 -- divisor_override)
-function AvgPool3d:__init(...)
-   local o = pool_opts("AvgPool3d", AVG_POOL_NAMES, AVG_POOL_OPTS, ...)
-   self.kernel_size = o.kernel_size
-   self.stride = o.stride or o.kernel_size
-   self.padding = o.padding or 0
-   self.ceil_mode = o.ceil_mode or false
-   if o.count_include_pad == nil then self.count_include_pad = true
-   else self.count_include_pad = o.count_include_pad end
-   self.divisor_override = o.divisor_override
-end
-
-function AvgPool3d:forward(x)
-   return F.avg_pool3d(x, { kernel_size = self.kernel_size, stride = self.stride,
-                       padding = self.padding, ceil_mode = self.ceil_mode,
-                       count_include_pad = self.count_include_pad,
-                       divisor_override = self.divisor_override })
-end
+AvgPool3d.__init, AvgPool3d.forward = AvgPool2d.__init, AvgPool2d.forward
+AvgPool3d._functional = "avg_pool3d"
 
 function AvgPool3d:extra_repr()
    return ("kernel_size=%s, stride=%s, padding=%s"):format(triple_str(self.kernel_size),
