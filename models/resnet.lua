@@ -13,6 +13,17 @@ local M = {}
 local function builder(lm)
    local nn = lm.nn
    local init = nn.init
+   -- evaluation mode with gradients off runs each (conv, bn) pair as one convolution with the
+   -- batch norm folded for the call (lumen.nn.fold's eval_foldable / conv_bn)
+   local fold = require("lumen.nn.fold")
+   local RELU = { relu = true }
+   local BASIC_PAIRS = { { "conv1", "bn1" }, { "conv2", "bn2" } }
+   local BOTTLENECK_PAIRS = { { "conv1", "bn1" }, { "conv2", "bn2" }, { "conv3", "bn3" } }
+   local function pairs_of(self, names)
+      local l = {}
+      for i, nm in ipairs(names) do l[i] = { self[nm[1]], self[nm[2]] } end
+      return l
+   end
 
    local function conv3x3(cin, cout, stride, groups, dilation)
       return nn.Conv2d(cin, cout, 3, { stride = stride or 1, padding = dilation or 1,
@@ -49,6 +60,13 @@ local function builder(lm)
          if self.downsample then identity = self.downsample(x) end
          return self.conv2:forward(out, { residual = identity, relu = true })
       end
+      if not self.training and fold.eval_foldable(pairs_of(self, BASIC_PAIRS),
+                                                  { self.relu }) then
+         local out = fold.conv_bn(self.conv1, self.bn1, x, RELU)
+         local identity = x
+         if self.downsample then identity = self.downsample(x) end
+         return fold.conv_bn(self.conv2, self.bn2, out, { residual = identity, relu = true })
+      end
       local out = self.relu(self.bn1(self.conv1(x)))
       out = self.bn2(self.conv2(out))
       local identity = x
@@ -78,6 +96,14 @@ local function builder(lm)
          local identity = x
          if self.downsample then identity = self.downsample(x) end
          return self.conv3:forward(out, { residual = identity, relu = true })
+      end
+      if not self.training and fold.eval_foldable(pairs_of(self, BOTTLENECK_PAIRS),
+                                                  { self.relu }) then
+         local out = fold.conv_bn(self.conv1, self.bn1, x, RELU)
+         out = fold.conv_bn(self.conv2, self.bn2, out, RELU)
+         local identity = x
+         if self.downsample then identity = self.downsample(x) end
+         return fold.conv_bn(self.conv3, self.bn3, out, { residual = identity, relu = true })
       end
       local out = self.relu(self.bn1(self.conv1(x)))
       out = self.relu(self.bn2(self.conv2(out)))
@@ -163,6 +189,9 @@ local function builder(lm)
    function ResNet:forward(x)
       if self.folded then
          x = self.maxpool(self.conv1:forward(x, { relu = true }))
+      elseif not self.training and fold.eval_foldable({ { self.conv1, self.bn1 } },
+                                                    { self.relu }) then
+         x = self.maxpool(fold.conv_bn(self.conv1, self.bn1, x, RELU))
       else
          x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
       end

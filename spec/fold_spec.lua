@@ -37,6 +37,12 @@ local function warmed_bn(c, dt, cls)
    return bn
 end
 
+-- the model's modules one by one, batch norms as batch norms: with gradients on (the output
+-- detached), no (conv, batch norm) pair is folded per call (lumen.nn.fold's eval_foldable)
+local function unfolded(m, x)
+   return lm.enable_grad(function() return m(x):detach() end)
+end
+
 describe("conv2d epilogue {residual =, relu =}", function()
    -- {N, C, H, W, O, k, stride, padding, groups}: pointwise, 3x3 (Winograd and direct sizes),
    -- strided, grouped, depthwise, few channels
@@ -250,7 +256,7 @@ describe("nn.fold_batch_norm", function()
          net:eval()
          net:to(fmt)
          local x = lm.randn({ 2, 3, 6, 6 }):contiguous(fmt)
-         local ref = lm.no_grad(function() return net(x) end)
+         local ref = unfolded(net, x)
          local model, n = nn.fold_batch_norm(net)
          assert.are.equal(net, model)
          assert.are.equal(2, n)
@@ -284,7 +290,7 @@ describe("nn.fold_batch_norm", function()
          m:eval()
          lm.to_channels_last(m)
          local x = lm.randn({ 2, inch, res, res }):contiguous(lm.channels_last)
-         local ref = lm.no_grad(function() return m(x) end)
+         local ref = unfolded(m, x)
          local nbn = count(m, "BatchNorm2d")
          local _, n = nn.fold_batch_norm(m)
          assert.are.equal(nbn, n)
@@ -326,7 +332,7 @@ describe("nn.fold_batch_norm", function()
       lm.no_grad(function() m(lm.randn({ 4, 1, 28, 28 }, { dtype = lm.float64 })) end)
       m:eval()
       local x = lm.randn({ 2, 1, 28, 28 }, { dtype = lm.float64 })
-      local ref = lm.no_grad(function() return m(x) end)
+      local ref = unfolded(m, x)
       nn.fold_batch_norm(m)
       local y = lm.no_grad(function() return m(x) end)
       close("float64", y, ref, 1e-12)
@@ -341,7 +347,7 @@ describe("nn.fold_batch_norm", function()
                                 nn.Conv2d(4, 4, 1), warmed_bn(4), nn.Conv2d(4, 4, 1), bad)
       net:eval()
       local x = lm.randn({ 1, 4, 5, 5 })
-      local ref = lm.no_grad(function() return net(x) end)
+      local ref = unfolded(net, x)
       local _, n = nn.fold_batch_norm(net)
       assert.are.equal(1, n)                -- only the (6, 7) pair
       assert.are.equal("BatchNorm2d", net[2]:type_name())
@@ -371,7 +377,7 @@ describe("nn.fold_batch_norm", function()
       blk:add_module("bn2", nn.BatchNorm2d(64, { track_running_stats = false }))
       m:eval()
       local x = lm.randn({ 1, 3, 32, 32 })
-      local ref = lm.no_grad(function() return m(x) end)
+      local ref = unfolded(m, x)
       local nbn = count(m, "BatchNorm2d")
       local _, n = nn.fold_batch_norm(m)
       assert.are.equal(nbn - 2, n)              -- the block's two batch norms stay
@@ -468,7 +474,7 @@ describe("folding Conv3d -> BatchNorm3d", function()
          lm.to_channels_last(net)
          if fmt ~= CL3 then net:to(fmt) end
          local x = lm.randn({ 2, 3, 3, 5, 5 }):contiguous(fmt)
-         local ref = lm.no_grad(function() return net(x) end)
+         local ref = unfolded(net, x)
          local _, n = nn.fold_batch_norm(net)
          assert.are.equal(2, n)
          assert.are.equal("Identity", net[2]:type_name())
@@ -482,5 +488,125 @@ describe("folding Conv3d -> BatchNorm3d", function()
       local odd = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm3d(3)):eval()
       local _, n = nn.fold_batch_norm(odd)
       assert.are.equal(0, n)
+   end)
+end)
+
+describe("eval mode, gradients off: (conv, batch norm) pairs run folded per call", function()
+
+   -- counts the convolutions and batch norms the model runs (F.conv2d/conv3d, F.batch_norm)
+   local function op_counts(fn)
+      local n = { conv = 0, bn = 0 }
+      local c2, c3, b = F.conv2d, F.conv3d, F.batch_norm
+      F.conv2d = function(...) n.conv = n.conv + 1 return c2(...) end
+      F.conv3d = function(...) n.conv = n.conv + 1 return c3(...) end
+      F.batch_norm = function(...) n.bn = n.bn + 1 return b(...) end
+      local ok, err = pcall(fn)
+      F.conv2d, F.conv3d, F.batch_norm = c2, c3, b
+      assert(ok, err)
+      return n
+   end
+
+   it("resnet18 / resnet50: the unfolded outputs to rounding, no batch_norm run, weights kept",
+      function()
+      for _, name in ipairs({ "resnet18", "resnet50" }) do
+         for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+            lm.manual_seed(31)
+            local m = lm.models[name]({ num_classes = 10 })
+            lm.no_grad(function() m(lm.randn({ 4, 3, 32, 32 })) end)   -- running statistics
+            m:eval()
+            m:to(fmt)
+            local x = lm.randn({ 2, 3, 32, 32 }):contiguous(fmt)
+            local w0 = m.layer1[1].conv1.weight:clone()
+            local ref = unfolded(m, x)
+            local y
+            local n = op_counts(function() y = lm.no_grad(function() return m(x) end) end)
+            close(name .. " " .. tostring(fmt), y, ref, 1e-5)
+            assert.are.equal(0, n.bn, name)
+            assert.is_true(n.conv > 0)
+            assert.are.equal(0, (m.layer1[1].conv1.weight - w0):abs():max():item())
+            -- a block's output keeps the input's memory format
+            local b = lm.no_grad(function()
+               return m.layer1(m.maxpool(m.relu(m.bn1(m.conv1(x)))))
+            end)
+            assert.is_true(b:is_contiguous(fmt), name .. " " .. H.describe(b))
+            -- bfloat16 under autocast: the unfolded result to bfloat16 rounding
+            local yb = lm.autocast({ dtype = lm.bfloat16 }, function()
+               return lm.no_grad(function() return m(x) end)
+            end)
+            close(name .. " bf16", yb:to(lm.float32), ref, 5e-2)
+         end
+      end
+   end)
+
+   it("Sequential: Conv2d, BatchNorm2d and Conv3d, BatchNorm3d pairs; the rest as they are",
+      function()
+      lm.manual_seed(32)
+      for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+         local net = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), warmed_bn(8),
+                                   nn.ReLU(true), nn.Conv2d(8, 8, 1, { bias = false }),
+                                   warmed_bn(8), warmed_bn(8), nn.AdaptiveAvgPool2d(1))
+         net:eval()
+         net:to(fmt)
+         local x = lm.randn({ 2, 3, 6, 6 }):contiguous(fmt)
+         local ref = unfolded(net, x)
+         local y
+         local n = op_counts(function() y = lm.no_grad(function() return net(x) end) end)
+         close(tostring(fmt), y, ref, 1e-5)
+         assert.are.same({ conv = 2, bn = 1 }, n)    -- the batch norm after a batch norm stays
+         assert.is_true(y:is_contiguous(fmt))
+      end
+      local fmt3 = lm.channels_last_3d
+      local net3 = nn.Sequential(nn.Conv3d(3, 6, 3, { padding = 1 }),
+                                 warmed_bn(6, nil, nn.BatchNorm3d), nn.ReLU(true))
+      net3:eval()
+      net3:to(fmt3)
+      local x3 = lm.randn({ 1, 3, 4, 5, 5 }):contiguous(fmt3)
+      local ref3 = unfolded(net3, x3)
+      local y3
+      local n3 = op_counts(function() y3 = lm.no_grad(function() return net3(x3) end) end)
+      close("3-D", y3, ref3, 1e-5)
+      assert.are.same({ conv = 1, bn = 0 }, n3)
+      assert.is_true(y3:is_contiguous(fmt3))
+   end)
+
+   it("not in training mode, with gradients on, without running statistics, or when watched",
+      function()
+      lm.manual_seed(33)
+      local function net_of(bn)
+         return nn.Sequential(nn.Conv2d(3, 4, 3, { padding = 1 }), bn, nn.ReLU(true))
+      end
+      local x = lm.randn({ 2, 3, 5, 5 }):contiguous(lm.channels_last)
+      -- training mode: batch statistics, running statistics updated
+      local net = net_of(warmed_bn(4))
+      local rm = net[2].running_mean:clone()
+      local n = op_counts(function() lm.no_grad(function() return net(x) end) end)
+      assert.are.same({ conv = 1, bn = 1 }, n)
+      assert.is_true((net[2].running_mean - rm):abs():max():item() > 0)
+      -- gradients on: the parameters get their gradients through the batch norm
+      net:eval()
+      n = op_counts(function() net(x):sum():backward() end)
+      assert.are.same({ conv = 1, bn = 1 }, n)
+      assert.is_not_nil(net[2].weight.grad)
+      -- no running statistics: the batch's own, which no weight expresses
+      local nostats = net_of(nn.BatchNorm2d(4, { track_running_stats = false }))
+      nostats:eval()
+      n = op_counts(function() lm.no_grad(function() return nostats(x) end) end)
+      assert.are.same({ conv = 1, bn = 1 }, n)
+      -- lm.layout.check sees every module (it replaces their forward on the instance)
+      local m = lm.models.resnet18({ num_classes = 10 })
+      m:eval()
+      lm.to_channels_last(m)
+      local xi = lm.randn({ 1, 3, 32, 32 }):contiguous(lm.channels_last)
+      local report = lm.no_grad(function() return lm.layout.check(m, xi) end)
+      local bns = 0
+      for _, row in ipairs(report.rows) do
+         if row.type == "BatchNorm2d" then bns = bns + 1 end
+      end
+      assert.are.equal(count(m, "BatchNorm2d"), bns)
+      -- a jit trace records the model's own operators
+      local g = lm.no_grad(function() return lm.jit.trace(net_of(warmed_bn(4)):eval(), x) end)
+      local ops = {}
+      for _, node in ipairs(g.graph.nodes) do ops[#ops + 1] = node.op end
+      assert.are.same({ "F.conv2d", "F.batch_norm", "Tensor.relu_" }, ops)
    end)
 end)

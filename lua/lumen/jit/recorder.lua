@@ -21,6 +21,9 @@ local pairs, ipairs, type, select, error, pcall = pairs, ipairs, type, select, e
 local unpack = unpack -- luacheck: ignore
 
 local M = {}
+-- how many recordings are running now: lumen.nn.fold's per-call batch-norm folding stays out of
+-- a recording, so the graph holds the model's own operators (conv2d, batch_norm)
+M.active = 0
 
 local function pack(...) return { n = select("#", ...), ... } end
 
@@ -167,7 +170,9 @@ function M.record(fn, inputs, named, opts)
    end)
    local results
    if ok then
+      M.active = M.active + 1
       results = pack(pcall(fn, unpack(inputs)))
+      M.active = M.active - 1
       ok, err = results[1], results[2]
    end
    for i = #patched, 1, -1 do
