@@ -481,6 +481,17 @@ static void pointwise_cases(void) {
                                        1, 1)},
                            k % 2, (k / 2) % 2, (k / 4) % 2, k % 3 ? L_CL : L_NONDENSE_CL, L_CL);
          }
+   /* the weight gradient as one product (O * C >= 512K: conv_avx512.c's bwdw_gemm_usable), with
+      and without the bias gradient, odd channel counts, and the direct kernel on the same
+      shapes (LUMEN_CONV_BWDW_GEMM=0) */
+   for (int off = 0; off < 2; off++) {
+      if (off) setenv("LUMEN_CONV_BWDW_GEMM", "0", 1);
+      run_case_algos((geom[]){mk(2, 1024, 3, 2, 512, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL,
+                     L_CL);
+      run_case_algos((geom[]){mk(1, 520, 2, 3, 1009, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 1, 1,
+                     L_NONDENSE_CL, L_CL);
+      unsetenv("LUMEN_CONV_BWDW_GEMM");
+   }
    /* the benchmark's shape on a small map: full 6 x 64 tiles, streaming stores by default */
    run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
