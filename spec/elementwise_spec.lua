@@ -669,16 +669,28 @@ describe("bfloat16 direct elementwise loop", function()
       assert(f() == 0, "call failed")
       return T.wrap(outp[0])
    end
+   local function bin(op, alpha)
+      return function(a, b)
+         return run(function() return C.lm_binary(op, a._c, b._c, alpha, outp) end)
+      end
+   end
+   local function bin_relu(op, alpha)
+      return function(a, b)
+         return run(function()
+            return C.lm_binary_unary(op, a._c, b._c, alpha, C.LM_RELU, outp)
+         end)
+      end
+   end
    local ops = {
-      { "add", function(a, b) return run(function() return C.lm_binary(C.LM_ADD, a._c, b._c, 1, outp) end) end },
-      { "add alpha", function(a, b) return run(function() return C.lm_binary(C.LM_ADD, a._c, b._c, 0.3, outp) end) end },
-      { "sub alpha", function(a, b) return run(function() return C.lm_binary(C.LM_SUB, a._c, b._c, -2.5, outp) end) end },
-      { "mul", function(a, b) return run(function() return C.lm_binary(C.LM_MUL, a._c, b._c, 1, outp) end) end },
-      { "relu", function(a) return run(function() return C.lm_unary(C.LM_RELU, a._c, outp) end) end },
-      { "add+relu", function(a, b) return run(function() return C.lm_binary_unary(C.LM_ADD, a._c, b._c, 1, C.LM_RELU, outp) end) end },
-      { "sub+relu", function(a, b) return run(function() return C.lm_binary_unary(C.LM_SUB, a._c, b._c, 0.5, C.LM_RELU, outp) end) end },
-      { "mul+relu", function(a, b) return run(function() return C.lm_binary_unary(C.LM_MUL, a._c, b._c, 1, C.LM_RELU, outp) end) end },
+      { "add", bin(C.LM_ADD, 1) }, { "add alpha", bin(C.LM_ADD, 0.3) },
+      { "sub alpha", bin(C.LM_SUB, -2.5) }, { "mul", bin(C.LM_MUL, 1) },
+      { "relu", function(a)
+         return run(function() return C.lm_unary(C.LM_RELU, a._c, outp) end)
+      end },
+      { "add+relu", bin_relu(C.LM_ADD, 1) }, { "sub+relu", bin_relu(C.LM_SUB, 0.5) },
+      { "mul+relu", bin_relu(C.LM_MUL, 1) },
    }
+
    local shapes = { { 3, 5, 7, 11 }, { 2, 16, 33, 17 }, { 4, 64, 32, 33 } }
    after_each(function() C.lm_gemm_set_isa(0) end)
    for _, fmt in ipairs({ lm.contiguous_format, lm.channels_last }) do
@@ -707,8 +719,8 @@ describe("bfloat16 direct elementwise loop", function()
 
    it("fused add+relu equals the eager pair and float32 math rounded once", function()
       local a, b = random_bits({ 4, 8, 16, 17 }, nil, 7), random_bits({ 4, 8, 16, 17 }, nil, 8)
-      local fused = run(function() return C.lm_binary_unary(C.LM_ADD, a._c, b._c, 1, C.LM_RELU, outp) end)
-      local s = run(function() return C.lm_binary(C.LM_ADD, a._c, b._c, 1, outp) end)
+      local fused = bin_relu(C.LM_ADD, 1)(a, b)
+      local s = bin(C.LM_ADD, 1)(a, b)
       local eager = run(function() return C.lm_unary(C.LM_RELU, s._c, outp) end)
       assert.is_true(same_bits(fused, eager))
       -- float32 math, one rounding (NaN positions compared apart: their payloads may differ)

@@ -216,16 +216,28 @@ describe("ResNet blocks in training: fused batch norms == the modules op by op",
       for _, nb in ipairs(m:named_buffers()) do t[nb[1]] = nb[2] end
       return t
    end
+   -- a video BasicBlock (the last block of a stage) of an 18-layer video model
+   local function video_block(name, layer)
+      return function()
+         lm.manual_seed(31)
+         return lm.models[name]({ num_classes = 2 })[layer][2]
+      end
+   end
    local cases = {
       { "BasicBlock (downsample)", function() return lm.models.BasicBlock(8, 16, 2,
          nn.Sequential(nn.Conv2d(8, 16, 1, { stride = 2, bias = false }), nn.BatchNorm2d(16)))
-         end, 8 },
-      { "Bottleneck", function() return lm.models.Bottleneck(16, 4) end, 16 },
-      { "resnet18", function() return lm.models.resnet18({ num_classes = 5 }) end, 3 },
-      { "small_resnet", function() return lm.models.small_resnet({ width = 4 }) end, 1 },
+         end, { 2, 8, 12, 12 } },
+      { "Bottleneck", function() return lm.models.Bottleneck(16, 4) end, { 2, 16, 12, 12 } },
+      { "resnet18", function() return lm.models.resnet18({ num_classes = 5 }) end,
+        { 2, 3, 32, 32 } },
+      { "small_resnet", function() return lm.models.small_resnet({ width = 4 }) end,
+        { 2, 1, 12, 12 } },
+      { "r3d_18 block", video_block("r3d_18", "layer1"), { 2, 64, 3, 5, 5 } },
+      { "r2plus1d_18 block", video_block("r2plus1d_18", "layer1"), { 2, 64, 3, 5, 5 } },
    }
    for _, c in ipairs(cases) do
-      for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+      local cl = #c[3] == 5 and lm.channels_last_3d or lm.channels_last
+      for _, fmt in ipairs({ cl, lm.contiguous_format }) do
          it(c[1] .. " " .. tostring(fmt), function()
             lm.manual_seed(21)
             local m1 = c[2]()
@@ -235,8 +247,7 @@ describe("ResNet blocks in training: fused batch norms == the modules op by op",
             assert.are.equal("PlainReLU", m2.relu:type_name())
             m1:to(fmt)
             m2:to(fmt)
-            local hw = c[1] == "resnet18" and 32 or 12
-            local x0 = lm.randn({ 2, c[3], hw, hw }):contiguous(fmt)
+            local x0 = lm.randn(c[3]):contiguous(fmt)
             local outs = {}
             for k, m in ipairs({ m1, m2 }) do
                m:train()
@@ -245,12 +256,12 @@ describe("ResNet blocks in training: fused batch norms == the modules op by op",
                -- the second step runs on updated running statistics (and momentum)
                y = m(x) + y
                local g = lm.ones(y:size())
-               y:backward(y:dim() == 4 and g:contiguous(fmt) or g)
+               y:backward(y:dim() >= 4 and g:contiguous(fmt) or g)
                outs[k] = { y = y, gx = x.grad, g = grads(m) }
             end
             close("output", outs[1].y, outs[2].y, 1e-5)
             close("grad input", outs[1].gx, outs[2].gx, 1e-4)
-            if outs[1].y:dim() == 4 then
+            if outs[1].y:dim() >= 4 then
                assert.is_true(outs[1].y:is_contiguous(fmt), "output format")
             end
             assert.is_true(outs[1].gx:is_contiguous(fmt), "grad format")
