@@ -1,7 +1,9 @@
 -- models/resnet.lua -- ResNet, ResNeXt and Wide ResNet, as torchvision builds them.
 --
 -- One builder (ResNet) with two block types (BasicBlock, Bottleneck), groups and width per group.
--- ReLUs are in place, as torchvision's (ReLU(inplace=True)).
+-- ReLUs are in place, as torchvision's (ReLU(inplace=True)); unfolded, each batch norm that a ReLU
+-- follows runs with it (and with the residual add at a block's end) as one fused batch norm
+-- (nn.utils.bn_relu: one pass forward, one backward), folded the convolution's epilogue does.
 -- Module and parameter names follow torchvision's state_dict keys exactly (conv1.weight,
 -- layer1.0.bn1.running_mean, layer2.0.downsample.0.weight, fc.bias, ...), so weights exported from
 -- torchvision load with load_state_dict unchanged.
@@ -24,6 +26,7 @@ local function builder(lm)
       for i, nm in ipairs(names) do l[i] = { self[nm[1]], self[nm[2]] } end
       return l
    end
+   local bn_relu = nn.utils.bn_relu
 
    local function conv3x3(cin, cout, stride, groups, dilation)
       return nn.Conv2d(cin, cout, 3, { stride = stride or 1, padding = dilation or 1,
@@ -67,11 +70,12 @@ local function builder(lm)
          if self.downsample then identity = self.downsample(x) end
          return fold.conv_bn(self.conv2, self.bn2, out, { residual = identity, relu = true })
       end
-      local out = self.relu(self.bn1(self.conv1(x)))
-      out = self.bn2(self.conv2(out))
+      -- otherwise (training, or gradients on): relu(bn(conv)) and relu(bn(conv) + identity),
+      -- each one fused batch norm, forward and backward (nn.utils.bn_relu)
+      local out = bn_relu(self.bn1, self.relu, self.conv1(x))
       local identity = x
       if self.downsample then identity = self.downsample(x) end
-      return self.relu(out + identity)
+      return bn_relu(self.bn2, self.relu, self.conv2(out), identity)
    end
 
    local Bottleneck = nn.Module:extend("Bottleneck")
@@ -105,12 +109,11 @@ local function builder(lm)
          if self.downsample then identity = self.downsample(x) end
          return fold.conv_bn(self.conv3, self.bn3, out, { residual = identity, relu = true })
       end
-      local out = self.relu(self.bn1(self.conv1(x)))
-      out = self.relu(self.bn2(self.conv2(out)))
-      out = self.bn3(self.conv3(out))
+      local out = bn_relu(self.bn1, self.relu, self.conv1(x))
+      out = bn_relu(self.bn2, self.relu, self.conv2(out))
       local identity = x
       if self.downsample then identity = self.downsample(x) end
-      return self.relu(out + identity)
+      return bn_relu(self.bn3, self.relu, self.conv3(out), identity)
    end
 
    -- nn.fold_batch_norm: fold the block's (conv, bn) pairs, all or none (a batch norm without
@@ -193,7 +196,7 @@ local function builder(lm)
                                                     { self.relu }) then
          x = self.maxpool(fold.conv_bn(self.conv1, self.bn1, x, RELU))
       else
-         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+         x = self.maxpool(bn_relu(self.bn1, self.relu, self.conv1(x)))
       end
       x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
       x = self.avgpool(x)

@@ -58,7 +58,7 @@ function M.install(lm, models)
          if self.folded then
             x = self.conv1:forward(x, { relu = true })
          else
-            x = self.relu(self.bn1(self.conv1(x)))
+            x = nn.utils.bn_relu(self.bn1, self.relu, self.conv1(x))
          end
          x = self.layer3(self.layer2(self.layer1(x)))
          x = lm.F.flatten(self.avgpool(x), 2)

@@ -140,10 +140,15 @@ local function builder(lm)
          if self.downsample then identity = self.downsample(x) end
          return run_branch(self.conv2, out, { residual = identity, relu = true })
       end
-      local out = self.conv2(self.conv1(x))
+      -- unfolded (training): the branch's last batch norm, the residual add and the ReLU as
+      -- one fused batch norm (nn.utils.bn_relu), when conv2 is still (convolution, batch norm)
+      local c2 = self.conv2
       local identity = x
       if self.downsample then identity = self.downsample(x) end
-      return self.relu(out + identity)
+      if c2:size() == 2 then
+         return nn.utils.bn_relu(c2[2], self.relu, c2[1](self.conv1(x)), identity)
+      end
+      return self.relu(c2(self.conv1(x)) + identity)
    end
 
    -- a branch's (conv container, conv name, bn container, bn name) pairs: the builder's own

@@ -621,3 +621,112 @@ describe("small dense operands (one kernel call, no iterator)", function()
       assert.is_true(lm.equal(big + big, big * 2))
    end)
 end)
+
+-- bfloat16 add / sub / mul (with alpha, and with a fused relu) and relu on dense operands take a
+-- direct AVX-512 loop (kernels/cpu/elementwise.c, bf16_direct); every other case, and every
+-- machine without AVX-512, the general gather / compute / scatter loop. The two must give the
+-- same bits: checked on random bit patterns (NaNs signalling and quiet, infinities, subnormals,
+-- signed zeros), odd sizes (vector tails), both formats and strided views, the general loop
+-- forced by lowering the ISA.
+describe("bfloat16 direct elementwise loop", function()
+   local ffi = require("ffi")
+   local C = require("lumen.C")
+   local T = require("lumen.tensor")
+   local outp = ffi.new("lm_tensor*[1]")
+
+   local function bits(t)
+      t = t:contiguous()
+      return ffi.string(C.lm_tensor_data(t._c), t:numel() * 2)
+   end
+   -- the same bits, except that a NaN may be any NaN: the payload of NaN op NaN is whichever
+   -- operand the hardware (or the compiler's operand order) picks, in either loop
+   local function same_bits(x, y)
+      local sx, sy = bits(x), bits(y)
+      if sx == sy then return true end
+      local px, py = ffi.cast("const uint16_t *", sx), ffi.cast("const uint16_t *", sy)
+      for i = 0, #sx / 2 - 1 do
+         local u, v = px[i], py[i]
+         if u ~= v and not (bit.band(u, 0x7fff) > 0x7f80 and bit.band(v, 0x7fff) > 0x7f80) then
+            return false, ("element %d: 0x%04x against 0x%04x"):format(i, u, v)
+         end
+      end
+      return true
+   end
+   -- a bfloat16 tensor of random bit patterns (every class of value), in format fmt
+   local function random_bits(sizes, fmt, seed)
+      lm.manual_seed(seed)
+      local u = lm.randint(0, 65536, sizes, { dtype = lm.int32 })
+      local t = lm.empty(sizes, { dtype = lm.bfloat16 })
+      local n = t:numel()
+      local src = u:contiguous()
+      local sp = ffi.cast("int32_t *", C.lm_tensor_data(src._c))
+      local dp = ffi.cast("uint16_t *", C.lm_tensor_data(t._c))
+      for i = 0, n - 1 do dp[i] = sp[i] end
+      return t:contiguous(fmt)
+   end
+   local function run(f)
+      outp[0] = nil
+      assert(f() == 0, "call failed")
+      return T.wrap(outp[0])
+   end
+   local function bin(op, alpha)
+      return function(a, b)
+         return run(function() return C.lm_binary(op, a._c, b._c, alpha, outp) end)
+      end
+   end
+   local function bin_relu(op, alpha)
+      return function(a, b)
+         return run(function()
+            return C.lm_binary_unary(op, a._c, b._c, alpha, C.LM_RELU, outp)
+         end)
+      end
+   end
+   local ops = {
+      { "add", bin(C.LM_ADD, 1) }, { "add alpha", bin(C.LM_ADD, 0.3) },
+      { "sub alpha", bin(C.LM_SUB, -2.5) }, { "mul", bin(C.LM_MUL, 1) },
+      { "relu", function(a)
+         return run(function() return C.lm_unary(C.LM_RELU, a._c, outp) end)
+      end },
+      { "add+relu", bin_relu(C.LM_ADD, 1) }, { "sub+relu", bin_relu(C.LM_SUB, 0.5) },
+      { "mul+relu", bin_relu(C.LM_MUL, 1) },
+   }
+
+   local shapes = { { 3, 5, 7, 11 }, { 2, 16, 33, 17 }, { 4, 64, 32, 33 } }
+   after_each(function() C.lm_gemm_set_isa(0) end)
+   for _, fmt in ipairs({ lm.contiguous_format, lm.channels_last }) do
+      it(tostring(fmt) .. ": the same bits as the general loop, and as float32 math", function()
+         for si, sz in ipairs(shapes) do
+            local a, b = random_bits(sz, fmt, si), random_bits(sz, fmt, 100 + si)
+            local views = { { a, b }, { a:transpose(2, 3), b:transpose(2, 3) },  -- dense, permuted
+                            { a:narrow(4, 2, sz[4] - 2), b:narrow(4, 1, sz[4] - 2) } } -- strided
+            for vi, v in ipairs(views) do
+               for _, o in ipairs(ops) do
+                  local what = ("%s shape %d view %d %s"):format(tostring(fmt), si, vi, o[1])
+                  C.lm_gemm_set_isa(0)
+                  local got = o[2](v[1], v[2])
+                  C.lm_gemm_set_isa(2)                     -- AVX2: the general loop
+                  local want = o[2](v[1], v[2])
+                  C.lm_gemm_set_isa(0)
+                  assert.are.equal(lm.bfloat16, got:dtype(), what)
+                  assert.are.same(want:stride(), got:stride(), what)
+                  local ok, why = same_bits(got, want)
+                  assert.is_true(ok, what .. ": " .. tostring(why))
+               end
+            end
+         end
+      end)
+   end
+
+   it("fused add+relu equals the eager pair and float32 math rounded once", function()
+      local a, b = random_bits({ 4, 8, 16, 17 }, nil, 7), random_bits({ 4, 8, 16, 17 }, nil, 8)
+      local fused = bin_relu(C.LM_ADD, 1)(a, b)
+      local s = bin(C.LM_ADD, 1)(a, b)
+      local eager = run(function() return C.lm_unary(C.LM_RELU, s._c, outp) end)
+      assert.is_true(same_bits(fused, eager))
+      -- float32 math, one rounding (NaN positions compared apart: their payloads may differ)
+      local f = (a:float() + b:float()):relu():to(lm.bfloat16)
+      local nf, ng = f:isnan(), fused:isnan()
+      assert.is_true(lm.equal(nf, ng))
+      assert.is_true(lm.equal(lm.where(nf, 0, f), lm.where(ng, 0, fused)))
+   end)
+end)

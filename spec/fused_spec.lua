@@ -95,6 +95,184 @@ describe("fused batch_norm", function()
    end)
 end)
 
+describe("fused batch_norm: strided inputs, gradcheck, 16-bit", function()
+   local gradcheck = require("spec.gradcheck")
+
+   for _, fmt in ipairs({ lm.channels_last, lm.contiguous_format }) do
+      it(tostring(fmt) .. ": strided x and residual (views that are dense in no format)",
+         function()
+         lm.manual_seed(5)
+         for _, training in ipairs({ true, false }) do
+            -- every other channel and column of a wider tensor: dense in no memory format
+            local function mk()
+               return lm.randn({ 3, 10, 6, 10 }):contiguous(fmt)
+                  :narrow(2, 1, 5):narrow(4, 2, 5)
+            end
+            local xb, rb, g = mk(), mk(), lm.randn({ 3, 5, 6, 5 })
+            local w0, b0 = lm.randn({ 5 }), lm.randn({ 5 })
+            local function run(fused)
+               local x, r = xb:detach():requires_grad_(), rb:detach():requires_grad_()
+               local w, b = w0:clone():requires_grad_(), b0:clone():requires_grad_()
+               local rm, rv = lm.zeros({ 5 }), lm.ones({ 5 })
+               local y
+               if fused then
+                  y = F.batch_norm(x, rm, rv, w, b, { training = training, residual = r,
+                                                       relu = true })
+               else
+                  -- the separate ops (the * 1 stops autograd's fusion of a relu_)
+                  local t = F.batch_norm(x, rm, rv, w, b, { training = training }) * 1
+                  y = (t + r):relu()
+               end
+               y:backward(g)
+               return { y, x.grad, w.grad, b.grad, r.grad, rm, rv }
+            end
+            local a, e = run(true), run(false)
+            for i = 1, 7 do close("strided " .. i, a[i], e[i], 2e-5) end
+         end
+      end)
+
+      it(tostring(fmt) .. ": gradcheck (float64) of every fused form", function()
+         for mode = 1, 3 do
+            local x = gradcheck.input({ 2, 3, 3, 2 }, fmt, 11)
+            local r = gradcheck.input({ 2, 3, 3, 2 }, fmt, 12)
+            local w = gradcheck.input({ 3 }, nil, 13)
+            local b = gradcheck.input({ 3 }, nil, 14)
+            gradcheck.check(function(xx, ww, bb, rr)
+               if mode == 1 then       -- batch_norm then relu_ (autograd's fusion)
+                  return F.batch_norm(xx, nil, nil, ww, bb, { training = true }):relu_()
+               elseif mode == 2 then
+                  return F.batch_norm(xx, nil, nil, ww, bb, { training = true, relu = true })
+               end
+               return F.batch_norm(xx, nil, nil, ww, bb, { training = true, residual = rr,
+                                                          relu = true })
+            end, mode == 3 and { x, w, b, r } or { x, w, b })
+         end
+      end)
+
+      for _, dt in ipairs({ lm.bfloat16, lm.float16 }) do
+         it(tostring(fmt) .. " " .. tostring(dt) .. ": fused against the separate ops",
+            function()
+            lm.manual_seed(6)
+            for _, training in ipairs({ true, false }) do
+               local sz = { 4, 24, 5, 6 }
+               local xb = lm.randn(sz):to(dt):contiguous(fmt)
+               local rb = lm.randn(sz):to(dt):contiguous(fmt)
+               local g = lm.randn(sz):to(dt):contiguous(fmt)
+               local w0, b0 = lm.randn({ 24 }), lm.randn({ 24 })  -- float32 (autocast's case)
+               -- the reference: the separate ops in float32 on the same (16-bit) values. The
+               -- fused op computes in float32 and rounds once, so it stays within a rounding of
+               -- it; the separate 16-bit ops would round the batch norm's result before the add,
+               -- which can flip the sign of a sum near zero and so the relu's mask.
+               local function run(fused)
+                  local x, r = xb:detach(), rb:detach()
+                  if not fused then x, r = x:float(), r:float() end
+                  x, r = x:requires_grad_(), r:requires_grad_()
+                  local w, b = w0:clone():requires_grad_(), b0:clone():requires_grad_()
+                  local rm, rv = lm.zeros({ 24 }), lm.ones({ 24 })
+                  local y
+                  if fused then
+                     y = F.batch_norm(x, rm, rv, w, b, { training = training, residual = r,
+                                                          relu = true })
+                     y:backward(g)
+                  else
+                     local t = F.batch_norm(x, rm, rv, w, b, { training = training }) * 1
+                     y = (t + r):relu()
+                     y:backward(g:float())
+                  end
+                  return { y, x.grad, w.grad, b.grad, r.grad, rm, rv }
+               end
+               local a, e = run(true), run(false)
+               local tol = dt == lm.bfloat16 and 2e-2 or 4e-3
+               local what = { "output", "grad x", "grad weight", "grad bias", "grad residual",
+                              "running_mean", "running_var" }
+               for i = 1, 7 do close(what[i], a[i]:float(), e[i]:float(), tol) end
+               assert.are.equal(dt, a[1]:dtype())
+               assert.are.equal(dt, a[2]:dtype())
+               assert.are.equal(dt, a[5]:dtype())
+               assert.is_true(a[1]:is_contiguous(fmt), "output format")
+               assert.is_true(a[2]:is_contiguous(fmt), "grad x format")
+               assert.is_true(a[5]:is_contiguous(fmt), "grad residual format")
+            end
+         end)
+      end
+   end
+end)
+
+describe("ResNet blocks in training: fused batch norms == the modules op by op", function()
+   local nn = lm.nn
+   -- a ReLU that nn.utils.bn_relu does not recognise: the block then runs op by op
+   local PlainReLU = nn.Module:extend("PlainReLU")
+   function PlainReLU:forward(x) return x:relu_() end
+   local function unfuse(m)
+      for _, sub in ipairs(m:modules()) do
+         if rawget(sub, "relu") ~= nil and lm.is_tensor(sub.relu) == false then
+            sub.relu = PlainReLU()
+         end
+      end
+   end
+   local function grads(m)
+      local t = {}
+      for _, np in ipairs(m:named_parameters()) do t[np[1]] = np[2].grad end
+      for _, nb in ipairs(m:named_buffers()) do t[nb[1]] = nb[2] end
+      return t
+   end
+   -- a video BasicBlock (the last block of a stage) of an 18-layer video model
+   local function video_block(name, layer)
+      return function()
+         lm.manual_seed(31)
+         return lm.models[name]({ num_classes = 2 })[layer][2]
+      end
+   end
+   local cases = {
+      { "BasicBlock (downsample)", function() return lm.models.BasicBlock(8, 16, 2,
+         nn.Sequential(nn.Conv2d(8, 16, 1, { stride = 2, bias = false }), nn.BatchNorm2d(16)))
+         end, { 2, 8, 12, 12 } },
+      { "Bottleneck", function() return lm.models.Bottleneck(16, 4) end, { 2, 16, 12, 12 } },
+      { "resnet18", function() return lm.models.resnet18({ num_classes = 5 }) end,
+        { 2, 3, 32, 32 } },
+      { "small_resnet", function() return lm.models.small_resnet({ width = 4 }) end,
+        { 2, 1, 12, 12 } },
+      { "r3d_18 block", video_block("r3d_18", "layer1"), { 2, 64, 3, 5, 5 } },
+      { "r2plus1d_18 block", video_block("r2plus1d_18", "layer1"), { 2, 64, 3, 5, 5 } },
+   }
+   for _, c in ipairs(cases) do
+      local cl = #c[3] == 5 and lm.channels_last_3d or lm.channels_last
+      for _, fmt in ipairs({ cl, lm.contiguous_format }) do
+         it(c[1] .. " " .. tostring(fmt), function()
+            lm.manual_seed(21)
+            local m1 = c[2]()
+            local m2 = c[2]()
+            m2:load_state_dict(m1:state_dict())
+            unfuse(m2)
+            assert.are.equal("PlainReLU", m2.relu:type_name())
+            m1:to(fmt)
+            m2:to(fmt)
+            local x0 = lm.randn(c[3]):contiguous(fmt)
+            local outs = {}
+            for k, m in ipairs({ m1, m2 }) do
+               m:train()
+               local x = x0:detach():requires_grad_()
+               local y = m(x)
+               -- the second step runs on updated running statistics (and momentum)
+               y = m(x) + y
+               local g = lm.ones(y:size())
+               y:backward(y:dim() >= 4 and g:contiguous(fmt) or g)
+               outs[k] = { y = y, gx = x.grad, g = grads(m) }
+            end
+            close("output", outs[1].y, outs[2].y, 1e-5)
+            close("grad input", outs[1].gx, outs[2].gx, 1e-4)
+            if outs[1].y:dim() >= 4 then
+               assert.is_true(outs[1].y:is_contiguous(fmt), "output format")
+            end
+            assert.is_true(outs[1].gx:is_contiguous(fmt), "grad format")
+            for k, v in pairs(outs[2].g) do
+               close(k, outs[1].g[k], v, 1e-4)
+            end
+         end)
+      end
+   end
+end)
+
 describe("fused optimizer steps", function()
    local cases = {
       { "SGD", { lr = 0.1 } }, { "SGD", { lr = 0.1, momentum = 0.9 } },

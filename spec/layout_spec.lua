@@ -137,9 +137,9 @@ describe("lm.layout", function()
          assert.is_nil(r.first_grad_lost)
          assert.is_true(r.params_ok)
          assert.are.equal(20, r.n_params4)
-         -- 1 stem conv + bn + relu + pool, 8 blocks x (2 conv, 2 bn, 2 relu calls),
-         -- 3 downsamples x 2, avgpool, fc
-         assert.are.equal(4 + 8 * 6 + 3 * 2 + 2, #r.rows)
+         -- 1 stem conv + bn + pool, 8 blocks x (2 conv, 2 bn), 3 downsamples x 2, avgpool, fc
+         -- (each ReLU runs inside the batch norm before it: nn.utils.bn_relu)
+         assert.are.equal(3 + 8 * 4 + 3 * 2 + 2, #r.rows)
          local row = r.rows[1]
          assert.are.equal("conv1", row.path)
          assert.are.equal("Conv2d", row.type)
@@ -148,14 +148,28 @@ describe("lm.layout", function()
          assert.are.equal("channels_last", row.grad_format)
          assert.are.equal("channels_last", row.param_grad_format)
          assert.are.equal("(2,64,16,16)", row.output_size)
-         local relu2 = r.rows[10]
-         assert.are.equal("layer1.0.relu", relu2.path)
-         assert.are.equal(2, relu2.call)
+         assert.are.equal("layer1.0.bn2", r.rows[7].path)
          local s = tostring(r)
          assert.truthy(s:find("module%s+type%s+input%s+output"))
-         assert.truthy(s:find("layer1.0.relu #2", 1, true))
          assert.truthy(s:find("ok: true", 1, true))
          assert.truthy(s:find("all 20 channels-last", 1, true))
+      end)
+
+      it("numbers the calls of a module called more than once", function()
+         local Twice = lm.nn.Module:extend("Twice")
+         function Twice:__init()
+            self.conv = lm.nn.Conv2d(3, 3, 1)
+            self.relu = lm.nn.ReLU()
+         end
+         function Twice:forward(x) return self.relu(self.conv(self.relu(x))) end
+         local m = Twice()
+         L.to_channels_last(m)
+         local r = L.check(m, lm.randn({ 2, 3, 4, 4 }):to(CL), { backward = true })
+         assert.is_true(r.ok, tostring(r))
+         assert.are.equal(3, #r.rows)
+         assert.are.equal("relu", r.rows[3].path)
+         assert.are.equal(2, r.rows[3].call)
+         assert.truthy(tostring(r):find("relu #2", 1, true))
       end)
 
       it("leaves the model as it was: forwards, gradients, running statistics", function()

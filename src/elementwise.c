@@ -193,6 +193,7 @@ static void plan_init(lm_ew_params *pl, int nin, int kind, int common) {
    pl->out_via = -1;
    pl->kind = kind;
    pl->epi = -1;
+   pl->epi_via = -1;
    pl->scalar_idx = -1;
 }
 
@@ -432,11 +433,21 @@ static lm_status binary_impl(int kind_op, int op, lm_operand *ins, lm_tensor *co
                                   op != LM_MAXIMUM && op != LM_MINIMUM))
          return lm_error(LM_ERR_ARG, "%s followed by %s cannot be fused", binary_name(op),
                          unary_name(uop));
-      if ((res != LM_FLOAT32 && res != LM_FLOAT64) || lm_kind_dtype(kind) != res)
-         return lm_error(LM_ERR_DTYPE, "fused %s: result dtype %s is not float32 or float64",
+      /* a float16 / bfloat16 result (CPU): the kernel computes in float32 and rounds each chunk
+         through the result dtype before the unary op, as the eager pair stores it between the
+         two, then once more at the end: the same bits, in one pass over memory */
+      const int half = res == LM_FLOAT16 || res == LM_BFLOAT16;
+      int dev = LM_CPU;
+      if (half) LM_TRY(inputs_device(2, tin, NULL, &dev));
+      if (!((res == LM_FLOAT32 || res == LM_FLOAT64) && lm_kind_dtype(kind) == res) &&
+          !(half && kind == LM_K_F32 && dev == LM_CPU))
+         return lm_error(LM_ERR_DTYPE,
+                         "fused %s: result dtype %s is not float32 or float64 (or a 16-bit float "
+                         "on the CPU)",
                          binary_name(op), lm_dtype_name(res));
       if (*out) return lm_error(LM_ERR_ARG, "fused %s: out must be NULL", binary_name(op));
       pl.epi = uop;
+      if (half) pl.epi_via = res;
       if (!has_kernel(LM_EW_UNARY, uop, kind))
          return lm_error(LM_ERR_DTYPE, "%s is not supported for %s", unary_name(uop),
                          lm_dtype_name(res));

@@ -1005,6 +1005,13 @@ E("lm.nn.utils.fold_pair_", "lm.nn.utils.fold_pair_(conv, bn) -> ok, why", "Fold
 E("lm.nn.utils.fold_named_", "lm.nn.utils.fold_named_(module, conv_name, bn_name) -> boolean",
    "Fold module[bn_name] into module[conv_name] and put an Identity (in evaluation mode) in "
    .. "the batch norm's place; false when it cannot be folded.")
+E("lm.nn.utils.bn_relu", "lm.nn.utils.bn_relu(bn, relu, x, residual) -> tensor",
+   "relu(bn(x) + residual) (residual may be nil), the tail of a ResNet block: one fused batch "
+   .. "norm pass forward and one backward (bn:forward(x, {residual =, relu = true})) when bn is "
+   .. "a BatchNorm1d/2d/3d or SyncBatchNorm and relu a plain nn.ReLU, else the modules op by op. "
+   .. "lm.models' ResNet blocks use it when not folded, in training and evaluation.",
+   { fmt = "the result and the gradients keep x's memory format (channels_last stays "
+     .. "channels_last)" })
 E("lm.nn.init", "lm.nn.init", "Weight initialisers (PyTorch's torch.nn.init), in place, from "
    .. "the global generator.")
 E("lm.nn.init.calculate_gain", "lm.nn.init.calculate_gain(nonlinearity, param) -> number",

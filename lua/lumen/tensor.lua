@@ -209,7 +209,8 @@ M.is_tensor = is_tensor
 --   * writes: every lumen function that writes into an existing tensor's memory (in-place ops,
 --     out=, copy_, fill_, the optimizers, batch norm's running statistics, nn.init) first calls
 --     barrier(c), which forces the pending results that read c's storage.
--- Only float32/float64 results of at least LAZY_MIN_ELEMENTS elements with inputs of the same
+-- Only float results (float32/64, float16, bfloat16) of at least LAZY_MIN_ELEMENTS elements with
+-- inputs of the same
 -- sizes are deferred (no broadcasting, so no error can surface later), never when an input
 -- requires grad, never during backward. LUMEN_LAZY=0 turns deferral off; LUMEN_LAZY_MIN=n
 -- (elements) lowers the size threshold (the specs run once with LUMEN_LAZY_MIN=1).
@@ -223,6 +224,10 @@ local pmt = {}                         -- the metatable of pending tensors (fill
 local pending = setmetatable({}, { __mode = "k" })   -- pending tensor -> true
 local npending = 0                     -- > 0 when pending may hold entries (recounted by barrier)
 local LAZY_OPS = { [0] = true, [1] = true, [2] = true, [3] = true, [5] = true, [6] = true }
+-- float16 / bfloat16 too: the fused pass rounds the binary result to 16 bits before the unary
+-- op, as the eager pair does (lm_binary_unary), so (x + y):relu() reads and writes 16-bit
+-- memory once, computing in float32
+local LAZY_DTYPES = { [F32] = true, [F64] = true, [C.LM_FLOAT16] = true, [C.LM_BFLOAT16] = true }
 local FUSABLE_UNARY = { [0] = true, [1] = true, [2] = true, [3] = true, [4] = true, [5] = true,
    [6] = true, [7] = true, [8] = true, [9] = true, [10] = true, [16] = true, [17] = true,
    [18] = true, [19] = true }
@@ -333,7 +338,7 @@ local function defer(op, a, ac, b, bc, s, is_int, rev, alpha, fname)
    if not lazy_on or lazy_suspended > 0 or not LAZY_OPS[op] then return nil end
    if memory.cycles ~= seen_cycles then force_kept() end
    local dt = ac.dtype
-   if (dt ~= F32 and dt ~= F64) or ac.device ~= CPU then return nil end
+   if not LAZY_DTYPES[dt] or ac.device ~= CPU then return nil end
    if ac.numel < LAZY_MIN_ELEMENTS then return nil end
    if rawget(a, "requires_grad") then return nil end
    if bc ~= nil then

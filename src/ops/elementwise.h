@@ -46,6 +46,8 @@ typedef struct lm_ew_params {
    int kop;       /* the op in that table (LM_NEG.., LM_ADD.., LM_T_..) */
    int kind;      /* LM_K_F32 / F64 / I64 */
    int epi;       /* a unary op (LM_NEG..) applied in place to each computed chunk, or -1 */
+   int epi_via;   /* the dtype each chunk rounds through before the epilogue (a float16 /
+                     bfloat16 result: the eager pair's intermediate), or -1 */
    int cheap;     /* a memory-bound kernel: parallel only from LM_CHEAP_GRAIN elements */
    int created;   /* out is fresh (the front end allocated it): may stream, cannot overlap */
    int small;     /* the small dense path (see above) */

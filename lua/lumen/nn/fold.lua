@@ -290,6 +290,25 @@ function M.conv_bn(conv, bn, x, fuse)
    return y
 end
 
+-- bn_relu(bn, relu, x [, residual]) -> relu(bn(x) [+ residual]), the tail of a ResNet block
+-- unfolded (training, or evaluation before folding): when bn is a batch norm that takes the fused
+-- options (BatchNorm1d/2d/3d, SyncBatchNorm) and relu a plain nn.ReLU, one fused batch norm
+-- (F.batch_norm's residual / relu options): one pass over the activation forward instead of three
+-- (bn, add, relu_) and one backward (the relu's mask read from the saved result, the residual's
+-- gradient written in the same pass) instead of three. Anything else in their place (another
+-- activation, a norm of another kind) runs as the modules themselves, op by op.
+local FUSED_BN = { BatchNorm1d = true, BatchNorm2d = true, BatchNorm3d = true,
+                   SyncBatchNorm = true }
+local RELU_ONLY = { relu = true }
+function M.bn_relu(bn, relu, x, residual)
+   if FUSED_BN[bn:type_name()] and relu:type_name() == "ReLU" then
+      return bn:forward(x, residual ~= nil and { residual = residual, relu = true } or RELU_ONLY)
+   end
+   local y = bn(x)
+   if residual ~= nil then y = y + residual end
+   return relu(y)
+end
+
 -- the default: fold inside each child
 function Module:fold_batch_norm()
    local n = 0

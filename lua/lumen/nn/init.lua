@@ -43,6 +43,7 @@ nn.utils = {
    fold_pair_ = fold.fold_pair_,
    fold_named_ = fold.fold_named_,
    can_fold_all = fold.can_fold_all,
+   bn_relu = fold.bn_relu,
 }
 
 return nn
