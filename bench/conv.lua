@@ -161,6 +161,12 @@ layer("sr_l3ds_32to64_1x1s2", B, 32, 64, 1, 2, 0, 14)
 -- issue 4
 layer("conv3x3_64_56_b8", 8, 64, 64, 3, 1, 1, 56)
 layer("conv1x1_64to256_56_b8", 8, 64, 256, 1, 1, 0, 56)
+-- issue 22: resnet50's wide 3x3 stride-1 layers (Winograd's wide schedule at batch 8)
+layer("conv3x3_128_28_b8", 8, 128, 128, 3, 1, 1, 28)
+layer("conv3x3_256_14_b8", 8, 256, 256, 3, 1, 1, 14)
+layer("conv3x3_512_7_b8", 8, 512, 512, 3, 1, 1, 7)
+layer("conv3x3_256_14_b1", 1, 256, 256, 3, 1, 1, 14)
+layer("conv3x3_512_7_b2", 2, 512, 512, 3, 1, 1, 7)
 
 -- one whole training step of small_resnet, batch 128, channels-last
 if not filter or ("small_resnet_train_step"):find(filter, 1, true) then
