@@ -1,8 +1,10 @@
 /* winograd_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
  * groups 1, 3x3, padding 0..2): forward, backward data, backward weight. Reduction channels:
- * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also 96..128
- * (with at most 128 output channels), padded to 128 and reduced in chunks of 64 (wg_cp,
- * WG_WIDE_MAX_CIN, WG_WIDE_U).
+ * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also more than
+ * 64, padded to a multiple of 64 (at most a quarter padding) and reduced in chunks of 64 (wg_cp):
+ * 96..128 with at most 128 output channels by the unit schedule below (wg_run; WG_WIDE_MAX_CIN,
+ * WG_WIDE_U), anything wider by the wide schedule (wg_run_wide), whose threads split the output
+ * channels instead of the tiles.
  *
  * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
  * around it:
@@ -29,6 +31,24 @@
  *   3. output transform of each tile with the epilogue (bias, residual, ReLU), masked at the
  *      image's right and bottom edges.
  * Weights are transformed once per call (U = G g G^T, 16 output channels a vector).
+ *
+ * The wide schedule (wg_run_wide, F(4x4) only): with 256 or 512 channels the transformed weights
+ * (9.4 / 37.7 MB) fall out of the cache when every unit reads them all (that took 37-43 ms a run
+ * for resnet50's 3x3 256->256 at 14x14 against 26-30 direct, 72 ms against 11-14 at 512, 7x7).
+ * So the input transform of a whole group of tiles goes to a shared V first (threads split the
+ * tiles), then each thread takes output blocks of 64 channels: per chunk of 64 reduction
+ * channels it transforms that block's weights into U[36][64][64] (590 KB, in L2; read from w
+ * through in-register 16 x 16 transposes) and adds the chunk's 36 products to M[36][tiles][64]
+ * (wga_*), then transforms the block's outputs with the epilogue. Every weight is read and
+ * transformed once per group (one group at batch 8), V once per block. Measured (1 thread,
+ * CPU ms a call, loaded machine): 256->256 at 14x14, batch 8, 7.4-8.6 against 16.1-16.5 direct;
+ * 512->512 at 7x7, batch 8, 8.5-9.6 against 16.7-17.7; in resnet50 (bench/models.lua 2 4
+ * profile, folded, batch 8, medians of 3 runs alternating with main) 64 ms a run (5 calls)
+ * against 137 at 256 channels, 28 (2 calls) against 60 at 512. Tried and slower: all of a block's
+ * weights (4.7 MB at 512) at once (CPU 14 ms against 10 at 512 x 7x7), gathering the weights
+ * instead of transposing (the weight transform then took as long as the GEMMs), and the wide
+ * schedule for 128->128 at 28x28 (its two blocks a group are one per thread: 32-54 ms against
+ * 27-32 a run in resnet50 on the loaded machine).
  * Backward data is the forward algorithm on grad_output with the kernel flipped and its input and
  * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw.
  *
@@ -757,6 +777,15 @@ static void wg_weights2(const float *gt, int CP, int64_t CoutP, int64_t OB, floa
 
 static int64_t wg_block_width(int64_t co) { return co >= 64 ? 64 : (co + 15) / 16 * 16; }
 
+/* whether the unit schedule (wg_run) takes more than 64 reduction channels: every unit reads
+   all the transformed weights (with CoutP as wg_conv pads it), so they must stay cached */
+static int wg_unit_fits(int64_t cin, int64_t cout) {
+   if (cin > WG_WIDE_MAX_CIN) return 0;
+   const int64_t CP = wg_cp(cin), ob = wg_block_width(cout), coutp = (cout + ob - 1) / ob * ob;
+   return (int64_t)WG_E * CP * coutp * (int64_t)sizeof(float) <= WG_WIDE_U;
+}
+
+
 /* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
 static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src, const float *w,
                          const float *bias, const float *res, int relu, float *dst) {
@@ -764,7 +793,7 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src,
    const int64_t cin = flip ? g->O : g->C, cout = flip ? g->C : g->O;
    const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
-   if (CP > 64 && tm == 4) {
+   if (CP > 64 && tm == 4 && !wg_unit_fits(cin, cout)) {
       wg_prob P;
       memset(&P, 0, sizeof P);
       P.src = src;
@@ -1130,18 +1159,12 @@ int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
    const int64_t ho = backward_data ? g->H : g->Ho, wo = backward_data ? g->W : g->Wo;
    if (ho < 4 || wo < 4) return 0;
    if (!conv_env_on("LUMEN_CONV_WINOGRAD")) return 0;
-   if (CP > 64 && wg_tile_size(backward_data) == 4) {
+   if (CP > 64 && wg_tile_size(backward_data) == 4 && !wg_unit_fits(cin, cout)) {
       /* the wide schedule (wg_run_wide): at least WG_WIDE_MIN_TILES tiles */
       const int64_t tiles = g->N * ((ho + 3) / 4) * ((wo + 3) / 4);
       return wg_forced() || tiles >= WG_WIDE_MIN_TILES;
    }
-   if (CP > 64) { /* F(2x2): every unit reads the transformed weights, with CoutP as wg_conv
-                     pads it */
-      if (cin > WG_WIDE_MAX_CIN) return 0;
-      const int64_t ob = wg_block_width(cout), coutp = (cout + ob - 1) / ob * ob;
-      if ((int64_t)WG_E * CP * coutp * (int64_t)sizeof(float) > WG_WIDE_U) return 0;
-   }
-   return 1;
+   return CP <= 64 || wg_unit_fits(cin, cout);
 }
 
 int lm_conv_wino_bwdw_usable(const conv_geom *g) {
