@@ -72,6 +72,7 @@ enum { WG_E = 36, WG_L2_BYTES = 320 * 1024, WG_MAXT = 96, WG_PF = 2 };
 #define WG_WIDE_V ((int64_t)8 << 20)
 #define WG_WIDE_M ((int64_t)1280 << 10)
 #define WG_WIDE_MIN_TILES 4
+#define WG_WIDE_W ((int64_t)16 << 20)
 #define WG_WIDE_MAX_CIN 128
 #define WG_WIDE_U ((int64_t)5 << 19)
 #define WG_WIDE_BYTES ((int64_t)8 << 20)
@@ -916,9 +917,9 @@ static inline void wg_gt(const __m512 *x, __m512 *r) {
 
 /* grad_output transform of tiles [t0, t0 + T) into D[e][k][CoutP] (pixels outside the image are
    zero); the bias gradient of the tiles' pixels is added to gb */
-static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
-                    float *gb) {
-   const int64_t Cout = P->Cout, CoutP = P->CoutP, es = T * CoutP;
+static void wg_gout_at(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
+                       int64_t k0, int64_t es, float *gb) {
+   const int64_t Cout = P->Cout, CoutP = P->CoutP;
    wg_pos q = wg_pos_of(P, t0);
    for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
       const int64_t n = q.n, y0 = q.r * 4, x0 = q.c * 4;
@@ -949,7 +950,7 @@ static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, 
             wg_a(d, o);
             for (int a = 0; a < 6; a++) tmp[a * 4 + q] = o[a];
          }
-         float *dk = D + k * CoutP + c0;
+         float *dk = D + (k0 + k) * CoutP + c0;
          for (int a = 0; a < 6; a++) {
             __m512 o[6];
             wg_a(tmp + a * 4, o);
@@ -957,6 +958,11 @@ static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, 
          }
       }
    }
+}
+
+static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
+                    float *gb) {
+   wg_gout_at(P, gout, t0, T, D, 0, T * P->CoutP, gb);
 }
 
 /* acc[r][v] (at accp + r*ap + 16v) += sum_k xv[k*xs + r] * dv[k*ds + 16v], k < T */
@@ -1129,6 +1135,132 @@ static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, 
    return LM_OK;
 }
 
+/* backward weight with more than 64 input channels (the wide schedule's layout): V and D of all
+   the tiles first (threads split the tiles), then the threads take (output block, chunk of 64
+   input channels) pairs: dU[36][64][OB] summed over all the tiles in L2 (wgw_*), then
+   grad_w = G^T dU G, written through 16 x 16 transposes. Every grad_w element is reduced by one
+   thread in a fixed order; the bias gradient sums per-thread partials over a fixed split. */
+static int wg_bwdw_wide_fits(const conv_geom *g) {
+   const int CP = wg_cp(g->C);
+   if (CP <= 64) return 0;
+   const int64_t OB = wg_block_width(g->O), CoutP = ceil_div(g->O, OB) * OB;
+   const int64_t tiles = g->N * ceil_div(g->Ho, 4) * ceil_div(g->Wo, 4);
+   return (int64_t)WG_E * tiles * (CP + CoutP) * (int64_t)sizeof(float) <= WG_WIDE_W;
+}
+
+static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *gout, float *gw,
+                              float *gb) {
+   const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
+   const int CP = wg_cp(cin);
+   const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
+   wg_prob P;
+   memset(&P, 0, sizeof P);
+   P.src = x;
+   P.H = g->H;
+   P.W = g->W;
+   P.Cin = cin;
+   P.Ho = g->Ho;
+   P.Wo = g->Wo;
+   P.Cout = cout;
+   P.N = g->N;
+   P.ph = g->ph;
+   P.pw = g->pw;
+   P.th = ceil_div(P.Ho, 4);
+   P.tw = ceil_div(P.Wo, 4);
+   P.m = 4;
+   P.a = 6;
+   P.E = WG_E;
+   P.CP = CP;
+   P.OB = OB;
+   P.nob = nob;
+   P.CoutP = CoutP;
+   const int64_t T = P.N * P.th * P.tw, nchunk = CP / 64;
+   const int nthr = conv_threads((double)T * WG_E * CP * CoutP);
+   const int64_t ves = T * CP + 16, des = T * CoutP + 16, ues = 64 * OB + 16;
+   const size_t shared = (size_t)(WG_E * (ves + des));
+   const size_t per_thread = ((size_t)(WG_E * ues) + (size_t)CoutP + (size_t)(WG_E * CP) + 15) / 16 * 16;
+   const size_t bytes = (shared + (size_t)nthr * per_thread) * sizeof(float);
+   float *scratch = lm_alloc(bytes);
+   if (!scratch) return LM_ERR_OOM;
+   float *V = scratch, *D = V + WG_E * ves;
+   if (gb) memset(gb, 0, (size_t)cout * sizeof(float));
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float *dU = scratch + shared + (size_t)conv_thread_id() * per_thread;
+      float *gbp = dU + WG_E * ues, *patch = gbp + CoutP;
+      memset(gbp, 0, (size_t)CoutP * sizeof(float));
+      const int64_t nin = ceil_div(T, 4);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < nin; i++) {
+         const int64_t k0 = i * 4, n = k0 + 4 < T ? 4 : T - k0;
+         wg_gout_at(&P, gout, k0, n, D, k0, des, gbp);
+         if (gw) wg_input_at(&P, k0, n, V, T, k0, ves, patch);
+      }
+      if (gw) {
+#pragma omp for schedule(dynamic, 1)
+         for (int64_t it = 0; it < nob * nchunk; it++) {
+            const int64_t ob = it / nchunk, j = it % nchunk, co0 = ob * OB;
+            const int64_t nvalid = cout - co0 < OB ? cout - co0 : OB;
+            const int nv = (int)((nvalid + 15) / 16), rmax = wgw_rmax[nv];
+            const int64_t nb = (64 + rmax - 1) / rmax, base = 64 / nb, extra = 64 % nb;
+            for (int e = 0; e < WG_E; e++) {
+               float *ue = dU + e * ues;
+               memset(ue, 0, (size_t)(64 * OB) * sizeof(float));
+               const float *ve = V + e * ves + j * T * 64, *de = D + e * des + co0;
+               int64_t ci = 0;
+               for (int64_t b = 0; b < nb; b++) {
+                  const int rn = (int)(base + (b < extra));
+                  wgw_tab[nv][rn](ve + ci, 64, de, CoutP, T, ue + ci * OB, OB);
+                  ci += rn;
+               }
+            }
+            /* grad_w = G^T dU G, 16 input x 16 output channels at a time */
+            float buf[9][16][16] __attribute__((aligned(64)));
+            for (int64_t v0 = 0; v0 < nv * 16; v0 += 16) {
+               const int64_t left = cout - co0 - v0;
+               for (int64_t c0 = 0; c0 < 64; c0 += 16) {
+                  const int64_t ci0 = j * 64 + c0, cleft = cin - ci0;
+                  if (cleft <= 0) break;
+                  const __mmask16 cm = cleft >= 16 ? (__mmask16)0xFFFF
+                                                   : (__mmask16)((1u << cleft) - 1);
+                  for (int c = 0; c < 16; c++) {
+                     __m512 xv[WG_E], r[18], col[6], o[3];
+                     for (int e = 0; e < WG_E; e++)
+                        xv[e] = _mm512_load_ps(dU + e * ues + (c0 + c) * OB + v0);
+                     for (int b = 0; b < 6; b++) {
+                        for (int a = 0; a < 6; a++) col[a] = xv[a * 6 + b];
+                        wg_gt(col, o);
+                        for (int i = 0; i < 3; i++) r[i * 6 + b] = o[i];
+                     }
+                     for (int i = 0; i < 3; i++) {
+                        wg_gt(r + i * 6, o);
+                        for (int jj = 0; jj < 3; jj++) _mm512_store_ps(buf[i * 3 + jj][c], o[jj]);
+                     }
+                  }
+                  for (int t = 0; t < 9; t++) {
+                     __m512 rr[16];
+                     for (int l = 0; l < 16; l++) rr[l] = _mm512_load_ps(buf[t][l]);
+                     wg_transpose16(rr); /* rows: output channels */
+                     for (int l = 0; l < 16 && l < left; l++)
+                        _mm512_mask_storeu_ps(gw + (co0 + v0 + l) * K + t * C + ci0, cm, rr[l]);
+                  }
+               }
+            }
+         }
+      }
+#pragma omp single
+      if (gb) {
+         const int nt = conv_num_threads_in_team();
+         for (int t = 0; t < nt; t++) {
+            const float *src = scratch + shared + (size_t)t * per_thread + WG_E * ues;
+            for (int64_t o = 0; o < cout; o++) gb[o] += src[o];
+         }
+      }
+   }
+   lm_free(scratch, bytes);
+   return LM_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * entry points
  */
@@ -1168,7 +1300,8 @@ int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
 }
 
 int lm_conv_wino_bwdw_usable(const conv_geom *g) {
-   return lm_conv_wino_usable(g, 0) && lm_conv_rb_cp(g->C) >= 16;
+   if (!lm_conv_wino_usable(g, 0)) return 0;
+   return lm_conv_rb_cp(g->C) >= 16 || wg_bwdw_wide_fits(g);
 }
 
 
@@ -1180,6 +1313,7 @@ lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const
 
 lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
                                         float *gw, float *gb) {
+   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb);
    return wg_bwdw(g, x, gout, gw, gb);
 }
 
