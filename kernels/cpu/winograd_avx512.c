@@ -50,7 +50,10 @@
  * schedule for 128->128 at 28x28 (its two blocks a group are one per thread: 32-54 ms against
  * 27-32 a run in resnet50 on the loaded machine).
  * Backward data is the forward algorithm on grad_output with the kernel flipped and its input and
- * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw.
+ * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw, and wg_bwdw_wide for more
+ * than 64 input channels (threads split (output block, input chunk) pairs of dU instead of the
+ * tiles; 1 thread, CPU ms a call: 256 at 14x14 batch 8 10.2-10.5 against 17.0-17.9 direct, 512
+ * at 7x7 batch 8 10.7-11.0 against 20.2-20.6, 128 at 28x28 batch 8 7.9-8.2 against 16.8).
  *
  * Forward and backward data: every output element is reduced by one thread in a fixed order.
  * Backward weight: per-thread partials over a fixed split, summed in thread order.

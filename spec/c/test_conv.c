@@ -519,7 +519,8 @@ static void algo_cases(int random_count) {
    /* Winograd's wide schedule (threads split the output blocks, weights transformed block by
       block; LUMEN_CONV_WINOGRAD=4 forces it at every size): resnet50's 256 and 512 channels at
       7x7 and 14x14, 160 and 320 (channel padding, partial output blocks), odd maps, padding 0..2,
-      every epilogue; backward data with 96..512 reduction channels */
+      every epilogue; backward data with 96..512 reduction channels; the weight gradient over
+      more than 64 input channels (wg_bwdw_wide) */
    run_case_algos((geom[]){mk(2, 256, 7, 7, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 160, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 1, 0, L_CL, L_CL);
