@@ -4,7 +4,9 @@
 --
 -- Layers: every convolution of models/small_resnet.lua (width 16, one block per stage) at batch
 -- 128 on 28x28 inputs, channels-last float32, as examples/train.lua trains it; then the shapes of
--- issue 4 (3x3 64->64 56x56 batch 8, 1x1 64->256); then one whole small_resnet training step
+-- issue 4 (3x3 64->64 56x56 batch 8, 1x1 64->256), resnet50's 3x3 stride-1 layers of issue 22
+-- (128 at 28x28, 256 at 14x14, 512 at 7x7 at batch 8; 256 at batch 1, 512 at batch 2: Winograd's
+-- wide schedule and the unit one); then one whole small_resnet training step
 -- (forward, backward, SGD) on random data. Phases: fwd (conv2d), bwd_data (grad_input only),
 -- bwd_weight (grad_weight only), each called through the C API the way autograd calls it.
 --
