@@ -4,7 +4,9 @@
 --
 -- Layers: every convolution of models/small_resnet.lua (width 16, one block per stage) at batch
 -- 128 on 28x28 inputs, channels-last float32, as examples/train.lua trains it; then the shapes of
--- issue 4 (3x3 64->64 56x56 batch 8, 1x1 64->256); then one whole small_resnet training step
+-- issue 4 (3x3 64->64 56x56 batch 8, 1x1 64->256), resnet50's 3x3 stride-1 layers of issue 22
+-- (128 at 28x28, 256 at 14x14, 512 at 7x7 at batch 8; 256 at batch 1, 512 at batch 2: Winograd's
+-- wide schedule and the unit one); then one whole small_resnet training step
 -- (forward, backward, SGD) on random data. Phases: fwd (conv2d), bwd_data (grad_input only),
 -- bwd_weight (grad_weight only), each called through the C API the way autograd calls it.
 --
@@ -161,6 +163,12 @@ layer("sr_l3ds_32to64_1x1s2", B, 32, 64, 1, 2, 0, 14)
 -- issue 4
 layer("conv3x3_64_56_b8", 8, 64, 64, 3, 1, 1, 56)
 layer("conv1x1_64to256_56_b8", 8, 64, 256, 1, 1, 0, 56)
+-- issue 22: resnet50's wide 3x3 stride-1 layers (Winograd's wide schedule at batch 8)
+layer("conv3x3_128_28_b8", 8, 128, 128, 3, 1, 1, 28)
+layer("conv3x3_256_14_b8", 8, 256, 256, 3, 1, 1, 14)
+layer("conv3x3_512_7_b8", 8, 512, 512, 3, 1, 1, 7)
+layer("conv3x3_256_14_b1", 1, 256, 256, 3, 1, 1, 14)
+layer("conv3x3_512_7_b2", 2, 512, 512, 3, 1, 1, 7)
 
 -- one whole training step of small_resnet, batch 128, channels-last
 if not filter or ("small_resnet_train_step"):find(filter, 1, true) then

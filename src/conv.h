@@ -28,7 +28,8 @@
  *   chosen from the geometry alone (so a gradient computed alone equals the same gradient
  *   computed with the others):
  *   - 3x3, stride 1, dilation 1, groups 1, padding <= 2, maps of 4+ pixels, 11..16, 22..32 or
- *     44..64 reduction channels (C; O for backward data): Winograd F(4x4,3x3) (4x fewer
+ *     44..64 reduction channels (C; O for backward data), or more than 64 with at most a quarter
+ *     of padding to a multiple of 64 (forward and backward data): Winograd F(4x4,3x3) (4x fewer
  *     multiply-adds than direct; float32 error about 2x the direct sum's, ~1e-6 of the sum of
  *     the terms' magnitudes).
  *   - 1x1, stride 1, no padding, groups 1, up to 2048 reduction channels, forward and backward
@@ -43,7 +44,8 @@
  *   tiles + GEMM, a plain GEMM for 1x1/stride-1 convolutions, direct depthwise kernels.
  *   Environment switches (read at each call; for tests and benchmarks): LUMEN_CONV_WINOGRAD=0
  *   turns Winograd off, =2 selects F(2x2,3x3) for forward and backward data (more accurate than
- *   the direct sum, ~1.5x slower than F(4x4)); LUMEN_CONV_RB=0 turns the register-blocked
+ *   the direct sum, ~1.5x slower than F(4x4)), =4 takes F(4x4) wherever it can run (also on
+ *   fewer tiles than pay); LUMEN_CONV_RB=0 turns the register-blocked
  *   kernels off; LUMEN_CONV_PW=0 the pointwise ones; LUMEN_CONV_STREAM=0/1 forces their
  *   non-temporal stores off/on.
  *   Results do not vary from run to run (fixed reduction order for a given thread count).

@@ -139,7 +139,8 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const 
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                        const float *w, float *gx);
 /* backward weight (and the bias gradient); usable when lm_conv_wino_bwdw_usable(g): the
-   forward's geometry with at most 64 input channels */
+   forward's geometry with at most 64 input channels, or more when the transformed input and
+   grad_output of all the tiles take at most 16 MB (resnet50's layers at batch 8) */
 LM_CONV_HIDDEN int lm_conv_wino_bwdw_usable(const conv_geom *g);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                        const float *gout, float *gw, float *gb);

@@ -1,8 +1,10 @@
 /* winograd_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
  * groups 1, 3x3, padding 0..2): forward, backward data, backward weight. Reduction channels:
- * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also 96..128
- * (with at most 128 output channels), padded to 128 and reduced in chunks of 64 (wg_cp,
- * WG_WIDE_MAX_CIN, WG_WIDE_U).
+ * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also more than
+ * 64, padded to a multiple of 64 (at most a quarter padding) and reduced in chunks of 64 (wg_cp):
+ * 96..128 with at most 128 output channels by the unit schedule below (wg_run; WG_WIDE_MAX_CIN,
+ * WG_WIDE_U), anything wider by the wide schedule (wg_run_wide), whose threads split the output
+ * channels instead of the tiles.
  *
  * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
  * around it:
@@ -29,8 +31,29 @@
  *   3. output transform of each tile with the epilogue (bias, residual, ReLU), masked at the
  *      image's right and bottom edges.
  * Weights are transformed once per call (U = G g G^T, 16 output channels a vector).
+ *
+ * The wide schedule (wg_run_wide, F(4x4) only): with 256 or 512 channels the transformed weights
+ * (9.4 / 37.7 MB) fall out of the cache when every unit reads them all (that took 37-43 ms a run
+ * for resnet50's 3x3 256->256 at 14x14 against 26-30 direct, 72 ms against 11-14 at 512, 7x7).
+ * So the input transform of a whole group of tiles goes to a shared V first (threads split the
+ * tiles), then each thread takes output blocks of 64 channels: per chunk of 64 reduction
+ * channels it transforms that block's weights into U[36][64][64] (590 KB, in L2; read from w
+ * through in-register 16 x 16 transposes) and adds the chunk's 36 products to M[36][tiles][64]
+ * (wga_*), then transforms the block's outputs with the epilogue. Every weight is read and
+ * transformed once per group (one group at batch 8), V once per block. Measured (1 thread,
+ * CPU ms a call, loaded machine): 256->256 at 14x14, batch 8, 7.4-8.6 against 16.1-16.5 direct;
+ * 512->512 at 7x7, batch 8, 8.5-9.6 against 16.7-17.7; in resnet50 (bench/models.lua 2 4
+ * profile, folded, batch 8, medians of 3 runs alternating with main) 64 ms a run (5 calls)
+ * against 137 at 256 channels, 28 (2 calls) against 60 at 512. Tried and slower: all of a block's
+ * weights (4.7 MB at 512) at once (CPU 14 ms against 10 at 512 x 7x7), gathering the weights
+ * instead of transposing (the weight transform then took as long as the GEMMs), and the wide
+ * schedule for 128->128 at 28x28 (its two blocks a group are one per thread: 32-54 ms against
+ * 27-32 a run in resnet50 on the loaded machine).
  * Backward data is the forward algorithm on grad_output with the kernel flipped and its input and
- * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw.
+ * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw, and wg_bwdw_wide for more
+ * than 64 input channels (threads split (output block, input chunk) pairs of dU instead of the
+ * tiles; 1 thread, CPU ms a call: 256 at 14x14 batch 8 10.2-10.5 against 17.0-17.9 direct, 512
+ * at 7x7 batch 8 10.7-11.0 against 20.2-20.6, 128 at 28x28 batch 8 7.9-8.2 against 16.8).
  *
  * Forward and backward data: every output element is reduced by one thread in a fixed order.
  * Backward weight: per-thread partials over a fixed split, summed in thread order.
@@ -38,14 +61,21 @@
 #include "conv_internal.h"
 #include <immintrin.h>
 
+#define AI static inline __attribute__((always_inline))
+
 enum { WG_E = 36, WG_L2_BYTES = 320 * 1024, WG_MAXT = 96, WG_PF = 2 };
-/* More than 64 input channels (wg_cp): at most WG_WIDE_MAX_CIN of them, and transformed weights
-   (36 x CP x CoutP floats) of at most WG_WIDE_U bytes: every unit reads all of them, so they must
-   stay cached. Measured on resnet50's layers (bench/models.lua profile, folded, batch 8): 3x3
-   128->128 at 28x28 (2.4 MB of weights) took 11.8-12.2 ms a run (3 calls) against 14.8-18.2 on
-   the direct kernel, but 256->256 at 14x14 (9.4 MB) 37-43 ms against 26-30, and 512->512 at 7x7
-   (37.7 MB) 72 ms against 11-14. So the cap admits the measured win and nothing larger. A unit's V
-   and M may take WG_WIDE_BYTES per thread, and all threads' together WG_WIDE_ALL (wg_run). */
+/* More than 64 reduction channels (wg_cp: up to 64 x LM_RB_MAXCHUNKS, padded to a multiple of
+   64) take the wide schedule (wg_run_wide) with F(4x4): V of a group of tiles within WG_WIDE_V,
+   each thread's products M[e][k][OB] within WG_WIDE_M (resnet50's batch-8 layers make one group:
+   128 tiles at 256 channels, 32 at 512), and at least WG_WIDE_MIN_TILES tiles (one tile does 36
+   products per weight against the direct sum's 144 at most, for the price of transforming it).
+   F(2x2) (LUMEN_CONV_WINOGRAD=2) keeps the unit schedule of wg_run, where every unit reads all the
+   transformed weights: at most WG_WIDE_MAX_CIN channels and WG_WIDE_U bytes of weights, its V and
+   M within WG_WIDE_BYTES per thread and WG_WIDE_ALL together. */
+#define WG_WIDE_V ((int64_t)8 << 20)
+#define WG_WIDE_M ((int64_t)1280 << 10)
+#define WG_WIDE_MIN_TILES 4
+#define WG_WIDE_W ((int64_t)16 << 20)
 #define WG_WIDE_MAX_CIN 128
 #define WG_WIDE_U ((int64_t)5 << 19)
 #define WG_WIDE_BYTES ((int64_t)8 << 20)
@@ -146,6 +176,8 @@ typedef struct {
    const float *U;         /* [ob][E][CP][OB] */
    const float *bias, *res;
    int relu;
+   const float *w;         /* the untransformed weights (wide schedule: wg_run_wide) */
+   int flip;               /* backward data: w is (Cin, 3, 3, Cout), taps flipped */
 } wg_prob;
 
 /* one tile, 16 channels: the 6x6 patch at base (rows rs floats apart, pixels ps apart, lanes
@@ -239,7 +271,7 @@ static inline __attribute__((always_inline)) void wg_prefetch_box(const float *b
    (at most a quarter of it padding); 0 when Winograd does not take cin */
 static int wg_cp(int64_t cin) {
    if (cin <= 64) return lm_conv_rb_cp(cin);
-   if (cin > WG_WIDE_MAX_CIN) return 0;
+   if (cin > 64 * LM_RB_MAXCHUNKS) return 0;
    const int64_t cp = (cin + 63) / 64 * 64;
    return cin * 4 >= cp * 3 ? (int)cp : 0;
 }
@@ -248,9 +280,10 @@ static int wg_cp(int64_t cin) {
    channels, so that the GEMMs see each chunk's rows cw floats apart (for CP <= 64 that is
    V[e][k][CP]). Tiles inside the image read it in place; border tiles (and channel counts below
    CP) first copy their patch, zero padded, into `patch` (36 x CP floats). */
-static void wg_input(const wg_prob *P, int64_t t0, int64_t T, float *V, float *patch) {
+static void wg_input_at(const wg_prob *P, int64_t t0, int64_t T, float *V, int64_t Ts, int64_t k0,
+                        int64_t es, float *patch) {
    const int CP = P->CP, tm = P->m, ta = P->a;
-   const int64_t Cin = P->Cin, H = P->H, W = P->W, es = T * CP;
+   const int64_t Cin = P->Cin, H = P->H, W = P->W;
    wg_pos q = wg_pos_of(P, t0), qf = q;
    /* the patch of the tile WG_PF ahead is on its way while this one is transformed */
    for (int i = 0; i < WG_PF; i++) {
@@ -296,11 +329,15 @@ static void wg_input(const wg_prob *P, int64_t t0, int64_t T, float *V, float *p
       if (tm == 4)
          for (int c0 = 0; c0 < CP; c0 += 16)
             wg_tile_in(base + c0, rs, ps, (__mmask16)0xFFFF,
-                       V + (c0 / cw) * T * cw + k * cw + c0 % cw, es);
+                       V + (c0 / cw) * Ts * cw + (k0 + k) * cw + c0 % cw, es);
       else
          for (int c0 = 0; c0 < CP; c0 += 16)
-            wg_tile_in2(base + c0, rs, ps, V + (c0 / cw) * T * cw + k * cw + c0 % cw, es);
+            wg_tile_in2(base + c0, rs, ps, V + (c0 / cw) * Ts * cw + (k0 + k) * cw + c0 % cw, es);
    }
+}
+
+static void wg_input(const wg_prob *P, int64_t t0, int64_t T, float *V, float *patch) {
+   wg_input_at(P, t0, T, V, T, 0, T * P->CP, patch);
 }
 
 /* F(2x2, 3x3) output transform of tiles [t0, t0 + T) from M[e][k][CoutP], with the epilogue */
@@ -348,8 +385,10 @@ static void wg_output2(const wg_prob *P, int64_t t0, int64_t T, const float *M) 
 }
 
 /* output transform of tiles [t0, t0 + T) from M[e][k][CoutP], with the epilogue */
-static void wg_output(const wg_prob *P, int64_t t0, int64_t T, const float *M) {
-   const int64_t Cout = P->Cout, CoutP = P->CoutP, es = T * CoutP;
+static void wg_output_at(const wg_prob *P, int64_t t0, int64_t T, const float *M, int64_t es,
+                         int64_t mp, int64_t co0, int64_t co1) {
+   const int64_t Cout = P->Cout;
+   const int whole = co0 == 0 && co1 == Cout;
    const int relu = P->relu;
    wg_pos q = wg_pos_of(P, t0);
    for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
@@ -359,16 +398,16 @@ static void wg_output(const wg_prob *P, int64_t t0, int64_t T, const float *M) {
       float *obase = P->dst + ((n * P->Ho + y0) * P->Wo + x0) * Cout;
       const float *rbase = P->res ? P->res + ((n * P->Ho + y0) * P->Wo + x0) * Cout : NULL;
       const int64_t ors = P->Wo * Cout;
-      if (k + 1 < T) {
+      if (k + 1 < T && whole) {
          /* the next tile's output lines, for writing */
          wg_pos q1 = q;
          wg_pos_next(P, &q1);
          wg_prefetch_box(P->dst, P->N, q1.n, P->Ho, P->Wo, Cout, q1.r * 4, 4, q1.c * 4, 4, 1);
       }
-      for (int64_t c0 = 0; c0 < Cout; c0 += 16) {
-         const int64_t left = Cout - c0;
+      for (int64_t c0 = co0; c0 < co1; c0 += 16) {
+         const int64_t left = co1 - c0;
          const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-         const float *mk = M + k * CoutP + c0;
+         const float *mk = M + k * mp + (c0 - co0);
          __m512 tmp[24];
          /* columns: tmp[p*6 + b] = sum_a AT[p][a] M[a][b] */
 #pragma GCC unroll 6
@@ -398,6 +437,10 @@ static void wg_output(const wg_prob *P, int64_t t0, int64_t T, const float *M) {
          }
       }
    }
+}
+
+static void wg_output(const wg_prob *P, int64_t t0, int64_t T, const float *M) {
+   wg_output_at(P, t0, T, M, T * P->CoutP, P->CoutP, 0, P->Cout);
 }
 
 /* the 36 products for T tiles: M[e][k][ob*OB ..] = V[e][k][:] * U[ob][e] */
@@ -473,6 +516,224 @@ static lm_status wg_run(const wg_prob *P) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * the wide schedule (more than 64 reduction channels, F(4x4)): the transformed weights of all
+ * output channels (9.4 MB at 256 channels, 37.7 MB at 512) do not stay cached, so instead of
+ * units of tiles that each read all of them, the threads split the output-channel blocks:
+ *   1. the input transform of a group of tiles (all of a batch-8 call) into a shared
+ *      V[e][j][k][64] (threads split the tiles);
+ *   2. per output block of OB channels (threads take blocks): that block's weights transformed
+ *      straight from w into a private U[e][CP][OB] (2.4 MB at 256, 4.7 MB at 512, cache-hot when
+ *      read), the 36 GEMMs M[e][k][OB] = V[e][k][:] * U[e] over all the group's tiles (U[e],
+ *      64-128 KB, in L2 while every row block passes), then the output transform of the block's
+ *      channels with the epilogue.
+ * Every weight is read and transformed once per group, V once per block.
+ */
+/* r[0..16) (16 x 16 floats) transposed in place: four rounds of swapping the off-diagonal
+   blocks of s x s (s = 8, 4, 2, 1) */
+static inline __attribute__((always_inline)) void wg_transpose16(__m512 *r) {
+#pragma GCC unroll 4
+   for (int s = 8; s >= 1; s /= 2) {
+      int lo[16], hi[16];
+      for (int j = 0; j < 16; j++) {
+         lo[j] = (j & s) ? 16 + j - s : j;
+         hi[j] = (j & s) ? 16 + j : j + s;
+      }
+      const __m512i il = _mm512_loadu_si512(lo), ih = _mm512_loadu_si512(hi);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; i++) {
+         if (i & s) continue;
+         const __m512 a = r[i], b = r[i + s];
+         r[i] = _mm512_permutex2var_ps(a, il, b);
+         r[i + s] = _mm512_permutex2var_ps(a, ih, b);
+      }
+   }
+}
+
+/* the 9 taps g of 16 weights -> their 36 transforms at dst + e * es */
+static inline __attribute__((always_inline)) void wg_weights_vec(const __m512 *g, float *dst,
+                                                                 int64_t es) {
+   __m512 r[18], u[6], col[3];
+   for (int j = 0; j < 3; j++) {
+      for (int i = 0; i < 3; i++) col[i] = g[i * 3 + j];
+      wg_g(col, u);
+      for (int a = 0; a < 6; a++) r[a * 3 + j] = u[a];
+   }
+   for (int a = 0; a < 6; a++) {
+      wg_g(r + a * 3, u);
+      for (int b = 0; b < 6; b++) _mm512_store_ps(dst + (a * 6 + b) * es, u[b]);
+   }
+}
+
+/* block ob's weights of reduction channels [cb, cb + CP) -> U[e][CP][OB] (zero outside
+   Cin x Cout) */
+static void wg_weights_block(const wg_prob *P, int64_t ob, int64_t cb, int64_t CP, int64_t ues,
+                             float *U) {
+   const int64_t OB = P->OB, Cin = P->Cin, Cout = P->Cout;
+   const int64_t K = 9 * (P->flip ? Cout : Cin);
+   if (P->flip) {
+      /* w[ci][8 - tap][co]: output channels consecutive; the rows K floats apart, too far for
+         the hardware prefetchers: ask for those of 8 channels ahead */
+      const int64_t co1 = ob * OB + OB < Cout ? ob * OB + OB : Cout;
+      for (int64_t cl = 0; cl < CP; cl++) {
+         const int64_t ci = cb + cl;
+         if (ci + 8 < Cin)
+            for (int t = 0; t < 9; t++)
+               for (int64_t c = ob * OB; c < co1; c += 16)
+                  _mm_prefetch((const char *)(P->w + (ci + 8) * K + t * Cout + c), _MM_HINT_T0);
+         for (int64_t v0 = 0; v0 < OB; v0 += 16) {
+            const int64_t co0 = ob * OB + v0, left = Cout - co0;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF
+                                           : (left <= 0 ? (__mmask16)0
+                                                        : (__mmask16)((1u << left) - 1));
+            __m512 g[9];
+            const float *wb = P->w + ci * K + co0;
+            for (int t = 0; t < 9; t++)
+               g[t] = ci < Cin && m ? _mm512_maskz_loadu_ps(m, wb + (8 - t) * Cout)
+                                    : _mm512_setzero_ps();
+            wg_weights_vec(g, U + cl * OB + v0, ues);
+         }
+      }
+      return;
+   }
+   float buf[9][16][16] __attribute__((aligned(64)));
+   for (int64_t v0 = 0; v0 < OB; v0 += 16) {
+      const int64_t co0 = ob * OB + v0, left = Cout - co0;
+      for (int64_t cl0 = 0; cl0 < CP; cl0 += 16) {
+         const int64_t ci0 = cb + cl0, cleft = Cin - ci0;
+         const __mmask16 cm = cleft >= 16 ? (__mmask16)0xFFFF
+                                          : (cleft <= 0 ? (__mmask16)0
+                                                        : (__mmask16)((1u << cleft) - 1));
+         /* w[co][tap][ci]: 16 x 16 blocks (output channel rows, input channel columns),
+            transposed to rows of output channels */
+         for (int t = 0; t < 9; t++) {
+            __m512 r[16];
+            /* the rows are K floats apart: ask for the lines of the block after next */
+            if (cleft > 32)
+               for (int l = 0; l < 16 && l < left; l++)
+                  _mm_prefetch((const char *)(P->w + (co0 + l) * K + t * Cin + ci0 + 32),
+                               _MM_HINT_T0);
+            for (int l = 0; l < 16; l++)
+               r[l] = l < left ? _mm512_maskz_loadu_ps(cm, P->w + (co0 + l) * K + t * Cin + ci0)
+                               : _mm512_setzero_ps();
+            wg_transpose16(r);
+            for (int l = 0; l < 16; l++) _mm512_store_ps(buf[t][l], r[l]);
+         }
+         for (int64_t c = 0; c < 16; c++) {
+            __m512 g[9];
+            for (int t = 0; t < 9; t++) g[t] = _mm512_load_ps(buf[t][c]);
+            wg_weights_vec(g, U + (cl0 + c) * OB + v0, ues);
+         }
+      }
+   }
+}
+
+/* out[k*pitch + 16v ..] (+)= sum_{c < 64} x[k*64 + c] * w[c*OB + 16v ..] for PB rows k and NV
+   vectors v: one 64-channel chunk of the reduction, added to out unless `first` */
+AI void wga_body(const float *x, const float *w, int64_t OB, float *out, int64_t pitch, int first,
+                 const int PB, const int NV) {
+   __m512 a[14][4];
+#pragma GCC unroll 14
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++)
+         a[k][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(out + k * pitch + 16 * v);
+   for (int c = 0; c < 64; c++) {
+      __m512 wv[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) wv[v] = _mm512_load_ps(w + c * OB + 16 * v);
+#pragma GCC unroll 14
+      for (int k = 0; k < PB; k++) {
+         const __m512 b = _mm512_set1_ps(x[k * 64 + c]);
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, wv[v], a[k][v]);
+      }
+   }
+#pragma GCC unroll 14
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_store_ps(out + k * pitch + 16 * v, a[k][v]);
+}
+
+typedef void (*wga_fn)(const float *, const float *, int64_t, float *, int64_t, int);
+#define WGA_INST(PB, NV)                                                                        \
+   static void wga_##PB##_##NV(const float *x, const float *w, int64_t OB, float *out,          \
+                               int64_t pitch, int first) {                                      \
+      wga_body(x, w, OB, out, pitch, first, PB, NV);                                            \
+   }
+WGA_INST(1, 1) WGA_INST(2, 1) WGA_INST(3, 1) WGA_INST(4, 1) WGA_INST(5, 1) WGA_INST(6, 1) WGA_INST(7, 1) WGA_INST(8, 1) WGA_INST(9, 1) WGA_INST(10, 1) WGA_INST(11, 1) WGA_INST(12, 1) WGA_INST(13, 1) WGA_INST(14, 1)
+WGA_INST(1, 2) WGA_INST(2, 2) WGA_INST(3, 2) WGA_INST(4, 2) WGA_INST(5, 2) WGA_INST(6, 2) WGA_INST(7, 2) WGA_INST(8, 2)
+WGA_INST(1, 3) WGA_INST(2, 3) WGA_INST(3, 3) WGA_INST(4, 3) WGA_INST(5, 3) WGA_INST(6, 3) WGA_INST(7, 3) WGA_INST(8, 3)
+WGA_INST(1, 4) WGA_INST(2, 4) WGA_INST(3, 4) WGA_INST(4, 4) WGA_INST(5, 4) WGA_INST(6, 4)
+static const wga_fn wga_tab[5][15] = {
+   {0},
+   {0, wga_1_1, wga_2_1, wga_3_1, wga_4_1, wga_5_1, wga_6_1, wga_7_1, wga_8_1, wga_9_1, wga_10_1, wga_11_1, wga_12_1, wga_13_1, wga_14_1},
+   {0, wga_1_2, wga_2_2, wga_3_2, wga_4_2, wga_5_2, wga_6_2, wga_7_2, wga_8_2},
+   {0, wga_1_3, wga_2_3, wga_3_3, wga_4_3, wga_5_3, wga_6_3, wga_7_3, wga_8_3},
+   {0, wga_1_4, wga_2_4, wga_3_4, wga_4_4, wga_5_4, wga_6_4},
+};
+
+
+static lm_status wg_run_wide(const wg_prob *P) {
+   const int64_t tiles = P->N * P->th * P->tw, CP = P->CP, OB = P->OB;
+   const int nthr = conv_threads((double)tiles * WG_E * CP * P->CoutP);
+   /* tiles per group: V within WG_WIDE_V, each thread's M within WG_WIDE_M */
+   int64_t Tg = WG_WIDE_V / (WG_E * CP * (int64_t)sizeof(float));
+   const int64_t tmax = WG_WIDE_M / (WG_E * OB * (int64_t)sizeof(float));
+   if (Tg > tmax) Tg = tmax;
+   if (Tg < 1) Tg = 1;
+   const int64_t groups = ceil_div(tiles, Tg);
+   Tg = ceil_div(tiles, groups);
+   /* the 36 positions of V, U and M one cache line more than their size apart: at sizes of a
+      multiple of 4 KB (64 KB, 16 KB, 8 KB here) the 36 stores of a transform all fall in the
+      same L1 set */
+   const int64_t ves = Tg * CP + 16, ues = 64 * OB + 16, mes = Tg * OB + 16;
+   const size_t vsz = (size_t)(WG_E * ves);
+   const size_t per_thread =
+      ((size_t)(WG_E * ues) + (size_t)(WG_E * mes) + (size_t)(WG_E * CP) + 15) / 16 * 16;
+   const size_t bytes = (vsz + (size_t)nthr * per_thread) * sizeof(float);
+   float *scratch = lm_alloc(bytes);
+   if (!scratch) return LM_ERR_OOM;
+   float *V = scratch;
+   const int64_t nchunk = CP / 64;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float *U = scratch + vsz + (size_t)conv_thread_id() * per_thread;
+      float *M = U + WG_E * ues, *patch = M + WG_E * mes;
+      for (int64_t gi = 0; gi < groups; gi++) {
+         const int64_t g0 = gi * Tg, gn = g0 + Tg < tiles ? Tg : tiles - g0;
+         const int64_t nin = ceil_div(gn, 4);
+#pragma omp for schedule(static)
+         for (int64_t i = 0; i < nin; i++) {
+            const int64_t k0 = i * 4, n = k0 + 4 < gn ? 4 : gn - k0;
+            wg_input_at(P, g0 + k0, n, V, Tg, k0, ves, patch);
+         }
+#pragma omp for schedule(dynamic, 1)
+         for (int64_t ob = 0; ob < P->nob; ob++) {
+            const int64_t co0 = ob * OB, co1 = co0 + OB < P->Cout ? co0 + OB : P->Cout;
+            const int nv = (int)((co1 - co0 + 15) / 16), pbmax = lm_conv_rb_pbmax(nv);
+            const int64_t nb = (gn + pbmax - 1) / pbmax, base = gn / nb, extra = gn % nb;
+            for (int64_t j = 0; j < nchunk; j++) {
+               wg_weights_block(P, ob, j * 64, 64, ues, U);
+               for (int e = 0; e < WG_E; e++) {
+                  const float *ue = U + e * ues;
+                  const float *ve = V + e * ves + j * Tg * 64;
+                  int64_t k = 0;
+                  for (int64_t b = 0; b < nb; b++) {
+                     const int m = (int)(base + (b < extra));
+                     wga_tab[nv][m](ve + k * 64, ue, OB, M + e * mes + k * OB, OB, j == 0);
+                     k += m;
+                  }
+               }
+            }
+            wg_output_at(P, g0, gn, M, mes, OB, co0, co1);
+         }
+      }
+   }
+   lm_free(scratch, bytes);
+   return LM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * weights: gt[tap][ci][co] (3x3 taps, ci < CP, co < CoutP, zero padded) -> U[ob][e][ci][OB]
  */
 static void wg_weights(const float *gt, int CP, int64_t CoutP, int64_t OB, int64_t nob, float *U) {
@@ -520,6 +781,15 @@ static void wg_weights2(const float *gt, int CP, int64_t CoutP, int64_t OB, floa
 
 static int64_t wg_block_width(int64_t co) { return co >= 64 ? 64 : (co + 15) / 16 * 16; }
 
+/* whether the unit schedule (wg_run) takes more than 64 reduction channels: every unit reads
+   all the transformed weights (with CoutP as wg_conv pads it), so they must stay cached */
+static int wg_unit_fits(int64_t cin, int64_t cout) {
+   if (cin > WG_WIDE_MAX_CIN) return 0;
+   const int64_t CP = wg_cp(cin), ob = wg_block_width(cout), coutp = (cout + ob - 1) / ob * ob;
+   return (int64_t)WG_E * CP * coutp * (int64_t)sizeof(float) <= WG_WIDE_U;
+}
+
+
 /* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
 static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src, const float *w,
                          const float *bias, const float *res, int relu, float *dst) {
@@ -527,6 +797,36 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src,
    const int64_t cin = flip ? g->O : g->C, cout = flip ? g->C : g->O;
    const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
+   if (CP > 64 && tm == 4 && !wg_unit_fits(cin, cout)) {
+      wg_prob P;
+      memset(&P, 0, sizeof P);
+      P.src = src;
+      P.H = flip ? g->Ho : g->H;
+      P.W = flip ? g->Wo : g->W;
+      P.Cin = cin;
+      P.dst = dst;
+      P.Ho = flip ? g->H : g->Ho;
+      P.Wo = flip ? g->W : g->Wo;
+      P.Cout = cout;
+      P.N = g->N;
+      P.ph = flip ? 2 - g->ph : g->ph;
+      P.pw = flip ? 2 - g->pw : g->pw;
+      P.th = ceil_div(P.Ho, tm);
+      P.tw = ceil_div(P.Wo, tm);
+      P.m = tm;
+      P.a = tm + 2;
+      P.E = E;
+      P.CP = CP;
+      P.OB = OB;
+      P.nob = nob;
+      P.CoutP = CoutP;
+      P.bias = bias;
+      P.res = res;
+      P.relu = relu;
+      P.w = w;
+      P.flip = flip;
+      return wg_run_wide(&P);
+   }
    /* gt[tap][ci][co] */
    const size_t gbytes = (size_t)(9 * CP * CoutP) * sizeof(float);
    const size_t ubytes = (size_t)(nob * E * CP * OB) * sizeof(float);
@@ -620,9 +920,9 @@ static inline void wg_gt(const __m512 *x, __m512 *r) {
 
 /* grad_output transform of tiles [t0, t0 + T) into D[e][k][CoutP] (pixels outside the image are
    zero); the bias gradient of the tiles' pixels is added to gb */
-static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
-                    float *gb) {
-   const int64_t Cout = P->Cout, CoutP = P->CoutP, es = T * CoutP;
+static void wg_gout_at(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
+                       int64_t k0, int64_t es, float *gb) {
+   const int64_t Cout = P->Cout, CoutP = P->CoutP;
    wg_pos q = wg_pos_of(P, t0);
    for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
       const int64_t n = q.n, y0 = q.r * 4, x0 = q.c * 4;
@@ -653,7 +953,7 @@ static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, 
             wg_a(d, o);
             for (int a = 0; a < 6; a++) tmp[a * 4 + q] = o[a];
          }
-         float *dk = D + k * CoutP + c0;
+         float *dk = D + (k0 + k) * CoutP + c0;
          for (int a = 0; a < 6; a++) {
             __m512 o[6];
             wg_a(tmp + a * 4, o);
@@ -663,8 +963,12 @@ static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, 
    }
 }
 
+static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
+                    float *gb) {
+   wg_gout_at(P, gout, t0, T, D, 0, T * P->CoutP, gb);
+}
+
 /* acc[r][v] (at accp + r*ap + 16v) += sum_k xv[k*xs + r] * dv[k*ds + 16v], k < T */
-#define AI static inline __attribute__((always_inline))
 AI void wgw_body(const float *xv, int64_t xs, const float *dv, int64_t ds, int64_t T, float *accp,
                  int64_t ap, const int R, const int NV) {
    __m512 acc[16][4];
@@ -834,30 +1138,135 @@ static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, 
    return LM_OK;
 }
 
+/* backward weight with more than 64 input channels (the wide schedule's layout): V and D of all
+   the tiles first (threads split the tiles), then the threads take (output block, chunk of 64
+   input channels) pairs: dU[36][64][OB] summed over all the tiles in L2 (wgw_*), then
+   grad_w = G^T dU G, written through 16 x 16 transposes. Every grad_w element is reduced by one
+   thread in a fixed order; the bias gradient sums per-thread partials over a fixed split. */
+static int wg_bwdw_wide_fits(const conv_geom *g) {
+   const int CP = wg_cp(g->C);
+   if (CP <= 64) return 0;
+   const int64_t OB = wg_block_width(g->O), CoutP = ceil_div(g->O, OB) * OB;
+   const int64_t tiles = g->N * ceil_div(g->Ho, 4) * ceil_div(g->Wo, 4);
+   return (int64_t)WG_E * tiles * (CP + CoutP) * (int64_t)sizeof(float) <= WG_WIDE_W;
+}
+
+static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *gout, float *gw,
+                              float *gb) {
+   const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
+   const int CP = wg_cp(cin);
+   const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
+   wg_prob P;
+   memset(&P, 0, sizeof P);
+   P.src = x;
+   P.H = g->H;
+   P.W = g->W;
+   P.Cin = cin;
+   P.Ho = g->Ho;
+   P.Wo = g->Wo;
+   P.Cout = cout;
+   P.N = g->N;
+   P.ph = g->ph;
+   P.pw = g->pw;
+   P.th = ceil_div(P.Ho, 4);
+   P.tw = ceil_div(P.Wo, 4);
+   P.m = 4;
+   P.a = 6;
+   P.E = WG_E;
+   P.CP = CP;
+   P.OB = OB;
+   P.nob = nob;
+   P.CoutP = CoutP;
+   const int64_t T = P.N * P.th * P.tw, nchunk = CP / 64;
+   const int nthr = conv_threads((double)T * WG_E * CP * CoutP);
+   const int64_t ves = T * CP + 16, des = T * CoutP + 16, ues = 64 * OB + 16;
+   const size_t shared = (size_t)(WG_E * (ves + des));
+   const size_t per_thread = ((size_t)(WG_E * ues) + (size_t)CoutP + (size_t)(WG_E * CP) + 15) / 16 * 16;
+   const size_t bytes = (shared + (size_t)nthr * per_thread) * sizeof(float);
+   float *scratch = lm_alloc(bytes);
+   if (!scratch) return LM_ERR_OOM;
+   float *V = scratch, *D = V + WG_E * ves;
+   if (gb) memset(gb, 0, (size_t)cout * sizeof(float));
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+   {
+      float *dU = scratch + shared + (size_t)conv_thread_id() * per_thread;
+      float *gbp = dU + WG_E * ues, *patch = gbp + CoutP;
+      memset(gbp, 0, (size_t)CoutP * sizeof(float));
+      const int64_t nin = ceil_div(T, 4);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < nin; i++) {
+         const int64_t k0 = i * 4, n = k0 + 4 < T ? 4 : T - k0;
+         wg_gout_at(&P, gout, k0, n, D, k0, des, gbp);
+         if (gw) wg_input_at(&P, k0, n, V, T, k0, ves, patch);
+      }
+      if (gw) {
+#pragma omp for schedule(dynamic, 1)
+         for (int64_t it = 0; it < nob * nchunk; it++) {
+            const int64_t ob = it / nchunk, j = it % nchunk, co0 = ob * OB;
+            const int64_t nvalid = cout - co0 < OB ? cout - co0 : OB;
+            const int nv = (int)((nvalid + 15) / 16), rmax = wgw_rmax[nv];
+            const int64_t nb = (64 + rmax - 1) / rmax, base = 64 / nb, extra = 64 % nb;
+            for (int e = 0; e < WG_E; e++) {
+               float *ue = dU + e * ues;
+               memset(ue, 0, (size_t)(64 * OB) * sizeof(float));
+               const float *ve = V + e * ves + j * T * 64, *de = D + e * des + co0;
+               int64_t ci = 0;
+               for (int64_t b = 0; b < nb; b++) {
+                  const int rn = (int)(base + (b < extra));
+                  wgw_tab[nv][rn](ve + ci, 64, de, CoutP, T, ue + ci * OB, OB);
+                  ci += rn;
+               }
+            }
+            /* grad_w = G^T dU G, 16 input x 16 output channels at a time */
+            float buf[9][16][16] __attribute__((aligned(64)));
+            for (int64_t v0 = 0; v0 < nv * 16; v0 += 16) {
+               const int64_t left = cout - co0 - v0;
+               for (int64_t c0 = 0; c0 < 64; c0 += 16) {
+                  const int64_t ci0 = j * 64 + c0, cleft = cin - ci0;
+                  if (cleft <= 0) break;
+                  const __mmask16 cm = cleft >= 16 ? (__mmask16)0xFFFF
+                                                   : (__mmask16)((1u << cleft) - 1);
+                  for (int c = 0; c < 16; c++) {
+                     __m512 xv[WG_E], r[18], col[6], o[3];
+                     for (int e = 0; e < WG_E; e++)
+                        xv[e] = _mm512_load_ps(dU + e * ues + (c0 + c) * OB + v0);
+                     for (int b = 0; b < 6; b++) {
+                        for (int a = 0; a < 6; a++) col[a] = xv[a * 6 + b];
+                        wg_gt(col, o);
+                        for (int i = 0; i < 3; i++) r[i * 6 + b] = o[i];
+                     }
+                     for (int i = 0; i < 3; i++) {
+                        wg_gt(r + i * 6, o);
+                        for (int jj = 0; jj < 3; jj++) _mm512_store_ps(buf[i * 3 + jj][c], o[jj]);
+                     }
+                  }
+                  for (int t = 0; t < 9; t++) {
+                     __m512 rr[16];
+                     for (int l = 0; l < 16; l++) rr[l] = _mm512_load_ps(buf[t][l]);
+                     wg_transpose16(rr); /* rows: output channels */
+                     for (int l = 0; l < 16 && l < left; l++)
+                        _mm512_mask_storeu_ps(gw + (co0 + v0 + l) * K + t * C + ci0, cm, rr[l]);
+                  }
+               }
+            }
+         }
+      }
+#pragma omp single
+      if (gb) {
+         const int nt = conv_num_threads_in_team();
+         for (int t = 0; t < nt; t++) {
+            const float *src = scratch + shared + (size_t)t * per_thread + WG_E * ues;
+            for (int64_t o = 0; o < cout; o++) gb[o] += src[o];
+         }
+      }
+   }
+   lm_free(scratch, bytes);
+   return LM_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * entry points
  */
-int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
-   if (g->G != 1 || g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->dh != 1 ||
-       g->dw != 1)
-      return 0;
-   if (g->ph > 2 || g->pw > 2) return 0; /* the flipped form needs 2 - p >= 0 */
-   const int64_t cin = backward_data ? g->O : g->C, cout = backward_data ? g->C : g->O;
-   const int CP = wg_cp(cin);
-   if (CP < 16) return 0;
-   if (CP > 64) { /* the transformed weights, with CoutP as wg_conv pads it */
-      const int64_t ob = wg_block_width(cout), coutp = (cout + ob - 1) / ob * ob;
-      if ((int64_t)WG_E * CP * coutp * (int64_t)sizeof(float) > WG_WIDE_U) return 0;
-   }
-   const int64_t ho = backward_data ? g->H : g->Ho, wo = backward_data ? g->W : g->Wo;
-   if (ho < 4 || wo < 4) return 0;
-   return conv_env_on("LUMEN_CONV_WINOGRAD");
-}
-
-int lm_conv_wino_bwdw_usable(const conv_geom *g) {
-   return lm_conv_wino_usable(g, 0) && lm_conv_rb_cp(g->C) >= 16;
-}
-
 /* output tile size: F(4x4,3x3), or F(2x2,3x3) when LUMEN_CONV_WINOGRAD is "2" (forward and
    backward data; the weight gradient always takes F(4x4)) */
 static int wg_tile_size(int backward_data) {
@@ -867,6 +1276,38 @@ static int wg_tile_size(int backward_data) {
    return 4;
 }
 
+/* LUMEN_CONV_WINOGRAD=4 (or 2): take Winograd wherever it can run, also where it is not expected
+   to pay (the specs force it so) */
+static int wg_forced(void) {
+   const char *v = getenv("LUMEN_CONV_WINOGRAD");
+   return v && (v[0] == '4' || v[0] == '2') && v[1] == 0;
+}
+
+int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
+   if (g->G != 1 || g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->dh != 1 ||
+       g->dw != 1)
+      return 0;
+   if (g->ph > 2 || g->pw > 2) return 0; /* the flipped form needs 2 - p >= 0 */
+   const int64_t cin = backward_data ? g->O : g->C, cout = backward_data ? g->C : g->O;
+   const int CP = wg_cp(cin);
+   if (CP < 16) return 0;
+   const int64_t ho = backward_data ? g->H : g->Ho, wo = backward_data ? g->W : g->Wo;
+   if (ho < 4 || wo < 4) return 0;
+   if (!conv_env_on("LUMEN_CONV_WINOGRAD")) return 0;
+   if (CP > 64 && wg_tile_size(backward_data) == 4 && !wg_unit_fits(cin, cout)) {
+      /* the wide schedule (wg_run_wide): at least WG_WIDE_MIN_TILES tiles */
+      const int64_t tiles = g->N * ((ho + 3) / 4) * ((wo + 3) / 4);
+      return wg_forced() || tiles >= WG_WIDE_MIN_TILES;
+   }
+   return CP <= 64 || wg_unit_fits(cin, cout);
+}
+
+int lm_conv_wino_bwdw_usable(const conv_geom *g) {
+   if (!lm_conv_wino_usable(g, 0)) return 0;
+   return lm_conv_rb_cp(g->C) >= 16 || wg_bwdw_wide_fits(g);
+}
+
+
 lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
                                        const float *bias, const float *res, int relu,
                                        float *out) {
@@ -875,6 +1316,7 @@ lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const
 
 lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
                                         float *gw, float *gb) {
+   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb);
    return wg_bwdw(g, x, gout, gw, gb);
 }
 

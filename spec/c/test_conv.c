@@ -515,8 +515,9 @@ static void algo_cases(int random_count) {
    run_case_algos((geom[]){mk(2, 17, 16, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
    /* Winograd over more than 64 channels (chunks of 64, padded to 128): forward with 96, 100,
       120 and 128 input channels, partial tiles and every epilogue; backward data with 128
-      output channels; 95 input channels (too much padding), 130 (past the limit) and 128 -> 200
-      (transformed weights past the cap) take the direct kernels */
+      output channels; 95 and 130 input channels (too much padding) take the direct kernels, and
+      so does 128 -> 200 with F(2x2) (transformed weights past the unit schedule's cap; F(4x4)
+      takes the wide schedule) */
    run_case_algos((geom[]){mk(1, 96, 9, 10, 80, 3, 3, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 128, 7, 7, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 120, 6, 13, 33, 3, 3, 1, 1, 2, 1, 1, 1, 1)}, 0, 0, 1,
@@ -526,6 +527,18 @@ static void algo_cases(int random_count) {
    run_case_algos((geom[]){mk(1, 100, 6, 7, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 95, 6, 7, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
    run_case_algos((geom[]){mk(1, 128, 5, 5, 200, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
+   /* Winograd's wide schedule (threads split the output blocks, weights transformed block by
+      block; LUMEN_CONV_WINOGRAD=4 forces it at every size): resnet50's 256 and 512 channels at
+      7x7 and 14x14, 160 and 320 (channel padding, partial output blocks), odd maps, padding 0..2,
+      every epilogue; backward data with 96..512 reduction channels; the weight gradient over
+      more than 64 input channels (wg_bwdw_wide) */
+   run_case_algos((geom[]){mk(2, 256, 7, 7, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 160, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 1, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 320, 9, 11, 96, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 96, 13, 6, 320, 3, 3, 1, 1, 2, 0, 1, 1, 1)}, 1, 1, 0,
+                  L_NONDENSE_CL, L_CONTIG);
+   run_case_algos((geom[]){mk(3, 200, 5, 7, 170, 3, 3, 1, 1, 0, 1, 1, 1, 1)}, 0, 0, 1, L_CL, L_CL);
    /* register-blocked: every padded channel count, strides, dilation, odd widths, 5x5 */
    run_case_algos((geom[]){mk(1, 7, 15, 29, 9, 3, 3, 1, 2, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 3, 16, 30, 17, 5, 5, 2, 1, 2, 2, 1, 2, 1)}, 0, 0, 0, L_CL, L_CL);
@@ -571,6 +584,11 @@ static void winograd_accuracy_cases(void) {
       run_case((geom[]){mk(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 0, 1, L_CL, L_CL);
       run_case((geom[]){mk(2, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
    }
+   /* the wide schedule over many tiles: resnet50's 256-channel 14x14 layer at batch 4, 512 at
+      7x7 at batch 4 (F(4x4) only: F(2x2) keeps the unit schedule, which refuses them) */
+   setenv("LUMEN_CONV_WINOGRAD", "4", 1);
+   run_case((geom[]){mk(4, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case((geom[]){mk(4, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 1, L_CL, L_CL);
    unsetenv("LUMEN_CONV_WINOGRAD");
    g_f32_nhwc_only = 0;
 }
