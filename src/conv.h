@@ -47,7 +47,8 @@
  *   the direct sum, ~1.5x slower than F(4x4)), =4 takes F(4x4) wherever it can run (also on
  *   fewer tiles than pay); LUMEN_CONV_RB=0 turns the register-blocked
  *   kernels off; LUMEN_CONV_PW=0 the pointwise ones; LUMEN_CONV_STREAM=0/1 forces their
- *   non-temporal stores off/on.
+ *   non-temporal stores off/on; LUMEN_CONV_BWDW_GEMM=0 keeps the weight gradient of wide 1x1
+ *   layers (O*C >= 512K) on the direct kernel instead of one GEMM.
  *   Results do not vary from run to run (fixed reduction order for a given thread count).
  *
  * Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out is an
