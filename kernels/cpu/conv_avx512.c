@@ -1108,9 +1108,8 @@ lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const 
    LUMEN_CONV_BWDW_GEMM=0 turns this off. */
 enum { BWDW_GEMM_MIN = 512 * 1024 }; /* O * C floats: a 2 MB partial sum */
 static int bwdw_gemm_usable(const conv_geom *g) {
-   return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0 &&
-          g->G == 1 && g->H == g->Ho && g->W == g->Wo && g->N * g->Ho * g->Wo > 0 &&
-          g->O * g->C >= BWDW_GEMM_MIN &&
+   return g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0 && g->G == 1 &&
+          g->N * g->Ho * g->Wo > 0 && g->O * g->C >= BWDW_GEMM_MIN &&
           conv_env_on("LUMEN_CONV_BWDW_GEMM");
 }
 
@@ -1118,7 +1117,30 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
                                    float *gw, float *gb_) {
    if (gw && bwdw_gemm_usable(g)) {
       const int64_t P = g->N * g->Ho * g->Wo, O = g->O, C = g->C;
-      lm_sgemm(1, 0, O, C, P, 1.0f, gout, O, x, C, 0.0f, gw, C);
+      const float *xs = x;
+      float *gath = NULL;
+      size_t gbytes = 0;
+      if (g->sh != 1 || g->sw != 1) {
+         /* a strided 1x1 layer (the downsample of a ResNet stage) reads every sh-th row and
+            sw-th column: gather those pixels (P x C, 1.6 MB for resnet50's last one) and take
+            the same product. One thread, CPU ms a call, batch 8: 1024->2048 stride 2 at 14x14
+            18.4 -> 15.2, 512->1024 stride 2 at 28x28 16.9 -> 15.4 (docs/performance.md) */
+         gbytes = (size_t)(P * C) * sizeof(float);
+         gath = lm_alloc(gbytes);
+         if (!gath) return LM_ERR_OOM;
+         const int64_t Ho = g->Ho, Wo = g->Wo;
+#pragma omp parallel for schedule(static) num_threads(conv_threads((double)P * C * 64)) \
+   if (P * C >= 65536)
+         for (int64_t r = 0; r < g->N * Ho; r++) {
+            const int64_t n = r / Ho, i = r % Ho;
+            const float *src = x + (n * g->H + i * g->sh) * g->W * C;
+            for (int64_t j = 0; j < Wo; j++)
+               memcpy(gath + (r * Wo + j) * C, src + j * g->sw * C, (size_t)C * sizeof(float));
+         }
+         xs = gath;
+      }
+      lm_sgemm(1, 0, O, C, P, 1.0f, gout, O, xs, C, 0.0f, gw, C);
+      if (gath) lm_free(gath, gbytes);
       if (gb_) {
          /* the bias gradient: column sums of gout, 16 channels a vector, pixels in order */
          for (int64_t o0 = 0; o0 < O; o0 += 16) {

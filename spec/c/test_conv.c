@@ -490,6 +490,11 @@ static void pointwise_cases(void) {
                      L_CL);
       run_case_algos((geom[]){mk(1, 520, 2, 3, 1009, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 1, 1,
                      L_NONDENSE_CL, L_CL);
+      /* strided (a ResNet downsample): the pixels gathered first; odd map sizes */
+      run_case_algos((geom[]){mk(2, 1024, 5, 4, 512, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL,
+                     L_CL);
+      run_case_algos((geom[]){mk(1, 600, 7, 6, 900, 1, 1, 2, 3, 0, 0, 1, 1, 1)}, 0, 0, 0,
+                     L_NONDENSE_CL, L_CL);
       unsetenv("LUMEN_CONV_BWDW_GEMM");
    }
    /* the benchmark's shape on a small map: full 6 x 64 tiles, streaming stores by default */
