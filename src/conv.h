@@ -48,7 +48,8 @@
  *   fewer tiles than pay); LUMEN_CONV_RB=0 turns the register-blocked
  *   kernels off; LUMEN_CONV_PW=0 the pointwise ones; LUMEN_CONV_STREAM=0/1 forces their
  *   non-temporal stores off/on; LUMEN_CONV_BWDW_GEMM=0 keeps the weight gradient of wide 1x1
- *   layers (O*C >= 512K) on the direct kernel instead of one GEMM.
+ *   layers (O*C >= 512K), and the input gradient of the strided ones, on the direct kernels
+ *   instead of one GEMM.
  *   Results do not vary from run to run (fixed reduction order for a given thread count).
  *
  * Result arguments follow lumen.h: *out == NULL allocates (caller owns it); a non-NULL *out is an

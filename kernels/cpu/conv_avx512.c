@@ -1069,6 +1069,45 @@ static float *merged_weights(const conv_geom *g, int64_t gb, const float *w, siz
    return w2;
 }
 
+/* A 1x1, stride-1, unpadded, ungrouped weight gradient is one product: gw (O x C) = gout^T
+   (O x P) * x (P x C) over the P = N*H*W pixels, which lm_sgemm blocks for the cache. The direct
+   kernel above keeps a partial O x C sum per thread and passes over it once per group of ~128
+   pixels: fine when that partial stays in L2, but 1x1 layers with wide channels and few pixels
+   (resnet50's 7x7 layers: 2048x512 floats = 4 MB) stream it from memory.
+   Measured on resnet50's 1x1 layers, batch 8, one thread, process CPU time per call, two
+   alternations: the product wins from a 2 MB partial on (1024->512 at 14x14: 17.5-18.0 -> 16.1-
+   16.4 ms; 512->2048 at 7x7: 10.6 -> 7.8-7.9; 2048->512 at 7x7: 10.7-10.9 -> 8.1-8.3), ties at
+   1 MB (1024->256 at 14x14: 8.6-8.7 both) and loses below (64->256 at 56x56: 9.0 -> 11.4;
+   512->256 at 28x28: 16.6-16.8 -> 17.3-17.6), hence BWDW_GEMM_MIN.
+   Strided 1x1 layers gather their pixels first, and take the same route for grad_x too
+   (lm_conv_bwdd_nhwc_avx512). LUMEN_CONV_BWDW_GEMM=0 turns both off. */
+enum { BWDW_GEMM_MIN = 512 * 1024 }; /* O * C floats: a 2 MB partial sum */
+static int pw_gemm_usable(const conv_geom *g) {
+   return g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0 && g->G == 1 &&
+          g->N * g->Ho * g->Wo > 0 && g->O * g->C >= BWDW_GEMM_MIN &&
+          conv_env_on("LUMEN_CONV_BWDW_GEMM");
+}
+
+/* x (N, H, W, C) -> the pixels a strided 1x1 layer reads, (N*Ho*Wo, C) (unstride = 0), or back:
+   those rows of buf into gx, whose other pixels are zeroed (unstride = 1) */
+static void pw_gather(const conv_geom *g, float *x, float *buf, int unstride) {
+   const int64_t Ho = g->Ho, Wo = g->Wo, C = g->C, rows = g->N * Ho;
+   if (unstride) memset(x, 0, (size_t)(g->N * g->H * g->W * C) * sizeof(float));
+#pragma omp parallel for schedule(static) num_threads(conv_threads((double)rows * Wo * C * 64)) \
+   if (rows * Wo * C >= 65536)
+   for (int64_t r = 0; r < rows; r++) {
+      const int64_t n = r / Ho, i = r % Ho;
+      float *img = x + (n * g->H + i * g->sh) * g->W * C;
+      for (int64_t j = 0; j < Wo; j++) {
+         float *px = img + j * g->sw * C, *pb = buf + (r * Wo + j) * C;
+         if (unstride)
+            memcpy(px, pb, (size_t)C * sizeof(float));
+         else
+            memcpy(pb, px, (size_t)C * sizeof(float));
+      }
+   }
+}
+
 lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
                                   const float *bias, const float *res, int relu, float *out) {
    const int64_t gb = super_groups(g);
@@ -1084,6 +1123,20 @@ lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const floa
 
 lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
                                    float *gx) {
+   if (pw_gemm_usable(g) && (g->sh != 1 || g->sw != 1)) {
+      /* a wide strided 1x1 layer: grad_x at the pixels it reads is one product, gout (P x O) *
+         w (O x C), scattered into a zeroed grad_x (the stride-1 ones take the pointwise
+         kernels). One thread, CPU ms a call, batch 8: 1024->2048 stride 2 at 14x14
+         19.6-19.7 -> 16.0-16.1, 512->1024 stride 2 at 28x28 17.1-17.2 -> 16.0 (docs/performance.md) */
+      const int64_t P = g->N * g->Ho * g->Wo, O = g->O, C = g->C;
+      const size_t bytes = (size_t)(P * C) * sizeof(float);
+      float *buf = lm_alloc(bytes);
+      if (!buf) return LM_ERR_OOM;
+      lm_sgemm(0, 0, P, C, O, 1.0f, gout, O, w, C, 0.0f, buf, C);
+      pw_gather(g, gx, buf, 1);
+      lm_free(buf, bytes);
+      return LM_OK;
+   }
    const int64_t gb = super_groups(g);
    if (gb == 1) return bwdd_direct(g, gout, w, gx);
    size_t bytes;
@@ -1095,27 +1148,9 @@ lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const 
    return st;
 }
 
-/* A 1x1, stride-1, unpadded, ungrouped weight gradient is one product: gw (O x C) = gout^T
-   (O x P) * x (P x C) over the P = N*H*W pixels, which lm_sgemm blocks for the cache. The direct
-   kernel above keeps a partial O x C sum per thread and passes over it once per group of ~128
-   pixels: fine when that partial stays in L2, but 1x1 layers with wide channels and few pixels
-   (resnet50's 7x7 layers: 2048x512 floats = 4 MB) stream it from memory.
-   Measured on resnet50's 1x1 layers, batch 8, one thread, process CPU time per call, two
-   alternations: the product wins from a 2 MB partial on (1024->512 at 14x14: 17.5-18.0 -> 16.1-
-   16.4 ms; 512->2048 at 7x7: 10.6 -> 7.8-7.9; 2048->512 at 7x7: 10.7-10.9 -> 8.1-8.3), ties at
-   1 MB (1024->256 at 14x14: 8.6-8.7 both) and loses below (64->256 at 56x56: 9.0 -> 11.4;
-   512->256 at 28x28: 16.6-16.8 -> 17.3-17.6), hence BWDW_GEMM_MIN.
-   LUMEN_CONV_BWDW_GEMM=0 turns this off. */
-enum { BWDW_GEMM_MIN = 512 * 1024 }; /* O * C floats: a 2 MB partial sum */
-static int bwdw_gemm_usable(const conv_geom *g) {
-   return g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0 && g->G == 1 &&
-          g->N * g->Ho * g->Wo > 0 && g->O * g->C >= BWDW_GEMM_MIN &&
-          conv_env_on("LUMEN_CONV_BWDW_GEMM");
-}
-
 lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
                                    float *gw, float *gb_) {
-   if (gw && bwdw_gemm_usable(g)) {
+   if (gw && pw_gemm_usable(g)) {
       const int64_t P = g->N * g->Ho * g->Wo, O = g->O, C = g->C;
       const float *xs = x;
       float *gath = NULL;
@@ -1128,15 +1163,7 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
          gbytes = (size_t)(P * C) * sizeof(float);
          gath = lm_alloc(gbytes);
          if (!gath) return LM_ERR_OOM;
-         const int64_t Ho = g->Ho, Wo = g->Wo;
-#pragma omp parallel for schedule(static) num_threads(conv_threads((double)P * C * 64)) \
-   if (P * C >= 65536)
-         for (int64_t r = 0; r < g->N * Ho; r++) {
-            const int64_t n = r / Ho, i = r % Ho;
-            const float *src = x + (n * g->H + i * g->sh) * g->W * C;
-            for (int64_t j = 0; j < Wo; j++)
-               memcpy(gath + (r * Wo + j) * C, src + j * g->sw * C, (size_t)C * sizeof(float));
-         }
+         pw_gather(g, (float *)x, gath, 0);
          xs = gath;
       }
       lm_sgemm(1, 0, O, C, P, 1.0f, gout, O, xs, C, 0.0f, gw, C);
