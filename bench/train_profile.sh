@@ -10,7 +10,9 @@
 # the peer's python (default: the one ../shared/peer/setup_torch2.sh prints, or
 # ~/.cache/lumen-peer-torch2/bin/python); NO_PEER=1 runs lumen alone. Files in $BENCH_OUT
 # (default /tmp/lumen-train-profile): lumen_<variant>.txt, peer_<variant>.txt (every run's lines).
-# The machine is shared: read differences of a few percent of the step as noise, and compare the
+# STAT=min prints each row's minimum over the runs instead of its median. NO_RUN=1 prints the
+# tables of the files already there (another STAT, say) without running anything.
+# OpenMP: the peer gets lumen's GOMP_SPINCOUNT (below). The machine is shared: read differences of a few percent of the step as noise, and compare the
 # plain 'step' rows with bench/amp.sh's resnet50_train rows.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -36,12 +38,27 @@ if [ -z "$py" ] && [ -z "${NO_PEER:-}" ]; then
    fi
    [ -n "$py" ] || echo "bench: no PyTorch 2.x peer (set PEER2_PY)" >&2
 fi
+# OpenMP: bin/lumen sets GOMP_SPINCOUNT=1000 when neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is
+# set (lua/lumen/C.lua); the peer (PyTorch's wheels use libgomp too) gets the same unless
+# PEER_OMP_DEFAULT=1. On a loaded machine libgomp's default spinning at every barrier made
+# PyTorch's step several times slower (batch norm 40x), which says nothing about its kernels.
+peer_env=()
+if [ -z "${PEER_OMP_DEFAULT:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ] && [ -z "${OMP_WAIT_POLICY:-}" ]; then
+   peer_env=(GOMP_SPINCOUNT=1000)
+fi
+echo "== threads $threads, steps $steps, $runs runs; peer OpenMP: ${peer_env[*]:-the PyTorch default}"
 status=0
-for v in "${variants[@]}"; do
-   : > "$out/lumen_$v.txt"
-   : > "$out/peer_$v.txt"
-done
+if [ -n "${NO_RUN:-}" ]; then
+   runs_done=$(grep -c '^step|' "$out/lumen_${variants[0]}.txt" 2>/dev/null || echo 0)
+   runs=$runs_done
+else
+   for v in "${variants[@]}"; do
+      : > "$out/lumen_$v.txt"
+      : > "$out/peer_$v.txt"
+   done
+fi
 for run in $(seq 1 "$runs"); do
+   [ -n "${NO_RUN:-}" ] && break
    for v in "${variants[@]}"; do
       word=; [ "$v" = bf16 ] && word=bf16
       echo "== run $run/$runs $v: lumen bench/train_profile.lua (threads $threads, steps $steps," \
@@ -51,7 +68,7 @@ for run in $(seq 1 "$runs"); do
       if [ -n "$py" ]; then
          echo "== run $run/$runs $v: peer bench/peer_train_profile.py (load" \
               "$(cut -d' ' -f1-3 /proc/loadavg))"
-         OMP_NUM_THREADS=$threads "$py" bench/peer_train_profile.py "$threads" "$steps" $word \
+         env OMP_NUM_THREADS="$threads" "${peer_env[@]}" "$py" bench/peer_train_profile.py "$threads" "$steps" $word \
             2>/dev/null >> "$out/peer_$v.txt" ||
             { echo "bench: peer_train_profile.py failed" >&2; status=1; }
       fi
@@ -59,7 +76,7 @@ for run in $(seq 1 "$runs"); do
 done
 for v in "${variants[@]}"; do
    echo
-   echo "== $v: medians of $runs runs, ms per step (difference = lumen - PyTorch; ratio = PyTorch / lumen)"
+   echo "== $v: ${STAT:-median}s of $runs runs, ms per step (difference = lumen - PyTorch; ratio = PyTorch / lumen)"
    luajit - "$out/lumen_$v.txt" "$out/peer_$v.txt" <<'LUA' || status=1
 local function read(path)
    local rows, order = {}, {}
@@ -75,12 +92,16 @@ local function read(path)
    f:close()
    return rows, order
 end
+-- each row's median over the runs (STAT=min: its minimum, the least disturbed run of a loaded
+-- machine)
+local use_min = os.getenv("STAT") == "min"
 local function med(t)
    if not t or #t == 0 then return nil end
    local c = {}
    for i = 1, #t do c[i] = t[i] end
    table.sort(c)
    local n = #c
+   if use_min then return c[1] end
    return n % 2 == 1 and c[(n + 1) / 2] or (c[n / 2] + c[n / 2 + 1]) / 2
 end
 local L, lorder = read(arg[1])
@@ -92,7 +113,7 @@ local function line(name, a, b)
    print(string.format("  %-40s %s %s %s %s", name:sub(1, 40), fmt(a), fmt(b), d, r))
 end
 print(string.format("  %-40s %9s %9s %9s %6s", "row", "lumen", "PyTorch", "diff", "ratio"))
-line("step (plain, median)", med(L["step"]), med(P["step"]))
+line("step (plain; median of its steps)", med(L["step"]), med(P["step"]))
 line("profiled step", med(L["profiled step"]), med(P["profiled step"]))
 local ls, lp = med(L["step"]), med(L["profiled step"])
 local ps, pp = med(P["step"]), med(P["profiled step"])
@@ -133,7 +154,7 @@ local PHASE = {
    { "dtype casts (bf16)", { "dtype casts (bf16)" } },
 }
 local used = {}
-print("  -- by phase (sums of the op rows' medians)")
+print("  -- by phase (sums of the op rows above)")
 local function sum(t, list)
    local s, any = 0, false
    for _, r in ipairs(list) do
@@ -152,6 +173,16 @@ for _, k in ipairs(names) do
    if not used[k] then fa, fb = fa + (val(L, k) or 0), fb + (val(P, k) or 0) end
 end
 line("framework (engine, Lua/Python, other ops)", fa, fb)
+-- forward and backward as wholes (the rows named so; the backward with the gradient sums and
+-- the engine)
+local fw, bw = { 0, 0 }, { 0, 0 }
+for _, k in ipairs(names) do
+   local acc = k:find(" forward") and fw or
+      (k:find("backward") or k:find("gradient accumulation") or k:find("engine")) and bw or nil
+   if acc then acc[1], acc[2] = acc[1] + (val(L, k) or 0), acc[2] + (val(P, k) or 0) end
+end
+line("= forward ops (all '... forward' rows)", fw[1], fw[2])
+line("= backward ops (with grad sums, engine)", bw[1], bw[2])
 for _, k in ipairs(porder) do
    if k:find("^onednn:") then print(string.format("  PyTorch %s: %.1f ms", k, med(P[k]))) end
 end
