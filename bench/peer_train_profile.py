@@ -11,6 +11,8 @@ Prints '<row>|<ms per step>' lines (the same row names as bench/train_profile.lu
   profiled step|<ms>   wall time per step under the profiler (its overhead: the difference)
   op:<name>|<ms>       self CPU time per step of the ops of one kind (see ROWS)
   other (framework: Lua / Python)|<ms>  the profiled step minus the sum of the op rows
+  shape:<kxk Cin->Cout sS, HxW in>|<fwd>|<bwd data>|<bwd weight>|<calls>  oneDNN's own time per
+                       step of each convolution shape's primitives (the verbose steps below)
 With "bf16" the forward and the loss run under torch.autocast("cpu", dtype=torch.bfloat16).
 "raw" prints the self time by row and profiler event on stderr, "verbose" oneDNN's sums,
 "nosplit" leaves the convolution backward whole (no oneDNN verbose steps).
@@ -183,6 +185,11 @@ if "raw" in words:
 
 # ---- oneDNN's own split of the convolution backward -------------------------------------------
 onednn = {}
+# oneDNN's problem descriptor: mb8_ic64oc64_ih56oh56kh3sh1dh0ph1_iw56ow56kw3sw1dw0pw1 (g<n> first
+# for grouped convolutions)
+DESC = re.compile(r"ic(\d+)oc(\d+)_ih(\d+)oh\d+kh(\d+)sh(\d+).*_iw(\d+)ow\d+kw(\d+)")
+SHAPE_COL = {"forward_training": 0, "backward_data": 1, "backward_weights": 2}
+shapes = {}
 if "nosplit" not in words:
     fd, path = tempfile.mkstemp(prefix="lumen-onednn-", suffix=".txt")
     os.close(fd)
@@ -213,6 +220,14 @@ if "nosplit" not in words:
                 continue
             key = kind + " " + prop
             onednn[key] = onednn.get(key, 0.0) + ms / 2
+            m = DESC.search(p[-2]) if kind == "convolution" else None
+            if m and prop in SHAPE_COL:
+                ic, oc, ih, kh, sh, iw, kw = (int(v) for v in m.groups())
+                k = "%dx%d %d->%d s%d, %dx%d in" % (kh, kw, ic, oc, sh, ih, iw)
+                e = shapes.setdefault(k, [0.0, 0.0, 0.0, 0])
+                e[SHAPE_COL[prop]] += ms / 2
+                if prop == "forward_training":
+                    e[3] += 0.5
     os.unlink(path)
     if "verbose" in words:
         for k, v in sorted(onednn.items(), key=lambda kv: -kv[1]):
@@ -245,3 +260,5 @@ for r, ms in sorted(rows.items(), key=lambda kv: -kv[1]):
 if small > 0:
     print("op:other op: (each < 0.5 ms)|%.3f" % small)
 print("other (framework: Lua / Python)|%.3f" % (profiled * 1e3 - total))
+for k, e in shapes.items():
+    print("shape:%s|%.3f|%.3f|%.3f|%.1f" % (k, e[0], e[1], e[2], e[3]))

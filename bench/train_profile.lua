@@ -13,6 +13,8 @@
 --   op:<row>|<ms>        self time per step of the calls of one kind (below)
 --   other (framework: Lua / Python)|<ms>  the profiled step minus the sum of the op rows: the
 --                        modules' Lua, the loop, what no timer covers
+--   shape:<kxk Cin->Cout sS, HxW in>|<fwd ms>|<bwd data ms>|<bwd weight ms>|<calls>  the
+--                        convolutions by shape (per step; the same self times as the rows)
 -- and '# ...' comment lines (allocator calls and collections per step). "bf16": the forward and
 -- the loss under lm.autocast({dtype = lm.bfloat16}) (PyTorch's recipe, as bench/models.lua).
 -- "raw": the timed names before they are put in rows, on stderr.
@@ -97,10 +99,24 @@ end
 
 local function pack(...) return { n = select("#", ...), ... } end
 
+-- the convolutions by shape: "kxk Cin->Cout sS, HxW in" -> {fwd, bwd data, bwd weight} seconds
+-- (the same self times as their rows), beside oneDNN's per-primitive times on PyTorch's side
+local shapes = {}
+local function shape_add(key, which, dt)
+   local e = shapes[key]
+   if e == nil then e = { 0, 0, 0, 0 }; shapes[key] = e end
+   e[which] = e[which] + dt
+   if which == 1 then e[4] = e[4] + 1 end
+end
+local function conv_key(kh, kw, cin, cout, s, h, w)
+   return string.format("%dx%d %d->%d s%d, %dx%d in", kh, kw, cin, cout, s, h, w)
+end
+
 -- f wrapped: its self time (minus the timed calls it makes) goes to stats[name]. A plain
 -- wrapper called inside another plain one passes through (the outer call owns it); an `always`
 -- one (casts, collections, the convolution backward halves) is timed wherever it runs.
-local function timed(name, f, always)
+-- extra(self_time, results, ...) is called after a timed call (the per-shape table).
+local function timed(name, f, always, extra)
    return function(...)
       if not active or (opaque > 0 and not always) then return f(...) end
       local depth = #child + 1
@@ -114,15 +130,16 @@ local function timed(name, f, always)
       child[depth] = nil
       add_stat(name, dt - inner)
       child[depth - 1] = child[depth - 1] + dt
+      if extra then extra(dt - inner, r, ...) end
       return unpack(r, 1, r.n)
    end
 end
 
 local restore = {}
-local function wrap_field(tbl, key, name, always)
+local function wrap_field(tbl, key, name, always, extra)
    local f = tbl[key]
    if type(f) ~= "function" then return end
-   tbl[key] = timed(name, f, always)
+   tbl[key] = timed(name, f, always, extra)
    restore[#restore + 1] = function() tbl[key] = f end
 end
 
@@ -140,8 +157,16 @@ local function install()
    local F = lm.F
    local conv2d = F.conv2d      -- before it is wrapped (its upvalues lead to CONV_ND)
    for k, v in pairs(F) do
-      if type(v) == "function" and k:sub(1, 1) ~= "_" then wrap_field(F, k, "F." .. k) end
+      if type(v) == "function" and k:sub(1, 1) ~= "_" and k ~= "conv2d" then
+         wrap_field(F, k, "F." .. k)
+      end
    end
+   wrap_field(F, "conv2d", "F.conv2d", false, function(dt, r, xt, wt)
+      local y = r[1]
+      local h, ho = xt:size(3), y:size(3)
+      shape_add(conv_key(wt:size(3), wt:size(4), xt:size(2), wt:size(1),
+                         math.floor(h / ho + 0.5), h, xt:size(4)), 1, dt)
+   end)
    for _, k in ipairs({ "add", "add_", "relu", "relu_", "reshape", "view", "flatten", "item",
                         "contiguous", "zero_", "mul", "mul_", "sub", "sum", "mean" }) do
       wrap_field(T.Tensor, k, "Tensor." .. k)
@@ -172,8 +197,16 @@ local function install()
       if conv_nd then _, K = upvalue(conv_nd, "CONV_ND") end
       if K and K[2] and K[2].backward then
          local real = K[2].backward
-         local bd = timed("conv bwd data", real, true)
-         local bw = timed("conv bwd weight", real, true)
+         local function by_shape(which)
+            return function(dt, _, xc, wc, _, sb)
+               shape_add(conv_key(tonumber(wc.sizes[2]), tonumber(wc.sizes[3]),
+                                  tonumber(xc.sizes[1]), tonumber(wc.sizes[0]),
+                                  tonumber(sb[0]), tonumber(xc.sizes[2]),
+                                  tonumber(xc.sizes[3])), which, dt)
+            end
+         end
+         local bd = timed("conv bwd data", real, true, by_shape(2))
+         local bw = timed("conv bwd weight", real, true, by_shape(3))
          K[2].backward = function(xc, wc, gc, sb, pb, db, groups, fmt, gx, gw, gb)
             if not active then return real(xc, wc, gc, sb, pb, db, groups, fmt, gx, gw, gb) end
             local st = 0
@@ -305,3 +338,7 @@ for _, row in ipairs(order) do
 end
 if small > 0 then print(string.format("op:other op: (each < 0.5 ms)|%.3f", small)) end
 print(string.format("other (framework: Lua / Python)|%.3f", total / steps * 1e3 - sum))
+for key, e in pairs(shapes) do
+   print(string.format("shape:%s|%.3f|%.3f|%.3f|%.1f", key, e[1] / steps * 1e3,
+                       e[2] / steps * 1e3, e[3] / steps * 1e3, e[4] / steps))
+end

@@ -46,7 +46,6 @@ peer_env=()
 if [ -z "${PEER_OMP_DEFAULT:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ] && [ -z "${OMP_WAIT_POLICY:-}" ]; then
    peer_env=(GOMP_SPINCOUNT=1000)
 fi
-echo "== threads $threads, steps $steps, $runs runs; peer OpenMP: ${peer_env[*]:-the PyTorch default}"
 status=0
 if [ -n "${NO_RUN:-}" ]; then
    runs_done=$(grep -c '^step|' "$out/lumen_${variants[0]}.txt" 2>/dev/null || echo 0)
@@ -57,6 +56,7 @@ else
       : > "$out/peer_$v.txt"
    done
 fi
+echo "== threads $threads, steps $steps, $runs runs; peer OpenMP: ${peer_env[*]:-the PyTorch default}"
 for run in $(seq 1 "$runs"); do
    [ -n "${NO_RUN:-}" ] && break
    for v in "${variants[@]}"; do
@@ -183,6 +183,48 @@ for _, k in ipairs(names) do
 end
 line("= forward ops (all '... forward' rows)", fw[1], fw[2])
 line("= backward ops (with grad sums, engine)", bw[1], bw[2])
+-- the convolutions by shape: lumen's self times beside oneDNN's primitive times (PyTorch's
+-- profiler does not see into its convolution backward; oneDNN's own timing leaves out the
+-- framework around each primitive, so PyTorch's side reads a little low)
+local function readshapes(path)
+   local t = {}
+   local f = io.open(path)
+   if not f then return t end
+   for l in f:lines() do
+      local k, a, b, c = l:match("^shape:([^|]+)|([-%d.]+)|([-%d.]+)|([-%d.]+)|")
+      if k then
+         t[k] = t[k] or { {}, {}, {} }
+         table.insert(t[k][1], tonumber(a))
+         table.insert(t[k][2], tonumber(b))
+         table.insert(t[k][3], tonumber(c))
+      end
+   end
+   f:close()
+   return t
+end
+local LS, PS = readshapes(arg[1]), readshapes(arg[2])
+local keys = {}
+for k in pairs(LS) do keys[#keys + 1] = k end
+if #keys > 0 then
+   local function tot(t, k)
+      local e = t[k]
+      if not e then return 0 end
+      return (med(e[1]) or 0) + (med(e[2]) or 0) + (med(e[3]) or 0)
+   end
+   table.sort(keys, function(a, b) return tot(LS, a) > tot(LS, b) end)
+   print("  -- convolutions by shape, ms per step: forward / backward data / backward weight, " ..
+         "lumen vs PyTorch (oneDNN's primitive times)")
+   local function c3(e, i)
+      local v = e and med(e[i])
+      return v and string.format("%6.1f", v) or "     -"
+   end
+   for _, k in ipairs(keys) do
+      local l, p = LS[k], PS[k]
+      print(string.format("  %-28s fwd %s %s | bwd data %s %s | bwd weight %s %s | all %6.2f",
+         k, c3(l, 1), c3(p, 1), c3(l, 2), c3(p, 2), c3(l, 3), c3(p, 3),
+         tot(LS, k) > 0 and tot(PS, k) / tot(LS, k) or 0))
+   end
+end
 for _, k in ipairs(porder) do
    if k:find("^onednn:") then print(string.format("  PyTorch %s: %.1f ms", k, med(P[k]))) end
 end
