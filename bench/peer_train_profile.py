@@ -149,10 +149,10 @@ def owner(ev):
             and ev.name in ("aten::add", "aten::add_")):
         cache[ev.id] = "gradient accumulation"
         return cache[ev.id]
-    # casts (autocast's, nested in the op they feed) are a row of their own; a copy_ nested
-    # in an optimizer step or a zero_grad stays theirs
-    if CAST.search(ev.name):
-        r = "dtype casts (bf16)" if amp else None
+    # autocast's casts (nested in the forward op they feed) are a row of their own; any other
+    # to/copy_ (the layout copies inside aten::convolution_backward, a copy_ in the optimizer)
+    # stays its op's
+    cast = amp and CAST.search(ev.name) is not None
     chain, e = [], ev.cpu_parent
     while e is not None:
         chain.append(e)
@@ -162,7 +162,9 @@ def owner(ev):
         outer = classify(a.name)
         if outer is not None:
             break
-    if r is None or outer in ("optimizer step", "zero_grad"):
+    if cast and outer is not None and outer.endswith(" forward"):
+        r = "dtype casts (bf16)"
+    else:
         r = outer if outer is not None else classify(ev.name)
     cache[ev.id] = r
     return r
