@@ -35,12 +35,13 @@ else
    # bench/amp_ops.lua and the video scripts have their own peer (PyTorch 2.x): bench/amp.sh
    # and bench/video.sh run them; bench/jit_freeze.lua compares two lumen paths (no peer) and
    # runs on its own (docs/shipping_models.md); bench/ddp.lua runs under mpirun
-   # (docs/distributed.md)
+   # (docs/distributed.md); bench/train_profile.lua has its own driver beside PyTorch 2.x,
+   # bench/train_profile.sh (about a minute a run)
    kept=()
    for f in "${scripts[@]}"; do
       case "$f" in
          bench/amp_ops.lua | bench/video_ops.lua | bench/video_models.lua | bench/jit_freeze.lua) ;;
-         bench/ddp.lua) ;;
+         bench/ddp.lua | bench/train_profile.lua) ;;
          bench/models.lua) [ -n "${BENCH_MODELS:-}" ] && kept+=("$f") ;;
          *) kept+=("$f") ;;
       esac
