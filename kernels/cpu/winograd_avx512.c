@@ -1040,20 +1040,17 @@ static void wg_wgrad(const wg_prob *P, int64_t T, const float *V, const float *D
    }
 }
 
-static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, float *gw,
-                         float *gb) {
-   const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
-   const int CP = lm_conv_rb_cp(cin);
-   const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
+/* the weight gradient's problem (F(4x4), input x): sizes, padding, tiles, channel padding */
+static wg_prob wg_bwdw_prob(const conv_geom *g, const float *x, int CP, int64_t OB, int64_t nob) {
    wg_prob P;
    memset(&P, 0, sizeof P);
    P.src = x;
    P.H = g->H;
    P.W = g->W;
-   P.Cin = cin;
+   P.Cin = g->C;
    P.Ho = g->Ho;
    P.Wo = g->Wo;
-   P.Cout = cout;
+   P.Cout = g->O;
    P.N = g->N;
    P.ph = g->ph;
    P.pw = g->pw;
@@ -1065,7 +1062,16 @@ static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, 
    P.CP = CP;
    P.OB = OB;
    P.nob = nob;
-   P.CoutP = CoutP;
+   P.CoutP = nob * OB;
+   return P;
+}
+
+static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, float *gw,
+                         float *gb) {
+   const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
+   const int CP = lm_conv_rb_cp(cin);
+   const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
+   const wg_prob P = wg_bwdw_prob(g, x, CP, OB, nob);
    const int64_t tiles = P.N * P.th * P.tw;
    const int64_t usz = WG_E * CP * CoutP;
    int64_t T = WG_L2_BYTES / (WG_E * (CP + CoutP) * (int64_t)sizeof(float));
@@ -1156,27 +1162,7 @@ static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *g
    const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
    const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
-   wg_prob P;
-   memset(&P, 0, sizeof P);
-   P.src = x;
-   P.H = g->H;
-   P.W = g->W;
-   P.Cin = cin;
-   P.Ho = g->Ho;
-   P.Wo = g->Wo;
-   P.Cout = cout;
-   P.N = g->N;
-   P.ph = g->ph;
-   P.pw = g->pw;
-   P.th = ceil_div(P.Ho, 4);
-   P.tw = ceil_div(P.Wo, 4);
-   P.m = 4;
-   P.a = 6;
-   P.E = WG_E;
-   P.CP = CP;
-   P.OB = OB;
-   P.nob = nob;
-   P.CoutP = CoutP;
+   const wg_prob P = wg_bwdw_prob(g, x, CP, OB, nob);
    const int64_t T = P.N * P.th * P.tw, nchunk = CP / 64;
    const int nthr = conv_threads((double)T * WG_E * CP * CoutP);
    const int64_t ves = T * CP + 16, des = T * CoutP + 16, ues = 64 * OB + 16;
