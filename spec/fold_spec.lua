@@ -538,6 +538,28 @@ describe("eval mode, gradients off: (conv, batch norm) pairs run folded per call
       end
    end)
 
+   it("a bfloat16 model (m:to(lm.bfloat16)): the fold in float32, rounded once", function()
+      lm.manual_seed(34)
+      local m = lm.models.resnet18({ num_classes = 10 })
+      lm.no_grad(function() m(lm.randn({ 4, 3, 32, 32 })) end)
+      m:eval()
+      lm.to_channels_last(m)
+      local x = lm.randn({ 2, 3, 32, 32 }):contiguous(lm.channels_last)
+      local ref32 = unfolded(m, x)
+      m:to(lm.bfloat16)
+      local xb = x:to(lm.bfloat16)
+      local ref = unfolded(m, xb)
+      local y
+      local n = op_counts(function() y = lm.no_grad(function() return m(xb) end) end)
+      assert.are.equal(0, n.bn)
+      assert.are.equal(lm.bfloat16, y:dtype())
+      -- as close to float32 as the op-by-op bfloat16 model is
+      local d_fold = (y:to(lm.float32) - ref32):abs():max():item()
+      local d_ops = (ref:to(lm.float32) - ref32):abs():max():item()
+      assert.is_true(d_fold <= 2 * d_ops + 1e-3, ("fold %g, op by op %g"):format(d_fold, d_ops))
+      assert.are.equal(lm.bfloat16, m.layer1[1].conv1.weight:dtype())
+   end)
+
    it("Sequential: Conv2d, BatchNorm2d and Conv3d, BatchNorm3d pairs; the rest as they are",
       function()
       lm.manual_seed(32)

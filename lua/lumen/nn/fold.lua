@@ -31,6 +31,7 @@ local Module = require("lumen.nn.module")
 local layers = require("lumen.nn.layers")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
+local dtypes = require("lumen.dtype")
 local Tensor = T.Tensor
 
 local M = {}
@@ -268,13 +269,17 @@ local F = nil
 function M.conv_bn(conv, bn, x, fuse)
    F = F or require("lumen.functional")
    local w, rv = conv.weight, bn.running_var
-   local dt = Tensor.dtype(w)
+   local wdt = Tensor.dtype(w)
+   -- a 16-bit model (m:to(lm.bfloat16)): scale, shift and w * scale in float32, rounded once to
+   -- the weight's dtype, as close as the batch norm's own float32 arithmetic gets
+   local low = wdt == dtypes.float16 or wdt == dtypes.bfloat16
+   local dt = low and dtypes.float32 or wdt
    local function as(v) return Tensor.to(v, dt) end
    local scale = Tensor.rsqrt(Tensor.add(as(rv), bn.eps))
    if bn.weight ~= nil then scale = Tensor.mul(scale, as(bn.weight)) end
    local shape = { Tensor.size(w, 1) }
    for _ = 2, Tensor.dim(w) do shape[#shape + 1] = 1 end
-   local fw = Tensor.mul(w, Tensor.view(scale, shape))
+   local fw = Tensor.mul(as(w), Tensor.view(scale, shape))
    local fb
    if conv.bias ~= nil then
       fb = Tensor.mul(Tensor.sub(as(conv.bias), as(bn.running_mean)), scale)
@@ -282,6 +287,11 @@ function M.conv_bn(conv, bn, x, fuse)
       fb = Tensor.mul(Tensor.neg(as(bn.running_mean)), scale)
    end
    if bn.bias ~= nil then fb = Tensor.add(fb, as(bn.bias)) end
+   if low then
+      local f32 = fw
+      fw, fb = Tensor.to(f32, wdt), Tensor.to(fb, wdt)
+      Tensor.free(f32)
+   end
    local y = F[conv._functional](x, fw, fb, { stride = conv.stride, padding = conv.padding,
                                   dilation = conv.dilation, groups = conv.groups,
                                   residual = fuse and fuse.residual, relu = fuse and fuse.relu })
