@@ -560,6 +560,25 @@ describe("eval mode, gradients off: (conv, batch norm) pairs run folded per call
       assert.are.equal(lm.bfloat16, m.layer1[1].conv1.weight:dtype())
    end)
 
+   it("under bf16 autocast: the folded weight made in bfloat16 at once, the same bits", function()
+      lm.manual_seed(35)
+      local conv, bn = nn.Conv2d(16, 32, 3, { padding = 1 }), warmed_bn(32)
+      local net = nn.Sequential(conv, bn)
+      net:eval()
+      lm.to_channels_last(net)
+      local x = lm.randn({ 2, 16, 9, 9 }):contiguous(lm.channels_last)
+      local fw, fb = nn.utils.fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean,
+                                                  bn.running_var, bn.eps, bn.weight, bn.bias)
+      local AMP = { dtype = lm.bfloat16 }
+      local want = lm.autocast(AMP, function()
+         return lm.no_grad(function() return F.conv2d(x, fw, fb, { padding = 1 }) end)
+      end)
+      local y = lm.autocast(AMP, function() return lm.no_grad(function() return net(x) end) end)
+      assert.are.equal(lm.bfloat16, y:dtype())
+      assert.are.equal(0, (y:to(lm.float32) - want:to(lm.float32)):abs():max():item())
+      assert.is_true(y:is_contiguous(lm.channels_last))
+   end)
+
    it("Sequential: Conv2d, BatchNorm2d and Conv3d, BatchNorm3d pairs; the rest as they are",
       function()
       lm.manual_seed(32)

@@ -32,6 +32,7 @@ local layers = require("lumen.nn.layers")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
 local dtypes = require("lumen.dtype")
+local creation = require("lumen.creation")
 local Tensor = T.Tensor
 
 local M = {}
@@ -263,6 +264,15 @@ function M.eval_foldable(pairs_list, others)
    return true
 end
 
+-- the dtype lm.autocast makes a convolution on x's device run in, or nil outside a region
+local function autocast_dtype(x)
+   local AC = package.loaded["lumen.autocast"]
+   if AC == nil or not AC.is_active() then return nil end
+   local dev = Tensor.device(x):match("^cuda") and "cuda" or "cpu"
+   if not AC.is_autocast_enabled(dev) then return nil end
+   return AC.get_autocast_dtype(dev)
+end
+
 local F = nil
 -- bn(conv(x)), with fuse = {residual =, relu =} applied after it, as one convolution (the pair
 -- has passed eval_foldable)
@@ -279,7 +289,18 @@ function M.conv_bn(conv, bn, x, fuse)
    if bn.weight ~= nil then scale = Tensor.mul(scale, as(bn.weight)) end
    local shape = { Tensor.size(w, 1) }
    for _ = 2, Tensor.dim(w) do shape[#shape + 1] = 1 end
-   local fw = Tensor.mul(as(w), Tensor.view(scale, shape))
+   local sv = Tensor.view(scale, shape)
+   local fw
+   local cast_to = not low and wdt == dtypes.float32 and autocast_dtype(x)
+   if cast_to and cast_to ~= wdt then
+      -- under autocast the convolution would cast the folded weight to the region's dtype:
+      -- make it in that dtype at once (w * scale rounded once, as the cast would; one pass over
+      -- the weights instead of two)
+      fw = creation.empty_like(w, { dtype = cast_to })
+      T.binary(T.BINARY.MUL, w, sv, 1, "conv_bn", fw._c, 1)
+   else
+      fw = Tensor.mul(as(w), sv)
+   end
    local fb
    if conv.bias ~= nil then
       fb = Tensor.mul(Tensor.sub(as(conv.bias), as(bn.running_mean)), scale)
