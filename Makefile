@@ -6,7 +6,7 @@
 #   make bench      bench/run.sh: lumen's benchmarks, then the PyTorch peer if it is installed
 #   make lint       luacheck over the Lua tree (.luacheckrc)
 #   make fuzz       build the libFuzzer harnesses (fuzz/) into build-fuzz/ and run each one for
-#                   FUZZ_SECONDS (default 3600); make fuzz-ci: 30 s each (what CI runs)
+#                   FUZZ_SECONDS (default 3600); make fuzz-ci: 20 s each (what CI runs)
 #   make fuzz-build just build them
 #   make demo       bin/lumen examples/demo.lua
 #   make install    PREFIX=/usr/local (or luarocks' INST_* variables)
@@ -237,7 +237,7 @@ clean:
 # (libluajit-5.1-dev) and are linked with -rdynamic so that the FFI finds lm_* in the program.
 #   make fuzz                        every harness for FUZZ_SECONDS (3600) each, one after another
 #   make fuzz FUZZ_TARGETS=idx FUZZ_SECONDS=600 FUZZ_JOBS=2   one harness, 2 processes (-fork)
-#   make fuzz-ci                     every harness for 30 s, as .ci/run does
+#   make fuzz-ci                     every harness for 20 s, as .ci/run does
 # FUZZ_ARGS adds libFuzzer options (e.g. -max_len=65536). fuzz/run.sh prints one line per harness
 # and "N passed, N failed".
 FUZZ_CC ?= clang
@@ -286,7 +286,7 @@ fuzz: fuzz-build
 	   FUZZ_ARGS="$(FUZZ_ARGS)" bash fuzz/run.sh $(FUZZ_TARGETS)
 
 fuzz-ci:
-	$(MAKE) fuzz FUZZ_SECONDS=30 FUZZ_JOBS=1
+	$(MAKE) fuzz FUZZ_SECONDS=20 FUZZ_JOBS=1
 
 .PHONY: fuzz fuzz-build fuzz-ci
 
