@@ -275,6 +275,22 @@ describe("ResNet blocks in training: fused batch norms == the modules op by op",
    end
 end)
 
+describe("nn.utils.bn_relu: bad input", function()
+   it("names the function and the argument", function()
+      local nn = lm.nn
+      local bn, relu, x = nn.BatchNorm2d(3), nn.ReLU(true), lm.randn({ 2, 3, 4, 4 })
+      local ok, err = pcall(nn.utils.bn_relu, nil, relu, x)
+      assert.is_false(ok)
+      assert.truthy(err:find("lumen.nn.utils.bn_relu: bn: Module expected, got nil", 1, true), err)
+      ok, err = pcall(nn.utils.bn_relu, bn, "relu", x)
+      assert.is_false(ok)
+      assert.truthy(err:find("relu: Module expected, got string", 1, true), err)
+      ok, err = pcall(nn.utils.bn_relu, bn, relu, "x")
+      assert.is_false(ok)
+      assert.truthy(err:find("BatchNorm2d", 1, true), err)
+   end)
+end)
+
 describe("fused optimizer steps", function()
    local cases = {
       { "SGD", { lr = 0.1 } }, { "SGD", { lr = 0.1, momentum = 0.9 } },

@@ -332,6 +332,12 @@ local FUSED_BN = { BatchNorm1d = true, BatchNorm2d = true, BatchNorm3d = true,
                    SyncBatchNorm = true }
 local RELU_ONLY = { relu = true }
 function M.bn_relu(bn, relu, x, residual)
+   if not Module.is_module(bn) then
+      fail("nn.utils.bn_relu", "bn: Module expected, got " .. T.typename(bn))
+   end
+   if not Module.is_module(relu) then
+      fail("nn.utils.bn_relu", "relu: Module expected, got " .. T.typename(relu))
+   end
    if FUSED_BN[bn:type_name()] and relu:type_name() == "ReLU" then
       return bn:forward(x, residual ~= nil and { residual = residual, relu = true } or RELU_ONLY)
    end
