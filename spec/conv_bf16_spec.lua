@@ -198,6 +198,39 @@ describe("conv2d in bfloat16 / float16", function()
       end
    end)
 
+   it("takes the weight gradient of wide 3x3 stride-1 layers through Winograd, on every ISA: " ..
+      "values, grad_b alone equal to grad_b with grad_w", function()
+      -- 64 and 128 input channels, 3x3 stride 1: kernels/cpu/conv.c routes the bfloat16 weight
+      -- gradient to the float32 Winograd (bf16_bwdw_via_winograd) at ISA 4; 48 channels keep
+      -- the native kernel. Against the float32 weight gradient of the same rounded inputs.
+      lm.manual_seed(5)
+      for _, c in ipairs({ { 64, 32, 7, 7, 1 }, { 128, 17, 6, 9, 0 }, { 48, 40, 8, 8, 2 } }) do
+         for _, isa in ipairs(isas()) do
+            C.lm_gemm_set_isa(isa)
+            local what = ("C%d O%d %dx%d p%d isa %d"):format(c[1], c[2], c[3], c[4], c[5], isa)
+            local x = lm.randn({ 3, c[1], c[3], c[4] }):contiguous(CL):bfloat16()
+            local w = (lm.randn({ c[2], c[1], 3, 3 }) * 0.1):contiguous(CL):bfloat16()
+            local b = lm.randn({ c[2] }):bfloat16()
+            local opts = { padding = c[5] }
+            local y = F.conv2d(x, w, b, opts)
+            local g = lm.randn(y:size()):contiguous(CL):bfloat16()
+            local wg, bg = w:clone():requires_grad_(true), b:clone():requires_grad_(true)
+            F.conv2d(x, wg, bg, opts):backward(g)
+            local wr = w:float():requires_grad_(true)
+            local br = b:float():requires_grad_(true)
+            F.conv2d(x:float(), wr, br, opts):backward(g:float())
+            assert.equal("bfloat16", tostring(wg.grad:dtype()))
+            assert(is_cl(wg.grad), what .. ": grad weight channels-last")
+            close(wg.grad, wr.grad, 1e-2, what .. " grad weight")
+            close(bg.grad, br.grad, 1e-2, what .. " grad bias")
+            local bo = b:clone():requires_grad_(true)
+            F.conv2d(x, w, bo, opts):backward(g)
+            exact(bo.grad, bg.grad, what .. " grad bias alone")
+         end
+      end
+      C.lm_gemm_set_isa(0)
+   end)
+
    it("matches float32 on asymmetric geometries (kernel, stride, padding, dilation per axis)",
       function()
       local geoms = {

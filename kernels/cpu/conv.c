@@ -269,6 +269,18 @@ static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, cons
    return st;
 }
 
+/* bfloat16 weight gradients of the 3x3 stride-1 layers with 64 or more input channels take the
+   float32 Winograd (widened inputs, one rounding at the end) instead of the native bf16 kernel:
+   F(4x4, 3x3) does a quarter of the multiplications, more than the bf16 dot product's factor of
+   two gives back. ResNet50 batch 8 training step under bf16 autocast, 2 threads, alternating in
+   one process (/tmp/abstep.lua, session 15): 626.7 -> 604.7, 616.3 -> 600.6, 624.3 -> 605.5 ms.
+   Forward and backward data stay native: the same route for them measured within the noise of
+   the whole step (the widening and narrowing passes eat what Winograd saves there).
+   LUMEN_CONV_WINOGRAD=0 turns it off with the rest of Winograd. */
+static int bf16_bwdw_via_winograd(const conv_geom *g) {
+   return g->C >= 64 && lm_conv_wino_bwdw_usable(g);
+}
+
 /* level: 0 portable, 1 AVX-512, 2 AVX-512 + AVX512_BF16 (the native bfloat16 kernels) */
 enum { LV_C = 0, LV_AVX512 = 1, LV_BF16 = 2 };
 
@@ -325,8 +337,10 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    /* the weight and bias gradients natively (conv_bwdw_avx512bf16.c: the bf16 GEMM over pixel
       pairs) into float32 scratch, rounded once. Chosen by the geometry only, never by which
       gradients are wanted: grad_b alone equals grad_b computed with grad_w, bit for bit
-      (spec/c/test_devices_conv.c checks). x is NULL when only grad_b is wanted. */
-   if ((rw || rb) && native) {
+      (spec/c/test_devices_conv.c checks). x is NULL when only grad_b is wanted. The layers
+      bf16_bwdw_via_winograd takes go on to the float32 route below (the same geometry-only
+      choice there). */
+   if ((rw || rb) && native && !bf16_bwdw_via_winograd(g)) {
       int ok2 = 1;
       float *gwf = scratch_f32(wn, rw != NULL, &ok2), *gbf = scratch_f32(bn, rb != NULL, &ok2);
       st = ok2 ? lm_conv_bwdw_nhwc_bf16(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd),
