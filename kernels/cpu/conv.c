@@ -254,19 +254,35 @@ static inline int64_t geom_xn(const conv_geom *g) { return g->N * g->C * g->H * 
 static inline int64_t geom_wn(const conv_geom *g) { return g->O * g->Cg * g->kh * g->kw; }
 static inline int64_t geom_on(const conv_geom *g) { return g->N * g->O * g->Ho * g->Wo; }
 
+/* float16 / bfloat16 forward through float32 copies: the float32 kernels (fwd_ptrs), or with
+   wino_bf16 the Winograd of the wide layers with bfloat16 products (lm_conv_wino_bf16_fwd) */
 static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, const lm_tensor *xd,
                                   const lm_tensor *wd, const float *bbuf, const lm_tensor *rd,
-                                  int relu, lm_tensor *res) {
+                                  int relu, lm_tensor *res, int wino_bf16) {
    const int64_t xn = geom_xn(g), wn = geom_wn(g), on = geom_on(g);
    int ok = 1;
    float *xf = half_widened(xd, xn, &ok), *wf = half_widened(wd, wn, &ok);
    float *rf = half_widened(rd, on, &ok);
    float *of = scratch_f32(on, 1, &ok);
    lm_status st = LM_ERR_OOM;
-   if (ok) st = fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, relu, of, NULL);
+   if (ok)
+      st = wino_bf16 ? lm_conv_wino_bf16_fwd(g, xf, wf, bbuf, rf, relu, of)
+                     : fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, relu, of, NULL);
    if (st == LM_OK) half_narrow(res->dtype, of, lm_tensor_data(res), on);
    scratch_free(xf, xn), scratch_free(wf, wn), scratch_free(rf, on), scratch_free(of, on);
    return st;
+}
+
+/* level: 0 portable, 1 AVX-512, 2 AVX-512 + AVX512_BF16 (the native bfloat16 kernels) */
+enum { LV_C = 0, LV_AVX512 = 1, LV_BF16 = 2 };
+
+/* bfloat16 3x3 stride-1 layers with more than 64 reduction channels (resnet50's 256 and 512)
+   run Winograd F(4x4, 3x3) with bfloat16 products (winograd_gemm_avx512bf16.c) in forward and
+   backward data: a quarter of the direct kernel's multiplications at the same bfloat16 rate,
+   for the price of float32 transforms and of widening the inputs. */
+static int bf16_winograd(const conv_geom *g, int nhwc, int level, int backward_data) {
+   return level >= LV_BF16 && nhwc && lm_conv_wino_bf16_usable(g, backward_data) &&
+          conv_env_on("LUMEN_CONV_BF16_WINOGRAD");
 }
 
 /* bfloat16 weight gradients of the 3x3 stride-1 layers with 64 or more input channels take the
@@ -280,9 +296,6 @@ static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, cons
 static int bf16_bwdw_via_winograd(const conv_geom *g) {
    return g->C >= 64 && lm_conv_wino_bwdw_usable(g);
 }
-
-/* level: 0 portable, 1 AVX-512, 2 AVX-512 + AVX512_BF16 (the native bfloat16 kernels) */
-enum { LV_C = 0, LV_AVX512 = 1, LV_BF16 = 2 };
 
 /* ---------------------------------------------------------------------------------------------
  * the kernels (src/ops/conv.h gives the t[] order)
@@ -303,12 +316,14 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
       bbuf = bias_dense(bias, dt, &bbytes);
       if (!bbuf) return LM_ERR_OOM;
    }
-   if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_conv_bf16_usable(g, 0))
+   if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
+      st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res, 1);
+   else if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_conv_bf16_usable(g, 0))
       st = lm_conv_fwd_nhwc_avx512bf16(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
                                        rd ? lm_tensor_data(rd) : NULL, relu,
                                        lm_tensor_data(res));
    else if (dt == LM_FLOAT16 || dt == LM_BFLOAT16)
-      st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res);
+      st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res, 0);
    else {
       int stream = lm_tensor_block_cold(res);
       st = fwd_ptrs(g, nhwc, avx512, dt, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
@@ -328,7 +343,20 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    const int64_t xn = geom_xn(g), wn = geom_wn(g), on = geom_on(g), bn = g->O;
    lm_status st = LM_OK;
    const int native = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc;
-   if (rx && native && lm_conv_bf16_usable(g, 1)) {
+   int ok = 1;
+   float *gf = NULL; /* grad_out widened, once, for every float32 route below */
+   if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
+      gf = half_widened(gd, on, &ok);
+      float *wf = half_widened(wd, wn, &ok), *gxf = scratch_f32(xn, 1, &ok);
+      st = ok ? lm_conv_wino_bf16_bwdd(g, gf, wf, gxf) : LM_ERR_OOM;
+      if (st == LM_OK) half_narrow(dt, gxf, lm_tensor_data(rx), xn);
+      scratch_free(wf, wn), scratch_free(gxf, xn);
+      if (st != LM_OK) {
+         scratch_free(gf, on);
+         return st;
+      }
+      rx = NULL;
+   } else if (rx && native && lm_conv_bf16_usable(g, 1)) {
       st = lm_conv_bwdd_nhwc_avx512bf16(g, lm_tensor_data(gd), lm_tensor_data(wd),
                                         lm_tensor_data(rx));
       if (st != LM_OK) return st;
@@ -349,12 +377,17 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
       if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
       scratch_free(gwf, wn), scratch_free(gbf, bn);
-      if (st != LM_OK) return st;
+      if (st != LM_OK) {
+         scratch_free(gf, on);
+         return st;
+      }
       rw = rb = NULL;
    }
-   if (!rx && !rw && !rb) return LM_OK;
-   int ok = 1;
-   float *gf = half_widened(gd, on, &ok);
+   if (!rx && !rw && !rb) {
+      scratch_free(gf, on);
+      return LM_OK;
+   }
+   if (!gf) gf = half_widened(gd, on, &ok);
    float *xf = rw ? half_widened(xd, xn, &ok) : NULL, *wf = rx ? half_widened(wd, wn, &ok) : NULL;
    float *gxf = scratch_f32(xn, rx != NULL, &ok), *gwf = scratch_f32(wn, rw != NULL, &ok);
    float *gbf = scratch_f32(bn, rb != NULL, &ok);

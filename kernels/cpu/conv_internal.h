@@ -145,6 +145,29 @@ LM_CONV_HIDDEN int lm_conv_wino_bwdw_usable(const conv_geom *g);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                        const float *gout, float *gw, float *gb);
 
+/* bfloat16 convolutions through Winograd with a bfloat16 GEMM phase (winograd_avx512.c's wide
+ * schedule with the products of winograd_gemm_avx512bf16.c): x, w, bias, res, out (gout, gx) are
+ * the float32 widenings of the bfloat16 tensors (dense NHWC; w (O, 3, 3, C)); the transforms run
+ * in float32, the transformed input and weights are rounded to bfloat16 for the products, which
+ * are summed in float32. lm_conv_wino_bf16_usable: the geometry takes the wide schedule (more than
+ * 64 reduction channels and transformed weights that do not fit the unit schedule; Winograd not
+ * switched off); callers also need lm_cpu_isa() >= LM_ISA_AVX512_BF16. */
+LM_CONV_HIDDEN int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const float *x, const float *w,
+                                               const float *bias, const float *res, int relu,
+                                               float *out);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const float *gout,
+                                                const float *w, float *gx);
+/* the pieces in winograd_gemm_avx512bf16.c: n floats of v -> n bfloat16 at vb (round to nearest
+   even); U[e][64][OB] (positions ues floats apart) -> pair rows Ub[e][32][OB] (ubes words
+   apart); out[k*pitch + ..] (+)= the 32 pairs of tile k (x + k*32) . the pair rows at w, for pb
+   tiles and nv vectors of 16 output channels (pb <= lm_conv_rb_pbmax(nv)) */
+LM_CONV_HIDDEN void lm_wg_bf16_pack_v(const float *v, uint32_t *vb, int64_t n);
+LM_CONV_HIDDEN void lm_wg_bf16_pack_u(const float *u, int64_t ues, int64_t OB, uint32_t *ub,
+                                      int64_t ubes);
+LM_CONV_HIDDEN void lm_wg_bf16_gemm(int nv, int pb, const uint32_t *x, const uint32_t *w,
+                                    int64_t OB, float *out, int64_t pitch, int first);
+
 /* ---- bfloat16 NHWC kernels for AVX-512 + AVX512_BF16 (conv_avx512bf16.c) ----
  * x, w, res, out, gout, gx: bfloat16 (uint16_t) dense channels-last (w: (O, kh, kw, C)); bias:
  * float32 (widened by conv.c) or NULL. lm_conv_bf16_usable says whether they take a geometry

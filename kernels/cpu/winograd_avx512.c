@@ -178,6 +178,7 @@ typedef struct {
    int relu;
    const float *w;         /* the untransformed weights (wide schedule: wg_run_wide) */
    int flip;               /* backward data: w is (Cin, 3, 3, Cout), taps flipped */
+   int bf16;               /* wide schedule: products in bfloat16 (winograd_gemm_avx512bf16.c) */
 } wg_prob;
 
 /* one tile, 16 channels: the 6x6 patch at base (rows rs floats apart, pixels ps apart, lanes
@@ -687,18 +688,24 @@ static lm_status wg_run_wide(const wg_prob *P) {
       multiple of 4 KB (64 KB, 16 KB, 8 KB here) the 36 stores of a transform all fall in the
       same L1 set */
    const int64_t ves = Tg * CP + 16, ues = 64 * OB + 16, mes = Tg * OB + 16;
-   const size_t vsz = (size_t)(WG_E * ves);
-   const size_t per_thread =
-      ((size_t)(WG_E * ues) + (size_t)(WG_E * mes) + (size_t)(WG_E * CP) + 15) / 16 * 16;
+   /* bfloat16 products: V and each block's U again as bfloat16 pairs (words; V's positions
+      ves / 2 words apart, U's ubes) */
+   const int bf = P->bf16;
+   const int64_t ubes = 32 * OB + 16;
+   const size_t vsz = (size_t)(WG_E * ves) + (bf ? (size_t)(WG_E * ves / 2) : 0);
+   const size_t per_thread = ((size_t)(WG_E * ues) + (size_t)(WG_E * mes) + (size_t)(WG_E * CP) +
+                              (bf ? (size_t)(WG_E * ubes) : 0) + 15) / 16 * 16;
    const size_t bytes = (vsz + (size_t)nthr * per_thread) * sizeof(float);
    float *scratch = lm_alloc(bytes);
    if (!scratch) return LM_ERR_OOM;
    float *V = scratch;
+   uint32_t *Vb = (uint32_t *)(V + WG_E * ves);
    const int64_t nchunk = CP / 64;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
    {
       float *U = scratch + vsz + (size_t)conv_thread_id() * per_thread;
       float *M = U + WG_E * ues, *patch = M + WG_E * mes;
+      uint32_t *Ub = (uint32_t *)(patch + WG_E * CP);
       for (int64_t gi = 0; gi < groups; gi++) {
          const int64_t g0 = gi * Tg, gn = g0 + Tg < tiles ? Tg : tiles - g0;
          const int64_t nin = ceil_div(gn, 4);
@@ -707,6 +714,14 @@ static lm_status wg_run_wide(const wg_prob *P) {
             const int64_t k0 = i * 4, n = k0 + 4 < gn ? 4 : gn - k0;
             wg_input_at(P, g0 + k0, n, V, Tg, k0, ves, patch);
          }
+         if (bf) {
+#pragma omp for schedule(static)
+            for (int64_t ej = 0; ej < WG_E * nchunk; ej++) {
+               const int64_t e = ej / nchunk, j = ej % nchunk;
+               lm_wg_bf16_pack_v(V + e * ves + j * Tg * 64, Vb + e * (ves / 2) + j * Tg * 32,
+                                 gn * 64);
+            }
+         }
 #pragma omp for schedule(dynamic, 1)
          for (int64_t ob = 0; ob < P->nob; ob++) {
             const int64_t co0 = ob * OB, co1 = co0 + OB < P->Cout ? co0 + OB : P->Cout;
@@ -714,13 +729,19 @@ static lm_status wg_run_wide(const wg_prob *P) {
             const int64_t nb = (gn + pbmax - 1) / pbmax, base = gn / nb, extra = gn % nb;
             for (int64_t j = 0; j < nchunk; j++) {
                wg_weights_block(P, ob, j * 64, 64, ues, U);
+               if (bf) lm_wg_bf16_pack_u(U, ues, OB, Ub, ubes);
                for (int e = 0; e < WG_E; e++) {
                   const float *ue = U + e * ues;
                   const float *ve = V + e * ves + j * Tg * 64;
+                  const uint32_t *ueb = Ub + e * ubes, *veb = Vb + e * (ves / 2) + j * Tg * 32;
                   int64_t k = 0;
                   for (int64_t b = 0; b < nb; b++) {
                      const int m = (int)(base + (b < extra));
-                     wga_tab[nv][m](ve + k * 64, ue, OB, M + e * mes + k * OB, OB, j == 0);
+                     if (bf)
+                        lm_wg_bf16_gemm(nv, m, veb + k * 32, ueb, OB, M + e * mes + k * OB, OB,
+                                        j == 0);
+                     else
+                        wga_tab[nv][m](ve + k * 64, ue, OB, M + e * mes + k * OB, OB, j == 0);
                      k += m;
                   }
                }
@@ -792,7 +813,7 @@ static int wg_unit_fits(int64_t cin, int64_t cout) {
 
 /* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
 static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src, const float *w,
-                         const float *bias, const float *res, int relu, float *dst) {
+                         const float *bias, const float *res, int relu, float *dst, int bf16) {
    const int E = (tm + 2) * (tm + 2);
    const int64_t cin = flip ? g->O : g->C, cout = flip ? g->C : g->O;
    const int CP = wg_cp(cin);
@@ -826,6 +847,7 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src,
       /* the wide schedule transforms the weights itself, block by block */
       P.w = w;
       P.flip = flip;
+      P.bf16 = bf16;
       return wg_run_wide(&P);
    }
    /* gt[tap][ci][co] */
@@ -1274,7 +1296,7 @@ int lm_conv_wino_bwdw_usable(const conv_geom *g) {
 lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
                                        const float *bias, const float *res, int relu,
                                        float *out) {
-   return wg_conv(g, 0, wg_tile_size(0), x, w, bias, res, relu, out);
+   return wg_conv(g, 0, wg_tile_size(0), x, w, bias, res, relu, out, 0);
 }
 
 lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
@@ -1285,5 +1307,24 @@ lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, cons
 
 lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
                                         float *gx) {
-   return wg_conv(g, 1, wg_tile_size(1), gout, w, NULL, NULL, 0, gx);
+   return wg_conv(g, 1, wg_tile_size(1), gout, w, NULL, NULL, 0, gx, 0);
+}
+
+/* the wide schedule's geometries (wg_conv's choice), F(4x4) */
+int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data) {
+   if (!lm_conv_wino_usable(g, backward_data) || wg_tile_size(backward_data) != 4) return 0;
+   const int64_t cin = backward_data ? g->O : g->C, cout = backward_data ? g->C : g->O;
+   return wg_cp(cin) > 64 && !wg_unit_fits(cin, cout);
+}
+
+lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const float *x, const float *w,
+                                const float *bias, const float *res, int relu, float *out) {
+   if (!lm_conv_wino_bf16_usable(g, 0)) return LM_ERR_INTERNAL;
+   return wg_conv(g, 0, 4, x, w, bias, res, relu, out, 1);
+}
+
+lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const float *gout, const float *w,
+                                 float *gx) {
+   if (!lm_conv_wino_bf16_usable(g, 1)) return LM_ERR_INTERNAL;
+   return wg_conv(g, 1, 4, gout, w, NULL, NULL, 0, gx, 1);
 }

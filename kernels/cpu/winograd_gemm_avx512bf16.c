@@ -1,0 +1,110 @@
+/* winograd_gemm_avx512bf16.c -- the GEMM phase of Winograd F(4x4, 3x3) for bfloat16
+ * convolutions on AVX512_BF16 (vdpbf16ps), for the wide schedule of winograd_avx512.c
+ * (wg_run_wide: more than 64 reduction channels, reduced in chunks of 64).
+ *
+ * A bfloat16 convolution's inputs and weights are bfloat16 already; its transforms run in float32
+ * (winograd_avx512.c, on widened copies) and only the 36 products of each chunk -- tiles x 64
+ * channels by 64 channels x output block -- take bfloat16 operands: the transformed input V and
+ * weights U rounded once to bfloat16 (round to nearest even), products summed in float32. That is
+ * the part of Winograd that scales with Cin x Cout, and vdpbf16ps does it at twice the float32
+ * FMA rate.
+ *
+ * Accuracy: rounding V and U adds an error that the output transform amplifies (its coefficients
+ * reach 8); the float32 transforms and sums keep the rest exact. On ResNet50 under bf16 autocast
+ * (bench/amp_accuracy.sh: logits against float64, PyTorch's bf16 error the unit) every 3x3
+ * stride-1 layer emulated this way measured 1.29x PyTorch's error at the max and 1.24x in norm,
+ * against 1.13x / 0.96x with the direct bf16 kernels (the acceptance bound is 2x); this file takes
+ * the wide layers only (256 and 512 channels in ResNet50).
+ *
+ * Layouts (32-bit words, each a pair of bfloat16: channel 2p in the low half, 2p+1 in the high,
+ * as a bfloat16 array of channels reads):
+ *   V: tile k's 64 channels at x + k*32 (32 words);
+ *   U: pair p's OB output channels at w + p*OB (OB words; word o = {U[2p][o], U[2p+1][o]}).
+ * Compiled with -mavx512bf16; called only when lm_cpu_isa() >= LM_ISA_AVX512_BF16.
+ */
+#include "conv_internal.h"
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* 16 floats -> 16 bfloat16, round to nearest even (vcvtneps2bf16; NaN stays NaN) */
+AI __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+
+void lm_wg_bf16_pack_v(const float *v, uint32_t *vb, int64_t n) {
+   int64_t i = 0;
+   for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)((uint16_t *)vb + i),
+                                                    to_bf16(_mm512_loadu_ps(v + i)));
+   if (i < n) {
+      const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+      _mm256_mask_storeu_epi16((uint16_t *)vb + i, m, to_bf16(_mm512_maskz_loadu_ps(m, v + i)));
+   }
+}
+
+void lm_wg_bf16_pack_u(const float *u, int64_t ues, int64_t OB, uint32_t *ub, int64_t ubes) {
+   /* interleave rows 2p and 2p+1: word o = {row 2p [o], row 2p+1 [o]} */
+   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                       8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+   for (int e = 0; e < 36; e++)
+      for (int64_t p = 0; p < 32; p++) {
+         const float *r0 = u + e * ues + 2 * p * OB, *r1 = r0 + OB;
+         uint32_t *d = ub + e * ubes + p * OB;
+         for (int64_t v = 0; v < OB; v += 16) {
+            const __m512i a = _mm512_castsi256_si512(to_bf16(_mm512_loadu_ps(r0 + v)));
+            const __m512i b = _mm512_castsi256_si512(to_bf16(_mm512_loadu_ps(r1 + v)));
+            /* the 16 halves of a in the even places, those of b in the odd ones */
+            _mm512_storeu_si512(d + v, _mm512_permutex2var_epi16(a, lo, b));
+         }
+      }
+}
+
+/* out[k*pitch + 16v ..] (+)= sum over the 32 pairs p of x[k*32 + p] . w[p*OB + 16v ..] for PB
+   tiles k and NV vectors v (one 64-channel chunk; added to out unless `first`) */
+AI void wgb_body(const uint32_t *x, const uint32_t *w, int64_t OB, float *out, int64_t pitch,
+                 int first, const int PB, const int NV) {
+   __m512 a[14][4];
+#pragma GCC unroll 14
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++)
+         a[k][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(out + k * pitch + 16 * v);
+   for (int p = 0; p < 32; p++) {
+      __m512bh wv[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) wv[v] = (__m512bh)_mm512_loadu_si512(w + p * OB + 16 * v);
+#pragma GCC unroll 14
+      for (int k = 0; k < PB; k++) {
+         const __m512bh b = (__m512bh)_mm512_set1_epi32((int)x[k * 32 + p]);
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) a[k][v] = _mm512_dpbf16_ps(a[k][v], b, wv[v]);
+      }
+   }
+#pragma GCC unroll 14
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_store_ps(out + k * pitch + 16 * v, a[k][v]);
+}
+
+typedef void (*wgb_fn)(const uint32_t *, const uint32_t *, int64_t, float *, int64_t, int);
+#define WGB(PB, NV)                                                                             \
+   static void wgb_##PB##_##NV(const uint32_t *x, const uint32_t *w, int64_t OB, float *out,    \
+                               int64_t pitch, int first) {                                      \
+      wgb_body(x, w, OB, out, pitch, first, PB, NV);                                            \
+   }
+WGB(1, 1) WGB(2, 1) WGB(3, 1) WGB(4, 1) WGB(5, 1) WGB(6, 1) WGB(7, 1) WGB(8, 1) WGB(9, 1)
+WGB(10, 1) WGB(11, 1) WGB(12, 1) WGB(13, 1) WGB(14, 1)
+WGB(1, 2) WGB(2, 2) WGB(3, 2) WGB(4, 2) WGB(5, 2) WGB(6, 2) WGB(7, 2) WGB(8, 2)
+WGB(1, 3) WGB(2, 3) WGB(3, 3) WGB(4, 3) WGB(5, 3) WGB(6, 3) WGB(7, 3) WGB(8, 3)
+WGB(1, 4) WGB(2, 4) WGB(3, 4) WGB(4, 4) WGB(5, 4) WGB(6, 4)
+static const wgb_fn wgb_tab[5][15] = {
+   {0},
+   {0, wgb_1_1, wgb_2_1, wgb_3_1, wgb_4_1, wgb_5_1, wgb_6_1, wgb_7_1, wgb_8_1, wgb_9_1, wgb_10_1,
+    wgb_11_1, wgb_12_1, wgb_13_1, wgb_14_1},
+   {0, wgb_1_2, wgb_2_2, wgb_3_2, wgb_4_2, wgb_5_2, wgb_6_2, wgb_7_2, wgb_8_2},
+   {0, wgb_1_3, wgb_2_3, wgb_3_3, wgb_4_3, wgb_5_3, wgb_6_3, wgb_7_3, wgb_8_3},
+   {0, wgb_1_4, wgb_2_4, wgb_3_4, wgb_4_4, wgb_5_4, wgb_6_4},
+};
+
+void lm_wg_bf16_gemm(int nv, int pb, const uint32_t *x, const uint32_t *w, int64_t OB,
+                     float *out, int64_t pitch, int first) {
+   wgb_tab[nv][pb](x, w, OB, out, pitch, first);
+}
