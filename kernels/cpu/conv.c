@@ -254,20 +254,16 @@ static inline int64_t geom_xn(const conv_geom *g) { return g->N * g->C * g->H * 
 static inline int64_t geom_wn(const conv_geom *g) { return g->O * g->Cg * g->kh * g->kw; }
 static inline int64_t geom_on(const conv_geom *g) { return g->N * g->O * g->Ho * g->Wo; }
 
-/* float16 / bfloat16 forward through float32 copies: the float32 kernels (fwd_ptrs), or with
-   wino_bf16 the Winograd of the wide layers with bfloat16 products (lm_conv_wino_bf16_fwd) */
 static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, const lm_tensor *xd,
                                   const lm_tensor *wd, const float *bbuf, const lm_tensor *rd,
-                                  int relu, lm_tensor *res, int wino_bf16) {
+                                  int relu, lm_tensor *res) {
    const int64_t xn = geom_xn(g), wn = geom_wn(g), on = geom_on(g);
    int ok = 1;
    float *xf = half_widened(xd, xn, &ok), *wf = half_widened(wd, wn, &ok);
    float *rf = half_widened(rd, on, &ok);
    float *of = scratch_f32(on, 1, &ok);
    lm_status st = LM_ERR_OOM;
-   if (ok)
-      st = wino_bf16 ? lm_conv_wino_bf16_fwd(g, xf, wf, bbuf, rf, relu, of)
-                     : fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, relu, of, NULL);
+   if (ok) st = fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, relu, of, NULL);
    if (st == LM_OK) half_narrow(res->dtype, of, lm_tensor_data(res), on);
    scratch_free(xf, xn), scratch_free(wf, wn), scratch_free(rf, on), scratch_free(of, on);
    return st;
@@ -316,14 +312,20 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
       bbuf = bias_dense(bias, dt, &bbytes);
       if (!bbuf) return LM_ERR_OOM;
    }
-   if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
-      st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res, 1);
+   if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0)) {
+      int ok = 1;
+      float *wf = half_widened(wd, geom_wn(g), &ok);
+      st = ok ? lm_conv_wino_bf16_fwd(g, lm_tensor_data(xd), wf, bbuf,
+                                      rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res))
+              : LM_ERR_OOM;
+      scratch_free(wf, geom_wn(g));
+   }
    else if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_conv_bf16_usable(g, 0))
       st = lm_conv_fwd_nhwc_avx512bf16(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
                                        rd ? lm_tensor_data(rd) : NULL, relu,
                                        lm_tensor_data(res));
    else if (dt == LM_FLOAT16 || dt == LM_BFLOAT16)
-      st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res, 0);
+      st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res);
    else {
       int stream = lm_tensor_block_cold(res);
       st = fwd_ptrs(g, nhwc, avx512, dt, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
@@ -346,15 +348,11 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    int ok = 1;
    float *gf = NULL; /* grad_out widened, once, for every float32 route below */
    if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
-      gf = half_widened(gd, on, &ok);
-      float *wf = half_widened(wd, wn, &ok), *gxf = scratch_f32(xn, 1, &ok);
-      st = ok ? lm_conv_wino_bf16_bwdd(g, gf, wf, gxf) : LM_ERR_OOM;
-      if (st == LM_OK) half_narrow(dt, gxf, lm_tensor_data(rx), xn);
-      scratch_free(wf, wn), scratch_free(gxf, xn);
-      if (st != LM_OK) {
-         scratch_free(gf, on);
-         return st;
-      }
+      float *wf = half_widened(wd, wn, &ok);
+      st = ok ? lm_conv_wino_bf16_bwdd(g, lm_tensor_data(gd), wf, lm_tensor_data(rx))
+              : LM_ERR_OOM;
+      scratch_free(wf, wn);
+      if (st != LM_OK) return st;
       rx = NULL;
    } else if (rx && native && lm_conv_bf16_usable(g, 1)) {
       st = lm_conv_bwdd_nhwc_avx512bf16(g, lm_tensor_data(gd), lm_tensor_data(wd),

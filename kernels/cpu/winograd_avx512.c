@@ -174,12 +174,33 @@ typedef struct {
    int CP;                 /* Cin padded to 16, 32 or 64, or to a multiple of 64 (wg_cp) */
    int64_t OB, nob, CoutP; /* output channel blocks */
    const float *U;         /* [ob][E][CP][OB] */
+   const uint32_t *Ub;     /* bf16: the same as bfloat16 pairs, [ob][E][CP / 2][OB] words */
    const float *bias, *res;
    int relu;
    const float *w;         /* the untransformed weights (wide schedule: wg_run_wide) */
    int flip;               /* backward data: w is (Cin, 3, 3, Cout), taps flipped */
-   int bf16;               /* wide schedule: products in bfloat16 (winograd_gemm_avx512bf16.c) */
+   int bf16;               /* products in bfloat16 (winograd_gemm_avx512bf16.c) */
+   /* bfloat16 tensors (instead of src, dst, res; F(4x4) only): read widened, the results rounded
+      to nearest even */
+   const uint16_t *src16, *res16;
+   uint16_t *dst16;
 } wg_prob;
+
+/* 16 bfloat16 -> float32 (exact) */
+static inline __m512 wg_bf_widen(__m256i h) {
+   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 16 float32 -> bfloat16, round to nearest even, NaN kept quiet (as lm_f2bf) */
+static inline __m256i wg_bf_round(__m512 v) {
+   const __m512i b = _mm512_castps_si512(v);
+   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+   const __m512i add = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
+   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, add), 16);
+   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+   r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+   return _mm512_cvtepi32_epi16(r);
+}
 
 /* one tile, 16 channels: the 6x6 patch at base (rows rs floats apart, pixels ps apart, lanes
    outside mask read as zero) -> v[e * es] for the 36 positions e */
@@ -286,21 +307,23 @@ static void wg_input_at(const wg_prob *P, int64_t t0, int64_t T, float *V, int64
    const int CP = P->CP, tm = P->m, ta = P->a;
    const int64_t Cin = P->Cin, H = P->H, W = P->W;
    wg_pos q = wg_pos_of(P, t0), qf = q;
+   const uint16_t *src16 = P->src16; /* bfloat16: every patch gathered (and widened) */
    /* the patch of the tile WG_PF ahead is on its way while this one is transformed */
-   for (int i = 0; i < WG_PF; i++) {
+   for (int i = 0; i < WG_PF && !src16; i++) {
       wg_prefetch_box(P->src, P->N, qf.n, H, W, Cin, qf.r * tm - P->ph, ta, qf.c * tm - P->pw, ta,
                       0);
       wg_pos_next(P, &qf);
    }
    for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q), wg_pos_next(P, &qf)) {
       const int64_t y0 = q.r * tm - P->ph, x0 = q.c * tm - P->pw;
-      const float *img = P->src + q.n * H * W * Cin;
+      const float *img = src16 ? NULL : P->src + q.n * H * W * Cin;
+      const uint16_t *img16 = src16 ? src16 + q.n * H * W * Cin : NULL;
       const float *base;
       int64_t rs, ps;
-      if (k + WG_PF < T)
+      if (k + WG_PF < T && !src16)
          wg_prefetch_box(P->src, P->N, qf.n, H, W, Cin, qf.r * tm - P->ph, ta, qf.c * tm - P->pw,
                          ta, 0);
-      if (y0 >= 0 && y0 + ta <= H && x0 >= 0 && x0 + ta <= W && Cin == CP) {
+      if (!src16 && y0 >= 0 && y0 + ta <= H && x0 >= 0 && x0 + ta <= W && Cin == CP) {
          base = img + (y0 * W + x0) * Cin;
          rs = W * Cin;
          ps = Cin;
@@ -310,13 +333,16 @@ static void wg_input_at(const wg_prob *P, int64_t t0, int64_t T, float *V, int64
                float *d = patch + (i * ta + j) * CP;
                const int64_t yy = y0 + i, xx = x0 + j;
                if (yy >= 0 && yy < H && xx >= 0 && xx < W) {
-                  const float *sp = img + (yy * W + xx) * Cin;
+                  const int64_t po = (yy * W + xx) * Cin;
                   for (int c0 = 0; c0 < CP; c0 += 16) {
                      const int64_t left = Cin - c0;
                      const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF
                                                     : (left <= 0 ? (__mmask16)0
                                                                  : (__mmask16)((1u << left) - 1));
-                     _mm512_store_ps(d + c0, _mm512_maskz_loadu_ps(m, sp + c0));
+                     const __m512 v =
+                        src16 ? wg_bf_widen(_mm256_maskz_loadu_epi16(m, img16 + po + c0))
+                              : _mm512_maskz_loadu_ps(m, img + po + c0);
+                     _mm512_store_ps(d + c0, v);
                   }
                } else {
                   memset(d, 0, (size_t)CP * sizeof(float));
@@ -396,10 +422,13 @@ static void wg_output_at(const wg_prob *P, int64_t t0, int64_t T, const float *M
       const int64_t n = q.n, y0 = q.r * 4, x0 = q.c * 4;
       const int64_t ny = P->Ho - y0 < 4 ? P->Ho - y0 : 4, nx = P->Wo - x0 < 4 ? P->Wo - x0 : 4;
       const int full = ny == 4 && nx == 4;
-      float *obase = P->dst + ((n * P->Ho + y0) * P->Wo + x0) * Cout;
-      const float *rbase = P->res ? P->res + ((n * P->Ho + y0) * P->Wo + x0) * Cout : NULL;
+      const int64_t pix = ((n * P->Ho + y0) * P->Wo + x0) * Cout;
+      float *obase = P->dst16 ? NULL : P->dst + pix;
+      const float *rbase = P->res ? P->res + pix : NULL;
+      uint16_t *obase16 = P->dst16 ? P->dst16 + pix : NULL;
+      const uint16_t *rbase16 = P->res16 ? P->res16 + pix : NULL;
       const int64_t ors = P->Wo * Cout;
-      if (k + 1 < T && whole) {
+      if (k + 1 < T && whole && !obase16) {
          /* the next tile's output lines, for writing */
          wg_pos q1 = q;
          wg_pos_next(P, &q1);
@@ -432,8 +461,13 @@ static void wg_output_at(const wg_prob *P, int64_t t0, int64_t T, const float *M
                const int64_t off = p * ors + q * Cout + c0;
                __m512 v = _mm512_add_ps(o[q], bv);
                if (rbase) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rbase + off));
+               if (rbase16)
+                  v = _mm512_add_ps(v, wg_bf_widen(_mm256_maskz_loadu_epi16(m, rbase16 + off)));
                if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-               _mm512_mask_storeu_ps(obase + off, m, v);
+               if (obase16)
+                  _mm256_mask_storeu_epi16(obase16 + off, m, wg_bf_round(v));
+               else
+                  _mm512_mask_storeu_ps(obase + off, m, v);
             }
          }
       }
@@ -468,6 +502,30 @@ static void wg_gemm(const wg_prob *P, int64_t T, const float *V, float *M) {
    }
 }
 
+/* wg_gemm with bfloat16 products (P->bf16; CP a multiple of 64): Vb is V as bfloat16 pairs (the
+   same layout, words at half the float offsets), P->Ub the weights' pairs */
+static void wg_gemm_bf16(const wg_prob *P, int64_t T, const uint32_t *Vb, float *M) {
+   const int64_t CP = P->CP, OB = P->OB, nchunk = CP / 64;
+   for (int e = 0; e < P->E; e++) {
+      for (int64_t ob = 0; ob < P->nob; ob++) {
+         const int64_t nvalid = P->Cout - ob * OB < OB ? P->Cout - ob * OB : OB;
+         const int nv = (int)((nvalid + 15) / 16), pbmax = lm_conv_rb_pbmax(nv);
+         const uint32_t *u = P->Ub + ((ob * P->E + e) * (CP / 2)) * OB;
+         const uint32_t *ve = Vb + (int64_t)e * T * (CP / 2);
+         const int64_t nb = (T + pbmax - 1) / pbmax, base = T / nb, extra = T % nb;
+         int64_t k = 0;
+         for (int64_t b = 0; b < nb; b++) {
+            const int m = (int)(base + (b < extra));
+            float *mo = M + ((int64_t)e * T + k) * P->CoutP + ob * OB;
+            for (int64_t j = 0; j < nchunk; j++)
+               lm_wg_bf16_gemm(nv, m, ve + j * T * 32 + k * 32, u + j * 32 * OB, OB, mo,
+                               P->CoutP, j == 0);
+            k += m;
+         }
+      }
+   }
+}
+
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static lm_status wg_run(const wg_prob *P) {
@@ -493,19 +551,25 @@ static lm_status wg_run(const wg_prob *P) {
    const int64_t units = ceil_div(tiles, T);
    T = ceil_div(tiles, units); /* balanced */
    const size_t vsz = (size_t)(P->E * T * P->CP), msz = (size_t)(P->E * T * P->CoutP);
-   const size_t per_thread = (vsz + msz + (size_t)P->E * P->CP + 15) / 16 * 16;
+   const size_t vbsz = P->bf16 ? vsz / 2 : 0; /* V as bfloat16 pairs (words) */
+   const size_t per_thread = (vsz + msz + (size_t)P->E * P->CP + vbsz + 15) / 16 * 16;
    const size_t bytes = (size_t)nthr * per_thread * sizeof(float);
    float *scratch = lm_alloc(bytes);
    if (!scratch) return LM_ERR_OOM;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
    {
       float *V = scratch + (size_t)conv_thread_id() * per_thread, *M = V + vsz, *patch = M + msz;
+      uint32_t *Vb = (uint32_t *)(patch + (size_t)P->E * P->CP);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; u++) {
          const int64_t t0 = u * T, n = t0 + T < tiles ? T : tiles - t0;
          if (n <= 0) continue;
          wg_input(P, t0, n, V, patch);
-         wg_gemm(P, n, V, M);
+         if (P->bf16) {
+            lm_wg_bf16_pack_v(V, Vb, P->E * n * P->CP);
+            wg_gemm_bf16(P, n, Vb, M);
+         } else
+            wg_gemm(P, n, V, M);
          if (P->m == 4)
             wg_output(P, t0, n, M);
          else
@@ -812,19 +876,27 @@ static int wg_unit_fits(int64_t cin, int64_t cout) {
 
 
 /* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
-static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src, const float *w,
-                         const float *bias, const float *res, int relu, float *dst, int bf16) {
+/* bf16: bfloat16 products, and src, res and dst bfloat16 tensors (uint16_t); else float32 */
+static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, const float *w,
+                         const float *bias, const void *res, int relu, void *dst, int bf16) {
    const int E = (tm + 2) * (tm + 2);
    const int64_t cin = flip ? g->O : g->C, cout = flip ? g->C : g->O;
    const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
    wg_prob P;
    memset(&P, 0, sizeof P);
-   P.src = src;
+   if (bf16) {
+      P.src16 = src;
+      P.res16 = res;
+      P.dst16 = dst;
+   } else {
+      P.src = src;
+      P.res = res;
+      P.dst = dst;
+   }
    P.H = flip ? g->Ho : g->H;
    P.W = flip ? g->Wo : g->W;
    P.Cin = cin;
-   P.dst = dst;
    P.Ho = flip ? g->H : g->Ho;
    P.Wo = flip ? g->W : g->Wo;
    P.Cout = cout;
@@ -841,7 +913,6 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src,
    P.nob = nob;
    P.CoutP = CoutP;
    P.bias = bias;
-   P.res = res;
    P.relu = relu;
    if (CP > 64 && tm == 4 && !wg_unit_fits(cin, cout)) {
       /* the wide schedule transforms the weights itself, block by block */
@@ -878,7 +949,23 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const float *src,
       wg_weights2(gt, CP, CoutP, OB, U);
    lm_free(gt, gbytes);
    P.U = U;
+   uint32_t *Ub = NULL;
+   const size_t ubbytes = ubytes / 2;
+   if (bf16) { /* the transformed weights once more, as bfloat16 pairs */
+      Ub = lm_alloc(ubbytes);
+      if (!Ub) {
+         lm_free(U, ubytes);
+         return LM_ERR_OOM;
+      }
+      for (int64_t ob = 0; ob < nob; ob++)
+         for (int64_t j = 0; j < CP / 64; j++)
+            lm_wg_bf16_pack_u(U + ((ob * E) * CP + j * 64) * OB, CP * OB, OB,
+                              Ub + (ob * E) * (CP / 2) * OB + j * 32 * OB, (CP / 2) * OB);
+      P.Ub = Ub;
+      P.bf16 = 1;
+   }
    lm_status st = wg_run(&P);
+   if (Ub) lm_free(Ub, ubbytes);
    lm_free(U, ubytes);
    return st;
 }
@@ -1310,21 +1397,21 @@ lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, c
    return wg_conv(g, 1, wg_tile_size(1), gout, w, NULL, NULL, 0, gx, 0);
 }
 
-/* the wide schedule's geometries (wg_conv's choice), F(4x4) */
+/* F(4x4) with at least 64 reduction channels (CP a multiple of 64), either schedule */
 int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data) {
    if (!lm_conv_wino_usable(g, backward_data) || wg_tile_size(backward_data) != 4) return 0;
-   const int64_t cin = backward_data ? g->O : g->C, cout = backward_data ? g->C : g->O;
-   return wg_cp(cin) > 64 && !wg_unit_fits(cin, cout);
+   const int64_t cin = backward_data ? g->O : g->C;
+   return cin >= 64 && wg_cp(cin) % 64 == 0;
 }
 
-lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const float *x, const float *w,
-                                const float *bias, const float *res, int relu, float *out) {
+lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x, const float *w,
+                                const float *bias, const uint16_t *res, int relu, uint16_t *out) {
    if (!lm_conv_wino_bf16_usable(g, 0)) return LM_ERR_INTERNAL;
    return wg_conv(g, 0, 4, x, w, bias, res, relu, out, 1);
 }
 
-lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const float *gout, const float *w,
-                                 float *gx) {
+lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const float *w,
+                                 uint16_t *gx) {
    if (!lm_conv_wino_bf16_usable(g, 1)) return LM_ERR_INTERNAL;
    return wg_conv(g, 1, 4, gout, w, NULL, NULL, 0, gx, 1);
 }
