@@ -168,6 +168,21 @@ LM_CONV_HIDDEN void lm_wg_bf16_pack_u(const float *u, int64_t ues, int64_t OB, u
                                       int64_t ubes);
 LM_CONV_HIDDEN void lm_wg_bf16_gemm(int nv, int pb, const uint32_t *x, const uint32_t *w,
                                     int64_t OB, float *out, int64_t pitch, int first);
+/* rows of len floats (ld apart) -> pair rows (ldd words apart): word i of pair row p =
+   {row 2p [i], row 2p+1 [i]} (zero for the missing row of an odd count) */
+LM_CONV_HIDDEN void lm_wg_bf16_pack_rows(const float *src, int64_t rows, int64_t len, int64_t ld,
+                                         uint32_t *dst, int64_t ldd);
+/* acc[r*ap + 16v ..] += sum over np pair rows p of x[p*xs + r] . d[p*ds + 16v ..], r < R (<= 16
+   for nv 1, 8 for 2 and 3, 6 for 4), v < nv */
+LM_CONV_HIDDEN void lm_wg_bf16_wgrad(int nv, int R, const uint32_t *x, int64_t xs,
+                                     const uint32_t *d, int64_t ds, int64_t np, float *acc,
+                                     int64_t ap);
+/* the weight gradient of a bfloat16 convolution (x and gout widened to float32, gw and gb float32
+   as lm_conv_wino_bwdw_nhwc_avx512's) with bfloat16 products: the wide schedule's geometries
+   (more than 64 input channels) */
+LM_CONV_HIDDEN int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const float *x,
+                                                const float *gout, float *gw, float *gb);
 
 /* ---- bfloat16 NHWC kernels for AVX-512 + AVX512_BF16 (conv_avx512bf16.c) ----
  * x, w, res, out, gout, gx: bfloat16 (uint16_t) dense channels-last (w: (O, kh, kw, C)); bias:

@@ -1243,8 +1243,9 @@ static int wg_bwdw_wide_fits(const conv_geom *g) {
    return (int64_t)WG_E * tiles * (CP + CoutP) * (int64_t)sizeof(float) <= WG_WIDE_W;
 }
 
+/* bf16: the products in bfloat16 (V and D packed into pairs of tiles, lm_wg_bf16_wgrad) */
 static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *gout, float *gw,
-                              float *gb) {
+                              float *gb, int bf16) {
    const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
    const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
@@ -1252,12 +1253,16 @@ static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *g
    const int64_t T = P.N * P.th * P.tw, nchunk = CP / 64;
    const int nthr = conv_threads((double)T * WG_E * CP * CoutP);
    const int64_t ves = T * CP + 16, des = T * CoutP + 16, ues = 64 * OB + 16;
-   const size_t shared = (size_t)(WG_E * (ves + des));
+   /* bfloat16 pairs of tiles: V's chunk j of pair row p at Vp + e*vpes + j*T2*64 + p*64, D's at
+      Dp + e*dpes + p*CoutP (words) */
+   const int64_t T2 = (T + 1) / 2, vpes = T2 * CP + 16, dpes = T2 * CoutP + 16;
+   const size_t shared = (size_t)(WG_E * (ves + des)) + (bf16 ? (size_t)(WG_E * (vpes + dpes)) : 0);
    const size_t per_thread = ((size_t)(WG_E * ues) + (size_t)CoutP + (size_t)(WG_E * CP) + 15) / 16 * 16;
    const size_t bytes = (shared + (size_t)nthr * per_thread) * sizeof(float);
    float *scratch = lm_alloc(bytes);
    if (!scratch) return LM_ERR_OOM;
    float *V = scratch, *D = V + WG_E * ves;
+   uint32_t *Vp = (uint32_t *)(D + WG_E * des), *Dp = Vp + WG_E * vpes;
    if (gb) memset(gb, 0, (size_t)cout * sizeof(float));
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
    {
@@ -1271,6 +1276,17 @@ static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *g
          wg_gout_at(&P, gout, k0, n, D, k0, des, gbp);
          if (gw) wg_input_at(&P, k0, n, V, T, k0, ves, patch);
       }
+      if (gw && bf16) {
+#pragma omp for schedule(static)
+         for (int64_t ej = 0; ej < WG_E * (nchunk + 1); ej++) {
+            const int64_t e = ej / (nchunk + 1), j = ej % (nchunk + 1);
+            if (j < nchunk)
+               lm_wg_bf16_pack_rows(V + e * ves + j * T * 64, T, 64, 64,
+                                    Vp + e * vpes + j * T2 * 64, 64);
+            else
+               lm_wg_bf16_pack_rows(D + e * des, T, CoutP, CoutP, Dp + e * dpes, CoutP);
+         }
+      }
       if (gw) {
 #pragma omp for schedule(dynamic, 1)
          for (int64_t it = 0; it < nob * nchunk; it++) {
@@ -1283,9 +1299,13 @@ static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *g
                memset(ue, 0, (size_t)(64 * OB) * sizeof(float));
                const float *ve = V + e * ves + j * T * 64, *de = D + e * des + co0;
                int64_t ci = 0;
+               const uint32_t *vpe = Vp + e * vpes + j * T2 * 64, *dpe = Dp + e * dpes + co0;
                for (int64_t b = 0; b < nb; b++) {
                   const int rn = (int)(base + (b < extra));
-                  wgw_tab[nv][rn](ve + ci, 64, de, CoutP, T, ue + ci * OB, OB);
+                  if (bf16)
+                     lm_wg_bf16_wgrad(nv, rn, vpe + ci, 64, dpe, CoutP, T2, ue + ci * OB, OB);
+                  else
+                     wgw_tab[nv][rn](ve + ci, 64, de, CoutP, T, ue + ci * OB, OB);
                   ci += rn;
                }
             }
@@ -1388,7 +1408,7 @@ lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const
 
 lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
                                         float *gw, float *gb) {
-   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb);
+   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb, 0);
    return wg_bwdw(g, x, gout, gw, gb);
 }
 
@@ -1414,4 +1434,14 @@ lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const
                                  uint16_t *gx) {
    if (!lm_conv_wino_bf16_usable(g, 1)) return LM_ERR_INTERNAL;
    return wg_conv(g, 1, 4, gout, w, NULL, NULL, 0, gx, 1);
+}
+
+int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g) {
+   return lm_conv_wino_bwdw_usable(g) && lm_conv_rb_cp(g->C) < 16;
+}
+
+lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const float *x, const float *gout, float *gw,
+                                 float *gb) {
+   if (!lm_conv_wino_bf16_bwdw_usable(g)) return LM_ERR_INTERNAL;
+   return wg_bwdw_wide(g, x, gout, gw, gb, 1);
 }

@@ -57,6 +57,25 @@ void lm_wg_bf16_pack_u(const float *u, int64_t ues, int64_t OB, uint32_t *ub, in
       }
 }
 
+void lm_wg_bf16_pack_rows(const float *src, int64_t rows, int64_t len, int64_t ld, uint32_t *dst,
+                          int64_t ldd) {
+   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                       8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+   for (int64_t p = 0; p < (rows + 1) / 2; p++) {
+      const float *r0 = src + 2 * p * ld, *r1 = r0 + ld;
+      const int odd = 2 * p + 1 >= rows; /* the last row of an odd count pairs with zeros */
+      uint32_t *d = dst + p * ldd;
+      for (int64_t i = 0; i < len; i += 16) {
+         const __mmask16 m = len - i >= 16 ? (__mmask16)0xFFFF
+                                            : (__mmask16)((1u << (len - i)) - 1);
+         const __m512i a = _mm512_castsi256_si512(to_bf16(_mm512_maskz_loadu_ps(m, r0 + i)));
+         const __m512i b = _mm512_castsi256_si512(
+            to_bf16(odd ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, r1 + i)));
+         _mm512_mask_storeu_epi32(d + i, m, _mm512_permutex2var_epi16(a, lo, b));
+      }
+   }
+}
+
 /* out[k*pitch + 16v ..] (+)= sum over the 32 pairs p of x[k*32 + p] . w[p*OB + 16v ..] for PB
    tiles k and NV vectors v (one 64-channel chunk; added to out unless `first`) */
 AI void wgb_body(const uint32_t *x, const uint32_t *w, int64_t OB, float *out, int64_t pitch,
@@ -107,4 +126,59 @@ static const wgb_fn wgb_tab[5][15] = {
 void lm_wg_bf16_gemm(int nv, int pb, const uint32_t *x, const uint32_t *w, int64_t OB,
                      float *out, int64_t pitch, int first) {
    wgb_tab[nv][pb](x, w, OB, out, pitch, first);
+}
+
+/* acc[r][16v ..] += sum over the np pairs p of x[p*xs + r] . d[p*ds + 16v ..] for R rows r
+   (input channels) and NV vectors v (output channels): the weight gradient's products, the
+   reduction over pairs of tiles */
+AI void wgwb_body(const uint32_t *x, int64_t xs, const uint32_t *d, int64_t ds, int64_t np,
+                  float *accp, int64_t ap, const int R, const int NV) {
+   __m512 acc[16][4];
+#pragma GCC unroll 16
+   for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm512_load_ps(accp + r * ap + 16 * v);
+   for (int64_t p = 0; p < np; p++) {
+      __m512bh gv[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) gv[v] = (__m512bh)_mm512_loadu_si512(d + 16 * v);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; r++) {
+         const __m512bh b = (__m512bh)_mm512_set1_epi32((int)x[r]);
+#pragma GCC unroll 4
+         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], b, gv[v]);
+      }
+      x += xs;
+      d += ds;
+   }
+#pragma GCC unroll 16
+   for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_store_ps(accp + r * ap + 16 * v, acc[r][v]);
+}
+
+typedef void (*wgwb_fn)(const uint32_t *, int64_t, const uint32_t *, int64_t, int64_t, float *,
+                        int64_t);
+#define WGWB(R, NV)                                                                             \
+   static void wgwb_##R##_##NV(const uint32_t *x, int64_t xs, const uint32_t *d, int64_t ds,    \
+                               int64_t np, float *accp, int64_t ap) {                           \
+      wgwb_body(x, xs, d, ds, np, accp, ap, R, NV);                                             \
+   }
+WGWB(1, 1) WGWB(2, 1) WGWB(3, 1) WGWB(4, 1) WGWB(5, 1) WGWB(6, 1) WGWB(7, 1) WGWB(8, 1)
+WGWB(9, 1) WGWB(10, 1) WGWB(11, 1) WGWB(12, 1) WGWB(13, 1) WGWB(14, 1) WGWB(15, 1) WGWB(16, 1)
+WGWB(1, 2) WGWB(2, 2) WGWB(3, 2) WGWB(4, 2) WGWB(5, 2) WGWB(6, 2) WGWB(7, 2) WGWB(8, 2)
+WGWB(1, 3) WGWB(2, 3) WGWB(3, 3) WGWB(4, 3) WGWB(5, 3) WGWB(6, 3) WGWB(7, 3) WGWB(8, 3)
+WGWB(1, 4) WGWB(2, 4) WGWB(3, 4) WGWB(4, 4) WGWB(5, 4) WGWB(6, 4)
+static const wgwb_fn wgwb_tab[5][17] = {
+   {0},
+   {0, wgwb_1_1, wgwb_2_1, wgwb_3_1, wgwb_4_1, wgwb_5_1, wgwb_6_1, wgwb_7_1, wgwb_8_1, wgwb_9_1,
+    wgwb_10_1, wgwb_11_1, wgwb_12_1, wgwb_13_1, wgwb_14_1, wgwb_15_1, wgwb_16_1},
+   {0, wgwb_1_2, wgwb_2_2, wgwb_3_2, wgwb_4_2, wgwb_5_2, wgwb_6_2, wgwb_7_2, wgwb_8_2},
+   {0, wgwb_1_3, wgwb_2_3, wgwb_3_3, wgwb_4_3, wgwb_5_3, wgwb_6_3, wgwb_7_3, wgwb_8_3},
+   {0, wgwb_1_4, wgwb_2_4, wgwb_3_4, wgwb_4_4, wgwb_5_4, wgwb_6_4},
+};
+
+void lm_wg_bf16_wgrad(int nv, int r, const uint32_t *x, int64_t xs, const uint32_t *d,
+                      int64_t ds, int64_t np, float *acc, int64_t ap) {
+   wgwb_tab[nv][r](x, xs, d, ds, np, acc, ap);
 }
