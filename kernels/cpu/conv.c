@@ -385,17 +385,14 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       and the switch only, like the choices above) */
    if ((rw || rb) && native && bf16_bwdw_via_winograd(g) && lm_conv_wino_bf16_bwdw_usable(g) &&
        conv_env_on("LUMEN_CONV_BF16_WINOGRAD")) {
-      if (!gf) gf = half_widened(gd, on, &ok);
-      float *xf = rw ? half_widened(xd, xn, &ok) : NULL;
       float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
-      st = ok ? lm_conv_wino_bf16_bwdw(g, xf, gf, gwf, gbf) : LM_ERR_OOM;
+      st = ok ? lm_conv_wino_bf16_bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd),
+                                       gwf, gbf)
+              : LM_ERR_OOM;
       if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
       if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
-      scratch_free(xf, xn), scratch_free(gwf, wn), scratch_free(gbf, bn);
-      if (st != LM_OK) {
-         scratch_free(gf, on);
-         return st;
-      }
+      scratch_free(gwf, wn), scratch_free(gbf, bn);
+      if (st != LM_OK) return st;
       rw = rb = NULL;
    }
    if (!rx && !rw && !rb) {

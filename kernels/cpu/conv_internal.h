@@ -177,12 +177,13 @@ LM_CONV_HIDDEN void lm_wg_bf16_pack_rows(const float *src, int64_t rows, int64_t
 LM_CONV_HIDDEN void lm_wg_bf16_wgrad(int nv, int R, const uint32_t *x, int64_t xs,
                                      const uint32_t *d, int64_t ds, int64_t np, float *acc,
                                      int64_t ap);
-/* the weight gradient of a bfloat16 convolution (x and gout widened to float32, gw and gb float32
-   as lm_conv_wino_bwdw_nhwc_avx512's) with bfloat16 products: the wide schedule's geometries
-   (more than 64 input channels) */
+/* the weight gradient of a bfloat16 convolution with bfloat16 products: x and gout bfloat16 dense
+   NHWC (read widened), gw and gb float32 as lm_conv_wino_bwdw_nhwc_avx512's (gb from the same
+   sums, x may be NULL when gw is); usable: Winograd's weight gradient takes the geometry and
+   there are at least 64 input channels */
 LM_CONV_HIDDEN int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g);
-LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const float *x,
-                                                const float *gout, float *gw, float *gb);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const uint16_t *x,
+                                                const uint16_t *gout, float *gw, float *gb);
 
 /* ---- bfloat16 NHWC kernels for AVX-512 + AVX512_BF16 (conv_avx512bf16.c) ----
  * x, w, res, out, gout, gx: bfloat16 (uint16_t) dense channels-last (w: (O, kh, kw, C)); bias:

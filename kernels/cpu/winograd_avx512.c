@@ -1006,15 +1006,18 @@ static inline void wg_gt(const __m512 *x, __m512 *r) {
 
 /* grad_output transform of tiles [t0, t0 + T) into D[e][k][CoutP] (pixels outside the image are
    zero); the bias gradient of the tiles' pixels is added to gb */
-static void wg_gout_at(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
-                       int64_t k0, int64_t es, float *gb) {
+/* gout16 (bfloat16, instead of gout when not NULL): read widened */
+static void wg_gout_at(const wg_prob *P, const float *gout, const uint16_t *gout16, int64_t t0,
+                       int64_t T, float *D, int64_t k0, int64_t es, float *gb) {
    const int64_t Cout = P->Cout, CoutP = P->CoutP;
    wg_pos q = wg_pos_of(P, t0);
    for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
       const int64_t n = q.n, y0 = q.r * 4, x0 = q.c * 4;
       const int64_t ny = P->Ho - y0 < 4 ? P->Ho - y0 : 4, nx = P->Wo - x0 < 4 ? P->Wo - x0 : 4;
-      const float *gbase = gout + ((n * P->Ho + y0) * P->Wo + x0) * Cout;
-      if (k + WG_PF < T) {
+      const int64_t pix = ((n * P->Ho + y0) * P->Wo + x0) * Cout;
+      const float *gbase = gout16 ? NULL : gout + pix;
+      const uint16_t *gbase16 = gout16 ? gout16 + pix : NULL;
+      if (k + WG_PF < T && !gout16) {
          wg_pos qf = q;
          for (int i = 0; i < WG_PF; i++) wg_pos_next(P, &qf);
          wg_prefetch_box(gout, P->N, qf.n, P->Ho, P->Wo, Cout, qf.r * 4, 4, qf.c * 4, 4, 0);
@@ -1026,9 +1029,10 @@ static void wg_gout_at(const wg_prob *P, const float *gout, int64_t t0, int64_t 
          __m512 y[16], tmp[24], sum = _mm512_setzero_ps();
          for (int p = 0; p < 4; p++)
             for (int q = 0; q < 4; q++) {
-               y[p * 4 + q] = (p < ny && q < nx)
-                                 ? _mm512_maskz_loadu_ps(m, gbase + (p * P->Wo + q) * Cout + c0)
-                                 : _mm512_setzero_ps();
+               const int64_t off = (p * P->Wo + q) * Cout + c0;
+               y[p * 4 + q] = !(p < ny && q < nx) ? _mm512_setzero_ps()
+                              : gbase16 ? wg_bf_widen(_mm256_maskz_loadu_epi16(m, gbase16 + off))
+                                        : _mm512_maskz_loadu_ps(m, gbase + off);
                sum = _mm512_add_ps(sum, y[p * 4 + q]);
             }
          if (gb) _mm512_store_ps(gb + c0, _mm512_add_ps(_mm512_load_ps(gb + c0), sum));
@@ -1049,9 +1053,9 @@ static void wg_gout_at(const wg_prob *P, const float *gout, int64_t t0, int64_t 
    }
 }
 
-static void wg_gout(const wg_prob *P, const float *gout, int64_t t0, int64_t T, float *D,
-                    float *gb) {
-   wg_gout_at(P, gout, t0, T, D, 0, T * P->CoutP, gb);
+static void wg_gout(const wg_prob *P, const float *gout, const uint16_t *gout16, int64_t t0,
+                    int64_t T, float *D, float *gb) {
+   wg_gout_at(P, gout, gout16, t0, T, D, 0, T * P->CoutP, gb);
 }
 
 /* acc[r][v] (at accp + r*ap + 16v) += sum_k xv[k*xs + r] * dv[k*ds + 16v], k < T */
@@ -1126,11 +1130,41 @@ static void wg_wgrad(const wg_prob *P, int64_t T, const float *V, const float *D
    }
 }
 
+/* wg_wgrad with bfloat16 products: V[e][k][CP] and D[e][k][CoutP] packed into pairs of tiles
+   (Vp, Dp: T2 = ceil(T/2) pair rows per position) */
+static void wg_wgrad_bf16(const wg_prob *P, int64_t T, const float *V, const float *D,
+                          uint32_t *Vp, uint32_t *Dp, float *dU) {
+   const int64_t CP = P->CP, CoutP = P->CoutP, T2 = (T + 1) / 2;
+   for (int e = 0; e < WG_E; e++) {
+      uint32_t *vp = Vp + (int64_t)e * T2 * CP, *dp = Dp + (int64_t)e * T2 * CoutP;
+      lm_wg_bf16_pack_rows(V + (int64_t)e * T * CP, T, CP, CP, vp, CP);
+      lm_wg_bf16_pack_rows(D + (int64_t)e * T * CoutP, T, CoutP, CoutP, dp, CoutP);
+      float *ue = dU + (int64_t)e * CP * CoutP;
+      for (int64_t ob = 0; ob < P->nob; ob++) {
+         const int64_t co0 = ob * P->OB;
+         const int64_t nvalid = P->Cout - co0 < P->OB ? P->Cout - co0 : P->OB;
+         const int nv = (int)((nvalid + 15) / 16), rmax = wgw_rmax[nv];
+         const int64_t nb = (CP + rmax - 1) / rmax, base = CP / nb, extra = CP % nb;
+         int64_t ci = 0;
+         for (int64_t b = 0; b < nb; b++) {
+            const int rn = (int)(base + (b < extra));
+            lm_wg_bf16_wgrad(nv, rn, vp + ci, CP, dp + co0, CoutP, T2, ue + ci * CoutP + co0,
+                             CoutP);
+            ci += rn;
+         }
+      }
+   }
+}
+
 /* the weight gradient's problem (F(4x4), input x): sizes, padding, tiles, channel padding */
-static wg_prob wg_bwdw_prob(const conv_geom *g, const float *x, int CP, int64_t OB, int64_t nob) {
+static wg_prob wg_bwdw_prob(const conv_geom *g, const void *x, int bf16, int CP, int64_t OB,
+                            int64_t nob) {
    wg_prob P;
    memset(&P, 0, sizeof P);
-   P.src = x;
+   if (bf16)
+      P.src16 = x;
+   else
+      P.src = x;
    P.H = g->H;
    P.W = g->W;
    P.Cin = g->C;
@@ -1152,12 +1186,16 @@ static wg_prob wg_bwdw_prob(const conv_geom *g, const float *x, int CP, int64_t 
    return P;
 }
 
-static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, float *gw,
-                         float *gb) {
+/* bf16: x and gout bfloat16 (uint16_t), the products in bfloat16 (each unit's V and D packed into
+   pairs of tiles, lm_wg_bf16_wgrad) */
+static lm_status wg_bwdw(const conv_geom *g, const void *x, const void *gout_, float *gw,
+                         float *gb, int bf16) {
    const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
    const int CP = lm_conv_rb_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
-   const wg_prob P = wg_bwdw_prob(g, x, CP, OB, nob);
+   const wg_prob P = wg_bwdw_prob(g, x, bf16, CP, OB, nob);
+   const float *gout = bf16 ? NULL : gout_;
+   const uint16_t *gout16 = bf16 ? gout_ : NULL;
    const int64_t tiles = P.N * P.th * P.tw;
    const int64_t usz = WG_E * CP * CoutP;
    int64_t T = WG_L2_BYTES / (WG_E * (CP + CoutP) * (int64_t)sizeof(float));
@@ -1168,7 +1206,10 @@ static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, 
    const int64_t units = ceil_div(tiles, T);
    T = ceil_div(tiles, units);
    const size_t vsz = (size_t)(WG_E * T * CP), dsz = (size_t)(WG_E * T * CoutP);
-   const size_t per_thread = ((size_t)usz + (size_t)CoutP + vsz + dsz + (size_t)WG_E * CP + 15) / 16 * 16;
+   const int64_t T2 = (T + 1) / 2; /* bf16: pairs of tiles, V's and D's (words) */
+   const size_t psz = bf16 ? (size_t)(WG_E * T2 * (CP + CoutP)) : 0;
+   const size_t per_thread =
+      ((size_t)usz + (size_t)CoutP + vsz + dsz + (size_t)WG_E * CP + psz + 15) / 16 * 16;
    const size_t bytes = (size_t)nthr * per_thread * sizeof(float);
    float *scratch = lm_alloc(bytes);
    if (!scratch) return LM_ERR_OOM;
@@ -1178,15 +1219,19 @@ static lm_status wg_bwdw(const conv_geom *g, const float *x, const float *gout, 
    {
       float *dU = scratch + (size_t)conv_thread_id() * per_thread, *gbp = dU + usz;
       float *V = gbp + CoutP, *D = V + vsz, *patch = D + dsz;
+      uint32_t *Vp = (uint32_t *)(patch + WG_E * CP), *Dp = Vp + WG_E * T2 * CP;
       memset(dU, 0, (size_t)(usz + CoutP) * sizeof(float));
 #pragma omp for schedule(static)
       for (int64_t u = 0; u < units; u++) {
          const int64_t t0 = u * T, n = t0 + T < tiles ? T : tiles - t0;
          if (n <= 0) continue;
-         wg_gout(&P, gout, t0, n, D, gbp);
+         wg_gout(&P, gout, gout16, t0, n, D, gbp);
          if (!gw) continue;
          wg_input(&P, t0, n, V, patch);
-         wg_wgrad(&P, n, V, D, dU);
+         if (bf16)
+            wg_wgrad_bf16(&P, n, V, D, Vp, Dp, dU);
+         else
+            wg_wgrad(&P, n, V, D, dU);
       }
       /* sum the partials in thread order, then grad_w = G^T dU G */
       const int nt = conv_num_threads_in_team();
@@ -1243,13 +1288,16 @@ static int wg_bwdw_wide_fits(const conv_geom *g) {
    return (int64_t)WG_E * tiles * (CP + CoutP) * (int64_t)sizeof(float) <= WG_WIDE_W;
 }
 
-/* bf16: the products in bfloat16 (V and D packed into pairs of tiles, lm_wg_bf16_wgrad) */
-static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *gout, float *gw,
+/* bf16: x and gout bfloat16 (uint16_t), the products in bfloat16 (V and D packed into pairs of
+   tiles, lm_wg_bf16_wgrad) */
+static lm_status wg_bwdw_wide(const conv_geom *g, const void *x, const void *gout_, float *gw,
                               float *gb, int bf16) {
    const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
    const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
-   const wg_prob P = wg_bwdw_prob(g, x, CP, OB, nob);
+   const wg_prob P = wg_bwdw_prob(g, x, bf16, CP, OB, nob);
+   const float *gout = bf16 ? NULL : gout_;
+   const uint16_t *gout16 = bf16 ? gout_ : NULL;
    const int64_t T = P.N * P.th * P.tw, nchunk = CP / 64;
    const int nthr = conv_threads((double)T * WG_E * CP * CoutP);
    const int64_t ves = T * CP + 16, des = T * CoutP + 16, ues = 64 * OB + 16;
@@ -1273,7 +1321,7 @@ static lm_status wg_bwdw_wide(const conv_geom *g, const float *x, const float *g
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < nin; i++) {
          const int64_t k0 = i * 4, n = k0 + 4 < T ? 4 : T - k0;
-         wg_gout_at(&P, gout, k0, n, D, k0, des, gbp);
+         wg_gout_at(&P, gout, gout16, k0, n, D, k0, des, gbp);
          if (gw) wg_input_at(&P, k0, n, V, T, k0, ves, patch);
       }
       if (gw && bf16) {
@@ -1409,7 +1457,7 @@ lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const
 lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
                                         float *gw, float *gb) {
    if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb, 0);
-   return wg_bwdw(g, x, gout, gw, gb);
+   return wg_bwdw(g, x, gout, gw, gb, 0);
 }
 
 lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
@@ -1437,11 +1485,12 @@ lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const
 }
 
 int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g) {
-   return lm_conv_wino_bwdw_usable(g) && lm_conv_rb_cp(g->C) < 16;
+   return lm_conv_wino_bwdw_usable(g) && g->C >= 64;
 }
 
-lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const float *x, const float *gout, float *gw,
-                                 float *gb) {
+lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const uint16_t *x, const uint16_t *gout,
+                                 float *gw, float *gb) {
    if (!lm_conv_wino_bf16_bwdw_usable(g)) return LM_ERR_INTERNAL;
-   return wg_bwdw_wide(g, x, gout, gw, gb, 1);
+   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb, 1);
+   return wg_bwdw(g, x, gout, gw, gb, 1);
 }
