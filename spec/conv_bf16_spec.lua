@@ -225,7 +225,8 @@ describe("conv2d in bfloat16 / float16", function()
       -- Its transformed operands are rounded to bfloat16, so
       -- the error is about ten times the direct kernel's (one rounding of the output): relative
       -- norm 1.6e-2 against 1.7e-3 on resnet50's layers (docs/mixed_precision.md). Both bounds
-      -- are checked, and LUMEN_CONV_BF16_WINOGRAD=0 brings the direct kernel back.
+      -- are checked, and lm.backends.cpu.bf16_winograd = false brings the direct kernels back
+      -- (LUMEN_CONV_BF16_WINOGRAD=0 too: the 512-channel case above).
       lm.manual_seed(9)
       -- C, O, H, W, padding, batch (the second's forward: 4 tiles of 4x4, the fewest it takes)
       for _, c in ipairs({ { 256, 192, 9, 7, 1, 3 }, { 320, 512, 6, 6, 0, 4 },
@@ -261,12 +262,15 @@ describe("conv2d in bfloat16 / float16", function()
          for i, e in ipairs(run()) do
             assert(e < 3e-2, ("%s: Winograd error %g (result %d)"):format(what, e, i))
          end
-         with_env("LUMEN_CONV_BF16_WINOGRAD", "0", function()
+         lm.backends.cpu.bf16_winograd = false
+         local ok, err = pcall(function()
             for i, e in ipairs(run()) do
-               -- the weight gradient of 64 channels takes float32 Winograd either way
+               -- the direct kernels (the weight gradient: float32 Winograd)
                assert(e < 4e-3, ("%s: direct error %g (result %d)"):format(what, e, i))
             end
          end)
+         lm.backends.cpu.bf16_winograd = true
+         assert(ok, err)
       end
    end)
 
@@ -334,6 +338,22 @@ describe("conv2d in bfloat16 / float16", function()
             end
          end
       end
+   end)
+
+   it("lm.backends.cpu.bf16_winograd: a boolean switch, default true; bad values are errors",
+      function()
+      assert.equal(true, lm.backends.cpu.bf16_winograd)
+      lm.backends.cpu.bf16_winograd = false
+      assert.equal(false, lm.backends.cpu.bf16_winograd)
+      lm.backends.cpu.bf16_winograd = true
+      assert.equal(true, lm.backends.cpu.bf16_winograd)
+      local ok, err = pcall(function() lm.backends.cpu.bf16_winograd = 1 end)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("bf16_winograd: expected a boolean", 1, true))
+      ok, err = pcall(function() lm.backends.cpu.winograd = true end)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("no setting named 'winograd'", 1, true))
+      assert.is_nil(lm.backends.cpu.winograd)
    end)
 
    it("rejects mixed dtypes with an error naming conv2d", function()

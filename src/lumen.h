@@ -328,6 +328,14 @@ void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double 
    bfloat16 kernels; 3 forces their float32 fallback); returns the ISA in use after the call */
 int lm_gemm_set_isa(int isa);
 int lm_gemm_isa(void);
+/* the CPU kernels' switches (lm.backends.cpu), each 0 or 1. LM_CPU_OPT_BF16_WINOGRAD (default 1):
+   bfloat16 3x3 stride-1 convolutions with 64 or more channels may run Winograd F(4x4, 3x3) with
+   bfloat16 products (about ten times the direct kernels' rounding error, 1.6e-2 relative against
+   1.7e-3: docs/mixed_precision.md); LUMEN_CONV_BF16_WINOGRAD=0 in the environment turns it off
+   whatever the switch says */
+enum { LM_CPU_OPT_BF16_WINOGRAD = 0, LM_CPU_NUM_OPTS = 1 };
+lm_status lm_cpu_set_option(int which, int value);
+lm_status lm_cpu_get_option(int which, int *value);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);
 /* out += a b (2-D, one dtype and device), each sum rounded once: torch.addmm with beta = alpha = 1 */
 lm_status lm_addmm_(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);

@@ -67,3 +67,28 @@ static const lm_backend cpu_backend = {"cpu", LM_CPU, 1, 1, cpu_alloc, cpu_free,
                                        cpu_memcpy, cpu_supports, cpu_compute};
 
 const lm_backend *lm_cpu_backend(void) { return &cpu_backend; }
+
+/* ---- the switches (lumen.h: LM_CPU_OPT_*) ---- */
+static int cpu_opts[LM_CPU_NUM_OPTS] = {1};
+
+int lm_cpu_option(int which) {
+   return which >= 0 && which < LM_CPU_NUM_OPTS ? __atomic_load_n(&cpu_opts[which], __ATOMIC_RELAXED)
+                                                : 0;
+}
+
+lm_status lm_cpu_set_option(int which, int value) {
+   if (which < 0 || which >= LM_CPU_NUM_OPTS)
+      return lm_error(LM_ERR_ARG, "unknown CPU option %d", which);
+   if (value != 0 && value != 1)
+      return lm_error(LM_ERR_ARG, "a CPU option is 0 or 1, got %d", value);
+   __atomic_store_n(&cpu_opts[which], value, __ATOMIC_RELAXED);
+   return LM_OK;
+}
+
+lm_status lm_cpu_get_option(int which, int *value) {
+   if (which < 0 || which >= LM_CPU_NUM_OPTS)
+      return lm_error(LM_ERR_ARG, "unknown CPU option %d", which);
+   if (!value) return lm_error(LM_ERR_ARG, "lm_cpu_get_option: value is NULL");
+   *value = lm_cpu_option(which);
+   return LM_OK;
+}

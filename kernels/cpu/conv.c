@@ -276,9 +276,13 @@ enum { LV_C = 0, LV_AVX512 = 1, LV_BF16 = 2 };
    run Winograd F(4x4, 3x3) with bfloat16 products (winograd_gemm_avx512bf16.c) in forward and
    backward data: a quarter of the direct kernel's multiplications at the same bfloat16 rate,
    for the price of float32 transforms and of widening the inputs. */
+static int bf16_winograd_on(void) {
+   return lm_cpu_option(LM_CPU_OPT_BF16_WINOGRAD) && conv_env_on("LUMEN_CONV_BF16_WINOGRAD");
+}
+
 static int bf16_winograd(const conv_geom *g, int nhwc, int level, int backward_data) {
    return level >= LV_BF16 && nhwc && lm_conv_wino_bf16_usable(g, backward_data) &&
-          conv_env_on("LUMEN_CONV_BF16_WINOGRAD");
+          bf16_winograd_on();
 }
 
 /* bfloat16 weight gradients of the 3x3 stride-1 layers with 64 or more input channels take the
@@ -384,7 +388,7 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    /* the wide layers' weight gradient through Winograd with bfloat16 products (by the geometry
       and the switch only, like the choices above) */
    if ((rw || rb) && native && bf16_bwdw_via_winograd(g) && lm_conv_wino_bf16_bwdw_usable(g) &&
-       conv_env_on("LUMEN_CONV_BF16_WINOGRAD")) {
+       bf16_winograd_on()) {
       float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
       st = ok ? lm_conv_wino_bf16_bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd),
                                        gwf, gbf)

@@ -13,6 +13,9 @@
    answer or the forced one */
 int lm_cpu_isa(void);
 
+/* a CPU switch (LM_CPU_OPT_*, lm_cpu_set_option): 0 or 1, read by the kernels at each call */
+int lm_cpu_option(int which);
+
 /* Each family stores its kernels in table[LM_OP_...] for isa. Called once at start and after
  * every change of ISA; the table is read without locks by lm_dispatch (a kernel pointer is
  * written atomically, and every kernel a table ever held stays valid). */

@@ -148,12 +148,15 @@ end
 
 ---------------------------------------------------------------------------------------------
 -- lm.backends: torch.backends.cudnn.benchmark / allow_tf32 / deterministic and
--- torch.backends.cuda.matmul.allow_tf32, as settable fields
+-- torch.backends.cuda.matmul.allow_tf32, as settable fields; lm.backends.cpu.bf16_winograd
 ---------------------------------------------------------------------------------------------
--- A table of switches: reading a field asks the backend (kernels/cuda/backend.cu holds them);
+-- A table of switches: reading a field asks the backend (kernels/cuda/backend.cu holds CUDA's,
+-- kernels/cpu/backend.c the CPU's: get and set are its lm_*_get_option / lm_*_set_option);
 -- writing one takes a boolean and sets it there. Without CUDA the value is kept in Lua (PyTorch
 -- accepts these settings on any machine), and reading gives it back.
-local function switches(path, fields, defaults)
+local function switches(path, fields, defaults, get, set)
+   get = get or C.lm_cuda_get_option
+   set = set or C.lm_cuda_set_option
    local kept = {}
    for k, v in pairs(defaults) do kept[k] = v end
    local v = ffi.new("int[1]")
@@ -161,7 +164,7 @@ local function switches(path, fields, defaults)
       __index = function(_, key)
          local id = fields[key]
          if id == nil then return nil end
-         if C.lm_cuda_get_option(id, v) == 0 then return v[0] ~= 0 end
+         if get(id, v) == 0 then return v[0] ~= 0 end
          C.lm_clear_error()
          return kept[key]
       end,
@@ -179,7 +182,7 @@ local function switches(path, fields, defaults)
                   .. tostring(value), 2)
          end
          kept[key] = value
-         local st = C.lm_cuda_set_option(id, value and 1 or 0)
+         local st = set(id, value and 1 or 0)
          if st ~= 0 then C.lm_clear_error() end
       end,
       __tostring = function() return "lm." .. path end,
@@ -195,6 +198,10 @@ local backends = {
       matmul = switches("backends.cuda.matmul", { allow_tf32 = C.LM_CUDA_OPT_TF32_MATMUL },
                         { allow_tf32 = false }),
    },
+   -- lumen's own: bf16_winograd, bfloat16 3x3 convolutions through Winograd with bfloat16
+   -- products (faster, about ten times the rounding error; docs/mixed_precision.md)
+   cpu = switches("backends.cpu", { bf16_winograd = C.LM_CPU_OPT_BF16_WINOGRAD },
+                  { bf16_winograd = true }, C.lm_cpu_get_option, C.lm_cpu_set_option),
 }
 
 -- lm.backends is this module's table of switches
