@@ -285,14 +285,13 @@ static int bf16_winograd(const conv_geom *g, int nhwc, int level, int backward_d
           bf16_winograd_on();
 }
 
-/* bfloat16 weight gradients of the 3x3 stride-1 layers with 64 or more input channels take the
-   float32 Winograd (widened inputs, one rounding at the end) instead of the native bf16 kernel:
-   F(4x4, 3x3) does a quarter of the multiplications, more than the bf16 dot product's factor of
-   two gives back. ResNet50 batch 8 training step under bf16 autocast, 2 threads, alternating in
-   one process (/tmp/abstep.lua, session 15): 626.7 -> 604.7, 616.3 -> 600.6, 624.3 -> 605.5 ms.
-   Forward and backward data stay native: the same route for them measured within the noise of
-   the whole step (the widening and narrowing passes eat what Winograd saves there).
-   LUMEN_CONV_WINOGRAD=0 turns it off with the rest of Winograd. */
+/* bfloat16 weight gradients of the 3x3 stride-1 layers with 64 or more input channels take
+   Winograd instead of the native bf16 kernel: F(4x4, 3x3) does a quarter of the
+   multiplications. With lm.backends.cpu.bf16_winograd (the default) its products are bfloat16
+   (lm_conv_wino_bf16_bwdw); switched off, float32 on widened copies, rounded once at the end,
+   which still beat the native kernel: resnet50 batch 8 training step under bf16 autocast, 2
+   threads, alternating in one process (session 15): 626.7 -> 604.7, 616.3 -> 600.6, 624.3 ->
+   605.5 ms. LUMEN_CONV_WINOGRAD=0 turns both off with the rest of Winograd. */
 static int bf16_bwdw_via_winograd(const conv_geom *g) {
    return g->C >= 64 && lm_conv_wino_bwdw_usable(g);
 }
@@ -350,7 +349,6 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    lm_status st = LM_OK;
    const int native = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc;
    int ok = 1;
-   float *gf = NULL; /* grad_out widened, once, for every float32 route below */
    if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
       float *wf = half_widened(wd, wn, &ok);
       st = ok ? lm_conv_wino_bf16_bwdd(g, lm_tensor_data(gd), wf, lm_tensor_data(rx))
@@ -364,34 +362,22 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       if (st != LM_OK) return st;
       rx = NULL;
    }
-   /* the weight and bias gradients natively (conv_bwdw_avx512bf16.c: the bf16 GEMM over pixel
-      pairs) into float32 scratch, rounded once. Chosen by the geometry only, never by which
-      gradients are wanted: grad_b alone equals grad_b computed with grad_w, bit for bit
-      (spec/c/test_devices_conv.c checks). x is NULL when only grad_b is wanted. The layers
-      bf16_bwdw_via_winograd takes go on to the float32 route below (the same geometry-only
-      choice there). */
-   if ((rw || rb) && native && !bf16_bwdw_via_winograd(g)) {
-      int ok2 = 1;
-      float *gwf = scratch_f32(wn, rw != NULL, &ok2), *gbf = scratch_f32(bn, rb != NULL, &ok2);
-      st = ok2 ? lm_conv_bwdw_nhwc_bf16(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd),
-                                        gwf, gbf)
-               : LM_ERR_OOM;
-      if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
-      if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
-      scratch_free(gwf, wn), scratch_free(gbf, bn);
-      if (st != LM_OK) {
-         scratch_free(gf, on);
-         return st;
-      }
-      rw = rb = NULL;
-   }
-   /* the wide layers' weight gradient through Winograd with bfloat16 products (by the geometry
-      and the switch only, like the choices above) */
-   if ((rw || rb) && native && bf16_bwdw_via_winograd(g) && lm_conv_wino_bf16_bwdw_usable(g) &&
-       bf16_winograd_on()) {
+   /* the weight and bias gradients in bfloat16 arithmetic, into float32 scratch rounded once:
+      natively (conv_bwdw_avx512bf16.c: the bf16 GEMM over pixel pairs), or for the 3x3 layers
+      bf16_bwdw_via_winograd takes, Winograd with bfloat16 products (lm.backends.cpu.
+      bf16_winograd; switched off, they go on to the float32 route below). Chosen by the
+      geometry and the switch only, never by which gradients are wanted: grad_b alone equals
+      grad_b computed with grad_w, bit for bit (spec/c/test_devices_conv.c, spec/conv_bf16_spec.lua
+      check). x is NULL when only grad_b is wanted. */
+   lm_status (*bwdw)(const conv_geom *, const uint16_t *, const uint16_t *, float *, float *) =
+      NULL;
+   if (native && !bf16_bwdw_via_winograd(g))
+      bwdw = lm_conv_bwdw_nhwc_bf16;
+   else if (native && lm_conv_wino_bf16_bwdw_usable(g) && bf16_winograd_on())
+      bwdw = lm_conv_wino_bf16_bwdw;
+   if ((rw || rb) && bwdw) {
       float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
-      st = ok ? lm_conv_wino_bf16_bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd),
-                                       gwf, gbf)
+      st = ok ? bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd), gwf, gbf)
               : LM_ERR_OOM;
       if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
       if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
@@ -399,11 +385,8 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       if (st != LM_OK) return st;
       rw = rb = NULL;
    }
-   if (!rx && !rw && !rb) {
-      scratch_free(gf, on);
-      return LM_OK;
-   }
-   if (!gf) gf = half_widened(gd, on, &ok);
+   if (!rx && !rw && !rb) return LM_OK;
+   float *gf = half_widened(gd, on, &ok);
    float *xf = rw ? half_widened(xd, xn, &ok) : NULL, *wf = rx ? half_widened(wd, wn, &ok) : NULL;
    float *gxf = scratch_f32(xn, rx != NULL, &ok), *gwf = scratch_f32(wn, rw != NULL, &ok);
    float *gbf = scratch_f32(bn, rb != NULL, &ok);

@@ -55,6 +55,14 @@
  * tiles; 1 thread, CPU ms a call: 256 at 14x14 batch 8 10.2-10.5 against 17.0-17.9 direct, 512
  * at 7x7 batch 8 10.7-11.0 against 20.2-20.6, 128 at 28x28 batch 8 7.9-8.2 against 16.8).
  *
+ * bfloat16 (conv.c's bf16_winograd, lm.backends.cpu.bf16_winograd; F(4x4) with 64 or more
+ * reduction channels, either schedule, and the weight gradient): the same transforms in float32,
+ * reading the bfloat16 tensors widened (every input patch gathered) and rounding the output once
+ * in the epilogue; the products take V, U and D rounded to bfloat16 (winograd_gemm_avx512bf16.c:
+ * pairs of channels for forward and backward data, pairs of tiles for the weight gradient).
+ * About ten times the direct bfloat16 kernels' error (1.6e-2 relative against 1.7e-3), 1.3-2x
+ * their speed on resnet50's layers (docs/mixed_precision.md).
+ *
  * Forward and backward data: every output element is reduced by one thread in a fixed order.
  * Backward weight: per-thread partials over a fixed split, summed in thread order.
  */

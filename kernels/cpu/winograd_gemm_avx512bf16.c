@@ -1,20 +1,23 @@
-/* winograd_gemm_avx512bf16.c -- the GEMM phase of Winograd F(4x4, 3x3) for bfloat16
- * convolutions on AVX512_BF16 (vdpbf16ps), for the wide schedule of winograd_avx512.c
- * (wg_run_wide: more than 64 reduction channels, reduced in chunks of 64).
+/* winograd_gemm_avx512bf16.c -- the products of Winograd F(4x4, 3x3) for bfloat16 convolutions
+ * on AVX512_BF16 (vdpbf16ps), for both schedules of winograd_avx512.c (the unit schedule's
+ * wg_gemm_bf16 and the wide one's chunks of 64 reduction channels) and for the weight gradient
+ * (the products summed over pairs of tiles).
  *
  * A bfloat16 convolution's inputs and weights are bfloat16 already; its transforms run in float32
- * (winograd_avx512.c, on widened copies) and only the 36 products of each chunk -- tiles x 64
- * channels by 64 channels x output block -- take bfloat16 operands: the transformed input V and
- * weights U rounded once to bfloat16 (round to nearest even), products summed in float32. That is
- * the part of Winograd that scales with Cin x Cout, and vdpbf16ps does it at twice the float32
- * FMA rate.
+ * (winograd_avx512.c, reading the bfloat16 tensors widened) and only the 36 products per tile --
+ * tiles x 64 channels by 64 channels x output block -- take bfloat16 operands: the transformed
+ * input V and weights U (or grad_output D) rounded once to bfloat16 (round to nearest even),
+ * products summed in float32. That is the part of Winograd that scales with Cin x Cout, and
+ * vdpbf16ps does it at twice the float32 FMA rate.
  *
  * Accuracy: rounding V and U adds an error that the output transform amplifies (its coefficients
  * reach 8); the float32 transforms and sums keep the rest exact. On ResNet50 under bf16 autocast
  * (bench/amp_accuracy.sh: logits against float64, PyTorch's bf16 error the unit) every 3x3
  * stride-1 layer emulated this way measured 1.29x PyTorch's error at the max and 1.24x in norm,
- * against 1.13x / 0.96x with the direct bf16 kernels (the acceptance bound is 2x); this file takes
- * the wide layers only (256 and 512 channels in ResNet50).
+ * against 1.13x / 0.96x with the direct bf16 kernels (the acceptance bound is 2x); the kernels
+ * here measured 1.17x / 1.26x. A single layer: relative error 1.6e-2 in norm against the direct
+ * kernels' 1.7e-3 (bench/bf16_winograd_accuracy.lua). lm.backends.cpu.bf16_winograd = false
+ * (kernels/cpu/conv.c) keeps the direct kernels.
  *
  * Layouts (32-bit words, each a pair of bfloat16: channel 2p in the low half, 2p+1 in the high,
  * as a bfloat16 array of channels reads):
