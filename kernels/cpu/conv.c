@@ -315,14 +315,9 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
       bbuf = bias_dense(bias, dt, &bbytes);
       if (!bbuf) return LM_ERR_OOM;
    }
-   if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0)) {
-      int ok = 1;
-      float *wf = half_widened(wd, geom_wn(g), &ok);
-      st = ok ? lm_conv_wino_bf16_fwd(g, lm_tensor_data(xd), wf, bbuf,
-                                      rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res))
-              : LM_ERR_OOM;
-      scratch_free(wf, geom_wn(g));
-   }
+   if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
+      st = lm_conv_wino_bf16_fwd(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
+                                 rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res));
    else if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_conv_bf16_usable(g, 0))
       st = lm_conv_fwd_nhwc_avx512bf16(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
                                        rd ? lm_tensor_data(rd) : NULL, relu,
@@ -350,10 +345,7 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    const int native = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc;
    int ok = 1;
    if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
-      float *wf = half_widened(wd, wn, &ok);
-      st = ok ? lm_conv_wino_bf16_bwdd(g, lm_tensor_data(gd), wf, lm_tensor_data(rx))
-              : LM_ERR_OOM;
-      scratch_free(wf, wn);
+      st = lm_conv_wino_bf16_bwdd(g, lm_tensor_data(gd), lm_tensor_data(wd), lm_tensor_data(rx));
       if (st != LM_OK) return st;
       rx = NULL;
    } else if (rx && native && lm_conv_bf16_usable(g, 1)) {

@@ -147,18 +147,18 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const
 
 /* bfloat16 convolutions through Winograd F(4x4, 3x3) with a bfloat16 GEMM phase
  * (winograd_avx512.c's schedules with the products of winograd_gemm_avx512bf16.c): x, res, out
- * (gout, gx) bfloat16 dense NHWC, read widened and written rounded once to nearest even; w the
- * float32 widening of the bfloat16 weights (O, 3, 3, C), bias float32 or NULL. The transforms run
+ * (gout, gx) and w (O, 3, 3, C) bfloat16 dense NHWC, read widened and written rounded once to
+ * nearest even; bias float32 or NULL. The transforms run
  * in float32, the transformed input and weights are rounded to bfloat16 for the products, which
  * are summed in float32. lm_conv_wino_bf16_usable: F(4x4) Winograd takes the geometry and there
  * are at least 64 reduction channels (LUMEN_CONV_WINOGRAD not 0 or 2); callers also need
  * lm_cpu_isa() >= LM_ISA_AVX512_BF16. */
 LM_CONV_HIDDEN int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x,
-                                               const float *w, const float *bias,
+                                               const uint16_t *w, const float *bias,
                                                const uint16_t *res, int relu, uint16_t *out);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout,
-                                                const float *w, uint16_t *gx);
+                                                const uint16_t *w, uint16_t *gx);
 /* the pieces in winograd_gemm_avx512bf16.c: n floats of v -> n bfloat16 at vb (round to nearest
    even); U[e][64][OB] (positions ues floats apart) -> pair rows Ub[e][32][OB] (ubes words
    apart); out[k*pitch + ..] (+)= the 32 pairs of tile k (x + k*32) . the pair rows at w, for pb

@@ -186,6 +186,7 @@ typedef struct {
    const float *bias, *res;
    int relu;
    const float *w;         /* the untransformed weights (wide schedule: wg_run_wide) */
+   const uint16_t *w16;    /* the same in bfloat16 (bf16 mode; w is then NULL) */
    int flip;               /* backward data: w is (Cin, 3, 3, Cout), taps flipped */
    int bf16;               /* products in bfloat16 (winograd_gemm_avx512bf16.c) */
    /* bfloat16 tensors (instead of src, dst, res; F(4x4) only): read widened, the results rounded
@@ -649,7 +650,7 @@ static void wg_weights_block(const wg_prob *P, int64_t ob, int64_t cb, int64_t C
       const int64_t co1 = ob * OB + OB < Cout ? ob * OB + OB : Cout;
       for (int64_t cl = 0; cl < CP; cl++) {
          const int64_t ci = cb + cl;
-         if (ci + 8 < Cin)
+         if (ci + 8 < Cin && P->w)
             for (int t = 0; t < 9; t++)
                for (int64_t c = ob * OB; c < co1; c += 16)
                   _mm_prefetch((const char *)(P->w + (ci + 8) * K + t * Cout + c), _MM_HINT_T0);
@@ -659,10 +660,12 @@ static void wg_weights_block(const wg_prob *P, int64_t ob, int64_t cb, int64_t C
                                            : (left <= 0 ? (__mmask16)0
                                                         : (__mmask16)((1u << left) - 1));
             __m512 g[9];
-            const float *wb = P->w + ci * K + co0;
-            for (int t = 0; t < 9; t++)
-               g[t] = ci < Cin && m ? _mm512_maskz_loadu_ps(m, wb + (8 - t) * Cout)
-                                    : _mm512_setzero_ps();
+            for (int t = 0; t < 9; t++) {
+               const int64_t wo = ci * K + co0 + (8 - t) * Cout;
+               g[t] = !(ci < Cin && m) ? _mm512_setzero_ps()
+                      : P->w16         ? wg_bf_widen(_mm256_maskz_loadu_epi16(m, P->w16 + wo))
+                                       : _mm512_maskz_loadu_ps(m, P->w + wo);
+            }
             wg_weights_vec(g, U + cl * OB + v0, ues);
          }
       }
@@ -681,13 +684,16 @@ static void wg_weights_block(const wg_prob *P, int64_t ob, int64_t cb, int64_t C
          for (int t = 0; t < 9; t++) {
             __m512 r[16];
             /* the rows are K floats apart: ask for the lines of the block after next */
-            if (cleft > 32)
+            if (cleft > 32 && P->w)
                for (int l = 0; l < 16 && l < left; l++)
                   _mm_prefetch((const char *)(P->w + (co0 + l) * K + t * Cin + ci0 + 32),
                                _MM_HINT_T0);
-            for (int l = 0; l < 16; l++)
-               r[l] = l < left ? _mm512_maskz_loadu_ps(cm, P->w + (co0 + l) * K + t * Cin + ci0)
-                               : _mm512_setzero_ps();
+            for (int l = 0; l < 16; l++) {
+               const int64_t wo = (co0 + l) * K + t * Cin + ci0;
+               r[l] = !(l < left) ? _mm512_setzero_ps()
+                      : P->w16    ? wg_bf_widen(_mm256_maskz_loadu_epi16(cm, P->w16 + wo))
+                                  : _mm512_maskz_loadu_ps(cm, P->w + wo);
+            }
             wg_transpose16(r);
             for (int l = 0; l < 16; l++) _mm512_store_ps(buf[t][l], r[l]);
          }
@@ -885,8 +891,10 @@ static int wg_unit_fits(int64_t cin, int64_t cout) {
 
 /* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
 /* bf16: bfloat16 products, and src, res and dst bfloat16 tensors (uint16_t); else float32 */
-static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, const float *w,
+static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, const void *w_,
                          const float *bias, const void *res, int relu, void *dst, int bf16) {
+   const float *w = bf16 ? NULL : w_;
+   const uint16_t *w16 = bf16 ? w_ : NULL;
    const int E = (tm + 2) * (tm + 2);
    const int64_t cin = flip ? g->O : g->C, cout = flip ? g->C : g->O;
    const int CP = wg_cp(cin);
@@ -925,6 +933,7 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, 
    if (CP > 64 && tm == 4 && !wg_unit_fits(cin, cout)) {
       /* the wide schedule transforms the weights itself, block by block */
       P.w = w;
+      P.w16 = w16;
       P.flip = flip;
       P.bf16 = bf16;
       return wg_run_wide(&P);
@@ -944,12 +953,20 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, 
       /* w[o][tap][c] -> gt[tap][c][o] */
       for (int64_t o = 0; o < g->O; o++)
          for (int64_t t = 0; t < 9; t++)
-            for (int64_t c = 0; c < C; c++) gt[(t * CP + c) * CoutP + o] = w[o * K + t * C + c];
+            for (int64_t c = 0; c < C; c++)
+               gt[(t * CP + c) * CoutP + o] = w16 ? lm_bf2f(w16[o * K + t * C + c])
+                                                  : w[o * K + t * C + c];
    } else {
       /* gt[tap][o][c] = w[o][flip(tap)][c] */
       for (int64_t o = 0; o < g->O; o++)
-         for (int64_t t = 0; t < 9; t++)
-            memcpy(gt + (t * CP + o) * CoutP, w + o * K + (8 - t) * C, (size_t)C * sizeof(float));
+         for (int64_t t = 0; t < 9; t++) {
+            float *d = gt + (t * CP + o) * CoutP;
+            const int64_t wo = o * K + (8 - t) * C;
+            if (w16)
+               for (int64_t c = 0; c < C; c++) d[c] = lm_bf2f(w16[wo + c]);
+            else
+               memcpy(d, w + wo, (size_t)C * sizeof(float));
+         }
    }
    if (tm == 4)
       wg_weights(gt, CP, CoutP, OB, nob, U);
@@ -1480,13 +1497,13 @@ int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data) {
    return cin >= 64 && wg_cp(cin) % 64 == 0;
 }
 
-lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x, const float *w,
+lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
                                 const float *bias, const uint16_t *res, int relu, uint16_t *out) {
    if (!lm_conv_wino_bf16_usable(g, 0)) return LM_ERR_INTERNAL;
    return wg_conv(g, 0, 4, x, w, bias, res, relu, out, 1);
 }
 
-lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const float *w,
+lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
                                  uint16_t *gx) {
    if (!lm_conv_wino_bf16_usable(g, 1)) return LM_ERR_INTERNAL;
    return wg_conv(g, 1, 4, gout, w, NULL, NULL, 0, gx, 1);
