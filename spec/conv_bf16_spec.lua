@@ -199,22 +199,23 @@ describe("conv2d in bfloat16 / float16", function()
       end
    end)
 
-   it("matches float32 with 512 channels (staged copies at a padded pixel pitch), 1x1 and 3x3",
-      function()
+   it("matches float32 with 512 and 2048 channels (staged copies, a padded pixel pitch at " ..
+      "2048), 1x1 and 3x3", function()
       -- the direct kernel: 3x3 at 512 channels would otherwise take Winograd (below)
       with_env("LUMEN_CONV_BF16_WINOGRAD", "0", function()
-      for _, k in ipairs({ 1, 3 }) do
-         local x = lm.randn({ 2, 512, 5, 6 }):contiguous(CL):bfloat16()
-         local w = (lm.randn({ 512, 512, k, k }) * 0.05):contiguous(CL):bfloat16()
+      for _, kc in ipairs({ { 1, 512 }, { 3, 512 }, { 1, 2048 } }) do
+         local k, ch = kc[1], kc[2]
+         local x = lm.randn({ 2, ch, 5, 6 }):contiguous(CL):bfloat16()
+         local w = (lm.randn({ ch, ch, k, k }) * 0.05):contiguous(CL):bfloat16()
          local opts = { padding = (k - 1) / 2 }
          local y = F.conv2d(x, w, nil, opts)
-         close(y, F.conv2d(x:float(), w:float(), nil, opts), 1e-2, "forward k" .. k)
+         close(y, F.conv2d(x:float(), w:float(), nil, opts), 1e-2, "forward k" .. k .. " " .. ch)
          local xg = x:clone():requires_grad_(true)
          local g = lm.randn(y:size()):contiguous(CL):bfloat16()
          F.conv2d(xg, w, nil, opts):backward(g)
          local xr = x:float():requires_grad_(true)
          F.conv2d(xr, w:float(), nil, opts):backward(g:float())
-         close(xg.grad, xr.grad, 1e-2, "grad input k" .. k)
+         close(xg.grad, xr.grad, 1e-2, "grad input k" .. k .. " " .. ch)
       end
       end)
    end)
