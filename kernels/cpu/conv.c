@@ -292,9 +292,7 @@ static int bf16_winograd(const conv_geom *g, int nhwc, int level, int backward_d
    which still beat the native kernel: resnet50 batch 8 training step under bf16 autocast, 2
    threads, alternating in one process (session 15): 626.7 -> 604.7, 616.3 -> 600.6, 624.3 ->
    605.5 ms. LUMEN_CONV_WINOGRAD=0 turns both off with the rest of Winograd. */
-static int bf16_bwdw_via_winograd(const conv_geom *g) {
-   return g->C >= 64 && lm_conv_wino_bwdw_usable(g);
-}
+static int bf16_bwdw_via_winograd(const conv_geom *g) { return lm_conv_wino_bf16_bwdw_usable(g); }
 
 /* ---------------------------------------------------------------------------------------------
  * the kernels (src/ops/conv.h gives the t[] order)
@@ -365,7 +363,7 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       NULL;
    if (native && !bf16_bwdw_via_winograd(g))
       bwdw = lm_conv_bwdw_nhwc_bf16;
-   else if (native && lm_conv_wino_bf16_bwdw_usable(g) && bf16_winograd_on())
+   else if (native && bf16_winograd_on())
       bwdw = lm_conv_wino_bf16_bwdw;
    if ((rw || rb) && bwdw) {
       float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);

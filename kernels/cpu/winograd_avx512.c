@@ -1134,36 +1134,20 @@ static const wgw_fn wgw_tab[5][17] = {
 };
 static const int wgw_rmax[5] = {0, 16, 8, 8, 6};
 
-/* dU[e][ci][co] += V[e][k][ci] * D[e][k][co] over the unit's T tiles */
-static void wg_wgrad(const wg_prob *P, int64_t T, const float *V, const float *D, float *dU) {
-   const int64_t CP = P->CP, CoutP = P->CoutP;
-   for (int e = 0; e < WG_E; e++) {
-      const float *ve = V + (int64_t)e * T * CP, *de = D + (int64_t)e * T * CoutP;
-      float *ue = dU + (int64_t)e * CP * CoutP;
-      for (int64_t ob = 0; ob < P->nob; ob++) {
-         const int64_t co0 = ob * P->OB;
-         const int64_t nvalid = P->Cout - co0 < P->OB ? P->Cout - co0 : P->OB;
-         const int nv = (int)((nvalid + 15) / 16), rmax = wgw_rmax[nv];
-         const int64_t nb = (CP + rmax - 1) / rmax, base = CP / nb, extra = CP % nb;
-         int64_t ci = 0;
-         for (int64_t b = 0; b < nb; b++) {
-            const int rn = (int)(base + (b < extra));
-            wgw_tab[nv][rn](ve + ci, CP, de + co0, CoutP, T, ue + ci * CoutP + co0, CoutP);
-            ci += rn;
-         }
-      }
-   }
-}
-
-/* wg_wgrad with bfloat16 products: V[e][k][CP] and D[e][k][CoutP] packed into pairs of tiles
-   (Vp, Dp: T2 = ceil(T/2) pair rows per position) */
-static void wg_wgrad_bf16(const wg_prob *P, int64_t T, const float *V, const float *D,
-                          uint32_t *Vp, uint32_t *Dp, float *dU) {
+/* dU[e][ci][co] += V[e][k][ci] * D[e][k][co] over the unit's T tiles. With Vp and Dp (bf16
+   mode) the products are bfloat16: V and D packed into pairs of tiles there first (T2 =
+   ceil(T/2) pair rows per position), lm_wg_bf16_wgrad instead of the float32 kernels */
+static void wg_wgrad(const wg_prob *P, int64_t T, const float *V, const float *D, uint32_t *Vp,
+                     uint32_t *Dp, float *dU) {
    const int64_t CP = P->CP, CoutP = P->CoutP, T2 = (T + 1) / 2;
    for (int e = 0; e < WG_E; e++) {
-      uint32_t *vp = Vp + (int64_t)e * T2 * CP, *dp = Dp + (int64_t)e * T2 * CoutP;
-      lm_wg_bf16_pack_rows(V + (int64_t)e * T * CP, T, CP, CP, vp, CP);
-      lm_wg_bf16_pack_rows(D + (int64_t)e * T * CoutP, T, CoutP, CoutP, dp, CoutP);
+      const float *ve = V + (int64_t)e * T * CP, *de = D + (int64_t)e * T * CoutP;
+      uint32_t *vp = Vp ? Vp + (int64_t)e * T2 * CP : NULL;
+      uint32_t *dp = Dp ? Dp + (int64_t)e * T2 * CoutP : NULL;
+      if (vp) {
+         lm_wg_bf16_pack_rows(ve, T, CP, CP, vp, CP);
+         lm_wg_bf16_pack_rows(de, T, CoutP, CoutP, dp, CoutP);
+      }
       float *ue = dU + (int64_t)e * CP * CoutP;
       for (int64_t ob = 0; ob < P->nob; ob++) {
          const int64_t co0 = ob * P->OB;
@@ -1173,8 +1157,11 @@ static void wg_wgrad_bf16(const wg_prob *P, int64_t T, const float *V, const flo
          int64_t ci = 0;
          for (int64_t b = 0; b < nb; b++) {
             const int rn = (int)(base + (b < extra));
-            lm_wg_bf16_wgrad(nv, rn, vp + ci, CP, dp + co0, CoutP, T2, ue + ci * CoutP + co0,
-                             CoutP);
+            float *acc = ue + ci * CoutP + co0;
+            if (vp)
+               lm_wg_bf16_wgrad(nv, rn, vp + ci, CP, dp + co0, CoutP, T2, acc, CoutP);
+            else
+               wgw_tab[nv][rn](ve + ci, CP, de + co0, CoutP, T, acc, CoutP);
             ci += rn;
          }
       }
@@ -1253,10 +1240,7 @@ static lm_status wg_bwdw(const conv_geom *g, const void *x, const void *gout_, f
          wg_gout(&P, gout, gout16, t0, n, D, gbp);
          if (!gw) continue;
          wg_input(&P, t0, n, V, patch);
-         if (bf16)
-            wg_wgrad_bf16(&P, n, V, D, Vp, Dp, dU);
-         else
-            wg_wgrad(&P, n, V, D, dU);
+         wg_wgrad(&P, n, V, D, bf16 ? Vp : NULL, bf16 ? Dp : NULL, dU);
       }
       /* sum the partials in thread order, then grad_w = G^T dU G */
       const int nt = conv_num_threads_in_team();
