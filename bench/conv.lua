@@ -169,6 +169,26 @@ layer("conv3x3_256_14_b8", 8, 256, 256, 3, 1, 1, 14)
 layer("conv3x3_512_7_b8", 8, 512, 512, 3, 1, 1, 7)
 layer("conv3x3_256_14_b1", 1, 256, 256, 3, 1, 1, 14)
 layer("conv3x3_512_7_b2", 2, 512, 512, 3, 1, 1, 7)
+-- the rest of resnet50's layers at batch 8 (bench/train_profile.sh's by-shape table): the 1x1
+-- layers of every stage, the strided 3x3 layers and the stem
+layer("r50_1x1_64to64_56", 8, 64, 64, 1, 1, 0, 56)
+layer("r50_1x1_256to64_56", 8, 256, 64, 1, 1, 0, 56)
+layer("r50_1x1_256to128_56", 8, 256, 128, 1, 1, 0, 56)
+layer("r50_1x1_256to512_s2", 8, 256, 512, 1, 2, 0, 56)
+layer("r50_1x1_128to512_28", 8, 128, 512, 1, 1, 0, 28)
+layer("r50_1x1_512to128_28", 8, 512, 128, 1, 1, 0, 28)
+layer("r50_1x1_512to256_28", 8, 512, 256, 1, 1, 0, 28)
+layer("r50_1x1_512to1024_s2", 8, 512, 1024, 1, 2, 0, 28)
+layer("r50_1x1_256to1024_14", 8, 256, 1024, 1, 1, 0, 14)
+layer("r50_1x1_1024to256_14", 8, 1024, 256, 1, 1, 0, 14)
+layer("r50_1x1_1024to512_14", 8, 1024, 512, 1, 1, 0, 14)
+layer("r50_1x1_1024to2048_s2", 8, 1024, 2048, 1, 2, 0, 14)
+layer("r50_1x1_512to2048_7", 8, 512, 2048, 1, 1, 0, 7)
+layer("r50_1x1_2048to512_7", 8, 2048, 512, 1, 1, 0, 7)
+layer("r50_3x3_128_s2", 8, 128, 128, 3, 2, 1, 56)
+layer("r50_3x3_256_s2", 8, 256, 256, 3, 2, 1, 28)
+layer("r50_3x3_512_s2", 8, 512, 512, 3, 2, 1, 14)
+layer("r50_stem_7x7_3to64", 8, 3, 64, 7, 2, 3, 224, { no_bwd_data = true })
 
 -- one whole training step of small_resnet, batch 128, channels-last
 if not filter or ("small_resnet_train_step"):find(filter, 1, true) then

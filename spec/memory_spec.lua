@@ -301,6 +301,57 @@ describe("memory", function()
       assert.equal(live0, lm.memory.live_bytes())
    end)
 
+   it("a backward pass that took fresh large blocks collects at its end, and only then",
+      function()
+      local C = require("lumen.C")
+      assert.is_true(lm.memory.SETTLE_AFTER_BACKWARD)
+      local function step()
+         local w = lm.randn({ 64, 64 }, { requires_grad = true })
+         local x = lm.randn({ 16384, 64 })       -- 4 MiB: at least the 2 MiB the count watches
+         local loss = (x:matmul(w)):relu():sum()
+         loss:backward()
+         return w.grad
+      end
+      local miss_block, prev = lm.memory.miss_block(), lm.memory.soft_limit()
+      local traffic, adaptive = lm.memory.traffic_limit(), lm.memory.traffic_adaptive()
+      local dead = setmetatable({}, { __mode = "v" })
+      local ok, err = pcall(function()
+         -- no other trigger may collect during these steps
+         lm.memory.set_traffic_limit(0)
+         lm.memory.set_miss_block(0)
+         lm.memory.set_soft_limit(2 ^ 40)
+         step()
+         lm.memory.empty_cache()                -- every large block of the next step is fresh
+         local fresh0 = tonumber(C.lm_mem_fresh_large_count())
+         dead[1] = lm.randn({ 8 })              -- garbage that only a collection removes
+         local g = step()
+         assert.is_true(tonumber(C.lm_mem_fresh_large_count()) > fresh0)
+         assert.is_nil(dead[1], "collected at the end of the backward that missed")
+         assert.equal(64, g:size(1))
+         -- a step whose blocks all come from the cache is not charged a collection
+         lm.memory.collect()                    -- the last step's blocks back in the cache
+         local fresh1 = tonumber(C.lm_mem_fresh_large_count())
+         dead[1] = lm.randn({ 8 })
+         step()
+         assert.equal(fresh1, tonumber(C.lm_mem_fresh_large_count()))
+         assert.is_not_nil(dead[1], "a settled loop is not charged a collection")
+         -- switched off: no collection even after a miss
+         lm.memory.SETTLE_AFTER_BACKWARD = false
+         lm.memory.empty_cache()
+         local f0 = tonumber(C.lm_mem_fresh_large_count())
+         step()
+         assert.is_true(tonumber(C.lm_mem_fresh_large_count()) > f0)
+         assert.is_not_nil(dead[1])
+      end)
+      lm.memory.SETTLE_AFTER_BACKWARD = true
+      lm.memory.set_miss_block(miss_block)
+      lm.memory.set_soft_limit(prev)
+      lm.memory.set_traffic_limit(adaptive and "auto" or traffic)
+      dead[1] = nil
+      lm.memory.collect()
+      assert.is_true(ok, err)
+   end)
+
    it("the miss trigger: a large block that comes fresh collects before more fresh pages",
       function()
       local C = require("lumen.C")

@@ -88,6 +88,7 @@ static struct {
    pthread_mutex_t mu;
    block *free_list[NCLASS];
    int64_t live, peak, cached, nmalloc;
+   int64_t nfresh_large;           /* fresh blocks of LM_MISS_BLOCK bytes or more */
    int64_t handed, cold_bytes;     /* bytes handed out in all; the coldness threshold */
    int64_t cache_share;            /* the last-level cache one process can count on (-1: unread) */
    int64_t soft_limit, base_limit;
@@ -100,7 +101,7 @@ static struct {
    int64_t miss_growth, miss_live; /* growth and live bytes when it fired */
    block *meta_list[LM_META_CLASSES];
    int meta_count[LM_META_CLASSES];
-} A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, -1, -1,
+} A = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, 0, -1, -1,
        LM_DEFAULT_SOFT_LIMIT, LM_DEFAULT_SOFT_LIMIT, 0, 0, NULL, 0, 0,
        LM_MISS_BLOCK, LM_MISS_FLOOR, 0, 0, {0}, {0}};
 
@@ -284,6 +285,7 @@ void *lm_alloc(size_t nbytes) {
       }
       pthread_mutex_lock(&A.mu);
       A.nmalloc++;
+      if ((int64_t)rounded >= LM_MISS_BLOCK) A.nfresh_large++;
       account_alloc(rounded, 1);
       A.handed += (int64_t)rounded;
       if (A.miss_block > 0 && (int64_t)rounded >= A.miss_block &&
@@ -428,6 +430,7 @@ int64_t lm_mem_cold_bytes(void) { LOCKED_GET(cold_bytes()); }
 int64_t lm_mem_cache_share(void) { LOCKED_GET(cache_share()); }
 int64_t lm_mem_soft_limit(void) { LOCKED_GET(A.soft_limit); }
 int64_t lm_mem_alloc_count(void) { LOCKED_GET(A.nmalloc); }
+int64_t lm_mem_fresh_large_count(void) { LOCKED_GET(A.nfresh_large); }
 int lm_mem_pressure(void) {
    return __atomic_load_n(&A.pressure, __ATOMIC_RELAXED) |
           __atomic_load_n(&device_pressure, __ATOMIC_RELAXED);

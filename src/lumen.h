@@ -119,6 +119,7 @@ int64_t lm_mem_cold_bytes(void);              /* the coldness threshold: half th
                                                  get room for two more before a collection */
 void lm_mem_collected(void);                  /* Lua reports a finished collection (limit adapts) */
 int64_t lm_mem_alloc_count(void);             /* calls that reached malloc (cache misses) */
+int64_t lm_mem_fresh_large_count(void);       /* of those, blocks of 2 MiB or more */
 /* was the block at p (from lm_alloc(nbytes)) cold when handed out: more than half the last-level
    cache in bytes handed out since its previous use, last written with streaming stores, or fresh
    from the system? (0 for small blocks) */

@@ -23,6 +23,7 @@ local C = require("lumen.C")
 local dtypes = require("lumen.dtype")
 local T = require("lumen.tensor")
 local util = require("lumen.util")
+local memory = require("lumen.memory")
 
 local type, rawget, rawset, getmetatable, select, error, pcall = type, rawget, rawset,
    getmetatable, select, error, pcall
@@ -692,6 +693,7 @@ function Tensor.backward(self, grad, opts)
       end
       error(err, 0)
    end
+   memory.after_backward()
 end
 
 ---------------------------------------------------------------------------------------------
