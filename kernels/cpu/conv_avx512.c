@@ -788,7 +788,20 @@ static lm_status pw_run(const pw_prob *P0, int *stream) {
    return LM_OK;
 }
 
+static void pw_gather(const conv_geom *g, float *x, float *buf, int unstride);
+
+/* a strided, unpadded 1x1 layer (a ResNet stage's downsample) reads every sh-th row and sw-th
+   column: forward gathers those pixels (N*Ho*Wo x C) and runs the pointwise kernel on them */
+static int pw_strided(const conv_geom *g) {
+   return g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0 && (g->sh != 1 || g->sw != 1) &&
+          conv_env_on("LUMEN_CONV_PW_STRIDED");
+}
+
 int lm_conv_pw_usable(const conv_geom *g, int backward_data) {
+   /* strided forward only: their grad_x through this kernel and a scatter was slower than the
+      direct kernel or the product (256->512: 4.3 against 4.2 ms; 1024->2048: 4.1 against 3.9) */
+   if (!backward_data && pw_strided(g) && g->G == 1 && g->C > 0 && g->O > 0)
+      return g->C <= PW_MAX_CIN;
    if (!conv_is_pointwise(g) || g->G != 1 || g->C <= 0 || g->O <= 0) return 0;
    if (backward_data) return g->O <= PW_MAX_CIN;
    return g->C <= PW_MAX_CIN;
@@ -802,8 +815,26 @@ lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
    float *wp = lm_alloc(bytes);
    if (!wp) return LM_ERR_OOM;
    pack_fwd(g, w, OB, nob, wp, conv_threads((double)g->O * g->C));
-   const pw_prob P = {x, out, res, bias, wp, g->N * g->H * g->W, g->C, g->O, OB, nob, relu, 0};
-   lm_status st = pw_run(&P, stream);
+   const int64_t P = g->N * g->Ho * g->Wo;
+   float *gath = NULL;
+   size_t gbytes = 0;
+   if (g->sh != 1 || g->sw != 1) {
+      /* the gather costs a pass over P x C floats; the direct kernel's strided rows cost more.
+         2 threads, resnet50 batch 8, ms a call (bench/conv.lua r50_1x1_*_s2, two
+         alternations): 256->512 3.96-4.09 -> 3.39-3.51, 512->1024 3.65-3.70 -> 3.36-3.41,
+         1024->2048 3.63-3.73 -> 3.53-3.60 */
+      gbytes = (size_t)(P * g->C) * sizeof(float);
+      gath = lm_alloc(gbytes);
+      if (!gath) {
+         lm_free(wp, bytes);
+         return LM_ERR_OOM;
+      }
+      pw_gather(g, (float *)x, gath, 0);
+      x = gath;
+   }
+   const pw_prob Pr = {x, out, res, bias, wp, P, g->C, g->O, OB, nob, relu, 0};
+   lm_status st = pw_run(&Pr, stream);
+   if (gath) lm_free(gath, gbytes);
    lm_free(wp, bytes);
    return st;
 }

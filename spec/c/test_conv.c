@@ -497,6 +497,18 @@ static void pointwise_cases(void) {
                      L_NONDENSE_CL, L_CL);
       unsetenv("LUMEN_CONV_BWDW_GEMM");
    }
+   /* strided forward through the pointwise kernel (its input pixels gathered first): every
+      epilogue, odd channel counts and maps, unequal strides; LUMEN_CONV_PW_STRIDED=0 and the
+      algorithm switches above give the direct kernels the same shapes */
+   for (int off = 0; off < 2; off++) {
+      if (off) setenv("LUMEN_CONV_PW_STRIDED", "0", 1);
+      run_case_algos((geom[]){mk(2, 17, 9, 11, 40, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL,
+                     L_CL);
+      run_case_algos((geom[]){mk(3, 64, 7, 5, 256, 1, 1, 2, 1, 0, 0, 1, 1, 1)}, 0, 1, 0,
+                     L_NONDENSE_CL, L_CL);
+      run_case_algos((geom[]){mk(1, 5, 4, 4, 3, 1, 1, 3, 3, 0, 0, 1, 1, 1)}, 1, 0, 1, L_CL, L_CL);
+      unsetenv("LUMEN_CONV_PW_STRIDED");
+   }
    /* the benchmark's shape on a small map: full 6 x 64 tiles, streaming stores by default */
    run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
