@@ -2,9 +2,15 @@
  * groups 1, 3x3, padding 0..2): forward, backward data, backward weight. Reduction channels:
  * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also more than
  * 64, padded to a multiple of 64 (at most a quarter padding) and reduced in chunks of 64 (wg_cp):
- * 96..128 with at most 128 output channels by the unit schedule below (wg_run; WG_WIDE_MAX_CIN,
- * WG_WIDE_U), anything wider by the wide schedule (wg_run_wide), whose threads split the output
- * channels instead of the tiles.
+ * with F(4x4) by the wide schedule (wg_run_wide), whose threads split the output channels
+ * instead of the tiles; with F(2x2) (LUMEN_CONV_WINOGRAD=2) 96..128 with at most 128 output
+ * channels by the unit schedule below (wg_run; WG_WIDE_MAX_CIN, WG_WIDE_U).
+ * 128 channels took the unit schedule with F(4x4) too until session 16, when the wide one
+ * measured faster on the AMD Zen 5 machine (2 threads, ms a call, alternating): 128 -> 128 at
+ * 28x28, batch 8, forward 2.08-2.33 -> 1.49-1.56, backward data 1.74-1.97 -> 1.49-1.53; batch 1
+ * 0.96-1.01 -> 0.34-0.37; 96 -> 96 at 28x28, batch 1, 0.73-0.76 -> 0.34-0.35; in bfloat16 at
+ * batch 8 forward 2.00-2.19 -> 1.14, backward data 1.62-1.70 -> 1.10-1.12; resnet50 inference
+ * (batch 8, one process alternating) 138.0 -> 134.5 ms.
  *
  * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
  * around it:
@@ -930,7 +936,7 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, 
    P.CoutP = CoutP;
    P.bias = bias;
    P.relu = relu;
-   if (CP > 64 && tm == 4 && !wg_unit_fits(cin, cout)) {
+   if (CP > 64 && tm == 4) {
       /* the wide schedule transforms the weights itself, block by block */
       P.w = w;
       P.w16 = w16;
@@ -1443,7 +1449,7 @@ int lm_conv_wino_usable(const conv_geom *g, int backward_data) {
    const int64_t ho = backward_data ? g->H : g->Ho, wo = backward_data ? g->W : g->Wo;
    if (ho < 4 || wo < 4) return 0;
    if (!conv_env_on("LUMEN_CONV_WINOGRAD")) return 0;
-   if (CP > 64 && wg_tile_size(backward_data) == 4 && !wg_unit_fits(cin, cout)) {
+   if (CP > 64 && wg_tile_size(backward_data) == 4) {
       /* the wide schedule (wg_run_wide): at least WG_WIDE_MIN_TILES tiles */
       const int64_t tiles = g->N * ((ho + 3) / 4) * ((wo + 3) / 4);
       return wg_forced() || tiles >= WG_WIDE_MIN_TILES;
