@@ -304,7 +304,7 @@ describe("memory", function()
    it("a backward pass that took fresh large blocks collects at its end, and only then",
       function()
       local C = require("lumen.C")
-      assert.is_true(lm.memory.SETTLE_AFTER_BACKWARD)
+      assert.is_true(lm.memory.SETTLE_POOL)
       local function step()
          local w = lm.randn({ 64, 64 }, { requires_grad = true })
          local x = lm.randn({ 16384, 64 })       -- 4 MiB: at least the 2 MiB the count watches
@@ -315,15 +315,19 @@ describe("memory", function()
       local miss_block, prev = lm.memory.miss_block(), lm.memory.soft_limit()
       local traffic, adaptive = lm.memory.traffic_limit(), lm.memory.traffic_adaptive()
       local dead = setmetatable({}, { __mode = "v" })
+      -- garbage that only a collection removes, made in a frame of its own so that no stack
+      -- slot of the caller still holds it
+      local function garbage() dead[1] = lm.randn({ 8 }) end
       local ok, err = pcall(function()
          -- no other trigger may collect during these steps
          lm.memory.set_traffic_limit(0)
          lm.memory.set_miss_block(0)
          lm.memory.set_soft_limit(2 ^ 40)
          step()
-         lm.memory.empty_cache()                -- every large block of the next step is fresh
+         lm.memory.collect()                    -- the last step's blocks back in the cache,
+         lm.memory.empty_cache()                -- and out: every large block of the next is fresh
          local fresh0 = tonumber(C.lm_mem_fresh_large_count())
-         dead[1] = lm.randn({ 8 })              -- garbage that only a collection removes
+         garbage()
          local g = step()
          assert.is_true(tonumber(C.lm_mem_fresh_large_count()) > fresh0)
          assert.is_nil(dead[1], "collected at the end of the backward that missed")
@@ -331,19 +335,21 @@ describe("memory", function()
          -- a step whose blocks all come from the cache is not charged a collection
          lm.memory.collect()                    -- the last step's blocks back in the cache
          local fresh1 = tonumber(C.lm_mem_fresh_large_count())
-         dead[1] = lm.randn({ 8 })
+         garbage()
          step()
          assert.equal(fresh1, tonumber(C.lm_mem_fresh_large_count()))
          assert.is_not_nil(dead[1], "a settled loop is not charged a collection")
          -- switched off: no collection even after a miss
-         lm.memory.SETTLE_AFTER_BACKWARD = false
+         lm.memory.SETTLE_POOL = false
+         lm.memory.collect()
          lm.memory.empty_cache()
          local f0 = tonumber(C.lm_mem_fresh_large_count())
+         garbage()
          step()
          assert.is_true(tonumber(C.lm_mem_fresh_large_count()) > f0)
          assert.is_not_nil(dead[1])
       end)
-      lm.memory.SETTLE_AFTER_BACKWARD = true
+      lm.memory.SETTLE_POOL = true
       lm.memory.set_miss_block(miss_block)
       lm.memory.set_soft_limit(prev)
       lm.memory.set_traffic_limit(adaptive and "auto" or traffic)

@@ -693,7 +693,7 @@ function Tensor.backward(self, grad, opts)
       end
       error(err, 0)
    end
-   memory.after_backward()
+   memory.settle_pool()
 end
 
 ---------------------------------------------------------------------------------------------

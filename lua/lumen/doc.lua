@@ -1512,11 +1512,11 @@ E("lm.memory.set_miss_block", "lm.memory.set_miss_block(bytes)", "Change the mis
    .. "turns the trigger off).")
 E("lm.memory.miss_floor", "lm.memory.miss_floor() -> number", "The growth a miss needs now "
    .. "(doubles after a collection that found little dead).")
-E("lm.memory.SETTLE_AFTER_BACKWARD", "lm.memory.SETTLE_AFTER_BACKWARD", "true (default): "
-   .. "collect at the end of a backward pass that took fresh blocks of 2 MiB or more from the "
-   .. "system, so that the next training step finds its blocks in the cache.")
-E("lm.memory.after_backward", "lm.memory.after_backward()", "What autograd calls as a backward "
-   .. "pass ends: collects when the allocator took fresh large blocks since the last call.")
+E("lm.memory.SETTLE_POOL", "lm.memory.SETTLE_POOL", "true (default): collect at the end of "
+   .. "a backward pass that took fresh blocks of 2 MiB or more from the system, so that the "
+   .. "next training step finds its blocks in the cache.")
+E("lm.memory.settle_pool", "lm.memory.settle_pool()", "Collect now if the allocator took fresh "
+   .. "blocks of 2 MiB or more since the last call (what backward does as it ends).")
 E("lm.memory.cache_size", "lm.memory.cache_size() -> number", "The reported last-level cache.")
 E("lm.memory.cache_share", "lm.memory.cache_share() -> number", "The cache one process counts "
    .. "on: cache_size() capped at 32 MiB (LUMEN_CACHE_SHARE).")

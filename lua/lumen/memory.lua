@@ -270,21 +270,23 @@ end
 
 collect_now = M.collect
 
--- After a backward pass (autograd.lua calls this): when the allocator had to take fresh blocks
--- of 2 MiB or more from the system since the last pass, collect now. A training loop's pool of
--- blocks grows until it holds one step's peak of live tensors plus the garbage not yet collected
--- at that moment, and that garbage differs from step to step, so without this the pool grew for
--- about twenty resnet50 steps (batch 8), each taking 10-80 MB of fresh pages. Fresh pages are
--- dear on this project's virtual machines: a fresh 28 MiB activation cost 30-40 ms of page faults
--- inside a 1.8 ms convolution. Collected at the end of each step that missed, the step after it
--- finds every block it needs: no fresh block from the second step on. A collection costs 1.5 ms
--- in that loop; a loop whose pool is settled misses nothing and never pays it.
--- M.SETTLE_AFTER_BACKWARD = false turns this off.
-M.SETTLE_AFTER_BACKWARD = true
+-- Settling the pool of blocks: at the end of a backward pass (autograd.lua), collect when the
+-- allocator had to take fresh blocks of 2 MiB or more from the system since the last time.
+-- A training loop's pool of blocks grows until it holds one step's peak of live tensors plus the
+-- garbage not yet collected at that moment, and that garbage differs from step to step, so
+-- without this the pool grew for about twenty resnet50 steps (batch 8), each taking 10-80 MB of
+-- fresh pages. Fresh pages are dear on this project's virtual machines: a fresh 28 MiB
+-- activation cost 30-40 ms of page faults inside a 1.8 ms convolution. Collected at the end of
+-- each step that missed, the step after it finds (nearly) every block it needs. A collection
+-- costs about 1.5 ms in a training loop; a loop whose pool is settled misses nothing and never
+-- pays it. Not at the end of a model's call: in resnet50 inference the 2nd to 5th calls missed
+-- as often with it (their garbage is the call's own), and took as long.
+-- M.SETTLE_POOL = false turns this off.
+M.SETTLE_POOL = true
 local fresh_seen = tonumber(C.lm_mem_fresh_large_count())
-function M.after_backward()
+function M.settle_pool()
    local n = tonumber(C.lm_mem_fresh_large_count())
-   if n ~= fresh_seen and M.SETTLE_AFTER_BACKWARD then
+   if n ~= fresh_seen and M.SETTLE_POOL then
       M.collect()
       n = tonumber(C.lm_mem_fresh_large_count())
    end
