@@ -465,6 +465,34 @@ static void run_case_algos(const geom *g, int with_bias, int relu, int with_res,
    g_f32_nhwc_only = 0;
 }
 
+/* cases() as it is, then with the switch `env` set to 0 (the kernels it leaves out) */
+static void with_and_without(const char *env, void (*cases)(void)) {
+   for (int off = 0; off < 2; off++) {
+      if (off) setenv(env, "0", 1);
+      cases();
+      unsetenv(env);
+   }
+}
+
+static void bwdw_gemm_cases(void) {
+   run_case_algos((geom[]){mk(2, 1024, 3, 2, 512, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL,
+                  L_CL);
+   run_case_algos((geom[]){mk(1, 520, 2, 3, 1009, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 1, 1,
+                  L_NONDENSE_CL, L_CL);
+   /* strided (a ResNet downsample): the pixels gathered first; odd map sizes */
+   run_case_algos((geom[]){mk(2, 1024, 5, 4, 512, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL,
+                  L_CL);
+   run_case_algos((geom[]){mk(1, 600, 7, 6, 900, 1, 1, 2, 3, 0, 0, 1, 1, 1)}, 0, 0, 0,
+                  L_NONDENSE_CL, L_CL);
+}
+
+static void pw_strided_cases(void) {
+   run_case_algos((geom[]){mk(2, 17, 9, 11, 40, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(3, 64, 7, 5, 256, 1, 1, 2, 1, 0, 0, 1, 1, 1)}, 0, 1, 0,
+                  L_NONDENSE_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 5, 4, 4, 3, 1, 1, 3, 3, 0, 0, 1, 1, 1)}, 1, 0, 1, L_CL, L_CL);
+}
+
 /* ---- the pointwise kernels (1x1, stride 1, no padding): channel counts 1..80 on both sides
  * (partial vectors, one or two output blocks), maps of 1, 2 and 7 pixels a side (tiles cut
  * short, runs across images), every epilogue; forward and backward data, each algorithm ---- */
@@ -484,31 +512,11 @@ static void pointwise_cases(void) {
    /* the weight gradient as one product (O * C >= 512K: conv_avx512.c's bwdw_gemm_usable), with
       and without the bias gradient, odd channel counts, and the direct kernel on the same
       shapes (LUMEN_CONV_BWDW_GEMM=0) */
-   for (int off = 0; off < 2; off++) {
-      if (off) setenv("LUMEN_CONV_BWDW_GEMM", "0", 1);
-      run_case_algos((geom[]){mk(2, 1024, 3, 2, 512, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL,
-                     L_CL);
-      run_case_algos((geom[]){mk(1, 520, 2, 3, 1009, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 1, 1,
-                     L_NONDENSE_CL, L_CL);
-      /* strided (a ResNet downsample): the pixels gathered first; odd map sizes */
-      run_case_algos((geom[]){mk(2, 1024, 5, 4, 512, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 0, 0, L_CL,
-                     L_CL);
-      run_case_algos((geom[]){mk(1, 600, 7, 6, 900, 1, 1, 2, 3, 0, 0, 1, 1, 1)}, 0, 0, 0,
-                     L_NONDENSE_CL, L_CL);
-      unsetenv("LUMEN_CONV_BWDW_GEMM");
-   }
+   with_and_without("LUMEN_CONV_BWDW_GEMM", bwdw_gemm_cases);
    /* strided forward through the pointwise kernel (its input pixels gathered first): every
       epilogue, odd channel counts and maps, unequal strides; LUMEN_CONV_PW_STRIDED=0 and the
-      algorithm switches above give the direct kernels the same shapes */
-   for (int off = 0; off < 2; off++) {
-      if (off) setenv("LUMEN_CONV_PW_STRIDED", "0", 1);
-      run_case_algos((geom[]){mk(2, 17, 9, 11, 40, 1, 1, 2, 2, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL,
-                     L_CL);
-      run_case_algos((geom[]){mk(3, 64, 7, 5, 256, 1, 1, 2, 1, 0, 0, 1, 1, 1)}, 0, 1, 0,
-                     L_NONDENSE_CL, L_CL);
-      run_case_algos((geom[]){mk(1, 5, 4, 4, 3, 1, 1, 3, 3, 0, 0, 1, 1, 1)}, 1, 0, 1, L_CL, L_CL);
-      unsetenv("LUMEN_CONV_PW_STRIDED");
-   }
+      algorithm switches give the direct kernels the same shapes */
+   with_and_without("LUMEN_CONV_PW_STRIDED", pw_strided_cases);
    /* the benchmark's shape on a small map: full 6 x 64 tiles, streaming stores by default */
    run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
    run_case_algos((geom[]){mk(2, 64, 7, 9, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
