@@ -650,4 +650,46 @@ describe("eval mode, gradients off: (conv, batch norm) pairs run folded per call
       for _, node in ipairs(g.graph.nodes) do ops[#ops + 1] = node.op end
       assert.are.same({ "F.conv2d", "F.batch_norm", "Tensor.relu_" }, ops)
    end)
+
+   it("a block's intermediates go back to the allocator as soon as they are read", function()
+      lm.manual_seed(32)
+      local m = lm.models.resnet50({ num_classes = 10 })
+      m:eval()
+      lm.to_channels_last(m)
+      local x = lm.randn({ 2, 64, 16, 16 }):contiguous(lm.channels_last)
+      local function growth(block)
+         return lm.no_grad(function()
+            lm.memory.collect()
+            local live0 = lm.memory.live_bytes()
+            local y = block(x)
+            return lm.memory.live_bytes() - live0, y
+         end)
+      end
+      local ref = unfolded(m.layer1[1], x)
+      for _, folded in ipairs({ false, true }) do
+         if folded then nn.fold_batch_norm(m) end
+         -- layer1[1]: conv1 and conv2's results (2 x 64 x 16 x 16) and the downsample's
+         -- (2 x 256 x 16 x 16) are freed; only the block's result stays
+         local d, y = growth(m.layer1[1])
+         assert.is_true(d <= y:numel() * 4 * 1.25 + 65536,
+                        ("folded=%s: grew %d bytes for a %d-byte result"):format(
+                           tostring(folded), d, y:numel() * 4))
+         close("block folded=" .. tostring(folded), y, ref, 1e-4)
+      end
+      -- with gradients on, autograd holds them: a folded model's input gradient is the
+      -- unfolded one's
+      local m2 = lm.models.resnet18({ num_classes = 10 })
+      m2:eval()
+      lm.to_channels_last(m2)
+      local xi = lm.randn({ 2, 3, 32, 32 }):contiguous(lm.channels_last)
+      local function input_grad(model)
+         local xg = xi:clone():requires_grad_()
+         model(xg):sum():backward()
+         return xg.grad
+      end
+      local g_ref = input_grad(m2)
+      nn.fold_batch_norm(m2)
+      local g = input_grad(m2)
+      close("input gradient through a folded model", g, g_ref, 1e-4)
+   end)
 end)

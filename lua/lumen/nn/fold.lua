@@ -246,6 +246,13 @@ local function recording()
    return recorder_state ~= nil and recorder_state.active > 0
 end
 
+-- may a model give a block's intermediate t back to the allocator at once (t:free()) once the
+-- next operation has read it? Not while autograd holds it (requires_grad) or a jit recording
+-- may still refer to it.
+function M.releasable(t)
+   return t ~= nil and rawget(t, "requires_grad") ~= true and not recording()
+end
+
 -- can the (conv, bn) pairs (and the other modules listed) run folded in this call?
 function M.eval_foldable(pairs_list, others)
    if A.is_grad_enabled() or recording() then return false end
