@@ -879,9 +879,8 @@ AI void bww_body(const bw_seg *segs, int nseg, int64_t xs, int64_t gs, float *ac
          _mm_prefetch((const char *)((uintptr_t)xp + (uintptr_t)(BWW_PF * xs) * 4), _MM_HINT_T0);
 #pragma GCC unroll 4
          for (int v = 0; v < NV; v++) {
-            if (gs != OB) /* a packed block (gpk) is in L1 already */
-               _mm_prefetch((const char *)((uintptr_t)gp + (uintptr_t)(BWW_PF * gs + 16 * v) * 4),
-                            _MM_HINT_T0);
+            _mm_prefetch((const char *)((uintptr_t)gp + (uintptr_t)(BWW_PF * gs + 16 * v) * 4),
+                         _MM_HINT_T0);
             gv[v] = _mm512_maskz_loadu_ps(m[v], gp + 16 * v);
          }
 #pragma GCC unroll 8
