@@ -140,6 +140,10 @@ static lm_status fwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, cons
       int s0 = 0;
       return lm_conv_pw_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_, stream ? stream : &s0);
    }
+   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && lm_conv_nc_usable(g)) {
+      int s0 = 0;
+      return lm_conv_nc_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_, stream ? stream : &s0);
+   }
    if (stream) *stream = 0;
    if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && lm_conv_rb_usable(g, 0) &&
        conv_env_on("LUMEN_CONV_RB"))

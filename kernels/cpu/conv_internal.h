@@ -100,6 +100,15 @@ LM_CONV_HIDDEN lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const fl
 LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx, int *stream);
 
+/* ---- narrow inputs (2..4 channels, dilation 1, groups 1: an RGB stem) float32 NHWC forward
+ * (conv_avx512.c): each kernel row's kw*C input floats are one pointwise reduction.
+ * LUMEN_CONV_NC=0 turns it off. stream: as for the pointwise kernels (never NULL). ---- */
+LM_CONV_HIDDEN int lm_conv_nc_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                    const float *w, const float *bias,
+                                                    const float *res, int relu, float *out,
+                                                    int *stream);
+
 /* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
  * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
  * take a geometry (backward_data: the reduction runs over O instead of C). */

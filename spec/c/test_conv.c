@@ -448,19 +448,19 @@ static void random_cases(int count) {
 static void run_case_algos(const geom *g, int with_bias, int relu, int with_res, int lx, int lw) {
    /* Winograd F(2x2,3x3) / F(4x4,3x3) (the default), the pointwise kernels with streaming stores
       forced on (every size), then the direct kernels (register-blocked, then the general ones) */
-   static const char *const envs[5][4] = {{"2", NULL, NULL, NULL},
-                                          {"4", NULL, NULL, NULL},
-                                          {"0", NULL, NULL, "1"},
-                                          {"0", NULL, "0", NULL},
-                                          {"0", "0", "0", NULL}};
-   static const char *const names[4] = {"LUMEN_CONV_WINOGRAD", "LUMEN_CONV_RB", "LUMEN_CONV_PW",
-                                        "LUMEN_CONV_STREAM"};
+   static const char *const envs[5][5] = {{"2", NULL, NULL, NULL, NULL},
+                                          {"4", NULL, NULL, NULL, NULL},
+                                          {"0", NULL, NULL, "1", NULL},
+                                          {"0", NULL, "0", NULL, NULL},
+                                          {"0", "0", "0", NULL, "0"}};
+   static const char *const names[5] = {"LUMEN_CONV_WINOGRAD", "LUMEN_CONV_RB", "LUMEN_CONV_PW",
+                                        "LUMEN_CONV_STREAM", "LUMEN_CONV_NC"};
    g_f32_nhwc_only = 1;
    for (int e = 0; e < 5; e++) {
-      for (int k = 0; k < 4; k++)
+      for (int k = 0; k < 5; k++)
          if (envs[e][k]) setenv(names[k], envs[e][k], 1);
       run_case(g, with_bias, relu, with_res, lx, lw);
-      for (int k = 0; k < 4; k++) unsetenv(names[k]);
+      for (int k = 0; k < 5; k++) unsetenv(names[k]);
    }
    g_f32_nhwc_only = 0;
 }
@@ -484,6 +484,24 @@ static void bwdw_gemm_cases(void) {
                   L_CL);
    run_case_algos((geom[]){mk(1, 600, 7, 6, 900, 1, 1, 2, 3, 0, 0, 1, 1, 1)}, 0, 0, 0,
                   L_NONDENSE_CL, L_CL);
+}
+
+/* the narrow-input kernel (2..4 channels, dilation 1: an RGB stem): kernel rows cut at the top
+   and bottom, column padding, strides 1..3, output channels of part vectors and several
+   blocks, rows of 1..15 pixels (every tile width), every epilogue; against the double reference
+   and the direct kernel (the last configuration of run_case_algos turns it off) */
+static void narrow_cases(void) {
+   run_case_algos((geom[]){mk(2, 3, 30, 29, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1)}, 1, 1, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 3, 9, 15, 100, 7, 7, 2, 2, 3, 3, 1, 1, 1)}, 1, 0, 1, L_CL,
+                  L_NONDENSE_CL);
+   run_case_algos((geom[]){mk(2, 2, 6, 13, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 0, 1, 1,
+                  L_NONDENSE_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 4, 11, 40, 40, 5, 3, 3, 2, 2, 0, 1, 1, 1)}, 1, 1, 1, L_CL, L_CL);
+   run_case_algos((geom[]){mk(3, 3, 4, 5, 17, 2, 4, 1, 3, 0, 2, 1, 1, 1)}, 0, 0, 0, L_CL, L_CL);
+   run_case_algos((geom[]){mk(1, 4, 3, 3, 300, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, 1, 0, 0, L_CL, L_CL);
+   for (int64_t wd = 1; wd <= 15; wd++)
+      run_case_algos((geom[]){mk(1, 3, 5, wd, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1)}, (int)(wd % 2),
+                     (int)(wd % 3 == 0), (int)(wd % 4 == 1), L_CL, L_CL);
 }
 
 static void pw_strided_cases(void) {
@@ -1035,6 +1053,7 @@ int main(int argc, char **argv) {
       }
       algo_cases(30);
       pointwise_cases();
+      narrow_cases();
       winograd_accuracy_cases();
       format_cases();
       repeat_cases();
