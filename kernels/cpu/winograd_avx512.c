@@ -727,9 +727,11 @@ AI void wga_body(const float *x, const float *w, int64_t OB, float *out, int64_t
       /* the next row block's lines while this one runs: its PB rows of V (64 floats each,
          consecutive), then its partial sums in M. Each row is only four lines long, too short
          for the hardware prefetchers, and V (the whole group's, megabytes) comes from L3: the
-         kernel waited on every broadcast's line. 2 threads, batch 8, in one process alternating
-         (/tmp/abconv.lua): 128 -> 128 at 28x28 -13 %, 256 -> 256 at 14x14 -26 %, 512 -> 512 at
-         7x7 -16 % a call; resnet50 folded -12.2 ms a run (paired median of 16 rounds) */
+         kernel waited on every broadcast's line when other tenants loaded the shared cache.
+         2 threads, batch 8, one process alternating with and without (paired medians of 20
+         rounds): while the host was loaded, 128 -> 128 at 28x28 -13 %, 256 -> 256 at 14x14
+         -26 %, 512 -> 512 at 7x7 -16 % a call, resnet50 folded -12.2 ms a run (of 157); on the
+         quieter host -2.4 %, -0.1 %, -1.3 %, the model within the noise */
       if (c < PB * 4)
          _mm_prefetch((const char *)((uintptr_t)x + (uintptr_t)(PB * 64 + 16 * c) * 4),
                       _MM_HINT_T0);
