@@ -473,7 +473,12 @@ static void transpose16(const float *src, int64_t ls, float *dst, int64_t ld) {
    }
 }
 
-/* forward packing: w (O, taps, Cg) row-major -> wp[g][ob][tap][ci][OB], zero padded */
+/* forward packing: w (O, taps, Cg) row-major -> wp[g][ob][tap][ci][OB], zero padded. The 16
+   rows of a transpose are K floats apart: each is asked for PACK_PF lines ahead, since in a model
+   every layer's weights come cold from memory and the hardware prefetchers did not follow 16
+   streams. resnet50 folded, batch 8, 2 threads, one process alternating with and without (paired
+   medians of 14 rounds): 8 lines ahead -4.9 ms a run (of 134), 4 lines -2.4, 4 against 8 a tie */
+enum { PACK_PF = 8 };
 static void pack_fwd(const conv_geom *g, const float *w, int64_t OB, int64_t nob, float *wp,
                      int nthr) {
    const int64_t Og = g->Og, K = g->K;
@@ -486,8 +491,13 @@ static void pack_fwd(const conv_geom *g, const float *w, int64_t OB, int64_t nob
          for (int64_t v0 = 0; v0 < OB; v0 += 16) {
             int64_t k0 = 0;
             if (v0 + 16 <= nvalid)
-               for (; k0 + 16 <= K; k0 += 16)
+               for (; k0 + 16 <= K; k0 += 16) {
+                  if (k0 + 16 * PACK_PF < K)
+                     for (int r = 0; r < 16; r++)
+                        _mm_prefetch((const char *)(src + (v0 + r) * K + k0 + 16 * PACK_PF),
+                                     _MM_HINT_T0);
                   transpose16(src + v0 * K + k0, K, dst + k0 * OB + v0, OB);
+               }
             for (int64_t k = k0; k < K; k++)
                for (int64_t v = v0; v < v0 + 16; v++)
                   dst[k * OB + v] = v < nvalid ? src[v * K + k] : 0.0f;
