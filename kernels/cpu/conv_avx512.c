@@ -477,7 +477,8 @@ static void transpose16(const float *src, int64_t ls, float *dst, int64_t ld) {
    rows of a transpose are K floats apart: each is asked for PACK_PF lines ahead, since in a model
    every layer's weights come cold from memory and the hardware prefetchers did not follow 16
    streams. resnet50 folded, batch 8, 2 threads, one process alternating with and without (paired
-   medians of 14 rounds): 8 lines ahead -4.9 ms a run (of 134), 4 lines -2.4, 4 against 8 a tie */
+   medians of 14-16 rounds): on the loaded host 8 lines ahead -4.9 ms a run (of 134), 4 lines
+   -2.4, 4 against 8 a tie; on the quieter host (122 ms a run) a tie */
 enum { PACK_PF = 8 };
 static void pack_fwd(const conv_geom *g, const float *w, int64_t OB, int64_t nob, float *wp,
                      int nthr) {
