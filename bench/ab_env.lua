@@ -93,12 +93,7 @@ for r = 1, rounds do
    end
 end
 
-local function median(t)
-   local s = {}
-   for i, v in ipairs(t) do s[i] = v end
-   table.sort(s)
-   return s[math.floor(#s / 2) + 1], s
-end
+local median = util.median
 local d = {}
 for i = 1, rounds do d[i] = res[B][i] - res[A][i] end
 local ma, mb = median(res[A]), median(res[B])

@@ -90,14 +90,7 @@ for _ = 1, opt.steps do
    end
 end
 
-local function median(t)
-   local s = {}
-   for i, v in ipairs(t) do s[i] = v end
-   table.sort(s)
-   local n = #s
-   if n % 2 == 1 then return s[(n + 1) / 2] end
-   return (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local median = util.median
 local base = median(modes[#modes].times)
 say(("  %-32s %10s %10s %8s %s"):format("mode", "median ms", "min ms", "vs none", "buckets"))
 for _, m in ipairs(modes) do

@@ -26,6 +26,18 @@ function M.median_ms(fn, iters)
    return ts[math.floor(iters / 2) + 1] * 1e3
 end
 
+-- the median of a list of numbers (the mean of the middle two for an even count), and a sorted
+-- copy of the list; t itself is left as it is
+function M.median(t)
+   local s = {}
+   for i, v in ipairs(t) do s[i] = v end
+   table.sort(s)
+   local n = #s
+   if n == 0 then return nil, s end
+   if n % 2 == 1 then return s[(n + 1) / 2], s end
+   return (s[n / 2] + s[n / 2 + 1]) / 2, s
+end
+
 --- the string keys of t whose values are functions that keep(k) accepts (all when keep is nil),
 --- without those starting with "_" unless private: the operators lm.layout.trace and
 --- lm.jit.trace wrap
