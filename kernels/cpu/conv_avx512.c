@@ -37,7 +37,9 @@
  *
  * Pointwise convolutions (1x1, stride 1, no padding, groups 1; forward and backward data) have
  * their own driver: the whole reduction of a tile in registers, no accumulator buffer, the input
- * read in place as a pixels x channels matrix (see "pointwise" below).
+ * read in place as a pixels x channels matrix (see "pointwise" below). Inputs of 2..4 channels
+ * (an RGB stem) run forward through the same micro-kernel loop, each kernel row's kw*C floats
+ * one reduction (see "narrow inputs").
  */
 #include "conv_internal.h"
 #include <immintrin.h>
