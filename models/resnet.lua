@@ -29,12 +29,14 @@ local function builder(lm)
    local bn_relu = nn.utils.bn_relu
    -- Folded (or folded for the call), a block's intermediates are read once, by the next
    -- convolution: give their blocks back to the allocator at once (t:free()) rather than leave
-   -- them to the collector, unless autograd or a jit recording holds them (fold.releasable).
-   -- The pool then holds the few activations alive at a time instead of whatever garbage the
-   -- collector has not reached yet. resnet50 inference, batch 8: peak tensor memory above the
-   -- weights 289 -> 170 MB (folded 288 -> 180), fresh blocks in the first ten calls 28 -> 18.
-   local function release(t, keep)
-      if t ~= keep and fold.releasable(t) then t:free() end
+   -- them to the collector, unless autograd or a jit recording holds them (fold.releasable),
+   -- or a module of the block had its forward replaced on the instance (fold.unwrapped: a
+   -- wrapper may keep what it made or read). The pool then holds the few activations alive at a
+   -- time instead of whatever garbage the collector has not reached yet. resnet50 inference,
+   -- batch 8: peak tensor memory above the weights 289 -> 170 MB (folded 288 -> 180), fresh
+   -- blocks in the first ten calls 28 -> 18.
+   local function release(free, t, keep)
+      if free and t ~= keep and fold.releasable(t) then t:free() end
    end
 
    local function conv3x3(cin, cout, stride, groups, dilation)
@@ -67,22 +69,24 @@ local function builder(lm)
    -- ReLU and the residual add run in the convolutions' epilogues
    function BasicBlock:forward(x)
       if self.folded then
+         local free = fold.unwrapped(self)
          local out = self.conv1:forward(x, { relu = true })
          local identity = x
          if self.downsample then identity = self.downsample(x) end
          local y = self.conv2:forward(out, { residual = identity, relu = true })
-         release(out)
-         release(identity, x)
+         release(free, out)
+         release(free, identity, x)
          return y
       end
       if not self.training and fold.eval_foldable(pairs_of(self, BASIC_PAIRS),
                                                   { self.relu }) then
+         local free = fold.unwrapped(self)
          local out = fold.conv_bn(self.conv1, self.bn1, x, RELU)
          local identity = x
          if self.downsample then identity = self.downsample(x) end
          local y = fold.conv_bn(self.conv2, self.bn2, out, { residual = identity, relu = true })
-         release(out)
-         release(identity, x)
+         release(free, out)
+         release(free, identity, x)
          return y
       end
       -- otherwise (training, or gradients on): relu(bn(conv)) and relu(bn(conv) + identity),
@@ -110,26 +114,28 @@ local function builder(lm)
    end
    function Bottleneck:forward(x)
       if self.folded then
+         local free = fold.unwrapped(self)
          local out1 = self.conv1:forward(x, { relu = true })
          local out = self.conv2:forward(out1, { relu = true })
-         release(out1)
+         release(free, out1)
          local identity = x
          if self.downsample then identity = self.downsample(x) end
          local y = self.conv3:forward(out, { residual = identity, relu = true })
-         release(out)
-         release(identity, x)
+         release(free, out)
+         release(free, identity, x)
          return y
       end
       if not self.training and fold.eval_foldable(pairs_of(self, BOTTLENECK_PAIRS),
                                                   { self.relu }) then
+         local free = fold.unwrapped(self)
          local out1 = fold.conv_bn(self.conv1, self.bn1, x, RELU)
          local out = fold.conv_bn(self.conv2, self.bn2, out1, RELU)
-         release(out1)
+         release(free, out1)
          local identity = x
          if self.downsample then identity = self.downsample(x) end
          local y = fold.conv_bn(self.conv3, self.bn3, out, { residual = identity, relu = true })
-         release(out)
-         release(identity, x)
+         release(free, out)
+         release(free, identity, x)
          return y
       end
       local out = bn_relu(self.bn1, self.relu, self.conv1(x))

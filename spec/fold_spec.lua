@@ -676,6 +676,31 @@ describe("eval mode, gradients off: (conv, batch norm) pairs run folded per call
                            tostring(folded), d, y:numel() * 4))
          close("block folded=" .. tostring(folded), y, ref, 1e-4)
       end
+      -- a wrapper on a module of the block (a capture of features) keeps what it saw: the
+      -- block frees nothing under it, folded or folded for the call
+      for _, folded in ipairs({ false, true }) do
+         local mw = lm.models.resnet50({ num_classes = 10 })
+         mw:eval()
+         lm.to_channels_last(mw)
+         if folded then nn.fold_batch_norm(mw) end
+         local block = mw.layer1[1]
+         local kept = {}
+         for _, name in ipairs({ "conv1", "downsample" }) do
+            local mod = block[name]
+            local inner = mod.forward              -- the class's, before the wrapper
+            mod.forward = function(self, ...)
+               local r = inner(self, ...)
+               kept[name] = r
+               return r
+            end
+         end
+         local y = lm.no_grad(function() return block(x) end)
+         assert.are.equal(64, kept.conv1:size(2), "conv1's output readable after the block")
+         assert.are.equal(256, kept.downsample:size(2), "the downsample's output readable")
+         assert.is_true(kept.conv1:sum():item() == kept.conv1:sum():item())
+         assert.is_true(kept.downsample:abs():sum():item() > 0)
+         assert.are.equal(256, y:size(2))
+      end
       -- with gradients on, autograd holds them: a folded model's input gradient is the
       -- unfolded one's
       local m2 = lm.models.resnet18({ num_classes = 10 })

@@ -253,6 +253,16 @@ function M.releasable(t)
    return t ~= nil and rawget(t, "requires_grad") ~= true and not recording()
 end
 
+-- has no module of `block` (itself included) had its forward replaced on the instance? A
+-- wrapper there (lm.layout.trace, a user's capture of features) may keep what its module made
+-- or read, so the block must not free its intermediates under it
+function M.unwrapped(block)
+   for _, m in ipairs(block:modules()) do
+      if rawget(m, "forward") ~= nil then return false end
+   end
+   return true
+end
+
 -- can the (conv, bn) pairs (and the other modules listed) run folded in this call?
 function M.eval_foldable(pairs_list, others)
    if A.is_grad_enabled() or recording() then return false end
