@@ -5,6 +5,8 @@
 #include "internal.h"
 #include "ops/conv.h"
 #include <stdlib.h>
+#include <stdint.h>
+#include <xmmintrin.h>
 
 #if defined(__GNUC__)
 #define LM_CONV_HIDDEN __attribute__((visibility("hidden")))
@@ -206,6 +208,26 @@ LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const u
                                                      uint16_t *out);
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
                                                       const uint16_t *w, uint16_t *gx);
+
+/* The Winograd GEMM micro-kernels' prefetch of their next row block (wga_body, float32;
+   wgb_body, bfloat16), one line per reduction step s: first that block's PB rows of V (row_bytes
+   each, consecutive after this block's), then, unless `first` (its sums start at zero), its
+   PB x NV vectors of partial sums in out (pitch floats apart), from step m0 on. A row is two or
+   four lines, too short for the hardware prefetchers, and V comes from L3 (measurements at the
+   callers). Addresses are computed as integers: past the last block they point beyond the
+   arrays, which a prefetch may do and pointer arithmetic may not. */
+static inline __attribute__((always_inline)) void
+wg_prefetch_next(const void *x, int row_bytes, const float *out, int64_t pitch, int PB, int NV,
+                 int s, int m0, int first) {
+   if (s < PB * row_bytes / 64)
+      _mm_prefetch((const char *)((uintptr_t)x + (uintptr_t)(PB * row_bytes + 64 * s)),
+                   _MM_HINT_T0);
+   else if (!first && s >= m0 && s < m0 + PB * NV)
+      _mm_prefetch((const char *)((uintptr_t)out +
+                                  (uintptr_t)((PB + (s - m0) / NV) * pitch +
+                                              16 * ((s - m0) % NV)) * 4),
+                   _MM_HINT_T0);
+}
 
 /* an algorithm switch from the environment: 0 when variable `name` is set to "0" (off), else 1.
    Lets the specs and benchmarks compare the paths (LUMEN_CONV_RB, LUMEN_CONV_WINOGRAD). */

@@ -724,22 +724,13 @@ AI void wga_body(const float *x, const float *w, int64_t OB, float *out, int64_t
          a[k][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(out + k * pitch + 16 * v);
    for (int c = 0; c < 64; c++) {
       __m512 wv[4];
-      /* the next row block's lines while this one runs: its PB rows of V (64 floats each,
-         consecutive), then its partial sums in M. Each row is only four lines long, too short
-         for the hardware prefetchers, and V (the whole group's, megabytes) comes from L3: the
+      /* the next row block's V rows (64 floats) and partial sums (wg_prefetch_next): the
          kernel waited on every broadcast's line when other tenants loaded the shared cache.
          2 threads, batch 8, one process alternating with and without (paired medians of 20
          rounds): while the host was loaded, 128 -> 128 at 28x28 -13 %, 256 -> 256 at 14x14
          -26 %, 512 -> 512 at 7x7 -16 % a call, resnet50 folded -12.2 ms a run (of 157); on the
          quieter host -2.4 %, -0.1 %, -1.3 %, the model within the noise */
-      if (c < PB * 4)
-         _mm_prefetch((const char *)((uintptr_t)x + (uintptr_t)(PB * 64 + 16 * c) * 4),
-                      _MM_HINT_T0);
-      else if (!first && c >= 32 && c < 32 + PB * NV)
-         _mm_prefetch((const char *)((uintptr_t)out +
-                                     (uintptr_t)((PB + (c - 32) / NV) * pitch +
-                                                 16 * ((c - 32) % NV)) * 4),
-                      _MM_HINT_T0);
+      wg_prefetch_next(x, 64 * 4, out, pitch, PB, NV, c, 32, first);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) wv[v] = _mm512_load_ps(w + c * OB + 16 * v);
 #pragma GCC unroll 14
