@@ -597,6 +597,22 @@ typedef struct {
    __mmask16 m[4];    /* the valid lanes of each vector */
 } pw_epi;
 
+/* one step of a register-blocked reduction: a[k][v] += xp[k*xs] * wt[16v .. 16v+15] for PB
+   pixels k (their values xs floats apart, broadcast) and NV vectors v of output channels (the
+   pointwise and the narrow-input micro-kernels) */
+AI void bcast_step(__m512 (*a)[4], const float *xp, int64_t xs, const float *wt, const int PB,
+                   const int NV) {
+   __m512 w[4];
+#pragma GCC unroll 4
+   for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
+#pragma GCC unroll 14
+   for (int k = 0; k < PB; k++) {
+      const __m512 b = _mm512_set1_ps(xp[k * xs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
+   }
+}
+
 /* the general epilogue of a PB x NV tile: bias, residual, ReLU, masked lanes, streaming stores
    when ep->stream */
 AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV) {
@@ -636,7 +652,6 @@ AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const p
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) a[k][v] = _mm512_setzero_ps();
    for (int64_t c = 0; c < C; c++) {
-      __m512 w[4];
       /* the residual the epilogue adds, a line per channel step while the reduction runs:
          without it every tile waited on them at the end (resnet50's folded bottlenecks, whose
          last 1x1 convolution adds the shortcut: 64->256 at 56x56 15.6-17.9 -> 10.2-11.5 ms a
@@ -654,14 +669,7 @@ AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const p
             _mm_prefetch((const char *)((uintptr_t)xp + (uintptr_t)((PB + k) * C + c) * 4),
                          _MM_HINT_T0);
       }
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
-#pragma GCC unroll 14
-      for (int k = 0; k < PB; k++) {
-         const __m512 b = _mm512_set1_ps(xp[k * C + c]);
-#pragma GCC unroll 4
-         for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
-      }
+      bcast_step(a, xp + c, C, wt, PB, NV);
       wt += OB;
    }
    float *const o = ep->out;
@@ -901,15 +909,7 @@ AI void nc_body(const float *const *rows, int nrows, int64_t F, int64_t ps,
    for (int r = 0; r < nrows; r++) {
       const float *xp = rows[r], *wt = wrow[r];
       for (int64_t f = 0; f < F; f++) {
-         __m512 w[4];
-#pragma GCC unroll 4
-         for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
-#pragma GCC unroll 14
-         for (int k = 0; k < PB; k++) {
-            const __m512 b = _mm512_set1_ps(xp[k * ps + f]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
-         }
+         bcast_step(a, xp + f, ps, wt, PB, NV);
          wt += OB;
       }
    }
