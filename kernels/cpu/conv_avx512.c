@@ -49,6 +49,22 @@
 
 enum { ACC_PITCH = 64, UNIT_PX = 128, ICB = 128 };
 
+/* one step of a register-blocked reduction: a[k][v] += xp[k*xs] * wt[16v .. 16v+15] for PB
+   pixels k (their values xs floats apart, broadcast) and NV vectors v of output channels (the
+   direct, pointwise and narrow-input micro-kernels) */
+AI void bcast_step(__m512 (*a)[4], const float *xp, int64_t xs, const float *wt, const int PB,
+                   const int NV) {
+   __m512 w[4];
+#pragma GCC unroll 4
+   for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
+#pragma GCC unroll 14
+   for (int k = 0; k < PB; k++) {
+      const __m512 b = _mm512_set1_ps(xp[k * xs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
+   }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * forward micro-kernel: PB pixels (pixel k at xp + k*qs) x NV vectors, over icn input channels
  */
@@ -60,15 +76,7 @@ AI void fwd_body(const float *xp, int64_t qs, const float *wt, int64_t OB, int64
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) a[k][v] = _mm512_load_ps(acc + k * ACC_PITCH + 16 * v);
    for (int64_t ic = 0; ic < icn; ic++) {
-      __m512 w[4];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
-#pragma GCC unroll 8
-      for (int k = 0; k < PB; k++) {
-         const __m512 b = _mm512_set1_ps(xp[k * qs]);
-#pragma GCC unroll 4
-         for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
-      }
+      bcast_step(a, xp, qs, wt, PB, NV);
       xp++;
       wt += OB;
    }
@@ -596,22 +604,6 @@ typedef struct {
    int relu, stream;  /* stream: full vectors, 64-byte aligned */
    __mmask16 m[4];    /* the valid lanes of each vector */
 } pw_epi;
-
-/* one step of a register-blocked reduction: a[k][v] += xp[k*xs] * wt[16v .. 16v+15] for PB
-   pixels k (their values xs floats apart, broadcast) and NV vectors v of output channels (the
-   pointwise and the narrow-input micro-kernels) */
-AI void bcast_step(__m512 (*a)[4], const float *xp, int64_t xs, const float *wt, const int PB,
-                   const int NV) {
-   __m512 w[4];
-#pragma GCC unroll 4
-   for (int v = 0; v < NV; v++) w[v] = _mm512_load_ps(wt + 16 * v);
-#pragma GCC unroll 14
-   for (int k = 0; k < PB; k++) {
-      const __m512 b = _mm512_set1_ps(xp[k * xs]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) a[k][v] = _mm512_fmadd_ps(b, w[v], a[k][v]);
-   }
-}
 
 /* the general epilogue of a PB x NV tile: bias, residual, ReLU, masked lanes, streaming stores
    when ep->stream */
