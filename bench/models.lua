@@ -18,8 +18,15 @@
 -- Usage: bin/lumen bench/models.lua [threads] [iters] [profile] [bf16] [train] [noinfer]
 -- With "profile" it then times every convolution of the folded model over three runs, grouped by
 -- shape, slowest first: calls per run, ms per run, GFLOP/s (2*N*Ho*Wo*Cout*Cin/groups*kh*kw over
--- the measured time). That is how a slow layer shows up; those lines do not end in a number, so
--- bench/compare skips them. "noinfer" leaves out the two float32 inference rows.
+-- the measured time), and "hot": the same call made again at once, its data now in the caches
+-- (three more runs), so the cost of cold data in the model shows beside the kernel's own. Then a
+-- bound: the float32 GEMM rate measured here (lm.mm of 1024x1024 matrices), and what a run would
+-- take with every convolution but Winograd's (the 3x3 stride-1 layers, which do 4x fewer
+-- multiply-adds) at that rate, Winograd's layers at their hot time and the rest of the run as
+-- measured (the three timed runs' wall time less their convolutions): about how far tuning the
+-- present kernels can take the folded model (docs/performance.md, "Figures (session 18)").
+-- Those lines do not end in a number, so bench/compare skips them. "noinfer" leaves out the two
+-- float32 inference rows.
 local lm = require("lumen")
 local util = require("lumen.util")
 local clock = util.clock
@@ -87,12 +94,18 @@ if profile then
    local F = lm.nn.functional
    local conv2d = F.conv2d
    local stats, order = {}, {}
-   -- a wrapper around F.conv2d for the three timed runs (the blocks call F.conv2d or
-   -- Conv2d:forward, which goes through it)
+   local again = false                 -- the second pass: time a repeated call instead
+   -- a wrapper around F.conv2d for the timed runs (the blocks call F.conv2d or Conv2d:forward,
+   -- which goes through it)
    F.conv2d = function(input, w, b, opts)
       local t0 = clock()
       local y = conv2d(input, w, b, opts)
       local dt = clock() - t0
+      if again then
+         t0 = clock()
+         conv2d(input, w, b, opts):free()
+         dt = clock() - t0
+      end
       local st = opts and opts.stride or 1
       if type(st) == "table" then st = st[1] end
       local key = string.format("%dx%d %d->%d stride %d, %dx%d input%s", w:size(3), w:size(4),
@@ -100,27 +113,56 @@ if profile then
                                 opts and opts.residual and ", +residual" or "")
       local e = stats[key]
       if not e then
-         e = { n = 0, t = 0, flop = 0 }
+         e = { n = 0, t = 0, hot = 0, flop = 0, winograd = w:size(3) == 3 and w:size(4) == 3
+                                                          and st == 1 }
          stats[key] = e
          order[#order + 1] = key
       end
-      e.n, e.t = e.n + 1, e.t + dt
-      e.flop = e.flop + 2 * y:numel() * w:size(2) * w:size(3) * w:size(4)
+      if again then
+         e.hot = e.hot + dt
+      else
+         e.n, e.t = e.n + 1, e.t + dt
+         e.flop = e.flop + 2 * y:numel() * w:size(2) * w:size(3) * w:size(4)
+      end
       return y
    end
+   local wall = 0                      -- the first three runs' wall time, convolutions included
    local ok, err = pcall(function()
+      local t0 = clock()
+      for _ = 1, 3 do infer() end
+      wall = clock() - t0
+      again = true
       for _ = 1, 3 do infer() end
    end)
    F.conv2d = conv2d
    assert(ok, err)
-   table.sort(order, function(a, b) return stats[a].t > stats[b].t end)
-   local total = 0
-   print("   convolutions of the folded model, per run (3 runs):")
+   -- the GEMM rate: a dense float32 product, the most a convolution's multiply-adds can expect
+   local a, b = lm.randn({ 1024, 1024 }), lm.randn({ 1024, 1024 })
+   local gemm_ms = util.median_ms(function() return a:mm(b) end, 15)
+   local rate = 2 * 1024 ^ 3 / (gemm_ms * 1e-3)
+   table.sort(order, function(p, q) return stats[p].t > stats[q].t end)
+   local total, hot, wino_hot, other_flop = 0, 0, 0, 0
+   print("   convolutions of the folded model, per run (3 runs; hot: the call made again):")
    for _, key in ipairs(order) do
       local e = stats[key]
-      total = total + e.t
-      print(string.format("   %-44s %3d calls %8.2f ms %6.0f GFLOP/s", key, e.n / 3,
-                          e.t / 3 * 1e3, e.flop / e.t / 1e9))
+      total, hot = total + e.t, hot + e.hot
+      if e.winograd then
+         wino_hot = wino_hot + e.hot
+      else
+         other_flop = other_flop + e.flop
+      end
+      print(string.format("   %-44s %3d calls %8.2f ms %6.0f GFLOP/s, hot %6.2f ms%s", key,
+                          e.n / 3, e.t / 3 * 1e3, e.flop / e.t / 1e9, e.hot / 3 * 1e3,
+                          e.winograd and " (Winograd)" or ""))
    end
-   print(string.format("   all convolutions: %.1f ms a run", total / 3 * 1e3))
+   local run_ms, conv_ms = wall / 3 * 1e3, total / 3 * 1e3
+   local rest_ms = run_ms - conv_ms
+   print(string.format("   all convolutions: %.1f ms a run (hot %.1f); the run %.1f ms, of which "
+                       .. "%.1f ms outside them", conv_ms, hot / 3 * 1e3, run_ms, rest_ms))
+   local other_ms = other_flop / 3 / rate * 1e3
+   print(string.format("   bound: at the GEMM rate here (%.0f GFLOP/s, lm.mm 1024^3) the "
+                       .. "non-Winograd convolutions take %.1f ms; with Winograd's at their hot "
+                       .. "%.1f ms and the %.1f ms outside, a run takes %.1f ms (now %.1f ms)",
+                       rate / 1e9, other_ms, wino_hot / 3 * 1e3, rest_ms,
+                       other_ms + wino_hot / 3 * 1e3 + rest_ms, run_ms))
 end
