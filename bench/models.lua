@@ -95,6 +95,7 @@ if profile then
    local conv2d = F.conv2d
    local stats, order = {}, {}
    local again = false                 -- the second pass: time a repeated call instead
+   infer()                             -- a warm-up (with "noinfer" the model has not run yet)
    -- a wrapper around F.conv2d for the timed runs (the blocks call F.conv2d or Conv2d:forward,
    -- which goes through it)
    F.conv2d = function(input, w, b, opts)
