@@ -137,7 +137,8 @@ if profile then
    end)
    F.conv2d = conv2d
    assert(ok, err)
-   -- the GEMM rate: a dense float32 product, the most a convolution's multiply-adds can expect
+   -- the GEMM rate: a dense float32 product, a practical ceiling for the convolutions' multiply-
+   -- adds (the pointwise kernel reaches it on its best shapes; the FMA peak is ~10 % higher)
    local a, b = lm.randn({ 1024, 1024 }), lm.randn({ 1024, 1024 })
    local gemm_ms = util.median_ms(function() return a:mm(b) end, 15)
    local rate = 2 * 1024 ^ 3 / (gemm_ms * 1e-3)
