@@ -1,5 +1,5 @@
 /* avx512_util.h -- small AVX-512 helpers shared by the kernels compiled with AVX-512 flags
- * (gemm_avx512.c, gemm_avx512bf16.c). Include only from *_avx512*.c files. */
+ * (gemm_avx512*.c, conv_avx512*.c, conv_rb_avx512.c). Include only from *_avx512*.c files. */
 #ifndef LUMEN_AVX512_UTIL_H
 #define LUMEN_AVX512_UTIL_H
 #include <immintrin.h>
@@ -33,6 +33,16 @@ static inline void transpose16(__m512 r[16]) {
       r[4 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
       r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xdd);
    }
+}
+
+/* zero the PB x NV accumulators of a register-blocked micro-kernel (the convolutions'
+   pointwise, narrow-input, register-blocked and bfloat16 tiles) */
+static inline __attribute__((always_inline)) void acc_zero(__m512 (*a)[4], const int PB,
+                                                           const int NV) {
+#pragma GCC unroll 14
+   for (int k = 0; k < PB; k++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) a[k][v] = _mm512_setzero_ps();
 }
 
 #endif

@@ -42,6 +42,7 @@
  * one reduction (see "narrow inputs").
  */
 #include "conv_internal.h"
+#include "avx512_util.h"
 #include <immintrin.h>
 #include <stdatomic.h>
 
@@ -456,8 +457,9 @@ static int64_t block_width(int64_t co) {
    return (co + 15) / 16 * 16;
 }
 
-/* 16 x 16 transpose: dst[j*ld + i] = src[i*ls + j] */
-static void transpose16(const float *src, int64_t ls, float *dst, int64_t ld) {
+/* 16 x 16 transpose through memory: dst[j*ld + i] = src[i*ls + j] (avx512_util.h's transpose16
+   works in registers) */
+static void transpose16_mem(const float *src, int64_t ls, float *dst, int64_t ld) {
    __m512 r[16], t[16];
    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ls);
    for (int i = 0; i < 16; i += 2) {
@@ -507,7 +509,7 @@ static void pack_fwd(const conv_geom *g, const float *w, int64_t OB, int64_t nob
                      for (int r = 0; r < 16; r++)
                         _mm_prefetch((const char *)(src + (v0 + r) * K + k0 + 16 * PACK_PF),
                                      _MM_HINT_T0);
-                  transpose16(src + v0 * K + k0, K, dst + k0 * OB + v0, OB);
+                  transpose16_mem(src + v0 * K + k0, K, dst + k0 * OB + v0, OB);
                }
             for (int64_t k = k0; k < K; k++)
                for (int64_t v = v0; v < v0 + 16; v++)
@@ -639,10 +641,7 @@ AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV
 AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const pw_epi *ep,
                 const int PB, const int NV, const int MODE) {
    __m512 a[PW_MAXPB][4];
-#pragma GCC unroll 14
-   for (int k = 0; k < PB; k++)
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) a[k][v] = _mm512_setzero_ps();
+   acc_zero(a, PB, NV);
    for (int64_t c = 0; c < C; c++) {
       /* the residual the epilogue adds, a line per channel step while the reduction runs:
          without it every tile waited on them at the end (resnet50's folded bottlenecks, whose
@@ -894,10 +893,7 @@ AI void nc_body(const float *const *rows, int nrows, int64_t F, int64_t ps,
                 const float *const *wrow, int64_t OB, const pw_epi *ep, const int PB,
                 const int NV) {
    __m512 a[PW_MAXPB][4];
-#pragma GCC unroll 14
-   for (int k = 0; k < PB; k++)
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) a[k][v] = _mm512_setzero_ps();
+   acc_zero(a, PB, NV);
    for (int r = 0; r < nrows; r++) {
       const float *xp = rows[r], *wt = wrow[r];
       for (int64_t f = 0; f < F; f++) {
@@ -1244,7 +1240,7 @@ static lm_status bwdw_direct(const conv_geom *g, const float *x, const float *go
                      a = _mm512_add_ps(a, _mm512_loadu_ps(part + t * per + (k0 + kk) * OB));
                   _mm512_store_ps(sum + kk * 16, a);
                }
-               transpose16(sum, 16, tr, 16);
+               transpose16_mem(sum, 16, tr, 16);
                for (int64_t v = 0; v < nvalid; v++)
                   _mm512_storeu_ps(dst + v * K + k0, _mm512_load_ps(tr + v * 16));
             }

@@ -30,6 +30,7 @@
  * split, in thread order.
  */
 #include "conv_internal.h"
+#include "avx512_util.h"
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -55,10 +56,7 @@ AI void rb_body(const float *xb, const int64_t *xoff, const float *wb, const int
                 int ntaps, int64_t OB, float *acc, int64_t ap, const rb_epi *ep, const int CP,
                 const int PB, const int NV) {
    __m512 a[RB_MAXPB][4];
-#pragma GCC unroll 14
-   for (int k = 0; k < PB; k++)
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) a[k][v] = _mm512_setzero_ps();
+   acc_zero(a, PB, NV);
    for (int t = 0; t < ntaps; t++) {
       const float *xp = xb + xoff[t];
       const float *wp = wb + woff[t];
