@@ -14,6 +14,12 @@ describe("util.median", function()
       assert.are.same({ 1, 2, 3 }, s)
       assert.are.same({ 3, 1, 2 }, t)
    end)
+   it("rejects what is not a list of numbers, naming itself", function()
+      assert.has_error(function() util.median(nil) end,
+                       "lumen.util.median: expected a list of numbers, got nil")
+      assert.has_error(function() util.median({ 1, "2", 3 }) end,
+                       "lumen.util.median: element 2 is a string, expected a number")
+   end)
    it("gives nil for an empty list", function()
       local m, s = util.median({})
       assert.is_nil(m)

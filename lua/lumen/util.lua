@@ -29,8 +29,16 @@ end
 -- the median of a list of numbers (the mean of the middle two for an even count), and a sorted
 -- copy of the list; t itself is left as it is
 function M.median(t)
+   if type(t) ~= "table" then
+      error("lumen.util.median: expected a list of numbers, got " .. type(t), 2)
+   end
    local s = {}
-   for i, v in ipairs(t) do s[i] = v end
+   for i, v in ipairs(t) do
+      if type(v) ~= "number" then
+         error(("lumen.util.median: element %d is a %s, expected a number"):format(i, type(v)), 2)
+      end
+      s[i] = v
+   end
    table.sort(s)
    local n = #s
    if n == 0 then return nil, s end
