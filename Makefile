@@ -30,6 +30,10 @@ OBJS := $(patsubst %.c,$(BUILD)/%.o,$(SRCS))
 # header dependencies: every object also depends on the headers it actually includes (src/iter.h,
 # kernels/cpu/*.h, ...), recorded by the compiler in $(BUILD)/**/*.d (included at the end)
 CFLAGS_BASE += -MMD -MP
+AMX_EMU ?= 0
+ifeq ($(AMX_EMU),1)
+CFLAGS_BASE += -DLUMEN_AMX_EMU
+endif
 HDRS := src/lumen.h src/conv.h src/nn.h
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -90,6 +94,14 @@ $(BUILD)/%_avx512.o: %_avx512.c $(HDRS) src/internal.h src/backend.h
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mfma -mf16c $(CFLAGS) -c $< -o $@
+
+# AMX (tiles, TDPBF16PS): the bfloat16 tile kernels, chosen at run time only when the CPU has AMX
+# and Linux grants it (lm_cpu_isa() == LM_ISA_AMX; kernels/cpu/amx.h). AMX_EMU=1 (make amx-emu,
+# make asan) builds them over the emulated tiles instead, runnable on any AVX512_BF16 machine.
+$(BUILD)/%_amx.o: %_amx.c $(HDRS) src/internal.h src/backend.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mfma -mf16c \
+	   $(if $(filter 1,$(AMX_EMU)),,-mamx-tile -mamx-bf16) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%_avx2.o: %_avx2.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)

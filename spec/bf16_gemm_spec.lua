@@ -9,11 +9,12 @@ local lm = H.lm
 local C = require("lumen.C")
 local F = lm.F
 
--- the ISA paths this CPU has: the best, 3 (float32 route) and 1 (portable), each once
+-- the ISA paths this CPU has: the best, AVX-512 BF16 below AMX (vdpbf16ps), 3 (float32 route)
+-- and 1 (portable), each once
 local function isas()
-   local best = C.lm_gemm_set_isa(0)
+   local best = C.lm_cpu_set_isa(C.LM_ISA_AUTO)
    local r = { best }
-   for _, i in ipairs({ 3, 1 }) do
+   for _, i in ipairs({ C.LM_ISA_AVX512_BF16, 3, 1 }) do
       if i < best then r[#r + 1] = i end
    end
    return r

@@ -13,10 +13,12 @@ local CL, CONTIG = lm.channels_last, lm.contiguous_format
 
 local function is_cl(t) return tostring(t:suggest_memory_format()) == "channels_last" end
 
--- the ISA paths this CPU has: the best, AVX-512 without BF16 (the fallback), portable C
+-- the ISA paths this CPU has: the best, AVX-512 BF16 without AMX (the vdpbf16ps kernels),
+-- AVX-512 without BF16 (the fallback), portable C
 local function isas()
-   local best = C.lm_gemm_set_isa(0)
+   local best = C.lm_cpu_set_isa(C.LM_ISA_AUTO)
    local r = { best }
+   if best > C.LM_ISA_AVX512_BF16 then r[#r + 1] = C.LM_ISA_AVX512_BF16 end
    if best > 3 then r[#r + 1] = 3 end
    if best > 1 then r[#r + 1] = 1 end
    return r

@@ -325,16 +325,33 @@ void lm_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float a
 void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
               const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
               double *c, int64_t ldc);
-/* 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512, 4 = AVX-512 with AVX512_BF16 (the
-   bfloat16 kernels; 3 forces their float32 fallback); returns the ISA in use after the call */
+/* The CPU kernels' instruction-set levels, in order (kernels/cpu/isa.c probes the best one):
+   portable C, AVX2 + FMA, AVX-512, AVX-512 with AVX512_BF16 (vdpbf16ps: the bfloat16 kernels),
+   AMX (the bfloat16 tile kernels, *_amx.c, on Intel Xeons from Sapphire Rapids on, once Linux
+   grants the tiles). lm_cpu_set_isa forces a lower level (every kernel family follows; a level
+   the CPU lacks falls to the best one below it; LM_ISA_AUTO: the best) and returns the level in
+   use after the call; values outside the enum change nothing. lm_cpu_isa_name: the level's
+   name ("c", "avx2", "avx512", "avx512_bf16", "amx"). lm_gemm_set_isa / lm_gemm_isa are the
+   older names of lm_cpu_set_isa / lm_cpu_get_isa. */
+enum { LM_ISA_AUTO = 0, LM_ISA_C = 1, LM_ISA_AVX2 = 2, LM_ISA_AVX512 = 3, LM_ISA_AVX512_BF16 = 4,
+       LM_ISA_AMX = 5, LM_ISA_MAX = 5 };
+int lm_cpu_set_isa(int isa);
+int lm_cpu_get_isa(void);
+const char *lm_cpu_isa_name(int isa);
 int lm_gemm_set_isa(int isa);
 int lm_gemm_isa(void);
+/* 1 when this process can run AMX tiles (the CPU has them, the OS enables them and Linux granted
+   the permission; the emulated build, `make amx-emu`, says 1 on any AVX512_BF16 machine); 0
+   otherwise. Asks Linux once per process. */
+int lm_cpu_amx_available(void);
 /* the CPU kernels' switches (lm.backends.cpu), each 0 or 1. LM_CPU_OPT_BF16_WINOGRAD (default 1):
    bfloat16 3x3 stride-1 convolutions with 64 or more channels may run Winograd F(4x4, 3x3) with
    bfloat16 products (about ten times the direct kernels' rounding error, 1.6e-2 relative against
    1.7e-3: docs/mixed_precision.md); LUMEN_CONV_BF16_WINOGRAD=0 in the environment turns it off
    whatever the switch says */
-enum { LM_CPU_OPT_BF16_WINOGRAD = 0, LM_CPU_NUM_OPTS = 1 };
+/* LM_CPU_OPT_AMX (default 1, or 0 when the environment has LUMEN_AMX=0): bfloat16 GEMMs and
+   convolutions on AMX tiles where lm_cpu_get_isa() is LM_ISA_AMX; 0 runs the AVX-512 kernels. */
+enum { LM_CPU_OPT_BF16_WINOGRAD = 0, LM_CPU_OPT_AMX = 1, LM_CPU_NUM_OPTS = 2 };
 lm_status lm_cpu_set_option(int which, int value);
 lm_status lm_cpu_get_option(int which, int *value);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);

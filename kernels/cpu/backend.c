@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 static lm_kernel_fn table[LM_OP_COUNT];
 static atomic_int filled_isa = 0; /* the ISA the table was filled for; 0: not yet */
@@ -69,9 +70,17 @@ static const lm_backend cpu_backend = {"cpu", LM_CPU, 1, 1, cpu_alloc, cpu_free,
 const lm_backend *lm_cpu_backend(void) { return &cpu_backend; }
 
 /* ---- the switches (lumen.h: LM_CPU_OPT_*) ---- */
-static int cpu_opts[LM_CPU_NUM_OPTS] = {1};
+static int cpu_opts[LM_CPU_NUM_OPTS] = {1, 1};
+static pthread_once_t opts_once = PTHREAD_ONCE_INIT;
+
+/* the defaults the environment sets: LUMEN_AMX=0 starts with lm.backends.cpu.amx off */
+static void opts_init(void) {
+   const char *amx = getenv("LUMEN_AMX");
+   if (amx && amx[0] == '0' && amx[1] == 0) cpu_opts[LM_CPU_OPT_AMX] = 0;
+}
 
 int lm_cpu_option(int which) {
+   pthread_once(&opts_once, opts_init);
    return which >= 0 && which < LM_CPU_NUM_OPTS ? __atomic_load_n(&cpu_opts[which], __ATOMIC_RELAXED)
                                                 : 0;
 }
@@ -81,6 +90,7 @@ lm_status lm_cpu_set_option(int which, int value) {
       return lm_error(LM_ERR_ARG, "unknown CPU option %d", which);
    if (value != 0 && value != 1)
       return lm_error(LM_ERR_ARG, "a CPU option is 0 or 1, got %d", value);
+   pthread_once(&opts_once, opts_init);
    __atomic_store_n(&cpu_opts[which], value, __ATOMIC_RELAXED);
    return LM_OK;
 }

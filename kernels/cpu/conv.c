@@ -14,6 +14,7 @@
 #include "conv_bf16.h"
 #include "cpu.h"
 #include "gemm_internal.h"
+#include "amx.h"
 #include <stdio.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -317,7 +318,11 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
       bbuf = bias_dense(bias, dt, &bbytes);
       if (!bbuf) return LM_ERR_OOM;
    }
-   if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
+   if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_amx_on() &&
+       lm_conv_amx_usable(g, 0))
+      st = lm_conv_fwd_nhwc_amx(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
+                                rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res));
+   else if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
       st = lm_conv_wino_bf16_fwd(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
                                  rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res));
    else if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_conv_bf16_usable(g, 0))
@@ -346,7 +351,11 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    lm_status st = LM_OK;
    const int native = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc;
    int ok = 1;
-   if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
+   if (rx && native && lm_amx_on() && lm_conv_amx_usable(g, 1)) {
+      st = lm_conv_bwdd_nhwc_amx(g, lm_tensor_data(gd), lm_tensor_data(wd), lm_tensor_data(rx));
+      if (st != LM_OK) return st;
+      rx = NULL;
+   } else if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
       st = lm_conv_wino_bf16_bwdd(g, lm_tensor_data(gd), lm_tensor_data(wd), lm_tensor_data(rx));
       if (st != LM_OK) return st;
       rx = NULL;

@@ -209,6 +209,18 @@ LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const u
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
                                                       const uint16_t *w, uint16_t *gx);
 
+/* ---- bfloat16 NHWC kernels on AMX tiles (conv_bf16_amx.c) ----
+ * Same tensors as the AVX-512 BF16 kernels above. conv.c calls them only when lm_amx_on()
+ * (amx.h: lm_cpu_isa() is LM_ISA_AMX and lm.backends.cpu.amx is on) and lm_conv_amx_usable
+ * takes the geometry: groups 1, at least 16 input and output channels; backward data only for
+ * stride 1 (the others keep the AVX-512 kernel). LUMEN_CONV_AMX=0 turns them off. */
+LM_CONV_HIDDEN int lm_conv_amx_usable(const conv_geom *g, int backward_data);
+LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x,
+                                              const uint16_t *w, const float *bias,
+                                              const uint16_t *res, int relu, uint16_t *out);
+LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout,
+                                               const uint16_t *w, uint16_t *gx);
+
 /* The Winograd GEMM micro-kernels' prefetch of their next row block (wga_body, float32;
    wgb_body, bfloat16), one line per reduction step s: first that block's PB rows of V (row_bytes
    each, consecutive after this block's), then, unless `first` (its sums start at zero), its

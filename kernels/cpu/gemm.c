@@ -26,6 +26,7 @@
 #ifndef LM_GEMM_TEMPLATE /* ---- the file proper; the template is at the end ---- */
 #include "internal.h"
 #include "gemm_internal.h"
+#include "amx.h"
 #include "cpu.h"
 #include <stdatomic.h>
 
@@ -647,6 +648,11 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
       bgemm_direct(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt);
       return;
    }
+   /* AMX tiles (gemm_bf16_amx.c): blocks of 32 x 32; k deeper than one block sums in float32
+      and rounds once, as below */
+   if (isa >= LM_ISA_AMX && m >= 16 && n >= 16 && k >= 32 && lm_amx_on() &&
+       lm_bgemm_amx(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt))
+      return;
    if (isa == LM_ISA_C || isa >= LM_ISA_AVX512_BF16) {
       const bgemm_cfg cf = bgemm_config(isa);
       if (!c_bf16 || k <= cf.kc) {

@@ -33,11 +33,10 @@
 #define LM_GEMM_HIDDEN
 #endif
 
-/* ISA ids, as used by lm_gemm_set_isa / lm_gemm_isa */
-/* LM_ISA_AVX512_BF16: AVX-512 plus AVX512_BF16 (vdpbf16ps); every float32/float64 kernel treats
-   it as LM_ISA_AVX512, and only the bfloat16 kernels tell the two apart, so forcing
-   LM_ISA_AVX512 on a BF16 machine runs the bfloat16 fallback (float32 compute) */
-enum { LM_ISA_AUTO = 0, LM_ISA_C = 1, LM_ISA_AVX2 = 2, LM_ISA_AVX512 = 3, LM_ISA_AVX512_BF16 = 4 };
+/* ISA ids: LM_ISA_* of lumen.h. LM_ISA_AVX512_BF16: AVX-512 plus AVX512_BF16 (vdpbf16ps); every
+   float32/float64 kernel treats it (and LM_ISA_AMX) as LM_ISA_AVX512, and only the bfloat16
+   kernels tell them apart, so forcing LM_ISA_AVX512 on a BF16 machine runs the bfloat16 fallback
+   (float32 compute) */
 
 typedef void (*lm_sgemm_ukr_fn)(int64_t kc, const float *pa, const float *pb, float *c,
                                 int64_t rsc, int64_t csc, float alpha, float beta, int m, int n);
@@ -182,6 +181,13 @@ LM_GEMM_HIDDEN int lm_bgemm_rows_avx512bf16(int64_t m, int64_t n, int64_t k, flo
                                             const uint16_t *b, int64_t rsb, int64_t csb,
                                             float beta, void *c, int64_t rsc, int64_t csc,
                                             int c_bf16);
+/* the AMX GEMM (gemm_bf16_amx.c): the lm_bgemm_strided contract with a float32 or (c_bf16)
+ * bfloat16 C, on nt threads; only when lm_amx_on(). Returns 0 when its workspace could not be
+ * had, having written nothing. */
+LM_GEMM_HIDDEN int lm_bgemm_amx(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                                int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb,
+                                int64_t csb, float beta, void *c, int64_t rsc, int64_t csc,
+                                int c_bf16, int nt);
 /* the portable packing for any tile width (gemm.c); the AVX-512 routines use it for operands
  * strided both ways */
 LM_GEMM_HIDDEN void lm_bgemm_pack_a_c(int64_t mc, int64_t kc, const uint16_t *a, int64_t rsa,

@@ -1,15 +1,81 @@
 /* isa.c -- the one CPU feature probe. lm_cpu_isa() is the instruction set every CPU kernel uses:
- * the best the CPU supports (probed once), or a lower one forced with lm_gemm_set_isa so that
+ * the best the CPU supports (probed once), or a lower one forced with lm_cpu_set_isa so that
  * the specs run every path on every machine. A change refills the CPU kernel table (backend.c).
+ * The levels are lumen.h's LM_ISA_*; LM_ISA_AMX also needs the operating system's consent
+ * (lm_amx_enable below).
  *
- * Mutable global state: the forced ISA (an atomic int) and the cached probe. */
+ * Mutable global state: the forced ISA (an atomic int), the cached probe, the AMX answer. */
+#include "amx.h"
 #include "cpu.h"
 #include "gemm_internal.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static atomic_int g_isa_request = 0; /* LM_ISA_AUTO, or a forced ISA the CPU supports */
 static atomic_int g_isa_best = 0;    /* the probe's answer; 0: not probed yet */
+
+static int isa_supported_bf16(void) {
+#if defined(__x86_64__)
+   __builtin_cpu_init();
+   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+          __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512bf16");
+#else
+   return 0;
+#endif
+}
+
+/* ---- AMX: CPUID, XCR0 and Linux's permission ---- */
+static int g_amx = 0;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+
+#if defined(__x86_64__) && !defined(LUMEN_AMX_EMU)
+enum { ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+
+static int amx_cpu(void) {
+   unsigned a, b, c, d;
+   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+   const int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+   const int osxsave = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 27) & 1);
+   if (!tile || !bf16 || !osxsave) return 0;
+   unsigned lo, hi;
+   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+   return ((lo >> 17) & 3) == 3; /* XTILECFG and XTILEDATA enabled by the OS */
+}
+
+static void amx_probe(void) {
+   const char *deny = getenv("LUMEN_AMX_TEST_DENY");
+   if (!isa_supported_bf16() || !amx_cpu()) return;
+   if (deny && deny[0] && deny[0] != '0') return; /* tests: the request refused */
+   if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return;
+   unsigned long bits = 0;
+   if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &bits) != 0) return;
+   g_amx = (int)((bits >> XFEATURE_XTILEDATA) & 1);
+}
+#elif defined(__x86_64__)
+/* the emulated tiles (amx.h): wherever the bfloat16 kernels around them run */
+static void amx_probe(void) {
+   const char *deny = getenv("LUMEN_AMX_TEST_DENY");
+   if (deny && deny[0] && deny[0] != '0') return;
+   g_amx = isa_supported_bf16();
+}
+#else
+static void amx_probe(void) {}
+#endif
+
+int lm_amx_enable(void) {
+   pthread_once(&g_amx_once, amx_probe);
+   return g_amx;
+}
+
+int lm_cpu_amx_available(void) { return lm_amx_enable(); }
 
 static int isa_supported(int isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -21,8 +87,8 @@ static int isa_supported(int isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma");
-   case LM_ISA_AVX512_BF16:
-      return isa_supported(LM_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
+   case LM_ISA_AVX512_BF16: return isa_supported_bf16();
+   case LM_ISA_AMX: return isa_supported(LM_ISA_AVX512_BF16) && lm_amx_enable();
    default: return 0;
    }
 #else
@@ -32,7 +98,7 @@ static int isa_supported(int isa) {
 
 /* the best supported ISA at or below `req` (req == 0: the best there is) */
 static int isa_resolve(int req) {
-   if (req <= LM_ISA_AUTO || req > LM_ISA_AVX512_BF16) req = LM_ISA_AVX512_BF16;
+   if (req <= LM_ISA_AUTO || req > LM_ISA_MAX) req = LM_ISA_MAX;
    while (req > LM_ISA_C && !isa_supported(req)) req--;
    return req;
 }
@@ -51,16 +117,23 @@ int lm_cpu_isa(void) {
    return req == LM_ISA_AUTO ? isa_best() : req;
 }
 
+int lm_cpu_get_isa(void) { return lm_cpu_isa(); }
 int lm_gemm_isa(void) { return lm_cpu_isa(); }
 
-/* isa: 0 = auto, 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512, 4 = AVX-512 with AVX512_BF16. An ISA
- * the CPU lacks falls back to the best one below it; the return value is the ISA in use after the
- * call. Values outside 0..4 change nothing. */
-int lm_gemm_set_isa(int isa) {
-   if (isa >= LM_ISA_AUTO && isa <= LM_ISA_AVX512_BF16) {
+int lm_cpu_set_isa(int isa) {
+   if (isa >= LM_ISA_AUTO && isa <= LM_ISA_MAX) {
       int v = isa == LM_ISA_AUTO ? LM_ISA_AUTO : isa_resolve(isa);
       atomic_store_explicit(&g_isa_request, v, memory_order_relaxed);
       lm_cpu_backend_refresh();
    }
    return lm_cpu_isa();
 }
+
+int lm_gemm_set_isa(int isa) { return lm_cpu_set_isa(isa); }
+
+const char *lm_cpu_isa_name(int isa) {
+   static const char *const names[] = {"auto", "c", "avx2", "avx512", "avx512_bf16", "amx"};
+   return isa >= 0 && isa <= LM_ISA_MAX ? names[isa] : "unknown";
+}
+
+int lm_amx_on(void) { return lm_cpu_isa() >= LM_ISA_AMX && lm_cpu_option(LM_CPU_OPT_AMX); }

@@ -149,7 +149,7 @@ static void run_case(int isa, int64_t m, int64_t n, int64_t k, int la, int lb, i
 /* lm_matmul on bfloat16 tensors into an out= tensor with its own (column-major) strides, and
    batched with a broadcast operand, against the float64 reference of the same values */
 static void test_matmul_out(void) {
-   for (int isa = 4; isa >= 1; isa -= (isa == 4 ? 1 : 2)) {
+   for (int isa = LM_ISA_AMX; isa >= 1; isa -= (isa >= 4 ? 1 : 2)) {
       if (lm_gemm_set_isa(isa) != isa) continue;
       snprintf(g_case, sizeof g_case, "lm_matmul bf16 out= isa %d", isa);
       const int64_t M = 23, K = 45, N = 19, BATCH = 3;
@@ -202,10 +202,13 @@ int main(void) {
       {1, 1, 1},     {3, 5, 7},     {14, 32, 2},    {15, 33, 3},   {37, 41, 29},
       {64, 64, 64},  {70, 90, 33},  {29, 100, 65},  {130, 70, 1},  {100, 45, 1025},
       {1, 300, 200}, {300, 1, 201}, {200, 150, 47}, {8, 300, 517}, {45, 31, 2100},
-      {3, 500, 96},  {0, 5, 5},     {5, 5, 0}};
+      {3, 500, 96},  {0, 5, 5},     {5, 5, 0},
+      /* the AMX path's blocks (32 x 32, k blocks of 512, column blocks of 512): whole and
+         partial blocks, k not a multiple of 32, several k and column blocks */
+      {64, 64, 1024}, {96, 80, 640}, {33, 530, 70}, {17, 16, 32}, {160, 1100, 96}};
    const int ns = (int)(sizeof shapes / sizeof shapes[0]);
-   const int isas[] = {4, 3, 2, 1};
-   for (int ii = 0; ii < 4; ii++) {
+   const int isas[] = {LM_ISA_AMX, 4, 3, 2, 1};
+   for (int ii = 0; ii < 5; ii++) {
       const int isa = isas[ii];
       if (lm_gemm_set_isa(isa) != isa) {
          printf("isa %d: not on this CPU, skipped\n", isa);

@@ -473,7 +473,7 @@ static int close_doubles(const double *a, const double *b, int64_t n, double tol
 static void isa(void) {
    CASE("lm_gemm_set_isa");
    const int best = lm_gemm_isa();
-   check(best >= 1 && best <= 4, "lm_gemm_isa() = %d", best);
+   check(best >= LM_ISA_C && best <= LM_ISA_MAX, "lm_gemm_isa() = %d", best);
    isa_results before, forced, forced_sim, after, after_sim;
    isa_run(&before, LM_CPU);
    check(lm_gemm_set_isa(1) == 1, "lm_gemm_set_isa(1) returns 1");

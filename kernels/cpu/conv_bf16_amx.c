@@ -1,0 +1,247 @@
+/* conv_bf16_amx.c -- bfloat16 NHWC convolutions on AMX tiles (amx.h): forward, and backward data
+ * of stride-1 layers. conv.c calls them when lm_amx_on() and lm_conv_amx_usable() take the
+ * geometry (groups 1, at least 16 input channels); everything else keeps the AVX-512 kernels
+ * (conv_avx512bf16.c: depthwise, groups, the 3-channel stem).
+ *
+ * A convolution is a batch-reduce GEMM (oneDNN's brgconv): a block of 32 output pixels x 32
+ * output channels is one set of four accumulator tiles, summed over every tap (i, j) of the
+ * kernel and every 32 input channels of it (amx_brgemm_32x32, gemm_bf16_amx.h), with no
+ * im2col: the A tile of tap (i, j) is 16 input pixels read in place from a zero-padded copy of
+ * the input, rows C_s * 2 bytes apart (C_s: the channels rounded up to 32, zeros past C).
+ *   Stride 1: the output of an image is walked over the padded width, Ho rows of Wp "virtual"
+ *     pixels; virtual pixel q reads padded pixel q + i*dh*Wp + j*dw for tap (i, j), so 32
+ *     consecutive q are one tile pair at every tap, across output rows (7 x 7 outputs fill 78 %
+ *     of the rows, not 7 of 16); q with (q mod Wp) >= Wo are computed and dropped.
+ *   Stride > 1: blocks of 32 output pixels along one output row, rows sw * C_s * 2 bytes apart.
+ * The copy has a zero margin past the last image, so the dropped rows of the last blocks read
+ * zeros, never beyond the buffer.
+ * Weights: packed once per call (lm_amx_pack_b) into 32-channel panels per tap,
+ *   wk[q][tap][C_s / 2][32 words]; panels are taken in chunks of at most 512 KiB (they stream
+ *   from L2 while a thread's input rows stay in L1), each chunk over all pixel blocks, the
+ *   pixel blocks split statically between the threads.
+ * Epilogue (per block, on the tiles stored to a 4 KiB buffer): bias (float32), residual
+ *   (bfloat16), ReLU, one rounding to bfloat16 (lm_f2bf's, bit for bit).
+ * 1 x 1 stride-1 unpadded layers are one GEMM on the input in place: lm_bgemm_amx with the same
+ *   epilogue (the A operand is packed there, so a 2 KiB channel pitch does not thrash L1).
+ * Backward data of a stride-1 layer is the forward engine on grad_out padded by
+ *   (k - 1) * d - p with the weights flipped and transposed (packed from w directly).
+ */
+#include "conv_internal.h"
+#include "gemm_bf16_amx.h"
+#include "cpu.h"
+
+#include <immintrin.h>
+
+enum { AMX_MAXTAPS = 1024, CHUNK_BYTES = 512 * 1024 };
+
+static int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
+   if (!conv_env_on("LUMEN_CONV_AMX")) return 0;
+   if (g->G != 1 || g->C < 16 || g->O < 16 || g->kh * g->kw > AMX_MAXTAPS) return 0;
+   if (!backward_data) return 1;
+   /* backward data: stride 1 with padding no larger than the kernel's reach */
+   return g->sh == 1 && g->sw == 1 && g->ph <= (g->kh - 1) * g->dh &&
+          g->pw <= (g->kw - 1) * g->dw;
+}
+
+/* the engine's geometry: input (N, H, W, C) read from a padded copy, output (N, Ho, Wo, O) */
+typedef struct {
+   int64_t N, C, H, W, O, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw;
+} eng_geom;
+
+/* where tap t's B operand lives: element (c, o) at b[c * rsb + o * csb] */
+typedef struct {
+   const uint16_t *w;
+   int64_t K, C, kh, kw;
+   int transposed; /* backward data: B_t(o', c') = w[c'][kh-1-i][kw-1-j][o'] */
+} wsrc;
+
+static const uint16_t *tap_b(const wsrc *s, int64_t t, int64_t *rsb, int64_t *csb) {
+   const int64_t i = t / s->kw, j = t % s->kw;
+   if (!s->transposed) { /* B_t(c, o) = w[o][i][j][c] */
+      *rsb = 1;
+      *csb = s->K;
+      return s->w + (i * s->kw + j) * s->C;
+   }
+   /* B_t(o, c) with w of shape (O = rows of B, kh, kw, C = columns): w[o][kh-1-i][kw-1-j][c] */
+   *rsb = s->K;
+   *csb = 1;
+   return s->w + ((s->kh - 1 - i) * s->kw + (s->kw - 1 - j)) * s->C;
+}
+
+/* one output row of a block: up to 32 channels from t, + bias, + residual, ReLU, bf16 */
+static inline void epi_row(const float *t, int nr, const float *bias, const uint16_t *res,
+                           int relu, uint16_t *out) {
+   for (int h = 0; h < nr; h += 16) {
+      const int n = nr - h < 16 ? nr - h : 16;
+      const __mmask16 mk = (__mmask16)((1u << n) - 1u);
+      __m512 v = _mm512_loadu_ps(t + h);
+      if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + h));
+      if (res) v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, res + h)));
+      if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      _mm256_mask_storeu_epi16(out + h, mk, amx_f2bf16(v));
+   }
+}
+
+/* x (N, H, W, C) -> dst (N, Hp, Wp, Cs) with zeros around and past C, and `margin` zero pixels
+   after the last image */
+static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t C, int64_t ph,
+                     int64_t pw, int64_t Hp, int64_t Wp, int64_t Cs, int64_t margin,
+                     uint16_t *dst) {
+   const int nt = conv_threads((double)N * Hp * Wp * Cs);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+   for (int64_t r = 0; r < N * Hp; r++) {
+      const int64_t n = r / Hp, hp = r % Hp, h = hp - ph;
+      uint16_t *d = dst + r * Wp * Cs;
+      if (h < 0 || h >= H) {
+         memset(d, 0, (size_t)(Wp * Cs) * 2);
+         continue;
+      }
+      memset(d, 0, (size_t)(pw * Cs) * 2);
+      const uint16_t *s = x + ((n * H + h) * W) * C;
+      if (Cs == C) {
+         memcpy(d + pw * Cs, s, (size_t)(W * C) * 2);
+      } else {
+         for (int64_t w = 0; w < W; w++) {
+            memcpy(d + (pw + w) * Cs, s + w * C, (size_t)C * 2);
+            memset(d + (pw + w) * Cs + C, 0, (size_t)(Cs - C) * 2);
+         }
+      }
+      memset(d + (pw + W) * Cs, 0, (size_t)((Wp - pw - W) * Cs) * 2);
+   }
+   memset(dst + N * Hp * Wp * Cs, 0, (size_t)(margin * Cs) * 2);
+}
+
+/* the engine (see the file's header) */
+static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, const float *bias,
+                        const uint16_t *res, int relu, uint16_t *out) {
+   const int64_t Cs = rup(e->C, 32), nsteps = Cs / 32;
+   const int64_t Hp = e->H + 2 * e->ph, Wp = e->W + 2 * e->pw;
+   const int64_t ntap = e->kh * e->kw;
+   const int64_t nq = (e->O + 31) / 32;
+   const int stride1 = e->sh == 1 && e->sw == 1;
+   const int64_t margin = 64 * e->sw + e->kw * e->dw + Wp + 64;
+   /* pixel blocks: per image (stride 1) or per output row (else) */
+   const int64_t per_img = stride1 ? (e->Ho * Wp + 31) / 32 : 0;
+   const int64_t per_row = stride1 ? 0 : (e->Wo + 31) / 32;
+   const int64_t nblk = stride1 ? e->N * per_img : e->N * e->Ho * per_row;
+   const int64_t prow = ntap * Cs / 2; /* rows of 32 words per panel */
+   const size_t xbytes = (size_t)((e->N * Hp * Wp + margin) * Cs) * 2;
+   const size_t wbytes = (size_t)(nq * 32 * prow) * 4;
+   uint16_t *xp = lm_alloc(xbytes);
+   uint32_t *wk = xp ? lm_alloc(wbytes) : NULL;
+   if (!wk) {
+      if (xp) lm_free(xp, xbytes);
+      return LM_ERR_OOM;
+   }
+   pad_copy(x, e->N, e->H, e->W, e->C, e->ph, e->pw, Hp, Wp, Cs, margin, xp);
+   {
+      const int nt = conv_threads((double)wbytes);
+#pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
+      for (int64_t t = 0; t < ntap; t++)
+         for (int64_t q = 0; q < nq; q++) {
+            int64_t rsb, csb;
+            const uint16_t *b = tap_b(ws, t, &rsb, &csb);
+            lm_amx_pack_b(e->C, e->O, b, rsb, csb, q, q + 1, wk + t * (Cs / 2) * 32, prow);
+         }
+   }
+   int64_t toff[AMX_MAXTAPS];
+   for (int64_t t = 0; t < ntap; t++)
+      toff[t] = (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
+   const int64_t panel_bytes = 32 * prow * 4;
+   int64_t qchunk = CHUNK_BYTES / panel_bytes;
+   if (qchunk < 1) qchunk = 1;
+   const int nt = conv_threads((double)nblk * nq * 32 * 32 * ntap * Cs);
+   for (int64_t q0 = 0; q0 < nq; q0 += qchunk) {
+      const int64_t q1 = q0 + qchunk < nq ? q0 + qchunk : nq;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+      {
+         float tb[32 * 32] __attribute__((aligned(64)));
+         amx_seg seg[AMX_MAXTAPS];
+         lm_amx_begin();
+#pragma omp for schedule(static)
+         for (int64_t blk = 0; blk < nblk; blk++) {
+            int64_t base, step, n, q0p = 0, ho0 = 0, wo0 = 0;
+            if (stride1) {
+               n = blk / per_img;
+               q0p = (blk % per_img) * 32;
+               base = n * Hp * Wp + q0p;
+               step = 1;
+            } else {
+               const int64_t r = blk / per_row;
+               n = r / e->Ho;
+               ho0 = r % e->Ho;
+               wo0 = (blk % per_row) * 32;
+               base = n * Hp * Wp + ho0 * e->sh * Wp + wo0 * e->sw;
+               step = e->sw;
+            }
+            const int64_t sa = step * Cs * 2;
+            for (int64_t q = q0; q < q1; q++) {
+               for (int64_t t = 0; t < ntap; t++) {
+                  seg[t].a = xp + (base + toff[t]) * Cs;
+                  seg[t].b = wk + q * 32 * prow + t * (Cs / 2) * 32;
+               }
+               amx_brgemm_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0, tb, 32,
+                                NULL, 0);
+               const int64_t o0 = q * 32;
+               const int nr = (int)(e->O - o0 < 32 ? e->O - o0 : 32);
+               for (int r = 0; r < 32; r++) {
+                  int64_t pix;
+                  if (stride1) {
+                     const int64_t qq = q0p + r, ho = qq / Wp, wo = qq % Wp;
+                     if (ho >= e->Ho || wo >= e->Wo) continue;
+                     pix = (n * e->Ho + ho) * e->Wo + wo;
+                  } else {
+                     const int64_t wo = wo0 + r;
+                     if (wo >= e->Wo) break;
+                     pix = (n * e->Ho + ho0) * e->Wo + wo;
+                  }
+                  epi_row(tb + r * 32, nr, bias ? bias + o0 : NULL,
+                          res ? res + pix * e->O + o0 : NULL, relu, out + pix * e->O + o0);
+               }
+            }
+         }
+         lm_amx_end();
+      }
+   }
+   lm_free(wk, wbytes);
+   lm_free(xp, xbytes);
+   return LM_OK;
+}
+
+lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint16_t *w,
+                               const float *bias, const uint16_t *res, int relu,
+                               uint16_t *out) {
+   if (conv_is_pointwise(g)) {
+      /* out (P x O) = x (P x C) . w^T, w (O x C) */
+      const lm_amx_epi ep = {bias, res, g->O, relu};
+      const int64_t P = g->N * g->H * g->W;
+      if (lm_bgemm_amx_epi(P, g->O, g->C, x, g->C, 1, w, 1, g->C, out, g->O, &ep,
+                           conv_threads((double)P * g->O * g->C)))
+         return LM_OK;
+      return LM_ERR_OOM;
+   }
+   const eng_geom e = {g->N, g->C, g->H, g->W, g->O, g->Ho, g->Wo, g->kh, g->kw,
+                       g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
+   const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 0};
+   return engine(&e, x, &ws, bias, res, relu, out);
+}
+
+lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
+                                uint16_t *gx) {
+   if (conv_is_pointwise(g)) {
+      /* gx (P x C) = gout (P x O) . w, w (O x C) */
+      const int64_t P = g->N * g->H * g->W;
+      if (lm_bgemm_amx_epi(P, g->C, g->O, gout, g->O, 1, w, g->C, 1, gx, g->C, NULL,
+                           conv_threads((double)P * g->O * g->C)))
+         return LM_OK;
+      return LM_ERR_OOM;
+   }
+   /* grad_x = grad_out (padded by (k-1)d - p) convolved with the flipped, transposed kernel */
+   const eng_geom e = {g->N, g->O, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw,
+                       1, 1, (g->kh - 1) * g->dh - g->ph, (g->kw - 1) * g->dw - g->pw,
+                       g->dh, g->dw};
+   const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 1};
+   return engine(&e, gout, &ws, NULL, NULL, 0, gx);
+}

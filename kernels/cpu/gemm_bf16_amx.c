@@ -1,0 +1,247 @@
+/* gemm_bf16_amx.c -- the bfloat16 GEMM on AMX tiles (amx.h): C = alpha * op(A) op(B) + beta * C
+ * with bfloat16 operands of any strides, float32 sums, a float32 or bfloat16 C (rounded once).
+ * Called by gemm.c's bgemm_any when lm_amx_on(); the contract is lm_bgemm_strided's
+ * (gemm_internal.h). The micro-kernel (amx_brgemm_32x32) is shared with the AMX convolutions
+ * (conv_bf16_amx.c) through gemm_bf16_amx.h.
+ *
+ * Blocking (BLIS order, tiles for registers):
+ *   for jc in n step NC:          B block KC x NC packed by the team: 16-column panels as the
+ *     for pc in k step KC:        AVX-512 bf16 packing makes them for 32 columns (word (p2, j) =
+ *                                 {B(2 p2, j), B(2 p2 + 1, j)}), k padded with zeros to 32
+ *       for (ib, jb) units:       32 rows x 32 columns of C, split statically between the threads
+ *                                 in row-major order (a thread keeps its A block across jb)
+ *         2 x 2 tiles over kc:    A0, A1 (rows 0-15, 16-31), B0, B1 (columns 0-15, 16-31), four
+ *                                 float32 accumulators; per 32 k: 4 tile loads, 4 TDPBF16PS
+ * A is packed per 32-row block, tile-contiguous (each 16 x 32 tile 1 KiB, zeros past m and k;
+ * a transpose of 16 x 16 words when op(A) is stored by columns), once per thread and k block
+ * and reused over the column blocks. With more
+ * than one k block the sums go through a float32 buffer of the m x NC block (loaded into the
+ * accumulators at the next k block); the last k block runs the epilogue: C = alpha * acc +
+ * beta * C, or its rounding to bfloat16 (lm_f2bf's rounding, bit for bit).
+ *
+ * KC = 512 (32 KiB of A block per 32 rows: it stays in L1 while the B panels stream from L2),
+ * NC <= 512. Measured on 2 cores of a Sapphire Rapids-class Xeon: docs/performance.md (AMX).
+ */
+#include "gemm_bf16_amx.h"
+#include "avx512_util.h"
+#include "cpu.h"
+
+#include <immintrin.h>
+
+#include <stdlib.h>
+static int64_t KC = 512, NCMAX = 512;
+static int g_pf = 0;
+__attribute__((constructor)) static void tune_env(void) {
+   if (getenv("AMX_KC")) KC = atoi(getenv("AMX_KC"));
+   if (getenv("AMX_NC")) NCMAX = atoi(getenv("AMX_NC"));
+   if (getenv("AMX_PF")) g_pf = atoi(getenv("AMX_PF"));
+}
+
+static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* ---- packing ---- */
+
+static inline __mmask16 mask16(int n) {
+   return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+}
+
+/* 16 words from two k rows r0 (even k) and r1 (odd k, NULL past kc), nv (0..16) valid */
+static inline __m512i pair_words(const uint16_t *r0, const uint16_t *r1, int nv) {
+   const __mmask16 mk = mask16(nv);
+   __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r0));
+   if (r1)
+      w = _mm512_or_si512(
+         w, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r1)), 16));
+   return w;
+}
+
+void lm_amx_pack_b(int64_t kc, int64_t nc, const uint16_t *b, int64_t rsb, int64_t csb,
+                   int64_t q0, int64_t q1, uint32_t *dst, int64_t prow) {
+   const int64_t kc2 = (kc + 1) / 2, kc2p = rup(kc, 32) / 2;
+   for (int64_t q = q0; q < q1; q++) {
+      uint32_t *d = dst + q * 32 * prow;
+      /* the AVX-512 packing writes panel q at its dst + q * 32 * kc2: shift dst so it lands at d */
+      lm_bgemm_pack_b_avx512bf16(kc, nc, b, rsb, csb, q, q + 1, d - q * 32 * kc2);
+      for (int64_t p2 = kc2; p2 < kc2p; p2++) {
+         _mm512_store_si512(d + p2 * 32, _mm512_setzero_si512());
+         _mm512_store_si512(d + p2 * 32 + 16, _mm512_setzero_si512());
+      }
+   }
+}
+
+void lm_amx_pack_a(int64_t mc, int64_t kc, const uint16_t *a, int64_t rsa, int64_t csa,
+                   uint16_t *dst) {
+   const int64_t nst = rup(kc, 32) / 32;
+   if (csa == 1) {
+      for (int64_t t = 0; t < nst; t++) {
+         const int64_t left = kc - 32 * t;
+         const __mmask32 mk = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1u);
+         uint16_t *d = dst + t * 1024;
+         int64_t i = 0;
+         for (; i < mc; i++)
+            _mm512_store_si512(d + i * 32, _mm512_maskz_loadu_epi16(mk, a + i * rsa + 32 * t));
+         for (; i < 32; i++) _mm512_store_si512(d + i * 32, _mm512_setzero_si512());
+      }
+   } else if (rsa == 1) {
+      /* op(A) stored by columns (i contiguous): words {A(i, 2p2), A(i, 2p2+1)} for 16 rows,
+         then a 16 x 16 transpose of words into rows */
+      for (int64_t t = 0; t < nst; t++)
+         for (int64_t i0 = 0; i0 < 32; i0 += 16) {
+            const int ni = (int)(mc - i0 < 16 ? mc - i0 : 16);
+            __m512 r[16];
+            for (int w = 0; w < 16; w++) {
+               const int64_t p = 32 * t + 2 * w;
+               r[w] = p < kc && ni > 0
+                         ? _mm512_castsi512_ps(pair_words(a + i0 + p * csa,
+                                                          p + 1 < kc ? a + i0 + (p + 1) * csa
+                                                                     : NULL,
+                                                          ni))
+                         : _mm512_setzero_ps();
+            }
+            transpose16(r);
+            for (int i = 0; i < 16; i++)
+               _mm512_store_si512(dst + t * 1024 + (i0 + i) * 32, _mm512_castps_si512(r[i]));
+         }
+   } else {
+      for (int64_t t = 0; t < nst; t++)
+         for (int64_t i = 0; i < 32; i++)
+            for (int64_t w = 0; w < 32; w++) {
+               const int64_t p = 32 * t + w;
+               dst[t * 1024 + i * 32 + w] = i < mc && p < kc ? a[i * rsa + p * csa] : 0;
+            }
+   }
+}
+
+/* ---- epilogue ---- */
+
+void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int64_t csc,
+                    int c_bf16, const lm_amx_epi *ep, int64_t row, int64_t col) {
+   if (csc != 1) {
+      if (c_bf16)
+         lm_gemm_merge_bf(1, n, t, n, (uint16_t *)c, 0, csc, alpha, beta);
+      else
+         lm_gemm_merge_s(1, n, t, n, (float *)c, 0, csc, alpha, beta);
+      return;
+   }
+   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+   const float *bias = ep && ep->bias ? ep->bias + col : NULL;
+   const uint16_t *res = ep && ep->res ? ep->res + row * ep->rsr + col : NULL;
+   const int relu = ep && ep->relu;
+   for (int j = 0; j < n; j += 16) {
+      const __mmask16 mk = mask16(n - j);
+      __m512 v = _mm512_mul_ps(va, _mm512_maskz_loadu_ps(mk, t + j));
+      if (c_bf16) {
+         uint16_t *cp = (uint16_t *)c + j;
+         if (beta != 0.0f) v = _mm512_fmadd_ps(vb, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, cp)), v);
+         if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
+         if (res) v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, res + j)));
+         if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+         _mm256_mask_storeu_epi16(cp, mk, amx_f2bf16(v));
+      } else {
+         float *cp = (float *)c + j;
+         if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, cp), v);
+         _mm512_mask_storeu_ps(cp, mk, v);
+      }
+   }
+}
+
+/* ---- the driver ---- */
+
+/* one 32 x 32 block of C over one k block: A packed (lm_amx_pack_a) at a, B panel at bp */
+static void block(const uint16_t *a, const uint32_t *bp, const uint32_t *pf, int nsteps,
+                  float *acc, int64_t ldacc, int load, int keep, float *tb, int mr, int nr,
+                  float alpha, float beta, void *c, int64_t rsc, int64_t csc, int c_bf16,
+                  const lm_amx_epi *ep, int64_t row, int64_t col) {
+   const amx_seg seg = {a, bp};
+   amx_brgemm_32x32(&seg, 1, nsteps, 64, 1024, 2048, load ? acc : NULL, ldacc, keep ? acc : tb,
+                    keep ? ldacc : 32, (const char *)pf, pf ? 2048 : 0);
+   if (keep) return;
+   for (int i = 0; i < mr; i++)
+      lm_amx_row_out(tb + i * 32, nr, alpha, beta,
+                     c_bf16 ? (void *)((uint16_t *)c + i * rsc) : (void *)((float *)c + i * rsc),
+                     csc, c_bf16, ep, row + i, col);
+}
+
+static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                    int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
+                    float beta, void *c, int64_t rsc, int64_t csc, int c_bf16,
+                    const lm_amx_epi *ep, int nt) {
+   const int64_t nkb = (k + KC - 1) / KC;
+   const int64_t kc_blk = rup((k + nkb - 1) / nkb, 32); /* even k blocks, multiples of 32 */
+   const int64_t kc2p = kc_blk / 2;
+   const int64_t nc_blk = imin(rup(n, 32), NCMAX);
+   const int64_t mp = rup(m, 32);
+   const int64_t npan = nc_blk / 32;
+   const size_t b_bytes = (size_t)(npan * 32 * kc2p) * 4;
+   const size_t a_bytes = (size_t)(32 * kc_blk) * 2;
+   const size_t acc_bytes = nkb > 1 ? (size_t)(mp * nc_blk) * 4 : 0;
+   const size_t tb_bytes = 32 * 32 * 4;
+   if (nt < 1) nt = 1;
+   const size_t bytes = b_bytes + (size_t)nt * (a_bytes + tb_bytes) + acc_bytes;
+   char *buf = lm_alloc(bytes);
+   if (!buf) {
+      lm_clear_error();
+      return 0;
+   }
+   uint32_t *bpk = (uint32_t *)buf;
+   float *accb = (float *)(buf + b_bytes + (size_t)nt * (a_bytes + tb_bytes));
+   const int64_t nib = mp / 32;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+   {
+      int tid = 0, ntt = 1;
+#ifdef _OPENMP
+      tid = omp_get_thread_num();
+      ntt = omp_get_num_threads();
+#endif
+      uint16_t *ap = (uint16_t *)(buf + b_bytes + (size_t)tid * (a_bytes + tb_bytes));
+      float *tb = (float *)((char *)ap + a_bytes);
+      lm_amx_begin();
+      for (int64_t jc = 0; jc < n; jc += nc_blk) {
+         const int64_t nc = imin(nc_blk, n - jc);
+         const int64_t njb = (nc + 31) / 32;
+         for (int64_t pc = 0; pc < k; pc += kc_blk) {
+            const int64_t kc = imin(kc_blk, k - pc);
+            const int first = pc == 0, last = pc + kc >= k;
+#pragma omp for schedule(static)
+            for (int64_t q = 0; q < njb; q++)
+               lm_amx_pack_b(kc, nc, b + pc * rsb + jc * csb, rsb, csb, q, q + 1, bpk, kc2p);
+            /* units (ib, jb) in row-major order, a contiguous run per thread */
+            const int64_t nu = nib * njb;
+            const int64_t u0 = nu * tid / ntt, u1 = nu * (tid + 1) / ntt;
+            int64_t packed_ib = -1;
+            for (int64_t u = u0; u < u1; u++) {
+               const int64_t ib = u / njb, jb = u % njb;
+               const int64_t i0 = ib * 32, j0 = jb * 32;
+               const int mr = (int)imin(32, m - i0), nr = (int)imin(32, nc - j0);
+               if (packed_ib != ib) {
+                  lm_amx_pack_a(mr, kc, a + i0 * rsa + pc * csa, rsa, csa, ap);
+                  packed_ib = ib;
+               }
+               float *acc = accb ? accb + i0 * nc_blk + j0 : NULL;
+               block(ap, bpk + jb * 32 * kc2p, g_pf && jb + 1 < njb ? bpk + (jb + 1) * 32 * kc2p : NULL, (int)(rup(kc, 32) / 32), acc, nc_blk,
+                     !first, !last, tb, mr, nr, alpha, beta,
+                     c_bf16 ? (void *)((uint16_t *)c + i0 * rsc + (jc + j0) * csc)
+                            : (void *)((float *)c + i0 * rsc + (jc + j0) * csc),
+                     rsc, csc, c_bf16, ep, i0, jc + j0);
+            }
+#pragma omp barrier
+         }
+      }
+      lm_amx_end();
+   }
+   lm_free(buf, bytes);
+   return 1;
+}
+
+int lm_bgemm_amx(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t rsa,
+                 int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb, float beta, void *c,
+                 int64_t rsc, int64_t csc, int c_bf16, int nt) {
+   return amx_gemm(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, NULL, nt);
+}
+
+int lm_bgemm_amx_epi(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa,
+                     int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb, uint16_t *c,
+                     int64_t rsc, const lm_amx_epi *ep, int nt) {
+   return amx_gemm(m, n, k, 1.0f, a, rsa, csa, b, rsb, csb, 0.0f, c, rsc, 1, 1, ep, nt);
+}

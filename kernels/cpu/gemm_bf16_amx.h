@@ -1,0 +1,145 @@
+/* gemm_bf16_amx.h -- what the AMX kernels share (include only from *_amx.c files): the
+ * batch-reduce micro-kernel on a 32 x 32 float32 block of C, the packing, the epilogue row.
+ *
+ * Packed B (lm_amx_pack_b): panels of 32 columns; panel q holds kc2p = ceil(kc / 32) * 16 rows
+ * of 32 words, word (p2, j) = {B(2 p2, j), B(2 p2 + 1, j)} (even k in the low half), zeros past
+ * kc and past nc; panel q starts at dst + q * 32 * prow. A step of 32 k is 16 rows: the B tile
+ * of columns 0-15 is 16 rows of 64 bytes at stride 128, columns 16-31 the next 64 bytes. */
+#ifndef LUMEN_GEMM_BF16_AMX_H
+#define LUMEN_GEMM_BF16_AMX_H
+#include "amx.h"
+#include "gemm_internal.h"
+#include <immintrin.h>
+
+/* one segment of a batch-reduce: A rows (k contiguous) at a, B panel rows at b; step t reads A
+   columns [32 t, 32 t + 32) and B rows [16 t, 16 t + 16) */
+typedef struct {
+   const uint16_t *a;
+   const uint32_t *b;
+} amx_seg;
+
+/* C(32 x 32) = [cin +] sum over the segments and nsteps steps of A(32 x 32) B(32 x 32): A
+   rows sa_bytes apart, rows 16-31 at a1 bytes past rows 0-15, step t at t * astep bytes (in
+   place: sa = the row stride, a1 = 16 sa, astep = 64; packed tile-contiguous (lm_amx_pack_a):
+   64, 1024, 2048). cin NULL: start from zero; else the float32 block at cin (row stride ldcin
+   floats). The result goes to cout (row stride ldcout floats). */
+static inline __attribute__((always_inline)) void amx_brgemm_32x32(
+   const amx_seg *seg, int nseg, int nsteps, int64_t sa_bytes, int64_t a1, int64_t astep,
+   const float *cin, int64_t ldcin, float *cout, int64_t ldcout, const char *pf, int64_t pfstep) {
+   if (cin) {
+      LM_TILE_LOAD(0, cin, ldcin * 4);
+      LM_TILE_LOAD(1, cin + 16, ldcin * 4);
+      LM_TILE_LOAD(2, cin + 16 * ldcin, ldcin * 4);
+      LM_TILE_LOAD(3, cin + 16 * ldcin + 16, ldcin * 4);
+   } else {
+      LM_TILE_ZERO(0);
+      LM_TILE_ZERO(1);
+      LM_TILE_ZERO(2);
+      LM_TILE_ZERO(3);
+   }
+   /* software-pipelined: the next step's A0 is loaded as soon as the two products that read
+      A0 are issued, B0 after the third, B1 and A1 after the fourth, so the loads overlap the
+      products instead of waiting for all four (tiles are not renamed: a load into a tile waits
+      for the products still reading it). Measured 1024^3 on one core: 2x2 loads-then-products
+      27 % of the TDPBF16PS peak, pipelined: docs/performance.md (AMX). */
+   if (nseg <= 0 || nsteps <= 0) goto store;
+   {
+      int s = 0, t = 0;
+      const char *ap = (const char *)seg[0].a;
+      const uint32_t *bp = seg[0].b;
+      LM_TILE_LOAD(4, ap, sa_bytes);
+      LM_TILE_LOAD(6, bp, 128);
+      LM_TILE_LOAD(7, bp + 16, 128);
+      LM_TILE_LOAD(5, ap + a1, sa_bytes);
+      for (;;) {
+         const char *an;
+         const uint32_t *bn;
+         if (t + 1 < nsteps) {
+            t++;
+            an = ap + astep;
+            bn = bp + 512;
+         } else if (s + 1 < nseg) {
+            s++;
+            t = 0;
+            an = (const char *)seg[s].a;
+            bn = seg[s].b;
+         } else {
+            break;
+         }
+         if (pf) {
+            for (int l = 0; l < pfstep; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+            pf += pfstep;
+         }
+         LM_TILE_DPBF16(0, 4, 6);
+         LM_TILE_DPBF16(1, 4, 7);
+         LM_TILE_LOAD(4, an, sa_bytes);
+         LM_TILE_DPBF16(2, 5, 6);
+         LM_TILE_LOAD(6, bn, 128);
+         LM_TILE_DPBF16(3, 5, 7);
+         LM_TILE_LOAD(7, bn + 16, 128);
+         LM_TILE_LOAD(5, an + a1, sa_bytes);
+         ap = an;
+         bp = bn;
+      }
+      LM_TILE_DPBF16(0, 4, 6);
+      LM_TILE_DPBF16(1, 4, 7);
+      LM_TILE_DPBF16(2, 5, 6);
+      LM_TILE_DPBF16(3, 5, 7);
+   }
+store:
+   LM_TILE_STORE(0, cout, ldcout * 4);
+   LM_TILE_STORE(1, cout + 16, ldcout * 4);
+   LM_TILE_STORE(2, cout + 16 * ldcout, ldcout * 4);
+   LM_TILE_STORE(3, cout + 16 * ldcout + 16, ldcout * 4);
+}
+
+/* float32 -> bfloat16, round to nearest even, NaN kept quiet: bit-identical with lm_f2bf */
+static inline __m256i amx_f2bf16(__m512 v) {
+   const __m512i x = _mm512_castps_si512(v);
+   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+   __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+   const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+   r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+   return _mm512_cvtepi32_epi16(r);
+}
+
+static inline __m512 amx_bf2f16(__m256i h) {
+   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* the fused epilogue of a bfloat16 C: + bias[j] (float32), + res[i * rsr + j] (bfloat16), ReLU,
+   before the rounding; any of them NULL / 0 */
+typedef struct {
+   const float *bias;
+   const uint16_t *res;
+   int64_t rsr;
+   int relu;
+} lm_amx_epi;
+
+/* panels [q0, q1) of the kc x nc block of op(B) (element (p, j) at b[p*rsb + j*csb]); panel q
+   at dst + q * 32 * prow (prow >= ceil(kc / 32) * 16 rows of 32 words) */
+LM_GEMM_HIDDEN void lm_amx_pack_b(int64_t kc, int64_t nc, const uint16_t *b, int64_t rsb,
+                                  int64_t csb, int64_t q0, int64_t q1, uint32_t *dst,
+                                  int64_t prow);
+/* 32 rows x ceil(kc / 32) * 32 columns of op(A) (mc <= 32 valid rows, element (i, p) at
+   a[i*rsa + p*csa]) into dst, tile-contiguous: step t (columns 32 t .. 32 t + 31) at
+   dst + 1024 t, 32 rows of 32 values; zeros past mc and kc. Tile-contiguous because rows of a
+   power-of-two stride (k = 1024: 2 KiB) fall into two sets of the L1 cache: read in place, the
+   1024^3 GEMM ran at a fifth of the micro-kernel's speed. */
+LM_GEMM_HIDDEN void lm_amx_pack_a(int64_t mc, int64_t kc, const uint16_t *a, int64_t rsa,
+                                  int64_t csa, uint16_t *dst);
+/* one row of n results t (float32) into C: C = alpha * t + beta * C (beta 0: C not read), C
+   float32 or (c_bf16) bfloat16 rounded as lm_f2bf, elements csc apart; ep (bfloat16 C with
+   csc 1 only) adds the epilogue of row `row`, columns from `col` */
+LM_GEMM_HIDDEN void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c,
+                                   int64_t csc, int c_bf16, const lm_amx_epi *ep, int64_t row,
+                                   int64_t col);
+/* the GEMM into a dense bfloat16 C (row stride rsc) with the epilogue ep (or NULL), alpha 1,
+   beta 0, on nt threads; 0 when its workspace could not be had */
+LM_GEMM_HIDDEN int lm_bgemm_amx_epi(int64_t m, int64_t n, int64_t k, const uint16_t *a,
+                                    int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb,
+                                    int64_t csb, uint16_t *c, int64_t rsc, const lm_amx_epi *ep,
+                                    int nt);
+#endif
