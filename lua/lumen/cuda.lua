@@ -199,10 +199,19 @@ local backends = {
                         { allow_tf32 = false }),
    },
    -- lumen's own: bf16_winograd, bfloat16 3x3 convolutions through Winograd with bfloat16
-   -- products (faster, about ten times the rounding error; docs/mixed_precision.md)
-   cpu = switches("backends.cpu", { bf16_winograd = C.LM_CPU_OPT_BF16_WINOGRAD },
-                  { bf16_winograd = true }, C.lm_cpu_get_option, C.lm_cpu_set_option),
+   -- products (faster, about ten times the rounding error; docs/mixed_precision.md); amx,
+   -- bfloat16 GEMMs and convolutions on AMX tiles where the CPU and Linux allow them (on by
+   -- default, LUMEN_AMX=0 starts it off; amx_available() says whether this process has AMX)
+   cpu = switches("backends.cpu", { bf16_winograd = C.LM_CPU_OPT_BF16_WINOGRAD,
+                                    amx = C.LM_CPU_OPT_AMX },
+                  { bf16_winograd = true, amx = true }, C.lm_cpu_get_option, C.lm_cpu_set_option),
 }
+-- lm.backends.cpu.amx_available(): true when this process can run AMX tiles (CPU, OS and Linux's
+-- permission; the emulated build, make amx-emu, says true on any AVX512_BF16 machine).
+-- lm.backends.cpu.isa(): the instruction-set level the CPU kernels use ("amx", "avx512_bf16",
+-- "avx512", "avx2" or "c").
+rawset(backends.cpu, "amx_available", function() return C.lm_cpu_amx_available() ~= 0 end)
+rawset(backends.cpu, "isa", function() return ffi.string(C.lm_cpu_isa_name(C.lm_cpu_get_isa())) end)
 
 -- lm.backends is this module's table of switches
 function M.install(lm)
