@@ -32,13 +32,16 @@
 
 #include <immintrin.h>
 
-enum { AMX_MAXTAPS = 1024, CHUNK_BYTES = 512 * 1024 };
+enum { AMX_MAXTAPS = 1024, AMX_MAXROWS = 32, CHUNK_BYTES = 512 * 1024 };
 
 static int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
    if (!conv_env_on("LUMEN_CONV_AMX")) return 0;
-   if (g->G != 1 || g->C < 16 || g->O < 16 || g->kh * g->kw > AMX_MAXTAPS) return 0;
+   if (g->G != 1 || g->O < 16 || g->kh * g->kw > AMX_MAXTAPS) return 0;
+   /* few channels: only the stem's form (kernel rows of at most 32 values, dense along W) */
+   if (g->C < 16 && !(g->C * g->kw <= 32 && g->dw == 1 && g->kh <= AMX_MAXROWS && !backward_data))
+      return 0;
    if (!backward_data) return 1;
    /* backward data: stride 1 with padding no larger than the kernel's reach */
    return g->sh == 1 && g->sw == 1 && g->ph <= (g->kh - 1) * g->dh &&
@@ -80,8 +83,26 @@ static inline void epi_row(const float *t, int nr, const float *bias, const uint
       if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + h));
       if (res) v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, res + h)));
       if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      _mm256_mask_storeu_epi16(out + h, mk, amx_f2bf16(v));
+      _mm256_mask_storeu_epi16(out + h, mk, (__m256i)_mm512_cvtneps_pbh(v));
    }
+}
+
+/* the epilogue of a 32 x 32 block: output pixel px[r] (-1: none) gets row r, channels o0.. */
+static void epi_block(const float *t, const int64_t *px, int nr, int64_t o0, int64_t O,
+                      const float *bias, const uint16_t *res, int relu, uint16_t *out,
+                      int stream) {
+   if (nr == 32) {
+      for (int r = 0; r < 32; r++)
+         if (px[r] >= 0)
+            lm_amx_epi_block32(t + r * 32, 1, bias ? bias + o0 : NULL,
+                               res ? res + px[r] * O + o0 : NULL, 0, relu, out + px[r] * O + o0,
+                               0, stream);
+      return;
+   }
+   for (int r = 0; r < 32; r++)
+      if (px[r] >= 0)
+         epi_row(t + r * 32, nr, bias ? bias + o0 : NULL, res ? res + px[r] * O + o0 : NULL,
+                 relu, out + px[r] * O + o0);
 }
 
 /* x (N, H, W, C) -> dst (N, Hp, Wp, Cs) with zeros around and past C, and `margin` zero pixels
@@ -115,18 +136,25 @@ static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t
 
 /* the engine (see the file's header) */
 static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, const float *bias,
-                        const uint16_t *res, int relu, uint16_t *out) {
-   const int64_t Cs = rup(e->C, 32), nsteps = Cs / 32;
+                        const uint16_t *res, int relu, uint16_t *out, int stream) {
+   /* rows mode (the stem: few channels, dense taps along W): each kernel row's kw * C values
+      are one step of k, gathered per block (a small im2col) instead of 32 channels a tap */
+   const int rowsmode = e->C * e->kw <= 32 && e->C < 16 && e->dw == 1;
+   const int64_t Cs = rowsmode ? e->C : rup(e->C, 32);
+   const int64_t nsteps = rowsmode ? 1 : Cs / 32;
    const int64_t Hp = e->H + 2 * e->ph, Wp = e->W + 2 * e->pw;
-   const int64_t ntap = e->kh * e->kw;
+   const int64_t ntap = rowsmode ? e->kh : e->kh * e->kw;
    const int64_t nq = (e->O + 31) / 32;
-   const int stride1 = e->sh == 1 && e->sw == 1;
+   /* pixel blocks: 32 "virtual" pixels of an image walked over the padded width (Wv virtual
+      pixels an output row, one input pixel step of sw between them), or 32 pixels of one output
+      row; whichever keeps more of the tile rows */
+   const int64_t Wv = e->sh * Wp % e->sw == 0 ? e->sh * Wp / e->sw : 0;
+   const int virt = Wv > 0 && (double)e->Wo / (double)Wv >= (double)e->Wo / (double)rup(e->Wo, 32);
+   const int64_t per_img = virt ? (e->Ho * Wv + 31) / 32 : 0;
+   const int64_t per_row = virt ? 0 : (e->Wo + 31) / 32;
+   const int64_t nblk = virt ? e->N * per_img : e->N * e->Ho * per_row;
    const int64_t margin = 64 * e->sw + e->kw * e->dw + Wp + 64;
-   /* pixel blocks: per image (stride 1) or per output row (else) */
-   const int64_t per_img = stride1 ? (e->Ho * Wp + 31) / 32 : 0;
-   const int64_t per_row = stride1 ? 0 : (e->Wo + 31) / 32;
-   const int64_t nblk = stride1 ? e->N * per_img : e->N * e->Ho * per_row;
-   const int64_t prow = ntap * Cs / 2; /* rows of 32 words per panel */
+   const int64_t prow = ntap * nsteps * 16; /* rows of 32 words per panel */
    const size_t xbytes = (size_t)((e->N * Hp * Wp + margin) * Cs) * 2;
    const size_t wbytes = (size_t)(nq * 32 * prow) * 4;
    uint16_t *xp = lm_alloc(xbytes);
@@ -141,67 +169,92 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, co
 #pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
       for (int64_t t = 0; t < ntap; t++)
          for (int64_t q = 0; q < nq; q++) {
-            int64_t rsb, csb;
-            const uint16_t *b = tap_b(ws, t, &rsb, &csb);
-            lm_amx_pack_b(e->C, e->O, b, rsb, csb, q, q + 1, wk + t * (Cs / 2) * 32, prow);
+            int64_t rsb = 1, csb = ws->K;
+            const uint16_t *b;
+            if (rowsmode) /* B_i(j * C + c, o) = w[o][i][j][c] */
+               b = ws->w + t * e->kw * e->C;
+            else
+               b = tap_b(ws, t, &rsb, &csb);
+            lm_amx_pack_b(rowsmode ? e->kw * e->C : e->C, e->O, b, rsb, csb, q, q + 1,
+                          wk + t * nsteps * 16 * 32, prow);
          }
    }
    int64_t toff[AMX_MAXTAPS];
    for (int64_t t = 0; t < ntap; t++)
-      toff[t] = (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
+      toff[t] = rowsmode ? t * e->dh * Wp : (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
    const int64_t panel_bytes = 32 * prow * 4;
    int64_t qchunk = CHUNK_BYTES / panel_bytes;
    if (qchunk < 1) qchunk = 1;
-   const int nt = conv_threads((double)nblk * nq * 32 * 32 * ntap * Cs);
+   const int nt = conv_threads((double)nblk * nq * 32 * 32 * ntap * nsteps * 32);
+   const int64_t sa = e->sw * Cs * 2;
    for (int64_t q0 = 0; q0 < nq; q0 += qchunk) {
       const int64_t q1 = q0 + qchunk < nq ? q0 + qchunk : nq;
 #pragma omp parallel num_threads(nt) if (nt > 1)
       {
-         float tb[32 * 32] __attribute__((aligned(64)));
+         /* two slots: the block whose products run, and the one whose epilogue runs meanwhile */
+         float tb[2][32 * 32] __attribute__((aligned(64)));
+         int64_t pix[2][32], po0[2] = {0, 0}, cur[32];
+         int pnr[2] = {0, 0}, slot = 0, pend = -1;
+         uint16_t ab[rowsmode ? AMX_MAXROWS * 1024 : 1] __attribute__((aligned(64)));
          amx_seg seg[AMX_MAXTAPS];
          lm_amx_begin();
 #pragma omp for schedule(static)
          for (int64_t blk = 0; blk < nblk; blk++) {
-            int64_t base, step, n, q0p = 0, ho0 = 0, wo0 = 0;
-            if (stride1) {
+            int64_t base, vq0 = 0, n, ho0 = 0, wo0 = 0;
+            if (virt) {
                n = blk / per_img;
-               q0p = (blk % per_img) * 32;
-               base = n * Hp * Wp + q0p;
-               step = 1;
+               vq0 = (blk % per_img) * 32;
+               base = n * Hp * Wp + vq0 * e->sw;
             } else {
                const int64_t r = blk / per_row;
                n = r / e->Ho;
                ho0 = r % e->Ho;
                wo0 = (blk % per_row) * 32;
                base = n * Hp * Wp + ho0 * e->sh * Wp + wo0 * e->sw;
-               step = e->sw;
             }
-            const int64_t sa = step * Cs * 2;
+            /* the block's output pixels (-1: a dropped virtual row) */
+            for (int r = 0; r < 32; r++) {
+               if (virt) {
+                  const int64_t qq = vq0 + r, ho = qq / Wv, wo = qq % Wv;
+                  cur[r] = ho < e->Ho && wo < e->Wo ? (n * e->Ho + ho) * e->Wo + wo : -1;
+               } else {
+                  const int64_t wo = wo0 + r;
+                  cur[r] = wo < e->Wo ? (n * e->Ho + ho0) * e->Wo + wo : -1;
+               }
+            }
+            if (rowsmode) { /* gather each kernel row's kw*C values for the 32 pixels */
+               const int64_t kc = e->kw * e->C;
+               const __mmask32 mk = (__mmask32)(kc >= 32 ? 0xffffffffu : ((1u << kc) - 1u));
+               for (int64_t t = 0; t < ntap; t++)
+                  for (int r = 0; r < 32; r++)
+                     _mm512_store_si512(ab + t * 1024 + r * 32,
+                                        _mm512_maskz_loadu_epi16(
+                                           mk, xp + (base + r * e->sw + toff[t]) * Cs));
+            }
             for (int64_t q = q0; q < q1; q++) {
                for (int64_t t = 0; t < ntap; t++) {
-                  seg[t].a = xp + (base + toff[t]) * Cs;
-                  seg[t].b = wk + q * 32 * prow + t * (Cs / 2) * 32;
+                  seg[t].a = rowsmode ? ab + t * 1024 : xp + (base + toff[t]) * Cs;
+                  seg[t].b = wk + q * 32 * prow + t * nsteps * 16 * 32;
                }
-               amx_brgemm_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0, tb, 32,
-                                NULL, 0);
-               const int64_t o0 = q * 32;
-               const int nr = (int)(e->O - o0 < 32 ? e->O - o0 : 32);
-               for (int r = 0; r < 32; r++) {
-                  int64_t pix;
-                  if (stride1) {
-                     const int64_t qq = q0p + r, ho = qq / Wp, wo = qq % Wp;
-                     if (ho >= e->Ho || wo >= e->Wo) continue;
-                     pix = (n * e->Ho + ho) * e->Wo + wo;
-                  } else {
-                     const int64_t wo = wo0 + r;
-                     if (wo >= e->Wo) break;
-                     pix = (n * e->Ho + ho0) * e->Wo + wo;
-                  }
-                  epi_row(tb + r * 32, nr, bias ? bias + o0 : NULL,
-                          res ? res + pix * e->O + o0 : NULL, relu, out + pix * e->O + o0);
-               }
+               if (rowsmode)
+                  amx_issue_32x32(seg, (int)ntap, 1, 64, 1024, 2048, NULL, 0);
+               else
+                  amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0);
+               if (pend >= 0) /* the previous block's epilogue while these products run */
+                  epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], e->O, bias, res, relu, out,
+                            stream);
+               amx_store_32x32(tb[slot], 32);
+               memcpy(pix[slot], cur, sizeof cur);
+               po0[slot] = q * 32;
+               pnr[slot] = (int)(e->O - q * 32 < 32 ? e->O - q * 32 : 32);
+               pend = slot;
+               slot ^= 1;
             }
          }
+         if (pend >= 0)
+            epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], e->O, bias, res, relu, out,
+                      stream);
+         if (stream) _mm_sfence();
          lm_amx_end();
       }
    }
@@ -210,22 +263,35 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, co
    return LM_OK;
 }
 
+/* output pixel i of a strided 1x1 convolution -> its input pixel */
+static int64_t strided_row(const lm_amx_rows *r, int64_t i) {
+   const int64_t wo = i % r->Wo, t = i / r->Wo, ho = t % r->Ho, n = t / r->Ho;
+   return (n * r->H + ho * r->sh) * r->W + wo * r->sw;
+}
+
 lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                               const float *bias, const uint16_t *res, int relu,
-                               uint16_t *out) {
-   if (conv_is_pointwise(g)) {
-      /* out (P x O) = x (P x C) . w^T, w (O x C) */
-      const lm_amx_epi ep = {bias, res, g->O, relu};
-      const int64_t P = g->N * g->H * g->W;
-      if (lm_bgemm_amx_epi(P, g->O, g->C, x, g->C, 1, w, 1, g->C, out, g->O, &ep,
-                           conv_threads((double)P * g->O * g->C)))
-         return LM_OK;
-      return LM_ERR_OOM;
+                               const float *bias, const uint16_t *res, int relu, uint16_t *out,
+                               int *stream) {
+   const int64_t P = g->N * g->Ho * g->Wo;
+   *stream = g->O % 32 == 0 && ((uintptr_t)out & 63) == 0 &&
+             lm_amx_stream((double)P * g->O * 2, *stream);
+   const lm_amx_epi ep = {bias, res, g->O, relu, *stream};
+   const int nt = conv_threads((double)P * g->O * g->C);
+   if (conv_is_pointwise(g)) /* out (P x O) = x (P x C) . w^T, w (O x C) */
+      return lm_bgemm_amx_epi(P, g->O, g->C, x, g->C, 1, NULL, w, 1, g->C, out, g->O, &ep, nt)
+                ? LM_OK
+                : LM_ERR_OOM;
+   if (g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0) {
+      /* strided 1x1 (the downsampling shortcuts): the same GEMM over the pixels it reads */
+      const lm_amx_rows rows = {strided_row, g->C, g->H, g->W, g->Ho, g->Wo, g->sh, g->sw};
+      return lm_bgemm_amx_epi(P, g->O, g->C, x, 0, 1, &rows, w, 1, g->C, out, g->O, &ep, nt)
+                ? LM_OK
+                : LM_ERR_OOM;
    }
    const eng_geom e = {g->N, g->C, g->H, g->W, g->O, g->Ho, g->Wo, g->kh, g->kw,
                        g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 0};
-   return engine(&e, x, &ws, bias, res, relu, out);
+   return engine(&e, x, &ws, bias, res, relu, out, *stream);
 }
 
 lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
@@ -233,7 +299,7 @@ lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const 
    if (conv_is_pointwise(g)) {
       /* gx (P x C) = gout (P x O) . w, w (O x C) */
       const int64_t P = g->N * g->H * g->W;
-      if (lm_bgemm_amx_epi(P, g->C, g->O, gout, g->O, 1, w, g->C, 1, gx, g->C, NULL,
+      if (lm_bgemm_amx_epi(P, g->C, g->O, gout, g->O, 1, NULL, w, g->C, 1, gx, g->C, NULL,
                            conv_threads((double)P * g->O * g->C)))
          return LM_OK;
       return LM_ERR_OOM;
@@ -243,5 +309,5 @@ lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const 
                        1, 1, (g->kh - 1) * g->dh - g->ph, (g->kw - 1) * g->dw - g->pw,
                        g->dh, g->dw};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 1};
-   return engine(&e, gout, &ws, NULL, NULL, 0, gx);
+   return engine(&e, gout, &ws, NULL, NULL, 0, gx, 0);
 }
