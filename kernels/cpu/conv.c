@@ -377,7 +377,10 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       check). x is NULL when only grad_b is wanted. */
    lm_status (*bwdw)(const conv_geom *, const uint16_t *, const uint16_t *, float *, float *) =
       NULL;
-   if (native && !bf16_bwdw_via_winograd(g))
+   /* on AMX the im2col tiles and the GEMM on tiles beat Winograd's vdpbf16ps products (resnet50
+      batch 8 bf16 training step, paired in one process: -6.4 %, bench/ab_env.lua
+      LUMEN_CONV_WINOGRAD - 0 train_bf16) */
+   if (native && (lm_amx_on() || !bf16_bwdw_via_winograd(g)))
       bwdw = lm_conv_bwdw_nhwc_bf16;
    else if (native && bf16_winograd_on())
       bwdw = lm_conv_wino_bf16_bwdw;

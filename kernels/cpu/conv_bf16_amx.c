@@ -42,10 +42,8 @@ int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
    /* few channels: only the stem's form (kernel rows of at most 32 values, dense along W) */
    if (g->C < 16 && !(g->C * g->kw <= 32 && g->dw == 1 && g->kh <= AMX_MAXROWS && !backward_data))
       return 0;
-   if (!backward_data) return 1;
-   /* backward data: stride 1 with padding no larger than the kernel's reach */
-   return g->sh == 1 && g->sw == 1 && g->ph <= (g->kh - 1) * g->dh &&
-          g->pw <= (g->kw - 1) * g->dw;
+   /* backward data: the phases of a strided layer read 32 output channels a step */
+   return !backward_data || g->O >= 16;
 }
 
 /* the engine's geometry: input (N, H, W, C) read from a padded copy, output (N, Ho, Wo, O) */
@@ -134,7 +132,150 @@ static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t
    memset(dst + N * Hp * Wp * Cs, 0, (size_t)(margin * Cs) * 2);
 }
 
-/* the engine (see the file's header) */
+/* the engine's core: output pixels (n, u, v) of an Hg x Wg grid per image read input pixel
+   n*Hp*Wp + u*ush*Wp + v*usw (+ toff[t] for tap t) of the padded copy xp (Cs channels, rows of
+   Cs * 2 bytes), and are written to output pixel (n*Ho_t + oa + osh*u) * Wo_t + ob + osw*v */
+typedef struct {
+   const uint16_t *xp;
+   int64_t N, Hp, Wp, Cs, nsteps;
+   int rowsmode;      /* one step per tap: kernel-row runs of kc values gathered per block */
+   int64_t kc, dsw;   /* rows mode: values per run, input pixel step of the run's rows */
+   int64_t ntap;
+   const int64_t *toff;
+   const uint32_t *wk; /* panels of 32 output channels: wk[q][t][nsteps * 16][32] */
+   int64_t prow, O;
+   int64_t Hg, Wg, ush, usw;
+   int64_t Ho_t, Wo_t, oa, ob, osh, osw;
+   const float *bias;
+   const uint16_t *res;
+   int relu, stream;
+   uint16_t *out;
+} eng_plan;
+
+static void core(const eng_plan *pl) {
+   const int64_t Hp = pl->Hp, Wp = pl->Wp, Cs = pl->Cs, ntap = pl->ntap, nsteps = pl->nsteps;
+   const int64_t nq = (pl->O + 31) / 32;
+   /* pixel blocks: 32 "virtual" pixels of an image walked over the padded width (Wv virtual
+      pixels an output row, one input pixel step of usw between them), or 32 pixels of one
+      output row; whichever keeps more of the tile rows */
+   const int64_t Wv = pl->ush * Wp % pl->usw == 0 ? pl->ush * Wp / pl->usw : 0;
+   const int virt = Wv >= pl->Wg && Wv > 0 &&
+                    (double)pl->Wg / (double)Wv >= (double)pl->Wg / (double)rup(pl->Wg, 32);
+   const int64_t per_img = virt ? (pl->Hg * Wv + 31) / 32 : 0;
+   const int64_t per_row = virt ? 0 : (pl->Wg + 31) / 32;
+   const int64_t nblk = virt ? pl->N * per_img : pl->N * pl->Hg * per_row;
+   const int64_t panel_bytes = 32 * pl->prow * 4;
+   int64_t qchunk = CHUNK_BYTES / panel_bytes;
+   if (qchunk < 1) qchunk = 1;
+   const int nt = conv_threads((double)nblk * nq * 32 * 32 * ntap * nsteps * 32);
+   const int64_t sa = pl->usw * Cs * 2;
+   for (int64_t q0 = 0; q0 < nq; q0 += qchunk) {
+      const int64_t q1 = q0 + qchunk < nq ? q0 + qchunk : nq;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+      {
+         /* two slots: the block whose products run, and the one whose epilogue runs meanwhile */
+         float tb[2][32 * 32] __attribute__((aligned(64)));
+         int64_t pix[2][32], po0[2] = {0, 0}, cur[32];
+         int pnr[2] = {0, 0}, slot = 0, pend = -1;
+         uint16_t ab[pl->rowsmode ? AMX_MAXROWS * 1024 : 1] __attribute__((aligned(64)));
+         amx_seg seg[AMX_MAXTAPS];
+         lm_amx_begin();
+#pragma omp for schedule(static)
+         for (int64_t blk = 0; blk < nblk; blk++) {
+            int64_t base, vq0 = 0, n, u0 = 0, v0 = 0;
+            if (virt) {
+               n = blk / per_img;
+               vq0 = (blk % per_img) * 32;
+               base = n * Hp * Wp + vq0 * pl->usw;
+            } else {
+               const int64_t r = blk / per_row;
+               n = r / pl->Hg;
+               u0 = r % pl->Hg;
+               v0 = (blk % per_row) * 32;
+               base = n * Hp * Wp + u0 * pl->ush * Wp + v0 * pl->usw;
+            }
+            /* the block's output pixels (-1: a dropped row) */
+            for (int r = 0; r < 32; r++) {
+               int64_t u, v;
+               if (virt) {
+                  const int64_t qq = vq0 + r;
+                  u = qq / Wv;
+                  v = qq % Wv;
+               } else {
+                  u = u0;
+                  v = v0 + r;
+               }
+               cur[r] = u < pl->Hg && v < pl->Wg
+                           ? (n * pl->Ho_t + pl->oa + pl->osh * u) * pl->Wo_t + pl->ob + pl->osw * v
+                           : -1;
+            }
+            if (pl->rowsmode) { /* gather each kernel row's kc values for the 32 pixels */
+               const __mmask32 mk =
+                  (__mmask32)(pl->kc >= 32 ? 0xffffffffu : ((1u << pl->kc) - 1u));
+               for (int64_t t = 0; t < ntap; t++)
+                  for (int r = 0; r < 32; r++)
+                     _mm512_store_si512(ab + t * 1024 + r * 32,
+                                        _mm512_maskz_loadu_epi16(
+                                           mk, pl->xp + (base + r * pl->usw + pl->toff[t]) * Cs));
+            }
+            for (int64_t q = q0; q < q1; q++) {
+               for (int64_t t = 0; t < ntap; t++) {
+                  seg[t].a = pl->rowsmode ? ab + t * 1024 : pl->xp + (base + pl->toff[t]) * Cs;
+                  seg[t].b = pl->wk + q * 32 * pl->prow + t * nsteps * 16 * 32;
+               }
+               if (pl->rowsmode)
+                  amx_issue_32x32(seg, (int)ntap, 1, 64, 1024, 2048, NULL, 0);
+               else
+                  amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0);
+               if (pend >= 0) /* the previous block's epilogue while these products run */
+                  epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, pl->bias, pl->res,
+                            pl->relu, pl->out, pl->stream);
+               amx_store_32x32(tb[slot], 32);
+               memcpy(pix[slot], cur, sizeof cur);
+               po0[slot] = q * 32;
+               pnr[slot] = (int)(pl->O - q * 32 < 32 ? pl->O - q * 32 : 32);
+               pend = slot;
+               slot ^= 1;
+            }
+         }
+         if (pend >= 0)
+            epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, pl->bias, pl->res,
+                      pl->relu, pl->out, pl->stream);
+         if (pl->stream) _mm_sfence();
+         lm_amx_end();
+      }
+   }
+}
+
+/* pack the weights: panel q, tap t = B_t (kc x O, element (p, o) at b_t[p*rsb + o*csb]) */
+typedef const uint16_t *(*tap_src_fn)(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb);
+
+static void pack_taps(int64_t ntap, int64_t kc, int64_t O, int64_t nsteps, int64_t prow,
+                      tap_src_fn src, const void *ctx, uint32_t *wk) {
+   const int64_t nq = (O + 31) / 32;
+   const int nt = conv_threads((double)ntap * nq * prow * 32);
+#pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
+   for (int64_t t = 0; t < ntap; t++)
+      for (int64_t q = 0; q < nq; q++) {
+         int64_t rsb, csb;
+         const uint16_t *b = src(ctx, t, &rsb, &csb);
+         lm_amx_pack_b(kc, O, b, rsb, csb, q, q + 1, wk + t * nsteps * 16 * 32, prow);
+      }
+}
+
+static const uint16_t *tap_plain(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb) {
+   return tap_b((const wsrc *)ctx, t, rsb, csb);
+}
+
+/* rows mode: B_i(j * C + c, o) = w[o][i][j][c] */
+static const uint16_t *tap_rows(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb) {
+   const wsrc *s = ctx;
+   *rsb = 1;
+   *csb = s->K;
+   return s->w + t * s->kw * s->C;
+}
+
+/* a convolution with the engine (forward, or stride-1 backward data as e and ws describe) */
 static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, const float *bias,
                         const uint16_t *res, int relu, uint16_t *out, int stream) {
    /* rows mode (the stem: few channels, dense taps along W): each kernel row's kw * C values
@@ -145,16 +286,8 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, co
    const int64_t Hp = e->H + 2 * e->ph, Wp = e->W + 2 * e->pw;
    const int64_t ntap = rowsmode ? e->kh : e->kh * e->kw;
    const int64_t nq = (e->O + 31) / 32;
-   /* pixel blocks: 32 "virtual" pixels of an image walked over the padded width (Wv virtual
-      pixels an output row, one input pixel step of sw between them), or 32 pixels of one output
-      row; whichever keeps more of the tile rows */
-   const int64_t Wv = e->sh * Wp % e->sw == 0 ? e->sh * Wp / e->sw : 0;
-   const int virt = Wv > 0 && (double)e->Wo / (double)Wv >= (double)e->Wo / (double)rup(e->Wo, 32);
-   const int64_t per_img = virt ? (e->Ho * Wv + 31) / 32 : 0;
-   const int64_t per_row = virt ? 0 : (e->Wo + 31) / 32;
-   const int64_t nblk = virt ? e->N * per_img : e->N * e->Ho * per_row;
    const int64_t margin = 64 * e->sw + e->kw * e->dw + Wp + 64;
-   const int64_t prow = ntap * nsteps * 16; /* rows of 32 words per panel */
+   const int64_t prow = ntap * nsteps * 16;
    const size_t xbytes = (size_t)((e->N * Hp * Wp + margin) * Cs) * 2;
    const size_t wbytes = (size_t)(nq * 32 * prow) * 4;
    uint16_t *xp = lm_alloc(xbytes);
@@ -164,103 +297,116 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, co
       return LM_ERR_OOM;
    }
    pad_copy(x, e->N, e->H, e->W, e->C, e->ph, e->pw, Hp, Wp, Cs, margin, xp);
-   {
-      const int nt = conv_threads((double)wbytes);
-#pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
-      for (int64_t t = 0; t < ntap; t++)
-         for (int64_t q = 0; q < nq; q++) {
-            int64_t rsb = 1, csb = ws->K;
-            const uint16_t *b;
-            if (rowsmode) /* B_i(j * C + c, o) = w[o][i][j][c] */
-               b = ws->w + t * e->kw * e->C;
-            else
-               b = tap_b(ws, t, &rsb, &csb);
-            lm_amx_pack_b(rowsmode ? e->kw * e->C : e->C, e->O, b, rsb, csb, q, q + 1,
-                          wk + t * nsteps * 16 * 32, prow);
-         }
-   }
+   pack_taps(ntap, rowsmode ? e->kw * e->C : e->C, e->O, nsteps, prow,
+             rowsmode ? tap_rows : tap_plain, ws, wk);
    int64_t toff[AMX_MAXTAPS];
    for (int64_t t = 0; t < ntap; t++)
       toff[t] = rowsmode ? t * e->dh * Wp : (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
-   const int64_t panel_bytes = 32 * prow * 4;
-   int64_t qchunk = CHUNK_BYTES / panel_bytes;
-   if (qchunk < 1) qchunk = 1;
-   const int nt = conv_threads((double)nblk * nq * 32 * 32 * ntap * nsteps * 32);
-   const int64_t sa = e->sw * Cs * 2;
-   for (int64_t q0 = 0; q0 < nq; q0 += qchunk) {
-      const int64_t q1 = q0 + qchunk < nq ? q0 + qchunk : nq;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-      {
-         /* two slots: the block whose products run, and the one whose epilogue runs meanwhile */
-         float tb[2][32 * 32] __attribute__((aligned(64)));
-         int64_t pix[2][32], po0[2] = {0, 0}, cur[32];
-         int pnr[2] = {0, 0}, slot = 0, pend = -1;
-         uint16_t ab[rowsmode ? AMX_MAXROWS * 1024 : 1] __attribute__((aligned(64)));
-         amx_seg seg[AMX_MAXTAPS];
-         lm_amx_begin();
-#pragma omp for schedule(static)
-         for (int64_t blk = 0; blk < nblk; blk++) {
-            int64_t base, vq0 = 0, n, ho0 = 0, wo0 = 0;
-            if (virt) {
-               n = blk / per_img;
-               vq0 = (blk % per_img) * 32;
-               base = n * Hp * Wp + vq0 * e->sw;
-            } else {
-               const int64_t r = blk / per_row;
-               n = r / e->Ho;
-               ho0 = r % e->Ho;
-               wo0 = (blk % per_row) * 32;
-               base = n * Hp * Wp + ho0 * e->sh * Wp + wo0 * e->sw;
-            }
-            /* the block's output pixels (-1: a dropped virtual row) */
-            for (int r = 0; r < 32; r++) {
-               if (virt) {
-                  const int64_t qq = vq0 + r, ho = qq / Wv, wo = qq % Wv;
-                  cur[r] = ho < e->Ho && wo < e->Wo ? (n * e->Ho + ho) * e->Wo + wo : -1;
-               } else {
-                  const int64_t wo = wo0 + r;
-                  cur[r] = wo < e->Wo ? (n * e->Ho + ho0) * e->Wo + wo : -1;
-               }
-            }
-            if (rowsmode) { /* gather each kernel row's kw*C values for the 32 pixels */
-               const int64_t kc = e->kw * e->C;
-               const __mmask32 mk = (__mmask32)(kc >= 32 ? 0xffffffffu : ((1u << kc) - 1u));
-               for (int64_t t = 0; t < ntap; t++)
-                  for (int r = 0; r < 32; r++)
-                     _mm512_store_si512(ab + t * 1024 + r * 32,
-                                        _mm512_maskz_loadu_epi16(
-                                           mk, xp + (base + r * e->sw + toff[t]) * Cs));
-            }
-            for (int64_t q = q0; q < q1; q++) {
-               for (int64_t t = 0; t < ntap; t++) {
-                  seg[t].a = rowsmode ? ab + t * 1024 : xp + (base + toff[t]) * Cs;
-                  seg[t].b = wk + q * 32 * prow + t * nsteps * 16 * 32;
-               }
-               if (rowsmode)
-                  amx_issue_32x32(seg, (int)ntap, 1, 64, 1024, 2048, NULL, 0);
-               else
-                  amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0);
-               if (pend >= 0) /* the previous block's epilogue while these products run */
-                  epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], e->O, bias, res, relu, out,
-                            stream);
-               amx_store_32x32(tb[slot], 32);
-               memcpy(pix[slot], cur, sizeof cur);
-               po0[slot] = q * 32;
-               pnr[slot] = (int)(e->O - q * 32 < 32 ? e->O - q * 32 : 32);
-               pend = slot;
-               slot ^= 1;
-            }
-         }
-         if (pend >= 0)
-            epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], e->O, bias, res, relu, out,
-                      stream);
-         if (stream) _mm_sfence();
-         lm_amx_end();
-      }
-   }
+   const eng_plan pl = {xp, e->N, Hp, Wp, Cs, nsteps, rowsmode, e->kw * e->C, e->sw,
+                        ntap, toff, wk, prow, e->O,
+                        e->Ho, e->Wo, e->sh, e->sw, e->Ho, e->Wo, 0, 0, 1, 1,
+                        bias, res, relu, stream, out};
+   core(&pl);
    lm_free(wk, wbytes);
    lm_free(xp, xbytes);
    return LM_OK;
+}
+
+/* backward data of a strided layer, by phases (as conv_avx512bf16.c): grad_x pixels
+   (a + sh u, b + sw v) use the taps (i, j) with (a + ph - i dh) and (b + pw - j dw) divisible by
+   the strides, at grad_out pixel (u + di, v + dj), di = (a + ph - i dh) / sh: a stride-1
+   product over a padded copy of grad_out with those taps, written with a pixel step of (sh, sw);
+   a phase without taps writes zeros */
+typedef struct {
+   const uint16_t *w;
+   int64_t K, C;
+   const int64_t *tap; /* (i * kw + j) of each tap of the phase */
+} phase_src;
+
+static const uint16_t *tap_phase(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb) {
+   const phase_src *s = ctx;
+   *rsb = s->K; /* B_t(o, c) = w[o][i][j][c] */
+   *csb = 1;
+   return s->w + s->tap[t] * s->C;
+}
+
+static int64_t fdiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
+                             uint16_t *gx) {
+   const int64_t O = g->O, C = g->C, Os = rup(O, 32), nsteps = Os / 32;
+   /* the padding of grad_out that every tap offset of every phase stays inside */
+   int64_t dmin = 0, dmax = 0, emin = 0, emax = 0;
+   for (int64_t i = 0; i < g->kh; i++)
+      for (int64_t a = 0; a < g->sh; a++) {
+         const int64_t d = fdiv(a + g->ph - i * g->dh, g->sh);
+         if (d < dmin) dmin = d;
+         if (d > dmax) dmax = d;
+      }
+   for (int64_t j = 0; j < g->kw; j++)
+      for (int64_t b = 0; b < g->sw; b++) {
+         const int64_t d = fdiv(b + g->pw - j * g->dw, g->sw);
+         if (d < emin) emin = d;
+         if (d > emax) emax = d;
+      }
+   const int64_t pt = -dmin, pl_ = -emin;
+   const int64_t Hp = g->Ho + pt + dmax + 1, Wp = g->Wo + pl_ + emax + 1;
+   const int64_t margin = 64 + Wp * 2 + 64;
+   /* pad_copy pads symmetrically: take the larger side and offset the taps */
+   const int64_t ph2 = pt > dmax + 1 ? pt : dmax + 1, pw2 = pl_ > emax + 1 ? pl_ : emax + 1;
+   const int64_t Hq = g->Ho + 2 * ph2, Wq = g->Wo + 2 * pw2;
+   (void)Hp, (void)Wp;
+   const size_t xbytes = (size_t)((g->N * Hq * Wq + margin + Wq * 2) * Os) * 2;
+   const int64_t maxtap = g->kh * g->kw;
+   const int64_t prow_max = maxtap * nsteps * 16;
+   const int64_t nq = (C + 31) / 32;
+   const size_t wbytes = (size_t)(nq * 32 * prow_max) * 4;
+   uint16_t *xp = lm_alloc(xbytes);
+   uint32_t *wk = xp ? lm_alloc(wbytes) : NULL;
+   if (!wk) {
+      if (xp) lm_free(xp, xbytes);
+      return LM_ERR_OOM;
+   }
+   pad_copy(gout, g->N, g->Ho, g->Wo, O, ph2, pw2, Hq, Wq, Os, margin + Wq * 2, xp);
+   lm_status st = LM_OK;
+   int64_t tap[AMX_MAXTAPS], toff[AMX_MAXTAPS];
+   for (int64_t a = 0; a < g->sh && st == LM_OK; a++)
+      for (int64_t b = 0; b < g->sw && st == LM_OK; b++) {
+         const int64_t Hg = a < g->H ? (g->H - a + g->sh - 1) / g->sh : 0;
+         const int64_t Wg = b < g->W ? (g->W - b + g->sw - 1) / g->sw : 0;
+         if (Hg == 0 || Wg == 0) continue;
+         int64_t ntap = 0;
+         for (int64_t i = 0; i < g->kh; i++) {
+            const int64_t ri = a + g->ph - i * g->dh;
+            if (((ri % g->sh) + g->sh) % g->sh) continue;
+            for (int64_t j = 0; j < g->kw; j++) {
+               const int64_t rj = b + g->pw - j * g->dw;
+               if (((rj % g->sw) + g->sw) % g->sw) continue;
+               tap[ntap] = i * g->kw + j;
+               toff[ntap] = (fdiv(ri, g->sh) + ph2) * Wq + fdiv(rj, g->sw) + pw2;
+               ntap++;
+            }
+         }
+         if (ntap == 0) { /* no tap reaches these pixels: zeros */
+            for (int64_t n = 0; n < g->N; n++)
+               for (int64_t u = 0; u < Hg; u++)
+                  for (int64_t v = 0; v < Wg; v++)
+                     memset(gx + ((n * g->H + a + g->sh * u) * g->W + b + g->sw * v) * C, 0,
+                            (size_t)C * 2);
+            continue;
+         }
+         const int64_t prow = ntap * nsteps * 16;
+         const phase_src ps = {w, g->K, C, tap};
+         pack_taps(ntap, O, C, nsteps, prow, tap_phase, &ps, wk);
+         const eng_plan pl = {xp, g->N, Hq, Wq, Os, nsteps, 0, 0, 1,
+                              ntap, toff, wk, prow, C,
+                              Hg, Wg, 1, 1, g->H, g->W, a, b, g->sh, g->sw,
+                              NULL, NULL, 0, 0, gx};
+         core(&pl);
+      }
+   lm_free(wk, wbytes);
+   lm_free(xp, xbytes);
+   return st;
 }
 
 /* output pixel i of a strided 1x1 convolution -> its input pixel */
@@ -304,6 +450,8 @@ lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const 
          return LM_OK;
       return LM_ERR_OOM;
    }
+   if (g->sh != 1 || g->sw != 1 || g->ph > (g->kh - 1) * g->dh || g->pw > (g->kw - 1) * g->dw)
+      return bwdd_phases(g, gout, w, gx);
    /* grad_x = grad_out (padded by (k-1)d - p) convolved with the flipped, transposed kernel */
    const eng_geom e = {g->N, g->O, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw,
                        1, 1, (g->kh - 1) * g->dh - g->ph, (g->kw - 1) * g->dw - g->pw,
