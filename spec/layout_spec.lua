@@ -157,7 +157,7 @@ describe("lm.layout", function()
          assert.are.equal("layer1.0.relu", r.rows[10].path)
          assert.are.equal(2, r.rows[10].call)
          assert.are.equal("layer1.0.bn2", r.rows[10].fused_into)
-         for _, row in ipairs(r.rows) do assert.is_nil(row.not_called, row.path) end
+         for _, rw in ipairs(r.rows) do assert.is_nil(rw.not_called, rw.path) end
          local s = tostring(r)
          assert.truthy(s:find("module%s+type%s+input%s+output"))
          assert.truthy(s:find("ok: true", 1, true))

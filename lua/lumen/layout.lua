@@ -650,6 +650,26 @@ function M.check(model, input, opts)
       row._lost_entry = row._lost_entry or l
    end
 
+   -- the gradient that reaches a channels-last input which requires grad (a hook: the .grad a
+   -- leaf accumulates is always put in the leaf's own format, so it cannot show a loss)
+   if backward then
+      for i = 1, args.n do
+         local ic = cdata_of(args[i])
+         if ic ~= nil and is_cl(ic) and rawget(args[i], "requires_grad") == true then
+            hooks[#hooks + 1] = Tensor.register_hook(args[i], function(g)
+               local gc = cdata_of(g)
+               if gc ~= nil and report.input_grad_format == nil then
+                  report.input_grad_format = classify(gc)
+                  if not keeps_cl(gc) and not has_broadcast(gc) then
+                     report.input_grad_lost = true
+                  end
+               end
+            end)
+            break
+         end
+      end
+   end
+
    local ok, err = pcall(function()
       local tr = pack(M.trace(function() return model:forward(unpack(args, 1, args.n)) end,
                               { on_lost = on_lost }))
@@ -706,26 +726,17 @@ function M.check(model, input, opts)
             local gc = g and cdata_of(g)
             local f = gc and classify(gc) or "none"
             local good = gc ~= nil and C.lm_is_contiguous(gc, CL_ENUM[rank]) ~= 0
+            local leaf = leaf_of_param[p]
+            if gc == nil and leaf and not calls[leaf.m] then
+               good = true   -- a module never called has no gradient: nothing to judge
+            end
             if not good then
                local name = nt[1] .. " (" .. f .. ")"
                report.bad_params[#report.bad_params + 1] = name
                local by = report.bad_params_by_rank[rank]
                by[#by + 1] = name
             end
-            local leaf = leaf_of_param[p]
             if leaf then pgrad[leaf.m] = f end
-         end
-      end
-      -- the gradient of a channels-last input that requires grad must be channels-last too
-      for i = 1, args.n do
-         local ic = cdata_of(args[i])
-         if ic ~= nil and is_cl(ic) then
-            local g = rawget(args[i], "grad")
-            local gc = g and cdata_of(g)
-            if gc ~= nil and report.input_grad_format == nil then
-               report.input_grad_format = classify(gc)
-               if not keeps_cl(gc) then report.input_grad_lost = true end
-            end
          end
       end
    end
@@ -830,6 +841,9 @@ function M.check(model, input, opts)
    local orank = report._out_ndim
    if CL_NAME[orank] and not report._out_keeps and state[orank] == "cl" then
       report.output_lost = true
+      rows[#rows + 1] = { path = "", type = model:type_name(), call = 1, own_code = true,
+                          lost = true, lost_format = CL_NAME[orank], lost_where = "output",
+                          output_format = report.output_format }
       if not report.first_lost then
          report.first_lost = "(model)"
          report.first_lost_format = CL_NAME[orank]
