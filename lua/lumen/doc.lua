@@ -256,6 +256,21 @@ E("Tensor:narrow", "t:narrow(d, start, length) -> Tensor", "Elements start .. st
    { fmt = FMT_VIEW, err = "start 0 (it is 1-based), a range past the end, a 0-d tensor" })
 E("Tensor:select", "t:select(d, i) -> Tensor", "Index i (1-based) of dim d; that dim is "
    .. "removed.", { fmt = FMT_VIEW, err = "an index out of range, a 0-d tensor" })
+E("Tensor[i]", "t[i] -> Tensor or number / t[{i, {a, b}, {}, \":\"}] / t[i] = v / "
+   .. "t[{...}] = v", "Torch7 indexing. t[i] is t:select(1, i) (1-based; negative counts from "
+   .. "the end): a view, with the strides the memory format gives it; on a 1-D tensor it is a "
+   .. "Lua number (t:select(1, i):item()). A table takes one entry per leading dim: a number "
+   .. "selects (the dim goes), {a, b} is the inclusive range a..b (negative from the end), {a} "
+   .. "the range a..a (the dim stays), {} or \":\" the whole dim; dims left out are whole; when "
+   .. "every dim is selected by a number the result is a Lua number. t[i] = v and t[{...}] = v "
+   .. "write v (a number fills, a tensor is broadcast to the slice and copied) into t.",
+   { fmt = FMT_VIEW, err = "an index out of range (`lumen.index: index 5 is out of range for "
+   .. "dimension 1 of size 3`), 0 (indices are 1-based), a non-integer, more entries than "
+   .. "dims, a range past the end, a tensor index, a value that is neither a number nor a "
+   .. "tensor, a tensor that does not broadcast to the slice", note = "#t is not the size: "
+   .. "LuaJIT ignores __len on tables, so #t is always 0; use t:size(1) (the first dim) or "
+   .. "t:numel() (all elements). Reading t[i] records autograd like select; t[i] = v writes in "
+   .. "place (as t:select(1, i):copy_(v))." })
 E("Tensor:unsqueeze", "t:unsqueeze(d) -> Tensor", "Insert a size-1 dim at d.",
    { fmt = FMT_VIEW, err = "already 8 dims" })
 E("Tensor:squeeze", "t:squeeze(d) -> Tensor", "Remove dim d if its size is 1 (no d: every "
