@@ -1,6 +1,7 @@
 -- bench/method_lookup.lua -- the cost of Tensor method lookup and of new fields on tensors (the
 -- metatable's __index / __newindex, which also carry Torch7 indexing t[i]): run it under two
--- trees alternately (LUA_PATH=<tree>/lua/?.lua;<tree>/lua/?/init.lua luajit bench/method_lookup.lua NAME)
+-- trees alternately (LUA_PATH="<tree>/lua/?.lua;<tree>/lua/?/init.lua" luajit
+-- bench/method_lookup.lua NAME)
 -- and compare the medians. Before/after the indexing change (2 cores, shared): method loop
 -- 0.099-0.183 s old vs 0.100-0.161 s new, autograd loop 0.145-0.257 s vs 0.140-0.257 s over
 -- seven alternations: no difference beyond the noise.
@@ -14,7 +15,7 @@ end
 local function run2()
    local t0 = os.clock()
    local x = lm.ones({4}):requires_grad_(true)
-   for _ = 1, 100000 do local c = x * 2 end
+   for _ = 1, 100000 do local _ = x * 2 end
    return os.clock() - t0
 end
 run(); run2()
