@@ -22,4 +22,5 @@ run(); run2()
 local r, r2 = {}, {}
 for i = 1, 5 do r[i] = run(); r2[i] = run2() end
 table.sort(r); table.sort(r2)
-print(("%s method loop median %.3f s  autograd op loop median %.3f s"):format((arg and arg[1] or "this tree"), r[3], r2[3]))
+print(("%s method loop median %.3f s  autograd op loop median %.3f s")
+   :format(arg and arg[1] or "this tree", r[3], r2[3]))

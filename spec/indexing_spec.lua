@@ -116,8 +116,8 @@ describe("Torch7 indexing", function()
                              function() return t[4] end)
          H.assert_error_like("index", "index -4 is out of range",
                              function() return t[-4] end)
-         H.assert_error_like("index",
-                             "index 0 is out of range for dimension 1 of size 3 (indices are 1-based",
+         H.assert_error_like("index", "index 0 is out of range for dimension 1 of size 3 " ..
+                             "(indices are 1-based",
                              function() return t[0] end)
          H.assert_error_like("index", "index must be an integer, got 1.5",
                              function() return t[1.5] end)
