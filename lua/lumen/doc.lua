@@ -1153,6 +1153,68 @@ E("Optimizer:load_state_dict", "opt:load_state_dict(sd)", "Restore a state_dict;
    .. "converted to their parameter's dtype and memory format.",
    { err = "groups that differ in number or sizes" })
 
+S("lr_scheduler", "lm.optim.lr_scheduler", [[
+PyTorch's learning-rate schedules, with its keyword arguments as option names and its values,
+step by step (spec/lr_scheduler_spec.lua compares every step with PyTorch 2.x). Build one on an
+optimizer, call `sched:step()` after `opt:step()` (once per epoch; OneCycleLR once per batch;
+ReduceLROnPlateau `sched:step(metric)`). Each sets `opt.param_groups[i].lr`; a rate can also be
+set by hand there (`opt.param_groups[1].lr = 0.01`): the chainable schedules (StepLR,
+ExponentialLR, ...) continue from it, as PyTorch's do. Every scheduler has `sched:step()`,
+`sched:get_last_lr()` (an array, one lr per group), `sched.last_epoch`, `sched.base_lrs`,
+`sched:state_dict()` (a plain table that lm.save_checkpoint saves) and
+`sched:load_state_dict(sd)`. Every constructor also takes `last_epoch = -1`; an unknown option
+is an error naming it.]])
+local SCHED_ERR = "an unknown option, a missing required one, a value of the wrong type or out "
+   .. "of range: `lumen.optim.lr_scheduler.<Name>: <problem>`"
+E("lm.optim.lr_scheduler", "lm.optim.lr_scheduler", "The learning-rate schedules (StepLR, "
+   .. "MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, PolynomialLR, "
+   .. "CosineAnnealingWarmRestarts, OneCycleLR, LambdaLR, ReduceLROnPlateau, SequentialLR) and "
+   .. "their base class LRScheduler.")
+E("lm.optim.lr_scheduler.LRScheduler", "lm.optim.lr_scheduler.LRScheduler", "The base class: "
+   .. "step(), get_last_lr(), state_dict(), load_state_dict(sd); a schedule defines get_lr() "
+   .. "(the chainable form) and optionally _get_closed_form_lr(), as PyTorch's.")
+E("lm.optim.lr_scheduler.StepLR", "StepLR(opt, {step_size =, gamma = 0.1}) -> scheduler",
+   "Multiply every group's lr by gamma every step_size steps.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.MultiStepLR", "MultiStepLR(opt, {milestones =, gamma = 0.1}) -> "
+   .. "scheduler", "Multiply by gamma at each milestone (an array of epochs; a milestone listed "
+   .. "twice multiplies twice).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.ExponentialLR", "ExponentialLR(opt, {gamma =}) -> scheduler",
+   "Multiply by gamma every step.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.CosineAnnealingLR", "CosineAnnealingLR(opt, {T_max =, eta_min = 0}) -> "
+   .. "scheduler", "Cosine from the initial lr down to eta_min over T_max steps, then back up "
+   .. "(PyTorch's recursive form).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.LinearLR", "LinearLR(opt, {start_factor = 1/3, end_factor = 1, "
+   .. "total_iters = 5}) -> scheduler", "Scale the lr linearly from start_factor to end_factor "
+   .. "over total_iters steps (a warm-up).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.PolynomialLR", "PolynomialLR(opt, {total_iters = 5, power = 1}) -> "
+   .. "scheduler", "Decay to 0 over total_iters steps with the given power.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.CosineAnnealingWarmRestarts", "CosineAnnealingWarmRestarts(opt, {T_0 =, "
+   .. "T_mult = 1, eta_min = 0}) -> scheduler", "SGDR: cosine over T_0 steps, restarting, each "
+   .. "period T_mult times longer. sched:step(epoch) also takes a fractional epoch (epoch + "
+   .. "i / iters within an epoch).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.OneCycleLR", "OneCycleLR(opt, {max_lr =, total_steps = | epochs = and "
+   .. "steps_per_epoch =, pct_start = 0.3, anneal_strategy = \"cos\", div_factor = 25, "
+   .. "final_div_factor = 1e4, three_phase = false, cycle_momentum = true, base_momentum = 0.85, "
+   .. "max_momentum = 0.95}) -> scheduler", "The 1cycle policy, stepped once per batch: lr up "
+   .. "from max_lr/div_factor to max_lr, then down to initial/final_div_factor; with "
+   .. "cycle_momentum the momentum (beta1 for Adam) goes the other way between max_momentum and "
+   .. "base_momentum. max_lr and the momenta may be one per group. Sets initial_lr, max_lr, "
+   .. "min_lr, max_momentum, base_momentum in each group, as PyTorch.",
+   { err = SCHED_ERR .. "; stepping past total_steps (`tried to step N times`)" })
+E("lm.optim.lr_scheduler.LambdaLR", "LambdaLR(opt, {lr_lambda = function(epoch) -> factor}) -> "
+   .. "scheduler", "lr = initial lr * lr_lambda(epoch); lr_lambda may be an array, one function "
+   .. "per group. state_dict leaves the functions out.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.ReduceLROnPlateau", "ReduceLROnPlateau(opt, {mode = \"min\", factor = "
+   .. "0.1, patience = 10, threshold = 1e-4, threshold_mode = \"rel\", cooldown = 0, min_lr = "
+   .. "0, eps = 1e-8}) -> scheduler", "Multiply the lr by factor when sched:step(metric) has not "
+   .. "improved for patience steps (metric: a number or a one-element tensor, e.g. the "
+   .. "validation loss); min_lr may be one per group.", { err = SCHED_ERR .. "; step() without "
+   .. "a metric" })
+E("lm.optim.lr_scheduler.SequentialLR", "SequentialLR(opt, {schedulers = {...}, milestones = "
+   .. "{...}}) -> scheduler", "Run schedulers one after another, switching at the milestones "
+   .. "(one fewer than schedulers); e.g. a LinearLR warm-up then CosineAnnealingLR.",
+   { err = SCHED_ERR .. "; a ReduceLROnPlateau or a scheduler of another optimizer among them" })
+
 S("amp", "Mixed precision: lm.autocast, lm.amp", [[
 Automatic mixed precision as PyTorch's torch.autocast and torch.amp.GradScaler
 (docs/mixed_precision.md: what runs in which precision, a training loop, the accuracy to expect).
