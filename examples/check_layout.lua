@@ -11,6 +11,13 @@
 -- what to do when it is not ok.
 
 local lm = require("lumen")
+require("lumen.util").help_only(arg, [[
+usage: bin/lumen examples/check_layout.lua [BATCH] [SIZE] [HTML]
+Convert a ResNet-50 to channels-last and check that the layout survives the forward and the
+backward pass (lm.layout.check; docs/checking_models.md).
+  BATCH  batch size (default: 1)
+  SIZE   image size in pixels (default: 64)
+  HTML   also write the report as a page to this file (default: none)]])
 
 local batch = tonumber(arg and arg[1]) or 1
 local size = tonumber(arg and arg[2]) or 64

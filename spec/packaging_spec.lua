@@ -164,10 +164,19 @@ describe("luarocks pack + install", function()
       -- luarocks does not see the distribution's lua-cjson (apt), and the tests run offline:
       -- tell it the dependency is provided when the library loads here
       local cfg = { ('rocks_trees = { "%s/tree" }'):format(tmp) }
+      local provided = {}
       local okj, cjson = pcall(require, "cjson")
       if okj then
          local v = tostring(cjson._VERSION or "2.1.0"):match("(%d+%.%d+[%.%d]*)") or "2.1.0"
-         cfg[#cfg + 1] = ('rocks_provided = { ["lua-cjson"] = "%s-1" }'):format(v)
+         provided[#provided + 1] = ('["lua-cjson"] = "%s-1"'):format(v)
+      end
+      local oka, argparse = pcall(require, "argparse")
+      if oka then
+         local v = tostring(argparse.version or "0.7.1"):match("(%d+%.%d+[%.%d]*)") or "0.7.1"
+         provided[#provided + 1] = ('argparse = "%s-1"'):format(v)
+      end
+      if #provided > 0 then
+         cfg[#cfg + 1] = "rocks_provided = { " .. table.concat(provided, ", ") .. " }"
       end
       write_file(tmp .. "/config.lua", table.concat(cfg, "\n") .. "\n")
       -- nothing of the test run leaks into the build: not the library, the paths, nor an ASan
