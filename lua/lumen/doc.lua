@@ -1469,8 +1469,10 @@ E("lm.save", "lm.save(tensors, path, metadata)", "Write a table name -> tensor t
 E("lm.load", "lm.load(path) -> table name -> tensor, metadata", "Read a safetensors file; "
    .. "contiguous aligned tensors are views of the mapped file (no copy).",
    { fmt = "each tensor gets back the memory format it was saved with",
-   err = "a missing, truncated, corrupt or hostile file: `lumen.load: ...` (never a read past "
-   .. "the end)" })
+   err = "a file that is not safetensors (`lumen.load: 'x.pt' is not a safetensors file (...; "
+   .. "this is a zip archive, as PyTorch's torch.save writes .pt/.pth files ...)`: zip, pickle, "
+   .. "images, ONNX and text are named); a missing, truncated, corrupt or hostile file: "
+   .. "`lumen.load: ...` (never a read past the end)" })
 E("lm.serialize", "lm.serialize", "The module behind lm.save / lm.load (lm.serialize.save, "
    .. "lm.serialize.load).")
 E("lm.serialize.save", "lm.serialize.save(tensors, path, metadata)", "Same as lm.save.")
