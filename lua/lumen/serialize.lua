@@ -371,7 +371,9 @@ function M.load(path)
    local nhead = math.min(16, file_size)
    if C.lm_read_file_range(path, 0, nhead, head, nil) ~= 0 then cerr("load") end
    local b8 = file_size > 8 and head[8] or nil
-   if b8 ~= 0x7B and b8 ~= 0x5B and b8 ~= 0x20 and b8 ~= 0x0A and b8 ~= 0x0D and b8 ~= 0x09 then
+   local json_start = b8 == 0x7B or b8 == 0x5B or b8 == 0x20 or b8 == 0x0A or b8 == 0x0D or
+      b8 == 0x09
+   if not json_start then
       fail("load", "'%s' is not a safetensors file (it should start with an 8-byte header " ..
            "length and a JSON header '{'; %s)", path, sniff(head, nhead))
    end
