@@ -365,8 +365,9 @@ function M.load(path)
            file_size)
    end
    -- a safetensors file is an 8-byte header length then a JSON object: '{' (the format says so)
-   -- at byte 8 (whitespace, or the '[' of a JSON array, go on to the JSON checks below). Anything else is another kind of file, named when it is a common one, rather
-   -- than a header length read from its first bytes.
+   -- at byte 8 (whitespace, or the '[' of a JSON array, go on to the JSON checks below).
+   -- Anything else is another kind of file, named when it is a common one, rather than a header
+   -- length read from its first bytes.
    local head = ffi.new("uint8_t[16]")
    local nhead = math.min(16, file_size)
    if C.lm_read_file_range(path, 0, nhead, head, nil) ~= 0 then cerr("load") end
