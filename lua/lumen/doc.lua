@@ -1352,10 +1352,18 @@ E("lm.data", "lm.data", "read_idx, fashion_mnist, ImageFolder, DataLoader, image
 E("lm.data.read_idx", "lm.data.read_idx(path) -> Tensor", "An IDX file (MNIST format, .gz or "
    .. "plain) as a contiguous tensor (uint8, int32, float32 or float64 as stored).",
    { err = "missing or malformed file" })
-E("lm.data.fashion_mnist", "lm.data.fashion_mnist(split, root) -> {images, labels}",
-   "Fashion-MNIST (or MNIST: same file names): images uint8 (N,28,28), labels int64 (N), "
-   .. "1-based (1..10).", { opts = "split = \"train\" | \"test\"; root = "
+E("lm.data.fashion_mnist", "lm.data.fashion_mnist(split, root) -> dataset {images, labels}",
+   "Fashion-MNIST (or MNIST: same file names): a TensorDataset with images uint8 (N,28,28), "
+   .. "labels int64 (N), 1-based (1..10), root, split and classes; ds:len() is N and "
+   .. "tostring(ds) a summary.", { opts = "split = \"train\" | \"test\"; root = "
    .. "lm.data.FASHION_MNIST_ROOT", err = "an unknown split, missing files" })
+E("lm.data.TensorDataset", "lm.data.TensorDataset(images, labels, info) -> dataset", "A data "
+   .. "set held in tensors, {images = uint8 (N,H,W[,C]), labels = int64 (N) or nil}: ds:len() "
+   .. "(ds:size(), Torch7's name) is N, tostring(ds) prints its name, root, samples, classes, "
+   .. "sizes and dtypes. A DataLoader takes it as a plain {images =, labels =} table. #ds is "
+   .. "not the length: LuaJIT ignores __len on tables.", { opts = "info = {name =, split =, "
+   .. "root =, classes =}", err = "images that are not a tensor, labels that are not 1-D with "
+   .. "one per image" })
 E("lm.data.FASHION_MNIST_ROOT", "lm.data.FASHION_MNIST_ROOT", "Where Debian's "
    .. "dataset-fashion-mnist puts the files.")
 E("lm.data.FASHION_MNIST_CLASSES", "lm.data.FASHION_MNIST_CLASSES", "The ten class names, "
@@ -1379,8 +1387,9 @@ E("lm.data.load_image", "lm.data.load_image(path, opts) -> Tensor", "One image d
 E("lm.data.ImageFolder", "lm.data.ImageFolder(root, opts) -> dataset", "root/<class>/**.{jpg,"
    .. "jpeg,png}: one sub-folder per class (sorted names -> labels 1..C); nothing is decoded "
    .. "until a DataLoader runs. Fields root, classes, class_to_idx, paths, labels (int64), "
-   .. "size; ds:read(i) (uint8 (H, W, 3)) and ds:load(i, opts) (the sample as the loader "
-   .. "makes it, and its label).",
+   .. "image_size = {h, w}; ds:len() (ds:size()) is the number of images, tostring(ds) a "
+   .. "summary (root, samples, classes, transforms); ds:read(i) (uint8 (H, W, 3)) and "
+   .. "ds:load(i, opts) (the sample as the loader makes it, and its label).",
    { opts = "{size = 224 (number or {h, w}), crop = \"none\" | \"center\" | \"random\" "
    .. "(RandomResizedCrop), resize (for center), scale = {0.08, 1}, ratio = {3/4, 4/3}, "
    .. "draft = true, classes (list), extensions = {\"jpg\", \"jpeg\", \"png\"}, "
@@ -1393,7 +1402,8 @@ E("lm.data.is_image_folder", "lm.data.is_image_folder(x) -> boolean", "true for 
 E("lm.data.DataLoader", "lm.data.DataLoader(dataset, opts) -> loader", "Batches of float32 "
    .. "(B, C, H, W) with int64 labels from {images = uint8 (N,H,W[,C]), labels = int64 (N)} "
    .. "or an ImageFolder. `for x, y, i in loader:iter(epoch, start_batch) do ... end`; "
-   .. "loader:num_batches() gives the batches per epoch.",
+   .. "loader:len() (loader:num_batches()) gives the batches per epoch, tostring(loader) a "
+   .. "summary (samples, batches, order, output format, transforms).",
    { opts = "{batch_size = 64, shuffle = true, seed = 0, drop_last = false, workers = 2, "
    .. "prefetch = max(2, workers), memory_format = lm.channels_last, hflip = false, mean = 0, "
    .. "std = 1 (per channel, [0,1] scale); tensor data sets also pad = 0, crop}",
