@@ -325,7 +325,13 @@ S("math", "Math", [[
 Binary ops take tensors or numbers on either side and broadcast; the result's dtype follows
 PyTorch's type promotion. Every elementwise op picks its output layout by the memory-format rules
 (docs/memory_formats.md). In-place forms end in `_` and return t. `lm.<op>(a, b)` is
-`a:<op>(b)` (a number may come first: `lm.sub(1, t)`).]])
+`a:<op>(b)` (a number may come first: `lm.sub(1, t)`).
+
+Comparisons are methods: `t:gt(2)`, `t:lt(u)`, `t:ge`, `t:le`, `t:eq`, `t:ne` give bool tensors
+(as masks: `lm.where(t:gt(2), t, 0)`, `t:gt(2):sum()`). Lua's
+operators cannot do it: `t > 2` raises Lua's "attempt to compare number with table" (the REPL
+adds this hint to the error), `t < u` raises lumen's error, and `t == 2` is always false (Lua
+compares a table with a number by identity).]])
 local function binary(name, what, extra)
    E("Tensor:" .. name, "t:" .. name .. "(other" .. (extra or "") .. ") -> Tensor", what,
       { fmt = FMT_EW, err = ERR_EW })
@@ -339,11 +345,12 @@ binary("maximum", "The elementwise maximum (NaN propagates).")
 binary("minimum", "The elementwise minimum (NaN propagates).")
 binary("fmod", "The C fmod remainder (sign of t).")
 binary("atan2", "atan2(t, other), elementwise.")
-binary("eq", "t == other as a bool tensor.")
+binary("eq", "t == other as a bool tensor (Lua's t == 2 is always false: use t:eq(2)).")
 binary("ne", "t ~= other as a bool tensor.")
 binary("lt", "t < other as a bool tensor (Lua's < cannot compare tensors: it raises).")
 binary("le", "t <= other as a bool tensor.")
-binary("gt", "t > other as a bool tensor.")
+binary("gt", "t > other as a bool tensor (Lua's t > 2 raises \"attempt to compare\": use "
+   .. "t:gt(2)).")
 binary("ge", "t >= other as a bool tensor.")
 binary("logical_and", "Logical and (non-zero is true), bool result.")
 binary("logical_or", "Logical or, bool result.")

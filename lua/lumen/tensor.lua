@@ -1698,8 +1698,8 @@ local function index_view(t, k, what)
       return Tensor.select(t, 1, k), nd == 1
    end
    if getmetatable(k) ~= nil then
-      argerror("index", "a tensor index is not supported (use t:masked_select or t:index_select" ..
-               "), got " .. typename(k))
+      argerror("index", "a tensor index (a mask or a list of indices) is not supported: index " ..
+               "with numbers and ranges, or use lm.where(mask, t, 0); got " .. typename(k))
    end
    local n = #k
    if n > nd then
