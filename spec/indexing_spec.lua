@@ -133,7 +133,8 @@ describe("Torch7 indexing", function()
          end)
          H.assert_error_like("index", "cannot index a 0-dim tensor",
                              function() return lm.tensor(3)[1] end)
-         H.assert_error_like("index", "a tensor index (a mask or a list of indices) is not supported",
+         H.assert_error_like("index",
+                             "a tensor index (a mask or a list of indices) is not supported",
                              function() return t[lm.tensor({ 1 })] end)
       end)
 
