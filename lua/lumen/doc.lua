@@ -1555,13 +1555,17 @@ E("lm.jit.is_traced", "lm.jit.is_traced(x) -> boolean", "true for a traced modul
 E("lm.onnx", "lm.onnx", "ONNX export (lua/lumen/onnx.lua; the writer build/liblumen_onnx.so is "
    .. "built by make when protoc-c and libprotobuf-c-dev are installed).",
    { note = "loaded on first use; the writer library only when export runs" })
-E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17}) -> path", "Write an ONNX "
+E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17, dynamic_axes = {input = "
+   .. "{[1] = \"batch\"}, output = {[1] = \"batch\"}}}) -> path", "Write an ONNX "
    .. "model of the traced graph (model is traced with input, or a traced module is taken as "
-   .. "it is) that ONNX Runtime runs with the same results.",
+   .. "it is) that ONNX Runtime runs with the same results. dynamic_axes (PyTorch's option, "
+   .. "dims 1-based) makes those dims of the inputs and outputs symbolic; with a dynamic batch "
+   .. "the model runs at any batch size (docs/shipping_models.md).",
    { fmt = "ONNX is NCHW: channels-last values are exported with their logical sizes and "
    .. "weights in logical order", err = "an operator without an ONNX form, a model in training "
-   .. "mode, an opset outside 13-21, the writer not built: `lumen.onnx.export: ...` (nothing "
-   .. "is written)", note = "inputs are named input (input.1, ...), outputs output, weights by "
+   .. "mode, an opset outside 13-21, dynamic_axes naming no input or output, a dim past its "
+   .. "rank or a name that is not a string, the writer not built: `lumen.onnx.export: ...` "
+   .. "(nothing is written)", note = "inputs are named input (input.1, ...), outputs output, weights by "
    .. "their state_dict names" })
 E("lm.onnx.available", "lm.onnx.available() -> boolean", "Whether the ONNX writer library "
    .. "can be loaded.")
