@@ -1555,8 +1555,8 @@ E("lm.jit.is_traced", "lm.jit.is_traced(x) -> boolean", "true for a traced modul
 E("lm.onnx", "lm.onnx", "ONNX export (lua/lumen/onnx.lua; the writer build/liblumen_onnx.so is "
    .. "built by make when protoc-c and libprotobuf-c-dev are installed).",
    { note = "loaded on first use; the writer library only when export runs" })
-E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17, dynamic_axes = {input = "
-   .. "{[1] = \"batch\"}, output = {[1] = \"batch\"}}}) -> path", "Write an ONNX "
+E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17, dynamic_axes = "
+   .. "{input = {[1] = \"batch\"}, output = {[1] = \"batch\"}}}) -> path", "Write an ONNX "
    .. "model of the traced graph (model is traced with input, or a traced module is taken as "
    .. "it is) that ONNX Runtime runs with the same results. dynamic_axes (PyTorch's option, "
    .. "dims 1-based) makes those dims of the inputs and outputs symbolic; with a dynamic batch "
