@@ -1565,8 +1565,8 @@ E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17, dynamic_axe
    .. "weights in logical order", err = "an operator without an ONNX form, a model in training "
    .. "mode, an opset outside 13-21, dynamic_axes naming no input or output, a dim past its "
    .. "rank or a name that is not a string, the writer not built: `lumen.onnx.export: ...` "
-   .. "(nothing is written)", note = "inputs are named input (input.1, ...), outputs output, weights by "
-   .. "their state_dict names" })
+   .. "(nothing is written)", note = "inputs are named input (input.1, ...), outputs output, "
+   .. "weights by their state_dict names" })
 E("lm.onnx.available", "lm.onnx.available() -> boolean", "Whether the ONNX writer library "
    .. "can be loaded.")
 E("lm.onnx.DEFAULT_OPSET", "lm.onnx.DEFAULT_OPSET = 17", "The opset export writes by default.")
