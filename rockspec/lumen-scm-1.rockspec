@@ -41,6 +41,8 @@ build = {
    build_target = "all",
    build_variables = {
       CC = "$(CC)",
+      -- no CUDA backend unless asked for: LUMEN_CUDA=1 luarocks make ... (make expands it)
+      CUDA = "$(LUMEN_CUDA)",
       -- luarocks' CFLAGS carry -O2; the Makefile drops -O* when LUAROCKS_BUILD is set and keeps
       -- its own optimisation flags (OPT)
       CFLAGS = "$(CFLAGS) -I$(ZLIB_INCDIR) -I$(JPEG_INCDIR) -I$(PNG_INCDIR)",
@@ -49,6 +51,7 @@ build = {
    },
    install_target = "install",
    install_variables = {
+      CUDA = "$(LUMEN_CUDA)",
       INST_PREFIX = "$(PREFIX)",
       INST_LIBDIR = "$(LIBDIR)",
       INST_LUADIR = "$(LUADIR)",

@@ -71,6 +71,8 @@ local function shim()
    end
    for template in package.cpath:gmatch("[^;]+") do
       if template:find("?", 1, true) then
+         -- installed: lib/lua/5.1/lumen/ beside liblumen.so (older installs: lib/lua/5.1/)
+         list[#list + 1] = (template:gsub("%?", "lumen/liblumen_onnx"))
          list[#list + 1] = (template:gsub("%?", "liblumen_onnx"))
       end
    end
