@@ -230,10 +230,40 @@ install: all
 	   $(INSTALL) -m 644 models/*.lua "$(DESTDIR)$(INST_LUADIR)/lumen/models/"; fi
 	$(INSTALL) -m 755 bin/lumen "$(DESTDIR)$(INST_BINDIR)/lumen"
 
+# ---- dist -------------------------------------------------------------------------------------
+# make dist: dist/lumen-X.Y.Z.tar.gz (the files git would commit: tracked, and new ones not
+# ignored), dist/lumen-X.Y.Z-1.rockspec (the release rockspec with its source pointed at that
+# tarball, by its absolute file:// path) and dist/lumen-X.Y.Z-1.src.rock (luarocks pack: the rockspec and the tarball in one
+# file). `luarocks install lumen-X.Y.Z-1.src.rock` then builds and installs it with no network
+# (spec/packaging_spec.lua does it in a temporary tree). X.Y.Z is lm._VERSION.
+VERSION := $(shell sed -n 's/^lm\._VERSION = "\([^"]*\)".*/\1/p' lua/lumen/init.lua)
+DIST ?= dist
+DIST_NAME = lumen-$(VERSION)
+
+dist:
+	@test -n "$(VERSION)" || { echo "make dist: no lm._VERSION in lua/lumen/init.lua" >&2; exit 1; }
+	@test -f rockspec/$(DIST_NAME)-1.rockspec || \
+	   { echo "make dist: rockspec/$(DIST_NAME)-1.rockspec is missing" >&2; exit 1; }
+	rm -rf "$(DIST)/$(DIST_NAME)" "$(DIST)/$(DIST_NAME).tar.gz" "$(DIST)/$(DIST_NAME)-1.rockspec" \
+	   "$(DIST)/$(DIST_NAME)-1.src.rock"
+	mkdir -p "$(DIST)/$(DIST_NAME)"
+	git ls-files -co --exclude-standard -z | tar -cf - --null -T - | tar -xf - -C "$(DIST)/$(DIST_NAME)"
+	tar -C "$(DIST)" -czf "$(DIST)/$(DIST_NAME).tar.gz" "$(DIST_NAME)"
+	rm -rf "$(DIST)/$(DIST_NAME)"
+	awk -v n="$(DIST_NAME)" -v d="$(abspath $(DIST))" \
+	   'NR == 1 { print "-- made by make dist: the source is the tarball beside this file"; } \
+	   /^source = \{/ { print "source = {"; \
+	   print "   url = \"file://" d "/" n ".tar.gz\","; print "   dir = \"" n "\","; print "}"; \
+	   skip = 1; next } \
+	   skip && /^\}/ { skip = 0; next } !skip' rockspec/$(DIST_NAME)-1.rockspec \
+	   > "$(DIST)/$(DIST_NAME)-1.rockspec"
+	cd "$(DIST)" && luarocks pack $(DIST_NAME)-1.rockspec
+	@echo "make dist: $(DIST)/$(DIST_NAME).tar.gz $(DIST)/$(DIST_NAME)-1.src.rock"
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
-.PHONY: all onnx test test-mpi asan bench lint demo install clean
+.PHONY: all onnx test test-mpi asan bench lint demo install clean dist
 
 # ---- fuzzing (fuzz/README.md) ---------------------------------------------------------------
 # The harnesses need clang (libFuzzer comes with libclang-rt-14-dev) and are built with
