@@ -413,6 +413,18 @@ describe("conv2d in bfloat16 on AMX tiles against float64", function()
 end)
 
 describe("lm.backends.cpu.amx and lm.backends.cpu.isa()", function()
+   if os.getenv("LUMEN_EXPECT_AMX") == "1" then
+      -- make test-amx-emu / asan-amx-emu: the emulated tiles must be there (an AVX512_BF16 CPU),
+      -- or every kernel spec above would be pending and the stage would check nothing
+      it("has AMX in this process (LUMEN_EXPECT_AMX=1): isa() is \"amx\"", function()
+         assert(AMX, "LUMEN_EXPECT_AMX=1 but lm.backends.cpu.amx_available() is false (the " ..
+                "emulated build needs an AVX512_BF16 CPU; LUMEN_LIB=" ..
+                tostring(os.getenv("LUMEN_LIB")) .. ")")
+         C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+         assert.equal("amx", lm.backends.cpu.isa())
+      end)
+   end
+
    after_each(function()
       C.lm_cpu_set_isa(C.LM_ISA_AUTO)
       lm.backends.cpu.amx = true
