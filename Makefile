@@ -170,7 +170,7 @@ asan-cuda-emu:
 # packing, blocking and edges run, and are checked, where the CPU has no AMX.
 #   make amx-emu       the library into $(AMX_EMU_BUILD)/ (its own objects: the flag changes them)
 #   make test-amx-emu  the AMX spec files (AMX_SPECS: one busted process each) and the C GEMM
-#                      test (AMX_CPROGS) against it; LUMEN_EXPECT_AMX=1 makes spec/amx_spec.lua
+#                      test and the emulation's own test (AMX_CPROGS) against it; LUMEN_EXPECT_AMX=1 makes spec/amx_spec.lua
 #                      fail, not pend, when the tiles are not there (a CPU without AVX512_BF16).
 #                      TEST_ARGS=spec/x_spec.lua runs one file instead
 #   make asan-amx-emu  the same files against an ASan/UBSan build of it ($(ASAN_AMX_BUILD)/): the
@@ -178,7 +178,7 @@ asan-cuda-emu:
 AMX_EMU_BUILD ?= build-amx-emu
 ASAN_AMX_BUILD ?= build-asan-amx-emu
 AMX_SPECS ?= spec/amx_spec.lua spec/conv_bf16_spec.lua spec/bf16_gemm_spec.lua
-AMX_CPROGS ?= spec/c/test_bgemm.c
+AMX_CPROGS ?= spec/c/test_bgemm.c spec/c/test_amx_emu.c
 
 amx-emu:
 	$(MAKE) BUILD=$(AMX_EMU_BUILD) AMX_EMU=1 $(AMX_EMU_BUILD)/liblumen.so lua/lumen/cdef.lua

@@ -258,8 +258,9 @@ describe("the bfloat16 GEMM on AMX tiles against float64", function()
       on_amx(function()
          local cases = {
             -- m, n, k, alpha, beta, C layout ("rm", "cm" or "rs": rows apart by n + 7)
-            { 17, 31, 33, 1, 0, "rm" }, { 33, 65, 100, 0.5, 1, "rm" }, { 65, 17, 1100, 1, -2, "cm" },
-            { 100, 530, 65, 2, 0.25, "rs" }, { 16, 16, 32, 1, 1, "rm" }, { 48, 33, 513, -1, 0, "cm" },
+            { 17, 31, 33, 1, 0, "rm" }, { 33, 65, 100, 0.5, 1, "rm" },
+            { 65, 17, 1100, 1, -2, "cm" }, { 100, 530, 65, 2, 0.25, "rs" },
+            { 16, 16, 32, 1, 1, "rm" }, { 48, 33, 513, -1, 0, "cm" },
             { 31, 1100, 40, 1, 1, "rs" }, { 2, 3, 17, 1, 1, "rm" },
          }
          for ci, c in ipairs(cases) do

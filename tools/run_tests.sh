@@ -156,7 +156,9 @@ elif [ $# -eq 0 ] && [ "${LUMEN_TEST_SPLIT:-1}" != 0 ]; then
       fi
       echo "== $spec"
       run_busted "$spec"
-   done < <(if [ -n "${LUMEN_TEST_FILES:-}" ]; then printf '%s\n' $LUMEN_TEST_FILES
+   done < <(if [ -n "${LUMEN_TEST_FILES:-}" ]; then
+               # shellcheck disable=SC2086 # a list of paths, split on spaces
+               printf '%s\n' $LUMEN_TEST_FILES
             else find spec -name '*_spec.lua' | sort; fi)
 else
    run_busted "$@"
