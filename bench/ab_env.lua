@@ -11,7 +11,8 @@
 -- workload once untimed and then `reps` timed calls (their median). Prints each side's median
 -- over the rounds and the median of the paired differences B - A (negative: B is faster), with
 -- every difference, so a skewed spread shows.
--- what: train | infer | folded (resnet50, batch 8, channels-last, float32; default folded), or
+-- what: train | infer | folded (resnet50, batch 8, channels-last, float32; default folded),
+--   train_bf16 | infer_bf16 (the same under lm.autocast with bfloat16), or
 --   conv:N,C,O,H,k,s,p[,bf16] (one convolution forward with bias and ReLU, gradients off).
 -- rounds: default 16; reps: default 2 (model) or 3 (conv).
 -- E.g. bin/lumen bench/ab_env.lua LUMEN_CONV_NC 0 1 folded
@@ -56,8 +57,11 @@ if is_conv then
       lm.no_grad(function() return lm.F.conv2d(x, w, b, opts) end)
    end
 else
+   local bf16 = what:match("_bf16$") ~= nil
+   what = what:gsub("_bf16$", "")
    if what ~= "train" and what ~= "infer" and what ~= "folded" then
-      error("bench/ab_env.lua: what is train, infer, folded or conv:..., got " .. what, 0)
+      error("bench/ab_env.lua: what is train, infer, folded (each optionally _bf16) or conv:...,"
+            .. " got " .. what, 0)
    end
    local x = lm.randn({ 8, 3, 224, 224 }):contiguous(lm.channels_last)
    local model = lm.models.resnet50({ num_classes = 1000 })
@@ -66,15 +70,18 @@ else
       local tgt = lm.randint(0, 1000, { 8 })
       model:train()
       local opt = lm.optim.SGD(model:parameters(), { lr = 0.001, momentum = 0.9 })
+      local function loss() return lm.F.cross_entropy(model(x), tgt) end
       run = function()
          opt:zero_grad(true)
-         lm.F.cross_entropy(model(x), tgt):backward()
+         local l = bf16 and lm.autocast({ dtype = lm.bfloat16 }, loss) or loss()
+         l:backward()
          opt:step()
       end
    else
       model:eval()
       if what == "folded" then lm.nn.fold_batch_norm(model) end
-      run = function() lm.no_grad(function() return model(x) end) end
+      local function fwd() return lm.no_grad(function() return model(x) end) end
+      run = bf16 and function() lm.autocast({ dtype = lm.bfloat16 }, fwd) end or fwd
    end
 end
 

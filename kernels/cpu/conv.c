@@ -319,10 +319,13 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
       if (!bbuf) return LM_ERR_OOM;
    }
    if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_amx_on() &&
-       lm_conv_amx_usable(g, 0))
+       lm_conv_amx_usable(g, 0)) {
+      int stream = lm_tensor_block_cold(res);
       st = lm_conv_fwd_nhwc_amx(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
-                                rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res));
-   else if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
+                                rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res),
+                                &stream);
+      if (st == LM_OK && stream) lm_tensor_note_streamed(res);
+   } else if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
       st = lm_conv_wino_bf16_fwd(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
                                  rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res));
    else if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_conv_bf16_usable(g, 0))
@@ -374,7 +377,10 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       check). x is NULL when only grad_b is wanted. */
    lm_status (*bwdw)(const conv_geom *, const uint16_t *, const uint16_t *, float *, float *) =
       NULL;
-   if (native && !bf16_bwdw_via_winograd(g))
+   /* on AMX the im2col tiles and the GEMM on tiles beat Winograd's vdpbf16ps products (resnet50
+      batch 8 bf16 training step, paired in one process: -6.4 %, bench/ab_env.lua
+      LUMEN_CONV_WINOGRAD - 0 train_bf16) */
+   if (native && (lm_amx_on() || !bf16_bwdw_via_winograd(g)))
       bwdw = lm_conv_bwdw_nhwc_bf16;
    else if (native && bf16_winograd_on())
       bwdw = lm_conv_wino_bf16_bwdw;

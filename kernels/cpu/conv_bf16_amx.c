@@ -32,17 +32,18 @@
 
 #include <immintrin.h>
 
-enum { AMX_MAXTAPS = 1024, CHUNK_BYTES = 512 * 1024 };
+enum { AMX_MAXTAPS = 1024, AMX_MAXROWS = 32, CHUNK_BYTES = 512 * 1024 };
 
 static int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
    if (!conv_env_on("LUMEN_CONV_AMX")) return 0;
-   if (g->G != 1 || g->C < 16 || g->O < 16 || g->kh * g->kw > AMX_MAXTAPS) return 0;
-   if (!backward_data) return 1;
-   /* backward data: stride 1 with padding no larger than the kernel's reach */
-   return g->sh == 1 && g->sw == 1 && g->ph <= (g->kh - 1) * g->dh &&
-          g->pw <= (g->kw - 1) * g->dw;
+   if (g->G != 1 || g->O < 16 || g->kh * g->kw > AMX_MAXTAPS) return 0;
+   /* few channels: only the stem's form (kernel rows of at most 32 values, dense along W) */
+   if (g->C < 16 && !(g->C * g->kw <= 32 && g->dw == 1 && g->kh <= AMX_MAXROWS && !backward_data))
+      return 0;
+   /* backward data: the phases of a strided layer read 32 output channels a step */
+   return !backward_data || g->O >= 16;
 }
 
 /* the engine's geometry: input (N, H, W, C) read from a padded copy, output (N, Ho, Wo, O) */
@@ -80,8 +81,26 @@ static inline void epi_row(const float *t, int nr, const float *bias, const uint
       if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + h));
       if (res) v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, res + h)));
       if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      _mm256_mask_storeu_epi16(out + h, mk, amx_f2bf16(v));
+      _mm256_mask_storeu_epi16(out + h, mk, (__m256i)_mm512_cvtneps_pbh(v));
    }
+}
+
+/* the epilogue of a 32 x 32 block: output pixel px[r] (-1: none) gets row r, channels o0.. */
+static void epi_block(const float *t, const int64_t *px, int nr, int64_t o0, int64_t O,
+                      const float *bias, const uint16_t *res, int relu, uint16_t *out,
+                      int stream) {
+   if (nr == 32) {
+      for (int r = 0; r < 32; r++)
+         if (px[r] >= 0)
+            lm_amx_epi_block32(t + r * 32, 1, bias ? bias + o0 : NULL,
+                               res ? res + px[r] * O + o0 : NULL, 0, relu, out + px[r] * O + o0,
+                               0, stream);
+      return;
+   }
+   for (int r = 0; r < 32; r++)
+      if (px[r] >= 0)
+         epi_row(t + r * 32, nr, bias ? bias + o0 : NULL, res ? res + px[r] * O + o0 : NULL,
+                 relu, out + px[r] * O + o0);
 }
 
 /* x (N, H, W, C) -> dst (N, Hp, Wp, Cs) with zeros around and past C, and `margin` zero pixels
@@ -113,20 +132,162 @@ static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t
    memset(dst + N * Hp * Wp * Cs, 0, (size_t)(margin * Cs) * 2);
 }
 
-/* the engine (see the file's header) */
+/* the engine's core: output pixels (n, u, v) of an Hg x Wg grid per image read input pixel
+   n*Hp*Wp + u*ush*Wp + v*usw (+ toff[t] for tap t) of the padded copy xp (Cs channels, rows of
+   Cs * 2 bytes), and are written to output pixel (n*Ho_t + oa + osh*u) * Wo_t + ob + osw*v */
+typedef struct {
+   const uint16_t *xp;
+   int64_t N, Hp, Wp, Cs, nsteps;
+   int rowsmode;      /* one step per tap: kernel-row runs of kc values gathered per block */
+   int64_t kc, dsw;   /* rows mode: values per run, input pixel step of the run's rows */
+   int64_t ntap;
+   const int64_t *toff;
+   const uint32_t *wk; /* panels of 32 output channels: wk[q][t][nsteps * 16][32] */
+   int64_t prow, O;
+   int64_t Hg, Wg, ush, usw;
+   int64_t Ho_t, Wo_t, oa, ob, osh, osw;
+   const float *bias;
+   const uint16_t *res;
+   int relu, stream;
+   uint16_t *out;
+} eng_plan;
+
+static void core(const eng_plan *pl) {
+   const int64_t Hp = pl->Hp, Wp = pl->Wp, Cs = pl->Cs, ntap = pl->ntap, nsteps = pl->nsteps;
+   const int64_t nq = (pl->O + 31) / 32;
+   /* pixel blocks: 32 "virtual" pixels of an image walked over the padded width (Wv virtual
+      pixels an output row, one input pixel step of usw between them), or 32 pixels of one
+      output row; whichever keeps more of the tile rows */
+   const int64_t Wv = pl->ush * Wp % pl->usw == 0 ? pl->ush * Wp / pl->usw : 0;
+   const int virt = Wv >= pl->Wg && Wv > 0 &&
+                    (double)pl->Wg / (double)Wv >= (double)pl->Wg / (double)rup(pl->Wg, 32);
+   const int64_t per_img = virt ? (pl->Hg * Wv + 31) / 32 : 0;
+   const int64_t per_row = virt ? 0 : (pl->Wg + 31) / 32;
+   const int64_t nblk = virt ? pl->N * per_img : pl->N * pl->Hg * per_row;
+   const int64_t panel_bytes = 32 * pl->prow * 4;
+   int64_t qchunk = CHUNK_BYTES / panel_bytes;
+   if (qchunk < 1) qchunk = 1;
+   const int nt = conv_threads((double)nblk * nq * 32 * 32 * ntap * nsteps * 32);
+   const int64_t sa = pl->usw * Cs * 2;
+   for (int64_t q0 = 0; q0 < nq; q0 += qchunk) {
+      const int64_t q1 = q0 + qchunk < nq ? q0 + qchunk : nq;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+      {
+         /* two slots: the block whose products run, and the one whose epilogue runs meanwhile */
+         float tb[2][32 * 32] __attribute__((aligned(64)));
+         int64_t pix[2][32], po0[2] = {0, 0}, cur[32];
+         int pnr[2] = {0, 0}, slot = 0, pend = -1;
+         uint16_t ab[pl->rowsmode ? AMX_MAXROWS * 1024 : 1] __attribute__((aligned(64)));
+         amx_seg seg[AMX_MAXTAPS];
+         lm_amx_begin();
+#pragma omp for schedule(static)
+         for (int64_t blk = 0; blk < nblk; blk++) {
+            int64_t base, vq0 = 0, n, u0 = 0, v0 = 0;
+            if (virt) {
+               n = blk / per_img;
+               vq0 = (blk % per_img) * 32;
+               base = n * Hp * Wp + vq0 * pl->usw;
+            } else {
+               const int64_t r = blk / per_row;
+               n = r / pl->Hg;
+               u0 = r % pl->Hg;
+               v0 = (blk % per_row) * 32;
+               base = n * Hp * Wp + u0 * pl->ush * Wp + v0 * pl->usw;
+            }
+            /* the block's output pixels (-1: a dropped row) */
+            for (int r = 0; r < 32; r++) {
+               int64_t u, v;
+               if (virt) {
+                  const int64_t qq = vq0 + r;
+                  u = qq / Wv;
+                  v = qq % Wv;
+               } else {
+                  u = u0;
+                  v = v0 + r;
+               }
+               cur[r] = u < pl->Hg && v < pl->Wg
+                           ? (n * pl->Ho_t + pl->oa + pl->osh * u) * pl->Wo_t + pl->ob + pl->osw * v
+                           : -1;
+            }
+            if (pl->rowsmode) { /* gather each kernel row's kc values for the 32 pixels */
+               const __mmask32 mk =
+                  (__mmask32)(pl->kc >= 32 ? 0xffffffffu : ((1u << pl->kc) - 1u));
+               for (int64_t t = 0; t < ntap; t++)
+                  for (int r = 0; r < 32; r++)
+                     _mm512_store_si512(ab + t * 1024 + r * 32,
+                                        _mm512_maskz_loadu_epi16(
+                                           mk, pl->xp + (base + r * pl->usw + pl->toff[t]) * Cs));
+            }
+            for (int64_t q = q0; q < q1; q++) {
+               for (int64_t t = 0; t < ntap; t++) {
+                  seg[t].a = pl->rowsmode ? ab + t * 1024 : pl->xp + (base + pl->toff[t]) * Cs;
+                  seg[t].b = pl->wk + q * 32 * pl->prow + t * nsteps * 16 * 32;
+               }
+               if (pl->rowsmode)
+                  amx_issue_32x32(seg, (int)ntap, 1, 64, 1024, 2048, NULL, 0);
+               else
+                  amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0);
+               if (pend >= 0) /* the previous block's epilogue while these products run */
+                  epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, pl->bias, pl->res,
+                            pl->relu, pl->out, pl->stream);
+               amx_store_32x32(tb[slot], 32);
+               memcpy(pix[slot], cur, sizeof cur);
+               po0[slot] = q * 32;
+               pnr[slot] = (int)(pl->O - q * 32 < 32 ? pl->O - q * 32 : 32);
+               pend = slot;
+               slot ^= 1;
+            }
+         }
+         if (pend >= 0)
+            epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, pl->bias, pl->res,
+                      pl->relu, pl->out, pl->stream);
+         if (pl->stream) _mm_sfence();
+         lm_amx_end();
+      }
+   }
+}
+
+/* pack the weights: panel q, tap t = B_t (kc x O, element (p, o) at b_t[p*rsb + o*csb]) */
+typedef const uint16_t *(*tap_src_fn)(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb);
+
+static void pack_taps(int64_t ntap, int64_t kc, int64_t O, int64_t nsteps, int64_t prow,
+                      tap_src_fn src, const void *ctx, uint32_t *wk) {
+   const int64_t nq = (O + 31) / 32;
+   const int nt = conv_threads((double)ntap * nq * prow * 32);
+#pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
+   for (int64_t t = 0; t < ntap; t++)
+      for (int64_t q = 0; q < nq; q++) {
+         int64_t rsb, csb;
+         const uint16_t *b = src(ctx, t, &rsb, &csb);
+         lm_amx_pack_b(kc, O, b, rsb, csb, q, q + 1, wk + t * nsteps * 16 * 32, prow);
+      }
+}
+
+static const uint16_t *tap_plain(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb) {
+   return tap_b((const wsrc *)ctx, t, rsb, csb);
+}
+
+/* rows mode: B_i(j * C + c, o) = w[o][i][j][c] */
+static const uint16_t *tap_rows(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb) {
+   const wsrc *s = ctx;
+   *rsb = 1;
+   *csb = s->K;
+   return s->w + t * s->kw * s->C;
+}
+
+/* a convolution with the engine (forward, or stride-1 backward data as e and ws describe) */
 static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, const float *bias,
-                        const uint16_t *res, int relu, uint16_t *out) {
-   const int64_t Cs = rup(e->C, 32), nsteps = Cs / 32;
+                        const uint16_t *res, int relu, uint16_t *out, int stream) {
+   /* rows mode (the stem: few channels, dense taps along W): each kernel row's kw * C values
+      are one step of k, gathered per block (a small im2col) instead of 32 channels a tap */
+   const int rowsmode = e->C * e->kw <= 32 && e->C < 16 && e->dw == 1;
+   const int64_t Cs = rowsmode ? e->C : rup(e->C, 32);
+   const int64_t nsteps = rowsmode ? 1 : Cs / 32;
    const int64_t Hp = e->H + 2 * e->ph, Wp = e->W + 2 * e->pw;
-   const int64_t ntap = e->kh * e->kw;
+   const int64_t ntap = rowsmode ? e->kh : e->kh * e->kw;
    const int64_t nq = (e->O + 31) / 32;
-   const int stride1 = e->sh == 1 && e->sw == 1;
    const int64_t margin = 64 * e->sw + e->kw * e->dw + Wp + 64;
-   /* pixel blocks: per image (stride 1) or per output row (else) */
-   const int64_t per_img = stride1 ? (e->Ho * Wp + 31) / 32 : 0;
-   const int64_t per_row = stride1 ? 0 : (e->Wo + 31) / 32;
-   const int64_t nblk = stride1 ? e->N * per_img : e->N * e->Ho * per_row;
-   const int64_t prow = ntap * Cs / 2; /* rows of 32 words per panel */
+   const int64_t prow = ntap * nsteps * 16;
    const size_t xbytes = (size_t)((e->N * Hp * Wp + margin) * Cs) * 2;
    const size_t wbytes = (size_t)(nq * 32 * prow) * 4;
    uint16_t *xp = lm_alloc(xbytes);
@@ -136,96 +297,147 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, co
       return LM_ERR_OOM;
    }
    pad_copy(x, e->N, e->H, e->W, e->C, e->ph, e->pw, Hp, Wp, Cs, margin, xp);
-   {
-      const int nt = conv_threads((double)wbytes);
-#pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
-      for (int64_t t = 0; t < ntap; t++)
-         for (int64_t q = 0; q < nq; q++) {
-            int64_t rsb, csb;
-            const uint16_t *b = tap_b(ws, t, &rsb, &csb);
-            lm_amx_pack_b(e->C, e->O, b, rsb, csb, q, q + 1, wk + t * (Cs / 2) * 32, prow);
-         }
-   }
+   pack_taps(ntap, rowsmode ? e->kw * e->C : e->C, e->O, nsteps, prow,
+             rowsmode ? tap_rows : tap_plain, ws, wk);
    int64_t toff[AMX_MAXTAPS];
    for (int64_t t = 0; t < ntap; t++)
-      toff[t] = (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
-   const int64_t panel_bytes = 32 * prow * 4;
-   int64_t qchunk = CHUNK_BYTES / panel_bytes;
-   if (qchunk < 1) qchunk = 1;
-   const int nt = conv_threads((double)nblk * nq * 32 * 32 * ntap * Cs);
-   for (int64_t q0 = 0; q0 < nq; q0 += qchunk) {
-      const int64_t q1 = q0 + qchunk < nq ? q0 + qchunk : nq;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-      {
-         float tb[32 * 32] __attribute__((aligned(64)));
-         amx_seg seg[AMX_MAXTAPS];
-         lm_amx_begin();
-#pragma omp for schedule(static)
-         for (int64_t blk = 0; blk < nblk; blk++) {
-            int64_t base, step, n, q0p = 0, ho0 = 0, wo0 = 0;
-            if (stride1) {
-               n = blk / per_img;
-               q0p = (blk % per_img) * 32;
-               base = n * Hp * Wp + q0p;
-               step = 1;
-            } else {
-               const int64_t r = blk / per_row;
-               n = r / e->Ho;
-               ho0 = r % e->Ho;
-               wo0 = (blk % per_row) * 32;
-               base = n * Hp * Wp + ho0 * e->sh * Wp + wo0 * e->sw;
-               step = e->sw;
-            }
-            const int64_t sa = step * Cs * 2;
-            for (int64_t q = q0; q < q1; q++) {
-               for (int64_t t = 0; t < ntap; t++) {
-                  seg[t].a = xp + (base + toff[t]) * Cs;
-                  seg[t].b = wk + q * 32 * prow + t * (Cs / 2) * 32;
-               }
-               amx_brgemm_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0, tb, 32,
-                                NULL, 0);
-               const int64_t o0 = q * 32;
-               const int nr = (int)(e->O - o0 < 32 ? e->O - o0 : 32);
-               for (int r = 0; r < 32; r++) {
-                  int64_t pix;
-                  if (stride1) {
-                     const int64_t qq = q0p + r, ho = qq / Wp, wo = qq % Wp;
-                     if (ho >= e->Ho || wo >= e->Wo) continue;
-                     pix = (n * e->Ho + ho) * e->Wo + wo;
-                  } else {
-                     const int64_t wo = wo0 + r;
-                     if (wo >= e->Wo) break;
-                     pix = (n * e->Ho + ho0) * e->Wo + wo;
-                  }
-                  epi_row(tb + r * 32, nr, bias ? bias + o0 : NULL,
-                          res ? res + pix * e->O + o0 : NULL, relu, out + pix * e->O + o0);
-               }
-            }
-         }
-         lm_amx_end();
-      }
-   }
+      toff[t] = rowsmode ? t * e->dh * Wp : (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
+   const eng_plan pl = {xp, e->N, Hp, Wp, Cs, nsteps, rowsmode, e->kw * e->C, e->sw,
+                        ntap, toff, wk, prow, e->O,
+                        e->Ho, e->Wo, e->sh, e->sw, e->Ho, e->Wo, 0, 0, 1, 1,
+                        bias, res, relu, stream, out};
+   core(&pl);
    lm_free(wk, wbytes);
    lm_free(xp, xbytes);
    return LM_OK;
 }
 
-lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                               const float *bias, const uint16_t *res, int relu,
-                               uint16_t *out) {
-   if (conv_is_pointwise(g)) {
-      /* out (P x O) = x (P x C) . w^T, w (O x C) */
-      const lm_amx_epi ep = {bias, res, g->O, relu};
-      const int64_t P = g->N * g->H * g->W;
-      if (lm_bgemm_amx_epi(P, g->O, g->C, x, g->C, 1, w, 1, g->C, out, g->O, &ep,
-                           conv_threads((double)P * g->O * g->C)))
-         return LM_OK;
+/* backward data of a strided layer, by phases (as conv_avx512bf16.c): grad_x pixels
+   (a + sh u, b + sw v) use the taps (i, j) with (a + ph - i dh) and (b + pw - j dw) divisible by
+   the strides, at grad_out pixel (u + di, v + dj), di = (a + ph - i dh) / sh: a stride-1
+   product over a padded copy of grad_out with those taps, written with a pixel step of (sh, sw);
+   a phase without taps writes zeros */
+typedef struct {
+   const uint16_t *w;
+   int64_t K, C;
+   const int64_t *tap; /* (i * kw + j) of each tap of the phase */
+} phase_src;
+
+static const uint16_t *tap_phase(const void *ctx, int64_t t, int64_t *rsb, int64_t *csb) {
+   const phase_src *s = ctx;
+   *rsb = s->K; /* B_t(o, c) = w[o][i][j][c] */
+   *csb = 1;
+   return s->w + s->tap[t] * s->C;
+}
+
+static int64_t fdiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
+                             uint16_t *gx) {
+   const int64_t O = g->O, C = g->C, Os = rup(O, 32), nsteps = Os / 32;
+   /* the padding of grad_out that every tap offset of every phase stays inside */
+   int64_t dmin = 0, dmax = 0, emin = 0, emax = 0;
+   for (int64_t i = 0; i < g->kh; i++)
+      for (int64_t a = 0; a < g->sh; a++) {
+         const int64_t d = fdiv(a + g->ph - i * g->dh, g->sh);
+         if (d < dmin) dmin = d;
+         if (d > dmax) dmax = d;
+      }
+   for (int64_t j = 0; j < g->kw; j++)
+      for (int64_t b = 0; b < g->sw; b++) {
+         const int64_t d = fdiv(b + g->pw - j * g->dw, g->sw);
+         if (d < emin) emin = d;
+         if (d > emax) emax = d;
+      }
+   const int64_t pt = -dmin, pl_ = -emin;
+   const int64_t Hp = g->Ho + pt + dmax + 1, Wp = g->Wo + pl_ + emax + 1;
+   const int64_t margin = 64 + Wp * 2 + 64;
+   /* pad_copy pads symmetrically: take the larger side and offset the taps */
+   const int64_t ph2 = pt > dmax + 1 ? pt : dmax + 1, pw2 = pl_ > emax + 1 ? pl_ : emax + 1;
+   const int64_t Hq = g->Ho + 2 * ph2, Wq = g->Wo + 2 * pw2;
+   (void)Hp, (void)Wp;
+   const size_t xbytes = (size_t)((g->N * Hq * Wq + margin + Wq * 2) * Os) * 2;
+   const int64_t maxtap = g->kh * g->kw;
+   const int64_t prow_max = maxtap * nsteps * 16;
+   const int64_t nq = (C + 31) / 32;
+   const size_t wbytes = (size_t)(nq * 32 * prow_max) * 4;
+   uint16_t *xp = lm_alloc(xbytes);
+   uint32_t *wk = xp ? lm_alloc(wbytes) : NULL;
+   if (!wk) {
+      if (xp) lm_free(xp, xbytes);
       return LM_ERR_OOM;
+   }
+   pad_copy(gout, g->N, g->Ho, g->Wo, O, ph2, pw2, Hq, Wq, Os, margin + Wq * 2, xp);
+   lm_status st = LM_OK;
+   int64_t tap[AMX_MAXTAPS], toff[AMX_MAXTAPS];
+   for (int64_t a = 0; a < g->sh && st == LM_OK; a++)
+      for (int64_t b = 0; b < g->sw && st == LM_OK; b++) {
+         const int64_t Hg = a < g->H ? (g->H - a + g->sh - 1) / g->sh : 0;
+         const int64_t Wg = b < g->W ? (g->W - b + g->sw - 1) / g->sw : 0;
+         if (Hg == 0 || Wg == 0) continue;
+         int64_t ntap = 0;
+         for (int64_t i = 0; i < g->kh; i++) {
+            const int64_t ri = a + g->ph - i * g->dh;
+            if (((ri % g->sh) + g->sh) % g->sh) continue;
+            for (int64_t j = 0; j < g->kw; j++) {
+               const int64_t rj = b + g->pw - j * g->dw;
+               if (((rj % g->sw) + g->sw) % g->sw) continue;
+               tap[ntap] = i * g->kw + j;
+               toff[ntap] = (fdiv(ri, g->sh) + ph2) * Wq + fdiv(rj, g->sw) + pw2;
+               ntap++;
+            }
+         }
+         if (ntap == 0) { /* no tap reaches these pixels: zeros */
+            for (int64_t n = 0; n < g->N; n++)
+               for (int64_t u = 0; u < Hg; u++)
+                  for (int64_t v = 0; v < Wg; v++)
+                     memset(gx + ((n * g->H + a + g->sh * u) * g->W + b + g->sw * v) * C, 0,
+                            (size_t)C * 2);
+            continue;
+         }
+         const int64_t prow = ntap * nsteps * 16;
+         const phase_src ps = {w, g->K, C, tap};
+         pack_taps(ntap, O, C, nsteps, prow, tap_phase, &ps, wk);
+         const eng_plan pl = {xp, g->N, Hq, Wq, Os, nsteps, 0, 0, 1,
+                              ntap, toff, wk, prow, C,
+                              Hg, Wg, 1, 1, g->H, g->W, a, b, g->sh, g->sw,
+                              NULL, NULL, 0, 0, gx};
+         core(&pl);
+      }
+   lm_free(wk, wbytes);
+   lm_free(xp, xbytes);
+   return st;
+}
+
+/* output pixel i of a strided 1x1 convolution -> its input pixel */
+static int64_t strided_row(const lm_amx_rows *r, int64_t i) {
+   const int64_t wo = i % r->Wo, t = i / r->Wo, ho = t % r->Ho, n = t / r->Ho;
+   return (n * r->H + ho * r->sh) * r->W + wo * r->sw;
+}
+
+lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint16_t *w,
+                               const float *bias, const uint16_t *res, int relu, uint16_t *out,
+                               int *stream) {
+   const int64_t P = g->N * g->Ho * g->Wo;
+   *stream = g->O % 32 == 0 && ((uintptr_t)out & 63) == 0 &&
+             lm_amx_stream((double)P * g->O * 2, *stream);
+   const lm_amx_epi ep = {bias, res, g->O, relu, *stream};
+   const int nt = conv_threads((double)P * g->O * g->C);
+   if (conv_is_pointwise(g)) /* out (P x O) = x (P x C) . w^T, w (O x C) */
+      return lm_bgemm_amx_epi(P, g->O, g->C, x, g->C, 1, NULL, w, 1, g->C, out, g->O, &ep, nt)
+                ? LM_OK
+                : LM_ERR_OOM;
+   if (g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0) {
+      /* strided 1x1 (the downsampling shortcuts): the same GEMM over the pixels it reads */
+      const lm_amx_rows rows = {strided_row, g->C, g->H, g->W, g->Ho, g->Wo, g->sh, g->sw};
+      return lm_bgemm_amx_epi(P, g->O, g->C, x, 0, 1, &rows, w, 1, g->C, out, g->O, &ep, nt)
+                ? LM_OK
+                : LM_ERR_OOM;
    }
    const eng_geom e = {g->N, g->C, g->H, g->W, g->O, g->Ho, g->Wo, g->kh, g->kw,
                        g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 0};
-   return engine(&e, x, &ws, bias, res, relu, out);
+   return engine(&e, x, &ws, bias, res, relu, out, *stream);
 }
 
 lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
@@ -233,15 +445,17 @@ lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const 
    if (conv_is_pointwise(g)) {
       /* gx (P x C) = gout (P x O) . w, w (O x C) */
       const int64_t P = g->N * g->H * g->W;
-      if (lm_bgemm_amx_epi(P, g->C, g->O, gout, g->O, 1, w, g->C, 1, gx, g->C, NULL,
+      if (lm_bgemm_amx_epi(P, g->C, g->O, gout, g->O, 1, NULL, w, g->C, 1, gx, g->C, NULL,
                            conv_threads((double)P * g->O * g->C)))
          return LM_OK;
       return LM_ERR_OOM;
    }
+   if (g->sh != 1 || g->sw != 1 || g->ph > (g->kh - 1) * g->dh || g->pw > (g->kw - 1) * g->dw)
+      return bwdd_phases(g, gout, w, gx);
    /* grad_x = grad_out (padded by (k-1)d - p) convolved with the flipped, transposed kernel */
    const eng_geom e = {g->N, g->O, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw,
                        1, 1, (g->kh - 1) * g->dh - g->ph, (g->kw - 1) * g->dw - g->pw,
                        g->dh, g->dw};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 1};
-   return engine(&e, gout, &ws, NULL, NULL, 0, gx);
+   return engine(&e, gout, &ws, NULL, NULL, 0, gx, 0);
 }

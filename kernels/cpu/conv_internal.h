@@ -215,9 +215,12 @@ LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const 
  * takes the geometry: groups 1, at least 16 input and output channels; backward data only for
  * stride 1 (the others keep the AVX-512 kernel). LUMEN_CONV_AMX=0 turns them off. */
 LM_CONV_HIDDEN int lm_conv_amx_usable(const conv_geom *g, int backward_data);
+/* stream: in, the output block is cold (lm_tensor_block_cold); out, it was written with
+   streaming stores (lm_amx_stream decides) */
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x,
                                               const uint16_t *w, const float *bias,
-                                              const uint16_t *res, int relu, uint16_t *out);
+                                              const uint16_t *res, int relu, uint16_t *out,
+                                              int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout,
                                                const uint16_t *w, uint16_t *gx);
 

@@ -28,13 +28,13 @@
 
 #include <immintrin.h>
 
+enum { KC = 512, NCMAX = 512 };
 #include <stdlib.h>
-static int64_t KC = 512, NCMAX = 512;
-static int g_pf = 0;
-__attribute__((constructor)) static void tune_env(void) {
-   if (getenv("AMX_KC")) KC = atoi(getenv("AMX_KC"));
-   if (getenv("AMX_NC")) NCMAX = atoi(getenv("AMX_NC"));
-   if (getenv("AMX_PF")) g_pf = atoi(getenv("AMX_PF"));
+
+int lm_amx_stream(double out_bytes, int cold) {
+   const char *e = getenv("LUMEN_CONV_STREAM");
+   if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
+   return cold || out_bytes > 0.5 * (double)lm_mem_cache_share();
 }
 
 static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -137,7 +137,8 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
          if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
          if (res) v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, res + j)));
          if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-         _mm256_mask_storeu_epi16(cp, mk, amx_f2bf16(v));
+         _mm256_mask_storeu_epi16(cp, mk,
+                                  ep ? (__m256i)_mm512_cvtneps_pbh(v) : amx_f2bf16(v));
       } else {
          float *cp = (float *)c + j;
          if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, cp), v);
@@ -148,25 +149,55 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
 
 /* ---- the driver ---- */
 
-/* one 32 x 32 block of C over one k block: A packed (lm_amx_pack_a) at a, B panel at bp */
-static void block(const uint16_t *a, const uint32_t *bp, const uint32_t *pf, int nsteps,
-                  float *acc, int64_t ldacc, int load, int keep, float *tb, int mr, int nr,
-                  float alpha, float beta, void *c, int64_t rsc, int64_t csc, int c_bf16,
-                  const lm_amx_epi *ep, int64_t row, int64_t col) {
-   const amx_seg seg = {a, bp};
-   amx_brgemm_32x32(&seg, 1, nsteps, 64, 1024, 2048, load ? acc : NULL, ldacc, keep ? acc : tb,
-                    keep ? ldacc : 32, (const char *)pf, pf ? 2048 : 0);
-   if (keep) return;
-   for (int i = 0; i < mr; i++)
-      lm_amx_row_out(tb + i * 32, nr, alpha, beta,
-                     c_bf16 ? (void *)((uint16_t *)c + i * rsc) : (void *)((float *)c + i * rsc),
-                     csc, c_bf16, ep, row + i, col);
+/* a finished 32 x 32 block waiting for its epilogue (run while the next block's products work) */
+typedef struct {
+   const float *t;
+   int mr, nr;
+   void *c;
+   int64_t row, col;
+} pending;
+
+static void finish(const pending *pd, float alpha, float beta, int64_t rsc, int64_t csc,
+                   int c_bf16, const lm_amx_epi *ep) {
+   if (ep && pd->nr == 32 && csc == 1) { /* a whole block with the epilogue: 64 bytes a row */
+      lm_amx_epi_block32(pd->t, pd->mr, ep->bias ? ep->bias + pd->col : NULL,
+                         ep->res ? ep->res + pd->row * ep->rsr + pd->col : NULL, ep->rsr,
+                         ep->relu, (uint16_t *)pd->c, rsc, ep->stream);
+      return;
+   }
+   for (int i = 0; i < pd->mr; i++)
+      lm_amx_row_out(pd->t + i * 32, pd->nr, alpha, beta,
+                     c_bf16 ? (void *)((uint16_t *)pd->c + i * rsc)
+                            : (void *)((float *)pd->c + i * rsc),
+                     csc, c_bf16, ep, pd->row + i, pd->col);
+}
+
+/* rows of op(A) packed 32 at a time: through lm_amx_pack_a, or (rows) from a row map */
+static void pack_rows(const lm_amx_rows *rows, int64_t i0, int mr, int64_t kc, int64_t pc,
+                      const uint16_t *a, int64_t rsa, int64_t csa, uint16_t *ap) {
+   if (!rows) {
+      lm_amx_pack_a(mr, kc, a + i0 * rsa + pc * csa, rsa, csa, ap);
+      return;
+   }
+   const int64_t nst = rup(kc, 32) / 32;
+   for (int64_t t = 0; t < nst; t++) {
+      const int64_t left = kc - 32 * t;
+      const __mmask32 mk = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1u);
+      uint16_t *d = ap + t * 1024;
+      int i = 0;
+      for (; i < mr; i++) {
+         const int64_t r = i0 + i, pix = rows->base(rows, r);
+         _mm512_store_si512(d + i * 32,
+                            _mm512_maskz_loadu_epi16(mk, a + pix * rows->pitch + pc + 32 * t));
+      }
+      for (; i < 32; i++) _mm512_store_si512(d + i * 32, _mm512_setzero_si512());
+   }
 }
 
 static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                     int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
                     float beta, void *c, int64_t rsc, int64_t csc, int c_bf16,
-                    const lm_amx_epi *ep, int nt) {
+                    const lm_amx_epi *ep, const lm_amx_rows *rows, int nt) {
    const int64_t nkb = (k + KC - 1) / KC;
    const int64_t kc_blk = rup((k + nkb - 1) / nkb, 32); /* even k blocks, multiples of 32 */
    const int64_t kc2p = kc_blk / 2;
@@ -176,7 +207,7 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
    const size_t b_bytes = (size_t)(npan * 32 * kc2p) * 4;
    const size_t a_bytes = (size_t)(32 * kc_blk) * 2;
    const size_t acc_bytes = nkb > 1 ? (size_t)(mp * nc_blk) * 4 : 0;
-   const size_t tb_bytes = 32 * 32 * 4;
+   const size_t tb_bytes = 2 * 32 * 32 * 4; /* two: one being written, one being finished */
    if (nt < 1) nt = 1;
    const size_t bytes = b_bytes + (size_t)nt * (a_bytes + tb_bytes) + acc_bytes;
    char *buf = lm_alloc(bytes);
@@ -187,6 +218,13 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
    uint32_t *bpk = (uint32_t *)buf;
    float *accb = (float *)(buf + b_bytes + (size_t)nt * (a_bytes + tb_bytes));
    const int64_t nib = mp / 32;
+   /* A read in place when its rows run along k, k is whole steps of 32 (no tail to zero) and
+      the row pitch is not a multiple of 1 KiB from 1 KiB on: such pitches put a tile's 16 rows
+      into 4 or fewer of L1's 64 sets (k = 1024, 2 KiB: the 1024^3 product ran at a fifth of the
+      micro-kernel's rate); then, and for the last partial row block, A is packed. Packing costs
+      a pass over A, which at AMX's rate is as long as the products of a thin layer (1x1 256 ->
+      256 at 56x56, batch 8: 0.5 of 0.73 ms went to packing and the epilogue). */
+   const int inplace = !rows && csa == 1 && k % 32 == 0 && ((rsa * 2) % 1024 != 0 || rsa * 2 < 1024);
 #pragma omp parallel num_threads(nt) if (nt > 1)
    {
       int tid = 0, ntt = 1;
@@ -203,6 +241,7 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
          for (int64_t pc = 0; pc < k; pc += kc_blk) {
             const int64_t kc = imin(kc_blk, k - pc);
             const int first = pc == 0, last = pc + kc >= k;
+            const int nsteps = (int)(rup(kc, 32) / 32);
 #pragma omp for schedule(static)
             for (int64_t q = 0; q < njb; q++)
                lm_amx_pack_b(kc, nc, b + pc * rsb + jc * csb, rsb, csb, q, q + 1, bpk, kc2p);
@@ -210,21 +249,41 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
             const int64_t nu = nib * njb;
             const int64_t u0 = nu * tid / ntt, u1 = nu * (tid + 1) / ntt;
             int64_t packed_ib = -1;
+            pending pd = {NULL, 0, 0, NULL, 0, 0};
+            int flip = 0;
             for (int64_t u = u0; u < u1; u++) {
                const int64_t ib = u / njb, jb = u % njb;
                const int64_t i0 = ib * 32, j0 = jb * 32;
                const int mr = (int)imin(32, m - i0), nr = (int)imin(32, nc - j0);
-               if (packed_ib != ib) {
-                  lm_amx_pack_a(mr, kc, a + i0 * rsa + pc * csa, rsa, csa, ap);
-                  packed_ib = ib;
-               }
                float *acc = accb ? accb + i0 * nc_blk + j0 : NULL;
-               block(ap, bpk + jb * 32 * kc2p, g_pf && jb + 1 < njb ? bpk + (jb + 1) * 32 * kc2p : NULL, (int)(rup(kc, 32) / 32), acc, nc_blk,
-                     !first, !last, tb, mr, nr, alpha, beta,
-                     c_bf16 ? (void *)((uint16_t *)c + i0 * rsc + (jc + j0) * csc)
-                            : (void *)((float *)c + i0 * rsc + (jc + j0) * csc),
-                     rsc, csc, c_bf16, ep, i0, jc + j0);
+               if (inplace && mr == 32) {
+                  const amx_seg seg = {a + i0 * rsa + pc, bpk + jb * 32 * kc2p};
+                  amx_issue_32x32(&seg, 1, nsteps, rsa * 2, 32 * rsa, 64, first ? NULL : acc,
+                                  nc_blk);
+               } else {
+                  if (packed_ib != ib) {
+                     pack_rows(rows, i0, mr, kc, pc, a, rsa, csa, ap);
+                     packed_ib = ib;
+                  }
+                  const amx_seg seg = {ap, bpk + jb * 32 * kc2p};
+                  amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048, first ? NULL : acc, nc_blk);
+               }
+               if (pd.t) finish(&pd, alpha, beta, rsc, csc, c_bf16, ep);
+               pd.t = NULL;
+               if (!last) {
+                  amx_store_32x32(acc, nc_blk);
+                  continue;
+               }
+               float *t = tb + flip * 1024;
+               flip ^= 1;
+               amx_store_32x32(t, 32);
+               pd = (pending){t, mr, nr,
+                              c_bf16 ? (void *)((uint16_t *)c + i0 * rsc + (jc + j0) * csc)
+                                     : (void *)((float *)c + i0 * rsc + (jc + j0) * csc),
+                              i0, jc + j0};
             }
+            if (pd.t) finish(&pd, alpha, beta, rsc, csc, c_bf16, ep);
+            if (ep && ep->stream) _mm_sfence();
 #pragma omp barrier
          }
       }
@@ -237,11 +296,12 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
 int lm_bgemm_amx(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t rsa,
                  int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb, float beta, void *c,
                  int64_t rsc, int64_t csc, int c_bf16, int nt) {
-   return amx_gemm(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, NULL, nt);
+   return amx_gemm(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, NULL,
+                   NULL, nt);
 }
 
 int lm_bgemm_amx_epi(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa,
-                     int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb, uint16_t *c,
-                     int64_t rsc, const lm_amx_epi *ep, int nt) {
-   return amx_gemm(m, n, k, 1.0f, a, rsa, csa, b, rsb, csb, 0.0f, c, rsc, 1, 1, ep, nt);
+                     int64_t csa, const lm_amx_rows *rows, const uint16_t *b, int64_t rsb,
+                     int64_t csb, uint16_t *c, int64_t rsc, const lm_amx_epi *ep, int nt) {
+   return amx_gemm(m, n, k, 1.0f, a, rsa, csa, b, rsb, csb, 0.0f, c, rsc, 1, 1, ep, rows, nt);
 }

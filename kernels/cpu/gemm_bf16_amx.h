@@ -18,14 +18,18 @@ typedef struct {
    const uint32_t *b;
 } amx_seg;
 
-/* C(32 x 32) = [cin +] sum over the segments and nsteps steps of A(32 x 32) B(32 x 32): A
-   rows sa_bytes apart, rows 16-31 at a1 bytes past rows 0-15, step t at t * astep bytes (in
-   place: sa = the row stride, a1 = 16 sa, astep = 64; packed tile-contiguous (lm_amx_pack_a):
-   64, 1024, 2048). cin NULL: start from zero; else the float32 block at cin (row stride ldcin
-   floats). The result goes to cout (row stride ldcout floats). */
-static inline __attribute__((always_inline)) void amx_brgemm_32x32(
+/* C(32 x 32) = [cin +] sum over the segments and nsteps steps of A(32 x 32) B(32 x 32) into the
+   accumulator tiles 0-3: A rows sa_bytes apart, rows 16-31 at a1 bytes past rows 0-15, step t
+   at t * astep bytes (in place: sa = the row stride, a1 = 16 sa, astep = 64; packed
+   tile-contiguous (lm_amx_pack_a): 64, 1024, 2048). cin NULL: start from zero; else the float32
+   block at cin (row stride ldcin floats). amx_store_32x32 then writes the block out. The two are
+   apart so that a caller can issue the next block's products and run the previous block's
+   epilogue (AVX-512) while the tiles work: with few steps (k = 64: 8 products) the epilogue
+   otherwise waited for the products and the products for the epilogue (1x1 64->256 at 56x56,
+   batch 8: 6.0 ms; overlapped: docs/performance.md, AMX). */
+static inline __attribute__((always_inline)) void amx_issue_32x32(
    const amx_seg *seg, int nseg, int nsteps, int64_t sa_bytes, int64_t a1, int64_t astep,
-   const float *cin, int64_t ldcin, float *cout, int64_t ldcout, const char *pf, int64_t pfstep) {
+   const float *cin, int64_t ldcin) {
    if (cin) {
       LM_TILE_LOAD(0, cin, ldcin * 4);
       LM_TILE_LOAD(1, cin + 16, ldcin * 4);
@@ -42,7 +46,7 @@ static inline __attribute__((always_inline)) void amx_brgemm_32x32(
       products instead of waiting for all four (tiles are not renamed: a load into a tile waits
       for the products still reading it). Measured 1024^3 on one core: 2x2 loads-then-products
       27 % of the TDPBF16PS peak, pipelined: docs/performance.md (AMX). */
-   if (nseg <= 0 || nsteps <= 0) goto store;
+   if (nseg <= 0 || nsteps <= 0) return;
    {
       int s = 0, t = 0;
       const char *ap = (const char *)seg[0].a;
@@ -66,10 +70,6 @@ static inline __attribute__((always_inline)) void amx_brgemm_32x32(
          } else {
             break;
          }
-         if (pf) {
-            for (int l = 0; l < pfstep; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
-            pf += pfstep;
-         }
          LM_TILE_DPBF16(0, 4, 6);
          LM_TILE_DPBF16(1, 4, 7);
          LM_TILE_LOAD(4, an, sa_bytes);
@@ -86,7 +86,10 @@ static inline __attribute__((always_inline)) void amx_brgemm_32x32(
       LM_TILE_DPBF16(2, 5, 6);
       LM_TILE_DPBF16(3, 5, 7);
    }
-store:
+}
+
+/* the four accumulators of amx_issue_32x32 to cout (row stride ldcout floats) */
+static inline __attribute__((always_inline)) void amx_store_32x32(float *cout, int64_t ldcout) {
    LM_TILE_STORE(0, cout, ldcout * 4);
    LM_TILE_STORE(1, cout + 16, ldcout * 4);
    LM_TILE_STORE(2, cout + 16 * ldcout, ldcout * 4);
@@ -109,14 +112,55 @@ static inline __m512 amx_bf2f16(__m256i h) {
    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* the fused epilogue of a bfloat16 C: + bias[j] (float32), + res[i * rsr + j] (bfloat16), ReLU,
-   before the rounding; any of them NULL / 0 */
+/* the fused epilogue of a bfloat16 C (a convolution's): + bias[j] (float32), + res[i * rsr + j]
+   (bfloat16), ReLU, before the rounding; any of them NULL / 0. With an epilogue the rounding is
+   vcvtneps2bf16's (round to nearest even, denormals flushed), as the AVX-512 BF16 convolution
+   kernels round; without one, lm_f2bf's, bit for bit (the matrix products). */
 typedef struct {
    const float *bias;
    const uint16_t *res;
    int64_t rsr;
    int relu;
+   int stream; /* write C with streaming stores (lm_amx_stream) */
 } lm_amx_epi;
+
+/* streaming stores for an output of out_bytes in a block that was cold (or not): as the float32
+   pointwise kernels decide (conv_avx512.c, pw_stream): LUMEN_CONV_STREAM=0 / 1 forces them;
+   else when the block is cold or the output exceeds half the cache share. 1x1 64 -> 256 at
+   56x56, batch 8, bf16 out: 3.2-3.8 ms through the cache, 1.42 ms streamed (one process each,
+   alternated twice). */
+LM_GEMM_HIDDEN int lm_amx_stream(double out_bytes, int cold);
+
+/* the epilogue of mr rows of a 32-column block t (row stride 32 floats) into bfloat16 out (row
+   stride ldo): + bias[0..31], + res (row stride ldr), ReLU, vcvtne2ps2bf16, one 64-byte store a
+   row (bias, res NULL when absent); stream: non-temporal stores where the row is 64-byte
+   aligned (the caller fences) */
+static inline __attribute__((always_inline)) void lm_amx_epi_block32(
+   const float *t, int mr, const float *bias, const uint16_t *res, int64_t ldr, int relu,
+   uint16_t *out, int64_t ldo, int stream) {
+   const __m512 b0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+   const __m512 b1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+   const __m512 z = _mm512_setzero_ps();
+   for (int r = 0; r < mr; r++) {
+      __m512 v0 = _mm512_add_ps(_mm512_load_ps(t + r * 32), b0);
+      __m512 v1 = _mm512_add_ps(_mm512_load_ps(t + r * 32 + 16), b1);
+      if (res) {
+         const __m512i h = _mm512_loadu_si512(res + r * ldr);
+         v0 = _mm512_add_ps(v0, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                   _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16)));
+         v1 = _mm512_add_ps(v1, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                   _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16)));
+      }
+      if (relu) {
+         v0 = _mm512_max_ps(v0, z);
+         v1 = _mm512_max_ps(v1, z);
+      }
+      if (stream && ((uintptr_t)(out + r * ldo) & 63) == 0)
+         _mm512_stream_si512((__m512i *)(out + r * ldo), (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+      else
+         _mm512_storeu_si512(out + r * ldo, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+   }
+}
 
 /* panels [q0, q1) of the kc x nc block of op(B) (element (p, j) at b[p*rsb + j*csb]); panel q
    at dst + q * 32 * prow (prow >= ceil(kc / 32) * 16 rows of 32 words) */
@@ -136,10 +180,18 @@ LM_GEMM_HIDDEN void lm_amx_pack_a(int64_t mc, int64_t kc, const uint16_t *a, int
 LM_GEMM_HIDDEN void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c,
                                    int64_t csc, int c_bf16, const lm_amx_epi *ep, int64_t row,
                                    int64_t col);
+/* a row map for op(A): row i starts at a + base(rows, i) * pitch, k contiguous (a strided 1x1
+   convolution's input pixels) */
+typedef struct lm_amx_rows {
+   int64_t (*base)(const struct lm_amx_rows *, int64_t i);
+   int64_t pitch;
+   int64_t H, W, Ho, Wo, sh, sw; /* for the convolutions' maps */
+} lm_amx_rows;
 /* the GEMM into a dense bfloat16 C (row stride rsc) with the epilogue ep (or NULL), alpha 1,
-   beta 0, on nt threads; 0 when its workspace could not be had */
+   beta 0, on nt threads; rows (or NULL): op(A)'s rows from a row map (rsa, csa unused); 0 when
+   its workspace could not be had */
 LM_GEMM_HIDDEN int lm_bgemm_amx_epi(int64_t m, int64_t n, int64_t k, const uint16_t *a,
-                                    int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb,
-                                    int64_t csb, uint16_t *c, int64_t rsc, const lm_amx_epi *ep,
-                                    int nt);
+                                    int64_t rsa, int64_t csa, const lm_amx_rows *rows,
+                                    const uint16_t *b, int64_t rsb, int64_t csb, uint16_t *c,
+                                    int64_t rsc, const lm_amx_epi *ep, int nt);
 #endif
