@@ -129,6 +129,16 @@ local function conv_close(got, ref, rel, what)
    assert(over <= 0, ("%s: off by %g beyond the tolerance (max |ref| %g)"):format(what, over, mx))
 end
 
+-- fn() with environment variable `name` set to `value` (the kernels read their switches at each
+-- call), then unset again
+pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+local function with_env(name, value, fn)
+   ffi.C.setenv(name, value, 1)
+   local ok, err = pcall(fn)
+   ffi.C.unsetenv(name)
+   if not ok then error(err, 0) end
+end
+
 local function bytes(t)
    t = t:contiguous()
    local size = ({ bfloat16 = 2, float16 = 2, float32 = 4, float64 = 8 })[tostring(t:dtype())]
@@ -317,6 +327,21 @@ local CONVS = {
    { 16, 80, 15, 15, 5, 1, 0, 2, 1 }, { 31, 31, 9, 10, 7, 1, 2, 1, 1 },
    { 17, 64, 15, 14, 7, 2, 1, 1, 2 }, { 48, 16, 13, 13, 7, 1, 2, 2, 1 },
    { 80, 80, 5, 5, 1, 2, 1, 1, 2 }, { 64, 48, 8, 7, 3, 1, 0, 2, 3 },
+   -- stride 2 over a wider image (blocks over the padded width), 1x1 stride 2 with no padding
+   -- (the GEMM over a row map), 5x5 stride 2 with dilation (backward data by phases)
+   { 32, 48, 30, 29, 3, 2, 1, 1, 1 }, { 64, 80, 14, 15, 1, 2, 0, 1, 2 },
+   { 48, 33, 15, 13, 5, 2, 2, 2, 1 },
+   -- weights past one 512 KiB chunk of packed panels (96 padded columns x 9 taps x 320)
+   { 320, 80, 6, 5, 3, 1, 1, 1, 1 },
+}
+
+-- few input channels (the stem's form on AMX: kernel rows of at most 32 values, dense along W;
+-- its backward data stays on the AVX-512 kernels): C, O, H, W, k, stride, pad, dil, batch
+local STEMS = {
+   { 3, 64, 15, 14, 7, 2, 3, 1, 2 }, { 3, 16, 9, 9, 3, 1, 1, 1, 1 },
+   { 4, 17, 11, 10, 5, 2, 2, 1, 1 }, { 7, 31, 10, 9, 3, 2, 0, 1, 3 },
+   { 2, 48, 8, 8, 7, 1, 3, 2, 1 }, { 15, 32, 7, 7, 1, 1, 0, 1, 2 },
+   { 8, 40, 12, 12, 4, 1, 1, 1, 1 },
 }
 
 local function conv_name(c, fmt)
@@ -388,10 +413,56 @@ describe("conv2d in bfloat16 on AMX tiles against float64", function()
       end)
    end
 
-   amx_it("a ResNet-like 64 -> 64 3x3 layer at 28x28, channels-last, batch 2", function()
+   amx_it("few input channels (the stem), channels-last: forward, epilogues, backward", function()
+      lm.manual_seed(354)
+      on_amx(function()
+         for _, c in ipairs(STEMS) do conv_check(c, "cl", conv_name(c, "cl") .. " stem") end
+      end)
+   end)
+
+   amx_it("non-square kernels, strides and padding per axis, channels-last", function()
+      lm.manual_seed(355)
+      on_amx(function()
+         -- C, O, H, W, batch; kernel, stride, padding, dilation per axis
+         for gi, q in ipairs({
+            { 17, 33, 9, 11, 2, k = { 1, 3 }, s = { 1, 2 }, p = { 0, 1 }, d = { 1, 1 } },
+            { 32, 16, 10, 7, 1, k = { 3, 1 }, s = { 2, 1 }, p = { 2, 0 }, d = { 1, 1 } },
+            { 48, 31, 11, 12, 1, k = { 2, 3 }, s = { 1, 1 }, p = { 0, 1 }, d = { 2, 1 } },
+            { 3, 32, 12, 13, 2, k = { 5, 3 }, s = { 2, 2 }, p = { 2, 1 }, d = { 2, 1 } },
+         }) do
+            local what = ("geometry %d C%d O%d"):format(gi, q[1], q[2])
+            local x = randn({ q[5], q[1], q[3], q[4] }):contiguous(CL):bfloat16()
+            local w = (randn({ q[2], q[1], q.k[1], q.k[2] }) / math.sqrt(q[1] * q.k[1] * q.k[2]))
+                        :contiguous(CL):bfloat16()
+            local b = bf({ q[2] })
+            local opts = { stride = q.s, padding = q.p, dilation = q.d }
+            local xd, wd = x:double(), w:double()
+            local y = F.conv2d(x, w, b, opts)
+            conv_close(y, F.conv2d(xd, wd, b:double(), opts), 1e-2, what .. " forward")
+            local xg, wg = x:clone():requires_grad_(true), w:clone():requires_grad_(true)
+            local g = bf(y:size()):contiguous(CL)
+            F.conv2d(xg, wg, nil, opts):backward(g)
+            local xr, wr = xd:clone():requires_grad_(true), wd:clone():requires_grad_(true)
+            F.conv2d(xr, wr, nil, opts):backward(g:double())
+            conv_close(xg.grad, xr.grad, 1e-2, what .. " grad input")
+            conv_close(wg.grad, wr.grad, 1e-2, what .. " grad weight")
+         end
+      end)
+   end)
+
+   amx_it("a ResNet-like 64 -> 64 3x3 layer at 28x28, channels-last, batch 2; outputs written " ..
+      "with and without streaming stores (LUMEN_CONV_STREAM=1 / 0)", function()
       lm.manual_seed(351)
       on_amx(function()
-         conv_check({ 64, 64, 28, 28, 3, 1, 1, 1, 2 }, "cl", "resnet 64->64 3x3 28x28")
+         local c = { 64, 64, 28, 28, 3, 1, 1, 1, 2 }
+         conv_check(c, "cl", "resnet 64->64 3x3 28x28")
+         for _, v in ipairs({ "1", "0" }) do
+            with_env("LUMEN_CONV_STREAM", v, function()
+               conv_check(c, "cl", "resnet 64->64 3x3 28x28 LUMEN_CONV_STREAM=" .. v)
+               conv_check({ 64, 64, 28, 28, 1, 1, 0, 1, 2 }, "cl",
+                          "resnet 64->64 1x1 28x28 LUMEN_CONV_STREAM=" .. v)
+            end)
+         end
       end)
    end)
 
