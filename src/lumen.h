@@ -350,8 +350,13 @@ int lm_cpu_amx_available(void);
    1.7e-3: docs/mixed_precision.md); LUMEN_CONV_BF16_WINOGRAD=0 in the environment turns it off
    whatever the switch says */
 /* LM_CPU_OPT_AMX (default 1, or 0 when the environment has LUMEN_AMX=0): bfloat16 GEMMs and
-   convolutions on AMX tiles where lm_cpu_get_isa() is LM_ISA_AMX; 0 runs the AVX-512 kernels. */
-enum { LM_CPU_OPT_BF16_WINOGRAD = 0, LM_CPU_OPT_AMX = 1, LM_CPU_NUM_OPTS = 2 };
+   convolutions on AMX tiles where lm_cpu_get_isa() is LM_ISA_AMX; 0 runs the AVX-512 kernels.
+   LM_CPU_OPT_FP32_BF16 (default 0; lm.backends.cpu.fp32_precision = "bf16"): float32
+   channels-last convolutions and float32 matrix products on AMX tiles, their operands rounded
+   to bfloat16 and the products summed in float32 (PyTorch's fp32_precision = "bf16"); nothing
+   changes where AMX is not in use. */
+enum { LM_CPU_OPT_BF16_WINOGRAD = 0, LM_CPU_OPT_AMX = 1, LM_CPU_OPT_FP32_BF16 = 2,
+       LM_CPU_NUM_OPTS = 3 };
 lm_status lm_cpu_set_option(int which, int value);
 lm_status lm_cpu_get_option(int which, int *value);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);

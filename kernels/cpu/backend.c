@@ -70,7 +70,7 @@ static const lm_backend cpu_backend = {"cpu", LM_CPU, 1, 1, cpu_alloc, cpu_free,
 const lm_backend *lm_cpu_backend(void) { return &cpu_backend; }
 
 /* ---- the switches (lumen.h: LM_CPU_OPT_*) ---- */
-static int cpu_opts[LM_CPU_NUM_OPTS] = {1, 1};
+static int cpu_opts[LM_CPU_NUM_OPTS] = {1, 1, 0};
 static pthread_once_t opts_once = PTHREAD_ONCE_INIT;
 
 /* the defaults the environment sets: LUMEN_AMX=0 starts with lm.backends.cpu.amx off */

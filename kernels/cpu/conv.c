@@ -299,6 +299,72 @@ static int bf16_winograd(const conv_geom *g, int nhwc, int level, int backward_d
    605.5 ms. LUMEN_CONV_WINOGRAD=0 turns both off with the rest of Winograd. */
 static int bf16_bwdw_via_winograd(const conv_geom *g) { return lm_conv_wino_bf16_bwdw_usable(g); }
 
+/* the level for bfloat16 / float16 work: without AMX in use, the native bfloat16 kernels only
+   where vdpbf16ps pays (lm_cpu_bf16_dot_pays: AMD, not Intel Xeons), else the float32 route */
+static int half_level(int level) {
+   if (level >= LV_BF16 && !lm_amx_on() && !lm_cpu_bf16_dot_pays()) return LV_AVX512;
+   return level;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * float32 on AMX tiles, opt-in (lm.backends.cpu.fp32_precision = "bf16", PyTorch's
+ * torch.backends.cpu.fp32_precision): x, w and grad_out rounded to bfloat16, products summed in
+ * float32 by the tile kernels, float32 results (the bias gradient stays an exact float32 sum)
+ */
+static int fp32_amx(const conv_geom *g, int nhwc, int backward_data) {
+   return nhwc && lm_cpu_option(LM_CPU_OPT_FP32_BF16) && lm_amx_on() &&
+          lm_conv_amx_usable(g, backward_data);
+}
+
+/* a bfloat16 copy (round to nearest even) of n floats; NULL when out of memory */
+static uint16_t *bf16_rounded(const float *src, int64_t n) {
+   uint16_t *d = lm_alloc((size_t)(n > 0 ? n : 1) * 2);
+   if (!d) return NULL;
+   const int nt = conv_threads((double)n * 2);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+   for (int64_t b = 0; b < (n + 4095) / 4096; b++) {
+      const int64_t lo = b * 4096, hi = lo + 4096 < n ? lo + 4096 : n;
+      for (int64_t i = lo; i < hi; i++) d[i] = lm_f2bf(src[i]);
+   }
+   return d;
+}
+
+static void bf16_free(uint16_t *p, int64_t n) {
+   if (p) lm_free(p, (size_t)(n > 0 ? n : 1) * 2);
+}
+
+static lm_status fwd_fp32_amx(const conv_geom *g, const lm_tensor *xd, const lm_tensor *wd,
+                              const float *bbuf, const lm_tensor *rd, int relu, lm_tensor *res) {
+   const int64_t xn = g->N * g->C * g->H * g->W, wn = g->O * g->Cg * g->kh * g->kw;
+   uint16_t *xb = bf16_rounded(lm_tensor_data(xd), xn);
+   uint16_t *wb = xb ? bf16_rounded(lm_tensor_data(wd), wn) : NULL;
+   lm_status st = LM_ERR_OOM;
+   int stream = 0;
+   if (wb)
+      st = lm_conv_fwd_nhwc_amx(g, xb, wb, bbuf, rd ? lm_tensor_data(rd) : NULL, relu,
+                                lm_tensor_data(res), 1, &stream);
+   bf16_free(xb, xn), bf16_free(wb, wn);
+   return st;
+}
+
+static lm_status bwd_fp32_amx(const conv_geom *g, const lm_tensor *xd, const lm_tensor *wd,
+                              const lm_tensor *gd, lm_tensor *rx, lm_tensor *rw, lm_tensor *rb) {
+   const int64_t xn = g->N * g->C * g->H * g->W, wn = g->O * g->Cg * g->kh * g->kw;
+   const int64_t on = g->N * g->O * g->Ho * g->Wo;
+   uint16_t *gb = bf16_rounded(lm_tensor_data(gd), on);
+   uint16_t *wb = gb && rx ? bf16_rounded(lm_tensor_data(wd), wn) : NULL;
+   uint16_t *xb = gb && rw ? bf16_rounded(lm_tensor_data(xd), xn) : NULL;
+   lm_status st = LM_OK;
+   if (!gb || (rx && !wb) || (rw && !xb)) st = LM_ERR_OOM;
+   if (st == LM_OK && rx) st = lm_conv_bwdd_nhwc_amx(g, gb, wb, lm_tensor_data(rx), 1);
+   if (st == LM_OK && rw) st = lm_conv_bwdw_nhwc_bf16(g, xb, gb, lm_tensor_data(rw), NULL);
+   if (st == LM_OK && rb)
+      st = bwd_ptrs(g, 1, 1, LM_FLOAT32, NULL, NULL, lm_tensor_data(gd), NULL, NULL,
+                    lm_tensor_data(rb), NULL);
+   bf16_free(gb, on), bf16_free(wb, wn), bf16_free(xb, xn);
+   return st;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * the kernels (src/ops/conv.h gives the t[] order)
  */
@@ -318,11 +384,12 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
       bbuf = bias_dense(bias, dt, &bbytes);
       if (!bbuf) return LM_ERR_OOM;
    }
-   if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_amx_on() &&
-       lm_conv_amx_usable(g, 0)) {
+   const int amx = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_amx_on();
+   if (dt == LM_FLOAT16 || dt == LM_BFLOAT16) level = half_level(level);
+   if (amx && lm_conv_amx_usable(g, 0)) {
       int stream = lm_tensor_block_cold(res);
       st = lm_conv_fwd_nhwc_amx(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
-                                rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res),
+                                rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res), 0,
                                 &stream);
       if (st == LM_OK && stream) lm_tensor_note_streamed(res);
    } else if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
@@ -334,6 +401,8 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
                                        lm_tensor_data(res));
    else if (dt == LM_FLOAT16 || dt == LM_BFLOAT16)
       st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res);
+   else if (dt == LM_FLOAT32 && level >= LV_BF16 && fp32_amx(g, nhwc, 0))
+      st = fwd_fp32_amx(g, xd, wd, bbuf, rd, relu, res);
    else {
       int stream = lm_tensor_block_cold(res);
       st = fwd_ptrs(g, nhwc, avx512, dt, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
@@ -355,7 +424,8 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
    const int native = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc;
    int ok = 1;
    if (rx && native && lm_amx_on() && lm_conv_amx_usable(g, 1)) {
-      st = lm_conv_bwdd_nhwc_amx(g, lm_tensor_data(gd), lm_tensor_data(wd), lm_tensor_data(rx));
+      st = lm_conv_bwdd_nhwc_amx(g, lm_tensor_data(gd), lm_tensor_data(wd), lm_tensor_data(rx),
+                                 0);
       if (st != LM_OK) return st;
       rx = NULL;
    } else if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
@@ -416,7 +486,11 @@ static inline lm_status conv_backward(const lm_op *op, int level) {
    lm_tensor *rx = op->t[3], *rw = op->t[4], *rb = op->t[5];
    const int nhwc = p->channels_last, dt = gd->dtype;
    if (!rx && !rw && !rb) return LM_OK;
-   if (dt == LM_FLOAT16 || dt == LM_BFLOAT16) return bwd_half(g, nhwc, level, xd, wd, gd, rx, rw, rb);
+   if (dt == LM_FLOAT16 || dt == LM_BFLOAT16)
+      return bwd_half(g, nhwc, level >= LV_BF16 && lm_amx_on() ? level : half_level(level), xd, wd,
+                      gd, rx, rw, rb);
+   if (dt == LM_FLOAT32 && level >= LV_BF16 && fp32_amx(g, nhwc, rx != NULL))
+      return bwd_fp32_amx(g, xd, wd, gd, rx, rw, rb);
    int stream = rx ? lm_tensor_block_cold(rx) : 0;
    lm_status st = bwd_ptrs(g, nhwc, level >= LV_AVX512, dt, xd ? lm_tensor_data(xd) : NULL,
                            wd ? lm_tensor_data(wd) : NULL, lm_tensor_data(gd),

@@ -71,36 +71,43 @@ static const uint16_t *tap_b(const wsrc *s, int64_t t, int64_t *rsb, int64_t *cs
    return s->w + ((s->kh - 1 - i) * s->kw + (s->kw - 1 - j)) * s->C;
 }
 
-/* one output row of a block: up to 32 channels from t, + bias, + residual, ReLU, bf16 */
-static inline void epi_row(const float *t, int nr, const float *bias, const uint16_t *res,
-                           int relu, uint16_t *out) {
+/* one output row of a block: up to 32 channels from t, + bias, + residual, ReLU, rounded to
+   bfloat16 (or float32 with ep->f32), into output pixel pix at channel o0 */
+static inline void epi_row(const float *t, int nr, const lm_amx_epi *ep, void *out, int64_t pix,
+                           int64_t o0, int64_t O) {
+   const int64_t at = pix * O + o0;
+   const float *bias = ep->bias ? ep->bias + o0 : NULL;
    for (int h = 0; h < nr; h += 16) {
       const int n = nr - h < 16 ? nr - h : 16;
       const __mmask16 mk = (__mmask16)((1u << n) - 1u);
       __m512 v = _mm512_loadu_ps(t + h);
       if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + h));
-      if (res) v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, res + h)));
-      if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      _mm256_mask_storeu_epi16(out + h, mk, (__m256i)_mm512_cvtneps_pbh(v));
+      if (ep->res && ep->f32)
+         v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, (const float *)(const void *)ep->res +
+                                                           at + h));
+      else if (ep->res)
+         v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, ep->res + at + h)));
+      if (ep->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      if (ep->f32)
+         _mm512_mask_storeu_ps((float *)out + at + h, mk, v);
+      else
+         _mm256_mask_storeu_epi16((uint16_t *)out + at + h, mk, (__m256i)_mm512_cvtneps_pbh(v));
    }
 }
 
 /* the epilogue of a 32 x 32 block: output pixel px[r] (-1: none) gets row r, channels o0.. */
 static void epi_block(const float *t, const int64_t *px, int nr, int64_t o0, int64_t O,
-                      const float *bias, const uint16_t *res, int relu, uint16_t *out,
-                      int stream) {
-   if (nr == 32) {
+                      const lm_amx_epi *ep, void *out) {
+   if (nr == 32 && !ep->f32) {
       for (int r = 0; r < 32; r++)
          if (px[r] >= 0)
-            lm_amx_epi_block32(t + r * 32, 1, bias ? bias + o0 : NULL,
-                               res ? res + px[r] * O + o0 : NULL, 0, relu, out + px[r] * O + o0,
-                               0, stream);
+            lm_amx_epi_block32(t + r * 32, 1, ep->bias ? ep->bias + o0 : NULL,
+                               ep->res ? ep->res + px[r] * O + o0 : NULL, 0, ep->relu,
+                               (uint16_t *)out + px[r] * O + o0, 0, ep->stream);
       return;
    }
    for (int r = 0; r < 32; r++)
-      if (px[r] >= 0)
-         epi_row(t + r * 32, nr, bias ? bias + o0 : NULL, res ? res + px[r] * O + o0 : NULL,
-                 relu, out + px[r] * O + o0);
+      if (px[r] >= 0) epi_row(t + r * 32, nr, ep, out, px[r], o0, O);
 }
 
 /* x (N, H, W, C) -> dst (N, Hp, Wp, Cs) with zeros around and past C, and `margin` zero pixels
@@ -146,10 +153,8 @@ typedef struct {
    int64_t prow, O;
    int64_t Hg, Wg, ush, usw;
    int64_t Ho_t, Wo_t, oa, ob, osh, osw;
-   const float *bias;
-   const uint16_t *res;
-   int relu, stream;
-   uint16_t *out;
+   lm_amx_epi ep; /* bias, residual, ReLU, streaming, float32 output */
+   void *out;
 } eng_plan;
 
 static void core(const eng_plan *pl) {
@@ -228,8 +233,7 @@ static void core(const eng_plan *pl) {
                else
                   amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0);
                if (pend >= 0) /* the previous block's epilogue while these products run */
-                  epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, pl->bias, pl->res,
-                            pl->relu, pl->out, pl->stream);
+                  epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, &pl->ep, pl->out);
                amx_store_32x32(tb[slot], 32);
                memcpy(pix[slot], cur, sizeof cur);
                po0[slot] = q * 32;
@@ -239,9 +243,8 @@ static void core(const eng_plan *pl) {
             }
          }
          if (pend >= 0)
-            epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, pl->bias, pl->res,
-                      pl->relu, pl->out, pl->stream);
-         if (pl->stream) _mm_sfence();
+            epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, &pl->ep, pl->out);
+         if (pl->ep.stream) _mm_sfence();
          lm_amx_end();
       }
    }
@@ -276,8 +279,8 @@ static const uint16_t *tap_rows(const void *ctx, int64_t t, int64_t *rsb, int64_
 }
 
 /* a convolution with the engine (forward, or stride-1 backward data as e and ws describe) */
-static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, const float *bias,
-                        const uint16_t *res, int relu, uint16_t *out, int stream) {
+static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws,
+                        const lm_amx_epi *ep, void *out) {
    /* rows mode (the stem: few channels, dense taps along W): each kernel row's kw * C values
       are one step of k, gathered per block (a small im2col) instead of 32 channels a tap */
    const int rowsmode = e->C * e->kw <= 32 && e->C < 16 && e->dw == 1;
@@ -304,8 +307,7 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws, co
       toff[t] = rowsmode ? t * e->dh * Wp : (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
    const eng_plan pl = {xp, e->N, Hp, Wp, Cs, nsteps, rowsmode, e->kw * e->C, e->sw,
                         ntap, toff, wk, prow, e->O,
-                        e->Ho, e->Wo, e->sh, e->sw, e->Ho, e->Wo, 0, 0, 1, 1,
-                        bias, res, relu, stream, out};
+                        e->Ho, e->Wo, e->sh, e->sw, e->Ho, e->Wo, 0, 0, 1, 1, *ep, out};
    core(&pl);
    lm_free(wk, wbytes);
    lm_free(xp, xbytes);
@@ -333,7 +335,9 @@ static const uint16_t *tap_phase(const void *ctx, int64_t t, int64_t *rsb, int64
 static int64_t fdiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
-                             uint16_t *gx) {
+                             void *gx, int f32) {
+   const lm_amx_epi ep = {NULL, NULL, 0, 0, 0, f32};
+   const size_t es = f32 ? 4 : 2;
    const int64_t O = g->O, C = g->C, Os = rup(O, 32), nsteps = Os / 32;
    /* the padding of grad_out that every tap offset of every phase stays inside */
    int64_t dmin = 0, dmax = 0, emin = 0, emax = 0;
@@ -391,8 +395,9 @@ static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uin
             for (int64_t n = 0; n < g->N; n++)
                for (int64_t u = 0; u < Hg; u++)
                   for (int64_t v = 0; v < Wg; v++)
-                     memset(gx + ((n * g->H + a + g->sh * u) * g->W + b + g->sw * v) * C, 0,
-                            (size_t)C * 2);
+                     memset((char *)gx +
+                               ((n * g->H + a + g->sh * u) * g->W + b + g->sw * v) * C * es,
+                            0, (size_t)C * es);
             continue;
          }
          const int64_t prow = ntap * nsteps * 16;
@@ -400,8 +405,7 @@ static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uin
          pack_taps(ntap, O, C, nsteps, prow, tap_phase, &ps, wk);
          const eng_plan pl = {xp, g->N, Hq, Wq, Os, nsteps, 0, 0, 1,
                               ntap, toff, wk, prow, C,
-                              Hg, Wg, 1, 1, g->H, g->W, a, b, g->sh, g->sw,
-                              NULL, NULL, 0, 0, gx};
+                              Hg, Wg, 1, 1, g->H, g->W, a, b, g->sh, g->sw, ep, gx};
          core(&pl);
       }
    lm_free(wk, wbytes);
@@ -416,12 +420,13 @@ static int64_t strided_row(const lm_amx_rows *r, int64_t i) {
 }
 
 lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                               const float *bias, const uint16_t *res, int relu, uint16_t *out,
+                               const float *bias, const void *res, int relu, void *out, int f32,
                                int *stream) {
    const int64_t P = g->N * g->Ho * g->Wo;
-   *stream = g->O % 32 == 0 && ((uintptr_t)out & 63) == 0 &&
-             lm_amx_stream((double)P * g->O * 2, *stream);
-   const lm_amx_epi ep = {bias, res, g->O, relu, *stream};
+   const int64_t es = f32 ? 4 : 2;
+   *stream = (g->O * es) % 64 == 0 && ((uintptr_t)out & 63) == 0 && !f32 &&
+             lm_amx_stream((double)P * g->O * es, *stream);
+   const lm_amx_epi ep = {bias, res, g->O, relu, *stream, f32};
    const int nt = conv_threads((double)P * g->O * g->C);
    if (conv_is_pointwise(g)) /* out (P x O) = x (P x C) . w^T, w (O x C) */
       return lm_bgemm_amx_epi(P, g->O, g->C, x, g->C, 1, NULL, w, 1, g->C, out, g->O, &ep, nt)
@@ -437,25 +442,26 @@ lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint
    const eng_geom e = {g->N, g->C, g->H, g->W, g->O, g->Ho, g->Wo, g->kh, g->kw,
                        g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 0};
-   return engine(&e, x, &ws, bias, res, relu, out, *stream);
+   return engine(&e, x, &ws, &ep, out);
 }
 
 lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
-                                uint16_t *gx) {
+                                void *gx, int f32) {
+   const lm_amx_epi ep = {NULL, NULL, 0, 0, 0, f32};
    if (conv_is_pointwise(g)) {
       /* gx (P x C) = gout (P x O) . w, w (O x C) */
       const int64_t P = g->N * g->H * g->W;
-      if (lm_bgemm_amx_epi(P, g->C, g->O, gout, g->O, 1, NULL, w, g->C, 1, gx, g->C, NULL,
-                           conv_threads((double)P * g->O * g->C)))
+      if (lm_bgemm_amx_epi(P, g->C, g->O, gout, g->O, 1, NULL, w, g->C, 1, gx, g->C,
+                           f32 ? &ep : NULL, conv_threads((double)P * g->O * g->C)))
          return LM_OK;
       return LM_ERR_OOM;
    }
    if (g->sh != 1 || g->sw != 1 || g->ph > (g->kh - 1) * g->dh || g->pw > (g->kw - 1) * g->dw)
-      return bwdd_phases(g, gout, w, gx);
+      return bwdd_phases(g, gout, w, gx, f32);
    /* grad_x = grad_out (padded by (k-1)d - p) convolved with the flipped, transposed kernel */
    const eng_geom e = {g->N, g->O, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw,
                        1, 1, (g->kh - 1) * g->dh - g->ph, (g->kw - 1) * g->dw - g->pw,
                        g->dh, g->dw};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 1};
-   return engine(&e, gout, &ws, NULL, NULL, 0, gx, 0);
+   return engine(&e, gout, &ws, &ep, gx);
 }

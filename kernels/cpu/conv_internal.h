@@ -216,13 +216,14 @@ LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const 
  * stride 1 (the others keep the AVX-512 kernel). LUMEN_CONV_AMX=0 turns them off. */
 LM_CONV_HIDDEN int lm_conv_amx_usable(const conv_geom *g, int backward_data);
 /* stream: in, the output block is cold (lm_tensor_block_cold); out, it was written with
-   streaming stores (lm_amx_stream decides) */
+   streaming stores (lm_amx_stream decides). f32: res, out (gx) are float32 (the float32
+   convolutions of lm.backends.cpu.fp32_precision = "bf16", whose x and w the caller rounded) */
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x,
                                               const uint16_t *w, const float *bias,
-                                              const uint16_t *res, int relu, uint16_t *out,
+                                              const void *res, int relu, void *out, int f32,
                                               int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout,
-                                               const uint16_t *w, uint16_t *gx);
+                                               const uint16_t *w, void *gx, int f32);
 
 /* The Winograd GEMM micro-kernels' prefetch of their next row block (wga_body, float32;
    wgb_body, bfloat16), one line per reduction step s: first that block's PB rows of V (row_bytes

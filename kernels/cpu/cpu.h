@@ -13,6 +13,13 @@
    answer or the forced one */
 int lm_cpu_isa(void);
 
+/* does vdpbf16ps pay here (probe_avx512bf16.c: its flops against FMA's, measured once per process,
+   1 when at least 1.3 times)? Where it does not (Intel Xeons), bfloat16 convolutions and GEMMs
+   without AMX take the float32 route. LUMEN_BF16_DOT=0 / 1 forces the answer. 0 below
+   LM_ISA_AVX512_BF16. */
+int lm_cpu_bf16_dot_pays(void);
+double lm_bf16_dot_ratio(void); /* probe_avx512bf16.c */
+
 /* a CPU switch (LM_CPU_OPT_*, lm_cpu_set_option): 0 or 1, read by the kernels at each call */
 int lm_cpu_option(int which);
 

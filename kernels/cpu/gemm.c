@@ -636,7 +636,10 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
       nt = (int)(work / LM_GEMM_WORK_PER_THREAD);
       if (nt < 1) nt = 1;
    }
-   const int isa = lm_cpu_isa();
+   int isa = lm_cpu_isa();
+   /* without AMX in use, vdpbf16ps only where it pays (lm_cpu_bf16_dot_pays), else the float32
+      route */
+   if (isa >= LM_ISA_AVX512_BF16 && !lm_amx_on() && !lm_cpu_bf16_dot_pays()) isa = LM_ISA_AVX512;
    /* thin products: x . W^T (few rows, A rows and W rows along k: the dot loops) or few rows
       times a row-major B (the row loops) read B in place once instead of packing all of it for
       a handful of rows */

@@ -126,7 +126,9 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
    }
    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
    const float *bias = ep && ep->bias ? ep->bias + col : NULL;
-   const uint16_t *res = ep && ep->res ? ep->res + row * ep->rsr + col : NULL;
+   const uint16_t *res = ep && ep->res && !ep->f32 ? ep->res + row * ep->rsr + col : NULL;
+   const float *res32 =
+      ep && ep->res && ep->f32 ? (const float *)(const void *)ep->res + row * ep->rsr + col : NULL;
    const int relu = ep && ep->relu;
    for (int j = 0; j < n; j += 16) {
       const __mmask16 mk = mask16(n - j);
@@ -142,6 +144,9 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
       } else {
          float *cp = (float *)c + j;
          if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, cp), v);
+         if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
+         if (res32) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, res32 + j));
+         if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
          _mm512_mask_storeu_ps(cp, mk, v);
       }
    }
@@ -159,7 +164,7 @@ typedef struct {
 
 static void finish(const pending *pd, float alpha, float beta, int64_t rsc, int64_t csc,
                    int c_bf16, const lm_amx_epi *ep) {
-   if (ep && pd->nr == 32 && csc == 1) { /* a whole block with the epilogue: 64 bytes a row */
+   if (ep && !ep->f32 && pd->nr == 32 && csc == 1) { /* a whole block, 64 bytes a row */
       lm_amx_epi_block32(pd->t, pd->mr, ep->bias ? ep->bias + pd->col : NULL,
                          ep->res ? ep->res + pd->row * ep->rsr + pd->col : NULL, ep->rsr,
                          ep->relu, (uint16_t *)pd->c, rsc, ep->stream);
@@ -302,6 +307,7 @@ int lm_bgemm_amx(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a
 
 int lm_bgemm_amx_epi(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa,
                      int64_t csa, const lm_amx_rows *rows, const uint16_t *b, int64_t rsb,
-                     int64_t csb, uint16_t *c, int64_t rsc, const lm_amx_epi *ep, int nt) {
-   return amx_gemm(m, n, k, 1.0f, a, rsa, csa, b, rsb, csb, 0.0f, c, rsc, 1, 1, ep, rows, nt);
+                     int64_t csb, void *c, int64_t rsc, const lm_amx_epi *ep, int nt) {
+   return amx_gemm(m, n, k, 1.0f, a, rsa, csa, b, rsb, csb, 0.0f, c, rsc, 1, !(ep && ep->f32), ep,
+                   rows, nt);
 }

@@ -122,6 +122,7 @@ typedef struct {
    int64_t rsr;
    int relu;
    int stream; /* write C with streaming stores (lm_amx_stream) */
+   int f32;    /* res and C are float32 (lm.backends.cpu.fp32_precision = "bf16") */
 } lm_amx_epi;
 
 /* streaming stores for an output of out_bytes in a block that was cold (or not): as the float32
@@ -187,11 +188,12 @@ typedef struct lm_amx_rows {
    int64_t pitch;
    int64_t H, W, Ho, Wo, sh, sw; /* for the convolutions' maps */
 } lm_amx_rows;
-/* the GEMM into a dense bfloat16 C (row stride rsc) with the epilogue ep (or NULL), alpha 1,
+/* the GEMM into a dense bfloat16 C (float32 when ep->f32; row stride rsc) with the epilogue ep
+   (or NULL), alpha 1,
    beta 0, on nt threads; rows (or NULL): op(A)'s rows from a row map (rsa, csa unused); 0 when
    its workspace could not be had */
 LM_GEMM_HIDDEN int lm_bgemm_amx_epi(int64_t m, int64_t n, int64_t k, const uint16_t *a,
                                     int64_t rsa, int64_t csa, const lm_amx_rows *rows,
-                                    const uint16_t *b, int64_t rsb, int64_t csb, uint16_t *c,
+                                    const uint16_t *b, int64_t rsb, int64_t csb, void *c,
                                     int64_t rsc, const lm_amx_epi *ep, int nt);
 #endif

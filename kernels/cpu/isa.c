@@ -137,3 +137,22 @@ const char *lm_cpu_isa_name(int isa) {
 }
 
 int lm_amx_on(void) { return lm_cpu_isa() >= LM_ISA_AMX && lm_cpu_option(LM_CPU_OPT_AMX); }
+
+/* ---- does vdpbf16ps pay (cpu.h) ---- */
+static int g_dot_pays = 0;
+static pthread_once_t g_dot_once = PTHREAD_ONCE_INIT;
+
+static void dot_probe(void) {
+   const char *e = getenv("LUMEN_BF16_DOT");
+   if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0) {
+      g_dot_pays = e[0] == '1';
+      return;
+   }
+   g_dot_pays = lm_bf16_dot_ratio() >= 1.3;
+}
+
+int lm_cpu_bf16_dot_pays(void) {
+   if (lm_cpu_isa() < LM_ISA_AVX512_BF16) return 0;
+   pthread_once(&g_dot_once, dot_probe);
+   return g_dot_pays;
+}

@@ -8,6 +8,7 @@
 #include "cpu.h"
 #include "ops/linalg.h"
 #include "gemm_internal.h"
+#include "amx.h"
 
 /* a batch of matrix products: C[b] = A[b] B[b], with b over the broadcast batch shape: the
    plan (ops/linalg.h) and the operands: element (0, ...) of each, float32, float64 or bfloat16 */
@@ -17,9 +18,41 @@ typedef struct {
    void *a, *b, *c;
 } mm_data;
 
+/* float32 on AMX tiles (lm.backends.cpu.fp32_precision = "bf16"): A and B rounded to bfloat16
+   (dense copies), the products summed in float32 into C; 0 when it did not run (then the float32
+   GEMM does) */
+static int mm_fp32_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa,
+                       int64_t csa, const float *b, int64_t rsb, int64_t csb, float beta,
+                       float *c, int64_t rsc, int64_t csc) {
+   if (!lm_cpu_option(LM_CPU_OPT_FP32_BF16) || !lm_amx_on() || m < 16 || n < 16 || k < 32)
+      return 0;
+   const size_t bytes = (size_t)(m * k + k * n) * 2;
+   uint16_t *buf = lm_alloc(bytes);
+   if (!buf) {
+      lm_clear_error();
+      return 0;
+   }
+   uint16_t *ab = buf, *bb = buf + m * k;
+   for (int64_t i = 0; i < m; i++)
+      for (int64_t p = 0; p < k; p++) ab[i * k + p] = lm_f2bf(a[i * rsa + p * csa]);
+   for (int64_t p = 0; p < k; p++)
+      for (int64_t j = 0; j < n; j++) bb[p * n + j] = lm_f2bf(b[p * rsb + j * csb]);
+   int nt = 1;
+#ifdef _OPENMP
+   if (!omp_in_parallel()) nt = omp_get_max_threads();
+#endif
+   const int ok = lm_bgemm_amx(m, n, k, 1.0f, ab, k, 1, bb, n, 1, beta, c, rsc, csc, 0, nt);
+   lm_free(buf, bytes);
+   return ok;
+}
+
 static void mm_one(const mm_plan *p, const mm_data *q, int64_t oa, int64_t ob, int64_t oc,
                    int64_t m, int64_t rsa, int64_t rsc) {
    const float beta = p->accumulate ? 1.0f : 0.0f; /* lm_addmm_: C + A B */
+   if (q->dtype == LM_FLOAT32 &&
+       mm_fp32_amx(m, p->n, p->k, (const float *)q->a + oa, rsa, p->csa, (const float *)q->b + ob,
+                   p->rsb, p->csb, beta, (float *)q->c + oc, rsc, p->csc))
+      return;
    if (q->dtype == LM_FLOAT32)
       lm_sgemm_strided(m, p->n, p->k, 1.0f, (const float *)q->a + oa, rsa, p->csa,
                        (const float *)q->b + ob, p->rsb, p->csb, beta, (float *)q->c + oc, rsc,

@@ -164,7 +164,12 @@ local function switches(path, fields, defaults, get, set)
       __index = function(_, key)
          local id = fields[key]
          if id == nil then return nil end
-         if get(id, v) == 0 then return v[0] ~= 0 end
+         local names = type(id) == "table" and id.names or nil
+         if names then id = id.id end
+         if get(id, v) == 0 then
+            if names then return names[v[0]] end
+            return v[0] ~= 0
+         end
          C.lm_clear_error()
          return kept[key]
       end,
@@ -177,12 +182,27 @@ local function switches(path, fields, defaults, get, set)
             error("lumen." .. path .. ": no setting named '" .. tostring(key) .. "' (there are: "
                   .. table.concat(names, ", ") .. ")", 2)
          end
-         if type(value) ~= "boolean" then
+         local names = type(id) == "table" and id.names or nil
+         local num
+         if names then
+            for k, n in pairs(names) do
+               if n == value then num = k end
+            end
+            if num == nil then
+               local list = {}
+               for k = 0, #names do list[#list + 1] = ("%q"):format(names[k]) end
+               error("lumen." .. path .. "." .. key .. ": expected " .. table.concat(list, " or ")
+                     .. ", got " .. tostring(value), 2)
+            end
+            id = id.id
+         elseif type(value) ~= "boolean" then
             error("lumen." .. path .. "." .. key .. ": expected a boolean, got "
                   .. tostring(value), 2)
+         else
+            num = value and 1 or 0
          end
          kept[key] = value
-         local st = set(id, value and 1 or 0)
+         local st = set(id, num)
          if st ~= 0 then C.lm_clear_error() end
       end,
       __tostring = function() return "lm." .. path end,
@@ -202,9 +222,14 @@ local backends = {
    -- products (faster, about ten times the rounding error; docs/mixed_precision.md); amx,
    -- bfloat16 GEMMs and convolutions on AMX tiles where the CPU and Linux allow them (on by
    -- default, LUMEN_AMX=0 starts it off; amx_available() says whether this process has AMX)
+   -- fp32_precision, PyTorch's torch.backends.cpu.fp32_precision: "ieee" (default) or "bf16"
+   -- (float32 convolutions and matrix products on AMX tiles from bfloat16-rounded operands)
    cpu = switches("backends.cpu", { bf16_winograd = C.LM_CPU_OPT_BF16_WINOGRAD,
-                                    amx = C.LM_CPU_OPT_AMX },
-                  { bf16_winograd = true, amx = true }, C.lm_cpu_get_option, C.lm_cpu_set_option),
+                                    amx = C.LM_CPU_OPT_AMX,
+                                    fp32_precision = { id = C.LM_CPU_OPT_FP32_BF16,
+                                                       names = { [0] = "ieee", [1] = "bf16" } } },
+                  { bf16_winograd = true, amx = true, fp32_precision = "ieee" },
+                  C.lm_cpu_get_option, C.lm_cpu_set_option),
 }
 -- lm.backends.cpu.amx_available(): true when this process can run AMX tiles (CPU, OS and Linux's
 -- permission; the emulated build, make amx-emu, says true on any AVX512_BF16 machine).
