@@ -624,7 +624,17 @@ describe("AMX refused by Linux (LUMEN_AMX_TEST_DENY=1) and off from the start (L
          a = bf({ 33, 100 }), bm = bf({ 100, 65 }),
       }
       lm.save(inputs, dir .. "/in.safetensors")
-      local out = child("LUMEN_AMX_TEST_DENY=1", CHILD:format(dir, dir))
+      -- without AMX in use the bfloat16 kernels are chosen by a timed probe, once per process
+      -- (vdpbf16ps against FMA, kernels/cpu/probe_avx512bf16.c): the child is given this
+      -- process's answer, so that both run the same kernels whatever the machine's load
+      C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+      local dot = ""
+      local okp, pays = pcall(function()
+         pcall(ffi.cdef, "int lm_cpu_bf16_dot_pays(void);")
+         return C.lm_cpu_bf16_dot_pays()
+      end)
+      if okp then dot = "LUMEN_BF16_DOT=" .. tostring(pays) end
+      local out = child("LUMEN_AMX_TEST_DENY=1 " .. dot, CHILD:format(dir, dir))
       assert.truthy(out:find("available=false", 1, true), out)
       assert.falsy(out:find("isa=amx", 1, true), out)
       local best = C.lm_cpu_set_isa(C.LM_ISA_AUTO)
