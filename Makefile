@@ -3,6 +3,8 @@
 #   make            build/liblumen.so and lua/lumen/cdef.lua
 #   make test       busted specs (under LuaJIT) + C test programs in spec/c/; one summary line
 #   make asan       the same tests against an ASan/UBSan build in build-asan/
+#   make amx-emu    build-amx-emu/liblumen.so: the AMX kernels over the emulated tiles (AMX_EMU=1);
+#                   make test-amx-emu runs the AMX spec files against it (any AVX512_BF16 CPU)
 #   make bench      bench/run.sh: lumen's benchmarks, then the PyTorch peer if it is installed
 #   make lint       luacheck over the Lua tree (.luacheckrc)
 #   make fuzz       build the libFuzzer harnesses (fuzz/) into build-fuzz/ and run each one for
@@ -101,7 +103,7 @@ $(BUILD)/%_avx512bf16.o: %_avx512bf16.c $(HDRS) src/internal.h src/backend.h
 
 # AMX (tiles, TDPBF16PS): the bfloat16 tile kernels, chosen at run time only when the CPU has AMX
 # and Linux grants it (lm_cpu_isa() == LM_ISA_AMX; kernels/cpu/amx.h). AMX_EMU=1 (make amx-emu,
-# make asan) builds them over the emulated tiles instead, runnable on any AVX512_BF16 machine.
+# make asan-amx-emu) builds them over the emulated tiles instead, runnable on any AVX512_BF16 machine.
 $(BUILD)/%_amx.o: %_amx.c $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mfma -mf16c \
@@ -164,6 +166,49 @@ asan-cuda-emu:
 	   bash tools/run_tests.sh $(TEST_ARGS)
 
 .PHONY: cuda-emu test-cuda-emu asan-cuda-emu
+
+# ---- the emulated AMX tiles (kernels/cpu/amx.h, tiles_amx.c) ---------------------------------
+# AMX_EMU=1 compiles the *_amx.c kernels over tiles emulated in portable C (eight per thread, the
+# palette-1 limits checked, TDPBF16PS's arithmetic) instead of the AMX instructions; the probe
+# then reports LM_ISA_AMX on any AVX512_BF16 machine (Zen 4 and 5 included), so the tile kernels'
+# packing, blocking and edges run, and are checked, where the CPU has no AMX.
+#   make amx-emu       the library into $(AMX_EMU_BUILD)/ (its own objects: the flag changes them)
+#   make test-amx-emu  the AMX spec files (AMX_SPECS: one busted process each) and the C GEMM
+#                      test and the emulation's own test (AMX_CPROGS) against it; LUMEN_EXPECT_AMX=1 makes spec/amx_spec.lua
+#                      fail, not pend, when the tiles are not there (a CPU without AVX512_BF16).
+#                      TEST_ARGS=spec/x_spec.lua runs one file instead
+#   make asan-amx-emu  spec/amx_spec.lua (ASAN_AMX_SPECS) and AMX_CPROGS against an ASan/UBSan
+#                      build of it ($(ASAN_AMX_BUILD)/): the tile kernels' indexing bounds-checked
+#                      (a CI stage of its own). Not `make asan` itself: with the emulated tiles
+#                      the bfloat16 specs run 5-15 times slower under ASan (conv_bf16_spec.lua
+#                      23 s -> 359 s, amx_spec.lua 9 s -> 68 s, amp_spec.lua 3.5 s -> 21 s on 2
+#                      cores), where make asan keeps the AVX-512 (or real AMX) kernels
+AMX_EMU_BUILD ?= build-amx-emu
+ASAN_AMX_BUILD ?= build-asan-amx-emu
+AMX_SPECS ?= spec/amx_spec.lua spec/conv_bf16_spec.lua spec/bf16_gemm_spec.lua
+ASAN_AMX_SPECS ?= spec/amx_spec.lua
+AMX_CPROGS ?= spec/c/test_bgemm.c spec/c/test_amx_emu.c
+
+amx-emu:
+	$(MAKE) BUILD=$(AMX_EMU_BUILD) AMX_EMU=1 $(AMX_EMU_BUILD)/liblumen.so lua/lumen/cdef.lua
+
+test-amx-emu: amx-emu
+	@$(TEST_ENV) BUILD="$(AMX_EMU_BUILD)" LUMEN_LIB="$(CURDIR)/$(AMX_EMU_BUILD)/liblumen.so" \
+	   LUMEN_TEST_FILES="$(AMX_SPECS)" LUMEN_TEST_CPROGS="$(AMX_CPROGS)" LUMEN_EXPECT_AMX=1 \
+	   bash tools/run_tests.sh $(TEST_ARGS)
+
+asan-amx-emu:
+	$(MAKE) BUILD=$(ASAN_AMX_BUILD) AMX_EMU=1 OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
+	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_AMX_BUILD)/liblumen.so lua/lumen/cdef.lua
+	@$(TEST_ENV) BUILD="$(ASAN_AMX_BUILD)" LUMEN_LIB="$(CURDIR)/$(ASAN_AMX_BUILD)/liblumen.so" \
+	   LUMEN_TEST_FILES="$(ASAN_AMX_SPECS)" LUMEN_TEST_CPROGS="$(AMX_CPROGS)" LUMEN_EXPECT_AMX=1 \
+	   TEST_CFLAGS="$(ASAN_FLAGS)" \
+	   LUMEN_PRELOAD="$(ASAN_RT)" \
+	   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+	   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+	   bash tools/run_tests.sh $(TEST_ARGS)
+
+.PHONY: amx-emu test-amx-emu asan-amx-emu
 
 lua/lumen/cdef.lua: $(HDRS) tools/gen_cdef.sh
 	sh tools/gen_cdef.sh $(HDRS) > $@.tmp && mv $@.tmp $@
@@ -273,7 +318,7 @@ dist:
 	@echo "make dist: $(DIST)/$(DIST_NAME).tar.gz $(DIST)/$(DIST_NAME)-1.src.rock"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
+	rm -rf $(BUILD) $(ASAN_BUILD) $(AMX_EMU_BUILD) $(ASAN_AMX_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
 .PHONY: all onnx test test-mpi asan bench lint demo install clean dist
 

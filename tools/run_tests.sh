@@ -22,10 +22,12 @@
 # Environment: LUAJIT (luajit), BUSTED (/usr/bin/busted), CC (cc), BUILD (build), LUMEN_LIB (the
 # library the Lua binding loads), LUMEN_PRELOAD (becomes LD_PRELOAD for luajit and the C programs
 # only, e.g. libasan), TEST_CFLAGS (extra flags for the C programs), LUMEN_TEST_C=0 (skip the C
-# programs), LUMEN_TEST_DEVICE (see above), LUMEN_TEST_SPLIT=0 (a single busted process for all
-# files), BUSTED_OPTS (options
-# given to every busted run, e.g. --run=installed), LUMEN_TEST_COUNTS=FILE (also write
-# "passed failed" to FILE). busted's output must stay plain or utf (the default); other output
+# programs), LUMEN_TEST_CPROGS (the C programs to run, default every spec/c/*.c; `make
+# test-amx-emu` names spec/c/test_bgemm.c), LUMEN_TEST_DEVICE (see above), LUMEN_TEST_SPLIT=0
+# (a single busted process for all files), BUSTED_OPTS (options given to every busted run, e.g.
+# --run=installed), LUMEN_TEST_FILES (the spec files of the split run, one busted process each;
+# default every spec/**/*_spec.lua; `make test-amx-emu` names its three), LUMEN_TEST_COUNTS=FILE
+# (also write "passed failed" to FILE). busted's output must stay plain or utf (the default); other output
 # handlers (-o TAP, json) print no summary to parse.
 set -u
 
@@ -57,6 +59,8 @@ device_skip=(
    spec/lazy_spec.lua           # the deferred elementwise engine (tensor.lua) defers CPU tensors
                                 # only, by design; elsewhere every op runs eagerly, which the
                                 # other specs check on the device
+   spec/amx_spec.lua            # the CPU's instruction-set levels and AMX kernels (its tensors
+                                # are made on the CPU; make test-amx-emu runs it emulated)
 )
 # ... and on a GPU (cuda:N, real or emulated) also these, about the CPU allocator's memory, which
 # sim:N shares (its memory comes from lm_alloc) and a GPU does not; the device allocator's
@@ -152,14 +156,21 @@ elif [ $# -eq 0 ] && [ "${LUMEN_TEST_SPLIT:-1}" != 0 ]; then
       fi
       echo "== $spec"
       run_busted "$spec"
-   done < <(find spec -name '*_spec.lua' | sort)
+   done < <(if [ -n "${LUMEN_TEST_FILES:-}" ]; then
+               # shellcheck disable=SC2086 # a list of paths, split on spaces
+               printf '%s\n' $LUMEN_TEST_FILES
+            else find spec -name '*_spec.lua' | sort; fi)
 else
    run_busted "$@"
 fi
 
 # ---- 2. C test programs -------------------------------------------------------------------------
 shopt -s nullglob
-cprogs=(spec/c/*.c)
+if [ -n "${LUMEN_TEST_CPROGS:-}" ]; then
+   read -r -a cprogs <<< "$LUMEN_TEST_CPROGS"
+else
+   cprogs=(spec/c/*.c)
+fi
 if [ "${LUMEN_TEST_C:-1}" != 0 ] && [ ${#cprogs[@]} -gt 0 ]; then
    if [ ! -f "$build_abs/liblumen.so" ]; then
       echo "run_tests: $build_abs/liblumen.so is missing; the C tests need it" >&2

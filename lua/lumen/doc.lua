@@ -529,14 +529,29 @@ E("lm.backends.cuda", "lm.backends.cuda", "Holds lm.backends.cuda.matmul.")
 E("lm.backends.cuda.matmul", "lm.backends.cuda.matmul.allow_tf32 = true", "cuBLAS's switch: "
    .. "allow_tf32 (float32 matrix products may use TF32 tensor cores; default false, as in "
    .. "PyTorch; LUMEN_ALLOW_TF32=1 turns it on).")
-E("lm.backends.cpu", "lm.backends.cpu.bf16_winograd = false", "The CPU kernels' switch: "
-   .. "bf16_winograd (default true): bfloat16 3x3 stride-1 convolutions with 64 or more channels "
-   .. "(forward, grad_input, grad_weight) may run Winograd F(4x4,3x3) with bfloat16 products, "
-   .. "1.3-1.9x faster than the direct kernels on AVX512_BF16, at about ten times their rounding "
-   .. "error (relative 1.6e-2 against 1.7e-3; ResNet50 logits stay within 1.3x PyTorch's bf16 "
-   .. "error). false keeps the direct kernels; LUMEN_CONV_BF16_WINOGRAD=0 does the same from "
-   .. "the environment.",
-   { err = "`lumen.backends.cpu.bf16_winograd: expected a boolean`, or `no setting named 'x'`" })
+E("lm.backends.cpu", "lm.backends.cpu.bf16_winograd = false", "The CPU kernels' switches, "
+   .. "settable boolean fields. bf16_winograd (default true): bfloat16 3x3 stride-1 convolutions "
+   .. "with 64 or more channels (forward, grad_input, grad_weight) may run Winograd F(4x4,3x3) "
+   .. "with bfloat16 products, 1.3-1.9x faster than the direct kernels on AVX512_BF16, at about "
+   .. "ten times their rounding error (relative 1.6e-2 against 1.7e-3; ResNet50 logits stay "
+   .. "within 1.3x PyTorch's bf16 error). false keeps the direct kernels; "
+   .. "LUMEN_CONV_BF16_WINOGRAD=0 does the same from the environment. amx (default true; "
+   .. "LUMEN_AMX=0 starts it false): bfloat16 matmuls, linear layers and channels-last "
+   .. "convolutions run on AMX tiles where this process has them (amx_available()); false runs "
+   .. "the AVX-512 kernels, the same values within bfloat16 rounding. Where AMX is not "
+   .. "available the switch reads back what was set and changes nothing.",
+   { err = "`lumen.backends.cpu.bf16_winograd: expected a boolean` (amx likewise), or `no "
+   .. "setting named 'x'`" })
+E("lm.backends.cpu.amx_available", "lm.backends.cpu.amx_available() -> boolean", "true when this "
+   .. "process can run AMX tiles: the CPU has AMX-BF16 and AMX-TILE (Intel Xeons from Sapphire "
+   .. "Rapids on), the OS enables the tile state and Linux granted the permission (asked once "
+   .. "per process; refused, lumen runs the AVX-512 kernels, with the same values as "
+   .. "lm.backends.cpu.amx = false). The emulated build (make amx-emu) says true on any "
+   .. "AVX512_BF16 CPU.")
+E("lm.backends.cpu.isa", "lm.backends.cpu.isa() -> string", "The instruction-set level of the "
+   .. "CPU kernels: \"amx\", \"avx512_bf16\", \"avx512\", \"avx2\" or \"c\" (the best this "
+   .. "process has, or the one a test forced with lm_cpu_set_isa). lm.backends.cpu.amx = false "
+   .. "leaves the level at \"amx\" and turns the tile kernels off.")
 E("lm.comm", "lm.comm", "Moving tensors between devices in one process (torch.cuda.comm), "
    .. "loaded on first use. Device lists may name one device several times; every copy keeps "
    .. "its source's memory format (a channels-last batch scatters into channels-last chunks and "
