@@ -539,8 +539,13 @@ E("lm.backends.cpu", "lm.backends.cpu.bf16_winograd = false", "The CPU kernels' 
    .. "LUMEN_AMX=0 starts it false): bfloat16 matmuls, linear layers and channels-last "
    .. "convolutions run on AMX tiles where this process has them (amx_available()); false runs "
    .. "the AVX-512 kernels, the same values within bfloat16 rounding. Where AMX is not "
-   .. "available the switch reads back what was set and changes nothing.",
-   { err = "`lumen.backends.cpu.bf16_winograd: expected a boolean` (amx likewise), or `no "
+   .. "available the switch reads back what was set and changes nothing. fp32_precision "
+   .. "(PyTorch's torch.backends.cpu.fp32_precision; \"ieee\" by default, or \"bf16\"): "
+   .. "\"bf16\" runs float32 channels-last convolutions (forward and both gradients) and "
+   .. "float32 matrix products on AMX tiles from operands rounded to bfloat16, sums in float32 "
+   .. "(about 2e-3 relative error, 2^-8 per operand); nothing changes where AMX is not in use.",
+   { err = "`lumen.backends.cpu.bf16_winograd: expected a boolean` (amx likewise), "
+   .. "`lumen.backends.cpu.fp32_precision: expected \"ieee\" or \"bf16\"`, or `no "
    .. "setting named 'x'`" })
 E("lm.backends.cpu.amx_available", "lm.backends.cpu.amx_available() -> boolean", "true when this "
    .. "process can run AMX tiles: the CPU has AMX-BF16 and AMX-TILE (Intel Xeons from Sapphire "
