@@ -333,6 +333,11 @@ local CONVS = {
    { 48, 33, 15, 13, 5, 2, 2, 2, 1 },
    -- weights past one 512 KiB chunk of packed panels (96 padded columns x 9 taps x 320)
    { 320, 80, 6, 5, 3, 1, 1, 1, 1 },
+   -- stride 3 (blocks over the padded width read past the last image: the copy's margin), even
+   -- kernels, rows of x that no output reads (backward data's phases run past grad_out)
+   { 32, 32, 20, 22, 3, 3, 1, 1, 2 }, { 16, 48, 17, 16, 5, 3, 2, 1, 1 },
+   { 40, 36, 10, 10, 4, 2, 1, 1, 1 }, { 24, 40, 9, 9, 2, 2, 0, 1, 1 },
+   { 32, 32, 10, 10, 1, 3, 0, 1, 1 }, { 16, 16, 8, 8, 3, 3, 0, 1, 2 },
 }
 
 -- few input channels (the stem's form on AMX: kernel rows of at most 32 values, dense along W;
@@ -341,7 +346,7 @@ local STEMS = {
    { 3, 64, 15, 14, 7, 2, 3, 1, 2 }, { 3, 16, 9, 9, 3, 1, 1, 1, 1 },
    { 4, 17, 11, 10, 5, 2, 2, 1, 1 }, { 7, 31, 10, 9, 3, 2, 0, 1, 3 },
    { 2, 48, 8, 8, 7, 1, 3, 2, 1 }, { 15, 32, 7, 7, 1, 1, 0, 1, 2 },
-   { 8, 40, 12, 12, 4, 1, 1, 1, 1 },
+   { 8, 40, 12, 12, 4, 1, 1, 1, 1 }, { 3, 32, 20, 20, 7, 3, 3, 1, 1 },
 }
 
 local function conv_name(c, fmt)

@@ -289,7 +289,9 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws,
    const int64_t Hp = e->H + 2 * e->ph, Wp = e->W + 2 * e->pw;
    const int64_t ntap = rowsmode ? e->kh : e->kh * e->kw;
    const int64_t nq = (e->O + 31) / 32;
-   const int64_t margin = 64 * e->sw + e->kw * e->dw + Wp + 64;
+   /* the last blocks' dropped rows read past the last image: up to sh - 1 rows (blocks over the
+      padded width of a strided layer), 31 pixel steps and the taps' reach; zeros there */
+   const int64_t margin = (e->sh + 1) * Wp + 64 * e->sw + e->kw * e->dw + 64;
    const int64_t prow = ntap * nsteps * 16;
    const size_t xbytes = (size_t)((e->N * Hp * Wp + margin) * Cs) * 2;
    const size_t wbytes = (size_t)(nq * 32 * prow) * 4;
@@ -355,12 +357,16 @@ static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uin
       }
    const int64_t pt = -dmin, pl_ = -emin;
    const int64_t Hp = g->Ho + pt + dmax + 1, Wp = g->Wo + pl_ + emax + 1;
-   const int64_t margin = 64 + Wp * 2 + 64;
    /* pad_copy pads symmetrically: take the larger side and offset the taps */
    const int64_t ph2 = pt > dmax + 1 ? pt : dmax + 1, pw2 = pl_ > emax + 1 ? pl_ : emax + 1;
    const int64_t Hq = g->Ho + 2 * ph2, Wq = g->Wo + 2 * pw2;
    (void)Hp, (void)Wp;
-   const size_t xbytes = (size_t)((g->N * Hq * Wq + margin + Wq * 2) * Os) * 2;
+   /* a phase's rows (Hg <= ceil(H / sh)) may outrun grad_out's (rows of x no output reads): the
+      rows its last blocks read past the last image, plus a tile's worth, are zeros */
+   const int64_t hg_max = (g->H + g->sh - 1) / g->sh;
+   const int64_t extra = hg_max + dmax + ph2 + 2 - Hq > 0 ? hg_max + dmax + ph2 + 2 - Hq : 0;
+   const int64_t margin = (extra + 2) * Wq + 128;
+   const size_t xbytes = (size_t)((g->N * Hq * Wq + margin) * Os) * 2;
    const int64_t maxtap = g->kh * g->kw;
    const int64_t prow_max = maxtap * nsteps * 16;
    const int64_t nq = (C + 31) / 32;
@@ -371,7 +377,7 @@ static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uin
       if (xp) lm_free(xp, xbytes);
       return LM_ERR_OOM;
    }
-   pad_copy(gout, g->N, g->Ho, g->Wo, O, ph2, pw2, Hq, Wq, Os, margin + Wq * 2, xp);
+   pad_copy(gout, g->N, g->Ho, g->Wo, O, ph2, pw2, Hq, Wq, Os, margin, xp);
    lm_status st = LM_OK;
    int64_t tap[AMX_MAXTAPS], toff[AMX_MAXTAPS];
    for (int64_t a = 0; a < g->sh && st == LM_OK; a++)
