@@ -8,12 +8,14 @@
  * configuration (palette 1: rows and bytes per row of each tile) is per thread: an AMX kernel
  * calls lm_amx_begin() in each thread that runs tiles and lm_amx_end() when done.
  *
- * The emulation (built with -DLUMEN_AMX_EMU: `make amx-emu`, and `make asan`): the same
- * operations in portable C on eight thread-local tiles, with the palette-1 limits checked (an
- * operation on an unconfigured tile, or more than 16 rows / 64 bytes, aborts) and TDPBF16PS's
- * arithmetic as the hardware does it (bfloat16 inputs with denormals read as zero, each product
- * added to the float32 sum in turn, even k first, round to nearest even, denormal sums flushed
- * to zero). The kernels' packing, blocking and edges then run, ASan-checked, on any machine with
+ * The emulation (built with -DLUMEN_AMX_EMU: `make amx-emu`, and `make asan-amx-emu` under
+ * ASan): the same operations in portable C on eight thread-local tiles, with the palette-1 limits
+ * checked (an operation on an unconfigured tile, or more than 16 rows / 64 bytes, aborts) and
+ * TDPBF16PS's arithmetic as Intel's pseudocode writes it (bfloat16 inputs with denormals read as
+ * zero, each product added to the float32 sum in turn, even k first, round to nearest even,
+ * denormal sums flushed to zero). The hardware sums in another order: about half of the results
+ * differ in the last bits (spec/c/test_amx_emu.c measures it and holds the emulation to 2^-20 of
+ * the sum of |terms|), so specs compare both against a float64 reference, never bit for bit. The kernels' packing, blocking and edges then run, ASan-checked, on any machine with
  * AVX512_BF16 (Zen 4 and 5 included); lm_amx_enable() says yes there without asking the kernel.
  */
 #ifndef LUMEN_KERNELS_AMX_H

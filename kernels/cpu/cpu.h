@@ -13,12 +13,15 @@
    answer or the forced one */
 int lm_cpu_isa(void);
 
-/* does vdpbf16ps pay here (probe_avx512bf16.c: its flops against FMA's, measured once per process,
-   1 when at least 1.3 times)? Where it does not (Intel Xeons), bfloat16 convolutions and GEMMs
-   without AMX take the float32 route. LUMEN_BF16_DOT=0 / 1 forces the answer. 0 below
-   LM_ISA_AVX512_BF16. */
+/* does vdpbf16ps pay here (gemm.c, lm_bf16_path_ratio: the packed bfloat16 GEMM against the
+   float32 route, measured once per process; 1 when it is at least 1.1 times as fast)? Where it
+   does not (the Intel Xeon of session 19), bfloat16 convolutions and GEMMs without AMX take the
+   float32 route. LUMEN_BF16_DOT=0 / 1 forces the answer. 0 below LM_ISA_AVX512_BF16.
+   lm_bf16_dot_ratio (probe_avx512bf16.c): the two instructions' flops, kept for the benchmarks
+   (it does not predict the kernels: 1.6 on that Xeon). */
 int lm_cpu_bf16_dot_pays(void);
-double lm_bf16_dot_ratio(void); /* probe_avx512bf16.c */
+double lm_bf16_path_ratio(void);
+double lm_bf16_dot_ratio(void);
 
 /* a CPU switch (LM_CPU_OPT_*, lm_cpu_set_option): 0 or 1, read by the kernels at each call */
 int lm_cpu_option(int which);

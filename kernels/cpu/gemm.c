@@ -602,6 +602,54 @@ static int bgemm_via_float(int64_t m, int64_t n, int64_t k, float alpha, const u
    return 1;
 }
 
+/* Does the vdpbf16ps path pay on this CPU (cpu.h, lm_cpu_bf16_dot_pays)? The packed bfloat16
+   GEMM against the float32 route (widen, sgemm, round) on one thread, 256 x 256 x 384 with a
+   bfloat16 C, best of three alternations: the time of the float32 route over the native one.
+   A flops probe of the two instructions misled: on the Intel Xeon of session 19 vdpbf16ps gave
+   1.6 times FMA's flops in a loop of independent chains, yet its GEMM ran at 74 GFLOP/s against
+   the float32 route's ~150 (and resnet50 bf16 inference at 475 ms against float32's ~250). */
+double lm_bf16_path_ratio(void) {
+   /* volatile: constant sizes propagated into the inlined loops tripped GCC's
+      aggressive-loop-optimizations warning in direct_rows */
+   volatile int64_t vm = 256, vn = 256, vk = 384;
+   const int64_t M = vm, N = vn, K = vk;
+   const size_t bytes = (size_t)(M * K + K * N + M * N) * 2;
+   uint16_t *buf = lm_alloc(bytes);
+   if (!buf) {
+      lm_clear_error();
+      return 1.0;
+   }
+   uint16_t *a = buf, *b = buf + M * K, *c = buf + M * K + K * N;
+   uint32_t s = 12345u;
+   for (int64_t i = 0; i < M * K + K * N; i++) {
+      s = s * 1103515245u + 12345u;
+      buf[i] = (uint16_t)(0x3f80u ^ ((s >> 16) & 0x807fu));
+   }
+   const bgemm_cfg cf = bgemm_config(LM_ISA_AVX512_BF16);
+   double tn = 1e30, tf = 1e30;
+   /* one thread for both (the calling thread's team size set to 1 meanwhile, so sgemm does
+      not fork: a forked sgemm beside a loaded core measured its barriers, not the kernel; a
+      region of one thread would not do, as omp_in_parallel() is false there), best of five */
+#ifdef _OPENMP
+   const int old_nt = omp_get_max_threads();
+   omp_set_num_threads(1);
+#endif
+   for (int r = 0; r < 5; r++) {
+      double t0 = omp_get_wtime();
+      if (!bgemm_packed(&cf, M, N, K, 1.0f, a, K, 1, b, N, 1, 0.0f, c, N, 1, 1, 1)) break;
+      double t1 = omp_get_wtime();
+      if (!bgemm_via_float(M, N, K, 1.0f, a, K, 1, b, N, 1, 0.0f, c, N, 1, 1, 1)) break;
+      double t2 = omp_get_wtime();
+      if (t1 - t0 < tn) tn = t1 - t0;
+      if (t2 - t1 < tf) tf = t2 - t1;
+   }
+#ifdef _OPENMP
+   omp_set_num_threads(old_nt);
+#endif
+   lm_free(buf, bytes);
+   return tn < 1e29 && tf < 1e29 && tn > 0 ? tf / tn : 1.0;
+}
+
 static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                       int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
                       float beta, void *c, int64_t rsc, int64_t csc, int c_bf16) {

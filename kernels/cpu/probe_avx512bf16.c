@@ -1,11 +1,10 @@
-/* probe_avx512bf16.c -- does vdpbf16ps pay on this CPU? The rate of bfloat16 dot products
- * (vdpbf16ps: two multiply-adds a lane) against float32 FMA (vfmadd231ps: one), both as 16
- * independent chains of zmm registers in one thread, best of three alternations of ~0.2 ms.
- * AMD Zen 4 / 5 run vdpbf16ps at twice FMA's flops (ratio ~2: the bfloat16 kernels pay); Intel
- * Xeons issue it once a cycle against two FMAs (ratio ~1: widening to float32 and the float32
- * kernels is as fast and skips the bfloat16 packing, so bfloat16 without AMX takes that route;
- * docs/performance.md, AMX). Compiled with -mavx512bf16 (the Makefile's rule); called only
- * where lm_cpu_isa() >= LM_ISA_AVX512_BF16. */
+/* probe_avx512bf16.c -- the flops of bfloat16 dot products (vdpbf16ps: two multiply-adds a
+ * lane) against float32 FMA (vfmadd231ps: one), both as 16 independent chains of zmm registers in
+ * one thread, best of three alternations of ~0.2 ms. For the benchmarks and docs only: it does
+ * not predict the kernels (on the Intel Xeon of session 19 it read 1.6 while the vdpbf16ps GEMM
+ * ran at half the float32 route's speed), so lm_cpu_bf16_dot_pays (isa.c) times the two GEMM
+ * paths instead (gemm.c, lm_bf16_path_ratio). Compiled with -mavx512bf16 (the Makefile's rule);
+ * called only where lm_cpu_isa() >= LM_ISA_AVX512_BF16. */
 #include "cpu.h"
 
 #include <immintrin.h>
