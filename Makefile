@@ -39,7 +39,11 @@ endif
 HDRS := src/lumen.h src/conv.h src/nn.h
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
-CUDA ?= $(if $(NVCC),1,0)
+# the CUDA backend is built by default only where it can run: nvcc found AND an NVIDIA driver
+# loaded (a GPU-less machine with the CUDA toolkit installed spends minutes in nvcc for a library
+# it cannot use). CUDA=1 builds it anyway (with -Werror: CI's cuda-build stage), CUDA=0 never.
+HAVE_GPU_DRIVER := $(wildcard /proc/driver/nvidia/version)
+CUDA ?= $(if $(and $(NVCC),$(HAVE_GPU_DRIVER)),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDNN_HOME ?= $(CUDA_HOME)
 NCCL_HOME ?= $(CUDA_HOME)
@@ -267,8 +271,10 @@ demo: all
 
 # ---- install ----------------------------------------------------------------------------------
 # luarocks (build.type = "make") sets INST_PREFIX/INST_LIBDIR/INST_LUADIR/INST_BINDIR; by hand,
-# PREFIX=/usr/local gives the usual Lua 5.1 locations. The library goes next to C modules, where
-# package.searchpath("liblumen", package.cpath) finds it.
+# PREFIX=/usr/local gives the usual Lua 5.1 locations. The libraries go into lumen/ under the C
+# module folder (lib/lua/5.1/lumen/liblumen.so, liblumen_onnx.so, liblumen_cuda.so), where
+# package.searchpath("lumen.liblumen", package.cpath) finds them and no top-level "liblumen"
+# module is claimed; the CUDA and ONNX libraries are looked for beside liblumen.so.
 PREFIX ?= /usr/local
 INST_PREFIX ?= $(PREFIX)
 INST_LIBDIR ?= $(INST_PREFIX)/lib/lua/5.1
@@ -277,13 +283,14 @@ INST_BINDIR ?= $(INST_PREFIX)/bin
 INSTALL ?= install
 
 install: all
-	$(INSTALL) -d "$(DESTDIR)$(INST_LIBDIR)" "$(DESTDIR)$(INST_LUADIR)/lumen" "$(DESTDIR)$(INST_BINDIR)"
-	$(INSTALL) -m 755 $(BUILD)/liblumen.so "$(DESTDIR)$(INST_LIBDIR)/liblumen.so"
-	# the CUDA backend, when this build made it: beside liblumen.so, where src/device.c looks
+	$(INSTALL) -d "$(DESTDIR)$(INST_LIBDIR)/lumen" "$(DESTDIR)$(INST_LUADIR)/lumen" "$(DESTDIR)$(INST_BINDIR)"
+	$(INSTALL) -m 755 $(BUILD)/liblumen.so "$(DESTDIR)$(INST_LIBDIR)/lumen/liblumen.so"
+	# the CUDA backend, only when this build asked for it (CUDA=1, or a GPU driver was found):
+	# beside liblumen.so, where src/device.c looks
 	$(if $(filter 1,$(CUDA)),if [ -f $(BUILD)/liblumen_cuda.so ]; then \
-	   $(INSTALL) -m 755 $(BUILD)/liblumen_cuda.so "$(DESTDIR)$(INST_LIBDIR)/liblumen_cuda.so"; fi)
+	   $(INSTALL) -m 755 $(BUILD)/liblumen_cuda.so "$(DESTDIR)$(INST_LIBDIR)/lumen/liblumen_cuda.so"; fi)
 	if [ -f $(BUILD)/liblumen_onnx.so ]; then \
-	   $(INSTALL) -m 755 $(BUILD)/liblumen_onnx.so "$(DESTDIR)$(INST_LIBDIR)/liblumen_onnx.so"; fi
+	   $(INSTALL) -m 755 $(BUILD)/liblumen_onnx.so "$(DESTDIR)$(INST_LIBDIR)/lumen/liblumen_onnx.so"; fi
 	cd lua/lumen && find . -name '*.lua' | while read -r f; do \
 	   $(INSTALL) -D -m 644 "$$f" "$(DESTDIR)$(INST_LUADIR)/lumen/$$f" || exit 1; done
 	if ls models/*.lua >/dev/null 2>&1; then \
@@ -291,10 +298,40 @@ install: all
 	   $(INSTALL) -m 644 models/*.lua "$(DESTDIR)$(INST_LUADIR)/lumen/models/"; fi
 	$(INSTALL) -m 755 bin/lumen "$(DESTDIR)$(INST_BINDIR)/lumen"
 
+# ---- dist -------------------------------------------------------------------------------------
+# make dist: dist/lumen-X.Y.Z.tar.gz (the files git would commit: tracked, and new ones not
+# ignored), dist/lumen-X.Y.Z-1.rockspec (the release rockspec with its source pointed at that
+# tarball, by its absolute file:// path) and dist/lumen-X.Y.Z-1.src.rock (luarocks pack: the rockspec and the tarball in one
+# file). `luarocks install lumen-X.Y.Z-1.src.rock` then builds and installs it with no network
+# (spec/packaging_spec.lua does it in a temporary tree). X.Y.Z is lm._VERSION.
+VERSION := $(shell sed -n 's/^lm\._VERSION = "\([^"]*\)".*/\1/p' lua/lumen/init.lua)
+DIST ?= dist
+DIST_NAME = lumen-$(VERSION)
+
+dist:
+	@test -n "$(VERSION)" || { echo "make dist: no lm._VERSION in lua/lumen/init.lua" >&2; exit 1; }
+	@test -f rockspec/$(DIST_NAME)-1.rockspec || \
+	   { echo "make dist: rockspec/$(DIST_NAME)-1.rockspec is missing" >&2; exit 1; }
+	rm -rf "$(DIST)/$(DIST_NAME)" "$(DIST)/$(DIST_NAME).tar.gz" "$(DIST)/$(DIST_NAME)-1.rockspec" \
+	   "$(DIST)/$(DIST_NAME)-1.src.rock"
+	mkdir -p "$(DIST)/$(DIST_NAME)"
+	git ls-files -co --exclude-standard -z | tar -cf - --null -T - | tar -xf - -C "$(DIST)/$(DIST_NAME)"
+	tar -C "$(DIST)" -czf "$(DIST)/$(DIST_NAME).tar.gz" "$(DIST_NAME)"
+	rm -rf "$(DIST)/$(DIST_NAME)"
+	awk -v n="$(DIST_NAME)" -v d="$(abspath $(DIST))" \
+	   'NR == 1 { print "-- made by make dist: the source is the tarball beside this file"; } \
+	   /^source = \{/ { print "source = {"; \
+	   print "   url = \"file://" d "/" n ".tar.gz\","; print "   dir = \"" n "\","; print "}"; \
+	   skip = 1; next } \
+	   skip && /^\}/ { skip = 0; next } !skip' rockspec/$(DIST_NAME)-1.rockspec \
+	   > "$(DIST)/$(DIST_NAME)-1.rockspec"
+	cd "$(DIST)" && luarocks pack $(DIST_NAME)-1.rockspec
+	@echo "make dist: $(DIST)/$(DIST_NAME).tar.gz $(DIST)/$(DIST_NAME)-1.src.rock"
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(AMX_EMU_BUILD) $(ASAN_AMX_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
-.PHONY: all onnx test test-mpi asan bench lint demo install clean
+.PHONY: all onnx test test-mpi asan bench lint demo install clean dist
 
 # ---- fuzzing (fuzz/README.md) ---------------------------------------------------------------
 # The harnesses need clang (libFuzzer comes with libclang-rt-14-dev) and are built with

@@ -144,7 +144,8 @@ int main(int argc, char **argv) {
    }
    printf("lumen AMX GEMM benchmark: %d reps, medians (best in brackets); load average %.2f\n",
           reps, load);
-   for (int nt = 1; nt <= 2 && nt <= omp_get_max_threads(); nt++) {
+   const int max_threads = omp_get_max_threads();
+   for (int nt = 1; nt <= 2 && nt <= max_threads; nt++) {
       omp_set_num_threads(nt);
       printf("\n== %d thread%s\n", nt, nt > 1 ? "s" : "");
       for (int s = 0; s < NS; s++) {

@@ -11,6 +11,13 @@
 -- what to do when it is not ok.
 
 local lm = require("lumen")
+require("lumen.util").help_only(arg, [[
+usage: bin/lumen examples/check_layout.lua [BATCH] [SIZE] [HTML]
+Convert a ResNet-50 to channels-last and check that the layout survives the forward and the
+backward pass (lm.layout.check; docs/checking_models.md).
+  BATCH  batch size (default: 1)
+  SIZE   image size in pixels (default: 64)
+  HTML   also write the report as a page to this file (default: none)]])
 
 local batch = tonumber(arg and arg[1]) or 1
 local size = tonumber(arg and arg[2]) or 64
@@ -29,7 +36,8 @@ local t0 = os.clock()
 local report = lm.layout.check(model, x, { backward = true, html = html })
 print(report)
 if html then print("\nHTML report written to " .. html) end
-print(("\n%d module calls checked in %.2f s of CPU time"):format(#report.rows, os.clock() - t0))
+print(("\n%d rows (module calls, fused ReLUs) checked in %.2f s of CPU time"):format(#report.rows,
+   os.clock() - t0))
 
 if report.ok then
    print("channels-last all the way: forward, backward and every 4-D parameter gradient")

@@ -6,6 +6,10 @@
 -- docs/memory_formats.md for the rules this walks through.
 
 local lm = require("lumen")
+require("lumen.util").help_only(arg, [[
+usage: bin/lumen examples/demo.lua
+A tour of lumen's memory formats (channels-last strides, what each operator keeps); no
+arguments. docs/memory_formats.md has the rules it walks through.]])
 lm.manual_seed(0)
 
 local function list(t)

@@ -7,6 +7,12 @@
 -- <dir>/resnet50.onnx (when the ONNX writer is built: apt-get install libprotobuf-c-dev
 -- protobuf-c-compiler, then make). docs/shipping_models.md explains each step.
 local lm = require("lumen")
+require("lumen.util").help_only(arg, [[
+usage: bin/lumen examples/export.lua [DIR] [SIZE]
+Trace resnet50, save it as one file, load it in a fresh process, freeze it and export it to
+ONNX (docs/shipping_models.md).
+  DIR   output folder (default: /tmp/lumen-export)
+  SIZE  image size in pixels (default: 224)]])
 io.stdout:setvbuf("line")   -- the fresh process prints in order with this one
 
 -- the second half: run in a fresh process (`bin/lumen examples/export.lua --load DIR`), which

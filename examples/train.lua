@@ -1,10 +1,18 @@
 -- examples/train.lua -- train a small ResNet on Fashion-MNIST in channels-last (or NCHW).
 --
 --   bin/lumen examples/train.lua [--model small_resnet] [--epochs 12] [--batch-size 128]
---       [--lr 0.1] [--format nhwc|nchw] [--data /usr/share/datasets/fashion-mnist]
---       [--checkpoint train.ckpt] [--resume] [--threads 2] [--seed 1] [--width 16]
---       [--blocks 1] [--limit N] [--quiet] [--log run.jsonl] [--amp bf16|fp16]
---       [--distributed] [--sync-bn]
+--       [--lr 0.1] [--schedule warmup-cosine] [--format nhwc|nchw]
+--       [--data /usr/share/datasets/fashion-mnist] [--checkpoint train.ckpt] [--resume]
+--       [--force] [--threads 2] [--seed 1] [--width 16] [--blocks 1] [--limit N] [--quiet]
+--       [--log run.jsonl] [--amp bf16|fp16] [--distributed] [--sync-bn]
+--   bin/lumen examples/train.lua -h      every flag, its default and meaning
+--
+-- --schedule picks the learning-rate schedule, an lm.optim.lr_scheduler (docs/training.md):
+-- warmup-cosine (default: a linear warm-up over the first epoch, at most 200 steps, then a
+-- cosine to zero, per step: LambdaLR), onecycle (OneCycleLR, per step, momentum cycled), cosine
+-- (CosineAnnealingLR over the epochs), step (StepLR, x0.1 every third of the run), multistep
+-- (MultiStepLR, x0.1 at 50% and 75%), exponential (ExponentialLR, x0.9 per epoch), plateau
+-- (ReduceLROnPlateau on the test accuracy), constant.
 --
 -- --distributed trains data-parallel over the processes of an MPI job (docs/distributed.md):
 --   mpirun -np 2 bin/lumen examples/train.lua --distributed --threads 1
@@ -23,14 +31,22 @@
 -- float16 and a GradScaler (loss scaling; steps with inf/NaN gradients are skipped).
 --
 -- Prints a progress bar (images/s, loss, ETA), the test accuracy after every epoch, and writes a
--- checkpoint after every epoch (atomically: a temporary file renamed over the old one).
--- --resume continues from the checkpoint exactly (model, optimizer, schedule, epoch and the
--- position in the epoch). Ctrl-C saves a checkpoint at the current step, then exits.
+-- checkpoint after every epoch (atomically: a temporary file renamed over the old one), and the
+-- best one so far (by test accuracy) to CHECKPOINT.best. --resume continues from the checkpoint
+-- exactly (model, optimizer, schedule, epoch and the position in the epoch). Ctrl-C saves a
+-- checkpoint at the current step, then exits.
 --
--- --log FILE writes one JSON object per line (JSON Lines): a "start" record, one "step" record
--- per optimizer step (loss, lr, images/s, time) and one "epoch" record per epoch (mean train loss,
--- test accuracy, live/peak tensor bytes). Every line is flushed as it is written, so a crash or
--- Ctrl-C loses nothing; --resume appends to the file. Plot it with
+-- A run never loses another: the checkpoint records the run's configuration (the flags that
+-- change what is trained). --resume with a configuration that differs refuses and names each
+-- differing flag (--epochs may grow, except for the schedules that span the run); a new run
+-- refuses to replace the checkpoint of another configuration, and says how to keep both
+-- (--checkpoint PATH) or replace it (--force).
+--
+-- --log FILE writes one JSON object per line (JSON Lines, encoded by lumen's JSON library): a
+-- "start" record, one "step" record per optimizer step (loss, lr, images/s, time) and one "epoch"
+-- record per epoch (mean train loss, test accuracy, live/peak tensor bytes); every record has
+-- lumen's version. Every line is flushed as it is written, so a crash or Ctrl-C loses nothing;
+-- --resume appends to the file. Plot it with
 -- `bin/lumen tools/plot.lua FILE -o curves.png` (docs/training.md).
 local lm = require("lumen")
 
@@ -40,16 +56,47 @@ io.stdout:setvbuf("line") -- progress shows up at once, also when the output is 
 ---------------------------------------------------------------------------------------------
 -- flags
 ---------------------------------------------------------------------------------------------
+local FLAG_HELP = {
+   __description = "Train a small ResNet on Fashion-MNIST, channels-last by default " ..
+      "(docs/training.md).",
+   __order = { "model", "epochs", "batch-size", "lr", "schedule", "momentum", "weight-decay",
+               "format", "amp", "data", "limit", "width", "blocks", "seed", "checkpoint",
+               "resume", "force", "log", "threads", "workers", "eval-batch", "quiet",
+               "distributed", "sync-bn" },
+   model = "model: small_resnet, or any lm.models name (resnet18, ...)",
+   epochs = "epochs to train (--resume may raise it)",
+   ["batch-size"] = "images per optimizer step (the global batch with --distributed)",
+   lr = "peak learning rate",
+   schedule = "learning-rate schedule: warmup-cosine, onecycle, cosine, step, multistep, " ..
+      "exponential, plateau, constant",
+   momentum = "SGD momentum (Nesterov)",
+   ["weight-decay"] = "weight decay (not on biases and batch-norm parameters)",
+   format = "memory format of activations and weights: nhwc (channels-last) or nchw",
+   amp = "mixed precision: bf16 (autocast) or fp16 (autocast and loss scaling)",
+   data = "folder with the Fashion-MNIST IDX files (default: /usr/share/datasets/fashion-mnist)",
+   limit = "use only the first N training and test images (0: all)",
+   width = "small_resnet: channels of the first stage",
+   blocks = "small_resnet: residual blocks per stage",
+   seed = "random seed (weights, shuffling, augmentation)",
+   checkpoint = "checkpoint file (the best epoch is also kept in CHECKPOINT.best)",
+   resume = "continue the run saved in --checkpoint (its configuration must match)",
+   force = "replace a checkpoint of another configuration; with --resume, resume despite " ..
+      "differences",
+   log = "write JSON Lines records (start, step, epoch) to this file",
+   threads = "CPU threads",
+   workers = "data-loading worker threads",
+   ["eval-batch"] = "batch size of the test-set evaluation",
+   quiet = "no progress bar",
+   distributed = "data-parallel over the processes of an MPI job (mpirun -np K ...)",
+   ["sync-bn"] = "with --distributed: batch-norm statistics over the global batch",
+}
 local opt, usage = util.parse_flags({
    model = "small_resnet", epochs = 12, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
    data = "", checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
    workers = 2, ["eval-batch"] = 500, log = "", amp = "", distributed = false,
-   ["sync-bn"] = false,
-}, "bin/lumen examples/train.lua [--model NAME] [--epochs N] [--batch-size N] [--lr X] " ..
-   "[--format nhwc|nchw] [--data DIR] [--checkpoint FILE] [--resume] [--threads N] [--seed N] " ..
-   "[--width N] [--blocks N] [--limit N] [--quiet] [--log FILE.jsonl] [--amp bf16|fp16] " ..
-   "[--distributed] [--sync-bn]", arg)
+   ["sync-bn"] = false, schedule = "warmup-cosine", force = false,
+}, "bin/lumen examples/train.lua", arg, FLAG_HELP)
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
 if opt.amp ~= "" and opt.amp ~= "bf16" and opt.amp ~= "fp16" then
@@ -123,73 +170,181 @@ local scaler = opt.amp == "fp16" and lm.amp.GradScaler() or nil
 
 local steps_per_epoch = loader:num_batches()
 local total_steps = steps_per_epoch * opt.epochs
-local lr_at = util.warmup_cosine(opt.lr, math.min(steps_per_epoch, 200), total_steps)
+
+-- the learning-rate schedule (lm.optim.lr_scheduler): stepped after every optimizer step
+-- (per_step) or after every epoch
+local S = lm.optim.lr_scheduler
+local SCHEDULES = {
+   ["warmup-cosine"] = function()
+      local lr_at = util.warmup_cosine(1.0, math.min(steps_per_epoch, 200), total_steps)
+      return S.LambdaLR(optimizer, { lr_lambda = lr_at }), true
+   end,
+   onecycle = function()
+      return S.OneCycleLR(optimizer, { max_lr = opt.lr, total_steps = total_steps }), true
+   end,
+   cosine = function() return S.CosineAnnealingLR(optimizer, { T_max = opt.epochs }) end,
+   step = function()
+      return S.StepLR(optimizer, { step_size = math.max(1, math.floor(opt.epochs / 3)) })
+   end,
+   multistep = function()
+      return S.MultiStepLR(optimizer, { milestones = { math.floor(opt.epochs * 0.5),
+                                                       math.floor(opt.epochs * 0.75) } })
+   end,
+   exponential = function() return S.ExponentialLR(optimizer, { gamma = 0.9 }) end,
+   plateau = function()
+      return S.ReduceLROnPlateau(optimizer, { mode = "max", patience = 1 })
+   end,
+   constant = function() return nil end,
+}
+-- the schedules whose shape spans the whole run: --epochs may not change on --resume
+local SPANS_RUN = { onecycle = true, cosine = true, step = true, multistep = true }
+if not SCHEDULES[opt.schedule] then
+   local names = {}
+   for k in pairs(SCHEDULES) do names[#names + 1] = k end
+   table.sort(names)
+   usage("--schedule is one of " .. table.concat(names, ", ") .. "; got '" .. opt.schedule .. "'")
+end
+local scheduler, per_step = SCHEDULES[opt.schedule]()
 
 ---------------------------------------------------------------------------------------------
 -- checkpoints
 ---------------------------------------------------------------------------------------------
-local state = { epoch = 1, batch = 1, step = 0 } -- the next epoch / batch to run
+local state = { epoch = 1, batch = 1, step = 0, best_acc = -1 } -- the next epoch / batch
+
+-- the flags that change what a run trains: recorded in the checkpoint, compared on --resume
+local CONFIG_FLAGS = { "data", "limit", "batch-size", "format", "model", "width", "blocks",
+                       "amp", "seed", "lr", "momentum", "weight-decay", "schedule" }
+local config = {}
+for _, k in ipairs(CONFIG_FLAGS) do config[k] = opt[k] end
+config.epochs = opt.epochs
+
+-- the differences between this run's configuration and a checkpoint's, one "--flag A (was B)"
+-- each; --epochs may grow unless the schedule spans the run
+local function config_diffs(old, resuming)
+   local diffs = {}
+   for _, k in ipairs(CONFIG_FLAGS) do
+      if old[k] ~= config[k] then
+         diffs[#diffs + 1] = ("--%s %s (the checkpoint's run: %s)"):format(k,
+            tostring(config[k] == "" and '""' or config[k]),
+            tostring(old[k] == "" and '""' or old[k]))
+      end
+   end
+   local oe = old.epochs
+   if oe ~= nil and oe ~= opt.epochs and (not resuming or opt.epochs < oe or
+                                         SPANS_RUN[opt.schedule]) then
+      diffs[#diffs + 1] = ("--epochs %d (the checkpoint's run: %d%s)"):format(opt.epochs, oe,
+         resuming and (SPANS_RUN[opt.schedule] and "; the " .. opt.schedule ..
+                       " schedule spans the run" or "; --epochs may only grow") or "")
+   end
+   return diffs
+end
 
 local function save_checkpoint(path)
    lm.save_checkpoint(path, {
       model = model, optimizer = optimizer,
       fields = { epoch = state.epoch, batch = state.batch, step = state.step,
-                 seed = opt.seed, format = opt.format, model_name = opt.model,
-                 width = opt.width, blocks = opt.blocks, rng = lm.get_rng_state(),
-                 amp = opt.amp, scaler = scaler and scaler:state_dict() or nil },
+                 best_acc = state.best_acc, config = config, version = lm._VERSION,
+                 rng = lm.get_rng_state(),
+                 scheduler = scheduler and scheduler:state_dict() or nil,
+                 scaler = scaler and scaler:state_dict() or nil },
    })
+end
+
+local function exists(path)
+   local f = io.open(path, "rb")
+   if f then f:close() end
+   return f ~= nil
+end
+
+-- the configuration a checkpoint file records (nil, why: not a checkpoint of this trainer)
+local function checkpoint_config(path)
+   local ok, ck = pcall(lm.load_checkpoint, path)
+   if not ok then return nil, tostring(ck):gsub("^.-lumen%.load_checkpoint: ", "") end
+   local f = ck.fields
+   if type(f) ~= "table" or type(f.config) ~= "table" then
+      return nil, "it records no configuration (written by another program or an older lumen)"
+   end
+   return f.config, f
 end
 
 -- net: what the training step calls (the model, or its DistributedDataParallel wrapper, made
 -- after --resume has loaded the checkpoint; the wrapper broadcasts rank 0's weights anyway)
 local net = model
 if opt.resume then
-   local f = io.open(opt.checkpoint, "rb")
-   if not f then usage("--resume: no checkpoint at " .. opt.checkpoint) end
-   f:close()
+   if not exists(opt.checkpoint) then usage("--resume: no checkpoint at " .. opt.checkpoint) end
+   local old, why = checkpoint_config(opt.checkpoint)
+   if old == nil then
+      if not opt.force then
+         usage(("--resume: %s cannot be checked: %s; --force resumes it anyway")
+               :format(opt.checkpoint, why))
+      end
+   else
+      local diffs = config_diffs(old, true)
+      if #diffs > 0 then
+         local msg = ("--resume: %s is a run of another configuration:\n  %s")
+            :format(opt.checkpoint, table.concat(diffs, "\n  "))
+         if not opt.force then
+            usage(msg .. "\nResume with the same flags, start a new run with --checkpoint " ..
+                  "PATH, or resume anyway with --force")
+         end
+         print(msg .. "\n(--force: resuming anyway)")
+      end
+   end
    local ck = lm.load_checkpoint(opt.checkpoint, { model = model, optimizer = optimizer })
    local fields = ck.fields
    state.epoch, state.batch, state.step = fields.epoch, fields.batch, fields.step
+   state.best_acc = fields.best_acc or -1
    if fields.rng then lm.set_rng_state(fields.rng) end
+   if scheduler and type(fields.scheduler) == "table" then
+      scheduler:load_state_dict(fields.scheduler)
+   end
    if scaler and fields.scaler and next(fields.scaler) then
       scaler:load_state_dict(fields.scaler)
    end
    print(string.format("resumed from %s at epoch %d, batch %d", opt.checkpoint, state.epoch,
                        state.batch))
+elseif main and exists(opt.checkpoint) then
+   -- a new run: never replace the checkpoint of another run without being told
+   local old, why = checkpoint_config(opt.checkpoint)
+   local diffs = old and config_diffs(old, false) or nil
+   if (old == nil or #diffs > 0) and not opt.force then
+      usage(("%s already holds %s:\n  %s\nResume it with --resume, keep both with " ..
+             "--checkpoint PATH, or replace it with --force"):format(opt.checkpoint,
+             old and "the checkpoint of another configuration" or "a file this run would replace",
+             old and table.concat(diffs, "\n  ") or why))
+   end
 end
 if dist then net = lm.nn.parallel.DistributedDataParallel(model) end
 
 ---------------------------------------------------------------------------------------------
 -- the JSON Lines log (--log)
 ---------------------------------------------------------------------------------------------
--- Records are written by hand, keys in a fixed order, so that the file reads well and diffs
--- cleanly. JSON has no NaN or infinity: a diverged loss is written as null.
+-- Records are encoded by lumen's JSON library (lua-cjson, or dkjson: lumen.serialize.json). JSON
+-- has no NaN or infinity: a diverged loss is written as null, as is every field without a value.
+local json = require("lumen.serialize").json
 local log_file
 local function json_value(v)
-   local t = type(v)
-   if t == "number" then
-      if v ~= v or v == math.huge or v == -math.huge then return "null" end
-      if v % 1 == 0 and math.abs(v) < 2 ^ 53 then return string.format("%d", v) end
-      return string.format("%.9g", v)
-   elseif t == "string" then
-      return '"' .. v:gsub('[%c"\\]', function(c)
-         return string.format("\\u%04x", c:byte())
-      end) .. '"'
-   elseif t == "boolean" then
-      return tostring(v)
+   if v == nil then return json.null end
+   if type(v) == "number" and (v ~= v or v == math.huge or v == -math.huge) then
+      return json.null
    end
-   return "null"
+   return v
 end
 
--- log_record("step", "loss", 0.5, "lr", 0.1, ...): one line, flushed at once
+-- log_record("step", "loss", 0.5, "lr", 0.1, ...): one line, flushed at once; every record
+-- has the event and lumen's version
 local function log_record(event, ...)
    if not log_file then return end
-   local parts = { '{"event":' .. json_value(event) }
+   local rec = { event = event, version = lm._VERSION }
    for i = 1, select("#", ...), 2 do
       local k, v = select(i, ...)
-      parts[#parts + 1] = json_value(k) .. ":" .. json_value(v)
+      rec[k] = json_value(v)
    end
-   local ok, err = log_file:write(table.concat(parts, ",") .. "}\n")
+   local text, jerr = json.encode(rec)
+   if not text then
+      error("examples/train.lua: cannot encode a log record: " .. tostring(jerr), 0)
+   end
+   local ok, err = log_file:write(text .. "\n")
    if ok then ok, err = log_file:flush() end
    if not ok then error("examples/train.lua: cannot write the log " .. opt.log .. ": " ..
                         tostring(err), 0) end
@@ -200,7 +355,7 @@ if opt.log ~= "" and main then
    local err
    log_file, err = io.open(opt.log, opt.resume and "a" or "w")
    if not log_file then usage("--log: cannot open " .. opt.log .. ": " .. tostring(err)) end
-   log_record("start", "version", lm._VERSION, "model", opt.model, "format", opt.format,
+   log_record("start", "model", opt.model, "format", opt.format, "schedule", opt.schedule,
       "batch_size", opt["batch-size"], "epochs", opt.epochs, "lr", opt.lr,
       "steps_per_epoch", steps_per_epoch, "train_images", train.images:size(1),
       "test_images", test.images:size(1), "threads", opt.threads, "seed", opt.seed,
@@ -246,8 +401,7 @@ local function run()
       local t0, seen, loss_avg = now(), 0, nil
       local loss_sum, loss_n = 0, 0
       for x, y, b in loader:iter(epoch, state.batch) do
-         local lr = lr_at(state.step)
-         util.set_lr(optimizer, lr)
+         local lr = optimizer.param_groups[1].lr
          optimizer:zero_grad()
          local loss
          if amp_opts then
@@ -263,6 +417,7 @@ local function run()
             loss:backward()
             optimizer:step()
          end
+         if scheduler and per_step then scheduler:step() end
          local l = loss:item()
          loss_avg = loss_avg and (0.98 * loss_avg + 0.02 * l) or l
          loss_sum, loss_n = loss_sum + l, loss_n + 1
@@ -286,7 +441,27 @@ local function run()
          else
             last_acc = util.accuracy(lm, model, test_loader)
          end
+      end
+      if scheduler and not per_step then
+         -- ReduceLROnPlateau watches the test accuracy (every rank gets rank 0's)
+         if opt.schedule == "plateau" then
+            local acc = last_acc or 0
+            if dist then
+               local t = lm.tensor({ acc }, { dtype = lm.float64 })
+               dist.broadcast(t, { root = 0 })
+               acc = t[1]
+            end
+            scheduler:step(acc)
+         else
+            scheduler:step()
+         end
+      end
+      if main then
          save_checkpoint(opt.checkpoint)
+         if last_acc > state.best_acc then
+            state.best_acc = last_acc
+            save_checkpoint(opt.checkpoint .. ".best")
+         end
       end
       log_record("epoch", "epoch", epoch, "step", state.step,
          "train_loss", loss_n > 0 and loss_sum / loss_n or nil, "test_accuracy", last_acc,

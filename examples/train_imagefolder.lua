@@ -23,9 +23,28 @@ local opt, usage = util.parse_flags({
    data = "", val = "", epochs = 1, ["batch-size"] = 32, lr = 0.1, size = 224, threads = 2,
    workers = 2, seed = 1, format = "nhwc", steps = 0, checkpoint = "", resume = false,
    quiet = false, momentum = 0.9, ["weight-decay"] = 1e-4,
-}, "bin/lumen examples/train_imagefolder.lua --data DIR [--val DIR] [--epochs N] " ..
-   "[--batch-size N] [--lr X] [--size N] [--threads N] [--workers N] [--seed N] " ..
-   "[--format nhwc|nchw] [--steps N] [--checkpoint FILE] [--resume] [--quiet]", arg)
+}, "bin/lumen examples/train_imagefolder.lua", arg, {
+   __description = "Train a ResNet on an ImageFolder tree (one folder per class), " ..
+      "channels-last by default.",
+   __order = { "data", "val", "epochs", "batch-size", "lr", "momentum", "weight-decay", "size",
+               "format", "steps", "seed", "checkpoint", "resume", "threads", "workers", "quiet" },
+   data = "training images: DIR/<class>/<image> (required)",
+   val = "validation images, the same layout (optional)",
+   epochs = "epochs to train",
+   ["batch-size"] = "images per optimizer step",
+   lr = "learning rate",
+   momentum = "SGD momentum",
+   ["weight-decay"] = "weight decay",
+   size = "crop size in pixels",
+   format = "memory format: nhwc (channels-last) or nchw",
+   steps = "stop after N optimizer steps (0: run the epochs)",
+   seed = "random seed",
+   checkpoint = "checkpoint file (none by default)",
+   resume = "continue from --checkpoint",
+   threads = "CPU threads",
+   workers = "data-loading worker threads",
+   quiet = "no progress bar",
+})
 if opt.data == "" then usage("--data DIR is required") end
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 for _, k in ipairs({ "epochs", "batch-size", "size", "threads", "workers" }) do

@@ -26,10 +26,12 @@ the FFI, with autograd, nn modules, optimizers and torchvision-compatible models
 -- LuaJIT is a Lua 5.1 (its modules install into the 5.1 tree). A "luajit" dependency cannot be
 -- declared: a luarocks configured for PUC Lua 5.1 (Debian's) would refuse it although the rock
 -- works there, because bin/lumen starts luajit. lua-cjson reads and writes the JSON of
--- safetensors headers and checkpoints (serialize.lua also accepts dkjson when cjson is absent).
+-- safetensors headers and checkpoints (serialize.lua also accepts dkjson when cjson is absent);
+-- argparse parses the example scripts' flags (lumen.util.parse_flags).
 dependencies = {
    "lua ~> 5.1",
    "lua-cjson >= 2.1",
+   "argparse >= 0.6",
 }
 
 -- the C core reads gzip'd IDX files (zlib) and decodes JPEG and PNG images (lm.data.read_image)
@@ -44,6 +46,8 @@ build = {
    build_target = "all",
    build_variables = {
       CC = "$(CC)",
+      -- no CUDA backend unless asked for: LUMEN_CUDA=1 luarocks make ... (make expands it)
+      CUDA = "$(LUMEN_CUDA)",
       -- luarocks' CFLAGS carry -O2; the Makefile drops -O* when LUAROCKS_BUILD is set and keeps
       -- its own optimisation flags (OPT)
       CFLAGS = "$(CFLAGS) -I$(ZLIB_INCDIR) -I$(JPEG_INCDIR) -I$(PNG_INCDIR)",
@@ -52,6 +56,7 @@ build = {
    },
    install_target = "install",
    install_variables = {
+      CUDA = "$(LUMEN_CUDA)",
       INST_PREFIX = "$(PREFIX)",
       INST_LIBDIR = "$(LIBDIR)",
       INST_LUADIR = "$(LUADIR)",

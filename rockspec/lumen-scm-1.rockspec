@@ -22,11 +22,15 @@ the FFI, with autograd, nn modules, optimizers and torchvision-compatible models
    labels = { "tensor", "deep-learning", "luajit", "ffi" },
 }
 
--- lua-cjson (or dkjson) is needed at run time too (lumen-0.1.0-1.rockspec declares it); it is
--- left out here so that `luarocks make` from a checkout works offline with the distribution's
--- package (apt-get install lua-cjson), which luarocks does not know about.
+-- the same runtime dependencies as lumen-0.1.0-1.rockspec: lua-cjson (JSON of safetensors
+-- headers and checkpoints; serialize.lua also takes dkjson) and argparse (the example scripts'
+-- flags). With the distribution's packages instead (apt-get install lua-cjson lua-argparse),
+-- which luarocks does not know about, build offline with `luarocks make --deps-mode=none ...`
+-- (.ci/run does).
 dependencies = {
    "lua ~> 5.1",
+   "lua-cjson >= 2.1",
+   "argparse >= 0.6",
 }
 
 -- the C core reads gzip'd IDX files (zlib) and decodes JPEG and PNG images (lm.data.read_image)
@@ -41,6 +45,8 @@ build = {
    build_target = "all",
    build_variables = {
       CC = "$(CC)",
+      -- no CUDA backend unless asked for: LUMEN_CUDA=1 luarocks make ... (make expands it)
+      CUDA = "$(LUMEN_CUDA)",
       -- luarocks' CFLAGS carry -O2; the Makefile drops -O* when LUAROCKS_BUILD is set and keeps
       -- its own optimisation flags (OPT)
       CFLAGS = "$(CFLAGS) -I$(ZLIB_INCDIR) -I$(JPEG_INCDIR) -I$(PNG_INCDIR)",
@@ -49,6 +55,7 @@ build = {
    },
    install_target = "install",
    install_variables = {
+      CUDA = "$(LUMEN_CUDA)",
       INST_PREFIX = "$(PREFIX)",
       INST_LIBDIR = "$(LIBDIR)",
       INST_LUADIR = "$(LUADIR)",

@@ -100,7 +100,8 @@ describe("install", function()
       require("lumen")
       local expected = os.getenv("LUMEN_LIB")
       if not expected or expected == "" then
-         expected = TREE and (TREE .. "/lib/lua/5.1/liblumen.so") or (ROOT .. "/build/liblumen.so")
+         expected = TREE and (TREE .. "/lib/lua/5.1/lumen/liblumen.so") or
+            (ROOT .. "/build/liblumen.so")
       end
       expected = realpath(expected)
       local maps = read_file("/proc/self/maps")
@@ -129,9 +130,15 @@ describe("install", function()
    end)
 
    if TREE then
-      it("the install tree holds the library where package.cpath finds it", function()
-         local path = package.searchpath("liblumen", package.cpath)
-         assert.are.equal(realpath(TREE .. "/lib/lua/5.1/liblumen.so"), path and realpath(path))
+      it("the install tree holds the libraries in lib/lua/5.1/lumen/, where package.cpath " ..
+         "finds them; no top-level liblumen, no CUDA library unless asked", function()
+         local path = package.searchpath("lumen.liblumen", package.cpath)
+         assert.are.equal(realpath(TREE .. "/lib/lua/5.1/lumen/liblumen.so"),
+                          path and realpath(path))
+         assert.is_nil(io.open(TREE .. "/lib/lua/5.1/liblumen.so"))
+         if os.getenv("LUMEN_CUDA") ~= "1" then
+            assert.is_nil(io.open(TREE .. "/lib/lua/5.1/lumen/liblumen_cuda.so"))
+         end
       end)
    end
 end)

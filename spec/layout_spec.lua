@@ -137,9 +137,10 @@ describe("lm.layout", function()
          assert.is_nil(r.first_grad_lost)
          assert.is_true(r.params_ok)
          assert.are.equal(20, r.n_params4)
-         -- 1 stem conv + bn + pool, 8 blocks x (2 conv, 2 bn), 3 downsamples x 2, avgpool, fc
-         -- (each ReLU runs inside the batch norm before it: nn.utils.bn_relu)
-         assert.are.equal(3 + 8 * 4 + 3 * 2 + 2, #r.rows)
+         -- 1 stem conv + bn + pool, 8 blocks x (2 conv, 2 bn), 3 downsamples x 2, avgpool, fc,
+         -- and a row for each ReLU fused into the batch norm before it (nn.utils.bn_relu): the
+         -- stem's and two per block
+         assert.are.equal(3 + 8 * 4 + 3 * 2 + 2 + 17, #r.rows)
          local row = r.rows[1]
          assert.are.equal("conv1", row.path)
          assert.are.equal("Conv2d", row.type)
@@ -148,7 +149,15 @@ describe("lm.layout", function()
          assert.are.equal("channels_last", row.grad_format)
          assert.are.equal("channels_last", row.param_grad_format)
          assert.are.equal("(2,64,16,16)", row.output_size)
-         assert.are.equal("layer1.0.bn2", r.rows[7].path)
+         assert.are.equal("relu", r.rows[3].path)
+         assert.are.equal("bn1", r.rows[3].fused_into)
+         assert.are.equal("channels_last", r.rows[3].output_format)
+         assert.are.equal("channels_last", r.rows[3].grad_format)
+         assert.are.equal("layer1.0.bn2", r.rows[9].path)
+         assert.are.equal("layer1.0.relu", r.rows[10].path)
+         assert.are.equal(2, r.rows[10].call)
+         assert.are.equal("layer1.0.bn2", r.rows[10].fused_into)
+         for _, rw in ipairs(r.rows) do assert.is_nil(rw.not_called, rw.path) end
          local s = tostring(r)
          assert.truthy(s:find("module%s+type%s+input%s+output"))
          assert.truthy(s:find("ok: true", 1, true))

@@ -215,6 +215,69 @@ describe("lm.onnx.export", function()
       for _, e in ipairs({ "", ".onnx", ".x", ".y" }) do os.remove(p .. e) end
    end)
 
+   it("dynamic_axes: the exported model runs in ONNX Runtime at any batch size", function()
+      local py = venv()
+      if not py then
+         pending("ONNX Runtime comparison skipped: " .. why_not)
+         return
+      end
+      lm.manual_seed(8)
+      local Net = nn.Module:extend("DynNet")
+      function Net:__init()
+         self.conv = nn.Conv2d(3, 6, 3, { padding = 1 })
+         self.pool = nn.AdaptiveAvgPool2d(2)
+         self.fc = nn.Linear(24, 5)
+      end
+      function Net:forward(x)
+         local y = self.pool(lm.F.relu(self.conv(x)))
+         return self.fc(y:reshape({ y:size(1), 24 }))     -- the batch in a Reshape
+      end
+      local model = Net():eval()
+      local p = os.tmpname()
+      lm.onnx.export(model, lm.randn({ 2, 3, 8, 8 }), p .. ".onnx",
+                     { dynamic_axes = { input = { [1] = "batch" }, output = { [1] = "batch" } } })
+      for _, n in ipairs({ 1, 3, 7 }) do
+         local x = lm.randn({ n, 3, 8, 8 })
+         write_f32(p .. ".x", x)
+         local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. shell.q(p .. ".onnx") ..
+                                  " " .. shell.q(p .. ".x") .. " " .. shell.q(p .. ".y"))
+         assert.are.equal(0, rc, out)
+         assert.truthy(out:find("input ['batch', 3, 8, 8]", 1, true), out)
+         assert.truthy(out:find("output dims ['batch', 5]", 1, true), out)
+         local want = lm.no_grad(function() return model(x) end)
+         local got = read_f32(p .. ".y", want:size())
+         assert.is_true((got - want):abs():max():item() < 1e-5, "batch " .. n)
+      end
+      -- without dynamic_axes the batch is fixed: another batch size is refused by ONNX Runtime
+      lm.onnx.export(model, lm.randn({ 2, 3, 8, 8 }), p .. ".onnx")
+      write_f32(p .. ".x", lm.randn({ 3, 3, 8, 8 }))
+      local _, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. shell.q(p .. ".onnx") ..
+                             " " .. shell.q(p .. ".x") .. " " .. shell.q(p .. ".y"))
+      assert.are_not.equal(0, rc)
+      for _, e in ipairs({ "", ".onnx", ".x", ".y" }) do os.remove(p .. e) end
+   end)
+
+   it("rejects bad dynamic_axes, naming what is wrong", function()
+      local m = nn.Sequential(nn.Linear(3, 2)):eval()
+      local x = lm.randn({ 1, 3 })
+      local function err(da, needle)
+         local ok, e = pcall(lm.onnx.export, m, x, "/tmp/never.onnx", { dynamic_axes = da })
+         assert.is_false(ok)
+         assert.truthy(tostring(e):find("lumen.onnx.export: ", 1, true), tostring(e))
+         assert.truthy(tostring(e):find(needle, 1, true), tostring(e))
+      end
+      err(5, "dynamic_axes must be a table")
+      err({ input = "batch" }, "dynamic_axes.input must be a table")
+      err({ input = { [0] = "batch" } }, "dims are 1-based integers, got 0")
+      err({ input = { [1] = true } }, "dynamic_axes.input[1] must be a name")
+      err({ images = { [1] = "batch" } }, "dynamic_axes names 'images', which is not an input " ..
+          "or output of the graph (input, output)")
+      if lm.onnx.available() then
+         err({ input = { [3] = "x" } }, "dynamic_axes.input: dim 3, but input has 2 dims")
+      end
+      assert.is_nil(io.open("/tmp/never.onnx"))
+   end)
+
    it("rejects bad options and models it cannot export", function()
       local m = nn.Sequential(nn.Linear(3, 2), nn.Dropout(0.5))
       local x = lm.randn({ 1, 3 })

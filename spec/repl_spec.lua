@@ -217,3 +217,48 @@ describe("repl completion (no terminal)", function()
       assert.truthy(lm.help(lm.zeros):find("lm.zeros(sizes, opts) -> Tensor", 1, true))
    end)
 end)
+
+-- the REPL without a terminal (stdin piped, -i): what it prints for namespaces and the hint it
+-- adds to Lua's comparison error
+describe("the REPL's printing and hints", function()
+   local function repl(input)
+      local path = os.tmpname()
+      local f = assert(io.open(path, "w"))
+      f:write(input)
+      f:close()
+      local p = assert(io.popen("bin/lumen -i < " .. path .. " 2>&1"))
+      local out = p:read("*a")
+      p:close()
+      os.remove(path)
+      return out
+   end
+
+   it("prints lm.optim and other namespaces as a summary, not function addresses", function()
+      local out = repl("lm.optim\nlm.optim.lr_scheduler\nlm.nn\n")
+      assert.truthy(out:find("lm.optim: a lumen module", 1, true), out)
+      assert.truthy(out:find("functions and classes: Adam, AdamW, SGD", 1, true), out)
+      assert.truthy(out:find("tables: Optimizer, lr_scheduler", 1, true), out)
+      assert.truthy(out:find("lm.optim.lr_scheduler: a lumen module", 1, true), out)
+      assert.truthy(out:find("OneCycleLR", 1, true), out)
+      assert.truthy(out:find("lm.nn: a lumen module", 1, true), out)
+      assert.truthy(out:find("help(lm.optim)", 1, true), out)
+      assert.falsy(out:find("function: 0x", 1, true), out)
+      -- a plain table is still listed as it is
+      local t = repl("{a = 1, 2}\n")
+      assert.truthy(t:find("{2, a = 1}", 1, true), t)
+   end)
+
+   it("says how to compare a tensor with a number when Lua's < > raise", function()
+      local out = repl("local t = lm.ones({2}); return t > 2\n")
+      assert.truthy(out:find("attempt to compare number with table", 1, true), out)
+      assert.truthy(out:find("hint: Lua's < > <= >= cannot compare a tensor: use t:gt(2)", 1,
+                             true), out)
+      -- and in scripts too
+      local p = assert(io.popen("bin/lumen -e 'return lm.ones({2}) <= 1' 2>&1"))
+      local s = p:read("*a")
+      p:close()
+      assert.truthy(s:find("use t:gt(2)", 1, true), s)
+      -- other errors carry no hint
+      assert.falsy(repl("error('boom')\n"):find("hint:", 1, true))
+   end)
+end)

@@ -110,19 +110,22 @@ describe("lm.layout.check HTML report", function()
       assert.is_truthy(html:find("No operator lost channels-last", 1, true))
    end)
 
-   it("escapes names and runs the trace only when asked", function()
+   it("escapes names and keeps the trace's report only when asked", function()
       local Odd = nn.Module:extend("Odd<&>\"")
       function Odd:forward(x) return x:contiguous() end
       local m = lm.to_channels_last(nn.Sequential(nn.Conv2d(3, 4, 3), Odd()))
       local r = lm.layout.check(m, input(), { backward = false })
       assert.is_nil(r.trace)                              -- no trace without trace/html
-      assert.is_nil(r.rows[2].lost_ops)
+      -- the operators are always traced: the row names the one that lost the format
+      assert.are.same({ "Tensor.contiguous" }, r.rows[2].lost_ops)
       assert.is_true(r.rows[2].lost)
       local html = r:to_html()
       assert.is_truthy(html:find("Odd&lt;&amp;&gt;&quot;", 1, true))
       assert.is_falsy(html:find("Odd<", 1, true))
-      -- without a trace the module is still highlighted, with no operator named
+      -- without the trace's report the module is still highlighted, with its operator named,
+      -- and there is no operator table
       assert.are.equal(1, count(html, '<span class="box c-lost"'))
+      assert.is_truthy(html:find("operator <code>Tensor.contiguous</code>", 1, true))
       assert.is_falsy(html:find("Operators</h2>", 1, true))
    end)
 

@@ -168,5 +168,127 @@ describe("examples/train.lua", function()
       local ok, out = run("--format nhwcx")
       assert.is_false(ok)
       assert.is_truthy(out:find("nhwc or nchw", 1, true), out)
+      ok, out = run("--schedule linear")
+      assert.is_false(ok)
+      assert.is_truthy(out:find("--schedule is one of constant, cosine, exponential", 1, true),
+                       out)
+      ok, out = run("--epochs x")
+      assert.is_false(ok)
+      assert.is_truthy(out:find("--epochs needs a number, got 'x'", 1, true), out)
+      ok, out = run("--no-such-flag")
+      assert.is_false(ok)
+      assert.is_truthy(out:find("unknown option '--no-such-flag'", 1, true), out)
+   end)
+
+   it("-h prints every flag with its default and meaning", function()
+      local ok, out = run("-h")
+      assert.is_true(ok, out)
+      for _, needle in ipairs({ "--epochs N", "(default: 12)", "--schedule VALUE",
+                                "(default: warmup-cosine)", "--checkpoint VALUE",
+                                "train.ckpt)", "--resume", "--force",
+                                "CHECKPOINT.best", "--limit N" }) do
+         assert.is_truthy(out:find(needle, 1, true), needle .. " in\n" .. out)
+      end
+      local ok2, out2 = run("--help")
+      assert.is_true(ok2)
+      assert.are.equal(out, out2)
+   end)
+
+   describe("never loses a run", function()
+      local common = "--data " .. dir .. " --width 4 --eval-batch 64 --batch-size 32 "
+      local ck = dir .. "/keep.ckpt"
+
+      it("records the configuration, keeps the last and the best checkpoint", function()
+         local ok, out = run(common .. "--epochs 2 --checkpoint " .. ck)
+         assert.is_true(ok, out)
+         local c = lm.load_checkpoint(ck)
+         assert.are.equal(32, c.fields.config["batch-size"])
+         assert.are.equal(0, c.fields.config.limit)
+         assert.are.equal("nhwc", c.fields.config.format)
+         assert.are.equal("warmup-cosine", c.fields.config.schedule)
+         assert.are.equal(2, c.fields.config.epochs)
+         assert.are.equal(lm._VERSION, c.fields.version)
+         assert.are.equal(3, c.fields.epoch)
+         local best = lm.load_checkpoint(ck .. ".best")
+         assert.is_true(best.fields.best_acc >= 0)
+         assert.are.equal(best.fields.best_acc, c.fields.best_acc)
+         assert.is_table(c.fields.scheduler)
+         assert.are.equal(16, c.fields.scheduler.last_epoch)
+      end)
+
+      it("a new run refuses to replace the checkpoint of another configuration", function()
+         local before = lm.load_checkpoint(ck).fields.step
+         local ok, out = run(common .. "--epochs 1 --limit 64 --seed 9 --checkpoint " .. ck)
+         assert.is_false(ok)
+         assert.is_truthy(out:find(ck .. " already holds the checkpoint of another " ..
+                                   "configuration", 1, true), out)
+         assert.is_truthy(out:find("--limit 64 (the checkpoint's run: 0)", 1, true), out)
+         assert.is_truthy(out:find("--seed 9 (the checkpoint's run: 1)", 1, true), out)
+         assert.is_truthy(out:find("--epochs 1 (the checkpoint's run: 2)", 1, true), out)
+         assert.is_truthy(out:find("--checkpoint PATH", 1, true), out)
+         assert.is_truthy(out:find("--force", 1, true), out)
+         assert.are.equal(before, lm.load_checkpoint(ck).fields.step)   -- untouched
+         -- a file that is not a checkpoint of this trainer is not replaced either
+         local other = dir .. "/notes.txt"
+         local f = assert(io.open(other, "w")); f:write("keep me"); f:close()
+         ok, out = run(common .. "--epochs 1 --checkpoint " .. other)
+         assert.is_false(ok)
+         assert.is_truthy(out:find("a file this run would replace", 1, true), out)
+         f = assert(io.open(other)); assert.are.equal("keep me", f:read("*a")); f:close()
+      end)
+
+      it("--resume refuses a differing configuration and names each flag", function()
+         local ok, out = run(common:gsub("--batch%-size 32", "--batch-size 16") ..
+                             "--epochs 3 --format nchw --resume --checkpoint " .. ck)
+         assert.is_false(ok)
+         assert.is_truthy(out:find("is a run of another configuration", 1, true), out)
+         assert.is_truthy(out:find("--batch-size 16 (the checkpoint's run: 32)", 1, true), out)
+         assert.is_truthy(out:find("--format nchw (the checkpoint's run: nhwc)", 1, true), out)
+         assert.is_falsy(out:find("--epochs 3", 1, true), out)       -- --epochs may grow
+         -- fewer epochs than the checkpoint's run is a change too
+         ok, out = run(common .. "--epochs 1 --resume --checkpoint " .. ck)
+         assert.is_false(ok)
+         assert.is_truthy(out:find("--epochs 1 (the checkpoint's run: 2; --epochs may only " ..
+                                   "grow)", 1, true), out)
+         -- the same flags and more epochs resume
+         ok, out = run(common .. "--epochs 3 --resume --checkpoint " .. ck)
+         assert.is_true(ok, out)
+         assert.is_truthy(out:find("resumed from", 1, true), out)
+      end)
+
+      it("--force replaces, or resumes despite differences", function()
+         local ok, out = run(common .. "--epochs 1 --limit 64 --force --checkpoint " .. ck)
+         assert.is_true(ok, out)
+         assert.are.equal(64, lm.load_checkpoint(ck).fields.config.limit)
+         ok, out = run(common .. "--epochs 2 --limit 96 --force --resume --checkpoint " .. ck)
+         assert.is_true(ok, out)
+         assert.is_truthy(out:find("(--force: resuming anyway)", 1, true), out)
+      end)
+
+      it("a schedule that spans the run may not change --epochs on --resume", function()
+         local oc = dir .. "/onecycle.ckpt"
+         local ok, out = run(common .. "--epochs 1 --schedule onecycle --checkpoint " .. oc)
+         assert.is_true(ok, out)
+         ok, out = run(common .. "--epochs 2 --schedule onecycle --resume --checkpoint " .. oc)
+         assert.is_false(ok)
+         assert.is_truthy(out:find("the onecycle schedule spans the run", 1, true), out)
+      end)
+   end)
+
+   it("--schedule: the lr of every step follows lm.optim.lr_scheduler", function()
+      local log = dir .. "/step.jsonl"
+      local ok, out = run("--data " .. dir .. " --width 4 --eval-batch 64 --batch-size 32 " ..
+                          "--epochs 3 --lr 0.05 --schedule step --log " .. log ..
+                          " --checkpoint " .. dir .. "/step.ckpt")
+      assert.is_true(ok, out)
+      local lrs = {}
+      for _, r in ipairs(read_log(log)) do
+         assert.are.equal(lm._VERSION, r.version)   -- every record names lumen's version
+         if r.event == "step" then lrs[r.epoch] = lrs[r.epoch] or r.lr end
+      end
+      -- StepLR(step_size = 1, gamma = 0.1): 0.05, 0.005, 0.0005
+      assert.is_true(math.abs(lrs[1] - 0.05) < 1e-12)
+      assert.is_true(math.abs(lrs[2] - 0.005) < 1e-12)
+      assert.is_true(math.abs(lrs[3] - 0.0005) < 1e-12)
    end)
 end)

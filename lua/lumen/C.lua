@@ -40,10 +40,12 @@ local function candidates()
    if dir then
       list[#list + 1] = dir .. "/../../build/liblumen.so"
    end
+   -- installed: lib/lua/5.1/lumen/liblumen.so (make install, luarocks); older installs put it
+   -- at lib/lua/5.1/liblumen.so
    for template in package.cpath:gmatch("[^;]+") do
       if template:find("?", 1, true) then
-         list[#list + 1] = template:gsub("%?", "liblumen")
          list[#list + 1] = template:gsub("%?", "lumen/liblumen")
+         list[#list + 1] = template:gsub("%?", "liblumen")
       end
    end
    return list

@@ -78,7 +78,68 @@ function M.fashion_mnist(split, root)
       argerror("data.fashion_mnist", "images and labels do not match in " .. root)
    end
    -- class labels are 1-based in lumen (cross_entropy, argmax): 1..10
-   return { images = images, labels = labels:to(dtypes.int64):add(1) }
+   return M.TensorDataset(images, labels:to(dtypes.int64):add(1), {
+      name = "FashionMNIST", split = split, root = root, classes = M.FASHION_MNIST_CLASSES })
+end
+
+---------------------------------------------------------------------------------------------
+-- data sets held in tensors
+---------------------------------------------------------------------------------------------
+
+local function sizes_text(t)
+   return "(" .. table.concat(t:size(), ",") .. ")"
+end
+
+local function class_list(classes, n)
+   local shown = {}
+   for i = 1, math.min(#classes, n) do shown[i] = classes[i] end
+   return table.concat(shown, ", ") .. (#classes > n and ", ..." or "")
+end
+
+local TensorDataset = {}
+TensorDataset.__index = TensorDataset
+M._TensorDataset = TensorDataset
+
+--- TensorDataset(images, labels, info): {images = uint8 (N, H, W[, C]), labels = int64 (N) or
+--- nil} with ds:len() (the number of samples), ds:size() (the same, Torch7's name) and
+--- tostring(ds); info may give name, split, root and classes (what data.fashion_mnist fills in).
+--- A DataLoader takes it as it takes a plain {images =, labels =} table.
+function M.TensorDataset(images, labels, info)
+   local fname = "data.TensorDataset"
+   if not tensor.is_tensor(images) then
+      argerror(fname, "images must be a tensor, got " .. tensor.typename(images))
+   end
+   if labels ~= nil and not tensor.is_tensor(labels) then
+      argerror(fname, "labels must be a tensor or nil, got " .. tensor.typename(labels))
+   end
+   if labels ~= nil and (labels:dim() ~= 1 or labels:size(1) ~= images:size(1)) then
+      argerror(fname, "labels must be 1-D with one label per image")
+   end
+   info = info or {}
+   if type(info) ~= "table" then argerror(fname, "info must be a table") end
+   return setmetatable({ images = images, labels = labels, name = info.name, split = info.split,
+                         root = info.root, classes = info.classes }, TensorDataset)
+end
+
+function TensorDataset:len() return self.images:size(1) end
+TensorDataset.size = TensorDataset.len
+
+function TensorDataset.__tostring(self)
+   local lines = { (self.name or "TensorDataset") .. (self.split and (" (" .. self.split .. ")")
+                                                       or "") }
+   if self.root then lines[#lines + 1] = "  root: " .. self.root end
+   lines[#lines + 1] = "  samples: " .. self:len()
+   if self.classes then
+      lines[#lines + 1] = ("  classes: %d (%s)"):format(#self.classes, class_list(self.classes, 5))
+   end
+   lines[#lines + 1] = "  images: " .. tostring(self.images:dtype()) .. " " ..
+      sizes_text(self.images)
+   if self.labels then
+      lines[#lines + 1] = "  labels: " .. tostring(self.labels:dtype()) .. " " ..
+         sizes_text(self.labels)
+   end
+   lines[#lines + 1] = "  transforms: none here (a DataLoader pads, crops, flips and normalizes)"
+   return table.concat(lines, "\n")
 end
 
 ---------------------------------------------------------------------------------------------
@@ -254,6 +315,31 @@ local ImageFolder = {}
 ImageFolder.__index = ImageFolder
 ImageFolder.__len = function(self) return #self.paths end
 
+--- ds:len() -> the number of samples (images); ds:size() is the same (Torch7's name). #ds does
+--- not work on tables under LuaJIT.
+function ImageFolder:len() return #self.paths end
+ImageFolder.size = ImageFolder.len
+
+function ImageFolder.__tostring(self)
+   local io = self._io
+   local t = { ("size %dx%d"):format(self.image_size[1], self.image_size[2]),
+               "crop " .. tostring(self.crop) }
+   if self.crop == "random" and io then
+      t[#t + 1] = ("scale {%.3g, %.3g}, ratio {%.3g, %.3g}"):format(io.scale[0], io.scale[1],
+                                                                  io.ratio[0], io.ratio[1])
+   elseif self.crop == "center" and io and io.resize > 0 then
+      t[#t + 1] = "resize " .. io.resize
+   end
+   if self.skip_corrupt then t[#t + 1] = "skip_corrupt" end
+   return table.concat({
+      "ImageFolder",
+      "  root: " .. self.root,
+      "  samples: " .. self:len(),
+      ("  classes: %d (%s)"):format(#self.classes, class_list(self.classes, 5)),
+      "  transforms: " .. table.concat(t, ", "),
+   }, "\n")
+end
+
 --- ImageFolder(root, opts): one sub-folder of root per class (sorted names -> class ids 1..C),
 --- each holding *.jpg / *.jpeg / *.png files (any depth; names compared case-insensitively).
 --- Nothing is decoded here: a DataLoader over the folder decodes in its worker threads.
@@ -271,7 +357,8 @@ ImageFolder.__len = function(self) return #self.paths end
 ---   skip_corrupt  a DataLoader over the folder leaves out an image it cannot decode (its batch
 ---               is one sample smaller) and says so on stderr, once per file, instead of
 ---               stopping with an error naming the file (false)
---- Fields: root, classes, class_to_idx, paths, labels (int64 (N), 1-based), size = {h, w}.
+--- Fields: root, classes, class_to_idx, paths, labels (int64 (N), 1-based), image_size =
+--- {h, w}; ds:len() (ds:size()) is the number of samples.
 function M.ImageFolder(root, opts)
    local fname = "data.ImageFolder"
    if type(root) ~= "string" then argerror(fname, "root must be a string, got " .. type(root)) end
@@ -341,7 +428,7 @@ function M.ImageFolder(root, opts)
    ffi.copy(C.lm_tensor_data(label_tensor._c), labels, 8 * n)
    return setmetatable({
       root = root, classes = classes, class_to_idx = class_to_idx, paths = paths,
-      labels = label_tensor, size = { tonumber(io.out_h), tonumber(io.out_w) },
+      labels = label_tensor, image_size = { tonumber(io.out_h), tonumber(io.out_w) },
       crop = opts.crop or "none", _io = io, _labels = labels,
       skip_corrupt = skip_corrupt, _warned = {},
    }, ImageFolder)
@@ -417,6 +504,8 @@ local U64 = ffi.typeof("uint64_t")
 local Sampler = {}
 Sampler.__index = Sampler
 Sampler.__len = function(self) return self.num_samples end
+--- sampler:len() -> the samples of this rank per epoch
+function Sampler:len() return self.num_samples end
 
 --- DistributedSampler(n | dataset, opts): each rank's share of the samples 1..n for a job of
 --- num_replicas ranks (PyTorch's torch.utils.data.DistributedSampler). opts: num_replicas and
@@ -615,6 +704,39 @@ function Loader:num_batches()
    return math.ceil(self.n / self.batch_size)
 end
 Loader.__len = Loader.num_batches
+--- loader:len() -> batches per epoch (PyTorch's len(loader))
+Loader.len = Loader.num_batches
+
+function Loader.__tostring(self)
+   local o = self.opts
+   local t = {}
+   if not self.folder then
+      if o.pad > 0 then t[#t + 1] = "pad " .. o.pad end
+      if o.crop_h > 0 then t[#t + 1] = ("crop %dx%d"):format(o.crop_h, o.crop_w) end
+   else
+      t[#t + 1] = ("size %dx%d, crop %s"):format(self.folder.image_size[1],
+                                                self.folder.image_size[2],
+                                                tostring(self.folder.crop))
+   end
+   if o.hflip ~= 0 then t[#t + 1] = "hflip" end
+   local mean, std = {}, {}
+   for c = 0, self.nch - 1 do
+      mean[#mean + 1] = ("%.4g"):format(o.mean[c])
+      std[#std + 1] = ("%.4g"):format(o.std[c])
+   end
+   t[#t + 1] = "normalize mean {" .. table.concat(mean, ", ") .. "} std {" ..
+      table.concat(std, ", ") .. "}"
+   return table.concat({
+      "DataLoader",
+      "  samples: " .. self.n .. (self.sampler and " (this rank's share)" or ""),
+      ("  batches: %d of %d%s"):format(self:len(), self.batch_size,
+                                       self.drop_last and " (drop_last)" or ""),
+      "  order: " .. (self.shuffle and ("shuffled, seed " .. self.seed) or "in order"),
+      ("  output: float32, %d channel(s), %s; %d worker(s)"):format(self.nch,
+         o.out_fmt == dtypes.channels_last.id and "channels_last" or "contiguous", o.workers),
+      "  transforms: " .. table.concat(t, ", "),
+   }, "\n")
+end
 
 --- iterate over one epoch: `for x, y, i in loader:iter(epoch) do ... end` (i: the batch
 --- number, 1-based; y is nil for a data set without labels). epoch defaults to the loader's

@@ -256,6 +256,21 @@ E("Tensor:narrow", "t:narrow(d, start, length) -> Tensor", "Elements start .. st
    { fmt = FMT_VIEW, err = "start 0 (it is 1-based), a range past the end, a 0-d tensor" })
 E("Tensor:select", "t:select(d, i) -> Tensor", "Index i (1-based) of dim d; that dim is "
    .. "removed.", { fmt = FMT_VIEW, err = "an index out of range, a 0-d tensor" })
+E("Tensor[i]", "t[i] -> Tensor or number / t[{i, {a, b}, {}, \":\"}] / t[i] = v / "
+   .. "t[{...}] = v", "Torch7 indexing. t[i] is t:select(1, i) (1-based; negative counts from "
+   .. "the end): a view, with the strides the memory format gives it; on a 1-D tensor it is a "
+   .. "Lua number (t:select(1, i):item()). A table takes one entry per leading dim: a number "
+   .. "selects (the dim goes), {a, b} is the inclusive range a..b (negative from the end), {a} "
+   .. "the range a..a (the dim stays), {} or \":\" the whole dim; dims left out are whole; when "
+   .. "every dim is selected by a number the result is a Lua number. t[i] = v and t[{...}] = v "
+   .. "write v (a number fills, a tensor is broadcast to the slice and copied) into t.",
+   { fmt = FMT_VIEW, err = "an index out of range (`lumen.index: index 5 is out of range for "
+   .. "dimension 1 of size 3`), 0 (indices are 1-based), a non-integer, more entries than "
+   .. "dims, a range past the end, a tensor index, a value that is neither a number nor a "
+   .. "tensor, a tensor that does not broadcast to the slice", note = "#t is not the size: "
+   .. "LuaJIT ignores __len on tables, so #t is always 0; use t:size(1) (the first dim) or "
+   .. "t:numel() (all elements). Reading t[i] records autograd like select; t[i] = v writes in "
+   .. "place (as t:select(1, i):copy_(v))." })
 E("Tensor:unsqueeze", "t:unsqueeze(d) -> Tensor", "Insert a size-1 dim at d.",
    { fmt = FMT_VIEW, err = "already 8 dims" })
 E("Tensor:squeeze", "t:squeeze(d) -> Tensor", "Remove dim d if its size is 1 (no d: every "
@@ -310,7 +325,13 @@ S("math", "Math", [[
 Binary ops take tensors or numbers on either side and broadcast; the result's dtype follows
 PyTorch's type promotion. Every elementwise op picks its output layout by the memory-format rules
 (docs/memory_formats.md). In-place forms end in `_` and return t. `lm.<op>(a, b)` is
-`a:<op>(b)` (a number may come first: `lm.sub(1, t)`).]])
+`a:<op>(b)` (a number may come first: `lm.sub(1, t)`).
+
+Comparisons are methods: `t:gt(2)`, `t:lt(u)`, `t:ge`, `t:le`, `t:eq`, `t:ne` give bool tensors
+(as masks: `lm.where(t:gt(2), t, 0)`, `t:gt(2):sum()`). Lua's
+operators cannot do it: `t > 2` raises Lua's "attempt to compare number with table" (the REPL
+adds this hint to the error), `t < u` raises lumen's error, and `t == 2` is always false (Lua
+compares a table with a number by identity).]])
 local function binary(name, what, extra)
    E("Tensor:" .. name, "t:" .. name .. "(other" .. (extra or "") .. ") -> Tensor", what,
       { fmt = FMT_EW, err = ERR_EW })
@@ -324,11 +345,12 @@ binary("maximum", "The elementwise maximum (NaN propagates).")
 binary("minimum", "The elementwise minimum (NaN propagates).")
 binary("fmod", "The C fmod remainder (sign of t).")
 binary("atan2", "atan2(t, other), elementwise.")
-binary("eq", "t == other as a bool tensor.")
+binary("eq", "t == other as a bool tensor (Lua's t == 2 is always false: use t:eq(2)).")
 binary("ne", "t ~= other as a bool tensor.")
 binary("lt", "t < other as a bool tensor (Lua's < cannot compare tensors: it raises).")
 binary("le", "t <= other as a bool tensor.")
-binary("gt", "t > other as a bool tensor.")
+binary("gt", "t > other as a bool tensor (Lua's t > 2 raises \"attempt to compare\": use "
+   .. "t:gt(2)).")
 binary("ge", "t >= other as a bool tensor.")
 binary("logical_and", "Logical and (non-zero is true), bool result.")
 binary("logical_or", "Logical or, bool result.")
@@ -517,8 +539,13 @@ E("lm.backends.cpu", "lm.backends.cpu.bf16_winograd = false", "The CPU kernels' 
    .. "LUMEN_AMX=0 starts it false): bfloat16 matmuls, linear layers and channels-last "
    .. "convolutions run on AMX tiles where this process has them (amx_available()); false runs "
    .. "the AVX-512 kernels, the same values within bfloat16 rounding. Where AMX is not "
-   .. "available the switch reads back what was set and changes nothing.",
-   { err = "`lumen.backends.cpu.bf16_winograd: expected a boolean` (amx likewise), or `no "
+   .. "available the switch reads back what was set and changes nothing. fp32_precision "
+   .. "(PyTorch's torch.backends.cpu.fp32_precision; \"ieee\" by default, or \"bf16\"): "
+   .. "\"bf16\" runs float32 channels-last convolutions (forward and both gradients) and "
+   .. "float32 matrix products on AMX tiles from operands rounded to bfloat16, sums in float32 "
+   .. "(about 2e-3 relative error, 2^-8 per operand); nothing changes where AMX is not in use.",
+   { err = "`lumen.backends.cpu.bf16_winograd: expected a boolean` (amx likewise), "
+   .. "`lumen.backends.cpu.fp32_precision: expected \"ieee\" or \"bf16\"`, or `no "
    .. "setting named 'x'`" })
 E("lm.backends.cpu.amx_available", "lm.backends.cpu.amx_available() -> boolean", "true when this "
    .. "process can run AMX tiles: the CPU has AMX-BF16 and AMX-TILE (Intel Xeons from Sapphire "
@@ -1153,6 +1180,68 @@ E("Optimizer:load_state_dict", "opt:load_state_dict(sd)", "Restore a state_dict;
    .. "converted to their parameter's dtype and memory format.",
    { err = "groups that differ in number or sizes" })
 
+S("lr_scheduler", "lm.optim.lr_scheduler", [[
+PyTorch's learning-rate schedules, with its keyword arguments as option names and its values,
+step by step (spec/lr_scheduler_spec.lua compares every step with PyTorch 2.x). Build one on an
+optimizer, call `sched:step()` after `opt:step()` (once per epoch; OneCycleLR once per batch;
+ReduceLROnPlateau `sched:step(metric)`). Each sets `opt.param_groups[i].lr`; a rate can also be
+set by hand there (`opt.param_groups[1].lr = 0.01`): the chainable schedules (StepLR,
+ExponentialLR, ...) continue from it, as PyTorch's do. Every scheduler has `sched:step()`,
+`sched:get_last_lr()` (an array, one lr per group), `sched.last_epoch`, `sched.base_lrs`,
+`sched:state_dict()` (a plain table that lm.save_checkpoint saves) and
+`sched:load_state_dict(sd)`. Every constructor also takes `last_epoch = -1`; an unknown option
+is an error naming it.]])
+local SCHED_ERR = "an unknown option, a missing required one, a value of the wrong type or out "
+   .. "of range: `lumen.optim.lr_scheduler.<Name>: <problem>`"
+E("lm.optim.lr_scheduler", "lm.optim.lr_scheduler", "The learning-rate schedules (StepLR, "
+   .. "MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, PolynomialLR, "
+   .. "CosineAnnealingWarmRestarts, OneCycleLR, LambdaLR, ReduceLROnPlateau, SequentialLR) and "
+   .. "their base class LRScheduler.")
+E("lm.optim.lr_scheduler.LRScheduler", "lm.optim.lr_scheduler.LRScheduler", "The base class: "
+   .. "step(), get_last_lr(), state_dict(), load_state_dict(sd); a schedule defines get_lr() "
+   .. "(the chainable form) and optionally _get_closed_form_lr(), as PyTorch's.")
+E("lm.optim.lr_scheduler.StepLR", "StepLR(opt, {step_size =, gamma = 0.1}) -> scheduler",
+   "Multiply every group's lr by gamma every step_size steps.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.MultiStepLR", "MultiStepLR(opt, {milestones =, gamma = 0.1}) -> "
+   .. "scheduler", "Multiply by gamma at each milestone (an array of epochs; a milestone listed "
+   .. "twice multiplies twice).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.ExponentialLR", "ExponentialLR(opt, {gamma =}) -> scheduler",
+   "Multiply by gamma every step.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.CosineAnnealingLR", "CosineAnnealingLR(opt, {T_max =, eta_min = 0}) -> "
+   .. "scheduler", "Cosine from the initial lr down to eta_min over T_max steps, then back up "
+   .. "(PyTorch's recursive form).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.LinearLR", "LinearLR(opt, {start_factor = 1/3, end_factor = 1, "
+   .. "total_iters = 5}) -> scheduler", "Scale the lr linearly from start_factor to end_factor "
+   .. "over total_iters steps (a warm-up).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.PolynomialLR", "PolynomialLR(opt, {total_iters = 5, power = 1}) -> "
+   .. "scheduler", "Decay to 0 over total_iters steps with the given power.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.CosineAnnealingWarmRestarts", "CosineAnnealingWarmRestarts(opt, {T_0 =, "
+   .. "T_mult = 1, eta_min = 0}) -> scheduler", "SGDR: cosine over T_0 steps, restarting, each "
+   .. "period T_mult times longer. sched:step(epoch) also takes a fractional epoch (epoch + "
+   .. "i / iters within an epoch).", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.OneCycleLR", "OneCycleLR(opt, {max_lr =, total_steps = | epochs = and "
+   .. "steps_per_epoch =, pct_start = 0.3, anneal_strategy = \"cos\", div_factor = 25, "
+   .. "final_div_factor = 1e4, three_phase = false, cycle_momentum = true, base_momentum = 0.85, "
+   .. "max_momentum = 0.95}) -> scheduler", "The 1cycle policy, stepped once per batch: lr up "
+   .. "from max_lr/div_factor to max_lr, then down to initial/final_div_factor; with "
+   .. "cycle_momentum the momentum (beta1 for Adam) goes the other way between max_momentum and "
+   .. "base_momentum. max_lr and the momenta may be one per group. Sets initial_lr, max_lr, "
+   .. "min_lr, max_momentum, base_momentum in each group, as PyTorch.",
+   { err = SCHED_ERR .. "; stepping past total_steps (`tried to step N times`)" })
+E("lm.optim.lr_scheduler.LambdaLR", "LambdaLR(opt, {lr_lambda = function(epoch) -> factor}) -> "
+   .. "scheduler", "lr = initial lr * lr_lambda(epoch); lr_lambda may be an array, one function "
+   .. "per group. state_dict leaves the functions out.", { err = SCHED_ERR })
+E("lm.optim.lr_scheduler.ReduceLROnPlateau", "ReduceLROnPlateau(opt, {mode = \"min\", factor = "
+   .. "0.1, patience = 10, threshold = 1e-4, threshold_mode = \"rel\", cooldown = 0, min_lr = "
+   .. "0, eps = 1e-8}) -> scheduler", "Multiply the lr by factor when sched:step(metric) has not "
+   .. "improved for patience steps (metric: a number or a one-element tensor, e.g. the "
+   .. "validation loss); min_lr may be one per group.", { err = SCHED_ERR .. "; step() without "
+   .. "a metric" })
+E("lm.optim.lr_scheduler.SequentialLR", "SequentialLR(opt, {schedulers = {...}, milestones = "
+   .. "{...}}) -> scheduler", "Run schedulers one after another, switching at the milestones "
+   .. "(one fewer than schedulers); e.g. a LinearLR warm-up then CosineAnnealingLR.",
+   { err = SCHED_ERR .. "; a ReduceLROnPlateau or a scheduler of another optimizer among them" })
+
 S("amp", "Mixed precision: lm.autocast, lm.amp", [[
 Automatic mixed precision as PyTorch's torch.autocast and torch.amp.GradScaler
 (docs/mixed_precision.md: what runs in which precision, a training loop, the accuracy to expect).
@@ -1241,19 +1330,26 @@ E("lm.layout.is_channels_last", "lm.layout.is_channels_last(t) -> boolean", "4-D
 E("lm.layout.is_channels_last_3d", "lm.layout.is_channels_last_3d(t) -> boolean", "5-D, "
    .. "channels_last_3d contiguous and not contiguous.")
 E("lm.layout.check", "lm.layout.check(model, input, opts) -> report", "One forward (and "
-   .. "backward) with every leaf module wrapped: report.ok, report.first_lost (module path of "
-   .. "the first module whose output stops being channels-last, or nil; report.first_lost_format "
-   .. "says which: a 4-D output is expected to stay channels_last, a 5-D one channels_last_3d), "
-   .. "report.rows ({path, type, input_format, output_format, grad_format} per call), "
-   .. "tostring(report). 4-D and 5-D parameter gradients are checked against their "
-   .. "parameter's format; other ranks (the 1-D operators' N,C,L) are shown, never judged.",
+   .. "backward) with every module's forward wrapped and every operator traced. report.ok is "
+   .. "false when channels-last (channels_last_3d for 5-D) is lost anywhere: at a leaf's output, "
+   .. "inside a leaf's forward (a functional call, even when the output is channels-last "
+   .. "again), in a container's own forward (an x:contiguous() between two children: a row of "
+   .. "that container, own_code = true), at a module's input (code the trace cannot see), at "
+   .. "the model's output, in a gradient arriving at a module's output or at the input, or in "
+   .. "a parameter gradient. report.first_lost names the module (\"(model)\" for the model's "
+   .. "own forward), with first_lost_format, first_lost_where (\"output\", \"inside\", "
+   .. "\"input\") and first_lost_op (the operator); report.rows has one row per leaf call "
+   .. "({path, type, call, input_format, output_format, grad_format, lost, lost_ops, ...}), a "
+   .. "row marked fused_into for a ReLU fused into its batch norm (nn.utils.bn_relu), and one "
+   .. "marked not_called for a module never called. tostring(report), the rows and "
+   .. "report:to_html() give the same verdict. Other ranks (the 1-D operators' N,C,L) are "
+   .. "shown, never judged.",
    { opts = "{backward = true, loss = fn(output) -> scalar (default output:sum()), trace = "
-   .. "false (true also runs lm.layout.trace and names the operator that lost channels-last "
-   .. "per row: row.lost_ops, report.trace), html = path (also writes the report as a "
-   .. "self-contained HTML page, as report:to_html(path))}; input: a tensor or an array of "
-   .. "arguments", note = "everything is restored afterwards: forwards, .grad, batch-norm "
-   .. "running statistics", err = "an unknown option (`lumen.layout.check: unknown option "
-   .. "'x'`), an html path that cannot be written" })
+   .. "false (true keeps lm.layout.trace's report as report.trace), html = path (also writes "
+   .. "the report as a self-contained HTML page, as report:to_html(path))}; input: a tensor or "
+   .. "an array of arguments", note = "everything is restored afterwards: forwards, .grad, "
+   .. "batch-norm running statistics; docs/checking_models.md", err = "an unknown option "
+   .. "(`lumen.layout.check: unknown option 'x'`), an html path that cannot be written" })
 E("report:to_html", "report:to_html(path) -> true / report:to_html() -> string", "The "
    .. "lm.layout.check report as one self-contained HTML page (inline CSS, no scripts): the "
    .. "module tree coloured by each module's output format (channels-last, contiguous, mixed, "
@@ -1283,10 +1379,18 @@ E("lm.data", "lm.data", "read_idx, fashion_mnist, ImageFolder, DataLoader, image
 E("lm.data.read_idx", "lm.data.read_idx(path) -> Tensor", "An IDX file (MNIST format, .gz or "
    .. "plain) as a contiguous tensor (uint8, int32, float32 or float64 as stored).",
    { err = "missing or malformed file" })
-E("lm.data.fashion_mnist", "lm.data.fashion_mnist(split, root) -> {images, labels}",
-   "Fashion-MNIST (or MNIST: same file names): images uint8 (N,28,28), labels int64 (N), "
-   .. "1-based (1..10).", { opts = "split = \"train\" | \"test\"; root = "
+E("lm.data.fashion_mnist", "lm.data.fashion_mnist(split, root) -> dataset {images, labels}",
+   "Fashion-MNIST (or MNIST: same file names): a TensorDataset with images uint8 (N,28,28), "
+   .. "labels int64 (N), 1-based (1..10), root, split and classes; ds:len() is N and "
+   .. "tostring(ds) a summary.", { opts = "split = \"train\" | \"test\"; root = "
    .. "lm.data.FASHION_MNIST_ROOT", err = "an unknown split, missing files" })
+E("lm.data.TensorDataset", "lm.data.TensorDataset(images, labels, info) -> dataset", "A data "
+   .. "set held in tensors, {images = uint8 (N,H,W[,C]), labels = int64 (N) or nil}: ds:len() "
+   .. "(ds:size(), Torch7's name) is N, tostring(ds) prints its name, root, samples, classes, "
+   .. "sizes and dtypes. A DataLoader takes it as a plain {images =, labels =} table. #ds is "
+   .. "not the length: LuaJIT ignores __len on tables.", { opts = "info = {name =, split =, "
+   .. "root =, classes =}", err = "images that are not a tensor, labels that are not 1-D with "
+   .. "one per image" })
 E("lm.data.FASHION_MNIST_ROOT", "lm.data.FASHION_MNIST_ROOT", "Where Debian's "
    .. "dataset-fashion-mnist puts the files.")
 E("lm.data.FASHION_MNIST_CLASSES", "lm.data.FASHION_MNIST_CLASSES", "The ten class names, "
@@ -1310,8 +1414,9 @@ E("lm.data.load_image", "lm.data.load_image(path, opts) -> Tensor", "One image d
 E("lm.data.ImageFolder", "lm.data.ImageFolder(root, opts) -> dataset", "root/<class>/**.{jpg,"
    .. "jpeg,png}: one sub-folder per class (sorted names -> labels 1..C); nothing is decoded "
    .. "until a DataLoader runs. Fields root, classes, class_to_idx, paths, labels (int64), "
-   .. "size; ds:read(i) (uint8 (H, W, 3)) and ds:load(i, opts) (the sample as the loader "
-   .. "makes it, and its label).",
+   .. "image_size = {h, w}; ds:len() (ds:size()) is the number of images, tostring(ds) a "
+   .. "summary (root, samples, classes, transforms); ds:read(i) (uint8 (H, W, 3)) and "
+   .. "ds:load(i, opts) (the sample as the loader makes it, and its label).",
    { opts = "{size = 224 (number or {h, w}), crop = \"none\" | \"center\" | \"random\" "
    .. "(RandomResizedCrop), resize (for center), scale = {0.08, 1}, ratio = {3/4, 4/3}, "
    .. "draft = true, classes (list), extensions = {\"jpg\", \"jpeg\", \"png\"}, "
@@ -1324,7 +1429,8 @@ E("lm.data.is_image_folder", "lm.data.is_image_folder(x) -> boolean", "true for 
 E("lm.data.DataLoader", "lm.data.DataLoader(dataset, opts) -> loader", "Batches of float32 "
    .. "(B, C, H, W) with int64 labels from {images = uint8 (N,H,W[,C]), labels = int64 (N)} "
    .. "or an ImageFolder. `for x, y, i in loader:iter(epoch, start_batch) do ... end`; "
-   .. "loader:num_batches() gives the batches per epoch.",
+   .. "loader:len() (loader:num_batches()) gives the batches per epoch, tostring(loader) a "
+   .. "summary (samples, batches, order, output format, transforms).",
    { opts = "{batch_size = 64, shuffle = true, seed = 0, drop_last = false, workers = 2, "
    .. "prefetch = max(2, workers), memory_format = lm.channels_last, hflip = false, mean = 0, "
    .. "std = 1 (per channel, [0,1] scale); tensor data sets also pad = 0, crop}",
@@ -1400,8 +1506,10 @@ E("lm.save", "lm.save(tensors, path, metadata)", "Write a table name -> tensor t
 E("lm.load", "lm.load(path) -> table name -> tensor, metadata", "Read a safetensors file; "
    .. "contiguous aligned tensors are views of the mapped file (no copy).",
    { fmt = "each tensor gets back the memory format it was saved with",
-   err = "a missing, truncated, corrupt or hostile file: `lumen.load: ...` (never a read past "
-   .. "the end)" })
+   err = "a file that is not safetensors (`lumen.load: 'x.pt' is not a safetensors file (...; "
+   .. "this is a zip archive, as PyTorch's torch.save writes .pt/.pth files ...)`: zip, pickle, "
+   .. "images, ONNX and text are named); a missing, truncated, corrupt or hostile file: "
+   .. "`lumen.load: ...` (never a read past the end)" })
 E("lm.serialize", "lm.serialize", "The module behind lm.save / lm.load (lm.serialize.save, "
    .. "lm.serialize.load).")
 E("lm.serialize.save", "lm.serialize.save(tensors, path, metadata)", "Same as lm.save.")
@@ -1467,14 +1575,18 @@ E("lm.jit.is_traced", "lm.jit.is_traced(x) -> boolean", "true for a traced modul
 E("lm.onnx", "lm.onnx", "ONNX export (lua/lumen/onnx.lua; the writer build/liblumen_onnx.so is "
    .. "built by make when protoc-c and libprotobuf-c-dev are installed).",
    { note = "loaded on first use; the writer library only when export runs" })
-E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17}) -> path", "Write an ONNX "
+E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17, dynamic_axes = "
+   .. "{input = {[1] = \"batch\"}, output = {[1] = \"batch\"}}}) -> path", "Write an ONNX "
    .. "model of the traced graph (model is traced with input, or a traced module is taken as "
-   .. "it is) that ONNX Runtime runs with the same results.",
+   .. "it is) that ONNX Runtime runs with the same results. dynamic_axes (PyTorch's option, "
+   .. "dims 1-based) makes those dims of the inputs and outputs symbolic; with a dynamic batch "
+   .. "the model runs at any batch size (docs/shipping_models.md).",
    { fmt = "ONNX is NCHW: channels-last values are exported with their logical sizes and "
    .. "weights in logical order", err = "an operator without an ONNX form, a model in training "
-   .. "mode, an opset outside 13-21, the writer not built: `lumen.onnx.export: ...` (nothing "
-   .. "is written)", note = "inputs are named input (input.1, ...), outputs output, weights by "
-   .. "their state_dict names" })
+   .. "mode, an opset outside 13-21, dynamic_axes naming no input or output, a dim past its "
+   .. "rank or a name that is not a string, the writer not built: `lumen.onnx.export: ...` "
+   .. "(nothing is written)", note = "inputs are named input (input.1, ...), outputs output, "
+   .. "weights by their state_dict names" })
 E("lm.onnx.available", "lm.onnx.available() -> boolean", "Whether the ONNX writer library "
    .. "can be loaded.")
 E("lm.onnx.DEFAULT_OPSET", "lm.onnx.DEFAULT_OPSET = 17", "The opset export writes by default.")

@@ -304,10 +304,22 @@ function Report.__tostring(r)
    local rows = {}
    for _, row in ipairs(r.rows) do
       local mark = ""
+      if row.not_called then mark = "  (not called)" end
+      if row.fused_into then mark = "  (fused into " .. row.fused_into .. ")" end
       if row.lost then
-         mark = "  <-- lost " .. (row.lost_format or "channels_last") ..
-            (row.lost_ops and (" (by " .. table.concat(row.lost_ops, ", ") .. ")") or "")
+         local fmt = row.lost_format or "channels_last"
+         local by = row.lost_ops and (" (by " .. table.concat(row.lost_ops, ", ") .. ")") or ""
+         if row.own_code then
+            mark = mark .. "  <-- lost " .. fmt .. " in its own forward" .. by
+         elseif row.lost_where == "input" then
+            mark = mark .. "  <-- input not " .. fmt .. " (lost before this module)" .. by
+         elseif row.lost_where == "inside" then
+            mark = mark .. "  <-- lost " .. fmt .. " inside its forward" .. by
+         else
+            mark = mark .. "  <-- lost " .. fmt .. by
+         end
       end
+      if row.input_note then mark = mark .. "  (" .. row.input_note .. ")" end
       if row.grad_note then mark = mark .. "  (output gradient " .. row.grad_note .. ")" end
       if row.grad_lost then
          mark = mark .. "  <-- output gradient not " .. (row.grad_lost_format or "channels_last") ..
@@ -328,8 +340,19 @@ function Report.__tostring(r)
    lines[#lines + 1] = "input: " .. tostring(r.input_format)
    local ranks = r.output_ranks or {}
    if r.first_lost then
+      local where = ""
+      if r.first_lost_where == "inside" then
+         where = r.first_lost_op and (" (operator " .. r.first_lost_op .. " in its forward)") or
+            " (inside its forward)"
+      elseif r.first_lost_where == "input" then
+         where = " (its input is not " .. (r.first_lost_format or "channels_last") .. ")"
+      elseif r.first_lost_where == "output" then
+         where = r.first_lost == "(model)" and " (its output, after the last module)" or
+            (r.first_lost_op and (" (its output, by " .. r.first_lost_op .. ")") or
+             " (its output)")
+      end
       lines[#lines + 1] = "first module to lose " .. (r.first_lost_format or "channels_last") ..
-         ": " .. r.first_lost
+         ": " .. r.first_lost .. where
    elseif #r.non_cl > 0 then
       local rk, fmt = ranks_phrase(ranks)
       lines[#lines + 1] = ("%d leaf-module output(s) are %s and not %s (first: %s); %s")
@@ -357,6 +380,10 @@ function Report.__tostring(r)
                 "channels-last") .. " (backward order): " .. r.first_grad_lost ..
                (r.first_grad_lost_by and (" (the gradient comes from " .. r.first_grad_lost_by ..
                 ")") or "")
+         end
+         if r.input_grad_format then
+            lines[#lines + 1] = "input gradient: " .. r.input_grad_format ..
+               (r.input_grad_lost and " (NOT in the input's channels-last format)" or "")
          end
          for _, l in ipairs(param_lines(r)) do lines[#lines + 1] = l end
       end
@@ -464,55 +491,98 @@ function M.check(model, input, opts)
    end
    local input_grads = {}
    for i = 1, args.n do
-      if T.is_tensor(args[i]) then input_grads[i] = rawget(args[i], "grad") end
+      if T.is_tensor(args[i]) then
+         input_grads[i] = rawget(args[i], "grad")
+         rawset(args[i], "grad", nil)
+      end
    end
 
-   -- wrap the leaf forwards
-   local current_row -- the leaf call running now (trace's losses are put on it)
-   local hooks = {}
-   local calls = {}
-   local saved = {}
-   for _, leaf in ipairs(leaves) do
-      local m = leaf.m
+   -- Every module's forward is wrapped. A leaf call gets a row; a container call pushes itself on
+   -- the stack of running modules, so that an operator that loses the format in a container's
+   -- own code (an x:contiguous() between two children, a residual add with a contiguous tensor)
+   -- is put on a row of that container, placed where it happened.
+   local mstack = {}   -- the module calls running now, outermost first: {path =, m =, row =}
+   local hooks, calls, saved = {}, {}, {}
+   local path_of, is_leaf = {}, {}
+   for _, pm in ipairs(model:named_modules()) do path_of[pm[2]] = path_of[pm[2]] or pm[1] end
+   for _, leaf in ipairs(leaves) do is_leaf[leaf.m] = true end
+
+   local function hook_grad(row, out)
+      if backward and A.is_grad_enabled() and rawget(out, "requires_grad") == true then
+         hooks[#hooks + 1] = Tensor.register_hook(out, function(g)
+            local gc = cdata_of(g)
+            if gc ~= nil then
+               row.grad_format = classify(gc)
+               row._grad_c = { ndim = gc.ndim, keeps = keeps_cl(gc), broadcast = has_broadcast(gc) }
+            end
+         end)
+      end
+   end
+
+   for _, pm in ipairs(model:named_modules()) do
+      local path, m = pm[1], pm[2]
       saved[#saved + 1] = { m, rawget(m, "forward") }
       local orig = m.forward
-      rawset(m, "forward", function(self, ...)
-         calls[m] = (calls[m] or 0) + 1
-         local row = { path = leaf.path, type = m:type_name(), call = calls[m], module = m }
-         report.rows[#report.rows + 1] = row
-         row._in = (...)
-         local xc = cdata_of((...))
-         if xc ~= nil then
-            row.input_format = classify(xc)
-            row.input_size = sizes_str(xc)
-            row._in_cl = is_cl(xc) and xc.ndim or nil   -- the rank whose format it has
-         end
-         local outer = current_row
-         current_row = row
-         local res = pack(orig(self, ...))
-         current_row = outer
-         local out = first_tensor(res)
-         local oc = out and cdata_of(out)
-         row._out = out
-         if oc ~= nil then
-            row.output_format = classify(oc)
-            row.output_size = sizes_str(oc)
-            row._out_ndim = oc.ndim
-            row._out_keeps = keeps_cl(oc)
-            row._out_cl_like = CL_NAME[oc.ndim] ~= nil and keeps_cl(oc)
-            if backward and A.is_grad_enabled() and rawget(out, "requires_grad") == true then
-               hooks[#hooks + 1] = Tensor.register_hook(out, function(g)
-                  local gc = cdata_of(g)
-                  if gc ~= nil then
-                     row.grad_format = classify(gc)
-                     row._grad_c = { ndim = gc.ndim, keeps = keeps_cl(gc),
-                                     broadcast = has_broadcast(gc) }
-                  end
-               end)
+      if is_leaf[m] then
+         rawset(m, "forward", function(self, ...)
+            calls[m] = (calls[m] or 0) + 1
+            local row = { path = path, type = m:type_name(), call = calls[m], module = m }
+            report.rows[#report.rows + 1] = row
+            row._in = (...)
+            local xc = cdata_of((...))
+            if xc ~= nil then
+               row.input_format = classify(xc)
+               row.input_size = sizes_str(xc)
+               row._in_cl = is_cl(xc) and xc.ndim or nil   -- the rank whose format it has
+               row._in_ndim = xc.ndim
+               row._in_keeps = keeps_cl(xc)
             end
-         end
-         return unpack(res, 1, res.n)
-      end)
+            local top = #mstack + 1
+            mstack[top] = { path = path, m = m, row = row }
+            local res = pack(orig(self, ...))
+            mstack[top] = nil
+            local out = first_tensor(res)
+            local oc = out and cdata_of(out)
+            row._out = out
+            if oc ~= nil then
+               row.output_format = classify(oc)
+               row.output_size = sizes_str(oc)
+               row._out_ndim = oc.ndim
+               row._out_keeps = keeps_cl(oc)
+               row._out_is_cl = is_cl(oc)
+               row._out_cl_like = CL_NAME[oc.ndim] ~= nil and keeps_cl(oc)
+               hook_grad(row, out)
+            end
+            return unpack(res, 1, res.n)
+         end)
+      else
+         rawset(m, "forward", function(self, ...)
+            calls[m] = (calls[m] or 0) + 1
+            local top = #mstack + 1
+            mstack[top] = { path = path, m = m, call = calls[m] }
+            local res = pack(orig(self, ...))
+            mstack[top] = nil
+            return unpack(res, 1, res.n)
+         end)
+      end
+   end
+
+   -- a ReLU fused into the batch norm before it (nn.utils.bn_relu) is never called: it gets a
+   -- row marked fused, with the batch norm's output format
+   local fold = require("lumen.nn.fold")
+   local saved_fused_hook = fold._fused_hook
+   fold._fused_hook = function(fused, into)
+      local into_row
+      for i = #report.rows, 1, -1 do
+         if report.rows[i].module == into then into_row = report.rows[i]; break end
+      end
+      if into_row == nil or path_of[fused] == nil then return end
+      calls[fused] = (calls[fused] or 0) + 1
+      report.rows[#report.rows + 1] = {
+         path = path_of[fused], type = fused:type_name(), call = calls[fused], module = fused,
+         fused_into = row_name(into_row), _fused_row = into_row,
+         input_format = into_row.output_format, output_format = into_row.output_format,
+         output_size = into_row.output_size }
    end
 
    -- reshapes to a lower rank (flatten before a classifier) seen during the forward: their
@@ -539,10 +609,14 @@ function M.check(model, input, opts)
          if rp[3] ~= nil then rawset(rp[1], rp[2], rp[3]); rp[3] = nil end
       end
    end
+   local function unwrap_forwards()
+      for i = #saved, 1, -1 do rawset(saved[i][1], "forward", saved[i][2]) end
+      fold._fused_hook = saved_fused_hook
+   end
 
    local function restore()
       unwrap_reshapers()
-      for i = #saved, 1, -1 do rawset(saved[i][1], "forward", saved[i][2]) end
+      unwrap_forwards()
       for _, h in ipairs(hooks) do pcall(h.remove) end
       for i, nt in ipairs(params) do rawset(nt[2], "grad", grads[i]) end
       for i = 1, args.n do
@@ -553,30 +627,65 @@ function M.check(model, input, opts)
       end)
    end
 
+   -- the forward always runs under lm.layout.trace: an operator called by a module's own code
+   -- (depth 1: not inside another operator, whose own result is what counts) that loses the
+   -- format is put on the row of the module running it
    local function on_lost(l)
-      local row = current_row
-      if row then
-         row.lost_ops = row.lost_ops or {}
-         row.lost_ops[#row.lost_ops + 1] = l.op
+      if l.depth ~= 1 then return end
+      local top = mstack[#mstack]
+      if top == nil then return end
+      local row = top.row
+      if row == nil then
+         -- a container's own code: one row for this call of it, where the loss happened
+         row = { path = top.path, type = top.m:type_name(), call = top.call or 1, own_code = true,
+                 input_format = l.input_format, output_format = l.output_format,
+                 output_size = l.output_size, lost = true, lost_format = l.format,
+                 lost_where = "inside" }
+         report.rows[#report.rows + 1] = row
+         top.row = row
+      end
+      row.lost_ops = row.lost_ops or {}
+      row.lost_ops[#row.lost_ops + 1] = l.op
+      row._inside_lost = row._inside_lost or l.format
+      row._lost_entry = row._lost_entry or l
+   end
+
+   -- the gradient that reaches a channels-last input which requires grad (a hook: the .grad a
+   -- leaf accumulates is always put in the leaf's own format, so it cannot show a loss)
+   if backward then
+      for i = 1, args.n do
+         local ic = cdata_of(args[i])
+         if ic ~= nil and is_cl(ic) and rawget(args[i], "requires_grad") == true then
+            hooks[#hooks + 1] = Tensor.register_hook(args[i], function(g)
+               local gc = cdata_of(g)
+               if gc ~= nil and report.input_grad_format == nil then
+                  report.input_grad_format = classify(gc)
+                  if not keeps_cl(gc) and not has_broadcast(gc) then
+                     report.input_grad_lost = true
+                  end
+               end
+            end)
+            break
+         end
       end
    end
 
    local ok, err = pcall(function()
-      local res
+      local tr = pack(M.trace(function() return model:forward(unpack(args, 1, args.n)) end,
+                              { on_lost = on_lost }))
       if want_trace then
-         -- trace wraps the operators over the reshape wrappers above and puts them back first
-         local tr = pack(M.trace(function() return model:forward(unpack(args, 1, args.n)) end,
-                                 { on_lost = on_lost }))
          report.trace = tr[1]
          report.trace.results = nil -- the report must not keep the model's outputs alive
-         res = { n = tr.n - 1, unpack(tr, 2, tr.n) }
-      else
-         res = pack(model:forward(unpack(args, 1, args.n)))
       end
+      local res = { n = tr.n - 1, unpack(tr, 2, tr.n) }
       unwrap_reshapers()
-      for i = #saved, 1, -1 do rawset(saved[i][1], "forward", saved[i][2]) end
+      unwrap_forwards()
       local out = first_tensor(res)
-      report.output_format = out and classify(cdata_of(out)) or "-"
+      local outc = out and cdata_of(out)
+      report.output_format = outc and classify(outc) or "-"
+      if outc ~= nil then
+         report._out_ndim, report._out_keeps = outc.ndim, keeps_cl(outc)
+      end
       if backward then
          local loss
          if opts.loss then loss = opts.loss(unpack(res, 1, res.n))
@@ -595,12 +704,11 @@ function M.check(model, input, opts)
       end
    end)
    if not ok then
-      -- read the parameter gradients (if any) before restoring, then rethrow
       restore()
       error(err, 0)
    end
 
-   -- parameter gradients (read before the old .grad are put back)
+   -- parameter gradients and the input's (read before the old .grad are put back)
    local leaf_of_param = {}
    for _, leaf in ipairs(leaves) do
       for _, nt in ipairs(leaf.m:named_parameters()) do leaf_of_param[nt[2]] = leaf end
@@ -618,40 +726,88 @@ function M.check(model, input, opts)
             local gc = g and cdata_of(g)
             local f = gc and classify(gc) or "none"
             local good = gc ~= nil and C.lm_is_contiguous(gc, CL_ENUM[rank]) ~= 0
+            local leaf = leaf_of_param[p]
+            if gc == nil and leaf and not calls[leaf.m] then
+               good = true   -- a module never called has no gradient: nothing to judge
+            end
             if not good then
                local name = nt[1] .. " (" .. f .. ")"
                report.bad_params[#report.bad_params + 1] = name
                local by = report.bad_params_by_rank[rank]
                by[#by + 1] = name
             end
-            local leaf = leaf_of_param[p]
             if leaf then pgrad[leaf.m] = f end
          end
       end
    end
    restore()
 
-   -- verdicts
+   -- verdicts, in forward order. state[rank]: "cl" while the last activation of that rank was
+   -- channels-last (the input, or a module's output), "lost" after a loss was reported (the
+   -- modules that then get a non-channels-last input are its consequence, not a new loss)
    local rows = report.rows
+   local state, last_loss = {}, {}
+   if first_in ~= nil and is_cl(first_in) then state[first_in.ndim] = "cl" end
+   local function loss_event(row, rank)
+      state[rank] = "lost"
+      last_loss[rank] = row
+      if not report.first_lost then
+         report.first_lost = row.path == "" and "(model)" or row.path
+         report.first_lost_format = row.lost_format
+         report.first_lost_where = row.lost_where
+         report.first_lost_op = row.lost_ops and row.lost_ops[1] or nil
+         report.first_lost_entry = row._lost_entry
+      end
+   end
+   local RANK_OF = { channels_last = 4, channels_last_3d = 5 }
    for i, row in ipairs(rows) do
-      row.param_grad_format = pgrad[row.module]
-      local rank = row._out_ndim
-      if CL_NAME[rank] then report.output_ranks[rank] = true end
-      if CL_NAME[rank] and not row._out_keeps then
-         report.non_cl[#report.non_cl + 1] = row_name(row)
-         if #report.non_cl == 1 and row._in_cl and row._in_cl ~= rank then
-            -- the first one came from a channels-last input of another rank (a temporal mean)
-            report.non_cl_rank_change = CL_NAME[row._in_cl]
-         end
-         if row._in_cl == rank then
-            row.lost = true
-            row.lost_format = CL_NAME[rank]
-            if not report.first_lost then
-               report.first_lost = row.path
-               report.first_lost_format = row.lost_format
+      if row.own_code then
+         loss_event(row, RANK_OF[row.lost_format])
+      elseif row.fused_into then
+         local fr = row._fused_row
+         row.grad_format = fr.grad_format
+      else
+         row.param_grad_format = pgrad[row.module]
+         local rank = row._out_ndim
+         if CL_NAME[rank] then report.output_ranks[rank] = true end
+         -- the input: not channels-last although the activation before it was
+         local irank = row._in_ndim
+         if CL_NAME[irank] and not row._in_keeps then
+            if state[irank] == "cl" then
+               row.lost, row.lost_format, row.lost_where = true, CL_NAME[irank], "input"
+            elseif state[irank] == "lost" and last_loss[irank] and last_loss[irank].own_code and
+               not last_loss[irank]._noted then
+               -- the loss a container's own code made shows here first
+               last_loss[irank]._noted = true
+               row.input_note = "input not " .. CL_NAME[irank] .. ": lost by " ..
+                  row_name(last_loss[irank]) .. (last_loss[irank].lost_ops and
+                  (" (" .. table.concat(last_loss[irank].lost_ops, ", ") .. ")") or "")
             end
          end
+         if row._in_cl then state[row._in_cl] = state[row._in_cl] or "cl" end
+         -- an operator inside its forward lost it (the output may be channels-last again)
+         if row._inside_lost then
+            row.lost = true
+            row.lost_format = row.lost_format or row._inside_lost
+            row.lost_where = row.lost_where or "inside"
+         end
+         -- the output
+         if CL_NAME[rank] and not row._out_keeps then
+            report.non_cl[#report.non_cl + 1] = row_name(row)
+            if #report.non_cl == 1 and row._in_cl and row._in_cl ~= rank then
+               -- the first one came from a channels-last input of another rank (a temporal mean)
+               report.non_cl_rank_change = CL_NAME[row._in_cl]
+            end
+            if row._in_cl == rank then
+               row.lost = true
+               row.lost_format = CL_NAME[rank]
+               if row.lost_where ~= "input" then row.lost_where = "output" end
+            end
+         end
+         if row.lost then loss_event(row, RANK_OF[row.lost_format]) end
+         if CL_NAME[rank] and row._out_is_cl then state[rank] = "cl" end
       end
+      local rank = row._out_ndim
       local gcl = row._grad_c
       if gcl and row._out_cl_like and gcl.ndim == rank and not gcl.keeps and not gcl.broadcast then
          -- who handed this gradient back: the leaf modules that consumed the output
@@ -681,15 +837,39 @@ function M.check(model, input, opts)
          end
       end
    end
+   -- the model's output: lost after the last module, by code the trace does not see
+   local orank = report._out_ndim
+   if CL_NAME[orank] and not report._out_keeps and state[orank] == "cl" then
+      report.output_lost = true
+      rows[#rows + 1] = { path = "", type = model:type_name(), call = 1, own_code = true,
+                          lost = true, lost_format = CL_NAME[orank], lost_where = "output",
+                          output_format = report.output_format }
+      if not report.first_lost then
+         report.first_lost = "(model)"
+         report.first_lost_format = CL_NAME[orank]
+         report.first_lost_where = "output"
+      end
+   end
+   report._out_ndim, report._out_keeps = nil, nil
+   -- every leaf module has a row: those never called (nor fused) get one at the end
+   for _, leaf in ipairs(leaves) do
+      if not calls[leaf.m] then
+         rows[#rows + 1] = { path = leaf.path, type = leaf.m:type_name(), call = 0,
+                             not_called = true }
+      end
+   end
    for _, row in ipairs(rows) do
       row._in_cl, row._out_ndim, row._out_keeps, row._out_cl_like, row._grad_c = nil, nil, nil,
          nil, nil
-      row._in, row._out, row.module = nil, nil, nil
+      row._in_ndim, row._in_keeps, row._out_is_cl, row._inside_lost, row._noted = nil, nil, nil,
+         nil, nil
+      row._in, row._out, row.module, row._fused_row, row._lost_entry = nil, nil, nil, nil, nil
    end
    report.params_ok = #report.bad_params == 0
    report.ok = report.first_lost == nil and #report.non_cl == 0
    if backward and not report.backward_skipped then
-      report.ok = report.ok and report.params_ok and report.first_grad_lost == nil
+      report.ok = report.ok and report.params_ok and report.first_grad_lost == nil and
+         not report.input_grad_lost
    end
    if opts.html then Report.to_html(report, opts.html) end
    return report
@@ -833,9 +1013,11 @@ function M.trace(fn, opts)
                local saved_stack = {}
                for i = 1, my_depth - 1 do saved_stack[i] = stack[i] end
                saved_stack[my_depth] = name
-               local l = { op = name, chain = saved_stack, format = fmt,
+               local l = { op = name, chain = saved_stack, format = fmt, depth = my_depth,
                            chain_str = chain_string(saved_stack, my_depth),
-                           input = describe(incl), output = describe(oc) }
+                           input = describe(incl), output = describe(oc),
+                           input_format = classify(incl), output_format = classify(oc),
+                           output_size = sizes_str(oc) }
                report.lost[#report.lost + 1] = l
                if on_lost then on_lost(l) end
                if report.ok then

@@ -93,7 +93,7 @@ local function call_class(row)
 end
 
 local function anchor(path)
-   return "m-" .. (path == "" and "root" or path:gsub("[^%w]", "_"))
+   return "m-" .. ((path == "" or path == "(model)") and "root" or path:gsub("[^%w]", "_"))
 end
 
 local function parent_of(path)
@@ -126,11 +126,22 @@ local function row_details(row, backward)
          esc(row.grad_format or "-"),
          row.param_grad_format and (", weight grad " .. esc(row.param_grad_format)) or "")
    end
+   if row.fused_into then
+      parts[#parts + 1] = '<span class="fmt">fused into <code>' .. esc(row.fused_into) ..
+         '</code></span>'
+   end
    if row.lost then
       local ops = row.lost_ops and table.concat(row.lost_ops, ", ") or nil
-      parts[#parts + 1] = '<span class="note">&#9888; loses ' ..
-         (row.lost_format == "channels_last_3d" and "channels_last_3d" or "channels-last") ..
+      local fmt = row.lost_format == "channels_last_3d" and "channels_last_3d" or "channels-last"
+      local what = "loses " .. fmt
+      if row.own_code then what = "loses " .. fmt .. " in its own forward"
+      elseif row.lost_where == "input" then what = "input not " .. fmt
+      elseif row.lost_where == "inside" then what = "loses " .. fmt .. " inside its forward" end
+      parts[#parts + 1] = '<span class="note">&#9888; ' .. what ..
          (ops and (': operator <code>' .. esc(ops) .. '</code>') or "") .. '</span>'
+   end
+   if row.input_note then
+      parts[#parts + 1] = '<span class="fmt">(' .. esc(row.input_note) .. ')</span>'
    end
    if row.grad_lost then
       parts[#parts + 1] = '<span class="note gradlost">output gradient not ' ..
@@ -194,7 +205,10 @@ function M.html(report)
          '<span class="type">%s</span>'):format(class, anchor(m.path), esc(m.path),
          esc(name), esc(m.type or "?"))
       if #kids == 0 then
-         local calls = own[m.path]
+         local calls = {}
+         for _, row in ipairs(own[m.path]) do
+            if not row.not_called then calls[#calls + 1] = row end
+         end
          if #calls == 0 then
             w('<li>' .. head .. '<span class="fmt">not called</span></span></li>')
          else
@@ -207,7 +221,12 @@ function M.html(report)
          end
          return
       end
-      w('<li><details open><summary>' .. head .. '</span>' ..
+      -- a loss in the container's own forward (rows made by the check for it)
+      local own_note = ""
+      for _, row in ipairs(own[m.path]) do
+         if row.own_code then own_note = own_note .. row_details(row, false) end
+      end
+      w('<li><details open><summary>' .. head .. own_note .. '</span>' ..
         (contains_lost and '<span class="contains-lost">&#9888; contains the loss</span>' or "")
         .. '</summary><ul>')
       for _, k in ipairs(kids) do node(k) end
@@ -220,7 +239,8 @@ function M.html(report)
    w('<h1>lumen layout check</h1>\n')
 
    -- the verdict
-   local first_op = report.trace and report.trace.first
+   -- the operator the verdict counted (one called by a module's own code), when it is known
+   local first_op = report.first_lost_entry
    local ranks = report.output_ranks or {}
    if report.ok then
       local params = (report.n_params5 or 0) > 0 and ((report.n_params4 or 0) > 0 and
@@ -236,6 +256,14 @@ function M.html(report)
         anchor(report.first_lost) .. '"><code>' .. esc(report.first_lost) .. '</code></a>' ..
         (first_op and (' by operator <code>' .. esc(first_op.op) .. '</code>') or "") ..
         '</div>\n')
+   elseif report.first_grad_lost then
+      w('<div class="verdict bad">the gradient stops being ' .. esc(
+        report.first_grad_lost_format == "channels_last_3d" and "channels_last_3d" or
+        "channels-last") .. ' at module <a href="#' .. anchor(report.first_grad_lost) ..
+        '"><code>' .. esc(report.first_grad_lost) .. '</code></a></div>\n')
+   elseif #report.non_cl > 0 then
+      w('<div class="verdict bad">not ok: ' .. #report.non_cl .. ' module output(s) are not ' ..
+        'channels-last (first: <code>' .. esc(report.non_cl[1]) .. '</code>)</div>\n')
    else
       w('<div class="verdict bad">not ok: see below</div>\n')
    end
@@ -272,6 +300,10 @@ function M.html(report)
                  "channels_last_3d" and "channels_last_3d" or "channels-last"), '<code>' ..
                  esc(report.first_grad_lost) .. '</code>' .. (report.first_grad_lost_by and
                  (" (from <code>" .. esc(report.first_grad_lost_by) .. "</code>)") or ""))
+         end
+         if report.input_grad_format then
+            fact("input gradient", '<code>' .. esc(report.input_grad_format) .. '</code>' ..
+                 (report.input_grad_lost and " (NOT in the input's channels-last format)" or ""))
          end
          -- "4-D parameter gradients: all 20 channels-last", and the 5-D line
          for _, line in ipairs(require("lumen.layout")._param_lines(report)) do

@@ -50,6 +50,7 @@ int lm_onnx_attr_int(lm_onnx *m, int node, const char *name, int64_t v);
 int lm_onnx_attr_float(lm_onnx *m, int node, const char *name, float v);
 int lm_onnx_attr_ints(lm_onnx *m, int node, const char *name, int n, const int64_t *v);
 int lm_onnx_save(lm_onnx *m, const char *path);
+int lm_onnx_set_dim_param(lm_onnx *m, int is_output, int index, int dim, const char *param);
 ]]
 
 local lib
@@ -70,6 +71,8 @@ local function shim()
    end
    for template in package.cpath:gmatch("[^;]+") do
       if template:find("?", 1, true) then
+         -- installed: lib/lua/5.1/lumen/ beside liblumen.so (older installs: lib/lua/5.1/)
+         list[#list + 1] = (template:gsub("%?", "lumen/liblumen_onnx"))
          list[#list + 1] = (template:gsub("%?", "liblumen_onnx"))
       end
    end
@@ -375,7 +378,14 @@ OPS["F.linear"] = function(B, _, a, outs, g)
    end
 end
 
-local function reshape_to(B, x, sizes, outs)
+-- a Reshape to the traced sizes; with a dynamic batch (dynamic_axes on dim 1) a first size
+-- equal to the traced batch that the input also has becomes 0 (ONNX: copy the input's dim)
+local function reshape_to(B, x, sizes, outs, in_sizes)
+   if B.dyn_batch and in_sizes and sizes[1] == B.dyn_batch and in_sizes[1] == B.dyn_batch then
+      local s = { 0 }
+      for i = 2, #sizes do s[i] = sizes[i] end
+      sizes = s
+   end
    B.node("Reshape", { x, B.const_i64(sizes) }, outs)
 end
 
@@ -388,12 +398,14 @@ OPS["F.flatten"] = function(B, node, a, outs, g)
    if e == nd and s >= 2 and s == 2 then
       B.node("Flatten", { B.name(a[1].id) }, outs, { axis = 1 })
    else
-      reshape_to(B, B.name(a[1].id), value_sizes(g, node.outs.v), outs)
+      reshape_to(B, B.name(a[1].id), value_sizes(g, node.outs.v), outs,
+                 value_sizes(g, a[1].id))
    end
 end
 for _, op in ipairs({ "Tensor.view", "Tensor.reshape", "lm.view", "lm.reshape" }) do
    OPS[op] = function(B, node, a, outs, g)
-      reshape_to(B, B.name(a[1].id), value_sizes(g, node.outs.v), outs)
+      reshape_to(B, B.name(a[1].id), value_sizes(g, node.outs.v), outs,
+                 value_sizes(g, a[1].id))
    end
 end
 
@@ -464,20 +476,72 @@ local PASS = { ["F.dropout"] = true, ["Tensor.contiguous"] = true, ["lm.contiguo
                ["Tensor.clone"] = true, ["lm.clone"] = true, ["Tensor.to"] = true,
                ["Tensor.detach"] = true }
 
---- lm.onnx.export(model, input, path, {opset = 17}) -> path
+-- dynamic_axes = {input = {[1] = "batch"}, output = {[1] = "batch"}} (PyTorch's option, with
+-- 1-based dims) -> {input = {{dim0, name}, ...}, ...} checked; also PyTorch's list form
+-- {input = {1}} (names made up as PyTorch does: "input_dynamic_axes_1")
+local function parse_dynamic_axes(da)
+   if type(da) ~= "table" or getmetatable(da) ~= nil then
+      fail("dynamic_axes must be a table {input = {[1] = \"batch\"}, output = {[1] = " ..
+           "\"batch\"}}, got " .. T.typename(da))
+   end
+   local r = {}
+   for io_name, axes in pairs(da) do
+      if type(io_name) ~= "string" then
+         fail("dynamic_axes: keys are input and output names (\"input\", \"output\", " ..
+              "\"input.2\"), got " .. T.typename(io_name))
+      end
+      if type(axes) ~= "table" or getmetatable(axes) ~= nil then
+         fail(("dynamic_axes.%s must be a table {[dim] = \"name\"} (dims 1-based), got %s")
+              :format(io_name, T.typename(axes)))
+      end
+      local list = {}
+      local is_list = #axes > 0 and type(axes[1]) == "number" and
+         (type(axes[#axes]) == "number")
+      if is_list then
+         for i, d in ipairs(axes) do
+            list[i] = { d, io_name .. "_dynamic_axes_" .. i }
+         end
+      else
+         for d, nm in pairs(axes) do list[#list + 1] = { d, nm } end
+      end
+      for _, e in ipairs(list) do
+         local d, nm = e[1], e[2]
+         if type(d) ~= "number" or d % 1 ~= 0 or d < 1 then
+            fail(("dynamic_axes.%s: dims are 1-based integers, got %s"):format(io_name,
+                 tostring(d)))
+         end
+         if type(nm) ~= "string" or nm == "" then
+            fail(("dynamic_axes.%s[%d] must be a name (a non-empty string), got %s")
+                 :format(io_name, d, T.typename(nm)))
+         end
+      end
+      table.sort(list, function(x, y) return x[1] < y[1] end)
+      r[io_name] = list
+   end
+   return r
+end
+
+--- lm.onnx.export(model, input, path, {opset = 17, dynamic_axes = {input = {[1] = "batch"},
+--- output = {[1] = "batch"}}}) -> path
 --- model: an nn.Module (traced here with input), or a traced module (lm.jit.trace / load /
 --- freeze). The ONNX graph's inputs are named "input" (or "input.1", ...), its outputs
---- "output" (or "output.1", ...), its weights by their state_dict names.
+--- "output" (or "output.1", ...), its weights by their state_dict names. dynamic_axes (PyTorch's
+--- option, dims 1-based) makes those dims symbolic (dim_param) in the graph's inputs and
+--- outputs; a dynamic batch (dim 1 of the inputs) also keeps the batch out of the graph's
+--- Reshape constants, so ONNX Runtime runs the model at any batch size.
 function M.export(model, input, path, opts)
    if type(path) ~= "string" or path == "" then
       fail("path must be a non-empty string, got " .. T.typename(path))
    end
    if opts ~= nil and (type(opts) ~= "table" or getmetatable(opts) ~= nil) then
-      fail("options must be a table {opset =}, got " .. T.typename(opts))
+      fail("options must be a table {opset =, dynamic_axes =}, got " .. T.typename(opts))
    end
    for k in pairs(opts or {}) do
-      if k ~= "opset" then fail("unknown option '" .. tostring(k) .. "'") end
+      if k ~= "opset" and k ~= "dynamic_axes" then
+         fail("unknown option '" .. tostring(k) .. "'")
+      end
    end
+   local dyn = opts and opts.dynamic_axes ~= nil and parse_dynamic_axes(opts.dynamic_axes) or {}
    local opset = opts and opts.opset or M.DEFAULT_OPSET
    if type(opset) ~= "number" or opset % 1 ~= 0 or opset < M.MIN_OPSET or opset > M.MAX_OPSET then
       fail(("opset must be an integer from %d to %d, got %s"):format(M.MIN_OPSET, M.MAX_OPSET,
@@ -513,6 +577,30 @@ function M.export(model, input, path, opts)
    m = ffi.gc(m, L.lm_onnx_free)
    local B = builder(L, m, g, traced.tensors)
    local function io_name(base, i, n) return n == 1 and base or (base .. "." .. i) end
+   -- the names the graph will have, to check dynamic_axes against
+   local names_in, names_out = {}, {}
+   for i = 1, #g.inputs do names_in[io_name("input", i, #g.inputs)] = g.inputs[i] end
+   local out_ids0 = G.enc_ids(g.outputs, {})
+   for i = 1, #out_ids0 do names_out[io_name("output", i, #out_ids0)] = out_ids0[i] end
+   for nm, list in pairs(dyn) do
+      local id = names_in[nm] or names_out[nm]
+      if id == nil then
+         local known = {}
+         for k in pairs(names_in) do known[#known + 1] = k end
+         for k in pairs(names_out) do known[#known + 1] = k end
+         table.sort(known)
+         fail(("dynamic_axes names '%s', which is not an input or output of the graph (%s)")
+              :format(nm, table.concat(known, ", ")))
+      end
+      local nd = #g.values[id].sizes
+      for _, e in ipairs(list) do
+         if e[1] > nd then
+            fail(("dynamic_axes.%s: dim %d, but %s has %d dims"):format(nm, e[1], nm, nd))
+         end
+         -- a dynamic first dim of an input: the batch, kept out of the Reshape constants
+         if names_in[nm] and e[1] == 1 then B.dyn_batch = g.values[id].sizes[1] end
+      end
+   end
    local function add_io(is_out, name, id)
       local v = g.values[id]
       local et = ELEM[v.dtype]
@@ -523,10 +611,18 @@ function M.export(model, input, path, opts)
          fail(ffi.string(L.lm_onnx_error()))
       end
    end
+   local function set_dyn(is_out, index, name)
+      for _, e in ipairs(dyn[name] or {}) do
+         if L.lm_onnx_set_dim_param(m, is_out and 1 or 0, index, e[1] - 1, e[2]) < 0 then
+            fail(ffi.string(L.lm_onnx_error()))
+         end
+      end
+   end
    for i, id in ipairs(g.inputs) do
       local name = io_name("input", i, #g.inputs)
       B.names[id] = name
       add_io(false, name, id)
+      set_dyn(false, i - 1, name)
    end
    local ok, err = pcall(function()
       for k, node in ipairs(g.nodes) do
@@ -550,6 +646,7 @@ function M.export(model, input, path, opts)
       local name = io_name("output", i, #out_ids)
       B.node("Identity", { B.name(id) }, { name })
       add_io(true, name, id)
+      set_dyn(true, i - 1, name)
    end
    if L.lm_onnx_save(m, path) < 0 then fail(ffi.string(L.lm_onnx_error())) end
    return path

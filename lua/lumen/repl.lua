@@ -29,8 +29,25 @@ local VERSION_LINE = "lumen -- " .. (jit and jit.version or _VERSION)
 
 local stderr, stdout = io.stderr, io.stdout
 
+-- hint(msg) -> msg, with a line of advice for Lua errors a Torch7 or PyTorch user meets first:
+-- t > 2 (Lua's comparison operators do not work on tensors and numbers)
+local COMPARE_HINT = "\n(hint: Lua's < > <= >= cannot compare a tensor: use t:gt(2), t:lt(x), " ..
+   "t:ge(x), t:le(x), t:eq(x), t:ne(x), which give bool tensors; and t == 2 is always false, " ..
+   "use t:eq(2))"
+local function hint(msg)
+   if type(msg) ~= "string" then return msg end
+   if msg:find("attempt to compare %a+ with table") or msg:find("attempt to compare table with")
+      or msg:find("attempt to compare two table values") then
+      local cut = msg:find("\nstack traceback:", 1, true)
+      if cut then return msg:sub(1, cut - 1) .. COMPARE_HINT .. msg:sub(cut) end
+      return msg .. COMPARE_HINT
+   end
+   return msg
+end
+M.hint = hint
+
 local function errmsg(msg)
-   stderr:write("lumen: ", tostring(msg), "\n")
+   stderr:write("lumen: ", tostring(hint(msg)), "\n")
    stderr:flush()
 end
 
@@ -76,6 +93,70 @@ end
 
 local MAX_ITEMS = 24
 
+-- lumen's namespaces (lm, lm.nn, lm.optim, lm.optim.lr_scheduler, ...) by table, for printing
+-- them as a summary instead of a list of "function: 0x..." (only what is loaded)
+local function namespaces()
+   local lm = package.loaded["lumen"]
+   local map = {}
+   if type(lm) ~= "table" then return map end
+   local function walk(t, name, depth)
+      if map[t] then return end
+      map[t] = name
+      if depth >= 2 then return end
+      for k, v in pairs(t) do
+         local mt = type(v) == "table" and getmetatable(v)
+         if type(k) == "string" and k:match("^[%a][%w_]*$") and type(v) == "table" and
+            not has_tostring(v) and (mt == nil or (type(mt) == "table" and mt.__call == nil))
+            and rawget(v, "__index") == nil then
+            -- a namespace: functions, or classes (callable tables)
+            local funcs = 0
+            for _, x in pairs(v) do
+               local xm = type(x) == "table" and getmetatable(x)
+               if type(x) == "function" or (type(xm) == "table" and xm.__call ~= nil) then
+                  funcs = funcs + 1
+               end
+            end
+            if funcs > 0 then walk(v, name .. "." .. k, depth + 1) end
+         end
+      end
+   end
+   walk(lm, "lm", 0)
+   return map
+end
+
+-- "lm.optim: Adam, AdamW, Optimizer, SGD; tables: lr_scheduler (help(lm.optim))"
+local function module_summary(name, t)
+   local funcs, tables, values = {}, {}, {}
+   for k, v in pairs(t) do
+      if type(k) == "string" and not k:match("^_") then
+         local tv = type(v)
+         local vm = tv == "table" and debug.getmetatable(v)
+         if tv == "function" or (type(vm) == "table" and vm.__call ~= nil) then
+            funcs[#funcs + 1] = k
+         elseif tv == "table" and not has_tostring(v) then
+            tables[#tables + 1] = k
+         else
+            values[#values + 1] = k
+         end
+      end
+   end
+   table.sort(funcs); table.sort(tables); table.sort(values)
+   local function list(l)
+      if #l <= 40 then return table.concat(l, ", ") end
+      local head = {}
+      for i = 1, 40 do head[i] = l[i] end
+      return table.concat(head, ", ") .. ", ... (" .. #l .. ")"
+   end
+   local parts = { name .. ": a lumen module" }
+   if #funcs > 0 then parts[#parts + 1] = "  functions and classes: " .. list(funcs) end
+   if #tables > 0 then parts[#parts + 1] = "  tables: " .. list(tables) end
+   if #values > 0 then parts[#parts + 1] = "  values: " .. list(values) end
+   parts[#parts + 1] = "  (help(" .. name .. ") or ?" .. name .. " describes it; " .. name ..
+      ".<TAB> completes)"
+   return table.concat(parts, "\n")
+end
+M.module_summary = module_summary
+
 -- a short, one-line picture of a value: strings quoted (inside tables), tables shallowly listed
 -- (array part first), anything with __tostring (tensors, dtypes, formats) through tostring
 local function repr(v, depth, seen)
@@ -117,13 +198,18 @@ local function repr(v, depth, seen)
 end
 M.repr = function(v) return repr(v) end
 
--- top level: strings raw, as the lua REPL does
+-- top level: strings raw, as the lua REPL does; lumen's namespaces (lm.optim) as a summary
 local function print_results(n, ...)
    if n == 0 then return end
    local out = {}
+   local ns
    for i = 1, n do
       local v = select(i, ...)
-      out[i] = type(v) == "string" and v or repr(v)
+      if type(v) == "table" and not has_tostring(v) then
+         ns = ns or namespaces()
+         if ns[v] then out[i] = module_summary(ns[v], v) end
+      end
+      out[i] = out[i] or (type(v) == "string" and v or repr(v))
    end
    stdout:write(table.concat(out, "\t"), "\n")
    stdout:flush()
@@ -592,7 +678,7 @@ local function run_chunk_repl(fn, is_expr)
    if not ok then
       -- after the terminal's "^C"
       if was_interrupted then stderr:write("\n") end
-      stderr:write(short_error(res), "\n")
+      stderr:write(hint(short_error(res)), "\n")
       stderr:flush()
       return
    end

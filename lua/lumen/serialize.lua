@@ -316,6 +316,43 @@ local function duplicate_key(text)
 end
 M._duplicate_key = duplicate_key
 
+-- what the first bytes of a file that is not safetensors look like, for lm.load's message
+local function sniff(b, n)
+   local function starts(...)
+      local sig = { ... }
+      if n < #sig then return false end
+      for i, v in ipairs(sig) do if b[i - 1] ~= v then return false end end
+      return true
+   end
+   if starts(0x50, 0x4B, 0x03, 0x04) then
+      return "this is a zip archive, as PyTorch's torch.save writes .pt/.pth files: save the " ..
+         "state_dict with safetensors from PyTorch instead (docs/checking_models.md, section 6)"
+   end
+   if n >= 2 and b[0] == 0x80 and b[1] >= 2 and b[1] <= 5 then
+      return "this is a Python pickle (torch.save's legacy format): save the state_dict with " ..
+         "safetensors from PyTorch instead (docs/checking_models.md, section 6)"
+   end
+   if starts(0x1F, 0x8B) then return "this is a gzip file" end
+   if starts(0x89, 0x50, 0x4E, 0x47) then return "this is a PNG image" end
+   if starts(0xFF, 0xD8, 0xFF) then return "this is a JPEG image" end
+   if n >= 3 and b[0] == 0x08 and b[1] >= 3 and b[1] < 0x20 and b[2] == 0x12 then
+      return "it may be an ONNX model (lm.onnx.export writes those; lumen does not read them)"
+   end
+   local text = true
+   for i = 0, n - 1 do
+      local c = b[i]
+      if c < 0x09 or (c > 0x0D and c < 0x20) or c >= 0x7F then text = false; break end
+   end
+   if text then
+      local s = {}
+      for i = 0, n - 1 do s[#s + 1] = string.char(b[i]) end
+      return ("it starts with the text %q"):format(table.concat(s))
+   end
+   local hex = {}
+   for i = 0, math.min(n, 12) - 1 do hex[#hex + 1] = ("%02x"):format(b[i]) end
+   return "it starts with the bytes " .. table.concat(hex, " ")
+end
+
 --- lm.load(path) -> table name -> tensor, metadata table (string -> string)
 function M.load(path)
    if type(path) ~= "string" then fail("load", "expected a path string, got %s", type(path)) end
@@ -326,6 +363,20 @@ function M.load(path)
    if file_size < 8 then
       fail("load", "'%s' is not a safetensors file (only %d bytes, no header length)", path,
            file_size)
+   end
+   -- a safetensors file is an 8-byte header length then a JSON object: '{' (the format says so)
+   -- at byte 8 (whitespace, or the '[' of a JSON array, go on to the JSON checks below).
+   -- Anything else is another kind of file, named when it is a common one, rather than a header
+   -- length read from its first bytes.
+   local head = ffi.new("uint8_t[16]")
+   local nhead = math.min(16, file_size)
+   if C.lm_read_file_range(path, 0, nhead, head, nil) ~= 0 then cerr("load") end
+   local b8 = file_size > 8 and head[8] or nil
+   local json_start = b8 == 0x7B or b8 == 0x5B or b8 == 0x20 or b8 == 0x0A or b8 == 0x0D or
+      b8 == 0x09
+   if not json_start then
+      fail("load", "'%s' is not a safetensors file (it should start with an 8-byte header " ..
+           "length and a JSON header '{'; %s)", path, sniff(head, nhead))
    end
    if C.lm_read_file_range(path, 0, 8, buf, nil) ~= 0 then cerr("load") end
    local n = 0

@@ -93,47 +93,89 @@ end
 --- parse `--name value`, `--name=value` and boolean `--flag` arguments against a table of
 --- defaults (the type of each default decides how its value is read; a default of "" or false
 --- is a string or a boolean flag). Prints usage and exits on --help or a bad flag.
-function M.parse_flags(defaults, usage_text, args)
-   local function usage(msg)
-      io.stderr:write((msg and (msg .. "\n") or "") .. "usage: " .. usage_text .. "\n")
-      os.exit(msg and 2 or 0)
+-- parse_flags(defaults, usage_text, args [, help]) -> opt, usage: the examples' flags, parsed
+-- with lua-argparse (Debian's lua-argparse, luarocks' argparse). defaults maps each flag name
+-- (without --) to its default: a boolean is a flag without a value, a number an option that must
+-- be a number, a string any value ("" shows no default). help maps a flag to its meaning (and
+-- optionally help.__description, help.__order = {names in the order -h lists them}). -h/--help
+-- prints the usage with every flag's default and meaning and exits 0. usage(msg) prints msg and
+-- the usage line to stderr and exits 2.
+function M.parse_flags(defaults, usage_text, args, help)
+   help = help or {}
+   local ok, argparse = pcall(require, "argparse")
+   if not ok then
+      io.stderr:write("the examples parse their flags with lua-argparse: apt-get install " ..
+                      "lua-argparse (or luarocks install argparse)\n")
+      os.exit(2)
    end
-   local opt = {}
-   for k, v in pairs(defaults) do opt[k] = v end
-   args = args or {}
-   local i = 1
-   while i <= #args do
-      local a = args[i]
-      local key, val = a:match("^%-%-([%w%-]+)=(.*)$")
-      if not key then key = a:match("^%-%-([%w%-]+)$") end
-      if not key then usage("unexpected argument '" .. a .. "'") end
-      if key == "help" then usage() end
-      if defaults[key] == nil then usage("unknown flag --" .. key) end
-      if type(defaults[key]) == "boolean" then
-         opt[key] = val == nil or val == "true" or val == "1"
+   local prog = usage_text:match("^(.-)%s+%[") or usage_text
+   local p = argparse(prog, help.__description)
+   p:usage_max_width(100)
+   p:help_max_width(100)
+   local names = {}
+   if help.__order then
+      local seen = {}
+      for _, k in ipairs(help.__order) do names[#names + 1] = k; seen[k] = true end
+      local rest = {}
+      for k in pairs(defaults) do if not seen[k] then rest[#rest + 1] = k end end
+      table.sort(rest)
+      for _, k in ipairs(rest) do names[#names + 1] = k end
+   else
+      for k in pairs(defaults) do names[#names + 1] = k end
+      table.sort(names)
+   end
+   for _, k in ipairs(names) do
+      local d = defaults[k]
+      local text = help[k] or ""
+      if type(d) == "boolean" then
+         p:flag("--" .. k, text):target(k)
       else
-         if val == nil then
-            i = i + 1
-            val = args[i]
-            if val == nil then usage("--" .. key .. " needs a value") end
-         end
-         if type(defaults[key]) == "number" then
-            local n = tonumber(val)
-            if not n then usage("--" .. key .. " needs a number, got '" .. val .. "'") end
-            opt[key] = n
-         else
-            opt[key] = val
+         local o = p:option("--" .. k, text):target(k):argname(type(d) == "number" and "N" or
+            "VALUE")
+         if d ~= "" then o:default(tostring(d)) end
+         if type(d) == "number" then
+            o:convert(function(v)
+               local n = tonumber(v)
+               if n == nil then return nil, ("--%s needs a number, got '%s'"):format(k, v) end
+               return n
+            end)
          end
       end
-      i = i + 1
+   end
+   local function usage(msg)
+      io.stderr:write((msg and (msg .. "\n") or "") .. p:get_usage() .. "\n" ..
+                      "(-h for every flag, its default and meaning)\n")
+      os.exit(msg and 2 or 0)
+   end
+   local parsed_ok, res = p:pparse(args or {})
+   if not parsed_ok then usage(res) end
+   local opt = {}
+   for k, d in pairs(defaults) do
+      local v = res[k]
+      if type(d) == "boolean" then opt[k] = v == true
+      elseif v == nil then opt[k] = d
+      elseif type(d) == "number" then opt[k] = tonumber(v)
+      else opt[k] = v end
    end
    return opt, usage
+end
+
+-- help_only(args, text): the examples that take positional arguments print text and exit 0 on
+-- -h / --help (the ones with flags use parse_flags)
+function M.help_only(args, text)
+   for _, a in ipairs(args or {}) do
+      if a == "-h" or a == "--help" then
+         io.write(text:gsub("\n?$", "\n"))
+         os.exit(0)
+      end
+   end
 end
 
 --- write a status line: redrawn in place on a terminal, printed as is otherwise
 function M.status(line, tty, final)
    if tty then
-      io.write("\r" .. line .. (final and "\n" or ""))
+      -- ESC [K erases what a longer previous line left after this one ("ETA 12:513")
+      io.write("\r" .. line .. "\27[K" .. (final and "\n" or ""))
       io.flush()
    else
       print(line)

@@ -133,6 +133,28 @@ int lm_onnx_add_io(lm_onnx *m, int is_output, const char *name, int32_t elem_typ
    return 0;
 }
 
+/* dimension dim (0-based) of graph input (is_output 0) or output (1) number index (0-based, in
+   the order they were added) becomes the symbolic dim_param (dynamic_axes: "batch") */
+int lm_onnx_set_dim_param(lm_onnx *m, int is_output, int index, int dim, const char *param) {
+   if (!m || !param || !*param) return fail("lm_onnx_set_dim_param: bad arguments");
+   size_t n = is_output ? m->graph->n_output : m->graph->n_input;
+   if (index < 0 || (size_t)index >= n) {
+      return fail("lm_onnx_set_dim_param: no graph %s number %d", is_output ? "output" : "input",
+                  index);
+   }
+   Onnx__ValueInfoProto *vi = is_output ? m->graph->output[index] : m->graph->input[index];
+   Onnx__TensorShapeProto *sh = vi->type->tensor_type->shape;
+   if (dim < 0 || (size_t)dim >= sh->n_dim) {
+      return fail("lm_onnx_set_dim_param: %s has no dimension %d", vi->name, dim + 1);
+   }
+   char *p = dup_str(param);
+   if (!p) return fail("out of memory");
+   Onnx__TensorShapeProto__Dimension *d = sh->dim[dim];
+   d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+   d->dim_param = p;
+   return 0;
+}
+
 /* a constant tensor: nbytes of data in row-major order (copied) */
 int lm_onnx_add_initializer(lm_onnx *m, const char *name, int32_t elem_type, int ndims,
                             const int64_t *dims, const void *data, size_t nbytes) {

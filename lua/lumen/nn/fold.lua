@@ -356,7 +356,11 @@ function M.bn_relu(bn, relu, x, residual)
       fail("nn.utils.bn_relu", "relu: Module expected, got " .. T.typename(relu))
    end
    if FUSED_BN[bn:type_name()] and relu:type_name() == "ReLU" then
-      return bn:forward(x, residual ~= nil and { residual = residual, relu = true } or RELU_ONLY)
+      local y = bn:forward(x, residual ~= nil and { residual = residual, relu = true } or RELU_ONLY)
+      -- lm.layout.check sets this while it runs: the ReLU gets a row, marked fused into bn
+      local hook = M._fused_hook
+      if hook ~= nil then hook(relu, bn) end
+      return y
    end
    local y = bn(x)
    if residual ~= nil then y = y + residual end

@@ -197,4 +197,7 @@ M.AdamW = Optimizer.class("AdamW", {
    maximize = false,
 }, adam_update(true), adam_validate)
 
+-- lm.optim.lr_scheduler: PyTorch's learning-rate schedules (lua/lumen/optim/lr_scheduler.lua)
+M.lr_scheduler = require("lumen.optim.lr_scheduler")
+
 return M
