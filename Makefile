@@ -197,9 +197,20 @@ test-amx-emu: amx-emu
 	   LUMEN_TEST_FILES="$(AMX_SPECS)" LUMEN_TEST_CPROGS="$(AMX_CPROGS)" LUMEN_EXPECT_AMX=1 \
 	   bash tools/run_tests.sh $(TEST_ARGS)
 
+# the ASan library of asan-amx-emu: make asan's objects, but for the files that AMX_EMU=1 changes
+# (those that mention LUMEN_AMX_EMU or include amx.h, directly or through one header), compiled
+# again with it into $(ASAN_AMX_BUILD)/ (a few files instead of the whole library)
+AMX_EMU_HDRS := $(notdir $(shell grep -l -e LUMEN_AMX_EMU -e 'amx\.h"' kernels/cpu/*.h src/*.h 2>/dev/null))
+AMX_EMU_SRCS := $(shell grep -l -e LUMEN_AMX_EMU $(foreach h,$(AMX_EMU_HDRS),-e '"$(h)"') $(SRCS) 2>/dev/null)
+ASAN_AMX_OBJS = $(patsubst %.c,$(ASAN_AMX_BUILD)/%.o,$(AMX_EMU_SRCS)) \
+   $(patsubst %.c,$(ASAN_BUILD)/%.o,$(filter-out $(AMX_EMU_SRCS),$(SRCS)))
+
 asan-amx-emu:
+	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
+	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen.so lua/lumen/cdef.lua
 	$(MAKE) BUILD=$(ASAN_AMX_BUILD) AMX_EMU=1 OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
-	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_AMX_BUILD)/liblumen.so lua/lumen/cdef.lua
+	   $(patsubst %.c,$(ASAN_AMX_BUILD)/%.o,$(AMX_EMU_SRCS))
+	$(CC) -o $(ASAN_AMX_BUILD)/liblumen.so $(ASAN_AMX_OBJS) $(LDFLAGS_BASE) $(ASAN_FLAGS)
 	@$(TEST_ENV) BUILD="$(ASAN_AMX_BUILD)" LUMEN_LIB="$(CURDIR)/$(ASAN_AMX_BUILD)/liblumen.so" \
 	   LUMEN_TEST_FILES="$(ASAN_AMX_SPECS)" LUMEN_TEST_CPROGS="$(AMX_CPROGS)" LUMEN_EXPECT_AMX=1 \
 	   TEST_CFLAGS="$(ASAN_FLAGS)" \
