@@ -554,6 +554,56 @@ describe("lm.backends.cpu.amx and lm.backends.cpu.isa()", function()
       end
    end)
 
+   amx_it("fp32_precision = \"bf16\": float32 convolutions and products on the tiles from "
+          .. "bfloat16-rounded operands, float32 results, against float64", function()
+      lm.manual_seed(353)
+      on_amx(function()
+         local function rel(a, b)
+            return (a:double() - b:double()):abs():max():item() /
+                   (b:double():abs():max():item() + 1e-30)
+         end
+         for _, c in ipairs({ CONVS[2], CONVS[5], CONVS[7], CONVS[12], CONVS[20] }) do
+            local opts = { stride = c[6], padding = c[7], dilation = c[8] }
+            local x = lm.randn({ c[9], c[1], c[3], c[4] }):contiguous(lm.channels_last)
+            local w = (lm.randn({ c[2], c[1], c[5], c[5] }) * 0.2):contiguous(lm.channels_last)
+            local b = lm.randn({ c[2] })
+            local ref = F.conv2d(x:double(), w:double(), b:double(), opts)
+            local g = lm.randn(ref:size()):contiguous(lm.channels_last)
+            local xd, wd = x:double():requires_grad_(true), w:double():requires_grad_(true)
+            F.conv2d(xd, wd, nil, opts):backward(g:double())
+            lm.backends.cpu.fp32_precision = "bf16"
+            local ok, err = pcall(function()
+               local xg, wg, bg = x:clone():requires_grad_(true), w:clone():requires_grad_(true),
+                                  b:clone():requires_grad_(true)
+               local y = F.conv2d(xg, wg, bg, opts)
+               assert.equal(tostring(lm.float32), tostring(y:dtype()))
+               assert.is_true(y:is_contiguous(lm.channels_last))
+               y:backward(g)
+               local what = conv_name(c, "cl") .. " fp32_precision bf16"
+               assert(rel(y, ref) < 1e-2, what .. ": output " .. rel(y, ref))
+               assert(rel(xg.grad, xd.grad) < 1e-2, what .. ": grad input")
+               assert(rel(wg.grad, wd.grad) < 1e-2, what .. ": grad weight")
+               -- the bias gradient stays an exact float32 sum
+               assert(rel(bg.grad, g:double():sum({ 1, 3, 4 })) < 1e-5, what .. ": grad bias")
+            end)
+            lm.backends.cpu.fp32_precision = "ieee"
+            if not ok then error(err, 0) end
+         end
+         local a, bm = lm.randn({ 70, 300 }), lm.randn({ 300, 90 })
+         local refm = lm.mm(a:double(), bm:double())
+         lm.backends.cpu.fp32_precision = "bf16"
+         local m = lm.mm(a, bm)
+         lm.backends.cpu.fp32_precision = "ieee"
+         assert.equal(tostring(lm.float32), tostring(m:dtype()))
+         assert(rel(m, refm) < 1e-2, "mm fp32_precision bf16 " .. rel(m, refm))
+         assert(rel(lm.mm(a, bm), refm) < 1e-5, "mm ieee")
+         local ok, err = pcall(function() lm.backends.cpu.fp32_precision = "tf32" end)
+         assert.is_false(ok)
+         assert.matches('expected "ieee" or "bf16"', err, 1, true)
+         assert.equal("ieee", lm.backends.cpu.fp32_precision)
+      end)
+   end)
+
    it("rejects values that are not booleans, and bad levels / options in C", function()
       for _, v in ipairs({ 1, 0, "true", {} }) do
          local ok, err = pcall(function() lm.backends.cpu.amx = v end)
