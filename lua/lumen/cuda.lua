@@ -185,8 +185,8 @@ local function switches(path, fields, defaults, get, set)
          local names = type(id) == "table" and id.names or nil
          local num
          if names then
-            for k, n in pairs(names) do
-               if n == value then num = k end
+            for k = 0, #names do
+               if names[k] == value then num = k end
             end
             if num == nil then
                local list = {}
