@@ -1,5 +1,6 @@
 /* avx512_util.h -- small AVX-512 helpers shared by the kernels compiled with AVX-512 flags
- * (gemm_avx512*.c, conv_avx512*.c, conv_rb_avx512.c). Include only from *_avx512*.c files. */
+ * (gemm_avx512*.c, conv_avx512*.c, conv_rb_avx512.c, *_amx.c). Include only from files built
+ * with AVX-512 flags. */
 #ifndef LUMEN_AVX512_UTIL_H
 #define LUMEN_AVX512_UTIL_H
 #include <immintrin.h>
@@ -43,6 +44,35 @@ static inline __attribute__((always_inline)) void acc_zero(__m512 (*a)[4], const
    for (int k = 0; k < PB; k++)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) a[k][v] = _mm512_setzero_ps();
+}
+
+/* float32 -> bfloat16, round to nearest even, NaN kept quiet: bit-identical with lm_f2bf (the
+   rounding every GEMM path uses; vcvtneps2bf16 would flush denormals). Needs <stdint.h>. */
+static inline __m256i bf16_round16(__m512 v) {
+   const __m512i x = _mm512_castps_si512(v);
+   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+   __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+   const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+   r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+   return _mm512_cvtepi32_epi16(r);
+}
+
+/* 16 bfloat16 values -> float32 (exact) */
+static inline __m512 bf16_widen16(__m256i h) {
+   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 16 words from two k rows of bfloat16 r0 (even k, low half) and r1 (odd k, NULL past kc), the
+   first nv (0..16) valid, zeros after: the k-pair layout of vdpbf16ps and TDPBF16PS operands */
+static inline __m512i bf16_pair_words(const unsigned short *r0, const unsigned short *r1, int nv) {
+   const __mmask16 mk = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nv > 0 ? nv : 0)) - 1u);
+   __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r0));
+   if (r1)
+      w = _mm512_or_si512(
+         w, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r1)), 16));
+   return w;
 }
 
 #endif

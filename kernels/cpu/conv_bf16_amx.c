@@ -86,7 +86,7 @@ static inline void epi_row(const float *t, int nr, const lm_amx_epi *ep, void *o
          v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, (const float *)(const void *)ep->res +
                                                            at + h));
       else if (ep->res)
-         v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, ep->res + at + h)));
+         v = _mm512_add_ps(v, bf16_widen16(_mm256_maskz_loadu_epi16(mk, ep->res + at + h)));
       if (ep->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
       if (ep->f32)
          _mm512_mask_storeu_ps((float *)out + at + h, mk, v);

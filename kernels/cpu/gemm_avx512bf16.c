@@ -37,22 +37,6 @@
 
 #define B_DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps()
 
-/* float32 -> bfloat16, round to nearest even, NaN kept quiet: bit-identical with lm_f2bf (the
-   rounding every other path uses; vcvtneps2bf16 would flush denormals) */
-static inline __m256i f2bf16(__m512 v) {
-   const __m512i x = _mm512_castps_si512(v);
-   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-   __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
-   const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-   r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-   return _mm512_cvtepi32_epi16(r);
-}
-
-static inline __m512 bf16tof(__m256i h) {
-   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 
 /* row i of a full tile, csc == 1: C = alpha * acc + beta * C */
 #define B_STORE(i)                                                                              \
@@ -61,12 +45,12 @@ static inline __m512 bf16tof(__m256i h) {
       if (c_bf16) {                                                                             \
          uint16_t *cr_ = (uint16_t *)c + (i) * rsc;                                             \
          if (beta != 0.0f) {                                                                    \
-            r0_ = _mm512_fmadd_ps(vb, bf16tof(_mm256_loadu_si256((const __m256i *)cr_)), r0_);  \
-            r1_ = _mm512_fmadd_ps(vb, bf16tof(_mm256_loadu_si256((const __m256i *)(cr_ + 16))), \
+            r0_ = _mm512_fmadd_ps(vb, bf16_widen16(_mm256_loadu_si256((const __m256i *)cr_)), r0_);  \
+            r1_ = _mm512_fmadd_ps(vb, bf16_widen16(_mm256_loadu_si256((const __m256i *)(cr_ + 16))), \
                                   r1_);                                                         \
          }                                                                                      \
-         _mm256_storeu_si256((__m256i *)cr_, f2bf16(r0_));                                      \
-         _mm256_storeu_si256((__m256i *)(cr_ + 16), f2bf16(r1_));                               \
+         _mm256_storeu_si256((__m256i *)cr_, bf16_round16(r0_));                                      \
+         _mm256_storeu_si256((__m256i *)(cr_ + 16), bf16_round16(r1_));                               \
       } else {                                                                                  \
          float *cr_ = (float *)c + (i) * rsc;                                                   \
          if (beta != 0.0f) {                                                                    \
@@ -138,15 +122,6 @@ static inline __m512 row_words(const uint16_t *row, int64_t p20, int64_t kc) {
       _mm512_maskz_loadu_epi16(mask32(left < 32 ? (int)left : 32), row + 2 * p20));
 }
 
-/* 16 words from two k rows r0 (even k) and r1 (odd k, NULL past kc), nv (0..16) valid */
-static inline __m512i pair_words(const uint16_t *r0, const uint16_t *r1, int nv) {
-   const __mmask16 mk = mask16(nv);
-   __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r0));
-   if (r1)
-      w = _mm512_or_si512(
-         w, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r1)), 16));
-   return w;
-}
 
 enum { PFA = 8 }; /* k pairs ahead that pack_a prefetches strided k columns */
 
@@ -185,7 +160,7 @@ void lm_bgemm_pack_a_avx512bf16(int64_t mc, int64_t kc, const uint16_t *a, int64
          }
          for (int64_t i0 = 0; i0 < mc; i0 += BMR) {
             const int mr = mc - i0 < BMR ? (int)(mc - i0) : BMR;
-            const __m512i w = pair_words(c0 + i0, c1 ? c1 + i0 : NULL, mr);
+            const __m512i w = bf16_pair_words(c0 + i0, c1 ? c1 + i0 : NULL, mr);
             _mm512_mask_storeu_epi32(dst + i0 * kc2 + p2 * BMR, m14, w);
          }
       }
@@ -205,8 +180,8 @@ void lm_bgemm_pack_b_avx512bf16(int64_t kc, int64_t nc, const uint16_t *b, int64
             const int64_t j0 = q * BNR;
             const int nr = nc - j0 < BNR ? (int)(nc - j0) : BNR;
             uint32_t *d = dst + q * BNR * kc2 + p2 * BNR;
-            _mm512_store_si512(d, pair_words(r0 + j0, r1 ? r1 + j0 : NULL, nr < 16 ? nr : 16));
-            _mm512_store_si512(d + 16, nr > 16 ? pair_words(r0 + j0 + 16,
+            _mm512_store_si512(d, bf16_pair_words(r0 + j0, r1 ? r1 + j0 : NULL, nr < 16 ? nr : 16));
+            _mm512_store_si512(d + 16, nr > 16 ? bf16_pair_words(r0 + j0 + 16,
                                                             r1 ? r1 + j0 + 16 : NULL, nr - 16)
                                                : _mm512_setzero_si512());
          }

@@ -46,16 +46,6 @@ static inline __mmask16 mask16(int n) {
    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
 }
 
-/* 16 words from two k rows r0 (even k) and r1 (odd k, NULL past kc), nv (0..16) valid */
-static inline __m512i pair_words(const uint16_t *r0, const uint16_t *r1, int nv) {
-   const __mmask16 mk = mask16(nv);
-   __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r0));
-   if (r1)
-      w = _mm512_or_si512(
-         w, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, r1)), 16));
-   return w;
-}
-
 void lm_amx_pack_b(int64_t kc, int64_t nc, const uint16_t *b, int64_t rsb, int64_t csb,
                    int64_t q0, int64_t q1, uint32_t *dst, int64_t prow) {
    const int64_t kc2 = (kc + 1) / 2, kc2p = rup(kc, 32) / 2;
@@ -93,7 +83,7 @@ void lm_amx_pack_a(int64_t mc, int64_t kc, const uint16_t *a, int64_t rsa, int64
             for (int w = 0; w < 16; w++) {
                const int64_t p = 32 * t + 2 * w;
                r[w] = p < kc && ni > 0
-                         ? _mm512_castsi512_ps(pair_words(a + i0 + p * csa,
+                         ? _mm512_castsi512_ps(bf16_pair_words(a + i0 + p * csa,
                                                           p + 1 < kc ? a + i0 + (p + 1) * csa
                                                                      : NULL,
                                                           ni))
@@ -135,12 +125,12 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
       __m512 v = _mm512_mul_ps(va, _mm512_maskz_loadu_ps(mk, t + j));
       if (c_bf16) {
          uint16_t *cp = (uint16_t *)c + j;
-         if (beta != 0.0f) v = _mm512_fmadd_ps(vb, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, cp)), v);
+         if (beta != 0.0f) v = _mm512_fmadd_ps(vb, bf16_widen16(_mm256_maskz_loadu_epi16(mk, cp)), v);
          if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
-         if (res) v = _mm512_add_ps(v, amx_bf2f16(_mm256_maskz_loadu_epi16(mk, res + j)));
+         if (res) v = _mm512_add_ps(v, bf16_widen16(_mm256_maskz_loadu_epi16(mk, res + j)));
          if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
          _mm256_mask_storeu_epi16(cp, mk,
-                                  ep ? (__m256i)_mm512_cvtneps_pbh(v) : amx_f2bf16(v));
+                                  ep ? (__m256i)_mm512_cvtneps_pbh(v) : bf16_round16(v));
       } else {
          float *cp = (float *)c + j;
          if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, cp), v);

@@ -9,6 +9,7 @@
 #define LUMEN_GEMM_BF16_AMX_H
 #include "amx.h"
 #include "gemm_internal.h"
+#include "avx512_util.h"
 #include <immintrin.h>
 
 /* one segment of a batch-reduce: A rows (k contiguous) at a, B panel rows at b; step t reads A
@@ -96,21 +97,6 @@ static inline __attribute__((always_inline)) void amx_store_32x32(float *cout, i
    LM_TILE_STORE(3, cout + 16 * ldcout + 16, ldcout * 4);
 }
 
-/* float32 -> bfloat16, round to nearest even, NaN kept quiet: bit-identical with lm_f2bf */
-static inline __m256i amx_f2bf16(__m512 v) {
-   const __m512i x = _mm512_castps_si512(v);
-   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-   __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
-   const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-   r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-   return _mm512_cvtepi32_epi16(r);
-}
-
-static inline __m512 amx_bf2f16(__m256i h) {
-   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 
 /* the fused epilogue of a bfloat16 C (a convolution's): + bias[j] (float32), + res[i * rsr + j]
    (bfloat16), ReLU, before the rounding; any of them NULL / 0. With an epilogue the rounding is
