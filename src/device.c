@@ -4,6 +4,7 @@
  * (the test device, kernels/sim/). The registry is constant: every backend is a static table
  * that its own file hands out, so nothing here changes at run time. */
 #include "backend.h"
+#include "impl.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -22,6 +23,8 @@ static const char *const op_names[LM_OP_COUNT] = {
 const char *lm_op_name(int kind) {
    return kind >= 0 && kind < LM_OP_COUNT ? op_names[kind] : "unknown operator";
 }
+
+int lm_op_count(void) { return LM_OP_COUNT; }
 
 /* ---- meta: sizes, strides, dtype and memory format only ----
  * A meta storage has no bytes. Its data pointer is a fixed non-canonical address (bit 62 set), so
@@ -344,6 +347,19 @@ lm_status lm_check_host(const lm_tensor *t, const char *what) {
    return lm_error(LM_ERR_DEVICE, "%s is on %s; copy it to the CPU first", what, d);
 }
 
+static lm_status dispatch(const lm_op *op, const lm_tensor *first) {
+   if (!first || first->device == LM_CPU) {
+      /* the common case without a registry walk; the CPU supports every op */
+      const lm_backend *cpu = lm_cpu_backend();
+      return cpu->compute(cpu, op);
+   }
+   const lm_backend *b = lm_backend_get(first->device);
+   if (!b) return LM_ERR_DEVICE;
+   if (!b->supports_op(b, op))
+      return lm_error(LM_ERR_DEVICE, "%s is not supported on %s", lm_op_name(op->kind), b->name);
+   return b->compute(b, op);
+}
+
 lm_status lm_dispatch(const lm_op *op) {
    const lm_tensor *first = NULL;
    for (int i = 0; i < op->nt; i++) {
@@ -353,16 +369,14 @@ lm_status lm_dispatch(const lm_op *op) {
       else if (t->device != first->device)
          return lm_check_same_device(first, t, lm_op_name(op->kind));
    }
-   if (!first || first->device == LM_CPU) {
-      /* the common case without a registry walk; the CPU supports every op */
-      const lm_backend *cpu = lm_cpu_backend();
-      return cpu->compute(cpu, op);
-   }
-   if (first->device == LM_META) return LM_OK;
-   const lm_backend *b = lm_backend_get(first->device);
-   if (!b) return LM_ERR_DEVICE;
-   if (!b->supports_op(b, op))
-      return lm_error(LM_ERR_DEVICE, "%s is not supported on %s", lm_op_name(op->kind), b->name);
-   return b->compute(b, op);
+   if (first && first->device == LM_META) return LM_OK;
+   if (!lm_verbose()) return dispatch(op, first);
+   /* LUMEN_VERBOSE: one line per kernel call, naming the implementation that ran (src/impl.h) */
+   const int device = first ? first->device : LM_CPU;
+   lm_verbose_frame f;
+   lm_verbose_begin(&f, op, device);
+   const lm_status st = dispatch(op, first);
+   lm_verbose_end(&f, op, device, st);
+   return st;
 }
 

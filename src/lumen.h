@@ -359,6 +359,27 @@ enum { LM_CPU_OPT_BF16_WINOGRAD = 0, LM_CPU_OPT_AMX = 1, LM_CPU_OPT_FP32_BF16 = 
        LM_CPU_NUM_OPTS = 3 };
 lm_status lm_cpu_set_option(int which, int value);
 lm_status lm_cpu_get_option(int which, int *value);
+/* Which implementation ran (src/impl.h, docs/performance.md "Which kernel ran"). The CPU
+   families with several kernels choose from ordered implementation lists; each implementation
+   has a stable name. lm_cpu_impl_count / lm_cpu_impl_info: the names in order (NULL past the
+   end), whether the name is its family's fallback (which cannot be switched off), the older
+   environment variable that also switches it off ("0"), and a one-line description.
+   lm_cpu_disable(name, 1) switches an implementation off (0: on again; the next entry of its
+   list runs, with the same semantics), an error for an unknown name or a fallback;
+   LUMEN_CPU_DISABLE=a,b does the same at start. lm_cpu_impl_disabled: 1 off, 0 on, -1 unknown.
+   lm_set_verbose(level) (LUMEN_VERBOSE at start): 1 prints one line per kernel call on stderr,
+   "lumen_verbose,exec,DEVICE,OP,IMPLEMENTATION,DTYPE,FORMAT,SHAPES,MS", 2 also each skipped
+   entry, "lumen_verbose,skip,DEVICE,OP,IMPLEMENTATION,REASON"; returns the level before
+   (levels outside 0..2 change nothing). */
+int lm_cpu_impl_count(void);
+const char *lm_cpu_impl_info(int i, int *fallback, const char **alias, const char **doc);
+lm_status lm_cpu_disable(const char *name, int off);
+int lm_cpu_impl_disabled(const char *name);
+int lm_set_verbose(int level);
+int lm_get_verbose(void);
+/* the number of operator kinds this library was built with (LM_OP_COUNT of src/backend.h): the
+   CUDA library built against another count refuses to load */
+int lm_op_count(void);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);
 /* out += a b (2-D, one dtype and device), each sum rounded once: torch.addmm with beta = alpha = 1 */
 lm_status lm_addmm_(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);

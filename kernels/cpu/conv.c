@@ -15,6 +15,7 @@
 #include "cpu.h"
 #include "gemm_internal.h"
 #include "amx.h"
+#include "impl.h"
 #include <stdio.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -125,35 +126,228 @@ static void *bias_dense(const lm_tensor *b, int dtype, size_t *bytes) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * the float32 / float64 algorithm choice on raw pointers (shared by the float32 fallback of
- * float16 / bfloat16). stream: NULL, or in: the output is a cold allocator block; out: it was
- * written with streaming stores.
+ * the float32 / float64 implementation lists on raw pointers (shared by the float32 route of
+ * float16 / bfloat16), in order of preference (src/impl.h: names, LUMEN_VERBOSE, disable).
+ * stream: NULL, or in: the output is a cold allocator block; out: it was written with streaming
+ * stores (the pointwise and narrow kernels set it; the others leave it or clear it as before).
  */
+typedef struct {
+   const conv_geom *g;
+   int nhwc, avx512, dt;
+   const void *x, *w, *bias, *res;
+   int relu;
+   void *out;
+   int *stream;
+} fwd_ctx;
+
+/* the AVX-512 kernels' common condition (float32 NHWC at AVX-512, a geometry they take) */
+static const char *f32_nhwc_avx512(const fwd_ctx *c) {
+   if (c->dt != LM_FLOAT32) return "not float32";
+   if (!c->nhwc) return "not channels-last";
+   if (!use_avx512(c->g, c->avx512)) return c->avx512 ? "kernel wider than 30" : "ISA below AVX-512";
+   return NULL;
+}
+
+static const char *fu_depthwise(const void *p) {
+   const fwd_ctx *c = p;
+   const char *why = f32_nhwc_avx512(c);
+   return why ? why : conv_is_depthwise(c->g) ? NULL : "not depthwise";
+}
+static lm_status fr_depthwise(void *p) {
+   const fwd_ctx *c = p;
+   return lm_conv_dw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+}
+static const char *fu_winograd(const void *p) {
+   const fwd_ctx *c = p;
+   const char *why = f32_nhwc_avx512(c);
+   return why ? why : lm_conv_wino_usable(c->g, 0) ? NULL : "not a 3x3 stride-1 geometry it takes";
+}
+static lm_status fr_winograd(void *p) {
+   const fwd_ctx *c = p;
+   return lm_conv_wino_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+}
+static const char *fu_pointwise(const void *p) {
+   const fwd_ctx *c = p;
+   const char *why = f32_nhwc_avx512(c);
+   return why ? why : lm_conv_pw_usable(c->g, 0) ? NULL : "not a 1x1 stride-1 unpadded geometry";
+}
+static lm_status fr_pointwise(void *p) {
+   const fwd_ctx *c = p;
+   int s0 = 0;
+   return lm_conv_pw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out,
+                                     c->stream ? c->stream : &s0);
+}
+static const char *fu_narrow(const void *p) {
+   const fwd_ctx *c = p;
+   const char *why = f32_nhwc_avx512(c);
+   return why ? why : lm_conv_nc_usable(c->g) ? NULL : "not 2 to 4 input channels";
+}
+static lm_status fr_narrow(void *p) {
+   const fwd_ctx *c = p;
+   int s0 = 0;
+   return lm_conv_nc_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out,
+                                     c->stream ? c->stream : &s0);
+}
+static const char *fu_direct_rb(const void *p) {
+   const fwd_ctx *c = p;
+   const char *why = f32_nhwc_avx512(c);
+   return why ? why : lm_conv_rb_usable(c->g, 0) ? NULL : "channel counts it does not block";
+}
+static lm_status fr_direct_rb(void *p) {
+   const fwd_ctx *c = p;
+   if (c->stream) *c->stream = 0;
+   return lm_conv_rb_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+}
+static const char *fu_direct(const void *p) { return f32_nhwc_avx512(p); }
+static lm_status fr_direct(void *p) {
+   const fwd_ctx *c = p;
+   if (c->stream) *c->stream = 0;
+   return lm_conv_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+}
+static lm_status fr_im2col(void *p) {
+   const fwd_ctx *c = p;
+   if (c->stream) *c->stream = 0;
+   if (c->dt == LM_FLOAT32)
+      return conv_forward_f32(c->g, c->nhwc, c->x, c->w, c->bias, c->res, c->relu, c->out);
+   return conv_forward_f64(c->g, c->nhwc, c->x, c->w, c->bias, c->res, c->relu, c->out);
+}
+
+static const lm_impl fwd_f32_list[] = {
+   {LM_IMPL_CONV_DEPTHWISE, fu_depthwise, fr_depthwise},
+   {LM_IMPL_CONV_WINOGRAD, fu_winograd, fr_winograd},
+   {LM_IMPL_CONV_POINTWISE, fu_pointwise, fr_pointwise},
+   {LM_IMPL_CONV_NARROW, fu_narrow, fr_narrow},
+   {LM_IMPL_CONV_DIRECT_RB, fu_direct_rb, fr_direct_rb},
+   {LM_IMPL_CONV_DIRECT, fu_direct, fr_direct},
+   {LM_IMPL_CONV_IM2COL, NULL, fr_im2col},
+};
+
 static lm_status fwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, const void *xp,
                           const void *wp, const void *bbuf, const void *rp, int relu, void *op_,
                           int *stream) {
-   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && conv_is_depthwise(g))
-      return lm_conv_dw_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_);
-   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && lm_conv_wino_usable(g, 0))
-      return lm_conv_wino_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_);
-   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && lm_conv_pw_usable(g, 0) &&
-       conv_env_on("LUMEN_CONV_PW")) {
-      int s0 = 0;
-      return lm_conv_pw_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_, stream ? stream : &s0);
-   }
-   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && lm_conv_nc_usable(g)) {
-      int s0 = 0;
-      return lm_conv_nc_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_, stream ? stream : &s0);
-   }
-   if (stream) *stream = 0;
-   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && lm_conv_rb_usable(g, 0) &&
-       conv_env_on("LUMEN_CONV_RB"))
-      return lm_conv_rb_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_);
-   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512))
-      return lm_conv_fwd_nhwc_avx512(g, xp, wp, bbuf, rp, relu, op_);
-   if (dt == LM_FLOAT32) return conv_forward_f32(g, nhwc, xp, wp, bbuf, rp, relu, op_);
-   return conv_forward_f64(g, nhwc, xp, wp, bbuf, rp, relu, op_);
+   fwd_ctx c = {g, nhwc, avx512, dt, xp, wp, bbuf, rp, relu, op_, stream};
+   return lm_impl_run(fwd_f32_list, (int)(sizeof fwd_f32_list / sizeof *fwd_f32_list), &c,
+                      "conv2d");
 }
+
+/* backward: grad_x from one list, grad_w and grad_b from another (the choice depends on the
+   geometry only, so grad_b alone gets the same sums as grad_b with grad_w) */
+typedef struct {
+   const conv_geom *g;
+   int nhwc, avx512, dt;
+   const void *x, *w, *gout;
+   void *gx, *gw, *gb;
+   int *stream;
+} bwd_ctx;
+
+static const char *bwd_f32_nhwc_avx512(const bwd_ctx *c) {
+   if (c->dt != LM_FLOAT32) return "not float32";
+   if (!c->nhwc) return "not channels-last";
+   if (!use_avx512(c->g, c->avx512)) return c->avx512 ? "kernel wider than 30" : "ISA below AVX-512";
+   return NULL;
+}
+static const char *bu_depthwise(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why : conv_is_depthwise(c->g) ? NULL : "not depthwise";
+}
+static const char *bu_avx512(const void *p) { return bwd_f32_nhwc_avx512(p); }
+static void bwd_no_stream(const bwd_ctx *c) {
+   if (c->stream) *c->stream = 0;
+}
+static lm_status br_im2col(void *p) { /* the portable kernels: the gradients asked for here */
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   if (c->dt == LM_FLOAT32)
+      return conv_backward_f32(c->g, c->nhwc, c->x, c->w, c->gout, c->gx, c->gw, c->gb);
+   return conv_backward_f64(c->g, c->nhwc, c->x, c->w, c->gout, c->gx, c->gw, c->gb);
+}
+
+/* grad_x */
+static lm_status bdr_depthwise(void *p) {
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   return lm_conv_dw_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx);
+}
+static const char *bdu_winograd(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why : lm_conv_wino_usable(c->g, 1) ? NULL : "not a 3x3 stride-1 geometry it takes";
+}
+static lm_status bdr_winograd(void *p) {
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   return lm_conv_wino_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx);
+}
+static const char *bdu_pointwise(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why : lm_conv_pw_usable(c->g, 1) ? NULL : "not a 1x1 stride-1 unpadded geometry";
+}
+static lm_status bdr_pointwise(void *p) {
+   const bwd_ctx *c = p;
+   int s0 = 0;
+   return lm_conv_pw_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx, c->stream ? c->stream : &s0);
+}
+static const char *bdu_direct_rb(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why : lm_conv_rb_usable(c->g, 1) ? NULL : "channel counts it does not block";
+}
+static lm_status bdr_direct_rb(void *p) {
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   return lm_conv_rb_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx);
+}
+static lm_status bdr_direct(void *p) {
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   return lm_conv_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx);
+}
+static const lm_impl bwdd_f32_list[] = {
+   {LM_IMPL_CONV_DEPTHWISE, bu_depthwise, bdr_depthwise},
+   {LM_IMPL_CONV_WINOGRAD, bdu_winograd, bdr_winograd},
+   {LM_IMPL_CONV_POINTWISE, bdu_pointwise, bdr_pointwise},
+   {LM_IMPL_CONV_DIRECT_RB, bdu_direct_rb, bdr_direct_rb},
+   {LM_IMPL_CONV_DIRECT, bu_avx512, bdr_direct},
+   {LM_IMPL_CONV_IM2COL, NULL, br_im2col},
+};
+
+/* grad_w and grad_b */
+static lm_status bwr_depthwise(void *p) {
+   const bwd_ctx *c = p;
+   return lm_conv_dw_bwdw_nhwc_avx512(c->g, c->x, c->gout, c->gw, c->gb);
+}
+static const char *bwu_winograd(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why : lm_conv_wino_bwdw_usable(c->g) ? NULL : "not a 3x3 stride-1 geometry it takes";
+}
+static lm_status bwr_winograd(void *p) {
+   const bwd_ctx *c = p;
+   return lm_conv_wino_bwdw_nhwc_avx512(c->g, c->x, c->gout, c->gw, c->gb);
+}
+static const char *bwu_direct_rb(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why : lm_conv_rb_bwdw_usable(c->g) ? NULL : "channel counts it does not block";
+}
+static lm_status bwr_direct_rb(void *p) {
+   const bwd_ctx *c = p;
+   return lm_conv_rb_bwdw_nhwc_avx512(c->g, c->x, c->gout, c->gw, c->gb);
+}
+static lm_status bwr_direct(void *p) {
+   const bwd_ctx *c = p;
+   return lm_conv_bwdw_nhwc_avx512(c->g, c->x, c->gout, c->gw, c->gb);
+}
+static const lm_impl bwdw_f32_list[] = {
+   {LM_IMPL_CONV_DEPTHWISE, bu_depthwise, bwr_depthwise},
+   {LM_IMPL_CONV_WINOGRAD, bwu_winograd, bwr_winograd},
+   {LM_IMPL_CONV_DIRECT_RB, bwu_direct_rb, bwr_direct_rb},
+   {LM_IMPL_CONV_DIRECT, bu_avx512, bwr_direct},
+   {LM_IMPL_CONV_IM2COL, NULL, br_im2col},
+};
+#define N_OF(list) ((int)(sizeof list / sizeof *list))
 
 /* backward data (gxp non-NULL) and/or weight and bias (gwp, gbp) */
 static lm_status bwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, const void *xp,
@@ -161,38 +355,13 @@ static lm_status bwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, cons
                           int *stream) {
    lm_status st = LM_OK;
    if (stream && !gxp) *stream = 0;
-   if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512) && conv_is_depthwise(g)) {
-      if (stream) *stream = 0;
-      if (gxp) st = lm_conv_dw_bwdd_nhwc_avx512(g, gop, wp, gxp);
-      if (st == LM_OK && (gwp || gbp)) st = lm_conv_dw_bwdw_nhwc_avx512(g, xp, gop, gwp, gbp);
-   } else if (dt == LM_FLOAT32 && nhwc && use_avx512(g, avx512)) {
-      const int pw = gxp && !lm_conv_wino_usable(g, 1) && lm_conv_pw_usable(g, 1) &&
-                     conv_env_on("LUMEN_CONV_PW");
-      if (stream && !pw) *stream = 0;
-      if (gxp && lm_conv_wino_usable(g, 1))
-         st = lm_conv_wino_bwdd_nhwc_avx512(g, gop, wp, gxp);
-      else if (pw) {
-         int s0 = 0;
-         st = lm_conv_pw_bwdd_nhwc_avx512(g, gop, wp, gxp, stream ? stream : &s0);
-      } else if (gxp && lm_conv_rb_usable(g, 1) && conv_env_on("LUMEN_CONV_RB"))
-         st = lm_conv_rb_bwdd_nhwc_avx512(g, gop, wp, gxp);
-      else if (gxp)
-         st = lm_conv_bwdd_nhwc_avx512(g, gop, wp, gxp);
-      /* the algorithm depends on the geometry only, so grad_b alone gets the same sums as grad_b
-         with grad_w */
-      if (st == LM_OK && (gwp || gbp) && lm_conv_wino_bwdw_usable(g))
-         st = lm_conv_wino_bwdw_nhwc_avx512(g, xp, gop, gwp, gbp);
-      else if (st == LM_OK && (gwp || gbp) && lm_conv_rb_bwdw_usable(g) &&
-               conv_env_on("LUMEN_CONV_RB"))
-         st = lm_conv_rb_bwdw_nhwc_avx512(g, xp, gop, gwp, gbp);
-      else if (st == LM_OK && (gwp || gbp))
-         st = lm_conv_bwdw_nhwc_avx512(g, xp, gop, gwp, gbp);
-   } else {
-      if (stream) *stream = 0;
-      if (dt == LM_FLOAT32)
-         st = conv_backward_f32(g, nhwc, xp, wp, gop, gxp, gwp, gbp);
-      else
-         st = conv_backward_f64(g, nhwc, xp, wp, gop, gxp, gwp, gbp);
+   if (gxp) {
+      bwd_ctx c = {g, nhwc, avx512, dt, xp, wp, gop, gxp, NULL, NULL, stream};
+      st = lm_impl_run(bwdd_f32_list, N_OF(bwdd_f32_list), &c, "conv2d_backward");
+   }
+   if (st == LM_OK && (gwp || gbp)) {
+      bwd_ctx c = {g, nhwc, avx512, dt, xp, wp, gop, NULL, gwp, gbp, NULL};
+      st = lm_impl_run(bwdw_f32_list, N_OF(bwdw_f32_list), &c, "conv2d_backward");
    }
    return st;
 }
@@ -281,14 +450,7 @@ enum { LV_C = 0, LV_AVX512 = 1, LV_BF16 = 2 };
    run Winograd F(4x4, 3x3) with bfloat16 products (winograd_gemm_avx512bf16.c) in forward and
    backward data: a quarter of the direct kernel's multiplications at the same bfloat16 rate,
    for the price of float32 transforms and of widening the inputs. */
-static int bf16_winograd_on(void) {
-   return lm_cpu_option(LM_CPU_OPT_BF16_WINOGRAD) && conv_env_on("LUMEN_CONV_BF16_WINOGRAD");
-}
-
-static int bf16_winograd(const conv_geom *g, int nhwc, int level, int backward_data) {
-   return level >= LV_BF16 && nhwc && lm_conv_wino_bf16_usable(g, backward_data) &&
-          bf16_winograd_on();
-}
+static int bf16_winograd_on(void) { return lm_cpu_option(LM_CPU_OPT_BF16_WINOGRAD); }
 
 /* bfloat16 weight gradients of the 3x3 stride-1 layers with 64 or more input channels take
    Winograd instead of the native bf16 kernel: F(4x4, 3x3) does a quarter of the
@@ -369,6 +531,78 @@ static lm_status bwd_fp32_amx(const conv_geom *g, const lm_tensor *xd, const lm_
  * the kernels (src/ops/conv.h gives the t[] order)
  */
 
+/* float16 / bfloat16 forward: the native kernels where they take the call, else the float32
+   route (via_f32, the fallback) */
+typedef struct {
+   const conv_geom *g;
+   int nhwc, level, dt;
+   const lm_tensor *x, *w, *res;
+   const float *bias;
+   int relu;
+   lm_tensor *out;
+} half_ctx;
+
+static const char *native_bf16(const half_ctx *c) {
+   if (c->dt != LM_BFLOAT16) return "not bfloat16";
+   if (!c->nhwc) return "not channels-last";
+   if (c->level < LV_BF16) return "ISA below AVX512_BF16, or vdpbf16ps does not pay here";
+   return NULL;
+}
+static const char *hu_amx(const void *p) {
+   const half_ctx *c = p;
+   const char *why = native_bf16(c);
+   if (why) return why;
+   if (!lm_amx_on()) return "AMX not in use (ISA or lm.backends.cpu.amx)";
+   return lm_conv_amx_usable(c->g, 0) ? NULL : "groups, or fewer than 16 channels";
+}
+static lm_status hr_amx(void *p) {
+   const half_ctx *c = p;
+   int stream = lm_tensor_block_cold(c->out);
+   lm_status st = lm_conv_fwd_nhwc_amx(c->g, lm_tensor_data(c->x), lm_tensor_data(c->w), c->bias,
+                                       c->res ? lm_tensor_data(c->res) : NULL, c->relu,
+                                       lm_tensor_data(c->out), 0, &stream);
+   if (st == LM_OK && stream) lm_tensor_note_streamed(c->out);
+   return st;
+}
+static const char *winograd_bf16(const conv_geom *g, int backward_data) {
+   if (!bf16_winograd_on()) return "lm.backends.cpu.bf16_winograd is off";
+   return lm_conv_wino_bf16_usable(g, backward_data) ? NULL
+                                                     : "not a 3x3 stride-1 geometry with 64+ channels";
+}
+static const char *hu_winograd(const void *p) {
+   const half_ctx *c = p;
+   const char *why = native_bf16(c);
+   return why ? why : winograd_bf16(c->g, 0);
+}
+static lm_status hr_winograd(void *p) {
+   const half_ctx *c = p;
+   return lm_conv_wino_bf16_fwd(c->g, lm_tensor_data(c->x), lm_tensor_data(c->w), c->bias,
+                                c->res ? lm_tensor_data(c->res) : NULL, c->relu,
+                                lm_tensor_data(c->out));
+}
+static const char *hu_direct(const void *p) {
+   const half_ctx *c = p;
+   const char *why = native_bf16(c);
+   return why ? why : lm_conv_bf16_usable(c->g, 0) ? NULL : "groups other than depthwise";
+}
+static lm_status hr_direct(void *p) {
+   const half_ctx *c = p;
+   return lm_conv_fwd_nhwc_avx512bf16(c->g, lm_tensor_data(c->x), lm_tensor_data(c->w), c->bias,
+                                      c->res ? lm_tensor_data(c->res) : NULL, c->relu,
+                                      lm_tensor_data(c->out));
+}
+static lm_status hr_via_f32(void *p) {
+   const half_ctx *c = p;
+   return fwd_half_via_f32(c->g, c->nhwc, c->level >= LV_AVX512, c->x, c->w, c->bias, c->res,
+                           c->relu, c->out);
+}
+static const lm_impl fwd_half_list[] = {
+   {LM_IMPL_CONV_AMX_BF16, hu_amx, hr_amx},
+   {LM_IMPL_CONV_WINOGRAD_BF16, hu_winograd, hr_winograd},
+   {LM_IMPL_CONV_DIRECT_BF16, hu_direct, hr_direct},
+   {LM_IMPL_CONV_VIA_F32, NULL, hr_via_f32},
+};
+
 /* LM_OP_CONV2D: t = {x, w, bias, residual, out} */
 static inline lm_status conv_forward(const lm_op *op, int level) {
    const lm_conv2d_params *p = op->params;
@@ -384,26 +618,15 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
       bbuf = bias_dense(bias, dt, &bbytes);
       if (!bbuf) return LM_ERR_OOM;
    }
-   const int amx = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_amx_on();
-   if (dt == LM_FLOAT16 || dt == LM_BFLOAT16) level = half_level(level);
-   if (amx && lm_conv_amx_usable(g, 0)) {
-      int stream = lm_tensor_block_cold(res);
-      st = lm_conv_fwd_nhwc_amx(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
-                                rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res), 0,
-                                &stream);
-      if (st == LM_OK && stream) lm_tensor_note_streamed(res);
-   } else if (dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 0))
-      st = lm_conv_wino_bf16_fwd(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
-                                 rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res));
-   else if (dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc && lm_conv_bf16_usable(g, 0))
-      st = lm_conv_fwd_nhwc_avx512bf16(g, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
-                                       rd ? lm_tensor_data(rd) : NULL, relu,
-                                       lm_tensor_data(res));
-   else if (dt == LM_FLOAT16 || dt == LM_BFLOAT16)
-      st = fwd_half_via_f32(g, nhwc, avx512, xd, wd, bbuf, rd, relu, res);
-   else if (dt == LM_FLOAT32 && level >= LV_BF16 && fp32_amx(g, nhwc, 0))
+   if (dt == LM_FLOAT16 || dt == LM_BFLOAT16) {
+      /* half_level: the native kernels where AMX is in use or vdpbf16ps pays */
+      half_ctx c = {g, nhwc, half_level(level), dt, xd, wd, rd, bbuf, relu, res};
+      st = lm_impl_run(fwd_half_list, N_OF(fwd_half_list), &c, "conv2d");
+   } else if (dt == LM_FLOAT32 && level >= LV_BF16 && fp32_amx(g, nhwc, 0) &&
+              lm_impl_on(LM_IMPL_CONV_FP32_AMX)) {
+      lm_impl_ran(LM_IMPL_CONV_FP32_AMX);
       st = fwd_fp32_amx(g, xd, wd, bbuf, rd, relu, res);
-   else {
+   } else {
       int stream = lm_tensor_block_cold(res);
       st = fwd_ptrs(g, nhwc, avx512, dt, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
                     rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res), &stream);
@@ -413,56 +636,134 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
    return st;
 }
 
-/* float16 / bfloat16 backward: grad_x natively when the bfloat16 kernels take it, the rest
-   through float32 */
+/* float16 / bfloat16 backward: grad_x natively when a bfloat16 kernel takes it, the weight and
+   bias gradients natively where theirs does, the rest through float32 (via_f32) */
+typedef struct {
+   const conv_geom *g;
+   int nhwc, level, dt;
+   const lm_tensor *x, *w, *gout;
+   lm_tensor *gx;
+} half_bwd_ctx;
+
+static const char *native_bf16_bwd(const half_bwd_ctx *c) {
+   if (c->dt != LM_BFLOAT16) return "not bfloat16";
+   if (!c->nhwc) return "not channels-last";
+   if (c->level < LV_BF16) return "ISA below AVX512_BF16, or vdpbf16ps does not pay here";
+   return NULL;
+}
+static const char *hbu_amx(const void *p) {
+   const half_bwd_ctx *c = p;
+   const char *why = native_bf16_bwd(c);
+   if (why) return why;
+   if (!lm_amx_on()) return "AMX not in use (ISA or lm.backends.cpu.amx)";
+   return lm_conv_amx_usable(c->g, 1) ? NULL : "groups, or fewer than 16 channels";
+}
+static lm_status hbr_amx(void *p) {
+   const half_bwd_ctx *c = p;
+   return lm_conv_bwdd_nhwc_amx(c->g, lm_tensor_data(c->gout), lm_tensor_data(c->w),
+                                lm_tensor_data(c->gx), 0);
+}
+static const char *hbu_winograd(const void *p) {
+   const half_bwd_ctx *c = p;
+   const char *why = native_bf16_bwd(c);
+   return why ? why : winograd_bf16(c->g, 1);
+}
+static lm_status hbr_winograd(void *p) {
+   const half_bwd_ctx *c = p;
+   return lm_conv_wino_bf16_bwdd(c->g, lm_tensor_data(c->gout), lm_tensor_data(c->w),
+                                 lm_tensor_data(c->gx));
+}
+static const char *hbu_direct(const void *p) {
+   const half_bwd_ctx *c = p;
+   const char *why = native_bf16_bwd(c);
+   return why ? why : lm_conv_bf16_usable(c->g, 1) ? NULL : "groups other than depthwise";
+}
+static lm_status hbr_direct(void *p) {
+   const half_bwd_ctx *c = p;
+   return lm_conv_bwdd_nhwc_avx512bf16(c->g, lm_tensor_data(c->gout), lm_tensor_data(c->w),
+                                       lm_tensor_data(c->gx));
+}
+static lm_status hbr_later(void *p) { /* via_f32: done with the other gradients below */
+   (void)p;
+   return LM_OK;
+}
+static const lm_impl bwdd_half_list[] = {
+   {LM_IMPL_CONV_AMX_BF16, hbu_amx, hbr_amx},
+   {LM_IMPL_CONV_WINOGRAD_BF16, hbu_winograd, hbr_winograd},
+   {LM_IMPL_CONV_DIRECT_BF16, hbu_direct, hbr_direct},
+   {LM_IMPL_CONV_VIA_F32, NULL, hbr_later},
+};
+
+/* the weight and bias gradients in bfloat16 arithmetic, into float32 scratch rounded once
+   (im2col_gemm_bf16 comes twice: first where AMX is in use, else after Winograd):
+   on AMX the im2col tiles and the GEMM on tiles (they beat Winograd's vdpbf16ps products:
+   docs/performance.md, session 19); else for the 3x3 layers bf16_bwdw_via_winograd takes,
+   Winograd with bfloat16 products (lm.backends.cpu.bf16_winograd; switched off, the float32
+   route, which beats the native kernel there); else the native kernel (the GEMM over pixel
+   pairs). Chosen by the geometry and the switches only, never by which gradients are wanted:
+   grad_b alone equals grad_b computed with grad_w, bit for bit (spec/c/test_devices_conv.c,
+   spec/conv_bf16_spec.lua check). */
+static const char *hwu_amx(const void *p) {
+   const half_bwd_ctx *c = p;
+   const char *why = native_bf16_bwd(c);
+   return why ? why : lm_amx_on() ? NULL : "AMX not in use (ISA or lm.backends.cpu.amx)";
+}
+static const char *hwu_winograd(const void *p) {
+   const half_bwd_ctx *c = p;
+   const char *why = native_bf16_bwd(c);
+   if (why) return why;
+   if (!bf16_bwdw_via_winograd(c->g)) return "not a 3x3 stride-1 geometry with 64+ channels";
+   return bf16_winograd_on() ? NULL : "lm.backends.cpu.bf16_winograd is off";
+}
+static const char *hwu_pairs(const void *p) {
+   const half_bwd_ctx *c = p;
+   const char *why = native_bf16_bwd(c);
+   if (why) return why;
+   return bf16_bwdw_via_winograd(c->g) ? "a Winograd geometry: the float32 route beats it" : NULL;
+}
+static const lm_impl bwdw_half_list[] = {
+   {LM_IMPL_CONV_BWDW_BF16, hwu_amx, hbr_later},
+   {LM_IMPL_CONV_WINOGRAD_BF16, hwu_winograd, hbr_later},
+   {LM_IMPL_CONV_BWDW_BF16, hwu_pairs, hbr_later},
+   {LM_IMPL_CONV_VIA_F32, NULL, hbr_later},
+};
+
 static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tensor *xd,
                           const lm_tensor *wd, const lm_tensor *gd, lm_tensor *rx, lm_tensor *rw,
                           lm_tensor *rb) {
    const int dt = gd->dtype, avx512 = level >= LV_AVX512;
    const int64_t xn = geom_xn(g), wn = geom_wn(g), on = geom_on(g), bn = g->O;
    lm_status st = LM_OK;
-   const int native = dt == LM_BFLOAT16 && level >= LV_BF16 && nhwc;
    int ok = 1;
-   if (rx && native && lm_amx_on() && lm_conv_amx_usable(g, 1)) {
-      st = lm_conv_bwdd_nhwc_amx(g, lm_tensor_data(gd), lm_tensor_data(wd), lm_tensor_data(rx),
-                                 0);
-      if (st != LM_OK) return st;
-      rx = NULL;
-   } else if (rx && dt == LM_BFLOAT16 && bf16_winograd(g, nhwc, level, 1)) {
-      st = lm_conv_wino_bf16_bwdd(g, lm_tensor_data(gd), lm_tensor_data(wd), lm_tensor_data(rx));
-      if (st != LM_OK) return st;
-      rx = NULL;
-   } else if (rx && native && lm_conv_bf16_usable(g, 1)) {
-      st = lm_conv_bwdd_nhwc_avx512bf16(g, lm_tensor_data(gd), lm_tensor_data(wd),
-                                        lm_tensor_data(rx));
-      if (st != LM_OK) return st;
-      rx = NULL;
+   if (rx) {
+      half_bwd_ctx c = {g, nhwc, level, dt, xd, wd, gd, rx};
+      const int i = lm_impl_pick(bwdd_half_list, N_OF(bwdd_half_list), &c);
+      lm_impl_ran(bwdd_half_list[i].id);
+      if (bwdd_half_list[i].id != LM_IMPL_CONV_VIA_F32) {
+         st = bwdd_half_list[i].run(&c);
+         if (st != LM_OK) return st;
+         rx = NULL;
+      }
    }
-   /* the weight and bias gradients in bfloat16 arithmetic, into float32 scratch rounded once:
-      natively (conv_bwdw_avx512bf16.c: the bf16 GEMM over pixel pairs), or for the 3x3 layers
-      bf16_bwdw_via_winograd takes, Winograd with bfloat16 products (lm.backends.cpu.
-      bf16_winograd; switched off, they go on to the float32 route below). Chosen by the
-      geometry and the switch only, never by which gradients are wanted: grad_b alone equals
-      grad_b computed with grad_w, bit for bit (spec/c/test_devices_conv.c, spec/conv_bf16_spec.lua
-      check). x is NULL when only grad_b is wanted. */
-   lm_status (*bwdw)(const conv_geom *, const uint16_t *, const uint16_t *, float *, float *) =
-      NULL;
-   /* on AMX the im2col tiles and the GEMM on tiles beat Winograd's vdpbf16ps products (resnet50
-      batch 8 bf16 training step, paired in one process: -6.4 %, bench/ab_env.lua
-      LUMEN_CONV_WINOGRAD - 0 train_bf16) */
-   if (native && (lm_amx_on() || !bf16_bwdw_via_winograd(g)))
-      bwdw = lm_conv_bwdw_nhwc_bf16;
-   else if (native && bf16_winograd_on())
-      bwdw = lm_conv_wino_bf16_bwdw;
-   if ((rw || rb) && bwdw) {
-      float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
-      st = ok ? bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd), gwf, gbf)
-              : LM_ERR_OOM;
-      if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
-      if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
-      scratch_free(gwf, wn), scratch_free(gbf, bn);
-      if (st != LM_OK) return st;
-      rw = rb = NULL;
+   if (rw || rb) {
+      half_bwd_ctx c = {g, nhwc, level, dt, xd, wd, gd, NULL};
+      const int i = lm_impl_pick(bwdw_half_list, N_OF(bwdw_half_list), &c);
+      const int id = bwdw_half_list[i].id;
+      lm_impl_ran(id);
+      lm_status (*bwdw)(const conv_geom *, const uint16_t *, const uint16_t *, float *, float *) =
+         id == LM_IMPL_CONV_WINOGRAD_BF16 ? lm_conv_wino_bf16_bwdw
+         : id == LM_IMPL_CONV_VIA_F32     ? NULL
+                                          : lm_conv_bwdw_nhwc_bf16;
+      if (bwdw) {
+         float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
+         st = ok ? bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd), gwf, gbf)
+                 : LM_ERR_OOM;
+         if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
+         if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
+         scratch_free(gwf, wn), scratch_free(gbf, bn);
+         if (st != LM_OK) return st;
+         rw = rb = NULL;
+      }
    }
    if (!rx && !rw && !rb) return LM_OK;
    float *gf = half_widened(gd, on, &ok);
@@ -489,8 +790,11 @@ static inline lm_status conv_backward(const lm_op *op, int level) {
    if (dt == LM_FLOAT16 || dt == LM_BFLOAT16)
       return bwd_half(g, nhwc, level >= LV_BF16 && lm_amx_on() ? level : half_level(level), xd, wd,
                       gd, rx, rw, rb);
-   if (dt == LM_FLOAT32 && level >= LV_BF16 && fp32_amx(g, nhwc, rx != NULL))
+   if (dt == LM_FLOAT32 && level >= LV_BF16 && fp32_amx(g, nhwc, rx != NULL) &&
+       lm_impl_on(LM_IMPL_CONV_FP32_AMX)) {
+      lm_impl_ran(LM_IMPL_CONV_FP32_AMX);
       return bwd_fp32_amx(g, xd, wd, gd, rx, rw, rb);
+   }
    int stream = rx ? lm_tensor_block_cold(rx) : 0;
    lm_status st = bwd_ptrs(g, nhwc, level >= LV_AVX512, dt, xd ? lm_tensor_data(xd) : NULL,
                            wd ? lm_tensor_data(wd) : NULL, lm_tensor_data(gd),

@@ -28,6 +28,7 @@
 #include "gemm_internal.h"
 #include "amx.h"
 #include "cpu.h"
+#include "impl.h"
 #include <stdatomic.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -688,6 +689,9 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
    /* without AMX in use, vdpbf16ps only where it pays (lm_cpu_bf16_dot_pays), else the float32
       route */
    if (isa >= LM_ISA_AVX512_BF16 && !lm_amx_on() && !lm_cpu_bf16_dot_pays()) isa = LM_ISA_AVX512;
+   /* the implementations switched off by name (src/impl.h): the next one down */
+   if (isa >= LM_ISA_AVX512_BF16 && !lm_impl_on(LM_IMPL_MM_BF16)) isa = LM_ISA_AVX512;
+   const int amx = isa >= LM_ISA_AMX && lm_amx_on() && lm_impl_on(LM_IMPL_MM_AMX_BF16);
    /* thin products: x . W^T (few rows, A rows and W rows along k: the dot loops) or few rows
       times a row-major B (the row loops) read B in place once instead of packing all of it for
       a handful of rows */
@@ -696,14 +700,22 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
       ((csa == 1 && rsb == 1 && (m <= LM_BGEMM_DOT_ROWS || n <= LM_BGEMM_DOT_ROWS)) ||
        (csb == 1 && m <= LM_BGEMM_DOT_ROWS));
    if (work <= LM_GEMM_SMALL_WORK_AVX512 || m == 1 || n == 1 || dot_thin) {
+      lm_impl_ran(isa >= LM_ISA_AVX512_BF16 ? LM_IMPL_MM_BF16
+                  : isa >= LM_ISA_AVX512    ? LM_IMPL_MM_AVX512
+                  : isa >= LM_ISA_AVX2      ? LM_IMPL_MM_AVX2
+                                            : LM_IMPL_MM_PORTABLE);
       bgemm_direct(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt);
       return;
    }
    /* AMX tiles (gemm_bf16_amx.c): blocks of 32 x 32; k deeper than one block sums in float32
       and rounds once, as below */
-   if (isa >= LM_ISA_AMX && m >= 16 && n >= 16 && k >= 32 && lm_amx_on() &&
-       lm_bgemm_amx(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt))
+   if (amx && m >= 16 && n >= 16 && k >= 32 &&
+       lm_bgemm_amx(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16, nt)) {
+      lm_impl_ran(LM_IMPL_MM_AMX_BF16);
       return;
+   }
+   if (isa == LM_ISA_C || isa >= LM_ISA_AVX512_BF16)
+      lm_impl_ran(isa == LM_ISA_C ? LM_IMPL_MM_PORTABLE : LM_IMPL_MM_BF16);
    if (isa == LM_ISA_C || isa >= LM_ISA_AVX512_BF16) {
       const bgemm_cfg cf = bgemm_config(isa);
       if (!c_bf16 || k <= cf.kc) {
@@ -1075,7 +1087,13 @@ void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T
       nt = (int)(work / LM_GEMM_WORK_PER_THREAD);
       if (nt < 1) nt = 1;
    }
-   const int isa = lm_cpu_isa();
+   int isa = lm_cpu_isa();
+   /* the implementations switched off by name (src/impl.h): the next ISA down */
+   if (isa >= LM_ISA_AVX512 && !lm_impl_on(LM_IMPL_MM_AVX512)) isa = LM_ISA_AVX2;
+   if (isa == LM_ISA_AVX2 && !lm_impl_on(LM_IMPL_MM_AVX2)) isa = LM_ISA_C;
+   lm_impl_ran(isa >= LM_ISA_AVX512 ? LM_IMPL_MM_AVX512
+               : isa == LM_ISA_AVX2 ? LM_IMPL_MM_AVX2
+                                    : LM_IMPL_MM_PORTABLE);
    const double small = (GEMM_IS_FLOAT && isa >= LM_ISA_AVX512) ? LM_GEMM_SMALL_WORK_AVX512
                                                                    : LM_GEMM_SMALL_WORK;
    if (work <= small || m == 1 || n == 1) {

@@ -9,6 +9,7 @@
 #include "ops/linalg.h"
 #include "gemm_internal.h"
 #include "amx.h"
+#include "impl.h"
 
 /* a batch of matrix products: C[b] = A[b] B[b], with b over the broadcast batch shape: the
    plan (ops/linalg.h) and the operands: element (0, ...) of each, float32, float64 or bfloat16 */
@@ -24,7 +25,8 @@ typedef struct {
 static int mm_fp32_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa,
                        int64_t csa, const float *b, int64_t rsb, int64_t csb, float beta,
                        float *c, int64_t rsc, int64_t csc) {
-   if (!lm_cpu_option(LM_CPU_OPT_FP32_BF16) || !lm_amx_on() || m < 16 || n < 16 || k < 32)
+   if (!lm_cpu_option(LM_CPU_OPT_FP32_BF16) || !lm_amx_on() || m < 16 || n < 16 || k < 32 ||
+       !lm_impl_on(LM_IMPL_MM_FP32_AMX))
       return 0;
    const size_t bytes = (size_t)(m * k + k * n) * 2;
    uint16_t *buf = lm_alloc(bytes);
@@ -42,6 +44,7 @@ static int mm_fp32_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t 
    if (!omp_in_parallel()) nt = omp_get_max_threads();
 #endif
    const int ok = lm_bgemm_amx(m, n, k, 1.0f, ab, k, 1, bb, n, 1, beta, c, rsc, csc, 0, nt);
+   if (ok) lm_impl_ran(LM_IMPL_MM_FP32_AMX);
    lm_free(buf, bytes);
    return ok;
 }

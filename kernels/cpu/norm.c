@@ -24,6 +24,7 @@
  * the scratch, the shift K and the coefficients are float32, the statistics double as for float32.
  */
 #include "cpu.h"
+#include "impl.h"
 #include "norm_half.h"
 #include "ops/norm.h"
 
@@ -1097,11 +1098,24 @@ static lm_status bn_backward(const lm_op *op, int v) {
    return LM_OK;
 }
 
-static lm_status k_batch_norm(const lm_op *op) { return bn_forward(op, 0); }
-static lm_status k_batch_norm_backward(const lm_op *op) { return bn_backward(op, 0); }
+static lm_status k_batch_norm(const lm_op *op) {
+   lm_impl_ran(LM_IMPL_BN_PORTABLE);
+   return bn_forward(op, 0);
+}
+static lm_status k_batch_norm_backward(const lm_op *op) {
+   lm_impl_ran(LM_IMPL_BN_PORTABLE);
+   return bn_backward(op, 0);
+}
 #if BN_HAVE_AVX512
-static lm_status k_batch_norm_avx512(const lm_op *op) { return bn_forward(op, 1); }
-static lm_status k_batch_norm_backward_avx512(const lm_op *op) { return bn_backward(op, 1); }
+/* the implementation list of two (src/impl.h): batch_norm_avx512, else batch_norm_portable */
+static int bn_v512(void) {
+   const int on = lm_impl_on(LM_IMPL_BN_AVX512);
+   if (!on) lm_impl_skip(LM_IMPL_BN_AVX512, "switched off (lm.backends.cpu.disable)");
+   lm_impl_ran(on ? LM_IMPL_BN_AVX512 : LM_IMPL_BN_PORTABLE);
+   return on;
+}
+static lm_status k_batch_norm_avx512(const lm_op *op) { return bn_forward(op, bn_v512()); }
+static lm_status k_batch_norm_backward_avx512(const lm_op *op) { return bn_backward(op, bn_v512()); }
 #endif
 
 /* ---- registration (cpu.h) ---- */

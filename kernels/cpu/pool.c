@@ -24,6 +24,7 @@
  * the backward skips -1; any other index outside the plane is an error, never a stray write.
  */
 #include "cpu.h"
+#include "impl.h"
 #include "ops/pool.h"
 
 #include <math.h>
@@ -1688,9 +1689,19 @@ static lm_status avg_backward(const lm_op *op, int v512) {
 }
 
 /* the kernels of the table: the portable copies, and the AVX-512 ones */
+/* the implementation list of two (src/impl.h): pool_avx512 where registered and on, else
+   pool_portable */
+static int pool_v512(int v512) {
+   if (v512 && !lm_impl_on(LM_IMPL_POOL_AVX512)) {
+      lm_impl_skip(LM_IMPL_POOL_AVX512, "switched off (lm.backends.cpu.disable)");
+      v512 = 0;
+   }
+   lm_impl_ran(v512 ? LM_IMPL_POOL_AVX512 : LM_IMPL_POOL_PORTABLE);
+   return v512;
+}
 #define POOL_KERNELS(name)                                                                         \
-   static lm_status k_##name(const lm_op *op) { return name(op, 0); }                              \
-   static lm_status k_##name##_512(const lm_op *op) { return name(op, 1); }
+   static lm_status k_##name(const lm_op *op) { return name(op, pool_v512(0)); }                   \
+   static lm_status k_##name##_512(const lm_op *op) { return name(op, pool_v512(1)); }
 POOL_KERNELS(max_forward)
 POOL_KERNELS(max_backward)
 POOL_KERNELS(avg_forward)

@@ -22,6 +22,7 @@
  * reported (LM_ERR_ARG), never written.
  */
 #include "cpu.h"
+#include "impl.h"
 #include "ops/pool3d.h"
 
 #include <math.h>
@@ -476,13 +477,23 @@ static lm_status avg_backward(const lm_op *op, int v512) {
    return LM_OK;
 }
 
-static lm_status k_fwd(const lm_op *op) { return forward(op, 0); }
-static lm_status k_maxb(const lm_op *op) { return max_backward(op, 0); }
-static lm_status k_avgb(const lm_op *op) { return avg_backward(op, 0); }
+/* the implementation list of two (src/impl.h): pool_avx512 where registered and on, else
+   pool_portable */
+static int p3_v512(int v512) {
+   if (v512 && !lm_impl_on(LM_IMPL_POOL_AVX512)) {
+      lm_impl_skip(LM_IMPL_POOL_AVX512, "switched off (lm.backends.cpu.disable)");
+      v512 = 0;
+   }
+   lm_impl_ran(v512 ? LM_IMPL_POOL_AVX512 : LM_IMPL_POOL_PORTABLE);
+   return v512;
+}
+static lm_status k_fwd(const lm_op *op) { return forward(op, p3_v512(0)); }
+static lm_status k_maxb(const lm_op *op) { return max_backward(op, p3_v512(0)); }
+static lm_status k_avgb(const lm_op *op) { return avg_backward(op, p3_v512(0)); }
 #ifdef P3_X86
-static lm_status k_fwd_512(const lm_op *op) { return forward(op, 1); }
-static lm_status k_maxb_512(const lm_op *op) { return max_backward(op, 1); }
-static lm_status k_avgb_512(const lm_op *op) { return avg_backward(op, 1); }
+static lm_status k_fwd_512(const lm_op *op) { return forward(op, p3_v512(1)); }
+static lm_status k_maxb_512(const lm_op *op) { return max_backward(op, p3_v512(1)); }
+static lm_status k_avgb_512(const lm_op *op) { return avg_backward(op, p3_v512(1)); }
 #endif
 
 /* ---- registration (cpu.h) ---- */

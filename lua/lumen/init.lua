@@ -88,6 +88,8 @@ end
 -- device_count() 0 in a build without CUDA or on a machine without a GPU.
 lm.cuda = require("lumen.cuda")
 lm.cuda.install(lm)
+-- lm.backends.cpu.disable / enable / implementations and lm.backends.verbose: lua/lumen/impl.lua
+require("lumen.impl").install(lm)
 
 -- threads
 function lm.set_num_threads(n)

@@ -23,6 +23,7 @@
 #include "common.h"
 #include "../conv.h"
 #include "conv.h"
+#include "../impl.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -348,6 +349,7 @@ static lm_status weight_taps(const lm_tensor *w, const c3_geom *g, int64_t k0, i
    GEMM either way and packs (no partial sums). LUMEN_CONV3D_SPLIT=0/1 forces one way (tests,
    benchmarks). */
 static int split_taps(const c3_geom *g) {
+   if (!lm_impl_on(LM_IMPL_CONV3D_PER_TAP)) return 0;
    const char *e = getenv("LUMEN_CONV3D_SPLIT");
    if (e && (e[0] == '0' || e[0] == '1')) return g->nt > 1 && e[0] == '1';
    return g->nt > 1 && g->fmt == LM_CHANNELS_LAST_3D && g->kh * g->kw > 1 && g->Cg >= 16 &&
@@ -363,8 +365,7 @@ static int split_taps(const c3_geom *g) {
  * against PyTorch's 13.9. LUMEN_CONV3D_GEMM=0 turns it off.
  */
 static int temporal_gemm(const c3_geom *g, int dtype) {
-   const char *e = getenv("LUMEN_CONV3D_GEMM");
-   if (e && e[0] == '0') return 0;
+   if (!lm_impl_on(LM_IMPL_CONV3D_GEMM)) return 0; /* also LUMEN_CONV3D_GEMM=0 */
    /* float16 / bfloat16 keep the conv2d route: one rounding of a float32 sum (the taps' GEMMs
       would round each partial sum into the output) */
    return (dtype == LM_FLOAT32 || dtype == LM_FLOAT64) && g->fmt == LM_CHANNELS_LAST_3D && g->kh == 1 && g->kw == 1 && g->G == 1 &&
@@ -524,10 +525,13 @@ lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
    if (o.t->numel == 0) return out_close(&o, out, LM_OK);
    {
       const lm_tensor *ins[4] = {x, w, bias, residual};
-      if (temporal_gemm(&g, x->dtype) && no_alias(&o.t, 1, ins, 4))
+      if (temporal_gemm(&g, x->dtype) && no_alias(&o.t, 1, ins, 4)) {
+         lm_impl_plan(LM_IMPL_CONV3D_GEMM, "conv3d", x, w);
          return out_close(&o, out, temporal_forward(&g, x, w, bias, relu, residual, o.t));
+      }
    }
    const int split = split_taps(&g);
+   lm_impl_plan(split ? LM_IMPL_CONV3D_PER_TAP : LM_IMPL_CONV3D_PACKED, "conv3d", x, w);
    const int64_t calls = split ? g.nt : 1, nk = split ? 1 : g.nt;
    /* tmp: the taps' input and weight, the residual folded, the final conv2d output (a view of
       the result in channels_last_3d, else an NCHW tensor), the partial sums of the taps
@@ -603,10 +607,12 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
    } else if (st == LM_OK && (want_x || want_w || want_b) && temporal_gemm(&g, x->dtype) &&
               no_alias((lm_tensor *const[]){ox.t, ow.t, ob.t}, 3,
                        (const lm_tensor *const[]){x, w, grad_out}, 3)) {
+      lm_impl_plan(LM_IMPL_CONV3D_GEMM, "conv3d_backward", x, w);
       st = temporal_backward(&g, x, w, grad_out, want_x ? ox.t : NULL, want_w ? ow.t : NULL,
                              want_b ? ob.t : NULL);
    } else if (st == LM_OK && (want_x || want_w || want_b)) {
       const int split = split_taps(&g);
+      lm_impl_plan(split ? LM_IMPL_CONV3D_PER_TAP : LM_IMPL_CONV3D_PACKED, "conv3d_backward", x, w);
       const int64_t calls = split ? g.nt : 1, nk = split ? 1 : g.nt;
       st = fold(grad_out, g.fmt2, &tmp[2]);
       if (!want_w) {
