@@ -19,6 +19,9 @@
 #ifndef LUMEN_IMPL_H
 #define LUMEN_IMPL_H
 #include "backend.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* X(ID, "name", fallback, "alias variable" or NULL, "what it is") */
 #define LM_CPU_IMPL_LIST(X)                                                                      \
@@ -119,4 +122,7 @@ typedef struct lm_verbose_frame {
 void lm_verbose_begin(lm_verbose_frame *f, const lm_op *op, int device);
 void lm_verbose_end(lm_verbose_frame *f, const lm_op *op, int device, lm_status st);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -44,6 +44,7 @@
  * LUMEN_CUDA_EMU_GEMM=1 runs the 1x1 GEMM route over the emulated cuBLAS (linalg_cublas_emu.cuh);
  * spec/cuda/conv_algo_test.cpp checks the algorithm cache (conv_algo.cuh) on the host. */
 #include "cuda.cuh"
+#include "impl.h"
 #include <stdlib.h>
 #include "ops/conv.h"
 #include "conv_algo.cuh"
@@ -325,6 +326,7 @@ static lm_status dnn_direct_t(int k, int dt, const dnn_g g, const T *x, const T 
 static lm_status dnn_direct(int k, const conv_geom *cg, int nhwc, int dt, const lm_tensor *x,
                             const lm_tensor *w, const lm_tensor *gy, lm_tensor *y, lm_tensor *gx,
                             lm_tensor *gw) {
+   lm_impl_ran_name("lumen_direct"); /* LUMEN_VERBOSE (src/impl.h) */
    const dnn_g g = dnn_g_of(cg, nhwc);
 #define DNN_P(t, T) ((t) ? (T *)lm_cu_ptr(t) : (T *)NULL)
    if (dt == LM_FLOAT32)
@@ -508,6 +510,7 @@ static int gemm_strided(const conv_geom *g) { return g->sh != 1 || g->sw != 1; }
 /* forward: out = x w^T (no epilogue); x gathered first when strided */
 static lm_status gemm_forward(int k, const conv_geom *g, int dt, const lm_tensor *x,
                               const lm_tensor *w, lm_tensor *out) {
+   lm_impl_ran_name("cublas_gemm_1x1"); /* LUMEN_VERBOSE (src/impl.h) */
    const int64_t M = g->N * g->Ho * g->Wo;
    const char *xp = lm_cu_ptr(x);
    dnn_scratch s(k); /* freed on return: stream-ordered, so after the queued GEMM */
@@ -526,6 +529,7 @@ static lm_status gemm_forward(int k, const conv_geom *g, int dt, const lm_tensor
 static lm_status gemm_backward(int k, const conv_geom *g, int dt, const lm_tensor *x,
                                const lm_tensor *w, const lm_tensor *gy, lm_tensor *gx,
                                lm_tensor *gw) {
+   lm_impl_ran_name("cublas_gemm_1x1"); /* LUMEN_VERBOSE (src/impl.h) */
    const int64_t M = g->N * g->Ho * g->Wo;
    const size_t mc_bytes = (size_t)(M * g->C) * lm_dtype_size(dt);
    const int strided = gemm_strided(g);
@@ -684,6 +688,24 @@ static lm_status dnn_make_descs(const conv_geom *g, int64_t n, int dt, int nhwc,
                       "%lldx%lldx%lldx%lld", on, oc, oh, ow, (long long)n, (long long)g->O,
                       (long long)g->Ho, (long long)g->Wo);
    return LM_OK;
+}
+
+/* LUMEN_VERBOSE's name of a cuDNN algorithm (lm_impl_ran_name, src/impl.h) */
+static void dnn_note_algo(int op, int algo) {
+   static const char *const fwd[] = {"implicit_gemm", "implicit_precomp_gemm", "gemm", "direct",
+                                     "fft", "fft_tiling", "winograd", "winograd_nonfused"};
+   static const char *const bwdd[] = {"algo_0", "algo_1", "fft", "fft_tiling", "winograd",
+                                      "winograd_nonfused"};
+   static const char *const bwdf[] = {"algo_0", "algo_1", "fft", "algo_3", "winograd",
+                                      "winograd_nonfused", "fft_tiling"};
+   if (!lm_verbose()) return;
+   const char *const *tab = op == CONV_ALGO_FWD ? fwd : op == CONV_ALGO_BWD_DATA ? bwdd : bwdf;
+   const int n = op == CONV_ALGO_FWD ? 8 : op == CONV_ALGO_BWD_DATA ? 6 : 7;
+   char name[64];
+   snprintf(name, sizeof name, "cudnn_%s_%s",
+            op == CONV_ALGO_FWD ? "fwd" : op == CONV_ALGO_BWD_DATA ? "bwd_data" : "bwd_filter",
+            algo >= 0 && algo < n ? tab[algo] : "unknown");
+   lm_impl_ran_name(name);
 }
 
 /* ---- the algorithm choice ---- */
@@ -914,6 +936,7 @@ static lm_status dnn_forward(int k, const conv_geom *g, int dt, int nhwc, const 
       void *ws = NULL;
       size_t wsb = 0;
       LM_TRY(dnn_choose(k, h, CONV_ALGO_FWD, g, n, dt, nhwc, &d, xc, wp, yc, 1, &a, &ws, &wsb));
+      dnn_note_algo(CONV_ALGO_FWD, a.algo);
       cudnnStatus_t s = cudnnConvolutionForward(h, one, d.x, xc, d.w, wp, d.conv,
                                                 (cudnnConvolutionFwdAlgo_t)a.algo, ws, wsb, zero,
                                                 d.y, yc);
@@ -945,6 +968,7 @@ static lm_status dnn_backward(int k, const conv_geom *g, int dt, int nhwc, const
          size_t wsb = 0;
          LM_TRY(dnn_choose(k, h, CONV_ALGO_BWD_DATA, g, n, dt, nhwc, &d, gxc, wp, (void *)gyc, 1,
                            &a, &ws, &wsb));
+         dnn_note_algo(CONV_ALGO_BWD_DATA, a.algo);
          cudnnStatus_t s = cudnnConvolutionBackwardData(h, one, d.w, wp, d.y, gyc, d.conv,
                                                         (cudnnConvolutionBwdDataAlgo_t)a.algo, ws,
                                                         wsb, zero, d.x, gxc);
@@ -961,6 +985,7 @@ static lm_status dnn_backward(int k, const conv_geom *g, int dt, int nhwc, const
             the last, shorter chunk, and by the benchmark flag) */
          LM_TRY(dnn_choose(k, h, CONV_ALGO_BWD_FILTER, g, n, dt, nhwc, &d, xc, gwp, (void *)gyc,
                            n0 == 0, &a, &ws, &wsb));
+         dnn_note_algo(CONV_ALGO_BWD_FILTER, a.algo);
          cudnnStatus_t s = cudnnConvolutionBackwardFilter(
             h, one, d.x, xc, d.y, gyc, d.conv, (cudnnConvolutionBwdFilterAlgo_t)a.algo, ws, wsb,
             n0 > 0 ? one : zero, d.w, gwp);

@@ -25,6 +25,7 @@
  * the cuBLAS calls it makes (linalg_cublas_emu.cuh, which checks the leading dimensions as cuBLAS
  * does), so the suite checks the orientation, transposes, strides and copies here. */
 #include "cuda.cuh"
+#include "impl.h"
 #include "cublas_handle.cuh" /* cublas_v2.h, or linalg_cublas_emu.cuh in the emulated build */
 #include "ops/linalg.h"
 #include <string.h>
@@ -194,6 +195,7 @@ static void mm_colmajor(int64_t p, int64_t q, int64_t rs, int64_t cs, cublasOper
 }
 
 static lm_status k_matmul(const lm_op *op) {
+   lm_impl_ran_name("cublas_gemm"); /* LUMEN_VERBOSE (src/impl.h) */
    const lm_matmul_params *p = (const lm_matmul_params *)op->params;
    lm_tensor *ta = op->t[0], *tb = op->t[1], *tc = op->t[2];
    const int k = lm_cu_index(tc);

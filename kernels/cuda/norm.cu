@@ -75,6 +75,7 @@
  * against the CPU (spec/cuda_dnn_spec.lua: every vector width, misaligned views, 2-D / 5-D,
  * folded sums); launch configurations and speed are the GPU's to check. */
 #include "cuda.cuh"
+#include "impl.h"
 #include <stdlib.h>
 #include "ops/norm.h"
 #include <math.h>
@@ -789,6 +790,8 @@ static lm_status k_batch_norm(const lm_op *op) {
    lm_status st = LM_OK;
    bn_fargs fa;
    memset(&fa, 0, sizeof fa);
+   /* LUMEN_VERBOSE (src/impl.h): the channels-last fast kernels or the general ones */
+   lm_impl_ran_name(fw ? "lumen_nhwc_fast" : "lumen_general");
    if (fw) {
       fa.k = k;
       fa.relu = relu;
@@ -929,6 +932,8 @@ static lm_status k_batch_norm_backward(const lm_op *op) {
    lm_status st = LM_OK;
    bn_fargs fa;
    memset(&fa, 0, sizeof fa);
+   /* LUMEN_VERBOSE (src/impl.h): the channels-last fast kernels or the general ones */
+   lm_impl_ran_name(fw ? "lumen_nhwc_fast" : "lumen_general");
    if (fw) {
       fa.k = k;
       fa.training = training;

@@ -557,6 +557,45 @@ E("lm.backends.cpu.isa", "lm.backends.cpu.isa() -> string", "The instruction-set
    .. "CPU kernels: \"amx\", \"avx512_bf16\", \"avx512\", \"avx2\" or \"c\" (the best this "
    .. "process has, or the one a test forced with lm_cpu_set_isa). lm.backends.cpu.amx = false "
    .. "leaves the level at \"amx\" and turns the tile kernels off.")
+E("lm.backends.cpu.implementations", "lm.backends.cpu.implementations() -> array of "
+   .. "{name=, fallback=, alias=, doc=}", "The CPU kernels' implementations, in the order their "
+   .. "lists try them (src/impl.h): conv2d forward / backward in bfloat16 (amx_bf16, "
+   .. "winograd_f4x4_avx512bf16, direct_avx512bf16, im2col_gemm_bf16, via_f32) and float32 "
+   .. "(fp32_bf16_amx, depthwise_avx512, winograd_f4x4_avx512, pointwise_avx512, narrow_c_avx512, "
+   .. "direct_rb_avx512, direct_avx512, im2col_gemm), conv3d's plans, the GEMM (gemm_amx_bf16, "
+   .. "gemm_avx512bf16, gemm_avx512, gemm_avx2, gemm_portable), pools and batch norm. fallback: "
+   .. "the family's last resort, which cannot be switched off; alias: the older environment "
+   .. "variable that also switches it off when set to 0. The names are stable: LUMEN_VERBOSE's "
+   .. "lines, lm.backends.cpu.disable and LUMEN_CPU_DISABLE use them (docs/performance.md, "
+   .. "\"Which kernel ran\").")
+E("lm.backends.cpu.disable", "lm.backends.cpu.disable(name, ...)", "Switch CPU implementations "
+   .. "off by name (lm.backends.cpu.implementations()): their lists take the next entry, with "
+   .. "the same semantics (values equal within the algorithms' rounding; output formats "
+   .. "unchanged), so a slow or suspect kernel can be ruled out without rebuilding. "
+   .. "LUMEN_CPU_DISABLE=a,b does the same at start; the older variables (LUMEN_CONV_WINOGRAD=0, "
+   .. "LUMEN_CONV_PW=0, LUMEN_CONV_RB=0, LUMEN_CONV_NC=0, LUMEN_CONV_AMX=0, LUMEN_CONV_BF16=0, "
+   .. "LUMEN_CONV_BF16_WINOGRAD=0, LUMEN_CONV3D_GEMM=0) still work for this release.",
+   { err = "`lumen.backends.cpu.disable: unknown implementation 'x'`, `'im2col_gemm' is its "
+     .. "family's fallback and cannot be switched off`, `expected implementation names "
+     .. "(strings)`, `expected one or more names`" })
+E("lm.backends.cpu.enable", "lm.backends.cpu.enable(name, ...)", "Switch implementations that "
+   .. "lm.backends.cpu.disable or LUMEN_CPU_DISABLE turned off on again (the older environment "
+   .. "variables, read at each call, are not overridden).",
+   { err = "`lumen.backends.cpu.enable: unknown implementation 'x'`" })
+E("lm.backends.cpu.disabled", "lm.backends.cpu.disabled() -> array of names", "The "
+   .. "implementations switched off now (by name or by their older variable), sorted.")
+E("lm.backends.verbose", "lm.backends.verbose([level]) -> previous level", "LUMEN_VERBOSE from "
+   .. "Lua: 1 prints one line per kernel call on stderr, "
+   .. "`lumen_verbose,exec,DEVICE,OP,IMPLEMENTATION,DTYPE,FORMAT,SHAPES,MS` (OP as in LM_OP_LIST: "
+   .. "conv2d, conv2d_backward, max_pool2d, batch_norm, matmul, ...; IMPLEMENTATION the names "
+   .. "that ran, joined by '+', e.g. via_f32+winograd_f4x4_avx512; FORMAT and DTYPE those of the "
+   .. "first tensor; SHAPES each tensor's sizes, ';' between tensors, '-' for an absent one; MS "
+   .. "the kernel's host time: on CUDA the launch unless the kernel synchronizes), conv3d adds "
+   .. "`lumen_verbose,plan,...` lines naming its plan; 2 also prints "
+   .. "`lumen_verbose,skip,DEVICE,OP,IMPLEMENTATION,REASON` for each entry a list passed over; 0 "
+   .. "stops. No argument: the level now. On CUDA the name is cuDNN's algorithm "
+   .. "(cudnn_fwd_implicit_precomp_gemm, ...), cublas_gemm_1x1 or lumen's own kernel.",
+   { err = "`lumen.backends.verbose: expected 0, 1 or 2`" })
 E("lm.comm", "lm.comm", "Moving tensors between devices in one process (torch.cuda.comm), "
    .. "loaded on first use. Device lists may name one device several times; every copy keeps "
    .. "its source's memory format (a channels-last batch scatters into channels-last chunks and "
