@@ -145,7 +145,8 @@ lm.backends.cpu.enable("winograd_f4x4_avx512", "direct_rb_avx512", "direct_avx51
    end)
 
    it("LUMEN_CPU_DISABLE does it from the environment", function()
-      local out, rc = child(CONV .. "io.write(table.concat(lm.backends.cpu.disabled(), ' '), '\\n')",
+      local list = "io.write(table.concat(lm.backends.cpu.disabled(), ' '), '\\n')"
+      local out, rc = child(CONV .. list,
                             "LUMEN_VERBOSE=1 LUMEN_CPU_DISABLE=winograd_f4x4_avx512,amx_bf16")
       assert.are.equal(0, rc, out)
       assert.truthy(out:match("amx_bf16 winograd_f4x4_avx512"), out)
@@ -172,7 +173,9 @@ lm.backends.cpu.enable("winograd_f4x4_avx512", "direct_rb_avx512", "direct_avx51
       for _, n in ipairs(d) do if n == "pointwise_avx512" then found = true end end
       assert.is_true(found)
       lm.backends.cpu.enable("pointwise_avx512")
-      for _, n in ipairs(lm.backends.cpu.disabled()) do assert.are_not.equal("pointwise_avx512", n) end
+      for _, n in ipairs(lm.backends.cpu.disabled()) do
+         assert.are_not.equal("pointwise_avx512", n)
+      end
    end)
 
    it("refuses unknown names, fallbacks, non-strings and no name", function()
