@@ -6,6 +6,7 @@
  * on the device's stream and not waited for: errors a kernel meets while running (not at launch)
  * show at the next copy to the host, as in PyTorch. */
 #include "cuda.cuh"
+#include "impl.h"
 #include "alloc_api.cuh"
 
 #ifndef LM_CUDA_EMU
@@ -145,6 +146,14 @@ static lm_status cu_compute(const lm_backend *b, const lm_op *op) {
          prof_wait = atoi(e);
          atexit(prof_report);
       }
+   }
+   if ((!profiling || prof_wait > 0) && lm_verbose()) {
+      /* LUMEN_VERBOSE: the line's time is the device's (lm_dispatch times this call), so wait
+         for the stream before and after, as the profile does */
+      cudaStreamSynchronize(lm_cu_stream(dev));
+      const lm_status st = k(op);
+      cudaStreamSynchronize(lm_cu_stream(dev));
+      return st;
    }
    if (!profiling || prof_wait > 0) return k(op);
    int dt = 0;

@@ -590,8 +590,8 @@ E("lm.backends.verbose", "lm.backends.verbose([level]) -> previous level", "LUME
    .. "conv2d, conv2d_backward, max_pool2d, batch_norm, matmul, ...; IMPLEMENTATION the names "
    .. "that ran, joined by '+', e.g. via_f32+winograd_f4x4_avx512; FORMAT and DTYPE those of the "
    .. "first tensor; SHAPES each tensor's sizes, ';' between tensors, '-' for an absent one; MS "
-   .. "the kernel's host time: on CUDA the launch unless the kernel synchronizes), conv3d adds "
-   .. "`lumen_verbose,plan,...` lines naming its plan; 2 also prints "
+   .. "the kernel's time: on CUDA the stream is waited for around each call while verbose), "
+   .. "conv3d adds `lumen_verbose,plan,...` lines naming its plan; 2 also prints "
    .. "`lumen_verbose,skip,DEVICE,OP,IMPLEMENTATION,REASON` for each entry a list passed over; 0 "
    .. "stops. No argument: the level now. On CUDA the name is cuDNN's algorithm "
    .. "(cudnn_fwd_implicit_precomp_gemm, ...), cublas_gemm_1x1 or lumen's own kernel.",
