@@ -524,7 +524,7 @@ function Tensor.backward(self, grad, opts)
       retain = opts.retain_graph and true or false
    end
    local prev = set_grad_enabled(false)
-   T.suspend_lazy(true)        -- no deferred results inside backward (tensor.lua)
+   T.suspend_lazy(true)        -- no deferred results inside backward (deferred.lua)
    local prev_cb = callbacks
    local cbs = {}
    callbacks = cbs

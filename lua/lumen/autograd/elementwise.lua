@@ -320,10 +320,10 @@ do
    local relu_plain = inplace_unary("relu_", raw.relu_, "ReluBackward",
       function(g, y) return raw.relu_backward(g, y) end)
    -- relu_ of a batch norm's result (nn.ReLU(true) after nn.BatchNorm2d): the node's relu_fuse
-   -- (functional.lua) gives a backward that masks the gradient by the relu's output inside the
-   -- batch norm's backward, which then replaces both nodes. Not when a hook watches the batch
-   -- norm's result (it would miss its gradient). The batch norm's own node stays as it was for
-   -- any other user of the pre-relu values.
+   -- (functional/norm.lua) gives a backward that masks the gradient by the relu's output inside
+   -- the batch norm's backward, which then replaces both nodes. Not when a hook watches the
+   -- batch norm's result (it would miss its gradient). The batch norm's own node stays as it was
+   -- for any other user of the pre-relu values.
    local function slow_relu_(self)
       local node = rawget(self, "grad_fn")
       local fuse = node and rawget(node, "relu_fuse")
