@@ -152,58 +152,60 @@ local function list(r, fmt)
 end
 
 -- ntuple(n, fname, v, what, default, min): a number, or a table of 1 (repeated) or n numbers
--- (a plain array or a Size), -> an array of n integers of at least min; default when v is nil
--- (an error when there is none). The one parser of the 1-D, 2-D and 3-D operators' sizes.
+-- (a plain array or a Size), -> an array of n integers of at least min (n = 1, 2 or 3); default
+-- when v is nil (an error when there is none). The one parser of the 1-D, 2-D and 3-D
+-- operators' sizes. It runs on every call of those operators, so it has no loop (a loop in a
+-- helper cuts the caller's compiled trace in pieces) and makes its result with a constructor
+-- of the exact size (a table grown entry by entry cost twice the time).
+local function is_int(e) return type(e) == "number" and e % 1 == 0 end
 local function ntuple(n, fname, v, what, default, min)
    if v == nil then
       if default == nil then err(fname, what .. " is required") end
       v = default
    end
-   local r = {}
+   local a, b, c
    if type(v) == "number" then
-      for i = 1, n do r[i] = v end
+      a, b, c = v, v, v
    elseif T.is_sizes(v) then
       local k = #v
-      if k ~= 1 and k ~= n then
+      if k == 1 then
+         a = v[1]; b, c = a, a
+      elseif k == n then
+         a, b, c = v[1], v[2], v[3]
+      else
          err(fname, ("%s must be a number or %s, got %d values"):format(what, TUPLE_FORM[n], k))
       end
-      for i = 1, n do r[i] = v[k == 1 and 1 or i] end
    else
       err(fname, ("%s must be a number or %s, got %s"):format(what, TUPLE_FORM[n], typename(v)))
    end
-   for i = 1, n do
-      if type(r[i]) ~= "number" or r[i] % 1 ~= 0 then
-         err(fname, what .. (n == 1 and " must be an integer, got " or " must hold integers, got ")
-             .. list(r))
-      end
+   local r = n == 3 and { a, b, c } or n == 2 and { a, b } or { a }
+   if not (is_int(a) and (n < 2 or is_int(b)) and (n < 3 or is_int(c))) then
+      err(fname, what .. (n == 1 and " must be an integer, got " or " must hold integers, got ")
+          .. list(r))
    end
-   for i = 1, n do
-      if r[i] < min then
-         local got = n == 1 and ("%d"):format(r[1]) or "(" .. list(r, "%d") .. ")"
-         err(fname, ("%s must be %s, got %s"):format(what,
-             min == 0 and "non-negative" or ("at least " .. min), got))
-      end
+   if a < min or (n > 1 and b < min) or (n > 2 and c < min) then
+      local got = n == 1 and ("%d"):format(a) or "(" .. list(r, "%d") .. ")"
+      err(fname, ("%s must be %s, got %s"):format(what,
+          min == 0 and "non-negative" or ("at least " .. min), got))
    end
    return r
 end
 H.ntuple = ntuple
 
--- output_size(n, fname, xc, size) of the adaptive pools: a number, or a table of n entries
--- where false / nil keeps the input's size (xc: the input's cdata, spatial dims last)
+-- output_size(n, fname, xc, size) of the adaptive pools (n = 2 or 3): a number, or a table of n
+-- entries where false / nil keeps the input's size (xc: the input's cdata, spatial dims last)
 function H.output_size(n, fname, xc, size)
    if size == nil then err(fname, "output_size is required") end
-   local nd = xc.ndim
-   local r = {}
+   local r
    if type(size) == "number" then
-      for i = 1, n do r[i] = size end
+      r = n == 3 and { size, size, size } or { size, size }
    elseif T.is_sizes(size) then
-      local any = false
-      for i = 1, n do if size[i] ~= nil then any = true end end
-      if not any then err(fname, "output_size must be a number or " .. TUPLE_FORM[n]) end
+      if size[1] == nil and size[2] == nil and (n == 2 or size[3] == nil) then
+         err(fname, "output_size must be a number or " .. TUPLE_FORM[n])
+      end
+      r = n == 3 and { size[1], size[2], size[3] } or { size[1], size[2] }
       for i = 1, n do
-         local v = size[i]
-         if v == nil or v == false then v = tonumber(xc.sizes[nd - n + i - 1]) end
-         r[i] = v
+         if r[i] == nil or r[i] == false then r[i] = tonumber(xc.sizes[xc.ndim - n + i - 1]) end
       end
    else
       err(fname, ("output_size must be a number or %s, got %s"):format(TUPLE_FORM[n],
@@ -218,9 +220,13 @@ function H.output_size(n, fname, xc, size)
    return r
 end
 
--- the entries of p into the int64_t array buf (the C entry points' sizes); returns buf
+-- the entries of p (1 to 3 of them) into the int64_t array buf (the C entry points' sizes);
+-- returns buf. No loop, as in ntuple.
 function H.fill(buf, p)
-   for i = 1, #p do buf[i - 1] = p[i] end
+   local n = #p
+   buf[0] = p[1]
+   if n > 1 then buf[1] = p[2] end
+   if n > 2 then buf[2] = p[3] end
    return buf
 end
 
