@@ -57,8 +57,8 @@ for _, fmt in ipairs({ "nchw", "nhwc" }) do
       local y = (x + x):relu()
       y:free()
    end, 3 * nbytes)
-   -- a lone large x + x is deferred (tensor.lua) and, dropped unused, never computed: force it,
-   -- so these rows time the operation itself (add_relu above runs as one fused pass)
+   -- a lone large x + x is deferred (lumen/deferred.lua) and, dropped unused, never computed:
+   -- force it, so these rows time the operation itself (add_relu above runs as one fused pass)
    row("add", fmt, function() return force(x + x) end, 3 * nbytes)
    row("mul", fmt, function() return force(x * x) end, 3 * nbytes)
    if F then

@@ -88,7 +88,10 @@ describe("install", function()
 
    it("every lumen module comes from the same place", function()
       local where = TREE and (realpath(TREE) .. "/share/lua/5.1/") or (ROOT .. "/lua/")
-      for _, mod in ipairs({ "lumen.C", "lumen.cdef", "lumen.repl" }) do
+      -- (and one module of each subfolder: the install must copy the whole tree)
+      for _, mod in ipairs({ "lumen.C", "lumen.cdef", "lumen.repl", "lumen.deferred",
+                             "lumen.autograd.graph", "lumen.functional.common",
+                             "lumen.nn.data_parallel", "lumen.repl.session" }) do
          local path = package.searchpath(mod, package.path)
          assert.is_not_nil(path, mod .. " is not on package.path")
          local real = realpath(path)

@@ -1,4 +1,4 @@
--- spec/lazy_spec.lua -- deferred elementwise results (tensor.lua, "deferred elementwise results"):
+-- spec/lazy_spec.lua -- deferred elementwise results (lua/lumen/deferred.lua, used by tensor.lua):
 -- a large float a op b made outside autograd is pending until used; a float unary op on it runs
 -- fused (lm_binary_unary); anything else computes it first. Deferral must be invisible: the
 -- same bits, layouts and errors as eager evaluation, whatever is written in place afterwards.

@@ -1,6 +1,6 @@
 -- spec/repl_spec.lua -- the `lumen` REPL in a real terminal (tmux): Ctrl-C at the prompt and
 -- during computations, help(x) / ?x, TAB completion of lazily loaded names. See the
--- "interrupts" section of lua/lumen/repl.lua and README.md ("The REPL").
+-- comments of lua/lumen/repl/interrupt.lua and README.md ("The REPL").
 --
 -- Each block starts its own tmux server (a unique -L socket) running bin/lumen (or
 -- $LUMEN_INSTALL_TREE/bin/lumen for the installed run) with LUMEN_HISTORY in a temporary

@@ -6,7 +6,7 @@
 -- the policy (which op runs in which precision), the casts and the weight-cast cache. The ops
 -- ask it at their entry:
 --   * lm.F.conv2d, linear, softmax, log_softmax, nll_loss, cross_entropy, mse_loss call
---     low() / f32() on their tensor arguments (lua/lumen/functional.lua; their hook is one
+--     low() / f32() on their tensor arguments (lua/lumen/functional/*.lua; their hook is one
 --     upvalue test, kept current by subscribe());
 --   * the Tensor methods of the two lists below (matmul / mm; sum, prod, exp, log, pow, ...)
 --     are wrapped here, on top of autograd's differentiable versions (a wrapper under autograd

@@ -491,7 +491,7 @@ function M.coverage(opts)
          bases[e.group] = { s = s, convert = convert }
       end
    end
-   -- x + 0.1 may be a deferred result (tensor.lua): computed now, not inside the first call
+   -- x + 0.1 may be a deferred result (lumen/deferred.lua): computed now, not inside the first call
    -- that reads it (which would count it as that call's temporary memory)
    T.force_all()
    local function context(group, cl)

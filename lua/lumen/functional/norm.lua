@@ -1,0 +1,150 @@
+-- lumen.functional.norm -- lm.F's normalization: batch_norm (any rank >= 2: BatchNorm1d/2d/3d
+-- and SyncBatchNorm's local path), with its backward and the fused relu / residual tail.
+
+local ffi = require("ffi")
+local C = require("lumen.C")
+local T = require("lumen.tensor")
+local A = require("lumen.autograd")
+local H = require("lumen.functional.common")
+
+local type, tonumber, rawget = type, tonumber, rawget
+
+local Tensor, wrap, typename = T.Tensor, T.wrap, T.typename
+local needs, record, fresh = A.needs, A.record, A.fresh
+local err, check, tensor_arg, opt_tensor = H.err, H.check, H.tensor_arg, H.opt_tensor
+local check_opts, opts_with, bool_opt = H.check_opts, H.opts_with, H.bool_opt
+local sizes_str, check_float = H.sizes_str, H.check_float
+
+local F = H.F
+
+-- scratch (FFI calls never re-enter Lua, so sharing is safe)
+local outp = ffi.new("lm_tensor*[1]")
+local idxp = ffi.new("lm_tensor*[1]")
+local p1 = ffi.new("lm_tensor*[1]")
+local p2 = ffi.new("lm_tensor*[1]")
+local p3 = ffi.new("lm_tensor*[1]")
+
+local BN_OPTS = H.option_set("training", "momentum", "eps", "residual", "relu")
+F._OPTIONS.batch_norm = BN_OPTS
+
+-- batch_norm(x, running_mean, running_var, weight, bias, {training=false, momentum=0.1,
+--            eps=1e-5, residual=nil, relu=false}); running stats are updated in place when
+-- training. residual (a tensor) and relu fuse the tail of a ResNet block into the same pass:
+-- the result is relu(batch_norm(x) + residual) (each part optional), computed and
+-- differentiated as the three ops would be. A residual of another dtype or shape (broadcast)
+-- falls back to the separate ops.
+--
+-- The recorded node also lets autograd fuse a later in-place relu_ of the result (nn.ReLU(true)
+-- after a batch norm): the relu's backward then runs inside the batch norm's backward, its mask
+-- read from the relu's output (see Tensor.relu_ in autograd/elementwise.lua).
+local bn_fused_fwd = function(...) return C.lm_batch_norm_fused(...) end
+local bn_fused_bwd = function(...) return C.lm_batch_norm_backward_fused(...) end
+
+function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
+   local fname = "batch_norm"
+   local xc = tensor_arg(fname, x, "input")
+   local rmc = opt_tensor(fname, running_mean, "running_mean")
+   local rvc = opt_tensor(fname, running_var, "running_var")
+   local wc = opt_tensor(fname, weight, "weight")
+   local bc = opt_tensor(fname, bias, "bias")
+   opts = check_opts(fname, opts, BN_OPTS)
+   local training = bool_opt(fname, opts.training, "training", false)
+   local momentum = opts.momentum
+   if momentum == nil then momentum = 0.1 end
+   if type(momentum) ~= "number" then
+      err(fname, "momentum must be a number, got " .. typename(momentum))
+   end
+   local eps = opts.eps
+   if eps == nil then eps = 1e-5 end
+   if type(eps) ~= "number" or eps < 0 then err(fname, "eps must be a non-negative number") end
+   local relu = bool_opt(fname, opts.relu, "relu", false)
+   local residual = opts.residual
+   local resc = opt_tensor(fname, residual, "residual")
+   if xc.ndim < 2 then
+      err(fname, ("expected an input of at least 2 dims (N, C, ...), got %d-D"):format(xc.ndim))
+   end
+   check_float(fname, xc, "input")
+   local Cn = tonumber(xc.sizes[1])
+   local function check_vec(c, what)
+      if c ~= nil and (c.ndim ~= 1 or tonumber(c.sizes[0]) ~= Cn) then
+         err(fname, ("%s should contain %d elements (the input's channels), got size %s")
+             :format(what, Cn, sizes_str(c)))
+      end
+      if c ~= nil then check_float(fname, c, what) end
+   end
+   check_vec(rmc, "running_mean")
+   check_vec(rvc, "running_var")
+   check_vec(wc, "weight")
+   check_vec(bc, "bias")
+   if not training and (rmc == nil or rvc == nil) then
+      err(fname, "running_mean and running_var must be given in evaluation mode " ..
+          "(training = false)")
+   end
+   if (rmc == nil) ~= (rvc == nil) then
+      err(fname, "running_mean and running_var must be given together")
+   end
+   if training then
+      local per = Cn > 0 and tonumber(xc.numel) / Cn or 0
+      if per <= 1 then
+         err(fname, "expected more than 1 value per channel when training, got input size " ..
+             sizes_str(xc))
+      end
+   end
+   if resc ~= nil and (resc.dtype ~= xc.dtype or resc.ndim ~= xc.ndim
+                       or not A.same_sizes(resc, xc) or resc.device ~= xc.device) then
+      -- not fusable: the separate ops (broadcasting and type promotion as Tensor.add does them)
+      local y = Tensor.add(F.batch_norm(x, running_mean, running_var, weight, bias,
+                                        opts_with(opts, "residual", nil, "relu", nil)), residual)
+      if relu then y = Tensor.relu_(y) end
+      return y
+   end
+   local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias) or
+                                        needs(residual))
+   if training then               -- the running statistics are updated in place
+      if rmc ~= nil then T.check_no_overlap(fname, rmc, "running_mean") end
+      if rvc ~= nil then T.check_no_overlap(fname, rvc, "running_var") end
+      T.barrier(rmc)
+      T.barrier(rvc)
+   end
+   outp[0], p1[0], p2[0] = nil, nil, nil
+   check(bn_fused_fwd(xc, wc, bc, rmc, rvc, training and 1 or 0, momentum, eps, resc,
+                      relu and 1 or 0, outp, rec and p1 or nil, rec and p2 or nil), fname)
+   local out = wrap(outp[0])
+   if rec then
+      local save_mean, save_invstd = wrap(p1[0]), wrap(p2[0])
+      local need_x, need_w, need_b = needs(x), needs(weight), needs(bias)
+      local need_r = residual ~= nil and needs(residual)
+      local wt = weight
+      -- the backward of relu(bn(x) [+ residual]); mask: the relu's output (nil: no relu)
+      local function make_backward(mask, with_residual)
+         return function(g)
+            p1[0], p2[0], p3[0], idxp[0] = nil, nil, nil, nil
+            local want_gm = with_residual and mask ~= nil
+            check(bn_fused_bwd(g._c, mask and mask._c or nil, x._c, wt and wt._c or nil,
+                               save_mean._c, save_invstd._c, training and 1 or 0,
+                               need_x and p1 or nil, need_w and p2 or nil, need_b and p3 or nil,
+                               want_gm and idxp or nil), "batch_norm_backward")
+            local gx = fresh(need_x and wrap(p1[0]) or nil)
+            local gw = fresh(need_w and wrap(p2[0]) or nil)
+            local gb = fresh(need_b and wrap(p3[0]) or nil)
+            if with_residual then
+               return gx, gw, gb, want_gm and fresh(wrap(idxp[0])) or g
+            end
+            return gx, gw, gb
+         end
+      end
+      if residual ~= nil then
+         record(out, relu and "NativeBatchNormReluBackward" or "NativeBatchNormBackward",
+                make_backward(relu and out or nil, need_r), x, weight or false, bias or false,
+                residual)
+      else
+         record(out, relu and "NativeBatchNormReluBackward" or "NativeBatchNormBackward",
+                make_backward(relu and out or nil, false), x, weight or false, bias or false)
+      end
+      if not relu then
+         -- relu_(out) may fold its backward into this node's (autograd's Tensor.relu_)
+         rawget(out, "grad_fn").relu_fuse = function(y) return make_backward(y, need_r) end
+      end
+   end
+   return out
+end
