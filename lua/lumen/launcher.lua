@@ -363,7 +363,7 @@ local function spawn(argv)
       io.stderr:flush()
       C._exit(127)
    end
-   keep = nil
+   M._argv_strings = keep -- (the strings stay alive while the child execs)
    return pid
 end
 
