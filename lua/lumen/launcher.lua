@@ -667,6 +667,11 @@ function M.main(argv)
    else
       os.execute("mkdir -p " .. shell_word(base))
    end
+   if o.watchdog > 0 and o.hostfile and own_base then
+      say("warning: --watchdog with --hostfile: the ranks on other machines must be able to " ..
+          "write %s (choose a folder on a shared file system with --heartbeat-dir), or they " ..
+          "send no heartbeat", base)
+   end
    -- every process the job starts stays below this one (orphans come back here), so that
    -- ending a job leaves nothing behind
    C.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
