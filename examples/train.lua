@@ -327,9 +327,13 @@ end
 -- the checkpoint is written over CHECKPOINT, and the one there before is kept as
 -- CHECKPOINT.prev: a damaged CHECKPOINT falls back to it. latest_usable is false after a resume
 -- that had to skip CHECKPOINT, which is then dropped rather than kept as the previous one.
+-- The new one is written (atomically) beside it first, then the two renames: a failure at any
+-- moment leaves CHECKPOINT or CHECKPOINT.prev whole.
 local PREV = opt.checkpoint .. ".prev"
 local latest_usable = true
 local function save_main(rngs)
+   local new = opt.checkpoint .. ".new"
+   save_checkpoint(new, rngs)
    if exists(opt.checkpoint) then
       if latest_usable then
          local ok, err = os.rename(opt.checkpoint, PREV)
@@ -340,7 +344,8 @@ local function save_main(rngs)
          os.remove(opt.checkpoint)
       end
    end
-   save_checkpoint(opt.checkpoint, rngs)
+   local ok, err = os.rename(new, opt.checkpoint)
+   if not ok then error("examples/train.lua: cannot write the checkpoint: " .. tostring(err), 0) end
    latest_usable = true
 end
 
