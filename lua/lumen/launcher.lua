@@ -66,6 +66,7 @@ cdef("int geteuid(void);")
 cdef("char *strerror(int errnum);")
 cdef("int unlink(const char *path);")
 cdef("int rmdir(const char *path);")
+-- glibc's sigset_t (1024 bits) and struct dirent on 64-bit Linux (x86_64, aarch64)
 cdef("typedef struct lm_run_DIR lm_run_DIR;")
 cdef([[typedef struct { uint64_t d_ino; int64_t d_off; unsigned short d_reclen;
         unsigned char d_type; char d_name[256]; } lm_run_dirent;]])
