@@ -297,6 +297,7 @@ install: all
 	   $(INSTALL) -d "$(DESTDIR)$(INST_LUADIR)/lumen/models" && \
 	   $(INSTALL) -m 644 models/*.lua "$(DESTDIR)$(INST_LUADIR)/lumen/models/"; fi
 	$(INSTALL) -m 755 bin/lumen "$(DESTDIR)$(INST_BINDIR)/lumen"
+	$(INSTALL) -m 755 bin/lumen-run "$(DESTDIR)$(INST_BINDIR)/lumen-run"
 
 # ---- dist -------------------------------------------------------------------------------------
 # make dist: dist/lumen-X.Y.Z.tar.gz (the files git would commit: tracked, and new ones not

@@ -4,7 +4,7 @@
 --       [--lr 0.1] [--schedule warmup-cosine] [--format nhwc|nchw]
 --       [--data /usr/share/datasets/fashion-mnist] [--checkpoint train.ckpt] [--resume]
 --       [--force] [--threads 2] [--seed 1] [--width 16] [--blocks 1] [--limit N] [--quiet]
---       [--log run.jsonl] [--amp bf16|fp16] [--distributed] [--sync-bn]
+--       [--log run.jsonl] [--amp bf16|fp16] [--distributed] [--sync-bn] [--save-every N]
 --   bin/lumen examples/train.lua -h      every flag, its default and meaning
 --
 -- --schedule picks the learning-rate schedule, an lm.optim.lr_scheduler (docs/training.md):
@@ -36,6 +36,19 @@
 -- exactly (model, optimizer, schedule, epoch and the position in the epoch). Ctrl-C saves a
 -- checkpoint at the current step, then exits.
 --
+-- --save-every N also writes the checkpoint after every N optimizer steps (all ranks take part:
+-- every rank's random state is gathered; rank 0 writes). Every write of the checkpoint keeps the
+-- one before as CHECKPOINT.prev, and checkpoints carry a checksum (lm.save_checkpoint), so a
+-- resume whose CHECKPOINT is damaged or missing uses CHECKPOINT.prev instead.
+--
+-- Under bin/lumen-run (a job that restarts itself after a failure; docs/distributed.md,
+-- "Surviving failures") a restarted start (LUMEN_RESTART_COUNT > 0) resumes by itself from the
+-- newest usable checkpoint this job wrote (its LUMEN_RUN_ID), as --resume would, and the rank
+-- calls lm.distributed.heartbeat() every step (and while it waits for rank 0's evaluation), for
+-- the launcher's watchdog. The final parameters are those of a run without failures:
+--   bin/lumen-run -np 2 --max-restarts 4 --watchdog 30 -- examples/train.lua --distributed \
+--       --threads 1 --save-every 50
+--
 -- A run never loses another: the checkpoint records the run's configuration (the flags that
 -- change what is trained). --resume with a configuration that differs refuses and names each
 -- differing flag (--epochs may grow, except for the schedules that span the run); a new run
@@ -61,7 +74,7 @@ local FLAG_HELP = {
       "(docs/training.md).",
    __order = { "model", "epochs", "batch-size", "lr", "schedule", "momentum", "weight-decay",
                "format", "amp", "data", "limit", "width", "blocks", "seed", "checkpoint",
-               "resume", "force", "log", "threads", "workers", "eval-batch", "quiet",
+               "save-every", "resume", "force", "log", "threads", "workers", "eval-batch", "quiet",
                "distributed", "sync-bn" },
    model = "model: small_resnet, or any lm.models name (resnet18, ...)",
    epochs = "epochs to train (--resume may raise it)",
@@ -78,7 +91,10 @@ local FLAG_HELP = {
    width = "small_resnet: channels of the first stage",
    blocks = "small_resnet: residual blocks per stage",
    seed = "random seed (weights, shuffling, augmentation)",
-   checkpoint = "checkpoint file (the best epoch is also kept in CHECKPOINT.best)",
+   checkpoint = "checkpoint file (the one before is kept in CHECKPOINT.prev, the best epoch " ..
+      "in CHECKPOINT.best)",
+   ["save-every"] = "also write the checkpoint every N optimizer steps (0: at the end of " ..
+      "every epoch only)",
    resume = "continue the run saved in --checkpoint (its configuration must match)",
    force = "replace a checkpoint of another configuration; with --resume, resume despite " ..
       "differences",
@@ -95,7 +111,7 @@ local opt, usage = util.parse_flags({
    data = "", checkpoint = "train.ckpt", resume = false, threads = 2, seed = 1, width = 16,
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
    workers = 2, ["eval-batch"] = 500, log = "", amp = "", distributed = false,
-   ["sync-bn"] = false, schedule = "warmup-cosine", force = false,
+   ["sync-bn"] = false, schedule = "warmup-cosine", force = false, ["save-every"] = 0,
 }, "bin/lumen examples/train.lua", arg, FLAG_HELP)
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
@@ -105,8 +121,17 @@ end
 -- mixed precision: the autocast options (nil: float32 throughout)
 local amp_opts = opt.amp == "bf16" and { dtype = lm.bfloat16 } or
    opt.amp == "fp16" and { dtype = lm.float16 } or nil
+if opt["save-every"] < 0 or opt["save-every"] % 1 ~= 0 then
+   usage("--save-every is a whole number of steps (0: at the end of every epoch only)")
+end
 lm.set_num_threads(opt.threads)
 lm.manual_seed(opt.seed)
+
+-- under bin/lumen-run: the restart count (0 on the first start and outside lumen-run), and the
+-- heartbeat its watchdog watches (a no-op function otherwise)
+local restart_count = lm.distributed.restart_count()
+local heartbeat = os.getenv("LUMEN_HEARTBEAT_DIR") and lm.distributed.heartbeat or function() end
+local RUN_ID = os.getenv("LUMEN_RUN_ID")
 
 -- data parallel over an MPI job: rank 0 is the one that talks and writes
 local dist = opt.distributed and lm.distributed or nil
@@ -114,6 +139,7 @@ local rank, world = 0, 1
 if dist then
    dist.init({ backend = "mpi" })
    rank, world = dist.rank(), dist.world_size()
+   heartbeat()
    if opt["batch-size"] % world ~= 0 then
       usage(("--batch-size %d is the global batch: it must be a multiple of the %d processes")
             :format(opt["batch-size"], world))
@@ -124,6 +150,24 @@ end
 local main = rank == 0
 local print = main and print or function() end
 local local_batch = opt["batch-size"] / world
+
+-- the ranks other than 0 wait for rank 0 (its evaluation, its checkpoint) in a non-blocking
+-- barrier, with heartbeats, so that the watchdog does not take a wait for a hang
+local ffi = require("ffi")
+pcall(ffi.cdef, "int usleep(unsigned int usec);")
+local function wait_for_all()
+   if not dist then return end
+   local w = dist.barrier({ async = true })
+   local t = util.clock()
+   while not w:is_completed() do
+      if util.clock() - t > 0.1 then
+         heartbeat()
+         t = util.clock()
+      end
+      ffi.C.usleep(2000)
+   end
+   heartbeat()
+end
 
 ---------------------------------------------------------------------------------------------
 -- data, model, optimizer, schedule
@@ -149,6 +193,17 @@ local test_loader = lm.data.DataLoader(test, {
    batch_size = opt["eval-batch"], shuffle = false, memory_format = fmt, mean = { MEAN },
    std = { STD }, workers = opt.workers,
 })
+-- the test loader for util.accuracy, with a heartbeat per batch (a long evaluation is progress)
+local beating_test_loader = {
+   iter = function(_, ...)
+      local it = test_loader:iter(...)
+      return function()
+         heartbeat()
+         return it()
+      end
+   end,
+}
+heartbeat()
 
 local ctor = lm.models[opt.model]
 if not ctor then usage("unknown model '" .. opt.model .. "'") end
@@ -159,6 +214,7 @@ else
    model = ctor({ num_classes = 10 })
 end
 model:to(fmt)
+heartbeat()
 if opt["sync-bn"] then model = lm.nn.SyncBatchNorm.convert_sync_batchnorm(model) end
 
 -- no weight decay on batch-norm parameters and biases
@@ -239,12 +295,24 @@ local function config_diffs(old, resuming)
    return diffs
 end
 
-local function save_checkpoint(path)
+-- every rank's random state (rank r's at [r + 1]); a collective under --distributed
+local function rng_states()
+   local st = lm.get_rng_state()
+   if not dist then return { st } end
+   local all = dist.all_gather(lm.tensor(st, { dtype = lm.int64 }))
+   local out = {}
+   for r = 1, #all do out[r] = { all[r][1], all[r][2] } end
+   return out
+end
+
+-- rngs: rng_states() (nil: rank 0's state only, as at Ctrl-C, where the ranks do not meet)
+local function save_checkpoint(path, rngs)
    lm.save_checkpoint(path, {
       model = model, optimizer = optimizer,
       fields = { epoch = state.epoch, batch = state.batch, step = state.step,
                  best_acc = state.best_acc, config = config, version = lm._VERSION,
-                 rng = lm.get_rng_state(),
+                 rng = rngs and rngs[1] or lm.get_rng_state(), rng_ranks = rngs, world = world,
+                 run_id = RUN_ID,
                  scheduler = scheduler and scheduler:state_dict() or nil,
                  scaler = scaler and scaler:state_dict() or nil },
    })
@@ -254,6 +322,31 @@ local function exists(path)
    local f = io.open(path, "rb")
    if f then f:close() end
    return f ~= nil
+end
+
+-- the checkpoint is written over CHECKPOINT, and the one there before is kept as
+-- CHECKPOINT.prev: a damaged CHECKPOINT falls back to it. latest_usable is false after a resume
+-- that had to skip CHECKPOINT, which is then dropped rather than kept as the previous one.
+-- The new one is written (atomically) beside it first, then the two renames: a failure at any
+-- moment leaves CHECKPOINT or CHECKPOINT.prev whole.
+local PREV = opt.checkpoint .. ".prev"
+local latest_usable = true
+local function save_main(rngs)
+   local new = opt.checkpoint .. ".new"
+   save_checkpoint(new, rngs)
+   if exists(opt.checkpoint) then
+      if latest_usable then
+         local ok, err = os.rename(opt.checkpoint, PREV)
+         if not ok then
+            error("examples/train.lua: cannot keep the previous checkpoint: " .. tostring(err), 0)
+         end
+      else
+         os.remove(opt.checkpoint)
+      end
+   end
+   local ok, err = os.rename(new, opt.checkpoint)
+   if not ok then error("examples/train.lua: cannot write the checkpoint: " .. tostring(err), 0) end
+   latest_usable = true
 end
 
 -- the configuration a checkpoint file records (nil, why: not a checkpoint of this trainer)
@@ -267,42 +360,89 @@ local function checkpoint_config(path)
    return f.config, f
 end
 
--- net: what the training step calls (the model, or its DistributedDataParallel wrapper, made
--- after --resume has loaded the checkpoint; the wrapper broadcasts rank 0's weights anyway)
-local net = model
-if opt.resume then
-   if not exists(opt.checkpoint) then usage("--resume: no checkpoint at " .. opt.checkpoint) end
-   local old, why = checkpoint_config(opt.checkpoint)
-   if old == nil then
-      if not opt.force then
-         usage(("--resume: %s cannot be checked: %s; --force resumes it anyway")
-               :format(opt.checkpoint, why))
-      end
-   else
-      local diffs = config_diffs(old, true)
-      if #diffs > 0 then
-         local msg = ("--resume: %s is a run of another configuration:\n  %s")
-            :format(opt.checkpoint, table.concat(diffs, "\n  "))
-         if not opt.force then
-            usage(msg .. "\nResume with the same flags, start a new run with --checkpoint " ..
-                  "PATH, or resume anyway with --force")
+-- the checkpoint a resume reads: CHECKPOINT, or CHECKPOINT.prev when CHECKPOINT is missing or
+-- cannot be loaded (damaged, truncated); after a restart (auto) only one written by this job
+-- (LUMEN_RUN_ID). Returns path or nil, and a note per file passed over.
+local function choose_checkpoint(auto)
+   local notes = {}
+   for _, path in ipairs({ opt.checkpoint, PREV }) do
+      if exists(path) then
+         local ok, ck = pcall(lm.load_checkpoint, path)
+         local why
+         if not ok then
+            why = tostring(ck):gsub("^.-lumen%.load_checkpoint: ", "")
+         elseif auto and (type(ck.fields) ~= "table" or ck.fields.run_id ~= RUN_ID or
+                          RUN_ID == nil) then
+            why = "it was not written by this job (LUMEN_RUN_ID " .. tostring(RUN_ID) .. ")"
          end
-         print(msg .. "\n(--force: resuming anyway)")
+         if why == nil then return path, notes end
+         notes[#notes + 1] = ("%s cannot be used: %s"):format(path, why)
       end
    end
-   local ck = lm.load_checkpoint(opt.checkpoint, { model = model, optimizer = optimizer })
-   local fields = ck.fields
-   state.epoch, state.batch, state.step = fields.epoch, fields.batch, fields.step
-   state.best_acc = fields.best_acc or -1
-   if fields.rng then lm.set_rng_state(fields.rng) end
-   if scheduler and type(fields.scheduler) == "table" then
-      scheduler:load_state_dict(fields.scheduler)
+   return nil, notes
+end
+
+-- net: what the training step calls (the model, or its DistributedDataParallel wrapper, made
+-- after the resume has loaded the checkpoint; the wrapper broadcasts rank 0's weights anyway)
+local net = model
+local auto_resume = restart_count > 0 and not opt.resume
+local resumed = false
+if opt.resume or auto_resume then
+   local path, notes = choose_checkpoint(auto_resume)
+   for _, n in ipairs(notes) do print(n) end
+   if path == nil then
+      if opt.resume then
+         usage(#notes > 0 and "--resume: no usable checkpoint (" .. table.concat(notes, "; ") ..
+               ")" or "--resume: no checkpoint at " .. opt.checkpoint)
+      end
+      print(("restart %d: no checkpoint of this job yet; training from the start")
+            :format(restart_count))
+   else
+      if path ~= opt.checkpoint then
+         latest_usable = false
+         print(("resuming from %s, the checkpoint before the latest"):format(path))
+      end
+      local old, why = checkpoint_config(path)
+      if old == nil then
+         if not opt.force then
+            usage(("--resume: %s cannot be checked: %s; --force resumes it anyway")
+                  :format(path, why))
+         end
+      else
+         local diffs = config_diffs(old, true)
+         if #diffs > 0 then
+            local msg = ("%s: %s is a run of another configuration:\n  %s")
+               :format(opt.resume and "--resume" or "restart " .. restart_count, path,
+                       table.concat(diffs, "\n  "))
+            if not opt.force then
+               usage(msg .. "\nResume with the same flags, start a new run with --checkpoint " ..
+                     "PATH, or resume anyway with --force")
+            end
+            print(msg .. "\n(--force: resuming anyway)")
+         end
+      end
+      local ck = lm.load_checkpoint(path, { model = model, optimizer = optimizer })
+      local fields = ck.fields
+      state.epoch, state.batch, state.step = fields.epoch, fields.batch, fields.step
+      state.best_acc = fields.best_acc or -1
+      -- every rank's own random state when the checkpoint has them for this many ranks
+      local rr = fields.rng_ranks
+      if type(rr) == "table" and fields.world == world and type(rr[rank + 1]) == "table" then
+         lm.set_rng_state(rr[rank + 1])
+      elseif fields.rng then
+         lm.set_rng_state(fields.rng)
+      end
+      if scheduler and type(fields.scheduler) == "table" then
+         scheduler:load_state_dict(fields.scheduler)
+      end
+      if scaler and fields.scaler and next(fields.scaler) then
+         scaler:load_state_dict(fields.scaler)
+      end
+      resumed = true
+      print(string.format("%sresumed from %s at epoch %d, batch %d (step %d)",
+                          auto_resume and ("restart %d: "):format(restart_count) or "", path,
+                          state.epoch, state.batch, state.step))
    end
-   if scaler and fields.scaler and next(fields.scaler) then
-      scaler:load_state_dict(fields.scaler)
-   end
-   print(string.format("resumed from %s at epoch %d, batch %d", opt.checkpoint, state.epoch,
-                       state.batch))
 elseif main and exists(opt.checkpoint) then
    -- a new run: never replace the checkpoint of another run without being told
    local old, why = checkpoint_config(opt.checkpoint)
@@ -313,6 +453,18 @@ elseif main and exists(opt.checkpoint) then
              old and "the checkpoint of another configuration" or "a file this run would replace",
              old and table.concat(diffs, "\n  ") or why))
    end
+end
+if dist then
+   -- every rank must have read the same checkpoint (one machine, or a shared file system)
+   local steps = dist.all_gather(lm.tensor({ state.step }, { dtype = lm.int64 }))
+   for r = 1, world do
+      if steps[r][1] ~= state.step then
+         error(("examples/train.lua: rank %d starts at step %d but rank %d at step %d: every " ..
+                "rank must read the same checkpoint (keep it on a file system they share)")
+               :format(rank, state.step, r - 1, steps[r][1]), 0)
+      end
+   end
+   heartbeat()
 end
 if dist then net = lm.nn.parallel.DistributedDataParallel(model) end
 
@@ -353,14 +505,15 @@ end
 if opt.log ~= "" and main then
    -- a resumed run continues the log of the run it resumes
    local err
-   log_file, err = io.open(opt.log, opt.resume and "a" or "w")
+   log_file, err = io.open(opt.log, resumed and "a" or "w")
    if not log_file then usage("--log: cannot open " .. opt.log .. ": " .. tostring(err)) end
    log_record("start", "model", opt.model, "format", opt.format, "schedule", opt.schedule,
       "batch_size", opt["batch-size"], "epochs", opt.epochs, "lr", opt.lr,
       "steps_per_epoch", steps_per_epoch, "train_images", train.images:size(1),
       "test_images", test.images:size(1), "threads", opt.threads, "seed", opt.seed,
       "amp", opt.amp ~= "" and opt.amp or nil,
-      "resumed_at_step", opt.resume and state.step or nil, "unix_time", os.time())
+      "resumed_at_step", resumed and state.step or nil, "restart", restart_count > 0 and
+      restart_count or nil, "unix_time", os.time())
 end
 
 ---------------------------------------------------------------------------------------------
@@ -432,16 +585,25 @@ local function run()
          if print_losses then
             print(string.format("step %d loss %.9g", state.step, l))
          end
+         heartbeat()
+         -- --save-every: the end of an epoch saves anyway (after its evaluation)
+         if opt["save-every"] > 0 and state.step % opt["save-every"] == 0 and
+            b < steps_per_epoch then
+            local rngs = rng_states()
+            if main then save_main(rngs) end
+            wait_for_all()
+         end
       end
       local epoch_time = now() - t0
       state.epoch, state.batch = epoch + 1, 1
       if main then
          if amp_opts then
-            last_acc = lm.autocast(amp_opts, util.accuracy, lm, model, test_loader)
+            last_acc = lm.autocast(amp_opts, util.accuracy, lm, model, beating_test_loader)
          else
-            last_acc = util.accuracy(lm, model, test_loader)
+            last_acc = util.accuracy(lm, model, beating_test_loader)
          end
       end
+      wait_for_all()
       if scheduler and not per_step then
          -- ReduceLROnPlateau watches the test accuracy (every rank gets rank 0's)
          if opt.schedule == "plateau" then
@@ -456,13 +618,15 @@ local function run()
             scheduler:step()
          end
       end
+      local rngs = rng_states()
       if main then
-         save_checkpoint(opt.checkpoint)
+         save_main(rngs)
          if last_acc > state.best_acc then
             state.best_acc = last_acc
-            save_checkpoint(opt.checkpoint .. ".best")
+            save_checkpoint(opt.checkpoint .. ".best", rngs)
          end
       end
+      wait_for_all()
       log_record("epoch", "epoch", epoch, "step", state.step,
          "train_loss", loss_n > 0 and loss_sum / loss_n or nil, "test_accuracy", last_acc,
          "images_per_s", seen / math.max(epoch_time, 1e-9), "epoch_time", epoch_time,
@@ -479,7 +643,7 @@ end
 
 util.run_interruptible(run, function()
    if not main then return end
-   save_checkpoint(opt.checkpoint)
+   save_main(nil)
    log_record("interrupted", "step", state.step, "epoch", state.epoch, "batch", state.batch,
       "time", now() - t_start)
    print(string.format("interrupted: saved %s at epoch %d, batch %d (resume with --resume)",

@@ -206,6 +206,13 @@ describe("luarocks pack + install", function()
       assert.is_truthy(out:find("[lumen.Tensor float32 of size 2x2", 1, true), out)
       assert.is_truthy(out:find(tmp .. "/tree/share/lua/5.1/lumen/init.lua", 1, true), out)
       assert.is_truthy(out:find("\n" .. lm._VERSION .. "\n", 1, true), out)
+      -- lumen-run beside it: it finds its launcher in the tree and starts the tree's lumen
+      out, rc = sh("cd /tmp && env -u LUMEN_LIB -u LUA_PATH -u LUA_CPATH -u LD_PRELOAD " ..
+                   "-u LUMEN_MPIRUN " .. q(tmp .. "/tree/bin/lumen-run") ..
+                   " -np 2 --dry-run -- " .. q(tmp .. "/config.lua"))
+      assert.are.equal(0, rc, out)
+      assert.is_truthy(out:find(" -np 2 ", 1, true), out)
+      assert.is_truthy(out:find(tmp .. "/tree/bin/lumen " .. tmp .. "/config.lua", 1, true), out)
       -- the libraries under lib/lua/5.1/lumen/, no CUDA library unless asked for
       assert.is_not_nil(read_file(tmp .. "/tree/lib/lua/5.1/lumen/liblumen.so"))
       assert.is_nil(read_file(tmp .. "/tree/lib/lua/5.1/liblumen.so"))

@@ -9,7 +9,12 @@
 #      before its summary counts as one failure. Every run is under `timeout` (LUMEN_MPI_TIMEOUT,
 #      default 300 s), so a collective that hangs fails the file instead of CI.
 #   2. spec/mpi/*_launch.lua: plain busted; these start mpirun themselves (the failure cases:
-#      a rank killed, a Lua error, an exit without finalize, mismatched shapes).
+#      a rank killed, a Lua error, an exit without finalize, mismatched shapes; restart_launch.lua:
+#      bin/lumen-run's restarts, watchdog and exact resumption, ~40 s).
+#   3. tools/netns_run.sh (~20 s): the same training on two "machines" (network namespaces, Open
+#      MPI over TCP) with a rank killed, counted as one test; run when this host can make network
+#      namespaces (root, iproute2) and has the Fashion-MNIST files, else skipped with a line that
+#      says why (LUMEN_MPI_NETNS=0 skips it, =1 makes a missing prerequisite a failure).
 # Needs Open MPI (mpirun, libmpi.so.40: apt-get install libopenmpi-dev openmpi-bin). Without it the
 # stage fails with one failure and says so (CI installs it; `make test` does not need it).
 # Environment: LUAJIT, BUSTED, LUMEN_MPIRUN (default "mpirun --allow-run-as-root --oversubscribe":
@@ -91,5 +96,31 @@ for spec in spec/mpi/*_launch.lua; do
    cat "$work/launch.log"
    add_summary "$work/launch.log"
 done
+
+# the two-"machines" run: only where network namespaces can be made
+netns=${LUMEN_MPI_NETNS:-auto}
+if [ "$netns" != 0 ]; then
+   why=
+   probe=lumen-probe-$$
+   if [ "$(id -u)" -ne 0 ]; then why="not root"
+   elif ! command -v ip >/dev/null 2>&1; then why="no ip (iproute2)"
+   elif ! ip netns add "$probe" >/dev/null 2>&1; then why="ip netns add is not allowed here"
+   else
+      ip netns del "$probe" >/dev/null 2>&1
+      [ -d "${LUMEN_NETNS_DATA:-/usr/share/datasets/fashion-mnist}" ] || why="no Fashion-MNIST files"
+   fi
+   echo "== tools/netns_run.sh"
+   if [ -n "$why" ]; then
+      echo "netns_run: skipped ($why)"
+      [ "$netns" = 1 ] && failed=$((failed + 1))
+   elif timeout "$TIMEOUT" bash tools/netns_run.sh > "$work/netns.log" 2>&1; then
+      grep -E "^(== |lumen-run: |reference step|netns_run: )" "$work/netns.log"
+      passed=$((passed + 1))
+   else
+      cat "$work/netns.log"
+      echo "mpi_tests: tools/netns_run.sh failed" >&2
+      failed=$((failed + 1))
+   fi
+fi
 
 finish

@@ -17,6 +17,8 @@
 --                                non-tensor state>, rng = <lm.get_rng_state()>}; Lua values are
 --                                encoded losslessly (numbers with 17 digits, inf / nan, number
 --                                keys, nested tables); a tensor is a reference to its entry above.
+--   __metadata__["lumen.checkpoint.crc32"]  CRC-32 of the tensors and of the JSON above: a file
+--                                damaged after it was written fails to load (see checksum below).
 
 local serialize = require("lumen.serialize")
 local T = require("lumen.tensor")
@@ -37,6 +39,66 @@ local function fail(fname, msg, ...)
 end
 
 local function plain_table(x) return type(x) == "table" and getmetatable(x) == nil end
+
+---------------------------------------------------------------------------------------------
+-- the checksum: CRC-32 (zlib's) of every tensor's name and elements (logical order, sorted by
+-- name) and of the lumen.checkpoint metadata, stored as __metadata__["lumen.checkpoint.crc32"]
+-- and checked by load_checkpoint, so a damaged file (bytes overwritten in the tensor data, which
+-- the safetensors header cannot show) is an error, never silent garbage. Files without it (older
+-- lumen) load unchecked.
+---------------------------------------------------------------------------------------------
+local ffi = require("ffi")
+local C = require("lumen.C")
+pcall(ffi.cdef, "unsigned long crc32(unsigned long crc, const unsigned char *buf, " ..
+                "unsigned int len);")
+local zlib
+local function crc32_lib()
+   if zlib == nil then
+      zlib = false
+      for _, name in ipairs({ "libz.so.1", "z" }) do
+         local ok, l = pcall(ffi.load, name)
+         if ok then zlib = l; break end
+      end
+   end
+   return zlib or nil
+end
+
+local function crc_bytes(z, crc, ptr, n)
+   ptr = ffi.cast("const unsigned char *", ptr)
+   local CHUNK = 2 ^ 30
+   while n > 0 do
+      local k = math.min(n, CHUNK)
+      crc = z.crc32(crc, ptr, k)
+      ptr, n = ptr + k, n - k
+   end
+   return crc
+end
+
+-- checksum(tensors, text) -> 8 hex digits, or nil when zlib cannot be loaded
+local function checksum(tensors, text)
+   local z = crc32_lib()
+   if not z then return nil end
+   local names = {}
+   for k in pairs(tensors) do names[#names + 1] = k end
+   table.sort(names)
+   local crc = z.crc32(0, nil, 0)
+   for _, name in ipairs(names) do
+      local t = tensors[name]
+      crc = crc_bytes(z, crc, name, #name)
+      local c = T.cdata(t)
+      if c.device ~= C.LM_CPU then t = t:to("cpu") end
+      t = t:contiguous()
+      c = T.cdata(t)
+      local n = tonumber(c.numel) * C.lm_dtype_size(c.dtype)
+      if n > 0 then
+         T.barrier(c)
+         crc = crc_bytes(z, crc, C.lm_tensor_data(c), n)
+      end
+   end
+   crc = crc_bytes(z, crc, text, #text)
+   return string.format("%08x", tonumber(crc))
+end
+M._checksum = checksum
 
 local function is_module(x)
    if type(x) ~= "table" then return false end
@@ -257,6 +319,7 @@ function M.save_checkpoint(path, state)
          ',"optimizer":' .. opt_json .. ',"has_model":' .. tostring(model ~= nil) ..
          ',"rng":' .. rng_json .. "}",
    }
+   meta["lumen.checkpoint.crc32"] = checksum(tensors, meta["lumen.checkpoint"])
    local ok, err = pcall(serialize.save, tensors, path, meta)
    if not ok then
       err = tostring(err):gsub("^.-lumen%.save: ", "")
@@ -288,6 +351,15 @@ function M.load_checkpoint(path, opts)
    if text == nil then
       fail(fname, "'%s' is not a lumen checkpoint (no lumen.checkpoint metadata; use lm.load " ..
            "for plain safetensors files)", path)
+   end
+   local want = meta["lumen.checkpoint.crc32"]
+   if want ~= nil then
+      local got = checksum(tensors, text)
+      if got ~= nil and got ~= want then
+         fail(fname, "'%s' is damaged: its checksum (CRC-32 %s) is not the one it was saved " ..
+              "with (%s); bytes of the file were changed after it was written", path, got,
+              tostring(want))
+      end
    end
    local info = json.decode(text)
    if type(info) ~= "table" or info.version ~= VERSION then

@@ -373,10 +373,77 @@ end
 --- must call it; afterwards collectives raise, and init cannot be called again.
 function M.finalize()
    need_init("finalize")
+   M._heartbeat_done()
    wait_all_inflight()
    state.initialized = false
    state.finalized = true
    if state.owner then mpi_check(lib.MPI_Finalize(), "finalize") end
+end
+
+---------------------------------------------------------------------------------------------
+-- lumen-run (bin/lumen-run, lua/lumen/launcher.lua): the restart count and the heartbeat
+---------------------------------------------------------------------------------------------
+
+--- restart_count() -> how many times lumen-run restarted this job before this start
+--- (LUMEN_RESTART_COUNT: 0 on the first start, and outside lumen-run). Needs no init.
+function M.restart_count()
+   local n = tonumber(os.getenv("LUMEN_RESTART_COUNT") or "")
+   if n == nil or n < 0 or n % 1 ~= 0 then return 0 end
+   return n
+end
+
+-- this process's rank for the heartbeat file: MPI's when initialized, else the launcher's
+-- environment (Open MPI sets OMPI_COMM_WORLD_RANK before the script runs)
+local function heartbeat_rank()
+   if state.initialized then return state.rank end
+   return tonumber(os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMIX_RANK") or "") or 0
+end
+
+pcall(ffi.cdef, "int getpid(void);")
+pcall(ffi.cdef, "int gethostname(char *name, size_t len);")
+
+-- write the heartbeat file: a fixed-width line rewritten in place (no truncation: the launcher
+-- never reads a half-empty file), flushed to the file system at once
+local function heartbeat_write(word)
+   local hb = state.heartbeat
+   if hb == nil then
+      local dir = os.getenv("LUMEN_HEARTBEAT_DIR")
+      hb = { off = dir == nil or dir == "", count = 0 }
+      state.heartbeat = hb
+      if not hb.off then
+         local path = dir .. "/rank." .. heartbeat_rank()
+         local f, err = io.open(path, "w")
+         if not f then
+            io.stderr:write("lumen.distributed.heartbeat: cannot write ", tostring(err),
+                            "; no heartbeats from this rank\n")
+            hb.off = true
+         else
+            local name = ffi.new("char[256]")
+            hb.host = ffi.C.gethostname(name, 255) == 0 and ffi.string(name) or "?"
+            hb.pid = ffi.C.getpid()
+            hb.file = f
+         end
+      end
+   end
+   if hb.off then return end
+   hb.count = hb.count + 1
+   local f = hb.file
+   f:seek("set", 0)
+   f:write(("%-4s %12d pid %d host %s\n"):format(word, hb.count, hb.pid,
+                                                  (hb.host:gsub("%s", "_"))))
+   f:flush()
+end
+
+--- heartbeat(): tell lumen-run's watchdog that this rank makes progress (call it every step:
+--- a rank that calls none for --watchdog seconds has the job ended and restarted). Rewrites
+--- LUMEN_HEARTBEAT_DIR/rank.R; a no-op outside lumen-run. Needs no init.
+function M.heartbeat()
+   heartbeat_write("beat")
+end
+
+-- finalize (and a successful exit) mark the rank finished: the watchdog stops watching it
+function M._heartbeat_done()
+   if state.heartbeat and state.heartbeat.file then heartbeat_write("done") end
 end
 
 -- the process exits with status code (bin/lumen's exit path, lumen.repl): code 0 finalizes MPI
@@ -384,6 +451,7 @@ end
 -- rank waits forever for this one
 function M._at_exit(code)
    state.exit_code = code
+   if code == 0 then M._heartbeat_done() end
    if not state.initialized or state.finalized or not state.owner then return end
    if code == 0 then
       local ok = pcall(M.finalize)

@@ -635,7 +635,8 @@ the same sizes and dtype: the ranks first exchange a small header, and a mismatc
 (non-overlapping and dense: contiguous, channels-last, ...) with the same strides on every rank is
 communicated in place; any other is packed (contiguous) and copied back; float16 and bfloat16 are
 reduced in float32. A rank that exits with an error after init aborts the whole job
-(MPI_Abort), so no rank waits forever.]])
+(MPI_Abort), so no rank waits forever. `bin/lumen-run -np K [--max-restarts N] [--watchdog S] --
+script.lua` restarts a failed job (LUMEN_RESTART_COUNT; restart_count(), heartbeat()).]])
 E("lm.distributed", "lm.distributed", "Collectives across processes on MPI (Open MPI through the "
    .. "FFI), loaded on first use; libmpi.so.40 is loaded by init(), so lumen works where MPI is "
    .. "not installed. Ranks are 0-based.")
@@ -698,6 +699,18 @@ E("lm.distributed.progress", "lm.distributed.progress()", "Test every operation 
    .. "once (cheap), so that MPI advances them.")
 E("lm.distributed.stats", "lm.distributed.stats", "Counters: staged (tensors that went through "
    .. "a packed or converted copy instead of in place).")
+E("lm.distributed.restart_count", "lm.distributed.restart_count() -> number", "How many times "
+   .. "bin/lumen-run restarted this job before the present start (LUMEN_RESTART_COUNT, as "
+   .. "torchrun's restart count): 0 on the first start and outside lumen-run. A script resumes "
+   .. "from its checkpoint when it is above 0 (examples/train.lua does). Needs no init.",
+   { note = "docs/distributed.md, \"Surviving failures\"" })
+E("lm.distributed.heartbeat", "lm.distributed.heartbeat()", "Tell lumen-run's watchdog that "
+   .. "this rank makes progress: call it every step (and while a rank waits a long time for "
+   .. "another). Under `lumen-run --watchdog S` a rank that calls none for S seconds (stopped, "
+   .. "stuck in a collective, deadlocked) has the job ended and restarted; before its first "
+   .. "heartbeat a rank has --startup-timeout seconds. Rewrites LUMEN_HEARTBEAT_DIR/rank.R (a "
+   .. "few bytes); a no-op outside lumen-run. finalize() and a successful exit mark the rank "
+   .. "finished. Needs no init.", { note = "docs/distributed.md, \"Surviving failures\"" })
 
 S("threads", "Threads", "")
 E("lm.set_num_threads", "lm.set_num_threads(n)", "The number of threads the kernels use.",
@@ -1558,7 +1571,8 @@ E("lm.serialize.STALE_TMP_AGE", "lm.serialize.STALE_TMP_AGE = 60", "Seconds a de
    .. "container sharing the folder looks dead from here; the age protects it).")
 E("lm.save_checkpoint", "lm.save_checkpoint(path, state)", "Save a model's state, an "
    .. "optimizer's state and any user fields (numbers, strings, nested tables, tensors) in one "
-   .. "safetensors file, atomically; the RNG state is saved too.",
+   .. "safetensors file, atomically; the RNG state is saved too, and a CRC-32 of the tensors "
+   .. "and fields (load_checkpoint refuses a file damaged after it was written).",
    { opts = "state.model: a Module or a state_dict; state.optimizer: an optimizer or its "
    .. "state_dict; other fields: user fields", err = "values that cannot be stored (functions, "
    .. "userdata), an unwritable path" })
@@ -1566,7 +1580,8 @@ E("lm.load_checkpoint", "lm.load_checkpoint(path, opts) -> fields", "Read a chec
    .. "user fields, plus .model (the state table), .optimizer (its state_dict or nil) and "
    .. ".rng_state.", { opts = "{model = m, optimizer = o, strict = true, rng = false}: given "
    .. "model/optimizer are loaded; rng = true restores the random generator",
-   err = "a missing or corrupt file, a state that does not fit the model (strict)" })
+   err = "a missing or corrupt file (`'<path>' is damaged: its checksum ... is not the one it "
+   .. "was saved with`), a state that does not fit the model (strict)" })
 E("lm.checkpoint", "lm.checkpoint", "The module behind lm.save_checkpoint / "
    .. "lm.load_checkpoint.")
 E("lm.checkpoint.save_checkpoint", "lm.checkpoint.save_checkpoint(path, state)", "Same as "
