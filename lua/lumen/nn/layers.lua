@@ -814,6 +814,22 @@ end
 function Dropout:forward(x) return F.dropout(x, self.p, self.training) end
 function Dropout:extra_repr() return "p=" .. tostring(self.p) end
 
+-- PixelShuffle(upscale_factor), PixelUnshuffle(downscale_factor), ChannelShuffle(groups)
+-- (F.pixel_shuffle, ...: the input's memory format kept)
+local function factor_module(name, fn, what)
+   local cls = Module:extend(name)
+   M[name] = cls
+   function cls:__init(v)
+      self[what] = int_arg(name, v, what, 1)
+   end
+   function cls:forward(x) return F[fn](x, self[what]) end
+   function cls:extra_repr() return what .. "=" .. tostring(self[what]) end
+   return cls
+end
+factor_module("PixelShuffle", "pixel_shuffle", "upscale_factor")
+factor_module("PixelUnshuffle", "pixel_unshuffle", "downscale_factor")
+factor_module("ChannelShuffle", "channel_shuffle", "groups")
+
 local Flatten = Module:extend("Flatten")
 M.Flatten = Flatten
 -- Flatten(start_dim = 2, end_dim = -1) (1-based: dim 2 is PyTorch's default start_dim=1)
