@@ -830,6 +830,35 @@ factor_module("PixelShuffle", "pixel_shuffle", "upscale_factor")
 factor_module("PixelUnshuffle", "pixel_unshuffle", "downscale_factor")
 factor_module("ChannelShuffle", "channel_shuffle", "groups")
 
+-- Dropout2d / Dropout3d(p = 0.5, inplace = false) or ({p =, inplace =}): F.dropout2d/3d while
+-- training
+local FEATURE_DROPOUT_OPTS = option_set("p", "inplace")
+local function feature_dropout_module(name, fn)
+   local cls = Module:extend(name)
+   M[name] = cls
+   function cls:__init(p, inplace)
+      if plain_table(p) then
+         local o = opts_arg(name, p, FEATURE_DROPOUT_OPTS)
+         p, inplace = o.p, o.inplace
+      end
+      if p == nil then p = 0.5 end
+      if type(p) ~= "number" or p < 0 or p > 1 or p ~= p then
+         fail(name, "dropout probability has to be between 0 and 1, but got " .. tostring(p))
+      end
+      if inplace ~= nil and type(inplace) ~= "boolean" then
+         fail(name, "inplace must be a boolean, got " .. T.typename(inplace))
+      end
+      self.p, self.inplace = p, inplace and true or false
+   end
+   function cls:forward(x) return F[fn](x, self.p, self.training, self.inplace) end
+   function cls:extra_repr()
+      return "p=" .. tostring(self.p) .. (self.inplace and ", inplace=True" or "")
+   end
+   return cls
+end
+feature_dropout_module("Dropout2d", "dropout2d")
+feature_dropout_module("Dropout3d", "dropout3d")
+
 local Flatten = Module:extend("Flatten")
 M.Flatten = Flatten
 -- Flatten(start_dim = 2, end_dim = -1) (1-based: dim 2 is PyTorch's default start_dim=1)
