@@ -128,8 +128,10 @@ describe("activations against PyTorch", function()
          { nn.Hardsigmoid({ inplace = true }), "hardsigmoid", "Hardsigmoid(inplace=True)" },
          { nn.ReLU6(), "relu6", "ReLU6()" }, { nn.Mish(), "mish", "Mish()" },
          { nn.LeakyReLU(), "leaky_relu", "LeakyReLU(negative_slope=0.01)" },
-         { nn.LeakyReLU(0.2, true), "leaky_relu_0.2", "LeakyReLU(negative_slope=0.2, inplace=True)" },
-         { nn.ELU(), "elu", "ELU(alpha=1.0)" }, { nn.ELU({ alpha = 0.5 }), "elu_0.5", "ELU(alpha=0.5)" },
+         { nn.LeakyReLU(0.2, true), "leaky_relu_0.2",
+           "LeakyReLU(negative_slope=0.2, inplace=True)" },
+         { nn.ELU(), "elu", "ELU(alpha=1.0)" },
+         { nn.ELU({ alpha = 0.5 }), "elu_0.5", "ELU(alpha=0.5)" },
       }
       local by = {}
       for _, c in ipairs(FX.activations) do by[c.name] = c end

@@ -43,7 +43,8 @@ local function fmt_ok(t, fmt, what)
    assert(t:is_contiguous(fmt or lm.contiguous_format), what .. ": format lost, " .. H.describe(t))
 end
 
-local DT = { { lm.float64, 1e-12 }, { lm.float32, 1e-6 }, { lm.bfloat16, 1e-2 }, { lm.float16, 1e-3 } }
+local DT = { { lm.float64, 1e-12 }, { lm.float32, 1e-6 }, { lm.bfloat16, 1e-2 },
+             { lm.float16, 1e-3 } }
 
 describe("dropout2d / dropout3d", function()
    for _, dt in ipairs(DT) do

@@ -92,8 +92,10 @@ describe("pad and the shuffles", function()
          G.check(function(t) return F.pad(t, { -1, 2, 1, -1 }, { value = 0.5 }) end,
                  { G.input({ 1, 2, 3, 4 }, fmt, 4) })
          G.check(function(t) return F.pixel_shuffle(t, 2) end, { G.input({ 1, 8, 2, 3 }, fmt, 5) })
-         G.check(function(t) return F.pixel_unshuffle(t, 2) end, { G.input({ 1, 2, 4, 2 }, fmt, 6) })
-         G.check(function(t) return F.channel_shuffle(t, 2) end, { G.input({ 1, 4, 2, 3 }, fmt, 7) })
+         G.check(function(t) return F.pixel_unshuffle(t, 2) end,
+                 { G.input({ 1, 2, 4, 2 }, fmt, 6) })
+         G.check(function(t) return F.channel_shuffle(t, 2) end,
+                 { G.input({ 1, 4, 2, 3 }, fmt, 7) })
       end
       G.check(function(t) return F.pad(t, { 1, 2, 2, 1, 1, 1 }, { mode = "replicate" }) end,
               { G.input({ 1, 2, 2, 3, 3 }, CL3, 8) })
@@ -101,7 +103,7 @@ describe("pad and the shuffles", function()
               { G.input({ 1, 2, 2, 3, 3 }, CL3, 9) })
    end)
 
-   it("pixel_shuffle and pixel_unshuffle are inverse; channel_shuffle by k undoes groups g", function()
+   it("pixel_unshuffle inverts pixel_shuffle; channel_shuffle by k undoes groups g", function()
       local x = lm.randn({ 2, 12, 3, 4 }):to(CL)
       H.assert_close(H.values(F.pixel_unshuffle(F.pixel_shuffle(x, 2), 2)), H.values(x), 0)
       H.assert_close(H.values(F.channel_shuffle(F.channel_shuffle(x, 3), 4)), H.values(x), 0)

@@ -121,7 +121,8 @@ local function parse_pad(fname, xc, pad, mode)
       local sz = tonumber(xc.sizes[d])
       if mode == "constant" then
          if sz + l + r < 0 then
-            err(fname, ("the padded size of dim %d would be negative (%d)"):format(d + 1, sz + l + r))
+            err(fname, ("the padded size of dim %d would be negative (%d)"):format(d + 1,
+                sz + l + r))
          end
       else
          if l < 0 or r < 0 then
@@ -185,9 +186,12 @@ local function unpad_dim(fname, g, p, mode, fmt)
          add_(fname, narrow(fname, res, d, sz - 2 - j, 1), narrow(fname, g, d, l + sz + j, 1))
       end
    elseif mode == "replicate" then
-      if l > 0 then add_(fname, narrow(fname, res, d, 0, 1), sum_keep(fname, narrow(fname, g, d, 0, l), d)) end
+      if l > 0 then
+         add_(fname, narrow(fname, res, d, 0, 1), sum_keep(fname, narrow(fname, g, d, 0, l), d))
+      end
       if r > 0 then
-         add_(fname, narrow(fname, res, d, sz - 1, 1), sum_keep(fname, narrow(fname, g, d, l + sz, r), d))
+         add_(fname, narrow(fname, res, d, sz - 1, 1),
+              sum_keep(fname, narrow(fname, g, d, l + sz, r), d))
       end
    else
       if l > 0 then add_(fname, narrow(fname, res, d, sz - l, l), narrow(fname, g, d, 0, l)) end
