@@ -112,7 +112,7 @@ static int has_kernel(int table, int kop, int kind) {
       return kop == LM_NEG || kop == LM_ABS || kop == LM_RELU || kop == LM_SQUARE ||
              kop == LM_SIGN || kop == LM_LOGICAL_NOT || kop == LM_FLOOR || kop == LM_CEIL ||
              kop == LM_ROUND;
-   if (table == LM_EW_BINARY) return kop != LM_DIV && kop != LM_ATAN2;
+   if (table == LM_EW_BINARY) return kop != LM_DIV && kop != LM_ATAN2 && kop < LM_SILU_BACKWARD;
    return kop != LM_T_ADDCDIV && kop != LM_T_POWHALF && kop != LM_T_POWM1 &&
           kop != LM_T_POWMHALF && kop != LM_T_POWM2;
 }
@@ -284,7 +284,7 @@ static const char *unary_name(int op) {
    static const char *names[LM_NUM_UNARY] = {
       "neg", "abs", "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh", "square",
       "reciprocal", "sign", "logical_not", "floor", "ceil", "round", "sin", "cos", "log1p",
-      "expm1"};
+      "expm1", "silu", "gelu", "gelu_tanh", "hardswish", "hardsigmoid", "mish"};
    return (op >= 0 && op < LM_NUM_UNARY) ? names[op] : "?";
 }
 
@@ -379,7 +379,9 @@ static const char *binary_name(int op) {
    static const char *names[LM_NUM_BINARY] = {
       "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
       "ge", "logical_and", "logical_or", "relu_backward", "sigmoid_backward", "tanh_backward",
-      "fmod", "atan2"};
+      "fmod", "atan2", "silu_backward", "gelu_backward", "gelu_tanh_backward",
+      "hardswish_backward", "hardsigmoid_backward", "mish_backward", "relu6_backward",
+      "leaky_relu", "leaky_relu_backward", "elu", "elu_backward"};
    return (op >= 0 && op < LM_NUM_BINARY) ? names[op] : "?";
 }
 
@@ -406,7 +408,9 @@ static lm_status binary_impl(int kind_op, int op, lm_operand *ins, lm_tensor *co
    if (is_bool_result(op)) {
       res = LM_BOOL;
    } else {
-      if ((op == LM_DIV || op == LM_ATAN2) && !lm_is_float_dtype(common)) common = LM_FLOAT32;
+      if ((op == LM_DIV || op == LM_ATAN2 || op >= LM_SILU_BACKWARD) &&
+          !lm_is_float_dtype(common))
+         common = LM_FLOAT32;
       res = common;
    }
    if (op == LM_SUB && (ins[0].dtype == LM_BOOL || ins[1].dtype == LM_BOOL))
@@ -422,7 +426,9 @@ static lm_status binary_impl(int kind_op, int op, lm_operand *ins, lm_tensor *co
    plan_init(&pl, 2, kind, common);
    pl.table = LM_EW_BINARY;
    pl.kop = op;
-   pl.cheap = op != LM_POW && op != LM_FMOD && op != LM_ATAN2 && op != LM_DIV;
+   pl.cheap = op != LM_POW && op != LM_FMOD && op != LM_ATAN2 && op != LM_DIV &&
+              op != LM_SILU_BACKWARD && op != LM_GELU_BACKWARD && op != LM_GELU_TANH_BACKWARD &&
+              op != LM_MISH_BACKWARD && op != LM_ELU && op != LM_ELU_BACKWARD;
    if (is_bool_result(op)) pl.out_dt = LM_BOOL;
    else pl.out_via = res;
    set_params(&pl.p, common, alpha, 0.0, 0.0, 0.0);

@@ -235,7 +235,11 @@ lm_status lm_clone(const lm_tensor *t, int fmt, int dtype, lm_tensor **out);
 typedef enum lm_unary_op {
    LM_NEG = 0, LM_ABS, LM_EXP, LM_LOG, LM_SQRT, LM_RSQRT, LM_RELU, LM_SIGMOID, LM_TANH,
    LM_SQUARE, LM_RECIPROCAL, LM_SIGN, LM_LOGICAL_NOT, LM_FLOOR, LM_CEIL, LM_ROUND, LM_SIN, LM_COS,
-   LM_LOG1P, LM_EXPM1, LM_NUM_UNARY
+   LM_LOG1P, LM_EXPM1,
+   /* activations (PyTorch's formulas): x * sigmoid(x); x * Phi(x) (erf); gelu's tanh form;
+      x * clamp(x + 3, 0, 6) / 6; clamp(x + 3, 0, 6) / 6; x * tanh(log1p(exp(x))) */
+   LM_SILU, LM_GELU, LM_GELU_TANH, LM_HARDSWISH, LM_HARDSIGMOID, LM_MISH,
+   LM_NUM_UNARY
 } lm_unary_op;
 
 typedef enum lm_binary_op {
@@ -248,6 +252,14 @@ typedef enum lm_binary_op {
    LM_SIGMOID_BACKWARD, /* a * b * (1 - b): a = grad, b = sigmoid output */
    LM_TANH_BACKWARD,  /* a * (1 - b*b): a = grad, b = tanh output */
    LM_FMOD, LM_ATAN2,
+   /* the activations' gradients: a = grad, b = the activation's input */
+   LM_SILU_BACKWARD, LM_GELU_BACKWARD, LM_GELU_TANH_BACKWARD, LM_HARDSWISH_BACKWARD,
+   LM_HARDSIGMOID_BACKWARD, LM_MISH_BACKWARD,
+   LM_RELU6_BACKWARD,       /* a * (0 < b < 6) (hardtanh's backward) */
+   LM_LEAKY_RELU,           /* a > 0 ? a : a * b (b: the slope, a scalar) */
+   LM_LEAKY_RELU_BACKWARD,  /* b > 0 ? a : a * alpha (alpha: the slope) */
+   LM_ELU,                  /* a > 0 ? a : b * expm1(a) (b: alpha, a scalar) */
+   LM_ELU_BACKWARD,         /* b > 0 ? a : a * alpha * exp(b) */
    LM_NUM_BINARY
 } lm_binary_op;
 

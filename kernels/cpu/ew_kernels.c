@@ -155,7 +155,55 @@ static inline float lm_expf(float x) {
 
 K1(exp_vf32, float, float, NOPRE, lm_expf(x))
 K1(sigmoid_vf32, float, float, NOPRE, 1.0f / (1.0f + lm_expf(-x)))
+K1(silu_vf32, float, float, NOPRE, x / (1.0f + lm_expf(-x)))
+K2(silub_vf32, float, float, NOPRE,
+   x * (1.0f / (1.0f + lm_expf(-y))) * (1.0f + y * (1.0f - 1.0f / (1.0f + lm_expf(-y)))))
 #pragma GCC pop_options
+
+/* ---------------------------------------------------------------- activations
+   PyTorch's formulas (aten/src/ATen/native/cpu/Activation.cpp); x the input, g the gradient */
+#define LM_SQRT1_2 0.70710678118654752440
+#define LM_2_SQRTPI 1.12837916709551257390
+#define ACT_FLOAT(SUF, T, EXPF, ERFF, TANHF, LOG1PF, EXPM1F)                                     \
+   K1(gelu_##SUF, T, T, NOPRE, x * (T)0.5 * ((T)1 + ERFF(x * (T)LM_SQRT1_2)))                   \
+   K1(gelut_##SUF, T, T, const T kb = (T)(M_SQRT2 * LM_2_SQRTPI * 0.5),                         \
+      (T)0.5 * x * ((T)1 + TANHF(kb * (x + (T)0.044715 * x * x * x))))                          \
+   K1(hswish_##SUF, T, T, NOPRE,                                                                \
+      x * ((x + (T)3) < (T)0 ? (T)0 : (x + (T)3) > (T)6 ? (T)6 : (x + (T)3)) / (T)6)           \
+   K1(hsig_##SUF, T, T, NOPRE,                                                                  \
+      ((x + (T)3) < (T)0 ? (T)0 : (x + (T)3) > (T)6 ? (T)6 : (x + (T)3)) / (T)6)               \
+   K1(mish_##SUF, T, T, NOPRE, x * TANHF(LOG1PF(EXPF(x))))                                      \
+   K2(gelub_##SUF, T, T, const T kalpha = (T)LM_SQRT1_2;                                        \
+      const T kbeta = (T)(LM_2_SQRTPI * LM_SQRT1_2 * 0.5),                                      \
+      x * ((T)0.5 * ((T)1 + ERFF(y * kalpha)) + y * (kbeta * EXPF((T)-0.5 * y * y))))           \
+   K2(geluth_##SUF, T, T, const T kb = (T)(M_SQRT2 * LM_2_SQRTPI * 0.5),                        \
+      x * ((T)0.5 * ((T)1 + TANHF(kb * (y + (T)0.044715 * y * y * y))) +                       \
+           (T)0.5 * y *                                                                         \
+              ((T)1 - TANHF(kb * (y + (T)0.044715 * y * y * y)) *                               \
+                         TANHF(kb * (y + (T)0.044715 * y * y * y))) *                           \
+              (kb * ((T)1 + (T)3 * (T)0.044715 * y * y))))                                      \
+   K2(hswishb_##SUF, T, T, NOPRE,                                                               \
+      y < (T)-3 ? (T)0 : y <= (T)3 ? x * (y / (T)3 + (T)0.5) : x)                              \
+   /* PyTorch multiplies by the float 1/6 also in float64 */                                   \
+   K2(hsigb_##SUF, T, T, NOPRE, (y > (T)-3 && y < (T)3) ? x * (T)(1.0f / 6.0f) : (T)0)                      \
+   K2(mishb_##SUF, T, T, NOPRE,                                                                 \
+      x * (TANHF(LOG1PF(EXPF(y))) +                                                             \
+           y * ((T)1 / ((T)1 + EXPF(-y))) *                                                     \
+              ((T)1 - TANHF(LOG1PF(EXPF(y))) * TANHF(LOG1PF(EXPF(y))))))                         \
+   K2(relu6b_##SUF, T, T, NOPRE, (y <= (T)0 || y >= (T)6) ? (T)0 : x)                           \
+   K2(lrelu_##SUF, T, T, NOPRE, x > (T)0 ? x : x * y)                                           \
+   K2(lrelub_##SUF, T, T, const T al = p->AL_##SUF, y > (T)0 ? x : x * al)                      \
+   K2(elu_##SUF, T, T, NOPRE, x > (T)0 ? x : y * EXPM1F(x))                                     \
+   K2(elub_##SUF, T, T, const T al = p->AL_##SUF, y > (T)0 ? x : x * al * EXPF(y))
+
+#define AL_f32 alpha_f
+#define AL_f64 alpha_d
+ACT_FLOAT(f32, float, expf, erff, tanhf, log1pf, expm1f)
+ACT_FLOAT(f64, double, exp, erf, tanh, log1p, expm1)
+/* silu in float32: the vectorizable exp above */
+K1(silu_f64, double, double, NOPRE, x / (1.0 + exp(-x)))
+K2(silub_f64, double, double, NOPRE,
+   x * (1.0 / (1.0 + exp(-y))) * (1.0 + y * (1.0 - 1.0 / (1.0 + exp(-y)))))
 
 /* ---------------------------------------------------------------- unary */
 
@@ -287,7 +335,11 @@ const lm_kset lm_unary_kernels[LM_NUM_UNARY][LM_NUM_K] = {
    KFI1(LM_LOGICAL_NOT, lnot, lnot_i64), KFI1(LM_FLOOR, floor, ident_i64),
    KFI1(LM_CEIL, ceil, ident_i64),   KFI1(LM_ROUND, round, ident_i64),
    KF1(LM_SIN, sin),                 KF1(LM_COS, cos),
-   KF1(LM_LOG1P, log1p),             KF1(LM_EXPM1, expm1)};
+   KF1(LM_LOG1P, log1p),             KF1(LM_EXPM1, expm1),
+   [LM_SILU] = {KS1(silu_vf32), KS1(silu_f64), KNONE},
+   KF1(LM_GELU, gelu),               KF1(LM_GELU_TANH, gelut),
+   KF1(LM_HARDSWISH, hswish),        KF1(LM_HARDSIGMOID, hsig),
+   KF1(LM_MISH, mish)};
 
 const lm_kset lm_binary_kernels[LM_NUM_BINARY][LM_NUM_K] = {
    KFI2(LM_ADD, add),  KFI2(LM_SUB, sub), KFI2(LM_MUL, mul), KF2(LM_DIV, div),
@@ -295,7 +347,13 @@ const lm_kset lm_binary_kernels[LM_NUM_BINARY][LM_NUM_K] = {
    KFI2(LM_EQ, eq),    KFI2(LM_NE, ne), KFI2(LM_LT, lt), KFI2(LM_LE, le), KFI2(LM_GT, gt),
    KFI2(LM_GE, ge),    KFI2(LM_LOGICAL_AND, land), KFI2(LM_LOGICAL_OR, lor),
    KFI2(LM_RELU_BACKWARD, relub), KFI2(LM_SIGMOID_BACKWARD, sigb),
-   KFI2(LM_TANH_BACKWARD, tanhb), KFI2(LM_FMOD, fmod), KF2(LM_ATAN2, atan2)};
+   KFI2(LM_TANH_BACKWARD, tanhb), KFI2(LM_FMOD, fmod), KF2(LM_ATAN2, atan2),
+   [LM_SILU_BACKWARD] = {KS2(silub_vf32), KS2(silub_f64), KNONE},
+   KF2(LM_GELU_BACKWARD, gelub),     KF2(LM_GELU_TANH_BACKWARD, geluth),
+   KF2(LM_HARDSWISH_BACKWARD, hswishb), KF2(LM_HARDSIGMOID_BACKWARD, hsigb),
+   KF2(LM_MISH_BACKWARD, mishb),     KF2(LM_RELU6_BACKWARD, relu6b),
+   KF2(LM_LEAKY_RELU, lrelu),        KF2(LM_LEAKY_RELU_BACKWARD, lrelub),
+   KF2(LM_ELU, elu),                 KF2(LM_ELU_BACKWARD, elub)};
 
 const lm_kset lm_other_kernels[LM_NUM_T][LM_NUM_K] = {
    KFI1(LM_T_CLAMP, clamp, clamp_i64),        KFI1(LM_T_CLAMP_MIN, clampmin, clampmin_i64),

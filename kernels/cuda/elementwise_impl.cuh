@@ -247,6 +247,7 @@ LMEW_MATH1(m_cos, cosf, cos)
 LMEW_MATH1(m_log1p, log1pf, log1p)
 LMEW_MATH1(m_expm1, expm1f, expm1)
 LMEW_MATH1(m_fabs, fabsf, fabs)
+LMEW_MATH1(m_erf, erff, erf)
 #undef LMEW_MATH1
 LM_HD inline float m_pow(float x, float y) { return powf(x, y); }
 LM_HD inline double m_pow(double x, double y) { return pow(x, y); }
@@ -272,7 +273,7 @@ LM_HD constexpr bool has_op(int tb, int op, bool integer) {
              ? (op == LM_NEG || op == LM_ABS || op == LM_RELU || op == LM_SQUARE || op == LM_SIGN ||
                 op == LM_LOGICAL_NOT || op == LM_FLOOR || op == LM_CEIL || op == LM_ROUND)
           : tb == LM_EW_BINARY
-             ? (op != LM_DIV && op != LM_ATAN2)
+             ? (op != LM_DIV && op != LM_ATAN2 && op < LM_SILU_BACKWARD)
              : (op != LM_T_ADDCDIV && op != LM_T_POWHALF && op != LM_T_POWM1 &&
                 op != LM_T_POWMHALF && op != LM_T_POWM2);
 }
@@ -317,6 +318,18 @@ template <int OP, class T> LM_HD inline T unary_op(T x) {
    else if constexpr (OP == LM_COS) return m_cos(x);
    else if constexpr (OP == LM_LOG1P) return m_log1p(x);
    else if constexpr (OP == LM_EXPM1) return m_expm1(x);
+   /* the activations: PyTorch's formulas, as kernels/cpu/ew_kernels.c */
+   else if constexpr (OP == LM_SILU) return x / ((T)1 + m_exp(-x));
+   else if constexpr (OP == LM_GELU) return x * (T)0.5 * ((T)1 + m_erf(x * (T)0.70710678118654752440));
+   else if constexpr (OP == LM_GELU_TANH)
+      return (T)0.5 * x * ((T)1 + m_tanh((T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x)));
+   else if constexpr (OP == LM_HARDSWISH) {
+      const T r = (x + (T)3) < (T)0 ? (T)0 : (x + (T)3) > (T)6 ? (T)6 : (x + (T)3);
+      return x * r / (T)6;
+   } else if constexpr (OP == LM_HARDSIGMOID) {
+      const T r = (x + (T)3) < (T)0 ? (T)0 : (x + (T)3) > (T)6 ? (T)6 : (x + (T)3);
+      return r / (T)6;
+   } else if constexpr (OP == LM_MISH) return x * m_tanh(m_log1p(m_exp(x)));
    else return x;
 }
 
@@ -354,6 +367,32 @@ template <int OP, class T> LM_HD inline T binary_op(T x, T y, const KP<T> &p) {
          return m_fmod(x, y);
       }
    } else if constexpr (OP == LM_ATAN2) { if constexpr (I) return x; else return m_atan2(x, y); }
+   else if constexpr (I) return x; /* never dispatched (has_op) */
+   /* the activations' gradients (x: the gradient, y: the activation's input) and the
+      parameterized activations, as kernels/cpu/ew_kernels.c */
+   else if constexpr (OP == LM_SILU_BACKWARD) {
+      const T s = (T)1 / ((T)1 + m_exp(-y));
+      return x * s * ((T)1 + y * ((T)1 - s));
+   } else if constexpr (OP == LM_GELU_BACKWARD) {
+      const T cdf = (T)0.5 * ((T)1 + m_erf(y * (T)0.70710678118654752440));
+      const T pdf = (T)0.39894228040143267794 * m_exp((T)-0.5 * y * y);
+      return x * (cdf + y * pdf);
+   } else if constexpr (OP == LM_GELU_TANH_BACKWARD) {
+      const T kb = (T)0.79788456080286535588, kk = (T)0.044715;
+      const T t = m_tanh(kb * (y + kk * y * y * y));
+      return x * ((T)0.5 * ((T)1 + t) + (T)0.5 * y * ((T)1 - t * t) * (kb * ((T)1 + (T)3 * kk * y * y)));
+   } else if constexpr (OP == LM_HARDSWISH_BACKWARD)
+      return y < (T)-3 ? (T)0 : y <= (T)3 ? x * (y / (T)3 + (T)0.5) : x;
+   else if constexpr (OP == LM_HARDSIGMOID_BACKWARD) return (y > (T)-3 && y < (T)3) ? x * (T)(1.0f / 6.0f) : (T)0; /* PyTorch's float 1/6 */
+   else if constexpr (OP == LM_MISH_BACKWARD) {
+      const T t = m_tanh(m_log1p(m_exp(y)));
+      const T s = (T)1 / ((T)1 + m_exp(-y));
+      return x * (t + y * s * ((T)1 - t * t));
+   } else if constexpr (OP == LM_RELU6_BACKWARD) return (y <= (T)0 || y >= (T)6) ? (T)0 : x;
+   else if constexpr (OP == LM_LEAKY_RELU) return x > (T)0 ? x : x * y;
+   else if constexpr (OP == LM_LEAKY_RELU_BACKWARD) return y > (T)0 ? x : x * p.alpha;
+   else if constexpr (OP == LM_ELU) return x > (T)0 ? x : y * m_expm1(x);
+   else if constexpr (OP == LM_ELU_BACKWARD) return y > (T)0 ? x : x * p.alpha * m_exp(y);
    else return x;
 }
 

@@ -954,6 +954,66 @@ E("lm.nn.AdaptiveAvgPool3d", "lm.nn.AdaptiveAvgPool3d(size)", "lm.F.adaptive_avg
    .. "module.")
 E("lm.nn.AdaptiveMaxPool3d", "lm.nn.AdaptiveMaxPool3d(size, return_indices)", "lm.F."
    .. "adaptive_max_pool3d as a module (values only unless return_indices).")
+-- issue 40 (wt-act): activations, pad, shuffles, feature dropout ----------------------------
+local FMT_ACT = "elementwise: the output and the input gradient follow the input's memory format "
+   .. "(contiguous, channels_last, channels_last_3d)"
+local ERR_ACT = "a non-tensor or non-floating input, an unknown option, inplace not a boolean"
+E("lm.F.silu", "lm.F.silu(x, inplace) -> Tensor", "x * sigmoid(x) (PyTorch's SiLU / swish); in "
+   .. "place when inplace is true (or {inplace = true}). One native elementwise pass (LM_SILU), "
+   .. "float32/float64/bfloat16/float16, every device.", { fmt = FMT_ACT, err = ERR_ACT })
+E("lm.F.gelu", "lm.F.gelu(x, approximate) -> Tensor", "x * Phi(x) with the exact erf form "
+   .. "(approximate = \"none\", the default) or the tanh form (\"tanh\"); approximate may be "
+   .. "given as {approximate = }.", { opts = "{approximate = \"none\" | \"tanh\"}",
+   fmt = FMT_ACT, err = ERR_ACT .. ", approximate not \"none\" or \"tanh\"" })
+E("lm.F.hardswish", "lm.F.hardswish(x, inplace) -> Tensor", "x * relu6(x + 3) / 6 (MobileNetV3).",
+   { fmt = FMT_ACT, err = ERR_ACT })
+E("lm.F.hardsigmoid", "lm.F.hardsigmoid(x, inplace) -> Tensor", "relu6(x + 3) / 6 "
+   .. "(MobileNetV3's squeeze-and-excitation gate).", { fmt = FMT_ACT, err = ERR_ACT })
+E("lm.F.relu6", "lm.F.relu6(x, inplace) -> Tensor", "min(max(x, 0), 6), PyTorch's hardtanh(x, "
+   .. "0, 6): no gradient at 0 and 6.", { fmt = FMT_ACT, err = ERR_ACT })
+E("lm.F.leaky_relu", "lm.F.leaky_relu(x, negative_slope, inplace) -> Tensor", "x > 0 ? x : "
+   .. "negative_slope * x (negative_slope defaults to 0.01); or leaky_relu(x, {negative_slope =, "
+   .. "inplace =}).", { opts = "{negative_slope = 0.01, inplace = false}", fmt = FMT_ACT,
+   err = ERR_ACT .. ", negative_slope not a number" })
+E("lm.F.leaky_relu_", "lm.F.leaky_relu_(x, negative_slope) -> x", "In-place leaky_relu.")
+E("lm.F.elu", "lm.F.elu(x, alpha, inplace) -> Tensor", "x > 0 ? x : alpha * (exp(x) - 1) (alpha "
+   .. "defaults to 1); or elu(x, {alpha =, inplace =}).", { opts = "{alpha = 1, inplace = false}",
+   fmt = FMT_ACT, err = ERR_ACT .. ", alpha not a number" })
+E("lm.F.elu_", "lm.F.elu_(x, alpha) -> x", "In-place elu.")
+E("lm.F.mish", "lm.F.mish(x, inplace) -> Tensor", "x * tanh(softplus(x)).",
+   { fmt = FMT_ACT, err = ERR_ACT })
+E("lm.F.pad", "lm.F.pad(x, pad, opts) -> Tensor", "Pads the last #pad/2 dims of x: pad is "
+   .. "PyTorch's flat list, last dim first ({left, right, top, bottom, front, back}). Modes: "
+   .. "\"constant\" (value; negative pads crop; any number of dims), \"reflect\", "
+   .. "\"replicate\", \"circular\" (1 to 3 dims of a batched or unbatched input). Also "
+   .. "pad(x, pad, mode, value). Differentiable.",
+   { opts = "{mode = \"constant\", value = 0}", fmt = "the result and the input gradient keep "
+   .. "the input's memory format in every mode (channels_last, channels_last_3d; PyTorch "
+   .. "drops it for some modes)", err = "pad of odd length or longer than 2 * x:dim(), "
+   .. "non-integers, an unknown mode or option, value with a non-constant mode, reflect pads "
+   .. "not less than the size, circular pads larger than the size, negative non-constant pads, "
+   .. "a non-constant mode on an input of the wrong rank" })
+E("lm.F.pixel_shuffle", "lm.F.pixel_shuffle(x, upscale_factor) -> Tensor", "(*, C r^2, H, W) -> "
+   .. "(*, C, H r, W r). Differentiable.", { fmt = "one copy into the input's memory format "
+   .. "(a channels-last input gives a channels-last output and gradient)", err = "fewer than 3 "
+   .. "dims, C not divisible by r^2, r not a positive integer" })
+E("lm.F.pixel_unshuffle", "lm.F.pixel_unshuffle(x, downscale_factor) -> Tensor", "(*, C, H r, "
+   .. "W r) -> (*, C r^2, H, W), the inverse of pixel_shuffle.", { fmt = "as lm.F.pixel_shuffle",
+   err = "fewer than 3 dims, H or W not divisible by r, r not a positive integer" })
+E("lm.F.channel_shuffle", "lm.F.channel_shuffle(x, groups) -> Tensor", "(N, C, *) with C = g k: "
+   .. "the channels reordered from (g, k) to (k, g) (ShuffleNet).", { fmt = "one copy into the "
+   .. "input's memory format (PyTorch drops channels-last here; lumen keeps it)",
+   err = "fewer than 3 dims, C not divisible by groups" })
+E("lm.F.dropout2d", "lm.F.dropout2d(x, p, training, inplace) -> Tensor", "Zeroes whole channels "
+   .. "(one draw per sample and channel) with probability p (default 0.5) and scales the rest by "
+   .. "1/(1-p); the identity when training is false. 3-D (N, C, L) or 4-D input; also "
+   .. "dropout2d(x, {p =, training =, inplace =}).", { fmt = FMT_EW,
+   err = "p outside [0, 1], a wrong rank, a non-floating input, an unknown option" })
+E("lm.F.dropout3d", "lm.F.dropout3d(x, p, training, inplace) -> Tensor", "As dropout2d for 5-D "
+   .. "input (or 4-D unbatched C, D, H, W: one draw per channel).", { fmt = FMT_EW,
+   err = "p outside [0, 1], a wrong rank, a non-floating input, an unknown option" })
+-- end of issue 40 (wt-act) -------------------------------------------------------------------
+
 S("nn", "lm.nn: modules", [[
 `m(x)` is `m:forward(x)`. Parameters and buffers carry PyTorch's key names, so state dicts match
 torchvision's. `m:to(lm.channels_last)` converts the 4-D parameters (conv weights) and buffers;
@@ -1131,6 +1191,28 @@ E("lm.nn.init.kaiming_uniform_", "lm.nn.init.kaiming_uniform_(t, a, mode, nonlin
    "He uniform (PyTorch's defaults: a = 0, mode = \"fan_in\", nonlinearity = \"leaky_relu\").")
 E("lm.nn.init.kaiming_normal_", "lm.nn.init.kaiming_normal_(t, a, mode, nonlinearity) -> t",
    "He normal.")
+
+-- issue 40 (wt-act): activation, shuffle and feature-dropout modules -------------------------
+E("lm.nn.SiLU", "lm.nn.SiLU(inplace)", "lm.F.silu as a module (inplace: boolean or {inplace =}).")
+E("lm.nn.GELU", "lm.nn.GELU(approximate)", "lm.F.gelu as a module (\"none\" or \"tanh\", or "
+   .. "{approximate =}).")
+E("lm.nn.Hardswish", "lm.nn.Hardswish(inplace)", "lm.F.hardswish as a module.")
+E("lm.nn.Hardsigmoid", "lm.nn.Hardsigmoid(inplace)", "lm.F.hardsigmoid as a module.")
+E("lm.nn.ReLU6", "lm.nn.ReLU6(inplace)", "lm.F.relu6 as a module.")
+E("lm.nn.LeakyReLU", "lm.nn.LeakyReLU(negative_slope, inplace)", "lm.F.leaky_relu as a module "
+   .. "(negative_slope 0.01 by default; or {negative_slope =, inplace =}).")
+E("lm.nn.ELU", "lm.nn.ELU(alpha, inplace)", "lm.F.elu as a module (alpha 1 by default; or "
+   .. "{alpha =, inplace =}).")
+E("lm.nn.Mish", "lm.nn.Mish(inplace)", "lm.F.mish as a module.")
+E("lm.nn.PixelShuffle", "lm.nn.PixelShuffle(upscale_factor)", "lm.F.pixel_shuffle as a module.")
+E("lm.nn.PixelUnshuffle", "lm.nn.PixelUnshuffle(downscale_factor)", "lm.F.pixel_unshuffle as a "
+   .. "module.")
+E("lm.nn.ChannelShuffle", "lm.nn.ChannelShuffle(groups)", "lm.F.channel_shuffle as a module.")
+E("lm.nn.Dropout2d", "lm.nn.Dropout2d(p, inplace)", "lm.F.dropout2d(x, p, self.training, "
+   .. "inplace) (p 0.5 by default; or {p =, inplace =}).", { err = "p outside [0, 1]" })
+E("lm.nn.Dropout3d", "lm.nn.Dropout3d(p, inplace)", "lm.F.dropout3d as a module.",
+   { err = "p outside [0, 1]" })
+-- end of issue 40 (wt-act) -------------------------------------------------------------------
 
 S("module_methods", "Module methods", "")
 local MM = {
@@ -1503,6 +1585,19 @@ E("lm.data.DistributedSampler", "lm.data.DistributedSampler(n | dataset, opts) -
      .. "lm.distributed.init, an unknown option" })
 E("lm.data.is_distributed_sampler", "lm.data.is_distributed_sampler(x) -> boolean", "true for "
    .. "DistributedSampler objects.")
+
+-- issue 40 (wt-act): lm.ops ------------------------------------------------------------------
+S("ops", "lm.ops", [[
+torchvision.ops' operators that the model definitions use (loaded on first use of lm.ops).]])
+E("lm.ops", "lm.ops", "torchvision.ops' operators (lua/lumen/ops.lua).")
+E("lm.ops.stochastic_depth", "lm.ops.stochastic_depth(x, p, mode, training) -> Tensor",
+   "torchvision.ops.stochastic_depth: while training (default true), mode \"row\" (the default) "
+   .. "zeroes each sample with probability p, \"batch\" the whole input, and what survives is "
+   .. "scaled by 1/(1-p); the identity when not training or p is 0.", { fmt = FMT_EW,
+   err = "p outside [0, 1], an unknown mode, a non-floating input" })
+E("lm.ops.StochasticDepth", "lm.ops.StochasticDepth(p, mode)", "stochastic_depth as a module "
+   .. "(active while training).", { err = "p outside [0, 1], an unknown mode" })
+-- end of issue 40 (wt-act) -------------------------------------------------------------------
 
 S("models", "lm.models", [[
 torchvision's architectures with torchvision's state_dict keys, so torchvision weights load

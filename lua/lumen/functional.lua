@@ -18,6 +18,7 @@ require("lumen.functional.activation")  -- relu, sigmoid, tanh, softmax, log_sof
 require("lumen.functional.linear")      -- linear
 require("lumen.functional.dropout")     -- dropout
 require("lumen.functional.shape")       -- flatten, cat
+require("lumen.functional.pad")         -- pad, pixel_shuffle, pixel_unshuffle, channel_shuffle
 require("lumen.functional.loss")        -- nll_loss, cross_entropy, mse_loss
 
 local F = H.F

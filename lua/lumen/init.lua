@@ -142,7 +142,7 @@ local lazy = {
    nn = "lumen.nn", optim = "lumen.optim", layout = "lumen.layout", data = "lumen.data",
    functional = "lumen.functional", models = "lumen.models", serialize = "lumen.serialize",
    checkpoint = "lumen.checkpoint", doc = "lumen.doc", comm = "lumen.comm", amp = "lumen.amp",
-   jit = "lumen.jit", onnx = "lumen.onnx",
+   jit = "lumen.jit", onnx = "lumen.onnx", ops = "lumen.ops",
    distributed = "lumen.distributed",
 }
 -- single functions that live in an optional module: name -> {module field, module}

@@ -11,7 +11,12 @@
 --   F.linear            Gemm (2-D input) or MatMul + Add
 --   F.flatten           Flatten (to the end) or Reshape;  view, reshape: Reshape
 --   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
---   dropout (evaluation), contiguous, to(memory format), clone: nothing (the value is passed on)
+--   F.silu  Sigmoid * x;  F.gelu: the erf (or tanh) formula;  F.hardswish: HardSwish (opset
+--   14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu: LeakyRelu;  F.elu: Elu;
+--   F.mish: Mish (opset 18+) or x * Tanh(Softplus(x));  F.pad: Pad (constant mode);
+--   F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle: Reshape, Transpose, Reshape
+--   dropout, dropout2d/3d (evaluation), contiguous, to(memory format), clone: nothing (the
+--   value is passed on)
 -- ONNX tensors are NCHW by definition: a channels-last value is exported with its logical sizes,
 -- and weights are written in logical (row-major) order, whatever their memory format.
 -- The protobuf is written by build/liblumen_onnx.so (src/onnx/onnx_shim.c over Debian's
@@ -287,6 +292,89 @@ for op, onnx in pairs({ ["Tensor.sigmoid"] = "Sigmoid", ["F.sigmoid"] = "Sigmoid
    OPS[op] = function(B, _, a, outs) B.node(onnx, { B.name(a[1].id) }, outs) end
 end
 
+-- issue 40 (wt-act): the activations, pad and the shuffles ---------------------------------
+OPS["F.silu"] = function(B, _, a, outs)
+   local x, sg = B.name(a[1].id), B.fresh("sigmoid")
+   B.node("Sigmoid", { x }, { sg })
+   B.node("Mul", { x, sg }, outs)
+end
+OPS["F.hardsigmoid"] = function(B, _, a, outs)
+   B.node("HardSigmoid", { B.name(a[1].id) }, outs, { alpha = { f = 1 / 6 }, beta = { f = 0.5 } })
+end
+OPS["F.hardswish"] = function(B, _, a, outs)
+   local x = B.name(a[1].id)
+   if B.opset >= 14 then return B.node("HardSwish", { x }, outs) end
+   local hs = B.fresh("hardsigmoid")
+   B.node("HardSigmoid", { x }, { hs }, { alpha = { f = 1 / 6 }, beta = { f = 0.5 } })
+   B.node("Mul", { x, hs }, outs)
+end
+OPS["F.relu6"] = function(B, _, a, outs)
+   B.node("Clip", { B.name(a[1].id), B.const_f({ 0 }, {}), B.const_f({ 6 }, {}) }, outs)
+end
+OPS["F.leaky_relu"] = function(B, _, a, outs)
+   local s = a[2]
+   if type(s) == "table" then s = s.negative_slope end
+   B.node("LeakyRelu", { B.name(a[1].id) }, outs, { alpha = { f = s or 0.01 } })
+end
+OPS["F.elu"] = function(B, _, a, outs)
+   local al = a[2]
+   if type(al) == "table" then al = al.alpha end
+   B.node("Elu", { B.name(a[1].id) }, outs, { alpha = { f = al or 1 } })
+end
+OPS["F.mish"] = function(B, _, a, outs)
+   local x = B.name(a[1].id)
+   if B.opset >= 18 then return B.node("Mish", { x }, outs) end
+   local sp, th = B.fresh("softplus"), B.fresh("tanh")
+   B.node("Softplus", { x }, { sp })
+   B.node("Tanh", { sp }, { th })
+   B.node("Mul", { x, th }, outs)
+end
+-- gelu as its formula (ONNX's Gelu needs opset 20 and a string attribute)
+OPS["F.gelu"] = function(B, _, a, outs)
+   local ap = a[2]
+   if type(ap) == "table" then ap = ap.approximate end
+   local x = B.name(a[1].id)
+   local inner
+   if ap == "tanh" then
+      -- 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+      local x3, t1, t2, t3 = B.fresh("cube"), B.fresh("g"), B.fresh("g"), B.fresh("g")
+      B.node("Pow", { x, B.const_f({ 3 }, {}) }, { x3 })
+      B.node("Mul", { x3, B.const_f({ 0.044715 }, {}) }, { t1 })
+      B.node("Add", { x, t1 }, { t2 })
+      B.node("Mul", { t2, B.const_f({ math.sqrt(2 / math.pi) }, {}) }, { t3 })
+      inner = B.fresh("tanh")
+      B.node("Tanh", { t3 }, { inner })
+   else
+      -- 0.5 x (1 + erf(x / sqrt(2)))
+      local t1 = B.fresh("g")
+      B.node("Mul", { x, B.const_f({ 1 / math.sqrt(2) }, {}) }, { t1 })
+      inner = B.fresh("erf")
+      B.node("Erf", { t1 }, { inner })
+   end
+   local p1, hx = B.fresh("g"), B.fresh("g")
+   B.node("Add", { inner, B.const_f({ 1 }, {}) }, { p1 })
+   B.node("Mul", { x, B.const_f({ 0.5 }, {}) }, { hx })
+   B.node("Mul", { hx, p1 }, outs)
+end
+OPS["F.pad"] = function(B, _, a, outs, g)
+   local o, value = a[3], a[4]
+   local mode = o
+   if type(o) == "table" then mode, value = o.mode, o.value end
+   if mode ~= nil and mode ~= "constant" then
+      fail("F.pad with mode '" .. tostring(mode) .. "' is not exported (constant only)", 0)
+   end
+   local pad = a[2]
+   local nd = #value_sizes(g, a[1].id)
+   local pads = {}
+   for i = 1, 2 * nd do pads[i] = 0 end
+   for k = 1, #pad / 2 do
+      local d = nd - k + 1        -- 1-based dim
+      pads[d], pads[d + nd] = pad[2 * k - 1], pad[2 * k]
+   end
+   B.node("Pad", { B.name(a[1].id), B.const_i64(pads), B.const_f({ value or 0 }, {}) }, outs)
+end
+-- end of issue 40 (wt-act) -------------------------------------------------------------------
+
 -- MaxPool / AveragePool of 2 or 3 spatial dims
 local function pool_op(nd, avg)
    local tuple = nd == 3 and triple or pair
@@ -389,6 +477,43 @@ local function reshape_to(B, x, sizes, outs, in_sizes)
    B.node("Reshape", { x, B.const_i64(sizes) }, outs)
 end
 
+-- issue 40 (wt-act): the shuffles: x reshaped to v, transposed by perm (0-based), reshaped to
+-- the result's sizes
+local function shuffle_op(plan)
+   return function(B, node, a, outs, g)
+      local s = value_sizes(g, a[1].id)
+      local v, perm = plan(s, a[2])
+      local r1, t = B.fresh("shuffle"), B.fresh("shuffle")
+      reshape_to(B, B.name(a[1].id), v, { r1 }, s)
+      B.node("Transpose", { r1 }, { t }, { perm = perm })
+      reshape_to(B, t, value_sizes(g, node.outs.v), outs, s)
+   end
+end
+OPS["F.pixel_shuffle"] = shuffle_op(function(s, r)
+   local n = #s
+   local v, perm = {}, {}
+   for i = 1, n - 3 do v[i] = s[i]; perm[i] = i - 1 end
+   local b = n - 3
+   v[b + 1], v[b + 2], v[b + 3], v[b + 4], v[b + 5] = s[n - 2] / (r * r), r, r, s[n - 1], s[n]
+   perm[b + 1], perm[b + 2], perm[b + 3], perm[b + 4], perm[b + 5] = b, b + 3, b + 1, b + 4, b + 2
+   return v, perm
+end)
+OPS["F.pixel_unshuffle"] = shuffle_op(function(s, r)
+   local n = #s
+   local v, perm = {}, {}
+   for i = 1, n - 3 do v[i] = s[i]; perm[i] = i - 1 end
+   local b = n - 3
+   v[b + 1], v[b + 2], v[b + 3], v[b + 4], v[b + 5] = s[n - 2], s[n - 1] / r, r, s[n] / r, r
+   perm[b + 1], perm[b + 2], perm[b + 3], perm[b + 4], perm[b + 5] = b, b + 2, b + 4, b + 1, b + 3
+   return v, perm
+end)
+OPS["F.channel_shuffle"] = shuffle_op(function(s, gr)
+   local v, perm = { s[1], gr, s[2] / gr }, { 0, 2, 1 }
+   for i = 3, #s do v[i + 1] = s[i]; perm[i + 1] = i end
+   return v, perm
+end)
+-- end of issue 40 (wt-act)
+
 OPS["F.flatten"] = function(B, node, a, outs, g)
    local nd = #value_sizes(g, a[1].id)
    local s = a[2] or 1
@@ -472,7 +597,8 @@ local function unwrap(x)
 end
 
 -- operators that pass their input on (the value is the same in ONNX's logical view)
-local PASS = { ["F.dropout"] = true, ["Tensor.contiguous"] = true, ["lm.contiguous"] = true,
+local PASS = { ["F.dropout"] = true, ["F.dropout2d"] = true, ["F.dropout3d"] = true,
+               ["Tensor.contiguous"] = true, ["lm.contiguous"] = true,
                ["Tensor.clone"] = true, ["lm.clone"] = true, ["Tensor.to"] = true,
                ["Tensor.detach"] = true }
 
@@ -564,8 +690,11 @@ function M.export(model, input, path, opts)
             end
          end
       end
-      if node.op == "F.dropout" then
+      if node.op == "F.dropout" or node.op == "F.dropout2d" or node.op == "F.dropout3d" then
          local p, tr = node.args[2], node.args[3]
+         if tr == nil and type(p) == "table" and (p.training ~= nil or p.p ~= nil) then
+            p, tr = p.p, p.training
+         end
          if (tr == nil or tr == true or (type(tr) == "table" and tr["nil"])) and p ~= 0 then
             fail(("node %d: a dropout in training mode (call model:eval() first)"):format(i))
          end
@@ -576,6 +705,7 @@ function M.export(model, input, path, opts)
    if m == nil then fail(ffi.string(L.lm_onnx_error())) end
    m = ffi.gc(m, L.lm_onnx_free)
    local B = builder(L, m, g, traced.tensors)
+   B.opset = opset
    local function io_name(base, i, n) return n == 1 and base or (base .. "." .. i) end
    -- the names the graph will have, to check dynamic_axes against
    local names_in, names_out = {}, {}

@@ -8,7 +8,7 @@ local A = require("lumen.autograd")
 local AC = require("lumen.autocast")
 local H = require("lumen.functional.common")
 
-local type = type
+local type, getmetatable, rawget = type, getmetatable, rawget
 
 local Tensor, wrap, wrap_dim = T.Tensor, T.wrap, T.wrap_dim
 local needs, record, fresh = A.needs, A.record, A.fresh
@@ -73,3 +73,180 @@ F.softmax = softmax_like("softmax", function(...) return C.lm_softmax(...) end,
 F.log_softmax = softmax_like("log_softmax", function(...) return C.lm_log_softmax(...) end,
                              function(...) return C.lm_log_softmax_backward(...) end,
                              "LogSoftmaxBackward")
+
+---------------------------------------------------------------------------------------------
+-- the activations of the modern conv nets (issue 40): silu, gelu, hardswish, hardsigmoid,
+-- relu6, leaky_relu, elu, mish. Each is one native elementwise pass (lm_unary with an
+-- activation code, or lm_binary_scalar for the parameterized leaky_relu and elu), so the
+-- result follows the input's memory format and every device runs it; the backward is one more
+-- pass (the *_BACKWARD binary codes, from the gradient and the saved input). PyTorch's formulas
+-- (aten/src/ATen/native/cpu/Activation.cpp). In place (inplace = true) where PyTorch has it;
+-- under autograd the in-place form saves a copy of the input for its backward.
+---------------------------------------------------------------------------------------------
+
+local tc = T.tc
+
+local function act_input(fname, x)
+   local xc = tensor_arg(fname, x, "input")
+   check_float(fname, xc, "input")
+   return xc
+end
+
+local function inplace_arg(fname, v)
+   if v == nil then return false end
+   if type(v) ~= "boolean" then
+      H.err(fname, "inplace must be a boolean, got " .. T.typename(v))
+   end
+   return v
+end
+
+local function number_arg(fname, v, what, default)
+   if v == nil then return default end
+   if type(v) ~= "number" or v ~= v then
+      H.err(fname, what .. " must be a number, got " .. T.typename(v))
+   end
+   return v
+end
+
+-- a leaf that requires grad cannot change in place (as Tensor's in-place methods)
+local function inplace_leaf_check(fname, x)
+   if needs(x) and rawget(x, "grad_fn") == nil then
+      H.err(fname, "a leaf tensor that requires grad is being used in an in-place operation")
+   end
+end
+
+-- the gradient g * act'(x) by the binary code bop (alpha: its parameter)
+local function act_backward(fname, bop, g, x, alpha)
+   p1[0] = nil
+   check(C.lm_binary(bop, tc(g, fname), tc(x, fname), alpha, p1), fname .. "_backward")
+   return fresh(wrap(p1[0]))
+end
+
+-- run(xc, outp) computes the activation into outp[0] (nil: a new tensor; xc: in place)
+local function activation(fname, bname, x, inplace, run, bop, alpha)
+   local xc = act_input(fname, x)
+   if inplace then
+      local grad = A.is_grad_enabled() and needs(x)
+      if grad then inplace_leaf_check(fname, x) end
+      local saved = grad and Tensor.clone(x) or nil
+      local e = grad and A.edge(x) or nil
+      T.barrier(xc)
+      outp[0] = xc
+      check(run(xc, outp), fname)
+      if grad then
+         A.attach(x, bname, function(g) return act_backward(fname, bop, g, saved, alpha) end,
+                  { e })
+      end
+      return x
+   end
+   outp[0] = nil
+   check(run(xc, outp), fname)
+   local out = wrap(outp[0])
+   if A.is_grad_enabled() and needs(x) then
+      record(out, bname, function(g) return act_backward(fname, bop, g, x, alpha) end, x)
+   end
+   return out
+end
+
+local INPLACE_OPTS = H.option_set("inplace")
+-- the second argument of silu, hardswish, ...: inplace, or {inplace = }
+local function inplace_opt(fname, v)
+   if type(v) == "table" and getmetatable(v) == nil then
+      v = check_opts(fname, v, INPLACE_OPTS).inplace
+   end
+   return inplace_arg(fname, v)
+end
+
+local function unary_activation(fname, uop, bop, bname)
+   local function run(xc, o) return C.lm_unary(uop, xc, o) end
+   F._OPTIONS[fname] = INPLACE_OPTS
+   return function(x, inplace)
+      return activation(fname, bname, x, inplace_opt(fname, inplace), run, bop, 1)
+   end
+end
+
+-- silu(x, inplace = false): x * sigmoid(x)
+F.silu = unary_activation("silu", C.LM_SILU, C.LM_SILU_BACKWARD, "SiluBackward")
+-- hardswish(x, inplace = false): x * relu6(x + 3) / 6
+F.hardswish = unary_activation("hardswish", C.LM_HARDSWISH, C.LM_HARDSWISH_BACKWARD,
+                               "HardswishBackward")
+-- hardsigmoid(x, inplace = false): relu6(x + 3) / 6
+F.hardsigmoid = unary_activation("hardsigmoid", C.LM_HARDSIGMOID, C.LM_HARDSIGMOID_BACKWARD,
+                                 "HardsigmoidBackward")
+-- mish(x, inplace = false): x * tanh(softplus(x))
+F.mish = unary_activation("mish", C.LM_MISH, C.LM_MISH_BACKWARD, "MishBackward")
+
+-- relu6(x, inplace = false): min(max(x, 0), 6) (PyTorch's hardtanh(x, 0, 6): no gradient at 0
+-- and 6)
+do
+   local function run(xc, o) return C.lm_clamp(xc, 0, 6, 1, 1, o) end
+   F._OPTIONS.relu6 = INPLACE_OPTS
+   function F.relu6(x, inplace)
+      return activation("relu6", "Hardtanh", x, inplace_opt("relu6", inplace), run,
+                        C.LM_RELU6_BACKWARD, 1)
+   end
+end
+
+-- gelu(x, approximate = "none") or gelu(x, {approximate = "none" | "tanh"})
+local GELU_OPTS = H.option_set("approximate")
+F._OPTIONS.gelu = GELU_OPTS
+do
+   local function run_none(xc, o) return C.lm_unary(C.LM_GELU, xc, o) end
+   local function run_tanh(xc, o) return C.lm_unary(C.LM_GELU_TANH, xc, o) end
+   function F.gelu(x, approximate)
+      local fname = "gelu"
+      if type(approximate) == "table" and getmetatable(approximate) == nil then
+         approximate = check_opts(fname, approximate, GELU_OPTS).approximate
+      end
+      if approximate == nil or approximate == "none" then
+         return activation(fname, "GeluBackward", x, false, run_none, C.LM_GELU_BACKWARD, 1)
+      elseif approximate == "tanh" then
+         return activation(fname, "GeluBackward", x, false, run_tanh, C.LM_GELU_TANH_BACKWARD, 1)
+      end
+      H.err(fname, "approximate must be \"none\" or \"tanh\", got " ..
+            (type(approximate) == "string" and ("\"" .. approximate .. "\"")
+             or T.typename(approximate)))
+   end
+end
+
+-- a parameterized activation's arguments: (x, p, inplace) or (x, {name = p, inplace = })
+local function param_args(fname, known, name, p, inplace, default)
+   if type(p) == "table" and getmetatable(p) == nil then
+      if inplace ~= nil then H.err(fname, "options table and inplace given together") end
+      local o = check_opts(fname, p, known)
+      p, inplace = o[name], o.inplace
+   end
+   return number_arg(fname, p, name, default), inplace_arg(fname, inplace)
+end
+
+-- leaky_relu(x, negative_slope = 0.01, inplace = false): x > 0 ? x : negative_slope * x
+local LEAKY_OPTS = H.option_set("negative_slope", "inplace")
+F._OPTIONS.leaky_relu = LEAKY_OPTS
+do
+   local slope_now = 0.01
+   local function run(xc, o)
+      return C.lm_binary_scalar(C.LM_LEAKY_RELU, xc, slope_now, 0, 0, 1, o)
+   end
+   function F.leaky_relu(x, negative_slope, inplace)
+      local fname = "leaky_relu"
+      local s, ip = param_args(fname, LEAKY_OPTS, "negative_slope", negative_slope, inplace, 0.01)
+      slope_now = s
+      return activation(fname, "LeakyReluBackward", x, ip, run, C.LM_LEAKY_RELU_BACKWARD, s)
+   end
+   function F.leaky_relu_(x, negative_slope) return F.leaky_relu(x, negative_slope, true) end
+end
+
+-- elu(x, alpha = 1, inplace = false): x > 0 ? x : alpha * (exp(x) - 1)
+local ELU_OPTS = H.option_set("alpha", "inplace")
+F._OPTIONS.elu = ELU_OPTS
+do
+   local alpha_now = 1
+   local function run(xc, o) return C.lm_binary_scalar(C.LM_ELU, xc, alpha_now, 0, 0, 1, o) end
+   function F.elu(x, alpha, inplace)
+      local fname = "elu"
+      local a, ip = param_args(fname, ELU_OPTS, "alpha", alpha, inplace, 1)
+      alpha_now = a
+      return activation(fname, "EluBackward", x, ip, run, C.LM_ELU_BACKWARD, a)
+   end
+   function F.elu_(x, alpha) return F.elu(x, alpha, true) end
+end

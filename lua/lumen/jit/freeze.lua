@@ -179,6 +179,9 @@ end
 local P = {}
 M.passes = P
 
+-- the dropouts that are the identity in evaluation mode
+local DROPOUTS = { ["F.dropout"] = true, ["F.dropout2d"] = true, ["F.dropout3d"] = true }
+
 function P.check(st)
    for i, node in ipairs(st.nodes) do
       if node.op == "F.batch_norm" then
@@ -187,7 +190,7 @@ function P.check(st)
             fail(("node %d: a batch norm in training mode: trace the model after model:eval()")
                  :format(i))
          end
-      elseif node.op == "F.dropout" then
+      elseif DROPOUTS[node.op] then
          local p, tr = arg_value(node, 2), arg_value(node, 3)
          if (tr == nil or tr == true) and p ~= 0 then
             fail(("node %d: a dropout in training mode: trace the model after model:eval()")
@@ -200,7 +203,7 @@ end
 function P.dropout(st)
    local subst, n = {}, 0
    for _, node in ipairs(st.nodes) do
-      if node.op == "F.dropout" and out_id(node) and arg_id(node, 1) then
+      if DROPOUTS[node.op] and out_id(node) and arg_id(node, 1) then
          subst[out_id(node)] = arg_id(node, 1)
          node.dead = true
          n = n + 1

@@ -445,6 +445,77 @@ end
 
 function ReLU:extra_repr() return self.inplace and "inplace=True" or "" end
 
+-- the activations of issue 40 (F.silu, ...): SiLU, Hardswish, Hardsigmoid, ReLU6, Mish take
+-- (inplace) or ({inplace = }); GELU(approximate) or GELU({approximate = "none" | "tanh"});
+-- LeakyReLU(negative_slope = 0.01, inplace) or ({negative_slope =, inplace =}); ELU(alpha = 1,
+-- inplace) likewise. extra_repr as PyTorch's.
+local function inplace_module(name, fn)
+   local cls = Module:extend(name)
+   M[name] = cls
+   function cls:__init(inplace)
+      if plain_table(inplace) then inplace = opts_arg(name, inplace, RELU_OPTS).inplace end
+      if inplace ~= nil and type(inplace) ~= "boolean" then
+         fail(name, "inplace must be a boolean, got " .. T.typename(inplace))
+      end
+      self.inplace = inplace and true or false
+   end
+   function cls:forward(x) return F[fn](x, self.inplace) end
+   function cls:extra_repr() return self.inplace and "inplace=True" or "" end
+   return cls
+end
+inplace_module("SiLU", "silu")
+inplace_module("Hardswish", "hardswish")
+inplace_module("Hardsigmoid", "hardsigmoid")
+inplace_module("ReLU6", "relu6")
+inplace_module("Mish", "mish")
+
+local GELU = Module:extend("GELU")
+M.GELU = GELU
+local GELU_OPTS = option_set("approximate")
+function GELU:__init(approximate)
+   if plain_table(approximate) then
+      approximate = opts_arg("GELU", approximate, GELU_OPTS).approximate
+   end
+   if approximate == nil then approximate = "none" end
+   if approximate ~= "none" and approximate ~= "tanh" then
+      fail("GELU", "approximate must be \"none\" or \"tanh\", got " .. tostring(approximate))
+   end
+   self.approximate = approximate
+end
+function GELU:forward(x) return F.gelu(x, self.approximate) end
+function GELU:extra_repr() return "approximate='" .. self.approximate .. "'" end
+
+-- a module with one number parameter (named pname, default dflt) and inplace
+local function param_module(name, fn, pname, dflt)
+   local cls = Module:extend(name)
+   M[name] = cls
+   local known = option_set(pname, "inplace")
+   function cls:__init(p, inplace)
+      if plain_table(p) then
+         local o = opts_arg(name, p, known)
+         p, inplace = o[pname], o.inplace
+      end
+      if p == nil then p = dflt end
+      if type(p) ~= "number" then
+         fail(name, pname .. " must be a number, got " .. T.typename(p))
+      end
+      if inplace ~= nil and type(inplace) ~= "boolean" then
+         fail(name, "inplace must be a boolean, got " .. T.typename(inplace))
+      end
+      self[pname] = p
+      self.inplace = inplace and true or false
+   end
+   function cls:forward(x) return F[fn](x, self[pname], self.inplace) end
+   function cls:extra_repr()
+      local v = self[pname]
+      local s = pname .. "=" .. (v % 1 == 0 and ("%.1f"):format(v) or tostring(v))
+      return self.inplace and (s .. ", inplace=True") or s
+   end
+   return cls
+end
+param_module("LeakyReLU", "leaky_relu", "negative_slope", 0.01)
+param_module("ELU", "elu", "alpha", 1.0)
+
 local Sigmoid = Module:extend("Sigmoid")
 M.Sigmoid = Sigmoid
 function Sigmoid:forward(x) return Tensor.sigmoid(x) end
@@ -742,6 +813,51 @@ function Dropout:__init(p)
 end
 function Dropout:forward(x) return F.dropout(x, self.p, self.training) end
 function Dropout:extra_repr() return "p=" .. tostring(self.p) end
+
+-- PixelShuffle(upscale_factor), PixelUnshuffle(downscale_factor), ChannelShuffle(groups)
+-- (F.pixel_shuffle, ...: the input's memory format kept)
+local function factor_module(name, fn, what)
+   local cls = Module:extend(name)
+   M[name] = cls
+   function cls:__init(v)
+      self[what] = int_arg(name, v, what, 1)
+   end
+   function cls:forward(x) return F[fn](x, self[what]) end
+   function cls:extra_repr() return what .. "=" .. tostring(self[what]) end
+   return cls
+end
+factor_module("PixelShuffle", "pixel_shuffle", "upscale_factor")
+factor_module("PixelUnshuffle", "pixel_unshuffle", "downscale_factor")
+factor_module("ChannelShuffle", "channel_shuffle", "groups")
+
+-- Dropout2d / Dropout3d(p = 0.5, inplace = false) or ({p =, inplace =}): F.dropout2d/3d while
+-- training
+local FEATURE_DROPOUT_OPTS = option_set("p", "inplace")
+local function feature_dropout_module(name, fn)
+   local cls = Module:extend(name)
+   M[name] = cls
+   function cls:__init(p, inplace)
+      if plain_table(p) then
+         local o = opts_arg(name, p, FEATURE_DROPOUT_OPTS)
+         p, inplace = o.p, o.inplace
+      end
+      if p == nil then p = 0.5 end
+      if type(p) ~= "number" or p < 0 or p > 1 or p ~= p then
+         fail(name, "dropout probability has to be between 0 and 1, but got " .. tostring(p))
+      end
+      if inplace ~= nil and type(inplace) ~= "boolean" then
+         fail(name, "inplace must be a boolean, got " .. T.typename(inplace))
+      end
+      self.p, self.inplace = p, inplace and true or false
+   end
+   function cls:forward(x) return F[fn](x, self.p, self.training, self.inplace) end
+   function cls:extra_repr()
+      return "p=" .. tostring(self.p) .. (self.inplace and ", inplace=True" or "")
+   end
+   return cls
+end
+feature_dropout_module("Dropout2d", "dropout2d")
+feature_dropout_module("Dropout3d", "dropout3d")
 
 local Flatten = Module:extend("Flatten")
 M.Flatten = Flatten

@@ -1,0 +1,91 @@
+-- lm.onnx.export of the issue-40 operators (the activations, F.pad constant, the shuffles,
+-- Dropout2d in evaluation) at opsets 13, 17 and 18: onnx.checker and ONNX Runtime within 1e-5 of
+-- the eager model, channels-last; skipped (with the reason) without the writer or ONNX Runtime
+-- (tools/setup_onnx_venv.sh), as spec/onnx_spec.lua.
+local lm = require("lumen")
+local ffi = require("ffi")
+local C = require("lumen.C")
+local shell = require("spec.shell")
+local nn = lm.nn
+local F = lm.F
+
+local function write_f32(path, t)
+   local c = t:contiguous()
+   local f = assert(io.open(path, "wb"))
+   f:write(ffi.string(C.lm_tensor_data(c._c), c:numel() * 4))
+   f:close()
+end
+
+local function read_f32(path, sizes)
+   local s = assert(shell.read_file(path))
+   local t = lm.zeros(sizes)
+   assert(#s == t:numel() * 4, "output size")
+   ffi.copy(C.lm_tensor_data(t._c), s, #s)
+   return t
+end
+
+local Net = nn.Module:extend("ActNet")
+function Net:__init()
+   self.conv = nn.Conv2d(3, 8, 3, { padding = 1 })
+   self.acts = nn.Sequential(nn.SiLU(true), nn.GELU(), nn.Hardswish(), nn.Hardsigmoid(),
+                             nn.ReLU6(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.Mish(),
+                             nn.GELU("tanh"), nn.Dropout2d(0.3))
+   self.shuf = nn.Sequential(nn.PixelShuffle(2), nn.PixelUnshuffle(2), nn.ChannelShuffle(4))
+end
+function Net:forward(x)
+   local y = self.acts(self.conv(x) * 2)
+   y = F.pad(y, { 1, 2, 0, 1 }, { value = 0.25 })
+   return self.shuf(y)
+end
+
+describe("lm.onnx.export of the issue-40 operators", function()
+   it("onnx.checker and ONNX Runtime at opsets 13, 17, 18", function()
+      if not lm.onnx.available() then
+         pending("the ONNX writer build/liblumen_onnx.so is not built")
+         return
+      end
+      local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
+      if rc ~= 0 then
+         pending("the ONNX Runtime venv could not be made: " .. out:sub(-300))
+         return
+      end
+      local py = out:match("([^\n]+)%s*$")
+      lm.manual_seed(40)
+      local model = Net():eval()
+      lm.to_channels_last(model)
+      local x = lm.randn({ 2, 3, 6, 5 }):contiguous(lm.channels_last)
+      local want = lm.no_grad(function() return model(x) end)
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir -p " .. shell.q(dir)) == 0)
+      write_f32(dir .. "/x", x)
+      local args = {}
+      for _, opset in ipairs({ 13, 17, 18 }) do
+         local p = dir .. "/m" .. opset .. ".onnx"
+         lm.onnx.export(model, x, p, { opset = opset })
+         for _, a in ipairs({ p, dir .. "/x", dir .. "/y" .. opset }) do
+            args[#args + 1] = shell.q(a)
+         end
+      end
+      local o2, rc2 = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. table.concat(args, " "))
+      assert.are.equal(0, rc2, o2)
+      for _, opset in ipairs({ 13, 17, 18 }) do
+         local got = read_f32(dir .. "/y" .. opset, want:size())
+         local d = (got - want):abs():max():item()
+         assert.is_true(d <= 1e-5, "opset " .. opset .. ": " .. d)
+      end
+      os.execute("rm -rf " .. shell.q(dir))
+   end)
+
+   it("pad modes other than constant are refused with a clear error", function()
+      if not lm.onnx.available() then
+         pending("the ONNX writer build/liblumen_onnx.so is not built")
+         return
+      end
+      local M = nn.Module:extend("PadNet")
+      function M:forward(x) return F.pad(x, { 1, 1, 1, 1 }, { mode = "reflect" }) end
+      local ok, err = pcall(lm.onnx.export, M(), lm.randn({ 1, 2, 3, 4 }), os.tmpname())
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("constant only", 1, true), tostring(err))
+   end)
+end)
