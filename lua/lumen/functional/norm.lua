@@ -1,5 +1,7 @@
 -- lumen.functional.norm -- lm.F's normalization: batch_norm (any rank >= 2: BatchNorm1d/2d/3d
--- and SyncBatchNorm's local path), with its backward and the fused relu / residual tail.
+-- and SyncBatchNorm's local path), with its backward and the fused relu / residual tail;
+-- group_norm (a native kernel, kernels/cpu/norm_group.c, fast in channels-last: a group's
+-- channels are a contiguous run of each pixel), and layer_norm / instance_norm composed on it.
 
 local ffi = require("ffi")
 local C = require("lumen.C")
@@ -7,7 +9,7 @@ local T = require("lumen.tensor")
 local A = require("lumen.autograd")
 local H = require("lumen.functional.common")
 
-local type, tonumber, rawget = type, tonumber, rawget
+local type, tonumber, rawget, tostring, ipairs = type, tonumber, rawget, tostring, ipairs
 
 local Tensor, wrap, typename = T.Tensor, T.wrap, T.typename
 local needs, record, fresh = A.needs, A.record, A.fresh
@@ -147,4 +149,78 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
       end
    end
    return out
+end
+
+---------------------------------------------------------------------------------------------
+-- group_norm, layer_norm, instance_norm
+---------------------------------------------------------------------------------------------
+
+local GN_OPTS = H.option_set("eps")
+F._OPTIONS.group_norm = GN_OPTS
+
+local gn_fwd = function(...) return C.lm_group_norm(...) end
+local gn_bwd = function(...) return C.lm_group_norm_backward(...) end
+
+local function eps_opt(fname, opts)
+   local eps = opts.eps
+   if eps == nil then return 1e-5 end
+   if type(eps) ~= "number" or eps ~= eps or eps < 0 then
+      err(fname, "eps must be a non-negative number, got " .. tostring(eps))
+   end
+   return eps
+end
+
+-- group_norm(x, num_groups, weight, bias, {eps=1e-5}): x (N, C, ...) normalised over each
+-- sample's groups of C / num_groups channels (biased variance), then weight * . + bias per
+-- channel. The result and the gradients keep x's memory format (channels-last included).
+-- fname: the name errors carry (layer_norm / instance_norm call it).
+local function group_norm(fname, x, num_groups, weight, bias, eps)
+   local xc = tensor_arg(fname, x, "input")
+   local wc = opt_tensor(fname, weight, "weight")
+   local bc = opt_tensor(fname, bias, "bias")
+   check_float(fname, xc, "input")
+   if xc.ndim < 2 then
+      err(fname, ("expected an input of at least 2 dims (N, C, ...), got %d-D"):format(xc.ndim))
+   end
+   if type(num_groups) ~= "number" or num_groups % 1 ~= 0 or num_groups < 1 then
+      err(fname, "num_groups must be a positive integer, got " .. tostring(num_groups))
+   end
+   local Cn = tonumber(xc.sizes[1])
+   if Cn % num_groups ~= 0 then
+      err(fname, ("expected the number of channels (%d) to be divisible by num_groups (%d)")
+          :format(Cn, num_groups))
+   end
+   for _, pair in ipairs({ { wc, "weight" }, { bc, "bias" } }) do
+      local c, what = pair[1], pair[2]
+      if c ~= nil then
+         check_float(fname, c, what)
+         if c.ndim ~= 1 or tonumber(c.sizes[0]) ~= Cn then
+            err(fname, ("%s should contain %d elements (the input's channels), got size %s")
+                :format(what, Cn, sizes_str(c)))
+         end
+      end
+   end
+   local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias))
+   outp[0], p1[0], p2[0] = nil, nil, nil
+   check(gn_fwd(xc, num_groups, wc, bc, eps, outp, rec and p1 or nil, rec and p2 or nil), fname)
+   local out = wrap(outp[0])
+   if rec then
+      local mean, rstd = wrap(p1[0]), wrap(p2[0])
+      local need_x, need_w, need_b = needs(x), needs(weight), needs(bias)
+      local wt = weight
+      record(out, "NativeGroupNormBackward", function(g)
+         p1[0], p2[0], p3[0] = nil, nil, nil
+         check(gn_bwd(g._c, x._c, mean._c, rstd._c, wt and wt._c or nil, num_groups,
+                      need_x and p1 or nil, need_w and p2 or nil, need_b and p3 or nil),
+               fname .. "_backward")
+         return fresh(need_x and wrap(p1[0]) or nil), fresh(need_w and wrap(p2[0]) or nil),
+                fresh(need_b and wrap(p3[0]) or nil)
+      end, x, weight or false, bias or false)
+   end
+   return out, rec
+end
+
+function F.group_norm(x, num_groups, weight, bias, opts)
+   opts = check_opts("group_norm", opts, GN_OPTS)
+   return (group_norm("group_norm", x, num_groups, weight, bias, eps_opt("group_norm", opts)))
 end
