@@ -22,6 +22,8 @@
  *   grad_bias[c] = sum_n db,  grad_weight[c] = sum_n dsc * rstd[n,g]
  *   grad_x = rstd w_c dy + B[n,g] (x - mean) + D[n,g],  with D = Cg * S,
  *            B = -rstd^3 / D * sum_{c in g} w_c dsc[n,c],  D[n,g] = -rstd / D * sum_{c in g} w_c db.
+ * S = 1 (layer_norm's rows, (N, C) input) has its own loops: one contiguous row per sample,
+ * two-pass per group in double, rows split between threads.
  * float16 / bfloat16 are read and written directly and computed in float32 (the coefficients);
  * float64 is computed in double throughout.
  */
@@ -203,6 +205,148 @@ GN_APPLY(f64, double, double, LD_F64, ST_F64)
 GN_APPLY(f16, uint16_t, float, LD_F16, ST_F16)
 GN_APPLY(bf16, uint16_t, float, LD_BF16, ST_BF16)
 
+/* ---- S = 1 (layer_norm's (M, D) rows, or (N, C) input): each sample is one contiguous row of C
+   values; its groups are contiguous runs, normalised two-pass (mean, then the squared deviations)
+   in double, one thread per block of rows. wv / bv: C values (compute type R). Backward:
+   per-thread partial grad_weight / grad_bias sums (pw: nthreads x 2C doubles). */
+#define GN_ROW1(SUF, T, R, LD, ST)                                                                 \
+   static void gn_row1_fwd_##SUF(const T *x, T *y, const gn_geom *g, const R *wv, const R *bv,     \
+                                 double eps, double *gm, double *gr) {                             \
+      const int64_t N = g->N, C = g->C, G = g->G, Cg = g->Cg;                                      \
+      _Pragma("omp parallel for schedule(static) if (N * C > GN_GRAIN)")                           \
+      for (int64_t n = 0; n < N; n++) {                                                            \
+         const T *xr = x + n * C;                                                                  \
+         T *yr = y + n * C;                                                                        \
+         for (int64_t gi = 0; gi < G; gi++) {                                                      \
+            const int64_t c0 = gi * Cg;                                                            \
+            double s1 = 0, s2 = 0;                                                                 \
+            for (int64_t c = c0; c < c0 + Cg; c++) s1 += (double)(R)LD(xr, c);                     \
+            const double mu = s1 / (double)Cg;                                                     \
+            for (int64_t c = c0; c < c0 + Cg; c++) {                                               \
+               const double d = (double)(R)LD(xr, c) - mu;                                         \
+               s2 += d * d;                                                                        \
+            }                                                                                      \
+            const double rs = 1.0 / sqrt(s2 / (double)Cg + eps);                                   \
+            gm[n * G + gi] = mu;                                                                   \
+            gr[n * G + gi] = rs;                                                                   \
+            const R m = (R)mu, r = (R)rs;                                                          \
+            for (int64_t c = c0; c < c0 + Cg; c++)                                                 \
+               ST(yr, c, ((R)LD(xr, c) - m) * r * wv[c] + bv[c]);                                  \
+         }                                                                                         \
+      }                                                                                            \
+   }                                                                                               \
+   static void gn_row1_bwd_##SUF(const T *x, const T *dy, T *gx, const gn_geom *g, const R *wv,    \
+                                 const double *gm, const double *gr, double *pw, int nt) {         \
+      const int64_t N = g->N, C = g->C, G = g->G, Cg = g->Cg;                                      \
+      _Pragma("omp parallel num_threads(nt) if (N * C > GN_GRAIN)")                                \
+      {                                                                                            \
+         int tid = 0, tn = 1;                                                                      \
+         GN_TEAM(tid, tn);                                                                         \
+         double *pgw = pw + (int64_t)tid * 2 * C, *pgb = pgw + C;                                  \
+         const int64_t n0 = N * tid / tn, n1 = N * (tid + 1) / tn;                                 \
+         for (int64_t n = n0; n < n1; n++) {                                                       \
+            const T *xr = x + n * C, *gr_ = dy + n * C;                                            \
+            for (int64_t gi = 0; gi < G; gi++) {                                                   \
+               const int64_t c0 = gi * Cg;                                                         \
+               const double mu = gm[n * G + gi], rs = gr[n * G + gi];                              \
+               double sw_db = 0, sw_ds = 0;                                                        \
+               for (int64_t c = c0; c < c0 + Cg; c++) {                                            \
+                  const double d = (double)(R)LD(gr_, c);                                          \
+                  const double xc = ((double)(R)LD(xr, c) - mu);                                   \
+                  pgb[c] += d;                                                                     \
+                  pgw[c] += d * xc * rs;                                                           \
+                  sw_db += (double)wv[c] * d;                                                      \
+                  sw_ds += (double)wv[c] * d * xc;                                                 \
+               }                                                                                   \
+               if (gx) {                                                                           \
+                  const R b = (R)(-rs * rs * rs / (double)Cg * sw_ds);                             \
+                  const R dd = (R)(-rs / (double)Cg * sw_db), m = (R)mu, r = (R)rs;                \
+                  T *gxr = gx + n * C;                                                             \
+                  for (int64_t c = c0; c < c0 + Cg; c++)                                           \
+                     ST(gxr, c, r * wv[c] * (R)LD(gr_, c) + b * ((R)LD(xr, c) - m) + dd);          \
+               }                                                                                   \
+            }                                                                                      \
+         }                                                                                         \
+      }                                                                                            \
+   }
+
+#ifdef _OPENMP
+#define GN_TEAM(tid, tn) (tid = omp_get_thread_num(), tn = omp_get_num_threads())
+#else
+#define GN_TEAM(tid, tn) ((void)0)
+#endif
+
+GN_ROW1(f32, float, float, LD_F32, ST_F32)
+GN_ROW1(f64, double, double, LD_F64, ST_F64)
+GN_ROW1(f16, uint16_t, float, LD_F16, ST_F16)
+GN_ROW1(bf16, uint16_t, float, LD_BF16, ST_BF16)
+
+/* w / b of C (NULL: 1 / 0) into the compute type */
+static void gn_coef_load(const lm_tensor *t, int64_t C, double dflt, int dbl, void *dst,
+                         double *tmp) {
+   gn_param_load(t, C, dflt, tmp);
+   for (int64_t c = 0; c < C; c++) {
+      if (dbl) ((double *)dst)[c] = tmp[c];
+      else ((float *)dst)[c] = (float)tmp[c];
+   }
+}
+
+static lm_status gn_row1_forward(const lm_op *op, const gn_geom *g) {
+   const lm_group_norm_params *p = op->params;
+   const lm_tensor *x = op->t[0];
+   lm_tensor *y = op->t[3], *mean = op->t[4], *rstd = op->t[5];
+   const int64_t N = g->N, C = g->C, G = g->G;
+   const int dt = x->dtype, dbl = dt == LM_FLOAT64;
+   double *buf = malloc((size_t)(3 * C + 2 * N * G + 1) * sizeof(double));
+   if (!buf) return lm_error(LM_ERR_OOM, "group_norm: out of memory for the scratch");
+   double *tmp = buf, *wv = buf + C, *bv = wv + C, *gm = bv + C, *gr = gm + N * G;
+   gn_coef_load(op->t[1], C, 1.0, dbl, wv, tmp);
+   gn_coef_load(op->t[2], C, 0.0, dbl, bv, tmp);
+   const void *xd = lm_tensor_data(x);
+   void *yd = lm_tensor_data(y);
+   switch (dt) {
+   case LM_FLOAT32: gn_row1_fwd_f32(xd, yd, g, (float *)wv, (float *)bv, p->eps, gm, gr); break;
+   case LM_FLOAT64: gn_row1_fwd_f64(xd, yd, g, wv, bv, p->eps, gm, gr); break;
+   case LM_FLOAT16: gn_row1_fwd_f16(xd, yd, g, (float *)wv, (float *)bv, p->eps, gm, gr); break;
+   case LM_BFLOAT16: gn_row1_fwd_bf16(xd, yd, g, (float *)wv, (float *)bv, p->eps, gm, gr); break;
+   default: break;
+   }
+   if (mean) gn_flat_store(mean, N * G, gm);
+   if (rstd) gn_flat_store(rstd, N * G, gr);
+   free(buf);
+   return LM_OK;
+}
+
+static lm_status gn_row1_backward(const lm_op *op, const gn_geom *g) {
+   const lm_tensor *dy = op->t[0], *x = op->t[1];
+   lm_tensor *gx = op->t[5], *gw = op->t[6], *gb = op->t[7];
+   const int64_t N = g->N, C = g->C, G = g->G;
+   const int dt = x->dtype, dbl = dt == LM_FLOAT64;
+   const int nt = N * C > GN_GRAIN ? gn_threads() : 1;
+   double *buf = malloc((size_t)(2 * C + 2 * N * G + 2 * C * nt + 1) * sizeof(double));
+   if (!buf) return lm_error(LM_ERR_OOM, "group_norm_backward: out of memory for the scratch");
+   double *tmp = buf, *wv = buf + C, *gm = wv + C, *gr = gm + N * G, *pw = gr + N * G;
+   memset(pw, 0, (size_t)(2 * C * nt) * sizeof(double));
+   gn_coef_load(op->t[4], C, 1.0, dbl, wv, tmp);
+   gn_flat_load(op->t[2], N * G, gm);
+   gn_flat_load(op->t[3], N * G, gr);
+   const void *xd = lm_tensor_data(x), *gd = lm_tensor_data(dy);
+   void *gxd = gx ? lm_tensor_data(gx) : NULL;
+   switch (dt) {
+   case LM_FLOAT32: gn_row1_bwd_f32(xd, gd, gxd, g, (float *)wv, gm, gr, pw, nt); break;
+   case LM_FLOAT64: gn_row1_bwd_f64(xd, gd, gxd, g, wv, gm, gr, pw, nt); break;
+   case LM_FLOAT16: gn_row1_bwd_f16(xd, gd, gxd, g, (float *)wv, gm, gr, pw, nt); break;
+   case LM_BFLOAT16: gn_row1_bwd_bf16(xd, gd, gxd, g, (float *)wv, gm, gr, pw, nt); break;
+   default: break;
+   }
+   for (int t = 1; t < nt; t++)
+      for (int64_t c = 0; c < 2 * C; c++) pw[c] += pw[(int64_t)t * 2 * C + c];
+   if (gw) gn_param_store(gw, C, pw);
+   if (gb) gn_param_store(gb, C, pw + C);
+   free(buf);
+   return LM_OK;
+}
+
 /* the work split: sample n's S elements in P chunks (P > 1 when N is below the thread count) */
 static int64_t gn_chunks(const gn_geom *g) {
    const int64_t nt = gn_threads();
@@ -238,6 +382,7 @@ static lm_status gn_forward(const lm_op *op) {
    gn_geometry(x, p->mf, p->G, &g);
    const int64_t N = g.N, C = g.C, S = g.S, G = g.G, Cg = g.Cg;
    if (N == 0 || C == 0) return LM_OK;
+   if (S == 1) return gn_row1_forward(op, &g);
    const int dt = x->dtype, dbl = gn_comp_is_double(dt);
    const int64_t P = gn_chunks(&g);
    const int64_t rsz = dbl ? 8 : 4;
@@ -346,6 +491,7 @@ static lm_status gn_backward(const lm_op *op) {
    gn_geom g;
    gn_geometry(x, p->mf, p->G, &g);
    const int64_t N = g.N, C = g.C, S = g.S, G = g.G, Cg = g.Cg;
+   if (S == 1) return gn_row1_backward(op, &g);
    const int dt = x->dtype, dbl = gn_comp_is_double(dt);
    const int64_t P = gn_chunks(&g);
    const int64_t rsz = dbl ? 8 : 4;

@@ -224,3 +224,150 @@ function F.group_norm(x, num_groups, weight, bias, opts)
    opts = check_opts("group_norm", opts, GN_OPTS)
    return (group_norm("group_norm", x, num_groups, weight, bias, eps_opt("group_norm", opts)))
 end
+
+-- layer_norm(x, normalized_shape, weight, bias, {eps=1e-5}): x normalised over its trailing
+-- dims normalized_shape (a number or a list), then weight * . + bias (each of
+-- normalized_shape). Runs as group_norm with one group on the (M, D) view of x (D the product
+-- of normalized_shape): no copy when those dims are dense, e.g. ConvNeXt's LayerNorm2d over C
+-- of a channels-last tensor permuted to (N, H, W, C), whose result permuted back stays
+-- channels-last.
+local LN_OPTS = H.option_set("eps")
+F._OPTIONS.layer_norm = LN_OPTS
+
+local function shape_list(fname, s, what)
+   if type(s) == "number" then s = { s } end
+   if type(s) == "cdata" then s = { tonumber(s) } end
+   if type(s) ~= "table" then
+      err(fname, what .. " must be a number or a list of numbers, got " .. typename(s))
+   end
+   local out = {}
+   for i = 1, #s do
+      local v = s[i]
+      if type(v) ~= "number" or v % 1 ~= 0 or v < 0 then
+         err(fname, ("%s[%d] must be a non-negative integer, got %s"):format(what, i,
+             tostring(v)))
+      end
+      out[i] = v
+   end
+   return out
+end
+
+function F.layer_norm(x, normalized_shape, weight, bias, opts)
+   local fname = "layer_norm"
+   local xc = tensor_arg(fname, x, "input")
+   opts = check_opts(fname, opts, LN_OPTS)
+   local eps = eps_opt(fname, opts)
+   local ns = shape_list(fname, normalized_shape, "normalized_shape")
+   local k = #ns
+   if k == 0 then err(fname, "normalized_shape must have at least one dimension") end
+   check_float(fname, xc, "input")
+   local nd = xc.ndim
+   local ok = nd >= k
+   for i = 1, k do
+      if ok and tonumber(xc.sizes[nd - k + i - 1]) ~= ns[i] then ok = false end
+   end
+   if not ok then
+      err(fname, ("given normalized_shape=(%s), expected input with shape (*, %s), but got " ..
+          "input of size %s"):format(table.concat(ns, ", "), table.concat(ns, ", "),
+          sizes_str(xc)))
+   end
+   local D = 1
+   for i = 1, k do D = D * ns[i] end
+   for _, pair in ipairs({ { weight, "weight" }, { bias, "bias" } }) do
+      local t, what = pair[1], pair[2]
+      local c = opt_tensor(fname, t, what)
+      if c ~= nil then
+         local same = c.ndim == k
+         for i = 1, k do
+            if same and tonumber(c.sizes[i - 1]) ~= ns[i] then same = false end
+         end
+         if not same then
+            err(fname, ("%s must have the shape normalized_shape (%s), got size %s")
+                :format(what, table.concat(ns, ", "), sizes_str(c)))
+         end
+      end
+   end
+   local M = D > 0 and tonumber(xc.numel) / D or 0
+   local sizes = {}
+   for i = 0, nd - 1 do sizes[i + 1] = tonumber(xc.sizes[i]) end
+   local x2 = Tensor.reshape(x, { M, D })
+   local w2 = weight and Tensor.reshape(weight, { D }) or nil
+   local b2 = bias and Tensor.reshape(bias, { D }) or nil
+   local y = group_norm(fname, x2, 1, w2, b2, eps)
+   return Tensor.reshape(y, sizes)
+end
+
+-- instance_norm(x, running_mean, running_var, weight, bias, {use_input_stats=true, momentum=0.1,
+-- eps=1e-5}): each (sample, channel) normalised over its spatial dims (group_norm with one
+-- group per channel, in x's memory format). With use_input_stats and running statistics given,
+-- they are updated in place as PyTorch does (the mean over the batch of the per-instance mean
+-- and unbiased variance); use_input_stats = false normalises with the running statistics.
+local IN_OPTS = H.option_set("use_input_stats", "momentum", "eps")
+F._OPTIONS.instance_norm = IN_OPTS
+
+function F.instance_norm(x, running_mean, running_var, weight, bias, opts)
+   local fname = "instance_norm"
+   local xc = tensor_arg(fname, x, "input")
+   local rmc = opt_tensor(fname, running_mean, "running_mean")
+   local rvc = opt_tensor(fname, running_var, "running_var")
+   opts = check_opts(fname, opts, IN_OPTS)
+   local use_input_stats = bool_opt(fname, opts.use_input_stats, "use_input_stats", true)
+   local momentum = opts.momentum
+   if momentum == nil then momentum = 0.1 end
+   if type(momentum) ~= "number" then
+      err(fname, "momentum must be a number, got " .. typename(momentum))
+   end
+   local eps = eps_opt(fname, opts)
+   check_float(fname, xc, "input")
+   if xc.ndim < 3 then
+      err(fname, ("expected an input of at least 3 dims (N, C, L...), got %d-D"):format(xc.ndim))
+   end
+   local Cn = tonumber(xc.sizes[1])
+   for _, pair in ipairs({ { rmc, "running_mean" }, { rvc, "running_var" } }) do
+      local c, what = pair[1], pair[2]
+      if c ~= nil then
+         check_float(fname, c, what)
+         if c.ndim ~= 1 or tonumber(c.sizes[0]) ~= Cn then
+            err(fname, ("%s should contain %d elements (the input's channels), got size %s")
+                :format(what, Cn, sizes_str(c)))
+         end
+      end
+   end
+   if (rmc == nil) ~= (rvc == nil) then
+      err(fname, "running_mean and running_var must be given together")
+   end
+   if not use_input_stats then
+      if rmc == nil then
+         err(fname, "expected running_mean and running_var to be defined when " ..
+             "use_input_stats is false")
+      end
+      -- the running statistics as constants: one batch_norm in evaluation mode
+      return F.batch_norm(x, running_mean, running_var, weight, bias,
+                          { training = false, eps = eps })
+   end
+   local S = 1
+   for d = 2, xc.ndim - 1 do S = S * tonumber(xc.sizes[d]) end
+   if S <= 1 then
+      err(fname, "expected more than 1 spatial element when training, got input size " ..
+          sizes_str(xc))
+   end
+   local y = group_norm(fname, x, Cn, weight, bias, eps)
+   if rmc ~= nil then
+      -- running = (1 - m) running + m mean_n(stat[n, c]), the variance unbiased
+      A.no_grad(function()
+         local xd = Tensor.detach(x)
+         local dims = {}
+         for d = 3, xc.ndim do dims[#dims + 1] = d end
+         local xf = Tensor.double(xd)
+         local mk = Tensor.mean(xf, dims, true)
+         local m = Tensor.reshape(mk, { tonumber(xc.sizes[0]), Cn })           -- (N, C)
+         local v = Tensor.reshape(Tensor.mean((xf - mk) * (xf - mk), dims), { tonumber(xc.sizes[0]), Cn })
+         v = v * (S / (S - 1))
+         T.raw.mul_(running_mean, 1 - momentum)
+         T.raw.add_(running_mean, Tensor.mean(m, 1) * momentum)
+         T.raw.mul_(running_var, 1 - momentum)
+         T.raw.add_(running_var, Tensor.mean(v, 1) * momentum)
+      end)
+   end
+   return y
+end
