@@ -293,8 +293,14 @@ function F.layer_norm(x, normalized_shape, weight, bias, opts)
    local x2 = Tensor.reshape(x, { M, D })
    local w2 = weight and Tensor.reshape(weight, { D }) or nil
    local b2 = bias and Tensor.reshape(bias, { D }) or nil
-   local y = group_norm(fname, x2, 1, w2, b2, eps)
-   return Tensor.reshape(y, sizes)
+   local y = Tensor.reshape(group_norm(fname, x2, 1, w2, b2, eps), sizes)
+   -- a channels-last x whose normalized dims are not its innermost ones (layer_norm over H, W)
+   -- went through a copy: its result is made channels-last again (the format rule)
+   local mf = H.suggest(xc)
+   if mf ~= C.LM_CONTIGUOUS and not Tensor.is_contiguous(y, Tensor.suggest_memory_format(x)) then
+      y = Tensor.contiguous(y, Tensor.suggest_memory_format(x))
+   end
+   return y
 end
 
 -- instance_norm(x, running_mean, running_var, weight, bias, {use_input_stats=true, momentum=0.1,
