@@ -35,8 +35,8 @@ local function fx(d, dtype, fmt, rg)
 end
 
 local function close(t, expected, tol, what)
-   local e = lm.tensor(expected.data, { dtype = lm.float64 }):view(expected.sizes)
-   local got = t:to("cpu"):double()
+   local e = lm.tensor(expected.data, { dtype = lm.float64 }):view(expected.sizes):cpu()
+   local got = t:detach():cpu():double()
    local err = (got - e):abs():max():item()
    local scale = math.max(1, e:abs():max():item())
    assert(err <= tol * scale, ("%s: max error %g > %g"):format(what, err, tol * scale))
