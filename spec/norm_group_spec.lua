@@ -123,7 +123,8 @@ describe("channels-last where PyTorch drops it", function()
             local fmt = cl_of(#c.x.sizes)
             if fmt then
                if c.torch_keeps_cl == false then dropped = dropped + 1 end
-               local y = RUN[op](fx(c.x, lm.float32, fmt), fx(c.w, lm.float32), fx(c.b, lm.float32), c)
+               local y = RUN[op](fx(c.x, lm.float32, fmt), fx(c.w, lm.float32),
+                                 fx(c.b, lm.float32), c)
                assert_format(y, fmt, op .. " " .. c.name)
             end
          end
@@ -216,7 +217,8 @@ describe("bad input", function()
       bad("instance_norm", "running", F.instance_norm, x, nil, nil, nil, nil,
           { use_input_stats = false })
       bad("GroupNorm", "divisible", lm.nn.GroupNorm, 4, 6)
-      bad("InstanceNorm3d", "5D", function() return lm.nn.InstanceNorm3d(4)(lm.randn({ 2, 4, 3 })) end)
+      bad("InstanceNorm3d", "5D",
+          function() return lm.nn.InstanceNorm3d(4)(lm.randn({ 2, 4, 3 })) end)
    end)
 end)
 

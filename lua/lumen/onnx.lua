@@ -314,10 +314,10 @@ end
 
 OPS["F.group_norm"] = function(B, _, a, outs, g)
    local xs = value_sizes(g, a[1].id)
-   local G, o = a[2], a[5] or {}
-   local ones, zeros = ones_zeros(G)
+   local ng, o = a[2], a[5] or {}
+   local ones, zeros = ones_zeros(ng)
    local r1, r2 = B.fresh("gn"), B.fresh("gn")
-   B.node("Reshape", { B.name(a[1].id), B.const_i64({ 0, G, -1 }) }, { r1 })
+   B.node("Reshape", { B.name(a[1].id), B.const_i64({ 0, ng, -1 }) }, { r1 })
    B.node("InstanceNormalization", { r1, B.const_f(ones), B.const_f(zeros) }, { r2 },
           { epsilon = { f = o.eps or 1e-5 } })
    local shape = { 0 }
