@@ -51,6 +51,7 @@
    X(ADAPTIVE_MAX_POOL3D_BACKWARD, "adaptive_max_pool3d_backward")                               \
    /* normalisation, softmax, losses */                                                          \
    X(BATCH_NORM, "batch_norm") X(BATCH_NORM_BACKWARD, "batch_norm_backward")                     \
+   X(GROUP_NORM, "group_norm") X(GROUP_NORM_BACKWARD, "group_norm_backward")                     \
    X(SOFTMAX, "softmax") X(SOFTMAX_BACKWARD, "softmax_backward")                                 \
    X(NLL_LOSS, "nll_loss") X(NLL_LOSS_BACKWARD, "nll_loss_backward")                             \
    /* optimizer steps */                                                                         \

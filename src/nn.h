@@ -167,6 +167,22 @@ lm_status lm_batch_norm_backward_fused(const lm_tensor *grad_out, const lm_tenso
                                        int training, lm_tensor **grad_x, lm_tensor **grad_weight,
                                        lm_tensor **grad_bias, lm_tensor **grad_masked);
 
+/* ---- group norm (src/ops/norm_group.c; kernels/cpu/norm_group.c) ----
+ * x: (N, C, ...) of rank >= 2 with C divisible by num_groups; weight, bias: NULL or 1-D of C
+ * elements (any floating dtype). out = (x - mean) * rstd * weight + bias over each sample's group
+ * of C / num_groups channels (biased variance), in x's suggested memory format (contiguous,
+ * channels-last or channels-last-3d). mean / rstd (pointers may be NULL): (N, num_groups) tensors,
+ * float32 for float16 / bfloat16 x, else x's dtype; rstd = 1 / sqrt(var + eps). */
+lm_status lm_group_norm(const lm_tensor *x, int num_groups, const lm_tensor *weight,
+                        const lm_tensor *bias, double eps, lm_tensor **out, lm_tensor **mean,
+                        lm_tensor **rstd);
+/* any of grad_x, grad_weight, grad_bias may be NULL (the pointer) to skip it; grad_weight /
+   grad_bias have weight's dtype (x's when weight is NULL); grad_x is in x's memory format */
+lm_status lm_group_norm_backward(const lm_tensor *grad_out, const lm_tensor *x,
+                                 const lm_tensor *mean, const lm_tensor *rstd,
+                                 const lm_tensor *weight, int num_groups, lm_tensor **grad_x,
+                                 lm_tensor **grad_weight, lm_tensor **grad_bias);
+
 /* ---- softmax (src/ops/softmax.c; kernels/cpu/softmax.c): any rank (0-dim too), any dim
    (negative counts from the end); the result is contiguous, as in PyTorch ---- */
 lm_status lm_softmax(const lm_tensor *x, int dim, lm_tensor **out);

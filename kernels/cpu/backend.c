@@ -22,6 +22,7 @@ static void fill(int isa) {
       lm_cpu_register_pool(table, isa);
       lm_cpu_register_pool3d(table, isa);
       lm_cpu_register_norm(table, isa);
+      lm_cpu_register_group_norm(table, isa);
       lm_cpu_register_softmax(table, isa);
       lm_cpu_register_loss(table, isa);
       lm_cpu_register_optim(table, isa);

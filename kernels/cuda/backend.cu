@@ -282,6 +282,7 @@ extern "C" int lm_cuda_init(char *why, size_t cap) {
    lm_cuda_register_pool(table);
    lm_cuda_register_pool3d(table);
    lm_cuda_register_norm(table);
+   lm_cuda_register_group_norm(table);
    lm_cuda_register_softmax(table);
    lm_cuda_register_optim(table);
    for (int k = 0; k < n; k++) {

@@ -138,6 +138,7 @@ void lm_cuda_register_conv(lm_kernel_fn *table);
 void lm_cuda_register_pool(lm_kernel_fn *table);
 void lm_cuda_register_pool3d(lm_kernel_fn *table);
 void lm_cuda_register_norm(lm_kernel_fn *table);
+void lm_cuda_register_group_norm(lm_kernel_fn *table);
 void lm_cuda_register_softmax(lm_kernel_fn *table);
 void lm_cuda_register_optim(lm_kernel_fn *table);
 #endif

@@ -915,6 +915,31 @@ E("lm.F.batch_norm", "lm.F.batch_norm(x, running_mean, running_var, weight, bias
    .. "N,L,C-strided 3-D input a contiguous output and an N,L,C-strided input gradient (as "
    .. "PyTorch)", err = "x with fewer than 2 dims, per-channel tensors of the wrong size, training "
    .. "with one value per channel, eval without running statistics" })
+E("lm.F.group_norm", "lm.F.group_norm(x, num_groups, weight, bias, opts) -> Tensor", "Group "
+   .. "normalisation: each sample's channels split into num_groups groups, each normalised over "
+   .. "its channels and spatial dims (biased variance), then weight * . + bias per channel "
+   .. "(either may be nil). A native kernel: in channels-last a group is a contiguous run of "
+   .. "each pixel.", { opts = "{eps = 1e-5}", fmt = "output and input gradient in the input's "
+   .. "memory format (contiguous, channels_last, channels_last_3d); float16 / bfloat16 computed "
+   .. "in float32", err = "x with fewer than 2 dims, channels not divisible by num_groups, "
+   .. "weight / bias not of C elements, a non-floating input" })
+E("lm.F.layer_norm", "lm.F.layer_norm(x, normalized_shape, weight, bias, opts) -> Tensor",
+   "Layer normalisation over the trailing dims normalized_shape (a number or a list); weight "
+   .. "and bias (nil or of normalized_shape) applied elementwise. Runs the group_norm kernel on "
+   .. "the (M, D) view of x: ConvNeXt's LayerNorm2d (x:permute(1, 3, 4, 2) of a channels-last "
+   .. "x, layer_norm over C, permute back) costs no copy and stays channels-last.",
+   { opts = "{eps = 1e-5}", fmt = "the view's layout; a channels-last input normalised over "
+   .. "other dims gives a channels-last output", err = "normalized_shape not the input's "
+   .. "trailing sizes, weight / bias of another shape" })
+E("lm.F.instance_norm", "lm.F.instance_norm(x, running_mean, running_var, weight, bias, opts) "
+   .. "-> Tensor", "Instance normalisation: each (sample, channel) over its spatial dims "
+   .. "(group_norm with one group per channel). With use_input_stats and running statistics, "
+   .. "they are updated in place as PyTorch does (the batch mean of the per-instance mean and "
+   .. "unbiased variance); use_input_stats = false normalises with them.",
+   { opts = "{use_input_stats = true, momentum = 0.1, eps = 1e-5}", fmt = "output and input "
+   .. "gradient in the input's memory format (PyTorch 2.x returns contiguous for channels-last "
+   .. "input)", err = "x with fewer than 3 dims, one spatial element, only one running "
+   .. "statistic, use_input_stats = false without them" })
 E("lm.F.relu", "lm.F.relu(x, inplace) -> Tensor", "max(x, 0); in place when inplace is true.",
    { fmt = FMT_EW })
 E("lm.F.relu_", "lm.F.relu_(x) -> x", "In-place relu.")
@@ -1036,6 +1061,26 @@ E("lm.nn.BatchNorm2d", "lm.nn.BatchNorm2d(num_features, opts)", "Batch norm over
    .. "(weight, bias, buffers running_mean, running_var, num_batches_tracked).",
    { opts = "{eps = 1e-5, momentum = 0.1 (false: cumulative average), affine = true, "
    .. "track_running_stats = true}", fmt = FMT_NN })
+E("lm.nn.GroupNorm", "lm.nn.GroupNorm(num_groups, num_channels, opts)", "lm.F.group_norm as "
+   .. "a module (weight ones, bias zeros of num_channels when affine).",
+   { opts = "{eps = 1e-5, affine = true, dtype, device}", fmt = "as lm.F.group_norm",
+   err = "num_channels not divisible by num_groups" })
+E("lm.nn.LayerNorm", "lm.nn.LayerNorm(normalized_shape, opts)", "lm.F.layer_norm as a module "
+   .. "(weight ones, bias zeros of normalized_shape when elementwise_affine).",
+   { opts = "{eps = 1e-5, elementwise_affine = true, bias = true, dtype, device}",
+   fmt = "as lm.F.layer_norm" })
+E("lm.nn.InstanceNorm2d", "lm.nn.InstanceNorm2d(num_features, opts)", "lm.F.instance_norm as "
+   .. "a module over 4-D (or unbatched 3-D) input; weight / bias when affine, running_mean / "
+   .. "running_var / num_batches_tracked when track_running_stats (then used in eval mode).",
+   { opts = "{eps = 1e-5, momentum = 0.1, affine = false, track_running_stats = false, dtype, "
+   .. "device}", fmt = "as lm.F.instance_norm", err = "other input ranks: `lumen."
+   .. "InstanceNorm2d: expected 3D or 4D input (got 5D input)`" })
+E("lm.nn.InstanceNorm1d", "lm.nn.InstanceNorm1d(num_features, opts)", "As lm.nn."
+   .. "InstanceNorm2d over 3-D (N, C, L) or unbatched 2-D input.", { opts = "as lm.nn."
+   .. "InstanceNorm2d" })
+E("lm.nn.InstanceNorm3d", "lm.nn.InstanceNorm3d(num_features, opts)", "As lm.nn."
+   .. "InstanceNorm2d over 5-D (or unbatched 4-D) input; channels_last_3d kept.",
+   { opts = "as lm.nn.InstanceNorm2d" })
 E("lm.nn.ReLU", "lm.nn.ReLU(inplace)", "relu as a module (inplace: boolean or {inplace =}).")
 E("lm.nn.Sigmoid", "lm.nn.Sigmoid()", "sigmoid as a module.")
 E("lm.nn.Tanh", "lm.nn.Tanh()", "tanh as a module.")

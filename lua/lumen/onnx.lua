@@ -4,12 +4,16 @@
 -- The model is traced (or a traced module is taken as it is) and each node becomes ONNX nodes:
 --   F.conv2d            Conv (a fused epilogue {residual =, relu =} adds Add and Relu)
 --   F.batch_norm        BatchNormalization (evaluation mode only)
+--   F.group_norm        Reshape, InstanceNormalization, Reshape, Mul, Add (any opset)
+--   F.layer_norm        LayerNormalization (opset 17 or later)
+--   F.instance_norm     InstanceNormalization (BatchNormalization with use_input_stats = false)
 --   relu, relu_         Relu;  sigmoid, tanh: Sigmoid, Tanh;  F.softmax: Softmax
 --   F.max_pool2d        MaxPool;  F.avg_pool2d: AveragePool (and the 3-D pools, F.conv3d)
 --   F.adaptive_avg_pool2d  GlobalAveragePool (1x1), AveragePool (sizes that divide), else two
 --                       MatMuls with constant averaging matrices (the same regions as lumen's)
 --   F.linear            Gemm (2-D input) or MatMul + Add
 --   F.flatten           Flatten (to the end) or Reshape;  view, reshape: Reshape
+--   permute             Transpose
 --   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
 --   F.silu  Sigmoid * x;  F.gelu: the erf (or tanh) formula;  F.hardswish: HardSwish (opset
 --   14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu: LeakyRelu;  F.elu: Elu;
@@ -282,6 +286,87 @@ OPS["F.batch_norm"] = function(B, _, a, outs, g)
    B.node("BatchNormalization", { B.name(a[1].id), scale, bias, B.name(a[2].id),
       B.name(a[3].id) }, { y }, { epsilon = { f = o.eps or 1e-5 } })
    if fused then relu_chain(B, y, o, outs) end
+end
+
+-- Tensor.permute(x, d1, d2, ...) or (x, {d1, ...}) with 1-based (possibly negative) dims: Transpose
+OPS["Tensor.permute"] = function(B, _, a, outs, g)
+   local nd = #value_sizes(g, a[1].id)
+   local dims = type(a[2]) == "table" and a[2] or {}
+   if type(a[2]) ~= "table" then
+      for i = 2, #a do dims[#dims + 1] = a[i] end
+   end
+   local perm = {}
+   for i, d in ipairs(dims) do perm[i] = d < 0 and d + nd or d - 1 end
+   B.node("Transpose", { B.name(a[1].id) }, outs, { perm = perm })
+end
+
+-- F.group_norm: Reshape (N, G, -1), InstanceNormalization (unit scale), Reshape back, then the
+-- per-channel weight and bias (Mul, Add over (C, 1, ...)): valid at every opset (GroupNormalization
+-- of opset 18 scales per group, of opset 21 per channel; the decomposition is both's meaning)
+local function channel_param(B, id, c, nd)
+   local shape = { c }
+   for i = 2, nd - 1 do shape[i] = 1 end
+   local y = B.fresh("param")
+   B.node("Reshape", { B.name(id), B.const_i64(shape) }, { y })
+   return y
+end
+
+local function ones_zeros(n)
+   local ones, zeros = {}, {}
+   for i = 1, n do ones[i], zeros[i] = 1, 0 end
+   return ones, zeros
+end
+
+OPS["F.group_norm"] = function(B, _, a, outs, g)
+   local xs = value_sizes(g, a[1].id)
+   local ng, o = a[2], a[5] or {}
+   local ones, zeros = ones_zeros(ng)
+   local r1, r2 = B.fresh("gn"), B.fresh("gn")
+   B.node("Reshape", { B.name(a[1].id), B.const_i64({ 0, ng, -1 }) }, { r1 })
+   B.node("InstanceNormalization", { r1, B.const_f(ones), B.const_f(zeros) }, { r2 },
+          { epsilon = { f = o.eps or 1e-5 } })
+   local shape = { 0 }
+   for i = 2, #xs do shape[i] = xs[i] end
+   local w, b = a[3], a[4]
+   local y = (w or b) and B.fresh("gn") or outs[1]
+   B.node("Reshape", { r2, B.const_i64(shape) }, { y })
+   if w then
+      local y2 = b and B.fresh("gn") or outs[1]
+      B.node("Mul", { y, channel_param(B, w.id, xs[2], #xs) }, { y2 })
+      y = y2
+   end
+   if b then B.node("Add", { y, channel_param(B, b.id, xs[2], #xs) }, outs) end
+end
+
+-- F.layer_norm: LayerNormalization (opset 17) over the trailing dims
+OPS["F.layer_norm"] = function(B, _, a, outs, g)
+   if B.opset < 17 then fail("layer_norm needs opset 17 or later (LayerNormalization)", 0) end
+   local ns, o = a[2], a[5] or {}
+   if type(ns) == "number" then ns = { ns } end
+   local n = 1
+   for i = 1, #ns do n = n * ns[i] end
+   local ones = ones_zeros(n)
+   local scale = a[3] and B.name(a[3].id) or B.const_f(ones, ns)
+   local ins = { B.name(a[1].id), scale }
+   if a[4] then ins[3] = B.name(a[4].id) end
+   B.node("LayerNormalization", ins, outs, { axis = -#ns, epsilon = { f = o.eps or 1e-5 } })
+end
+
+-- F.instance_norm: InstanceNormalization (the input's statistics), or BatchNormalization with the
+-- running statistics (use_input_stats = false)
+OPS["F.instance_norm"] = function(B, _, a, outs, g)
+   local o = a[6] or {}
+   local c = value_sizes(g, a[1].id)[2]
+   local ones, zeros = ones_zeros(c)
+   local scale = a[4] and B.name(a[4].id) or B.const_f(ones)
+   local bias = a[5] and B.name(a[5].id) or B.const_f(zeros)
+   if o.use_input_stats == false then
+      B.node("BatchNormalization", { B.name(a[1].id), scale, bias, B.name(a[2].id),
+         B.name(a[3].id) }, outs, { epsilon = { f = o.eps or 1e-5 } })
+   else
+      B.node("InstanceNormalization", { B.name(a[1].id), scale, bias }, outs,
+             { epsilon = { f = o.eps or 1e-5 } })
+   end
 end
 
 for _, op in ipairs({ "Tensor.relu", "Tensor.relu_", "F.relu", "F.relu_", "lm.relu" }) do

@@ -426,6 +426,187 @@ function BatchNorm3d:_check_input_dim(d)
 end
 
 ---------------------------------------------------------------------------------------------
+-- GroupNorm, LayerNorm, InstanceNorm1d/2d/3d (issue 40; lm.F.group_norm / layer_norm /
+-- instance_norm in functional/norm.lua)
+---------------------------------------------------------------------------------------------
+
+local GN_OPTS = option_set("eps", "affine", "dtype", "device")
+local LN_OPTS = option_set("eps", "elementwise_affine", "bias", "dtype", "device")
+
+local GroupNorm = Module:extend("GroupNorm")
+M.GroupNorm = GroupNorm
+
+-- GroupNorm(num_groups, num_channels, {eps=1e-5, affine=true}): weight (ones) and bias (zeros)
+-- of num_channels when affine
+function GroupNorm:__init(num_groups, num_channels, opts)
+   local fname = "GroupNorm"
+   opts = opts_arg(fname, opts, GN_OPTS)
+   int_arg(fname, num_groups, "num_groups", 1)
+   int_arg(fname, num_channels, "num_channels", 1)
+   if num_channels % num_groups ~= 0 then
+      fail(fname, "num_channels must be divisible by num_groups")
+   end
+   self.num_groups, self.num_channels = num_groups, num_channels
+   self.eps = opts.eps or 1e-5
+   self.affine = opts.affine == nil or opts.affine and true or false
+   local fk = param_opts(fname, opts)
+   if self.affine then
+      self:register_parameter("weight", creation.ones({ num_channels }, fk))
+      self:register_parameter("bias", creation.zeros({ num_channels }, fk))
+   else
+      self:register_parameter("weight", nil)
+      self:register_parameter("bias", nil)
+   end
+end
+
+function GroupNorm:reset_parameters()
+   if self.affine then
+      T.raw.fill_(self.weight, 1)
+      T.raw.zero_(self.bias)
+   end
+end
+
+function GroupNorm:forward(x)
+   return F.group_norm(x, self.num_groups, self.weight, self.bias, { eps = self.eps })
+end
+
+function GroupNorm:extra_repr()
+   return ("%d, %d, eps=%s, affine=%s"):format(self.num_groups, self.num_channels,
+      tostring(self.eps), fmt_num(self.affine))
+end
+
+local LayerNorm = Module:extend("LayerNorm")
+M.LayerNorm = LayerNorm
+
+-- LayerNorm(normalized_shape, {eps=1e-5, elementwise_affine=true, bias=true})
+function LayerNorm:__init(normalized_shape, opts)
+   local fname = "LayerNorm"
+   opts = opts_arg(fname, opts, LN_OPTS)
+   local ns = normalized_shape
+   if type(ns) == "number" then ns = { ns } end
+   if not T.is_sizes(ns) or #ns == 0 then
+      fail(fname, "normalized_shape must be a number or a list of numbers, got " ..
+           tostring(normalized_shape))
+   end
+   local shape = {}
+   for i = 1, #ns do shape[i] = int_arg(fname, ns[i], "normalized_shape", 0) end
+   self.normalized_shape = shape
+   self.eps = opts.eps or 1e-5
+   self.elementwise_affine = opts.elementwise_affine == nil or opts.elementwise_affine and true
+                             or false
+   local with_bias = opts.bias == nil or opts.bias and true or false
+   local fk = param_opts(fname, opts)
+   if self.elementwise_affine then
+      self:register_parameter("weight", creation.ones(shape, fk))
+      self:register_parameter("bias", with_bias and creation.zeros(shape, fk) or nil)
+   else
+      self:register_parameter("weight", nil)
+      self:register_parameter("bias", nil)
+   end
+end
+
+function LayerNorm:reset_parameters()
+   if self.weight ~= nil then T.raw.fill_(self.weight, 1) end
+   if self.bias ~= nil then T.raw.zero_(self.bias) end
+end
+
+function LayerNorm:forward(x)
+   return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, { eps = self.eps })
+end
+
+function LayerNorm:extra_repr()
+   local n = {}
+   for i, v in ipairs(self.normalized_shape) do n[i] = tostring(v) end
+   return ("(%s,), eps=%s, elementwise_affine=%s"):format(table.concat(n, ", "),
+      tostring(self.eps), fmt_num(self.elementwise_affine))
+end
+
+local IN_OPTS = option_set("eps", "momentum", "affine", "track_running_stats", "dtype", "device")
+
+-- InstanceNorm2d(num_features, {eps=1e-5, momentum=0.1, affine=false,
+-- track_running_stats=false}); InstanceNorm1d / 3d: other input ranks (PyTorch's checks: 2-D /
+-- 3-D, 3-D / 4-D, 4-D / 5-D, the lower one unbatched)
+local InstanceNorm2d = Module:extend("InstanceNorm2d")
+M.InstanceNorm2d = InstanceNorm2d
+InstanceNorm2d._rank = 2
+
+function InstanceNorm2d:__init(num_features, opts)
+   local fname = self.__name
+   opts = opts_arg(fname, opts, IN_OPTS)
+   int_arg(fname, num_features, "num_features", 1)
+   self.num_features = num_features
+   self.eps = opts.eps or 1e-5
+   if opts.momentum ~= nil and type(opts.momentum) ~= "number" then
+      fail(fname, "momentum must be a number, got " .. tostring(opts.momentum))
+   end
+   self.momentum = opts.momentum or 0.1
+   self.affine = opts.affine and true or false
+   self.track_running_stats = opts.track_running_stats and true or false
+   local fk = param_opts(fname, opts)
+   if self.affine then
+      self:register_parameter("weight", creation.ones({ num_features }, fk))
+      self:register_parameter("bias", creation.zeros({ num_features }, fk))
+   else
+      self:register_parameter("weight", nil)
+      self:register_parameter("bias", nil)
+   end
+   if self.track_running_stats then
+      self:register_buffer("running_mean", creation.zeros({ num_features }, fk))
+      self:register_buffer("running_var", creation.ones({ num_features }, fk))
+      self:register_buffer("num_batches_tracked", creation.zeros({}, { dtype = dtypes.int64,
+                                                                     device = opts.device }))
+   else
+      self:register_buffer("running_mean", nil)
+      self:register_buffer("running_var", nil)
+      self:register_buffer("num_batches_tracked", nil)
+   end
+end
+
+function InstanceNorm2d:reset_parameters()
+   if self.track_running_stats then
+      T.raw.zero_(self.running_mean)
+      T.raw.fill_(self.running_var, 1)
+      T.raw.zero_(self.num_batches_tracked)
+   end
+   if self.affine then
+      T.raw.fill_(self.weight, 1)
+      T.raw.zero_(self.bias)
+   end
+end
+
+function InstanceNorm2d:forward(x)
+   local name = self.__name
+   if not T.is_tensor(x) then fail(name, "input: tensor expected, got " .. T.typename(x)) end
+   local r = self._rank
+   local d = Tensor.dim(x)
+   if d ~= r + 1 and d ~= r + 2 then
+      fail(name, ("expected %dD or %dD input (got %dD input)"):format(r + 1, r + 2, d))
+   end
+   local unbatched = d == r + 1
+   if unbatched then x = Tensor.unsqueeze(x, 1) end
+   local use_input_stats = self.training or not self.track_running_stats
+   local y = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                             { use_input_stats = use_input_stats, momentum = self.momentum,
+                               eps = self.eps })
+   if unbatched then y = Tensor.squeeze(y, 1) end
+   return y
+end
+
+function InstanceNorm2d:extra_repr()
+   return ("%d, eps=%s, momentum=%s, affine=%s, track_running_stats=%s"):format(
+      self.num_features, tostring(self.eps), tostring(self.momentum), fmt_num(self.affine),
+      fmt_num(self.track_running_stats))
+end
+
+local InstanceNorm1d = InstanceNorm2d:extend("InstanceNorm1d")
+M.InstanceNorm1d = InstanceNorm1d
+InstanceNorm1d._rank = 1
+
+local InstanceNorm3d = InstanceNorm2d:extend("InstanceNorm3d")
+M.InstanceNorm3d = InstanceNorm3d
+InstanceNorm3d._rank = 3
+
+---------------------------------------------------------------------------------------------
 -- activations
 ---------------------------------------------------------------------------------------------
 
