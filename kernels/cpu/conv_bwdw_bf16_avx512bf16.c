@@ -1,4 +1,4 @@
-/* conv_bwdw_avx512bf16.c -- the bfloat16 weight gradient of a channels-last convolution on the
+/* conv_bwdw_bf16_avx512bf16.c -- the bfloat16 weight gradient of a channels-last convolution on the
  * bf16 GEMM (contract: conv_bf16.h).
  *
  * The reduction runs over output pixels P = N * Ho * Wo: per group gi,

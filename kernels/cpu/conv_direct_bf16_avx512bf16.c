@@ -1,4 +1,4 @@
-/* conv_avx512bf16.c -- bfloat16 NHWC convolution kernels for AVX-512 with AVX512_BF16
+/* conv_direct_bf16_avx512bf16.c -- bfloat16 NHWC convolution kernels for AVX-512 with AVX512_BF16
  * (vdpbf16ps): forward and backward data, groups 1 and depthwise (at the end of the file).
  * Registered (through conv.c) only when lm_cpu_isa() >= LM_ISA_AVX512_BF16; everything else
  * (float16, NCHW, other grouped convolutions, the weight gradient) takes conv.c's float32

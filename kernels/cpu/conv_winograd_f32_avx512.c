@@ -1,4 +1,4 @@
-/* winograd_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
+/* conv_winograd_f32_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
  * groups 1, 3x3, padding 0..2): forward, backward data, backward weight. Reduction channels:
  * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also more than
  * 64, padded to a multiple of 64 (at most a quarter padding) and reduced in chunks of 64 (wg_cp):
@@ -32,8 +32,8 @@
  * stay in L2:
  *   1. input transform: each tile's patch (zeros outside the image) -> V, 16 channels a vector,
  *      separable (columns then rows); the patch of the tile WG_PF ahead is prefetched;
- *   2. E GEMMs M[e] = V[e] * U[e], by the register-blocked micro-kernels of conv_rb_avx512.c
- *      (tiles broadcast, output channels in vectors), U[e] in L1;
+ *   2. E GEMMs M[e] = V[e] * U[e], by the register-blocked micro-kernels of
+ *      conv_direct_rb_f32_avx512.c (tiles broadcast, output channels in vectors), U[e] in L1;
  *   3. output transform of each tile with the epilogue (bias, residual, ReLU), masked at the
  *      image's right and bottom edges.
  * Weights are transformed once per call (U = G g G^T, 16 output channels a vector).
@@ -64,8 +64,9 @@
  * bfloat16 (conv.c's bf16_winograd, lm.backends.cpu.bf16_winograd; F(4x4) with 64 or more
  * reduction channels, either schedule, and the weight gradient): the same transforms in float32,
  * reading the bfloat16 tensors widened (every input patch gathered) and rounding the output once
- * in the epilogue; the products take V, U and D rounded to bfloat16 (winograd_gemm_avx512bf16.c:
- * pairs of channels for forward and backward data, pairs of tiles for the weight gradient).
+ * in the epilogue; the products take V, U and D rounded to bfloat16
+ * (conv_winograd_bf16_avx512bf16.c: pairs of channels for forward and backward data, pairs of
+ * tiles for the weight gradient).
  * About ten times the direct bfloat16 kernels' error (1.6e-2 relative against 1.7e-3), 1.3-2x
  * their speed on resnet50's layers (docs/mixed_precision.md).
  *
@@ -194,7 +195,7 @@ typedef struct {
    const float *w;         /* the untransformed weights (wide schedule: wg_run_wide) */
    const uint16_t *w16;    /* the same in bfloat16 (bf16 mode; w is then NULL) */
    int flip;               /* backward data: w is (Cin, 3, 3, Cout), taps flipped */
-   int bf16;               /* products in bfloat16 (winograd_gemm_avx512bf16.c) */
+   int bf16;               /* products in bfloat16 (conv_winograd_bf16_avx512bf16.c) */
    /* bfloat16 tensors (instead of src, dst, res; F(4x4) only): read widened, the results rounded
       to nearest even */
    const uint16_t *src16, *res16;
@@ -1487,32 +1488,19 @@ lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, c
    return wg_conv(g, 1, wg_tile_size(1), gout, w, NULL, NULL, 0, gx, 0);
 }
 
-/* F(4x4) with at least 64 reduction channels (CP a multiple of 64), either schedule */
-int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data) {
-   if (!lm_conv_wino_usable(g, backward_data) || wg_tile_size(backward_data) != 4) return 0;
-   const int64_t cin = backward_data ? g->O : g->C;
-   return cin >= 64 && wg_cp(cin) % 64 == 0;
+/* the schedules above for the bfloat16 entry points, which are beside their products
+   (conv_winograd_bf16_avx512bf16.c; conv_internal.h) */
+int lm_wg_cp(int64_t cin) { return wg_cp(cin); }
+int lm_wg_tile_size(int backward_data) { return wg_tile_size(backward_data); }
+lm_status lm_wg_conv(const conv_geom *g, int flip, int tm, const void *src, const void *w,
+                     const float *bias, const void *res, int relu, void *dst, int bf16) {
+   return wg_conv(g, flip, tm, src, w, bias, res, relu, dst, bf16);
 }
-
-lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                                const float *bias, const uint16_t *res, int relu, uint16_t *out) {
-   if (!lm_conv_wino_bf16_usable(g, 0)) return LM_ERR_INTERNAL;
-   return wg_conv(g, 0, 4, x, w, bias, res, relu, out, 1);
+lm_status lm_wg_bwdw(const conv_geom *g, const void *x, const void *gout, float *gw, float *gb,
+                     int bf16) {
+   return wg_bwdw(g, x, gout, gw, gb, bf16);
 }
-
-lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
-                                 uint16_t *gx) {
-   if (!lm_conv_wino_bf16_usable(g, 1)) return LM_ERR_INTERNAL;
-   return wg_conv(g, 1, 4, gout, w, NULL, NULL, 0, gx, 1);
-}
-
-int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g) {
-   return lm_conv_wino_bwdw_usable(g) && g->C >= 64;
-}
-
-lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const uint16_t *x, const uint16_t *gout,
-                                 float *gw, float *gb) {
-   if (!lm_conv_wino_bf16_bwdw_usable(g)) return LM_ERR_INTERNAL;
-   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb, 1);
-   return wg_bwdw(g, x, gout, gw, gb, 1);
+lm_status lm_wg_bwdw_wide(const conv_geom *g, const void *x, const void *gout, float *gw,
+                          float *gb, int bf16) {
+   return wg_bwdw_wide(g, x, gout, gw, gb, bf16);
 }
