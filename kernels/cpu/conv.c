@@ -457,9 +457,8 @@ static int bf16_winograd_on(void) { return lm_cpu_option(LM_CPU_OPT_BF16_WINOGRA
    Winograd instead of the native bf16 kernel: F(4x4, 3x3) does a quarter of the
    multiplications. With lm.backends.cpu.bf16_winograd (the default) its products are bfloat16
    (lm_conv_wino_bf16_bwdw); switched off, float32 on widened copies, rounded once at the end,
-   which still beat the native kernel: resnet50 batch 8 training step under bf16 autocast, 2
-   threads, alternating in one process (session 15): 626.7 -> 604.7, 616.3 -> 600.6, 624.3 ->
-   605.5 ms. LUMEN_CONV_WINOGRAD=0 turns both off with the rest of Winograd. */
+   which still beat the native kernel (numbers: docs/performance.md, "Measurements behind kernel
+   choices"). LUMEN_CONV_WINOGRAD=0 turns both off with the rest of Winograd. */
 static int bf16_bwdw_via_winograd(const conv_geom *g) { return lm_conv_wino_bf16_bwdw_usable(g); }
 
 /* the level for bfloat16 / float16 work: without AMX in use, the native bfloat16 kernels only

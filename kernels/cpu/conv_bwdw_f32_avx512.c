@@ -19,8 +19,8 @@ typedef struct {
 } bw_seg;
 
 /* pixels ahead that bww_body prefetches (x and grad_out rows): without it the kernel waited on
-   them; with it the 1x1 64->256 backward weight (bench/conv.lua) took 2.5-3.1 ms instead of
-   4.2-5.1 (2, 4, 8, 12 and 16 tried; 8 was best) */
+   them; of 2, 4, 8, 12 and 16, 8 was best (numbers: docs/performance.md, "Measurements behind
+   kernel choices") */
 enum { BWW_PF = 8 };
 
 AI void bww_body(const bw_seg *segs, int nseg, int64_t xs, int64_t gs, float *accp, int64_t OB,
@@ -112,9 +112,7 @@ lm_status lm_conv_bwdw_direct_f32(const conv_geom *g, const float *x, const floa
       blocks pass over them. Unless the output block is all of grad_out's row (O == OB), each
       group's block of grad_out is first copied into gpk, OB floats a pixel: read in place, rows
       O floats apart, its lines fell into a quarter of L1's sets and left it between the input
-      chunks (2 threads, resnet50 batch 8, ms a call: 3x3 256->256 stride 2 4.7-5.2 -> 4.3-4.4,
-      3x3 512->512 stride 2 6.3-6.7 -> 5.7-5.9, 1x1 256->1024 at 14x14 2.06-2.10 -> 1.80-1.87,
-      1x1 512->256 at 28x28 4.15-4.28 -> 3.66-3.85; bench/conv.lua r50_) */
+      chunks (numbers: docs/performance.md, "Measurements behind kernel choices") */
    const int64_t grp = Wo >= 128 ? 1 : 128 / Wo;
    const int64_t gpk_n = gw && O != OB ? (grp * Wo * OB + 15) / 16 * 16 : 0;
    /* + 16-float multiples: keeps every partial 64-byte aligned */

@@ -503,13 +503,10 @@ static float *merged_weights(const conv_geom *g, int64_t gb, const float *w, siz
 /* A 1x1, stride-1, unpadded, ungrouped weight gradient is one product: gw (O x C) = gout^T
    (O x P) * x (P x C) over the P = N*H*W pixels, which lm_sgemm blocks for the cache. The direct
    kernel (conv_bwdw_f32_avx512.c) keeps a partial O x C sum per thread and passes over it once
-   per group of ~128 pixels: fine when that partial stays in L2, but 1x1 layers with wide channels and few pixels
-   (resnet50's 7x7 layers: 2048x512 floats = 4 MB) stream it from memory.
-   Measured on resnet50's 1x1 layers, batch 8, one thread, process CPU time per call, two
-   alternations: the product wins from a 2 MB partial on (1024->512 at 14x14: 17.5-18.0 -> 16.1-
-   16.4 ms; 512->2048 at 7x7: 10.6 -> 7.8-7.9; 2048->512 at 7x7: 10.7-10.9 -> 8.1-8.3), ties at
-   1 MB (1024->256 at 14x14: 8.6-8.7 both) and loses below (64->256 at 56x56: 9.0 -> 11.4;
-   512->256 at 28x28: 16.6-16.8 -> 17.3-17.6), hence BWDW_GEMM_MIN.
+   per group of ~128 pixels: fine when that partial stays in L2, but 1x1 layers with wide
+   channels and few pixels (resnet50's 7x7 layers: 2048x512 floats = 4 MB) stream it from memory.
+   On resnet50's 1x1 layers the product wins from a 2 MB partial on, ties at 1 MB and loses
+   below, hence BWDW_GEMM_MIN (numbers: docs/performance.md, "Measurements behind kernel choices").
    Strided 1x1 layers gather their pixels first, and take the same route for grad_x too
    (lm_conv_bwdd_nhwc_avx512). LUMEN_CONV_BWDW_GEMM=0 turns both off. */
 enum { BWDW_GEMM_MIN = 512 * 1024 }; /* O * C floats: a 2 MB partial sum */
@@ -537,8 +534,8 @@ lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const 
    if (pw_gemm_usable(g) && (g->sh != 1 || g->sw != 1)) {
       /* a wide strided 1x1 layer: grad_x at the pixels it reads is one product, gout (P x O) *
          w (O x C), scattered into a zeroed grad_x (the stride-1 ones take the pointwise
-         kernels). One thread, CPU ms a call, batch 8: 1024->2048 stride 2 at 14x14
-         19.6-19.7 -> 16.0-16.1, 512->1024 stride 2 at 28x28 17.1-17.2 -> 16.0 (docs/performance.md) */
+         kernels), faster than the direct kernel on resnet50's strided 1x1 layers (numbers:
+         docs/performance.md, "Measurements behind kernel choices") */
       const int64_t P = g->N * g->Ho * g->Wo, O = g->O, C = g->C;
       const size_t bytes = (size_t)(P * C) * sizeof(float);
       float *buf = lm_alloc(bytes);
@@ -569,8 +566,8 @@ lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const flo
       if (g->sh != 1 || g->sw != 1) {
          /* a strided 1x1 layer (the downsample of a ResNet stage) reads every sh-th row and
             sw-th column: gather those pixels (P x C, 1.6 MB for resnet50's last one) and take
-            the same product. One thread, CPU ms a call, batch 8: 1024->2048 stride 2 at 14x14
-            18.4 -> 15.2, 512->1024 stride 2 at 28x28 16.9 -> 15.4 (docs/performance.md) */
+            the same product, which beats the direct kernel there too (numbers:
+            docs/performance.md, "Measurements behind kernel choices") */
          gbytes = (size_t)(P * C) * sizeof(float);
          gath = lm_alloc(gbytes);
          if (!gath) return LM_ERR_OOM;

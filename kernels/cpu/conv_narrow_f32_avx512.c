@@ -12,11 +12,9 @@
  * the weights of a row (F x OB) loaded a vector at a time), with every FMA doing useful work. The
  * direct kernel reduced C = 3 channels a tap. A work unit is a band of output rows of one image,
  * whose input rows are first copied ("staged") with their column padding as zeros; rows above
- * and below the image are left out of the sum.
- * resnet50's 7x7 stem (3 -> 64, stride 2, batch 8 at 224x224, 2 threads, bench/conv.lua
- * r50_stem, two alternations): 5.41-5.44 ms on the direct kernel, 3.72-3.73 here (507 GFLOP/s,
- * 92 % of the FMA peak); 3.87-3.93 without the streaming stores. In the folded model 5.6-5.9 ->
- * 3.9 ms.
+ * and below the image are left out of the sum. On resnet50's 7x7 stem it runs near the FMA
+ * peak, about 1.45x the direct kernel (numbers: docs/performance.md, "Measurements behind kernel
+ * choices").
  */
 enum { NC_MAXROWS = 16, NC_BAND = 8 };
 

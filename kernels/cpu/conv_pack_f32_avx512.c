@@ -10,9 +10,8 @@
 /* forward packing: w (O, taps, Cg) row-major -> wp[g][ob][tap][ci][OB], zero padded. The 16
    rows of a transpose are K floats apart: each is asked for PACK_PF lines ahead, since in a model
    every layer's weights come cold from memory and the hardware prefetchers did not follow 16
-   streams. resnet50 folded, batch 8, 2 threads, one process alternating with and without (paired
-   medians of 14-16 rounds): on the loaded host 8 lines ahead -4.9 ms a run (of 134), 4 lines
-   -2.4, 4 against 8 a tie; on the quieter host (122 ms a run) a tie */
+   streams; 8 lines ahead was never slower than 4 or none
+   (numbers: docs/performance.md, "Measurements behind kernel choices") */
 enum { PACK_PF = 8 };
 void lm_conv_f32_pack_fwd(const conv_geom *g, const float *w, int64_t OB, int64_t nob,
                           float *wp, int nthr) {

@@ -34,16 +34,16 @@ AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const p
    for (int64_t c = 0; c < C; c++) {
       /* the residual the epilogue adds, a line per channel step while the reduction runs:
          without it every tile waited on them at the end (resnet50's folded bottlenecks, whose
-         last 1x1 convolution adds the shortcut: 64->256 at 56x56 15.6-17.9 -> 10.2-11.5 ms a
-         run, the whole model 182-198 -> 170-183 ms; one burst at the start was slower) */
+         last 1x1 convolution adds the shortcut; one burst at the start was slower; numbers:
+         docs/performance.md, "Measurements behind kernel choices") */
       if (MODE == 2 && ep->res && c < PB * NV)
          _mm_prefetch((const char *)(ep->res + (c / NV) * ep->ostride + 16 * (c % NV)),
                       _MM_HINT_T0);
       if ((c & 15) == 0) {
-         /* the next tile's pixels, a line of each per 16 channels: without this the kernel
-            waited on them (bench/ops.lua conv1x1 64->256 NHWC, 2.5-3.0 -> 2.0-2.4 ms). The
-            address is computed as an integer: past the last tile it points beyond x, which a
-            prefetch may do but C pointer arithmetic may not. */
+         /* the next tile's pixels, a line of each per 16 channels: without this the kernel waited
+            on them (bench/ops.lua conv1x1; docs/performance.md). The address is computed as an
+            integer: past the last tile it points beyond x, which a prefetch may do but C pointer
+            arithmetic may not. */
 #pragma GCC unroll 14
          for (int k = 0; k < PB; k++)
             _mm_prefetch((const char *)((uintptr_t)xp + (uintptr_t)((PB + k) * C + c) * 4),
@@ -155,10 +155,8 @@ static void pw_unit(const pw_prob *P, int64_t p0, int64_t np) {
    when the output block is cold (its old lines have left the caches: no read for ownership, and
    the input stays cached), or when the output alone exceeds half the cache share
    (lm_mem_cache_share): a result that large does not stay cached for its reader, and writing it
-   through the cache evicts the input and the packed weights. Measured on the machine whose
-   virtual L3 reads 480 MiB (cache share 32 MiB): 64->256 at 56x56, batch 8 (25.7 MB out), in a
-   loop that drops its result, 2.68-2.80 ms against 3.03-3.28 ms before (out + in against the
-   whole reported L3), three alternations; resnet50 inference and bench/train_step.lua unchanged. */
+   through the cache evicts the input and the packed weights
+   (numbers: docs/performance.md, "Measurements behind kernel choices"). */
 int lm_conv_pw_stream(double out_bytes, int cold) {
    const char *e = getenv("LUMEN_CONV_STREAM");
    if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
@@ -225,10 +223,9 @@ lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
    float *gath = NULL;
    size_t gbytes = 0;
    if (g->sh != 1 || g->sw != 1) {
-      /* the gather costs a pass over P x C floats; the direct kernel's strided rows cost more.
-         2 threads, resnet50 batch 8, ms a call (bench/conv.lua r50_1x1_*_s2, two
-         alternations): 256->512 3.96-4.09 -> 3.39-3.51, 512->1024 3.65-3.70 -> 3.36-3.41,
-         1024->2048 3.63-3.73 -> 3.53-3.60 */
+      /* the gather costs a pass over P x C floats; the direct kernel's strided rows cost more
+         (bench/conv.lua r50_1x1_*_s2; numbers: docs/performance.md, "Measurements behind
+         kernel choices") */
       gbytes = (size_t)(P * g->C) * sizeof(float);
       gath = lm_alloc(gbytes);
       if (!gath) {
