@@ -92,10 +92,9 @@ AI void wgb_body(const uint32_t *x, const uint32_t *w, int64_t OB, float *out, i
          a[k][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(out + k * pitch + 16 * v);
    for (int p = 0; p < 32; p++) {
       __m512bh wv[4];
-      /* the next row block's V rows (32 words) and partial sums (wg_prefetch_next). 2
-         threads, batch 8, one process alternating with and without (paired medians of 20
-         rounds), on the loaded host: 3x3 128 -> 128 at 28x28 -16 %, 256 -> 256 at 14x14 -13 %,
-         512 -> 512 at 7x7 -1 % a call; on the quieter host within the noise */
+      /* the next row block's V rows (32 words) and partial sums (wg_prefetch_next), as the
+         float32 kernel does: faster on a loaded host, no slower on a quiet one (numbers:
+         docs/performance.md, "Measurements behind kernel choices") */
       wg_prefetch_next(x, 32 * 4, out, pitch, PB, NV, p, 8, first);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) wv[v] = (__m512bh)_mm512_loadu_si512(w + p * OB + 16 * v);

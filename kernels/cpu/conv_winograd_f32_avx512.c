@@ -6,11 +6,8 @@
  * instead of the tiles; with F(2x2) (LUMEN_CONV_WINOGRAD=2) 96..128 with at most 128 output
  * channels by the unit schedule below (wg_run; WG_WIDE_MAX_CIN, WG_WIDE_U).
  * 128 channels took the unit schedule with F(4x4) too until session 16, when the wide one
- * measured faster on the AMD Zen 5 machine (2 threads, ms a call, alternating): 128 -> 128 at
- * 28x28, batch 8, forward 2.08-2.33 -> 1.49-1.56, backward data 1.74-1.97 -> 1.49-1.53; batch 1
- * 0.96-1.01 -> 0.34-0.37; 96 -> 96 at 28x28, batch 1, 0.73-0.76 -> 0.34-0.35; in bfloat16 at
- * batch 8 forward 2.00-2.19 -> 1.14, backward data 1.62-1.70 -> 1.10-1.12; resnet50 inference
- * (batch 8, one process alternating) 138.0 -> 134.5 ms.
+ * measured faster on the AMD Zen 5 machine, in float32 and bfloat16, at batch 8 and 1 (numbers:
+ * docs/performance.md, "Measurements behind kernel choices").
  *
  * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
  * around it:
@@ -46,20 +43,17 @@
  * channels it transforms that block's weights into U[36][64][64] (590 KB, in L2; read from w
  * through in-register 16 x 16 transposes) and adds the chunk's 36 products to M[36][tiles][64]
  * (wga_*), then transforms the block's outputs with the epilogue. Every weight is read and
- * transformed once per group (one group at batch 8), V once per block. Measured (1 thread,
- * CPU ms a call, loaded machine): 256->256 at 14x14, batch 8, 7.4-8.6 against 16.1-16.5 direct;
- * 512->512 at 7x7, batch 8, 8.5-9.6 against 16.7-17.7; in resnet50 (bench/models.lua 2 4
- * profile, folded, batch 8, medians of 3 runs alternating with main) 64 ms a run (5 calls)
- * against 137 at 256 channels, 28 (2 calls) against 60 at 512. Tried and slower: all of a block's
- * weights (4.7 MB at 512) at once (CPU 14 ms against 10 at 512 x 7x7), gathering the weights
- * instead of transposing (the weight transform then took as long as the GEMMs), and the wide
- * schedule for 128->128 at 28x28 (its two blocks a group are one per thread: 32-54 ms against
- * 27-32 a run in resnet50 on the loaded machine).
+ * transformed once per group (one group at batch 8), V once per block: about twice the direct
+ * kernel's speed on resnet50's 256- and 512-channel layers. Tried and slower: all of a block's
+ * weights (4.7 MB at 512) at once, gathering the weights instead of transposing (the weight
+ * transform then took as long as the GEMMs), and the wide schedule for 128->128 at 28x28 (its
+ * two blocks a group are one per thread). Numbers: docs/performance.md, "Measurements behind
+ * kernel choices".
  * Backward data is the forward algorithm on grad_output with the kernel flipped and its input and
  * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw, and wg_bwdw_wide for more
  * than 64 input channels (threads split (output block, input chunk) pairs of dU instead of the
- * tiles; 1 thread, CPU ms a call: 256 at 14x14 batch 8 10.2-10.5 against 17.0-17.9 direct, 512
- * at 7x7 batch 8 10.7-11.0 against 20.2-20.6, 128 at 28x28 batch 8 7.9-8.2 against 16.8).
+ * tiles; 1.6-2x the direct kernel on resnet50's layers, numbers: docs/performance.md, "Measurements
+ * behind kernel choices").
  *
  * bfloat16 (conv.c's bf16_winograd, lm.backends.cpu.bf16_winograd; F(4x4) with 64 or more
  * reduction channels, either schedule, and the weight gradient): the same transforms in float32,
@@ -726,11 +720,8 @@ AI void wga_body(const float *x, const float *w, int64_t OB, float *out, int64_t
    for (int c = 0; c < 64; c++) {
       __m512 wv[4];
       /* the next row block's V rows (64 floats) and partial sums (wg_prefetch_next): the
-         kernel waited on every broadcast's line when other tenants loaded the shared cache.
-         2 threads, batch 8, one process alternating with and without (paired medians of 20
-         rounds): while the host was loaded, 128 -> 128 at 28x28 -13 %, 256 -> 256 at 14x14
-         -26 %, 512 -> 512 at 7x7 -16 % a call, resnet50 folded -12.2 ms a run (of 157); on the
-         quieter host -2.4 %, -0.1 %, -1.3 %, the model within the noise */
+         kernel waited on every broadcast's line when other tenants loaded the shared cache
+         (numbers: docs/performance.md, "Measurements behind kernel choices") */
       wg_prefetch_next(x, 64 * 4, out, pitch, PB, NV, c, 32, first);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) wv[v] = _mm512_load_ps(w + c * OB + 16 * v);

@@ -75,9 +75,8 @@ static void dgemm_ukr_c(int64_t kc, const double *pa, const double *pb, double *
  * 1 MB L2 per core): the MC x KC A block stays in L2; the KC x NR B micro-panel in L1 where it
  * fits. The AVX-512 float path takes KC = 512: its B micro-panel (64 KB) then streams from L2,
  * which keeps up (two vectors of B per 28 FMAs), and C's tiles are loaded and stored half as
- * often as with KC = 256. Measured with the two interleaved in one process, 40 runs each
- * (1024^3): 1 thread 188-192 -> 193-200 GFLOP/s, 2 threads 340 -> 348; 64x3136x576 (an NCHW
- * 3x3 convolution) 245 -> 256; 256x3136x2048 352 -> 359; 8x1000x2048 113 -> 110 (noise level).
+ * often as with KC = 256: a few percent faster on large products, a tie on thin ones (numbers:
+ * docs/performance.md, "Measurements behind kernel choices").
  */
 typedef struct {
    int mr, nr;
@@ -517,9 +516,9 @@ static void bgemm_direct_rows(int64_t i0, int64_t i1, int64_t n, int64_t k, floa
    }
 }
 
-/* at most this many rows (or columns) of a thin product take the unpacked loops. 8x1000x2048,
-   1 / 2 threads: x . W^T 85 / 78 GFLOP/s packed -> 194 / 400 dot loops; g . W (B row-major)
-   85 / 78 packed -> 164 / 323 row loops (packing all of B for 8 rows was the cost) */
+/* at most this many rows (or columns) of a thin product take the unpacked loops: packing all of
+   B for 8 rows cost more than the product (numbers: docs/performance.md, "Measurements behind
+   kernel choices") */
 #define LM_BGEMM_DOT_ROWS 8
 
 /* one block of the unpacked path: the vdpbf16ps dot loops when the ISA and layout allow */
