@@ -1,5 +1,5 @@
 -- The pooling kernels of the CUDA backend (kernels/cuda/pool.cu) against the CPU's
--- (kernels/cpu/pool.c): max / avg / adaptive pools, forward and backward (through autograd and
+-- (kernels/cpu/pool*.c): max / avg / adaptive pools, forward and backward (through autograd and
 -- through the C entry points), random shapes, both memory formats, non-dense inputs, float32 /
 -- float64 / float16 / bfloat16, NaN and -inf, the output formats, and bad input. Runs on cuda:0
 -- (a GPU, or the emulated build: LUMEN_CUDA_LIB=build/liblumen_cuda_emu.so); skips without one.

@@ -1,4 +1,4 @@
--- max_pool2d backward given the window geometry (kernels/cpu/pool.c):
+-- max_pool2d backward given the window geometry (kernels/cpu/pool_max.c):
 --   lm_max_pool2d_backward_geom (int64 indices) and lm_max_pool2d_taps / _taps_backward (uint8 tap
 --   numbers), against the scatter of lm_max_pool2d_backward: bit-identical gradients on random
 --   shapes, both memory formats, float32 and float64, NaN / -inf / ties, every ISA path and thread

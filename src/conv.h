@@ -12,19 +12,24 @@
  *   grad_out) share one dtype; outputs and gradients have that dtype; all tensors on one device
  *   (LM_ERR_DEVICE otherwise). Inputs may have any strides.
  * float16 / bfloat16 (PyTorch's semantics outside autocast): products accumulated in float32,
- *   each result rounded once (round to nearest even). bfloat16 channels-last convolutions with
- *   groups 1 or depthwise on CPUs with AVX512_BF16 (lm_cpu_isa() 4) run native kernels
- *   (kernels/cpu/conv_avx512bf16.c: vdpbf16ps implicit GEMM over channel pairs, forward and
- *   backward data; LUMEN_CONV_BF16=0 turns them off); everything else (float16 always, NCHW,
- *   other groups, the weight gradient for now, lm_gemm_set_isa(3 or less)) computes the float32
- *   convolution of the widened inputs with the float32 kernels below and rounds it: bit-for-bit
- *   that float32 result, rounded.
+ *   each result rounded once (round to nearest even). bfloat16 channels-last convolutions on CPUs
+ *   with AVX512_BF16 (lm_cpu_isa() LM_ISA_AVX512_BF16 or LM_ISA_AMX) run native kernels, chosen
+ *   from the lists of kernels/cpu/conv.c: forward and backward data on AMX tiles
+ *   (conv_bf16_amx.c; groups 1), Winograd with bfloat16 products for 3x3 stride-1 layers
+ *   (conv_winograd_bf16_avx512bf16.c) or the vdpbf16ps implicit GEMM over channel pairs
+ *   (conv_direct_bf16_avx512bf16.c; groups 1 or depthwise); the weight gradient as im2col + the
+ *   bfloat16 GEMM, on AMX tiles or with vdpbf16ps (conv_bwdw_bf16_avx512bf16.c), or Winograd with
+ *   bfloat16 products for the 3x3 stride-1 layers with 64+ input channels. LUMEN_CONV_BF16=0
+ *   turns the vdpbf16ps kernels off. Everything else (float16 always, NCHW, other groups,
+ *   lm_cpu_set_isa(LM_ISA_AVX512) or below, and without AMX the CPUs where vdpbf16ps does not pay:
+ *   lm_cpu_bf16_dot_pays) computes the float32 convolution of the widened inputs with the float32
+ *   kernels below and rounds it: bit-for-bit that float32 result, rounded.
  *
  * Memory format (`fmt`): LM_CONTIGUOUS (NCHW kernels: im2col + GEMM per image tile and group) or
  *   LM_CHANNELS_LAST (NHWC kernels). LM_PRESERVE (or any negative value) means "decide":
  *   lm_conv_memory_format(x, w). Outputs and gradients are allocated in fmt; an input that is not
  *   dense in fmt is copied to fmt once (lm_clone).
- * Algorithms for float32 NHWC on AVX-512 CPUs (kernels/cpu/conv*_avx512.c, winograd_avx512.c),
+ * Algorithms for float32 NHWC on AVX-512 CPUs (kernels/cpu/conv_*_f32_avx512.c),
  *   chosen from the geometry alone (so a gradient computed alone equals the same gradient
  *   computed with the others):
  *   - 3x3, stride 1, dilation 1, groups 1, padding <= 2, maps of 4+ pixels, 11..16, 22..32 or
@@ -33,15 +38,18 @@
  *     multiply-adds than direct; float32 error about 2x the direct sum's, ~1e-6 of the sum of
  *     the terms' magnitudes).
  *   - 1x1, stride 1, no padding, groups 1, up to 2048 reduction channels, forward and backward
- *     data: pointwise kernels (conv_avx512.c) over runs of pixels with the weights packed once
- *     per call; non-temporal stores when output and input together exceed the last-level cache.
+ *     data: pointwise kernels (conv_pointwise_f32_avx512.c) over runs of pixels with the weights
+ *     packed once per call; non-temporal stores when output and input together exceed the
+ *     last-level cache.
  *   - up to 64 reduction channels (1, 5..8, 11..16, 22..32, 44..64) on rows of 14+ pixels:
- *     register-blocked direct kernels (conv_rb_avx512.c) over a zero-padded copy of the input
- *     rows; the single-channel weight gradient (a network's grey-image stem) likewise.
+ *     register-blocked direct kernels (conv_direct_rb_f32_avx512.c) over a zero-padded copy of the
+ *     input rows; the single-channel weight gradient (a network's grey-image stem) likewise.
  *   - otherwise direct implicit-GEMM kernels that read the activations in place
- *     (conv_avx512.c); depthwise convolutions have kernels vectorized over C.
- *   Without AVX-512 (or float64, or lm_gemm_set_isa(1 or 2)): im2col panels of output-pixel
- *   tiles + GEMM, a plain GEMM for 1x1/stride-1 convolutions, direct depthwise kernels.
+ *     (conv_direct_f32_avx512.c); depthwise convolutions have kernels vectorized over C
+ *     (conv_depthwise_f32_avx512.c).
+ *   Without AVX-512 (or float64, or lm_cpu_set_isa(LM_ISA_C or LM_ISA_AVX2)): im2col panels of
+ *   output-pixel tiles + GEMM, a plain GEMM for 1x1/stride-1 convolutions, direct depthwise
+ *   kernels.
  *   Environment switches (read at each call; for tests and benchmarks): LUMEN_CONV_WINOGRAD=0
  *   turns Winograd off, =2 selects F(2x2,3x3) for forward and backward data (more accurate than
  *   the direct sum, ~1.5x slower than F(4x4)), =4 takes F(4x4) wherever it can run (also on

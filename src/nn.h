@@ -5,7 +5,7 @@
  *
  * Each operator is a front end in src/ops/ (pool.c, norm.c, softmax.c, loss.c: the argument
  * checks, the output's sizes and memory format, the allocation of every result, then
- * lm_dispatch) and one kernel per device (the CPU's in kernels/cpu/pool.c, norm.c, softmax.c,
+ * lm_dispatch) and one kernel per device (the CPU's in kernels/cpu/pool*.c, norm.c, softmax.c,
  * loss.c). The front ends never touch tensor memory, so every operator here runs on any device:
  * cpu, sim:N (the test device: the CPU's kernels) and meta (sizes, strides, dtype; nothing is
  * computed); others through lm_dispatch (src/backend.h, docs/devices.md).
@@ -34,7 +34,7 @@
 #define LUMEN_NN_H
 #include "lumen.h"
 
-/* ---- pooling (src/ops/pool.c; kernels/cpu/pool.c) ---- */
+/* ---- pooling (src/ops/pool.c; kernels/cpu/pool.c, pool_max.c, pool_avg.c, pool_nhwc_v512.c) */
 /* indices may be NULL (the pointer) when they are not wanted */
 lm_status lm_max_pool2d(const lm_tensor *x, const int64_t *kernel, const int64_t *stride,
                         const int64_t *padding, const int64_t *dilation, int ceil_mode,

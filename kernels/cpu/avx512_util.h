@@ -1,5 +1,5 @@
 /* avx512_util.h -- small AVX-512 helpers shared by the kernels compiled with AVX-512 flags
- * (gemm_avx512*.c, conv_avx512*.c, conv_rb_avx512.c, *_amx.c). Include only from files built
+ * (gemm_avx512*.c, conv_*_avx512*.c, *_amx.c). Include only from files built
  * with AVX-512 flags. */
 #ifndef LUMEN_AVX512_UTIL_H
 #define LUMEN_AVX512_UTIL_H

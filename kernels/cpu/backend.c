@@ -1,6 +1,6 @@
 /* backend.c -- the CPU backend: host memory from lumen's allocator, and compute from a table of
  * kernels, one per lm_op_kind, filled from the hardware probe (cpu.h) the first time it is asked
- * for and again whenever lm_gemm_set_isa changes the ISA. */
+ * for and again whenever lm_cpu_set_isa changes the ISA. */
 #include "cpu.h"
 
 #include <pthread.h>

@@ -1,12 +1,13 @@
 /* conv.c -- the CPU kernels of LM_OP_CONV2D and LM_OP_CONV2D_BACKWARD (front end, with the
  * argument checks, the memory-format decision and layout preparation: src/ops/conv.c; t[] order
  * and parameters: src/ops/conv.h). The choice of algorithm: float32 channels-last on AVX-512 to
- * Winograd (winograd_avx512.c), the pointwise kernels for 1x1 / stride 1 / unpadded convolutions
- * (conv_avx512.c; forward and backward data), the register-blocked kernels for small channel
- * counts (conv_rb_avx512.c) or the direct kernels (conv_avx512.c), in that order of preference,
- * each where its `usable` test takes the geometry (LUMEN_CONV_WINOGRAD / _PW / _RB = 0 switch them
- * off); everything else to the portable kernels in conv_tmpl.c (instantiated below for float32
- * and float64). The AVX-512 choice is registered only when lm_cpu_isa() is AVX-512.
+ * Winograd (conv_winograd_f32_avx512.c), the pointwise kernels for 1x1 / stride 1 / unpadded
+ * convolutions (conv_pointwise_f32_avx512.c; forward and backward data), the register-blocked
+ * kernels for small channel counts (conv_direct_rb_f32_avx512.c) or the direct kernels
+ * (conv_direct_f32_avx512.c), in that order of preference, each where its `usable` test takes
+ * the geometry (LUMEN_CONV_WINOGRAD / _PW / _RB = 0 switch them off); everything else to the
+ * portable kernels in conv_tmpl.c (instantiated below for float32 and float64). The AVX-512
+ * choice is registered only when lm_cpu_isa() is AVX-512.
  *
  * PyTorch semantics throughout; see src/conv.h for the contract and the choice of algorithm.
  */
@@ -447,8 +448,8 @@ static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, cons
 enum { LV_C = 0, LV_AVX512 = 1, LV_BF16 = 2 };
 
 /* bfloat16 3x3 stride-1 layers with more than 64 reduction channels (resnet50's 256 and 512)
-   run Winograd F(4x4, 3x3) with bfloat16 products (winograd_gemm_avx512bf16.c) in forward and
-   backward data: a quarter of the direct kernel's multiplications at the same bfloat16 rate,
+   run Winograd F(4x4, 3x3) with bfloat16 products (conv_winograd_bf16_avx512bf16.c) in forward
+   and backward data: a quarter of the direct kernel's multiplications at the same bfloat16 rate,
    for the price of float32 transforms and of widening the inputs. */
 static int bf16_winograd_on(void) { return lm_cpu_option(LM_CPU_OPT_BF16_WINOGRAD); }
 
@@ -456,9 +457,8 @@ static int bf16_winograd_on(void) { return lm_cpu_option(LM_CPU_OPT_BF16_WINOGRA
    Winograd instead of the native bf16 kernel: F(4x4, 3x3) does a quarter of the
    multiplications. With lm.backends.cpu.bf16_winograd (the default) its products are bfloat16
    (lm_conv_wino_bf16_bwdw); switched off, float32 on widened copies, rounded once at the end,
-   which still beat the native kernel: resnet50 batch 8 training step under bf16 autocast, 2
-   threads, alternating in one process (session 15): 626.7 -> 604.7, 616.3 -> 600.6, 624.3 ->
-   605.5 ms. LUMEN_CONV_WINOGRAD=0 turns both off with the rest of Winograd. */
+   which still beat the native kernel (numbers: docs/performance.md, "Measurements behind kernel
+   choices"). LUMEN_CONV_WINOGRAD=0 turns both off with the rest of Winograd. */
 static int bf16_bwdw_via_winograd(const conv_geom *g) { return lm_conv_wino_bf16_bwdw_usable(g); }
 
 /* the level for bfloat16 / float16 work: without AMX in use, the native bfloat16 kernels only
@@ -813,9 +813,9 @@ static lm_status k_conv2d_backward_bf16(const lm_op *op) { return conv_backward(
 
 /* ---- registration (cpu.h) ---- */
 void lm_cpu_register_conv(lm_kernel_fn *table, int isa) {
-   /* AVX-512 only when it is the ISA in use, so lm_gemm_set_isa(1 or 2) also exercises the
-      portable path; the native bfloat16 kernels only at LM_ISA_AVX512_BF16, so
-      lm_gemm_set_isa(3) exercises the bfloat16 fallback */
+   /* AVX-512 only when it is the ISA in use, so lm_cpu_set_isa(LM_ISA_C or LM_ISA_AVX2) also
+      exercises the portable path; the native bfloat16 kernels only from LM_ISA_AVX512_BF16, so
+      lm_cpu_set_isa(LM_ISA_AVX512) exercises the bfloat16 fallback */
    if (isa >= LM_ISA_AVX512_BF16) {
       table[LM_OP_CONV2D] = k_conv2d_bf16;
       table[LM_OP_CONV2D_BACKWARD] = k_conv2d_backward_bf16;

@@ -1,7 +1,7 @@
 /* conv_bf16.h -- bfloat16 convolution kernels on the bf16 GEMM (kernels/cpu/gemm.c,
  * gemm_avx512bf16.c). Called by the convolution dispatch (kernels/cpu/conv.c).
  *
- * lm_conv_bwdw_nhwc_bf16 (conv_bwdw_avx512bf16.c): the weight (and bias) gradient of a 2-D
+ * lm_conv_bwdw_nhwc_bf16 (conv_bwdw_bf16_avx512bf16.c): the weight (and bias) gradient of a 2-D
  * convolution, channels-last:
  *   x    (N, H, W, C)   dense NHWC bfloat16 input;
  *   gout (N, Ho, Wo, O) dense NHWC bfloat16 gradient of the output;

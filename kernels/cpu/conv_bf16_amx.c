@@ -1,7 +1,7 @@
 /* conv_bf16_amx.c -- bfloat16 NHWC convolutions on AMX tiles (amx.h): forward, and backward data
  * of stride-1 layers. conv.c calls them when lm_amx_on() and lm_conv_amx_usable() take the
  * geometry (groups 1, at least 16 input channels); everything else keeps the AVX-512 kernels
- * (conv_avx512bf16.c: depthwise, groups, the 3-channel stem).
+ * (conv_direct_bf16_avx512bf16.c: depthwise, groups, the 3-channel stem).
  *
  * A convolution is a batch-reduce GEMM (oneDNN's brgconv): a block of 32 output pixels x 32
  * output channels is one set of four accumulator tiles, summed over every tap (i, j) of the
@@ -316,7 +316,7 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws,
    return LM_OK;
 }
 
-/* backward data of a strided layer, by phases (as conv_avx512bf16.c): grad_x pixels
+/* backward data of a strided layer, by phases (as conv_direct_bf16_avx512bf16.c): grad_x pixels
    (a + sh u, b + sw v) use the taps (i, j) with (a + ph - i dh) and (b + pw - j dw) divisible by
    the strides, at grad_out pixel (u + di, v + dj), di = (a + ph - i dh) / sh: a stride-1
    product over a padded copy of grad_out with those taps, written with a pixel step of (sh, sw);

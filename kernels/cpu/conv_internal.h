@@ -1,5 +1,5 @@
-/* conv_internal.h -- shared by the convolution kernels (conv.c, conv_tmpl.c, conv_avx512.c,
- * conv_rb_avx512.c, winograd_avx512.c). Not part of the FFI header. */
+/* conv_internal.h -- shared by the convolution kernels (conv.c, conv_tmpl.c, conv_*_avx512.c,
+ * conv_*_avx512bf16.c, conv_bf16_amx.c). Not part of the FFI header. */
 #ifndef LUMEN_CONV_INTERNAL_H
 #define LUMEN_CONV_INTERNAL_H
 #include "internal.h"
@@ -66,11 +66,11 @@ static inline int conv_num_threads_in_team(void) {
 #endif
 }
 
-/* ---- AVX-512 float32 NHWC direct kernels (conv_avx512.c) ----
+/* ---- AVX-512 float32 NHWC direct kernels (conv_direct_f32_avx512.c) ----
  * x, out, gout, gx: NHWC dense; w, gw: (O, kh, kw, Cg) dense (channels-last weights); bias, res,
  * gb may be NULL. Depthwise convolutions take the lm_conv_dw_* kernels below. conv.c registers
- * the kernels that call them only when lm_cpu_isa() is AVX-512 (so lm_gemm_set_isa(1 or 2) also
- * exercises the portable path). */
+ * the kernels that call them only when lm_cpu_isa() is AVX-512 (so lm_cpu_set_isa(LM_ISA_C or
+ * LM_ISA_AVX2) also exercises the portable path). */
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                  const float *w, const float *bias,
                                                  const float *res, int relu, float *out);
@@ -88,7 +88,7 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const f
 LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
                                                      const float *gout, float *gw, float *gb);
 
-/* ---- pointwise (1x1, stride 1, no padding, groups 1) float32 NHWC (conv_avx512.c) ----
+/* ---- pointwise (1x1, stride 1, no padding, groups 1) float32 NHWC (conv_pointwise_f32_avx512.c)
  * the input read in place as a pixels x channels matrix; lm_conv_pw_usable says whether they
  * take a geometry (backward_data: the reduction runs over O). LUMEN_CONV_PW=0 turns them off.
  * stream (may be NULL): in, nonzero when the output is a whole allocator block that was cold
@@ -103,7 +103,7 @@ LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const f
                                                      const float *w, float *gx, int *stream);
 
 /* ---- narrow inputs (2..4 channels, dilation 1, groups 1: an RGB stem) float32 NHWC forward
- * (conv_avx512.c): each kernel row's kw*C input floats are one pointwise reduction.
+ * (conv_narrow_f32_avx512.c): each kernel row's kw*C input floats are one pointwise reduction.
  * LUMEN_CONV_NC=0 turns it off. stream: as for the pointwise kernels (never NULL). ---- */
 LM_CONV_HIDDEN int lm_conv_nc_usable(const conv_geom *g);
 LM_CONV_HIDDEN lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const float *x,
@@ -111,7 +111,8 @@ LM_CONV_HIDDEN lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *res, int relu, float *out,
                                                     int *stream);
 
-/* ---- register-blocked float32 NHWC kernels for small channel counts (conv_rb_avx512.c) ----
+/* ---- register-blocked float32 NHWC kernels for small channel counts
+ * (conv_direct_rb_f32_avx512.c) ----
  * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they
  * take a geometry (backward_data: the reduction runs over O instead of C). */
 LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
@@ -140,7 +141,8 @@ LM_CONV_HIDDEN void lm_conv_rb_gemm_chunks(int nq, int nv, int pb, const float *
                                            const float *w, int64_t OB, float *out,
                                            int64_t pitch);
 
-/* ---- Winograd F(4x4, 3x3) float32 NHWC (winograd_avx512.c): stride 1, dilation 1, groups 1 ----
+/* ---- Winograd F(4x4, 3x3) float32 NHWC (conv_winograd_f32_avx512.c): stride 1, dilation 1,
+ * groups 1 ----
  * lm_conv_wino_usable says whether it takes a geometry, and whether it is expected to beat the
  * direct kernels there; LUMEN_CONV_WINOGRAD=0 in the environment turns it off. */
 LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
@@ -157,7 +159,8 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const
                                                        const float *gout, float *gw, float *gb);
 
 /* bfloat16 convolutions through Winograd F(4x4, 3x3) with a bfloat16 GEMM phase
- * (winograd_avx512.c's schedules with the products of winograd_gemm_avx512bf16.c): x, res, out
+ * (conv_winograd_f32_avx512.c's schedules with the products of conv_winograd_bf16_avx512bf16.c,
+ * where these entry points are): x, res, out
  * (gout, gx) and w (O, 3, 3, C) bfloat16 dense NHWC, read widened and written rounded once to
  * nearest even; bias float32 or NULL. The transforms run
  * in float32, the transformed input and weights are rounded to bfloat16 for the products, which
@@ -170,6 +173,21 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_
                                                const uint16_t *res, int relu, uint16_t *out);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout,
                                                 const uint16_t *w, uint16_t *gx);
+/* the float32 file's schedules, which the bfloat16 entry points above (in
+   conv_winograd_bf16_avx512bf16.c, beside their products) run with bf16 = 1: lm_wg_conv (forward,
+   flip 0, or backward data, flip 1; tm: output tile 4 or 2; src, w, res, dst float32 or bfloat16
+   as bf16 says), lm_wg_bwdw / lm_wg_bwdw_wide (the weight gradient's unit and wide schedules);
+   lm_wg_cp: the padded reduction channels of Winograd's products (0: too many), lm_wg_tile_size:
+   4, or 2 when LUMEN_CONV_WINOGRAD is "2" */
+LM_CONV_HIDDEN int lm_wg_cp(int64_t cin);
+LM_CONV_HIDDEN int lm_wg_tile_size(int backward_data);
+LM_CONV_HIDDEN lm_status lm_wg_conv(const conv_geom *g, int flip, int tm, const void *src,
+                                    const void *w, const float *bias, const void *res, int relu,
+                                    void *dst, int bf16);
+LM_CONV_HIDDEN lm_status lm_wg_bwdw(const conv_geom *g, const void *x, const void *gout,
+                                    float *gw, float *gb, int bf16);
+LM_CONV_HIDDEN lm_status lm_wg_bwdw_wide(const conv_geom *g, const void *x, const void *gout,
+                                         float *gw, float *gb, int bf16);
 /* the pieces in winograd_gemm_avx512bf16.c: n floats of v -> n bfloat16 at vb (round to nearest
    even); U[e][64][OB] (positions ues floats apart) -> pair rows Ub[e][32][OB] (ubes words
    apart); out[k*pitch + ..] (+)= the 32 pairs of tile k (x + k*32) . the pair rows at w, for pb
@@ -196,7 +214,7 @@ LM_CONV_HIDDEN int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const uint16_t *x,
                                                 const uint16_t *gout, float *gw, float *gb);
 
-/* ---- bfloat16 NHWC kernels for AVX-512 + AVX512_BF16 (conv_avx512bf16.c) ----
+/* ---- bfloat16 NHWC kernels for AVX-512 + AVX512_BF16 (conv_direct_bf16_avx512bf16.c) ----
  * x, w, res, out, gout, gx: bfloat16 (uint16_t) dense channels-last (w: (O, kh, kw, C)); bias:
  * float32 (widened by conv.c) or NULL. lm_conv_bf16_usable says whether they take a geometry
  * (groups 1; LUMEN_CONV_BF16=0 turns them off, for comparisons). conv.c calls them only when

@@ -1,16 +1,18 @@
 /* cpu.h -- what the CPU kernels share (internal): the hardware probe and the kernel table.
  *
  * lm_cpu_isa() is the one probe: the instruction set the CPU kernels use (LM_ISA_C, LM_ISA_AVX2,
- * LM_ISA_AVX512, LM_ISA_AVX512_BF16 of gemm_internal.h), the best the CPU has unless lm_gemm_set_isa forced a lower
- * one (the specs force every path on every machine). kernels/cpu/backend.c fills the kernel table
+ * LM_ISA_AVX512, LM_ISA_AVX512_BF16, LM_ISA_AMX of lumen.h), the best the CPU has unless
+ * lm_cpu_set_isa forced a lower one (the specs force every path on every machine). Kernels
+ * compare it with those names, never with bare numbers. kernels/cpu/backend.c fills the kernel table
  * from it: each family's file has a register function that stores its kernels for that ISA;
  * forcing another ISA refills the table. */
 #ifndef LUMEN_KERNELS_CPU_H
 #define LUMEN_KERNELS_CPU_H
 #include "backend.h"
 
-/* the ISA in use (1 portable C, 2 AVX2 + FMA, 3 AVX-512, 4 AVX-512 + AVX512_BF16): the probe's
-   answer or the forced one */
+/* the ISA in use (LM_ISA_C portable C, LM_ISA_AVX2 AVX2 + FMA, LM_ISA_AVX512 AVX-512,
+   LM_ISA_AVX512_BF16 AVX-512 + AVX512_BF16, LM_ISA_AMX the AMX tiles too): the probe's answer
+   or the one lm_cpu_set_isa forced */
 int lm_cpu_isa(void);
 
 /* does vdpbf16ps pay here (gemm.c, lm_bf16_path_ratio: the packed bfloat16 GEMM against the

@@ -506,8 +506,8 @@ static void plan_of(const lm_ew_params *pp, ew_plan *pl) {
       tensors (no number operand), with AVX-512 */
    pl->bfop = 0;
    if (pp->kind == LM_K_F32 && pp->out_via == LM_BFLOAT16 && pp->scalar_idx < 0 &&
-       lm_cpu_isa() >= 3 /* AVX-512 */ && (pp->epi < 0 || (pp->epi == LM_RELU &&
-                                                          pp->epi_via == LM_BFLOAT16))) {
+       lm_cpu_isa() >= LM_ISA_AVX512 &&
+       (pp->epi < 0 || (pp->epi == LM_RELU && pp->epi_via == LM_BFLOAT16))) {
       const int r = pp->epi == LM_RELU ? BF_ADD_RELU - BF_ADD : 0;
       if (pp->table == LM_EW_BINARY && pp->nin == 2) {
          if (pp->kop == LM_ADD) pl->bfop = BF_ADD + r;
@@ -588,7 +588,7 @@ static lm_status k_ew(const lm_op *op) {
       ew_ctx cx;
       cx.pl = pl;
       cx.stream = pp->created && want_stream(o);
-      cx.wide = cx.stream && lm_cpu_isa() >= 3;
+      cx.wide = cx.stream && lm_cpu_isa() >= LM_ISA_AVX512;
       for (int k = 0; k <= nin; k++) cx.dt[k] = ops[k].dtype;
       pl->p.err = &err;
       if (status == LM_OK)

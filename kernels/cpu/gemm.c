@@ -23,7 +23,6 @@
  *
  * Mutable global state: none (the ISA comes from lm_cpu_isa, isa.c).
  */
-#ifndef LM_GEMM_TEMPLATE /* ---- the file proper; the template is at the end ---- */
 #include "internal.h"
 #include "gemm_internal.h"
 #include "amx.h"
@@ -76,15 +75,14 @@ static void dgemm_ukr_c(int64_t kc, const double *pa, const double *pb, double *
  * 1 MB L2 per core): the MC x KC A block stays in L2; the KC x NR B micro-panel in L1 where it
  * fits. The AVX-512 float path takes KC = 512: its B micro-panel (64 KB) then streams from L2,
  * which keeps up (two vectors of B per 28 FMAs), and C's tiles are loaded and stored half as
- * often as with KC = 256. Measured with the two interleaved in one process, 40 runs each
- * (1024^3): 1 thread 188-192 -> 193-200 GFLOP/s, 2 threads 340 -> 348; 64x3136x576 (an NCHW
- * 3x3 convolution) 245 -> 256; 256x3136x2048 352 -> 359; 8x1000x2048 113 -> 110 (noise level).
+ * often as with KC = 256: a few percent faster on large products, a tie on thin ones (numbers:
+ * docs/performance.md, "Measurements behind kernel choices").
  */
 typedef struct {
    int mr, nr;
    int64_t mc, kc, nc;
    lm_sgemm_ukr_fn ukr;
-   lm_sgemm_pack_a_fn pack_a; /* NULL: the portable packing below */
+   lm_sgemm_pack_a_fn pack_a; /* NULL: the portable packing (gemm_tmpl.c) */
    lm_sgemm_pack_b_fn pack_b;
 } sgemm_cfg;
 
@@ -176,8 +174,8 @@ static int queue_take(gemm_queue *q, int from_back, int64_t *blk) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The loop nest and the small-problem path are written once below (LM_GEMM_TEMPLATE section) and
- * instantiated for float and double by including this file into itself.
+ * The loop nest and the small-problem path are written once (gemm_tmpl.c) and instantiated
+ * here for float and double.
  */
 #define GCAT_(a, b) a##b
 #define GCAT(a, b) GCAT_(a, b)
@@ -196,7 +194,7 @@ static int queue_take(gemm_queue *q, int from_back, int64_t *blk) {
 #define GEMM_P sgemm_
 #define GEMM_CFG sgemm_cfg
 #define GEMM_CONFIG sgemm_config
-#include "gemm.c"
+#include "gemm_tmpl.c"
 #undef T
 #undef GEMM_IS_FLOAT
 #undef GEMM_P
@@ -208,7 +206,7 @@ static int queue_take(gemm_queue *q, int from_back, int64_t *blk) {
 #define GEMM_P dgemm_
 #define GEMM_CFG dgemm_cfg
 #define GEMM_CONFIG dgemm_config
-#include "gemm.c"
+#include "gemm_tmpl.c"
 #undef T
 #undef GEMM_IS_FLOAT
 #undef GEMM_P
@@ -518,9 +516,9 @@ static void bgemm_direct_rows(int64_t i0, int64_t i1, int64_t n, int64_t k, floa
    }
 }
 
-/* at most this many rows (or columns) of a thin product take the unpacked loops. 8x1000x2048,
-   1 / 2 threads: x . W^T 85 / 78 GFLOP/s packed -> 194 / 400 dot loops; g . W (B row-major)
-   85 / 78 packed -> 164 / 323 row loops (packing all of B for 8 rows was the cost) */
+/* at most this many rows (or columns) of a thin product take the unpacked loops: packing all of
+   B for 8 rows cost more than the product (numbers: docs/performance.md, "Measurements behind
+   kernel choices") */
 #define LM_BGEMM_DOT_ROWS 8
 
 /* one block of the unpacked path: the vdpbf16ps dot loops when the ISA and layout allow */
@@ -779,329 +777,3 @@ void lm_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double 
    lm_dgemm_strided(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, b,
                     trans_b ? 1 : ldb, trans_b ? ldb : 1, beta, c, ldc, 1);
 }
-
-#else /* LM_GEMM_TEMPLATE ------------------------------------------------------------------- */
-
-/* micro-panels [q0, q1) of the kc x nc block of op(B) (element (p,j) at b[p*rsb + j*csb]):
- * panel q holds columns q*NR .. q*NR+NR-1 as dst[q][p][j], columns past nc zeroed */
-__attribute__((noinline)) static void GNAME(pack_b)(int64_t kc, int64_t nc, const T *b, int64_t rsb, int64_t csb, int NR,
-                          int64_t q0, int64_t q1, T *dst) {
-   for (int64_t q = q0; q < q1; q++) {
-      int64_t j0 = q * NR;
-      int nr = (int)imin(NR, nc - j0);
-      const T *bp = b + j0 * csb;
-      T *d = dst + q * NR * kc;
-      if (csb == 1) { /* rows of op(B) are contiguous */
-         for (int64_t p = 0; p < kc; p++) {
-            const T *row = bp + p * rsb;
-            T *dp = d + p * NR;
-            int j = 0;
-            for (; j < nr; j++) dp[j] = row[j];
-            for (; j < NR; j++) dp[j] = (T)0;
-         }
-      } else {
-         for (int j = 0; j < nr; j++) {
-            const T *col = bp + j * csb;
-            if (rsb == 1) {
-               for (int64_t p = 0; p < kc; p++) d[p * NR + j] = col[p];
-            } else {
-               for (int64_t p = 0; p < kc; p++) d[p * NR + j] = col[p * rsb];
-            }
-         }
-         for (int j = nr; j < NR; j++)
-            for (int64_t p = 0; p < kc; p++) d[p * NR + j] = (T)0;
-      }
-   }
-}
-
-/* row micro-panels of the mc x kc block of op(A) (element (i,p) at a[i*rsa + p*csa]): panel r
- * holds rows r*MR .. r*MR+MR-1 as dst[r][p][i], rows past mc zeroed. That is exactly pack_b of
- * the transposed block (rows and columns swapped), so it reuses that loop. */
-static void GNAME(pack_a)(int64_t mc, int64_t kc, const T *a, int64_t rsa, int64_t csa, int MR,
-                          T *dst) {
-   GNAME(pack_b)(kc, mc, a, csa, rsa, MR, 0, (mc + MR - 1) / MR, dst);
-}
-
-
-/* Unpacked loops for rows [i0, i1): per row, blocks of up to JB columns accumulated in a stack
- * buffer, as dot products when A's rows and B's columns are contiguous, else as axpys over the
- * rows of B. Reads C only when beta != 0. */
-static void GNAME(direct_rows)(int64_t i0, int64_t i1, int64_t n, int64_t k, T alpha, const T *a,
-                               int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb,
-                               T beta, T *c, int64_t rsc, int64_t csc) {
-   enum { JB = 256 };
-   T acc[JB];
-   for (int64_t i = i0; i < i1; i++) {
-      const T *ai = a + i * rsa;
-      T *ci = c + i * rsc;
-      for (int64_t j0 = 0; j0 < n; j0 += JB) {
-         int nb = (int)imin(JB, n - j0);
-         if (csa == 1 && rsb == 1 && csb != 1) {
-            for (int j = 0; j < nb; j++) {
-               const T *bj = b + (j0 + j) * csb;
-               T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-               int64_t p = 0;
-               for (; p + 8 <= k; p += 8) {
-                  s0 += ai[p] * bj[p];
-                  s1 += ai[p + 1] * bj[p + 1];
-                  s2 += ai[p + 2] * bj[p + 2];
-                  s3 += ai[p + 3] * bj[p + 3];
-                  s4 += ai[p + 4] * bj[p + 4];
-                  s5 += ai[p + 5] * bj[p + 5];
-                  s6 += ai[p + 6] * bj[p + 6];
-                  s7 += ai[p + 7] * bj[p + 7];
-               }
-               for (; p < k; p++) s0 += ai[p] * bj[p];
-               acc[j] = ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7));
-            }
-         } else {
-            for (int j = 0; j < nb; j++) acc[j] = 0;
-            for (int64_t p = 0; p < k; p++) {
-               T av = ai[p * csa];
-               const T *bp = b + p * rsb + j0 * csb;
-               if (csb == 1) {
-                  for (int j = 0; j < nb; j++) acc[j] += av * bp[j];
-               } else {
-                  for (int j = 0; j < nb; j++) acc[j] += av * bp[j * csb];
-               }
-            }
-         }
-         T *cj = ci + j0 * csc;
-         if (beta == 0) {
-            for (int j = 0; j < nb; j++) cj[j * csc] = alpha * acc[j];
-         } else {
-            for (int j = 0; j < nb; j++) cj[j * csc] = alpha * acc[j] + beta * cj[j * csc];
-         }
-      }
-   }
-}
-
-/* one block of the unpacked path on the calling thread: the ISA's own loops when it has them */
-static void GNAME(direct_block)(int isa, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
-                                int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb,
-                                T beta, T *c, int64_t rsc, int64_t csc) {
-#if GEMM_IS_FLOAT
-   if (isa >= LM_ISA_AVX512 &&
-       lm_sgemm_direct_avx512(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc))
-      return;
-#else
-   (void)isa;
-#endif
-   GNAME(direct_rows)(0, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
-}
-
-/* the unpacked path on nt threads: rows split, or columns when there are fewer rows than threads */
-static void GNAME(direct)(int isa, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
-                          int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta,
-                          T *c, int64_t rsc, int64_t csc, int nt) {
-   if (nt > 1 && m >= 4 * nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-      for (int t = 0; t < nt; t++) {
-         int64_t i0 = m * t / nt, i1 = m * (t + 1) / nt;
-         GNAME(direct_block)(isa, i1 - i0, n, k, alpha, a + i0 * rsa, rsa, csa, b, rsb, csb,
-                             beta, c + i0 * rsc, rsc, csc);
-      }
-   } else if (nt > 1 && n >= nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-      for (int t = 0; t < nt; t++) {
-         int64_t j0 = n * t / nt, j1 = n * (t + 1) / nt;
-         GNAME(direct_block)(isa, m, j1 - j0, k, alpha, a, rsa, csa, b + j0 * csb, rsb, csb,
-                             beta, c + j0 * csc, rsc, csc);
-      }
-   } else {
-      GNAME(direct_block)(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
-   }
-}
-
-/* the macro-kernel: every NR x MR tile of one packed A block times one packed B panel */
-static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc, T alpha,
-                         const T *ap, const T *bp, T beta, T *c, int64_t rsc, int64_t csc) {
-   const int MR = cf->mr, NR = cf->nr;
-   for (int64_t jr = 0; jr < nc; jr += NR) {
-      const int nr = (int)imin(NR, nc - jr);
-      const T *pb = bp + jr * kc;
-      T *cc = c + jr * csc;
-      for (int64_t ir = 0; ir < mc; ir += MR) {
-         const int mr = (int)imin(MR, mc - ir);
-         cf->ukr(kc, ap + ir * kc, pb, cc + ir * rsc, rsc, csc, alpha, beta, mr, nr);
-      }
-   }
-}
-
-static void GNAME(pack_a_any)(const GEMM_CFG *cf, int64_t mc, int64_t kc, const T *a,
-                              int64_t rsa, int64_t csa, T *dst) {
-   if (cf->pack_a)
-      cf->pack_a(mc, kc, a, rsa, csa, dst);
-   else
-      GNAME(pack_a)(mc, kc, a, rsa, csa, cf->mr, dst);
-}
-
-static void GNAME(pack_b_any)(const GEMM_CFG *cf, int64_t kc, int64_t nc, const T *b,
-                              int64_t rsb, int64_t csb, int64_t q0, int64_t q1, T *dst) {
-   if (cf->pack_b)
-      cf->pack_b(kc, nc, b, rsb, csb, q0, q1, dst);
-   else
-      GNAME(pack_b)(kc, nc, b, rsb, csb, cf->nr, q0, q1, dst);
-}
-
-/* The packed BLIS loop nest on nt threads.
- * Row split (the usual case): each thread owns a balanced share of the rows, in MC-row blocks; the
- * team packs each KC x NC panel of B together, then every thread packs its own blocks of A and runs
- * the macro-kernel on them, and takes blocks from the others' ends when it runs out (gemm_queue). Column split (few rows, many columns): each thread owns a range of
- * columns and runs the whole nest alone with its own B. */
-static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T alpha,
-                          const T *a, int64_t rsa, int64_t csa, const T *b, int64_t rsb,
-                          int64_t csb, T beta, T *c, int64_t rsc, int64_t csc, int nt) {
-   const int MR = cf->mr, NR = cf->nr;
-   const int64_t panels_m = (m + MR - 1) / MR, panels_n = (n + NR - 1) / NR;
-   if (nt > LM_GEMM_MAX_THREADS) nt = LM_GEMM_MAX_THREADS;
-   int split_m = 1;
-   if (nt > 1 && panels_m < 4 * nt && panels_n > panels_m) split_m = 0;
-   if (split_m && panels_m < nt) nt = (int)imax(1, panels_m);
-   if (!split_m && panels_n < nt) nt = (int)imax(1, panels_n);
-   if (nt == 1) split_m = 1;
-   /* k blocks of near-equal depth (no short tail block) */
-   const int64_t kc_max = (k + (k + cf->kc - 1) / cf->kc - 1) / ((k + cf->kc - 1) / cf->kc);
-   /* extent of the split dimension one thread gets (upper bound), in elements */
-   const int64_t m_t = split_m ? imin(m, (panels_m + nt - 1) / nt * MR) : m;
-   const int64_t n_t = split_m ? n : imin(n, (panels_n + nt - 1) / nt * NR);
-   const int64_t mc_blk = even_block(m_t, cf->mc, MR);
-   const int64_t nc_blk = even_block(n_t, cf->nc, NR);
-   /* workspace: one A block per thread, one B panel (shared) or one per thread; each a multiple
-      of 64 elements so every piece stays 64-byte aligned */
-   const int64_t a_elems = round_up(round_up(mc_blk, MR) * kc_max, 64);
-   const int64_t b_elems = round_up(round_up(nc_blk, NR) * kc_max, 64);
-   const int nbuf_b = split_m ? 1 : nt;
-   const size_t bytes = (size_t)(a_elems * nt + b_elems * nbuf_b) * sizeof(T);
-   T *buf = (T *)lm_alloc(bytes);
-   if (!buf) { /* no memory for the workspace: the unpacked loops need none */
-      lm_clear_error();
-      GNAME(direct)(LM_ISA_C, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
-      return;
-   }
-   const GEMM_CFG cfg = *cf;
-
-   if (split_m) {
-      gemm_queue queues[LM_GEMM_MAX_THREADS];
-#pragma omp parallel num_threads(nt)
-      {
-         int tid = 0, ntt = 1;
-#ifdef _OPENMP
-         tid = omp_get_thread_num();
-         ntt = omp_get_num_threads();
-#endif
-         T *ap = buf + tid * a_elems, *bp = buf + nt * a_elems;
-         for (int64_t jc = 0; jc < n; jc += nc_blk) {
-            const int64_t nc = imin(nc_blk, n - jc);
-            const int64_t npan = (nc + NR - 1) / NR;
-            for (int64_t pc = 0; pc < k; pc += kc_max) {
-               const int64_t kc = imin(kc_max, k - pc);
-               const T beta_eff = pc == 0 ? beta : (T)1;
-               const T *bsrc = b + pc * rsb + jc * csb;
-               /* this thread's rows (a balanced share of the MR-row micro-panels) in blocks */
-               {
-                  const int64_t m0 = imin(m, panels_m * tid / ntt * MR);
-                  const int64_t m1 = imin(m, panels_m * (tid + 1) / ntt * MR);
-                  queue_reset(&queues[tid], (m1 - m0 + mc_blk - 1) / mc_blk);
-               }
-               /* the B panel, packed by the whole team (the loop ends with a barrier, after which
-                  every queue is set) */
-#pragma omp for schedule(dynamic, 1)
-               for (int64_t q = 0; q < npan; q += 4)
-                  GNAME(pack_b_any)(&cfg, kc, nc, bsrc, rsb, csb, q, imin(q + 4, npan), bp);
-               for (int o = 0; o < ntt; o++) { /* own blocks first, then steal */
-                  const int v = (tid + o) % ntt;
-                  const int64_t m0 = imin(m, panels_m * v / ntt * MR);
-                  const int64_t m1 = imin(m, panels_m * (v + 1) / ntt * MR);
-                  int64_t blk;
-                  while (queue_take(&queues[v], o != 0, &blk)) {
-                     const int64_t ic = m0 + blk * mc_blk, mc = imin(mc_blk, m1 - ic);
-                     GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
-                     GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
-                                  c + ic * rsc + jc * csc, rsc, csc);
-                  }
-               }
-               /* nobody repacks B or resets a queue while another thread still works */
-#pragma omp barrier
-            }
-         }
-      }
-   } else {
-#pragma omp parallel num_threads(nt)
-      {
-         int tid = 0, ntt = 1;
-#ifdef _OPENMP
-         tid = omp_get_thread_num();
-         ntt = omp_get_num_threads();
-#endif
-         const int64_t n0 = imin(n, panels_n * tid / ntt * NR);
-         const int64_t n1 = imin(n, panels_n * (tid + 1) / ntt * NR);
-         T *ap = buf + tid * a_elems, *bp = buf + nt * a_elems + tid * b_elems;
-         for (int64_t jc = n0; jc < n1; jc += nc_blk) {
-            const int64_t nc = imin(nc_blk, n1 - jc);
-            for (int64_t pc = 0; pc < k; pc += kc_max) {
-               const int64_t kc = imin(kc_max, k - pc);
-               const T beta_eff = pc == 0 ? beta : (T)1;
-               GNAME(pack_b_any)(&cfg, kc, nc, b + pc * rsb + jc * csb, rsb, csb, 0,
-                                 (nc + NR - 1) / NR, bp);
-               for (int64_t ic = 0; ic < m; ic += mc_blk) {
-                  const int64_t mc = imin(mc_blk, m - ic);
-                  GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
-                  GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
-                               c + ic * rsc + jc * csc, rsc, csc);
-               }
-            }
-         }
-      }
-   }
-   lm_free(buf, bytes);
-}
-
-void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t rsa,
-                               int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta, T *c,
-                               int64_t rsc, int64_t csc) {
-   if (m <= 0 || n <= 0) return;
-   if (k <= 0 || alpha == 0) { /* C = beta * C; beta == 0 writes zeros without reading C */
-      for (int64_t i = 0; i < m; i++)
-         for (int64_t j = 0; j < n; j++) {
-            T *cij = c + i * rsc + j * csc;
-            *cij = beta == 0 ? (T)0 : beta * *cij;
-         }
-      return;
-   }
-   /* column-major C, or a matrix-vector product with op(A) stored by columns: compute
-      C^T = op(B)^T op(A)^T instead (rows of C^T contiguous; the vector becomes the 1-row side) */
-   if ((csc != 1 && rsc == 1) || (n == 1 && m > 1 && rsa == 1 && csa != 1)) {
-      int64_t t;
-      const T *tp = a;
-      a = b;
-      b = tp;
-      t = m; m = n; n = t;
-      t = rsa; rsa = csb; csb = t;
-      t = csa; csa = rsb; rsb = t;
-      t = rsc; rsc = csc; csc = t;
-   }
-   const double work = (double)m * (double)n * (double)k;
-   int nt = gemm_threads();
-   if (nt > 1 && work < LM_GEMM_WORK_PER_THREAD * nt) {
-      nt = (int)(work / LM_GEMM_WORK_PER_THREAD);
-      if (nt < 1) nt = 1;
-   }
-   int isa = lm_cpu_isa();
-   /* the implementations switched off by name (src/impl.h): the next ISA down */
-   if (isa >= LM_ISA_AVX512 && !lm_impl_on(LM_IMPL_MM_AVX512)) isa = LM_ISA_AVX2;
-   if (isa == LM_ISA_AVX2 && !lm_impl_on(LM_IMPL_MM_AVX2)) isa = LM_ISA_C;
-   lm_impl_ran(isa >= LM_ISA_AVX512 ? LM_IMPL_MM_AVX512
-               : isa == LM_ISA_AVX2 ? LM_IMPL_MM_AVX2
-                                    : LM_IMPL_MM_PORTABLE);
-   const double small = (GEMM_IS_FLOAT && isa >= LM_ISA_AVX512) ? LM_GEMM_SMALL_WORK_AVX512
-                                                                   : LM_GEMM_SMALL_WORK;
-   if (work <= small || m == 1 || n == 1) {
-      GNAME(direct)(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
-      return;
-   }
-   const GEMM_CFG cf = GEMM_CONFIG(isa);
-   GNAME(packed)(&cf, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
-}
-
-#endif /* LM_GEMM_TEMPLATE */

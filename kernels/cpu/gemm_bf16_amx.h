@@ -112,10 +112,10 @@ typedef struct {
 } lm_amx_epi;
 
 /* streaming stores for an output of out_bytes in a block that was cold (or not): as the float32
-   pointwise kernels decide (conv_avx512.c, pw_stream): LUMEN_CONV_STREAM=0 / 1 forces them;
-   else when the block is cold or the output exceeds half the cache share. 1x1 64 -> 256 at
-   56x56, batch 8, bf16 out: 3.2-3.8 ms through the cache, 1.42 ms streamed (one process each,
-   alternated twice). */
+   pointwise kernels decide (conv_pointwise_f32_avx512.c, lm_conv_pw_stream): LUMEN_CONV_STREAM=0 /
+   1 forces them; else when the block is cold or the output exceeds half the cache share. 1x1 64 ->
+   256 at 56x56, batch 8, bf16 out: 3.2-3.8 ms through the cache, 1.42 ms streamed (one process
+   each, alternated twice). */
 LM_GEMM_HIDDEN int lm_amx_stream(double out_bytes, int cold);
 
 /* the epilogue of mr rows of a 32-column block t (row stride 32 floats) into bfloat16 out (row

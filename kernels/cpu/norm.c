@@ -1121,7 +1121,7 @@ static lm_status k_batch_norm_backward_avx512(const lm_op *op) { return bn_backw
 /* ---- registration (cpu.h) ---- */
 void lm_cpu_register_norm(lm_kernel_fn *table, int isa) {
 #if BN_HAVE_AVX512
-   if (isa >= 3) {
+   if (isa >= LM_ISA_AVX512) {
       table[LM_OP_BATCH_NORM] = k_batch_norm_avx512;
       table[LM_OP_BATCH_NORM_BACKWARD] = k_batch_norm_backward_avx512;
       return;

@@ -9,7 +9,9 @@
  * end, count with padding), so max_pool3d and adaptive_max_pool3d share their kernels, and
  * avg_pool3d and adaptive_avg_pool3d likewise. float and double; the vectorizable kernels are
  * compiled twice, for the baseline ISA and for AVX-512 (selected when the table is filled for
- * isa >= 3, so lm_gemm_set_isa(1) runs the portable copies), as kernels/cpu/pool.c does.
+ * LM_ISA_AVX512 or above, so lm_cpu_set_isa(LM_ISA_C) runs the portable copies), as the 2-D pools'
+ * are. The window rules, the AVX-512 attribute, the channel blocking and the implementation choice
+ * are the 2-D pools' (pool_geom.h).
  *
  * Max pooling follows PyTorch (and the 2-D kernels): taps scanned d, then h, then w ascending; a
  * value wins when greater than the maximum or NaN (the last NaN wins), ties keep the first
@@ -21,26 +23,16 @@
  * deterministic, independent of the thread count. An index outside the volume is counted and
  * reported (LM_ERR_ARG), never written.
  */
-#include "cpu.h"
-#include "impl.h"
+#include "pool_geom.h"
 #include "ops/pool3d.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#define P3_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512")))
-#define P3_X86 1
-#else
-#define P3_AVX512
-#endif
-
 enum { CB = 128 }; /* channels per block in the NDHWC kernels (stack scratch) */
-enum { K_MAX = 0, K_AVG = 1, K_ADAPT = 2 };
-
-static inline int64_t mn(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t mx(int64_t a, int64_t b) { return a > b ? a : b; }
+/* the window rules of pool_geom.h */
+enum { K_MAX = POOL_WIN_MAX, K_AVG = POOL_WIN_AVG, K_ADAPT = POOL_WIN_ADAPTIVE };
 
 typedef struct {
    const lm_pool3d_params *g;
@@ -65,22 +57,7 @@ static lm_status geo_make(geo_t *q, const lm_pool3d_params *g, int kind) {
       q->step[i] = kind == K_MAX ? d : 1;
       for (int64_t o = 0; o < O; o++) {
          int64_t a, e, z;
-         if (kind == K_MAX) {
-            a = o * s - pad;
-            e = mn(a + (k - 1) * d + 1, I);
-            while (a < 0) a += d;
-            z = 0;
-         } else if (kind == K_AVG) {
-            a = o * s - pad;
-            e = mn(a + k, I + pad);
-            z = e - a;
-            a = mx(a, 0);
-            e = mn(e, I);
-         } else {
-            a = (o * I) / O;                /* floor(o * I / O) */
-            e = ((o + 1) * I + O - 1) / O;  /* ceil((o + 1) * I / O) */
-            z = e - a;
-         }
+         pool_window(kind, o, O, I, k, s, pad, d, &a, &e, &z);
          q->st[i][o] = a;
          q->en[i][o] = e;
          q->sz[i][o] = z;
@@ -106,24 +83,6 @@ static inline int64_t avg_div(const geo_t *q, int64_t od, int64_t oh, int64_t ow
    if (q->g->has_div) return q->g->divisor;
    if (q->g->count_include_pad) return q->sz[0][od] * q->sz[1][oh] * q->sz[2][ow];
    return n;
-}
-
-static int64_t nthreads(void) {
-#ifdef _OPENMP
-   return omp_get_max_threads();
-#else
-   return 1;
-#endif
-}
-
-/* channel block of the NDHWC backward tasks: enough (n, block) tasks for the threads */
-static int64_t bwd_cblock(int64_t N, int64_t C) {
-   const int64_t nt = nthreads();
-   if (N >= 4 * nt || C <= 16) return C;
-   int64_t want = (4 * nt + N - 1) / N;
-   int64_t cb = (C + want - 1) / want;
-   cb = (cb + 15) / 16 * 16;
-   return cb < C ? cb : C;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -182,7 +141,7 @@ static int64_t bwd_cblock(int64_t N, int64_t C) {
             const int64_t first =                                                                  \
                (d0 < d1 && h0 < h1 && w0 < w1) ? (d0 * H + h0) * W + w0 : -1;                      \
             for (int64_t c0 = 0; c0 < C; c0 += CB) {                                               \
-               const int64_t cn = mn(CB, C - c0);                                                  \
+               const int64_t cn = min64(CB, C - c0);                                               \
                T m[CB];                                                                            \
                int64_t li[CB];                                                                     \
                for (int64_t c = 0; c < cn; c++) m[c] = (T)-INFINITY, li[c] = first;                \
@@ -247,7 +206,7 @@ static int64_t bwd_cblock(int64_t N, int64_t C) {
             const int64_t dv = avg_div(q, od, oh, ow);                                             \
             T *op = out + (r * OW + ow) * C;                                                       \
             for (int64_t c0 = 0; c0 < C; c0 += CB) {                                               \
-               const int64_t cn = mn(CB, C - c0);                                                  \
+               const int64_t cn = min64(CB, C - c0);                                               \
                T s[CB];                                                                            \
                for (int64_t c = 0; c < cn; c++) s[c] = 0;                                          \
                for (int64_t id = d0; id < d1; id++)                                                \
@@ -293,11 +252,11 @@ static int64_t bwd_cblock(int64_t N, int64_t C) {
    ATTR static int64_t maxb_ndhwc_##S(const T *go, const int64_t *ind, T *gi,                      \
                                       const lm_pool3d_params *g) {                                 \
       const int64_t V = g->D * g->H * g->W, OV = g->OD * g->OH * g->OW, C = g->C;                  \
-      const int64_t cb = bwd_cblock(g->N, C), nb = (C + cb - 1) / cb, tasks = g->N * nb;           \
+      const int64_t cb = pool_cblock(g->N, C), nb = (C + cb - 1) / cb, tasks = g->N * nb;          \
       int64_t bad = 0;                                                                             \
       _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (tasks > 1 && g->N * C * (V + OV) > LM_PARALLEL_GRAIN)") \
       for (int64_t t = 0; t < tasks; t++) {                                                        \
-         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = mn(cb, C - c0);                        \
+         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                     \
          T *gb = gi + n * V * C + c0;                                                              \
          for (int64_t v = 0; v < V; v++)                                                           \
             for (int64_t c = 0; c < cn; c++) gb[v * C + c] = 0;                                    \
@@ -346,10 +305,10 @@ static int64_t bwd_cblock(int64_t N, int64_t C) {
       const lm_pool3d_params *g = q->g;                                                            \
       const int64_t H = g->H, W = g->W, C = g->C, OD = g->OD, OH = g->OH, OW = g->OW;              \
       const int64_t V = g->D * H * W, OV = OD * OH * OW;                                           \
-      const int64_t cb = bwd_cblock(g->N, C), nb = (C + cb - 1) / cb, tasks = g->N * nb;           \
+      const int64_t cb = pool_cblock(g->N, C), nb = (C + cb - 1) / cb, tasks = g->N * nb;          \
       _Pragma("omp parallel for schedule(static) if (tasks > 1 && g->N * C * (V + OV * g->k[0] * g->k[1] * g->k[2]) > LM_PARALLEL_GRAIN)") \
       for (int64_t t = 0; t < tasks; t++) {                                                        \
-         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = mn(cb, C - c0);                        \
+         const int64_t n = t / nb, c0 = (t % nb) * cb, cn = min64(cb, C - c0);                     \
          T *gb = gi + n * V * C + c0;                                                              \
          if (q->tiles) {                                                                           \
             /* one window per input element: its gradient written once (0 + v as v), no       \
@@ -389,15 +348,15 @@ static int64_t bwd_cblock(int64_t N, int64_t C) {
 
 DEFINE_P3(float, f32, )
 DEFINE_P3(double, f64, )
-#ifdef P3_X86
-DEFINE_P3(float, f32_512, P3_AVX512)
-DEFINE_P3(double, f64_512, P3_AVX512)
+#ifdef POOL_X86
+DEFINE_P3(float, f32_512, LM_AVX512_FN)
+DEFINE_P3(double, f64_512, LM_AVX512_FN)
 #endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* drivers                                                                                    */
 
-#ifdef P3_X86
+#ifdef POOL_X86
 #define PICK(v512, name, S) ((v512) ? name##_##S##_512 : name##_##S)
 #else
 #define PICK(v512, name, S) name##_##S
@@ -477,29 +436,20 @@ static lm_status avg_backward(const lm_op *op, int v512) {
    return LM_OK;
 }
 
-/* the implementation list of two (src/impl.h): pool_avx512 where registered and on, else
-   pool_portable */
-static int p3_v512(int v512) {
-   if (v512 && !lm_impl_on(LM_IMPL_POOL_AVX512)) {
-      lm_impl_skip(LM_IMPL_POOL_AVX512, "switched off (lm.backends.cpu.disable)");
-      v512 = 0;
-   }
-   lm_impl_ran(v512 ? LM_IMPL_POOL_AVX512 : LM_IMPL_POOL_PORTABLE);
-   return v512;
-}
-static lm_status k_fwd(const lm_op *op) { return forward(op, p3_v512(0)); }
-static lm_status k_maxb(const lm_op *op) { return max_backward(op, p3_v512(0)); }
-static lm_status k_avgb(const lm_op *op) { return avg_backward(op, p3_v512(0)); }
-#ifdef P3_X86
-static lm_status k_fwd_512(const lm_op *op) { return forward(op, p3_v512(1)); }
-static lm_status k_maxb_512(const lm_op *op) { return max_backward(op, p3_v512(1)); }
-static lm_status k_avgb_512(const lm_op *op) { return avg_backward(op, p3_v512(1)); }
+/* the implementation list of two (src/impl.h): pool_impl_v512 (pool_geom.h) */
+static lm_status k_fwd(const lm_op *op) { return forward(op, pool_impl_v512(0)); }
+static lm_status k_maxb(const lm_op *op) { return max_backward(op, pool_impl_v512(0)); }
+static lm_status k_avgb(const lm_op *op) { return avg_backward(op, pool_impl_v512(0)); }
+#ifdef POOL_X86
+static lm_status k_fwd_512(const lm_op *op) { return forward(op, pool_impl_v512(1)); }
+static lm_status k_maxb_512(const lm_op *op) { return max_backward(op, pool_impl_v512(1)); }
+static lm_status k_avgb_512(const lm_op *op) { return avg_backward(op, pool_impl_v512(1)); }
 #endif
 
 /* ---- registration (cpu.h) ---- */
 void lm_cpu_register_pool3d(lm_kernel_fn *table, int isa) {
-#ifdef P3_X86
-   const int v512 = isa >= 3;
+#ifdef POOL_X86
+   const int v512 = isa >= LM_ISA_AVX512;
    const lm_kernel_fn f = v512 ? k_fwd_512 : k_fwd;
    const lm_kernel_fn mb = v512 ? k_maxb_512 : k_maxb;
    const lm_kernel_fn ab = v512 ? k_avgb_512 : k_avgb;

@@ -1,6 +1,6 @@
 /* pool.cu -- the CUDA kernels of the pool family: max / average / adaptive pooling over 2-D
  * planes, forward and backward (params and t[] order: src/ops/pool.h; front ends: src/ops/pool.c;
- * the semantic reference: kernels/cpu/pool.c).
+ * the semantic reference: kernels/cpu/pool*.c).
  *
  * The front end hands every tensor dense in mf (the input's suggested format). The kernels still
  * address each tensor through its own (n, c, h, w) strides, so any dense layout works; mf only
@@ -158,7 +158,7 @@ LM_HD inline int64_t ad_end(int64_t a, int64_t b, int64_t c) { return 1 + ((a + 
 /* window o of O along a dimension of I inputs (kernel k, stride s, padding pad, dilation d):
    its first input a and end b (exclusive; taps a, a + d, ... for max) inside the input, and z:
    the window's size counted with padding (avg) or the tap number of its first tap inside (max),
-   exactly as kernels/cpu/pool.c's pool_windows */
+   exactly as kernels/cpu/pool2d.h's pool_windows */
 LM_HD inline void window(int kind, int64_t o, int64_t O, int64_t I, int64_t k, int64_t s,
                          int64_t pad, int64_t d, int64_t &a, int64_t &b, int64_t &z) {
    if (kind == G_MAX) {
@@ -205,7 +205,7 @@ LM_HD inline void cover(int kind, int64_t i, int64_t O, int64_t I, int64_t k, in
    if (hi < lo) hi = lo;
 }
 
-/* avg_pool2d's divisor of window (oh, ow) (kernels/cpu/pool.c: avg_div) */
+/* avg_pool2d's divisor of window (oh, ow) (kernels/cpu/pool2d.h: avg_div) */
 LM_HD inline double avg_div(const geo &g, int64_t oh, int64_t ow) {
    if (g.kind == G_AVG && g.has_div) return (double)g.divisor;
    int64_t h0, h1, hz, w0, w1, wz;

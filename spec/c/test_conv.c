@@ -527,9 +527,9 @@ static void pointwise_cases(void) {
                                        1, 1)},
                            k % 2, (k / 2) % 2, (k / 4) % 2, k % 3 ? L_CL : L_NONDENSE_CL, L_CL);
          }
-   /* the weight gradient as one product (O * C >= 512K: conv_avx512.c's bwdw_gemm_usable), with
-      and without the bias gradient, odd channel counts, and the direct kernel on the same
-      shapes (LUMEN_CONV_BWDW_GEMM=0) */
+   /* the weight gradient as one product (O * C >= 512K: conv_direct_f32_avx512.c's
+      pw_gemm_usable), with and without the bias gradient, odd channel counts, and the direct
+      kernel on the same shapes (LUMEN_CONV_BWDW_GEMM=0) */
    with_and_without("LUMEN_CONV_BWDW_GEMM", bwdw_gemm_cases);
    /* strided forward through the pointwise kernel (its input pixels gathered first): every
       epilogue, odd channel counts and maps, unequal strides; LUMEN_CONV_PW_STRIDED=0 and the

@@ -1,4 +1,4 @@
-/* test_conv_bwdw_bf16.c -- lm_conv_bwdw_nhwc_bf16 (kernels/cpu/conv_bwdw_avx512bf16.c: the
+/* test_conv_bwdw_bf16.c -- lm_conv_bwdw_nhwc_bf16 (kernels/cpu/conv_bwdw_bf16_avx512bf16.c: the
  * bfloat16 weight and bias gradients of a channels-last convolution on the vdpbf16ps GEMM)
  * against a float64 reference computed from the same bfloat16 inputs, on random geometries:
  * channel counts 1, 3, 7, 17, 64, spatial sizes 1, 2, 7, strides 1-2, padding, dilation, groups

@@ -1,5 +1,5 @@
 /* ops/conv.h -- the parameters of LM_OP_CONV2D and LM_OP_CONV2D_BACKWARD (front end:
- * src/ops/conv.c; CPU kernels: kernels/cpu/conv*.c, winograd_avx512.c). The public functions are
+ * src/ops/conv.c; CPU kernels: kernels/cpu/conv*.c). The public functions are
  * declared in src/conv.h.
  *
  * The front end has checked every argument and worked out the geometry (conv_geom, below) and

@@ -5,7 +5,8 @@
  * are allocated in mf on x's device. An input that is not dense in mf is cloned into mf once, so
  * the kernels see every tensor dense in mf (channels-last: NHWC kernels, contiguous: NCHW).
  * Everything here works from sizes and strides only (so the meta device gives the CPU's shapes
- * and errors); the window tables and the values' checks are the kernels' (kernels/cpu/pool.c).
+ * and errors); the window tables and the values' checks are the kernels' (kernels/cpu/pool2d.h,
+ * pool_max.c, pool_avg.c).
  * Kernels: the pooling group of LM_OP_LIST (pool.h gives the params and t[] order). */
 #include "common.h"
 #include "nn.h"
@@ -138,8 +139,8 @@ static void out_sizes(const lm_pool_params *p, int64_t *sz) {
 /* max pooling                                                                                */
 
 /* do the max-pool kernels take dtype dt as it is? float32 / float64, and bfloat16 channels-last
-   (the ResNet stem's pool in a bf16 training step: kernels/cpu/pool.c reads and writes the 16-bit
-   values); the other half cases run on float32 copies */
+   (the ResNet stem's pool in a bf16 training step: kernels/cpu/pool_max.c reads and writes the
+   16-bit values); the other half cases run on float32 copies */
 static int max_native(int dt, const lm_pool_params *p) {
    if (!is_half(dt)) return 1;
    return dt == LM_BFLOAT16 && p->mf == LM_CHANNELS_LAST && p->H * p->W < INT32_MAX;

@@ -1,10 +1,10 @@
 /* pool.h -- the parameters of the pooling ops (front end: src/ops/pool.c; CPU kernels:
- * kernels/cpu/pool.c). Every tensor of one op is dense in mf (the input's suggested memory
- * format: LM_CHANNELS_LAST, else LM_CONTIGUOUS), of rank ndim (3: (C,H,W), 4: (N,C,H,W)), and
- * float32 or float64 (indices int64, taps uint8), or bfloat16 for the channels-last max pools
- * (forward, and the backward given the geometry or the taps; H * W < INT32_MAX): the front end
- * computes the other float16 / bfloat16 cases on float32 copies and rounds the results once into
- * the half outputs. Outputs and
+ * kernels/cpu/pool.c and the files it names). Every tensor of one op is dense in mf (the input's
+ * suggested memory format: LM_CHANNELS_LAST, else LM_CONTIGUOUS), of rank ndim (3: (C,H,W), 4:
+ * (N,C,H,W)), and float32 or float64 (indices int64, taps uint8), or bfloat16 for the channels-last
+ * max pools (forward, and the backward given the geometry or the taps; H * W < INT32_MAX): the
+ * front end computes the other float16 / bfloat16 cases on float32 copies and rounds the results
+ * once into the half outputs. Outputs and
  * gradients are allocated by the front end; the kernels write every element of them.
  *   MAX_POOL2D, ADAPTIVE_MAX_POOL2D:   t = {x, out, indices}; indices NULL when not wanted.
  *   MAX_POOL2D_TAPS:                   t = {x, out, taps}; taps uint8 (kh * kw <= 255).

@@ -1,4 +1,4 @@
-/* conv_bwdw_avx512bf16.c -- the bfloat16 weight gradient of a channels-last convolution on the
+/* conv_bwdw_bf16_avx512bf16.c -- the bfloat16 weight gradient of a channels-last convolution on the
  * bf16 GEMM (contract: conv_bf16.h).
  *
  * The reduction runs over output pixels P = N * Ho * Wo: per group gi,
@@ -20,10 +20,8 @@
  * panels once for all of Og x K, no barrier per k block. Otherwise the GEMM's own M x N split.
  * The sums depend on the thread count (not on anything else); the bias gradient does not.
  * Depthwise (Cg == 1): a float32 loop per output channel (threads over o).
- * Measured (N 8, ResNet50 shapes, 2 threads, process CPU time / 2 on a shared machine):
- * 3x3 64->64 56x56 331 GFLOP/s, 1x1 64->256 56x56 310, 1x1 256->64 296, 3x3 128 28x28 356,
- * 3x3 256 14x14 366, 1x1 1024->256 14x14 373, 7x7 stem 3->64 238 (before the pixel split,
- * the L2 tiles and the run copies: 308, 224, 270, 333, 352, 328, 144).
+ * The pixel split, the L2 tiles and the run copies made every ResNet50 layer measured faster,
+ * the stem most (numbers: docs/performance.md, "Measurements behind kernel choices").
  */
 #include "cpu.h"
 #include "gemm_internal.h"
@@ -164,7 +162,7 @@ static lm_status bwdw_range(const conv_geom *g, const uint16_t *x, const uint16_
    if (PT < 1024) PT = 1024;
    /* a small gw (at most 1 MiB of float32: the layers whose pixels the threads split): tiles
       of about 512 KiB instead, which stay in L2 between the im2col and the GEMM's packing
-      (3x3 64 -> 64 56x56 2 threads 300 -> 330 GFLOP/s, 128 28x28 310 -> 350) */
+      (about 10 % faster; docs/performance.md) */
    if (O * K <= ((int64_t)1 << 18)) PT = imax64(64, ((int64_t)1 << 18) / K);
    PT &= ~(int64_t)1;
    if (PT > P) PT = P;

@@ -1,4 +1,4 @@
-/* conv_avx512bf16.c -- bfloat16 NHWC convolution kernels for AVX-512 with AVX512_BF16
+/* conv_direct_bf16_avx512bf16.c -- bfloat16 NHWC convolution kernels for AVX-512 with AVX512_BF16
  * (vdpbf16ps): forward and backward data, groups 1 and depthwise (at the end of the file).
  * Registered (through conv.c) only when lm_cpu_isa() >= LM_ISA_AVX512_BF16; everything else
  * (float16, NCHW, other grouped convolutions, the weight gradient) takes conv.c's float32
@@ -25,14 +25,8 @@
  * same reduction order for every thread count, so results do not vary). Pointwise layers run
  * their N*H*W pixels as one row and prefetch the next tile's input.
  *
- * Both cores of the 2-core Zen 4 (bf16 peak ~490 GFLOP/s: PyTorch reaches 495), batch 8,
- * channels-last, GFLOP/s forward / backward data, best of 5, quiet machine (/tmp timing script,
- * the peer right after in the same command): 3x3 64->64 56x56 453/454 (PyTorch 2.x bf16
- * 462/459), 3x3 128->128 28x28 452/456 (475/476), 3x3 128->128 stride 2 from 56x56 446/449
- * (466/415), 3x3 256->256 14x14 454/454 (486/481), 3x3 512->512 7x7 403/415 (466/495), 1x1
- * 64->256 56x56 431/431 (421/459), 1x1 2048->512 7x7 316/384 (360/434), 7x7 stride 2 3->64
- * 224x224 372/39 (331/80: the stem's grad_x fills 3 lanes of 32). lumen float32 on the same
- * layers: 665/668 and 568/587 (Winograd), 211/215, 231/230, 228/225, 188/185, 154/208, 173/42.
+ * On the 2-core Zen 4 it runs resnet50's 3x3 layers at 82-93 % of the bfloat16 peak, near
+ * PyTorch's bfloat16 kernels (numbers: docs/performance.md, "Measurements behind kernel choices").
  * The weight packing is ~9 % of the 7x7 512-channel layers (4.7 MB read and written per call).
  *
  * Backward data: grad_x = the transposed convolution of grad_out. Split grad_x into
@@ -114,8 +108,7 @@ AI void bf_tile(const bf_eng *e, const uint32_t *xb, const uint32_t *wob, uint16
    acc_zero(acc, PB, NV);
    const int64_t xc = e->xcol, R = e->R, OBW = 16 * NV;
    if (e->pf) { /* one tap, the tile's pixels one contiguous run read once: fetch the next
-                   tile's meanwhile (1x1 256->64 on 56x56, one core: 143 -> 218 GFLOP/s; its
-                   backward data 148 -> 221) */
+                   tile's meanwhile (about 1.5x on 1x1 layers; docs/performance.md) */
       const uint32_t *nx = xb + PB * xc;
       const int64_t step = (PB * xc + R - 1) / R;
       if (r) /* the residual rows of the tile, O channels apart: no hardware prefetcher sees
@@ -211,10 +204,9 @@ static void bf_run(const bf_eng *e) {
 
 /* the channel block for Oo output channels: 64 (4 zmm x tiles of 7 pixels: 4 weight loads and 7
    broadcasts per 28 vdpbf16ps) for convolutions with taps, 32 (2 zmm x tiles of 14) for the
-   pointwise ones (one row of N*H*W pixels) and where there are no more than 32 channels to fill.
-   One core, GFLOP/s 64/32: 3x3 64->64 56x56 218/204, 3x3 128->128 28x28 218/212, 3x3 256->256
-   14x14 220/212, 3x3 512->512 7x7 197/192; 1x1 64->256 56x56 192/197, 1x1 512->128 28x28
-   194/201. */
+   pointwise ones (one row of N*H*W pixels) and where there are no more than 32 channels to fill:
+   64 was faster on every 3x3 layer measured, 32 on the 1x1 ones (numbers:
+   docs/performance.md, "Measurements behind kernel choices"). */
 static int pick_nv(int64_t Oo, int flat) { return Oo <= 32 || flat ? 2 : 4; }
 
 /* ---------------------------------------------------------------------------------------------
@@ -284,12 +276,10 @@ static uint32_t *pack_weights(const conv_geom *g, const uint16_t *w, int transpo
    share 8 sets, two lines each, harmless: not worth a copy of an input read in place. */
 /* the pixel pitch of a staged input, in words: padded by a cache line when the pixels would
    be a multiple of 4 KB apart (2048 channels), where every pixel of a tile falls in the same L1
-   set (read in place: 1x1 2048->512 at 7x7, one core, 141 GFLOP/s; padded 179). At 1 or 2 KB
-   apart (512, 1024 channels) the tile's 14 pixels spread over 4 or 2 sets and read in place
-   they run faster than staged, the copy saved (session 15, one core / two: 1x1 512->128 at
-   28x28 199 -> 222 / 352 -> 460 GFLOP/s, 1024->256 at 14x14 211 -> 222 / 431 -> 449; resnet50
-   bf16 training step 556.8 -> 545.1 ms, inference 164.7 -> 162.0, alternating in one process).
-   Padding at 1 KB (256 words), as before, measured no better on the staged 3x3 layers. */
+   set. At 1 or 2 KB apart (512, 1024 channels) the tile's 14 pixels spread over 4 or 2 sets and
+   read in place they run faster than staged, the copy saved. Padding at 1 KB (256 words), as
+   before, measured no better on the staged 3x3 layers. (Numbers: docs/performance.md, "Measurements
+   behind kernel choices".) */
 static int64_t stage_pitch(int64_t P2) { return P2 % 1024 == 0 ? P2 + 16 : P2; }
 
 /* staged input: dst[n][r][c][p] (Hp x Wp pixels of `pitch` words, the first P2 used) = the

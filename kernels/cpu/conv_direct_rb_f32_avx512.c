@@ -1,6 +1,6 @@
-/* conv_rb_avx512.c -- register-blocked direct convolution for small channel counts (float32,
- * NHWC, AVX-512, groups == 1): forward, backward data, and the single-channel weight gradient.
- * The register-blocked step also serves the Winograd GEMMs (lm_conv_rb_gemm).
+/* conv_direct_rb_f32_avx512.c -- register-blocked direct convolution for small channel counts
+ * (float32, NHWC, AVX-512, groups == 1): forward, backward data, and the single-channel weight
+ * gradient. The register-blocked step also serves the Winograd GEMMs (lm_conv_rb_gemm).
  *
  * The convolutions of small networks (Cin or Cout of 1..64: the 16/32/64-channel ResNets on
  * 28x28 images) are too narrow for GEMM-shaped kernels: K = 9*Cin is short and N = Cout is one to

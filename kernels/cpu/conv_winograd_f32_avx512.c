@@ -1,4 +1,4 @@
-/* winograd_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
+/* conv_winograd_f32_avx512.c -- Winograd convolution, float32, NHWC, AVX-512 (stride 1, dilation 1,
  * groups 1, 3x3, padding 0..2): forward, backward data, backward weight. Reduction channels:
  * 11..16, 22..32 and 44..64, padded to 16, 32 or 64; forward and backward data also more than
  * 64, padded to a multiple of 64 (at most a quarter padding) and reduced in chunks of 64 (wg_cp):
@@ -6,11 +6,8 @@
  * instead of the tiles; with F(2x2) (LUMEN_CONV_WINOGRAD=2) 96..128 with at most 128 output
  * channels by the unit schedule below (wg_run; WG_WIDE_MAX_CIN, WG_WIDE_U).
  * 128 channels took the unit schedule with F(4x4) too until session 16, when the wide one
- * measured faster on the AMD Zen 5 machine (2 threads, ms a call, alternating): 128 -> 128 at
- * 28x28, batch 8, forward 2.08-2.33 -> 1.49-1.56, backward data 1.74-1.97 -> 1.49-1.53; batch 1
- * 0.96-1.01 -> 0.34-0.37; 96 -> 96 at 28x28, batch 1, 0.73-0.76 -> 0.34-0.35; in bfloat16 at
- * batch 8 forward 2.00-2.19 -> 1.14, backward data 1.62-1.70 -> 1.10-1.12; resnet50 inference
- * (batch 8, one process alternating) 138.0 -> 134.5 ms.
+ * measured faster on the AMD Zen 5 machine, in float32 and bfloat16, at batch 8 and 1 (numbers:
+ * docs/performance.md, "Measurements behind kernel choices").
  *
  * Each m x m block of output pixels ("tile") is computed from the (m+2) x (m+2) input patch
  * around it:
@@ -32,8 +29,8 @@
  * stay in L2:
  *   1. input transform: each tile's patch (zeros outside the image) -> V, 16 channels a vector,
  *      separable (columns then rows); the patch of the tile WG_PF ahead is prefetched;
- *   2. E GEMMs M[e] = V[e] * U[e], by the register-blocked micro-kernels of conv_rb_avx512.c
- *      (tiles broadcast, output channels in vectors), U[e] in L1;
+ *   2. E GEMMs M[e] = V[e] * U[e], by the register-blocked micro-kernels of
+ *      conv_direct_rb_f32_avx512.c (tiles broadcast, output channels in vectors), U[e] in L1;
  *   3. output transform of each tile with the epilogue (bias, residual, ReLU), masked at the
  *      image's right and bottom edges.
  * Weights are transformed once per call (U = G g G^T, 16 output channels a vector).
@@ -46,26 +43,24 @@
  * channels it transforms that block's weights into U[36][64][64] (590 KB, in L2; read from w
  * through in-register 16 x 16 transposes) and adds the chunk's 36 products to M[36][tiles][64]
  * (wga_*), then transforms the block's outputs with the epilogue. Every weight is read and
- * transformed once per group (one group at batch 8), V once per block. Measured (1 thread,
- * CPU ms a call, loaded machine): 256->256 at 14x14, batch 8, 7.4-8.6 against 16.1-16.5 direct;
- * 512->512 at 7x7, batch 8, 8.5-9.6 against 16.7-17.7; in resnet50 (bench/models.lua 2 4
- * profile, folded, batch 8, medians of 3 runs alternating with main) 64 ms a run (5 calls)
- * against 137 at 256 channels, 28 (2 calls) against 60 at 512. Tried and slower: all of a block's
- * weights (4.7 MB at 512) at once (CPU 14 ms against 10 at 512 x 7x7), gathering the weights
- * instead of transposing (the weight transform then took as long as the GEMMs), and the wide
- * schedule for 128->128 at 28x28 (its two blocks a group are one per thread: 32-54 ms against
- * 27-32 a run in resnet50 on the loaded machine).
+ * transformed once per group (one group at batch 8), V once per block: about twice the direct
+ * kernel's speed on resnet50's 256- and 512-channel layers. Tried and slower: all of a block's
+ * weights (4.7 MB at 512) at once, gathering the weights instead of transposing (the weight
+ * transform then took as long as the GEMMs), and the wide schedule for 128->128 at 28x28 (its
+ * two blocks a group are one per thread). Numbers: docs/performance.md, "Measurements behind
+ * kernel choices".
  * Backward data is the forward algorithm on grad_output with the kernel flipped and its input and
  * output channels swapped, padding 2 - p. Backward weight: see wg_bwdw, and wg_bwdw_wide for more
  * than 64 input channels (threads split (output block, input chunk) pairs of dU instead of the
- * tiles; 1 thread, CPU ms a call: 256 at 14x14 batch 8 10.2-10.5 against 17.0-17.9 direct, 512
- * at 7x7 batch 8 10.7-11.0 against 20.2-20.6, 128 at 28x28 batch 8 7.9-8.2 against 16.8).
+ * tiles; 1.6-2x the direct kernel on resnet50's layers, numbers: docs/performance.md, "Measurements
+ * behind kernel choices").
  *
  * bfloat16 (conv.c's bf16_winograd, lm.backends.cpu.bf16_winograd; F(4x4) with 64 or more
  * reduction channels, either schedule, and the weight gradient): the same transforms in float32,
  * reading the bfloat16 tensors widened (every input patch gathered) and rounding the output once
- * in the epilogue; the products take V, U and D rounded to bfloat16 (winograd_gemm_avx512bf16.c:
- * pairs of channels for forward and backward data, pairs of tiles for the weight gradient).
+ * in the epilogue; the products take V, U and D rounded to bfloat16
+ * (conv_winograd_bf16_avx512bf16.c: pairs of channels for forward and backward data, pairs of
+ * tiles for the weight gradient).
  * About ten times the direct bfloat16 kernels' error (1.6e-2 relative against 1.7e-3), 1.3-2x
  * their speed on resnet50's layers (docs/mixed_precision.md).
  *
@@ -194,7 +189,7 @@ typedef struct {
    const float *w;         /* the untransformed weights (wide schedule: wg_run_wide) */
    const uint16_t *w16;    /* the same in bfloat16 (bf16 mode; w is then NULL) */
    int flip;               /* backward data: w is (Cin, 3, 3, Cout), taps flipped */
-   int bf16;               /* products in bfloat16 (winograd_gemm_avx512bf16.c) */
+   int bf16;               /* products in bfloat16 (conv_winograd_bf16_avx512bf16.c) */
    /* bfloat16 tensors (instead of src, dst, res; F(4x4) only): read widened, the results rounded
       to nearest even */
    const uint16_t *src16, *res16;
@@ -725,11 +720,8 @@ AI void wga_body(const float *x, const float *w, int64_t OB, float *out, int64_t
    for (int c = 0; c < 64; c++) {
       __m512 wv[4];
       /* the next row block's V rows (64 floats) and partial sums (wg_prefetch_next): the
-         kernel waited on every broadcast's line when other tenants loaded the shared cache.
-         2 threads, batch 8, one process alternating with and without (paired medians of 20
-         rounds): while the host was loaded, 128 -> 128 at 28x28 -13 %, 256 -> 256 at 14x14
-         -26 %, 512 -> 512 at 7x7 -16 % a call, resnet50 folded -12.2 ms a run (of 157); on the
-         quieter host -2.4 %, -0.1 %, -1.3 %, the model within the noise */
+         kernel waited on every broadcast's line when other tenants loaded the shared cache
+         (numbers: docs/performance.md, "Measurements behind kernel choices") */
       wg_prefetch_next(x, 64 * 4, out, pitch, PB, NV, c, 32, first);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) wv[v] = _mm512_load_ps(w + c * OB + 16 * v);
@@ -1487,32 +1479,19 @@ lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, c
    return wg_conv(g, 1, wg_tile_size(1), gout, w, NULL, NULL, 0, gx, 0);
 }
 
-/* F(4x4) with at least 64 reduction channels (CP a multiple of 64), either schedule */
-int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data) {
-   if (!lm_conv_wino_usable(g, backward_data) || wg_tile_size(backward_data) != 4) return 0;
-   const int64_t cin = backward_data ? g->O : g->C;
-   return cin >= 64 && wg_cp(cin) % 64 == 0;
+/* the schedules above for the bfloat16 entry points, which are beside their products
+   (conv_winograd_bf16_avx512bf16.c; conv_internal.h) */
+int lm_wg_cp(int64_t cin) { return wg_cp(cin); }
+int lm_wg_tile_size(int backward_data) { return wg_tile_size(backward_data); }
+lm_status lm_wg_conv(const conv_geom *g, int flip, int tm, const void *src, const void *w,
+                     const float *bias, const void *res, int relu, void *dst, int bf16) {
+   return wg_conv(g, flip, tm, src, w, bias, res, relu, dst, bf16);
 }
-
-lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                                const float *bias, const uint16_t *res, int relu, uint16_t *out) {
-   if (!lm_conv_wino_bf16_usable(g, 0)) return LM_ERR_INTERNAL;
-   return wg_conv(g, 0, 4, x, w, bias, res, relu, out, 1);
+lm_status lm_wg_bwdw(const conv_geom *g, const void *x, const void *gout, float *gw, float *gb,
+                     int bf16) {
+   return wg_bwdw(g, x, gout, gw, gb, bf16);
 }
-
-lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
-                                 uint16_t *gx) {
-   if (!lm_conv_wino_bf16_usable(g, 1)) return LM_ERR_INTERNAL;
-   return wg_conv(g, 1, 4, gout, w, NULL, NULL, 0, gx, 1);
-}
-
-int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g) {
-   return lm_conv_wino_bwdw_usable(g) && g->C >= 64;
-}
-
-lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const uint16_t *x, const uint16_t *gout,
-                                 float *gw, float *gb) {
-   if (!lm_conv_wino_bf16_bwdw_usable(g)) return LM_ERR_INTERNAL;
-   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb, 1);
-   return wg_bwdw(g, x, gout, gw, gb, 1);
+lm_status lm_wg_bwdw_wide(const conv_geom *g, const void *x, const void *gout, float *gw,
+                          float *gb, int bf16) {
+   return wg_bwdw_wide(g, x, gout, gw, gb, bf16);
 }

@@ -1,13 +1,14 @@
-/* winograd_gemm_avx512bf16.c -- the products of Winograd F(4x4, 3x3) for bfloat16 convolutions
- * on AVX512_BF16 (vdpbf16ps), for both schedules of winograd_avx512.c (the unit schedule's
+/* conv_winograd_bf16_avx512bf16.c -- Winograd F(4x4, 3x3) for bfloat16 convolutions on
+ * AVX512_BF16 (vdpbf16ps): the entry points (at the end) and the products, for both schedules of
+ * conv_winograd_f32_avx512.c (the unit schedule's
  * wg_gemm_bf16 and the wide one's chunks of 64 reduction channels) and for the weight gradient
  * (the products summed over pairs of tiles).
  *
  * A bfloat16 convolution's inputs and weights are bfloat16 already; its transforms run in float32
- * (winograd_avx512.c, reading the bfloat16 tensors widened) and only the 36 products per tile --
- * tiles x 64 channels by 64 channels x output block -- take bfloat16 operands: the transformed
- * input V and weights U (or grad_output D) rounded once to bfloat16 (round to nearest even),
- * products summed in float32. That is the part of Winograd that scales with Cin x Cout, and
+ * (conv_winograd_f32_avx512.c, reading the bfloat16 tensors widened) and only the 36 products per
+ * tile -- tiles x 64 channels by 64 channels x output block -- take bfloat16 operands: the
+ * transformed input V and weights U (or grad_output D) rounded once to bfloat16 (round to nearest
+ * even), products summed in float32. That is the part of Winograd that scales with Cin x Cout, and
  * vdpbf16ps does it at twice the float32 FMA rate.
  *
  * Accuracy: rounding V and U adds an error that the output transform amplifies (its coefficients
@@ -91,10 +92,9 @@ AI void wgb_body(const uint32_t *x, const uint32_t *w, int64_t OB, float *out, i
          a[k][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(out + k * pitch + 16 * v);
    for (int p = 0; p < 32; p++) {
       __m512bh wv[4];
-      /* the next row block's V rows (32 words) and partial sums (wg_prefetch_next). 2
-         threads, batch 8, one process alternating with and without (paired medians of 20
-         rounds), on the loaded host: 3x3 128 -> 128 at 28x28 -16 %, 256 -> 256 at 14x14 -13 %,
-         512 -> 512 at 7x7 -1 % a call; on the quieter host within the noise */
+      /* the next row block's V rows (32 words) and partial sums (wg_prefetch_next), as the
+         float32 kernel does: faster on a loaded host, no slower on a quiet one (numbers:
+         docs/performance.md, "Measurements behind kernel choices") */
       wg_prefetch_next(x, 32 * 4, out, pitch, PB, NV, p, 8, first);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) wv[v] = (__m512bh)_mm512_loadu_si512(w + p * OB + 16 * v);
@@ -189,4 +189,38 @@ static const wgwb_fn wgwb_tab[5][17] = {
 void lm_wg_bf16_wgrad(int nv, int r, const uint32_t *x, int64_t xs, const uint32_t *d,
                       int64_t ds, int64_t np, float *acc, int64_t ap) {
    wgwb_tab[nv][r](x, xs, d, ds, np, acc, ap);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * entry points (conv_internal.h): the schedules of conv_winograd_f32_avx512.c (lm_wg_conv,
+ * lm_wg_bwdw, lm_wg_bwdw_wide) with bf16 = 1, whose products are the functions above
+ */
+/* F(4x4) with at least 64 reduction channels (CP a multiple of 64), either schedule */
+int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data) {
+   if (!lm_conv_wino_usable(g, backward_data) || lm_wg_tile_size(backward_data) != 4) return 0;
+   const int64_t cin = backward_data ? g->O : g->C;
+   return cin >= 64 && lm_wg_cp(cin) % 64 == 0;
+}
+
+lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
+                                const float *bias, const uint16_t *res, int relu, uint16_t *out) {
+   if (!lm_conv_wino_bf16_usable(g, 0)) return LM_ERR_INTERNAL;
+   return lm_wg_conv(g, 0, 4, x, w, bias, res, relu, out, 1);
+}
+
+lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
+                                 uint16_t *gx) {
+   if (!lm_conv_wino_bf16_usable(g, 1)) return LM_ERR_INTERNAL;
+   return lm_wg_conv(g, 1, 4, gout, w, NULL, NULL, 0, gx, 1);
+}
+
+int lm_conv_wino_bf16_bwdw_usable(const conv_geom *g) {
+   return lm_conv_wino_bwdw_usable(g) && g->C >= 64;
+}
+
+lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const uint16_t *x, const uint16_t *gout,
+                                 float *gw, float *gb) {
+   if (!lm_conv_wino_bf16_bwdw_usable(g)) return LM_ERR_INTERNAL;
+   if (lm_conv_rb_cp(g->C) < 16) return lm_wg_bwdw_wide(g, x, gout, gw, gb, 1);
+   return lm_wg_bwdw(g, x, gout, gw, gb, 1);
 }
