@@ -47,6 +47,10 @@ extern "C" {
      "float32 channels-last 1x1 convolution as a GEMM on the data in place")                   \
    X(CONV_NARROW, "narrow_c_avx512", 0, "LUMEN_CONV_NC",                                         \
      "float32 channels-last forward with 2 to 4 input channels (an RGB stem)")                 \
+   X(CONV_PW_STRIDED, "pointwise_strided_avx512", 0, "LUMEN_CONV_PW_STRIDED",                   \
+     "float32 channels-last strided 1x1 forward: pointwise_avx512 on the gathered pixels")     \
+   X(CONV_1X1_GEMM, "gemm_1x1_grads_avx512", 0, "LUMEN_CONV_BWDW_GEMM",                          \
+     "float32 channels-last gradients of wide 1x1 layers as one GEMM (inside direct_avx512)")  \
    X(CONV_DIRECT_RB, "direct_rb_avx512", 0, "LUMEN_CONV_RB",                                     \
      "float32 channels-last register-blocked direct convolution (small channel counts)")      \
    X(CONV_DIRECT, "direct_avx512", 0, NULL, "float32 channels-last direct convolution")         \

@@ -26,6 +26,7 @@
  * Backward data of a stride-1 layer is the forward engine on grad_out padded by
  *   (k - 1) * d - p with the weights flipped and transposed (packed from w directly).
  */
+#include "impl.h"
 #include "conv_internal.h"
 #include "gemm_bf16_amx.h"
 #include "cpu.h"
@@ -37,7 +38,9 @@ enum { AMX_MAXTAPS = 1024, AMX_MAXROWS = 32, CHUNK_BYTES = 512 * 1024 };
 static int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
-   if (!conv_env_on("LUMEN_CONV_AMX")) return 0;
+   /* switched off by name (amx_bf16, or LUMEN_CONV_AMX=0): no tile convolution, the float32
+      one of fp32_precision = "bf16" included */
+   if (!lm_impl_on(LM_IMPL_CONV_AMX_BF16)) return 0;
    if (g->G != 1 || g->O < 16 || g->kh * g->kw > AMX_MAXTAPS) return 0;
    /* few channels: only the stem's form (kernel rows of at most 32 values, dense along W) */
    if (g->C < 16 && !(g->C * g->kw <= 32 && g->dw == 1 && g->kh <= AMX_MAXROWS && !backward_data))

@@ -36,6 +36,7 @@
  * micro-kernel, written into grad_x with a pixel step of (sh, sw). No zero-inserted work, no
  * scatter; a phase without taps writes zeros. Stride 1 is the single phase.
  */
+#include "impl.h"
 #include "conv_internal.h"
 #include "avx512_util.h"
 #include <immintrin.h>
@@ -397,7 +398,7 @@ static lm_status dw_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_
    grouped convolutions take the float32 fallback */
 int lm_conv_bf16_usable(const conv_geom *g, int backward_data) {
    (void)backward_data;
-   if (!conv_env_on("LUMEN_CONV_BF16")) return 0;
+   if (!lm_impl_on(LM_IMPL_CONV_DIRECT_BF16)) return 0; /* also LUMEN_CONV_BF16=0 */
    return (g->G == 1 || conv_is_depthwise(g)) && g->K > 0 && g->O > 0 && g->C > 0 &&
           g->kh * g->kw <= MAXTAPS;
 }

@@ -36,6 +36,7 @@
  * depthwise (conv_depthwise_f32_avx512.c), small channel counts (conv_direct_rb_f32_avx512.c) and
  * Winograd (conv_winograd_f32_avx512.c); what they share is conv_f32_avx512.h.
  */
+#include "impl.h"
 #include "conv_f32_avx512.h"
 
 enum { ACC_PITCH = 64, UNIT_PX = 128, ICB = 128 };
@@ -513,7 +514,7 @@ enum { BWDW_GEMM_MIN = 512 * 1024 }; /* O * C floats: a 2 MB partial sum */
 static int pw_gemm_usable(const conv_geom *g) {
    return g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0 && g->G == 1 &&
           g->N * g->Ho * g->Wo > 0 && g->O * g->C >= BWDW_GEMM_MIN &&
-          conv_env_on("LUMEN_CONV_BWDW_GEMM");
+          lm_impl_on(LM_IMPL_CONV_1X1_GEMM);
 }
 
 lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
@@ -532,6 +533,7 @@ lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const floa
 lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
                                    float *gx) {
    if (pw_gemm_usable(g) && (g->sh != 1 || g->sw != 1)) {
+      lm_impl_ran(LM_IMPL_CONV_1X1_GEMM);
       /* a wide strided 1x1 layer: grad_x at the pixels it reads is one product, gout (P x O) *
          w (O x C), scattered into a zeroed grad_x (the stride-1 ones take the pointwise
          kernels), faster than the direct kernel on resnet50's strided 1x1 layers (numbers:
@@ -559,6 +561,7 @@ lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const 
 lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
                                    float *gw, float *gb_) {
    if (gw && pw_gemm_usable(g)) {
+      lm_impl_ran(LM_IMPL_CONV_1X1_GEMM);
       const int64_t P = g->N * g->Ho * g->Wo, O = g->O, C = g->C;
       const float *xs = x;
       float *gath = NULL;

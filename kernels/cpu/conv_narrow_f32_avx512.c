@@ -1,6 +1,7 @@
 /* conv_narrow_f32_avx512.c -- float32 NHWC convolutions of narrow inputs (2..4 channels: an RGB
  * stem) for AVX-512, forward: each kernel row's kw*C input floats are one pointwise reduction.
  */
+#include "impl.h"
 #include "conv_f32_avx512.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -62,7 +63,7 @@ static const nc_fn nc_tab[5][PW_MAXPB + 1] = {
 int lm_conv_nc_usable(const conv_geom *g) {
    return g->G == 1 && g->C >= 2 && g->C <= 4 && g->dh == 1 && g->dw == 1 &&
           g->kh <= NC_MAXROWS && g->O > 0 && g->Ho > 0 && g->Wo > 0 &&
-          conv_env_on("LUMEN_CONV_NC");
+          lm_impl_on(LM_IMPL_CONV_NARROW);
 }
 
 lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,

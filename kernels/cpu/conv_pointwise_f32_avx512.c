@@ -3,6 +3,7 @@
  * reduction of a tile in registers, no accumulator buffer, the input read in place as a pixels x
  * channels matrix.
  */
+#include "impl.h"
 #include "conv_f32_avx512.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ static lm_status pw_run(const pw_prob *P0, int *stream) {
    column: forward gathers those pixels (N*Ho*Wo x C) and runs the pointwise kernel on them */
 static int pw_strided(const conv_geom *g) {
    return g->kh == 1 && g->kw == 1 && g->ph == 0 && g->pw == 0 && (g->sh != 1 || g->sw != 1) &&
-          conv_env_on("LUMEN_CONV_PW_STRIDED");
+          lm_impl_on(LM_IMPL_CONV_PW_STRIDED);
 }
 
 int lm_conv_pw_usable(const conv_geom *g, int backward_data) {
@@ -214,6 +215,7 @@ int lm_conv_pw_usable(const conv_geom *g, int backward_data) {
 lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
                                      const float *bias, const float *res, int relu, float *out,
                                      int *stream) {
+   if (g->sh != 1 || g->sw != 1) lm_impl_ran(LM_IMPL_CONV_PW_STRIDED); /* gathered pixels */
    const int64_t OB = block_width(g->O), nob = ceil_div(g->O, OB);
    const size_t bytes = (size_t)(nob * g->C * OB) * sizeof(float);
    float *wp = lm_alloc(bytes);

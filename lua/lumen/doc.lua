@@ -574,7 +574,8 @@ E("lm.backends.cpu.disable", "lm.backends.cpu.disable(name, ...)", "Switch CPU i
    .. "unchanged), so a slow or suspect kernel can be ruled out without rebuilding. "
    .. "LUMEN_CPU_DISABLE=a,b does the same at start; the older variables (LUMEN_CONV_WINOGRAD=0, "
    .. "LUMEN_CONV_PW=0, LUMEN_CONV_RB=0, LUMEN_CONV_NC=0, LUMEN_CONV_AMX=0, LUMEN_CONV_BF16=0, "
-   .. "LUMEN_CONV_BF16_WINOGRAD=0, LUMEN_CONV3D_GEMM=0) still work for this release.",
+   .. "LUMEN_CONV_BF16_WINOGRAD=0, LUMEN_CONV3D_GEMM=0, LUMEN_CONV_PW_STRIDED=0, "
+   .. "LUMEN_CONV_BWDW_GEMM=0) still work for this release.",
    { err = "`lumen.backends.cpu.disable: unknown implementation 'x'`, `'im2col_gemm' is its "
      .. "family's fallback and cannot be switched off`, `expected implementation names "
      .. "(strings)`, `expected one or more names`" })
