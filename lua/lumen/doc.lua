@@ -557,6 +557,12 @@ E("lm.backends.cpu.isa", "lm.backends.cpu.isa() -> string", "The instruction-set
    .. "CPU kernels: \"amx\", \"avx512_bf16\", \"avx512\", \"avx2\" or \"c\" (the best this "
    .. "process has, or the one a test forced with lm_cpu_set_isa). lm.backends.cpu.amx = false "
    .. "leaves the level at \"amx\" and turns the tile kernels off.")
+E("lm.backends.verbose", "lm.backends.verbose(level) -> previous level", "LUMEN_VERBOSE at run "
+   .. "time: 1 prints one line per kernel call on stderr, lumen_verbose,exec,DEVICE,OP,"
+   .. "IMPLEMENTATION,DTYPE,FORMAT,SHAPES,MS (OP as LM_OP_LIST names it); 2 also prints why each "
+   .. "earlier implementation was skipped; 0 turns it off. No argument: the level now "
+   .. "(docs/performance.md, \"Which kernel ran\").",
+   { err = "`lumen.backends.verbose: expected 0, 1 or 2, got <value>`" })
 E("lm.comm", "lm.comm", "Moving tensors between devices in one process (torch.cuda.comm), "
    .. "loaded on first use. Device lists may name one device several times; every copy keeps "
    .. "its source's memory format (a channels-last batch scatters into channels-last chunks and "

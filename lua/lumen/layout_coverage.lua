@@ -208,6 +208,7 @@ local function operator_list(lm)
       return F.mse_loss(x, s.y, { reduction = "none" })
    end)
    add("loss", "cross_entropy (N,C,H,W)", function(x, s) return F.cross_entropy(x, s.target) end)
+   add("loss", "nll_loss (N,C,H,W)", function(x, s) return F.nll_loss(x, s.target) end)
 
    -- 3-D operators (video, volumes): N x C x D x H x W
    group = "3-D"
