@@ -561,7 +561,7 @@ E("lm.backends.verbose", "lm.backends.verbose(level) -> previous level", "LUMEN_
    .. "time: 1 prints one line per kernel call on stderr, lumen_verbose,exec,DEVICE,OP,"
    .. "IMPLEMENTATION,DTYPE,FORMAT,SHAPES,MS (OP as LM_OP_LIST names it); 2 also prints why each "
    .. "earlier implementation was skipped; 0 turns it off. No argument: the level now "
-   .. "(docs/performance.md, \"Which kernel ran\").",
+   .. "(the implementation names: lm.backends.cpu.implementations()).",
    { err = "`lumen.backends.verbose: expected 0, 1 or 2, got <value>`" })
 E("lm.comm", "lm.comm", "Moving tensors between devices in one process (torch.cuda.comm), "
    .. "loaded on first use. Device lists may name one device several times; every copy keeps "
