@@ -1940,7 +1940,7 @@ typedef struct {
 
 /* Every LM_OP kind is in one entry's kinds (main() fails otherwise). A new kind: add it to its
    family's entry and a case to the family's builder, or a new entry with a builder (and its device
-   rules) above; docs/writing_operators.md, "The parity test". */
+   rules) above; docs/writing_operators.md, section 10, "Every device: the parity test". */
 static const op_entry OPS[] = {
    {"unary, clamp", cases_unary, NULL, I_BEST | I_C, KINDS(LM_OP_UNARY, LM_OP_CLAMP)},
    {"binary", cases_binary, rules_elementwise, I_BEST | I_C, KINDS(LM_OP_BINARY)},
@@ -2004,8 +2004,8 @@ static void check_table(void) {
             "%s (\"%s\") has no entry in OPS[] of spec/c/test_backend_ops.c: add it to the kinds of "
             "its family's entry and a case that calls its front end to that entry's builder, or a "
             "new entry {\"family\", cases_<family>, rules_<family> or NULL, I_BEST | I_C, "
-            "KINDS(%s, ...)} with a builder that calls run_case (docs/writing_operators.md, \"The "
-            "parity test\")",
+            "KINDS(%s, ...)} with a builder that calls run_case (docs/writing_operators.md, "
+            "section 10, \"Every device: the parity test\")",
             KIND_ID[k], lm_op_name(k), KIND_ID[k]);
    for (int e = 0; e < NOPS; e++)
       for (int i = 0; i < OPS[e].nk; i++)
