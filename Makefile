@@ -127,6 +127,9 @@ $(BUILD)/%.o: %.c $(HDRS) src/internal.h src/backend.h
 #   CUDNN_HOME, NCCL_HOME   where cudnn.h / nccl.h and their libraries are, when not in CUDA_HOME
 #   make cuda-emu       build/liblumen_cuda_emu.so: the same sources as host C++ (emu.h), no GPU
 #   make test-cuda-emu  the busted suite on the emulated cuda:0 (tools/run_tests.sh)
+#   make test-ops-cuda-emu  spec/c/test_backend_ops.c (every op kind against the CPU, cuda:0 too)
+#                       and spec/op_registry_spec.lua (the CUDA library's op-count check) with
+#                       LUMEN_CUDA_LIB set to the emulated library; test-cuda-emu skips C programs
 
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(HDRS) src/internal.h src/backend.h
 	@mkdir -p $(dir $@)
@@ -151,6 +154,11 @@ test-cuda-emu: cuda-emu
 	   LUMEN_CUDA_LIB="$(CURDIR)/$(BUILD)/liblumen_cuda_emu.so" LUMEN_TEST_DEVICE=cuda:0 \
 	   bash tools/run_tests.sh $(TEST_ARGS)
 
+test-ops-cuda-emu: cuda-emu
+	@$(TEST_ENV) LUMEN_LIB="$(CURDIR)/$(BUILD)/liblumen.so" \
+	   LUMEN_CUDA_LIB="$(CURDIR)/$(BUILD)/liblumen_cuda_emu.so" \
+	   LUMEN_TEST_CPROGS=spec/c/test_backend_ops.c bash tools/run_tests.sh spec/op_registry_spec.lua
+
 # the emulated CUDA backend under ASan/UBSan: every kernel body's index arithmetic runs on the host
 # with bounds checking (on a GPU an out-of-range index is silent corruption), the allocator's split
 # and merge too; against the ASan liblumen of `make asan`, with the suite on the emulated cuda:0
@@ -165,7 +173,7 @@ asan-cuda-emu:
 	   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
 	   bash tools/run_tests.sh $(TEST_ARGS)
 
-.PHONY: cuda-emu test-cuda-emu asan-cuda-emu
+.PHONY: cuda-emu test-cuda-emu test-ops-cuda-emu asan-cuda-emu
 
 # ---- the emulated AMX tiles (kernels/cpu/amx.h, tiles_amx.c) ---------------------------------
 # AMX_EMU=1 compiles the *_amx.c kernels over tiles emulated in portable C (eight per thread, the

@@ -26,6 +26,10 @@ const char *lm_op_name(int kind) {
 
 int lm_op_count(void) { return LM_OP_COUNT; }
 
+const char *lm_op_kind_name(int kind) {
+   return kind >= 0 && kind < LM_OP_COUNT ? op_names[kind] : NULL;
+}
+
 /* ---- meta: sizes, strides, dtype and memory format only ----
  * A meta storage has no bytes. Its data pointer is a fixed non-canonical address (bit 62 set), so
  * a path that dereferences it faults at once instead of reading something; pointer arithmetic on
@@ -316,6 +320,14 @@ const lm_backend *lm_backend_get(int device) {
    }
    lm_error(LM_ERR_DEVICE, "%s is not available in this build", lm_device_name(device, buf, sizeof buf));
    return NULL;
+}
+
+int lm_device_has_kernel(int device, int kind) {
+   const lm_backend *b = lm_backend_get(device);
+   if (!b) return -1;
+   if (kind < 0 || kind >= LM_OP_COUNT) return 0;
+   const lm_op op = lm_op_make(kind, 0, NULL, NULL);
+   return b->supports_op(b, &op) ? 1 : 0;
 }
 
 const char *lm_device_name(int device, char *buf, size_t cap) {

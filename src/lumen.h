@@ -390,8 +390,15 @@ int lm_cpu_impl_disabled(const char *name);
 int lm_set_verbose(int level);
 int lm_get_verbose(void);
 /* the number of operator kinds this library was built with (LM_OP_COUNT of src/backend.h): the
-   CUDA library built against another count refuses to load */
+   CUDA library built against another count refuses to load (kernels/cuda/backend.cu) */
 int lm_op_count(void);
+/* the name of operator kind 0 .. lm_op_count() - 1 as LM_OP_LIST spells it and messages and
+   LUMEN_VERBOSE lines use ("conv2d", "max_pool2d_backward", "copy_"); NULL outside that range */
+const char *lm_op_kind_name(int kind);
+/* does device's backend have a kernel for operator kind? 1 yes, 0 no (or kind out of range), -1
+   the device is not available (the reason in lm_last_error; cuda:N loads the CUDA library).
+   meta says 1 for every kind (it computes nothing); sim:N has the CPU's kernels */
+int lm_device_has_kernel(int device, int kind);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);
 /* out += a b (2-D, one dtype and device), each sum rounded once: torch.addmm with beta = alpha = 1 */
 lm_status lm_addmm_(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);

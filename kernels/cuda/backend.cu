@@ -256,6 +256,15 @@ static void options_from_env(void) {
 enum { LM_CUDNN_MIN = 90000 };
 
 extern "C" int lm_cuda_init(char *why, size_t cap) {
+   /* the kernel table is indexed by lm_op_kind: built against another LM_OP_LIST, every index past
+      the first difference would run the wrong kernel */
+   if (lm_op_count() != LM_OP_COUNT) {
+      snprintf(why, cap,
+               "the CUDA library was built with %d operator kinds and liblumen.so has %d: rebuild "
+               "both from one tree (make)",
+               (int)LM_OP_COUNT, lm_op_count());
+      return 0;
+   }
    int n = 0;
    cudaError_t e = cudaGetDeviceCount(&n);
    if (e != cudaSuccess || n <= 0) {

@@ -218,6 +218,10 @@ local function operator_list(lm)
    add("activation", "F.gelu (tanh)", function(x) return F.gelu(x, "tanh") end)
    add("activation", "F.silu (in place)", function(x) return F.silu(x:clone(), true) end,
        { grad = false })
+   add("activation", "F.elu_ (in place)", function(x) return F.elu_(x:clone()) end,
+       { grad = false })
+   add("activation", "F.leaky_relu_ (in place)", function(x) return F.leaky_relu_(x:clone()) end,
+       { grad = false })
    add("activation", "F.dropout2d (train)", function(x) return F.dropout2d(x, 0.5, true) end)
    add("activation", "stochastic_depth (row)", function(x)
       return lm.ops.stochastic_depth(x, 0.5, "row", true)
@@ -237,6 +241,7 @@ local function operator_list(lm)
       return F.mse_loss(x, s.y, { reduction = "none" })
    end)
    add("loss", "cross_entropy (N,C,H,W)", function(x, s) return F.cross_entropy(x, s.target) end)
+   add("loss", "nll_loss (N,C,H,W)", function(x, s) return F.nll_loss(x, s.target) end)
 
    -- 3-D operators (video, volumes): N x C x D x H x W
    group = "3-D"
