@@ -1,0 +1,2 @@
+local H = require("lumen.functional.common")
+return H.F
