@@ -277,7 +277,6 @@ OPS["F.conv3d"] = conv_op(3)
 -- Resize's string attributes (mode, coordinate_transformation_mode, nearest_mode), which the
 -- shim (src/onnx/onnx_shim.c) does not write
 local function conv_transpose_op(nd)
-   local name = "conv_transpose" .. nd .. "d"
    local function tuple(v, d)
       local r = {}
       for i = 1, nd do
