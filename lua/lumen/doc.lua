@@ -1039,6 +1039,52 @@ E("lm.F.dropout3d", "lm.F.dropout3d(x, p, training, inplace) -> Tensor", "As dro
    .. "input (or 4-D unbatched C, D, H, W: one draw per channel).", { fmt = FMT_EW,
    err = "p outside [0, 1], a wrong rank, a non-floating input, an unknown option" })
 -- end of issue 40 (wt-act) -------------------------------------------------------------------
+-- issue 40 (wt-resample): interpolate, transposed convolutions -------------------------------
+E("lm.F.interpolate", "lm.F.interpolate(x, opts) -> Tensor", "Resamples the spatial dims of a "
+   .. "3-D (N, C, L), 4-D or 5-D input to opts.size or by opts.scale_factor (numbers or one per "
+   .. "spatial dim; output size floor(in * scale)). Modes \"nearest\" (src = floor(dst * scale)), "
+   .. "\"nearest-exact\" (floor((dst + 0.5) * scale)), \"linear\" (3-D), \"bilinear\" (4-D), "
+   .. "\"bicubic\" (4-D; A = -0.75, taps clamped to the border), \"trilinear\" (5-D); "
+   .. "align_corners for the interpolating modes (default false); without "
+   .. "recompute_scale_factor a given scale_factor is the one the indices use (PyTorch's), with "
+   .. "recompute_scale_factor = true the scale is in / out. Indices and weights are PyTorch's "
+   .. "CPU ones; the op runs as one small interpolation matrix per resized dim applied by "
+   .. "batched matmuls (every device), float16 / bfloat16 computed in float32 and rounded once. "
+   .. "Differentiable (the transposed matrices). Nearest modes are 0/1 matrices: an inf or NaN "
+   .. "in the input spreads NaN along its output row where PyTorch copies it. No antialias.",
+   { opts = "{size =, scale_factor =, mode = \"nearest\", align_corners =, "
+   .. "recompute_scale_factor =}", fmt = "the output and the input gradient keep the input's "
+   .. "memory format (channels_last, channels_last_3d), computed in that physical order without "
+   .. "a permuting copy", err = "neither or both of size and scale_factor, an unknown mode, a "
+   .. "mode of another rank (linear needs 3-D, bilinear / bicubic 4-D, trilinear 5-D), sizes "
+   .. "or scales that are not positive or of the wrong count, align_corners with a nearest "
+   .. "mode, an integer input, antialias, an unknown option" })
+E("lm.F.upsample", "lm.F.upsample(x, size, scale_factor, mode, align_corners) -> Tensor",
+   "The deprecated spelling of lm.F.interpolate.")
+local FMT_CONVT = "channels-last (channels_last / channels_last_3d) when x or w suggests it, else "
+   .. "contiguous; the input gradient likewise (PyTorch's conv_transpose3d drops "
+   .. "channels_last_3d; lumen keeps it); a leaf weight's .grad takes the leaf's layout"
+local ERR_CONVT = "a wrong rank of input or weight, weight dim 1 not the input's channels, "
+   .. "channels not divisible by groups, a bias not of size C_out, mixed dtypes, output_padding "
+   .. "not smaller than stride or dilation, a non-positive output size, an unknown option"
+E("lm.F.conv_transpose2d", "lm.F.conv_transpose2d(x, w, b, opts) -> Tensor", "The transposed "
+   .. "convolution (the gradient of conv2d with respect to its input): x (N, C_in, H, W) or "
+   .. "unbatched (C_in, H, W), w (C_in, C_out / groups, kH, kW) (PyTorch's layout), b nil or "
+   .. "(C_out); H_out = (H - 1) stride - 2 padding + dilation (kH - 1) + output_padding + 1. "
+   .. "Runs on the convolution kernels: the forward is lm_conv2d_backward's input gradient, "
+   .. "grad_input the convolution forward, grad_weight the convolution's weight gradient. "
+   .. "float32, float64, float16, bfloat16. Differentiable.",
+   { opts = "{stride = 1, padding = 0, output_padding = 0, groups = 1, dilation = 1} (numbers or "
+   .. "{h, w})", fmt = FMT_CONVT, err = ERR_CONVT })
+E("lm.F.conv_transpose1d", "lm.F.conv_transpose1d(x, w, b, opts) -> Tensor", "As "
+   .. "conv_transpose2d for x (N, C_in, L) or (C_in, L), w (C_in, C_out / groups, k): the 2-D "
+   .. "kernels on N x C x 1 x L views.", { opts = "as conv_transpose2d, numbers or {n}",
+   fmt = "contiguous (N x L x C strides when x or w has them)", err = ERR_CONVT })
+E("lm.F.conv_transpose3d", "lm.F.conv_transpose3d(x, w, b, opts) -> Tensor", "As "
+   .. "conv_transpose2d for x (N, C_in, D, H, W) or (C_in, D, H, W), w (C_in, C_out / groups, "
+   .. "kD, kH, kW), on lm_conv3d_backward / lm_conv3d.", { opts = "as conv_transpose2d, numbers "
+   .. "or {d, h, w}", fmt = FMT_CONVT, err = ERR_CONVT })
+-- end of issue 40 (wt-resample) --------------------------------------------------------------
 
 S("nn", "lm.nn: modules", [[
 `m(x)` is `m:forward(x)`. Parameters and buffers carry PyTorch's key names, so state dicts match
@@ -1259,6 +1305,25 @@ E("lm.nn.Dropout2d", "lm.nn.Dropout2d(p, inplace)", "lm.F.dropout2d(x, p, self.t
 E("lm.nn.Dropout3d", "lm.nn.Dropout3d(p, inplace)", "lm.F.dropout3d as a module.",
    { err = "p outside [0, 1]" })
 -- end of issue 40 (wt-act) -------------------------------------------------------------------
+-- issue 40 (wt-resample): Upsample, ConvTranspose modules -------------------------------------
+E("lm.nn.Upsample", "lm.nn.Upsample(opts)", "lm.F.interpolate with opts {size =, scale_factor "
+   .. "=, mode = \"nearest\", align_corners =, recompute_scale_factor =} as a module.",
+   { err = "neither size nor scale_factor, an unknown option" })
+E("lm.nn.UpsamplingNearest2d", "lm.nn.UpsamplingNearest2d(opts)", "Upsample with mode "
+   .. "\"nearest\" ({size =} or {scale_factor =}).")
+E("lm.nn.UpsamplingBilinear2d", "lm.nn.UpsamplingBilinear2d(opts)", "Upsample with mode "
+   .. "\"bilinear\" and align_corners = true ({size =} or {scale_factor =}).")
+E("lm.nn.ConvTranspose2d", "lm.nn.ConvTranspose2d(in_channels, out_channels, kernel_size, opts)",
+   "weight (in, out / groups, kH, kW) and bias (out) initialised as PyTorch's; forward "
+   .. "lm.F.conv_transpose2d.", { opts = "{stride = 1, padding = 0, output_padding = 0, groups = "
+   .. "1, bias = true, dilation = 1, dtype =, device =} (padding_mode \"zeros\" only; no "
+   .. "output_size argument to forward)",
+   err = "channels not divisible by groups, sizes that are not positive integers" })
+E("lm.nn.ConvTranspose1d", "lm.nn.ConvTranspose1d(in_channels, out_channels, kernel_size, opts)",
+   "As ConvTranspose2d, 1-D (lm.F.conv_transpose1d).")
+E("lm.nn.ConvTranspose3d", "lm.nn.ConvTranspose3d(in_channels, out_channels, kernel_size, opts)",
+   "As ConvTranspose2d, 3-D (lm.F.conv_transpose3d).")
+-- end of issue 40 (wt-resample) --------------------------------------------------------------
 
 S("module_methods", "Module methods", "")
 local MM = {

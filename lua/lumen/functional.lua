@@ -19,6 +19,8 @@ require("lumen.functional.linear")      -- linear
 require("lumen.functional.dropout")     -- dropout
 require("lumen.functional.shape")       -- flatten, cat
 require("lumen.functional.pad")         -- pad, pixel_shuffle, pixel_unshuffle, channel_shuffle
+require("lumen.functional.resample")    -- interpolate (upsample)
+require("lumen.functional.conv_transpose") -- conv_transpose1d, conv_transpose2d, conv_transpose3d
 require("lumen.functional.loss")        -- nll_loss, cross_entropy, mse_loss
 
 local F = H.F

@@ -274,6 +274,44 @@ end
 OPS["F.conv2d"] = conv_op(2)
 OPS["F.conv3d"] = conv_op(3)
 
+-- issue 40 (wt-resample): ConvTranspose of 1 to 3 spatial dims (weight (C_in, C_out / groups,
+-- k...) is ONNX's layout too); F.interpolate is not exported yet: PyTorch's index rules need
+-- Resize's string attributes (mode, coordinate_transformation_mode, nearest_mode), which the
+-- shim (src/onnx/onnx_shim.c) does not write
+local function conv_transpose_op(nd)
+   local function tuple(v, d)
+      local r = {}
+      for i = 1, nd do
+         if v == nil then r[i] = d
+         elseif type(v) == "number" then r[i] = v
+         else r[i] = #v == 1 and v[1] or v[i] end
+      end
+      return r
+   end
+   return function(B, _, a, outs, g)
+      local o = a[4] or {}
+      local pad, st, dl = tuple(o.padding, 0), tuple(o.stride, 1), tuple(o.dilation, 1)
+      local op = tuple(o.output_padding, 0)
+      local w = g.values[a[2].id]
+      local ins = { B.name(a[1].id), B.name(a[2].id) }
+      if a[3] ~= nil then ins[3] = B.name(a[3].id) end
+      local ks, pads = {}, {}
+      for i = 1, nd do
+         ks[i] = w.sizes[i + 2]
+         pads[i], pads[i + nd] = pad[i], pad[i]
+      end
+      B.node("ConvTranspose", ins, outs, { kernel_shape = ks, strides = st, pads = pads,
+         dilations = dl, output_padding = op, group = o.groups or 1 })
+   end
+end
+OPS["F.conv_transpose1d"] = conv_transpose_op(1)
+OPS["F.conv_transpose2d"] = conv_transpose_op(2)
+OPS["F.conv_transpose3d"] = conv_transpose_op(3)
+OPS["F.interpolate"] = function()
+   fail("F.interpolate is not exported yet (ONNX Resize needs string attributes, which the " ..
+        "exporter cannot write)", 0)
+end
+
 OPS["F.batch_norm"] = function(B, _, a, outs, g)
    local o = a[6] or {}
    if o.training then fail("a batch norm in training mode (call model:eval() first)", 0) end

@@ -1122,6 +1122,136 @@ function Sequential:forward(x)
    return x
 end
 
+---------------------------------------------------------------------------------------------
+-- Resampling and transposed convolutions (issue 40): Upsample, UpsamplingNearest2d,
+-- UpsamplingBilinear2d, ConvTranspose1d/2d/3d
+---------------------------------------------------------------------------------------------
+
+-- Upsample({size=, scale_factor=, mode="nearest", align_corners=, recompute_scale_factor=}):
+-- F.interpolate with these options (checked at construction by a dry run of the option parser
+-- on the first call's input; unknown keys fail here)
+local UPSAMPLE_OPTS = option_set("size", "scale_factor", "mode", "align_corners",
+                                 "recompute_scale_factor")
+local function upsample_module(name, fixed)
+   local cls = Module:extend(name)
+   M[name] = cls
+   function cls:__init(opts)
+      opts = opts_arg(name, opts, UPSAMPLE_OPTS)
+      if opts.size == nil and opts.scale_factor == nil then
+         fail(name, "either size or scale_factor should be defined")
+      end
+      self.size, self.scale_factor = opts.size, opts.scale_factor
+      self.mode = fixed and fixed.mode or opts.mode or "nearest"
+      if fixed then
+         self.align_corners = fixed.align_corners
+      else
+         self.align_corners = opts.align_corners
+      end
+      self.recompute_scale_factor = opts.recompute_scale_factor
+   end
+   function cls:forward(x)
+      return F.interpolate(x, { size = self.size, scale_factor = self.scale_factor,
+                                mode = self.mode, align_corners = self.align_corners,
+                                recompute_scale_factor = self.recompute_scale_factor })
+   end
+   function cls:extra_repr()
+      local function v(x)
+         if type(x) == "table" then return "(" .. table.concat(x, ", ") .. ")" end
+         return tostring(x)
+      end
+      local s = self.scale_factor ~= nil and ("scale_factor=" .. v(self.scale_factor))
+                or ("size=" .. v(self.size))
+      s = s .. ", mode='" .. self.mode .. "'"
+      if self.align_corners ~= nil and not fixed then
+         s = s .. ", align_corners=" .. (self.align_corners and "True" or "False")
+      end
+      return s
+   end
+   return cls
+end
+upsample_module("Upsample")
+upsample_module("UpsamplingNearest2d", { mode = "nearest" })
+upsample_module("UpsamplingBilinear2d", { mode = "bilinear", align_corners = true })
+
+-- ConvTranspose1d/2d/3d(in_channels, out_channels, kernel_size, {stride=1, padding=0,
+-- output_padding=0, groups=1, bias=true, dilation=1, dtype=, device=}): weight (in, out / groups,
+-- k...) and bias (out) as PyTorch's, PyTorch's init (kaiming_uniform_(a = sqrt(5)); fan_in from
+-- the weight's dim 2 times the kernel, as PyTorch computes it); forward F.conv_transpose{nd}d
+local CONVT_OPTS = option_set("stride", "padding", "output_padding", "groups", "bias",
+                              "dilation", "dtype", "device", "padding_mode")
+local function conv_transpose_module(nd)
+   local name = "ConvTranspose" .. nd .. "d"
+   local fn = "conv_transpose" .. nd .. "d"
+   local cls = Module:extend(name)
+   M[name] = cls
+   local function sz(v, what, min)
+      if nd == 1 then
+         local s = single(v)
+         if s == nil then fail(name, what .. " must be a number or {n}, got " .. tostring(v)) end
+         return { int_arg(name, s, what, min) }
+      end
+      return sizes_arg(name, v, what, min, nd)
+   end
+   function cls:__init(in_channels, out_channels, kernel_size, opts)
+      opts = opts_arg(name, opts, CONVT_OPTS)
+      int_arg(name, in_channels, "in_channels", 1)
+      int_arg(name, out_channels, "out_channels", 1)
+      local groups = int_arg(name, opts.groups or 1, "groups", 1)
+      if in_channels % groups ~= 0 then fail(name, "in_channels must be divisible by groups") end
+      if out_channels % groups ~= 0 then
+         fail(name, "out_channels must be divisible by groups")
+      end
+      if opts.padding_mode ~= nil and opts.padding_mode ~= "zeros" then
+         fail(name, "Only \"zeros\" padding mode is supported for " .. name)
+      end
+      local k = sz(kernel_size, "kernel_size", 1)
+      self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+      self.stride = sz(opts.stride or 1, "stride", 1)
+      self.padding = sz(opts.padding or 0, "padding", 0)
+      self.output_padding = sz(opts.output_padding or 0, "output_padding", 0)
+      self.dilation = sz(opts.dilation or 1, "dilation", 1)
+      self.groups = groups
+      local fk = param_opts(name, opts)
+      local wsz = { in_channels, out_channels / groups }
+      for i = 1, nd do wsz[i + 2] = k[i] end
+      self:register_parameter("weight", creation.empty(wsz, fk))
+      if opts.bias == nil or opts.bias then
+         self:register_parameter("bias", creation.empty({ out_channels }, fk))
+      else
+         self:register_parameter("bias", nil)
+      end
+      self:reset_parameters()
+   end
+   cls.reset_parameters = Conv2d.reset_parameters
+   function cls:forward(x)
+      return F[fn](x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
+                   output_padding = self.output_padding, groups = self.groups,
+                   dilation = self.dilation })
+   end
+   function cls:extra_repr()
+      local function t(v)
+         if nd == 1 then return single_str(v[1]) end
+         return "(" .. table.concat(v, ", ") .. ")"
+      end
+      local function nz(v, d)
+         for i = 1, nd do if v[i] ~= d then return true end end
+         return false
+      end
+      local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
+         t(self.kernel_size), t(self.stride))
+      if nz(self.padding, 0) then s = s .. ", padding=" .. t(self.padding) end
+      if nz(self.output_padding, 0) then s = s .. ", output_padding=" .. t(self.output_padding) end
+      if nz(self.dilation, 1) then s = s .. ", dilation=" .. t(self.dilation) end
+      if self.groups ~= 1 then s = s .. ", groups=" .. self.groups end
+      if self.bias == nil then s = s .. ", bias=False" end
+      return s
+   end
+   return cls
+end
+conv_transpose_module(1)
+conv_transpose_module(2)
+conv_transpose_module(3)
+
 -- keep the autograd module referenced (the Tensor methods the modules call are its wrappers)
 M._autograd = A
 

@@ -1,0 +1,304 @@
+-- lumen.functional.resample -- lm.F.interpolate (modes nearest, nearest-exact, linear, bilinear,
+-- bicubic, trilinear; size or scale_factor; align_corners; recompute_scale_factor) with its
+-- backward (issue 40).
+--
+-- Every mode is separable: the output is the input with one small interpolation matrix
+-- (out_d x in_d) applied along each spatial dim d. The matrices hold exactly PyTorch's CPU
+-- indices and weights (area_pixel_compute_scale / area_pixel_compute_source_index for the
+-- linear and cubic modes, computed in the op-math type: float for float32/16/bfloat16, double
+-- for float64; nearest: floorf(dst * scale), nearest-exact: floorf((dst + 0.5) * scale), both in
+-- float; bicubic: A = -0.75 with the taps clamped to the borders), and the forward runs as one
+-- batched matmul per resized dim over the tensor in its PHYSICAL order (N, C, spatial... for
+-- contiguous; N, spatial..., C for channels_last / channels_last_3d), so the result comes out in
+-- the input's memory format with no permuting copy, on every device. The backward applies the
+-- transposed matrices to the gradient in the same order (grad_input in the input's format).
+-- float16 / bfloat16 compute in float32 and round once, as PyTorch's CPU kernels.
+-- Nearest modes run as 0/1 matrices: finite values are copied exactly; a non-finite input value
+-- spreads NaN along its row (0 * inf) where PyTorch copies it (noted in the docs).
+
+local ffi = require("ffi")
+local C = require("lumen.C")
+local T = require("lumen.tensor")
+local A = require("lumen.autograd")
+local H = require("lumen.functional.common")
+
+local type, tostring, tonumber, getmetatable = type, tostring, tonumber, getmetatable
+local floor, min, max = math.floor, math.min, math.max
+
+local R = T.raw
+local needs, record, fresh = A.needs, A.record, A.fresh
+local err, tensor_arg, check_opts = H.err, H.tensor_arg, H.check_opts
+
+local F = H.F
+
+local OPTS = H.option_set("size", "scale_factor", "mode", "align_corners",
+                          "recompute_scale_factor", "antialias")
+F._OPTIONS.interpolate = OPTS
+
+-- the spatial rank each mode needs (nil: any of 1, 2, 3)
+local MODES = { nearest = false, ["nearest-exact"] = false, linear = 1, bilinear = 2,
+                bicubic = 2, trilinear = 3 }
+
+local fbuf = ffi.new("float[1]")
+local function f32(v) fbuf[0] = v; return fbuf[0] end
+local function f64(v) return v end
+
+local A_CUBIC = -0.75
+local function cc1(x) return ((A_CUBIC + 2) * x - (A_CUBIC + 3)) * x * x + 1 end
+local function cc2(x) return ((A_CUBIC * x - 5 * A_CUBIC) * x + 8 * A_CUBIC) * x - 4 * A_CUBIC end
+
+-- the interpolation matrix of one dim as rows: rows[o] = { [i] = weight } (0-based i), and
+-- whether it is the identity. r: the op-math rounding (f32 or f64). scale: the user's scale
+-- factor for this dim or nil.
+local function dim_rows(mode, insz, outsz, align, scale, r)
+   local rows = {}
+   local ident = insz == outsz
+   local function add(o, i, w)
+      local row = rows[o]
+      row[i] = (row[i] or 0) + w
+   end
+   if mode == "nearest" or mode == "nearest-exact" then
+      -- compute_scales_value<float>
+      local s = (scale ~= nil and scale > 0) and f32(1.0 / scale) or f32(f32(insz) / outsz)
+      for o = 0, outsz - 1 do
+         rows[o] = {}
+         local i
+         if mode == "nearest" then
+            if outsz == insz then i = o
+            elseif outsz == 2 * insz then i = floor(o / 2)
+            else i = min(floor(f32(o * s)), insz - 1) end
+         else
+            i = min(floor(f32((o + 0.5) * s)), insz - 1)
+         end
+         if i ~= o then ident = false end
+         add(o, i, 1)
+      end
+      return rows, ident
+   end
+   -- area_pixel_compute_scale
+   local s
+   if align then
+      s = outsz > 1 and r(r(insz - 1) / (outsz - 1)) or 0
+   else
+      s = (scale ~= nil and scale > 0) and r(1.0 / scale) or r(r(insz) / outsz)
+   end
+   local cubic = mode == "bicubic"
+   for o = 0, outsz - 1 do
+      rows[o] = {}
+      -- area_pixel_compute_source_index
+      local src
+      if align then src = r(s * o)
+      else
+         src = r(r(s * r(o + 0.5)) - 0.5)
+         if not cubic and src < 0 then src = 0 end
+      end
+      -- guard_index_and_lambda
+      local i0 = min(floor(f32(src)), insz - 1)
+      if r == f64 then i0 = min(floor(src), insz - 1) end
+      local t = min(max(r(src - i0), 0), 1)
+      if cubic then
+         local w = { r(cc2(r(t + 1))), r(cc1(t)), r(cc1(r(1 - t))), r(cc2(r(r(1 - t) + 1))) }
+         for j = 0, 3 do
+            add(o, max(min(i0 - 1 + j, insz - 1), 0), w[j + 1])
+         end
+      else
+         local off = i0 < insz - 1 and 1 or 0
+         add(o, i0, r(1 - t))
+         add(o, i0 + off, t)
+      end
+      if ident then
+         for i, w in pairs(rows[o]) do
+            if (i == o and w ~= 1) or (i ~= o and w ~= 0) then ident = false end
+         end
+      end
+   end
+   return rows, ident
+end
+
+-- the rows as a dense matrix tensor (outsz x insz), or its transpose
+local function matrix(rows, insz, outsz, transpose, dtype, device)
+   local m = {}
+   if transpose then
+      for i = 1, insz do local z = {}; for o = 1, outsz do z[o] = 0 end; m[i] = z end
+      for o = 0, outsz - 1 do
+         for i, w in pairs(rows[o]) do m[i + 1][o + 1] = w end
+      end
+   else
+      for o = 0, outsz - 1 do
+         local z = {}
+         for i = 1, insz do z[i] = 0 end
+         for i, w in pairs(rows[o]) do z[i + 1] = w end
+         m[o + 1] = z
+      end
+   end
+   return require("lumen.creation").tensor(m, { dtype = dtype, device = device })
+end
+
+-- t (N, C, S1..Sk) with mats[i] (out_i x in_i, or false to keep dim i) applied along each
+-- spatial dim, in the physical order given by cl (true: N, S.., C); the result is dense in that
+-- order (so channels-last strides when cl)
+local function apply(t, mats, cl)
+   local nd = R.dim(t)
+   local k = nd - 2
+   local perm, inv = { 1 }, {}
+   if cl then
+      for i = 1, k do perm[i + 1] = i + 2 end
+      perm[nd] = 2
+   else
+      for i = 2, nd do perm[i] = i end
+   end
+   for i = 1, nd do inv[perm[i]] = i end
+   local u = R.permute(t, perm)
+   local sizes = {}
+   for i = 1, nd do sizes[i] = R.size(u, i) end
+   local did = false
+   for i = 1, k do
+      local m = mats[i]
+      if m then
+         local pos = cl and i + 1 or i + 2
+         local b, rest = 1, 1
+         for j = 1, pos - 1 do b = b * sizes[j] end
+         for j = pos + 1, nd do rest = rest * sizes[j] end
+         local v = R.reshape(u, { b, sizes[pos], rest })
+         local y = R.matmul(m, v)
+         sizes[pos] = R.size(m, 1)
+         u = R.reshape(y, sizes)
+         did = true
+      end
+   end
+   if not did then u = R.clone(u) end      -- a copy, dense in the physical order
+   return R.permute(u, inv)
+end
+
+local function num_list(fname, v, k, what, int)
+   local r = {}
+   if type(v) == "number" then
+      for i = 1, k do r[i] = v end
+   elseif type(v) == "table" and (getmetatable(v) == nil or T.is_sizes(v)) then
+      if #v ~= k then
+         err(fname, ("%s must have %d elements for a %d-D spatial input, got %d"):format(what,
+             k, k, #v))
+      end
+      for i = 1, k do r[i] = v[i] end
+   else
+      err(fname, what .. " must be a number or a table of numbers, got " .. T.typename(v))
+   end
+   for i = 1, k do
+      local x = r[i]
+      if type(x) ~= "number" or x ~= x or (int and x % 1 ~= 0) or x <= 0 or x == math.huge then
+         err(fname, ("%s must hold positive %s, got %s"):format(what,
+             int and "integers" or "finite numbers", tostring(x)))
+      end
+   end
+   return r
+end
+
+-- interpolate(x, {size=, scale_factor=, mode="nearest", align_corners=, recompute_scale_factor=})
+function F.interpolate(x, opts)
+   local fname = "interpolate"
+   local xc = tensor_arg(fname, x, "input")
+   opts = check_opts(fname, opts, OPTS)
+   local mode = opts.mode == nil and "nearest" or opts.mode
+   if type(mode) ~= "string" or MODES[mode] == nil then
+      err(fname, "mode must be one of nearest, nearest-exact, linear, bilinear, bicubic, " ..
+          "trilinear, got " .. (type(mode) == "string" and ("\"" .. mode .. "\"")
+                                or T.typename(mode)))
+   end
+   if opts.antialias then
+      err(fname, "antialias=true is not supported")
+   end
+   local nd = xc.ndim
+   if nd < 3 or nd > 5 then
+      err(fname, ("expected a 3-D, 4-D or 5-D (batched) input, got %d-D input of size %s")
+          :format(nd, H.sizes_str(xc)))
+   end
+   local k = nd - 2
+   if MODES[mode] and MODES[mode] ~= k then
+      err(fname, ("mode \"%s\" expects a %d-D input, got %d-D input of size %s"):format(mode,
+          MODES[mode] + 2, nd, H.sizes_str(xc)))
+   end
+   H.check_float(fname, xc, "input")
+   local align = opts.align_corners
+   if align ~= nil and type(align) ~= "boolean" then
+      err(fname, "align_corners must be a boolean, got " .. T.typename(align))
+   end
+   if not MODES[mode] then
+      if align ~= nil then
+         err(fname, "align_corners option can only be set with the interpolating modes: " ..
+             "linear | bilinear | bicubic | trilinear")
+      end
+      align = false
+   end
+   align = align and true or false
+   local recompute = opts.recompute_scale_factor
+   if recompute ~= nil and type(recompute) ~= "boolean" then
+      err(fname, "recompute_scale_factor must be a boolean, got " .. T.typename(recompute))
+   end
+   local insz = {}
+   for i = 1, k do insz[i] = tonumber(xc.sizes[i + 1]) end
+   local outsz, scales = {}, {}
+   if opts.size ~= nil and opts.scale_factor ~= nil then
+      err(fname, "only one of size or scale_factor should be defined")
+   elseif opts.size ~= nil then
+      if recompute then
+         err(fname, "recompute_scale_factor is not meaningful with an explicit size")
+      end
+      outsz = num_list(fname, opts.size, k, "size", true)
+   elseif opts.scale_factor ~= nil then
+      local sf = num_list(fname, opts.scale_factor, k, "scale_factor", false)
+      for i = 1, k do
+         outsz[i] = floor(insz[i] * sf[i])
+         if outsz[i] < 1 then
+            err(fname, ("scale_factor %s gives an empty output for input size %d"):format(
+                tostring(sf[i]), insz[i]))
+         end
+         if not recompute then scales[i] = sf[i] end
+      end
+   else
+      err(fname, "either size or scale_factor should be defined")
+   end
+   for i = 1, k do
+      if insz[i] < 1 then
+         err(fname, ("input of size %s has an empty spatial dim"):format(H.sizes_str(xc)))
+      end
+   end
+   local dtype = tostring(R.dtype(x))
+   local cdt = (dtype == "float64") and "float64" or "float32"
+   local r = cdt == "float64" and f64 or f32
+   local device = R.device(x)
+   local rows, ident = {}, {}
+   local fwd = {}
+   for i = 1, k do
+      rows[i], ident[i] = dim_rows(mode, insz[i], outsz[i], align, scales[i], r)
+      fwd[i] = (not ident[i]) and matrix(rows[i], insz[i], outsz[i], false, cdt, device)
+   end
+   local f = C.lm_suggest_memory_format(xc, 0)
+   local cl = (f == C.LM_CHANNELS_LAST and nd == 4) or (f == C.LM_CHANNELS_LAST_3D and nd == 5)
+   local xin = dtype == cdt and x or R.to(x, cdt)
+   local out = apply(xin, fwd, cl)
+   if dtype ~= cdt then out = R.to(out, dtype) end
+   if A.is_grad_enabled() and needs(x) then
+      record(out, mode == "nearest" and "UpsampleNearestBackward" or
+             mode == "nearest-exact" and "UpsampleNearestExactBackward" or
+             mode == "bicubic" and "UpsampleBicubicBackward" or "UpsampleLinearBackward",
+             function(g)
+         local bwd = {}
+         for i = 1, k do
+            bwd[i] = (not ident[i]) and matrix(rows[i], insz[i], outsz[i], true, cdt, device)
+         end
+         local gin = tostring(R.dtype(g)) == cdt and g or R.to(g, cdt)
+         local gx = apply(gin, bwd, cl)
+         if dtype ~= cdt then gx = R.to(gx, dtype) end
+         return fresh(gx)
+      end, x)
+   end
+   return out
+end
+
+-- upsample(x, size, scale_factor, mode, align_corners): the deprecated spelling
+function F.upsample(x, size, scale_factor, mode, align_corners)
+   return F.interpolate(x, { size = size, scale_factor = scale_factor, mode = mode,
+                             align_corners = align_corners })
+end
+
+return F

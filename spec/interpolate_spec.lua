@@ -1,0 +1,156 @@
+-- F.interpolate / nn.Upsample (issue 40; lua/lumen/functional/resample.lua): values and input
+-- gradients against PyTorch 2.x float64 fixtures (spec/fixtures/nn/resample.lua, gen_resample.py)
+-- for every mode (nearest, nearest-exact, linear, bilinear, bicubic, trilinear; size and
+-- scale_factor, align_corners, recompute_scale_factor) in float64 and float32, contiguous and
+-- channels-last input; float16 / bfloat16 within their rounding; output and gradient keep the
+-- input's memory format; float64 gradchecks;
+-- bad input. Under LUMEN_TEST_DEVICE (sim:0, the emulated cuda:0) the same checks run there.
+
+local H = require("spec.helpers")
+local G = require("spec.gradcheck")
+local lm = H.lm
+local F = lm.F
+local FX = dofile("spec/fixtures/nn/resample.lua")
+
+local DEV = os.getenv("LUMEN_TEST_DEVICE")
+if DEV == "" then DEV = nil end
+
+local DTYPES = { { lm.float64, 1e-9 }, { lm.float32, 3e-5 },
+                 { lm.float16, 2e-2 }, { lm.bfloat16, 8e-2 } }
+
+local function cl_of(nd)
+   if nd == 4 then return lm.channels_last elseif nd == 5 then return lm.channels_last_3d end
+end
+
+local function fx(d, dtype, fmt, rg)
+   local t = lm.tensor(d.data, { dtype = lm.float64 }):view(d.sizes)
+   t = t:to(dtype or lm.float64)
+   if fmt then t = t:contiguous(fmt) end
+   if DEV then t = t:to(DEV) end
+   t = t:detach()
+   if rg then t:requires_grad_(true) end
+   return t
+end
+
+local function close(t, expected, tol, what)
+   local e = lm.tensor(expected.data, { dtype = lm.float64 }):view(expected.sizes):cpu()
+   local got = t:detach():cpu():double()
+   assert(got:dim() == #expected.sizes, what .. ": rank")
+   for i, s in ipairs(expected.sizes) do
+      assert(got:size(i) == s, ("%s: size %s, expected %s"):format(what,
+             table.concat(got:size(), "x"), table.concat(expected.sizes, "x")))
+   end
+   local err = (got - e):abs():max():item()
+   local scale = math.max(1, e:abs():max():item())
+   assert(err <= tol * scale, ("%s: max error %g > %g"):format(what, err, tol * scale))
+end
+
+local function assert_format(t, fmt, what)
+   if fmt then
+      assert(t:is_contiguous(fmt), what .. ": expected " .. tostring(fmt) .. ", got " ..
+             H.describe(t))
+   else
+      assert(t:is_contiguous(), what .. ": expected contiguous, got " .. H.describe(t))
+   end
+end
+
+describe("F.interpolate against PyTorch", function()
+   for _, c in ipairs(FX.interpolate) do
+      local nd = #c.x.sizes
+      local fmts = { false }
+      if cl_of(nd) then fmts[2] = cl_of(nd) end
+      for _, fmt in ipairs(fmts) do
+         for _, dt in ipairs(DTYPES) do
+            it(("%s %s %s: values, gradient, formats"):format(c.name, tostring(dt[1]),
+               fmt and tostring(fmt) or "contiguous"), function()
+               local x = fx(c.x, dt[1], fmt or nil, true)
+               local y = F.interpolate(x, c.opts)
+               assert.are.equal(dt[1], y:dtype())
+               close(y, c.out, dt[2], "out")
+               assert_format(y, fmt or nil, "out")
+               y:backward(fx(c.gout, dt[1], fmt or nil))
+               close(x.grad, c.gx, dt[2] * 4, "grad_input")
+               assert_format(x.grad, fmt or nil, "grad_input")
+            end)
+         end
+      end
+   end
+
+   -- users report PyTorch's upsample_nearest3d dropping channels_last_3d; the peer (2.15) keeps it
+   -- (the fixture records torch_keeps_cl); lumen keeps it in every mode
+   it("keeps channels_last_3d for nearest 3-D", function()
+      local c = FX.interpolate[7]
+      assert.are.equal("nearest_3d", c.name)
+      local y = F.interpolate(fx(c.x, lm.float32, lm.channels_last_3d), c.opts)
+      assert_format(y, lm.channels_last_3d, "out")
+   end)
+
+   it("a gradient of any strides still gives grad_input in the input's format", function()
+      local x = fx(FX.interpolate[14].x, lm.float64, lm.channels_last, true)
+      local y = F.interpolate(x, { size = { 7, 3 }, mode = "bilinear" })
+      y:backward(fx(FX.interpolate[14].gout, lm.float64))   -- contiguous gradient
+      close(x.grad, FX.interpolate[14].gx, 1e-9, "grad_input")
+      assert_format(x.grad, lm.channels_last, "grad_input")
+   end)
+end)
+
+describe("F.interpolate gradcheck (float64)", function()
+   local cases = {
+      { { 1, 2, 5 }, nil, { size = 8, mode = "linear" } },
+      { { 1, 2, 4, 3 }, lm.channels_last, { size = { 5, 6 }, mode = "bilinear",
+                                             align_corners = true } },
+      { { 1, 2, 3, 4 }, nil, { scale_factor = 1.5, mode = "bicubic" } },
+      { { 1, 2, 3, 2, 3 }, lm.channels_last_3d, { size = { 4, 3, 2 }, mode = "trilinear" } },
+      { { 1, 2, 3, 5 }, lm.channels_last, { size = { 7, 2 }, mode = "nearest" } },
+      { { 1, 1, 2, 3, 4 }, nil, { scale_factor = 1.6, mode = "nearest-exact" } },
+   }
+   for i, cs in ipairs(cases) do
+      it(cs[3].mode .. " " .. i, function()
+         local x = G.input(cs[1], cs[2], i)
+         if DEV then x = x:detach():to(DEV):requires_grad_(true) end
+         assert.is_true(G.check(function(t) return F.interpolate(t, cs[3]) end, { x }))
+      end)
+   end
+end)
+
+describe("nn.Upsample", function()
+   it("runs F.interpolate with its options", function()
+      local c = FX.interpolate[15]    -- bilinear_ac
+      assert.are.equal("bilinear_ac", c.name)
+      local m = lm.nn.Upsample({ scale_factor = 2, mode = "bilinear", align_corners = true })
+      close(m:forward(fx(c.x)), c.out, 1e-9, "Upsample")
+      assert.truthy(tostring(m):find("bilinear"))
+      local u = lm.nn.UpsamplingNearest2d({ scale_factor = 2 })
+      close(u:forward(fx(FX.interpolate[3].x)), FX.interpolate[3].out, 1e-9, "Nearest2d")
+      local b = lm.nn.UpsamplingBilinear2d({ scale_factor = 2 })
+      close(b:forward(fx(c.x)), c.out, 1e-9, "Bilinear2d")
+   end)
+end)
+
+describe("F.interpolate bad input", function()
+   local x = lm.zeros({ 1, 2, 3, 4 })
+   local cases = {
+      { function() F.interpolate(x, {}) end, "either size or scale_factor" },
+      { function() F.interpolate(x, { size = 2, scale_factor = 2 }) end, "only one of" },
+      { function() F.interpolate(x, { size = 2, mode = "cubic" }) end, "mode must be" },
+      { function() F.interpolate(x, { size = 2, mode = "trilinear" }) end, "expects a 5%-D" },
+      { function() F.interpolate(x, { size = 2, mode = "linear" }) end, "expects a 3%-D" },
+      { function() F.interpolate(x, { size = { 2, 3, 4 } }) end, "2 elements" },
+      { function() F.interpolate(x, { size = 0 }) end, "positive" },
+      { function() F.interpolate(x, { scale_factor = -1 }) end, "positive" },
+      { function() F.interpolate(x, { size = 2, align_corners = true }) end,
+        "interpolating modes" },
+      { function() F.interpolate(lm.zeros({ 2, 3 }), { size = 2 }) end, "3%-D, 4%-D or 5%-D" },
+      { function() F.interpolate(x:long(), { size = 2 }) end, "interpolate" },
+      { function() F.interpolate(x, { size = 2, bogus = 1 }) end, "bogus" },
+      { function() F.interpolate("x", { size = 2 }) end, "tensor expected" },
+   }
+   for i, cs in ipairs(cases) do
+      it(cs[2] .. " " .. i, function()
+         local ok, e = pcall(cs[1])
+         assert.is_false(ok)
+         assert.truthy(tostring(e):find("lumen.interpolate", 1, true), tostring(e))
+         assert.truthy(tostring(e):find(cs[2]), tostring(e))
+      end)
+   end
+end)
