@@ -51,6 +51,7 @@ local POSITIONAL = {
    pixel_shuffle = "(x, upscale_factor)",
    pixel_unshuffle = "(x, downscale_factor)",
    channel_shuffle = "(x, groups)",
+   upsample = "(x, size, scale_factor, mode, align_corners)",
    sigmoid = "(x)",
    tanh = "(x)",
    -- F.relu(x, inplace) also takes {inplace = b}, validated against functional.lua's RELU_OPTS,

@@ -745,6 +745,7 @@ local NO_ONNX = {
    ["F.nll_loss"] = "a loss: export the model, not its training objective",
    ["F.cross_entropy"] = "a loss: export the model, not its training objective",
    ["F.mse_loss"] = "a loss: export the model, not its training objective",
+   ["F.upsample"] = "not exported yet, as F.interpolate: ONNX Resize needs string attributes",
 }
 
 -- dynamic_axes = {input = {[1] = "batch"}, output = {[1] = "batch"}} (PyTorch's option, with
