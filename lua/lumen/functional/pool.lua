@@ -131,57 +131,72 @@ function F.max_pool2d(x, opts)
    return out
 end
 
--- avg_pool2d(x, {kernel_size=, stride=, padding=, ceil_mode=, count_include_pad=,
---                divisor_override=})
-function F.avg_pool2d(x, opts)
-   local fname = "avg_pool2d"
-   local xc = pool_input(fname, x, 2)
-   opts = pool_opts(fname, opts, AVG_POOL_OPTS)
-   local kernel = ntuple(2, fname, opts.kernel_size, "kernel_size", nil, 1)
-   local stride = ntuple(2, fname, opts.stride, "stride", kernel, 1)
-   local padding = ntuple(2, fname, opts.padding, "padding", 0, 0)
-   local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
-   local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
-   local dov = opts.divisor_override
-   if dov ~= nil then
-      dov = int_opt(fname, dov, "divisor_override", nil, 1)
+-- avg_pool2d / avg_pool3d(x, {kernel_size=, stride=, padding=, ceil_mode=, count_include_pad=,
+-- divisor_override=}) and adaptive_avg_pool2d / 3d(x, output_size: a number or {h, w} /
+-- {d, h, w}, where false / nil keeps the input's size): one body each for both ranks, which differ
+-- only in the C entry points (cf, cb) and the names
+local function avg_pool_nd(n, cf, cb)
+   local fname, bname = "avg_pool" .. n .. "d", "AvgPool" .. n .. "DBackward"
+   local kb, sb, pb = n == 2 and kbuf or kbuf3, n == 2 and sbuf or sbuf3, n == 2 and pbuf or pbuf3
+   return function(x, opts)
+      local xc = pool_input(fname, x, n)
+      opts = pool_opts(fname, opts, AVG_POOL_OPTS)
+      local kernel = ntuple(n, fname, opts.kernel_size, "kernel_size", nil, 1)
+      local stride = ntuple(n, fname, opts.stride, "stride", kernel, 1)
+      local padding = ntuple(n, fname, opts.padding, "padding", 0, 0)
+      local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
+      local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
+      local dov = opts.divisor_override
+      if dov ~= nil then dov = int_opt(fname, dov, "divisor_override", nil, 1) end
+      check_pad(fname, kernel, padding, nil)
+      local dovbuf = dov and ffi.new("int64_t[1]", dov) or nil
+      local cm, ci = ceil_mode and 1 or 0, cip and 1 or 0
+      outp[0] = nil
+      check(cf(xc, fill(kb, kernel), fill(sb, stride), fill(pb, padding), cm, ci, dovbuf, outp),
+            fname)
+      local out = wrap(outp[0])
+      if A.is_grad_enabled() and needs(x) then
+         record(out, bname, function(g)
+            p1[0] = nil
+            check(cb(g._c, x._c, fill(kb, kernel), fill(sb, stride), fill(pb, padding), cm, ci,
+                     dovbuf, p1), fname .. "_backward")
+            return fresh(wrap(p1[0]))
+         end, x)
+      end
+      return out
    end
-   check_pad(fname, kernel, padding, nil)
-   local dovbuf = dov and ffi.new("int64_t[1]", dov) or nil
-   outp[0] = nil
-   check(C.lm_avg_pool2d(xc, fill(kbuf, kernel), fill(sbuf, stride), fill(pbuf, padding),
-                         ceil_mode and 1 or 0, cip and 1 or 0, dovbuf, outp), fname)
-   local out = wrap(outp[0])
-   if A.is_grad_enabled() and needs(x) then
-      record(out, "AvgPool2DBackward", function(g)
-         p1[0] = nil
-         check(C.lm_avg_pool2d_backward(g._c, x._c, fill(kbuf, kernel), fill(sbuf, stride),
-                                        fill(pbuf, padding), ceil_mode and 1 or 0,
-                                        cip and 1 or 0, dovbuf, p1), "avg_pool2d_backward")
-         return fresh(wrap(p1[0]))
-      end, x)
-   end
-   return out
 end
 
--- adaptive_avg_pool2d(x, output_size): a number or {h, w}, where false / nil keeps the input's
--- size
-function F.adaptive_avg_pool2d(x, size)
-   local fname = "adaptive_avg_pool2d"
-   local xc = pool_input(fname, x, 2)
-   local osz = output_size(2, fname, xc, size)
-   outp[0] = nil
-   check(C.lm_adaptive_avg_pool2d(xc, fill(obuf, osz), outp), fname)
-   local out = wrap(outp[0])
-   if A.is_grad_enabled() and needs(x) then
-      record(out, "AdaptiveAvgPool2DBackward", function(g)
-         p1[0] = nil
-         check(C.lm_adaptive_avg_pool2d_backward(g._c, x._c, p1), "adaptive_avg_pool2d_backward")
-         return fresh(wrap(p1[0]))
-      end, x)
+local function adaptive_avg_pool_nd(n, cf, cb)
+   local fname, bname = "adaptive_avg_pool" .. n .. "d", "AdaptiveAvgPool" .. n .. "DBackward"
+   local ob = n == 2 and obuf or obuf3
+   return function(x, size)
+      local xc = pool_input(fname, x, n)
+      local osz = output_size(n, fname, xc, size)
+      outp[0] = nil
+      check(cf(xc, fill(ob, osz), outp), fname)
+      local out = wrap(outp[0])
+      if A.is_grad_enabled() and needs(x) then
+         record(out, bname, function(g)
+            p1[0] = nil
+            check(cb(g._c, x._c, p1), fname .. "_backward")
+            return fresh(wrap(p1[0]))
+         end, x)
+      end
+      return out
    end
-   return out
 end
+
+F.avg_pool2d = avg_pool_nd(2, function(...) return C.lm_avg_pool2d(...) end,
+                           function(...) return C.lm_avg_pool2d_backward(...) end)
+F.avg_pool3d = avg_pool_nd(3, function(...) return C.lm_avg_pool3d(...) end,
+                           function(...) return C.lm_avg_pool3d_backward(...) end)
+F.adaptive_avg_pool2d = adaptive_avg_pool_nd(2,
+   function(...) return C.lm_adaptive_avg_pool2d(...) end,
+   function(...) return C.lm_adaptive_avg_pool2d_backward(...) end)
+F.adaptive_avg_pool3d = adaptive_avg_pool_nd(3,
+   function(...) return C.lm_adaptive_avg_pool3d(...) end,
+   function(...) return C.lm_adaptive_avg_pool3d_backward(...) end)
 
 -- adaptive_max_pool2d(x, size) -> values, indices (int64, 1-based flat positions h*W + w + 1
 -- within the input plane)
@@ -320,57 +335,6 @@ function F.max_pool3d(x, opts)
       end, x)
    end
    if want_idx then return out, raw.add(idx, 1) end
-   return out
-end
-
--- avg_pool3d(x, {kernel_size=, stride=, padding=, ceil_mode=, count_include_pad=,
---                divisor_override=})
-function F.avg_pool3d(x, opts)
-   local fname = "avg_pool3d"
-   local xc = pool_input(fname, x, 3)
-   opts = pool_opts(fname, opts, AVG_POOL_OPTS)
-   local kernel = ntuple(3, fname, opts.kernel_size, "kernel_size", nil, 1)
-   local stride = ntuple(3, fname, opts.stride, "stride", kernel, 1)
-   local padding = ntuple(3, fname, opts.padding, "padding", 0, 0)
-   local ceil_mode = bool_opt(fname, opts.ceil_mode, "ceil_mode", false)
-   local cip = bool_opt(fname, opts.count_include_pad, "count_include_pad", true)
-   local dov = opts.divisor_override
-   if dov ~= nil then dov = int_opt(fname, dov, "divisor_override", nil, 1) end
-   check_pad(fname, kernel, padding, nil)
-   local dovbuf = dov and ffi.new("int64_t[1]", dov) or nil
-   local cm, ci = ceil_mode and 1 or 0, cip and 1 or 0
-   outp[0] = nil
-   check(C.lm_avg_pool3d(xc, fill(kbuf3, kernel), fill(sbuf3, stride), fill(pbuf3, padding),
-                         cm, ci, dovbuf, outp), fname)
-   local out = wrap(outp[0])
-   if A.is_grad_enabled() and needs(x) then
-      record(out, "AvgPool3DBackward", function(g)
-         p1[0] = nil
-         check(C.lm_avg_pool3d_backward(g._c, x._c, fill(kbuf3, kernel), fill(sbuf3, stride),
-                                        fill(pbuf3, padding), cm, ci, dovbuf, p1),
-               "avg_pool3d_backward")
-         return fresh(wrap(p1[0]))
-      end, x)
-   end
-   return out
-end
-
--- adaptive_avg_pool3d(x, output_size): a number or {d, h, w}, where false / nil keeps the
--- input's size
-function F.adaptive_avg_pool3d(x, size)
-   local fname = "adaptive_avg_pool3d"
-   local xc = pool_input(fname, x, 3)
-   local osz = output_size(3, fname, xc, size)
-   outp[0] = nil
-   check(C.lm_adaptive_avg_pool3d(xc, fill(obuf3, osz), outp), fname)
-   local out = wrap(outp[0])
-   if A.is_grad_enabled() and needs(x) then
-      record(out, "AdaptiveAvgPool3DBackward", function(g)
-         p1[0] = nil
-         check(C.lm_adaptive_avg_pool3d_backward(g._c, x._c, p1), "adaptive_avg_pool3d_backward")
-         return fresh(wrap(p1[0]))
-      end, x)
-   end
    return out
 end
 
