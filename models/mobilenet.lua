@@ -208,6 +208,7 @@ end
 M.check_number, M.check_dropout = check_number, check_dropout
 
 function M.install(lm, models)
+   models._mobilenet_checks = M
    local classes
    local function get()
       classes = classes or builder(lm, models)

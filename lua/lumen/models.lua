@@ -6,7 +6,8 @@
 -- <repo>/models, found relative to this file.
 local M = {}
 
-local files = { "resnet", "alexnet", "small_resnet", "video_resnet", "mobilenet" }
+local files = { "resnet", "alexnet", "small_resnet", "video_resnet", "mobilenet", "efficientnet",
+                "convnext" }
 
 local function this_dir()
    local src = debug.getinfo(1, "S").source
@@ -49,6 +50,14 @@ local OPTIONS = {
    mobilenet_v3_small = util.option_set("num_classes", "width_mult", "dropout", "reduced_tail",
                                         "dilated"),
 }
+for _, b in ipairs({ "b0", "b1", "b2", "b3" }) do
+   OPTIONS["efficientnet_" .. b] = util.option_set("num_classes", "dropout",
+                                                   "stochastic_depth_prob")
+end
+for _, v in ipairs({ "tiny", "small", "base" }) do
+   OPTIONS["convnext_" .. v] = util.option_set("num_classes", "stochastic_depth_prob",
+                                               "layer_scale")
+end
 M._OPTIONS = OPTIONS   -- the known keys per constructor (private: for tools and specs)
 
 local function check_keys(name, opts, known)
