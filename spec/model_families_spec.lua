@@ -245,7 +245,6 @@ describe("model families against torchvision (" .. dir .. ")", function()
                for k in pairs(mine) do extra[#extra + 1] = k end
                return extra
             end)(), vname .. ": keys torchvision lacks")
-            m = nil
             collectgarbage()
          end
       end
