@@ -424,3 +424,19 @@ check-peer: all $(PEER_DIR)/.generated
 	$(PEER_PYTHON) tools/gen_peer_models.py verify --out $(PEER_DIR)
 
 .PHONY: check-peer
+
+# ---- check-peer-families: issue 40's model families against torchvision ----------------------
+# tools/gen_peer_families.py writes weights and references into PEER_FAMILIES_DIR (~400 MB, redone
+# when the script changes); spec/model_families_spec.lua compares lumen against them.
+PEER_FAMILIES_DIR ?= /tmp/lumen-peer-families
+PEER_TORCH_PYTHON ?= $(HOME)/.cache/lumen-peer-torch2/bin/python
+
+$(PEER_FAMILIES_DIR)/.generated: tools/gen_peer_families.py
+	$(PEER_TORCH_PYTHON) tools/gen_peer_families.py gen --out $(PEER_FAMILIES_DIR)
+
+check-peer-families: all $(PEER_FAMILIES_DIR)/.generated
+	LUMEN_PEER_FAMILIES_DIR=$(PEER_FAMILIES_DIR) \
+	   LUMEN_LIB="$${LUMEN_LIB:-$(CURDIR)/$(BUILD)/liblumen.so}" \
+	   $(LUAJIT) $(BUSTED) spec/model_families_spec.lua
+
+.PHONY: check-peer-families

@@ -1,7 +1,9 @@
--- examples/train_imagefolder.lua -- train a ResNet-50 on an image folder (ImageNet layout:
+-- examples/train_imagefolder.lua -- train a ResNet-50 (or --model NAME) on an image folder
+-- (ImageNet layout:
 -- DIR/<class>/*.jpg|jpeg|png, one sub-folder per class), in channels-last.
 --
---   bin/lumen examples/train_imagefolder.lua --data DIR [--val DIR] [--epochs 1]
+--   bin/lumen examples/train_imagefolder.lua --data DIR [--model resnet50] [--val DIR]
+--       [--epochs 1]
 --       [--batch-size 32] [--lr 0.1] [--size 224] [--threads 2] [--workers 2] [--seed 1]
 --       [--format nhwc|nchw] [--steps N] [--checkpoint FILE] [--resume] [--quiet]
 --
@@ -22,13 +24,16 @@ io.stdout:setvbuf("line") -- progress shows up at once, also when the output is 
 local opt, usage = util.parse_flags({
    data = "", val = "", epochs = 1, ["batch-size"] = 32, lr = 0.1, size = 224, threads = 2,
    workers = 2, seed = 1, format = "nhwc", steps = 0, checkpoint = "", resume = false,
-   quiet = false, momentum = 0.9, ["weight-decay"] = 1e-4,
+   quiet = false, momentum = 0.9, ["weight-decay"] = 1e-4, model = "resnet50",
 }, "bin/lumen examples/train_imagefolder.lua", arg, {
    __description = "Train a ResNet on an ImageFolder tree (one folder per class), " ..
       "channels-last by default.",
-   __order = { "data", "val", "epochs", "batch-size", "lr", "momentum", "weight-decay", "size",
+   __order = { "data", "model", "val", "epochs", "batch-size", "lr", "momentum", "weight-decay",
+               "size",
                "format", "steps", "seed", "checkpoint", "resume", "threads", "workers", "quiet" },
    data = "training images: DIR/<class>/<image> (required)",
+   model = "an lm.models constructor: resnet18/50/..., mobilenet_v2, mobilenet_v3_large, " ..
+      "mobilenet_v3_small, efficientnet_b0..b3, convnext_tiny/small/base, ...",
    val = "validation images, the same layout (optional)",
    epochs = "epochs to train",
    ["batch-size"] = "images per optimizer step",
@@ -51,6 +56,22 @@ for _, k in ipairs({ "epochs", "batch-size", "size", "threads", "workers" }) do
    if opt[k] < 1 or opt[k] % 1 ~= 0 then usage("--" .. k .. " needs a positive integer") end
 end
 if opt.resume and opt.checkpoint == "" then usage("--resume needs --checkpoint FILE") end
+-- the image models lm.models offers (every constructor taking {num_classes =} on 3-channel
+-- images; the video models and small_resnet are not for this script)
+local MODELS = {}
+for name, ctor in pairs(lm.models) do
+   if type(ctor) == "function" and name:match("^[a-z]") and not name:match("^r3d") and
+      not name:match("^mc3") and not name:match("^r2plus1d") and name ~= "small_resnet" and
+      name ~= "install" then
+      MODELS[#MODELS + 1] = name
+   end
+end
+table.sort(MODELS)
+local known_model = false
+for _, n in ipairs(MODELS) do known_model = known_model or n == opt.model end
+if not known_model then
+   usage("--model " .. opt.model .. " is not one of: " .. table.concat(MODELS, ", "))
+end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
 lm.set_num_threads(opt.threads)
 lm.manual_seed(opt.seed)
@@ -84,7 +105,7 @@ end
 ---------------------------------------------------------------------------------------------
 -- model, optimizer, schedule
 ---------------------------------------------------------------------------------------------
-local model = lm.models.resnet50({ num_classes = #train.classes })
+local model = lm.models[opt.model]({ num_classes = #train.classes })
 model:to(fmt)
 
 -- no weight decay on batch-norm parameters and biases

@@ -1749,6 +1749,42 @@ for _, v in ipairs({
         .. "table, an unknown option" })
 end
 
+-- issue 40: the model families (models/mobilenet.lua, efficientnet.lua, convnext.lua) ---------
+local FAMILY_FMT = "lm.to_channels_last(model) and a channels-last input: every activation, 4-D "
+   .. "weight and gradient stays channels-last (lm.layout.check clean, forward and backward; "
+   .. "docs/model_families.md)"
+local FAMILY_ERR = "num_classes not a positive integer, a bad option value, opts not a table, "
+   .. "an unknown option"
+E("lm.models.mobilenet_v2", "lm.models.mobilenet_v2(opts) -> model", "torchvision's MobileNet "
+   .. "V2 (inverted residuals, ReLU6) with its state_dict keys; every Conv2dNormActivation is a "
+   .. "Sequential (Conv2d, BatchNorm2d, ReLU6) that nn.fold_batch_norm folds "
+   .. "(models/mobilenet.lua).", { opts = "{num_classes = 1000, width_mult = 1.0, "
+   .. "round_nearest = 8, dropout = 0.2, inverted_residual_setting = {{t, c, n, s}, ...}}",
+   fmt = FAMILY_FMT, err = FAMILY_ERR })
+for _, n in ipairs({ "mobilenet_v3_large", "mobilenet_v3_small" }) do
+   E("lm.models." .. n, "lm.models." .. n .. "(opts) -> model", "torchvision's " .. n
+      .. " (Hardswish, squeeze-and-excitation with Hardsigmoid, batch norm eps 1e-3) with its "
+      .. "state_dict keys (models/mobilenet.lua).", { opts = "{num_classes = 1000, "
+      .. "width_mult = 1.0, dropout = 0.2, reduced_tail = false, dilated = false}",
+      fmt = FAMILY_FMT, err = FAMILY_ERR })
+end
+for _, n in ipairs({ "b0", "b1", "b2", "b3" }) do
+   E("lm.models.efficientnet_" .. n, "lm.models.efficientnet_" .. n .. "(opts) -> model",
+      "torchvision's EfficientNet-" .. n:upper() .. " (MBConv with squeeze-and-excitation, "
+      .. "SiLU, stochastic depth growing linearly to stochastic_depth_prob); b0-b3 from one "
+      .. "definition (width and depth multipliers as torchvision's) with its state_dict keys "
+      .. "(models/efficientnet.lua).", { opts = "{num_classes = 1000, dropout = 0.2 (b2, b3: "
+      .. "0.3), stochastic_depth_prob = 0.2}", fmt = FAMILY_FMT, err = FAMILY_ERR })
+end
+for _, v in ipairs({ { "tiny", 0.1 }, { "small", 0.4 }, { "base", 0.5 } }) do
+   E("lm.models.convnext_" .. v[1], "lm.models.convnext_" .. v[1] .. "(opts) -> model",
+      "torchvision's ConvNeXt-" .. v[1] .. " (7x7 depthwise, LayerNorm, GELU MLP, layer scale, "
+      .. "stochastic depth; LayerNorm2d as permute + layer_norm + permute, which on a "
+      .. "channels-last tensor is a view, no copy) with its state_dict keys "
+      .. "(models/convnext.lua).", { opts = "{num_classes = 1000, stochastic_depth_prob = "
+      .. v[2] .. ", layer_scale = 1e-6}", fmt = FAMILY_FMT, err = FAMILY_ERR })
+end
+
 S("serialization", "Serialization and checkpoints", [[
 Files are safetensors: files from other safetensors writers load, files written here load
 there, and lumen restores each tensor's memory format (recorded in the metadata). Saving goes

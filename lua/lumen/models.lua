@@ -1,11 +1,13 @@
 -- lumen.models -- lm.models: the model constructors defined in the models/ folder
--- (models/resnet.lua, models/alexnet.lua, models/small_resnet.lua, models/video_resnet.lua).
+-- (models/resnet.lua, models/alexnet.lua, models/small_resnet.lua, models/video_resnet.lua,
+-- models/mobilenet.lua, ...).
 --
 -- Installed by luarocks, the folder is lumen/models/ on package.path; in the source tree it is
 -- <repo>/models, found relative to this file.
 local M = {}
 
-local files = { "resnet", "alexnet", "small_resnet", "video_resnet" }
+local files = { "resnet", "alexnet", "small_resnet", "video_resnet", "mobilenet", "efficientnet",
+                "convnext" }
 
 local function this_dir()
    local src = debug.getinfo(1, "S").source
@@ -41,7 +43,21 @@ local OPTIONS = {
    resnet101 = RESNET_OPTS, resnet152 = RESNET_OPTS, resnext50_32x4d = RESNET_OPTS,
    resnext101_32x8d = RESNET_OPTS, wide_resnet50_2 = RESNET_OPTS, wide_resnet101_2 = RESNET_OPTS,
    r3d_18 = VIDEO_OPTS, mc3_18 = VIDEO_OPTS, r2plus1d_18 = VIDEO_OPTS,
+   mobilenet_v2 = util.option_set("num_classes", "width_mult", "round_nearest", "dropout",
+                                  "inverted_residual_setting"),
+   mobilenet_v3_large = util.option_set("num_classes", "width_mult", "dropout", "reduced_tail",
+                                        "dilated"),
+   mobilenet_v3_small = util.option_set("num_classes", "width_mult", "dropout", "reduced_tail",
+                                        "dilated"),
 }
+for _, b in ipairs({ "b0", "b1", "b2", "b3" }) do
+   OPTIONS["efficientnet_" .. b] = util.option_set("num_classes", "dropout",
+                                                   "stochastic_depth_prob")
+end
+for _, v in ipairs({ "tiny", "small", "base" }) do
+   OPTIONS["convnext_" .. v] = util.option_set("num_classes", "stochastic_depth_prob",
+                                               "layer_scale")
+end
 M._OPTIONS = OPTIONS   -- the known keys per constructor (private: for tools and specs)
 
 local function check_keys(name, opts, known)
@@ -85,6 +101,58 @@ function M._opts_of(fname, opts)
    end
    return o
 end
+
+-- torchvision's building blocks the model families share (models/mobilenet.lua,
+-- efficientnet.lua, regnet.lua, ...): made once per lm
+--   make_divisible(v, divisor, min_value)  torchvision's _make_divisible
+--   conv_norm_act(cin, cout, k, {stride=, groups=, dilation=, act=, bn=, bias=})
+--       torchvision's Conv2dNormActivation: a Sequential (0: Conv2d, 1: BatchNorm2d, 2: the
+--       activation, a module or nil), padding (k - 1) / 2 * dilation; bn: the batch norm's
+--       options ({eps =, momentum =}), or false for none (then the convolution has a bias)
+--   SqueezeExcitation(cin, csq, act, scale_act)  torchvision.ops.SqueezeExcitation (avgpool,
+--       fc1, fc2, activation, scale_activation); act / scale_act: module classes
+function M._make_divisible(v, divisor, min_value)
+   min_value = min_value or divisor
+   local new_v = math.max(min_value, math.floor((v + divisor / 2) / divisor) * divisor)
+   if new_v < 0.9 * v then new_v = new_v + divisor end
+   return new_v
+end
+
+M._blocks = M._class_cache(function(lm)
+   local nn = lm.nn
+   local B = {}
+   function B.conv_norm_act(cin, cout, k, o)
+      o = o or {}
+      local dil = o.dilation or 1
+      local bn = o.bn
+      local bias = o.bias
+      if bias == nil then bias = bn == false end
+      local conv = nn.Conv2d(cin, cout, k, { stride = o.stride or 1,
+                                             padding = math.floor((k - 1) / 2) * dil,
+                                             groups = o.groups or 1, dilation = dil,
+                                             bias = bias })
+      local list = { conv }
+      if bn ~= false then list[#list + 1] = nn.BatchNorm2d(cout, bn) end
+      if o.act then list[#list + 1] = o.act end
+      return nn.Sequential(list)
+   end
+   local SE = nn.Module:extend("SqueezeExcitation")
+   function SE:__init(cin, csq, act, scale_act)
+      self.avgpool = nn.AdaptiveAvgPool2d(1)
+      self.fc1 = nn.Conv2d(cin, csq, 1)
+      self.fc2 = nn.Conv2d(csq, cin, 1)
+      self.activation = (act or nn.ReLU)()
+      self.scale_activation = (scale_act or nn.Sigmoid)()
+   end
+   -- the N x C x 1 x 1 gate broadcast over the input keeps the input's memory format
+   function SE:forward(x)
+      local s = self.fc1(self.avgpool(x))
+      s = self.scale_activation(self.fc2(self.activation(s)))
+      return s * x
+   end
+   B.SqueezeExcitation = SE
+   return B
+end)
 
 -- called once by lumen's init (lm.models is this table): fills in the constructors
 function M.install(lm)
