@@ -33,7 +33,8 @@ local opt, usage = util.parse_flags({
                "format", "steps", "seed", "checkpoint", "resume", "threads", "workers", "quiet" },
    data = "training images: DIR/<class>/<image> (required)",
    model = "an lm.models constructor: resnet18/50/..., mobilenet_v2, mobilenet_v3_large, " ..
-      "mobilenet_v3_small, efficientnet_b0..b3, convnext_tiny/small/base, ...",
+      "mobilenet_v3_small, efficientnet_b0..b3, convnext_tiny/small/base, regnet_y_400mf, " ..
+      "regnet_x_400mf, ..., shufflenet_v2_x0_5/x1_0/x1_5/x2_0, ...",
    val = "validation images, the same layout (optional)",
    epochs = "epochs to train",
    ["batch-size"] = "images per optimizer step",

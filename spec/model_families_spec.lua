@@ -34,6 +34,8 @@ local MODELS = {
    { "mobilenet_v3_small", { dropout = 0 } },
    { "efficientnet_b0", { dropout = 0, stochastic_depth_prob = 0 } },
    { "convnext_tiny", { stochastic_depth_prob = 0 }, no_bn = true, nhwc_view = true },
+   { "regnet_y_400mf", {} },
+   { "shufflenet_v2_x1_0", {} },
 }
 
 local function exists(p)
@@ -134,6 +136,38 @@ describe("model families", function()
       assert.are.same({ 7, 1280 }, p["classifier.1.weight"]:size())
       m = lm.models.mobilenet_v2({ width_mult = 0.35, round_nearest = 1 })
       assert.are.same({ 11, 3, 3, 3 }, params_of(m)["features.0.0.weight"]:size())
+   end)
+
+   it("regnet_x_400mf (no squeeze-and-excitation) and shufflenet_v2_x0_5: channels-last " ..
+      "forward and backward clean", function()
+      for _, name in ipairs({ "regnet_x_400mf", "shufflenet_v2_x0_5" }) do
+         lm.manual_seed(40)
+         local m = lm.models[name]({ num_classes = 5 })
+         lm.to_channels_last(m)
+         m:train()
+         local x = lm.randn({ 2, 3, 32, 32 }):contiguous(lm.channels_last)
+         local rep = lm.layout.check(m, x, { backward = true })
+         assert(layout_ok(rep))
+         assert.are.same({ 2, 5 }, m(x):size())
+      end
+   end)
+
+   it("the RegNet widths are torchvision's BlockParams.from_init_params", function()
+      -- regnet_y_400mf: stages (width, depth, group width) from torchvision's printout
+      local stages = {}
+      local m = lm.models.regnet_y_400mf()
+      for _, nt in ipairs(m:named_parameters()) do
+         local i, j = nt[1]:match("^trunk_output%.block(%d+)%.block%d+%-(%d+)%.f%.b%.0%.weight$")
+         if i then
+            i, j = tonumber(i), tonumber(j)
+            stages[i] = { nt[2]:size(1), j + 1, nt[2]:size(2) }
+         end
+      end
+      assert.are.same({ { 48, 1, 8 }, { 104, 3, 8 }, { 208, 6, 8 }, { 440, 6, 8 } }, stages)
+      -- the squeeze width is se_ratio times the block's input width (the stem's 32 here)
+      local p = params_of(m)
+      assert.are.same({ 8, 48, 1, 1 }, p["trunk_output.block1.block1-0.f.se.fc1.weight"]:size())
+      assert.are.same({ 26, 104, 1, 1 }, p["trunk_output.block2.block2-1.f.se.fc1.weight"]:size())
    end)
 
    for _, e in ipairs(MODELS) do

@@ -161,8 +161,6 @@ def gen(out, models):
               % (name, len(sd), ref["logits_eval"].abs().max().item(), ref["f64.loss"].item(),
                  max(f32err.values())))
     write_shapes(out)
-    with open(os.path.join(out, "shapes.json"), "w") as f:
-        json.dump(shapes, f)
     with open(os.path.join(out, ".generated"), "w") as f:
         f.write(",".join(models) + "\n")
 

@@ -1749,7 +1749,8 @@ for _, v in ipairs({
         .. "table, an unknown option" })
 end
 
--- issue 40: the model families (models/mobilenet.lua, efficientnet.lua, convnext.lua) ---------
+-- issue 40: the model families (models/mobilenet.lua, efficientnet.lua, convnext.lua, regnet.lua,
+-- shufflenet.lua) ----------------------------------------------------------------------------
 local FAMILY_FMT = "lm.to_channels_last(model) and a channels-last input: every activation, 4-D "
    .. "weight and gradient stays channels-last (lm.layout.check clean, forward and backward; "
    .. "docs/model_families.md)"
@@ -1783,6 +1784,26 @@ for _, v in ipairs({ { "tiny", 0.1 }, { "small", 0.4 }, { "base", 0.5 } }) do
       .. "channels-last tensor is a view, no copy) with its state_dict keys "
       .. "(models/convnext.lua).", { opts = "{num_classes = 1000, stochastic_depth_prob = "
       .. v[2] .. ", layer_scale = 1e-6}", fmt = FAMILY_FMT, err = FAMILY_ERR })
+end
+local NC_ERR = "num_classes not a positive integer, opts not a table, an unknown option"
+for _, v in ipairs({ "y_400mf", "y_800mf", "y_1_6gf", "y_3_2gf", "y_8gf", "y_16gf", "y_32gf",
+                     "y_128gf", "x_400mf", "x_800mf", "x_1_6gf", "x_3_2gf", "x_8gf", "x_16gf",
+                     "x_32gf" }) do
+   local y = v:sub(1, 1) == "y"
+   E("lm.models.regnet_" .. v, "lm.models.regnet_" .. v .. "(opts) -> model",
+      "torchvision's RegNet" .. v:upper() .. " (residual bottlenecks: 1x1, grouped 3x3, "
+      .. (y and "squeeze-and-excitation, " or "") .. "1x1; widths, depths and group widths "
+      .. "from torchvision's BlockParams.from_init_params) with its state_dict keys; the whole "
+      .. "family from one definition (models/regnet.lua).", { opts = "{num_classes = 1000}",
+      fmt = FAMILY_FMT, err = NC_ERR })
+end
+for _, v in ipairs({ "x0_5", "x1_0", "x1_5", "x2_0" }) do
+   E("lm.models.shufflenet_v2_" .. v, "lm.models.shufflenet_v2_" .. v .. "(opts) -> model",
+      "torchvision's ShuffleNet V2 " .. v:gsub("_", ".") .. " (channel split as views, "
+      .. "branches of 1x1 and depthwise 3x3 convolutions, concatenation, "
+      .. "F.channel_shuffle(x, 2), which keeps channels-last) with its state_dict keys "
+      .. "(models/shufflenet.lua).", { opts = "{num_classes = 1000}", fmt = FAMILY_FMT,
+      err = NC_ERR })
 end
 
 S("serialization", "Serialization and checkpoints", [[

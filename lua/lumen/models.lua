@@ -7,7 +7,7 @@
 local M = {}
 
 local files = { "resnet", "alexnet", "small_resnet", "video_resnet", "mobilenet", "efficientnet",
-                "convnext" }
+                "convnext", "regnet", "shufflenet" }
 
 local function this_dir()
    local src = debug.getinfo(1, "S").source
@@ -57,6 +57,14 @@ end
 for _, v in ipairs({ "tiny", "small", "base" }) do
    OPTIONS["convnext_" .. v] = util.option_set("num_classes", "stochastic_depth_prob",
                                                "layer_scale")
+end
+for _, v in ipairs({ "y_400mf", "y_800mf", "y_1_6gf", "y_3_2gf", "y_8gf", "y_16gf", "y_32gf",
+                     "y_128gf", "x_400mf", "x_800mf", "x_1_6gf", "x_3_2gf", "x_8gf", "x_16gf",
+                     "x_32gf" }) do
+   OPTIONS["regnet_" .. v] = util.option_set("num_classes")
+end
+for _, v in ipairs({ "x0_5", "x1_0", "x1_5", "x2_0" }) do
+   OPTIONS["shufflenet_v2_" .. v] = util.option_set("num_classes")
 end
 M._OPTIONS = OPTIONS   -- the known keys per constructor (private: for tools and specs)
 
