@@ -280,6 +280,51 @@ describe("lm.layout", function()
          assert.is_false(pcall(L.check, m, "x"))
          assert.is_false(pcall(L.check, m, x, { loss = 3 }))
       end)
+
+      it("channels-to-last views (ConvNeXt's Permute / LayerNorm2d) keep the layout", function()
+         -- x:permute(1, 3, 4, 2) of a channels-last N x C x H x W tensor is its N x H x W x C
+         -- view (contiguous, no copy); LayerNorm / Linear / GELU on it stay in that order, and
+         -- permuting back is channels-last: clean, as the module in between and as leaf modules
+         local Perm = nn.Module:extend("PermSpec")
+         function Perm:__init(dims) self.dims = dims end
+         function Perm:forward(x) return x:permute(unpack(self.dims)) end
+         local LN2d = nn.LayerNorm:extend("LN2dSpec")
+         function LN2d:forward(x)
+            return F.layer_norm(x:permute(1, 3, 4, 2), self.normalized_shape, self.weight,
+                                self.bias):permute(1, 4, 2, 3)
+         end
+         lm.manual_seed(5)
+         local m = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), LN2d(8),
+                                 Perm({ 1, 3, 4, 2 }), nn.LayerNorm(8), nn.Linear(8, 16),
+                                 nn.GELU(), nn.Linear(16, 8), Perm({ 1, 4, 2, 3 }),
+                                 nn.Conv2d(8, 4, 1))
+         L.to_channels_last(m)
+         local x = lm.randn({ 2, 3, 6, 5 }):to(CL)
+         local p0 = x.permute
+         local r = L.check(m, x, { backward = true })
+         assert.is_true(r.ok, tostring(r))
+         assert.is_true(r.params_ok)
+         for i = 3, 7 do assert.is_true(r.rows[i].nhwc, r.rows[i].path) end
+         assert.is_nil(r.rows[2].nhwc)
+         assert.is_nil(r.rows[8].nhwc)
+         assert.truthy(tostring(r):find("channels-to-last order", 1, true))
+         -- another permutation is still a loss, and so is a contiguous copy back in N x C x H x W
+         m = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), Perm({ 1, 2, 4, 3 }),
+                           nn.Conv2d(8, 4, 1))
+         L.to_channels_last(m)
+         r = L.check(m, x, { backward = true })
+         assert.is_false(r.ok)
+         assert.are.equal("1", r.first_lost)
+         local Back = nn.Module:extend("BackSpec")
+         function Back:forward(t) return t:permute(1, 4, 2, 3):contiguous() end
+         m = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), Perm({ 1, 3, 4, 2 }),
+                           nn.Linear(8, 8), Back(), nn.Conv2d(8, 4, 1))
+         L.to_channels_last(m)
+         r = L.check(m, x, { backward = true })
+         assert.is_false(r.ok)
+         assert.are.equal("3", r.first_lost)
+         assert.are.equal(p0, x.permute)   -- Tensor.permute put back
+      end)
    end)
 
    describe("trace", function()

@@ -1588,7 +1588,12 @@ E("lm.layout.check", "lm.layout.check(model, input, opts) -> report", "One forwa
    .. "row marked fused_into for a ReLU fused into its batch norm (nn.utils.bn_relu), and one "
    .. "marked not_called for a module never called. tostring(report), the rows and "
    .. "report:to_html() give the same verdict. Other ranks (the 1-D operators' N,C,L) are "
-   .. "shown, never judged.",
+   .. "shown, never judged. A channels-to-last view keeps the layout: x:permute(1, 3, 4, 2) "
+   .. "of a channels-last N x C x H x W tensor is its contiguous N x H x W x C view (no copy; "
+   .. "5-D likewise), and a leaf's contiguous output computed from such a view keeping N, H, W "
+   .. "(LayerNorm, Linear, GELU over the last dim) is too: those rows have nhwc = true, their "
+   .. "output gradient must be contiguous, and the permute is no loss inside a forward "
+   .. "(ConvNeXt's Permute and LayerNorm2d).",
    { opts = "{backward = true, loss = fn(output) -> scalar (default output:sum()), trace = "
    .. "false (true keeps lm.layout.trace's report as report.trace), html = path (also writes "
    .. "the report as a self-contained HTML page, as report:to_html(path))}; input: a tensor or "

@@ -319,6 +319,9 @@ function Report.__tostring(r)
             mark = mark .. "  <-- lost " .. fmt .. by
          end
       end
+      if row.nhwc then
+         mark = mark .. "  (channels-to-last order of a channels-last tensor, a view: kept)"
+      end
       if row.input_note then mark = mark .. "  (" .. row.input_note .. ")" end
       if row.grad_note then mark = mark .. "  (output gradient " .. row.grad_note .. ")" end
       if row.grad_lost then
@@ -507,13 +510,51 @@ function M.check(model, input, opts)
    for _, pm in ipairs(model:named_modules()) do path_of[pm[2]] = path_of[pm[2]] or pm[1] end
    for _, leaf in ipairs(leaves) do is_leaf[leaf.m] = true end
 
+   -- the channels-to-last views: x:permute(1, 3, 4, 2) of a channels-last N x C x H x W tensor
+   -- (torchvision's Permute, ConvNeXt's LayerNorm2d) is its N x H x W x C view, the same memory,
+   -- contiguous: no copy, and permuting it back gives channels-last again. Such a view, and what
+   -- a module computes from it keeping N, H, W in that order (contiguous: LayerNorm, Linear,
+   -- GELU over the last dim), keeps the layout (row.nhwc); likewise 5-D N x D x H x W x C views
+   -- of channels_last_3d tensors. The permute itself is then no loss inside a module's forward.
+   local nhwc = setmetatable({}, { __mode = "k" })   -- tensor -> rank
+   local nhwc_permute = false   -- the latest Tensor.permute made such a view (for on_lost)
+   local function nhwc_order_of(ic, oc, same_c)
+      local nd = ic.ndim
+      if oc.ndim ~= nd or CL_NAME[nd] == nil or C.lm_is_contiguous(oc, 0) == 0 then
+         return false
+      end
+      if same_c then   -- a view: (N, C, H, W) -> (N, H, W, C)
+         if oc.sizes[nd - 1] ~= ic.sizes[1] then return false end
+         for d = 2, nd - 1 do
+            if oc.sizes[d - 1] ~= ic.sizes[d] then return false end
+         end
+      else             -- computed from such a view: N, H, W kept, the last dim free
+         for d = 1, nd - 2 do
+            if oc.sizes[d] ~= ic.sizes[d] then return false end
+         end
+      end
+      return oc.sizes[0] == ic.sizes[0]
+   end
+   local orig_permute = rawget(Tensor, "permute")
+   rawset(Tensor, "permute", function(self, ...)
+      nhwc_permute = false
+      local out = orig_permute(self, ...)
+      local ic, oc = cdata_of(self), cdata_of(out)
+      if ic ~= nil and oc ~= nil and is_cl(ic) and nhwc_order_of(ic, oc, true) then
+         nhwc[out] = ic.ndim
+         nhwc_permute = true
+      end
+      return out
+   end)
+
    local function hook_grad(row, out)
       if backward and A.is_grad_enabled() and rawget(out, "requires_grad") == true then
          hooks[#hooks + 1] = Tensor.register_hook(out, function(g)
             local gc = cdata_of(g)
             if gc ~= nil then
                row.grad_format = classify(gc)
-               row._grad_c = { ndim = gc.ndim, keeps = keeps_cl(gc), broadcast = has_broadcast(gc) }
+               row._grad_c = { ndim = gc.ndim, keeps = keeps_cl(gc), broadcast = has_broadcast(gc),
+                               contig = C.lm_is_contiguous(gc, 0) ~= 0 }
             end
          end)
       end
@@ -536,6 +577,7 @@ function M.check(model, input, opts)
                row._in_cl = is_cl(xc) and xc.ndim or nil   -- the rank whose format it has
                row._in_ndim = xc.ndim
                row._in_keeps = keeps_cl(xc)
+               if nhwc[(...)] then row._in_nhwc, row._in_keeps = xc, true end
             end
             local top = #mstack + 1
             mstack[top] = { path = path, m = m, row = row }
@@ -551,6 +593,11 @@ function M.check(model, input, opts)
                row._out_keeps = keeps_cl(oc)
                row._out_is_cl = is_cl(oc)
                row._out_cl_like = CL_NAME[oc.ndim] ~= nil and keeps_cl(oc)
+               if not row._out_keeps and (nhwc[out] or
+                  row._in_nhwc and nhwc_order_of(row._in_nhwc, oc, false)) then
+                  nhwc[out] = oc.ndim
+                  row.nhwc, row._out_keeps = true, true
+               end
                hook_grad(row, out)
             end
             return unpack(res, 1, res.n)
@@ -604,6 +651,10 @@ function M.check(model, input, opts)
       end)
    end
    local function unwrap_reshapers()
+      if orig_permute ~= nil then
+         rawset(Tensor, "permute", orig_permute)
+         orig_permute = nil
+      end
       for i = #reshapers, 1, -1 do
          local rp = reshapers[i]
          if rp[3] ~= nil then rawset(rp[1], rp[2], rp[3]); rp[3] = nil end
@@ -631,6 +682,10 @@ function M.check(model, input, opts)
    -- (depth 1: not inside another operator, whose own result is what counts) that loses the
    -- format is put on the row of the module running it
    local function on_lost(l)
+      if l.op == "Tensor.permute" and nhwc_permute then
+         nhwc_permute = false
+         return   -- a channels-to-last view (above): no loss
+      end
       if l.depth ~= 1 then return end
       local top = mstack[#mstack]
       if top == nil then return end
@@ -809,7 +864,9 @@ function M.check(model, input, opts)
       end
       local rank = row._out_ndim
       local gcl = row._grad_c
-      if gcl and row._out_cl_like and gcl.ndim == rank and not gcl.keeps and not gcl.broadcast then
+      -- (the gradient of a channels-to-last view is itself one: contiguous in that order)
+      if gcl and gcl.ndim == rank and not gcl.broadcast and
+         (row._out_cl_like and not gcl.keeps or row.nhwc and not gcl.contig) then
          -- who handed this gradient back: the leaf modules that consumed the output
          local consumers, all_reshape = {}, true
          for j, r2 in ipairs(rows) do
@@ -830,7 +887,8 @@ function M.check(model, input, opts)
             row.grad_note = "from " .. row.grad_from .. " (rank change)"
          else
             row.grad_lost = true
-            row.grad_lost_format = CL_NAME[rank]
+            row.grad_lost_format = row.nhwc and "contiguous (channels-to-last order)" or
+               CL_NAME[rank]
             report.first_grad_lost = row.path   -- the latest in forward order runs first backward
             report.first_grad_lost_by = row.grad_from
             report.first_grad_lost_format = row.grad_lost_format
@@ -864,6 +922,7 @@ function M.check(model, input, opts)
       row._in_ndim, row._in_keeps, row._out_is_cl, row._inside_lost, row._noted = nil, nil, nil,
          nil, nil
       row._in, row._out, row.module, row._fused_row, row._lost_entry = nil, nil, nil, nil, nil
+      row._in_nhwc = nil
    end
    report.params_ok = #report.bad_params == 0
    report.ok = report.first_lost == nil and #report.non_cl == 0
