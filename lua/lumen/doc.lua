@@ -719,7 +719,8 @@ E("lm.set_num_threads", "lm.set_num_threads(n)", "The number of threads the kern
 E("lm.get_num_threads", "lm.get_num_threads() -> number", "The number of kernel threads.")
 
 S("autograd", "Autograd", [[
-Reverse-mode differentiation on a graph recorded as operations run (lua/lumen/autograd.lua).
+Reverse-mode differentiation on a graph recorded as operations run (lua/lumen/autograd.lua; the
+rules in lua/lumen/autograd/).
 A gradient has the memory format of the tensor it belongs to (a leaf's .grad has the leaf's
 strides when the leaf is non-overlapping and dense). A tensor saved for backward must not be
 changed in place before backward runs.]])
@@ -816,8 +817,8 @@ local FMT_NN = "a channels-last input gives a channels-last output and input gra
 local ERR_NN = "input not 3-D/4-D, a non-floating input, bad option values (non-positive "
    .. "kernel/stride, padding more than half the kernel, unknown option types): "
    .. "`lumen.<name>: <problem>`"
-E("lm.F", "lm.F", "The functional operators (lua/lumen/functional.lua); also "
-   .. "lm.nn.functional and lm.functional.")
+E("lm.F", "lm.F", "The functional operators (lua/lumen/functional.lua, one file per family "
+   .. "in lua/lumen/functional/); also lm.nn.functional and lm.functional.")
 E("lm.F.conv2d", "lm.F.conv2d(x, w, b, opts) -> Tensor", "2-D convolution (cross-correlation) "
    .. "of x (N,C,H,W) with w (out, C/groups, kH, kW) plus bias b (out) or nil.",
    { opts = "{stride = 1, padding = 0 (a number, {h, w}, \"valid\" or \"same\"), dilation = 1, "
