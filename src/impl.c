@@ -139,6 +139,10 @@ void lm_impl_ran_name(const char *name) {
 
 void lm_impl_ran(int id) { lm_impl_ran_name(lm_impl_name(id)); }
 
+void lm_impl_ran_default(const char *name) {
+   if (vs.op && !vs.note[0]) lm_impl_ran_name(name);
+}
+
 void lm_impl_skip(int id, const char *why) {
    if (__atomic_load_n(&verbose_level, __ATOMIC_RELAXED) < 2 || !vs.op) return;
    char dev[24];

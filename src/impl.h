@@ -95,6 +95,9 @@ const char *lm_impl_name(int id);
    kernel: joined with '+', e.g. "via_f32+winograd_f4x4_avx512"); a no-op unless verbose */
 void lm_impl_ran(int id);
 void lm_impl_ran_name(const char *name);
+/* the name of a backend's kernel that named nothing itself (e.g. "lumen_cuda"); a no-op when the
+   kernel already named what ran */
+void lm_impl_ran_default(const char *name);
 /* verbose 2: why implementation id was not taken */
 void lm_impl_skip(int id, const char *why);
 

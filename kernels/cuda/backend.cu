@@ -153,6 +153,7 @@ static lm_status cu_compute(const lm_backend *b, const lm_op *op) {
       cudaStreamSynchronize(lm_cu_stream(dev));
       const lm_status st = k(op);
       cudaStreamSynchronize(lm_cu_stream(dev));
+      lm_impl_ran_default("lumen_cuda"); /* lumen's own CUDA kernel (cuDNN / cuBLAS name theirs) */
       return st;
    }
    if (!profiling || prof_wait > 0) return k(op);
