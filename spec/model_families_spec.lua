@@ -70,6 +70,14 @@ local function assert_close(a, b, tol, what, metric)
    return e
 end
 
+-- every tensor of a table loaded by S.load, on lm.get_default_device()
+local function to_default_device(t)
+   local dev = lm.get_default_device()
+   local out = {}
+   for k, v in pairs(t) do out[k] = v:to(dev) end
+   return out
+end
+
 local function params_of(model)
    local p = {}
    for _, nt in ipairs(model:named_parameters()) do p[nt[1]] = nt[2] end
@@ -293,8 +301,12 @@ describe("model families against torchvision (" .. dir .. ")", function()
          end
          local model, W, ref, meta
          setup(function()
-            W = S.load(wpath)
-            ref, meta = S.load(rpath)
+            -- S.load makes host tensors; the specs run on the test device too
+            -- (LUMEN_TEST_DEVICE=sim:0 / cuda:0 sets the default device), where the model is
+            W = to_default_device(S.load(wpath))
+            local r
+            r, meta = S.load(rpath)
+            ref = to_default_device(r)
             model = lm.models[name](topts)
             model:load_state_dict(W)
          end)
