@@ -162,9 +162,7 @@ test-ops-cuda-emu: cuda-emu
 # the emulated CUDA backend under ASan/UBSan: every kernel body's index arithmetic runs on the host
 # with bounds checking (on a GPU an out-of-range index is silent corruption), the allocator's split
 # and merge too; against the ASan liblumen of `make asan`, with the suite on the emulated cuda:0
-asan-cuda-emu:
-	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
-	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen.so lua/lumen/cdef.lua
+asan-cuda-emu: asan-lib
 	$(MAKE) BUILD=$(ASAN_BUILD) CUDA_EMU_FLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen_cuda_emu.so
 	@$(TEST_ENV) BUILD="$(ASAN_BUILD)" LUMEN_LIB="$(CURDIR)/$(ASAN_BUILD)/liblumen.so" \
 	   LUMEN_CUDA_LIB="$(CURDIR)/$(ASAN_BUILD)/liblumen_cuda_emu.so" LUMEN_TEST_DEVICE=cuda:0 \
@@ -180,7 +178,8 @@ asan-cuda-emu:
 # palette-1 limits checked, TDPBF16PS's arithmetic) instead of the AMX instructions; the probe
 # then reports LM_ISA_AMX on any AVX512_BF16 machine (Zen 4 and 5 included), so the tile kernels'
 # packing, blocking and edges run, and are checked, where the CPU has no AMX.
-#   make amx-emu       the library into $(AMX_EMU_BUILD)/ (its own objects: the flag changes them)
+#   make amx-emu       the library into $(AMX_EMU_BUILD)/: the normal build's objects, but for the
+#                      files that AMX_EMU=1 changes (AMX_EMU_SRCS below), compiled again with it
 #   make test-amx-emu  the AMX spec files (AMX_SPECS: one busted process each) and the C GEMM
 #                      test and the emulation's own test (AMX_CPROGS) against it; LUMEN_EXPECT_AMX=1 makes spec/amx_spec.lua
 #                      fail, not pend, when the tiles are not there (a CPU without AVX512_BF16).
@@ -197,25 +196,38 @@ AMX_SPECS ?= spec/amx_spec.lua spec/conv_bf16_spec.lua spec/bf16_gemm_spec.lua
 ASAN_AMX_SPECS ?= spec/amx_spec.lua
 AMX_CPROGS ?= spec/c/test_bgemm.c spec/c/test_amx_emu.c
 
-amx-emu:
-	$(MAKE) BUILD=$(AMX_EMU_BUILD) AMX_EMU=1 $(AMX_EMU_BUILD)/liblumen.so lua/lumen/cdef.lua
+amx-emu: $(OBJS) lua/lumen/cdef.lua
+	@$(call check_amx_emu_srcs,$(BUILD))
+	$(MAKE) BUILD=$(AMX_EMU_BUILD) AMX_EMU=1 $(patsubst %.c,$(AMX_EMU_BUILD)/%.o,$(AMX_EMU_SRCS))
+	$(CC) -o $(AMX_EMU_BUILD)/liblumen.so $(AMX_EMU_OBJS) $(LDFLAGS_BASE) $(LDFLAGS)
 
 test-amx-emu: amx-emu
 	@$(TEST_ENV) BUILD="$(AMX_EMU_BUILD)" LUMEN_LIB="$(CURDIR)/$(AMX_EMU_BUILD)/liblumen.so" \
 	   LUMEN_TEST_FILES="$(AMX_SPECS)" LUMEN_TEST_CPROGS="$(AMX_CPROGS)" LUMEN_EXPECT_AMX=1 \
 	   bash tools/run_tests.sh $(TEST_ARGS)
 
-# the ASan library of asan-amx-emu: make asan's objects, but for the files that AMX_EMU=1 changes
-# (those that mention LUMEN_AMX_EMU or include amx.h, directly or through one header), compiled
-# again with it into $(ASAN_AMX_BUILD)/ (a few files instead of the whole library)
+# the libraries of amx-emu and asan-amx-emu: the objects of the normal build (make asan's for
+# asan-amx-emu), but for the files that AMX_EMU=1 changes (those that mention LUMEN_AMX_EMU or
+# include amx.h, directly or through one header), compiled again with it into $(AMX_EMU_BUILD)/
+# ($(ASAN_AMX_BUILD)/): a few files instead of the whole library. check_amx_emu_srcs DIR checks
+# that list against the dependency files of DIR's build (every object whose sources include
+# amx.h at any depth must be in it), so that a deeper include chain cannot slip through.
 AMX_EMU_HDRS := $(notdir $(shell grep -l -e LUMEN_AMX_EMU -e 'amx\.h"' kernels/cpu/*.h src/*.h 2>/dev/null))
 AMX_EMU_SRCS := $(shell grep -l -e LUMEN_AMX_EMU $(foreach h,$(AMX_EMU_HDRS),-e '"$(h)"') $(SRCS) 2>/dev/null)
+AMX_EMU_OBJS = $(patsubst %.c,$(AMX_EMU_BUILD)/%.o,$(AMX_EMU_SRCS)) \
+   $(patsubst %.c,$(BUILD)/%.o,$(filter-out $(AMX_EMU_SRCS),$(SRCS)))
 ASAN_AMX_OBJS = $(patsubst %.c,$(ASAN_AMX_BUILD)/%.o,$(AMX_EMU_SRCS)) \
    $(patsubst %.c,$(ASAN_BUILD)/%.o,$(filter-out $(AMX_EMU_SRCS),$(SRCS)))
+define check_amx_emu_srcs
+for d in $(patsubst %.c,$(1)/%.d,$(filter-out $(AMX_EMU_SRCS),$(SRCS))); do \
+   if [ -f "$$d" ] && grep -q 'kernels/cpu/amx\.h' "$$d"; then \
+      echo "make: $$d: its source includes kernels/cpu/amx.h but is not in AMX_EMU_SRCS" \
+         "(an include chain deeper than AMX_EMU_HDRS finds)" >&2; exit 1; fi; \
+done
+endef
 
-asan-amx-emu:
-	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
-	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen.so lua/lumen/cdef.lua
+asan-amx-emu: asan-lib
+	@$(call check_amx_emu_srcs,$(ASAN_BUILD))
 	$(MAKE) BUILD=$(ASAN_AMX_BUILD) AMX_EMU=1 OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
 	   $(patsubst %.c,$(ASAN_AMX_BUILD)/%.o,$(AMX_EMU_SRCS))
 	$(CC) -o $(ASAN_AMX_BUILD)/liblumen.so $(ASAN_AMX_OBJS) $(LDFLAGS_BASE) $(ASAN_FLAGS)
@@ -257,9 +269,12 @@ ASAN_BUILD ?= build-asan
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 ASAN_RT = $(shell $(CC) -print-file-name=libasan.so)
 
-asan:
+# make asan-lib: the library alone (.ci/run builds it once for its three ASan stages)
+asan-lib:
 	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -g $(ASAN_FLAGS) -Wno-error" \
 	   LDFLAGS="$(ASAN_FLAGS)" $(ASAN_BUILD)/liblumen.so lua/lumen/cdef.lua
+
+asan: asan-lib
 	@$(TEST_ENV) BUILD="$(ASAN_BUILD)" LUMEN_LIB="$(CURDIR)/$(ASAN_BUILD)/liblumen.so" \
 	   TEST_CFLAGS="$(ASAN_FLAGS)" \
 	   LUMEN_PRELOAD="$(ASAN_RT)" \
@@ -340,7 +355,7 @@ dist:
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(AMX_EMU_BUILD) $(ASAN_AMX_BUILD) $(FUZZ_BUILD) lua/lumen/cdef.lua
 
-.PHONY: all onnx test test-mpi asan bench lint demo install clean dist
+.PHONY: all onnx test test-mpi asan asan-lib bench lint demo install clean dist
 
 # ---- fuzzing (fuzz/README.md) ---------------------------------------------------------------
 # The harnesses need clang (libFuzzer comes with libclang-rt-14-dev) and are built with

@@ -27,8 +27,14 @@
 # (a single busted process for all files), BUSTED_OPTS (options given to every busted run, e.g.
 # --run=installed), LUMEN_TEST_FILES (the spec files of the split run, one busted process each;
 # default every spec/**/*_spec.lua; `make test-amx-emu` names its three), LUMEN_TEST_COUNTS=FILE
-# (also write "passed failed" to FILE). busted's output must stay plain or utf (the default); other output
-# handlers (-o TAP, json) print no summary to parse.
+# (also write "passed failed" to FILE), LUMEN_TEST_EXCLUDE=FILE (what the split run leaves out, on
+# top of device_skip: .ci/run's narrowed passes, .ci/*.exclude; a line "spec/x_spec.lua" leaves
+# out that file, "spec/x_spec.lua: <full test name as busted --list prints it>" that one test
+# (busted --filter-out with the name as an exact pattern); lines starting with # are comments),
+# LUMEN_TEST_TIMES=FILE (append one line per spec
+# file and C program: "<wall s> <cpu s> <name>", the CPU time being user + system of everything
+# it ran; .ci/run prints the slowest of each pass). busted's output must stay plain or utf (the
+# default); other output handlers (-o TAP, json) print no summary to parse.
 set -u
 
 LUAJIT=${LUAJIT:-luajit}
@@ -71,6 +77,7 @@ cuda_skip=(
 )
 is_device_skipped() {
    local s
+   [ -n "$test_device" ] || return 1
    for s in "${device_skip[@]}"; do [ "$s" = "$1" ] && return 0; done
    case $test_device in
       cuda*) for s in "${cuda_skip[@]}"; do [ "$s" = "$1" ] && return 0; done ;;
@@ -87,6 +94,29 @@ fi
 
 passed=0
 failed=0
+# LUMEN_TEST_TIMES: wall and CPU seconds per spec file / C program. The CPU time is read from
+# this shell's own counters of the children it waited for (/proc/$$/stat: cutime + cstime, in
+# clock ticks), so it needs no `time` program
+clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)
+child_ticks() {
+   local st
+   read -r -a st < /proc/$$/stat 2>/dev/null || { echo 0; return; }
+   # fields 16 and 17 (cutime, cstime); comm (field 2) is "(bash)", one word
+   echo $(( st[15] + st[16] ))
+}
+time_begin() {
+   [ -n "${LUMEN_TEST_TIMES:-}" ] || return 0
+   t_wall0=$(date +%s.%N)
+   t_cpu0=$(child_ticks)
+}
+time_end() {    # time_end NAME
+   [ -n "${LUMEN_TEST_TIMES:-}" ] || return 0
+   local w c
+   w=$(date +%s.%N)
+   c=$(child_ticks)
+   awk -v a="$t_wall0" -v b="$w" -v c0="$t_cpu0" -v c1="$c" -v hz="$clk_tck" -v n="$1" \
+      'BEGIN { printf "%.1f %.1f %s\n", b - a, (c1 - c0) / hz, n }' >> "$LUMEN_TEST_TIMES"
+}
 log=$(mktemp /tmp/lumen-test.XXXXXX)
 trap 'rm -f "$log" "$log.rc"' EXIT
 
@@ -150,13 +180,46 @@ elif [ ! -f "$BUSTED" ]; then
 elif [ $# -eq 0 ] && [ "${LUMEN_TEST_SPLIT:-1}" != 0 ]; then
    # one busted process per spec file (same .busted config): a crash in C loses only that file's
    # counts, and the file is named
+   # LUMEN_TEST_EXCLUDE: whole files, and busted --filter-out patterns per file
+   declare -A excl_file=() excl_args=()
+   if [ -n "${LUMEN_TEST_EXCLUDE:-}" ]; then
+      if [ ! -f "$LUMEN_TEST_EXCLUDE" ]; then
+         echo "run_tests: LUMEN_TEST_EXCLUDE=$LUMEN_TEST_EXCLUDE is not a file" >&2
+         failed=$((failed + 1))
+      else
+         while IFS= read -r line || [ -n "$line" ]; do
+            line=${line%$'\r'}
+            line=${line%"${line##*[![:space:]]}"}       # trailing blanks
+            case $line in '' | '#'*) continue ;; esac
+            if [[ $line == *': '* ]]; then
+               f=${line%%: *}
+               pat="^$(printf '%s' "${line#*: }" | sed 's/[][^$()%.*+?-]/%&/g')\$"
+               excl_args[$f]+="--filter-out=$pat"$'\n'
+            else
+               excl_file[$line]=1
+            fi
+         done < "$LUMEN_TEST_EXCLUDE"
+      fi
+   fi
    while IFS= read -r spec; do
-      if [ -n "$test_device" ] && is_device_skipped "$spec"; then
+      if is_device_skipped "$spec"; then
          echo "== $spec: skipped on $test_device (device_skip / cuda_skip in tools/run_tests.sh)"
          continue
       fi
-      echo "== $spec"
-      run_busted "$spec"
+      if [ -n "${excl_file[$spec]:-}" ]; then
+         echo "== $spec: left out of this pass (LUMEN_TEST_EXCLUDE=$LUMEN_TEST_EXCLUDE)"
+         continue
+      fi
+      args=()
+      if [ -n "${excl_args[$spec]:-}" ]; then
+         mapfile -t args < <(printf '%s' "${excl_args[$spec]}")
+         echo "== $spec (${#args[@]} tests left out: LUMEN_TEST_EXCLUDE=$LUMEN_TEST_EXCLUDE)"
+      else
+         echo "== $spec"
+      fi
+      time_begin
+      run_busted "${args[@]}" "$spec"
+      time_end "$spec"
    done < <(if [ -n "${LUMEN_TEST_FILES:-}" ]; then
                # shellcheck disable=SC2086 # a list of paths, split on spaces
                printf '%s\n' $LUMEN_TEST_FILES
@@ -182,12 +245,14 @@ if [ "${LUMEN_TEST_C:-1}" != 0 ] && [ ${#cprogs[@]} -gt 0 ]; then
          name=$(basename "$src" .c)
          exe=$build_abs/spec_c/$name
          echo "== spec/c/$name"
+         time_begin
          # shellcheck disable=SC2086
          if ! "$CC" -std=c11 -Wall -Wextra -Werror -g -O1 -Isrc \
                $TEST_CFLAGS -o "$exe" "$src" -L"$build_abs" -llumen \
                -Wl,-rpath,"$build_abs" -lm -fopenmp; then
             echo "run_tests: spec/c/$name did not compile" >&2
             failed=$((failed + 1))
+            time_end "spec/c/$name"
             continue
          fi
          { run_preloaded "$exe" 2>&1; echo $? > "$log.rc"; } | tee "$log"
@@ -207,6 +272,7 @@ if [ "${LUMEN_TEST_C:-1}" != 0 ] && [ ${#cprogs[@]} -gt 0 ]; then
             echo "run_tests: spec/c/$name exited with status $rc" >&2
             failed=$((failed + 1))
          fi
+         time_end "spec/c/$name"
       done
    fi
 fi
