@@ -973,6 +973,17 @@ function M.export(model, input, path, opts)
            tostring(opset)))
    end
    local jit = require("lumen.jit")
+   -- lm.ops.StochasticDepth is not an lm.F function: the trace would keep the random mask of
+   -- its one call as a constant, so a module in training mode is refused (as dropout is below)
+   if not jit.is_traced(model) and type(model) == "table" and type(model.modules) == "function"
+   then
+      for _, mod in ipairs(model:modules()) do
+         if getmetatable(mod) == require("lumen.ops").StochasticDepth and mod.training and
+            mod.p ~= 0 then
+            fail("a StochasticDepth in training mode (call model:eval() first)")
+         end
+      end
+   end
    local traced = jit.is_traced(model) and model or jit.trace(model, input)
    local g = traced.graph
    -- every operator must be one ONNX can express: checked before anything is written
