@@ -73,8 +73,9 @@ describe("lm.onnx.export of the issue-40 operators", function()
       end
       local o2, rc2 = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. table.concat(args, " "))
       assert.are.equal(0, rc2, o2)
-      -- the ops that opset brings: Gelu (20), HardSwish (14), Mish (18); below, their formulas
-      local first = { Gelu = 20, HardSwish = 14, Mish = 18 }
+      -- the ops that opset brings: Gelu (20), HardSwish (14), Mish (18); below, their formulas;
+      -- pixel_shuffle of a 4-D input is DepthToSpace (CRD) at every opset
+      local first = { Gelu = 20, HardSwish = 14, Mish = 18, DepthToSpace = 13 }
       for _, opset in ipairs(OPSETS) do
          local got = read_f32(dir .. "/y" .. opset, want:size())
          local d = (got - want):abs():max():item()
@@ -86,6 +87,37 @@ describe("lm.onnx.export of the issue-40 operators", function()
          end
       end
       os.execute("rm -rf " .. shell.q(dir))
+   end)
+
+   it("the shuffles of 3-D and 5-D inputs (Reshape, Transpose, Reshape): ONNX Runtime",
+      function()
+      if not lm.onnx.available() then
+         pending("the ONNX writer build/liblumen_onnx.so is not built")
+         return
+      end
+      local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
+      if rc ~= 0 then
+         pending("the ONNX Runtime venv could not be made: " .. out:sub(-300))
+         return
+      end
+      local py = out:match("([^\n]+)%s*$")
+      local fn = function(x)                                -- x: 2 x 1 x 8 x 3 x 4
+         local y = F.pixel_unshuffle(F.pixel_shuffle(x, 2) * 3, 2)   -- 5-D both ways
+         y = y:reshape({ 2, 8, 12 })
+         return F.channel_shuffle(y, 4)                    -- 3-D
+      end
+      local x = lm.randn({ 2, 1, 8, 3, 4 })
+      local want = fn(x)
+      local p = os.tmpname()
+      lm.onnx.export(fn, x, p .. ".onnx")
+      write_f32(p .. ".x", x)
+      local o2, rc2 = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. shell.q(p .. ".onnx") ..
+                               " " .. shell.q(p .. ".x") .. " " .. shell.q(p .. ".y"))
+      assert.are.equal(0, rc2, o2)
+      local got = read_f32(p .. ".y", want:size())
+      assert.is_true((got - want):abs():max():item() <= 1e-5)
+      assert.is_nil(assert(shell.read_file(p .. ".onnx")):find("DepthToSpace", 1, true))
+      for _, e in ipairs({ "", ".onnx", ".x", ".y" }) do os.remove(p .. e) end
    end)
 
    it("a StochasticDepth in training mode is refused (its mask would be a constant)", function()

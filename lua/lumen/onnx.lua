@@ -5,7 +5,8 @@
 --   F.conv2d            Conv (a fused epilogue {residual =, relu =} adds Add and Relu)
 --   F.batch_norm        BatchNormalization (evaluation mode only)
 --   F.group_norm        Reshape, InstanceNormalization, Reshape, Mul, Add (any opset)
---   F.layer_norm        LayerNormalization (opset 17 or later)
+--   F.layer_norm        LayerNormalization (opset 17 or later), below 17 ReduceMean, Sub, Mul,
+--                       ReduceMean, Add, Sqrt, Div (torch.onnx's decomposition)
 --   F.instance_norm     InstanceNormalization (BatchNormalization with use_input_stats = false)
 --   relu, relu_         Relu;  sigmoid, tanh: Sigmoid, Tanh;  F.softmax: Softmax
 --   F.max_pool2d        MaxPool;  F.avg_pool2d: AveragePool (and the 3-D pools, F.conv3d)
@@ -15,12 +16,16 @@
 --   F.flatten           Flatten (to the end) or Reshape;  view, reshape: Reshape
 --   permute             Transpose
 --   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
---   F.silu  Sigmoid * x;  F.gelu: the erf (or tanh) formula;  F.hardswish: HardSwish (opset
---   14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu: LeakyRelu;  F.elu: Elu;
---   F.mish: Mish (opset 18+) or x * Tanh(Softplus(x));  F.pad: Pad (constant mode);
---   F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle: Reshape, Transpose, Reshape
+--   F.conv_transpose1d/2d/3d  ConvTranspose (output_padding, group, dilations)
+--   F.interpolate, F.upsample  Resize (torch.onnx's attributes for each mode; scales or sizes)
+--   F.silu  Sigmoid * x;  F.gelu: Gelu (opset 20+) or the erf (or tanh) formula;  F.hardswish:
+--   HardSwish (opset 14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu:
+--   LeakyRelu;  F.elu: Elu;  F.mish: Mish (opset 18+) or x * Tanh(Softplus(x));
+--   F.pad: Pad (constant, reflect, edge; circular: wrap from opset 19, Slice + Concat below)
+--   F.pixel_shuffle: DepthToSpace (CRD; 4-D), F.pixel_unshuffle, F.channel_shuffle (and
+--   pixel_shuffle of other ranks): Reshape, Transpose, Reshape
 --   dropout, dropout2d/3d (evaluation), contiguous, to(memory format), clone: nothing (the
---   value is passed on)
+--   value is passed on); lm.ops.stochastic_depth in evaluation returns its input (no node)
 -- The lm.F functions that have no ONNX form are listed in NO_ONNX below with the reason (export
 -- names it when it refuses a graph).
 -- ONNX tensors are NCHW by definition: a channels-last value is exported with its logical sizes,
@@ -770,7 +775,7 @@ local function shuffle_op(plan)
       reshape_to(B, t, value_sizes(g, node.outs.v), outs, s)
    end
 end
-OPS["F.pixel_shuffle"] = shuffle_op(function(s, r)
+local pixel_shuffle_nd = shuffle_op(function(s, r)
    local n = #s
    local v, perm = {}, {}
    for i = 1, n - 3 do v[i] = s[i]; perm[i] = i - 1 end
@@ -779,6 +784,14 @@ OPS["F.pixel_shuffle"] = shuffle_op(function(s, r)
    perm[b + 1], perm[b + 2], perm[b + 3], perm[b + 4], perm[b + 5] = b, b + 3, b + 1, b + 4, b + 2
    return v, perm
 end)
+-- pixel_shuffle of a 4-D input: DepthToSpace with mode "CRD" (channel c * r * r + i * r + j to
+-- pixel (i, j) of channel c), as torch.onnx; other ranks: the Reshape / Transpose / Reshape.
+-- pixel_unshuffle has no such node: SpaceToDepth orders its channels (i * r + j) * C + c, the
+-- inverse of DepthToSpace's "DCR", not PyTorch's c * r * r + i * r + j
+OPS["F.pixel_shuffle"] = function(B, node, a, outs, g)
+   if #value_sizes(g, a[1].id) ~= 4 then return pixel_shuffle_nd(B, node, a, outs, g) end
+   B.node("DepthToSpace", { B.name(a[1].id) }, outs, { blocksize = a[2], mode = "CRD" })
+end
 OPS["F.pixel_unshuffle"] = shuffle_op(function(s, r)
    local n = #s
    local v, perm = {}, {}
