@@ -6,7 +6,8 @@
 -- Each case is exported at several opsets and checked by onnx.checker (full check, shape
 -- inference) and ONNX Runtime against lumen's eager result (within 1e-5), most of them with a
 -- channels-last input; skipped (with the reason) without the writer or ONNX Runtime
--- (tools/setup_onnx_venv.sh), as spec/onnx_spec.lua.
+-- (tools/setup_onnx_venv.sh), as spec/onnx_spec.lua. Also the writer's string attributes
+-- (lm_onnx_attr_string) and its errors.
 local lm = require("lumen")
 local ffi = require("ffi")
 local C = require("lumen.C")
@@ -243,5 +244,43 @@ describe("lm.onnx.export: ConvTranspose", function()
               output_padding = { 1, 0, 1 }, groups = 4, dilation = { 1, 2, 1 } }),
            { 1, 4, 2, 3, 3 }, { 17 }, cl = true },
       })
+   end)
+end)
+
+describe("the writer's string attributes (lm_onnx_attr_string)", function()
+   it("writes the bytes, and bad arguments fail with a message naming the function", function()
+      if not lm.onnx.available() then
+         pending("the ONNX writer build/liblumen_onnx.so is not built")
+         return
+      end
+      -- lm.onnx.available() declared the shim's functions; the library itself is loaded here
+      local path = os.getenv("LUMEN_ONNX_LIB")
+      if path == nil or path == "" then path = "build/liblumen_onnx.so" end
+      local f = io.open(path, "rb")
+      if not f then
+         pending(path .. " is not here (an installed run)")
+         return
+      end
+      f:close()
+      local L = ffi.load(path)
+      local m = ffi.gc(L.lm_onnx_new("g", "spec", "0", 17, 8), L.lm_onnx_free)
+      local ins = ffi.new("const char *[1]", { "x" })
+      local outs = ffi.new("const char *[1]", { "y" })
+      local k = L.lm_onnx_add_node(m, "Pad", "pad", 1, ins, 1, outs)
+      assert.are.equal(0, k)
+      assert.are.equal(0, L.lm_onnx_attr_string(m, k, "mode", "reflect"))
+      assert.are.equal(0, L.lm_onnx_attr_string(m, k, "empty", ""))
+      assert.are.equal(-1, L.lm_onnx_attr_string(m, 7, "mode", "edge"))
+      assert.truthy(ffi.string(L.lm_onnx_error()):find("lm_onnx_attr: bad node 7", 1, true))
+      assert.are.equal(-1, L.lm_onnx_attr_string(m, k, "mode", nil))
+      assert.truthy(ffi.string(L.lm_onnx_error()):find("lm_onnx_attr_string: bad arguments", 1,
+                                                        true))
+      assert.are.equal(-1, L.lm_onnx_attr_string(nil, 0, "mode", "edge"))
+      local p = os.tmpname()
+      assert.are.equal(0, L.lm_onnx_save(m, p))
+      local bytes = assert(shell.read_file(p))
+      os.remove(p)
+      assert.truthy(bytes:find("mode", 1, true) and bytes:find("reflect", 1, true))
+      assert.is_nil(bytes:find("edge", 1, true))
    end)
 end)
