@@ -63,6 +63,7 @@ device_skip=(
    spec/jit_models_spec.lua     # a fresh process reading the saved files (its tensors are CPU)
    spec/onnx_spec.lua           # ONNX files and ONNX Runtime read on the host
    spec/onnx_act_spec.lua       # the same for the issue-40 operators (its files are host memory)
+   spec/onnx_resample_spec.lua  # the same for Resize, the Pad modes and ConvTranspose
    spec/lazy_spec.lua           # the deferred elementwise engine (tensor.lua) defers CPU tensors
                                 # only, by design; elsewhere every op runs eagerly, which the
                                 # other specs check on the device

@@ -1903,11 +1903,13 @@ E("lm.onnx.export", "lm.onnx.export(model, input, path, {opset = 17, dynamic_axe
    .. "model of the traced graph (model is traced with input, or a traced module is taken as "
    .. "it is) that ONNX Runtime runs with the same results. dynamic_axes (PyTorch's option, "
    .. "dims 1-based) makes those dims of the inputs and outputs symbolic; with a dynamic batch "
-   .. "the model runs at any batch size (docs/shipping_models.md).",
+   .. "the model runs at any batch size. The operators and their ONNX forms: "
+   .. "docs/shipping_models.md.",
    { fmt = "ONNX is NCHW: channels-last values are exported with their logical sizes and "
    .. "weights in logical order", err = "an operator without an ONNX form, a model in training "
-   .. "mode, an opset outside 13-21, dynamic_axes naming no input or output, a dim past its "
-   .. "rank or a name that is not a string, the writer not built: `lumen.onnx.export: ...` "
+   .. "mode (a batch norm, dropout or StochasticDepth), an opset outside 13-21, dynamic_axes "
+   .. "naming no input or output, a dim past its rank or a name that is not a string, the "
+   .. "writer not built: `lumen.onnx.export: ...` "
    .. "(nothing is written)", note = "inputs are named input (input.1, ...), outputs output, "
    .. "weights by their state_dict names" })
 E("lm.onnx.available", "lm.onnx.available() -> boolean", "Whether the ONNX writer library "

@@ -5,7 +5,8 @@
 --   F.conv2d            Conv (a fused epilogue {residual =, relu =} adds Add and Relu)
 --   F.batch_norm        BatchNormalization (evaluation mode only)
 --   F.group_norm        Reshape, InstanceNormalization, Reshape, Mul, Add (any opset)
---   F.layer_norm        LayerNormalization (opset 17 or later)
+--   F.layer_norm        LayerNormalization (opset 17 or later), below 17 ReduceMean, Sub, Mul,
+--                       ReduceMean, Add, Sqrt, Div (torch.onnx's decomposition)
 --   F.instance_norm     InstanceNormalization (BatchNormalization with use_input_stats = false)
 --   relu, relu_         Relu;  sigmoid, tanh: Sigmoid, Tanh;  F.softmax: Softmax
 --   F.max_pool2d        MaxPool;  F.avg_pool2d: AveragePool (and the 3-D pools, F.conv3d)
@@ -15,12 +16,16 @@
 --   F.flatten           Flatten (to the end) or Reshape;  view, reshape: Reshape
 --   permute             Transpose
 --   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
---   F.silu  Sigmoid * x;  F.gelu: the erf (or tanh) formula;  F.hardswish: HardSwish (opset
---   14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu: LeakyRelu;  F.elu: Elu;
---   F.mish: Mish (opset 18+) or x * Tanh(Softplus(x));  F.pad: Pad (constant mode);
---   F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle: Reshape, Transpose, Reshape
+--   F.conv_transpose1d/2d/3d  ConvTranspose (output_padding, group, dilations)
+--   F.interpolate, F.upsample  Resize (torch.onnx's attributes for each mode; scales or sizes)
+--   F.silu  Sigmoid * x;  F.gelu: Gelu (opset 20+) or the erf (or tanh) formula;  F.hardswish:
+--   HardSwish (opset 14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu:
+--   LeakyRelu;  F.elu: Elu;  F.mish: Mish (opset 18+) or x * Tanh(Softplus(x));
+--   F.pad: Pad (constant, reflect, edge; circular: wrap from opset 19, Slice + Concat below)
+--   F.pixel_shuffle: DepthToSpace (CRD; 4-D), F.pixel_unshuffle, F.channel_shuffle (and
+--   pixel_shuffle of other ranks): Reshape, Transpose, Reshape
 --   dropout, dropout2d/3d (evaluation), contiguous, to(memory format), clone: nothing (the
---   value is passed on)
+--   value is passed on); lm.ops.stochastic_depth in evaluation returns its input (no node)
 -- The lm.F functions that have no ONNX form are listed in NO_ONNX below with the reason (export
 -- names it when it refuses a graph).
 -- ONNX tensors are NCHW by definition: a channels-last value is exported with its logical sizes,
@@ -60,6 +65,7 @@ int lm_onnx_add_node(lm_onnx *m, const char *op_type, const char *name, int nin,
 int lm_onnx_attr_int(lm_onnx *m, int node, const char *name, int64_t v);
 int lm_onnx_attr_float(lm_onnx *m, int node, const char *name, float v);
 int lm_onnx_attr_ints(lm_onnx *m, int node, const char *name, int n, const int64_t *v);
+int lm_onnx_attr_string(lm_onnx *m, int node, const char *name, const char *v);
 int lm_onnx_save(lm_onnx *m, const char *path);
 int lm_onnx_set_dim_param(lm_onnx *m, int is_output, int index, int dim, const char *param);
 ]]
@@ -92,6 +98,10 @@ local function shim()
       if f then
          f:close()
          local ok, l = pcall(ffi.load, path)
+         -- a writer built before the string attributes (lm_onnx_attr_string) is stale
+         if ok and not pcall(function() return l.lm_onnx_attr_string end) then
+            ok, l = false, "built before lm_onnx_attr_string: rebuild it with make"
+         end
          if ok then
             lib = l
             return lib
@@ -189,7 +199,8 @@ local function builder(L, m, g, tensors)
       end
       fail("internal: value " .. tostring(id) .. " has no ONNX name", 0)
    end
-   -- a node: inputs (names), outputs (names), attributes {name = number | {ints} | {f = x}}
+   -- a node: inputs (names; "" leaves an optional input out), outputs (names), attributes
+   -- {name = number (INT) | {ints} (INTS) | {f = x} (FLOAT) | "text" (STRING)}
    function B.node(op, inputs, outputs, attrs)
       local ci = ffi.new("const char *[?]", math.max(1, #inputs))
       for i, s in ipairs(inputs) do ci[i - 1] = s end
@@ -205,10 +216,14 @@ local function builder(L, m, g, tensors)
             check(L.lm_onnx_attr_int(m, k, a, v), op)
          elseif type(v) == "table" and v.f then
             check(L.lm_onnx_attr_float(m, k, a, v.f), op)
-         else
+         elseif type(v) == "string" then
+            check(L.lm_onnx_attr_string(m, k, a, v), op)
+         elseif type(v) == "table" then
             local arr = ffi.new("int64_t[?]", math.max(1, #v))
             for i, x in ipairs(v) do arr[i - 1] = x end
             check(L.lm_onnx_attr_ints(m, k, a, #v, arr), op)
+         else
+            fail(("internal: attribute %s of %s is a %s"):format(a, op, type(v)), 0)
          end
       end
    end
@@ -275,9 +290,7 @@ OPS["F.conv2d"] = conv_op(2)
 OPS["F.conv3d"] = conv_op(3)
 
 -- issue 40 (wt-resample): ConvTranspose of 1 to 3 spatial dims (weight (C_in, C_out / groups,
--- k...) is ONNX's layout too); F.interpolate is not exported yet: PyTorch's index rules need
--- Resize's string attributes (mode, coordinate_transformation_mode, nearest_mode), which the
--- shim (src/onnx/onnx_shim.c) does not write
+-- k...) is ONNX's layout too, output_padding and groups as attributes)
 local function conv_transpose_op(nd)
    local function tuple(v, d)
       local r = {}
@@ -307,9 +320,82 @@ end
 OPS["F.conv_transpose1d"] = conv_transpose_op(1)
 OPS["F.conv_transpose2d"] = conv_transpose_op(2)
 OPS["F.conv_transpose3d"] = conv_transpose_op(3)
-OPS["F.interpolate"] = function()
-   fail("F.interpolate is not exported yet (ONNX Resize needs string attributes, which the " ..
-        "exporter cannot write)", 0)
+
+-- F.interpolate / F.upsample: Resize with the attributes torch.onnx writes for each mode (opset
+-- 11+ symbolic): nearest -> mode "nearest", "asymmetric", nearest_mode "floor" (PyTorch's
+-- floor(dst * scale)); linear / bilinear / trilinear -> "linear", bicubic -> "cubic" with
+-- cubic_coeff_a -0.75, both "half_pixel" (PyTorch's (dst + 0.5) * scale - 0.5, linear clamped at
+-- 0; not "pytorch_half_pixel", which maps an output of size 1 to 0 where PyTorch takes the
+-- centre), or "align_corners"; nearest-exact (which torch.onnx does not export) -> "nearest",
+-- "half_pixel", nearest_mode "round_prefer_ceil": round_prefer_ceil((dst + 0.5) / s - 0.5) is
+-- floor((dst + 0.5) / s), PyTorch's rule.
+-- The scales: with scale_factor (and not recompute_scale_factor) PyTorch maps coordinates with
+-- 1 / scale_factor, so Resize gets the scales input (1, 1, scale_factor...), as torch.onnx
+-- writes it; ONNX's output size is then floor(in * float32(scale)) (ONNX Runtime in float32,
+-- onnx's shape inference in double), and where either is not lumen's size (in * scale an integer
+-- that float32 rounds below it: 10 * 0.7 -> 6.9999999 in double) the sizes input is written
+-- instead (in * scale is then out, so out / in is the same scale). With size
+-- (or recompute_scale_factor) Resize gets the sizes input (N, C, size...); with a dynamic batch
+-- N and C come from Shape(x) (Shape, Slice, Concat: torch.onnx's form).
+local RESIZE_MODE = { nearest = "nearest", ["nearest-exact"] = "nearest", linear = "linear",
+                      bilinear = "linear", trilinear = "linear", bicubic = "cubic" }
+local f32buf = ffi.new("float[1]")
+local function f32(v) f32buf[0] = v; return f32buf[0] end
+
+local function resize(B, x, xs, ys, o, outs)
+   local mode = o.mode or "nearest"
+   local onnx_mode = RESIZE_MODE[mode]
+   if not onnx_mode then fail("interpolate with mode '" .. tostring(mode) .. "'", 0) end
+   if o.antialias then fail("interpolate with antialias = true is not exported", 0) end
+   local k = #xs - 2
+   local ctm, nearest = "half_pixel", "floor"
+   if mode == "nearest" then ctm = "asymmetric"
+   elseif mode == "nearest-exact" then nearest = "round_prefer_ceil"
+   elseif o.align_corners then ctm = "align_corners" end
+   local attrs = { mode = onnx_mode, coordinate_transformation_mode = ctm,
+                   nearest_mode = nearest, cubic_coeff_a = { f = -0.75 } }
+   local sf = o.scale_factor
+   local use_scales = sf ~= nil and not o.recompute_scale_factor
+   local scales = { 1, 1 }
+   if use_scales then
+      for i = 1, k do
+         local s = type(sf) == "number" and sf or sf[i]
+         scales[i + 2] = s
+         -- the output size from the scale: ONNX Runtime multiplies in float32, onnx's shape
+         -- inference in double (both by the float32 scale): each must give lumen's
+         local sc = f32(s)
+         if math.floor(f32(f32(xs[i + 2]) * sc)) ~= ys[i + 2]
+            or math.floor(xs[i + 2] * sc) ~= ys[i + 2] then
+            use_scales = false
+         end
+      end
+   end
+   if use_scales then
+      return B.node("Resize", { x, "", B.const_f(scales, { #scales }) }, outs, attrs)
+   end
+   local sizes
+   if B.dyn_batch and xs[1] == B.dyn_batch then
+      local sh, nc = B.fresh("shape"), B.fresh("shape")
+      B.node("Shape", { x }, { sh })
+      B.node("Slice", { sh, B.const_i64({ 0 }), B.const_i64({ 2 }), B.const_i64({ 0 }) }, { nc })
+      local sp = {}
+      for i = 1, k do sp[i] = ys[i + 2] end
+      sizes = B.fresh("sizes")
+      B.node("Concat", { nc, B.const_i64(sp) }, { sizes }, { axis = 0 })
+   else
+      sizes = B.const_i64(ys)
+   end
+   B.node("Resize", { x, "", "", sizes }, outs, attrs)
+end
+OPS["F.interpolate"] = function(B, node, a, outs, g)
+   local o = a[2]
+   if type(o) ~= "table" then o = {} end
+   resize(B, B.name(a[1].id), value_sizes(g, a[1].id), value_sizes(g, node.outs.v), o, outs)
+end
+-- upsample(x, size, scale_factor, mode, align_corners): interpolate's deprecated spelling
+OPS["F.upsample"] = function(B, node, a, outs, g)
+   resize(B, B.name(a[1].id), value_sizes(g, a[1].id), value_sizes(g, node.outs.v),
+          { size = a[2], scale_factor = a[3], mode = a[4], align_corners = a[5] }, outs)
 end
 
 OPS["F.batch_norm"] = function(B, _, a, outs, g)
@@ -378,11 +464,37 @@ OPS["F.group_norm"] = function(B, _, a, outs, g)
    if b then B.node("Add", { y, channel_param(B, b.id, xs[2], #xs) }, outs) end
 end
 
--- F.layer_norm: LayerNormalization (opset 17) over the trailing dims
+-- F.layer_norm: LayerNormalization (opset 17) over the trailing dims; below opset 17
+-- torch.onnx's decomposition: d = x - ReduceMean(x), y = d / Sqrt(ReduceMean(d * d) + eps), then
+-- Mul weight, Add bias (ReduceMean's axes an attribute up to opset 17)
 OPS["F.layer_norm"] = function(B, _, a, outs, g)
-   if B.opset < 17 then fail("layer_norm needs opset 17 or later (LayerNormalization)", 0) end
    local ns, o = a[2], a[5] or {}
    if type(ns) == "number" then ns = { ns } end
+   if B.opset < 17 then
+      local nd = #value_sizes(g, a[1].id)
+      local axes = {}
+      for i = 1, #ns do axes[i] = nd - #ns + i - 1 end
+      local dt = g.values[a[1].id].dtype
+      local x = B.name(a[1].id)
+      local mean, d, d2, var, ve, sd = B.fresh("ln"), B.fresh("ln"), B.fresh("ln"),
+         B.fresh("ln"), B.fresh("ln"), B.fresh("ln")
+      B.node("ReduceMean", { x }, { mean }, { axes = axes, keepdims = 1 })
+      B.node("Sub", { x, mean }, { d })
+      B.node("Mul", { d, d }, { d2 })
+      B.node("ReduceMean", { d2 }, { var }, { axes = axes, keepdims = 1 })
+      B.node("Add", { var, B.const_f({ o.eps or 1e-5 }, {}, dt) }, { ve })
+      B.node("Sqrt", { ve }, { sd })
+      local w, b = a[3], a[4]
+      local y = (w or b) and B.fresh("ln") or outs[1]
+      B.node("Div", { d, sd }, { y })
+      if w then
+         local y2 = b and B.fresh("ln") or outs[1]
+         B.node("Mul", { y, B.name(w.id) }, { y2 })
+         y = y2
+      end
+      if b then B.node("Add", { y, B.name(b.id) }, outs) end
+      return
+   end
    local n = 1
    for i = 1, #ns do n = n * ns[i] end
    local ones = ones_zeros(n)
@@ -456,11 +568,15 @@ OPS["F.mish"] = function(B, _, a, outs)
    B.node("Tanh", { sp }, { th })
    B.node("Mul", { x, th }, outs)
 end
--- gelu as its formula (ONNX's Gelu needs opset 20 and a string attribute)
+-- gelu: Gelu (opset 20 or later, approximate "none" or "tanh", as torch.onnx), below it its
+-- formula (torch.onnx's decomposition)
 OPS["F.gelu"] = function(B, _, a, outs)
    local ap = a[2]
    if type(ap) == "table" then ap = ap.approximate end
    local x = B.name(a[1].id)
+   if B.opset >= 20 then
+      return B.node("Gelu", { x }, outs, { approximate = ap == "tanh" and "tanh" or "none" })
+   end
    local inner
    if ap == "tanh" then
       -- 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
@@ -483,22 +599,65 @@ OPS["F.gelu"] = function(B, _, a, outs)
    B.node("Mul", { x, B.const_f({ 0.5 }, {}) }, { hx })
    B.node("Mul", { hx, p1 }, outs)
 end
+-- F.pad: Pad with mode "constant" (its value an input), "reflect" (PyTorch's reflect: the edge
+-- not repeated), "edge" (replicate); circular: Pad "wrap" at opset 19 or later, below it (and
+-- as torch.onnx writes it at every opset) each padded dim as Concat(Slice(the last l), x,
+-- Slice(the first r)). lumen's pad list is PyTorch's: last dim first, (left, right) pairs.
+local PAD_MODE = { constant = "constant", reflect = "reflect", replicate = "edge",
+                   circular = "wrap" }
 OPS["F.pad"] = function(B, _, a, outs, g)
    local o, value = a[3], a[4]
    local mode = o
    if type(o) == "table" then mode, value = o.mode, o.value end
-   if mode ~= nil and mode ~= "constant" then
-      fail("F.pad with mode '" .. tostring(mode) .. "' is not exported (constant only)", 0)
-   end
+   mode = mode or "constant"
+   if not PAD_MODE[mode] then fail("F.pad with mode '" .. tostring(mode) .. "'", 0) end
    local pad = a[2]
-   local nd = #value_sizes(g, a[1].id)
+   local xs = value_sizes(g, a[1].id)
+   local nd = #xs
+   local x = B.name(a[1].id)
+   if mode == "circular" and B.opset < 19 then
+      local cur = x
+      local sizes = {}
+      for i = 1, nd do sizes[i] = xs[i] end
+      local steps = {}
+      for k = 1, #pad / 2 do
+         local l, r = pad[2 * k - 1], pad[2 * k]
+         if l ~= 0 or r ~= 0 then steps[#steps + 1] = { nd - k, l, r } end
+      end
+      if #steps == 0 then return B.node("Identity", { x }, outs) end
+      for j, st in ipairs(steps) do
+         local d, l, r = st[1], st[2], st[3]         -- d: 0-based axis
+         local sz = sizes[d + 1]
+         local parts = {}
+         if l > 0 then
+            parts[#parts + 1] = B.fresh("wrap")
+            B.node("Slice", { cur, B.const_i64({ sz - l }), B.const_i64({ sz }),
+                              B.const_i64({ d }) }, { parts[#parts] })
+         end
+         parts[#parts + 1] = cur
+         if r > 0 then
+            parts[#parts + 1] = B.fresh("wrap")
+            B.node("Slice", { cur, B.const_i64({ 0 }), B.const_i64({ r }), B.const_i64({ d }) },
+                   { parts[#parts] })
+         end
+         local nxt = j == #steps and outs[1] or B.fresh("wrap")
+         B.node("Concat", parts, { nxt }, { axis = d })
+         sizes[d + 1] = sz + l + r
+         cur = nxt
+      end
+      return
+   end
    local pads = {}
    for i = 1, 2 * nd do pads[i] = 0 end
    for k = 1, #pad / 2 do
       local d = nd - k + 1        -- 1-based dim
       pads[d], pads[d + nd] = pad[2 * k - 1], pad[2 * k]
    end
-   B.node("Pad", { B.name(a[1].id), B.const_i64(pads), B.const_f({ value or 0 }, {}) }, outs)
+   local ins = { x, B.const_i64(pads) }
+   if mode == "constant" then
+      ins[3] = B.const_f({ value or 0 }, {}, g.values[a[1].id].dtype)
+   end
+   B.node("Pad", ins, outs, { mode = PAD_MODE[mode] })
 end
 -- end of issue 40 (wt-act) -------------------------------------------------------------------
 
@@ -616,7 +775,7 @@ local function shuffle_op(plan)
       reshape_to(B, t, value_sizes(g, node.outs.v), outs, s)
    end
 end
-OPS["F.pixel_shuffle"] = shuffle_op(function(s, r)
+local pixel_shuffle_nd = shuffle_op(function(s, r)
    local n = #s
    local v, perm = {}, {}
    for i = 1, n - 3 do v[i] = s[i]; perm[i] = i - 1 end
@@ -625,6 +784,14 @@ OPS["F.pixel_shuffle"] = shuffle_op(function(s, r)
    perm[b + 1], perm[b + 2], perm[b + 3], perm[b + 4], perm[b + 5] = b, b + 3, b + 1, b + 4, b + 2
    return v, perm
 end)
+-- pixel_shuffle of a 4-D input: DepthToSpace with mode "CRD" (channel c * r * r + i * r + j to
+-- pixel (i, j) of channel c), as torch.onnx; other ranks: the Reshape / Transpose / Reshape.
+-- pixel_unshuffle has no such node: SpaceToDepth orders its channels (i * r + j) * C + c, the
+-- inverse of DepthToSpace's "DCR", not PyTorch's c * r * r + i * r + j
+OPS["F.pixel_shuffle"] = function(B, node, a, outs, g)
+   if #value_sizes(g, a[1].id) ~= 4 then return pixel_shuffle_nd(B, node, a, outs, g) end
+   B.node("DepthToSpace", { B.name(a[1].id) }, outs, { blocksize = a[2], mode = "CRD" })
+end
 OPS["F.pixel_unshuffle"] = shuffle_op(function(s, r)
    local n = #s
    local v, perm = {}, {}
@@ -745,7 +912,6 @@ local NO_ONNX = {
    ["F.nll_loss"] = "a loss: export the model, not its training objective",
    ["F.cross_entropy"] = "a loss: export the model, not its training objective",
    ["F.mse_loss"] = "a loss: export the model, not its training objective",
-   ["F.upsample"] = "not exported yet, as F.interpolate: ONNX Resize needs string attributes",
 }
 
 -- dynamic_axes = {input = {[1] = "batch"}, output = {[1] = "batch"}} (PyTorch's option, with
@@ -820,6 +986,17 @@ function M.export(model, input, path, opts)
            tostring(opset)))
    end
    local jit = require("lumen.jit")
+   -- lm.ops.StochasticDepth is not an lm.F function: the trace would keep the random mask of
+   -- its one call as a constant, so a module in training mode is refused (as dropout is below)
+   if not jit.is_traced(model) and type(model) == "table" and type(model.modules) == "function"
+   then
+      for _, mod in ipairs(model:modules()) do
+         if getmetatable(mod) == require("lumen.ops").StochasticDepth and mod.training and
+            mod.p ~= 0 then
+            fail("a StochasticDepth in training mode (call model:eval() first)")
+         end
+      end
+   end
    local traced = jit.is_traced(model) and model or jit.trace(model, input)
    local g = traced.graph
    -- every operator must be one ONNX can express: checked before anything is written

@@ -268,6 +268,27 @@ int lm_onnx_attr_ints(lm_onnx *m, int node, const char *name, int n, const int64
    return 0;
 }
 
+/* a STRING attribute (Resize's mode, Pad's mode, Gelu's approximate): the bytes of v without its
+   terminating NUL (ONNX strings are bytes; the schema's names are ASCII) */
+int lm_onnx_attr_string(lm_onnx *m, int node, const char *name, const char *v) {
+   if (!v) return fail("lm_onnx_attr_string: bad arguments (no value for '%s')", name ? name : "?");
+   size_t len = strlen(v);
+   uint8_t *data = malloc(len ? len : 1);
+   if (!data) return fail("out of memory");
+   if (len) memcpy(data, v, len);
+   Onnx__AttributeProto *a = new_attr(m, node, name);
+   if (!a) {
+      free(data);
+      return -1;
+   }
+   a->has_type = 1;
+   a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING;
+   a->has_s = 1;
+   a->s.len = len;
+   a->s.data = data;
+   return 0;
+}
+
 /* pack the model and write it to path */
 int lm_onnx_save(lm_onnx *m, const char *path) {
    if (!m || !path) return fail("lm_onnx_save: bad arguments");
