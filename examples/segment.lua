@@ -21,8 +21,8 @@
 -- The model: a UNet of --depth max-pool levels. Each block is two 3x3 Conv2d + GroupNorm + ReLU
 -- (or SiLU); the encoder's channels double at each level (--width at the top); the decoder goes
 -- up with ConvTranspose2d(kernel 2, stride 2), whose forward(x, output_size) takes the skip
--- connection's size, so that odd sizes come back exactly (--size 36: 36 -> 18 -> 9 -> 4 pooled;
--- 4 -> 9 needs an output_padding of 1, which output_size picks); or with bilinear
+-- connection's size, so that odd sizes come back exactly (--size 36 --depth 3: 36 -> 18 -> 9 ->
+-- 4 pooled; 4 -> 9 needs an output_padding of 1, which output_size picks); or with bilinear
 -- F.interpolate to the skip's size and a 1x1 Conv2d (--up upsample). The skip connection is
 -- lm.cat on the channels, then a block; a 1x1 convolution gives the class logits. The model and
 -- the batches are channels-last, and lm.layout.check (forward and backward) shows once that
