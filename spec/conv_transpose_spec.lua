@@ -153,6 +153,124 @@ describe("nn.ConvTranspose1d/2d/3d", function()
    end)
 end)
 
+describe("nn.ConvTranspose1d/2d/3d:forward(x, output_size)", function()
+   -- PyTorch's _output_padding: min = (in - 1) * stride - 2 * padding + dilation * (k - 1) + 1,
+   -- max = min + stride - 1, output_padding = size - min
+   local function mod(nd, opts)
+      local m = lm.nn["ConvTranspose" .. nd .. "d"](3, 4, 3, opts)
+      if DEV then m:to(DEV) end
+      return m
+   end
+   local function input(sizes, fmt)
+      local x = lm.randn(sizes)
+      if fmt then x = x:contiguous(fmt) end
+      if DEV then x = x:to(DEV) end
+      return x
+   end
+   local function same(a, b)
+      assert.are.same(b:size(), a:size())
+      assert.are.equal(0, (a - b):abs():max():item())
+   end
+
+   it("every valid size equals the explicit output_padding (1-D, 2-D, 3-D)", function()
+      for nd = 1, 3 do
+         local stride, ins = {}, { 2, 3 }
+         for i = 1, nd do stride[i] = i + 1; ins[i + 2] = 4 end   -- strides 2, 3, 4
+         local m = mod(nd, { stride = stride, padding = 1, dilation = 1 })
+         local x = input(ins)
+         local fn = F["conv_transpose" .. nd .. "d"]
+         for extra = 0, 1 do
+            local want, opad = {}, {}
+            for i = 1, nd do
+               -- the size with no output padding: (4 - 1) * s - 2 + 2 + 1 = 3 s + 1
+               opad[i] = math.min(extra * i, stride[i] - 1)
+               want[i] = 3 * stride[i] + 1 + opad[i]
+            end
+            local ref = fn(x, m.weight, m.bias, { stride = stride, padding = 1,
+                                                   output_padding = opad })
+            same(m:forward(x, want), ref)
+            -- the full size N, C, spatial; N and C are not read (PyTorch's rule)
+            local full = { 7, 9 }
+            for i = 1, nd do full[i + 2] = want[i] end
+            same(m(x, full), ref)
+            -- a Size object, as t:size() returns
+            same(m(x, ref:size()), ref)
+         end
+      end
+   end)
+
+   it("the largest size, dilation, and the module's output_padding ignored", function()
+      local m = mod(2, { stride = { 3, 2 }, padding = { 0, 1 }, dilation = { 2, 1 },
+                         output_padding = 1 })
+      local x = input({ 1, 3, 5, 6 })
+      -- min: (5 - 1) * 3 + 2 * 2 + 1 = 17; (6 - 1) * 2 - 2 + 2 + 1 = 11; max 19, 12
+      local y = m(x, { 19, 12 })
+      same(y, F.conv_transpose2d(x, m.weight, m.bias, { stride = { 3, 2 }, padding = { 0, 1 },
+                                  dilation = { 2, 1 }, output_padding = { 2, 1 } }))
+      local y0 = m(x, { 17, 11 })
+      same(y0, F.conv_transpose2d(x, m.weight, m.bias, { stride = { 3, 2 },
+                                   padding = { 0, 1 }, dilation = { 2, 1 } }))
+      -- no output_size: the module's output_padding = 1
+      assert.are.same({ 1, 4, 18, 12 }, m(x):size())
+   end)
+
+   it("unbatched input takes C, spatial or the spatial sizes", function()
+      local m = mod(2, { stride = 2 })
+      local x = input({ 3, 4, 5 })
+      local ref = m(x:unsqueeze(1), { 10, 12 })[1]
+      same(m(x, { 10, 12 }), ref)
+      same(m(x, { 4, 10, 12 }), ref)
+      assert.are.same({ 4, 10, 12 }, ref:size())
+   end)
+
+   it("channels-last in, channels-last out and gradients", function()
+      local m = mod(2, { stride = 2, padding = 1 })
+      local x = input({ 2, 3, 4, 4 }, lm.channels_last):requires_grad_(true)
+      local y = m(x, { 8, 8 })
+      assert.are.same({ 2, 4, 8, 8 }, y:size())
+      assert_format(y, lm.channels_last, "out")
+      y:sum():backward()
+      assert_format(x.grad, lm.channels_last, "grad_input")
+      local m3 = mod(3, { stride = 2 })
+      local x3 = input({ 1, 3, 2, 3, 2 }, lm.channels_last_3d)
+      assert_format(m3(x3, { 6, 8, 5 }), lm.channels_last_3d, "out 3-D")
+   end)
+
+   it("bad output_size: the function and the problem named", function()
+      local m2 = mod(2, { stride = 2, padding = 1 })
+      local x = input({ 1, 3, 4, 4 })    -- valid sizes 7..8 per dim
+      local cases = {
+         { function() m2(x, { 6, 7 }) end,
+           "requested an output size of {6, 7}, but valid sizes range from {7, 7} to {8, 8} " ..
+           "(for an input of {4, 4})" },
+         { function() m2(x, { 7, 9 }) end, "valid sizes range from {7, 7} to {8, 8}" },
+         { function() m2(x, { 1, 4, 9, 7 }) end, "requested an output size of {9, 7}" },
+         { function() m2(x, { 7, 7, 7 }) end,
+           "for 4D input, output_size must have 2 or 4 elements (got 3)" },
+         { function() m2(x[1], { 1, 4, 7, 7 }) end,
+           "for 3D input, output_size must have 2 or 3 elements (got 4)" },
+         { function() m2(x, {}) end, "output_size must have 2 or 4 elements (got 0)" },
+         { function() m2(x, { 7.5, 7 }) end, "output_size must hold integers, got 7.5" },
+         { function() m2(x, { "7", 7 }) end, "output_size must hold integers" },
+         { function() m2(x, 7) end, "output_size must be a table of sizes, got number" },
+         { function() m2(lm.zeros({ 3, 4 }), { 7, 7 }) end,
+           "expected 3D (unbatched) or 4D (batched) input, got 2D input" },
+         { function() m2("x", { 7, 7 }) end, "input: tensor expected" },
+         { function() mod(1, { stride = 3 })(input({ 1, 3, 5 }), { 18 }) end,
+           "valid sizes range from {15} to {17} (for an input of {5})" },
+         { function() mod(3, {})(input({ 1, 3, 2, 2, 2 }), { 4, 4, 5 }) end,
+           "valid sizes range from {4, 4, 4} to {4, 4, 4}" },
+      }
+      for i, cs in ipairs(cases) do
+         local ok, e = pcall(cs[1])
+         assert.is_false(ok, "case " .. i)
+         e = tostring(e)
+         assert.truthy(e:find("lumen.ConvTranspose%dd: "), "case " .. i .. ": " .. e)
+         assert.truthy(e:find(cs[2], 1, true), "case " .. i .. ": " .. e)
+      end
+   end)
+end)
+
 describe("F.conv_transpose bad input", function()
    local x = lm.zeros({ 1, 4, 3, 3 })
    local w = lm.zeros({ 4, 2, 3, 3 })

@@ -58,6 +58,7 @@ device_skip=(
    spec/plot_spec.lua           # tools/plot.lua's command line and the files it writes
    spec/report_spec.lua         # bin/lumen report: a command-line tool writing files
    spec/train_example_spec.lua  # examples' command lines (they make their own tensors on the CPU)
+   spec/segment_example_spec.lua  # examples/segment.lua's command line (the same)
    spec/hardening_io_spec.lua   # files: image and safetensors parsing of hostile input
    spec/data_spec.lua           # image files decoded on the host (the loader's tensors are CPU)
    spec/jit_models_spec.lua     # a fresh process reading the saved files (its tensors are CPU)

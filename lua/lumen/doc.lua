@@ -1316,14 +1316,23 @@ E("lm.nn.UpsamplingBilinear2d", "lm.nn.UpsamplingBilinear2d(opts)", "Upsample wi
    .. "\"bilinear\" and align_corners = true ({size =} or {scale_factor =}).")
 E("lm.nn.ConvTranspose2d", "lm.nn.ConvTranspose2d(in_channels, out_channels, kernel_size, opts)",
    "weight (in, out / groups, kH, kW) and bias (out) initialised as PyTorch's; forward "
-   .. "lm.F.conv_transpose2d.", { opts = "{stride = 1, padding = 0, output_padding = 0, groups = "
-   .. "1, bias = true, dilation = 1, dtype =, device =} (padding_mode \"zeros\" only; no "
-   .. "output_size argument to forward)",
-   err = "channels not divisible by groups, sizes that are not positive integers" })
+   .. "lm.F.conv_transpose2d. m:forward(x, output_size) (or m(x, output_size)) picks the "
+   .. "output_padding per dim that gives output_size, as PyTorch's: output_size is a table of "
+   .. "the spatial sizes {h, w} or of the whole output's N, C, H, W (N and C are not read; "
+   .. "t:size() of a skip connection works), each in min..min + stride - 1, min the size with "
+   .. "no output padding; the module's output_padding is then ignored.",
+   { opts = "{stride = 1, padding = 0, output_padding = 0, groups = "
+   .. "1, bias = true, dilation = 1, dtype =, device =} (padding_mode \"zeros\" only)",
+   err = "channels not divisible by groups, sizes that are not positive integers; "
+   .. "output_size with the wrong number of elements, not integers, or outside the valid "
+   .. "range (\"requested an output size of {9, 7}, but valid sizes range from {7, 7} to "
+   .. "{8, 8} (for an input of {4, 4})\")" })
 E("lm.nn.ConvTranspose1d", "lm.nn.ConvTranspose1d(in_channels, out_channels, kernel_size, opts)",
-   "As ConvTranspose2d, 1-D (lm.F.conv_transpose1d).")
+   "As ConvTranspose2d, 1-D (lm.F.conv_transpose1d); forward(x, output_size) with output_size "
+   .. "{l} or {N, C, l}.")
 E("lm.nn.ConvTranspose3d", "lm.nn.ConvTranspose3d(in_channels, out_channels, kernel_size, opts)",
-   "As ConvTranspose2d, 3-D (lm.F.conv_transpose3d).")
+   "As ConvTranspose2d, 3-D (lm.F.conv_transpose3d); forward(x, output_size) with output_size "
+   .. "{d, h, w} or {N, C, d, h, w}.")
 -- end of issue 40 (wt-resample) --------------------------------------------------------------
 
 S("module_methods", "Module methods", "")

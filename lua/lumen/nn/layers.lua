@@ -1223,10 +1223,63 @@ local function conv_transpose_module(nd)
       self:reset_parameters()
    end
    cls.reset_parameters = Conv2d.reset_parameters
-   function cls:forward(x)
+   -- PyTorch's _output_padding: the output_padding per dim that gives output_size (the nd
+   -- spatial sizes, or all of the output's: N, C, spatial; C, spatial for unbatched input).
+   -- Each size must lie in min..max, min the size with no output padding and max = min +
+   -- stride - 1; the module's own output_padding is then ignored.
+   local function sizes_list(t)
+      local p = {}
+      for i = 1, #t do p[i] = tostring(t[i]) end
+      return "{" .. table.concat(p, ", ") .. "}"
+   end
+   function cls:_output_padding(x, output_size)
+      if output_size == nil then return self.output_padding end
+      if not T.is_tensor(x) then fail(name, "input: tensor expected, got " .. T.typename(x)) end
+      if not T.is_sizes(output_size) then
+         fail(name, "output_size must be a table of sizes, got " .. T.typename(output_size))
+      end
+      local xd = Tensor.dim(x)
+      if xd ~= nd + 1 and xd ~= nd + 2 then
+         fail(name, ("expected %dD (unbatched) or %dD (batched) input, got %dD input")
+              :format(nd + 1, nd + 2, xd))
+      end
+      local non_spatial = xd == nd + 2 and 2 or 1
+      local n = #output_size
+      local first = 0
+      if n == non_spatial + nd then first = non_spatial
+      elseif n ~= nd then
+         fail(name, ("for %dD input, output_size must have %d or %d elements (got %d)")
+              :format(xd, nd, non_spatial + nd, n))
+      end
+      local want, mins, maxs, ins = {}, {}, {}, {}
+      for i = 1, nd do
+         local v = output_size[first + i]
+         if type(v) ~= "number" or v % 1 ~= 0 then
+            fail(name, "output_size must hold integers, got " .. tostring(v))
+         end
+         want[i] = v
+         ins[i] = Tensor.size(x, xd - nd + i)
+         mins[i] = (ins[i] - 1) * self.stride[i] - 2 * self.padding[i] +
+                   self.dilation[i] * (self.kernel_size[i] - 1) + 1
+         maxs[i] = mins[i] + self.stride[i] - 1
+      end
+      local res = {}
+      for i = 1, nd do
+         if want[i] < mins[i] or want[i] > maxs[i] then
+            fail(name, ("requested an output size of %s, but valid sizes range from %s to %s " ..
+                 "(for an input of %s)"):format(sizes_list(want), sizes_list(mins),
+                 sizes_list(maxs), sizes_list(ins)))
+         end
+         res[i] = want[i] - mins[i]
+      end
+      return res
+   end
+   -- forward(x, output_size): output_size (optional) as PyTorch's: picks output_padding
+   function cls:forward(x, output_size)
+      local opad = self.output_padding
+      if output_size ~= nil then opad = self:_output_padding(x, output_size) end
       return F[fn](x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
-                   output_padding = self.output_padding, groups = self.groups,
-                   dilation = self.dilation })
+                   output_padding = opad, groups = self.groups, dilation = self.dilation })
    end
    function cls:extra_repr()
       local function t(v)
