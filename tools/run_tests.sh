@@ -28,7 +28,7 @@
 # --run=installed), LUMEN_TEST_FILES (the spec files of the split run, one busted process each;
 # default every spec/**/*_spec.lua; `make test-amx-emu` names its three), LUMEN_TEST_COUNTS=FILE
 # (also write "passed failed" to FILE), LUMEN_TEST_EXCLUDE=FILE (what the split run leaves out, on
-# top of device_skip: .ci/run's narrowed passes, .ci/*.exclude; a line "spec/x_spec.lua" leaves
+# top of device_skip: .ci/run's narrowed passes, .ci/*.exclude; a line "spec/x_spec.lua" (or "spec/c/x.c") leaves
 # out that file, "spec/x_spec.lua: <full test name as busted --list prints it>" that one test
 # (busted --filter-out with the name as an exact pattern); lines starting with # are comments),
 # LUMEN_TEST_TIMES=FILE (append one line per spec
@@ -173,6 +173,27 @@ run_busted() {
    fi
 }
 
+# LUMEN_TEST_EXCLUDE: whole spec files and C programs, and busted --filter-out patterns per file
+declare -A excl_file=() excl_args=()
+if [ -n "${LUMEN_TEST_EXCLUDE:-}" ]; then
+   if [ ! -f "$LUMEN_TEST_EXCLUDE" ]; then
+      echo "run_tests: LUMEN_TEST_EXCLUDE=$LUMEN_TEST_EXCLUDE is not a file" >&2
+      failed=$((failed + 1))
+   else
+      while IFS= read -r line || [ -n "$line" ]; do
+         line=${line%$'\r'}
+         line=${line%"${line##*[![:space:]]}"}       # trailing blanks
+         case $line in '' | '#'*) continue ;; esac
+         if [[ $line == *': '* ]]; then
+            f=${line%%: *}
+            pat="^$(printf '%s' "${line#*: }" | sed 's/[][^$()%.*+?-]/%&/g')\$"
+            excl_args[$f]+="--filter-out=$pat"$'\n'
+         else
+            excl_file[$line]=1
+         fi
+      done < "$LUMEN_TEST_EXCLUDE"
+   fi
+fi
 if ! command -v "$LUAJIT" >/dev/null 2>&1; then
    echo "run_tests: $LUAJIT not found" >&2
    failed=$((failed + 1))
@@ -182,27 +203,6 @@ elif [ ! -f "$BUSTED" ]; then
 elif [ $# -eq 0 ] && [ "${LUMEN_TEST_SPLIT:-1}" != 0 ]; then
    # one busted process per spec file (same .busted config): a crash in C loses only that file's
    # counts, and the file is named
-   # LUMEN_TEST_EXCLUDE: whole files, and busted --filter-out patterns per file
-   declare -A excl_file=() excl_args=()
-   if [ -n "${LUMEN_TEST_EXCLUDE:-}" ]; then
-      if [ ! -f "$LUMEN_TEST_EXCLUDE" ]; then
-         echo "run_tests: LUMEN_TEST_EXCLUDE=$LUMEN_TEST_EXCLUDE is not a file" >&2
-         failed=$((failed + 1))
-      else
-         while IFS= read -r line || [ -n "$line" ]; do
-            line=${line%$'\r'}
-            line=${line%"${line##*[![:space:]]}"}       # trailing blanks
-            case $line in '' | '#'*) continue ;; esac
-            if [[ $line == *': '* ]]; then
-               f=${line%%: *}
-               pat="^$(printf '%s' "${line#*: }" | sed 's/[][^$()%.*+?-]/%&/g')\$"
-               excl_args[$f]+="--filter-out=$pat"$'\n'
-            else
-               excl_file[$line]=1
-            fi
-         done < "$LUMEN_TEST_EXCLUDE"
-      fi
-   fi
    while IFS= read -r spec; do
       if is_device_skipped "$spec"; then
          echo "== $spec: skipped on $test_device (device_skip / cuda_skip in tools/run_tests.sh)"
@@ -245,6 +245,10 @@ if [ "${LUMEN_TEST_C:-1}" != 0 ] && [ ${#cprogs[@]} -gt 0 ]; then
       mkdir -p "$build_abs/spec_c"
       for src in "${cprogs[@]}"; do
          name=$(basename "$src" .c)
+         if [ -n "${excl_file[$src]:-}" ]; then
+            echo "== spec/c/$name: left out of this pass (LUMEN_TEST_EXCLUDE=$LUMEN_TEST_EXCLUDE)"
+            continue
+         fi
          exe=$build_abs/spec_c/$name
          echo "== spec/c/$name"
          time_begin
