@@ -1245,8 +1245,8 @@ E("lm.nn.fold_batch_norm", "lm.nn.fold_batch_norm(model) -> model, n", "Fold eve
    .. "Conv2d -> BatchNorm2d and Conv3d -> BatchNorm3d pair into the convolution, in place, for "
    .. "inference (n: pairs folded); see docs/inference.md. In evaluation with gradients off a "
    .. "Sequential's convolution followed by ReLU, ReLU6, SiLU, Hardswish, Hardsigmoid, Sigmoid "
-   .. "or GELU (folded or not) runs that activation in the convolution's epilogue.", { err = "the model is in training "
-   .. "mode (call model:eval() first); nothing is changed then",
+   .. "or GELU (folded or not) runs that activation in the convolution's epilogue.",
+   { err = "the model is in training mode (call model:eval() first); nothing is changed then",
    fmt = "the folded weights keep the convolution's layout (channels_last, channels_last_3d)" })
 E("lm.nn.utils", "lm.nn.utils", "fuse_conv_bn_eval, fuse_conv_bn_weights (PyTorch's "
    .. "torch.nn.utils names) and the folding helpers.")
