@@ -6,14 +6,14 @@
  * into FMA: the elementwise kernels are compiled without it), so the lanes get the bits
  * lm_act_f32 (and the elementwise op) would: relu max(v, 0) as the kernels always did, relu6 and
  * the hard forms by max / min in the operand order that keeps a NaN, silu and sigmoid through
- * lm_act_exp512 (lm_expf's arithmetic). GELU (erf) and its tanh form call the scalar libm
+ * lm_act_exp512 (lm_expf's arithmetic, its power of two applied by vscalefps). GELU (erf) and its tanh form call the scalar libm
  * functions lane by lane: exact, not fast (no model here has a GELU right after a convolution). */
 #ifndef LUMEN_ACT_AVX512_H
 #define LUMEN_ACT_AVX512_H
 #include "act.h"
 #include <immintrin.h>
 
-/* lm_expf on 16 lanes */
+/* lm_expf on 16 lanes (the same bits for results in the normal range) */
 static inline __attribute__((always_inline)) __m512 lm_act_exp512(__m512 x) {
    __m512 xc = _mm512_min_ps(x, _mm512_set1_ps(89.0f)); /* x < 89 ? x : 89 (NaN -> 89) */
    xc = _mm512_max_ps(xc, _mm512_set1_ps(-104.0f));     /* xc > -104 ? xc : -104 */
@@ -29,14 +29,10 @@ static inline __attribute__((always_inline)) __m512 lm_act_exp512(__m512 x) {
    q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(5.0000001201e-1f));
    const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(q, r), r), r),
                                   _mm512_set1_ps(1.0f));
-   const __m512i ni = _mm512_cvttps_epi32(n);
-   /* ni / 2 rounded toward zero, as C's division */
-   const __m512i n1 = _mm512_srai_epi32(_mm512_add_epi32(ni, _mm512_srli_epi32(ni, 31)), 1);
-   const __m512i n2 = _mm512_sub_epi32(ni, n1);
-   const __m512i k127 = _mm512_set1_epi32(127);
-   const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, k127), 23));
-   const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, k127), 23));
-   const __m512 res = _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+   /* y * 2^n in one rounding (vscalefps): lm_expf's y * 2^(n/2) * 2^(n - n/2) is exact but
+      where the result is subnormal (x < -87.3), so the two agree but there (where silu and
+      sigmoid add the result to 1) */
+   const __m512 res = _mm512_scalef_ps(y, n);
    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), res, x);
 }
 
