@@ -159,9 +159,9 @@ M._blocks = M._class_cache(function(lm)
    function SE:forward(x)
       local p = self.avgpool(x)
       local a1 = not self.training and fold.conv_act(self.fc1, self.activation)
-      local s = a1 and self.fc1:forward(p, { act = a1 }) or self.activation(self.fc1(p))
+      local s = a1 and self.fc1:forward(p, fold.fuse_act(a1)) or self.activation(self.fc1(p))
       local a2 = not self.training and fold.conv_act(self.fc2, self.scale_activation)
-      s = a2 and self.fc2:forward(s, { act = a2 }) or self.scale_activation(self.fc2(s))
+      s = a2 and self.fc2:forward(s, fold.fuse_act(a2)) or self.scale_activation(self.fc2(s))
       return s * x
    end
    B.SqueezeExcitation = SE

@@ -317,6 +317,18 @@ function M.module_act(m)
    return a
 end
 
+-- fuse_act(a) -> {act = a}, one table per name (the second argument of Conv2d:forward, read
+-- only: no table made per call)
+local FUSE_ACT = {}
+function M.fuse_act(a)
+   local t = FUSE_ACT[a]
+   if t == nil then
+      t = { act = a }
+      FUSE_ACT[a] = t
+   end
+   return t
+end
+
 -- conv_act(conv, act_module) -> the act name when conv's output may go through act_module in
 -- conv's epilogue in this call (gradients off, no jit recording, neither module's forward
 -- replaced, an activation module_act knows), else nil. For model classes that fuse their own
@@ -462,7 +474,7 @@ function layers.Sequential:forward(x)
       if nxt ~= nil and conv_kind(m) and M.eval_foldable({ { m, nxt } }) then
          local act, after = act_after(kids, i + 2)
          if act then
-            x = M.conv_bn(m, nxt, x, { act = act })
+            x = M.conv_bn(m, nxt, x, M.fuse_act(act))
             i = after
          else
             x = M.conv_bn(m, nxt, x)
@@ -474,7 +486,7 @@ function layers.Sequential:forward(x)
             act, after = act_after(kids, i + 1)
          end
          if act then
-            x = m:forward(x, { act = act })
+            x = m:forward(x, M.fuse_act(act))
             i = after
          else
             x = m(x)
