@@ -6,8 +6,9 @@
  * into FMA: the elementwise kernels are compiled without it), so the lanes get the bits
  * lm_act_f32 (and the elementwise op) would: relu max(v, 0) as the kernels always did, relu6 and
  * the hard forms by max / min in the operand order that keeps a NaN, silu and sigmoid through
- * lm_act_exp512 (lm_expf's arithmetic, its power of two applied by vscalefps). GELU (erf) and its tanh form call the scalar libm
- * functions lane by lane: exact, not fast (no model here has a GELU right after a convolution). */
+ * lm_act_exp512 (lm_expf's arithmetic, its power of two applied by vscalefps). GELU (erf) and its
+ * tanh form call the scalar libm functions lane by lane: exact, not fast (no model here has a
+ * GELU right after a convolution). */
 #ifndef LUMEN_ACT_AVX512_H
 #define LUMEN_ACT_AVX512_H
 #include "act.h"

@@ -17,8 +17,8 @@
  * boundaries (one input pointer per pixel), which keeps 7x7 and 14x14 maps at full speed. For
  * groups == 1 and unit dilation along W, the kw taps of a kernel row read consecutive input
  * pixels, i.e. one contiguous run of kw*C floats, reduced in one go. The epilogue (bias,
- * residual, activation) is applied when the accumulators are written out; outputs much larger than the
- * caches are written with streaming stores.
+ * residual, activation) is applied when the accumulators are written out; outputs much larger
+ * than the caches are written with streaming stores.
  *
  * Backward data: stride 1 is the same forward machinery on grad_out with the flipped kernel
  * (in/out channels swapped, padding d*(k-1)-p). Stride s > 1 splits grad_x into s_h x s_w phases;

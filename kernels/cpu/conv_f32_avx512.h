@@ -87,8 +87,8 @@ typedef struct {
    __mmask16 m[4];    /* the valid lanes of each vector */
 } pw_epi;
 
-/* the general epilogue of a PB x NV tile: bias, residual, activation (lm_conv_act), masked lanes, streaming stores
-   when ep->stream */
+/* the general epilogue of a PB x NV tile: bias, residual, activation (lm_conv_act), masked
+   lanes, streaming stores when ep->stream */
 AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV) {
    float *const o = ep->out;
    const int64_t os = ep->ostride;

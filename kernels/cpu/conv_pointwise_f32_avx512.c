@@ -13,8 +13,8 @@
  * number of rows and images) whose input stays in L2 while every block of OB output channels
  * passes over it, the block's weights (C x OB) staying in L1. The micro-kernel keeps PB pixels x
  * NV vectors in registers for the whole reduction over C and writes them once, with the epilogue;
- * the plain case (no bias, residual or activation, full vectors) has its own instances with a bare
- * store loop.
+ * the plain case (no bias, residual or activation, full vectors) has its own instances with a
+ * bare store loop.
  * Outputs that do not fit in the last-level cache together with the input are written with
  * streaming stores (no read for ownership of lines that would be evicted before their consumer
  * reads them anyway).
@@ -26,8 +26,8 @@
 enum { PW_UNIT_BYTES = 96 * 1024, PW_MAX_CIN = 2048 };
 
 /* PB pixels (pixel k at xp + k*C) x NV vectors over C channels. MODE 0: plain stores of full
-   vectors; 1: streaming stores of full vectors; 2: the general epilogue (bias, residual, activation,
-   masked lanes, streaming when ep->stream). */
+   vectors; 1: streaming stores of full vectors; 2: the general epilogue (bias, residual,
+   activation, masked lanes, streaming when ep->stream). */
 AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const pw_epi *ep,
                 const int PB, const int NV, const int MODE) {
    __m512 a[PW_MAXPB][4];

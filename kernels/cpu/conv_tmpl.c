@@ -16,8 +16,8 @@
  *                  kh*kw contiguous channel vectors of each pixel into a panel of T rows laid out
  *                  [G][kh][kw][Cg] (the im2col "rows of K"), then one GEMM per group:
  *                  out[T x Og] = panel_g[T x K] * W_g^T. A 1x1 / stride 1 / no padding
- *                  convolution reads x in place (lda = C). Bias, residual and the activation are applied
- *                  to the tile while it is in cache.
+ *                  convolution reads x in place (lda = C). Bias, residual and the activation
+ *                  are applied to the tile while it is in cache.
  *   forward NCHW   tiles of T output pixels of one image; im2col of each group into col[K x T],
  *                  GEMM out_g[Og x T] = W_g[Og x K] * col (1x1/s1/p0 reads x in place).
  *   backward data  stride 1: the forward kernels on grad_out with the flipped, transposed weights

@@ -100,9 +100,10 @@ static inline __attribute__((always_inline)) void amx_store_32x32(float *cout, i
 
 
 /* the fused epilogue of a bfloat16 C (a convolution's): + bias[j] (float32), + res[i * rsr + j]
-   (bfloat16), the activation act (lm_conv_act), before the rounding; any of them NULL / 0. With an epilogue the rounding is
-   vcvtneps2bf16's (round to nearest even, denormals flushed), as the AVX-512 BF16 convolution
-   kernels round; without one, lm_f2bf's, bit for bit (the matrix products). */
+   (bfloat16), the activation act (lm_conv_act), before the rounding; any of them NULL / 0.
+   With an epilogue the rounding is vcvtneps2bf16's (round to nearest even, denormals flushed),
+   as the AVX-512 BF16 convolution kernels round; without one, lm_f2bf's, bit for bit (the
+   matrix products). */
 typedef struct {
    const float *bias;
    const uint16_t *res;

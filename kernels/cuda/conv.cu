@@ -386,8 +386,8 @@ static lm_status dnn_direct(int k, const conv_geom *cg, int nhwc, int dt, const 
  * Sums in float32 (CUBLAS_COMPUTE_32F; for float32 CUBLAS_COMPUTE_32F_FAST_TF32 under
  * lm_cu_option(LM_CU_OPT_TF32_CONV), the switch cuDNN's float32 convolutions follow), 16-bit
  * split-K reductions disallowed, beta 0 (each result written once, as the CPU does). Then the
- * epilogue (bias, residual, activation) and the grad_b sum above, as on the cuDNN route. 64-bit sizes
- * (cublasGemmEx_64): no batch chunks. cuda:k's one cuBLAS handle is linalg.cu's
+ * epilogue (bias, residual, activation) and the grad_b sum above, as on the cuDNN route.
+ * 64-bit sizes (cublasGemmEx_64): no batch chunks. cuda:k's one cuBLAS handle is linalg.cu's
  * (cublas_handle.cuh), with its workspace, on lm_cu_stream(k). float64 and NCHW stay on cuDNN.
  * Strided 1x1 convolutions (ResNet's downsample layers, stride 2) take the same GEMMs over a
  * gathered copy of the pixels they read (below). Where cuBLAS fails (a status other than

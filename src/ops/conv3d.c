@@ -9,11 +9,11 @@
  * W2[o, kd*Cg + c] = w[o, c, kd] (O, kD*Cg, kh, kw). In channels_last_3d the output
  * (N, O, Do, Ho, Wo) is, byte for byte, the channels_last output (N*Do, O, Ho, Wo) of that
  * conv2d, which therefore writes it in place; the 2-D kernels (Winograd, pointwise,
- * register-blocked, direct, bfloat16, cuDNN) and their fused epilogue (bias, residual, activation) all
- * apply. Gathering X2 costs one copy of kD times the input, small beside the convolution's
- * kD*kh*kw*O multiply-adds per input element. A kernel of depth 1 without depth padding (the
- * (2+1)-D spatial convolutions, 1x1x1 projections of stride 1) reads a channels_last_3d input in
- * place: X2 is a view.
+ * register-blocked, direct, bfloat16, cuDNN) and their fused epilogue (bias, residual,
+ * activation) all apply. Gathering X2 costs one copy of kD times the input, small beside the
+ * convolution's kD*kh*kw*O multiply-adds per input element. A kernel of depth 1 without depth
+ * padding (the (2+1)-D spatial convolutions, 1x1x1 projections of stride 1) reads a
+ * channels_last_3d input in place: X2 is a view.
  * Backward: the conv2d gradients of X2 and W2, scattered back (grad_x: each depth tap's slice
  * added into its input depths; grad_w: W2's layout undone).
  *
