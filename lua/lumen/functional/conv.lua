@@ -58,9 +58,6 @@ local ACT_OP = {
    gelu = function(y) return F.gelu(y) end,
    gelu_tanh = function(y) return F.gelu(y, "tanh") end,
 }
--- the names, for lumen.nn.fold and lm.jit.freeze (which fuse a module or op of that name)
-F._CONV_ACTS = {}
-for k in pairs(ACT_CODE) do F._CONV_ACTS[k] = true end
 local ACT_NAMES = 'relu, relu6, silu, hardswish, hardsigmoid, sigmoid, gelu, gelu_tanh'
 
 -- opts.act and opts.relu -> the activation's name, or nil for none
