@@ -78,14 +78,34 @@ lm_status lm_conv2d_output_size(const int64_t *in_hw, const int64_t *kernel_hw,
                                 const int64_t *stride, const int64_t *padding,
                                 const int64_t *dilation, int64_t *out_hw);
 
-/* out = relu?(conv2d(x, w) + bias + residual). bias and residual may be NULL; residual has the
-   output's shape (any strides) and is added before the ReLU; relu != 0 applies max(0, .). */
+/* The activation of a convolution's fused epilogue (lm_conv2d's act), applied after the bias and
+   the residual, in the kernel, before the result is stored (and rounded, for the 16-bit types):
+   PyTorch's formulas, as the elementwise ops compute them (lm_unary's LM_RELU, LM_SILU, ...;
+   relu6 is lm_clamp(x, 0, 6)). LM_ACT_RELU is 1, so the older relu flag (0 / 1) keeps its
+   meaning. */
+typedef enum lm_conv_act {
+   LM_ACT_NONE = 0,
+   LM_ACT_RELU = 1,      /* max(x, 0) */
+   LM_ACT_RELU6,         /* min(max(x, 0), 6) */
+   LM_ACT_SILU,          /* x * sigmoid(x) */
+   LM_ACT_HARDSWISH,     /* x * relu6(x + 3) / 6 */
+   LM_ACT_HARDSIGMOID,   /* relu6(x + 3) / 6 */
+   LM_ACT_SIGMOID,       /* 1 / (1 + exp(-x)) */
+   LM_ACT_GELU,          /* x * Phi(x) (erf) */
+   LM_ACT_GELU_TANH,     /* gelu's tanh approximation */
+   LM_NUM_ACT
+} lm_conv_act;
+
+/* out = act(conv2d(x, w) + bias + residual). bias and residual may be NULL; residual has the
+   output's shape (any strides) and is added before the activation; act is an lm_conv_act
+   (LM_ACT_NONE: none; LM_ERR_ARG outside [0, LM_NUM_ACT)). */
 lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
-                    int64_t groups, int fmt, int relu, const lm_tensor *residual,
+                    int64_t groups, int fmt, int act, const lm_tensor *residual,
                     lm_tensor **out);
 
-/* Gradients of conv2d (without the fused epilogue: pass the gradient after the ReLU mask).
+/* Gradients of conv2d (without the fused epilogue: pass the gradient through the activation's
+   derivative first).
    grad_out has the output's shape, any strides. Each of grad_x (x's shape), grad_w (w's shape)
    and grad_b (shape (Cout)) may be NULL (the pointer) to skip it; the tensors are allocated in
    fmt as above. */
@@ -98,7 +118,7 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
  * PyTorch's conv3d: x (N, Cin, D, H, W), w (Cout, Cin/groups, kd, kh, kw), bias NULL or (Cout),
  * output (N, Cout, Do, Ho, Wo) (each size as conv2d's); stride, padding, dilation are int64
  * arrays {d, h, w} (NULL: 1 / 0 / 1). Dtypes, devices, out= and the fused epilogue (bias,
- * residual of the output's shape, relu) as lm_conv2d.
+ * residual of the output's shape, the activation act) as lm_conv2d.
  * Memory format (`fmt`): LM_CONTIGUOUS (NCDHW) or LM_CHANNELS_LAST_3D (NDHWC); LM_PRESERVE (or
  * any negative value) means lm_conv3d_memory_format(x, w). Outputs and gradients are allocated
  * in fmt.
@@ -112,7 +132,7 @@ lm_status lm_conv3d_output_size(const int64_t *in_dhw, const int64_t *kernel_dhw
                                 const int64_t *dilation, int64_t *out_dhw);
 lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
-                    int64_t groups, int fmt, int relu, const lm_tensor *residual,
+                    int64_t groups, int fmt, int act, const lm_tensor *residual,
                     lm_tensor **out);
 lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_tensor *grad_out,
                              const int64_t *stride, const int64_t *padding,

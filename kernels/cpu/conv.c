@@ -13,6 +13,7 @@
  */
 #include "conv_internal.h"
 #include "conv_bf16.h"
+#include "act.h"
 #include "cpu.h"
 #include "gemm_internal.h"
 #include "amx.h"
@@ -136,7 +137,7 @@ typedef struct {
    const conv_geom *g;
    int nhwc, avx512, dt;
    const void *x, *w, *bias, *res;
-   int relu;
+   int act;
    void *out;
    int *stream;
 } fwd_ctx;
@@ -156,7 +157,7 @@ static const char *fu_depthwise(const void *p) {
 }
 static lm_status fr_depthwise(void *p) {
    const fwd_ctx *c = p;
-   return lm_conv_dw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+   return lm_conv_dw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static const char *fu_winograd(const void *p) {
    const fwd_ctx *c = p;
@@ -165,7 +166,7 @@ static const char *fu_winograd(const void *p) {
 }
 static lm_status fr_winograd(void *p) {
    const fwd_ctx *c = p;
-   return lm_conv_wino_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+   return lm_conv_wino_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static const char *fu_pointwise(const void *p) {
    const fwd_ctx *c = p;
@@ -175,7 +176,7 @@ static const char *fu_pointwise(const void *p) {
 static lm_status fr_pointwise(void *p) {
    const fwd_ctx *c = p;
    int s0 = 0;
-   return lm_conv_pw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out,
+   return lm_conv_pw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out,
                                      c->stream ? c->stream : &s0);
 }
 static const char *fu_narrow(const void *p) {
@@ -186,7 +187,7 @@ static const char *fu_narrow(const void *p) {
 static lm_status fr_narrow(void *p) {
    const fwd_ctx *c = p;
    int s0 = 0;
-   return lm_conv_nc_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out,
+   return lm_conv_nc_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out,
                                      c->stream ? c->stream : &s0);
 }
 static const char *fu_direct_rb(const void *p) {
@@ -197,20 +198,20 @@ static const char *fu_direct_rb(const void *p) {
 static lm_status fr_direct_rb(void *p) {
    const fwd_ctx *c = p;
    if (c->stream) *c->stream = 0;
-   return lm_conv_rb_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+   return lm_conv_rb_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static const char *fu_direct(const void *p) { return f32_nhwc_avx512(p); }
 static lm_status fr_direct(void *p) {
    const fwd_ctx *c = p;
    if (c->stream) *c->stream = 0;
-   return lm_conv_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->relu, c->out);
+   return lm_conv_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static lm_status fr_im2col(void *p) {
    const fwd_ctx *c = p;
    if (c->stream) *c->stream = 0;
    if (c->dt == LM_FLOAT32)
-      return conv_forward_f32(c->g, c->nhwc, c->x, c->w, c->bias, c->res, c->relu, c->out);
-   return conv_forward_f64(c->g, c->nhwc, c->x, c->w, c->bias, c->res, c->relu, c->out);
+      return conv_forward_f32(c->g, c->nhwc, c->x, c->w, c->bias, c->res, c->act, c->out);
+   return conv_forward_f64(c->g, c->nhwc, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 
 static const lm_impl fwd_f32_list[] = {
@@ -224,9 +225,9 @@ static const lm_impl fwd_f32_list[] = {
 };
 
 static lm_status fwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, const void *xp,
-                          const void *wp, const void *bbuf, const void *rp, int relu, void *op_,
+                          const void *wp, const void *bbuf, const void *rp, int act, void *op_,
                           int *stream) {
-   fwd_ctx c = {g, nhwc, avx512, dt, xp, wp, bbuf, rp, relu, op_, stream};
+   fwd_ctx c = {g, nhwc, avx512, dt, xp, wp, bbuf, rp, act, op_, stream};
    return lm_impl_run(fwd_f32_list, (int)(sizeof fwd_f32_list / sizeof *fwd_f32_list), &c,
                       "conv2d");
 }
@@ -431,14 +432,14 @@ static inline int64_t geom_on(const conv_geom *g) { return g->N * g->O * g->Ho *
 
 static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, const lm_tensor *xd,
                                   const lm_tensor *wd, const float *bbuf, const lm_tensor *rd,
-                                  int relu, lm_tensor *res) {
+                                  int act, lm_tensor *res) {
    const int64_t xn = geom_xn(g), wn = geom_wn(g), on = geom_on(g);
    int ok = 1;
    float *xf = half_widened(xd, xn, &ok), *wf = half_widened(wd, wn, &ok);
    float *rf = half_widened(rd, on, &ok);
    float *of = scratch_f32(on, 1, &ok);
    lm_status st = LM_ERR_OOM;
-   if (ok) st = fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, relu, of, NULL);
+   if (ok) st = fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, act, of, NULL);
    if (st == LM_OK) half_narrow(res->dtype, of, lm_tensor_data(res), on);
    scratch_free(xf, xn), scratch_free(wf, wn), scratch_free(rf, on), scratch_free(of, on);
    return st;
@@ -496,14 +497,14 @@ static void bf16_free(uint16_t *p, int64_t n) {
 }
 
 static lm_status fwd_fp32_amx(const conv_geom *g, const lm_tensor *xd, const lm_tensor *wd,
-                              const float *bbuf, const lm_tensor *rd, int relu, lm_tensor *res) {
+                              const float *bbuf, const lm_tensor *rd, int act, lm_tensor *res) {
    const int64_t xn = g->N * g->C * g->H * g->W, wn = g->O * g->Cg * g->kh * g->kw;
    uint16_t *xb = bf16_rounded(lm_tensor_data(xd), xn);
    uint16_t *wb = xb ? bf16_rounded(lm_tensor_data(wd), wn) : NULL;
    lm_status st = LM_ERR_OOM;
    int stream = 0;
    if (wb)
-      st = lm_conv_fwd_nhwc_amx(g, xb, wb, bbuf, rd ? lm_tensor_data(rd) : NULL, relu,
+      st = lm_conv_fwd_nhwc_amx(g, xb, wb, bbuf, rd ? lm_tensor_data(rd) : NULL, act,
                                 lm_tensor_data(res), 1, &stream);
    bf16_free(xb, xn), bf16_free(wb, wn);
    return st;
@@ -538,7 +539,7 @@ typedef struct {
    int nhwc, level, dt;
    const lm_tensor *x, *w, *res;
    const float *bias;
-   int relu;
+   int act;
    lm_tensor *out;
 } half_ctx;
 
@@ -559,7 +560,7 @@ static lm_status hr_amx(void *p) {
    const half_ctx *c = p;
    int stream = lm_tensor_block_cold(c->out);
    lm_status st = lm_conv_fwd_nhwc_amx(c->g, lm_tensor_data(c->x), lm_tensor_data(c->w), c->bias,
-                                       c->res ? lm_tensor_data(c->res) : NULL, c->relu,
+                                       c->res ? lm_tensor_data(c->res) : NULL, c->act,
                                        lm_tensor_data(c->out), 0, &stream);
    if (st == LM_OK && stream) lm_tensor_note_streamed(c->out);
    return st;
@@ -577,7 +578,7 @@ static const char *hu_winograd(const void *p) {
 static lm_status hr_winograd(void *p) {
    const half_ctx *c = p;
    return lm_conv_wino_bf16_fwd(c->g, lm_tensor_data(c->x), lm_tensor_data(c->w), c->bias,
-                                c->res ? lm_tensor_data(c->res) : NULL, c->relu,
+                                c->res ? lm_tensor_data(c->res) : NULL, c->act,
                                 lm_tensor_data(c->out));
 }
 static const char *hu_direct(const void *p) {
@@ -588,13 +589,13 @@ static const char *hu_direct(const void *p) {
 static lm_status hr_direct(void *p) {
    const half_ctx *c = p;
    return lm_conv_fwd_nhwc_avx512bf16(c->g, lm_tensor_data(c->x), lm_tensor_data(c->w), c->bias,
-                                      c->res ? lm_tensor_data(c->res) : NULL, c->relu,
+                                      c->res ? lm_tensor_data(c->res) : NULL, c->act,
                                       lm_tensor_data(c->out));
 }
 static lm_status hr_via_f32(void *p) {
    const half_ctx *c = p;
    return fwd_half_via_f32(c->g, c->nhwc, c->level >= LV_AVX512, c->x, c->w, c->bias, c->res,
-                           c->relu, c->out);
+                           c->act, c->out);
 }
 static const lm_impl fwd_half_list[] = {
    {LM_IMPL_CONV_AMX_BF16, hu_amx, hr_amx},
@@ -609,7 +610,7 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
    const conv_geom *g = &p->g;
    const lm_tensor *xd = op->t[0], *wd = op->t[1], *bias = op->t[2], *rd = op->t[3];
    lm_tensor *res = op->t[4];
-   const int nhwc = p->channels_last, relu = p->relu, dt = xd->dtype;
+   const int nhwc = p->channels_last, act = p->act, dt = xd->dtype;
    const int avx512 = level >= LV_AVX512;
    void *bbuf = NULL;
    size_t bbytes = 0;
@@ -620,16 +621,16 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
    }
    if (dt == LM_FLOAT16 || dt == LM_BFLOAT16) {
       /* half_level: the native kernels where AMX is in use or vdpbf16ps pays */
-      half_ctx c = {g, nhwc, half_level(level), dt, xd, wd, rd, bbuf, relu, res};
+      half_ctx c = {g, nhwc, half_level(level), dt, xd, wd, rd, bbuf, act, res};
       st = lm_impl_run(fwd_half_list, N_OF(fwd_half_list), &c, "conv2d");
    } else if (dt == LM_FLOAT32 && level >= LV_BF16 && fp32_amx(g, nhwc, 0) &&
               lm_impl_on(LM_IMPL_CONV_FP32_AMX)) {
       lm_impl_ran(LM_IMPL_CONV_FP32_AMX);
-      st = fwd_fp32_amx(g, xd, wd, bbuf, rd, relu, res);
+      st = fwd_fp32_amx(g, xd, wd, bbuf, rd, act, res);
    } else {
       int stream = lm_tensor_block_cold(res);
       st = fwd_ptrs(g, nhwc, avx512, dt, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
-                    rd ? lm_tensor_data(rd) : NULL, relu, lm_tensor_data(res), &stream);
+                    rd ? lm_tensor_data(rd) : NULL, act, lm_tensor_data(res), &stream);
       if (st == LM_OK && stream) lm_tensor_note_streamed(res);
    }
    if (bbuf) lm_free(bbuf, bbytes);

@@ -20,7 +20,7 @@
  *   from L2 while a thread's input rows stay in L1), each chunk over all pixel blocks, the
  *   pixel blocks split statically between the threads.
  * Epilogue (per block, on the tiles stored to a 4 KiB buffer): bias (float32), residual
- *   (bfloat16), ReLU, one rounding to bfloat16 (lm_f2bf's, bit for bit).
+ *   (bfloat16), the activation (lm_conv_act), one rounding to bfloat16 (lm_f2bf's, bit for bit).
  * 1 x 1 stride-1 unpadded layers are one GEMM on the input in place: lm_bgemm_amx with the same
  *   epilogue (the A operand is packed there, so a 2 KiB channel pitch does not thrash L1).
  * Backward data of a stride-1 layer is the forward engine on grad_out padded by
@@ -74,7 +74,7 @@ static const uint16_t *tap_b(const wsrc *s, int64_t t, int64_t *rsb, int64_t *cs
    return s->w + ((s->kh - 1 - i) * s->kw + (s->kw - 1 - j)) * s->C;
 }
 
-/* one output row of a block: up to 32 channels from t, + bias, + residual, ReLU, rounded to
+/* one output row of a block: up to 32 channels from t, + bias, + residual, activation, rounded to
    bfloat16 (or float32 with ep->f32), into output pixel pix at channel o0 */
 static inline void epi_row(const float *t, int nr, const lm_amx_epi *ep, void *out, int64_t pix,
                            int64_t o0, int64_t O) {
@@ -90,7 +90,7 @@ static inline void epi_row(const float *t, int nr, const lm_amx_epi *ep, void *o
                                                            at + h));
       else if (ep->res)
          v = _mm512_add_ps(v, bf16_widen16(_mm256_maskz_loadu_epi16(mk, ep->res + at + h)));
-      if (ep->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      if (ep->act) v = lm_act_ps(v, ep->act);
       if (ep->f32)
          _mm512_mask_storeu_ps((float *)out + at + h, mk, v);
       else
@@ -105,7 +105,7 @@ static void epi_block(const float *t, const int64_t *px, int nr, int64_t o0, int
       for (int r = 0; r < 32; r++)
          if (px[r] >= 0)
             lm_amx_epi_block32(t + r * 32, 1, ep->bias ? ep->bias + o0 : NULL,
-                               ep->res ? ep->res + px[r] * O + o0 : NULL, 0, ep->relu,
+                               ep->res ? ep->res + px[r] * O + o0 : NULL, 0, ep->act,
                                (uint16_t *)out + px[r] * O + o0, 0, ep->stream);
       return;
    }
@@ -156,7 +156,7 @@ typedef struct {
    int64_t prow, O;
    int64_t Hg, Wg, ush, usw;
    int64_t Ho_t, Wo_t, oa, ob, osh, osw;
-   lm_amx_epi ep; /* bias, residual, ReLU, streaming, float32 output */
+   lm_amx_epi ep; /* bias, residual, activation, streaming, float32 output */
    void *out;
 } eng_plan;
 
@@ -337,7 +337,7 @@ static const uint16_t *tap_phase(const void *ctx, int64_t t, int64_t *rsb, int64
    return s->w + s->tap[t] * s->C;
 }
 
-static int64_t fdiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
                              void *gx, int f32) {
@@ -348,13 +348,13 @@ static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uin
    int64_t dmin = 0, dmax = 0, emin = 0, emax = 0;
    for (int64_t i = 0; i < g->kh; i++)
       for (int64_t a = 0; a < g->sh; a++) {
-         const int64_t d = fdiv(a + g->ph - i * g->dh, g->sh);
+         const int64_t d = floor_div(a + g->ph - i * g->dh, g->sh);
          if (d < dmin) dmin = d;
          if (d > dmax) dmax = d;
       }
    for (int64_t j = 0; j < g->kw; j++)
       for (int64_t b = 0; b < g->sw; b++) {
-         const int64_t d = fdiv(b + g->pw - j * g->dw, g->sw);
+         const int64_t d = floor_div(b + g->pw - j * g->dw, g->sw);
          if (d < emin) emin = d;
          if (d > emax) emax = d;
       }
@@ -396,7 +396,7 @@ static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uin
                const int64_t rj = b + g->pw - j * g->dw;
                if (((rj % g->sw) + g->sw) % g->sw) continue;
                tap[ntap] = i * g->kw + j;
-               toff[ntap] = (fdiv(ri, g->sh) + ph2) * Wq + fdiv(rj, g->sw) + pw2;
+               toff[ntap] = (floor_div(ri, g->sh) + ph2) * Wq + floor_div(rj, g->sw) + pw2;
                ntap++;
             }
          }
@@ -429,13 +429,13 @@ static int64_t strided_row(const lm_amx_rows *r, int64_t i) {
 }
 
 lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                               const float *bias, const void *res, int relu, void *out, int f32,
+                               const float *bias, const void *res, int act, void *out, int f32,
                                int *stream) {
    const int64_t P = g->N * g->Ho * g->Wo;
    const int64_t es = f32 ? 4 : 2;
    *stream = (g->O * es) % 64 == 0 && ((uintptr_t)out & 63) == 0 && !f32 &&
              lm_amx_stream((double)P * g->O * es, *stream);
-   const lm_amx_epi ep = {bias, res, g->O, relu, *stream, f32};
+   const lm_amx_epi ep = {bias, res, g->O, act, *stream, f32};
    const int nt = conv_threads((double)P * g->O * g->C);
    if (conv_is_pointwise(g)) /* out (P x O) = x (P x C) . w^T, w (O x C) */
       return lm_bgemm_amx_epi(P, g->O, g->C, x, g->C, 1, NULL, w, 1, g->C, out, g->O, &ep, nt)

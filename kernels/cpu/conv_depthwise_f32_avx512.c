@@ -2,6 +2,7 @@
  * O): forward, backward data and backward weight, vectorized over the channels.
  */
 #include "conv_internal.h"
+#include "act_avx512.h"
 #include <immintrin.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -32,7 +33,7 @@ static float *dw_transpose_w(const conv_geom *g, const float *w, size_t *bytes) 
    of image n reads input pixel (r*sh - ph + i*dh, q*sw - pw + j*dw) (forward) or
    ((r + ph - i*dh)/sh, (q + pw - j*dw)/sw) where divisible (backward data) */
 static void dw_rows(const conv_geom *g, int transposed, const float *in, const float *wt,
-                    const float *bias, const float *res, int relu, float *out, int nthr) {
+                    const float *bias, const float *res, int act, float *out, int nthr) {
    const int64_t C = g->C, kh = g->kh, kw = g->kw;
    const int64_t inH = transposed ? g->Ho : g->H, inW = transposed ? g->Wo : g->W;
    const int64_t outH = transposed ? g->H : g->Ho, outW = transposed ? g->W : g->Wo;
@@ -106,7 +107,7 @@ static void dw_rows(const conv_geom *g, int transposed, const float *in, const f
                for (int v = 0; v < 4; v++) {
                   __m512 t = a[k][v];
                   if (res) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], res + off + 16 * v));
-                  if (relu) t = _mm512_max_ps(t, _mm512_setzero_ps());
+                  if (act) t = lm_act_ps(t, act);
                   _mm512_mask_storeu_ps(out + off + 16 * v, m[v], t);
                }
             }
@@ -116,11 +117,11 @@ static void dw_rows(const conv_geom *g, int transposed, const float *in, const f
 }
 
 lm_status lm_conv_dw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                     const float *bias, const float *res, int relu, float *out) {
+                                     const float *bias, const float *res, int act, float *out) {
    size_t bytes;
    float *wt = dw_transpose_w(g, w, &bytes);
    if (!wt) return LM_ERR_OOM;
-   dw_rows(g, 0, x, wt, bias, res, relu, out,
+   dw_rows(g, 0, x, wt, bias, res, act, out,
            conv_threads((double)g->N * g->Ho * g->Wo * g->C * g->kh * g->kw));
    lm_free(wt, bytes);
    return LM_OK;

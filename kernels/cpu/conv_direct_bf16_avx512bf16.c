@@ -19,7 +19,7 @@
  * Micro-kernel: 28 zmm float32 accumulators holding 7 output pixels x 64 channels (layers with
  * taps) or 14 pixels x 32 channels (pointwise layers, and 32 channels or fewer), the whole
  * reduction (taps x pairs) in registers; per channel pair 4 (2) weight loads and 7 (14)
- * broadcasts feed 28 vdpbf16ps. Epilogue: bias (float32), residual (bf16), ReLU, one rounding
+ * broadcasts feed 28 vdpbf16ps. Epilogue: bias (float32), residual (bf16), activation, one rounding
  * to bf16 (vcvtneps2bf16: round to nearest even), masked stores for the last channel block.
  * Work units: (image row, run of tiles, channel block), split statically over the threads (the
  * same reduction order for every thread count, so results do not vary). Pointwise layers run
@@ -39,6 +39,7 @@
 #include "impl.h"
 #include "conv_internal.h"
 #include "avx512_util.h"
+#include "act_avx512.h"
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -63,7 +64,7 @@ typedef struct {
    const uint16_t *res;             /* same addressing as out, or NULL */
    int64_t obase, oimg, orow, ocol; /* in elements */
    const float *bias;
-   int relu;
+   int act;
    int pf; /* prefetch the next tile's input (pointwise: no reuse across taps) */
 } bf_eng;
 
@@ -133,7 +134,7 @@ AI void bf_tile(const bf_eng *e, const uint32_t *xb, const uint32_t *wob, uint16
       for (int v = 0; v < NV; v++) {
          __m512 a = _mm512_add_ps(acc[k][v], bv[v]);
          if (rk) a = _mm512_add_ps(a, widen_bf16(_mm256_maskz_loadu_epi16(m[v], rk + 16 * v)));
-         if (e->relu) a = _mm512_max_ps(a, _mm512_setzero_ps());
+         if (e->act) a = lm_act_ps(a, e->act);
          _mm256_mask_storeu_epi16(ok + 16 * v, m[v], (__m256i)_mm512_cvtneps_pbh(a));
       }
    }
@@ -390,7 +391,7 @@ static void stage_rows(const conv_geom *g, const uint16_t *x, int64_t Hp, int64_
  * entry points (conv_internal.h)
  */
 static lm_status dw_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                        const float *bias, const uint16_t *res, int relu, uint16_t *out);
+                        const float *bias, const uint16_t *res, int act, uint16_t *out);
 static lm_status dw_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,
                          uint16_t *gx);
 
@@ -404,9 +405,9 @@ int lm_conv_bf16_usable(const conv_geom *g, int backward_data) {
 }
 
 lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                                      const float *bias, const uint16_t *res, int relu,
+                                      const float *bias, const uint16_t *res, int act,
                                       uint16_t *out) {
-   if (conv_is_depthwise(g)) return dw_fwd(g, x, w, bias, res, relu, out);
+   if (conv_is_depthwise(g)) return dw_fwd(g, x, w, bias, res, act, out);
    const int64_t P2 = (g->C + 1) / 2;
    /* 1x1 / stride 1 / no padding: the input is a pixels x C matrix (read in place when C is
       even and the pitch is harmless), all N*H*W pixels one row of full tiles */
@@ -479,7 +480,7 @@ lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x, con
    e.O = g->O;
    e.out = out, e.res = res;
    e.obase = 0, e.oimg = g->Ho * g->Wo * g->O, e.orow = g->Wo * g->O, e.ocol = g->O;
-   e.bias = bias, e.relu = relu;
+   e.bias = bias, e.act = act;
    bf_run(&e);
    if (s.buf) lm_free(s.buf, s.bytes);
    lm_free(wk, wbytes);
@@ -487,7 +488,7 @@ lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x, con
 }
 
 /* floor division for a possibly negative numerator */
-static inline int64_t fdiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
                                        const uint16_t *w, uint16_t *gx) {
@@ -500,7 +501,7 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
    for (int64_t a = 0; a < sh && a < g->H; a++)
       for (int64_t i = 0; i < g->kh; i++) {
          const int64_t q = a + g->ph - i * g->dh;
-         if (q - fdiv(q, sh) * sh) continue;
+         if (q - floor_div(q, sh) * sh) continue;
          const int64_t d = q / sh, nu = (g->H - a + sh - 1) / sh;
          if (d < rlo) rlo = d;
          if (nu - 1 + d > rhi) rhi = nu - 1 + d;
@@ -508,7 +509,7 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
    for (int64_t b = 0; b < sw && b < g->W; b++)
       for (int64_t j = 0; j < g->kw; j++) {
          const int64_t q = b + g->pw - j * g->dw;
-         if (q - fdiv(q, sw) * sw) continue;
+         if (q - floor_div(q, sw) * sw) continue;
          const int64_t d = q / sw, nv = (g->W - b + sw - 1) / sw;
          if (d < clo) clo = d;
          if (nv - 1 + d > chi) chi = nv - 1 + d;
@@ -532,10 +533,10 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
          e.ntap = 0;
          for (int64_t i = 0; i < g->kh; i++) {
             const int64_t qi = a + g->ph - i * g->dh;
-            if (qi - fdiv(qi, sh) * sh) continue;
+            if (qi - floor_div(qi, sh) * sh) continue;
             for (int64_t j = 0; j < g->kw; j++) {
                const int64_t qj = b + g->pw - j * g->dw;
-               if (qj - fdiv(qj, sw) * sw) continue;
+               if (qj - floor_div(qj, sw) * sw) continue;
                xoff[e.ntap] = ((qi / sh - rlo) * s.wp + (qj / sw - clo)) * s.pitch;
                widx[e.ntap++] = i * g->kw + j;
             }
@@ -551,7 +552,7 @@ lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
          e.out = gx, e.res = NULL;
          e.obase = (a * g->W + b) * g->C, e.oimg = g->H * g->W * g->C;
          e.orow = sh * g->W * g->C, e.ocol = sw * g->C;
-         e.bias = NULL, e.relu = 0;
+         e.bias = NULL, e.act = 0;
          bf_run(&e);
       }
    if (s.buf) lm_free(s.buf, s.bytes);
@@ -578,7 +579,7 @@ static float *dw_weights(const conv_geom *g, const uint16_t *w, size_t *bytes) {
 AI __mmask16 cmask(int64_t left) { return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1); }
 
 static lm_status dw_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                        const float *bias, const uint16_t *res, int relu, uint16_t *out) {
+                        const float *bias, const uint16_t *res, int act, uint16_t *out) {
    size_t wbytes;
    float *wf = dw_weights(g, w, &wbytes);
    if (!wf) return LM_ERR_OOM;
@@ -605,7 +606,7 @@ static lm_status dw_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w
                }
             }
             if (res) acc = _mm512_add_ps(acc, widen_bf16(_mm256_maskz_loadu_epi16(m, res + oo + c)));
-            if (relu) acc = _mm512_max_ps(acc, _mm512_setzero_ps());
+            if (act) acc = lm_act_ps(acc, act);
             _mm256_mask_storeu_epi16(out + oo + c, m, (__m256i)_mm512_cvtneps_pbh(acc));
          }
       }

@@ -17,8 +17,8 @@
  * boundaries (one input pointer per pixel), which keeps 7x7 and 14x14 maps at full speed. For
  * groups == 1 and unit dilation along W, the kw taps of a kernel row read consecutive input
  * pixels, i.e. one contiguous run of kw*C floats, reduced in one go. The epilogue (bias,
- * residual, ReLU) is applied when the accumulators are written out; outputs much larger than the
- * caches are written with streaming stores.
+ * residual, activation) is applied when the accumulators are written out; outputs much larger
+ * than the caches are written with streaming stores.
  *
  * Backward data: stride 1 is the same forward machinery on grad_out with the flipped kernel
  * (in/out channels swapped, padding d*(k-1)-p). Stride s > 1 splits grad_x into s_h x s_w phases;
@@ -164,7 +164,7 @@ typedef struct {
    const float *wp;        /* packed weights [G][nob][taps][Ci][OB] */
    int64_t OB, nob;
    const float *bias, *res;
-   int relu;
+   int act;
    int stream;             /* write the output with non-temporal stores */
 } dconv;
 
@@ -190,7 +190,7 @@ static void write_out(const dconv *d, const float *acc, float *op, const float *
       for (int v = 0; v < nv; v++) {
          __m512 t = _mm512_add_ps(_mm512_load_ps(a + 16 * v), bv[v]);
          if (r) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], r + 16 * v));
-         if (d->relu) t = _mm512_max_ps(t, _mm512_setzero_ps());
+         if (d->act) t = lm_act_ps(t, d->act);
          if (stream)
             _mm512_stream_ps(o + 16 * v, t);
          else
@@ -426,7 +426,7 @@ static lm_status dconv_run(const dconv *d0) {
 }
 
 static lm_status fwd_direct(const conv_geom *g, const float *x, const float *w,
-                            const float *bias, const float *res, int relu, float *out) {
+                            const float *bias, const float *res, int act, float *out) {
    const int64_t OB = block_width(g->Og), nob = ceil_div(g->Og, OB);
    const size_t bytes = (size_t)(g->G * nob * g->K * OB) * sizeof(float);
    float *wp = lm_alloc(bytes);
@@ -434,7 +434,7 @@ static lm_status fwd_direct(const conv_geom *g, const float *x, const float *w,
    lm_conv_f32_pack_fwd(g, w, OB, nob, wp, conv_threads((double)g->O * g->K));
    dconv d = {x, g->H, g->W, g->C, out, g->Ho, g->Wo, g->O, g->N, g->G, g->Cg, g->Og,
               g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, 0, wp, OB, nob,
-              bias, res, relu, 0};
+              bias, res, act, 0};
    lm_status st = dconv_run(&d);
    lm_free(wp, bytes);
    return st;
@@ -518,14 +518,14 @@ static int pw_gemm_usable(const conv_geom *g) {
 }
 
 lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                  const float *bias, const float *res, int relu, float *out) {
+                                  const float *bias, const float *res, int act, float *out) {
    const int64_t gb = super_groups(g);
-   if (gb == 1) return fwd_direct(g, x, w, bias, res, relu, out);
+   if (gb == 1) return fwd_direct(g, x, w, bias, res, act, out);
    size_t bytes;
    float *w2 = merged_weights(g, gb, w, &bytes);
    if (!w2) return LM_ERR_OOM;
    const conv_geom m = merged_geom(g, gb);
-   lm_status st = fwd_direct(&m, x, w2, bias, res, relu, out);
+   lm_status st = fwd_direct(&m, x, w2, bias, res, act, out);
    lm_free(w2, bytes);
    return st;
 }

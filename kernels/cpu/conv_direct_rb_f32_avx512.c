@@ -13,7 +13,7 @@
  *    acc[k][v] += x[tap_offset + k*CP + c] (broadcast) * w[tap][c][16v .. 16v+15]
  * for PB pixels k and NV vectors v of output channels (PB*NV <= 24 accumulators), with CP a
  * compile-time constant so every load is base + immediate. The accumulators are written once,
- * with the epilogue (bias, residual, ReLU). Weights are packed once per call into
+ * with the epilogue (bias, residual, activation). Weights are packed once per call into
  * wp[ob][tap][CP][OB] (OB = 16..64 output channels per block, zero padded).
  *
  * Backward data: stride 1 is the same kernel run on grad_output with the flipped kernel (input
@@ -31,6 +31,7 @@
  */
 #include "conv_internal.h"
 #include "avx512_util.h"
+#include "act_avx512.h"
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -41,14 +42,14 @@ enum { RB_MAXPB = 14, RB_MAXTAPS = 128, RB_BAND_BYTES = 96 * 1024 };
  * micro-kernel: PB pixels (pixel k at xb + k*CP) x NV vectors of output channels, reduced over
  * ntaps taps x CP channels. The result goes to acc[k*ap + 16v], or, with an epilogue `ep`,
  * straight from the registers to the output: pixel k at ep->out + k*ep->ostride, plus bias and
- * residual, ReLU, stored in the valid lanes ep->m (or streamed).
+ * residual, activation, stored in the valid lanes ep->m (or streamed).
  */
 typedef struct {
    float *out;
    int64_t ostride;
    const float *bias;  /* at the block's first channel, or NULL */
    const float *res;   /* like out, or NULL */
-   int relu, stream;
+   int act, stream;
    __mmask16 m[4];     /* the valid lanes of each vector */
 } rb_epi;
 
@@ -92,7 +93,7 @@ AI void rb_body(const float *xb, const int64_t *xoff, const float *wb, const int
       for (int v = 0; v < NV; v++) {
          __m512 t = _mm512_add_ps(a[k][v], bv[v]);
          if (r) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(ep->m[v], r + 16 * v));
-         if (ep->relu) t = _mm512_max_ps(t, _mm512_setzero_ps());
+         if (ep->act) t = lm_act_ps(t, ep->act);
          if (ep->stream)
             _mm512_stream_ps(o + 16 * v, t);
          else
@@ -197,7 +198,7 @@ typedef struct {
    int64_t OB, nob;
    int CP, cpi;
    const float *bias, *res;
-   int relu;
+   int act;
    int stream;             /* write with non-temporal stores (outputs far larger than the caches) */
 } rb_prob;
 
@@ -271,7 +272,7 @@ static void rb_row(const rb_prob *P, const float *xrow, const int64_t *xoff, con
       rb_epi ep;
       ep.ostride = ostride;
       ep.bias = P->bias ? P->bias + oc0 : NULL;
-      ep.relu = P->relu;
+      ep.act = P->act;
       for (int v = 0; v < 4; v++) {
          const int64_t left = nvalid - 16 * v;
          ep.m[v] = left >= 16 ? (__mmask16)0xFFFF
@@ -673,7 +674,7 @@ int lm_conv_rb_usable(const conv_geom *g, int backward_data) {
 }
 
 lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                     const float *bias, const float *res, int relu, float *out) {
+                                     const float *bias, const float *res, int act, float *out) {
    const int cpi = rb_cp_index(g->C);
    if (cpi < 0) return lm_error(LM_ERR_ARG, "conv2d: no register-blocked kernel for %lld channels",
                                 (long long)g->C);
@@ -684,7 +685,7 @@ lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
    if (!wp) return LM_ERR_OOM;
    rb_pack_fwd(g, w, CP, OB, nob, wp);
    rb_prob P = {x, g->H, g->W, g->C, out, g->Ho, g->Wo, g->O, g->N, g->kh, g->kw, g->sh, g->sw,
-                g->ph, g->pw, g->dh, g->dw, 0, wp, OB, nob, CP, cpi, bias, res, relu, 0};
+                g->ph, g->pw, g->dh, g->dw, 0, wp, OB, nob, CP, cpi, bias, res, act, 0};
    lm_status st = rb_run(&P);
    lm_free(wp, bytes);
    return st;

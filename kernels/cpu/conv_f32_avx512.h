@@ -7,6 +7,7 @@
 #define LUMEN_CONV_F32_AVX512_H
 #include "conv_internal.h"
 #include "avx512_util.h"
+#include "act_avx512.h"
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -82,17 +83,17 @@ typedef struct {
    const float *res;  /* the same place in the residual, or NULL */
    const float *bias; /* at the block's first channel, or NULL */
    int64_t ostride;   /* floats from one output pixel to the next */
-   int relu, stream;  /* stream: full vectors, 64-byte aligned */
+   int act, stream;  /* stream: full vectors, 64-byte aligned */
    __mmask16 m[4];    /* the valid lanes of each vector */
 } pw_epi;
 
-/* the general epilogue of a PB x NV tile: bias, residual, ReLU, masked lanes, streaming stores
-   when ep->stream */
+/* the general epilogue of a PB x NV tile: bias, residual, activation (lm_conv_act), masked
+   lanes, streaming stores when ep->stream */
 AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV) {
    float *const o = ep->out;
    const int64_t os = ep->ostride;
    const float *const r = ep->res;
-   const int relu = ep->relu, stream = ep->stream;
+   const int act = ep->act, stream = ep->stream;
    __m512 bv[4];
    __mmask16 m[4];
 #pragma GCC unroll 4
@@ -106,7 +107,7 @@ AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV
       for (int v = 0; v < NV; v++) {
          __m512 t = _mm512_add_ps(a[k][v], bv[v]);
          if (r) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], r + k * os + 16 * v));
-         if (relu) t = _mm512_max_ps(t, _mm512_setzero_ps());
+         if (act) t = lm_act_ps(t, act);
          if (stream)
             _mm512_stream_ps(o + k * os + 16 * v, t);
          else

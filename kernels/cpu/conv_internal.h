@@ -73,7 +73,7 @@ static inline int conv_num_threads_in_team(void) {
  * LM_ISA_AVX2) also exercises the portable path). */
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                  const float *w, const float *bias,
-                                                 const float *res, int relu, float *out);
+                                                 const float *res, int act, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                   const float *w, float *gx);
 LM_CONV_HIDDEN lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
@@ -82,7 +82,7 @@ LM_CONV_HIDDEN lm_status lm_conv_bwdw_nhwc_avx512(const conv_geom *g, const floa
 /* depthwise (groups == C == O), NHWC; gw is (C, 1, kh, kw) */
 LM_CONV_HIDDEN lm_status lm_conv_dw_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                     const float *w, const float *bias,
-                                                    const float *res, int relu, float *out);
+                                                    const float *res, int act, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx);
 LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
@@ -97,7 +97,7 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const f
 LM_CONV_HIDDEN int lm_conv_pw_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                     const float *w, const float *bias,
-                                                    const float *res, int relu, float *out,
+                                                    const float *res, int act, float *out,
                                                     int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx, int *stream);
@@ -108,7 +108,7 @@ LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const f
 LM_CONV_HIDDEN int lm_conv_nc_usable(const conv_geom *g);
 LM_CONV_HIDDEN lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                     const float *w, const float *bias,
-                                                    const float *res, int relu, float *out,
+                                                    const float *res, int act, float *out,
                                                     int *stream);
 
 /* ---- register-blocked float32 NHWC kernels for small channel counts
@@ -118,7 +118,7 @@ LM_CONV_HIDDEN lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const fl
 LM_CONV_HIDDEN int lm_conv_rb_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_rb_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                     const float *w, const float *bias,
-                                                    const float *res, int relu, float *out);
+                                                    const float *res, int act, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_rb_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx);
 /* backward weight (and bias) for a single input channel (C == 1, groups 1) */
@@ -148,7 +148,7 @@ LM_CONV_HIDDEN void lm_conv_rb_gemm_chunks(int nq, int nv, int pb, const float *
 LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                       const float *w, const float *bias,
-                                                      const float *res, int relu, float *out);
+                                                      const float *res, int act, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                        const float *w, float *gx);
 /* backward weight (and the bias gradient); usable when lm_conv_wino_bwdw_usable(g): the
@@ -170,7 +170,7 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const
 LM_CONV_HIDDEN int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x,
                                                const uint16_t *w, const float *bias,
-                                               const uint16_t *res, int relu, uint16_t *out);
+                                               const uint16_t *res, int act, uint16_t *out);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout,
                                                 const uint16_t *w, uint16_t *gx);
 /* the float32 file's schedules, which the bfloat16 entry points above (in
@@ -182,7 +182,7 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16
 LM_CONV_HIDDEN int lm_wg_cp(int64_t cin);
 LM_CONV_HIDDEN int lm_wg_tile_size(int backward_data);
 LM_CONV_HIDDEN lm_status lm_wg_conv(const conv_geom *g, int flip, int tm, const void *src,
-                                    const void *w, const float *bias, const void *res, int relu,
+                                    const void *w, const float *bias, const void *res, int act,
                                     void *dst, int bf16);
 LM_CONV_HIDDEN lm_status lm_wg_bwdw(const conv_geom *g, const void *x, const void *gout,
                                     float *gw, float *gb, int bf16);
@@ -222,7 +222,7 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_bf16_bwdw(const conv_geom *g, const uint16
 LM_CONV_HIDDEN int lm_conv_bf16_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *x,
                                                      const uint16_t *w, const float *bias,
-                                                     const uint16_t *res, int relu,
+                                                     const uint16_t *res, int act,
                                                      uint16_t *out);
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const uint16_t *gout,
                                                       const uint16_t *w, uint16_t *gx);
@@ -238,7 +238,7 @@ LM_CONV_HIDDEN int lm_conv_amx_usable(const conv_geom *g, int backward_data);
    convolutions of lm.backends.cpu.fp32_precision = "bf16", whose x and w the caller rounded) */
 LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x,
                                               const uint16_t *w, const float *bias,
-                                              const void *res, int relu, void *out, int f32,
+                                              const void *res, int act, void *out, int f32,
                                               int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout,
                                                const uint16_t *w, void *gx, int f32);

@@ -67,7 +67,7 @@ int lm_conv_nc_usable(const conv_geom *g) {
 }
 
 lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                     const float *bias, const float *res, int relu, float *out,
+                                     const float *bias, const float *res, int act, float *out,
                                      int *stream) {
    const int64_t OB = block_width(g->O), nob = ceil_div(g->O, OB), K = g->K;
    const int64_t C = g->C, F = g->kw * C, ps = g->sw * C, O = g->O;
@@ -135,7 +135,7 @@ lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
                pw_epi ep;
                ep.ostride = O;
                ep.bias = bias ? bias + oc0 : NULL;
-               ep.relu = relu;
+               ep.act = act;
                ep.stream = strm;
                for (int v = 0; v < 4; v++) {
                   const int64_t left = nvalid - 16 * v;

@@ -13,8 +13,8 @@
  * number of rows and images) whose input stays in L2 while every block of OB output channels
  * passes over it, the block's weights (C x OB) staying in L1. The micro-kernel keeps PB pixels x
  * NV vectors in registers for the whole reduction over C and writes them once, with the epilogue;
- * the plain case (no bias, residual or ReLU, full vectors) has its own instances with a bare
- * store loop.
+ * the plain case (no bias, residual or activation, full vectors) has its own instances with a
+ * bare store loop.
  * Outputs that do not fit in the last-level cache together with the input are written with
  * streaming stores (no read for ownership of lines that would be evicted before their consumer
  * reads them anyway).
@@ -26,8 +26,8 @@
 enum { PW_UNIT_BYTES = 96 * 1024, PW_MAX_CIN = 2048 };
 
 /* PB pixels (pixel k at xp + k*C) x NV vectors over C channels. MODE 0: plain stores of full
-   vectors; 1: streaming stores of full vectors; 2: the general epilogue (bias, residual, ReLU,
-   masked lanes, streaming when ep->stream). */
+   vectors; 1: streaming stores of full vectors; 2: the general epilogue (bias, residual,
+   activation, masked lanes, streaming when ep->stream). */
 AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const pw_epi *ep,
                 const int PB, const int NV, const int MODE) {
    __m512 a[PW_MAXPB][4];
@@ -112,7 +112,7 @@ typedef struct {
    const float *res, *bias; /* res: P x O, or NULL; bias: O, or NULL */
    const float *wp;         /* wp[ob][c][OB] */
    int64_t P, C, O, OB, nob;
-   int relu, stream;
+   int act, stream;
 } pw_prob;
 
 /* pixels [p0, p0 + np): every block of output channels over the whole run */
@@ -126,7 +126,7 @@ static void pw_unit(const pw_prob *P, int64_t p0, int64_t np) {
       pw_epi ep;
       ep.ostride = O;
       ep.bias = P->bias ? P->bias + oc0 : NULL;
-      ep.relu = P->relu;
+      ep.act = P->act;
       for (int v = 0; v < 4; v++) {
          const int64_t left = nvalid - 16 * v;
          ep.m[v] = left >= 16 ? (__mmask16)0xFFFF
@@ -134,7 +134,7 @@ static void pw_unit(const pw_prob *P, int64_t p0, int64_t np) {
       }
       const int full = nvalid % 16 == 0;
       ep.stream = P->stream && full;
-      const pw_fn fast = (full && !P->bias && !P->res && !P->relu) ? pw_plain[ep.stream][nv]
+      const pw_fn fast = (full && !P->bias && !P->res && !P->act) ? pw_plain[ep.stream][nv]
                                                                    : pw_gen[nv][pb];
       float *o = P->out + p0 * O + oc0;
       const float *r = P->res ? P->res + p0 * O + oc0 : NULL;
@@ -213,7 +213,7 @@ int lm_conv_pw_usable(const conv_geom *g, int backward_data) {
 }
 
 lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                     const float *bias, const float *res, int relu, float *out,
+                                     const float *bias, const float *res, int act, float *out,
                                      int *stream) {
    if (g->sh != 1 || g->sw != 1) lm_impl_ran(LM_IMPL_CONV_PW_STRIDED); /* gathered pixels */
    const int64_t OB = block_width(g->O), nob = ceil_div(g->O, OB);
@@ -237,7 +237,7 @@ lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
       lm_conv_pw_gather(g, (float *)x, gath, 0);
       x = gath;
    }
-   const pw_prob Pr = {x, out, res, bias, wp, P, g->C, g->O, OB, nob, relu, 0};
+   const pw_prob Pr = {x, out, res, bias, wp, P, g->C, g->O, OB, nob, act, 0};
    lm_status st = pw_run(&Pr, stream);
    if (gath) lm_free(gath, gbytes);
    lm_free(wp, bytes);

@@ -16,8 +16,8 @@
  *                  kh*kw contiguous channel vectors of each pixel into a panel of T rows laid out
  *                  [G][kh][kw][Cg] (the im2col "rows of K"), then one GEMM per group:
  *                  out[T x Og] = panel_g[T x K] * W_g^T. A 1x1 / stride 1 / no padding
- *                  convolution reads x in place (lda = C). Bias, residual and ReLU are applied to
- *                  the tile while it is in cache.
+ *                  convolution reads x in place (lda = C). Bias, residual and the activation
+ *                  are applied to the tile while it is in cache.
  *   forward NCHW   tiles of T output pixels of one image; im2col of each group into col[K x T],
  *                  GEMM out_g[Og x T] = W_g[Og x K] * col (1x1/s1/p0 reads x in place).
  *   backward data  stride 1: the forward kernels on grad_out with the flipped, transposed weights
@@ -34,11 +34,12 @@
 #ifdef LM_CONV_TMPL
 
 /* ---------------------------------------------------------------------------------------------
- * epilogues: v = acc + bias + residual, then max(0, v) (NaN stays NaN, as in torch.relu)
+ * epilogues: v = acc + bias + residual, then the activation act (lm_conv_act; act.h: relu keeps
+ * NaN, as torch.relu)
  */
 static void CS(epi_nhwc)(CT *out, int64_t rows, int64_t O, const CT *bias, const CT *res,
-                         int relu) {
-   if (!bias && !res && !relu) return;
+                         int act) {
+   if (!bias && !res && !act) return;
    for (int64_t p = 0; p < rows; p++) {
       CT *o = out + p * O;
       const CT *r = res ? res + p * O : NULL;
@@ -46,15 +47,14 @@ static void CS(epi_nhwc)(CT *out, int64_t rows, int64_t O, const CT *bias, const
          for (int64_t c = 0; c < O; c++) o[c] += bias[c];
       if (r)
          for (int64_t c = 0; c < O; c++) o[c] += r[c];
-      if (relu)
-         for (int64_t c = 0; c < O; c++) o[c] = o[c] < (CT)0 ? (CT)0 : o[c];
+      if (act) CS(lm_act_row)(o, O, act);
    }
 }
 
 /* NCHW: `nch` channel rows of `len` pixels, row stride ld; bias indexed from c0 */
 static void CS(epi_nchw)(CT *out, int64_t nch, int64_t len, int64_t ld, const CT *bias,
-                         const CT *res, int relu) {
-   if (!bias && !res && !relu) return;
+                         const CT *res, int act) {
+   if (!bias && !res && !act) return;
    for (int64_t c = 0; c < nch; c++) {
       CT *o = out + c * ld;
       const CT *r = res ? res + c * ld : NULL;
@@ -64,8 +64,7 @@ static void CS(epi_nchw)(CT *out, int64_t nch, int64_t len, int64_t ld, const CT
       } else if (bias) {
          for (int64_t q = 0; q < len; q++) o[q] += b;
       }
-      if (relu)
-         for (int64_t q = 0; q < len; q++) o[q] = o[q] < (CT)0 ? (CT)0 : o[q];
+      if (act) CS(lm_act_row)(o, len, act);
    }
 }
 
@@ -162,7 +161,7 @@ static void CS(col_nchw)(const conv_geom *g, const CT *xg, int64_t p0, int64_t n
  * forward, NHWC
  */
 static lm_status CS(fwd_nhwc)(const conv_geom *g, const CT *x, const CT *w, const CT *bias,
-                              const CT *res, int relu, CT *out) {
+                              const CT *res, int act, CT *out) {
    const int64_t P = g->N * g->Ho * g->Wo, O = g->O, G = g->G, K = g->K, Og = g->Og;
    const int64_t rowlen = G * K;
    if (P == 0 || O == 0) return LM_OK;
@@ -199,7 +198,7 @@ static lm_status CS(fwd_nhwc)(const conv_geom *g, const CT *x, const CT *w, cons
             CGEMM(0, 1, np, Og, K, (CT)1, a + gi * K, lda, w + gi * Og * K, K, (CT)0, o + gi * Og,
                   O);
       }
-      CS(epi_nhwc)(o, np, O, bias, res ? res + p0 * O : NULL, relu);
+      CS(epi_nhwc)(o, np, O, bias, res ? res + p0 * O : NULL, act);
    }
    if (buf) lm_free(buf, bytes);
    return LM_OK;
@@ -209,7 +208,7 @@ static lm_status CS(fwd_nhwc)(const conv_geom *g, const CT *x, const CT *w, cons
  * forward, NCHW
  */
 static lm_status CS(fwd_nchw)(const conv_geom *g, const CT *x, const CT *w, const CT *bias,
-                              const CT *res, int relu, CT *out) {
+                              const CT *res, int act, CT *out) {
    const int64_t HoWo = g->Ho * g->Wo, HW = g->H * g->W, O = g->O, G = g->G, K = g->K;
    const int64_t Og = g->Og, Cg = g->Cg, C = g->C;
    if (g->N == 0 || HoWo == 0 || O == 0) return LM_OK;
@@ -241,7 +240,7 @@ static lm_status CS(fwd_nchw)(const conv_geom *g, const CT *x, const CT *w, cons
             CGEMM(0, 0, Og, np, K, (CT)1, w + gi * Og * K, K, col, np, (CT)0, o, HoWo);
          }
          CS(epi_nchw)(o, Og, np, HoWo, bias ? bias + gi * Og : NULL,
-                      res ? res + (n * O + gi * Og) * HoWo + p0 : NULL, relu);
+                      res ? res + (n * O + gi * Og) * HoWo + p0 : NULL, act);
       }
    }
    if (buf) lm_free(buf, bytes);
@@ -498,7 +497,7 @@ static void CS(dw_transpose)(const conv_geom *g, const CT *w, CT *wt) {
 enum { CS(DW_CB) = 64 };
 
 static lm_status CS(dw_fwd_nhwc)(const conv_geom *g, const CT *x, const CT *w, const CT *bias,
-                                 const CT *res, int relu, CT *out) {
+                                 const CT *res, int act, CT *out) {
    const int64_t N = g->N, C = g->C, H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo;
    const int64_t kh = g->kh, kw = g->kw, taps = kh * kw;
    if (N * Ho * Wo == 0 || C == 0) return LM_OK;
@@ -535,8 +534,7 @@ static lm_status CS(dw_fwd_nhwc)(const conv_geom *g, const CT *x, const CT *w, c
                const CT *r = res + ((row * Wo) + wo) * C + c0;
                for (int64_t c = 0; c < cb; c++) acc[c] += r[c];
             }
-            if (relu)
-               for (int64_t c = 0; c < cb; c++) acc[c] = acc[c] < (CT)0 ? (CT)0 : acc[c];
+            if (act) CS(lm_act_row)(acc, cb, act);
             for (int64_t c = 0; c < cb; c++) o[c0 + c] = acc[c];
          }
       }
@@ -649,7 +647,7 @@ static lm_status CS(dw_bwdw_nhwc)(const conv_geom *g, const CT *x, const CT *gou
 
 /* NCHW depthwise: one plane per (n, c) */
 static lm_status CS(dw_fwd_nchw)(const conv_geom *g, const CT *x, const CT *w, const CT *bias,
-                                 const CT *res, int relu, CT *out) {
+                                 const CT *res, int act, CT *out) {
    const int64_t N = g->N, C = g->C, H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo;
    const int64_t kh = g->kh, kw = g->kw, sw = g->sw;
    if (N * C == 0 || Ho * Wo == 0) return LM_OK;
@@ -679,7 +677,7 @@ static lm_status CS(dw_fwd_nchw)(const conv_geom *g, const CT *x, const CT *w, c
             }
          }
       }
-      if (res || relu) CS(epi_nchw)(op, 1, Ho * Wo, Ho * Wo, NULL, res ? res + pl * Ho * Wo : NULL, relu);
+      if (res || act) CS(epi_nchw)(op, 1, Ho * Wo, Ho * Wo, NULL, res ? res + pl * Ho * Wo : NULL, act);
    }
    return LM_OK;
 }
@@ -761,12 +759,12 @@ static lm_status CS(dw_bwdw_nchw)(const conv_geom *g, const CT *x, const CT *gou
  * drivers
  */
 static lm_status CS(conv_forward)(const conv_geom *g, int nhwc, const void *x, const void *w,
-                                  const void *bias, const void *res, int relu, void *out) {
+                                  const void *bias, const void *res, int act, void *out) {
    if (conv_is_depthwise(g))
-      return nhwc ? CS(dw_fwd_nhwc)(g, x, w, bias, res, relu, out)
-                  : CS(dw_fwd_nchw)(g, x, w, bias, res, relu, out);
-   return nhwc ? CS(fwd_nhwc)(g, x, w, bias, res, relu, out)
-               : CS(fwd_nchw)(g, x, w, bias, res, relu, out);
+      return nhwc ? CS(dw_fwd_nhwc)(g, x, w, bias, res, act, out)
+                  : CS(dw_fwd_nchw)(g, x, w, bias, res, act, out);
+   return nhwc ? CS(fwd_nhwc)(g, x, w, bias, res, act, out)
+               : CS(fwd_nchw)(g, x, w, bias, res, act, out);
 }
 
 static lm_status CS(conv_backward)(const conv_geom *g, int nhwc, const void *xv, const void *wv,

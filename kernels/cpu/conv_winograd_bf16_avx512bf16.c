@@ -203,9 +203,9 @@ int lm_conv_wino_bf16_usable(const conv_geom *g, int backward_data) {
 }
 
 lm_status lm_conv_wino_bf16_fwd(const conv_geom *g, const uint16_t *x, const uint16_t *w,
-                                const float *bias, const uint16_t *res, int relu, uint16_t *out) {
+                                const float *bias, const uint16_t *res, int act, uint16_t *out) {
    if (!lm_conv_wino_bf16_usable(g, 0)) return LM_ERR_INTERNAL;
-   return lm_wg_conv(g, 0, 4, x, w, bias, res, relu, out, 1);
+   return lm_wg_conv(g, 0, 4, x, w, bias, res, act, out, 1);
 }
 
 lm_status lm_conv_wino_bf16_bwdd(const conv_geom *g, const uint16_t *gout, const uint16_t *w,

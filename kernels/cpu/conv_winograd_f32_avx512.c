@@ -31,7 +31,7 @@
  *      separable (columns then rows); the patch of the tile WG_PF ahead is prefetched;
  *   2. E GEMMs M[e] = V[e] * U[e], by the register-blocked micro-kernels of
  *      conv_direct_rb_f32_avx512.c (tiles broadcast, output channels in vectors), U[e] in L1;
- *   3. output transform of each tile with the epilogue (bias, residual, ReLU), masked at the
+ *   3. output transform of each tile with the epilogue (bias, residual, activation), masked at the
  *      image's right and bottom edges.
  * Weights are transformed once per call (U = G g G^T, 16 output channels a vector).
  *
@@ -68,6 +68,7 @@
  * Backward weight: per-thread partials over a fixed split, summed in thread order.
  */
 #include "conv_internal.h"
+#include "act_avx512.h"
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -185,7 +186,7 @@ typedef struct {
    const float *U;         /* [ob][E][CP][OB] */
    const uint32_t *Ub;     /* bf16: the same as bfloat16 pairs, [ob][E][CP / 2][OB] words */
    const float *bias, *res;
-   int relu;
+   int act;
    const float *w;         /* the untransformed weights (wide schedule: wg_run_wide) */
    const uint16_t *w16;    /* the same in bfloat16 (bf16 mode; w is then NULL) */
    int flip;               /* backward data: w is (Cin, 3, 3, Cout), taps flipped */
@@ -380,7 +381,7 @@ static void wg_input(const wg_prob *P, int64_t t0, int64_t T, float *V, float *p
 /* F(2x2, 3x3) output transform of tiles [t0, t0 + T) from M[e][k][CoutP], with the epilogue */
 static void wg_output2(const wg_prob *P, int64_t t0, int64_t T, const float *M) {
    const int64_t Cout = P->Cout, CoutP = P->CoutP, es = T * CoutP;
-   const int relu = P->relu;
+   const int act = P->act;
    wg_pos q = wg_pos_of(P, t0);
    for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
       const int64_t n = q.n, y0 = q.r * 2, x0 = q.c * 2;
@@ -413,7 +414,7 @@ static void wg_output2(const wg_prob *P, int64_t t0, int64_t T, const float *M) 
                const int64_t off = p * ors + q * Cout + c0;
                __m512 v = _mm512_add_ps(o[q], bv);
                if (rbase) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rbase + off));
-               if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+               if (act) v = lm_act_ps(v, act);
                _mm512_mask_storeu_ps(obase + off, m, v);
             }
          }
@@ -426,7 +427,7 @@ static void wg_output_at(const wg_prob *P, int64_t t0, int64_t T, const float *M
                          int64_t mp, int64_t co0, int64_t co1) {
    const int64_t Cout = P->Cout;
    const int whole = co0 == 0 && co1 == Cout;
-   const int relu = P->relu;
+   const int act = P->act;
    wg_pos q = wg_pos_of(P, t0);
    for (int64_t k = 0; k < T; k++, wg_pos_next(P, &q)) {
       const int64_t n = q.n, y0 = q.r * 4, x0 = q.c * 4;
@@ -473,7 +474,7 @@ static void wg_output_at(const wg_prob *P, int64_t t0, int64_t T, const float *M
                if (rbase) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rbase + off));
                if (rbase16)
                   v = _mm512_add_ps(v, wg_bf_widen(_mm256_maskz_loadu_epi16(m, rbase16 + off)));
-               if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+               if (act) v = lm_act_ps(v, act);
                if (obase16)
                   _mm256_mask_storeu_epi16(obase16 + off, m, wg_bf_round(v));
                else
@@ -897,7 +898,7 @@ static int wg_unit_fits(int64_t cin, int64_t cout) {
 /* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
 /* bf16: bfloat16 products, and src, res and dst bfloat16 tensors (uint16_t); else float32 */
 static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, const void *w_,
-                         const float *bias, const void *res, int relu, void *dst, int bf16) {
+                         const float *bias, const void *res, int act, void *dst, int bf16) {
    const float *w = bf16 ? NULL : w_;
    const uint16_t *w16 = bf16 ? w_ : NULL;
    const int E = (tm + 2) * (tm + 2);
@@ -934,7 +935,7 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, 
    P.nob = nob;
    P.CoutP = CoutP;
    P.bias = bias;
-   P.relu = relu;
+   P.act = act;
    if (CP > 64 && tm == 4) {
       /* the wide schedule transforms the weights itself, block by block */
       P.w = w;
@@ -1463,9 +1464,9 @@ int lm_conv_wino_bwdw_usable(const conv_geom *g) {
 
 
 lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                       const float *bias, const float *res, int relu,
+                                       const float *bias, const float *res, int act,
                                        float *out) {
-   return wg_conv(g, 0, wg_tile_size(0), x, w, bias, res, relu, out, 0);
+   return wg_conv(g, 0, wg_tile_size(0), x, w, bias, res, act, out, 0);
 }
 
 lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
@@ -1484,8 +1485,8 @@ lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, c
 int lm_wg_cp(int64_t cin) { return wg_cp(cin); }
 int lm_wg_tile_size(int backward_data) { return wg_tile_size(backward_data); }
 lm_status lm_wg_conv(const conv_geom *g, int flip, int tm, const void *src, const void *w,
-                     const float *bias, const void *res, int relu, void *dst, int bf16) {
-   return wg_conv(g, flip, tm, src, w, bias, res, relu, dst, bf16);
+                     const float *bias, const void *res, int act, void *dst, int bf16) {
+   return wg_conv(g, flip, tm, src, w, bias, res, act, dst, bf16);
 }
 lm_status lm_wg_bwdw(const conv_geom *g, const void *x, const void *gout, float *gw, float *gb,
                      int bf16) {

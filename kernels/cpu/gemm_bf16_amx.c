@@ -119,7 +119,7 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
    const uint16_t *res = ep && ep->res && !ep->f32 ? ep->res + row * ep->rsr + col : NULL;
    const float *res32 =
       ep && ep->res && ep->f32 ? (const float *)(const void *)ep->res + row * ep->rsr + col : NULL;
-   const int relu = ep && ep->relu;
+   const int act = ep ? ep->act : LM_ACT_NONE;
    for (int j = 0; j < n; j += 16) {
       const __mmask16 mk = mask16(n - j);
       __m512 v = _mm512_mul_ps(va, _mm512_maskz_loadu_ps(mk, t + j));
@@ -128,7 +128,7 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
          if (beta != 0.0f) v = _mm512_fmadd_ps(vb, bf16_widen16(_mm256_maskz_loadu_epi16(mk, cp)), v);
          if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
          if (res) v = _mm512_add_ps(v, bf16_widen16(_mm256_maskz_loadu_epi16(mk, res + j)));
-         if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+         if (act) v = lm_act_ps(v, act);
          _mm256_mask_storeu_epi16(cp, mk,
                                   ep ? (__m256i)_mm512_cvtneps_pbh(v) : bf16_round16(v));
       } else {
@@ -136,7 +136,7 @@ void lm_amx_row_out(const float *t, int n, float alpha, float beta, void *c, int
          if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, cp), v);
          if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
          if (res32) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, res32 + j));
-         if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+         if (act) v = lm_act_ps(v, act);
          _mm512_mask_storeu_ps(cp, mk, v);
       }
    }
@@ -157,7 +157,7 @@ static void finish(const pending *pd, float alpha, float beta, int64_t rsc, int6
    if (ep && !ep->f32 && pd->nr == 32 && csc == 1) { /* a whole block, 64 bytes a row */
       lm_amx_epi_block32(pd->t, pd->mr, ep->bias ? ep->bias + pd->col : NULL,
                          ep->res ? ep->res + pd->row * ep->rsr + pd->col : NULL, ep->rsr,
-                         ep->relu, (uint16_t *)pd->c, rsc, ep->stream);
+                         ep->act, (uint16_t *)pd->c, rsc, ep->stream);
       return;
    }
    for (int i = 0; i < pd->mr; i++)

@@ -10,6 +10,7 @@
 #include "amx.h"
 #include "gemm_internal.h"
 #include "avx512_util.h"
+#include "act_avx512.h"
 #include <immintrin.h>
 
 /* one segment of a batch-reduce: A rows (k contiguous) at a, B panel rows at b; step t reads A
@@ -99,14 +100,15 @@ static inline __attribute__((always_inline)) void amx_store_32x32(float *cout, i
 
 
 /* the fused epilogue of a bfloat16 C (a convolution's): + bias[j] (float32), + res[i * rsr + j]
-   (bfloat16), ReLU, before the rounding; any of them NULL / 0. With an epilogue the rounding is
-   vcvtneps2bf16's (round to nearest even, denormals flushed), as the AVX-512 BF16 convolution
-   kernels round; without one, lm_f2bf's, bit for bit (the matrix products). */
+   (bfloat16), the activation act (lm_conv_act), before the rounding; any of them NULL / 0.
+   With an epilogue the rounding is vcvtneps2bf16's (round to nearest even, denormals flushed),
+   as the AVX-512 BF16 convolution kernels round; without one, lm_f2bf's, bit for bit (the
+   matrix products). */
 typedef struct {
    const float *bias;
    const uint16_t *res;
    int64_t rsr;
-   int relu;
+   int act;
    int stream; /* write C with streaming stores (lm_amx_stream) */
    int f32;    /* res and C are float32 (lm.backends.cpu.fp32_precision = "bf16") */
 } lm_amx_epi;
@@ -119,15 +121,15 @@ typedef struct {
 LM_GEMM_HIDDEN int lm_amx_stream(double out_bytes, int cold);
 
 /* the epilogue of mr rows of a 32-column block t (row stride 32 floats) into bfloat16 out (row
-   stride ldo): + bias[0..31], + res (row stride ldr), ReLU, vcvtne2ps2bf16, one 64-byte store a
+   stride ldo): + bias[0..31], + res (row stride ldr), the activation act (lm_conv_act),
+   vcvtne2ps2bf16, one 64-byte store a
    row (bias, res NULL when absent); stream: non-temporal stores where the row is 64-byte
    aligned (the caller fences) */
 static inline __attribute__((always_inline)) void lm_amx_epi_block32(
-   const float *t, int mr, const float *bias, const uint16_t *res, int64_t ldr, int relu,
+   const float *t, int mr, const float *bias, const uint16_t *res, int64_t ldr, int act,
    uint16_t *out, int64_t ldo, int stream) {
    const __m512 b0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
    const __m512 b1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-   const __m512 z = _mm512_setzero_ps();
    for (int r = 0; r < mr; r++) {
       __m512 v0 = _mm512_add_ps(_mm512_load_ps(t + r * 32), b0);
       __m512 v1 = _mm512_add_ps(_mm512_load_ps(t + r * 32 + 16), b1);
@@ -138,9 +140,9 @@ static inline __attribute__((always_inline)) void lm_amx_epi_block32(
          v1 = _mm512_add_ps(v1, _mm512_castsi512_ps(_mm512_slli_epi32(
                                    _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16)));
       }
-      if (relu) {
-         v0 = _mm512_max_ps(v0, z);
-         v1 = _mm512_max_ps(v1, z);
+      if (act) {
+         v0 = lm_act_ps(v0, act);
+         v1 = lm_act_ps(v1, act);
       }
       if (stream && ((uintptr_t)(out + r * ldo) & 63) == 0)
          _mm512_stream_si512((__m512i *)(out + r * ldo), (__m512i)_mm512_cvtne2ps_pbh(v1, v0));

@@ -4,8 +4,10 @@
  * cuDNN's legacy convolution API, one cudnnHandle_t per device (created on first use, on
  * lm_cu_stream(k)):
  *   forward          cudnnConvolutionForward (beta 0), then one elementwise pass of our own for
- *                    out = relu(out + bias + residual) when any of them is asked for (the
- *                    epilogue of the CPU kernels: bias, then residual, then max(0, v) keeping NaN)
+ *                    out = act(out + bias + residual) when any of them is asked for (the
+ *                    epilogue of the CPU kernels: bias, then residual, then the activation
+ *                    lm_conv_act: relu max(0, v) keeping NaN, silu, hardswish, ... as the
+ *                    elementwise ops compute them)
  *   grad_x           cudnnConvolutionBackwardData (beta 0)
  *   grad_w           cudnnConvolutionBackwardFilter (beta 0; beta 1 on the later batch chunks)
  *   grad_b           a per-channel sum of grad_out of our own (two passes, deterministic:
@@ -46,7 +48,9 @@
 #include "cuda.cuh"
 #include "impl.h"
 #include <stdlib.h>
+#include "conv.h"
 #include "ops/conv.h"
+#include "elementwise_impl.cuh"
 #include "conv_algo.cuh"
 #include "cublas_handle.cuh"
 #include <string.h>
@@ -73,11 +77,30 @@ template <> struct dnn_io<uint16_t> { /* float16 / bfloat16 by dt, in float */
    }
 };
 
-/* out = relu(out + bias[c] + res); channel c of element i: i % O (NHWC) or i / HW % O (NCHW);
+/* the epilogue's activation (lm_conv_act, src/conv.h): the elementwise ops' formulas
+   (elementwise_impl.cuh's unary_op; relu6 as clamp's), as the CPU's kernels/cpu/act.h */
+template <class A> LM_HD inline A conv_act(A v, int act) {
+   switch (act) {
+   case LM_ACT_RELU: return v < (A)0 ? (A)0 : v; /* NaN stays NaN, as torch.relu */
+   case LM_ACT_RELU6: {
+      const A t = v < (A)0 ? (A)0 : v;
+      return (A)6 < t ? (A)6 : t;
+   }
+   case LM_ACT_SILU: return lmew::unary_op<LM_SILU, A>(v);
+   case LM_ACT_HARDSWISH: return lmew::unary_op<LM_HARDSWISH, A>(v);
+   case LM_ACT_HARDSIGMOID: return lmew::unary_op<LM_HARDSIGMOID, A>(v);
+   case LM_ACT_SIGMOID: return lmew::unary_op<LM_SIGMOID, A>(v);
+   case LM_ACT_GELU: return lmew::unary_op<LM_GELU, A>(v);
+   case LM_ACT_GELU_TANH: return lmew::unary_op<LM_GELU_TANH, A>(v);
+   default: return v;
+   }
+}
+
+/* out = act(out + bias[c] + res); channel c of element i: i % O (NHWC) or i / HW % O (NCHW);
    bias of any stride (bstride elements) */
 template <class T>
 static lm_status dnn_epilogue_t(int k, int dt, T *out, const T *bias, int64_t bstride, const T *res,
-                                int relu, int64_t total, int64_t O, int64_t HW, int nhwc) {
+                                int act, int64_t total, int64_t O, int64_t HW, int nhwc) {
    typedef typename dnn_io<T>::acc A;
    const int small = total < ((int64_t)1 << 31);
    return lm_cu_for(k, total, [=] LM_HD(int64_t i) {
@@ -90,14 +113,14 @@ static lm_status dnn_epilogue_t(int k, int dt, T *out, const T *bias, int64_t bs
          v += dnn_io<T>::ld(bias, c * bstride, dt);
       }
       if (res) v += dnn_io<T>::ld(res, i, dt);
-      if (relu) v = v < (A)0 ? (A)0 : v; /* NaN stays NaN, as torch.relu */
+      if (act) v = conv_act<A>(v, act);
       dnn_io<T>::st(out, i, v, dt);
    });
 }
 
-static lm_status dnn_epilogue(int k, const lm_tensor *bias, const lm_tensor *res, int relu,
+static lm_status dnn_epilogue(int k, const lm_tensor *bias, const lm_tensor *res, int act,
                               lm_tensor *out, const conv_geom *g, int nhwc) {
-   if (!bias && !res && !relu) return LM_OK;
+   if (!bias && !res && !act) return LM_OK;
    const int dt = out->dtype;
    const int64_t total = out->numel, HW = g->Ho * g->Wo;
    const int64_t bs = bias ? bias->strides[0] : 0;
@@ -105,12 +128,12 @@ static lm_status dnn_epilogue(int k, const lm_tensor *bias, const lm_tensor *res
    char *op = lm_cu_ptr(out);
    if (dt == LM_FLOAT32)
       return dnn_epilogue_t<float>(k, dt, (float *)op, (const float *)bp, bs, (const float *)rp,
-                                   relu, total, g->O, HW, nhwc);
+                                   act, total, g->O, HW, nhwc);
    if (dt == LM_FLOAT64)
       return dnn_epilogue_t<double>(k, dt, (double *)op, (const double *)bp, bs,
-                                    (const double *)rp, relu, total, g->O, HW, nhwc);
+                                    (const double *)rp, act, total, g->O, HW, nhwc);
    return dnn_epilogue_t<uint16_t>(k, dt, (uint16_t *)op, (const uint16_t *)bp, bs,
-                                   (const uint16_t *)rp, relu, total, g->O, HW, nhwc);
+                                   (const uint16_t *)rp, act, total, g->O, HW, nhwc);
 }
 
 /* grad_b[o] = sum of grad_out over (n, ho, wo): partial sums in double per (chunk of pixels, o),
@@ -363,8 +386,8 @@ static lm_status dnn_direct(int k, const conv_geom *cg, int nhwc, int dt, const 
  * Sums in float32 (CUBLAS_COMPUTE_32F; for float32 CUBLAS_COMPUTE_32F_FAST_TF32 under
  * lm_cu_option(LM_CU_OPT_TF32_CONV), the switch cuDNN's float32 convolutions follow), 16-bit
  * split-K reductions disallowed, beta 0 (each result written once, as the CPU does). Then the
- * epilogue (bias, residual, relu) and the grad_b sum above, as on the cuDNN route. 64-bit sizes
- * (cublasGemmEx_64): no batch chunks. cuda:k's one cuBLAS handle is linalg.cu's
+ * epilogue (bias, residual, activation) and the grad_b sum above, as on the cuDNN route.
+ * 64-bit sizes (cublasGemmEx_64): no batch chunks. cuda:k's one cuBLAS handle is linalg.cu's
  * (cublas_handle.cuh), with its workspace, on lm_cu_stream(k). float64 and NCHW stay on cuDNN.
  * Strided 1x1 convolutions (ResNet's downsample layers, stride 2) take the same GEMMs over a
  * gathered copy of the pixels they read (below). Where cuBLAS fails (a status other than
@@ -1020,11 +1043,11 @@ static lm_status k_conv2d(const lm_op *op) {
                       lm_dtype_name(x->dtype), lm_dtype_name(w->dtype), lm_dtype_name(dt));
    if (g->Cg == 0 || g->N == 0) { /* an empty sum (no input channels) */
       LM_TRY(dnn_zero(k, out));
-      return dnn_epilogue(k, bias, res, p->relu, out, g, nhwc);
+      return dnn_epilogue(k, bias, res, p->act, out, g, nhwc);
    }
    if (gemm_1x1(g, dt, nhwc, x, w, res, out, NULL)) { /* a GEMM on cuBLAS (above) */
       const lm_status gs = gemm_forward(k, g, dt, x, w, out);
-      if (gs == LM_OK) return dnn_epilogue(k, bias, res, p->relu, out, g, nhwc);
+      if (gs == LM_OK) return dnn_epilogue(k, bias, res, p->act, out, g, nhwc);
       if (gs == LM_ERR_OOM) return gs;
       gemm_note_fallback();
    }
@@ -1035,7 +1058,7 @@ static lm_status k_conv2d(const lm_op *op) {
       st = dnn_direct(k, g, nhwc, dt, x, w, NULL, out, NULL, NULL);
    }
    LM_TRY(st);
-   return dnn_epilogue(k, bias, res, p->relu, out, g, nhwc);
+   return dnn_epilogue(k, bias, res, p->act, out, g, nhwc);
 }
 
 /* the forward on cuDNN (float64 NHWC through NCHW copies) */
@@ -1138,13 +1161,13 @@ static lm_status k_conv2d(const lm_op *op) {
                          lm_dtype_name(op->t[0]->dtype), lm_dtype_name(op->t[1]->dtype),
                          lm_dtype_name(dt));
       LM_TRY(gemm_forward(k, g, dt, op->t[0], op->t[1], out));
-      return dnn_epilogue(k, op->t[2], op->t[3], p->relu, out, g, p->channels_last);
+      return dnn_epilogue(k, op->t[2], op->t[3], p->act, out, g, p->channels_last);
    }
    if (!emu_direct()) return lm_cu_run_on_cpu(op);
    if (p->g.Cg == 0) LM_TRY(dnn_zero(k, out));
    else LM_TRY(dnn_direct(k, &p->g, p->channels_last, out->dtype, op->t[0], op->t[1], NULL, out,
                           NULL, NULL));
-   return dnn_epilogue(k, op->t[2], op->t[3], p->relu, out, &p->g, p->channels_last);
+   return dnn_epilogue(k, op->t[2], op->t[3], p->act, out, &p->g, p->channels_last);
 }
 
 static lm_status k_conv2d_backward(const lm_op *op) {

@@ -822,8 +822,11 @@ E("lm.F", "lm.F", "The functional operators (lua/lumen/functional.lua, one file 
 E("lm.F.conv2d", "lm.F.conv2d(x, w, b, opts) -> Tensor", "2-D convolution (cross-correlation) "
    .. "of x (N,C,H,W) with w (out, C/groups, kH, kW) plus bias b (out) or nil.",
    { opts = "{stride = 1, padding = 0 (a number, {h, w}, \"valid\" or \"same\"), dilation = 1, "
-   .. "groups = 1, residual = nil, relu = false}: residual (a tensor of the output's shape) and "
-   .. "relu fuse relu(conv + b + residual) into the kernel's epilogue",
+   .. "groups = 1, residual = nil, relu = false, act = nil}: residual (a tensor of the output's "
+   .. "shape) and the activation act (\"relu\", \"relu6\", \"silu\", \"hardswish\", "
+   .. "\"hardsigmoid\", \"sigmoid\", \"gelu\", \"gelu_tanh\" or \"none\"; relu = true is "
+   .. "act = \"relu\") fuse act(conv + b + residual) into the kernel's epilogue (with a gradient "
+   .. "wanted they run as the separate, differentiable ops)",
    fmt = FMT_NN .. "; the weight's gradient has the weight's layout",
    err = "x not 3-D/4-D, w not 4-D, dtypes that differ, channels not divisible by groups, "
    .. "padding='same' with a stride, an output with a non-positive size" })
@@ -869,8 +872,9 @@ E("lm.F.conv3d", "lm.F.conv3d(x, w, b, opts) -> Tensor", "3-D convolution (cross
    .. "taps side by side in the channels (src/ops/conv3d.c), so every dtype, device and kernel of "
    .. "conv2d applies.",
    { opts = "{stride = 1, padding = 0 (numbers or {d, h, w}; padding also \"valid\" or "
-   .. "\"same\"), dilation = 1, groups = 1, residual = nil, relu = false}: residual and relu fuse "
-   .. "relu(conv + b + residual) into the kernel's epilogue as lm.F.conv2d's",
+   .. "\"same\"), dilation = 1, groups = 1, residual = nil, relu = false, act = nil}: residual "
+   .. "and the activation (relu, act) fuse act(conv + b + residual) into the kernel's epilogue "
+   .. "as lm.F.conv2d's",
    fmt = "channels_last_3d output and gradients when x or w suggests channels_last_3d (PyTorch's "
    .. "rule; also in float64, where PyTorch's slow path returns contiguous), else contiguous",
    err = "x not 4-D/5-D, w not 5-D, dtypes that differ, channels not divisible by groups, "
@@ -1101,7 +1105,7 @@ E("lm.nn.Parameter", "lm.nn.Parameter(t, requires_grad) -> t", "Mark t so that a
 E("lm.nn.is_module", "lm.nn.is_module(x) -> boolean", "true for module instances.")
 E("lm.nn.Conv2d", "lm.nn.Conv2d(in_channels, out_channels, kernel_size, opts)", "2-D "
    .. "convolution layer (weight (out, in/groups, kH, kW), bias (out)); forward(x, fuse) "
-   .. "takes an optional {residual =, relu =} (see lm.F.conv2d).",
+   .. "takes an optional {residual =, relu =, act =} (see lm.F.conv2d).",
    { opts = "{stride = 1, padding = 0, dilation = 1, groups = 1, bias = true, dtype = "
    .. "float32}", fmt = "weight contiguous until m:to(lm.channels_last); output as lm.F.conv2d",
    err = "non-positive sizes, channels not divisible by groups" })
@@ -1149,7 +1153,7 @@ E("lm.nn.Conv1d", "lm.nn.Conv1d(in_channels, out_channels, kernel_size, opts)", 
    err = "non-positive sizes, channels not divisible by groups, padding='same' with a stride" })
 E("lm.nn.Conv3d", "lm.nn.Conv3d(in_channels, out_channels, kernel_size, opts)", "3-D "
    .. "convolution layer (weight (out, in/groups, kD, kH, kW), bias (out); PyTorch's init); "
-   .. "forward(x, fuse) takes an optional {residual =, relu =} (see lm.F.conv3d).",
+   .. "forward(x, fuse) takes an optional {residual =, relu =, act =} (see lm.F.conv3d).",
    { opts = "{stride = 1, padding = 0 (numbers or {d, h, w}; padding also \"valid\" or "
    .. "\"same\"), dilation = 1, groups = 1, bias = true, dtype = float32}",
    fmt = "weight contiguous until lm.to_channels_last(m) (channels_last_3d); output as "
@@ -1239,8 +1243,10 @@ E("lm.nn.SyncBatchNorm", "lm.nn.SyncBatchNorm(num_features, opts) -> Module", "B
      err = "an input of fewer than 2 dims; a rank that skips it blocks the others" })
 E("lm.nn.fold_batch_norm", "lm.nn.fold_batch_norm(model) -> model, n", "Fold every "
    .. "Conv2d -> BatchNorm2d and Conv3d -> BatchNorm3d pair into the convolution, in place, for "
-   .. "inference (n: pairs folded); see docs/inference.md.", { err = "the model is in training "
-   .. "mode (call model:eval() first); nothing is changed then",
+   .. "inference (n: pairs folded); see docs/inference.md. In evaluation with gradients off a "
+   .. "Sequential's convolution followed by ReLU, ReLU6, SiLU, Hardswish, Hardsigmoid, Sigmoid "
+   .. "or GELU (folded or not) runs that activation in the convolution's epilogue.",
+   { err = "the model is in training mode (call model:eval() first); nothing is changed then",
    fmt = "the folded weights keep the convolution's layout (channels_last, channels_last_3d)" })
 E("lm.nn.utils", "lm.nn.utils", "fuse_conv_bn_eval, fuse_conv_bn_weights (PyTorch's "
    .. "torch.nn.utils names) and the folding helpers.")
@@ -1895,8 +1901,9 @@ E("lm.jit.load", "lm.jit.load(path) -> g", "Load a traced module written by g:sa
    .. "mismatch (the file was changed), a damaged graph, an unknown operator, a graph/weight "
    .. "mismatch: `lumen.jit.load: '<path>': ...`, never a crash" })
 E("lm.jit.freeze", "lm.jit.freeze(g) -> g2", "An inference graph: dropout removed, batch norms "
-   .. "folded into the convolutions before them, conv + bias + relu (+ residual add) fused "
-   .. "into F.conv2d's epilogue, dead nodes removed; g is left as it is.",
+   .. "folded into the convolutions before them, conv + bias (+ residual add) + activation "
+   .. "(relu, relu6, silu, hardswish, hardsigmoid, sigmoid, gelu) fused into F.conv2d's "
+   .. "epilogue, dead nodes removed; g is left as it is.",
    { fmt = "channels-last is propagated: 4-D convolution weights are stored channels-last, "
    .. "the layout conversions between 4-D values are removed, one conversion stands at each "
    .. "4-D input (to channels-last) and output (back to the traced format); a graph that "

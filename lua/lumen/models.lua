@@ -152,10 +152,16 @@ M._blocks = M._class_cache(function(lm)
       self.activation = (act or nn.ReLU)()
       self.scale_activation = (scale_act or nn.Sigmoid)()
    end
-   -- the N x C x 1 x 1 gate broadcast over the input keeps the input's memory format
+   -- the N x C x 1 x 1 gate broadcast over the input keeps the input's memory format. In
+   -- evaluation with gradients off each convolution runs its activation in its epilogue
+   -- (lumen.nn.fold's conv_act: fc1 with the activation, fc2 with the scale activation)
+   local fold = require("lumen.nn.fold")
    function SE:forward(x)
-      local s = self.fc1(self.avgpool(x))
-      s = self.scale_activation(self.fc2(self.activation(s)))
+      local p = self.avgpool(x)
+      local a1 = not self.training and fold.conv_act(self.fc1, self.activation)
+      local s = a1 and self.fc1:forward(p, fold.fuse_act(a1)) or self.activation(self.fc1(p))
+      local a2 = not self.training and fold.conv_act(self.fc2, self.scale_activation)
+      s = a2 and self.fc2:forward(s, fold.fuse_act(a2)) or self.scale_activation(self.fc2(s))
       return s * x
    end
    B.SqueezeExcitation = SE

@@ -2,7 +2,8 @@
 -- graph (lm.jit.trace), which ONNX Runtime runs with the same results.
 --
 -- The model is traced (or a traced module is taken as it is) and each node becomes ONNX nodes:
---   F.conv2d            Conv (a fused epilogue {residual =, relu =} adds Add and Relu)
+--   F.conv2d            Conv (a fused epilogue {residual =, relu =, act =} adds Add and the
+--                       activation's nodes, as below)
 --   F.batch_norm        BatchNormalization (evaluation mode only)
 --   F.group_norm        Reshape, InstanceNormalization, Reshape, Mul, Add (any opset)
 --   F.layer_norm        LayerNormalization (opset 17 or later), below 17 ReduceMean, Sub, Mul,
@@ -249,15 +250,31 @@ end
 -- the exporters of the graph's operators: f(B, node, args (decoded), out names, g) -> nil
 local OPS = {}
 
+-- a fused epilogue's activation (F.conv2d's act) -> the exporter of its op and that op's
+-- second argument
+local ACT_EXPORT = { relu = { "F.relu" }, relu6 = { "F.relu6" }, silu = { "F.silu" },
+                     hardswish = { "F.hardswish" }, hardsigmoid = { "F.hardsigmoid" },
+                     sigmoid = { "F.sigmoid" }, gelu = { "F.gelu" },
+                     gelu_tanh = { "F.gelu", "tanh" } }
+
 local function relu_chain(B, y, opts, outs)
    local cur = y
    local res = opts and opts.residual
+   local act = opts and (opts.act ~= "none" and opts.act or nil)
+   if opts and opts.relu then act = "relu" end
    if res ~= nil then
-      local nxt = opts.relu and B.fresh("add") or outs[1]
+      local nxt = act and B.fresh("add") or outs[1]
       B.node("Add", { cur, B.name(res.id) }, { nxt })
       cur = nxt
    end
-   if opts and opts.relu then B.node("Relu", { cur }, { outs[1] }) end
+   if act then
+      local e = ACT_EXPORT[act]
+      if not e then fail("a convolution epilogue with act '" .. tostring(act) .. "'", 0) end
+      -- the exporter reads its input as a value id: a name of our own for cur
+      local key = {}
+      B.names[key] = cur
+      OPS[e[1]](B, nil, { { id = key }, e[2] }, outs)
+   end
 end
 
 -- Conv of 2 or 3 spatial dims (ONNX's Conv is N-D: pads are all the begins, then the ends)
@@ -274,7 +291,7 @@ local function conv_op(nd)
       local w = g.values[a[2].id]
       local ins = { B.name(a[1].id), B.name(a[2].id) }
       if a[3] ~= nil then ins[3] = B.name(a[3].id) end
-      local fused = o.residual ~= nil or o.relu
+      local fused = o.residual ~= nil or o.relu or (o.act ~= nil and o.act ~= "none")
       local y = fused and B.fresh("conv") or outs[1]
       local ks, pads = {}, {}
       for i = 1, nd do

@@ -921,22 +921,26 @@ static void cases_matmul(void) {
 typedef struct {
    const char *name;
    int64_t N, C, H, W, O, kh, kw, s[2], p[2], d[2], groups;
-   int bias, res, relu;
+   int bias, res, act; /* act: the epilogue's lm_conv_act */
 } ccase;
 
 static const ccase CCASES[] = {
-   /* name               N  C   H   W   O  kh kw stride  pad     dil    groups b r relu */
-   {"3x3 s1 p1",         2, 16, 8,  9,  16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1, 1, 1},
-   {"3x3 s2 p1",         2, 8,  9,  7,  12, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, 1, 0, 0},
-   {"1x1 pointwise",     2, 32, 5,  6,  24, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, 1, 1, 0},
-   {"rgb stem 7x7 s2",   1, 3,  20, 22, 16, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, 0, 0, 1},
-   {"rb 3x3 C=3",        1, 3,  16, 18, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1, 0, 0},
-   {"grey stem C=1",     2, 1,  16, 16, 8,  3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1, 0, 0},
-   {"groups 2",          2, 8,  7,  7,  6,  3, 3, {1, 1}, {1, 1}, {1, 1}, 2, 1, 1, 0},
-   {"depthwise",         2, 16, 7,  8,  16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 16, 1, 1, 1},
-   {"depthwise s2",      1, 8,  9,  9,  8,  3, 3, {2, 2}, {1, 1}, {1, 1}, 8, 0, 0, 0},
-   {"dilation 2",        1, 4,  9,  10, 5,  3, 3, {1, 1}, {2, 2}, {2, 2}, 1, 1, 0, 0},
-   {"asymmetric",        2, 5,  6,  11, 7,  2, 3, {1, 2}, {0, 1}, {2, 1}, 1, 1, 1, 1},
+   /* name               N  C   H   W   O  kh kw stride  pad     dil    groups b r act */
+   {"3x3 s1 p1",         2, 16, 8,  9,  16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1, 1, LM_ACT_RELU},
+   {"3x3 s2 p1",         2, 8,  9,  7,  12, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, 1, 0, LM_ACT_SILU},
+   {"1x1 pointwise",     2, 32, 5,  6,  24, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, 1, 1,
+    LM_ACT_HARDSWISH},
+   {"rgb stem 7x7 s2",   1, 3,  20, 22, 16, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, 0, 0, LM_ACT_RELU},
+   {"rb 3x3 C=3",        1, 3,  16, 18, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1, 0, LM_ACT_RELU6},
+   {"grey stem C=1",     2, 1,  16, 16, 8,  3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1, 0,
+    LM_ACT_GELU_TANH},
+   {"groups 2",          2, 8,  7,  7,  6,  3, 3, {1, 1}, {1, 1}, {1, 1}, 2, 1, 1, LM_ACT_SIGMOID},
+   {"depthwise",         2, 16, 7,  8,  16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 16, 1, 1, LM_ACT_SILU},
+   {"depthwise s2",      1, 8,  9,  9,  8,  3, 3, {2, 2}, {1, 1}, {1, 1}, 8, 0, 0,
+    LM_ACT_HARDSIGMOID},
+   {"dilation 2",        1, 4,  9,  10, 5,  3, 3, {1, 1}, {2, 2}, {2, 2}, 1, 1, 0, LM_ACT_GELU},
+   {"asymmetric",        2, 5,  6,  11, 7,  2, 3, {1, 2}, {0, 1}, {2, 1}, 1, 1, 1, LM_ACT_RELU},
+   {"plain",             2, 6,  6,  6,  10, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 0, 0, LM_ACT_NONE},
 };
 enum { NCC = sizeof CCASES / sizeof CCASES[0] };
 
@@ -945,12 +949,12 @@ typedef struct {
    int fmt;
 } conv_arg;
 
-/* forward (bias, residual, relu) and backward (every gradient; then grad_input and grad_bias
+/* forward (bias, residual, activation) and backward (every gradient; then grad_input and grad_bias
    alone: the kernel gets NULL for grad_weight) */
 static lm_status f_conv(lm_tensor **in, lm_tensor **out, const void *arg) {
    const conv_arg *a = arg;
    const ccase *c = a->c;
-   TRY(lm_conv2d(in[0], in[1], in[2], c->s, c->p, c->d, c->groups, a->fmt, c->relu, in[3], &out[0]));
+   TRY(lm_conv2d(in[0], in[1], in[2], c->s, c->p, c->d, c->groups, a->fmt, c->act, in[3], &out[0]));
    TRY(lm_conv2d_backward(in[0], in[1], in[4], c->s, c->p, c->d, c->groups, a->fmt, &out[1],
                           &out[2], &out[3]));
    return lm_conv2d_backward(in[0], in[1], in[4], c->s, c->p, c->d, c->groups, a->fmt, &out[4],

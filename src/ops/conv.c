@@ -251,9 +251,11 @@ static void result_abort(conv_result *r) {
  */
 lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
-                    int64_t groups, int fmt, int relu, const lm_tensor *residual,
+                    int64_t groups, int fmt, int act, const lm_tensor *residual,
                     lm_tensor **out) {
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
+   if (act < 0 || act >= LM_NUM_ACT)
+      return lm_error(LM_ERR_ARG, "conv2d: unknown epilogue activation %d", act);
    lm_conv2d_params p;
    conv_geom *g = &p.g;
    LM_TRY(conv_check(x, w, bias, stride, padding, dilation, groups, g));
@@ -276,7 +278,7 @@ lm_status lm_conv2d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
       }
    }
    p.channels_last = fmt == LM_CHANNELS_LAST;
-   p.relu = relu;
+   p.act = act;
    const lm_tensor *xd = NULL, *wd = NULL, *rd = NULL;
    lm_tensor *xo = NULL, *wo = NULL, *ro = NULL;
    conv_result res = {NULL, NULL, 0};
@@ -328,7 +330,7 @@ lm_status lm_conv2d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
                       (long long)osz[3]);
    }
    p.channels_last = fmt == LM_CHANNELS_LAST;
-   p.relu = 0;
+   p.act = 0;
    const int dt = x->dtype;
    const lm_tensor *ins[3] = {x, w, grad_out};
    conv_result rx = {NULL, NULL, 0}, rw = {NULL, NULL, 0}, rb = {NULL, NULL, 0};

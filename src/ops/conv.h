@@ -12,7 +12,8 @@
  *                    least one of them present; x present when grad_w is, w when grad_x is
  *                    (else NULL).
  * channels_last: 1 for LM_CHANNELS_LAST (NHWC kernels), 0 for LM_CONTIGUOUS (NCHW kernels).
- * relu (forward): apply max(0, .) after bias and residual. */
+ * act (forward): the lm_conv_act (src/conv.h) applied after bias and residual, in [0, LM_NUM_ACT)
+ * (the front end checks it); 0 for the backward. */
 #ifndef LUMEN_OPS_CONV_H
 #define LUMEN_OPS_CONV_H
 #include <stdint.h>
@@ -27,7 +28,7 @@ typedef struct conv_geom {
 typedef struct lm_conv2d_params {
    conv_geom g;
    int channels_last;
-   int relu;
+   int act;
 } lm_conv2d_params;
 
 /* the argument checks of lm_conv2d (nd 2) and lm_conv3d (nd 3): tensors, devices, dtypes, ranks,

@@ -9,11 +9,11 @@
  * W2[o, kd*Cg + c] = w[o, c, kd] (O, kD*Cg, kh, kw). In channels_last_3d the output
  * (N, O, Do, Ho, Wo) is, byte for byte, the channels_last output (N*Do, O, Ho, Wo) of that
  * conv2d, which therefore writes it in place; the 2-D kernels (Winograd, pointwise,
- * register-blocked, direct, bfloat16, cuDNN) and their fused epilogue (bias, residual, ReLU) all
- * apply. Gathering X2 costs one copy of kD times the input, small beside the convolution's
- * kD*kh*kw*O multiply-adds per input element. A kernel of depth 1 without depth padding (the
- * (2+1)-D spatial convolutions, 1x1x1 projections of stride 1) reads a channels_last_3d input in
- * place: X2 is a view.
+ * register-blocked, direct, bfloat16, cuDNN) and their fused epilogue (bias, residual,
+ * activation) all apply. Gathering X2 costs one copy of kD times the input, small beside the
+ * convolution's kD*kh*kw*O multiply-adds per input element. A kernel of depth 1 without depth
+ * padding (the (2+1)-D spatial convolutions, 1x1x1 projections of stride 1) reads a
+ * channels_last_3d input in place: X2 is a view.
  * Backward: the conv2d gradients of X2 and W2, scattered back (grad_x: each depth tap's slice
  * added into its input depths; grad_w: W2's layout undone).
  *
@@ -441,9 +441,25 @@ static lm_status dense_cl3d(const lm_tensor *x, const lm_tensor **xd, lm_tensor 
    return dense_in_format(x, LM_CHANNELS_LAST_3D, xd, tmp);
 }
 
-/* y = relu?(residual + bias + sum_k taps) with y dense channels_last_3d */
+/* y = act(y) in place, as the elementwise op of the same name computes it */
+static lm_status act_in_place(int act, lm_tensor *y) {
+   switch (act) {
+   case LM_ACT_NONE: return LM_OK;
+   case LM_ACT_RELU6: return lm_clamp(y, 0.0, 6.0, 1, 1, &y);
+   case LM_ACT_RELU: return lm_unary(LM_RELU, y, &y);
+   case LM_ACT_SILU: return lm_unary(LM_SILU, y, &y);
+   case LM_ACT_HARDSWISH: return lm_unary(LM_HARDSWISH, y, &y);
+   case LM_ACT_HARDSIGMOID: return lm_unary(LM_HARDSIGMOID, y, &y);
+   case LM_ACT_SIGMOID: return lm_unary(LM_SIGMOID, y, &y);
+   case LM_ACT_GELU: return lm_unary(LM_GELU, y, &y);
+   case LM_ACT_GELU_TANH: return lm_unary(LM_GELU_TANH, y, &y);
+   default: return lm_error(LM_ERR_ARG, "conv3d: unknown epilogue activation %d", act);
+   }
+}
+
+/* y = act(residual + bias + sum_k taps) with y dense channels_last_3d */
 static lm_status temporal_forward(const c3_geom *g, const lm_tensor *x, const lm_tensor *w,
-                                  const lm_tensor *bias, int relu, const lm_tensor *residual,
+                                  const lm_tensor *bias, int act, const lm_tensor *residual,
                                   lm_tensor *y) {
    const lm_tensor *xd = NULL;
    lm_tensor *xt = NULL, *be = NULL;
@@ -461,7 +477,7 @@ static lm_status temporal_forward(const c3_geom *g, const lm_tensor *x, const lm
       }
    }
    if (st == LM_OK) st = temporal_products(g, 0, xd, w, NULL, y);
-   if (st == LM_OK && relu) st = lm_unary(LM_RELU, y, &y);
+   if (st == LM_OK && act) st = act_in_place(act, y);
    if (xt) lm_tensor_free(xt);
    if (be) lm_tensor_free(be);
    return st;
@@ -501,9 +517,11 @@ static void free_all(lm_tensor **ts, int n) {
 
 lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
-                    int64_t groups, int fmt, int relu, const lm_tensor *residual,
+                    int64_t groups, int fmt, int act, const lm_tensor *residual,
                     lm_tensor **out) {
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
+   if (act < 0 || act >= LM_NUM_ACT)
+      return lm_error(LM_ERR_ARG, "conv3d: unknown epilogue activation %d", act);
    c3_geom g;
    LM_TRY(c3_check(x, w, bias, stride, padding, dilation, groups, fmt, &g));
    const int64_t osz[5] = {g.N, g.O, g.Do, g.Ho, g.Wo};
@@ -527,7 +545,7 @@ lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
       const lm_tensor *ins[4] = {x, w, bias, residual};
       if (temporal_gemm(&g, x->dtype) && no_alias(&o.t, 1, ins, 4)) {
          lm_impl_plan(LM_IMPL_CONV3D_GEMM, "conv3d", x, w);
-         return out_close(&o, out, temporal_forward(&g, x, w, bias, relu, residual, o.t));
+         return out_close(&o, out, temporal_forward(&g, x, w, bias, act, residual, o.t));
       }
    }
    const int split = split_taps(&g);
@@ -553,7 +571,7 @@ lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
       lm_tensor **dst = c == calls - 1 ? &tmp[3] : &tmp[4 + (c & 1)];
       if (st == LM_OK)
          st = lm_conv2d(tmp[0], tmp[1], c == 0 ? bias : NULL, g.st2, g.pd2, g.dl2, groups, g.fmt2,
-                        c == calls - 1 ? relu : 0, prev, dst);
+                        c == calls - 1 ? act : 0, prev, dst);
       prev = *dst;
       free_all(tmp, 2);
       tmp[0] = tmp[1] = NULL;

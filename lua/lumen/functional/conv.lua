@@ -37,8 +37,45 @@ local sbuf, pbuf, dbuf, obuf = ffi.new("int64_t[2]"), ffi.new("int64_t[2]"),
 local sbuf3, pbuf3, dbuf3, obuf3 = ffi.new("int64_t[3]"), ffi.new("int64_t[3]"),
    ffi.new("int64_t[3]"), ffi.new("int64_t[3]")
 
-local CONV_OPTS = option_set("stride", "padding", "dilation", "groups", "relu", "residual")
+local CONV_OPTS = option_set("stride", "padding", "dilation", "groups", "relu", "act", "residual")
 F._OPTIONS.conv2d = CONV_OPTS
+
+-- the activations the convolution's epilogue runs (opts.act): the name -> the lm_conv_act of
+-- src/conv.h, and the ops autograd differentiates when a gradient is wanted (the same formulas:
+-- kernels/cpu/act.h)
+local ACT_CODE = {
+   relu = C.LM_ACT_RELU, relu6 = C.LM_ACT_RELU6, silu = C.LM_ACT_SILU,
+   hardswish = C.LM_ACT_HARDSWISH, hardsigmoid = C.LM_ACT_HARDSIGMOID,
+   sigmoid = C.LM_ACT_SIGMOID, gelu = C.LM_ACT_GELU, gelu_tanh = C.LM_ACT_GELU_TANH,
+}
+local ACT_OP = {
+   relu = function(y) return Tensor.relu(y) end,
+   relu6 = function(y) return F.relu6(y) end,
+   silu = function(y) return F.silu(y) end,
+   hardswish = function(y) return F.hardswish(y) end,
+   hardsigmoid = function(y) return F.hardsigmoid(y) end,
+   sigmoid = function(y) return Tensor.sigmoid(y) end,
+   gelu = function(y) return F.gelu(y) end,
+   gelu_tanh = function(y) return F.gelu(y, "tanh") end,
+}
+local ACT_NAMES = 'relu, relu6, silu, hardswish, hardsigmoid, sigmoid, gelu, gelu_tanh'
+
+-- opts.act and opts.relu -> the activation's name, or nil for none
+local function act_opt(fname, opts)
+   local relu = bool_opt(fname, opts.relu, "relu", false)
+   local act = opts.act
+   if act == nil or act == "none" then
+      return relu and "relu" or nil
+   end
+   if type(act) ~= "string" or ACT_CODE[act] == nil then
+      err(fname, ("act must be one of none, %s, got %s"):format(ACT_NAMES,
+          type(act) == "string" and ("'" .. act .. "'") or T.typename(act)))
+   end
+   if relu and act ~= "relu" then
+      err(fname, "relu = true and act = '" .. act .. "' given together")
+   end
+   return act
+end
 
 -- the channel checks every convolution makes (input, weight, groups, bias) -> out_channels
 local function conv_channels(fname, xc, wc, bc, groups)
@@ -200,13 +237,14 @@ local function dims_str(t, add)
    return table.concat(r, " x ")
 end
 
--- conv{nd}d(x, w, b, {stride=, padding=, dilation=, groups=, residual=, relu=}); sizes are
+-- conv{nd}d(x, w, b, {stride=, padding=, dilation=, groups=, residual=, relu=, act=}); sizes are
 -- numbers or tables of nd values; padding may be "valid" or "same". The epilogue
--- relu(conv + b + residual) (residual: a tensor of the output's shape and dtype, any strides;
--- relu: boolean) runs inside the kernel, as the results are stored, when no gradient is wanted
--- (inference, a folded model); when one is, it runs as the separate ops, which autograd
--- differentiates. The output is channels-last (channels_last / channels_last_3d) when x or w
--- suggests it (PyTorch's rule), else contiguous.
+-- act(conv + b + residual) (residual: a tensor of the output's shape and dtype, any strides;
+-- act: "relu", "relu6", "silu", "hardswish", "hardsigmoid", "sigmoid", "gelu", "gelu_tanh" or
+-- "none"; relu = true is act = "relu") runs inside the kernel, as the results are stored, when
+-- no gradient is wanted (inference, a folded model); when one is, it runs as the separate ops
+-- (Tensor.add, F.silu, ...), which autograd differentiates. The output is channels-last
+-- (channels_last / channels_last_3d) when x or w suggests it (PyTorch's rule), else contiguous.
 local function conv_nd(nd, x, w, b, opts)
    local K = CONV_ND[nd]
    local fname = K.fname
@@ -280,7 +318,7 @@ local function conv_nd(nd, x, w, b, opts)
       err(fname, ("kernel size (%s, %s after dilation) can't be greater than the padded input " ..
           "size (%s)"):format(dims_str(k), dims_str(ext), dims_str(insz, pad2)))
    end
-   local relu = bool_opt(fname, opts.relu, "relu", false)
+   local act = act_opt(fname, opts)
    local residual = opts.residual
    local resc = opt_tensor(fname, residual, "residual")
    local sb, pb, db = fill(K.sb, stride), fill(K.pb, padding), fill(K.db, dilation)
@@ -297,22 +335,25 @@ local function conv_nd(nd, x, w, b, opts)
       end
       input_dtype(fname, resc, "residual", xc)
    end
-   if relu or resc ~= nil then
+   if act or resc ~= nil then
       local rec = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b) or
                                            (resc ~= nil and needs(residual)))
       if rec then
-         -- the separate ops, which autograd differentiates: relu(conv(x, w, b) + residual)
-         local y = conv_nd(nd, x, w, b, opts_with(opts, "residual", nil, "relu", nil))
+         -- the separate ops, which autograd differentiates: act(conv(x, w, b) + residual)
+         local o = opts_with(opts, "residual", nil, "relu", nil)
+         o.act = nil
+         local y = conv_nd(nd, x, w, b, o)
          if residual ~= nil then y = Tensor.add(y, residual) end
-         if relu then y = Tensor.relu(y) end
+         if act then y = ACT_OP[act](y) end
          return y
       end
    end
    local fmt = K.memory_format(xc, wc)
    outp[0] = nil
-   check(K.run(xc, wc, bc, sb, pb, db, groups, fmt, relu and 1 or 0, resc, outp), fname)
+   check(K.run(xc, wc, bc, sb, pb, db, groups, fmt, act and ACT_CODE[act] or C.LM_ACT_NONE, resc,
+               outp), fname)
    local out = wrap(outp[0])
-   if relu or resc ~= nil then return out end     -- no gradient wanted (checked above)
+   if act or resc ~= nil then return out end     -- no gradient wanted (checked above)
    if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
       local need_x, need_w, need_b = needs(x), needs(w), needs(b)
       record(out, "ConvolutionBackward", function(g)

@@ -8,8 +8,10 @@
 --                is used only there: folded into the convolution's weight and bias
 --                (nn.utils.fuse_conv_bn_weights; the batch norm's own residual / relu options go
 --                to the convolution)
---   fuse         conv -> add(., r) -> relu and conv -> relu (and conv -> add) become one
---                F.conv2d(x, w, b, {residual = r, relu = true}): the epilogue runs in the kernel
+--   fuse         conv -> add(., r) -> act and conv -> act (and conv -> add) become one
+--                F.conv2d(x, w, b, {residual = r, relu = true}) (or act = "silu", ...): the
+--                epilogue runs in the kernel. act: relu, relu6, silu, hardswish, hardsigmoid,
+--                sigmoid, gelu (both forms), as F or Tensor ops (in place or not)
 --   layout       (graphs with a convolution and no view of a 4-D value, whose layout a
 --                change upstream could break: freeze_stats.layout_skipped says why)
 --                channels-last through the graph: 4-D convolution weights are stored
@@ -134,15 +136,47 @@ end
 
 local CONV = { ["F.conv2d"] = true, ["F.conv3d"] = true }
 local ADD = { ["Tensor.add"] = true, ["lm.add"] = true }
-local RELU = { ["Tensor.relu"] = true, ["Tensor.relu_"] = true, ["F.relu"] = true,
-               ["F.relu_"] = true, ["lm.relu"] = true }
+-- the activations a convolution's epilogue runs (F.conv2d's act option): op -> the act name
+local ACT = { ["Tensor.relu"] = "relu", ["Tensor.relu_"] = "relu", ["F.relu"] = "relu",
+              ["F.relu_"] = "relu", ["lm.relu"] = "relu", ["F.relu6"] = "relu6",
+              ["F.silu"] = "silu", ["F.hardswish"] = "hardswish",
+              ["F.hardsigmoid"] = "hardsigmoid", ["Tensor.sigmoid"] = "sigmoid",
+              ["F.sigmoid"] = "sigmoid", ["lm.sigmoid"] = "sigmoid", ["F.gelu"] = "gelu" }
 local CONVERT = { ["Tensor.contiguous"] = true, ["Tensor.to"] = true, ["lm.contiguous"] = true }
 
 local function conv_fused(node)
    local o = node.args[4]
    if type(o) ~= "table" or type(o.map) ~= "table" then return false end
    local r = o.map.residual
+   local a = o.map.act
    return (r ~= nil and not (type(r) == "table" and r["nil"])) or o.map.relu == true
+      or (a ~= nil and a ~= "none" and not (type(a) == "table" and a["nil"]))
+end
+
+-- the epilogue activation (F.conv2d's act) node computes from its first argument alone, or nil:
+-- one of ACT's ops with no argument but an inplace flag (F.gelu: its approximate option)
+local function act_of(node)
+   local a = ACT[node.op]
+   if not a then return nil end
+   local n = node.nargs or #node.args
+   if a == "gelu" then
+      if n > 2 then return nil end
+      local ap = n == 2 and arg_value(node, 2) or nil
+      if type(ap) == "table" then
+         for k in pairs(ap) do if k ~= "approximate" then return nil end end
+         ap = ap.approximate
+      end
+      if ap == nil or ap == "none" then return "gelu" end
+      return ap == "tanh" and "gelu_tanh" or nil
+   end
+   if n == 1 then return a end
+   if n ~= 2 or node.op:sub(1, 7) == "Tensor." or node.op:sub(1, 3) == "lm." then return nil end
+   local ip = arg_value(node, 2)
+   if type(ip) == "table" then
+      for k in pairs(ip) do if k ~= "inplace" then return nil end end
+      ip = ip.inplace
+   end
+   return (ip == nil or type(ip) == "boolean") and a or nil
 end
 
 local function same_sizes(a, b)
@@ -277,7 +311,8 @@ function P.fold_bn(st)
    return n
 end
 
--- phase 1 fuses chains that end in a relu; phase 2 the adds left (conv + residual, no relu)
+-- phase 1 fuses chains that end in an activation; phase 2 the adds left (conv + residual, no
+-- activation)
 local function fuse_phase(st, phase)
    local n = 0
    local changed = true
@@ -286,11 +321,12 @@ local function fuse_phase(st, phase)
       local uses = use_counts(st)
       local pos, def = index(st)
       for j, node in ipairs(st.nodes) do
-         -- node is the last of the chain: a relu, or an add
-         local conv, add, relu, r
-         local x = (RELU[node.op] or ADD[node.op]) and arg_id(node, 1)
-         if RELU[node.op] and (node.nargs or #node.args) == 1 and x and uses[x] == 1 then
-            relu = node
+         -- node is the last of the chain: an activation (relu, silu, ...: actn), or an add
+         local conv, add, actn, r
+         local act = act_of(node)
+         local x = (act or ADD[node.op]) and arg_id(node, 1)
+         if act and x and uses[x] == 1 then
+            actn = node
             local d = def[x]
             if d and ADD[d.op] then add = d elseif d and CONV[d.op] then conv = d end
          elseif phase == 2 and ADD[node.op] and (node.nargs or #node.args) == 2 then
@@ -302,19 +338,21 @@ local function fuse_phase(st, phase)
             local da, db = a and def[a], b and def[b]
             if da and CONV[da.op] and uses[a] == 1 and a ~= b then conv, r = da, b
             elseif db and CONV[db.op] and uses[b] == 1 and a ~= b then conv, r = db, a end
-            if conv and relu and uses[out_id(add)] ~= 1 then conv = nil end
+            if conv and actn and uses[out_id(add)] ~= 1 then conv = nil end
             if conv and (not r or not same_sizes(st.values[r], st.values[out_id(conv)])
                          or st.values[r].dtype ~= st.values[out_id(conv)].dtype) then
                conv = nil
             end
          end
-         if conv and not conv_fused(conv) and (relu or add)
+         if conv and not conv_fused(conv) and (actn or add)
             and can_move(st, conv, pos[conv], j) then
             local m = opts_map(conv, 4)
             if m then
                if r then m.residual = { v = r } end
-               if relu then m.relu = true end
-               local last = relu or add
+               -- relu keeps the older option (frozen graphs saved before act existed read it)
+               if actn and act == "relu" then m.relu = true
+               elseif actn then m.act = act end
+               local last = actn or add
                local subst = { [out_id(last)] = out_id(conv) }
                st.nodes[pos[conv]] = { dead = true }
                if add and add ~= last then add.dead = true end

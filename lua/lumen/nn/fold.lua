@@ -15,6 +15,12 @@
 --    lm.nn.fold_batch_norm(model) -> model, n   folds every Conv2d -> BatchNorm2d and
 --                                               Conv3d -> BatchNorm3d pair in place
 --
+-- In evaluation mode with gradients off, a convolution followed by an activation the epilogue
+-- knows (ReLU, ReLU6, SiLU, Hardswish, Hardsigmoid, Sigmoid, GELU: F.conv2d's act option) runs
+-- the activation in the convolution's epilogue too: a Sequential (Conv2d, BatchNorm2d, SiLU),
+-- folded or not (torchvision's Conv2dNormActivation in MobileNet and EfficientNet), is one
+-- kernel, as the squeeze-and-excitation gates' two 1x1 convolutions with their activations are.
+--
 -- fold_batch_norm walks the module tree: Sequential containers fold adjacent (Conv2d,
 -- BatchNorm2d) and (Conv3d, BatchNorm3d) children and put an Identity where the batch norm was;
 -- a module class that knows its own data flow (lm.models' BasicBlock, Bottleneck, ResNet, the
@@ -290,9 +296,54 @@ local function autocast_dtype(x)
    return AC.get_autocast_dtype(dev)
 end
 
+-- the activation modules a convolution's epilogue can run (F.conv2d's act option), by class:
+-- the act name, or a function of the module giving it
+local ACT_MODULES = {
+   ReLU = "relu", ReLU6 = "relu6", SiLU = "silu", Hardswish = "hardswish",
+   Hardsigmoid = "hardsigmoid", Sigmoid = "sigmoid",
+   GELU = function(m)
+      if m.approximate == "tanh" then return "gelu_tanh" end
+      return m.approximate == "none" and "gelu" or nil
+   end,
+}
+
+-- module_act(m) -> the name of the epilogue activation (F.conv2d's act) that computes what the
+-- module m computes, or nil: a plain ReLU, ReLU6, SiLU, Hardswish, Hardsigmoid, Sigmoid or
+-- GELU whose forward was not replaced on the instance (a wrapper there must see the call)
+function M.module_act(m)
+   if not Module.is_module(m) or rawget(m, "forward") ~= nil then return nil end
+   local a = ACT_MODULES[m:type_name()]
+   if type(a) == "function" then a = a(m) end
+   return a
+end
+
+-- fuse_act(a) -> {act = a}, one table per name (the second argument of Conv2d:forward, read
+-- only: no table made per call)
+local FUSE_ACT = {}
+function M.fuse_act(a)
+   local t = FUSE_ACT[a]
+   if t == nil then
+      t = { act = a }
+      FUSE_ACT[a] = t
+   end
+   return t
+end
+
+-- conv_act(conv, act_module) -> the act name when conv's output may go through act_module in
+-- conv's epilogue in this call (gradients off, no jit recording, neither module's forward
+-- replaced, an activation module_act knows), else nil. For model classes that fuse their own
+-- (convolution, activation) pairs in evaluation (lm.models' squeeze-and-excitation gates).
+function M.conv_act(conv, act_module)
+   if A.is_grad_enabled() or recording() or not conv_kind(conv)
+      or rawget(conv, "forward") ~= nil then
+      return nil
+   end
+   return M.module_act(act_module)
+end
+
 local F = nil
--- bn(conv(x)), with fuse = {residual =, relu =} applied after it, as one convolution (the pair
--- has passed eval_foldable)
+-- bn(conv(x)), with fuse = {residual =, relu =, act =} applied after it, as one convolution (the
+-- pair has passed eval_foldable)
 function M.conv_bn(conv, bn, x, fuse)
    F = F or require("lumen.functional")
    local w, rv = conv.weight, bn.running_var
@@ -332,7 +383,8 @@ function M.conv_bn(conv, bn, x, fuse)
    end
    local y = F[conv._functional](x, fw, fb, { stride = conv.stride, padding = conv.padding,
                                   dilation = conv.dilation, groups = conv.groups,
-                                  residual = fuse and fuse.residual, relu = fuse and fuse.relu })
+                                  residual = fuse and fuse.residual, relu = fuse and fuse.relu,
+                                  act = fuse and fuse.act })
    -- nobody else holds the folded weight: give its block back now, while it is in cache
    Tensor.free(fw)
    return y
@@ -396,20 +448,50 @@ function layers.Sequential:fold_batch_norm()
 end
 
 -- Sequential in evaluation mode with gradients off: an adjacent (Conv2d, BatchNorm2d) or
--- (Conv3d, BatchNorm3d) pair runs folded for the call (M.conv_bn), the rest as they are
+-- (Conv3d, BatchNorm3d) pair runs folded for the call (M.conv_bn); a convolution (folded or
+-- not) followed by an activation the epilogue knows (M.module_act: torchvision's
+-- Conv2dNormActivation, with Identity where nn.fold_batch_norm took the batch norm out) runs
+-- that activation in the convolution's epilogue; the rest as they are.
+local function plain_identity(m)
+   return m ~= nil and m:type_name() == "Identity" and rawget(m, "forward") == nil
+end
+-- the activation after the convolution at kids[j] on (Identity modules skipped): its name and
+-- the index after it, or nil
+local function act_after(kids, j)
+   while plain_identity(kids[j]) do j = j + 1 end
+   local a = kids[j] ~= nil and M.module_act(kids[j])
+   if a then return a, j + 1 end
+   return nil
+end
 local seq_forward = layers.Sequential.forward
 function layers.Sequential:forward(x)
    if self.training or A.is_grad_enabled() then return seq_forward(self, x) end
    local kids = self:children()
    local i, n = 1, #kids
+   local watched = recording()
    while i <= n do
       local m, nxt = kids[i], kids[i + 1]
       if nxt ~= nil and conv_kind(m) and M.eval_foldable({ { m, nxt } }) then
-         x = M.conv_bn(m, nxt, x)
-         i = i + 2
+         local act, after = act_after(kids, i + 2)
+         if act then
+            x = M.conv_bn(m, nxt, x, M.fuse_act(act))
+            i = after
+         else
+            x = M.conv_bn(m, nxt, x)
+            i = i + 2
+         end
       else
-         x = m(x)
-         i = i + 1
+         local act, after
+         if conv_kind(m) and not watched and rawget(m, "forward") == nil then
+            act, after = act_after(kids, i + 1)
+         end
+         if act then
+            x = m:forward(x, M.fuse_act(act))
+            i = after
+         else
+            x = m(x)
+            i = i + 1
+         end
       end
    end
    return x

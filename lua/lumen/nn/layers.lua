@@ -164,18 +164,20 @@ function Conv2d:reset_parameters()
    end
 end
 
--- forward(x [, {residual = t, relu = true}]): the optional second argument fuses
--- relu(conv(x) + residual) into the convolution's epilogue (F.conv2d's residual / relu options),
--- as the ResNet blocks of a model folded by nn.fold_batch_norm do
+-- forward(x [, {residual = t, relu = true, act = "silu"}]): the optional second argument fuses
+-- act(conv(x) + residual) into the convolution's epilogue (F.conv2d's residual / relu / act
+-- options), as the ResNet blocks of a model folded by nn.fold_batch_norm do, and the
+-- Sequential's (convolution, activation) pairs in evaluation (lumen.nn.fold)
 function Conv2d:forward(x, fuse)
    if fuse ~= nil and not plain_table(fuse) then
-      fail(self.__name, "the second argument must be a table {residual =, relu =}, got " ..
+      fail(self.__name, "the second argument must be a table {residual =, relu =, act =}, got " ..
            T.typename(fuse))
    end
    return F[self._functional](x, self.weight, self.bias, { stride = self.stride,
                                 padding = self.padding,
                                 dilation = self.dilation, groups = self.groups,
-                                residual = fuse and fuse.residual, relu = fuse and fuse.relu })
+                                residual = fuse and fuse.residual, relu = fuse and fuse.relu,
+                                act = fuse and fuse.act })
 end
 
 function Conv2d:extra_repr()
