@@ -30,7 +30,8 @@
 # (also write "passed failed" to FILE), LUMEN_TEST_EXCLUDE=FILE (what the split run leaves out, on
 # top of device_skip: .ci/run's narrowed passes, .ci/*.exclude; a line "spec/x_spec.lua" (or "spec/c/x.c") leaves
 # out that file, "spec/x_spec.lua: <full test name as busted --list prints it>" that one test
-# (busted --filter-out with the name as an exact pattern); lines starting with # are comments),
+# (busted --filter-out with the name as an exact pattern); # starts a comment, at the start of a
+# line or after a blank),
 # LUMEN_TEST_TIMES=FILE (append one line per spec
 # file and C program: "<wall s> <cpu s> <name>", the CPU time being user + system of everything
 # it ran; .ci/run prints the slowest of each pass). busted's output must stay plain or utf (the
@@ -182,6 +183,7 @@ if [ -n "${LUMEN_TEST_EXCLUDE:-}" ]; then
    else
       while IFS= read -r line || [ -n "$line" ]; do
          line=${line%$'\r'}
+         line=${line%%[[:space:]]#*}                  # a comment after the entry
          line=${line%"${line##*[![:space:]]}"}       # trailing blanks
          case $line in '' | '#'*) continue ;; esac
          if [[ $line == *': '* ]]; then
