@@ -20,8 +20,9 @@
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
 
-/* EXPF: the float32 exp of silu / sigmoid (lm_expf) or float64's exp */
-#define LM_ACT_SCALAR(SUF, T, EXPF, ERFF, TANHF)                                                 \
+/* EXPF: the float32 exp of silu / sigmoid (lm_expf) or float64's exp; GELUF: GELU's erf form
+   (expf.h's lm_gelu_f32, the elementwise op's own, or float64's through erf) */
+#define LM_ACT_SCALAR(SUF, T, EXPF, GELUF, TANHF)                                                \
    static inline T lm_act_##SUF(T x, int act) {                                                 \
       switch (act) {                                                                            \
       case LM_ACT_RELU: return x < (T)0 ? (T)0 : x;                                             \
@@ -35,7 +36,7 @@
       case LM_ACT_HARDSIGMOID:                                                                  \
          return ((x + (T)3) < (T)0 ? (T)0 : (x + (T)3) > (T)6 ? (T)6 : (x + (T)3)) / (T)6;     \
       case LM_ACT_SIGMOID: return (T)1 / ((T)1 + EXPF(-x));                                     \
-      case LM_ACT_GELU: return x * (T)0.5 * ((T)1 + ERFF(x * (T)LM_ACT_SQRT1_2));               \
+      case LM_ACT_GELU: return GELUF(x);                                                        \
       case LM_ACT_GELU_TANH: {                                                                  \
          const T kb = (T)(M_SQRT2 * LM_ACT_2_SQRTPI * 0.5);                                     \
          return (T)0.5 * x * ((T)1 + TANHF(kb * (x + (T)0.044715 * x * x * x)));                \
@@ -74,8 +75,9 @@
       }                                                                                         \
    }
 
-LM_ACT_SCALAR(f32, float, lm_expf, erff, tanhf)
-LM_ACT_SCALAR(f64, double, exp, erf, tanh)
+LM_ACT_SCALAR(f32, float, lm_expf, lm_gelu_f32, tanhf)
+static inline double lm_gelu_f64(double x) { return x * 0.5 * (1.0 + erf(x * LM_ACT_SQRT1_2)); }
+LM_ACT_SCALAR(f64, double, exp, lm_gelu_f64, tanh)
 
 #pragma GCC pop_options
 

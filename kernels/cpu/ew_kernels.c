@@ -131,6 +131,7 @@ static inline i64 fmodi64(i64 x, i64 y, int *err) {
 K1(exp_vf32, float, float, NOPRE, lm_expf(x))
 K1(sigmoid_vf32, float, float, NOPRE, 1.0f / (1.0f + lm_expf(-x)))
 K1(silu_vf32, float, float, NOPRE, x / (1.0f + lm_expf(-x)))
+K1(gelu_vf32, float, float, NOPRE, lm_gelu_f32(x))
 K2(silub_vf32, float, float, NOPRE,
    x * (1.0f / (1.0f + lm_expf(-y))) * (1.0f + y * (1.0f - 1.0f / (1.0f + lm_expf(-y)))))
 #pragma GCC pop_options
@@ -312,7 +313,7 @@ const lm_kset lm_unary_kernels[LM_NUM_UNARY][LM_NUM_K] = {
    KF1(LM_SIN, sin),                 KF1(LM_COS, cos),
    KF1(LM_LOG1P, log1p),             KF1(LM_EXPM1, expm1),
    [LM_SILU] = {KS1(silu_vf32), KS1(silu_f64), KNONE},
-   KF1(LM_GELU, gelu),               KF1(LM_GELU_TANH, gelut),
+   [LM_GELU] = {KS1(gelu_vf32), KS1(gelu_f64), KNONE}, KF1(LM_GELU_TANH, gelut),
    KF1(LM_HARDSWISH, hswish),        KF1(LM_HARDSIGMOID, hsig),
    KF1(LM_MISH, mish)};
 
