@@ -4,25 +4,11 @@
 -- made, or the writer (build/liblumen_onnx.so) is not built, the comparison is skipped with a
 -- message saying why. Bad input is checked in any case.
 local lm = require("lumen")
-local ffi = require("ffi")
-local C = require("lumen.C")
 local shell = require("spec.shell")
 local nn = lm.nn
 
-local function write_f32(path, t)
-   local c = t:contiguous()
-   local f = assert(io.open(path, "wb"))
-   f:write(ffi.string(C.lm_tensor_data(c._c), c:numel() * 4))
-   f:close()
-end
-
-local function read_f32(path, sizes)
-   local s = assert(shell.read_file(path))
-   local t = lm.zeros(sizes)
-   assert(#s == t:numel() * 4, "output size")
-   ffi.copy(C.lm_tensor_data(t._c), s, #s)
-   return t
-end
+local OIO = require("spec.onnx_io")
+local write_f32, read_f32 = OIO.write_f32, OIO.read_f32
 
 local function warm(model)
    lm.no_grad(function()

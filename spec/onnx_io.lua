@@ -1,0 +1,29 @@
+-- spec/onnx_io.lua -- the raw float32 files the ONNX specs hand to ONNX Runtime
+-- (spec/onnx_check.py reads the input and writes the output in this form).
+--
+--    local OIO = require("spec.onnx_io")
+--    OIO.write_f32(path, tensor)          -- the values in contiguous order, float32
+--    local t = OIO.read_f32(path, sizes)  -- a float32 tensor of these sizes (the file must fit)
+local lm = require("lumen")
+local ffi = require("ffi")
+local C = require("lumen.C")
+local shell = require("spec.shell")
+
+local M = {}
+
+function M.write_f32(path, t)
+   local c = t:contiguous()
+   local f = assert(io.open(path, "wb"))
+   f:write(ffi.string(C.lm_tensor_data(c._c), c:numel() * 4))
+   f:close()
+end
+
+function M.read_f32(path, sizes)
+   local s = assert(shell.read_file(path))
+   local t = lm.zeros(sizes)
+   assert(#s == t:numel() * 4, "output size")
+   ffi.copy(C.lm_tensor_data(t._c), s, #s)
+   return t
+end
+
+return M
