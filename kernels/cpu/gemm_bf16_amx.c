@@ -5,9 +5,10 @@
  * (conv_bf16_amx.c) through gemm_bf16_amx.h.
  *
  * Blocking (BLIS order, tiles for registers):
- *   for jc in n step NC:          B block KC x NC packed by the team: 16-column panels as the
- *     for pc in k step KC:        AVX-512 bf16 packing makes them for 32 columns (word (p2, j) =
- *                                 {B(2 p2, j), B(2 p2 + 1, j)}), k padded with zeros to 32
+ *   for jc in n step NC:          B block KC x NC packed by the team (lm_amx_pack_b): panels of
+ *     for pc in k step KC:        32 columns, each 32-k step two tile-contiguous 1 KiB B tiles
+ *                                 (word (p2, j) = {B(2 p2, j), B(2 p2 + 1, j)}), k padded with
+ *                                 zeros to 32
  *       for (ib, jb) units:       32 rows x 32 columns of C, split statically between the threads
  *                                 in row-major order (a thread keeps its A block across jb)
  *         2 x 2 tiles over kc:    A0, A1 (rows 0-15, 16-31), B0, B1 (columns 0-15, 16-31), four
@@ -17,10 +18,15 @@
  * and reused over the column blocks. With more
  * than one k block the sums go through a float32 buffer of the m x NC block (loaded into the
  * accumulators at the next k block); the last k block runs the epilogue: C = alpha * acc +
- * beta * C, or its rounding to bfloat16 (lm_f2bf's rounding, bit for bit).
+ * beta * C, or its rounding to bfloat16 (lm_f2bf's rounding, bit for bit). A whole block of a
+ * float32 C = A B is the accumulators stored into C.
  *
- * KC = 512 (32 KiB of A block per 32 rows: it stays in L1 while the B panels stream from L2),
- * NC <= 512. Measured on 2 cores of a Sapphire Rapids-class Xeon: docs/performance.md (AMX).
+ * KC = 1024, NC <= 512 (B block 1 MiB of the 2 MiB L2). Both operands stream from L2 at this
+ * KC (A block 64 KiB > L1's 48), but one k block instead of two saves the float32 round trip
+ * of the m x NC sums: 1024^3 on one core 0.70 -> 0.82 TFLOP/s. What limits on this core is
+ * L2 -> L1 traffic, not the tiles: a 64-byte load a k step that misses L1, added to the
+ * micro-kernel alone, cost 20 % of its rate; so packing and epilogue work interleaved between
+ * the products (tried) did not overlap with them. Measured: docs/performance.md (AMX).
  */
 #include "gemm_bf16_amx.h"
 #include "avx512_util.h"
@@ -28,7 +34,7 @@
 
 #include <immintrin.h>
 
-enum { KC = 512, NCMAX = 512 };
+enum { KC = 1024, NCMAX = 512 };
 #include <stdlib.h>
 
 int lm_amx_stream(double out_bytes, int cold) {
@@ -51,11 +57,52 @@ void lm_amx_pack_b(int64_t kc, int64_t nc, const uint16_t *b, int64_t rsb, int64
    const int64_t kc2 = (kc + 1) / 2, kc2p = rup(kc, 32) / 2;
    for (int64_t q = q0; q < q1; q++) {
       uint32_t *d = dst + q * 32 * prow;
-      /* the AVX-512 packing writes panel q at its dst + q * 32 * kc2: shift dst so it lands at d */
-      lm_bgemm_pack_b_avx512bf16(kc, nc, b, rsb, csb, q, q + 1, d - q * 32 * kc2);
+      const int64_t j0 = q * 32;
+      const int nr = nc - j0 < 32 ? (int)(nc - j0) : 32;
+      if (csb == 1) { /* rows of op(B) contiguous: merge rows 2 p2 and 2 p2 + 1 */
+         for (int64_t p2 = 0; p2 < kc2; p2++) {
+            const uint16_t *r0 = b + 2 * p2 * rsb + j0;
+            const uint16_t *r1 = 2 * p2 + 1 < kc ? r0 + rsb : NULL;
+            uint32_t *w = d + (p2 >> 4) * 512 + (p2 & 15) * 16;
+            _mm512_store_si512(w, bf16_pair_words(r0, r1, nr < 16 ? nr : 16));
+            _mm512_store_si512(w + 256, nr > 16 ? bf16_pair_words(r0 + 16, r1 ? r1 + 16 : NULL,
+                                                                  nr - 16)
+                                                : _mm512_setzero_si512());
+         }
+      } else if (rsb == 1) { /* columns of op(B) contiguous (x W^T): 16 x 16 word transposes,
+                                each one whole B tile of a step */
+         for (int h = 0; h < 2; h++) {
+            const uint16_t *bp = b + (j0 + 16 * h) * csb;
+            const int nj = nr - 16 * h;
+            for (int64_t p20 = 0; p20 < kc2; p20 += 16) {
+               const int64_t left = kc - 2 * p20;
+               const __mmask32 mk =
+                  left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1u);
+               __m512 r[16];
+               for (int j = 0; j < 16; j++)
+                  r[j] = j < nj ? _mm512_castsi512_ps(
+                                     _mm512_maskz_loadu_epi16(mk, bp + j * csb + 2 * p20))
+                                : _mm512_setzero_ps();
+               transpose16(r);
+               uint32_t *w = d + (p20 >> 4) * 512 + 256 * h;
+               for (int t = 0; t < 16; t++)
+                  _mm512_store_si512(w + t * 16, _mm512_castps_si512(r[t]));
+            }
+         }
+      } else {
+         for (int64_t p2 = 0; p2 < kc2; p2++)
+            for (int j = 0; j < 32; j++) {
+               const int64_t p = 2 * p2;
+               const uint32_t lo = j < nr ? b[p * rsb + (j0 + j) * csb] : 0;
+               const uint32_t hi = j < nr && p + 1 < kc ? b[(p + 1) * rsb + (j0 + j) * csb] : 0;
+               d[(p2 >> 4) * 512 + (j >> 4) * 256 + (p2 & 15) * 16 + (j & 15)] = lo | hi << 16;
+            }
+      }
+      /* k pairs past kc up to the step: zeros (the transposes wrote whole steps already) */
       for (int64_t p2 = kc2; p2 < kc2p; p2++) {
-         _mm512_store_si512(d + p2 * 32, _mm512_setzero_si512());
-         _mm512_store_si512(d + p2 * 32 + 16, _mm512_setzero_si512());
+         uint32_t *w = d + (p2 >> 4) * 512 + (p2 & 15) * 16;
+         _mm512_store_si512(w, _mm512_setzero_si512());
+         _mm512_store_si512(w + 256, _mm512_setzero_si512());
       }
    }
 }
@@ -152,8 +199,22 @@ typedef struct {
    int64_t row, col;
 } pending;
 
+/* mr rows of a 32-column block t (row stride 32) rounded to bfloat16 as lm_f2bf into out (row
+   stride ldo): C = A B with nothing else to add, 64 bytes a row */
+static void round_block32(const float *t, int mr, uint16_t *out, int64_t ldo) {
+   for (int r = 0; r < mr; r++) {
+      const __m256i lo = bf16_round16(_mm512_load_ps(t + r * 32));
+      const __m256i hi = bf16_round16(_mm512_load_ps(t + r * 32 + 16));
+      _mm512_storeu_si512(out + r * ldo, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+   }
+}
+
 static void finish(const pending *pd, float alpha, float beta, int64_t rsc, int64_t csc,
                    int c_bf16, const lm_amx_epi *ep) {
+   if (!ep && c_bf16 && alpha == 1.0f && beta == 0.0f && pd->nr == 32 && csc == 1) {
+      round_block32(pd->t, pd->mr, (uint16_t *)pd->c, rsc);
+      return;
+   }
    if (ep && !ep->f32 && pd->nr == 32 && csc == 1) { /* a whole block, 64 bytes a row */
       lm_amx_epi_block32(pd->t, pd->mr, ep->bias ? ep->bias + pd->col : NULL,
                          ep->res ? ep->res + pd->row * ep->rsr + pd->col : NULL, ep->rsr,
@@ -220,6 +281,7 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
       a pass over A, which at AMX's rate is as long as the products of a thin layer (1x1 256 ->
       256 at 56x56, batch 8: 0.5 of 0.73 ms went to packing and the epilogue). */
    const int inplace = !rows && csa == 1 && k % 32 == 0 && ((rsa * 2) % 1024 != 0 || rsa * 2 < 1024);
+   const int direct = !ep && !c_bf16 && csc == 1 && alpha == 1.0f && beta == 0.0f;
 #pragma omp parallel num_threads(nt) if (nt > 1)
    {
       int tid = 0, ntt = 1;
@@ -267,6 +329,11 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
                pd.t = NULL;
                if (!last) {
                   amx_store_32x32(acc, nc_blk);
+                  continue;
+               }
+               if (direct && mr == 32 && nr == 32) {
+                  /* float32 C = A B: the accumulators are the result */
+                  amx_store_32x32((float *)c + i0 * rsc + jc + j0, rsc);
                   continue;
                }
                float *t = tb + flip * 1024;
