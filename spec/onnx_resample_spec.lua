@@ -1,8 +1,9 @@
 -- lm.onnx.export of the issue-40 resampling operators: F.interpolate / F.upsample / nn.Upsample
 -- (Resize: nearest, nearest-exact, linear, bilinear, bicubic, trilinear; size and scale_factor;
--- align_corners; 1-D, 2-D, 3-D), F.pad in the reflect, replicate and circular modes (Pad
--- "reflect" / "edge"; circular as Slice + Concat below opset 19, Pad "wrap" from 19) and the
--- transposed convolutions (ConvTranspose with stride, padding, output_padding, groups, dilation).
+-- align_corners; 1-D, 2-D, 3-D; antialias from opset 18), F.pad in the reflect, replicate and
+-- circular modes (Pad "reflect" / "edge"; circular as Slice + Concat below opset 19, Pad "wrap"
+-- from 19) and the transposed convolutions (ConvTranspose with stride, padding, output_padding,
+-- groups, dilation).
 -- Each case is exported at several opsets and checked by onnx.checker (full check, shape
 -- inference) and ONNX Runtime against lumen's eager result (within 1e-5), most of them with a
 -- channels-last input; skipped (with the reason) without the writer or ONNX Runtime
@@ -158,6 +159,50 @@ describe("lm.onnx.export: Resize", function()
          { "F.upsample bilinear x2", function(x) return F.upsample(x, nil, 2, "bilinear") end,
            { 1, 2, 3, 4 }, { 17 } },
       })
+   end)
+
+   it("antialias (opset 18+: antialias, exclude_outside, cubic_coeff_a -0.5): ONNX Runtime " ..
+      "within 1e-5", function()
+      local function aa(o)
+         o.antialias = true
+         return interp(o)
+      end
+      run_cases({
+         { "bilinear antialias down 5x7", aa({ size = { 5, 7 }, mode = "bilinear" }),
+           { 2, 3, 17, 23 }, { 18, 21 }, cl = true, expect = { "antialias", "exclude_outside" } },
+         { "bicubic antialias down 3x4", aa({ size = { 3, 4 }, mode = "bicubic" }),
+           { 1, 2, 40, 31 }, { 18 }, cl = true },
+         { "bilinear antialias x0.4", aa({ scale_factor = 0.4, mode = "bilinear" }),
+           { 1, 2, 13, 11 }, { 18 } },
+         { "bicubic antialias x(0.3, 1.7)", aa({ scale_factor = { 0.3, 1.7 }, mode = "bicubic" }),
+           { 1, 2, 15, 6 }, { 18, 20 }, cl = true },
+         { "bicubic antialias up", aa({ size = { 9, 11 }, mode = "bicubic" }), { 1, 2, 5, 4 },
+           { 18 } },
+         -- H keeps its size under scale 1.1: PyTorch leaves it, Resize gets scale 1 there
+         { "bilinear antialias x(1.1, 0.5)", aa({ scale_factor = { 1.1, 0.5 },
+                                                   mode = "bilinear" }), { 1, 2, 5, 12 },
+           { 18 } },
+      })
+   end)
+
+   it("antialias below opset 18, or with align_corners: a clear error, nothing written",
+      function()
+      local x = lm.randn({ 1, 2, 8, 8 })
+      local p = os.tmpname()
+      os.remove(p)
+      local function export(o, opset)
+         o.antialias = true
+         return pcall(lm.onnx.export, fn_module("AA", interp(o)), x, p, { opset = opset })
+      end
+      local ok, e = export({ size = 3, mode = "bilinear" }, 17)
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("lumen.onnx.export: interpolate with antialias = true " ..
+                                     "needs opset 18 or later", 1, true), tostring(e))
+      ok, e = export({ size = 3, mode = "bicubic", align_corners = true }, 18)
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("antialias = true and align_corners = true is not " ..
+                                     "exported", 1, true), tostring(e))
+      assert.is_nil(io.open(p, "rb"))
    end)
 
    it("a dynamic batch: the sizes come from Shape(x) and the model runs at another batch",

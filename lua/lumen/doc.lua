@@ -1056,14 +1056,25 @@ E("lm.F.interpolate", "lm.F.interpolate(x, opts) -> Tensor", "Resamples the spat
    .. "CPU ones; the op runs as one small interpolation matrix per resized dim applied by "
    .. "batched matmuls (every device), float16 / bfloat16 computed in float32 and rounded once. "
    .. "Differentiable (the transposed matrices). Nearest modes are 0/1 matrices: an inf or NaN "
-   .. "in the input spreads NaN along its output row where PyTorch copies it. No antialias.",
+   .. "in the input spreads NaN along its output row where PyTorch copies it. antialias = true "
+   .. "(bilinear and bicubic, 4-D input only: PyTorch's _upsample_bilinear2d_aa / "
+   .. "_upsample_bicubic2d_aa) low-pass filters when downsampling as PIL does: the triangle or "
+   .. "the cubic (A = -0.5) filter, stretched by the scale when it is above 1, centred at "
+   .. "scale * (dst + 0.5) (align_corners only changes the scale to (in - 1) / (out - 1)), cut "
+   .. "to the input and normalized per output pixel; a dim that keeps its size is left as it is. "
+   .. "Upsampling bilinear with it is plain bilinear. Its gradient is the transposed matrices "
+   .. "too: where a dim keeps its size under a scale_factor other than 1, PyTorch's CPU backward "
+   .. "resamples that dim although its forward does not; lumen's is the forward's gradient. "
+   .. "float16 / bfloat16 are computed in float32 (PyTorch's CPU kernel refuses them).",
    { opts = "{size =, scale_factor =, mode = \"nearest\", align_corners =, "
-   .. "recompute_scale_factor =}", fmt = "the output and the input gradient keep the input's "
-   .. "memory format (channels_last, channels_last_3d), computed in that physical order without "
-   .. "a permuting copy", err = "neither or both of size and scale_factor, an unknown mode, a "
-   .. "mode of another rank (linear needs 3-D, bilinear / bicubic 4-D, trilinear 5-D), sizes "
-   .. "or scales that are not positive or of the wrong count, align_corners with a nearest "
-   .. "mode, an integer input, antialias, an unknown option" })
+   .. "recompute_scale_factor =, antialias = false}", fmt = "the output and the input "
+   .. "gradient keep the input's memory format (channels_last, channels_last_3d), computed in "
+   .. "that physical order without a permuting copy", err = "neither or both of size and "
+   .. "scale_factor, an unknown mode, a mode of another rank (linear needs 3-D, bilinear / "
+   .. "bicubic 4-D, trilinear 5-D), sizes or scales that are not positive or of the wrong "
+   .. "count, align_corners with a nearest mode, an integer input, antialias with a mode "
+   .. "other than bilinear / bicubic or an input that is not 4-D (PyTorch's message), a "
+   .. "non-boolean antialias, an unknown option" })
 E("lm.F.upsample", "lm.F.upsample(x, size, scale_factor, mode, align_corners) -> Tensor",
    "The deprecated spelling of lm.F.interpolate.")
 local FMT_CONVT = "channels-last (channels_last / channels_last_3d) when x or w suggests it, else "

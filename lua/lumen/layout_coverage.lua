@@ -240,6 +240,11 @@ local function operator_list(lm)
          return F.interpolate(x, { scale_factor = 1.5, mode = mode })
       end)
    end
+   for _, mode in ipairs({ "bilinear", "bicubic" }) do
+      add("resample", "interpolate " .. mode .. " antialias", function(x)
+         return F.interpolate(x, { scale_factor = 0.5, mode = mode, antialias = true })
+      end)
+   end
    add("conv", "conv_transpose2d 3x3 stride 2", function(x, s)
       return F.conv_transpose2d(x, s.w3, s.b, { stride = 2, padding = 1, output_padding = 1 })
    end)

@@ -18,7 +18,8 @@
 --   permute             Transpose
 --   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
 --   F.conv_transpose1d/2d/3d  ConvTranspose (output_padding, group, dilations)
---   F.interpolate, F.upsample  Resize (torch.onnx's attributes for each mode; scales or sizes)
+--   F.interpolate, F.upsample  Resize (torch.onnx's attributes for each mode; scales or sizes;
+--                       antialias from opset 18, not with align_corners)
 --   F.silu  Sigmoid * x;  F.gelu: Gelu (opset 20+) or the erf (or tanh) formula;  F.hardswish:
 --   HardSwish (opset 14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu:
 --   LeakyRelu;  F.elu: Elu;  F.mish: Mish (opset 18+) or x * Tanh(Softplus(x));
@@ -354,6 +355,10 @@ OPS["F.conv_transpose3d"] = conv_transpose_op(3)
 -- instead (in * scale is then out, so out / in is the same scale). With size
 -- (or recompute_scale_factor) Resize gets the sizes input (N, C, size...); with a dynamic batch
 -- N and C come from Shape(x) (Shape, Slice, Concat: torch.onnx's form).
+-- antialias = true (bilinear, bicubic): Resize's antialias = 1 (opset 18 or later) with
+-- exclude_outside = 1 and cubic_coeff_a -0.5, "half_pixel"; a dim that keeps its size gets scale
+-- 1 (PyTorch skips it). Refused below opset 18, and with align_corners (PyTorch's filter centres
+-- (in - 1) / (out - 1) * (dst + 0.5) match no coordinate_transformation_mode).
 local RESIZE_MODE = { nearest = "nearest", ["nearest-exact"] = "nearest", linear = "linear",
                       bilinear = "linear", trilinear = "linear", bicubic = "cubic" }
 local f32buf = ffi.new("float[1]")
@@ -363,7 +368,16 @@ local function resize(B, x, xs, ys, o, outs)
    local mode = o.mode or "nearest"
    local onnx_mode = RESIZE_MODE[mode]
    if not onnx_mode then fail("interpolate with mode '" .. tostring(mode) .. "'", 0) end
-   if o.antialias then fail("interpolate with antialias = true is not exported", 0) end
+   local aa = o.antialias == true
+   if aa and B.opset < 18 then
+      fail(("interpolate with antialias = true needs opset 18 or later (Resize's antialias " ..
+            "attribute), got opset %d"):format(B.opset), 0)
+   end
+   if aa and o.align_corners then
+      fail("interpolate with antialias = true and align_corners = true is not exported: " ..
+           "PyTorch centres its filter at (in - 1) / (out - 1) * (dst + 0.5), which no " ..
+           "coordinate_transformation_mode of Resize gives", 0)
+   end
    local k = #xs - 2
    local ctm, nearest = "half_pixel", "floor"
    if mode == "nearest" then ctm = "asymmetric"
@@ -371,12 +385,19 @@ local function resize(B, x, xs, ys, o, outs)
    elseif o.align_corners then ctm = "align_corners" end
    local attrs = { mode = onnx_mode, coordinate_transformation_mode = ctm,
                    nearest_mode = nearest, cubic_coeff_a = { f = -0.75 } }
+   if aa then
+      -- PyTorch's antialias: Keys' A = -0.5 for bicubic, the taps outside the input dropped and
+      -- the rest renormalized (exclude_outside); ONNX Runtime gives PyTorch's values with these
+      attrs.antialias, attrs.exclude_outside, attrs.cubic_coeff_a = 1, 1, { f = -0.5 }
+   end
    local sf = o.scale_factor
    local use_scales = sf ~= nil and not o.recompute_scale_factor
    local scales = { 1, 1 }
    if use_scales then
       for i = 1, k do
          local s = type(sf) == "number" and sf or sf[i]
+         -- antialias: PyTorch leaves a dim that keeps its size as it is, whatever the scale
+         if aa and xs[i + 2] == ys[i + 2] then s = 1 end
          scales[i + 2] = s
          -- the output size from the scale: ONNX Runtime multiplies in float32, onnx's shape
          -- inference in double (both by the float32 scale): each must give lumen's

@@ -1,6 +1,6 @@
 -- lumen.functional.resample -- lm.F.interpolate (modes nearest, nearest-exact, linear, bilinear,
--- bicubic, trilinear; size or scale_factor; align_corners; recompute_scale_factor) with its
--- backward (issue 40).
+-- bicubic, trilinear; size or scale_factor; align_corners; recompute_scale_factor; antialias)
+-- with its backward (issue 40).
 --
 -- Every mode is separable: the output is the input with one small interpolation matrix
 -- (out_d x in_d) applied along each spatial dim d. The matrices hold exactly PyTorch's CPU
@@ -15,6 +15,11 @@
 -- float16 / bfloat16 compute in float32 and round once, as PyTorch's CPU kernels.
 -- Nearest modes run as 0/1 matrices: finite values are copied exactly; a non-finite input value
 -- spreads NaN along its row (0 * inf) where PyTorch copies it (noted in the docs).
+-- antialias = true (bilinear / bicubic, 4-D input; PyTorch's _upsample_bilinear2d_aa /
+-- _upsample_bicubic2d_aa) is the same scheme with PIL-style matrices (aa_rows): a filter
+-- stretched by the scale when downsampling and normalized per output row; the forward applies W
+-- before H, as PyTorch's separable CPU kernel. float16 / bfloat16 compute in float32 here too
+-- (PyTorch's CPU refuses them for antialias, its CUDA kernels take them).
 
 local ffi = require("ffi")
 local C = require("lumen.C")
@@ -115,6 +120,67 @@ local function dim_rows(mode, insz, outsz, align, scale, r)
    return rows, ident
 end
 
+-- antialias = true (bilinear, bicubic; 4-D input): PyTorch's _upsample_{bilinear,bicubic}2d_aa
+-- weights of one dim, computed in the op-math type r as its CPU kernel does in scalar_t
+-- (float for float32, double for float64). scale = area_pixel_compute_scale (align_corners:
+-- (in - 1) / (out - 1), else 1 / scale_factor or in / out); the filter (triangle, or Keys' cubic
+-- with A = -0.5) is stretched by scale when downsampling (support = interp_size / 2 * scale),
+-- centred at scale * (o + 0.5) also with align_corners, cut to the input and normalized to sum
+-- 1 (PIL's resampling). A dim whose size does not change is skipped (the identity), as PyTorch's
+-- separable CPU kernel skips it.
+local A_AA = -0.5
+local function aa_filter(cubic, x, r)
+   if x < 0 then x = -x end
+   if cubic then
+      if x < 1 then return r(r(r(r(r((A_AA + 2) * x) - (A_AA + 3)) * x) * x) + 1) end
+      if x < 2 then
+         return r(r(r(r(r(r(A_AA * x) - 5 * A_AA) * x) + 8 * A_AA) * x) - 4 * A_AA)
+      end
+      return 0
+   end
+   if x < 1 then return r(1 - x) end
+   return 0
+end
+
+local function aa_rows(mode, insz, outsz, align, scale, r)
+   local rows = {}
+   if insz == outsz then
+      for o = 0, outsz - 1 do rows[o] = { [o] = 1 } end
+      return rows, true
+   end
+   local s
+   if align then
+      s = outsz > 1 and r(r(insz - 1) / (outsz - 1)) or 0
+   else
+      s = (scale ~= nil and scale > 0) and r(1.0 / scale) or r(r(insz) / outsz)
+   end
+   local cubic = mode == "bicubic"
+   local half = cubic and 2 or 1                          -- interp_size / 2
+   local support = s >= 1 and r(half * s) or half
+   local maxn = math.ceil(support) * 2 + 1
+   local invscale = s >= 1 and r(1.0 / s) or 1
+   local trunc = function(v) return v < 0 and math.ceil(v) or floor(v) end
+   for o = 0, outsz - 1 do
+      local row = {}
+      rows[o] = row
+      local center = r(s * (o + 0.5))
+      local xmin = max(trunc(r(center - support) + 0.5), 0)
+      local xsize = min(trunc(r(center + support) + 0.5), insz) - xmin
+      xsize = max(min(xsize, maxn), 0)
+      local w, total = {}, 0
+      for j = 0, xsize - 1 do
+         w[j] = aa_filter(cubic, r((r(j + xmin - center) + 0.5) * invscale), r)
+         total = r(total + w[j])
+      end
+      for j = 0, xsize - 1 do
+         local v = w[j]
+         if total ~= 0 then v = r(v / total) end
+         if v ~= 0 then row[xmin + j] = v end
+      end
+   end
+   return rows, false
+end
+
 -- the rows as a dense matrix tensor (outsz x insz), or its transpose
 local function matrix(rows, insz, outsz, transpose, dtype, device)
    local m = {}
@@ -137,7 +203,7 @@ end
 -- t (N, C, S1..Sk) with mats[i] (out_i x in_i, or false to keep dim i) applied along each
 -- spatial dim, in the physical order given by cl (true: N, S.., C); the result is dense in that
 -- order (so channels-last strides when cl)
-local function apply(t, mats, cl)
+local function apply(t, mats, cl, last_first)
    local nd = R.dim(t)
    local k = nd - 2
    local perm, inv = { 1 }, {}
@@ -152,7 +218,8 @@ local function apply(t, mats, cl)
    local sizes = {}
    for i = 1, nd do sizes[i] = R.size(u, i) end
    local did = false
-   for i = 1, k do
+   for step = 1, k do
+      local i = last_first and k + 1 - step or step
       local m = mats[i]
       if m then
          local pos = cl and i + 1 or i + 2
@@ -204,13 +271,19 @@ function F.interpolate(x, opts)
           "trilinear, got " .. (type(mode) == "string" and ("\"" .. mode .. "\"")
                                 or T.typename(mode)))
    end
-   if opts.antialias then
-      err(fname, "antialias=true is not supported")
+   local aa = opts.antialias
+   if aa ~= nil and type(aa) ~= "boolean" then
+      err(fname, "antialias must be a boolean, got " .. T.typename(aa))
    end
    local nd = xc.ndim
    if nd < 3 or nd > 5 then
       err(fname, ("expected a 3-D, 4-D or 5-D (batched) input, got %d-D input of size %s")
           :format(nd, H.sizes_str(xc)))
+   end
+   if aa and not ((mode == "bilinear" or mode == "bicubic") and nd == 4) then
+      err(fname, ("Anti-alias option is restricted to bilinear and bicubic modes and requires "
+          .. "a 4-D tensor as input, got mode \"%s\" and %d-D input of size %s"):format(mode,
+          nd, H.sizes_str(xc)))
    end
    local k = nd - 2
    if MODES[mode] and MODES[mode] ~= k then
@@ -269,16 +342,22 @@ function F.interpolate(x, opts)
    local rows, ident = {}, {}
    local fwd = {}
    for i = 1, k do
-      rows[i], ident[i] = dim_rows(mode, insz[i], outsz[i], align, scales[i], r)
+      if aa then
+         rows[i], ident[i] = aa_rows(mode, insz[i], outsz[i], align, scales[i], r)
+      else
+         rows[i], ident[i] = dim_rows(mode, insz[i], outsz[i], align, scales[i], r)
+      end
       fwd[i] = (not ident[i]) and matrix(rows[i], insz[i], outsz[i], false, cdt, device)
    end
    local f = C.lm_suggest_memory_format(xc, 0)
    local cl = (f == C.LM_CHANNELS_LAST and nd == 4) or (f == C.LM_CHANNELS_LAST_3D and nd == 5)
    local xin = dtype == cdt and x or R.to(x, cdt)
-   local out = apply(xin, fwd, cl)
+   local out = apply(xin, fwd, cl, aa)   -- antialias: W first, then H, as PyTorch's passes
    if dtype ~= cdt then out = R.to(out, dtype) end
    if A.is_grad_enabled() and needs(x) then
-      record(out, mode == "nearest" and "UpsampleNearestBackward" or
+      record(out, aa and (mode == "bicubic" and "UpsampleBicubicAaBackward" or
+                          "UpsampleBilinearAaBackward") or
+             mode == "nearest" and "UpsampleNearestBackward" or
              mode == "nearest-exact" and "UpsampleNearestExactBackward" or
              mode == "bicubic" and "UpsampleBicubicBackward" or "UpsampleLinearBackward",
              function(g)
