@@ -146,13 +146,15 @@ local function bytes(t)
 end
 
 -- m, n, k: off the tile sizes (16 rows, 16 / 32 columns, 32 k), whole tiles, several k blocks
--- (k > 512), several column blocks (n > 512), and below the AMX path's minimum (m or n < 16,
--- k < 32: the AVX-512 kernels, the gate checked too)
+-- (k > 512), several column blocks (n > 512), the row-block order with its per-thread sums
+-- (512 < k <= 1536 with two or more 32-row blocks: { 48, 64, 513 }, { 70, 600, 700 },
+-- { 96, 64, 1536 }), and below the AMX path's minimum (m or n < 16, k < 32: the AVX-512
+-- kernels, the gate checked too)
 local SHAPES = {
    { 1, 1, 1 }, { 2, 3, 17 }, { 3, 17, 33 }, { 17, 17, 32 }, { 16, 16, 32 }, { 17, 31, 33 },
    { 31, 33, 65 }, { 33, 65, 100 }, { 65, 100, 31 }, { 100, 33, 530 }, { 17, 530, 65 },
    { 530, 17, 100 }, { 32, 32, 512 }, { 48, 64, 513 }, { 33, 31, 1100 }, { 65, 100, 1100 },
-   { 100, 1100, 40 }, { 31, 530, 1100 },
+   { 100, 1100, 40 }, { 31, 530, 1100 }, { 70, 600, 700 }, { 96, 64, 1536 },
 }
 
 describe("the bfloat16 GEMM on AMX tiles against float64", function()

@@ -38,19 +38,23 @@ void lm_amx_begin(void);
 void lm_amx_end(void);
 
 /* tile operations: t, a, b are tile numbers 0..7 (compile-time constants); p a pointer, stride in
-   bytes between rows */
+   bytes between rows. LM_TILE_LOAD_T1 is TILELOADDT1, a load hinted as streaming: data read
+   once per use (the GEMM's B panels) then does not push data that is read again (the A block)
+   out of L1 */
 #ifdef LUMEN_AMX_EMU
 void lm_amx_emu_load(int t, const void *p, int64_t stride);
 void lm_amx_emu_store(int t, void *p, int64_t stride);
 void lm_amx_emu_zero(int t);
 void lm_amx_emu_dpbf16(int c, int a, int b);
 #define LM_TILE_LOAD(t, p, s) lm_amx_emu_load(t, p, s)
+#define LM_TILE_LOAD_T1(t, p, s) lm_amx_emu_load(t, p, s)
 #define LM_TILE_STORE(t, p, s) lm_amx_emu_store(t, p, s)
 #define LM_TILE_ZERO(t) lm_amx_emu_zero(t)
 #define LM_TILE_DPBF16(c, a, b) lm_amx_emu_dpbf16(c, a, b)
 #else
 #include <immintrin.h>
 #define LM_TILE_LOAD(t, p, s) _tile_loadd(t, p, s)
+#define LM_TILE_LOAD_T1(t, p, s) _tile_stream_loadd(t, p, s)
 #define LM_TILE_STORE(t, p, s) _tile_stored(t, p, s)
 #define LM_TILE_ZERO(t) _tile_zero(t)
 #define LM_TILE_DPBF16(c, a, b) _tile_dpbf16ps(c, a, b)

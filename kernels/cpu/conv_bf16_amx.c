@@ -232,9 +232,9 @@ static void core(const eng_plan *pl) {
                   seg[t].b = pl->wk + q * 32 * pl->prow + t * nsteps * 16 * 32;
                }
                if (pl->rowsmode)
-                  amx_issue_32x32(seg, (int)ntap, 1, 64, 1024, 2048, NULL, 0);
+                  amx_issue_32x32(seg, (int)ntap, 1, 64, 1024, 2048, NULL, 0, 0);
                else
-                  amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0);
+                  amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0, 0);
                if (pend >= 0) /* the previous block's epilogue while these products run */
                   epi_block(tb[pend], pix[pend], pnr[pend], po0[pend], pl->O, &pl->ep, pl->out);
                amx_store_32x32(tb[slot], 32);

@@ -21,12 +21,17 @@
  * beta * C, or its rounding to bfloat16 (lm_f2bf's rounding, bit for bit). A whole block of a
  * float32 C = A B is the accumulators stored into C.
  *
- * KC = 1024, NC <= 512 (B block 1 MiB of the 2 MiB L2). Both operands stream from L2 at this
- * KC (A block 64 KiB > L1's 48), but one k block instead of two saves the float32 round trip
- * of the m x NC sums: 1024^3 on one core 0.70 -> 0.82 TFLOP/s. What limits on this core is
- * L2 -> L1 traffic, not the tiles: a 64-byte load a k step that misses L1, added to the
- * micro-kernel alone, cost 20 % of its rate; so packing and epilogue work interleaved between
- * the products (tried) did not overlap with them. Measured: docs/performance.md (AMX).
+ * KC = 512, NC <= 512. When every k block of a column block fits in L2 (k x NC x 2 bytes <=
+ * 1.5 MiB: k <= 1536 at NC = 512), the order is rowacc instead: all of B(:, jc) packed at once,
+ * each thread takes whole 32-row blocks, and per row block runs for pc: for jb, its sums
+ * between k blocks in its own 32 x NC float32 buffer (64 KiB, L2) rather than an m x NC one in
+ * memory. B tiles are loaded with TILELOADDT1 (streamed: they do not push the A block, read
+ * once per jb, out of L1). Measured on one core of this Xeon, 1024^3 bfloat16 C: 0.71 TFLOP/s
+ * before (128-byte B rows, KC 512, the m x NC buffer), 1.0 with contiguous B tiles and KC 1024,
+ * 1.15 as now. What limits is L2 -> L1 traffic, not the tiles: a 64-byte load a k step that
+ * misses L1, added to the micro-kernel alone, cost 20 % of its rate; so packing and epilogue
+ * work interleaved between the products (tried) did not overlap with them. docs/performance.md
+ * (AMX).
  */
 #include "gemm_bf16_amx.h"
 #include "avx512_util.h"
@@ -34,7 +39,8 @@
 
 #include <immintrin.h>
 
-enum { KC = 1024, NCMAX = 512 };
+enum { KC = 512, NCMAX = 512 };
+#define ROWACC_B ((size_t)1536 * 1024) /* B packed whole for rowacc: at most this (L2: 2 MiB) */
 #include <stdlib.h>
 
 int lm_amx_stream(double out_bytes, int cold) {
@@ -250,6 +256,44 @@ static void pack_rows(const lm_amx_rows *rows, int64_t i0, int mr, int64_t kc, i
    }
 }
 
+/* the per-thread state of the unit loop: the A block packed last, the block waiting for its
+   epilogue, the two result buffers */
+typedef struct {
+   float alpha, beta;
+   void *c;
+   int64_t rsc, csc;
+   int c_bf16, direct;
+   const lm_amx_epi *ep;
+   float *tb;
+   int flip;
+   pending pd;
+} unit_st;
+
+/* after a unit's products were issued: the previous unit's epilogue (while these products
+   work), then the accumulators to acc (ldacc floats a row: more k blocks follow), into C
+   itself (direct) or to a result buffer whose epilogue the next unit runs */
+static inline __attribute__((always_inline)) void unit_out(unit_st *s, int last, float *acc,
+                                                          int64_t ldacc, int64_t i0, int64_t j,
+                                                          int mr, int nr) {
+   if (s->pd.t) finish(&s->pd, s->alpha, s->beta, s->rsc, s->csc, s->c_bf16, s->ep);
+   s->pd.t = NULL;
+   if (!last) {
+      amx_store_32x32(acc, ldacc);
+      return;
+   }
+   if (s->direct && mr == 32 && nr == 32) { /* float32 C = A B: the accumulators are the result */
+      amx_store_32x32((float *)s->c + i0 * s->rsc + j, s->rsc);
+      return;
+   }
+   float *t = s->tb + s->flip * 1024;
+   s->flip ^= 1;
+   amx_store_32x32(t, 32);
+   s->pd = (pending){t, mr, nr,
+                     s->c_bf16 ? (void *)((uint16_t *)s->c + i0 * s->rsc + j * s->csc)
+                               : (void *)((float *)s->c + i0 * s->rsc + j * s->csc),
+                     i0, j};
+}
+
 static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                     int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
                     float beta, void *c, int64_t rsc, int64_t csc, int c_bf16,
@@ -260,11 +304,20 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
    const int64_t nc_blk = imin(rup(n, 32), NCMAX);
    const int64_t mp = rup(m, 32);
    const int64_t npan = nc_blk / 32;
-   const size_t b_bytes = (size_t)(npan * 32 * kc2p) * 4;
-   const size_t a_bytes = (size_t)(32 * kc_blk) * 2;
-   const size_t acc_bytes = nkb > 1 ? (size_t)(mp * nc_blk) * 4 : 0;
-   const size_t tb_bytes = 2 * 32 * 32 * 4; /* two: one being written, one being finished */
+   const int64_t nib = mp / 32;
    if (nt < 1) nt = 1;
+   const size_t b_blk = (size_t)(npan * 32 * kc2p) * 4; /* one k block of B */
+   /* rowacc: every k block of B (:, jc) packed at once (at most ROWACC_B bytes: it stays in
+      L2), then each thread takes whole row blocks, and per row block for pc: for jb, its sums
+      between k blocks in a 32 x NC float32 buffer of its own (64 KiB, L2). Else the BLIS order
+      below, the sums of all m rows between k blocks in one m x NC buffer (memory). */
+   const int rowacc = nkb > 1 && (size_t)nkb * b_blk <= ROWACC_B && nib >= nt;
+   const size_t b_bytes = rowacc ? (size_t)nkb * b_blk : b_blk;
+   const size_t a_bytes = (size_t)(32 * kc_blk) * 2;
+   const size_t acc_bytes = rowacc     ? (size_t)nt * 32 * nc_blk * 4
+                            : nkb > 1 ? (size_t)(mp * nc_blk) * 4
+                                      : 0;
+   const size_t tb_bytes = 2 * 32 * 32 * 4; /* two: one being written, one being finished */
    const size_t bytes = b_bytes + (size_t)nt * (a_bytes + tb_bytes) + acc_bytes;
    char *buf = lm_alloc(bytes);
    if (!buf) {
@@ -273,7 +326,6 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
    }
    uint32_t *bpk = (uint32_t *)buf;
    float *accb = (float *)(buf + b_bytes + (size_t)nt * (a_bytes + tb_bytes));
-   const int64_t nib = mp / 32;
    /* A read in place when its rows run along k, k is whole steps of 32 (no tail to zero) and
       the row pitch is not a multiple of 1 KiB from 1 KiB on: such pitches put a tile's 16 rows
       into 4 or fewer of L1's 64 sets (k = 1024, 2 KiB: the 1024^3 product ran at a fifth of the
@@ -281,7 +333,6 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
       a pass over A, which at AMX's rate is as long as the products of a thin layer (1x1 256 ->
       256 at 56x56, batch 8: 0.5 of 0.73 ms went to packing and the epilogue). */
    const int inplace = !rows && csa == 1 && k % 32 == 0 && ((rsa * 2) % 1024 != 0 || rsa * 2 < 1024);
-   const int direct = !ep && !c_bf16 && csc == 1 && alpha == 1.0f && beta == 0.0f;
 #pragma omp parallel num_threads(nt) if (nt > 1)
    {
       int tid = 0, ntt = 1;
@@ -290,11 +341,50 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
       ntt = omp_get_num_threads();
 #endif
       uint16_t *ap = (uint16_t *)(buf + b_bytes + (size_t)tid * (a_bytes + tb_bytes));
-      float *tb = (float *)((char *)ap + a_bytes);
+      unit_st st = {alpha, beta, c, rsc, csc, c_bf16, 0, ep, (float *)((char *)ap + a_bytes), 0,
+                    {NULL, 0, 0, NULL, 0, 0}};
+      st.direct = !ep && !c_bf16 && csc == 1 && alpha == 1.0f && beta == 0.0f;
       lm_amx_begin();
       for (int64_t jc = 0; jc < n; jc += nc_blk) {
          const int64_t nc = imin(nc_blk, n - jc);
          const int64_t njb = (nc + 31) / 32;
+         if (rowacc) {
+            float *racc = accb + (size_t)tid * 32 * nc_blk;
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t kb = 0; kb < nkb; kb++)
+               for (int64_t q = 0; q < njb; q++) {
+                  const int64_t pc = kb * kc_blk;
+                  lm_amx_pack_b(imin(kc_blk, k - pc), nc, b + pc * rsb + jc * csb, rsb, csb, q,
+                                q + 1, bpk + kb * (b_blk / 4), kc2p);
+               }
+            for (int64_t ib = nib * tid / ntt; ib < nib * (tid + 1) / ntt; ib++) {
+               const int64_t i0 = ib * 32;
+               const int mr = (int)imin(32, m - i0);
+               for (int64_t pc = 0, kb = 0; pc < k; pc += kc_blk, kb++) {
+                  const int64_t kc = imin(kc_blk, k - pc);
+                  const int nsteps = (int)(rup(kc, 32) / 32);
+                  const uint32_t *bk = bpk + kb * (b_blk / 4);
+                  const int inpl = inplace && mr == 32;
+                  if (!inpl) pack_rows(rows, i0, mr, kc, pc, a, rsa, csa, ap);
+                  for (int64_t jb = 0; jb < njb; jb++) {
+                     const amx_seg seg = {inpl ? a + i0 * rsa + pc : ap, bk + jb * 32 * kc2p};
+                     if (inpl)
+                        amx_issue_32x32(&seg, 1, nsteps, rsa * 2, 32 * rsa, 64,
+                                        pc ? racc + jb * 32 : NULL, nc_blk, 1);
+                     else
+                        amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048,
+                                        pc ? racc + jb * 32 : NULL, nc_blk, 1);
+                     unit_out(&st, pc + kc >= k, racc + jb * 32, nc_blk, i0, jc + jb * 32, mr,
+                              (int)imin(32, nc - jb * 32));
+                  }
+               }
+            }
+            if (st.pd.t) finish(&st.pd, alpha, beta, rsc, csc, c_bf16, ep);
+            st.pd.t = NULL;
+            if (ep && ep->stream) _mm_sfence();
+#pragma omp barrier
+            continue;
+         }
          for (int64_t pc = 0; pc < k; pc += kc_blk) {
             const int64_t kc = imin(kc_blk, k - pc);
             const int first = pc == 0, last = pc + kc >= k;
@@ -306,8 +396,6 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
             const int64_t nu = nib * njb;
             const int64_t u0 = nu * tid / ntt, u1 = nu * (tid + 1) / ntt;
             int64_t packed_ib = -1;
-            pending pd = {NULL, 0, 0, NULL, 0, 0};
-            int flip = 0;
             for (int64_t u = u0; u < u1; u++) {
                const int64_t ib = u / njb, jb = u % njb;
                const int64_t i0 = ib * 32, j0 = jb * 32;
@@ -316,35 +404,20 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
                if (inplace && mr == 32) {
                   const amx_seg seg = {a + i0 * rsa + pc, bpk + jb * 32 * kc2p};
                   amx_issue_32x32(&seg, 1, nsteps, rsa * 2, 32 * rsa, 64, first ? NULL : acc,
-                                  nc_blk);
+                                  nc_blk, 1);
                } else {
                   if (packed_ib != ib) {
                      pack_rows(rows, i0, mr, kc, pc, a, rsa, csa, ap);
                      packed_ib = ib;
                   }
                   const amx_seg seg = {ap, bpk + jb * 32 * kc2p};
-                  amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048, first ? NULL : acc, nc_blk);
+                  amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048, first ? NULL : acc, nc_blk,
+                                  1);
                }
-               if (pd.t) finish(&pd, alpha, beta, rsc, csc, c_bf16, ep);
-               pd.t = NULL;
-               if (!last) {
-                  amx_store_32x32(acc, nc_blk);
-                  continue;
-               }
-               if (direct && mr == 32 && nr == 32) {
-                  /* float32 C = A B: the accumulators are the result */
-                  amx_store_32x32((float *)c + i0 * rsc + jc + j0, rsc);
-                  continue;
-               }
-               float *t = tb + flip * 1024;
-               flip ^= 1;
-               amx_store_32x32(t, 32);
-               pd = (pending){t, mr, nr,
-                              c_bf16 ? (void *)((uint16_t *)c + i0 * rsc + (jc + j0) * csc)
-                                     : (void *)((float *)c + i0 * rsc + (jc + j0) * csc),
-                              i0, jc + j0};
+               unit_out(&st, last, acc, nc_blk, i0, jc + j0, mr, nr);
             }
-            if (pd.t) finish(&pd, alpha, beta, rsc, csc, c_bf16, ep);
+            if (st.pd.t) finish(&st.pd, alpha, beta, rsc, csc, c_bf16, ep);
+            st.pd.t = NULL;
             if (ep && ep->stream) _mm_sfence();
 #pragma omp barrier
          }

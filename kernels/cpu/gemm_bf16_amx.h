@@ -35,7 +35,7 @@ typedef struct {
    batch 8: 6.0 ms; overlapped: docs/performance.md, AMX). */
 static inline __attribute__((always_inline)) void amx_issue_32x32(
    const amx_seg *seg, int nseg, int nsteps, int64_t sa_bytes, int64_t a1, int64_t astep,
-   const float *cin, int64_t ldcin) {
+   const float *cin, int64_t ldcin, const int bt1) {
    if (cin) {
       LM_TILE_LOAD(0, cin, ldcin * 4);
       LM_TILE_LOAD(1, cin + 16, ldcin * 4);
@@ -58,8 +58,13 @@ static inline __attribute__((always_inline)) void amx_issue_32x32(
       const char *ap = (const char *)seg[0].a;
       const uint32_t *bp = seg[0].b;
       LM_TILE_LOAD(4, ap, sa_bytes);
-      LM_TILE_LOAD(6, bp, 64);
-      LM_TILE_LOAD(7, bp + 256, 64);
+      if (bt1) {
+         LM_TILE_LOAD_T1(6, bp, 64);
+         LM_TILE_LOAD_T1(7, bp + 256, 64);
+      } else {
+         LM_TILE_LOAD(6, bp, 64);
+         LM_TILE_LOAD(7, bp + 256, 64);
+      }
       LM_TILE_LOAD(5, ap + a1, sa_bytes);
       for (;;) {
          const char *an;
@@ -80,9 +85,15 @@ static inline __attribute__((always_inline)) void amx_issue_32x32(
          LM_TILE_DPBF16(1, 4, 7);
          LM_TILE_LOAD(4, an, sa_bytes);
          LM_TILE_DPBF16(2, 5, 6);
-         LM_TILE_LOAD(6, bn, 64);
+         if (bt1)
+            LM_TILE_LOAD_T1(6, bn, 64);
+         else
+            LM_TILE_LOAD(6, bn, 64);
          LM_TILE_DPBF16(3, 5, 7);
-         LM_TILE_LOAD(7, bn + 256, 64);
+         if (bt1)
+            LM_TILE_LOAD_T1(7, bn + 256, 64);
+         else
+            LM_TILE_LOAD(7, bn + 256, 64);
          LM_TILE_LOAD(5, an + a1, sa_bytes);
          ap = an;
          bp = bn;
