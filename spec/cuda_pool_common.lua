@@ -73,6 +73,23 @@ function M.grads(f, bc, bd, view, g)
    return xc.grad, xd.grad, yc, yd
 end
 
+-- a max pool (pool: F.max_pool2d or F.max_pool3d) with options opts against the CPU: values and
+-- indices exactly (a maximum is one of the inputs), and the gradient through autograd for one
+-- random grad_output in fmt (when the CPU computes the output; an empty one is an error there)
+function M.check_max_pool(pool, opts, bc, bd, view, dt, fmt, what)
+   local ok = pcall(pool, view(bc), opts)
+   if not ok then return end
+   local ro = { return_indices = true }
+   for key, v in pairs(opts) do ro[key] = v end
+   local yc, ic = pool(view(bc), ro)
+   local yd, id = pool(view(bd), ro)
+   M.same(yd, yc, 0, what .. " values")
+   M.same(id, ic, 0, what .. " indices")
+   local g = lm.randn(yc:size(), M.CPU):to(dt[1]):contiguous(fmt)
+   local gc, gd = M.grads(function(t) return pool(t, opts) end, bc, bd, view, g)
+   M.same(gd, gc, dt[3], what .. " grad")
+end
+
 -- f (a pool with its options) against the CPU: its values (when the CPU computes them; an
 -- options set that leaves the output empty is an error there, and then nothing is checked) and
 -- the gradient for one random grad_output in fmt; dt: an entry of DTYPES
