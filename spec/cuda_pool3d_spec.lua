@@ -98,21 +98,8 @@ describe("CUDA 3-D pooling (kernels/cuda/pool3d.cu) against the CPU", function()
          { { 2, 5, 8, 9, 7 }, { 2, 1, 3 } }, { { 3, 33, 1, 7, 7 }, { 1, 1, 1 } },
       }) do
          for _, fmt in ipairs({ CL3, CONTIG }) do
-            for _, dt in ipairs(DTYPES) do
-               local what = ("global %s %s %s"):format(table.concat(c[1], "x"), tostring(fmt),
-                                                        dt[2])
-               local bc, bd, view = inputs(c[1], dt[1], fmt, false, false)
-               local yc = F.adaptive_avg_pool3d(bc, c[2])
-               same(F.adaptive_avg_pool3d(bd, c[2]), yc, dt[3], what)
-               local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-               local gc, gd = grads(function(t) return F.adaptive_avg_pool3d(t, c[2]) end, bc, bd,
-                                    view, g)
-               same(gd, gc, dt[3], what .. " grad")
-               -- avg_pool3d with a whole-volume kernel: the same reduction
-               local k = { c[1][3], c[1][4], c[1][5] }
-               same(F.avg_pool3d(bd, { kernel_size = k }), F.avg_pool3d(bc, { kernel_size = k }),
-                    dt[3], what .. " avg_pool3d")
-            end
+            -- values and gradient, and avg_pool3d with a whole-volume kernel (the same reduction)
+            PC.check_global(F.adaptive_avg_pool3d, F.avg_pool3d, "avg_pool3d", c, fmt)
          end
       end
    end)

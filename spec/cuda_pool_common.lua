@@ -119,6 +119,26 @@ function M.check_adaptive(avg, maxi, maxg, bc, bd, view, dt, fmt, what)
    M.same(gd, gc, dt[3], what .. " max grad")
 end
 
+-- the global average (a model's head: the adaptive average to a few outputs) of case
+-- { sizes, output_size } in fmt against the CPU in every dtype: values and gradient, and avg_pool
+-- with a kernel of the input's spatial size (the same reduction); adaptive, avg: the rank's
+-- adaptive_avg_pool and avg_pool, name: avg's name
+function M.check_global(adaptive, avg, name, c, fmt)
+   for _, dt in ipairs(M.DTYPES) do
+      local what = ("global %s %s %s"):format(table.concat(c[1], "x"), tostring(fmt), dt[2])
+      local bc, bd, view = M.inputs(c[1], dt[1], fmt, false, false)
+      local yc = adaptive(bc, c[2])
+      M.same(adaptive(bd, c[2]), yc, dt[3], what)
+      local g = lm.randn(yc:size(), M.CPU):to(dt[1]):contiguous(fmt)
+      local gc, gd = M.grads(function(t) return adaptive(t, c[2]) end, bc, bd, view, g)
+      M.same(gd, gc, dt[3], what .. " grad")
+      local k = {}
+      for i = 3, #c[1] do k[#k + 1] = c[1][i] end
+      M.same(avg(bd, { kernel_size = k }), avg(bc, { kernel_size = k }), dt[3],
+             what .. " " .. name)
+   end
+end
+
 -- a C entry point's status: success
 function M.ok(st) assert(st == 0, ffi.string(C.lm_last_error())) end
 

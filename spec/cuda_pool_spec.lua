@@ -15,7 +15,7 @@ local wrap = T.wrap
 local CL, CONTIG = lm.channels_last, lm.contiguous_format
 local PC = require("spec.cuda_pool_common")
 local DEV, CPU, DTYPES = PC.DEV, PC.CPU, PC.DTYPES
-local same, inputs, grads = PC.same, PC.inputs, PC.grads
+local same, inputs = PC.same, PC.inputs
 -- the shapes: an LCG from the seed (cuda_pool_common.lua)
 local rnd = PC.generator(4242)
 
@@ -90,21 +90,8 @@ describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
          { { 1, 9, 40, 40 }, { 3, 5 } },
       }) do
          for _, fmt in ipairs({ CL, CONTIG }) do
-            for _, dt in ipairs(DTYPES) do
-               local what = ("global %s %s %s"):format(table.concat(c[1], "x"), tostring(fmt),
-                                                        dt[2])
-               local bc, bd, view = inputs(c[1], dt[1], fmt, false, false)
-               local yc = F.adaptive_avg_pool2d(bc, c[2])
-               same(F.adaptive_avg_pool2d(bd, c[2]), yc, dt[3], what)
-               local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-               local gc, gd = grads(function(t) return F.adaptive_avg_pool2d(t, c[2]) end, bc, bd,
-                                    view, g)
-               same(gd, gc, dt[3], what .. " grad")
-               -- avg_pool2d with a whole-plane kernel: the same reduction
-               local k = { c[1][3], c[1][4] }
-               same(F.avg_pool2d(bd, { kernel_size = k }), F.avg_pool2d(bc, { kernel_size = k }),
-                    dt[3], what .. " avg_pool2d")
-            end
+            -- values and gradient, and avg_pool2d with a whole-plane kernel (the same reduction)
+            PC.check_global(F.adaptive_avg_pool2d, F.avg_pool2d, "avg_pool2d", c, fmt)
          end
       end
    end)
