@@ -24,12 +24,7 @@ local function fx(d, dtype, fmt, rg)
    return t
 end
 
-local function isas()
-   local best = C.lm_gemm_set_isa(0)
-   local r = { 1 }
-   if best ~= 1 then r[#r + 1] = best end
-   return r
-end
+local isas = H.isas -- 1 (portable C), then this CPU's best
 
 -- LUMEN_CONV3D_SPLIT: "0" packs the depth taps into one conv2d, "1" runs one conv2d per tap,
 -- nil lets lm_conv3d choose (src/ops/conv3d.c, split_taps)

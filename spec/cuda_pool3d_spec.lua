@@ -17,60 +17,11 @@ local T = require("lumen.tensor")
 local wrap = T.wrap
 
 local CL3, CONTIG = lm.channels_last_3d, lm.contiguous_format
-local DEV = "cuda:0"
-local CPU = { device = "cpu" }
-
-local DTYPES = {
-   { lm.float32, "float32", 1e-5 },
-   { lm.float64, "float64", 1e-12 },
-   { lm.float16, "float16", 1e-2 },
-   { lm.bfloat16, "bfloat16", 1e-2 },
-}
-
--- a deterministic generator for the shapes (the values come from lm's seeded RNG): an LCG's
--- high bits (its low bits repeat with short periods)
-local seed = 1931
-local function rnd(n)
-   seed = (seed * 1103515245 + 12345) % 2147483648
-   return math.floor(seed / 65536) % n
-end
-
--- same sizes and strides, values within tol (NaN equals NaN); a is on cuda:0, b on the CPU
-local function same(a, b, tol, what)
-   assert(a:device() == DEV, what .. ": result on " .. a:device())
-   H.assert_sizes(a, b:size(), what)
-   if a:numel() > 0 then H.assert_strides(a, b:stride(), what) end
-   -- exact when tol is 0 (NaN equals NaN; int64 indices are exact in a double)
-   H.assert_close(a:cpu():double(), H.values(b:double()), tol, what)
-end
-
--- x (CPU, 5-D sizes) with ties (multiples of 0.5), and NaN / -inf when special, of dtype dt in
--- fmt; when strided, a narrowed view of a wider tensor (made on each device from the same values:
--- base_cpu, base_dev, view)
-local function inputs(sizes, dt, fmt, special, strided)
-   local big = { sizes[1], sizes[2], sizes[3], sizes[4], sizes[5] + (strided and 3 or 0) }
-   local b = (lm.randn(big, CPU) * 2):round() / 2
-   if special then
-      b = lm.where(lm.rand(big, CPU):lt(0.1), -1 / 0, b)
-      b = lm.where(lm.rand(big, CPU):lt(0.1), 0 / 0, b)
-   end
-   b = b:to(dt):contiguous(fmt)
-   local function view(t)
-      if strided then return t:narrow(5, 2, sizes[5]) end
-      return t
-   end
-   return b, b:to(DEV), view
-end
-
--- the gradient of sum(f(x) * g) on both devices: the base tensors' .grad
-local function grads(f, bc, bd, view, g)
-   local xc = bc:clone():requires_grad_(true)
-   local xd = bd:clone():requires_grad_(true)
-   local yc, yd = f(view(xc)), f(view(xd))
-   yc:backward(g)
-   yd:backward(g:to(DEV))
-   return xc.grad, xd.grad, yc, yd
-end
+local PC = require("spec.cuda_pool_common")
+local DEV, CPU, DTYPES = PC.DEV, PC.CPU, PC.DTYPES
+local same, inputs, grads = PC.same, PC.inputs, PC.grads
+-- the shapes: an LCG from the seed (high bits: cuda_pool_common.lua)
+local rnd = PC.generator(1931, true)
 
 local function i3(a) return ffi.new("int64_t[3]", a[1], a[2], a[3]) end
 
@@ -104,17 +55,7 @@ describe("CUDA 3-D pooling (kernels/cuda/pool3d.cu) against the CPU", function()
          local what = ("max_pool3d %s %s %s %d"):format(dt[2], tostring(fmt),
             table.concat(sizes, "x"), i)
          local bc, bd, view = inputs(sizes, dt[1], fmt, i % 3 == 0, strided)
-         local ok = pcall(F.max_pool3d, view(bc), opts)
-         if not ok then return end -- the output would be empty
-         local ro = { kernel_size = k, stride = s, padding = p, dilation = d,
-                      ceil_mode = opts.ceil_mode, return_indices = true }
-         local yc, ic = F.max_pool3d(view(bc), ro)
-         local yd, id = F.max_pool3d(view(bd), ro)
-         same(yd, yc, 0, what .. " values") -- a maximum is one of the inputs: exact
-         same(id, ic, 0, what .. " indices")
-         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-         local gc, gd = grads(function(t) return F.max_pool3d(t, opts) end, bc, bd, view, g)
-         same(gd, gc, dt[3], what .. " grad")
+         PC.check_max_pool(F.max_pool3d, opts, bc, bd, view, dt, fmt, what)
       end)
    end)
 
@@ -132,12 +73,7 @@ describe("CUDA 3-D pooling (kernels/cuda/pool3d.cu) against the CPU", function()
          local what = ("avg_pool3d %s %s %s %d"):format(dt[2], tostring(fmt),
             table.concat(sizes, "x"), i)
          local bc, bd, view = inputs(sizes, dt[1], fmt, false, strided)
-         local ok, yc = pcall(F.avg_pool3d, view(bc), opts)
-         if not ok then return end
-         same(F.avg_pool3d(view(bd), opts), yc, dt[3], what .. " values")
-         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-         local gc, gd = grads(function(t) return F.avg_pool3d(t, opts) end, bc, bd, view, g)
-         same(gd, gc, dt[3], what .. " grad")
+         PC.check_pool(function(t) return F.avg_pool3d(t, opts) end, bc, bd, view, dt, fmt, what)
       end)
    end)
 
@@ -149,18 +85,10 @@ describe("CUDA 3-D pooling (kernels/cuda/pool3d.cu) against the CPU", function()
          local what = ("adaptive %s %s %s -> %s %d"):format(dt[2], tostring(fmt),
             table.concat(sizes, "x"), table.concat(osz, "x"), i)
          local bc, bd, view = inputs(sizes, dt[1], fmt, i % 4 == 0, strided)
-         local yc = F.adaptive_avg_pool3d(view(bc), osz)
-         same(F.adaptive_avg_pool3d(view(bd), osz), yc, dt[3], what .. " avg values")
-         local mc, ic = F.adaptive_max_pool3d(view(bc), osz, true)
-         local md, id = F.adaptive_max_pool3d(view(bd), osz, true)
-         same(md, mc, 0, what .. " max values")
-         same(id, ic, 0, what .. " max indices")
-         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-         local gc, gd = grads(function(t) return F.adaptive_avg_pool3d(t, osz) end, bc, bd, view,
-                              g)
-         same(gd, gc, dt[3], what .. " avg grad")
-         gc, gd = grads(function(t) return (F.adaptive_max_pool3d(t, osz)) end, bc, bd, view, g)
-         same(gd, gc, dt[3], what .. " max grad")
+         PC.check_adaptive(function(t) return F.adaptive_avg_pool3d(t, osz) end,
+                           function(t) return F.adaptive_max_pool3d(t, osz, true) end,
+                           function(t) return (F.adaptive_max_pool3d(t, osz)) end,
+                           bc, bd, view, dt, fmt, what)
       end)
    end)
 
@@ -170,21 +98,8 @@ describe("CUDA 3-D pooling (kernels/cuda/pool3d.cu) against the CPU", function()
          { { 2, 5, 8, 9, 7 }, { 2, 1, 3 } }, { { 3, 33, 1, 7, 7 }, { 1, 1, 1 } },
       }) do
          for _, fmt in ipairs({ CL3, CONTIG }) do
-            for _, dt in ipairs(DTYPES) do
-               local what = ("global %s %s %s"):format(table.concat(c[1], "x"), tostring(fmt),
-                                                        dt[2])
-               local bc, bd, view = inputs(c[1], dt[1], fmt, false, false)
-               local yc = F.adaptive_avg_pool3d(bc, c[2])
-               same(F.adaptive_avg_pool3d(bd, c[2]), yc, dt[3], what)
-               local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-               local gc, gd = grads(function(t) return F.adaptive_avg_pool3d(t, c[2]) end, bc, bd,
-                                    view, g)
-               same(gd, gc, dt[3], what .. " grad")
-               -- avg_pool3d with a whole-volume kernel: the same reduction
-               local k = { c[1][3], c[1][4], c[1][5] }
-               same(F.avg_pool3d(bd, { kernel_size = k }), F.avg_pool3d(bc, { kernel_size = k }),
-                    dt[3], what .. " avg_pool3d")
-            end
+            -- values and gradient, and avg_pool3d with a whole-volume kernel (the same reduction)
+            PC.check_global(F.adaptive_avg_pool3d, F.avg_pool3d, "avg_pool3d", c, fmt)
          end
       end
    end)
@@ -192,18 +107,7 @@ describe("CUDA 3-D pooling (kernels/cuda/pool3d.cu) against the CPU", function()
    -- the C entry points
    local pa = ffi.new("lm_tensor*[1]")
    local pb = ffi.new("lm_tensor*[1]")
-   local function ok(st) assert(st == 0, ffi.string(C.lm_last_error())) end
-   local function call(f, ...)
-      pa[0] = nil
-      ok(f(...))
-      return wrap(pa[0])
-   end
-   local function fails(st, needle, what)
-      assert(st ~= 0, what .. ": expected an error")
-      assert.equal(tonumber(C.LM_ERR_ARG), tonumber(st), what .. ": status")
-      local msg = ffi.string(C.lm_last_error())
-      assert(msg:find(needle, 1, true), what .. ": message " .. msg .. " lacks " .. needle)
-   end
+   local ok, call, fails = PC.ok, PC.caller(pa), PC.fails
 
    it("max_pool3d backward, every route bit-identical to the CPU: autograd (the gather over the "
       .. "windows), and without the geometry: voxels named once or twice (atomics), more often "

@@ -13,58 +13,11 @@ local T = require("lumen.tensor")
 local wrap = T.wrap
 
 local CL, CONTIG = lm.channels_last, lm.contiguous_format
-local DEV = "cuda:0"
-local CPU = { device = "cpu" }
-
-local DTYPES = {
-   { lm.float32, "float32", 1e-5 },
-   { lm.float64, "float64", 1e-12 },
-   { lm.float16, "float16", 1e-2 },
-   { lm.bfloat16, "bfloat16", 1e-2 },
-}
-
--- a deterministic generator for the shapes (the values come from lm's seeded RNG)
-local seed = 4242
-local function rnd(n)
-   seed = (seed * 1103515245 + 12345) % 2147483648
-   return seed % n
-end
-
--- same sizes and strides, values within tol (NaN equals NaN); a is on cuda:0, b on the CPU
-local function same(a, b, tol, what)
-   assert(a:device() == DEV, what .. ": result on " .. a:device())
-   H.assert_sizes(a, b:size(), what)
-   if a:numel() > 0 then H.assert_strides(a, b:stride(), what) end
-   -- exact when tol is 0 (NaN equals NaN; int64 indices are exact in a double)
-   H.assert_close(a:cpu():double(), H.values(b:double()), tol, what)
-end
-
--- x (CPU) with ties, and NaN / -inf when special, of dtype dt in fmt; when strided, a narrowed
--- view of a wider tensor (made on each device from the same values: base_cpu, base_dev, view)
-local function inputs(sizes, dt, fmt, special, strided)
-   local big = { sizes[1], sizes[2], sizes[3], sizes[4] + (strided and 3 or 0) }
-   local b = (lm.randn(big, CPU) * 2):round() / 2
-   if special then
-      b = lm.where(lm.rand(big, CPU):lt(0.1), -1 / 0, b)
-      b = lm.where(lm.rand(big, CPU):lt(0.1), 0 / 0, b)
-   end
-   b = b:to(dt):contiguous(fmt)
-   local function view(t)
-      if strided then return t:narrow(4, 2, sizes[4]) end
-      return t
-   end
-   return b, b:to(DEV), view
-end
-
--- the gradient of sum(f(x) * g) on both devices: the base tensors' .grad
-local function grads(f, bc, bd, view, g)
-   local xc = bc:clone():requires_grad_(true)
-   local xd = bd:clone():requires_grad_(true)
-   local yc, yd = f(view(xc)), f(view(xd))
-   yc:backward(g)
-   yd:backward(g:to(DEV))
-   return xc.grad, xd.grad, yc, yd
-end
+local PC = require("spec.cuda_pool_common")
+local DEV, CPU, DTYPES = PC.DEV, PC.CPU, PC.DTYPES
+local same, inputs = PC.same, PC.inputs
+-- the shapes: an LCG from the seed (cuda_pool_common.lua)
+local rnd = PC.generator(4242)
 
 describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
    if not lm.cuda.is_available() then
@@ -93,18 +46,9 @@ describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
          local what = ("max_pool2d %s %s %s %s"):format(dt[2], tostring(fmt),
             table.concat(sizes, "x"), i)
          local bc, bd, view = inputs(sizes, dt[1], fmt, i % 3 == 0, strided)
-         local ok = pcall(F.max_pool2d, view(bc), opts)
-         if not ok then return end -- the output would be empty
-         local ro = { kernel_size = k, stride = opts.stride, padding = p, dilation = d,
-                      ceil_mode = opts.ceil_mode, return_indices = true }
-         local yc, ic = F.max_pool2d(view(bc), ro)
-         local yd, id = F.max_pool2d(view(bd), ro)
-         same(yd, yc, 0, what .. " values") -- a maximum is one of the inputs: exact
-         same(id, ic, 0, what .. " indices")
-         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-         -- through autograd: tap numbers (channels-last) or int64 indices, with the geometry
-         local gc, gd = grads(function(t) return F.max_pool2d(t, opts) end, bc, bd, view, g)
-         same(gd, gc, dt[3], what .. " grad")
+         -- the backward through autograd: tap numbers (channels-last) or int64 indices, with
+         -- the geometry
+         PC.check_max_pool(F.max_pool2d, opts, bc, bd, view, dt, fmt, what)
       end)
    end)
 
@@ -118,12 +62,7 @@ describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
          local what = ("avg_pool2d %s %s %s %s"):format(dt[2], tostring(fmt),
             table.concat(sizes, "x"), i)
          local bc, bd, view = inputs(sizes, dt[1], fmt, false, strided)
-         local ok, yc = pcall(F.avg_pool2d, view(bc), opts)
-         if not ok then return end
-         same(F.avg_pool2d(view(bd), opts), yc, dt[3], what .. " values")
-         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-         local gc, gd = grads(function(t) return F.avg_pool2d(t, opts) end, bc, bd, view, g)
-         same(gd, gc, dt[3], what .. " grad")
+         PC.check_pool(function(t) return F.avg_pool2d(t, opts) end, bc, bd, view, dt, fmt, what)
       end)
    end)
 
@@ -135,17 +74,10 @@ describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
          local what = ("adaptive %s %s %s -> %dx%d %s"):format(dt[2], tostring(fmt),
             table.concat(sizes, "x"), osz[1], osz[2], i)
          local bc, bd, view = inputs(sizes, dt[1], fmt, i % 4 == 0, strided)
-         local yc = F.adaptive_avg_pool2d(view(bc), osz)
-         same(F.adaptive_avg_pool2d(view(bd), osz), yc, dt[3], what .. " avg values")
-         local mc, ic = F.adaptive_max_pool2d(view(bc), osz)
-         local md, id = F.adaptive_max_pool2d(view(bd), osz)
-         same(md, mc, 0, what .. " max values")
-         same(id, ic, 0, what .. " max indices")
-         local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-         local gc, gd = grads(function(t) return F.adaptive_avg_pool2d(t, osz) end, bc, bd, view, g)
-         same(gd, gc, dt[3], what .. " avg grad")
-         gc, gd = grads(function(t) return (F.adaptive_max_pool2d(t, osz)) end, bc, bd, view, g)
-         same(gd, gc, dt[3], what .. " max grad")
+         PC.check_adaptive(function(t) return F.adaptive_avg_pool2d(t, osz) end,
+                           function(t) return F.adaptive_max_pool2d(t, osz) end,
+                           function(t) return (F.adaptive_max_pool2d(t, osz)) end,
+                           bc, bd, view, dt, fmt, what)
       end)
    end)
 
@@ -158,21 +90,8 @@ describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
          { { 1, 9, 40, 40 }, { 3, 5 } },
       }) do
          for _, fmt in ipairs({ CL, CONTIG }) do
-            for _, dt in ipairs(DTYPES) do
-               local what = ("global %s %s %s"):format(table.concat(c[1], "x"), tostring(fmt),
-                                                        dt[2])
-               local bc, bd, view = inputs(c[1], dt[1], fmt, false, false)
-               local yc = F.adaptive_avg_pool2d(bc, c[2])
-               same(F.adaptive_avg_pool2d(bd, c[2]), yc, dt[3], what)
-               local g = lm.randn(yc:size(), CPU):to(dt[1]):contiguous(fmt)
-               local gc, gd = grads(function(t) return F.adaptive_avg_pool2d(t, c[2]) end, bc, bd,
-                                    view, g)
-               same(gd, gc, dt[3], what .. " grad")
-               -- avg_pool2d with a whole-plane kernel: the same reduction
-               local k = { c[1][3], c[1][4] }
-               same(F.avg_pool2d(bd, { kernel_size = k }), F.avg_pool2d(bc, { kernel_size = k }),
-                    dt[3], what .. " avg_pool2d")
-            end
+            -- values and gradient, and avg_pool2d with a whole-plane kernel (the same reduction)
+            PC.check_global(F.adaptive_avg_pool2d, F.avg_pool2d, "avg_pool2d", c, fmt)
          end
       end
    end)
@@ -195,12 +114,7 @@ describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
    local pa = ffi.new("lm_tensor*[1]")
    local pb = ffi.new("lm_tensor*[1]")
    local function i2(a) return ffi.new("int64_t[2]", a[1], a[2]) end
-   local function ok(st) assert(st == 0, ffi.string(C.lm_last_error())) end
-   local function call(f, ...)
-      pa[0] = nil
-      ok(f(...))
-      return wrap(pa[0])
-   end
+   local ok, call, fails = PC.ok, PC.caller(pa), PC.fails
 
    it("backward from the same saved indices, with the same grad_output", function()
       for i = 1, 24 do
@@ -275,12 +189,6 @@ describe("CUDA pooling (kernels/cuda/pool.cu) against the CPU", function()
       pa[0], pb[0] = nil, nil
       ok(C.lm_max_pool2d_taps(x._c, K, S, P, nil, 0, pa, pb))
       local taps = wrap(pb[0])
-      local function fails(st, needle, what)
-         assert(st ~= 0, what .. ": expected an error")
-         assert.equal(tonumber(C.LM_ERR_ARG), tonumber(st), what .. ": status")
-         local msg = ffi.string(C.lm_last_error())
-         assert(msg:find(needle, 1, true), what .. ": message " .. msg .. " lacks " .. needle)
-      end
       for _, fmt in ipairs({ CL, CONTIG }) do
          local xd = x:contiguous(fmt):to(DEV)
          local g = lm.ones_like(out):contiguous(fmt):to(DEV)

@@ -277,6 +277,15 @@ function H.cl3d_strides(sizes)
    return { d * h * w * c, 1, h * w * c, w * c, c }
 end
 
+-- the ISA levels whose kernels a spec runs in turn: 1 (portable C), then this CPU's best
+-- (lm_gemm_set_isa(0) restores the best and answers it)
+function H.isas()
+   local best = require("lumen.C").lm_gemm_set_isa(0)
+   local r = { 1 }
+   if best ~= 1 then r[#r + 1] = best end
+   return r
+end
+
 -- loads a fixture table from spec/fixtures/core/<name>.lua
 function H.fixture(name)
    local f = assert(loadfile("spec/fixtures/core/" .. name .. ".lua"))

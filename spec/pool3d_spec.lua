@@ -37,13 +37,7 @@ local function assert_format(t, fmt, what)
    end
 end
 
--- the ISA paths this CPU has: 1 (portable C), then the best one
-local function isas()
-   local best = C.lm_gemm_set_isa(0)
-   local r = { 1 }
-   if best ~= 1 then r[#r + 1] = best end
-   return r
-end
+local isas = H.isas -- 1 (portable C), then this CPU's best
 
 -- the four ops as (x, case) -> out[, indices]
 local RUN = {

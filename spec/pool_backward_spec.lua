@@ -110,13 +110,7 @@ local function random_case(dtype, fmt)
    return c
 end
 
--- the ISA paths this CPU has: 1 (portable C), then the best one
-local function isas()
-   local best = C.lm_gemm_set_isa(0)
-   local r = { 1 }
-   if best ~= 1 then r[#r + 1] = best end
-   return r
-end
+local isas = H.isas -- 1 (portable C), then this CPU's best
 
 describe("max_pool2d backward with the window geometry", function()
    local threads0

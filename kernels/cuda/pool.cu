@@ -44,9 +44,11 @@
  *
  * Index math is int64 throughout, but the decomposition of the thread's flat index into (n, c,
  * h, w) runs in 32 bits when the element count allows (IT = uint32_t): 64-bit divisions are
- * several times slower on the GPU. */
+ * several times slower on the GPU. The window rules, the covers, that decomposition, the channel
+ * groups and the launches are the 3-D pools' too (pool_common.cuh). */
 #include "cuda.cuh"
 #include "ops/pool.h"
+#include "pool_common.cuh"
 
 #include <math.h>
 
@@ -80,8 +82,6 @@ LM_HD inline void st_exact(bf16 *p, float v) {
 LM_HD inline void st_exact(f16 *p, float v) { p->v = lm_f2h(v); }
 
 /* ---- geometry ---------------------------------------------------------------------------- */
-enum { G_MAX = 0, G_AVG = 1, G_ADAPTIVE = 2 };
-
 struct geo {
    int64_t N, C, H, W, OH, OW;
    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
@@ -124,87 +124,6 @@ geo geo_of(const lm_pool_params *p, int kind) {
    return g;
 }
 
-/* up to VMAX consecutive channels a thread in the channels-last gathers and max forward: the
-   window and cover arithmetic (a few divisions) is then paid once per VMAX elements; each load
-   instruction of a warp spans 32 VMAX channels, the next v hits the same lines in L1 */
-enum { VMAX = 4 };
-geo with_channel_groups(geo g) {
-   if (g.cl) {
-      g.vc = g.C < (int64_t)VMAX ? g.C : (int64_t)VMAX;
-      g.CG = (g.C + g.vc - 1) / g.vc;
-   }
-   return g;
-}
-
-LM_HD inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-LM_HD inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-/* floor / ceiling of a / b for b > 0 and any a; in 32 bits when both fit (a 64-bit division is
-   several times the instructions of a 32-bit one on the GPU, and the gathers do a few per thread) */
-LM_HD inline int64_t floordiv(int64_t a, int64_t b) {
-   if (a == (int32_t)a && b == (int32_t)b) {
-      const int32_t a32 = (int32_t)a, b32 = (int32_t)b, q = a32 / b32;
-      return (q * b32 != a32 && a32 < 0) ? q - 1 : q;
-   }
-   const int64_t q = a / b;
-   return (q * b != a && a < 0) ? q - 1 : q;
-}
-LM_HD inline int64_t ceildiv(int64_t a, int64_t b) { return -floordiv(-a, b); }
-
-LM_HD inline int64_t ad_start(int64_t a, int64_t b, int64_t c) {
-   return (a / b) * c + ((a % b) * c) / b;
-}
-LM_HD inline int64_t ad_end(int64_t a, int64_t b, int64_t c) { return 1 + ((a + 1) * c - 1) / b; }
-
-/* window o of O along a dimension of I inputs (kernel k, stride s, padding pad, dilation d):
-   its first input a and end b (exclusive; taps a, a + d, ... for max) inside the input, and z:
-   the window's size counted with padding (avg) or the tap number of its first tap inside (max),
-   exactly as kernels/cpu/pool2d.h's pool_windows */
-LM_HD inline void window(int kind, int64_t o, int64_t O, int64_t I, int64_t k, int64_t s,
-                         int64_t pad, int64_t d, int64_t &a, int64_t &b, int64_t &z) {
-   if (kind == G_MAX) {
-      a = o * s - pad;
-      b = min64(a + (k - 1) * d + 1, I);
-      z = 0;
-      if (a < 0) {
-         z = (-a + d - 1) / d;
-         a += z * d;
-      }
-   } else if (kind == G_AVG) {
-      a = o * s - pad;
-      b = min64(a + k, I + pad);
-      z = b - a;
-      a = max64(a, 0);
-      b = min64(b, I);
-   } else {
-      a = ad_start(o, O, I);
-      b = ad_end(o, O, I);
-      z = b - a;
-   }
-}
-
-/* the windows [lo, hi) along a dimension that hold input i: regular windows (G_MAX, G_AVG; for
-   max with dilation, a window in the range holds i only if (i + pad - o s) % d == 0) or adaptive
-   ones (whose starts and ends both grow with o, so the holders are a run) */
-LM_HD inline void cover(int kind, int64_t i, int64_t O, int64_t I, int64_t k, int64_t s,
-                        int64_t pad, int64_t d, int64_t &lo, int64_t &hi) {
-   if (O <= 0) {
-      lo = hi = 0;
-      return;
-   }
-   if (kind != G_ADAPTIVE) {
-      const int64_t dd = kind == G_MAX ? d : 1;
-      lo = max64(ceildiv(i + pad - (k - 1) * dd, s), 0);
-      hi = min64(floordiv(i + pad, s) + 1, O);
-      if (hi < lo) hi = lo;
-      return;
-   }
-   /* end(o) = ceil((o + 1) I / O) > i  <=>  o >= floor(i O / I);
-      start(o) = floor(o I / O) <= i  <=>  o < ceil((i + 1) O / I) */
-   lo = min64(i * O / I, O);
-   hi = min64(((i + 1) * O + I - 1) / I, O);
-   if (hi < lo) hi = lo;
-}
-
 /* avg_pool2d's divisor of window (oh, ow) (kernels/cpu/pool2d.h: avg_div) */
 LM_HD inline double avg_div(const geo &g, int64_t oh, int64_t ow) {
    if (g.kind == G_AVG && g.has_div) return (double)g.divisor;
@@ -215,38 +134,8 @@ LM_HD inline double avg_div(const geo &g, int64_t oh, int64_t ow) {
    return (double)((h1 - h0) * (w1 - w0));
 }
 
-/* the flat index i of a thread over (N, C, A, B) in the order of the threads: (n, a, b, c) with c
-   fastest for channels-last, (n, c, a, b) with b fastest otherwise */
-template <class IT>
-LM_HD inline void split(int64_t i, int cl, int64_t C, int64_t A, int64_t B, int64_t &n,
-                        int64_t &c, int64_t &a, int64_t &b) {
-   const IT j = (IT)i;
-   if (cl) {
-      const IT q = j / (IT)C, r = q / (IT)B, s = r / (IT)A;
-      c = (int64_t)(j - q * (IT)C);
-      b = (int64_t)(q - r * (IT)B);
-      a = (int64_t)(r - s * (IT)A);
-      n = (int64_t)s;
-   } else {
-      const IT q = j / (IT)B, r = q / (IT)A, s = r / (IT)C;
-      b = (int64_t)(j - q * (IT)B);
-      a = (int64_t)(q - r * (IT)A);
-      c = (int64_t)(r - s * (IT)C);
-      n = (int64_t)s;
-   }
-}
-
 LM_HD inline int64_t at(const st4 &s, int64_t n, int64_t c, int64_t h, int64_t w) {
    return n * s.n + c * s.c + h * s.h + w * s.w;
-}
-
-/* one more bad entry (rare: only bad input gets here, so the atomic never contends) */
-LM_HD inline void count_one(unsigned long long *p) {
-#ifdef __CUDA_ARCH__
-   atomicAdd(p, 1ULL);
-#else
-   ++*p;
-#endif
 }
 
 /* ---- kernels (per-thread bodies) ------------------------------------------------------------ */
@@ -416,16 +305,9 @@ template <class D, class IT> struct max_check {
       if (!win) return;
       ih = x / g.W;
       iw = x - ih * g.W;
-      int ok;
-      if (g.kind == G_ADAPTIVE) {
-         ok = ih >= ad_start(oh, g.OH, g.H) && ih < ad_end(oh, g.OH, g.H) &&
-              iw >= ad_start(ow, g.OW, g.W) && iw < ad_end(ow, g.OW, g.W);
-      } else {
-         const int64_t a = ih - (oh * g.sh - g.ph), b = iw - (ow * g.sw - g.pw);
-         ok = a >= 0 && a % g.dh == 0 && a / g.dh < g.kh && b >= 0 && b % g.dw == 0 &&
-              b / g.dw < g.kw;
-      }
-      if (!ok) count_one(cnt + 1);
+      if (!(in_window(g.kind, oh, ih, g.OH, g.H, g.kh, g.sh, g.ph, g.dh) &&
+            in_window(g.kind, ow, iw, g.OW, g.W, g.kw, g.sw, g.pw, g.dw)))
+         count_one(cnt + 1);
    }
 };
 
@@ -554,13 +436,6 @@ template <class D, class IT> struct avg_gather {
 
 /* ---- launching ------------------------------------------------------------------------------ */
 
-/* body F<D, IT> over [0, n): 32-bit decomposition when n allows */
-template <template <class, class> class F, class D, class... A>
-lm_status launch(int k, int64_t n, A... args) {
-   if (n <= (int64_t)UINT32_MAX) return lm_cu_for(k, n, F<D, uint32_t>{args...});
-   return lm_cu_for(k, n, F<D, int64_t>{args...});
-}
-
 #ifndef LM_CUDA_EMU
 /* avg_fwd_split on the GPU: a block holds LM_CU_THREADS / parts output elements (consecutive in
    the threads' order) x parts; the partials meet in shared memory and thread (part 0, e) adds
@@ -615,16 +490,13 @@ lm_status avg_fwd_split(int k, int64_t n, const avg_part<D, IT> &part, D *out, s
 
 /* ---- the ops ------------------------------------------------------------------------------ */
 
-/* dtype dt as the storage type D of the statement s (the four float dtypes) */
+/* dtype dt as the storage type D of the statement (the four float dtypes) */
 #define POOL_DTYPES(dt, what, ...)                                                                \
    switch (dt) {                                                                                  \
-   case LM_FLOAT32: { typedef float D; __VA_ARGS__; }                                             \
-   case LM_FLOAT64: { typedef double D; __VA_ARGS__; }                                            \
-   case LM_BFLOAT16: { typedef bf16 D; __VA_ARGS__; }                                             \
-   case LM_FLOAT16: { typedef f16 D; __VA_ARGS__; }                                               \
-   default:                                                                                       \
-      return lm_error(LM_ERR_DTYPE, "%s: unsupported dtype %s on cuda", what,                      \
-                      lm_dtype_name(dt));                                                         \
+      POOL_FLOAT_CASES(__VA_ARGS__)                                                               \
+      POOL_CASE(LM_BFLOAT16, bf16, __VA_ARGS__)                                                   \
+      POOL_CASE(LM_FLOAT16, f16, __VA_ARGS__)                                                     \
+      POOL_NO_DTYPE(dt, what);                                                                    \
    }
 
 /* MAX_POOL2D, ADAPTIVE_MAX_POOL2D: t = {x, out, indices or NULL}; MAX_POOL2D_TAPS: {x, out, taps} */
@@ -687,16 +559,10 @@ lm_status k_max_backward(const lm_op *op) {
    const int64_t nout = g.N * g.C * g.OH * g.OW;
 
    unsigned long long cnt[2] = {0, 0};
-   if (nout > 0) {
-      unsigned long long *dc = (unsigned long long *)lm_cu_alloc(k, sizeof cnt);
-      if (!dc) return LM_ERR_OOM; /* lm_cu_alloc set the message */
-      lm_status st = lm_cu_err(cudaMemsetAsync(dc, 0, sizeof cnt, lm_cu_stream(k)),
-                               "cudaMemsetAsync");
-      if (st == LM_OK) st = launch<max_check, float>(k, nout, ind, taps, g, si, win, dc);
-      if (st == LM_OK) st = lm_cu_memcpy(k, cnt, dc, sizeof cnt, 1);
-      lm_cu_free(k, dc, sizeof cnt);
-      LM_TRY(st);
-   }
+   if (nout > 0)
+      LM_TRY(read_counts(k, 0, cnt, [&](unsigned long long *dc, unsigned *) {
+         return launch<max_check, float>(k, nout, ind, taps, g, si, win, dc);
+      }));
    if (window_rule) {
       if (cnt[0] + cnt[1])
          return lm_error(LM_ERR_ARG, "%s: %lld %s are out of range for their pooling windows",

@@ -1,7 +1,9 @@
 /* pool3d.cu -- the CUDA kernels of the 3-D pools: max / average / adaptive pooling over volumes,
  * forward and backward (params and t[] order: src/ops/pool3d.h; front ends: src/ops/pool3d.c;
  * the semantic reference: kernels/cpu/pool3d.c). The structure follows the 2-D pools
- * (kernels/cuda/pool.cu); the window arithmetic is the same per dimension, three times.
+ * (kernels/cuda/pool.cu); the window arithmetic is the same per dimension, three times: the
+ * window rules, the covers, the thread index decomposition, the channel groups, the index
+ * check's counters and the launches are pool_common.cuh's, shared with it.
  *
  * The front end hands every tensor dense in mf (LM_CHANNELS_LAST_3D when the input suggests it,
  * else LM_CONTIGUOUS) and float32 or float64 (float16 / bfloat16 run on float32 copies there,
@@ -40,6 +42,7 @@
  * when the element count allows (IT = uint32_t), as in pool.cu. */
 #include "cuda.cuh"
 #include "ops/pool3d.h"
+#include "pool_common.cuh"
 
 #include <math.h>
 
@@ -49,8 +52,6 @@ namespace {
 template <class D> struct acc_of { typedef D T; };
 
 /* ---- geometry ---------------------------------------------------------------------------- */
-enum { G_MAX = 0, G_AVG = 1, G_ADAPTIVE = 2 };
-
 struct geo {
    int64_t N, C, I[3], O[3]; /* input / output sizes {D, H, W} */
    int64_t k[3], s[3], p[3], d[3];
@@ -98,81 +99,14 @@ geo geo_of(const lm_pool3d_params *p, int kind) {
    return g;
 }
 
-/* up to VMAX consecutive channels per thread in the NDHWC max forward and gathers (as pool.cu):
-   the window / cover divisions are paid once per VMAX elements */
-enum { VMAX = 4 };
-geo with_channel_groups(geo g) {
-   if (g.cl) {
-      g.vc = g.C < (int64_t)VMAX ? g.C : (int64_t)VMAX;
-      g.CG = (g.C + g.vc - 1) / g.vc;
-   }
-   return g;
-}
-
-LM_HD inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-LM_HD inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-/* floor / ceiling of a / b for b > 0 and any a; in 32 bits when both fit */
-LM_HD inline int64_t floordiv(int64_t a, int64_t b) {
-   if (a == (int32_t)a && b == (int32_t)b) {
-      const int32_t a32 = (int32_t)a, b32 = (int32_t)b, q = a32 / b32;
-      return (q * b32 != a32 && a32 < 0) ? q - 1 : q;
-   }
-   const int64_t q = a / b;
-   return (q * b != a && a < 0) ? q - 1 : q;
-}
-LM_HD inline int64_t ceildiv(int64_t a, int64_t b) { return -floordiv(-a, b); }
-
-/* adaptive window o of O over I inputs: [floor(o I / O), ceil((o + 1) I / O)) */
-LM_HD inline int64_t ad_start(int64_t a, int64_t b, int64_t c) {
-   return (a / b) * c + ((a % b) * c) / b;
-}
-LM_HD inline int64_t ad_end(int64_t a, int64_t b, int64_t c) { return 1 + ((a + 1) * c - 1) / b; }
-
-/* window o along dimension j: its first input a and end b (exclusive; taps a, a + d, ... for
-   max) inside the input, and z: its size counted with padding (avg), exactly as
-   kernels/cpu/pool3d.c's geo_make */
+/* window o along dimension j (pool_common.cuh's window: as kernels/cpu/pool3d.c's geo_make) */
 LM_HD inline void window(const geo &g, int j, int64_t o, int64_t &a, int64_t &b, int64_t &z) {
-   const int64_t I = g.I[j];
-   if (g.kind == G_MAX) {
-      const int64_t d = g.d[j];
-      a = o * g.s[j] - g.p[j];
-      b = min64(a + (g.k[j] - 1) * d + 1, I);
-      z = 0;
-      if (a < 0) a += ((-a + d - 1) / d) * d; /* the CPU's while (a < 0) a += d */
-   } else if (g.kind == G_AVG) {
-      a = o * g.s[j] - g.p[j];
-      b = min64(a + g.k[j], I + g.p[j]);
-      z = b - a;
-      a = max64(a, 0);
-      b = min64(b, I);
-   } else {
-      a = ad_start(o, g.O[j], I);
-      b = ad_end(o, g.O[j], I);
-      z = b - a;
-   }
+   window(g.kind, o, g.O[j], g.I[j], g.k[j], g.s[j], g.p[j], g.d[j], a, b, z);
 }
 
-/* the windows [lo, hi) along dimension j that hold input i: regular windows (for max with
-   dilation, a window in the range holds i only if (i + pad - o s) % d == 0: the gathers check)
-   or adaptive ones (starts and ends both grow with o, so the holders are a run) */
+/* the windows [lo, hi) along dimension j that hold input i (pool_common.cuh's cover) */
 LM_HD inline void cover(const geo &g, int j, int64_t i, int64_t &lo, int64_t &hi) {
-   const int64_t O = g.O[j], I = g.I[j];
-   if (O <= 0) {
-      lo = hi = 0;
-      return;
-   }
-   if (g.kind != G_ADAPTIVE) {
-      const int64_t dd = g.kind == G_MAX ? g.d[j] : 1;
-      lo = max64(ceildiv(i + g.p[j] - (g.k[j] - 1) * dd, g.s[j]), 0);
-      hi = min64(floordiv(i + g.p[j], g.s[j]) + 1, O);
-      if (hi < lo) hi = lo;
-      return;
-   }
-   /* end(o) = ceil((o + 1) I / O) > i  <=>  o >= floor(i O / I);
-      start(o) = floor(o I / O) <= i  <=>  o < ceil((i + 1) O / I) */
-   lo = min64(i * O / I, O);
-   hi = min64(((i + 1) * O + I - 1) / I, O);
-   if (hi < lo) hi = lo;
+   cover(g.kind, i, g.O[j], g.I[j], g.k[j], g.s[j], g.p[j], g.d[j], lo, hi);
 }
 
 /* avg_pool3d's divisor of window (od, oh, ow), 0 for an empty one (kernels/cpu/pool3d.c:
@@ -188,35 +122,6 @@ LM_HD inline int64_t avg_div(const geo &g, int64_t od, int64_t oh, int64_t ow) {
    return (d1 - d0) * (h1 - h0) * (w1 - w0);
 }
 
-/* the flat index i of a thread over (N, C, A, B, E) in the order of the threads: (n, a, b, e, c)
-   with c fastest for channels_last_3d, (n, c, a, b, e) with e fastest otherwise */
-template <class IT>
-LM_HD inline void split(int64_t i, int cl, int64_t C, int64_t A, int64_t B, int64_t E,
-                        int64_t &n, int64_t &c, int64_t &a, int64_t &b, int64_t &e) {
-   IT j = (IT)i;
-   if (cl) {
-      IT q = j / (IT)C;
-      c = (int64_t)(j - q * (IT)C);
-      j = q, q = j / (IT)E;
-      e = (int64_t)(j - q * (IT)E);
-      j = q, q = j / (IT)B;
-      b = (int64_t)(j - q * (IT)B);
-      j = q, q = j / (IT)A;
-      a = (int64_t)(j - q * (IT)A);
-      n = (int64_t)q;
-   } else {
-      IT q = j / (IT)E;
-      e = (int64_t)(j - q * (IT)E);
-      j = q, q = j / (IT)B;
-      b = (int64_t)(j - q * (IT)B);
-      j = q, q = j / (IT)A;
-      a = (int64_t)(j - q * (IT)A);
-      j = q, q = j / (IT)C;
-      c = (int64_t)(j - q * (IT)C);
-      n = (int64_t)q;
-   }
-}
-
 LM_HD inline int64_t at(const st5 &s, int64_t n, int64_t c, int64_t d, int64_t h, int64_t w) {
    return n * s.n + c * s.c + d * s.d + h * s.h + w * s.w;
 }
@@ -227,14 +132,6 @@ LM_HD inline unsigned inc(unsigned *p) {
    return atomicAdd(p, 1u);
 #else
    return (*p)++;
-#endif
-}
-/* one more bad entry (rare: only bad input gets here, so the atomic never contends) */
-LM_HD inline void count_one(unsigned long long *p) {
-#ifdef __CUDA_ARCH__
-   atomicAdd(p, 1ULL);
-#else
-   ++*p;
 #endif
 }
 /* gradient into a zeroed voxel named at most twice: exact in any order (see the top) */
@@ -417,10 +314,7 @@ template <class D, class IT> struct max_check3 {
    }
    /* input i is a tap of window o along dimension j (inside the input: i is) */
    LM_HD int in_window(int j, int64_t o, int64_t i) const {
-      if (g.kind == G_ADAPTIVE)
-         return i >= ad_start(o, g.O[j], g.I[j]) && i < ad_end(o, g.O[j], g.I[j]);
-      const int64_t a = i - (o * g.s[j] - g.p[j]);
-      return a >= 0 && a % g.d[j] == 0 && a / g.d[j] < g.k[j];
+      return ::in_window(g.kind, o, i, g.O[j], g.I[j], g.k[j], g.s[j], g.p[j], g.d[j]);
    }
 };
 
@@ -523,22 +417,12 @@ template <class D, class IT> struct max_scatter_plane3 {
 
 /* ---- launching ------------------------------------------------------------------------------ */
 
-/* body F<D, IT> over [0, n): 32-bit decomposition when n allows */
-template <template <class, class> class F, class D, class... A>
-lm_status launch(int k, int64_t n, A... args) {
-   if (n <= (int64_t)UINT32_MAX) return lm_cu_for(k, n, F<D, uint32_t>{args...});
-   return lm_cu_for(k, n, F<D, int64_t>{args...});
-}
-
 /* dtype dt as the storage type D of the statement (float32 / float64: the front end widens the
    halves) */
 #define POOL3D_DTYPES(dt, what, ...)                                                              \
    switch (dt) {                                                                                  \
-   case LM_FLOAT32: { typedef float D; __VA_ARGS__; }                                             \
-   case LM_FLOAT64: { typedef double D; __VA_ARGS__; }                                            \
-   default:                                                                                       \
-      return lm_error(LM_ERR_DTYPE, "%s: unsupported dtype %s on cuda", what,                      \
-                      lm_dtype_name(dt));                                                         \
+      POOL_FLOAT_CASES(__VA_ARGS__)                                                               \
+      POOL_NO_DTYPE(dt, what);                                                                    \
    }
 
 /* zero a tensor dense in its format (numel elements from its first; 0 bits = +0.0) */
@@ -597,22 +481,11 @@ lm_status k_max_backward(const lm_op *op) {
    /* the check (and, without the windows, the count of outputs per voxel): one small
       synchronising copy per max-pool backward, the price of the CPU's error for bad indices */
    unsigned long long cnt[2] = {0, 0};
-   if (nout > 0) {
-      const size_t nb = win ? 0 : (size_t)nin * sizeof(unsigned);
-      unsigned long long *dc = (unsigned long long *)lm_cu_alloc(k, sizeof cnt);
-      if (!dc) return LM_ERR_OOM; /* lm_cu_alloc set the message */
-      unsigned *named = nb ? (unsigned *)lm_cu_alloc(k, nb) : NULL;
-      lm_status st = nb && !named ? LM_ERR_OOM : LM_OK;
-      if (st == LM_OK)
-         st = lm_cu_err(cudaMemsetAsync(dc, 0, sizeof cnt, lm_cu_stream(k)), "cudaMemsetAsync");
-      if (st == LM_OK && named)
-         st = lm_cu_err(cudaMemsetAsync(named, 0, nb, lm_cu_stream(k)), "cudaMemsetAsync");
-      if (st == LM_OK) st = launch<max_check3, float>(k, nout, ind, named, g, si, win, dc);
-      if (st == LM_OK) st = lm_cu_memcpy(k, cnt, dc, sizeof cnt, 1);
-      if (named) lm_cu_free(k, named, nb);
-      lm_cu_free(k, dc, sizeof cnt);
-      LM_TRY(st);
-   }
+   if (nout > 0)
+      LM_TRY(read_counts(k, win ? 0 : (size_t)nin * sizeof(unsigned), cnt,
+                         [&](unsigned long long *dc, unsigned *named) {
+                            return launch<max_check3, float>(k, nout, ind, named, g, si, win, dc);
+                         }));
    if (cnt[0])
       return lm_error(LM_ERR_ARG, "%s: %lld indices are out of range for an input volume of %lld",
                       what, (long long)cnt[0], (long long)V);
