@@ -281,7 +281,7 @@ static inline __attribute__((always_inline)) void unit_out(unit_st *s, int last,
       amx_store_32x32(acc, ldacc);
       return;
    }
-   if (s->direct && mr == 32 && nr == 32) { /* float32 C = A B: the accumulators are the result */
+   if (s->direct && mr == 32 && nr == 32) { /* float32 C = A B (+ C): the accumulators are it */
       amx_store_32x32((float *)s->c + i0 * s->rsc + j, s->rsc);
       return;
    }
@@ -343,7 +343,10 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
       uint16_t *ap = (uint16_t *)(buf + b_bytes + (size_t)tid * (a_bytes + tb_bytes));
       unit_st st = {alpha, beta, c, rsc, csc, c_bf16, 0, ep, (float *)((char *)ap + a_bytes), 0,
                     {NULL, 0, 0, NULL, 0, 0}};
-      st.direct = !ep && !c_bf16 && csc == 1 && alpha == 1.0f && beta == 0.0f;
+      /* float32 C = A B or C += A B (the weight gradients' sums over pixel tiles): whole blocks
+         go into C from the accumulators, which start from C's block when beta is 1 */
+      st.direct = !ep && !c_bf16 && csc == 1 && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+      const int cacc = st.direct && beta == 1.0f;
       lm_amx_begin();
       for (int64_t jc = 0; jc < n; jc += nc_blk) {
          const int64_t nc = imin(nc_blk, n - jc);
@@ -368,12 +371,15 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
                   if (!inpl) pack_rows(rows, i0, mr, kc, pc, a, rsa, csa, ap);
                   for (int64_t jb = 0; jb < njb; jb++) {
                      const amx_seg seg = {inpl ? a + i0 * rsa + pc : ap, bk + jb * 32 * kc2p};
+                     const int whole = mr == 32 && nc - jb * 32 >= 32;
+                     const float *cin = pc                ? racc + jb * 32
+                                        : cacc && whole ? (float *)c + i0 * rsc + jc + jb * 32
+                                                        : NULL;
+                     const int64_t ldin = pc ? nc_blk : rsc;
                      if (inpl)
-                        amx_issue_32x32(&seg, 1, nsteps, rsa * 2, 32 * rsa, 64,
-                                        pc ? racc + jb * 32 : NULL, nc_blk, 1);
+                        amx_issue_32x32(&seg, 1, nsteps, rsa * 2, 32 * rsa, 64, cin, ldin, 1);
                      else
-                        amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048,
-                                        pc ? racc + jb * 32 : NULL, nc_blk, 1);
+                        amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048, cin, ldin, 1);
                      unit_out(&st, pc + kc >= k, racc + jb * 32, nc_blk, i0, jc + jb * 32, mr,
                               (int)imin(32, nc - jb * 32));
                   }
@@ -401,18 +407,20 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
                const int64_t i0 = ib * 32, j0 = jb * 32;
                const int mr = (int)imin(32, m - i0), nr = (int)imin(32, nc - j0);
                float *acc = accb ? accb + i0 * nc_blk + j0 : NULL;
+               const float *cin = !first                           ? acc
+                                  : cacc && mr == 32 && nr == 32 ? (float *)c + i0 * rsc + jc + j0
+                                                                   : NULL;
+               const int64_t ldin = first ? rsc : nc_blk;
                if (inplace && mr == 32) {
                   const amx_seg seg = {a + i0 * rsa + pc, bpk + jb * 32 * kc2p};
-                  amx_issue_32x32(&seg, 1, nsteps, rsa * 2, 32 * rsa, 64, first ? NULL : acc,
-                                  nc_blk, 1);
+                  amx_issue_32x32(&seg, 1, nsteps, rsa * 2, 32 * rsa, 64, cin, ldin, 1);
                } else {
                   if (packed_ib != ib) {
                      pack_rows(rows, i0, mr, kc, pc, a, rsa, csa, ap);
                      packed_ib = ib;
                   }
                   const amx_seg seg = {ap, bpk + jb * 32 * kc2p};
-                  amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048, first ? NULL : acc, nc_blk,
-                                  1);
+                  amx_issue_32x32(&seg, 1, nsteps, 64, 1024, 2048, cin, ldin, 1);
                }
                unit_out(&st, last, acc, nc_blk, i0, jc + j0, mr, nr);
             }
