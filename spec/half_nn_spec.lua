@@ -222,6 +222,12 @@ describe("half-precision nn operators", function()
                           { training = false, relu = relu }, hd[2] .. " eval C " .. c)
                end
             end
+            -- outputs of 1 MiB and more in fresh blocks: the AVX-512 copy's streaming stores
+            -- (C a multiple of 32); C 80 keeps ordinary stores
+            for _, c in ipairs({ 64, 80 }) do
+               bn_case(hd[1], hd[3], lm.float32, { 8, c, 40, 40 }, CL, false,
+                       { training = true, relu = true, residual = true }, hd[2] .. " big C " .. c)
+            end
          end
       end
    end)

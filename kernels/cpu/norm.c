@@ -858,13 +858,15 @@ static int bn_run(int v, const void *x, const void *dy, const void *mk, void *gm
                    const bn_geom *g, int dt, bn_work *w, double *s1, double *s2,
                    void (*prep)(void *), void *ctx, const void *a, const void *amk, const void *b,
                    const void *res, void *y, int relu, int stream) {
-   if (is_half(dt)) { /* rows only (the front end widens planes); no streaming stores */
+   if (is_half(dt)) { /* rows only (the front end widens planes) */
+      /* streaming stores as below, the AVX-512 copy only: whole lines (C % 32 == 0) */
+      const int st = stream && v && y && ((uintptr_t)y & 63) == 0 && g->C % 32 == 0;
       const lm_bn_half_args hp = {dt, x, dy, mk, gm, K, g->M, g->C, w->part, s1, s2, prep, ctx,
-                                  a, amk, b, res, y, w->coef, relu};
+                                  a, amk, b, res, y, w->coef, relu, st};
 #if BN_HAVE_AVX512
       if (v) {
          lm_bn_rows_half_avx512(&hp);
-         return 0;
+         return st;
       }
 #endif
       bn_rows_half_c(&hp, w->facc);

@@ -35,6 +35,7 @@ typedef struct lm_bn_half_args {
    uint16_t *y;
    const float *cf;
    int relu;
+   int stream; /* y with streaming stores (C a multiple of 32, y 64-byte aligned: whole lines) */
 } lm_bn_half_args;
 
 LM_NORM_HIDDEN void lm_bn_rows_half_avx512(const lm_bn_half_args *p);

@@ -33,7 +33,7 @@ static inline __m512 ld16(int bf, const uint16_t *p, __mmask16 m) {
 }
 
 /* 16 floats rounded to the 16-bit type (to nearest even), the lanes of mask m stored */
-static inline void st16(int bf, uint16_t *p, __m512 v, __mmask16 m) {
+static inline __m256i cvt16(int bf, __m512 v) {
    __m256i h;
    if (bf) {
       const __m512i u = _mm512_castps_si512(v);
@@ -47,7 +47,11 @@ static inline void st16(int bf, uint16_t *p, __m512 v, __mmask16 m) {
    } else {
       h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
    }
-   _mm256_mask_storeu_epi16(p, m, h);
+   return h;
+}
+
+static inline void st16(int bf, uint16_t *p, __m512 v, __mmask16 m) {
+   _mm256_mask_storeu_epi16(p, m, cvt16(bf, v));
 }
 
 /* g where m > 0 or m is NaN, else 0 (relu_backward's mask) */
@@ -127,18 +131,25 @@ static inline __attribute__((always_inline)) void affine_tile(const lm_bn_half_a
       D[j] = _mm512_maskz_loadu_ps(m, cf + 4 * C + c);
    }
    const __m512 zero = _mm512_setzero_ps();
+   /* the operands in locals: read through p, every field was loaded again for each vector (the
+      stores through y may alias p as far as the compiler knows) */
+   const uint16_t *pa = p->a, *pamk = p->amk, *pb = p->b, *pres = p->res;
+   uint16_t *py = p->y;
+   const int relu = p->relu, stream = p->stream;
    for (int64_t r = re - 1; r >= rb; r--) {
       const int64_t o = r * C + cb;
       for (int j = 0; j < nv; j++) {
          const __mmask16 m = vmask(j, nv, tm);
-         __m512 av = ld16(bf, p->a + o + 16 * j, m);
-         if (p->amk) av = relu_mask(av, ld16(bf, p->amk + o + 16 * j, m));
+         __m512 av = ld16(bf, pa + o + 16 * j, m);
+         if (pamk) av = relu_mask(av, ld16(bf, pamk + o + 16 * j, m));
          __m512 t = _mm512_fmadd_ps(A[j], _mm512_sub_ps(av, Ma[j]), D[j]);
-         if (p->b)
-            t = _mm512_fmadd_ps(B[j], _mm512_sub_ps(ld16(bf, p->b + o + 16 * j, m), Mb[j]), t);
-         if (p->res) t = _mm512_add_ps(t, ld16(bf, p->res + o + 16 * j, m));
-         if (p->relu) t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, zero, _CMP_NLT_UQ), t);
-         st16(bf, p->y + o + 16 * j, t, m);
+         if (pb) t = _mm512_fmadd_ps(B[j], _mm512_sub_ps(ld16(bf, pb + o + 16 * j, m), Mb[j]), t);
+         if (pres) t = _mm512_add_ps(t, ld16(bf, pres + o + 16 * j, m));
+         if (relu) t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, zero, _CMP_NLT_UQ), t);
+         if (stream) /* whole 32-byte halves of lines (C % 32 == 0): write-combined */
+            _mm256_stream_si256((__m256i *)(void *)(py + o + 16 * j), cvt16(bf, t));
+         else
+            st16(bf, py + o + 16 * j, t, m);
       }
    }
 }
@@ -248,7 +259,10 @@ void lm_bn_rows_half_avx512(const lm_bn_half_args *p) {
 #pragma omp barrier
          }
       }
-      if (p->y) affine_rows(p, r0, r1);
+      if (p->y) {
+         affine_rows(p, r0, r1);
+         if (p->stream) _mm_sfence();
+      }
    }
 }
 
