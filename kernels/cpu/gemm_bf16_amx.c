@@ -307,16 +307,24 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
    const int64_t nib = mp / 32;
    if (nt < 1) nt = 1;
    const size_t b_blk = (size_t)(npan * 32 * kc2p) * 4; /* one k block of B */
-   /* rowacc: every k block of B (:, jc) packed at once (at most ROWACC_B bytes: it stays in
-      L2), then each thread takes whole row blocks, and per row block for pc: for jb, its sums
-      between k blocks in a 32 x NC float32 buffer of its own (64 KiB, L2). Else the BLIS order
-      below, the sums of all m rows between k blocks in one m x NC buffer (memory). */
-   const int rowacc = nkb > 1 && (size_t)nkb * b_blk <= ROWACC_B && nib >= nt;
-   const size_t b_bytes = rowacc ? (size_t)nkb * b_blk : b_blk;
+   const int64_t ncb = (n + nc_blk - 1) / nc_blk; /* column blocks */
+   /* every k block of a column block of B packed at once stays in L2 (ROWACC_B) */
+   const int fits = (size_t)nkb * b_blk <= ROWACC_B;
+   /* colsplit: the column blocks dealt out to the threads, each packing its own B (all k) into
+      its own L2 and running every row block against it: no barrier, and no thread streams
+      panels that the other one packed (the 2-thread 1024^3 product with both threads packing
+      one shared B block: 39 % of the peak against 43 % on one thread). rowacc: every k block
+      of B (:, jc) packed at once by the team, then each thread takes whole row blocks. In both
+      a row block runs for pc: for jb, its sums between k blocks in a 32 x NC float32 buffer of
+      the thread's own (64 KiB, L2). Else the BLIS order below, the sums of all m rows between
+      k blocks in one m x NC buffer (memory). */
+   const int colsplit = nt > 1 && fits && ncb % nt == 0;
+   const int rowacc = !colsplit && nkb > 1 && fits && nib >= nt;
+   const size_t b_bytes = colsplit ? (size_t)nt * nkb * b_blk : rowacc ? (size_t)nkb * b_blk : b_blk;
    const size_t a_bytes = (size_t)(32 * kc_blk) * 2;
-   const size_t acc_bytes = rowacc     ? (size_t)nt * 32 * nc_blk * 4
-                            : nkb > 1 ? (size_t)(mp * nc_blk) * 4
-                                      : 0;
+   const size_t acc_bytes = colsplit || rowacc ? (size_t)nt * 32 * nc_blk * 4
+                            : nkb > 1          ? (size_t)(mp * nc_blk) * 4
+                                               : 0;
    const size_t tb_bytes = 2 * 32 * 32 * 4; /* two: one being written, one being finished */
    const size_t bytes = b_bytes + (size_t)nt * (a_bytes + tb_bytes) + acc_bytes;
    char *buf = lm_alloc(bytes);
@@ -348,25 +356,37 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
       st.direct = !ep && !c_bf16 && csc == 1 && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
       const int cacc = st.direct && beta == 1.0f;
       lm_amx_begin();
-      for (int64_t jc = 0; jc < n; jc += nc_blk) {
+      for (int64_t jcb = colsplit ? tid : 0; jcb < ncb; jcb += colsplit ? ntt : 1) {
+         const int64_t jc = jcb * nc_blk;
          const int64_t nc = imin(nc_blk, n - jc);
          const int64_t njb = (nc + 31) / 32;
-         if (rowacc) {
+         if (colsplit || rowacc) {
             float *racc = accb + (size_t)tid * 32 * nc_blk;
-#pragma omp for schedule(static) collapse(2)
-            for (int64_t kb = 0; kb < nkb; kb++)
-               for (int64_t q = 0; q < njb; q++) {
+            uint32_t *bb = colsplit ? bpk + (size_t)tid * nkb * (b_blk / 4) : bpk;
+            if (colsplit) {
+               for (int64_t kb = 0; kb < nkb; kb++) {
                   const int64_t pc = kb * kc_blk;
-                  lm_amx_pack_b(imin(kc_blk, k - pc), nc, b + pc * rsb + jc * csb, rsb, csb, q,
-                                q + 1, bpk + kb * (b_blk / 4), kc2p);
+                  lm_amx_pack_b(imin(kc_blk, k - pc), nc, b + pc * rsb + jc * csb, rsb, csb, 0,
+                                njb, bb + kb * (b_blk / 4), kc2p);
                }
-            for (int64_t ib = nib * tid / ntt; ib < nib * (tid + 1) / ntt; ib++) {
+            } else {
+#pragma omp for schedule(static) collapse(2)
+               for (int64_t kb = 0; kb < nkb; kb++)
+                  for (int64_t q = 0; q < njb; q++) {
+                     const int64_t pc = kb * kc_blk;
+                     lm_amx_pack_b(imin(kc_blk, k - pc), nc, b + pc * rsb + jc * csb, rsb, csb,
+                                   q, q + 1, bb + kb * (b_blk / 4), kc2p);
+                  }
+            }
+            const int64_t ib0 = colsplit ? 0 : nib * tid / ntt;
+            const int64_t ib1 = colsplit ? nib : nib * (tid + 1) / ntt;
+            for (int64_t ib = ib0; ib < ib1; ib++) {
                const int64_t i0 = ib * 32;
                const int mr = (int)imin(32, m - i0);
                for (int64_t pc = 0, kb = 0; pc < k; pc += kc_blk, kb++) {
                   const int64_t kc = imin(kc_blk, k - pc);
                   const int nsteps = (int)(rup(kc, 32) / 32);
-                  const uint32_t *bk = bpk + kb * (b_blk / 4);
+                  const uint32_t *bk = bb + kb * (b_blk / 4);
                   const int inpl = inplace && mr == 32;
                   if (!inpl) pack_rows(rows, i0, mr, kc, pc, a, rsa, csa, ap);
                   for (int64_t jb = 0; jb < njb; jb++) {
@@ -388,7 +408,9 @@ static int amx_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
             if (st.pd.t) finish(&st.pd, alpha, beta, rsc, csc, c_bf16, ep);
             st.pd.t = NULL;
             if (ep && ep->stream) _mm_sfence();
+            if (rowacc) {
 #pragma omp barrier
+            }
             continue;
          }
          for (int64_t pc = 0; pc < k; pc += kc_blk) {
