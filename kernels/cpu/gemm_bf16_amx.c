@@ -26,11 +26,12 @@
  * each thread takes whole 32-row blocks, and per row block runs for pc: for jb, its sums
  * between k blocks in its own 32 x NC float32 buffer (64 KiB, L2) rather than an m x NC one in
  * memory. B tiles are loaded with TILELOADDT1 (streamed: they do not push the A block, read
- * once per jb, out of L1). Measured on one core of this Xeon, 1024^3 bfloat16 C: 0.71 TFLOP/s
- * before (128-byte B rows, KC 512, the m x NC buffer), 1.0 with contiguous B tiles and KC 1024,
- * 1.15 as now. What limits is L2 -> L1 traffic, not the tiles: a 64-byte load a k step that
- * misses L1, added to the micro-kernel alone, cost 20 % of its rate; so packing and epilogue
- * work interleaved between the products (tried) did not overlap with them. docs/performance.md
+ * again for every jb, out of L1; the micro-kernel alone 60 -> 75 % of the peak,
+ * bench/amx_kernel.c). Measured on one core of this Xeon, 1024^3 bfloat16 C: 0.71 TFLOP/s
+ * before (KC 512, the m x NC buffer), 1.0 with KC 1024, 1.15 as now. What limits is L2 -> L1
+ * traffic, not the tiles: one 64-byte load a k step that misses L1, added to the micro-kernel
+ * alone, cost 40 % of its rate (bench/amx_kernel.c, t1+miss); so packing and epilogue work
+ * interleaved between the products (tried) did not overlap with them. docs/performance.md
  * (AMX).
  */
 #include "gemm_bf16_amx.h"

@@ -5,9 +5,9 @@
  * pairs (p2), zeros past kc and past nc; panel q starts at dst + q * 32 * prow. A step of 32 k
  * (16 pairs) is 512 words: the B tile of columns 0-15 (16 rows p2 of 16 words {B(2 p2, j),
  * B(2 p2 + 1, j)}, even k in the low half) in its first 256 words, columns 16-31 in the next
- * 256: each tile 1 KiB contiguous, loaded at a 64-byte stride. (The 128-byte stride of rows
- * holding both tiles ran the micro-kernel with B from L2 at 62 % of the peak; contiguous tiles
- * 72 %.)
+ * 256: each tile 1 KiB contiguous, loaded at a 64-byte stride (with B streamed from L2 the
+ * micro-kernel ran at 60 % of the peak, 58 % with the two tiles' rows interleaved 128 bytes
+ * apart; loaded with TILELOADDT1, 75 %: bench/amx_kernel.c).
  */
 #ifndef LUMEN_GEMM_BF16_AMX_H
 #define LUMEN_GEMM_BF16_AMX_H
