@@ -450,7 +450,15 @@ describe("lm.layout", function()
             -- on a GPU a convolution's temporaries include cuDNN's workspace (per algorithm,
             -- not a layout conversion), so only the other ops are held to "both" there
             if not (on_cuda and op:match("^conv2d")) then
-               assert.are.equal("both", by[op].native, op)
+               local native = by[op].native
+               -- the temporaries are read off the host allocator's peak around one call: a
+               -- fresh-clone CI run under a load of 5 once saw the channels-last grouped
+               -- convolution's call 3.8 MB over its usual 80 KB (not reproduced in 8 runs of
+               -- this file, loaded or not). A row that is not "both" is measured again alone.
+               if native ~= "both" then
+                  native = L.coverage({ only = { op } }).by_op[op].native
+               end
+               assert.are.equal("both", native, op)
             end
          end
          -- softmax copies a channels-last input to contiguous first (kernels/cpu/softmax.c); the
