@@ -162,3 +162,185 @@ describe("activations against PyTorch", function()
       H.assert_error_like("LeakyReLU", "negative_slope", nn.LeakyReLU, "x")
    end)
 end)
+
+-- The float32 AVX-512 loops (kernels/cpu/ew_act_f32_avx512.c, implementation "ew_act_avx512",
+-- taken for float32 at lm_cpu_isa() >= AVX-512): against float64 references (the same ops in
+-- float64: libm's erf, tanh, exp) and against the portable loops (the name switched off), on
+-- lengths that are not multiples of 16 (the masked tail), strided views, large |x|, NaN and
+-- +-inf (NaN where PyTorch's float32 formulas give NaN, the same infinities).
+describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
+   local C = require("lumen.C")
+   local has512 = lm.get_default_device() ~= "cuda:0" and C.lm_cpu_get_isa() >= C.LM_ISA_AVX512
+   local inf, nan = math.huge, 0 / 0
+   -- the values every case sees: zeros, tiny, the erf branch point, exp's clamps and overflow,
+   -- the GELU tanh form's x^3 and x^2 overflow, NaN, +-inf; then random ones
+   local SPECIAL = { 0, -0.0, 1e-30, -1e-30, 1e-40, 0.5, -0.5, 1.3119, -1.3119, 1.31201,
+                     -1.31201, 3, -3, 5, -5, 9.5, -9.5, 10.5, -10.5, 13, -13, 20, -20, 87.5,
+                     -87.5, 88.8, -88.8, 89, -89, 104, -104, 120, -120, 1e3, -1e3, 3e12, -3e12,
+                     2e19, -2e19, 1e30, -1e30, 3.4e38, -3.4e38, inf, -inf, nan }
+   local function values(n)
+      lm.manual_seed(n)
+      local r = (lm.randn({ n }) * 4):totable()
+      for i = 1, math.min(n, #SPECIAL) do r[i] = SPECIAL[i] end
+      return r
+   end
+   local UN = {
+      { "gelu", function(x) return F.gelu(x) end },
+      { "gelu tanh", function(x) return F.gelu(x, "tanh") end },
+      { "silu", function(x) return F.silu(x) end },
+      { "sigmoid", function(x) return x:sigmoid() end },
+      { "hardswish", function(x) return F.hardswish(x) end },
+      { "hardsigmoid", function(x) return F.hardsigmoid(x) end },
+   }
+   local BW = {
+      { "gelu backward", function(x) return F.gelu(x) end },
+      { "gelu tanh backward", function(x) return F.gelu(x, "tanh") end },
+      { "silu backward", function(x) return F.silu(x) end },
+   }
+   -- a within float32 rounding of the float64 reference r (x the input): NaN where r is NaN,
+   -- the same infinities, else |a - r| <= 4e-6 |r| + 1e-6 min(|x|, 10) + 1e-12: a few ulps of
+   -- the result, and a few ulps of the terms where they cancel (the gradients' zeros) or of
+   -- 1 + erf(z) in the tails (lm_gelu_f32's erf is good to an ulp of erf, not of 1 + erf; the
+   -- portable loops' 1 + tanhf(u) and 1 + erff(z) cancel there too)
+   local function close(a, r, x, what)
+      a, r = a:contiguous():view({ -1 }):totable(), r:contiguous():view({ -1 }):totable()
+      x = x:contiguous():view({ -1 }):double():totable()
+      assert.are.equal(#r, #a, what)
+      for i = 1, #r do
+         local ai, ri = a[i], r[i]
+         local ok
+         if ri ~= ri then ok = ai ~= ai
+         elseif ri == inf or ri == -inf then ok = ai == ri
+         else
+            local tol = 4e-6 * math.abs(ri) + 1e-6 * math.min(math.abs(x[i]), 10) + 1e-12
+            ok = ai == ai and math.abs(ai - ri) <= tol
+         end
+         if not ok then
+            error(("%s: element %d (x = %.9g): got %.9g, reference %.9g"):format(what, i, x[i],
+                                                                                ai, ri), 2)
+         end
+      end
+   end
+   -- the float32 result with the AVX-512 loops on (on = true) or switched off
+   local function with(on, fn)
+      if not on then lm.backends.cpu.disable("ew_act_avx512") end
+      local ok, r = pcall(fn)
+      if not on then lm.backends.cpu.enable("ew_act_avx512") end
+      if not ok then error(r, 0) end
+      return r
+   end
+   -- x: float32 inputs of several lengths, contiguous and strided (every other element of a
+   -- 2-column view)
+   local function inputs(n)
+      local v = values(n)
+      local x = lm.tensor(v, { dtype = lm.float32 })
+      local wide = lm.zeros({ n, 2 }, { dtype = lm.float32 })
+      wide:select(2, 1):copy_(x)
+      return { { "contiguous", x }, { "strided", wide:select(2, 1) } }
+   end
+   local LENS = { 1, 15, 16, 17, 47, 1000 + 7 }
+
+   for _, c in ipairs(UN) do
+      it(c[1] .. ": float64 reference and the portable loop, odd lengths, strided, specials",
+         function()
+         if not has512 then
+            pending("needs AVX-512 on the CPU")
+            return
+         end
+         for _, n in ipairs(LENS) do
+            for _, xi in ipairs(inputs(n)) do
+               local what = ("%s n=%d %s"):format(c[1], n, xi[1])
+               local x = xi[2]
+               local ref = c[2](x:double())
+               local new = with(true, function() return c[2](x) end)
+               local old = with(false, function() return c[2](x) end)
+               assert.are.equal(lm.float32, new:dtype())
+               if c[1] == "hardswish" then
+                  -- float32's x * 6 overflows from |x| = FLT_MAX / 6: inf there, as in PyTorch
+                  ref = lm.where(x:double():gt(3.4028234663852886e38 / 6), inf, ref)
+               end
+               close(new, ref, x, what .. " (avx512)")
+               close(new, old:double(), x, what .. " (against the portable loop)")
+            end
+         end
+      end)
+   end
+   for _, c in ipairs(BW) do
+      it(c[1] .. ": float64 reference and the portable loop, odd lengths, strided, specials",
+         function()
+         if not has512 then
+            pending("needs AVX-512 on the CPU")
+            return
+         end
+         local function grad(x, g)
+            local xx = x:detach():requires_grad_(true)
+            c[2](xx):backward(g)
+            return xx.grad
+         end
+         for _, n in ipairs(LENS) do
+            for _, xi in ipairs(inputs(n)) do
+               local what = ("%s n=%d %s"):format(c[1], n, xi[1])
+               local x = xi[2]
+               lm.manual_seed(n + 1)
+               local g = lm.randn({ n })
+               local ref = grad(x:double(), g:double())
+               local new = with(true, function() return grad(x, g) end)
+               local old_d = with(false, function() return grad(x, g) end):double()
+               if c[1] == "gelu tanh backward" then
+                  -- float32's y^2 overflows from |y| = 1.8e19: NaN there (0 * inf), as in
+                  -- PyTorch's float32 kernel (the portable loop multiplies in another order
+                  -- and stays finite)
+                  local big = x:double():abs():gt(1.8e19)
+                  ref, old_d = lm.where(big, nan, ref), lm.where(big, nan, old_d)
+               end
+               close(new, ref, x, what .. " (avx512)")
+               close(new, old_d, x, what .. " (against the portable loop)")
+            end
+         end
+      end)
+   end
+   it("bfloat16 and float16 inputs take the float32 loops: the same values as switched off",
+      function()
+      if not has512 then
+         pending("needs AVX-512 on the CPU")
+         return
+      end
+      for _, dt in ipairs({ lm.bfloat16, lm.float16 }) do
+         local x = lm.tensor(values(67), { dtype = lm.float32 }):clamp(-60000, 60000):to(dt)
+         for _, c in ipairs(UN) do
+            local new = with(true, function() return c[2](x) end)
+            local old = with(false, function() return c[2](x) end)
+            assert.are.equal(dt, new:dtype())
+            -- one rounding step of the 16-bit type apart at most
+            local a, b = new:double():totable(), old:double():totable()
+            local rel = dt == lm.bfloat16 and 8e-3 or 1e-3
+            for i = 1, #a do
+               local ok = (a[i] ~= a[i] and b[i] ~= b[i]) or a[i] == b[i] or
+                          math.abs(a[i] - b[i]) <= rel * math.abs(b[i]) + 1e-7
+               assert(ok, ("%s %s element %d: %.6g against %.6g"):format(c[1], tostring(dt), i,
+                                                                          a[i], b[i]))
+            end
+         end
+      end
+   end)
+   it("the forced portable ISA runs the portable loops (the same values as switched off)",
+      function()
+      if not has512 or lm.get_default_device() ~= "cpu" then
+         pending("needs AVX-512 on the CPU, CPU tensors")
+         return
+      end
+      local x = lm.tensor(values(1007), { dtype = lm.float32 })
+      for _, c in ipairs(UN) do
+         local old = with(false, function() return c[2](x) end)
+         C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+         local ok, r = pcall(c[2], x)
+         C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+         assert(ok, r)
+         local a, b = r:totable(), old:totable()
+         for i = 1, #a do
+            assert(a[i] == b[i] or (a[i] ~= a[i] and b[i] ~= b[i]),
+                   ("%s element %d: %.9g against %.9g"):format(c[1], i, a[i], b[i]))
+         end
+      end
+   end)
+end)

@@ -75,6 +75,11 @@ extern "C" {
    /* pools (kernels/cpu/pool.c, pool3d.c) */                                                    \
    X(POOL_AVX512, "pool_avx512", 0, NULL, "pooling with AVX-512 kernels")                        \
    X(POOL_PORTABLE, "pool_portable", 1, NULL, "pooling, portable C")                             \
+   /* elementwise activations (kernels/cpu/elementwise.c; no fallback entry: without it the  \
+      portable loops of ew_kernels.c run, named "default") */                                  \
+   X(EW_ACT_AVX512, "ew_act_avx512", 0, NULL,                                                    \
+     "float32 GELU (erf, tanh), SiLU, sigmoid, hardswish, hardsigmoid and the GELU / SiLU "    \
+     "gradients on 16 lanes with FMA")                                                         \
    /* batch norm (kernels/cpu/norm.c) */                                                         \
    X(BN_AVX512, "batch_norm_avx512", 0, NULL, "batch norm with AVX-512 kernels")                 \
    X(BN_PORTABLE, "batch_norm_portable", 1, NULL, "batch norm, portable C")

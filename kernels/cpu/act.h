@@ -6,7 +6,9 @@
  * The formulas and their order of operations are the elementwise kernels' (ew_kernels.c: the
  * float32 exp of silu and sigmoid is lm_expf; relu6 is lm_clamp's), so a fused result is the
  * unfused conv -> activation chain's, bit for bit in float32 and float64 where the convolution's
- * sum is the same: only the 16-bit types differ (one rounding instead of two). Internal. */
+ * sum is the same: only the 16-bit types differ (one rounding instead of two). With AVX-512 both
+ * take act_avx512.h's forms instead (fused multiply-adds: within an ulp or two of these).
+ * Internal. */
 #ifndef LUMEN_ACT_H
 #define LUMEN_ACT_H
 #include "expf.h"

@@ -3,6 +3,7 @@
  * loops of ew_kernels.c (with streaming stores for cold outputs), the small dense path, the
  * strided copy (tiles for transposed layouts) and fill. */
 #include "ew.h"
+#include "impl.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -484,6 +485,22 @@ static void fill_loop(void *ctx, char **data, const int64_t *st, int64_t n) {
 
 /* ---------------------------------------------------------------- the kernels */
 
+/* the compute loops of op kop of table in kind: the AVX-512 activations of ew_act_f32_avx512.c
+   (implementation "ew_act_avx512") for float32 compute when lm_cpu_isa() has AVX-512 (a forced
+   lower ISA is honoured, as the convolutions' epilogue does), else ew_kernels.c's */
+static const lm_kset *kset_of(int table, int kop, int kind) {
+   if (kind == LM_K_F32 && table != LM_EW_OTHER && lm_cpu_isa() >= LM_ISA_AVX512) {
+      const lm_kset *v = lm_ew_act_avx512(table, kop);
+      if (v && lm_impl_on(LM_IMPL_EW_ACT_AVX512)) {
+         lm_impl_ran(LM_IMPL_EW_ACT_AVX512);
+         return v;
+      }
+   }
+   return table == LM_EW_UNARY    ? &lm_unary_kernels[kop][kind]
+          : table == LM_EW_BINARY ? &lm_binary_kernels[kop][kind]
+                                  : &lm_other_kernels[kop][kind];
+}
+
 /* the plan of the loop from the front end's parameters */
 static void plan_of(const lm_ew_params *pp, ew_plan *pl) {
    memset(pl, 0, sizeof *pl);
@@ -494,13 +511,11 @@ static void plan_of(const lm_ew_params *pp, ew_plan *pl) {
    }
    pl->out_dt = pp->out_dt;
    pl->out_via = pp->out_via;
-   pl->k = pp->table == LM_EW_UNARY    ? lm_unary_kernels[pp->kop][pp->kind]
-           : pp->table == LM_EW_BINARY ? lm_binary_kernels[pp->kop][pp->kind]
-                                       : lm_other_kernels[pp->kop][pp->kind];
+   pl->k = *kset_of(pp->table, pp->kop, pp->kind);
    pl->p = pp->p;
    pl->p.err = NULL;
    pl->cheap = pp->cheap;
-   pl->epi = pp->epi >= 0 ? lm_unary_kernels[pp->epi][pp->kind].vv : NULL;
+   pl->epi = pp->epi >= 0 ? kset_of(LM_EW_UNARY, pp->epi, pp->kind)->vv : NULL;
    pl->epi_via = pl->epi ? pp->epi_via : -1;
    /* the bfloat16 direct loop (bf16_direct): a bfloat16 result computed in float32, from
       tensors (no number operand), with AVX-512 */
@@ -526,8 +541,7 @@ static lm_status k_ew(const lm_op *op) {
    if (pp->small) {
       /* one call over the memory of each operand: they share sizes and strides, dense (float
          only, so no integer division flag) */
-      const lm_kset *k = pp->table == LM_EW_UNARY ? &lm_unary_kernels[pp->kop][pp->kind]
-                                                   : &lm_binary_kernels[pp->kop][pp->kind];
+      const lm_kset *k = kset_of(pp->table, pp->kop, pp->kind);
       const lm_tensor *a = op->t[pp->variant == 2 ? 2 : 1];
       const char *ad = lm_tensor_data(a);
       const char *other = pp->nin < 2           ? NULL
@@ -627,7 +641,8 @@ static lm_status k_fill(const lm_op *op) {
 
 /* ---- registration (cpu.h) ---- */
 void lm_cpu_register_elementwise(lm_kernel_fn *table, int isa) {
-   (void)isa; /* the compute loops pick their ISA themselves (LM_CLONES); streaming asks lm_cpu_isa */
+   (void)isa; /* the compute loops pick their ISA themselves (LM_CLONES; the AVX-512 activations
+                 and streaming ask lm_cpu_isa at each call) */
    table[LM_OP_UNARY] = k_ew;
    table[LM_OP_CLAMP] = k_ew;
    table[LM_OP_BINARY] = k_ew;

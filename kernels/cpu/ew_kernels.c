@@ -3,7 +3,10 @@
  * Every kernel runs over dense arrays of its compute type (float for float32/float16/bfloat16,
  * double for float64, int64 for the integer types and bool); the engine (kernels/cpu/elementwise.c) gathers
  * and converts anything else into aligned chunks first. The loops are plain C that the compiler
- * vectorizes; LM_CLONES builds AVX-512 / AVX2 / baseline versions picked at load time.
+ * vectorizes; LM_CLONES builds AVX-512 / AVX2 / baseline versions picked at load time. The
+ * float32 activations (GELU, SiLU, sigmoid, the hard forms, the GELU / SiLU gradients) have
+ * AVX-512 loops with FMA in ew_act_f32_avx512.c, which elementwise.c takes instead of these at
+ * lm_cpu_isa() >= LM_ISA_AVX512 ("ew_act_avx512").
  * Integer arithmetic wraps (computed in uint64) as PyTorch's does. */
 #include "ew.h"
 #include "expf.h"

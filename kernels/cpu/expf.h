@@ -11,7 +11,8 @@
    with Cody-Waite reduction; max error about 1 ulp, like PyTorch's SLEEF u10 kernels). Inputs
    are clamped to [-104, 89] (beyond them the result is 0 or inf anyway), the power of two is
    applied in two halves so that subnormal results come out right, and NaN passes through.
-   act_avx512.h's lm_act_exp512 is the same arithmetic on 16 lanes (the same bits). */
+   act_avx512.h's lm_act_exp512 is the same polynomial on 16 lanes with fused multiply-adds and
+   vscalefps (within an ulp of this; ew_act_f32_avx512.c's loops and the AVX-512 epilogues). */
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
 static inline float lm_expf(float x) {
