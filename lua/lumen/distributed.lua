@@ -400,6 +400,7 @@ local function heartbeat_rank()
 end
 
 pcall(ffi.cdef, "int getpid(void);")
+pcall(ffi.cdef, "int usleep(unsigned int usec);")
 pcall(ffi.cdef, "int gethostname(char *name, size_t len);")
 
 -- write the heartbeat file: a fixed-width line rewritten in place (no truncation: the launcher
@@ -464,6 +465,10 @@ function M._at_exit(code)
                                                                          code))
    io.stderr:flush()
    state.initialized = false
+   -- a moment before the abort kills the others: ranks that failed in the same collective (a
+   -- mismatched all_reduce fails on every rank at once) get to print why. Without it a fresh-clone
+   -- CI run lost rank 1's message once, mpirun having killed it before it wrote.
+   ffi.C.usleep(300000)
    lib.MPI_Abort(WORLD, code)
 end
 
