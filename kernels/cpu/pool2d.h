@@ -98,11 +98,18 @@ static inline void tap_range(const pool_t *p, int64_t j, int64_t *a, int64_t *b)
    *b = hi < p->OW ? hi : p->OW;
 }
 
-/* channel block of the row-parallel kernels: the whole C unless there are too few rows for the
-   threads (one thread: always the whole C) */
+/* channel block of the row-parallel kernels: the whole C unless there are too few rows */
 POOL_HELPER int64_t row_cblock(int64_t rows, int64_t C) {
-   const int64_t nt = pool_threads();
-   return nt <= 1 ? C : pool_cblock_for(rows, C, nt);
+#ifdef _OPENMP
+   int64_t nt = omp_get_max_threads();
+#else
+   int64_t nt = 1;
+#endif
+   if (nt <= 1 || rows >= 4 * nt || C <= 16) return C;
+   int64_t want = (4 * nt + rows - 1) / rows;
+   int64_t cb = (C + want - 1) / want;
+   cb = (cb + 15) / 16 * 16;
+   return cb < C ? cb : C;
 }
 
 /* is grad_x a block allocated for this call (not the caller's out= tensor: params->fresh) of

@@ -225,8 +225,29 @@ static inline int64_t avg_div(const geo_t *q, int64_t od, int64_t oh, int64_t ow
          }                                                                                         \
       }                                                                                            \
    }                                                                                               \
-   /* max backward, NCDHW: one task per volume (the 2-D pools' scatter, pool_geom.h) */            \
-   POOL_DEFINE_SCATTER_PLANES(T, S, ATTR)                                                          \
+   /* max backward, NCDHW: one task per volume; returns the count of bad indices */                \
+   ATTR static int64_t maxb_ncdhw_##S(const T *go, const int64_t *ind, T *gi,                      \
+                                      const lm_pool3d_params *g) {                                 \
+      const int64_t V = g->D * g->H * g->W, OV = g->OD * g->OH * g->OW, planes = g->N * g->C;      \
+      int64_t bad = 0;                                                                             \
+      _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (planes * (V + OV) > LM_PARALLEL_GRAIN)") \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         T *gp = gi + pl * V;                                                                      \
+         const T *gop = go + pl * OV;                                                              \
+         const int64_t *ip = ind + pl * OV;                                                        \
+         memset(gp, 0, (size_t)V * sizeof(T));                                                     \
+         for (int64_t o = 0; o < OV; o++) {                                                        \
+            const int64_t i = ip[o];                                                               \
+            if (i == -1) continue;                                                                 \
+            if (i < 0 || i >= V) {                                                                 \
+               bad++;                                                                              \
+               continue;                                                                           \
+            }                                                                                      \
+            gp[i] += gop[o];                                                                       \
+         }                                                                                         \
+      }                                                                                            \
+      return bad;                                                                                  \
+   }                                                                                               \
    /* max backward, NDHWC: one task per (n, channel block) */                                      \
    ATTR static int64_t maxb_ndhwc_##S(const T *go, const int64_t *ind, T *gi,                      \
                                       const lm_pool3d_params *g) {                                 \
@@ -384,19 +405,17 @@ static lm_status max_backward(const lm_op *op, int v512) {
    const int64_t *ix = lm_tensor_data(op->t[1]);
    void *gi = lm_tensor_data(op->t[2]);
    const int f64 = op->t[2]->dtype == LM_FLOAT64, cl = g->mf == LM_CHANNELS_LAST_3D;
-   const int64_t V = g->D * g->H * g->W, OV = g->OD * g->OH * g->OW;
    int64_t bad;
    (void)v512;
    if (cl)
       bad = f64 ? PICK(v512, maxb_ndhwc, f64)(go, ix, gi, g) : PICK(v512, maxb_ndhwc, f32)(go, ix, gi, g);
    else
-      bad = f64 ? PICK(v512, pool_scatter_planes, f64)(go, ix, gi, g->N * g->C, V, OV)
-                : PICK(v512, pool_scatter_planes, f32)(go, ix, gi, g->N * g->C, V, OV);
+      bad = f64 ? PICK(v512, maxb_ncdhw, f64)(go, ix, gi, g) : PICK(v512, maxb_ncdhw, f32)(go, ix, gi, g);
    if (bad)
       return lm_error(LM_ERR_ARG, "%s: %lld indices are out of range for an input volume of %lld",
                       op->kind == LM_OP_MAX_POOL3D_BACKWARD ? "max_pool3d_backward"
                                                             : "adaptive_max_pool3d_backward",
-                      (long long)bad, (long long)V);
+                      (long long)bad, (long long)(g->D * g->H * g->W));
    return LM_OK;
 }
 

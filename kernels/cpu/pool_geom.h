@@ -1,8 +1,7 @@
 /* pool_geom.h -- what the 2-D (pool.c and its files, pool2d.h) and 3-D (pool3d.c) pooling kernels
  * share (internal): the rule of a window along one dimension for max, average and adaptive pools,
  * the AVX-512 function attribute of their second compilation, the channel blocking of their
- * kernels, the max backward's scatter over planes (volumes) and the choice between the two
- * implementations (src/impl.h). */
+ * scatter kernels and the choice between the two implementations (src/impl.h). */
 #ifndef LUMEN_POOL_GEOM_H
 #define LUMEN_POOL_GEOM_H
 #include "cpu.h"
@@ -72,52 +71,19 @@ static inline void pool_window(int rule, int64_t o, int64_t O, int64_t I, int64_
    *z_ = z;
 }
 
-static inline int64_t pool_threads(void) {
+/* channel blocking of the channels-last scatter kernels: enough (n, block) tasks for the threads */
+POOL_HELPER int64_t pool_cblock(int64_t N, int64_t C) {
 #ifdef _OPENMP
-   return omp_get_max_threads();
+   int64_t nt = omp_get_max_threads();
 #else
-   return 1;
+   int64_t nt = 1;
 #endif
-}
-
-/* the channel block that gives n outer tasks (samples, rows) about 4 (n, block) tasks per thread
-   of nt: the whole C when n alone is enough or C is small, else a multiple of 16 channels */
-static inline int64_t pool_cblock_for(int64_t n, int64_t C, int64_t nt) {
-   if (n >= 4 * nt || C <= 16) return C;
-   int64_t want = (4 * nt + n - 1) / n;
+   if (N >= 4 * nt || C <= 16) return C;
+   int64_t want = (4 * nt + N - 1) / N;
    int64_t cb = (C + want - 1) / want;
    cb = (cb + 15) / 16 * 16;
    return cb < C ? cb : C;
 }
-
-/* channel blocking of the channels-last scatter kernels: enough (n, block) tasks for the threads */
-POOL_HELPER int64_t pool_cblock(int64_t N, int64_t C) { return pool_cblock_for(N, C, pool_threads()); }
-
-/* the max pools' backward in NCHW / NCDHW, pool_scatter_planes_<S> (T the element type, ATTR the
-   compilation's attribute): one task per plane (volume) of V inputs and OV outputs, zeroed, then
-   gi[ind] += go in output order, so the sums are deterministic, independent of the thread count;
-   -1 (a window without an input element) skipped, any other index outside the plane counted
-   (returned) and never written */
-#define POOL_DEFINE_SCATTER_PLANES(T, S, ATTR)                                                     \
-   ATTR POOL_HELPER int64_t pool_scatter_planes_##S(const T *go, const int64_t *ind, T *gi,       \
-                                                    int64_t planes, int64_t V, int64_t OV) {      \
-      int64_t bad = 0;                                                                             \
-      _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (planes * (V + OV) > LM_PARALLEL_GRAIN)") \
-      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
-         T *g = gi + pl * V;                                                                       \
-         const T *o = go + pl * OV;                                                                \
-         const int64_t *x = ind + pl * OV;                                                         \
-         memset(g, 0, (size_t)V * sizeof(T));                                                      \
-         for (int64_t i = 0; i < OV; i++) {                                                        \
-            const int64_t k = x[i];                                                                \
-            if ((uint64_t)k < (uint64_t)V)                                                         \
-               g[k] += o[i];                                                                       \
-            else if (k != -1)                                                                      \
-               bad++;                                                                              \
-         }                                                                                         \
-      }                                                                                            \
-      return bad;                                                                                  \
-   }
 
 /* the implementation list of two (src/impl.h): pool_avx512 where registered and on, else
    pool_portable */

@@ -198,12 +198,26 @@ DEFINE_MAX_REG_NCHW(float, f32_512, LM_AVX512_FN)
 DEFINE_MAX_REG_NCHW(double, f64_512, LM_AVX512_FN)
 
 /* grad_in[plane][ind] += grad_out; indices -1 (empty windows) are skipped, others must lie in
-   the plane. Returns the number of bad indices. NCHW: the scatter the 3-D pools share
-   (pool_geom.h). */
+   the plane. Returns the number of bad indices. */
 #define DEFINE_MAX_BWD(T, S)                                                                       \
-   POOL_DEFINE_SCATTER_PLANES(T, S, )                                                              \
    static int64_t max_bwd_nchw_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {      \
-      return pool_scatter_planes_##S(go, ind, gi, p->N * p->C, p->H * p->W, p->OH * p->OW);      \
+      const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, planes = p->N * p->C;                   \
+      int64_t bad = 0;                                                                             \
+      _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (planes * (HW + OHW) > LM_PARALLEL_GRAIN)") \
+      for (int64_t pl = 0; pl < planes; pl++) {                                                    \
+         T *g = gi + pl * HW;                                                                      \
+         const T *o = go + pl * OHW;                                                               \
+         const int64_t *x = ind + pl * OHW;                                                        \
+         memset(g, 0, (size_t)HW * sizeof(T));                                                     \
+         for (int64_t i = 0; i < OHW; i++) {                                                       \
+            int64_t k = x[i];                                                                      \
+            if ((uint64_t)k < (uint64_t)HW)                                                        \
+               g[k] += o[i];                                                                       \
+            else if (k != -1)                                                                      \
+               bad++;                                                                              \
+         }                                                                                         \
+      }                                                                                            \
+      return bad;                                                                                  \
    }                                                                                               \
    static int64_t max_bwd_nhwc_##S(const T *go, const int64_t *ind, T *gi, const pool_t *p) {      \
       const int64_t HW = p->H * p->W, OHW = p->OH * p->OW, C = p->C;                               \
