@@ -55,6 +55,13 @@ local function cc2(x) return ((A_CUBIC * x - 5 * A_CUBIC) * x + 8 * A_CUBIC) * x
 -- the interpolation matrix of one dim as rows: rows[o] = { [i] = weight } (0-based i), and
 -- whether it is the identity. r: the op-math rounding (f32 or f64). scale: the user's scale
 -- factor for this dim or nil.
+-- area_pixel_compute_scale: input pixels per output pixel, in the op-math type r (shared by the
+-- plain and the antialiased weights)
+local function area_scale(align, insz, outsz, scale, r)
+   if align then return outsz > 1 and r(r(insz - 1) / (outsz - 1)) or 0 end
+   return (scale ~= nil and scale > 0) and r(1.0 / scale) or r(r(insz) / outsz)
+end
+
 local function dim_rows(mode, insz, outsz, align, scale, r)
    local rows = {}
    local ident = insz == outsz
@@ -80,13 +87,7 @@ local function dim_rows(mode, insz, outsz, align, scale, r)
       end
       return rows, ident
    end
-   -- area_pixel_compute_scale
-   local s
-   if align then
-      s = outsz > 1 and r(r(insz - 1) / (outsz - 1)) or 0
-   else
-      s = (scale ~= nil and scale > 0) and r(1.0 / scale) or r(r(insz) / outsz)
-   end
+   local s = area_scale(align, insz, outsz, scale, r)
    local cubic = mode == "bicubic"
    for o = 0, outsz - 1 do
       rows[o] = {}
@@ -148,12 +149,7 @@ local function aa_rows(mode, insz, outsz, align, scale, r)
       for o = 0, outsz - 1 do rows[o] = { [o] = 1 } end
       return rows, true
    end
-   local s
-   if align then
-      s = outsz > 1 and r(r(insz - 1) / (outsz - 1)) or 0
-   else
-      s = (scale ~= nil and scale > 0) and r(1.0 / scale) or r(r(insz) / outsz)
-   end
+   local s = area_scale(align, insz, outsz, scale, r)
    local cubic = mode == "bicubic"
    local half = cubic and 2 or 1                          -- interp_size / 2
    local support = s >= 1 and r(half * s) or half
