@@ -333,6 +333,17 @@ describe("lm.layout on 5-D and 1-D models", function()
 
       it3("every 3-D operator keeps channels_last_3d (issue 19's rule)", function()
          local by = cov.by_op
+         -- "native" reads the host allocator's peak around one call; a row that is not what is
+         -- expected is measured again alone before the check (as spec/layout_spec.lua does: a
+         -- loaded fresh-clone CI run once saw a call 3.8 MB over its usual temporaries there)
+         local function native(op, want)
+            local v = by[op].native
+            if v ~= want then
+               v = L.coverage({ only = { op }, shape3d = { 2, 16, 4, 12, 12 },
+                                shape1d = { 4, 16, 256 } }).by_op[op].native
+            end
+            return v
+         end
          for _, op in ipairs({ "max_pool3d 3/2", "max_pool3d 2 (indices)", "avg_pool3d 2",
                                "avg_pool3d 3/2 pad 1", "adaptive_avg_pool3d(2,5,5)",
                                "adaptive_max_pool3d(2,5,5)", "batch_norm 5-D (train)",
@@ -341,7 +352,7 @@ describe("lm.layout on 5-D and 1-D models", function()
             assert.are.equal("contiguous", by[op].nchw, op)
             assert.are.equal("channels_last_3d", by[op].nhwc, op)
             assert.is_true(by[op].preserves, op)
-            assert.are.equal("both", by[op].native, op)
+            assert.are.equal("both", native(op, "both"), op)
             if op ~= "max_pool3d 2 (indices)" then
                assert.are.equal("channels_last_3d", by[op].grad_nhwc, op)
             end
@@ -357,9 +368,15 @@ describe("lm.layout on 5-D and 1-D models", function()
             assert.are.equal("channels_last_3d", by[op].grad_nhwc, op)
          end
          -- depth-1 kernels read a channels_last_3d input in place; NCDHW copies it
-         -- (src/ops/conv3d.c)
-         for _, op in ipairs({ "conv3d 1x1x1", "conv3d (2+1)-D 1x3x3" }) do
-            assert.are.equal("ndhwc", by[op].native, op)
+         -- (src/ops/conv3d.c). Below AVX-512 (lm_cpu_set_isa, or such a CPU) the NHWC conv2d
+         -- under the (2+1)-D 1x3x3 layer is im2col + GEMM, which copies either way.
+         local in_place = { "conv3d 1x1x1" }
+         local isa = lm.backends.cpu.isa()
+         if on_cuda or isa == "avx512" or isa == "avx512_bf16" or isa == "amx" then
+            in_place[2] = "conv3d (2+1)-D 1x3x3"
+         end
+         for _, op in ipairs(in_place) do
+            assert.are.equal("ndhwc", native(op, "ndhwc"), op)
          end
          assert.are.equal("ambiguous_cl3d", by["adaptive_avg_pool3d(1)"].nhwc)
          assert.is_true(by["adaptive_avg_pool3d(1)"].preserves)
