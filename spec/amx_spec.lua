@@ -342,13 +342,18 @@ local CONVS = {
    { 32, 32, 10, 10, 1, 3, 0, 1, 1 }, { 16, 16, 8, 8, 3, 3, 0, 1, 2 },
 }
 
--- few input channels (the stem's form on AMX: kernel rows of at most 32 values, dense along W;
--- its backward data stays on the AVX-512 kernels): C, O, H, W, k, stride, pad, dil, batch
+-- few input channels (the stem's form on AMX: kernel rows of at most 64 values, one or two tile
+-- steps, dense along W; its backward data stays on the AVX-512 kernels): C, O, H, W, k, stride,
+-- pad, dil, batch. Two steps: 9 x 7 = 63 values (conv3d's stem, 3 depth taps of 3 channels
+-- folded), 5 x 9 = 45, 12 x 5 = 60, 8 x 8 = 64; 13 x 5 = 65 is past it (the AVX-512 kernels)
 local STEMS = {
    { 3, 64, 15, 14, 7, 2, 3, 1, 2 }, { 3, 16, 9, 9, 3, 1, 1, 1, 1 },
    { 4, 17, 11, 10, 5, 2, 2, 1, 1 }, { 7, 31, 10, 9, 3, 2, 0, 1, 3 },
    { 2, 48, 8, 8, 7, 1, 3, 2, 1 }, { 15, 32, 7, 7, 1, 1, 0, 1, 2 },
    { 8, 40, 12, 12, 4, 1, 1, 1, 1 }, { 3, 32, 20, 20, 7, 3, 3, 1, 1 },
+   { 9, 64, 16, 15, 7, 2, 3, 1, 2 }, { 5, 24, 12, 12, 9, 1, 4, 1, 1 },
+   { 12, 33, 9, 10, 5, 2, 2, 1, 1 }, { 8, 16, 11, 11, 8, 1, 3, 1, 1 },
+   { 13, 32, 8, 8, 5, 1, 2, 1, 1 },
 }
 
 local function conv_name(c, fmt)

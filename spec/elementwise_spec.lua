@@ -735,3 +735,32 @@ describe("bfloat16 direct elementwise loop", function()
       assert.is_true(lm.equal(lm.where(nf, 0, f), lm.where(ng, 0, fused)))
    end)
 end)
+
+-- kernels/cpu/elementwise.c's short_rows_copy / short_rows_fill: same-dtype copies and fills
+-- whose innermost unit-stride run is shorter than 16 elements (a few channels of a
+-- channels-last tensor; conv3d's gathered depth taps), in typed loops of 1, 2, 4 and 8 bytes
+describe("copies and fills of short rows (few channels, channels-last)", function()
+   local dtypes = { "float32", "float64", "bfloat16", "float16", "uint8", "int32", "int64", "bool" }
+   it("copy into and out of channels-last, narrowed channels, every element size", function()
+      for _, dn in ipairs(dtypes) do
+         local dt = lm[dn]
+         for _, c in ipairs({ 1, 3, 5, 15 }) do
+            local x = (lm.randn({ 2, c, 6, 37 }) * 4):to(dt)
+            local cl = x:contiguous(lm.channels_last)
+            assert.is_true(lm.equal(cl, x), dn .. " C" .. c)
+            assert.is_true(cl:is_contiguous(lm.channels_last), dn)
+            assert.is_true(lm.equal(cl:contiguous(), x), dn .. " back")
+            -- a channel slice of a wider channels-last tensor: rows of c elements, 2c apart
+            local wide = lm.zeros({ 2, 2 * c, 6, 37 }, { dtype = dt }):contiguous(lm.channels_last)
+            wide:narrow(2, c + 1, c):copy_(x)
+            assert.is_true(lm.equal(wide:narrow(2, c + 1, c), x), dn .. " narrowed")
+            assert.is_true(lm.equal(wide:narrow(2, 1, c), lm.zeros_like(x)), dn .. " untouched")
+            -- fill of the same slice
+            local one = lm.ones({}, { dtype = dt }):item()
+            wide:narrow(2, 1, c):fill_(one)
+            assert.is_true(lm.equal(wide:narrow(2, 1, c), lm.ones_like(x)), dn .. " fill")
+            assert.is_true(lm.equal(wide:narrow(2, c + 1, c), x), dn .. " fill kept the rest")
+         end
+      end
+   end)
+end)

@@ -43,7 +43,8 @@ int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
    if (!lm_impl_on(LM_IMPL_CONV_AMX_BF16)) return 0;
    if (g->G != 1 || g->O < 16 || g->kh * g->kw > AMX_MAXTAPS) return 0;
    /* few channels: only the stem's form (kernel rows of at most 32 values, dense along W) */
-   if (g->C < 16 && !(g->C * g->kw <= 32 && g->dw == 1 && g->kh <= AMX_MAXROWS && !backward_data))
+   if (g->C < 16 && !(g->C * g->kw <= 64 && g->dw == 1 &&
+                      g->kh * ((g->C * g->kw + 31) / 32) <= AMX_MAXROWS && !backward_data))
       return 0;
    /* backward data: the phases of a strided layer read 32 output channels a step */
    return !backward_data || g->O >= 16;
@@ -148,7 +149,7 @@ static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t
 typedef struct {
    const uint16_t *xp;
    int64_t N, Hp, Wp, Cs, nsteps;
-   int rowsmode;      /* one step per tap: kernel-row runs of kc values gathered per block */
+   int rowsmode;      /* kernel-row runs of kc values gathered per block, nsteps tiles a row */
    int64_t kc, dsw;   /* rows mode: values per run, input pixel step of the run's rows */
    int64_t ntap;
    const int64_t *toff;
@@ -217,22 +218,33 @@ static void core(const eng_plan *pl) {
                            ? (n * pl->Ho_t + pl->oa + pl->osh * u) * pl->Wo_t + pl->ob + pl->osw * v
                            : -1;
             }
-            if (pl->rowsmode) { /* gather each kernel row's kc values for the 32 pixels */
-               const __mmask32 mk =
-                  (__mmask32)(pl->kc >= 32 ? 0xffffffffu : ((1u << pl->kc) - 1u));
-               for (int64_t t = 0; t < ntap; t++)
-                  for (int r = 0; r < 32; r++)
-                     _mm512_store_si512(ab + t * 1024 + r * 32,
-                                        _mm512_maskz_loadu_epi16(
-                                           mk, pl->xp + (base + r * pl->usw + pl->toff[t]) * Cs));
+            if (pl->rowsmode) { /* gather each kernel row's kc values for the 32 pixels, 32
+                                   values (one tile of A) a step */
+               for (int64_t s = 0; s < nsteps; s++) {
+                  const int64_t left = pl->kc - s * 32;
+                  const __mmask32 mk = (__mmask32)(left >= 32 ? 0xffffffffu : ((1u << left) - 1u));
+                  for (int64_t t = 0; t < ntap; t++)
+                     for (int r = 0; r < 32; r++)
+                        _mm512_store_si512(
+                           ab + (t * nsteps + s) * 1024 + r * 32,
+                           _mm512_maskz_loadu_epi16(
+                              mk, pl->xp + (base + r * pl->usw + pl->toff[t]) * Cs + s * 32));
+               }
             }
             for (int64_t q = q0; q < q1; q++) {
-               for (int64_t t = 0; t < ntap; t++) {
-                  seg[t].a = pl->rowsmode ? ab + t * 1024 : pl->xp + (base + pl->toff[t]) * Cs;
-                  seg[t].b = pl->wk + q * 32 * pl->prow + t * nsteps * 16 * 32;
+               if (pl->rowsmode) { /* one segment a (row, step): its A tile pair gathered */
+                  for (int64_t t = 0; t < ntap * nsteps; t++) {
+                     seg[t].a = ab + t * 1024;
+                     seg[t].b = pl->wk + q * 32 * pl->prow + t * 16 * 32;
+                  }
+               } else {
+                  for (int64_t t = 0; t < ntap; t++) {
+                     seg[t].a = pl->xp + (base + pl->toff[t]) * Cs;
+                     seg[t].b = pl->wk + q * 32 * pl->prow + t * nsteps * 16 * 32;
+                  }
                }
                if (pl->rowsmode)
-                  amx_issue_32x32(seg, (int)ntap, 1, 64, 1024, 2048, NULL, 0, 0);
+                  amx_issue_32x32(seg, (int)(ntap * nsteps), 1, 64, 1024, 2048, NULL, 0, 0);
                else
                   amx_issue_32x32(seg, (int)ntap, (int)nsteps, sa, 16 * sa, 64, NULL, 0, 0);
                if (pend >= 0) /* the previous block's epilogue while these products run */
@@ -285,10 +297,15 @@ static const uint16_t *tap_rows(const void *ctx, int64_t t, int64_t *rsb, int64_
 static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws,
                         const lm_amx_epi *ep, void *out) {
    /* rows mode (the stem: few channels, dense taps along W): each kernel row's kw * C values
-      are one step of k, gathered per block (a small im2col) instead of 32 channels a tap */
-   const int rowsmode = e->C * e->kw <= 32 && e->C < 16 && e->dw == 1;
+      are one or two steps of k, gathered per block (a small im2col) instead of 32 channels a
+      tap. Two steps take conv3d's stem (3 channels x 3 depth taps folded into 9, 7 wide: 63
+      values a row, src/ops/conv3d.c) onto the tiles, where direct_avx512bf16 ran it before:
+      r3d_18's stem conv3d (2 clips of 3x8x112x112, 2 threads, the host's slow AMX phase) 32 ->
+      13 ms a call, old and new library alternated (with the faster gather of elementwise.c's
+      short_rows_copy); its conv2d alone 20.5 -> 6.7-8.8 ms (LUMEN_VERBOSE) */
+   const int rowsmode = e->C * e->kw <= 64 && e->C < 16 && e->dw == 1;
    const int64_t Cs = rowsmode ? e->C : rup(e->C, 32);
-   const int64_t nsteps = rowsmode ? 1 : Cs / 32;
+   const int64_t nsteps = rowsmode ? (e->C * e->kw + 31) / 32 : Cs / 32;
    const int64_t Hp = e->H + 2 * e->ph, Wp = e->W + 2 * e->pw;
    const int64_t ntap = rowsmode ? e->kh : e->kh * e->kw;
    const int64_t nq = (e->O + 31) / 32;

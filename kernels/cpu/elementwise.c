@@ -446,6 +446,52 @@ static void transpose_copy(const lm_iter *it, int kd, int es) {
    }
 }
 
+/* same-dtype copy where both sides are unit-stride in iteration dim 0 but its rows are short
+   (fewer than 16 elements: a few channels of a channels-last tensor, such as the 3 of an RGB
+   clip gathered tap by tap by conv3d, src/ops/conv3d.c): typed loops over dims 0 and 1 instead
+   of the iterator's call per row. conv3d's stem gather (2 clips of 3x8x112x112 bfloat16, three
+   depth taps into 9 channels) took 7.6 ms that way, 4 ns an element; 1.0 ms with these loops
+   (LUMEN_VERBOSE's copy_ and fill_ lines, 2 threads) */
+#define SHORT_ROWS_FN(NAME, T)                                                                  \
+   static void NAME(char *d, int64_t d1, const char *s, int64_t s1, int64_t n0, int64_t n1) {   \
+      for (int64_t i = 0; i < n1; i++) {                                                        \
+         T *dd = (T *)(d + i * d1);                                                             \
+         const T *ss = (const T *)(s + i * s1);                                                 \
+         for (int64_t e = 0; e < n0; e++) dd[e] = ss[e];                                        \
+      }                                                                                         \
+   }
+SHORT_ROWS_FN(rows1, uint8_t)
+SHORT_ROWS_FN(rows2, uint16_t)
+SHORT_ROWS_FN(rows4, uint32_t)
+SHORT_ROWS_FN(rows8, uint64_t)
+
+enum { SHORT_ROW = 16, ROWS_TASK = 512 };
+
+static void short_rows_copy(const lm_iter *it, int es) {
+   const int64_t n0 = it->shape[0], n1 = it->shape[1];
+   const int64_t d1 = it->strides[0][1], s1 = it->strides[1][1];
+   int64_t outer = 1;
+   for (int d = 2; d < it->ndim; d++) outer *= it->shape[d];
+   const int64_t nrt = (n1 + ROWS_TASK - 1) / ROWS_TASK, tasks = outer * nrt;
+   void (*rows)(char *, int64_t, const char *, int64_t, int64_t, int64_t) =
+      es == 1 ? rows1 : es == 2 ? rows2 : es == 4 ? rows4 : rows8;
+   const int nt = lm_iter_threads(it->numel);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+   for (int64_t task = 0; task < tasks; task++) {
+      int64_t r = task / nrt;
+      const int64_t i0 = task % nrt * ROWS_TASK, i1 = i0 + ROWS_TASK < n1 ? i0 + ROWS_TASK : n1;
+      uintptr_t dp = it->base[0], sp = it->base[1];
+      for (int d = 2; d < it->ndim; d++) {
+         const int64_t i = r % it->shape[d];
+         r /= it->shape[d];
+         dp += (uintptr_t)(i * it->strides[0][d]);
+         sp += (uintptr_t)(i * it->strides[1][d]);
+      }
+      rows((char *)(dp + (uintptr_t)(i0 * d1)), d1, (const char *)(sp + (uintptr_t)(i0 * s1)),
+           s1, n0, i1 - i0);
+   }
+}
+
 lm_status lm_cpu_copy_operands(const lm_operand *dst, const lm_operand *src) {
    LM_TRY(lm_copy_check_shape(dst->ndim, dst->sizes, src->ndim, src->sizes));
    if (lm_operand_numel(dst) == 0) return LM_OK;
@@ -470,6 +516,10 @@ lm_status lm_cpu_copy_operands(const lm_operand *dst, const lm_operand *src) {
    }
    if (kd > 0) {
       transpose_copy(&it, kd, es);
+   } else if (dst->dtype == s.dtype && it.ndim >= 2 && it.strides[0][0] == es &&
+              it.strides[1][0] == es && it.shape[0] < SHORT_ROW && it.shape[1] >= 4 &&
+              (es == 1 || es == 2 || es == 4 || es == 8)) {
+      short_rows_copy(&it, es);
    } else {
       int dts[2] = {dst->dtype, s.dtype};
       lm_iter_run_grain(&it, copy_loop, dts, LM_CHEAP_GRAIN);
@@ -623,6 +673,44 @@ static lm_status k_copy(const lm_op *op) {
    return lm_cpu_copy_operands(&d, &s);
 }
 
+/* a fill of short unit-stride rows (as short_rows_copy: conv3d's zero depth taps of a few
+   channels): typed loops over dims 0 and 1 */
+#define FILL_ROWS_FN(NAME, T)                                                                   \
+   static void NAME(char *d, int64_t d1, const char *vp, int64_t n0, int64_t n1) {             \
+      T v;                                                                                      \
+      memcpy(&v, vp, sizeof v);                                                                 \
+      for (int64_t i = 0; i < n1; i++) {                                                        \
+         T *dd = (T *)(d + i * d1);                                                             \
+         for (int64_t e = 0; e < n0; e++) dd[e] = v;                                            \
+      }                                                                                         \
+   }
+FILL_ROWS_FN(fill_rows1, uint8_t)
+FILL_ROWS_FN(fill_rows2, uint16_t)
+FILL_ROWS_FN(fill_rows4, uint32_t)
+FILL_ROWS_FN(fill_rows8, uint64_t)
+
+static void short_rows_fill(const lm_iter *it, int es, const char *vp) {
+   const int64_t n0 = it->shape[0], n1 = it->shape[1], d1 = it->strides[0][1];
+   int64_t outer = 1;
+   for (int d = 2; d < it->ndim; d++) outer *= it->shape[d];
+   const int64_t nrt = (n1 + ROWS_TASK - 1) / ROWS_TASK, tasks = outer * nrt;
+   void (*rows)(char *, int64_t, const char *, int64_t, int64_t) =
+      es == 1 ? fill_rows1 : es == 2 ? fill_rows2 : es == 4 ? fill_rows4 : fill_rows8;
+   const int nt = lm_iter_threads(it->numel);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+   for (int64_t task = 0; task < tasks; task++) {
+      int64_t r = task / nrt;
+      const int64_t i0 = task % nrt * ROWS_TASK, i1 = i0 + ROWS_TASK < n1 ? i0 + ROWS_TASK : n1;
+      uintptr_t dp = it->base[0];
+      for (int d = 2; d < it->ndim; d++) {
+         const int64_t i = r % it->shape[d];
+         r /= it->shape[d];
+         dp += (uintptr_t)(i * it->strides[0][d]);
+      }
+      rows((char *)(dp + (uintptr_t)(i0 * d1)), d1, vp, n0, i1 - i0);
+   }
+}
+
 /* FILL: t = {self} */
 static lm_status k_fill(const lm_op *op) {
    const lm_fill_params *p = op->params;
@@ -634,7 +722,11 @@ static lm_status k_fill(const lm_op *op) {
    lm_operand_tensor(&m, t);
    lm_iter it;
    lm_iter_init(&it, 1, &m, m.ndim, m.sizes);
+   const int es = lm_dtype_size(t->dtype);
    if (lm_operand_internal_overlap(&m)) lm_iter_serial(&it, 0, it.numel, fill_loop, &v);
+   else if (it.ndim >= 2 && it.strides[0][0] == es && it.shape[0] < SHORT_ROW &&
+            it.shape[1] >= 4 && (es == 1 || es == 2 || es == 4 || es == 8))
+      short_rows_fill(&it, es, vb);
    else lm_iter_run_grain(&it, fill_loop, &v, LM_CHEAP_GRAIN);
    return LM_OK;
 }
