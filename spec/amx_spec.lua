@@ -727,3 +727,88 @@ describe("AMX refused by Linux (LUMEN_AMX_TEST_DENY=1) and off from the start (L
       assert.truthy(out:find("switch=true", 1, true), out)
    end)
 end)
+
+-- conv3d on the tiles (LM_OP_CONV3D, "conv3d_amx_bf16": kernels/cpu/conv_bf16_amx.c's engine
+-- with the depth taps as more taps of one padded copy; src/ops/conv3d.c asks the CPU's
+-- supports_op first): bfloat16 channels_last_3d with every depth tap live. N, C, D, H, W, O,
+-- kernel, stride, padding, dilation
+local CONV3DS = {
+   { 2, 3, 6, 20, 18, 64, { 3, 7, 7 }, { 1, 2, 2 }, { 1, 3, 3 }, { 1, 1, 1 } }, -- r3d's stem
+   { 1, 16, 5, 9, 9, 16, { 3, 3, 3 }, { 1, 1, 1 }, { 1, 1, 1 }, { 1, 1, 1 } },
+   { 2, 20, 6, 7, 8, 33, { 3, 3, 3 }, { 2, 2, 2 }, { 1, 1, 1 }, { 1, 1, 1 } },
+   { 1, 32, 4, 6, 6, 48, { 2, 3, 3 }, { 1, 1, 1 }, { 0, 1, 1 }, { 1, 1, 1 } },
+   { 1, 17, 7, 8, 9, 31, { 3, 2, 3 }, { 2, 1, 2 }, { 2, 0, 1 }, { 2, 1, 1 } },
+   { 2, 64, 4, 5, 5, 64, { 3, 1, 1 }, { 1, 1, 1 }, { 1, 0, 0 }, { 1, 1, 1 } },  -- (2+1)-D temporal
+   { 1, 40, 5, 10, 10, 16, { 3, 3, 3 }, { 1, 1, 1 }, { 1, 2, 2 }, { 1, 2, 2 } },
+   { 1, 5, 4, 7, 9, 24, { 2, 3, 9 }, { 1, 1, 1 }, { 1, 1, 4 }, { 1, 1, 1 } },   -- 45-value rows
+}
+
+describe("conv3d in bfloat16 on AMX tiles against float64", function()
+   after_each(function()
+      C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+      lm.backends.cpu.amx = true
+      lm.backends.cpu.bf16_winograd = true
+   end)
+
+   local function c3name(c)
+      return ("N%d C%d %dx%dx%d O%d k%s s%s p%s d%s"):format(c[1], c[2], c[3], c[4], c[5], c[6],
+         table.concat(c[7], "x"), table.concat(c[8], ""), table.concat(c[9], ""),
+         table.concat(c[10], ""))
+   end
+
+   amx_it("forward with bias, and residual + ReLU in the epilogue; channels_last_3d out",
+      function()
+      lm.manual_seed(360)
+      on_amx(function()
+         for _, c in ipairs(CONV3DS) do
+            local what = c3name(c)
+            local x = randn({ c[1], c[2], c[3], c[4], c[5] }):contiguous(lm.channels_last_3d)
+                         :bfloat16()
+            local w = (randn({ c[6], c[2], c[7][1], c[7][2], c[7][3] }) /
+                       math.sqrt(c[2] * c[7][1] * c[7][2] * c[7][3]))
+                         :contiguous(lm.channels_last_3d):bfloat16()
+            local b = bf({ c[6] })
+            local opts = { stride = c[8], padding = c[9], dilation = c[10] }
+            local y = F.conv3d(x, w, b, opts)
+            local ref = F.conv3d(x:double(), w:double(), b:double(), opts)
+            H.assert_sizes(y, ref:size(), what)
+            assert.equal("bfloat16", tostring(y:dtype()))
+            assert(y:is_contiguous(lm.channels_last_3d), what .. ": channels_last_3d")
+            conv_close(y, ref, 1e-2, what .. " forward")
+            local r = bf(y:size()):contiguous(lm.channels_last_3d)
+            local yr = F.conv3d(x, w, b, { stride = c[8], padding = c[9], dilation = c[10],
+                                           residual = r, relu = true })
+            local refr = (ref + r:double()):clamp(0)
+            conv_close(yr, refr, 1e-2, what .. " residual + relu")
+            -- the conv2d route (the implementation switched off): the same within bfloat16
+            lm.backends.cpu.disable("conv3d_amx_bf16")
+            local y2 = F.conv3d(x, w, b, opts)
+            lm.backends.cpu.enable("conv3d_amx_bf16")
+            conv_close(y2, ref, 1e-2, what .. " conv2d route")
+         end
+      end)
+   end)
+
+   amx_it("LUMEN_VERBOSE names conv3d_amx_bf16; what it does not take keeps the conv2d route",
+      function()
+      local code = "local lm = require(\"lumen\"); local F = lm.F; " ..
+         "local CL3 = lm.channels_last_3d; " ..
+         "local x = lm.randn({1, 16, 4, 6, 6}):contiguous(CL3):bfloat16(); " ..
+         "local w = lm.randn({16, 16, 3, 3, 3}):contiguous(CL3):bfloat16(); " ..
+         "F.conv3d(x, w, nil, {padding = 1}); " ..                        -- native
+         "F.conv3d(x, w, nil, {padding = {0, 1, 1}}); " ..                -- depth 4 -> 2: native
+         "F.conv3d(x:float(), w:float(), nil, {padding = 1}); " ..        -- float32: conv2d
+         "F.conv3d(x, w:narrow(3, 2, 1), nil, {padding = {0, 1, 1}})"     -- kernel depth 1: conv2d
+      local p = assert(io.popen("LUMEN_DEFAULT_DEVICE= LUMEN_AMX= LUMEN_VERBOSE=1 bin/lumen -e '" ..
+                                code .. "' 2>&1"))
+      local out = p:read("*a")
+      p:close()
+      local native = 0
+      for _ in out:gmatch("exec,cpu,conv3d,conv3d_amx_bf16,bfloat16,channels_last_3d") do
+         native = native + 1
+      end
+      assert.equal(2, native, out)
+      assert.truthy(out:find("plan,cpu,conv3d,conv3d_per_tap,float32", 1, true) or
+                    out:find("plan,cpu,conv3d,conv3d_packed_taps,float32", 1, true), out)
+   end)
+end)

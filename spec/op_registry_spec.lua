@@ -59,8 +59,12 @@ local POSITIONAL = {
    relu = "(x, inplace) or (x, {inplace = b})",
 }
 
--- LM_OP kinds without a CUDA kernel, with the reason (none today: every kind has one)
-local NO_CUDA_KERNEL = {}
+-- LM_OP kinds without a CUDA kernel, with the reason
+local NO_CUDA_KERNEL = {
+   -- a device runs conv3d natively only where its supports_op takes the call (the CPU: bfloat16
+   -- on AMX tiles); elsewhere src/ops/conv3d.c runs it as conv2d over the depth taps, on cuDNN
+   LM_OP_CONV3D = "native only where supports_op says so; conv3d runs as conv2d on cuda",
+}
 
 local read = S.read_file
 

@@ -35,6 +35,7 @@
    X(RANDINT, "randint_") X(BERNOULLI, "bernoulli_") X(RANDPERM, "randperm")                      \
    /* linear algebra, convolution */                                                             \
    X(MATMUL, "matmul") X(CONV2D, "conv2d") X(CONV2D_BACKWARD, "conv2d_backward")                 \
+   X(CONV3D, "conv3d")                                                                           \
    /* pooling */                                                                                 \
    X(MAX_POOL2D, "max_pool2d") X(MAX_POOL2D_BACKWARD, "max_pool2d_backward")                     \
    X(MAX_POOL2D_TAPS, "max_pool2d_taps") X(MAX_POOL2D_TAPS_BACKWARD, "max_pool2d_taps_backward") \
@@ -103,6 +104,11 @@ const char *lm_device_name(int device, char *buf, size_t cap);
  * tensors to be on the same device, got cpu and sim:0"); then supports_op ("<op> is not
  * supported on <device>") and compute. Meta tensors return LM_OK at once. */
 lm_status lm_dispatch(const lm_op *op);
+
+/* Does the device of op's tensors run this very call (its backend's supports_op with the
+ * parameters)? For the kinds a device runs natively only in some cases (LM_OP_CONV3D), where
+ * the front end has another route; 0 when the tensors' device is not available. */
+int lm_op_supported(const lm_op *op);
 
 /* Do a and b live on the same device? Else an LM_ERR_DEVICE error naming both and `what`. */
 lm_status lm_check_same_device(const lm_tensor *a, const lm_tensor *b, const char *what);

@@ -372,6 +372,17 @@ static lm_status dispatch(const lm_op *op, const lm_tensor *first) {
    return b->compute(b, op);
 }
 
+int lm_op_supported(const lm_op *op) {
+   const lm_tensor *first = NULL;
+   for (int i = 0; i < op->nt && !first; i++) first = op->t[i];
+   const lm_backend *b = lm_backend_get(first ? first->device : LM_CPU);
+   if (!b) {
+      lm_clear_error();
+      return 0;
+   }
+   return b->supports_op(b, op) ? 1 : 0;
+}
+
 lm_status lm_dispatch(const lm_op *op) {
    const lm_tensor *first = NULL;
    for (int i = 0; i < op->nt; i++) {

@@ -57,6 +57,8 @@ extern "C" {
    X(CONV_IM2COL, "im2col_gemm", 1, NULL,                                                        \
      "portable: im2col (or the input in place) and the GEMM, float32 and float64, any format") \
    /* conv3d (src/ops/conv3d.c: the front end's plan, on every device; a "plan" line) */        \
+   X(CONV3D_AMX_BF16, "conv3d_amx_bf16", 0, NULL,                                                \
+     "bfloat16 channels_last_3d conv3d forward on AMX tiles, the depth taps inside the engine") \
    X(CONV3D_GEMM, "conv3d_temporal_gemm", 0, "LUMEN_CONV3D_GEMM",                                \
      "channels_last_3d kd x 1 x 1 conv3d as GEMMs on the data in place")                       \
    X(CONV3D_PER_TAP, "conv3d_per_tap", 0, NULL,                                                  \

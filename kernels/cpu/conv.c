@@ -813,7 +813,43 @@ static lm_status k_conv2d_bf16(const lm_op *op) { return conv_forward(op, LV_BF1
 static lm_status k_conv2d_backward_bf16(const lm_op *op) { return conv_backward(op, LV_BF16); }
 
 /* ---- registration (cpu.h) ---- */
+/* LM_OP_CONV3D: t = {x, w, bias, residual, out} (src/ops/conv.h). The CPU runs natively what
+   lm_cpu_conv3d_supports takes (bfloat16 channels_last_3d on AMX tiles, "conv3d_amx_bf16");
+   src/ops/conv3d.c asks first and runs everything else as conv2d over the depth taps. Measured
+   (r3d_18's layers, 2 clips of 8x112x112, bfloat16, 2 threads): see docs/performance.md
+   ("r3d_18 in bfloat16"). */
+int lm_cpu_conv3d_supports(const lm_op *op) {
+   if (!op->params) return 1; /* "is there a kernel" (lm_device_has_kernel): there is */
+   const lm_conv3d_params *p = op->params;
+   const lm_tensor *x = op->nt > 0 ? op->t[0] : NULL;
+   return x && x->dtype == LM_BFLOAT16 && lm_amx_on() && lm_conv3d_amx_usable(&p->g3);
+}
+
+static lm_status k_conv3d(const lm_op *op) {
+   if (!lm_cpu_conv3d_supports(op))
+      return lm_error(LM_ERR_DEVICE, "conv3d: no native CPU kernel takes this convolution "
+                                     "(bfloat16, channels_last_3d, AMX tiles only)");
+   const lm_conv3d_params *p = op->params;
+   const lm_tensor *xd = op->t[0], *wd = op->t[1], *bias = op->t[2], *rd = op->t[3];
+   lm_tensor *res = op->t[4];
+   void *bbuf = NULL;
+   size_t bbytes = 0;
+   if (bias) {
+      bbuf = bias_dense(bias, xd->dtype, &bbytes);
+      if (!bbuf) return LM_ERR_OOM;
+   }
+   lm_impl_ran(LM_IMPL_CONV3D_AMX_BF16);
+   int stream = lm_tensor_block_cold(res);
+   lm_status st = lm_conv3d_fwd_ndhwc_amx(&p->g3, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
+                                          rd ? lm_tensor_data(rd) : NULL, p->act,
+                                          lm_tensor_data(res), &stream);
+   if (st == LM_OK && stream) lm_tensor_note_streamed(res);
+   if (bbuf) lm_free(bbuf, bbytes);
+   return st;
+}
+
 void lm_cpu_register_conv(lm_kernel_fn *table, int isa) {
+   table[LM_OP_CONV3D] = k_conv3d; /* every level: lm_cpu_conv3d_supports decides */
    /* AVX-512 only when it is the ISA in use, so lm_cpu_set_isa(LM_ISA_C or LM_ISA_AVX2) also
       exercises the portable path; the native bfloat16 kernels only from LM_ISA_AVX512_BF16, so
       lm_cpu_set_isa(LM_ISA_AVX512) exercises the bfloat16 fallback */

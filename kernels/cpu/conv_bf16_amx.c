@@ -1,5 +1,6 @@
 /* conv_bf16_amx.c -- bfloat16 NHWC convolutions on AMX tiles (amx.h): forward, and backward data
- * of stride-1 layers. conv.c calls them when lm_amx_on() and lm_conv_amx_usable() take the
+ * of stride-1 layers; and conv3d's forward in NDHWC (LM_OP_CONV3D, at the end: the same engine
+ * with the depth taps as more taps). conv.c calls them when lm_amx_on() and lm_conv_amx_usable() take the
  * geometry (groups 1, at least 16 input channels); everything else keeps the AVX-512 kernels
  * (conv_direct_bf16_avx512bf16.c: depthwise, groups, the 3-channel stem).
  *
@@ -33,7 +34,9 @@
 
 #include <immintrin.h>
 
-enum { AMX_MAXTAPS = 1024, AMX_MAXROWS = 32, CHUNK_BYTES = 512 * 1024 };
+/* AMX_MAXROWS: rows mode's gathered A tiles a block (kernel rows x steps; conv3d's stem: 3 x 7
+   rows of 63 values, 42), 2 KiB each on the stack of every thread */
+enum { AMX_MAXTAPS = 1024, AMX_MAXROWS = 64, CHUNK_BYTES = 512 * 1024 };
 
 static int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -50,9 +53,12 @@ int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
    return !backward_data || g->O >= 16;
 }
 
-/* the engine's geometry: input (N, H, W, C) read from a padded copy, output (N, Ho, Wo, O) */
+/* the engine's geometry: input (N, H, W, C) read from a padded copy, output (N, Ho, Wo, O);
+   with depth (conv3d, D > 0): input (N, D, H, W, C), output (N, Do, Ho, Wo, O), kernel depth kd,
+   stride sd, padding pd, dilation dd (D = 0: a 2-D convolution, the depth fields unused) */
 typedef struct {
    int64_t N, C, H, W, O, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw;
+   int64_t D, Do, kd, sd, pd, dd;
 } eng_geom;
 
 /* where tap t's B operand lives: element (c, o) at b[c * rsb + o * csb] */
@@ -115,21 +121,22 @@ static void epi_block(const float *t, const int64_t *px, int nr, int64_t o0, int
 }
 
 /* x (N, H, W, C) -> dst (N, Hp, Wp, Cs) with zeros around and past C, and `margin` zero pixels
-   after the last image */
-static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t C, int64_t ph,
-                     int64_t pw, int64_t Hp, int64_t Wp, int64_t Cs, int64_t margin,
-                     uint16_t *dst) {
-   const int nt = conv_threads((double)N * Hp * Wp * Cs);
+   after the last image; with depth planes (pad_copy3: x (N, D, H, W, C) -> (N, Dp, Hp, Wp, Cs),
+   zero planes for the depth padding pd; pad_copy is D = Dp = 1) */
+static void pad_copy3(const uint16_t *x, int64_t N, int64_t D, int64_t H, int64_t W, int64_t C,
+                      int64_t pd, int64_t ph, int64_t pw, int64_t Dp, int64_t Hp, int64_t Wp,
+                      int64_t Cs, int64_t margin, uint16_t *dst) {
+   const int nt = conv_threads((double)N * Dp * Hp * Wp * Cs);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-   for (int64_t r = 0; r < N * Hp; r++) {
-      const int64_t n = r / Hp, hp = r % Hp, h = hp - ph;
+   for (int64_t r = 0; r < N * Dp * Hp; r++) {
+      const int64_t n = r / (Dp * Hp), d3 = r / Hp % Dp - pd, hp = r % Hp, h = hp - ph;
       uint16_t *d = dst + r * Wp * Cs;
-      if (h < 0 || h >= H) {
+      if (h < 0 || h >= H || d3 < 0 || d3 >= D) {
          memset(d, 0, (size_t)(Wp * Cs) * 2);
          continue;
       }
       memset(d, 0, (size_t)(pw * Cs) * 2);
-      const uint16_t *s = x + ((n * H + h) * W) * C;
+      const uint16_t *s = x + (((n * D + d3) * H + h) * W) * C;
       if (Cs == C) {
          memcpy(d + pw * Cs, s, (size_t)(W * C) * 2);
       } else {
@@ -140,7 +147,13 @@ static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t
       }
       memset(d + (pw + W) * Cs, 0, (size_t)((Wp - pw - W) * Cs) * 2);
    }
-   memset(dst + N * Hp * Wp * Cs, 0, (size_t)(margin * Cs) * 2);
+   memset(dst + N * Dp * Hp * Wp * Cs, 0, (size_t)(margin * Cs) * 2);
+}
+
+static void pad_copy(const uint16_t *x, int64_t N, int64_t H, int64_t W, int64_t C, int64_t ph,
+                     int64_t pw, int64_t Hp, int64_t Wp, int64_t Cs, int64_t margin,
+                     uint16_t *dst) {
+   pad_copy3(x, N, 1, H, W, C, 0, ph, pw, 1, Hp, Wp, Cs, margin, dst);
 }
 
 /* the engine's core: output pixels (n, u, v) of an Hg x Wg grid per image read input pixel
@@ -159,10 +172,17 @@ typedef struct {
    int64_t Ho_t, Wo_t, oa, ob, osh, osw;
    lm_amx_epi ep; /* bias, residual, activation, streaming, float32 output */
    void *out;
+   /* image n of the N (output planes: clips x output depths Dimg) starts at input pixel
+      (n / Dimg) * clip + (n % Dimg) * dstep of xp; 2-D: Dimg 1, clip Hp * Wp, dstep 0 */
+   int64_t Dimg, clip, dstep;
 } eng_plan;
 
+static inline int64_t img_base(const eng_plan *pl, int64_t n) {
+   return pl->Dimg == 1 ? n * pl->clip : n / pl->Dimg * pl->clip + n % pl->Dimg * pl->dstep;
+}
+
 static void core(const eng_plan *pl) {
-   const int64_t Hp = pl->Hp, Wp = pl->Wp, Cs = pl->Cs, ntap = pl->ntap, nsteps = pl->nsteps;
+   const int64_t Wp = pl->Wp, Cs = pl->Cs, ntap = pl->ntap, nsteps = pl->nsteps;
    const int64_t nq = (pl->O + 31) / 32;
    /* pixel blocks: 32 "virtual" pixels of an image walked over the padded width (Wv virtual
       pixels an output row, one input pixel step of usw between them), or 32 pixels of one
@@ -195,13 +215,13 @@ static void core(const eng_plan *pl) {
             if (virt) {
                n = blk / per_img;
                vq0 = (blk % per_img) * 32;
-               base = n * Hp * Wp + vq0 * pl->usw;
+               base = img_base(pl, n) + vq0 * pl->usw;
             } else {
                const int64_t r = blk / per_row;
                n = r / pl->Hg;
                u0 = r % pl->Hg;
                v0 = (blk % per_row) * 32;
-               base = n * Hp * Wp + u0 * pl->ush * Wp + v0 * pl->usw;
+               base = img_base(pl, n) + u0 * pl->ush * Wp + v0 * pl->usw;
             }
             /* the block's output pixels (-1: a dropped row) */
             for (int r = 0; r < 32; r++) {
@@ -307,13 +327,18 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws,
    const int64_t Cs = rowsmode ? e->C : rup(e->C, 32);
    const int64_t nsteps = rowsmode ? (e->C * e->kw + 31) / 32 : Cs / 32;
    const int64_t Hp = e->H + 2 * e->ph, Wp = e->W + 2 * e->pw;
-   const int64_t ntap = rowsmode ? e->kh : e->kh * e->kw;
+   /* depth (conv3d): the kd depth taps are more taps, each (kd, kh, kw) tap offset by its depth
+      plane in one padded copy of the clip; images are the clips' output depths */
+   const int three = e->D > 0;
+   const int64_t D = three ? e->D : 1, Dp = three ? e->D + 2 * e->pd : 1;
+   const int64_t kd = three ? e->kd : 1, Do = three ? e->Do : 1;
+   const int64_t ntap = kd * (rowsmode ? e->kh : e->kh * e->kw);
    const int64_t nq = (e->O + 31) / 32;
    /* the last blocks' dropped rows read past the last image: up to sh - 1 rows (blocks over the
       padded width of a strided layer), 31 pixel steps and the taps' reach; zeros there */
    const int64_t margin = (e->sh + 1) * Wp + 64 * e->sw + e->kw * e->dw + 64;
    const int64_t prow = ntap * nsteps * 16;
-   const size_t xbytes = (size_t)((e->N * Hp * Wp + margin) * Cs) * 2;
+   const size_t xbytes = (size_t)((e->N * Dp * Hp * Wp + margin) * Cs) * 2;
    const size_t wbytes = (size_t)(nq * 32 * prow) * 4;
    uint16_t *xp = lm_alloc(xbytes);
    uint32_t *wk = xp ? lm_alloc(wbytes) : NULL;
@@ -321,15 +346,21 @@ static lm_status engine(const eng_geom *e, const uint16_t *x, const wsrc *ws,
       if (xp) lm_free(xp, xbytes);
       return LM_ERR_OOM;
    }
-   pad_copy(x, e->N, e->H, e->W, e->C, e->ph, e->pw, Hp, Wp, Cs, margin, xp);
+   pad_copy3(x, e->N, D, e->H, e->W, e->C, three ? e->pd : 0, e->ph, e->pw, Dp, Hp, Wp, Cs,
+             margin, xp);
    pack_taps(ntap, rowsmode ? e->kw * e->C : e->C, e->O, nsteps, prow,
              rowsmode ? tap_rows : tap_plain, ws, wk);
    int64_t toff[AMX_MAXTAPS];
-   for (int64_t t = 0; t < ntap; t++)
-      toff[t] = rowsmode ? t * e->dh * Wp : (t / e->kw) * e->dh * Wp + (t % e->kw) * e->dw;
-   const eng_plan pl = {xp, e->N, Hp, Wp, Cs, nsteps, rowsmode, e->kw * e->C, e->sw,
+   const int64_t per_d = ntap / kd; /* the taps of one depth plane */
+   for (int64_t t = 0; t < ntap; t++) {
+      const int64_t td = t / per_d, tt = t % per_d;
+      toff[t] = (three ? td * e->dd * Hp * Wp : 0) +
+                (rowsmode ? tt * e->dh * Wp : (tt / e->kw) * e->dh * Wp + (tt % e->kw) * e->dw);
+   }
+   const eng_plan pl = {xp, e->N * Do, Hp, Wp, Cs, nsteps, rowsmode, e->kw * e->C, e->sw,
                         ntap, toff, wk, prow, e->O,
-                        e->Ho, e->Wo, e->sh, e->sw, e->Ho, e->Wo, 0, 0, 1, 1, *ep, out};
+                        e->Ho, e->Wo, e->sh, e->sw, e->Ho, e->Wo, 0, 0, 1, 1, *ep, out,
+                        Do, Dp * Hp * Wp, three ? e->sd * Hp * Wp : 0};
    core(&pl);
    lm_free(wk, wbytes);
    lm_free(xp, xbytes);
@@ -431,7 +462,8 @@ static lm_status bwdd_phases(const conv_geom *g, const uint16_t *gout, const uin
          pack_taps(ntap, O, C, nsteps, prow, tap_phase, &ps, wk);
          const eng_plan pl = {xp, g->N, Hq, Wq, Os, nsteps, 0, 0, 1,
                               ntap, toff, wk, prow, C,
-                              Hg, Wg, 1, 1, g->H, g->W, a, b, g->sh, g->sw, ep, gx};
+                              Hg, Wg, 1, 1, g->H, g->W, a, b, g->sh, g->sw, ep, gx,
+                              1, Hq * Wq, 0};
          core(&pl);
       }
    lm_free(wk, wbytes);
@@ -466,7 +498,7 @@ lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t *x, const uint
                 : LM_ERR_OOM;
    }
    const eng_geom e = {g->N, g->C, g->H, g->W, g->O, g->Ho, g->Wo, g->kh, g->kw,
-                       g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
+                       g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, 0, 0, 0, 0, 0, 0};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 0};
    return engine(&e, x, &ws, &ep, out);
 }
@@ -487,7 +519,40 @@ lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout, const 
    /* grad_x = grad_out (padded by (k-1)d - p) convolved with the flipped, transposed kernel */
    const eng_geom e = {g->N, g->O, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw,
                        1, 1, (g->kh - 1) * g->dh - g->ph, (g->kw - 1) * g->dw - g->pw,
-                       g->dh, g->dw};
+                       g->dh, g->dw, 0, 0, 0, 0, 0, 0};
    const wsrc ws = {w, g->K, g->C, g->kh, g->kw, 1};
    return engine(&e, gout, &ws, &ep, gx);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * conv3d on the tiles (LM_OP_CONV3D, kernels/cpu/conv.c): x (N, D, H, W, C) and w (O, kd, kh,
+ * kw, C) channels_last_3d, out (N, Do, Ho, Wo, O). The engine above with the depth taps as more
+ * taps of one padded copy of the clips (no gathered copy of kd times the input, one float32 sum
+ * over every tap and one rounding, as PyTorch). lm_conv3d_amx_usable: groups 1, the 2-D rules
+ * for the channels (rows mode: kd * kh rows of at most 64 values, two steps a row at most).
+ */
+int lm_conv3d_amx_usable(const conv3d_geom *g3) {
+   const conv_geom *g = &g3->g;
+   if (!lm_impl_on(LM_IMPL_CONV3D_AMX_BF16)) return 0;
+   if (g->G != 1 || g->O < 16 || g3->kd * g->kh * g->kw > AMX_MAXTAPS) return 0;
+   if (g->C < 16)
+      return g->C * g->kw <= 64 && g->dw == 1 &&
+             g3->kd * g->kh * ((g->C * g->kw + 31) / 32) <= AMX_MAXROWS;
+   return 1;
+}
+
+lm_status lm_conv3d_fwd_ndhwc_amx(const conv3d_geom *g3, const uint16_t *x, const uint16_t *w,
+                                  const float *bias, const uint16_t *res, int act, uint16_t *out,
+                                  int *stream) {
+   const conv_geom *g = &g3->g;
+   const int64_t P = g->N * g3->Do * g->Ho * g->Wo;
+   *stream = (g->O * 2) % 64 == 0 && ((uintptr_t)out & 63) == 0 &&
+             lm_amx_stream((double)P * g->O * 2, *stream);
+   const lm_amx_epi ep = {bias, res, g->O, act, *stream, 0};
+   const eng_geom e = {g->N, g->C, g->H, g->W, g->O, g->Ho, g->Wo, g->kh, g->kw,
+                       g->sh, g->sw, g->ph, g->pw, g->dh, g->dw,
+                       g3->D, g3->Do, g3->kd, g3->sd, g3->pd, g3->dd};
+   /* tap t of (kd, kh, kw) is w[o][t][c]: the 2-D tap rule with kd * kh kernel rows */
+   const wsrc ws = {w, g3->kd * g->kh * g->kw * g->C, g->C, g3->kd * g->kh, g->kw, 0};
+   return engine(&e, x, &ws, &ep, out);
 }

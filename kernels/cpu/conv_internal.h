@@ -242,6 +242,14 @@ LM_CONV_HIDDEN lm_status lm_conv_fwd_nhwc_amx(const conv_geom *g, const uint16_t
                                               int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_amx(const conv_geom *g, const uint16_t *gout,
                                                const uint16_t *w, void *gx, int f32);
+/* conv3d forward, bfloat16 channels_last_3d (LM_OP_CONV3D): lm_conv3d_amx_usable takes the
+   geometry (groups 1, 16+ output channels, 16+ input channels or the stem's rows); stream as
+   lm_conv_fwd_nhwc_amx's */
+LM_CONV_HIDDEN int lm_conv3d_amx_usable(const conv3d_geom *g3);
+LM_CONV_HIDDEN lm_status lm_conv3d_fwd_ndhwc_amx(const conv3d_geom *g3, const uint16_t *x,
+                                                 const uint16_t *w, const float *bias,
+                                                 const uint16_t *res, int act, uint16_t *out,
+                                                 int *stream);
 
 /* The Winograd GEMM micro-kernels' prefetch of their next row block (wga_body, float32;
    wgb_body, bfloat16), one line per reduction step s: first that block's PB rows of V (row_bytes

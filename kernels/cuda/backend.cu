@@ -97,6 +97,14 @@ static lm_kernel_fn kernel_of(int kind) {
 }
 static int cu_supports(const lm_backend *b, const lm_op *op) {
    (void)b;
+#ifdef LM_CUDA_EMU
+   /* a kind run on the CPU's kernels (LUMEN_CUDA_EMU_FALLBACK=1) is taken where the CPU takes
+      it: LM_OP_CONV3D only in the cases its supports_op accepts */
+   if (op->kind >= 0 && op->kind < LM_OP_COUNT && !table[op->kind] && emu_fallback()) {
+      const lm_backend *cpu = lm_cpu_backend();
+      return cpu->supports_op(cpu, op);
+   }
+#endif
    return kernel_of(op->kind) != NULL;
 }
 /* ---- LUMEN_CUDA_PROFILE=N: the device time of every op kind ----

@@ -995,7 +995,8 @@ static lm_status f_conv_out(lm_tensor **in, lm_tensor **out, const void *arg) {
    return LM_OK;
 }
 
-/* conv3d (src/ops/conv3d.c: its plans run as conv2d kinds) */
+/* conv3d (src/ops/conv3d.c: its plans run as conv2d kinds, or LM_OP_CONV3D where the device
+   runs the call natively: bfloat16 channels_last_3d on AMX tiles on the CPU) */
 typedef struct {
    int64_t xs[5], ws[5], s[3], p[3], d[3], groups;
 } c3case;
@@ -1055,6 +1056,27 @@ static void cases_conv(void) {
             run_case("out,grad_input,grad_weight,grad_bias", 4, in, 4, f_conv3d, &c3[i]);
             free_kept();
          }
+      /* bfloat16 channels_last_3d with every depth tap live: LM_OP_CONV3D where AMX is in use
+         (16+ channels, and a stem's 3 channels 7 wide), the conv2d route elsewhere */
+      static const c3case b3[3] = {
+         {{2, 16, 4, 6, 5}, {20, 16, 3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, 1},
+         {{1, 3, 4, 9, 10}, {16, 3, 3, 7, 7}, {1, 2, 2}, {1, 3, 3}, {1, 1, 1}, 1},
+         {{1, 32, 5, 5, 6}, {16, 32, 2, 3, 1}, {2, 1, 1}, {0, 1, 0}, {2, 1, 1}, 1},
+      };
+      for (int i = 0; i < 3; i++) {
+         g_tol = TOL_CONV;
+         CASE("conv3d bfloat16 %d channels_last_3d isa %s", i, isa_name());
+         const int64_t bs[1] = {b3[i].ws[0]};
+         int64_t od[3];
+         OK(lm_conv3d_output_size(&b3[i].xs[2], &b3[i].ws[2], b3[i].s, b3[i].p, b3[i].d, od));
+         const int64_t os3[5] = {b3[i].xs[0], b3[i].ws[0], od[0], od[1], od[2]};
+         lm_tensor *in[4] = {cpu_rand(5, b3[i].xs, LM_BFLOAT16, L_CL, -1, 1),
+                             cpu_rand(5, b3[i].ws, LM_BFLOAT16, L_CL, -1, 1),
+                             cpu_rand(1, bs, LM_BFLOAT16, L_CONTIG, -1, 1),
+                             cpu_rand(5, os3, LM_BFLOAT16, L_CL, -1, 1)};
+         run_case("out,grad_input,grad_weight,grad_bias", 4, in, 4, f_conv3d, &b3[i]);
+         free_kept();
+      }
    }
    /* bfloat16 through the float32 fallback with the AVX-512 kernels, where the CPU has more */
    if (g_role == I_AVX512)
@@ -2009,7 +2031,8 @@ static const op_entry OPS[] = {
    {"random fills", cases_random, NULL, I_BEST | I_C,
     KINDS(LM_OP_UNIFORM, LM_OP_NORMAL, LM_OP_RANDINT, LM_OP_BERNOULLI, LM_OP_RANDPERM)},
    {"matmul", cases_matmul, NULL, I_ALL, KINDS(LM_OP_MATMUL)},
-   {"conv2d", cases_conv, rules_conv, I_ALL, KINDS(LM_OP_CONV2D, LM_OP_CONV2D_BACKWARD)},
+   {"conv2d", cases_conv, rules_conv, I_ALL,
+    KINDS(LM_OP_CONV2D, LM_OP_CONV2D_BACKWARD, LM_OP_CONV3D)},
    {"max_pool2d", cases_max_pool2d, rules_pool2d, I_BEST | I_C,
     KINDS(LM_OP_MAX_POOL2D, LM_OP_MAX_POOL2D_BACKWARD, LM_OP_MAX_POOL2D_TAPS,
           LM_OP_MAX_POOL2D_TAPS_BACKWARD)},
@@ -2071,6 +2094,15 @@ static void check_table(void) {
                OPS[e].family, OPS[e].kinds[i]);
 }
 
+/* kinds a device runs only where its supports_op takes the call, the front end having another
+   route: LM_OP_CONV3D reaches the CPU's kernel only with AMX tiles in use (bfloat16) */
+static int kind_reachable_on_cpu(int k) {
+   if (k != LM_OP_CONV3D) return 1;
+   int amx = 0;
+   return g_best == LM_ISA_AMX && lm_cpu_amx_available() &&
+          lm_cpu_get_option(LM_CPU_OPT_AMX, &amx) == LM_OK && amx;
+}
+
 /* every entry's kinds reached a kernel on every device (meta: a case ran there) */
 static void check_coverage(void) {
    CASE("coverage");
@@ -2080,6 +2112,7 @@ static void check_coverage(void) {
          if (k < 0 || k >= LM_OP_COUNT) continue; /* check_table said so */
          for (int d = D_CPU; d < NDEV; d++) {
             if (d == D_META || (d == D_CUDA && (!g_has_cuda || !cuda_has(k)))) continue;
+            if (!kind_reachable_on_cpu(k)) continue; /* nor on sim:0, which runs the CPU's */
             check(g_seen[e][d][k],
                   "%s (\"%s\") never reached a kernel on %s in the cases of OPS[]'s \"%s\" "
                   "entry: it lists the kind in KINDS() but no case calls a front end that "

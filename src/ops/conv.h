@@ -1,4 +1,4 @@
-/* ops/conv.h -- the parameters of LM_OP_CONV2D and LM_OP_CONV2D_BACKWARD (front end:
+/* ops/conv.h -- the parameters of LM_OP_CONV2D, LM_OP_CONV2D_BACKWARD and LM_OP_CONV3D (front end:
  * src/ops/conv.c; CPU kernels: kernels/cpu/conv*.c). The public functions are
  * declared in src/conv.h.
  *
@@ -30,6 +30,25 @@ typedef struct lm_conv2d_params {
    int channels_last;
    int act;
 } lm_conv2d_params;
+
+/* LM_OP_CONV3D: a 3-D convolution that a device runs natively (src/ops/conv3d.c asks the
+ * device's supports_op with these parameters first; where it says no, the front end runs the
+ * convolution as conv2d over the depth taps instead, on every device). On the CPU: bfloat16
+ * channels_last_3d forward on AMX tiles (kernels/cpu/conv_bf16_amx.c, "conv3d_amx_bf16").
+ *   t = {x, w, bias, residual, out}: x (N, C, D, H, W), w (O, C/groups, kd, kh, kw), bias NULL
+ *   or (O), residual NULL or out's shape, out (N, O, Do, Ho, Wo) with at least one element; x,
+ *   w, residual and out dense in channels_last_3d, one dtype.
+ * g holds the plane: N (clips), C, H, W, O, Ho, Wo, kh, kw, the strides, padding and dilation
+ * of H and W, groups (K = Cg * kd * kh * kw); the depth fields beside it. */
+typedef struct conv3d_geom {
+   conv_geom g;
+   int64_t D, Do, kd, sd, pd, dd;
+} conv3d_geom;
+
+typedef struct lm_conv3d_params {
+   conv3d_geom g3;
+   int act;
+} lm_conv3d_params;
 
 /* the argument checks of lm_conv2d (nd 2) and lm_conv3d (nd 3): tensors, devices, dtypes, ranks,
    groups, a non-empty kernel, the bias (src/ops/conv.c) */

@@ -1,5 +1,8 @@
 /* conv3d.c -- 3-D convolution (public functions: src/conv.h), as a front end over the 2-D
- * convolution: no kernel of its own, so every device and dtype lm_conv2d runs on runs it.
+ * convolution, so every device and dtype lm_conv2d runs on runs it. One kernel of its own
+ * where a device takes the call natively (LM_OP_CONV3D, asked through lm_op_supported: on the
+ * CPU, bfloat16 channels_last_3d forward with every depth tap live on AMX tiles,
+ * kernels/cpu/conv_bf16_amx.c; native_conv3d below); everything else as follows.
  *
  * The depth dimension is folded into the batch and the kernel's depth taps into the channels:
  *   y[n, :, od] = sum_kd conv2d(x[n, :, od*sd - pd + kd*dd], w[:, :, kd])
@@ -346,10 +349,14 @@ static lm_status weight_taps(const lm_tensor *w, const c3_geom *g, int64_t k0, i
    up to 128 channels), but 256 at 2x14x14 27 -> 59 and 512 at 1x7x7 29 -> 48 (the direct kernel
    prefers the longer reduction over few pixels); NCDHW (im2col + GEMM) is slower per tap at
    every size. A kernel without spatial extent (the (2+1)-D temporal 3x1x1) is one pointwise
-   GEMM either way and packs (no partial sums). LUMEN_CONV3D_SPLIT=0/1 forces one way (tests,
-   benchmarks). */
-static int split_taps(const c3_geom *g) {
+   GEMM either way and packs (no partial sums). float16 / bfloat16 always pack: per tap, each
+   partial sum (and each tap's share of grad_x) would be rounded to the dtype, not the result
+   once as PyTorch does (spec/amx_spec.lua's conv3d block saw 3.4e-4 of a 4.8 output past one
+   rounding's tolerance). LUMEN_CONV3D_SPLIT=0/1 forces one way (tests, benchmarks; float32 and
+   float64). */
+static int split_taps(const c3_geom *g, int dtype) {
    if (!lm_impl_on(LM_IMPL_CONV3D_PER_TAP)) return 0;
+   if (dtype != LM_FLOAT32 && dtype != LM_FLOAT64) return 0;
    const char *e = getenv("LUMEN_CONV3D_SPLIT");
    if (e && (e[0] == '0' || e[0] == '1')) return g->nt > 1 && e[0] == '1';
    return g->nt > 1 && g->fmt == LM_CHANNELS_LAST_3D && g->kh * g->kw > 1 && g->Cg >= 16 &&
@@ -515,11 +522,77 @@ static void free_all(lm_tensor **ts, int n) {
       if (ts[i]) lm_tensor_free(ts[i]);
 }
 
+/* LM_OP_CONV3D where the device runs this convolution natively (its supports_op says so: on
+   the CPU, bfloat16 on AMX tiles, kernels/cpu/conv.c) -- channels_last_3d, every depth tap live
+   (a short clip's dead taps are skipped by the conv2d route instead), tensors dense in
+   channels_last_3d, no result sharing memory with an input. 1: it ran (*st its status), 0: the
+   conv2d route runs it. */
+static int native_conv3d(const c3_geom *g, const lm_tensor *x, const lm_tensor *w,
+                         const lm_tensor *bias, const lm_tensor *residual, int act, lm_tensor *out,
+                         lm_status *st) {
+   if (g->fmt != LM_CHANNELS_LAST_3D || g->kd < 2 || g->nt != g->kd || g->t0 != 0) return 0;
+   if (!lm_is_contiguous(x, LM_CHANNELS_LAST_3D) || !lm_is_contiguous(w, LM_CHANNELS_LAST_3D) ||
+       !lm_is_contiguous(out, LM_CHANNELS_LAST_3D) ||
+       (residual && !lm_is_contiguous(residual, LM_CHANNELS_LAST_3D)))
+      return 0;
+   const lm_tensor *ins[4] = {x, w, bias, residual};
+   if (!no_alias(&out, 1, ins, 4)) return 0;
+   lm_conv3d_params p;
+   memset(&p, 0, sizeof p);
+   conv_geom *c = &p.g3.g;
+   c->N = g->N, c->C = g->C, c->H = g->H, c->W = g->W;
+   c->O = g->O, c->Ho = g->Ho, c->Wo = g->Wo, c->kh = g->kh, c->kw = g->kw;
+   c->sh = g->st2[0], c->sw = g->st2[1], c->ph = g->pd2[0], c->pw = g->pd2[1];
+   c->dh = g->dl2[0], c->dw = g->dl2[1];
+   c->G = g->G, c->Cg = g->Cg, c->Og = g->O / g->G, c->K = g->Cg * g->kd * g->kh * g->kw;
+   p.g3.D = g->D, p.g3.Do = g->Do, p.g3.kd = g->kd, p.g3.sd = g->sd, p.g3.pd = g->pd;
+   p.g3.dd = g->dd;
+   p.act = act;
+   lm_tensor *ts[5] = {(lm_tensor *)x, (lm_tensor *)w, (lm_tensor *)bias, (lm_tensor *)residual,
+                       out};
+   const lm_op op = lm_op_make(LM_OP_CONV3D, 5, ts, &p);
+   if (!lm_op_supported(&op)) return 0;
+   *st = lm_dispatch(&op);
+   return 1;
+}
+
+static lm_status conv3d_forward(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
+                                const int64_t *stride, const int64_t *padding,
+                                const int64_t *dilation, int64_t groups, int fmt, int act,
+                                const lm_tensor *residual, lm_tensor **out);
+
+/* A strided 1x1x1 kernel without padding (the downsampling shortcuts of r3d_18's layers 2-4)
+   reads one input pixel in sd * sh * sw: it runs as the stride-1 convolution of the strided
+   view of x, so that the conv2d route gathers only those pixels (a quarter of the depths'
+   planes' copy at stride 2), then one GEMM. r3d_18's 64 -> 128 shortcut (2 clips, 8x56x56,
+   bfloat16, 2 threads): 1.0 -> NN ms (copy of every even depth's whole plane, then the strided
+   GEMM, before). */
 lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                     int64_t groups, int fmt, int act, const lm_tensor *residual,
                     lm_tensor **out) {
    if (!out) return lm_error(LM_ERR_ARG, "output pointer is NULL");
+   c3_geom g;
+   LM_TRY(c3_check(x, w, bias, stride, padding, dilation, groups, fmt, &g));
+   if (g.kd == 1 && g.kh == 1 && g.kw == 1 && g.pd == 0 && g.pd2[0] == 0 && g.pd2[1] == 0 &&
+       (g.sd > 1 || g.st2[0] > 1 || g.st2[1] > 1) && g.N * g.C * g.Do * g.Ho * g.Wo > 0) {
+      const int64_t *s = x->strides;
+      const int64_t sz[5] = {g.N, g.C, g.Do, g.Ho, g.Wo};
+      const int64_t st[5] = {s[0], s[1], g.sd * s[2], g.st2[0] * s[3], g.st2[1] * s[4]};
+      lm_tensor *xs = NULL;
+      LM_TRY(lm_as_strided(x, 5, sz, st, x->offset, &xs));
+      const lm_status r =
+         conv3d_forward(xs, w, bias, NULL, NULL, NULL, groups, g.fmt, act, residual, out);
+      lm_tensor_free(xs);
+      return r;
+   }
+   return conv3d_forward(x, w, bias, stride, padding, dilation, groups, fmt, act, residual, out);
+}
+
+static lm_status conv3d_forward(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
+                                const int64_t *stride, const int64_t *padding,
+                                const int64_t *dilation, int64_t groups, int fmt, int act,
+                                const lm_tensor *residual, lm_tensor **out) {
    if (act < 0 || act >= LM_NUM_ACT)
       return lm_error(LM_ERR_ARG, "conv3d: unknown epilogue activation %d", act);
    c3_geom g;
@@ -542,13 +615,15 @@ lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bia
    LM_TRY(out_open(&o, out, 5, osz, x->dtype, g.fmt, x->device, "conv3d"));
    if (o.t->numel == 0) return out_close(&o, out, LM_OK);
    {
+      lm_status nst = LM_OK;
+      if (native_conv3d(&g, x, w, bias, residual, act, o.t, &nst)) return out_close(&o, out, nst);
       const lm_tensor *ins[4] = {x, w, bias, residual};
       if (temporal_gemm(&g, x->dtype) && no_alias(&o.t, 1, ins, 4)) {
          lm_impl_plan(LM_IMPL_CONV3D_GEMM, "conv3d", x, w);
          return out_close(&o, out, temporal_forward(&g, x, w, bias, act, residual, o.t));
       }
    }
-   const int split = split_taps(&g);
+   const int split = split_taps(&g, x->dtype);
    lm_impl_plan(split ? LM_IMPL_CONV3D_PER_TAP : LM_IMPL_CONV3D_PACKED, "conv3d", x, w);
    const int64_t calls = split ? g.nt : 1, nk = split ? 1 : g.nt;
    /* tmp: the taps' input and weight, the residual folded, the final conv2d output (a view of
@@ -629,7 +704,7 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
       st = temporal_backward(&g, x, w, grad_out, want_x ? ox.t : NULL, want_w ? ow.t : NULL,
                              want_b ? ob.t : NULL);
    } else if (st == LM_OK && (want_x || want_w || want_b)) {
-      const int split = split_taps(&g);
+      const int split = split_taps(&g, x->dtype);
       lm_impl_plan(split ? LM_IMPL_CONV3D_PER_TAP : LM_IMPL_CONV3D_PACKED, "conv3d_backward", x, w);
       const int64_t calls = split ? g.nt : 1, nk = split ? 1 : g.nt;
       st = fold(grad_out, g.fmt2, &tmp[2]);
