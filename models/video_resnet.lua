@@ -21,6 +21,7 @@ local M = {}
 
 local function builder(lm)
    local nn = lm.nn
+   local fold = require("lumen.nn.fold")
    local init = nn.init
    local RELU = { relu = true }             -- the epilogue options of a conv followed by a ReLU
 
@@ -146,6 +147,16 @@ local function builder(lm)
       local identity = x
       if self.downsample then identity = self.downsample(x) end
       if c2:size() == 2 then
+         -- evaluation with gradients off: conv2 and its batch norm folded for the call, the
+         -- residual add and the ReLU in the convolution's epilogue (lumen.nn.fold.conv_bn), as
+         -- the 2-D ResNet blocks do (conv1, a Sequential, folds itself). r3d_18 bf16 inference,
+         -- 2 clips: the batch-norm passes of conv2 and the weight's separate autocast cast go.
+         if not self.training and fold.eval_foldable({ { c2[1], c2[2] } }, { self.relu }) then
+            local out = self.conv1(x)
+            local y = fold.conv_bn(c2[1], c2[2], out, { residual = identity, relu = true })
+            if fold.unwrapped(self) and fold.releasable(out) then out:free() end
+            return y
+         end
          return nn.utils.bn_relu(c2[2], self.relu, c2[1](self.conv1(x)), identity)
       end
       return self.relu(c2(self.conv1(x)) + identity)

@@ -565,8 +565,8 @@ static lm_status conv3d_forward(const lm_tensor *x, const lm_tensor *w, const lm
    reads one input pixel in sd * sh * sw: it runs as the stride-1 convolution of the strided
    view of x, so that the conv2d route gathers only those pixels (a quarter of the depths'
    planes' copy at stride 2), then one GEMM. r3d_18's 64 -> 128 shortcut (2 clips, 8x56x56,
-   bfloat16, 2 threads): 1.0 -> NN ms (copy of every even depth's whole plane, then the strided
-   GEMM, before). */
+   bfloat16, 2 threads, 50 calls, old and new library alternated three times): 0.94-1.03 ->
+   0.76 ms a call (a copy of every even depth's whole plane, then the strided GEMM, before) */
 lm_status lm_conv3d(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias,
                     const int64_t *stride, const int64_t *padding, const int64_t *dilation,
                     int64_t groups, int fmt, int act, const lm_tensor *residual,
