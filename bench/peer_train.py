@@ -61,6 +61,9 @@ ap.add_argument("--momentum", type=float, default=0.9)
 ap.add_argument("--weight-decay", type=float, default=5e-4)
 ap.add_argument("--eval-batch", type=int, default=500)
 ap.add_argument("--quiet", action="store_true")
+# --amp bf16: the forward pass and the loss under torch.autocast("cpu", dtype=torch.bfloat16),
+# float32 weights, gradients and optimizer (train.lua's --amp bf16); the test pass under it too
+ap.add_argument("--amp", default="", choices=["", "bf16"])
 opt = ap.parse_args()
 
 torch.set_num_threads(opt.threads)
@@ -197,7 +200,9 @@ def accuracy():
         for i in range(0, test_x.shape[0], opt.eval_batch):
             x = test_x[i:i + opt.eval_batch].unsqueeze(1).float()
             x = x.mul_(1.0 / (255.0 * STD)).add_(-MEAN / STD).contiguous(memory_format=MF)
-            correct += (model(x).argmax(1) == test_y[i:i + opt.eval_batch]).sum().item()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=opt.amp == "bf16"):
+                out = model(x)
+            correct += (out.argmax(1) == test_y[i:i + opt.eval_batch]).sum().item()
     model.train()
     return correct / max(1, test_x.shape[0])
 
@@ -222,7 +227,8 @@ for epoch in range(1, opt.epochs + 1):
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step)
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=opt.amp == "bf16"):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         loss_sum += loss.item()

@@ -9,6 +9,8 @@
 # pass and the checkpoint), then the twin (its epoch_time: the same loop, batch preparation
 # included). Prints every epoch's time, test accuracy and mean training loss, then per epoch the
 # medians over the runs and the ratio PyTorch s / lumen s (> 1: lumen is faster).
+# AMP=bf16: both sides in bfloat16 autocast (train.lua --amp bf16; the twin's --amp bf16,
+# torch.autocast("cpu", dtype=torch.bfloat16): oneDNN, on AMX tiles where the CPU has them).
 # OpenMP: bin/lumen sets GOMP_SPINCOUNT=1000 when neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set
 # (lua/lumen/C.lua: on a shared machine libgomp's default spinning makes a step many times
 # slower); the twin gets the same setting (PyTorch's wheels use libgomp too) unless
@@ -36,7 +38,7 @@ peer_env=()
 if [ -z "${PEER_OMP_DEFAULT:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ] && [ -z "${OMP_WAIT_POLICY:-}" ]; then
    peer_env=(GOMP_SPINCOUNT=1000)
 fi
-echo "== threads $threads, epochs $epochs, limit $limit, $runs runs; twin OpenMP:" \
+echo "== threads $threads, epochs $epochs, limit $limit, $runs runs, amp ${AMP:-none}; twin OpenMP:" \
      "${peer_env[*]:-the PyTorch default}"
 status=0
 : > "$out/lumen.txt"
@@ -46,6 +48,7 @@ for run in $(seq 1 "$runs"); do
    rm -f "$out/lumen.jsonl"
    if OMP_NUM_THREADS=$threads bin/lumen examples/train.lua --epochs "$epochs" --limit "$limit" \
          --threads "$threads" --quiet --log "$out/lumen.jsonl" --checkpoint "$out/train.ckpt" \
+         ${AMP:+--amp "$AMP"} \
          > "$out/lumen_run.log" 2>&1; then
       # the epoch records, as '<epoch> <epoch_time> <test_accuracy> <train_loss>'
       luajit - "$out/lumen.jsonl" <<'LUA' | tee -a "$out/lumen.txt" | sed 's/^/   lumen epoch /'
@@ -63,7 +66,8 @@ LUA
    fi
    echo "== run $run/$runs: PyTorch twin bench/peer_train.py (load $(cut -d' ' -f1-3 /proc/loadavg))"
    if env OMP_NUM_THREADS="$threads" "${peer_env[@]}" "$py" bench/peer_train.py --epochs "$epochs" \
-         --limit "$limit" --threads "$threads" --quiet > "$out/peer_run.log" 2>/dev/null; then
+         --limit "$limit" --threads "$threads" --quiet ${AMP:+--amp "$AMP"} \
+         > "$out/peer_run.log" 2>/dev/null; then
       awk '/^epoch / { print $2, $4, $10, $8 }' "$out/peer_run.log" | tee -a "$out/peer.txt" |
          sed 's/^/   PyTorch epoch /'
    else

@@ -704,10 +704,19 @@ static const lm_impl bwdd_half_list[] = {
    pairs). Chosen by the geometry and the switches only, never by which gradients are wanted:
    grad_b alone equals grad_b computed with grad_w, bit for bit (spec/c/test_devices_conv.c,
    spec/conv_bf16_spec.lua check). */
+/* Fewer than 64 output channels: the weight gradient's GEMM (O x C*kh*kw, summed over the
+   pixels) fills at most half of the tiles' 32 rows, and fewer than 32 columns for a stem; the
+   float32 route beats it. The README's small ResNet (16-64 channels, batch 128 of 28x28), bf16
+   training step, alternated in one process: 57.9 -> 42.5 ms (float32 42.2); the 1-channel
+   stem's weight gradient 18.9 -> 0.7 ms, a 16 -> 16 3x3 layer's backward 9.0 -> 3.6 ms
+   (LUMEN_VERBOSE). ResNet50's layers (64+ channels everywhere) keep the tiles. */
+enum { BWDW_AMX_MIN_O = 64 };
 static const char *hwu_amx(const void *p) {
    const half_bwd_ctx *c = p;
    const char *why = native_bf16_bwd(c);
-   return why ? why : lm_amx_on() ? NULL : "AMX not in use (ISA or lm.backends.cpu.amx)";
+   if (why) return why;
+   if (!lm_amx_on()) return "AMX not in use (ISA or lm.backends.cpu.amx)";
+   return c->g->O >= BWDW_AMX_MIN_O ? NULL : "fewer than 64 output channels (the tiles idle)";
 }
 static const char *hwu_winograd(const void *p) {
    const half_bwd_ctx *c = p;
@@ -720,6 +729,8 @@ static const char *hwu_pairs(const void *p) {
    const half_bwd_ctx *c = p;
    const char *why = native_bf16_bwd(c);
    if (why) return why;
+   /* with AMX in use the level says nothing of vdpbf16ps (conv_backward): ask */
+   if (lm_amx_on() && !lm_cpu_bf16_dot_pays()) return "vdpbf16ps does not pay on this CPU";
    return bf16_bwdw_via_winograd(c->g) ? "a Winograd geometry: the float32 route beats it" : NULL;
 }
 static const lm_impl bwdw_half_list[] = {
