@@ -55,12 +55,18 @@ end
 -- channels, about ten times the direct kernels' error, spec/conv_bf16_spec.lua checks it) is
 -- off, so that every convolution runs the tile kernels (or the direct ones where AMX has none)
 -- and is held to one bfloat16 rounding
+-- LUMEN_CONV_AMX=2: the tiles take every geometry they can run, also the 16..31-channel
+-- spatial kernels that the float32 route takes by default (kernels/cpu/conv_bf16_amx.c,
+-- amx_pays_2d), so that the odd channel counts below reach the tile kernels
+pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 local function on_amx(fn)
    assert.equal(C.LM_ISA_AMX, C.lm_cpu_set_isa(C.LM_ISA_AMX))
    lm.backends.cpu.amx = true
    lm.backends.cpu.bf16_winograd = false
    assert.equal("amx", lm.backends.cpu.isa())
+   ffi.C.setenv("LUMEN_CONV_AMX", "2", 1)
    local ok, err = pcall(fn)
+   ffi.C.unsetenv("LUMEN_CONV_AMX")
    C.lm_cpu_set_isa(C.LM_ISA_AUTO)
    lm.backends.cpu.amx = true
    lm.backends.cpu.bf16_winograd = true
@@ -131,7 +137,6 @@ end
 
 -- fn() with environment variable `name` set to `value` (the kernels read their switches at each
 -- call), then unset again
-pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 local function with_env(name, value, fn)
    ffi.C.setenv(name, value, 1)
    local ok, err = pcall(fn)
@@ -793,8 +798,8 @@ describe("conv3d in bfloat16 on AMX tiles against float64", function()
       function()
       local code = "local lm = require(\"lumen\"); local F = lm.F; " ..
          "local CL3 = lm.channels_last_3d; " ..
-         "local x = lm.randn({1, 16, 4, 6, 6}):contiguous(CL3):bfloat16(); " ..
-         "local w = lm.randn({16, 16, 3, 3, 3}):contiguous(CL3):bfloat16(); " ..
+         "local x = lm.randn({1, 32, 4, 6, 6}):contiguous(CL3):bfloat16(); " ..
+         "local w = lm.randn({32, 32, 3, 3, 3}):contiguous(CL3):bfloat16(); " ..
          "F.conv3d(x, w, nil, {padding = 1}); " ..                        -- native
          "F.conv3d(x, w, nil, {padding = {0, 1, 1}}); " ..                -- depth 4 -> 2: native
          "F.conv3d(x:float(), w:float(), nil, {padding = 1}); " ..        -- float32: conv2d
@@ -810,5 +815,16 @@ describe("conv3d in bfloat16 on AMX tiles against float64", function()
       assert.equal(2, native, out)
       assert.truthy(out:find("plan,cpu,conv3d,conv3d_per_tap,float32", 1, true) or
                     out:find("plan,cpu,conv3d,conv3d_packed_taps,float32", 1, true), out)
+      -- 16 channels and a spatial kernel: the float32 route pays more than the tiles
+      local code16 = "local lm = require(\"lumen\"); local CL3 = lm.channels_last_3d; " ..
+         "local x = lm.randn({1, 16, 4, 6, 6}):contiguous(CL3):bfloat16(); " ..
+         "local w = lm.randn({16, 16, 3, 3, 3}):contiguous(CL3):bfloat16(); " ..
+         "lm.F.conv3d(x, w, nil, {padding = 1})"
+      p = assert(io.popen("LUMEN_DEFAULT_DEVICE= LUMEN_AMX= LUMEN_CONV_AMX= LUMEN_VERBOSE=1 " ..
+                          "bin/lumen -e '" .. code16 .. "' 2>&1"))
+      out = p:read("*a")
+      p:close()
+      assert.falsy(out:find("conv3d_amx_bf16", 1, true), out)
+      assert.truthy(out:find("plan,cpu,conv3d,conv3d_packed_taps,bfloat16", 1, true), out)
    end)
 end)

@@ -554,7 +554,8 @@ static const char *hu_amx(const void *p) {
    const char *why = native_bf16(c);
    if (why) return why;
    if (!lm_amx_on()) return "AMX not in use (ISA or lm.backends.cpu.amx)";
-   return lm_conv_amx_usable(c->g, 0) ? NULL : "groups, or fewer than 16 channels";
+   if (!lm_conv_amx_usable(c->g, 0)) return "groups, or fewer than 16 channels";
+   return lm_conv_amx_pays(c->g) ? NULL : "fewer than 32 channels with a spatial kernel";
 }
 static lm_status hr_amx(void *p) {
    const half_ctx *c = p;
@@ -581,9 +582,18 @@ static lm_status hr_winograd(void *p) {
                                 c->res ? lm_tensor_data(c->res) : NULL, c->act,
                                 lm_tensor_data(c->out));
 }
+/* with AMX in use the level says nothing of vdpbf16ps (conv_forward's half_level keeps
+   LV_BF16): a layer of one group that the tiles declined (few channels) takes the float32 route
+   where vdpbf16ps does not pay; depthwise layers keep the native kernel */
+static const char *vdp_declined(const conv_geom *g) {
+   return g->G == 1 && lm_amx_on() && !lm_cpu_bf16_dot_pays()
+             ? "vdpbf16ps does not pay on this CPU (the tiles declined: few channels)"
+             : NULL;
+}
 static const char *hu_direct(const void *p) {
    const half_ctx *c = p;
    const char *why = native_bf16(c);
+   if (!why) why = vdp_declined(c->g);
    return why ? why : lm_conv_bf16_usable(c->g, 0) ? NULL : "groups other than depthwise";
 }
 static lm_status hr_direct(void *p) {
@@ -657,7 +667,8 @@ static const char *hbu_amx(const void *p) {
    const char *why = native_bf16_bwd(c);
    if (why) return why;
    if (!lm_amx_on()) return "AMX not in use (ISA or lm.backends.cpu.amx)";
-   return lm_conv_amx_usable(c->g, 1) ? NULL : "groups, or fewer than 16 channels";
+   if (!lm_conv_amx_usable(c->g, 1)) return "groups, or fewer than 16 channels";
+   return lm_conv_amx_pays(c->g) ? NULL : "fewer than 32 channels with a spatial kernel";
 }
 static lm_status hbr_amx(void *p) {
    const half_bwd_ctx *c = p;
@@ -677,6 +688,7 @@ static lm_status hbr_winograd(void *p) {
 static const char *hbu_direct(const void *p) {
    const half_bwd_ctx *c = p;
    const char *why = native_bf16_bwd(c);
+   if (!why) why = vdp_declined(c->g);
    return why ? why : lm_conv_bf16_usable(c->g, 1) ? NULL : "groups other than depthwise";
 }
 static lm_status hbr_direct(void *p) {

@@ -53,6 +53,24 @@ int lm_conv_amx_usable(const conv_geom *g, int backward_data) {
    return !backward_data || g->O >= 16;
 }
 
+/* Where the tiles pay (the impl lists' choice; lm_conv_amx_usable says where they can run): a
+   kernel with spatial extent needs 32+ input and output channels (16..31 pad a tile's 32 to
+   half empty, and float32 Winograd does a quarter of the multiplications: the README's small
+   ResNet, 128 images of 28x28, bf16: 16 -> 16 3x3 forward 3.4 ms on the tiles, 1.1-1.3 on the
+   float32 route; 16 -> 32 3x3 stride 2 1.8 against 1.1), the stem's rows 32+ output channels
+   (1 -> 16 3x3: 2.1 against 0.3); a 1x1 layer takes the tiles as a GEMM from 16 (16 -> 32:
+   0.43 against 0.62). LUMEN_CONV_AMX=2 takes every geometry the tiles can run (specs of the
+   tile kernels on odd channel counts). */
+static int amx_pays_2d(int64_t C, int64_t O, int64_t kh, int64_t kw) {
+   const char *e = getenv("LUMEN_CONV_AMX");
+   if (e && e[0] == '2' && e[1] == 0) return 1;
+   if (kh * kw == 1) return 1;
+   if (C < 16) return O >= 32; /* rows mode */
+   return C >= 32 && O >= 32;
+}
+
+int lm_conv_amx_pays(const conv_geom *g) { return amx_pays_2d(g->C, g->O, g->kh, g->kw); }
+
 /* the engine's geometry: input (N, H, W, C) read from a padded copy, output (N, Ho, Wo, O);
    with depth (conv3d, D > 0): input (N, D, H, W, C), output (N, Do, Ho, Wo, O), kernel depth kd,
    stride sd, padding pd, dilation dd (D = 0: a 2-D convolution, the depth fields unused) */
@@ -535,6 +553,7 @@ int lm_conv3d_amx_usable(const conv3d_geom *g3) {
    const conv_geom *g = &g3->g;
    if (!lm_impl_on(LM_IMPL_CONV3D_AMX_BF16)) return 0;
    if (g->G != 1 || g->O < 16 || g3->kd * g->kh * g->kw > AMX_MAXTAPS) return 0;
+   if (!amx_pays_2d(g->C, g->O, g3->kd * g->kh, g->kw)) return 0;
    if (g->C < 16)
       return g->C * g->kw <= 64 && g->dw == 1 &&
              g3->kd * g->kh * ((g->C * g->kw + 31) / 32) <= AMX_MAXROWS;

@@ -233,6 +233,8 @@ LM_CONV_HIDDEN lm_status lm_conv_bwdd_nhwc_avx512bf16(const conv_geom *g, const 
  * takes the geometry: groups 1, at least 16 input and output channels; backward data only for
  * stride 1 (the others keep the AVX-512 kernel). LUMEN_CONV_AMX=0 turns them off. */
 LM_CONV_HIDDEN int lm_conv_amx_usable(const conv_geom *g, int backward_data);
+/* ... and where they pay over the float32 route (channel counts; conv_bf16_amx.c) */
+LM_CONV_HIDDEN int lm_conv_amx_pays(const conv_geom *g);
 /* stream: in, the output block is cold (lm_tensor_block_cold); out, it was written with
    streaming stores (lm_amx_stream decides). f32: res, out (gx) are float32 (the float32
    convolutions of lm.backends.cpu.fp32_precision = "bf16", whose x and w the caller rounded) */

@@ -1057,11 +1057,11 @@ static void cases_conv(void) {
             free_kept();
          }
       /* bfloat16 channels_last_3d with every depth tap live: LM_OP_CONV3D where AMX is in use
-         (16+ channels, and a stem's 3 channels 7 wide), the conv2d route elsewhere */
+         (32+ channels, and a stem's 3 channels 7 wide), the conv2d route elsewhere */
       static const c3case b3[3] = {
-         {{2, 16, 4, 6, 5}, {20, 16, 3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, 1},
-         {{1, 3, 4, 9, 10}, {16, 3, 3, 7, 7}, {1, 2, 2}, {1, 3, 3}, {1, 1, 1}, 1},
-         {{1, 32, 5, 5, 6}, {16, 32, 2, 3, 1}, {2, 1, 1}, {0, 1, 0}, {2, 1, 1}, 1},
+         {{2, 32, 4, 6, 5}, {40, 32, 3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, 1},
+         {{1, 3, 4, 9, 10}, {32, 3, 3, 7, 7}, {1, 2, 2}, {1, 3, 3}, {1, 1, 1}, 1},
+         {{1, 33, 5, 5, 6}, {48, 33, 2, 3, 1}, {2, 1, 1}, {0, 1, 0}, {2, 1, 1}, 1},
       };
       for (int i = 0; i < 3; i++) {
          g_tol = TOL_CONV;
