@@ -125,13 +125,20 @@ describe("training", function()
          loss:backward()
          opt:step()
       end
+      local function live()
+         collectgarbage(); collectgarbage()
+         return lm.memory.live_bytes()
+      end
+      -- the base is the smaller of two readings (after 50 and 100 steps): a fresh-clone CI run
+      -- once read 10,720 bytes after 50 steps and 3,328 after 500, something transient still
+      -- live at the first reading; a leak grows, so only growth past 10 % fails
       for _ = 1, 50 do step() end
-      collectgarbage(); collectgarbage()
-      local base = lm.memory.live_bytes()
-      for _ = 1, 450 do step() end
-      collectgarbage(); collectgarbage()
-      local after = lm.memory.live_bytes()
-      assert.is_true(after <= base * 1.1 and after >= base * 0.9,
-         ("live bytes %d after 50 steps, %d after 500"):format(base, after))
+      local base = live()
+      for _ = 1, 50 do step() end
+      base = math.min(base, live())
+      for _ = 1, 400 do step() end
+      local after = live()
+      assert.is_true(after <= base * 1.1,
+         ("live bytes %d (the smaller after 50 and 100 steps), %d after 500"):format(base, after))
    end)
 end)
