@@ -473,6 +473,17 @@ SHORT_ROWS_FN(rows8, uint64_t)
 
 enum { SHORT_ROW = 16, ROWS_TASK = 512 };
 
+/* the bases p[0 .. nops) of outer row r: the iterator's dims 2 .. ndim (dims 0 and 1 are the
+   short rows and their run), for short_rows_copy and short_rows_fill */
+static void outer_bases(const lm_iter *it, int64_t r, int nops, uintptr_t *p) {
+   for (int k = 0; k < nops; k++) p[k] = it->base[k];
+   for (int d = 2; d < it->ndim; d++) {
+      const int64_t i = r % it->shape[d];
+      r /= it->shape[d];
+      for (int k = 0; k < nops; k++) p[k] += (uintptr_t)(i * it->strides[k][d]);
+   }
+}
+
 static void short_rows_copy(const lm_iter *it, int es) {
    const int64_t n0 = it->shape[0], n1 = it->shape[1];
    const int64_t d1 = it->strides[0][1], s1 = it->strides[1][1];
@@ -484,16 +495,10 @@ static void short_rows_copy(const lm_iter *it, int es) {
    const int nt = lm_iter_threads(it->numel);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
    for (int64_t task = 0; task < tasks; task++) {
-      int64_t r = task / nrt;
       const int64_t i0 = task % nrt * ROWS_TASK, i1 = i0 + ROWS_TASK < n1 ? i0 + ROWS_TASK : n1;
-      uintptr_t dp = it->base[0], sp = it->base[1];
-      for (int d = 2; d < it->ndim; d++) {
-         const int64_t i = r % it->shape[d];
-         r /= it->shape[d];
-         dp += (uintptr_t)(i * it->strides[0][d]);
-         sp += (uintptr_t)(i * it->strides[1][d]);
-      }
-      rows((char *)(dp + (uintptr_t)(i0 * d1)), d1, (const char *)(sp + (uintptr_t)(i0 * s1)),
+      uintptr_t p[2];
+      outer_bases(it, task / nrt, 2, p);
+      rows((char *)(p[0] + (uintptr_t)(i0 * d1)), d1, (const char *)(p[1] + (uintptr_t)(i0 * s1)),
            s1, n0, i1 - i0);
    }
 }
@@ -705,14 +710,9 @@ static void short_rows_fill(const lm_iter *it, int es, const char *vp) {
    const int nt = lm_iter_threads(it->numel);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
    for (int64_t task = 0; task < tasks; task++) {
-      int64_t r = task / nrt;
       const int64_t i0 = task % nrt * ROWS_TASK, i1 = i0 + ROWS_TASK < n1 ? i0 + ROWS_TASK : n1;
-      uintptr_t dp = it->base[0];
-      for (int d = 2; d < it->ndim; d++) {
-         const int64_t i = r % it->shape[d];
-         r /= it->shape[d];
-         dp += (uintptr_t)(i * it->strides[0][d]);
-      }
+      uintptr_t dp;
+      outer_bases(it, task / nrt, 1, &dp);
       rows((char *)(dp + (uintptr_t)(i0 * d1)), d1, vp, n0, i1 - i0);
    }
 }
