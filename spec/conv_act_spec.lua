@@ -51,6 +51,7 @@ local GEOMS = {
    { "pointwise", 2, 16, 7, 7, 40, 1, 1, 0, 1 }, { "narrow", 2, 3, 16, 16, 24, 3, 2, 1, 1 },
    { "register-blocked", 2, 8, 16, 16, 16, 3, 1, 1, 1 },
    { "direct", 2, 20, 9, 9, 24, 3, 2, 1, 1 }, { "grouped", 2, 8, 6, 6, 8, 3, 1, 1, 2 },
+   { "groups of 8", 2, 24, 9, 9, 24, 3, 2, 1, 3 },
 }
 
 local function operands(g, dt, fmt)
@@ -137,7 +138,7 @@ describe("conv2d epilogue activations: each CPU implementation", function()
       return
    end
    local f32 = { "depthwise_avx512", "winograd_f4x4_avx512", "pointwise_avx512",
-                 "narrow_c_avx512", "direct_rb_avx512", "direct_avx512" }
+                 "narrow_c_avx512", "grouped_avx512", "direct_rb_avx512", "direct_avx512" }
    for _, keep in ipairs(f32) do
       it("float32 channels-last: " .. keep .. " (or the portable fallback where it declines)",
          function()

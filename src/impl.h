@@ -51,6 +51,9 @@ extern "C" {
      "float32 channels-last strided 1x1 forward: pointwise_avx512 on the gathered pixels")     \
    X(CONV_1X1_GEMM, "gemm_1x1_grads_avx512", 0, "LUMEN_CONV_BWDW_GEMM",                          \
      "float32 channels-last gradients of wide 1x1 layers as one GEMM (inside direct_avx512)")  \
+   X(CONV_GROUPED, "grouped_avx512", 0, NULL,                                                    \
+     "float32 channels-last convolution with 4, 8 or 16 channels a group (block-diagonal "     \
+     "16-lane blocks, the reduction in registers)")                                            \
    X(CONV_DIRECT_RB, "direct_rb_avx512", 0, "LUMEN_CONV_RB",                                     \
      "float32 channels-last register-blocked direct convolution (small channel counts)")      \
    X(CONV_DIRECT, "direct_avx512", 0, NULL, "float32 channels-last direct convolution")         \

@@ -190,6 +190,16 @@ static lm_status fr_narrow(void *p) {
    return lm_conv_nc_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out,
                                      c->stream ? c->stream : &s0);
 }
+static const char *fu_grouped(const void *p) {
+   const fwd_ctx *c = p;
+   const char *why = f32_nhwc_avx512(c);
+   return why ? why : lm_conv_grp_usable(c->g, 0) ? NULL : "not 4, 8 or 16 channels a group";
+}
+static lm_status fr_grouped(void *p) {
+   const fwd_ctx *c = p;
+   if (c->stream) *c->stream = 0;
+   return lm_conv_grp_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
+}
 static const char *fu_direct_rb(const void *p) {
    const fwd_ctx *c = p;
    const char *why = f32_nhwc_avx512(c);
@@ -219,6 +229,7 @@ static const lm_impl fwd_f32_list[] = {
    {LM_IMPL_CONV_WINOGRAD, fu_winograd, fr_winograd},
    {LM_IMPL_CONV_POINTWISE, fu_pointwise, fr_pointwise},
    {LM_IMPL_CONV_NARROW, fu_narrow, fr_narrow},
+   {LM_IMPL_CONV_GROUPED, fu_grouped, fr_grouped},
    {LM_IMPL_CONV_DIRECT_RB, fu_direct_rb, fr_direct_rb},
    {LM_IMPL_CONV_DIRECT, fu_direct, fr_direct},
    {LM_IMPL_CONV_IM2COL, NULL, fr_im2col},
@@ -291,6 +302,18 @@ static lm_status bdr_pointwise(void *p) {
    int s0 = 0;
    return lm_conv_pw_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx, c->stream ? c->stream : &s0);
 }
+static const char *bdu_grouped(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why
+              : lm_conv_grp_usable(c->g, 1) ? NULL
+                                            : "not 4, 8 or 16 channels a group at stride 1";
+}
+static lm_status bdr_grouped(void *p) {
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   return lm_conv_grp_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx);
+}
 static const char *bdu_direct_rb(const void *p) {
    const bwd_ctx *c = p;
    const char *why = bwd_f32_nhwc_avx512(c);
@@ -310,6 +333,7 @@ static const lm_impl bwdd_f32_list[] = {
    {LM_IMPL_CONV_DEPTHWISE, bu_depthwise, bdr_depthwise},
    {LM_IMPL_CONV_WINOGRAD, bdu_winograd, bdr_winograd},
    {LM_IMPL_CONV_POINTWISE, bdu_pointwise, bdr_pointwise},
+   {LM_IMPL_CONV_GROUPED, bdu_grouped, bdr_grouped},
    {LM_IMPL_CONV_DIRECT_RB, bdu_direct_rb, bdr_direct_rb},
    {LM_IMPL_CONV_DIRECT, bu_avx512, bdr_direct},
    {LM_IMPL_CONV_IM2COL, NULL, br_im2col},
@@ -329,6 +353,15 @@ static lm_status bwr_winograd(void *p) {
    const bwd_ctx *c = p;
    return lm_conv_wino_bwdw_nhwc_avx512(c->g, c->x, c->gout, c->gw, c->gb);
 }
+static const char *bwu_grouped(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = bwd_f32_nhwc_avx512(c);
+   return why ? why : lm_conv_grp_usable(c->g, 2) ? NULL : "not 4, 8 or 16 channels a group";
+}
+static lm_status bwr_grouped(void *p) {
+   const bwd_ctx *c = p;
+   return lm_conv_grp_bwdw_nhwc_avx512(c->g, c->x, c->gout, c->gw, c->gb);
+}
 static const char *bwu_direct_rb(const void *p) {
    const bwd_ctx *c = p;
    const char *why = bwd_f32_nhwc_avx512(c);
@@ -345,6 +378,7 @@ static lm_status bwr_direct(void *p) {
 static const lm_impl bwdw_f32_list[] = {
    {LM_IMPL_CONV_DEPTHWISE, bu_depthwise, bwr_depthwise},
    {LM_IMPL_CONV_WINOGRAD, bwu_winograd, bwr_winograd},
+   {LM_IMPL_CONV_GROUPED, bwu_grouped, bwr_grouped},
    {LM_IMPL_CONV_DIRECT_RB, bwu_direct_rb, bwr_direct_rb},
    {LM_IMPL_CONV_DIRECT, bu_avx512, bwr_direct},
    {LM_IMPL_CONV_IM2COL, NULL, br_im2col},

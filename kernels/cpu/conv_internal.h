@@ -111,6 +111,19 @@ LM_CONV_HIDDEN lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *res, int act, float *out,
                                                     int *stream);
 
+/* ---- small groups: 4, 8 or 16 channels a group in and out, float32 NHWC
+ * (conv_grouped_f32_avx512.c, "grouped_avx512"): whole groups in 16-lane blocks, block-diagonal
+ * kernel, the reduction in registers. lm_conv_grp_usable: pass 0 forward, 1 backward data
+ * (stride 1 only), 2 backward weight. Same arguments as the direct kernels above. ---- */
+LM_CONV_HIDDEN int lm_conv_grp_usable(const conv_geom *g, int pass);
+LM_CONV_HIDDEN lm_status lm_conv_grp_fwd_nhwc_avx512(const conv_geom *g, const float *x,
+                                                     const float *w, const float *bias,
+                                                     const float *res, int act, float *out);
+LM_CONV_HIDDEN lm_status lm_conv_grp_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                                      const float *w, float *gx);
+LM_CONV_HIDDEN lm_status lm_conv_grp_bwdw_nhwc_avx512(const conv_geom *g, const float *x,
+                                                      const float *gout, float *gw, float *gb);
+
 /* ---- register-blocked float32 NHWC kernels for small channel counts
  * (conv_direct_rb_f32_avx512.c) ----
  * groups == 1; same arguments as the direct kernels above. lm_conv_rb_usable says whether they

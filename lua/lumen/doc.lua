@@ -562,7 +562,7 @@ E("lm.backends.cpu.implementations", "lm.backends.cpu.implementations() -> array
    .. "lists try them (src/impl.h): conv2d forward / backward in bfloat16 (amx_bf16, "
    .. "winograd_f4x4_avx512bf16, direct_avx512bf16, im2col_gemm_bf16, via_f32) and float32 "
    .. "(fp32_bf16_amx, depthwise_avx512, winograd_f4x4_avx512, pointwise_avx512, narrow_c_avx512, "
-   .. "direct_rb_avx512, direct_avx512, im2col_gemm), conv3d's plans, the GEMM (gemm_amx_bf16, "
+   .. "grouped_avx512, direct_rb_avx512, direct_avx512, im2col_gemm), conv3d's plans, the GEMM (gemm_amx_bf16, "
    .. "gemm_avx512bf16, gemm_avx512, gemm_avx2, gemm_portable), pools and batch norm. fallback: "
    .. "the family's last resort, which cannot be switched off; alias: the older environment "
    .. "variable that also switches it off when set to 0. The names are stable: LUMEN_VERBOSE's "

@@ -935,6 +935,18 @@ static const ccase CCASES[] = {
    {"grey stem C=1",     2, 1,  16, 16, 8,  3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1, 0,
     LM_ACT_GELU_TANH},
    {"groups 2",          2, 8,  7,  7,  6,  3, 3, {1, 1}, {1, 1}, {1, 1}, 2, 1, 1, LM_ACT_SIGMOID},
+   /* small groups (grouped_avx512: 4, 8 or 16 channels a group; blocks of 16 lanes that a
+      group count prime to 2 leaves partial, stride 2, dilation, in != out per group) */
+   {"groups of 8",       2, 24, 9,  10, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3, 1, 1, LM_ACT_RELU},
+   {"groups of 8 s2",    2, 40, 11, 9,  40, 3, 3, {2, 2}, {1, 1}, {1, 1}, 5, 1, 0, LM_ACT_SILU},
+   {"groups of 4 dil 2", 1, 12, 9,  9,  12, 3, 3, {1, 1}, {2, 2}, {2, 2}, 3, 0, 1, LM_ACT_NONE},
+   {"groups of 16 5x5",  1, 32, 10, 11, 32, 5, 5, {2, 2}, {2, 2}, {1, 1}, 2, 1, 1, LM_ACT_RELU},
+   {"groups 8 in 4 out", 2, 16, 7,  8,  8,  3, 3, {1, 1}, {1, 1}, {1, 1}, 2, 1, 1, LM_ACT_GELU},
+   {"groups 4 in 8 out", 2, 12, 7,  6,  24, 1, 3, {2, 1}, {0, 1}, {1, 1}, 3, 1, 0, LM_ACT_NONE},
+   /* strided grad_input by phases: one no tap reaches (1x1 s2, 3x3 s2 dilation 2), even kernel */
+   {"groups of 8 1x1 s2",1, 24, 9,  8,  24, 1, 1, {2, 2}, {0, 0}, {1, 1}, 3, 1, 0, LM_ACT_NONE},
+   {"groups 8 s2 dil 2", 1, 16, 10, 11, 16, 3, 3, {2, 2}, {2, 2}, {2, 2}, 2, 0, 0, LM_ACT_NONE},
+   {"groups 8 4x4 s2",   2, 24, 8,  9,  24, 4, 4, {2, 2}, {1, 1}, {1, 1}, 3, 1, 0, LM_ACT_RELU},
    {"depthwise",         2, 16, 7,  8,  16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 16, 1, 1, LM_ACT_SILU},
    {"depthwise s2",      1, 8,  9,  9,  8,  3, 3, {2, 2}, {1, 1}, {1, 1}, 8, 0, 0,
     LM_ACT_HARDSIGMOID},
