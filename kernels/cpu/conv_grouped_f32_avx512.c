@@ -461,7 +461,8 @@ lm_status lm_conv_grp_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const
                   stage(&p, x, n, b, r0, nr, st);
                   for (int64_t t0 = 0; t0 < taps; t0 += tmax) {
                      const int tt = (int)(taps - t0 < tmax ? taps - t0 : tmax);
-                     gbww_tab[ci][tt](&p, st, gout, nr, n, r0, m, toff + t0, part + t0 * Cg * 16);
+                     gbww_tab[ci][tt](&p, st, gout + b * 16, nr, n, r0, m, toff + t0,
+                                      part + t0 * Cg * 16);
                   }
                }
                if (gb)

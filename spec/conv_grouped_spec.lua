@@ -1,0 +1,122 @@
+-- Convolutions with small groups (4, 8 or 16 channels a group: RegNet, ResNeXt), the float32
+-- channels-last kernels of kernels/cpu/conv_grouped_f32_avx512.c ("grouped_avx512"): forward
+-- (bias, residual, activation), grad_input (stride 1, and strided by phases, including a phase
+-- that no tap reaches) and grad_weight / grad_bias against the float64 convolution of the same
+-- operands on the portable kernels, with random gradients (every output channel different, so a
+-- block reading another block's grad_output shows), group counts that leave a partial 16-lane
+-- block, N > 1; the same values with the implementation switched off; formats of the output and
+-- gradients; LUMEN_VERBOSE naming it where it runs; grad_bias alone = with grad_weight.
+local lm = require("lumen")
+local sh = require("spec.shell")
+local F = lm.F
+
+local on_cpu = lm.get_default_device() == "cpu"
+
+-- max |a - b| / max(1, max |b|), in float64
+local function rel_diff(a, b)
+   local d = (a:double() - b:double()):abs():max():item()
+   return d / math.max(1, b:double():abs():max():item())
+end
+
+-- {name, N, C, H, W, O, kh, kw, stride, padding, dilation, groups, bias, residual, act}
+local GEOMS = {
+   { "8 a group, 13 groups (a partial block)", 2, 104, 9, 8, 104, 3, 3, 1, 1, 1, 13, true, true,
+     "relu" },
+   { "8 a group, stride 2, 55 groups", 2, 440, 6, 7, 440, 3, 3, 2, 1, 1, 55, true, false, nil },
+   { "4 a group, dilation 2", 3, 32, 9, 9, 32, 3, 3, 1, 2, 2, 8, false, true, nil },
+   { "16 a group, 5x5 stride 2", 2, 48, 11, 10, 48, 5, 5, 2, 2, 1, 3, true, false, "silu" },
+   { "8 in, 4 out a group", 2, 24, 7, 8, 12, 3, 3, 1, 1, 1, 3, true, true, nil },
+   { "4 in, 16 out a group, 1x1 stride 2 (a phase no tap reaches)", 2, 12, 7, 9, 48, 1, 1, 2, 0,
+     1, 3, true, false, nil },
+   { "8 a group, 2x2 maps", 2, 208, 2, 2, 208, 3, 3, 1, 1, 1, 26, true, false, nil },
+   { "8 a group, 4x4 kernel stride 2", 2, 24, 8, 9, 24, 4, 4, 2, 1, 1, 3, false, false, nil },
+}
+
+local function operands(g)
+   local _, N, Cn, Hh, W, O, kh, kw, s, p, d, groups, hb, hr = unpack(g)
+   local x = lm.randn({ N, Cn, Hh, W }):contiguous(lm.channels_last)
+   local w = (lm.randn({ O, Cn / groups, kh, kw }) * 0.3):contiguous(lm.channels_last)
+   local b = hb and lm.randn({ O }) or nil
+   local opts = { stride = s, padding = p, dilation = d, groups = groups }
+   local y = F.conv2d(x, w, nil, opts)
+   local r = hr and lm.randn(y:size()):contiguous(lm.channels_last) or nil
+   local gy = lm.randn(y:size()):contiguous(lm.channels_last)
+   return x, w, b, r, gy, opts
+end
+
+-- forward, then every gradient of (y * gy):sum() (the activation applied after the residual)
+local function run(x, w, b, r, gy, opts, act)
+   local xx, ww = x:clone():requires_grad_(true), w:clone():requires_grad_(true)
+   local bb = b and b:clone():requires_grad_(true) or nil
+   local y = F.conv2d(xx, ww, bb, opts)
+   if r then y = y + r end
+   if act == "relu" then y = y:relu() elseif act == "silu" then y = F.silu(y) end
+   (y * gy):sum():backward()
+   return y, xx.grad, ww.grad, bb and bb.grad or nil
+end
+
+local function d64(t) return t and t:double():contiguous() or nil end
+
+describe("conv2d with small groups (grouped_avx512)", function()
+   for _, g in ipairs(GEOMS) do
+      it(g[1] .. ": values and every gradient against float64", function()
+         lm.manual_seed(11)
+         local x, w, b, r, gy, opts = operands(g)
+         local act = g[15]
+         local y, gx, gw, gb = run(x, w, b, r, gy, opts, act)
+         local y64, gx64, gw64, gb64 = run(d64(x), d64(w), d64(b), d64(r), d64(gy), opts, act)
+         assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
+         assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
+         assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
+         if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
+         assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
+         assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
+         assert.is_true(gw:is_contiguous(lm.channels_last), "grad_weight channels-last")
+         -- and the same values with the implementation switched off (the next entry of the list)
+         if on_cpu then
+            lm.backends.cpu.disable("grouped_avx512")
+            local ok, y2, gx2, gw2 = pcall(run, x, w, b, r, gy, opts, act)
+            lm.backends.cpu.enable("grouped_avx512")
+            assert(ok, y2)
+            assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
+                           rel_diff(gw, gw2) < 1e-5, "the kernel switched off")
+         end
+      end)
+   end
+
+   it("grad_bias alone equals grad_bias beside grad_weight (the same sums)", function()
+      lm.manual_seed(12)
+      local x, w, b, _, gy, opts = operands(GEOMS[1])
+      local _, _, _, gb1 = run(x, w, b, nil, gy, opts)
+      local bb = b:clone():requires_grad_(true)
+      local y = F.conv2d(x, w, bb, opts);
+      (y * gy):sum():backward()
+      assert.is_true((bb.grad - gb1):abs():max():item() == 0, "same bits")
+   end)
+
+   it("LUMEN_VERBOSE names grouped_avx512 in forward, grad_input and grad_weight (AVX-512)",
+      function()
+      local C = require("lumen.C")
+      if not on_cpu or C.lm_cpu_get_isa() < C.LM_ISA_AVX512 then
+         pending("the CPU's AVX-512 kernels")
+         return
+      end
+      -- the lines go to the C library's stderr: a child luajit
+      local path = os.tmpname()
+      local f = assert(io.open(path, "w"))
+      f:write(("package.path = %q\npackage.cpath = %q\n"):format(package.path, package.cpath))
+      f:write([[
+local lm = require("lumen")
+local x = lm.randn({ 2, 104, 8, 8 }):contiguous(lm.channels_last):requires_grad_(true)
+local w = lm.randn({ 104, 8, 3, 3 }):contiguous(lm.channels_last):requires_grad_(true)
+lm.F.conv2d(x, w, nil, { stride = 2, padding = 1, groups = 13 }):sum():backward()
+]])
+      f:close()
+      local out = sh.sh("LUMEN_VERBOSE=1 luajit " .. sh.q(path))
+      os.remove(path)
+      local fwd = out:match("lumen_verbose,exec,cpu,conv2d,([^,]+),float32")
+      local bwd = out:match("lumen_verbose,exec,cpu,conv2d_backward,([^,]+),float32")
+      assert.are.equal("grouped_avx512", fwd, out)
+      assert.are.equal("grouped_avx512", bwd, out)
+   end)
+end)
