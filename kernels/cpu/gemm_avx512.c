@@ -21,7 +21,7 @@
    value, and with 28 accumulators and 2 B vectors live it ran short of registers and moved
    accumulators around (vmovaps and vfmadd132ps between the FMAs). Two broadcast loads per A value
    instead (30 loads per 28 FMAs, within the load ports). Measured on the Intel Xeon of session
-   24 (2 threads, the old and new library alternated 7 times, bin/lumen /tmp/mm1.lua M K N):
+   24 (2 threads, the old and new library alternated 7 times, bench/mm_shape.lua M K N):
    1568x384x1536 183 -> 188 GFLOP/s mean, ahead in 6 of 7 rounds; one thread 88 -> 104; 1024^3
    179 -> 184, one thread 89 -> 104; the weight gradient 384x25088x96 116 -> 134. */
 #define S_FMA_BC(acc, bv, ptr)                                                                  \
