@@ -42,7 +42,6 @@ local POSITIONAL = {
    cat = "(list, dim)",
    dropout = "(x, p, training)",
    flatten = "(x, start_dim, end_dim)",
-   linear = "(x, weight, bias)",
    softmax = "(x, dim)",
    log_softmax = "(x, dim)",
    relu_ = "(x)",
@@ -64,6 +63,9 @@ local NO_CUDA_KERNEL = {
    -- a device runs conv3d natively only where its supports_op takes the call (the CPU: bfloat16
    -- on AMX tiles); elsewhere src/ops/conv3d.c runs it as conv2d over the depth taps, on cuDNN
    LM_OP_CONV3D = "native only where supports_op says so; conv3d runs as conv2d on cuda",
+   -- linear with its activation fused: the CPU in float32; elsewhere lm_linear runs matmul (cuBLAS
+   -- on cuda), add and the activation op
+   LM_OP_LINEAR = "native only where supports_op says so; lm_linear composes matmul, add, act on cuda",
 }
 
 local read = S.read_file

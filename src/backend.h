@@ -35,7 +35,7 @@
    X(RANDINT, "randint_") X(BERNOULLI, "bernoulli_") X(RANDPERM, "randperm")                      \
    /* linear algebra, convolution */                                                             \
    X(MATMUL, "matmul") X(CONV2D, "conv2d") X(CONV2D_BACKWARD, "conv2d_backward")                 \
-   X(CONV3D, "conv3d")                                                                           \
+   X(CONV3D, "conv3d") X(LINEAR, "linear")                                                       \
    /* pooling */                                                                                 \
    X(MAX_POOL2D, "max_pool2d") X(MAX_POOL2D_BACKWARD, "max_pool2d_backward")                     \
    X(MAX_POOL2D_TAPS, "max_pool2d_taps") X(MAX_POOL2D_TAPS_BACKWARD, "max_pool2d_taps_backward") \

@@ -402,6 +402,13 @@ int lm_device_has_kernel(int device, int kind);
 lm_status lm_matmul(const lm_tensor *a, const lm_tensor *b, lm_tensor **out);
 /* out += a b (2-D, one dtype and device), each sum rounded once: torch.addmm with beta = alpha = 1 */
 lm_status lm_addmm_(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
+/* *out = act(x w^T + bias): F.linear (x (m, k), w (n, k), bias (n) or NULL; one floating dtype
+   and device) with an activation after it (act: an lm_conv_act of src/conv.h, LM_ACT_NONE for
+   none). *out must be NULL: a new contiguous (m, n) tensor. Where the device fuses it (the CPU,
+   float32: bias and activation on each GEMM tile, no pass over the output) one kernel runs
+   (LM_OP_LINEAR), elsewhere matmul, add and the activation op: the same values. */
+lm_status lm_linear(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias, int act,
+                    lm_tensor **out);
 
 /* ---- files (src/io.c) ---- */
 /* map a whole file (private, copy-on-write); the storage unmaps it when released */

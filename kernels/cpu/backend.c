@@ -55,10 +55,12 @@ static lm_kernel_fn kernel_of(int kind) {
 }
 
 /* supports_op looks at the call where a kind runs natively only for some (LM_OP_CONV3D: the
-   front end falls back to conv2d where the answer is no) */
+   front end falls back to conv2d where the answer is no; LM_OP_LINEAR: float32, the front end
+   composes matmul, add and the activation otherwise) */
 static int cpu_supports(const lm_backend *b, const lm_op *op) {
    (void)b;
    if (op->kind == LM_OP_CONV3D && !lm_cpu_conv3d_supports(op)) return 0;
+   if (op->kind == LM_OP_LINEAR && !lm_cpu_linear_supports(op)) return 0;
    return kernel_of(op->kind) != NULL;
 }
 

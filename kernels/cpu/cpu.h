@@ -38,6 +38,8 @@ void lm_cpu_register_linalg(lm_kernel_fn *table, int isa);
 void lm_cpu_register_conv(lm_kernel_fn *table, int isa);
 /* supports_op of LM_OP_CONV3D (kernels/cpu/conv.c): whether the CPU runs this conv3d natively */
 int lm_cpu_conv3d_supports(const lm_op *op);
+/* supports_op of LM_OP_LINEAR (kernels/cpu/linalg.c): float32 */
+int lm_cpu_linear_supports(const lm_op *op);
 void lm_cpu_register_pool(lm_kernel_fn *table, int isa);
 void lm_cpu_register_pool3d(lm_kernel_fn *table, int isa);
 void lm_cpu_register_norm(lm_kernel_fn *table, int isa);

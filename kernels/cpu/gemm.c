@@ -28,6 +28,7 @@
 #include "amx.h"
 #include "cpu.h"
 #include "impl.h"
+#include "act.h"
 #include <stdatomic.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -68,6 +69,17 @@ static void dgemm_ukr_c(int64_t kc, const double *pa, const double *pb, double *
       pb += DNR_C;
    }
    lm_gemm_merge_d(m, n, &acc[0][0], DNR_C, c, rsc, csc, alpha, beta);
+}
+
+/* the float32 GEMM's epilogue in portable C (gemm_internal.h): C = act(C + bias) */
+void lm_gemm_epi_tile_c(const lm_gemm_epi *e, float *c, int64_t m, int64_t n, int64_t rsc,
+                        int64_t col0) {
+   for (int64_t i = 0; i < m; i++) {
+      float *r = c + i * rsc;
+      if (e->bias)
+         for (int64_t j = 0; j < n; j++) r[j] += e->bias[col0 + j];
+      if (e->act) lm_act_row_f32(r, n, e->act);
+   }
 }
 
 /* ---------------------------------------------------------------------------------------------

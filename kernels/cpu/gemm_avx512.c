@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #include "gemm_internal.h"
 #include "avx512_util.h"
+#include "act_avx512.h"
 
 #define SMR LM_SGEMM_AVX512_MR
 #define SNR LM_SGEMM_AVX512_NR
@@ -411,4 +412,21 @@ int lm_sgemm_direct_avx512(int64_t m, int64_t n, int64_t k, float alpha, const f
       return 1;
    }
    return 0;
+}
+
+/* the float32 GEMM's epilogue on one tile (gemm_internal.h): C = act(C + bias), 16 columns a
+   vector, the tail masked */
+void lm_gemm_epi_tile_avx512(const lm_gemm_epi *e, float *c, int m, int n, int64_t rsc,
+                             int64_t col0) {
+   for (int j = 0; j < n; j += 16) {
+      const int left = n - j;
+      const __mmask16 mk = (__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1);
+      const __m512 bv = e->bias ? _mm512_maskz_loadu_ps(mk, e->bias + col0 + j) : _mm512_setzero_ps();
+      for (int i = 0; i < m; i++) {
+         float *r = c + i * rsc + j;
+         __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, r), bv);
+         if (e->act) v = lm_act_ps(v, e->act);
+         _mm512_mask_storeu_ps(r, mk, v);
+      }
+   }
 }

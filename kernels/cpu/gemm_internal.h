@@ -105,6 +105,25 @@ LM_GEMM_HIDDEN void lm_dgemm_strided(int64_t m, int64_t n, int64_t k, double alp
                                      int64_t rsb, int64_t csb, double beta, double *c, int64_t rsc,
                                      int64_t csc);
 
+/* A float32 GEMM's epilogue, applied to each tile of C right after its last k block (in L1):
+ * C(i, j) = act(C(i, j) + bias[j]) (bias NULL: none; act an lm_conv_act, LM_ACT_NONE: none).
+ * lm_sgemm_strided_epi: C = op(A) op(B) (alpha 1, beta 0) with the epilogue, C dense by rows
+ * (csc 1); linear layers (LM_OP_LINEAR, linalg.c). Where the packed nest does not run (small or
+ * thin products), the same epilogue runs over C after the product: the same values. */
+typedef struct lm_gemm_epi {
+   const float *bias;
+   int act;
+} lm_gemm_epi;
+LM_GEMM_HIDDEN void lm_sgemm_strided_epi(int64_t m, int64_t n, int64_t k, const float *a,
+                                         int64_t rsa, int64_t csa, const float *b, int64_t rsb,
+                                         int64_t csb, float *c, int64_t rsc,
+                                         const lm_gemm_epi *epi);
+/* the epilogue on an m x n tile of C whose first column is col0 (AVX-512 and portable) */
+LM_GEMM_HIDDEN void lm_gemm_epi_tile_avx512(const lm_gemm_epi *e, float *c, int m, int n,
+                                            int64_t rsc, int64_t col0);
+LM_GEMM_HIDDEN void lm_gemm_epi_tile_c(const lm_gemm_epi *e, float *c, int64_t m, int64_t n,
+                                       int64_t rsc, int64_t col0);
+
 /* ---- bfloat16 GEMM: bfloat16 operands (uint16_t bit patterns), float32 accumulation ----
  *
  * lm_bgemm_strided: C(i,j) = alpha * sum_p op(A)(i,p) op(B)(p,j) + beta * C(i,j), with op(A),

@@ -144,8 +144,11 @@ static void GNAME(direct)(int isa, int64_t m, int64_t n, int64_t k, T alpha, con
 }
 
 /* the macro-kernel: every NR x MR tile of one packed A block times one packed B panel */
+/* epi (float only, C dense by rows): the epilogue on each tile after its ukr call, C's first
+   column being col0 (the caller passes epi with the last k block only) */
 static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc, T alpha,
-                         const T *ap, const T *bp, T beta, T *c, int64_t rsc, int64_t csc) {
+                         const T *ap, const T *bp, T beta, T *c, int64_t rsc, int64_t csc,
+                         const lm_gemm_epi *epi, int64_t col0) {
    const int MR = cf->mr, NR = cf->nr;
    for (int64_t jr = 0; jr < nc; jr += NR) {
       const int nr = (int)imin(NR, nc - jr);
@@ -154,6 +157,16 @@ static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc,
       for (int64_t ir = 0; ir < mc; ir += MR) {
          const int mr = (int)imin(MR, mc - ir);
          cf->ukr(kc, ap + ir * kc, pb, cc + ir * rsc, rsc, csc, alpha, beta, mr, nr);
+#if GEMM_IS_FLOAT
+         if (epi) {
+            if (lm_cpu_isa() >= LM_ISA_AVX512)
+               lm_gemm_epi_tile_avx512(epi, cc + ir * rsc, mr, nr, rsc, col0 + jr);
+            else
+               lm_gemm_epi_tile_c(epi, cc + ir * rsc, mr, nr, rsc, col0 + jr);
+         }
+#else
+         (void)epi, (void)col0;
+#endif
       }
    }
 }
@@ -181,7 +194,8 @@ static void GNAME(pack_b_any)(const GEMM_CFG *cf, int64_t kc, int64_t nc, const 
  * columns and runs the whole nest alone with its own B. */
 static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T alpha,
                           const T *a, int64_t rsa, int64_t csa, const T *b, int64_t rsb,
-                          int64_t csb, T beta, T *c, int64_t rsc, int64_t csc, int nt) {
+                          int64_t csb, T beta, T *c, int64_t rsc, int64_t csc, int nt,
+                          const lm_gemm_epi *epi) {
    const int MR = cf->mr, NR = cf->nr;
    const int64_t panels_m = (m + MR - 1) / MR, panels_n = (n + NR - 1) / NR;
    if (nt > LM_GEMM_MAX_THREADS) nt = LM_GEMM_MAX_THREADS;
@@ -207,6 +221,9 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
    if (!buf) { /* no memory for the workspace: the unpacked loops need none */
       lm_clear_error();
       GNAME(direct)(LM_ISA_C, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
+#if GEMM_IS_FLOAT
+      if (epi) lm_gemm_epi_tile_c(epi, c, m, n, rsc, 0);
+#endif
       return;
    }
    const GEMM_CFG cfg = *cf;
@@ -248,7 +265,8 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
                      const int64_t ic = m0 + blk * mc_blk, mc = imin(mc_blk, m1 - ic);
                      GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
                      GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
-                                  c + ic * rsc + jc * csc, rsc, csc);
+                                  c + ic * rsc + jc * csc, rsc, csc,
+                                  pc + kc >= k ? epi : NULL, jc);
                   }
                }
                /* nobody repacks B or resets a queue while another thread still works */
@@ -278,7 +296,8 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
                   const int64_t mc = imin(mc_blk, m - ic);
                   GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
                   GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
-                               c + ic * rsc + jc * csc, rsc, csc);
+                               c + ic * rsc + jc * csc, rsc, csc, pc + kc >= k ? epi : NULL,
+                               jc);
                }
             }
          }
@@ -287,10 +306,21 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
    lm_free(buf, bytes);
 }
 
-void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t rsa,
-                               int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta, T *c,
-                               int64_t rsc, int64_t csc) {
+/* epi: NULL, or (float, alpha 1, beta 0, csc 1) the epilogue, fused into the packed nest or run
+   over C after the unpacked paths */
+static void GNAME(strided_impl)(int64_t m, int64_t n, int64_t k, T alpha, const T *a,
+                                int64_t rsa, int64_t csa, const T *b, int64_t rsb, int64_t csb,
+                                T beta, T *c, int64_t rsc, int64_t csc, const lm_gemm_epi *epi) {
    if (m <= 0 || n <= 0) return;
+#if GEMM_IS_FLOAT
+   if (epi && (k <= 0 || (n == 1 && m > 1 && rsa == 1 && csa != 1) ||
+               (double)m * (double)n * (double)k <= LM_GEMM_SMALL_WORK_AVX512 || m == 1)) {
+      /* paths that swap the operands or skip the packed nest: the epilogue after */
+      GNAME(strided_impl)(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, NULL);
+      lm_gemm_epi_tile_c(epi, c, m, n, rsc, 0);
+      return;
+   }
+#endif
    if (k <= 0 || alpha == 0) { /* C = beta * C; beta == 0 writes zeros without reading C */
       for (int64_t i = 0; i < m; i++)
          for (int64_t j = 0; j < n; j++) {
@@ -328,11 +358,28 @@ void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T
                                                                    : LM_GEMM_SMALL_WORK;
    if (work <= small || m == 1 || n == 1) {
       GNAME(direct)(isa, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
+#if GEMM_IS_FLOAT
+      if (epi) lm_gemm_epi_tile_c(epi, c, m, n, rsc, 0);
+#endif
       return;
    }
    const GEMM_CFG cf = GEMM_CONFIG(isa);
-   GNAME(packed)(&cf, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt);
+   GNAME(packed)(&cf, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, nt, epi);
 }
+
+void GCAT(lm_, GNAME(strided))(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t rsa,
+                               int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta, T *c,
+                               int64_t rsc, int64_t csc) {
+   GNAME(strided_impl)(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, NULL);
+}
+
+#if GEMM_IS_FLOAT
+void lm_sgemm_strided_epi(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa,
+                          int64_t csa, const float *b, int64_t rsb, int64_t csb, float *c,
+                          int64_t rsc, const lm_gemm_epi *epi) {
+   GNAME(strided_impl)(m, n, k, 1.0f, a, rsa, csa, b, rsb, csb, 0.0f, c, rsc, 1, epi);
+}
+#endif
 
 #else
 /* compiled on its own: nothing (gemm.c instantiates the template) */

@@ -165,8 +165,26 @@ static lm_status k_matmul(const lm_op *op) {
    return LM_OK;
 }
 
+/* LM_OP_LINEAR: t = {x, w, bias or NULL, out} (ops/linalg.h), float32 (lm_cpu_linear_supports):
+   x w^T with the bias and activation on each tile of the GEMM as it is finished */
+static lm_status k_linear(const lm_op *op) {
+   const lm_linear_params *p = op->params;
+   const lm_gemm_epi epi = {op->t[2] ? (const float *)lm_tensor_data(op->t[2]) : NULL, p->act};
+   lm_sgemm_strided_epi(p->m, p->n, p->k, lm_tensor_data(op->t[0]), p->k, 1,
+                        lm_tensor_data(op->t[1]), 1, p->k, lm_tensor_data(op->t[3]), p->n, &epi);
+   return LM_OK;
+}
+
+/* supports_op of LM_OP_LINEAR: float32 (the other dtypes: the front end's composed ops) */
+int lm_cpu_linear_supports(const lm_op *op) {
+   if (!op->params) return 1; /* "is there a kernel" (lm_device_has_kernel): there is */
+   const lm_tensor *x = op->nt > 0 ? op->t[0] : NULL;
+   return x && x->dtype == LM_FLOAT32;
+}
+
 /* ---- registration (cpu.h) ---- */
 void lm_cpu_register_linalg(lm_kernel_fn *table, int isa) {
    (void)isa; /* lm_*gemm_strided choose their ISA themselves */
    table[LM_OP_MATMUL] = k_matmul;
+   table[LM_OP_LINEAR] = k_linear;
 }

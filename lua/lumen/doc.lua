@@ -952,8 +952,14 @@ E("lm.F.relu", "lm.F.relu(x, inplace) -> Tensor", "max(x, 0); in place when inpl
 E("lm.F.relu_", "lm.F.relu_(x) -> x", "In-place relu.")
 E("lm.F.sigmoid", "lm.F.sigmoid(x) -> Tensor", "x:sigmoid().")
 E("lm.F.tanh", "lm.F.tanh(x) -> Tensor", "x:tanh().")
-E("lm.F.linear", "lm.F.linear(x, w, b) -> Tensor", "x @ w^T + b: x (..., in), w (out, in), b "
-   .. "(out) or nil.", { err = "in sizes that differ, w not 2-D, dtypes that differ" })
+E("lm.F.linear", "lm.F.linear(x, w, b[, opts]) -> Tensor", "x @ w^T + b: x (..., in), w (out, "
+   .. "in), b (out) or nil. opts.act (a lumen extension, as F.conv2d's): relu, relu6, silu, "
+   .. "hardswish, hardsigmoid, sigmoid, gelu or gelu_tanh applied to the result; with gradients "
+   .. "off it runs in the GEMM's epilogue (float32 on the CPU: with the bias, on each tile as it "
+   .. "is finished, no pass over the output), with gradients on as the activation op. "
+   .. "nn.Sequential(Linear, activation) in evaluation with gradients off passes its activation "
+   .. "this way (ConvNeXt's Linear -> GELU).",
+   { err = "in sizes that differ, w not 2-D, dtypes that differ, an unknown act or option" })
 E("lm.F.dropout", "lm.F.dropout(x, p, training) -> Tensor", "Zero elements with probability p "
    .. "(default 0.5) and scale the rest by 1/(1-p); the identity when training is false "
    .. "(default true).", { fmt = FMT_EW, err = "p outside [0, 1]" })

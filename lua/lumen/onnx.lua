@@ -13,7 +13,8 @@
 --   F.max_pool2d        MaxPool;  F.avg_pool2d: AveragePool (and the 3-D pools, F.conv3d)
 --   F.adaptive_avg_pool2d  GlobalAveragePool (1x1), AveragePool (sizes that divide), else two
 --                       MatMuls with constant averaging matrices (the same regions as lumen's)
---   F.linear            Gemm (2-D input) or MatMul + Add
+--   F.linear            Gemm (2-D input) or MatMul + Add (an act option adds the activation's
+--                       nodes, as F.conv2d's)
 --   F.flatten           Flatten (to the end) or Reshape;  view, reshape: Reshape
 --   permute             Transpose
 --   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
@@ -774,20 +775,26 @@ OPS["F.adaptive_avg_pool2d"] = function(B, node, a, outs, g)
    end
 end
 
+-- F.linear(x, w, b[, {act =}]): Gemm or MatMul + Add, then the activation's nodes (as a
+-- convolution's epilogue)
 OPS["F.linear"] = function(B, _, a, outs, g)
    local x = a[1].id
    local nd = #value_sizes(g, x)
+   local o = a[4]
+   local fused = o ~= nil and o.act ~= nil and o.act ~= "none"
+   local res = fused and { B.fresh("linear") } or outs
    if nd == 2 then
       local ins = { B.name(x), B.name(a[2].id) }
       if a[3] ~= nil then ins[3] = B.name(a[3].id) end
-      B.node("Gemm", ins, outs, { transB = 1 })
+      B.node("Gemm", ins, res, { transB = 1 })
    else
       local wt = B.fresh("wt")
       B.node("Transpose", { B.name(a[2].id) }, { wt }, { perm = { 1, 0 } })
-      local y = a[3] ~= nil and B.fresh("mm") or outs[1]
+      local y = a[3] ~= nil and B.fresh("mm") or res[1]
       B.node("MatMul", { B.name(x), wt }, { y })
-      if a[3] ~= nil then B.node("Add", { y, B.name(a[3].id) }, outs) end
+      if a[3] ~= nil then B.node("Add", { y, B.name(a[3].id) }, res) end
    end
+   if fused then relu_chain(B, res[1], { act = o.act }, outs) end
 end
 
 -- a Reshape to the traced sizes; with a dynamic batch (dynamic_axes on dim 1) a first size

@@ -268,6 +268,23 @@ static void same_values(const lm_tensor *a, const lm_tensor *b, const char *what
    free(y);
 }
 
+/* a and b within tol of each other, relative to max(1, |b|) */
+static void close_values(const lm_tensor *a, const lm_tensor *b, double tol, const char *what) {
+   int shape = a && b && a->ndim == b->ndim && a->dtype == b->dtype;
+   for (int d = 0; shape && d < a->ndim; d++) shape = a->sizes[d] == b->sizes[d];
+   check(shape, "%s: shapes differ", what);
+   if (!shape) return;
+   double *x = host_values(a), *y = host_values(b);
+   double worst = 0;
+   for (int64_t i = 0; i < a->numel; i++) {
+      const double d = fabs(x[i] - y[i]) / (fabs(y[i]) > 1 ? fabs(y[i]) : 1);
+      if (!(d <= worst)) worst = d;
+   }
+   check(worst <= tol, "%s: values differ by %g (relative) > %g", what, worst, tol);
+   free(x);
+   free(y);
+}
+
 static void expect_device_error(lm_status st, const char *what) {
    check(st == LM_ERR_DEVICE, "%s: status %d, wanted LM_ERR_DEVICE", what, (int)st);
    check(strstr(lm_last_error(), "same device") != NULL, "%s: message '%s'", what,
@@ -900,7 +917,86 @@ static lm_status f_matmul(lm_tensor **in, lm_tensor **out, const void *arg) {
    return LM_OK;
 }
 
+/* lm_linear (LM_OP_LINEAR where the device fuses it: the CPU in float32): out[0] the fused call,
+   out[1] the composed ops (x w^T, + bias, the activation op) on the same device */
+typedef struct {
+   const char *name;
+   int64_t m, k, n;
+   int bias, act, vx;
+} lcase;
+
+static const lcase LCASES[] = {
+   {"relu", 5, 7, 6, 1, LM_ACT_RELU, L_CONTIG},
+   {"gelu, several tiles", 70, 130, 90, 1, LM_ACT_GELU, L_CONTIG},
+   {"silu, no bias", 33, 17, 40, 0, LM_ACT_SILU, L_CONTIG},
+   {"hardswish, rows not dense", 20, 9, 35, 1, LM_ACT_HARDSWISH, L_NARROW},
+   {"relu6, one row", 1, 9, 20, 1, LM_ACT_RELU6, L_CONTIG},
+   {"gelu_tanh, one column", 40, 50, 1, 1, LM_ACT_GELU_TANH, L_CONTIG},
+   {"sigmoid", 64, 96, 48, 1, LM_ACT_SIGMOID, L_CONTIG},
+   {"bias only", 50, 40, 33, 1, LM_ACT_NONE, L_CONTIG},
+   {"empty", 0, 3, 4, 1, LM_ACT_RELU, L_CONTIG},
+};
+
+static lm_status act_ref(lm_tensor *t, int act) {
+   lm_tensor *o = t;
+   switch (act) {
+   case LM_ACT_NONE: return LM_OK;
+   case LM_ACT_RELU: return lm_unary(LM_RELU, t, &o);
+   case LM_ACT_RELU6: return lm_clamp(t, 0, 6, 1, 1, &o);
+   case LM_ACT_SILU: return lm_unary(LM_SILU, t, &o);
+   case LM_ACT_HARDSWISH: return lm_unary(LM_HARDSWISH, t, &o);
+   case LM_ACT_HARDSIGMOID: return lm_unary(LM_HARDSIGMOID, t, &o);
+   case LM_ACT_SIGMOID: return lm_unary(LM_SIGMOID, t, &o);
+   case LM_ACT_GELU: return lm_unary(LM_GELU, t, &o);
+   default: return lm_unary(LM_GELU_TANH, t, &o);
+   }
+}
+
+static lm_status f_linear(lm_tensor **in, lm_tensor **out, const void *arg) {
+   const lcase *c = arg;
+   TRY(lm_linear(in[0], in[1], in[2], c->act, &out[0]));
+   lm_tensor *wt = NULL;
+   TRY(lm_transpose(in[1], 0, 1, &wt));
+   lm_status st = lm_matmul(in[0], wt, &out[1]);
+   lm_tensor_free(wt);
+   TRY(st);
+   if (in[2]) {
+      lm_tensor *o = out[1];
+      TRY(lm_binary(LM_ADD, out[1], in[2], 1.0, &o));
+   }
+   return act_ref(out[1], c->act);
+}
+
+static void cases_linear(void) {
+   const int dts[2] = {LM_FLOAT32, LM_FLOAT64};
+   for (size_t i = 0; i < sizeof LCASES / sizeof LCASES[0]; i++)
+      for (int t = 0; t < 2; t++) {
+         const lcase *c = &LCASES[i];
+         g_tol = TOL_DNN;
+         CASE("linear %s %s isa %s", c->name, lm_dtype_name(dts[t]), isa_name());
+         const int64_t xs[2] = {c->m, c->k}, ws[2] = {c->n, c->k}, bs[1] = {c->n};
+         lm_tensor *in[3] = {cpu_rand(2, xs, dts[t], c->vx, -2, 2),
+                             cpu_rand(2, ws, dts[t], L_CONTIG, -1, 1),
+                             c->bias ? cpu_rand(1, bs, dts[t], L_CONTIG, -1, 1) : NULL};
+         if (run_case("fused,composed", 3, in, 2, f_linear, c))
+            close_values(g_ref[0], g_ref[1], dts[t] == LM_FLOAT32 ? 1e-5 : 1e-12,
+                         "linear: the fused call = matmul, add and the activation (cpu)");
+         free_kept();
+      }
+   /* the other activations of the table, one case each */
+   static const lcase more = {"hardsigmoid", 30, 20, 17, 1, LM_ACT_HARDSIGMOID, L_CONTIG};
+   CASE("linear %s float32 isa %s", more.name, isa_name());
+   const int64_t xs[2] = {more.m, more.k}, ws[2] = {more.n, more.k}, bs[1] = {more.n};
+   lm_tensor *in[3] = {cpu_rand(2, xs, LM_FLOAT32, L_CONTIG, -4, 4),
+                       cpu_rand(2, ws, LM_FLOAT32, L_CONTIG, -1, 1),
+                       cpu_rand(1, bs, LM_FLOAT32, L_CONTIG, -1, 1)};
+   if (run_case("fused,composed", 3, in, 2, f_linear, &more))
+      close_values(g_ref[0], g_ref[1], 1e-5, "linear hardsigmoid: fused = composed (cpu)");
+   free_kept();
+}
+
 static void cases_matmul(void) {
+   cases_linear();
    g_tol = TOL_DNN;
    const int dts[2] = {LM_FLOAT32, LM_FLOAT64};
    for (size_t i = 0; i < sizeof MCASES / sizeof MCASES[0]; i++)
@@ -2042,7 +2138,7 @@ static const op_entry OPS[] = {
    {"cat", cases_cat, NULL, I_BEST | I_C, KINDS(LM_OP_CAT)},
    {"random fills", cases_random, NULL, I_BEST | I_C,
     KINDS(LM_OP_UNIFORM, LM_OP_NORMAL, LM_OP_RANDINT, LM_OP_BERNOULLI, LM_OP_RANDPERM)},
-   {"matmul", cases_matmul, NULL, I_ALL, KINDS(LM_OP_MATMUL)},
+   {"matmul, linear", cases_matmul, NULL, I_ALL, KINDS(LM_OP_MATMUL, LM_OP_LINEAR)},
    {"conv2d", cases_conv, rules_conv, I_ALL,
     KINDS(LM_OP_CONV2D, LM_OP_CONV2D_BACKWARD, LM_OP_CONV3D)},
    {"max_pool2d", cases_max_pool2d, rules_pool2d, I_BEST | I_C,

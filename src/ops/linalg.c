@@ -15,6 +15,7 @@
  * have the result's shape and dtype.
  */
 #include "common.h"
+#include "../conv.h"
 #include "linalg.h"
 
 /* float16 inputs: compute in float32, round into the result once */
@@ -206,4 +207,85 @@ lm_status lm_addmm_(lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
    lm_tensor *ts[3] = {(lm_tensor *)a, (lm_tensor *)b, out};
    const lm_op op = lm_op_make(LM_OP_MATMUL, 3, ts, &p);
    return lm_dispatch(&op);
+}
+
+/* ---- lm_linear: F.linear with its activation (LM_OP_LINEAR where the device fuses it) ---- */
+
+/* the activation op of an lm_conv_act, on t in place */
+static lm_status act_in_place(lm_tensor *t, int act) {
+   static const int UOP[LM_NUM_ACT] = {
+      [LM_ACT_RELU] = LM_RELU, [LM_ACT_SILU] = LM_SILU, [LM_ACT_HARDSWISH] = LM_HARDSWISH,
+      [LM_ACT_HARDSIGMOID] = LM_HARDSIGMOID, [LM_ACT_SIGMOID] = LM_SIGMOID,
+      [LM_ACT_GELU] = LM_GELU, [LM_ACT_GELU_TANH] = LM_GELU_TANH,
+   };
+   lm_tensor *o = t;
+   if (act == LM_ACT_NONE) return LM_OK;
+   if (act == LM_ACT_RELU6) return lm_clamp(t, 0.0, 6.0, 1, 1, &o);
+   return lm_unary(UOP[act], t, &o);
+}
+
+static int dense_rows(const lm_tensor *t) {
+   return t->ndim == 2 && (t->sizes[1] <= 1 || t->strides[1] == 1) &&
+          (t->sizes[0] <= 1 || t->strides[0] == t->sizes[1]);
+}
+
+lm_status lm_linear(const lm_tensor *x, const lm_tensor *w, const lm_tensor *bias, int act,
+                    lm_tensor **out) {
+   LM_CHECK_TENSOR(x, "input");
+   LM_CHECK_TENSOR(w, "weight");
+   if (!out) return lm_error(LM_ERR_ARG, "linear: output pointer is NULL");
+   if (*out) return lm_error(LM_ERR_ARG, "linear: *out must be NULL (a new tensor is returned)");
+   LM_TRY(lm_check_same_device(x, w, "linear weight"));
+   if (bias) LM_TRY(lm_check_same_device(x, bias, "linear bias"));
+   if (x->ndim != 2 || w->ndim != 2)
+      return lm_error(LM_ERR_SHAPE, "linear expects a 2-D input and weight, got %dD and %dD",
+                      x->ndim, w->ndim);
+   const int dt = x->dtype;
+   if (!lm_is_float_dtype(dt))
+      return lm_error(LM_ERR_DTYPE, "linear is not implemented for %s tensors", lm_dtype_name(dt));
+   if (w->dtype != dt || (bias && bias->dtype != dt))
+      return lm_error(LM_ERR_DTYPE, "linear expects one dtype, got %s (input), %s (weight)%s%s",
+                      lm_dtype_name(dt), lm_dtype_name(w->dtype), bias ? " and " : "",
+                      bias ? lm_dtype_name(bias->dtype) : "");
+   if (x->sizes[1] != w->sizes[1])
+      return lm_error(LM_ERR_SHAPE, "linear: input has %lld features, weight (%lldx%lld) expects "
+                      "%lld", (long long)x->sizes[1], (long long)w->sizes[0],
+                      (long long)w->sizes[1], (long long)w->sizes[1]);
+   if (bias && (bias->ndim != 1 || bias->sizes[0] != w->sizes[0]))
+      return lm_error(LM_ERR_SHAPE, "linear: bias must be 1-D of size %lld",
+                      (long long)w->sizes[0]);
+   if (act < LM_ACT_NONE || act >= LM_NUM_ACT)
+      return lm_error(LM_ERR_ARG, "linear: unknown activation %d", act);
+   const int64_t m = x->sizes[0], n = w->sizes[0], k = x->sizes[1];
+   const int64_t osz[2] = {m, n};
+   lm_tensor *o = NULL;
+   LM_TRY(lm_empty(2, osz, dt, LM_CONTIGUOUS, x->device, &o));
+   lm_status st = LM_OK;
+   if (o->numel > 0) {
+      const lm_linear_params p = {m, n, k, act};
+      lm_tensor *ts[4] = {(lm_tensor *)x, (lm_tensor *)w, (lm_tensor *)bias, o};
+      const lm_op op = lm_op_make(LM_OP_LINEAR, 4, ts, &p);
+      const int dense = dense_rows(x) && dense_rows(w) &&
+                        (!bias || bias->sizes[0] <= 1 || bias->strides[0] == 1);
+      if (dense && lm_op_supported(&op)) {
+         st = lm_dispatch(&op);
+      } else {
+         /* the composed ops: x w^T, + bias, the activation (in place) */
+         lm_tensor *wt = NULL;
+         st = lm_transpose(w, 0, 1, &wt);
+         if (st == LM_OK) st = lm_matmul(x, wt, &o);
+         lm_tensor_free(wt);
+         if (st == LM_OK && bias) {
+            lm_tensor *oo = o;
+            st = lm_binary(LM_ADD, o, bias, 1.0, &oo);
+         }
+         if (st == LM_OK) st = act_in_place(o, act);
+      }
+   }
+   if (st != LM_OK) {
+      lm_tensor_free(o);
+      return st;
+   }
+   *out = o;
+   return LM_OK;
 }

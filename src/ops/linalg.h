@@ -21,4 +21,14 @@ typedef struct lm_matmul_params {
    int accumulate;               /* 0: C = A B; 1: C = C + A B (lm_addmm_: C read, its sum with
                                     the float32 (float64) products rounded once) */
 } lm_matmul_params;
+
+/* LM_OP_LINEAR: out = act(x w^T + bias) (F.linear with the epilogue of a following activation),
+ * t = {x (m, k), w (n, k), bias (n) or NULL, out (m, n)}: x, w and out dense by rows, bias dense,
+ * one dtype. A device runs it where its supports_op takes the call (the CPU: float32, the bias
+ * and activation applied to each tile of the GEMM as it is finished); elsewhere the front end
+ * (lm_linear, src/ops/linalg.c) runs matmul, add and the activation op. act: an lm_conv_act. */
+typedef struct lm_linear_params {
+   int64_t m, n, k;
+   int act;
+} lm_linear_params;
 #endif

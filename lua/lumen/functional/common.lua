@@ -230,4 +230,43 @@ function H.fill(buf, p)
    return buf
 end
 
+-- the activations a kernel's epilogue runs (F.conv2d's and F.linear's opts.act): the name -> the
+-- lm_conv_act of src/conv.h, and the ops autograd differentiates when a gradient is wanted (the
+-- same formulas: kernels/cpu/act.h)
+local C_ = require("lumen.C")
+H.ACT_CODE = {
+   relu = C_.LM_ACT_RELU, relu6 = C_.LM_ACT_RELU6, silu = C_.LM_ACT_SILU,
+   hardswish = C_.LM_ACT_HARDSWISH, hardsigmoid = C_.LM_ACT_HARDSIGMOID,
+   sigmoid = C_.LM_ACT_SIGMOID, gelu = C_.LM_ACT_GELU, gelu_tanh = C_.LM_ACT_GELU_TANH,
+}
+H.ACT_OP = {
+   relu = function(y) return y:relu() end,
+   relu6 = function(y) return H.F.relu6(y) end,
+   silu = function(y) return H.F.silu(y) end,
+   hardswish = function(y) return H.F.hardswish(y) end,
+   hardsigmoid = function(y) return H.F.hardsigmoid(y) end,
+   sigmoid = function(y) return y:sigmoid() end,
+   gelu = function(y) return H.F.gelu(y) end,
+   gelu_tanh = function(y) return H.F.gelu(y, "tanh") end,
+}
+local ACT_NAMES = 'relu, relu6, silu, hardswish, hardsigmoid, sigmoid, gelu, gelu_tanh'
+
+-- act_opt(fname, opts) -> opts.act (with opts.relu, the older flag) as an activation's name, or
+-- nil for none
+function H.act_opt(fname, opts)
+   local relu = H.bool_opt(fname, opts.relu, "relu", false)
+   local act = opts.act
+   if act == nil or act == "none" then
+      return relu and "relu" or nil
+   end
+   if type(act) ~= "string" or H.ACT_CODE[act] == nil then
+      err(fname, ("act must be one of none, %s, got %s"):format(ACT_NAMES,
+          type(act) == "string" and ("'" .. act .. "'") or typename(act)))
+   end
+   if relu and act ~= "relu" then
+      err(fname, "relu = true and act = '" .. act .. "' given together")
+   end
+   return act
+end
+
 return H

@@ -14,7 +14,7 @@ local type, tostring, tonumber, getmetatable = type, tostring, tonumber, getmeta
 local Tensor, raw, wrap = T.Tensor, T.raw, T.wrap
 local needs, record, fresh = A.needs, A.record, A.fresh
 local err, check, tensor_arg, opt_tensor = H.err, H.check, H.tensor_arg, H.opt_tensor
-local check_opts, opts_with, int_opt, bool_opt = H.check_opts, H.opts_with, H.int_opt, H.bool_opt
+local check_opts, opts_with, int_opt = H.check_opts, H.opts_with, H.int_opt
 local sizes_str, dtype_name, input_dtype, check_float = H.sizes_str, H.dtype_name, H.input_dtype,
    H.check_float
 local suggest, ntuple, fill, option_set = H.suggest, H.ntuple, H.fill, H.option_set
@@ -40,42 +40,9 @@ local sbuf3, pbuf3, dbuf3, obuf3 = ffi.new("int64_t[3]"), ffi.new("int64_t[3]"),
 local CONV_OPTS = option_set("stride", "padding", "dilation", "groups", "relu", "act", "residual")
 F._OPTIONS.conv2d = CONV_OPTS
 
--- the activations the convolution's epilogue runs (opts.act): the name -> the lm_conv_act of
--- src/conv.h, and the ops autograd differentiates when a gradient is wanted (the same formulas:
--- kernels/cpu/act.h)
-local ACT_CODE = {
-   relu = C.LM_ACT_RELU, relu6 = C.LM_ACT_RELU6, silu = C.LM_ACT_SILU,
-   hardswish = C.LM_ACT_HARDSWISH, hardsigmoid = C.LM_ACT_HARDSIGMOID,
-   sigmoid = C.LM_ACT_SIGMOID, gelu = C.LM_ACT_GELU, gelu_tanh = C.LM_ACT_GELU_TANH,
-}
-local ACT_OP = {
-   relu = function(y) return Tensor.relu(y) end,
-   relu6 = function(y) return F.relu6(y) end,
-   silu = function(y) return F.silu(y) end,
-   hardswish = function(y) return F.hardswish(y) end,
-   hardsigmoid = function(y) return F.hardsigmoid(y) end,
-   sigmoid = function(y) return Tensor.sigmoid(y) end,
-   gelu = function(y) return F.gelu(y) end,
-   gelu_tanh = function(y) return F.gelu(y, "tanh") end,
-}
-local ACT_NAMES = 'relu, relu6, silu, hardswish, hardsigmoid, sigmoid, gelu, gelu_tanh'
-
--- opts.act and opts.relu -> the activation's name, or nil for none
-local function act_opt(fname, opts)
-   local relu = bool_opt(fname, opts.relu, "relu", false)
-   local act = opts.act
-   if act == nil or act == "none" then
-      return relu and "relu" or nil
-   end
-   if type(act) ~= "string" or ACT_CODE[act] == nil then
-      err(fname, ("act must be one of none, %s, got %s"):format(ACT_NAMES,
-          type(act) == "string" and ("'" .. act .. "'") or T.typename(act)))
-   end
-   if relu and act ~= "relu" then
-      err(fname, "relu = true and act = '" .. act .. "' given together")
-   end
-   return act
-end
+-- the epilogue activations (opts.act): their lm_conv_act codes, the ops autograd differentiates,
+-- the option's check (shared with F.linear: functional/common.lua)
+local ACT_CODE, ACT_OP, act_opt = H.ACT_CODE, H.ACT_OP, H.act_opt
 
 -- the channel checks every convolution makes (input, weight, groups, bias) -> out_channels
 local function conv_channels(fname, xc, wc, bc, groups)

@@ -22,9 +22,25 @@ local ac_on = false
 AC.subscribe(function(on) ac_on = on end)
 local ac_low = AC.low
 
--- linear(x, w, b) = x @ w^T + b; x is (..., in), w (out, in), b (out) or nil
-function F.linear(x, w, b)
+local ffi = require("ffi")
+local outp = ffi.new("lm_tensor*[1]")
+local check_opts, option_set = H.check_opts, H.option_set
+local ACT_CODE, ACT_OP, act_opt = H.ACT_CODE, H.ACT_OP, H.act_opt
+local LINEAR_OPTS = option_set("act")
+F._OPTIONS.linear = LINEAR_OPTS
+
+-- linear(x, w, b[, opts]) = x @ w^T + b; x is (..., in), w (out, in), b (out) or nil.
+-- opts.act (a lumen extension, as F.conv2d's): an activation applied to the result, in the
+-- GEMM's epilogue where gradients are off (float32 on the CPU: each tile as it is finished, no
+-- pass over the output); with gradients on, the activation op after it. float32 and float64 add
+-- the bias in the same kernel call (LM_OP_LINEAR: lm_linear).
+function F.linear(x, w, b, opts)
    local fname = "linear"
+   local act = nil
+   if opts ~= nil then
+      check_opts(fname, opts, LINEAR_OPTS)
+      act = act_opt(fname, opts)
+   end
    if ac_on then x, w, b = ac_low(x), ac_low(w), ac_low(b) end
    local xc = tensor_arg(fname, x, "input")
    local wc = tensor_arg(fname, w, "weight")
@@ -53,11 +69,19 @@ function F.linear(x, w, b)
    if xc.ndim ~= 2 then x2 = raw.reshape(x, { -1, fin }) end
    local out
    local d = xc.dtype
+   local grad = A.is_grad_enabled() and (needs(x) or needs(w) or needs(b))
+   -- the activation in the kernel only where nothing needs its input for a gradient
+   local fused_act = act ~= nil and not grad
    if bc ~= nil and (d == C.LM_BFLOAT16 or d == C.LM_FLOAT16) then
       -- 16 bits: the bias joins the float32 sums before the one rounding (torch.addmm), not the
       -- already rounded product (which would round twice)
       out = raw.clone(raw.expand(b, { tonumber(x2._c.sizes[0]), fout }))
       check(C.lm_addmm_(out._c, x2._c, raw.transpose(w, 1, 2)._c), fname)
+      fused_act = false
+   elseif d == C.LM_FLOAT32 or d == C.LM_FLOAT64 or fused_act then
+      outp[0] = nil
+      check(C.lm_linear(x2._c, wc, bc, fused_act and ACT_CODE[act] or C.LM_ACT_NONE, outp), fname)
+      out = T.wrap(outp[0])
    else
       out = raw.matmul(x2, raw.transpose(w, 1, 2))
       if bc ~= nil then raw.add_(out, b) end
@@ -68,7 +92,7 @@ function F.linear(x, w, b)
       os[#os + 1] = fout
       out = raw.reshape(out, os)
    end
-   if A.is_grad_enabled() and (needs(x) or needs(w) or needs(b)) then
+   if grad then
       local need_x, need_w, need_b = needs(x), needs(w), needs(b)
       record(out, "AddmmBackward", function(g)
          local g2 = g
@@ -83,5 +107,6 @@ function F.linear(x, w, b)
          return fresh(gx), fresh(gw), fresh(gb)
       end, x, w, b or false)
    end
+   if act ~= nil and not fused_act then out = ACT_OP[act](out) end
    return out
 end

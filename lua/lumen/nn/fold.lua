@@ -449,9 +449,10 @@ end
 
 -- Sequential in evaluation mode with gradients off: an adjacent (Conv2d, BatchNorm2d) or
 -- (Conv3d, BatchNorm3d) pair runs folded for the call (M.conv_bn); a convolution (folded or
--- not) followed by an activation the epilogue knows (M.module_act: torchvision's
--- Conv2dNormActivation, with Identity where nn.fold_batch_norm took the batch norm out) runs
--- that activation in the convolution's epilogue; the rest as they are.
+-- not) or a Linear followed by an activation the epilogue knows (M.module_act: torchvision's
+-- Conv2dNormActivation, with Identity where nn.fold_batch_norm took the batch norm out;
+-- ConvNeXt's Linear -> GELU) runs that activation in the convolution's (the GEMM's) epilogue;
+-- the rest as they are.
 local function plain_identity(m)
    return m ~= nil and m:type_name() == "Identity" and rawget(m, "forward") == nil
 end
@@ -482,7 +483,8 @@ function layers.Sequential:forward(x)
          end
       else
          local act, after
-         if conv_kind(m) and not watched and rawget(m, "forward") == nil then
+         if (conv_kind(m) or (Module.is_module(m) and m:type_name() == "Linear"))
+            and not watched and rawget(m, "forward") == nil then
             act, after = act_after(kids, i + 1)
          end
          if act then

@@ -977,7 +977,9 @@ function Linear:reset_parameters()
    end
 end
 
-function Linear:forward(x) return F.linear(x, self.weight, self.bias) end
+-- fuse: nil, or {act = name} (nn.Sequential in evaluation with gradients off: the activation
+-- module after this layer runs in the GEMM's epilogue, lua/lumen/nn/fold.lua)
+function Linear:forward(x, fuse) return F.linear(x, self.weight, self.bias, fuse) end
 
 function Linear:extra_repr()
    return ("in_features=%d, out_features=%d, bias=%s"):format(self.in_features,
