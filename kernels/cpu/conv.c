@@ -140,6 +140,9 @@ typedef struct {
    int act;
    void *out;
    int *stream;
+   uint16_t *out16; /* the float32 route of a bfloat16 call: its output, for a kernel that
+                       writes bfloat16 itself (the pointwise one); NULL otherwise */
+   int *narrowed;   /* set when that kernel wrote out16 (then out was not written) */
 } fwd_ctx;
 
 /* the AVX-512 kernels' common condition (float32 NHWC at AVX-512, a geometry they take) */
@@ -176,8 +179,9 @@ static const char *fu_pointwise(const void *p) {
 static lm_status fr_pointwise(void *p) {
    const fwd_ctx *c = p;
    int s0 = 0;
+   if (c->narrowed) *c->narrowed = c->out16 != NULL;
    return lm_conv_pw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out,
-                                     c->stream ? c->stream : &s0);
+                                     c->out16, c->stream ? c->stream : &s0);
 }
 static const char *fu_narrow(const void *p) {
    const fwd_ctx *c = p;
@@ -237,8 +241,8 @@ static const lm_impl fwd_f32_list[] = {
 
 static lm_status fwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, const void *xp,
                           const void *wp, const void *bbuf, const void *rp, int act, void *op_,
-                          int *stream) {
-   fwd_ctx c = {g, nhwc, avx512, dt, xp, wp, bbuf, rp, act, op_, stream};
+                          int *stream, uint16_t *out16, int *narrowed) {
+   fwd_ctx c = {g, nhwc, avx512, dt, xp, wp, bbuf, rp, act, op_, stream, out16, narrowed};
    return lm_impl_run(fwd_f32_list, (int)(sizeof fwd_f32_list / sizeof *fwd_f32_list), &c,
                       "conv2d");
 }
@@ -473,8 +477,14 @@ static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, cons
    float *rf = half_widened(rd, on, &ok);
    float *of = scratch_f32(on, 1, &ok);
    lm_status st = LM_ERR_OOM;
-   if (ok) st = fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, act, of, NULL);
-   if (st == LM_OK) half_narrow(res->dtype, of, lm_tensor_data(res), on);
+   /* a bfloat16 result is written by the pointwise kernel's epilogue itself where that kernel
+      runs (rounded as half_narrow rounds: the same bits), saving a float32 pass over the output */
+   uint16_t *out16 = res->dtype == LM_BFLOAT16 ? lm_tensor_data(res) : NULL;
+   int narrowed = 0;
+   if (ok)
+      st = fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, act, of, NULL, out16,
+                    &narrowed);
+   if (st == LM_OK && !narrowed) half_narrow(res->dtype, of, lm_tensor_data(res), on);
    scratch_free(xf, xn), scratch_free(wf, wn), scratch_free(rf, on), scratch_free(of, on);
    return st;
 }
@@ -674,7 +684,8 @@ static inline lm_status conv_forward(const lm_op *op, int level) {
    } else {
       int stream = lm_tensor_block_cold(res);
       st = fwd_ptrs(g, nhwc, avx512, dt, lm_tensor_data(xd), lm_tensor_data(wd), bbuf,
-                    rd ? lm_tensor_data(rd) : NULL, act, lm_tensor_data(res), &stream);
+                    rd ? lm_tensor_data(rd) : NULL, act, lm_tensor_data(res), &stream, NULL,
+                    NULL);
       if (st == LM_OK && stream) lm_tensor_note_streamed(res);
    }
    if (bbuf) lm_free(bbuf, bbytes);

@@ -80,6 +80,8 @@ enum { PW_MAXPB = 14 }; /* the most pixels in a tile */
 
 typedef struct {
    float *out;        /* the tile's first pixel, at the block's first channel */
+   uint16_t *out16;   /* or, where non-NULL, bfloat16 results there (same offsets), rounded once
+                         (the float32 route of a bfloat16 convolution: no float32 output pass) */
    const float *res;  /* the same place in the residual, or NULL */
    const float *bias; /* at the block's first channel, or NULL */
    int64_t ostride;   /* floats from one output pixel to the next */
@@ -108,7 +110,9 @@ AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV
          __m512 t = _mm512_add_ps(a[k][v], bv[v]);
          if (r) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], r + k * os + 16 * v));
          if (act) t = lm_act_ps(t, act);
-         if (stream)
+         if (ep->out16)
+            _mm256_mask_storeu_epi16(ep->out16 + k * os + 16 * v, m[v], bf16_round16(t));
+         else if (stream)
             _mm512_stream_ps(o + k * os + 16 * v, t);
          else
             _mm512_mask_storeu_ps(o + k * os + 16 * v, m[v], t);

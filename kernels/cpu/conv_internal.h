@@ -93,12 +93,13 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const f
  * take a geometry (backward_data: the reduction runs over O). LUMEN_CONV_PW=0 turns them off.
  * stream (may be NULL): in, nonzero when the output is a whole allocator block that was cold
  * when handed out (lm_tensor_block_cold); out, nonzero when the kernel wrote it with streaming
- * stores (the caller then notes it, lm_tensor_note_streamed). */
+ * stores (the caller then notes it, lm_tensor_note_streamed). out16: NULL, or the forward
+ * writes its results there as bfloat16 (rounded once, as lm_f2bf) instead of to out. */
 LM_CONV_HIDDEN int lm_conv_pw_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                     const float *w, const float *bias,
                                                     const float *res, int act, float *out,
-                                                    int *stream);
+                                                    uint16_t *out16, int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx, int *stream);
 

@@ -109,6 +109,7 @@ static const pw_fn pw_gen[5][PW_MAXPB + 1] = {
 typedef struct {
    const float *x;          /* P x C */
    float *out;              /* P x O */
+   uint16_t *out16;         /* NULL, or P x O bfloat16 written instead of out */
    const float *res, *bias; /* res: P x O, or NULL; bias: O, or NULL */
    const float *wp;         /* wp[ob][c][OB] */
    int64_t P, C, O, OB, nob;
@@ -124,6 +125,7 @@ static void pw_unit(const pw_prob *P, int64_t p0, int64_t np) {
       const int nv = (int)((nvalid + 15) / 16), pb = pw_pb[nv];
       const float *wt = P->wp + ob * C * OB;
       pw_epi ep;
+      ep.out16 = NULL;
       ep.ostride = O;
       ep.bias = P->bias ? P->bias + oc0 : NULL;
       ep.act = P->act;
@@ -134,18 +136,22 @@ static void pw_unit(const pw_prob *P, int64_t p0, int64_t np) {
       }
       const int full = nvalid % 16 == 0;
       ep.stream = P->stream && full;
-      const pw_fn fast = (full && !P->bias && !P->res && !P->act) ? pw_plain[ep.stream][nv]
-                                                                   : pw_gen[nv][pb];
+      const pw_fn fast = (full && !P->bias && !P->res && !P->act && !P->out16)
+                            ? pw_plain[ep.stream][nv]
+                            : pw_gen[nv][pb];
       float *o = P->out + p0 * O + oc0;
+      uint16_t *o16 = P->out16 ? P->out16 + p0 * O + oc0 : NULL;
       const float *r = P->res ? P->res + p0 * O + oc0 : NULL;
       int64_t q = 0;
       for (; q + pb <= np; q += pb) {
          ep.out = o + q * O;
+         ep.out16 = o16 ? o16 + q * O : NULL;
          ep.res = r ? r + q * O : NULL;
          fast(x + q * C, C, wt, OB, &ep);
       }
       if (q < np) {
          ep.out = o + q * O;
+         ep.out16 = o16 ? o16 + q * O : NULL;
          ep.res = r ? r + q * O : NULL;
          pw_gen[nv][np - q](x + q * C, C, wt, OB, &ep);
       }
@@ -171,7 +177,7 @@ static lm_status pw_run(const pw_prob *P0, int *stream) {
    const int cold = stream && *stream;
    if (stream) *stream = 0;
    if (Pn <= 0 || P->O <= 0) return LM_OK;
-   PP.stream = ((uintptr_t)P->out & 63) == 0 && P->O % 16 == 0 &&
+   PP.stream = !P->out16 && ((uintptr_t)P->out & 63) == 0 && P->O % 16 == 0 &&
                lm_conv_pw_stream((double)Pn * P->O * sizeof(float), cold);
    if (stream) *stream = PP.stream;
    const int nthr = conv_threads((double)Pn * P->O * (P->C > 0 ? P->C : 1));
@@ -214,7 +220,7 @@ int lm_conv_pw_usable(const conv_geom *g, int backward_data) {
 
 lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
                                      const float *bias, const float *res, int act, float *out,
-                                     int *stream) {
+                                     uint16_t *out16, int *stream) {
    if (g->sh != 1 || g->sw != 1) lm_impl_ran(LM_IMPL_CONV_PW_STRIDED); /* gathered pixels */
    const int64_t OB = block_width(g->O), nob = ceil_div(g->O, OB);
    const size_t bytes = (size_t)(nob * g->C * OB) * sizeof(float);
@@ -237,7 +243,7 @@ lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
       lm_conv_pw_gather(g, (float *)x, gath, 0);
       x = gath;
    }
-   const pw_prob Pr = {x, out, res, bias, wp, P, g->C, g->O, OB, nob, act, 0};
+   const pw_prob Pr = {x, out, out16, res, bias, wp, P, g->C, g->O, OB, nob, act, 0};
    lm_status st = pw_run(&Pr, stream);
    if (gath) lm_free(gath, gbytes);
    lm_free(wp, bytes);
@@ -251,7 +257,8 @@ lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, con
    float *wp = lm_alloc(bytes);
    if (!wp) return LM_ERR_OOM;
    lm_conv_f32_pack_bwd(g, w, OB, ncb, wp, conv_threads((double)g->O * g->C));
-   const pw_prob P = {gout, gx, NULL, NULL, wp, g->N * g->H * g->W, g->O, g->C, OB, ncb, 0, 0};
+   const pw_prob P = {gout, gx, NULL, NULL, NULL, wp, g->N * g->H * g->W, g->O, g->C, OB, ncb,
+                      0, 0};
    lm_status st = pw_run(&P, stream);
    lm_free(wp, bytes);
    return st;
