@@ -16,19 +16,8 @@ local sh = require("spec.shell")
 local F = lm.F
 local nn = lm.nn
 
-local ACTS = { "relu", "relu6", "silu", "hardswish", "hardsigmoid", "sigmoid", "gelu",
-               "gelu_tanh" }
--- the unfused activation ops
-local OP = {
-   relu = function(y) return y:relu() end,
-   relu6 = function(y) return F.relu6(y) end,
-   silu = function(y) return F.silu(y) end,
-   hardswish = function(y) return F.hardswish(y) end,
-   hardsigmoid = function(y) return F.hardsigmoid(y) end,
-   sigmoid = function(y) return y:sigmoid() end,
-   gelu = function(y) return F.gelu(y) end,
-   gelu_tanh = function(y) return F.gelu(y, "tanh") end,
-}
+-- the activation names and their unfused ops (spec/helpers.lua)
+local ACTS, OP = H.ACT_NAMES, H.ACT_OP
 
 local on_cpu = lm.get_default_device() == "cpu"
 

@@ -279,6 +279,20 @@ end
 
 -- the ISA levels whose kernels a spec runs in turn: 1 (portable C), then this CPU's best
 -- (lm_gemm_set_isa(0) restores the best and answers it)
+-- the activation ops an epilogue's act name stands for (F.conv2d's and F.linear's act), unfused
+H.ACT_NAMES = { "relu", "relu6", "silu", "hardswish", "hardsigmoid", "sigmoid", "gelu",
+                "gelu_tanh" }
+H.ACT_OP = {
+   relu = function(y) return y:relu() end,
+   relu6 = function(y) return lm.F.relu6(y) end,
+   silu = function(y) return lm.F.silu(y) end,
+   hardswish = function(y) return lm.F.hardswish(y) end,
+   hardsigmoid = function(y) return lm.F.hardsigmoid(y) end,
+   sigmoid = function(y) return y:sigmoid() end,
+   gelu = function(y) return lm.F.gelu(y) end,
+   gelu_tanh = function(y) return lm.F.gelu(y, "tanh") end,
+}
+
 function H.isas()
    local best = require("lumen.C").lm_gemm_set_isa(0)
    local r = { 1 }

@@ -9,18 +9,8 @@ local lm = require("lumen")
 local sh = require("spec.shell")
 local F = lm.F
 
-local ACTS = { "relu", "relu6", "silu", "hardswish", "hardsigmoid", "sigmoid", "gelu",
-               "gelu_tanh" }
-local OP = {
-   relu = function(y) return y:relu() end,
-   relu6 = function(y) return F.relu6(y) end,
-   silu = function(y) return F.silu(y) end,
-   hardswish = function(y) return F.hardswish(y) end,
-   hardsigmoid = function(y) return F.hardsigmoid(y) end,
-   sigmoid = function(y) return y:sigmoid() end,
-   gelu = function(y) return F.gelu(y) end,
-   gelu_tanh = function(y) return F.gelu(y, "tanh") end,
-}
+local H = require("spec.helpers")
+local ACTS, OP = H.ACT_NAMES, H.ACT_OP
 
 local function rel_diff(a, b)
    local d = (a:double() - b:double()):abs():max():item()
@@ -116,18 +106,12 @@ describe("nn.Sequential(Linear, activation) in evaluation with gradients off", f
          pending("the CPU's kernels")
          return
       end
-      local path = os.tmpname()
-      local f = assert(io.open(path, "w"))
-      f:write(("package.path = %q\npackage.cpath = %q\n"):format(package.path, package.cpath))
-      f:write([[
+      local out = sh.luajit([[
 local lm = require("lumen")
 local net = lm.nn.Sequential(lm.nn.Linear(16, 64), lm.nn.GELU(), lm.nn.Linear(64, 8))
 net:eval()
 lm.no_grad(function() return net(lm.randn({ 5, 16 })) end)
-]])
-      f:close()
-      local out = sh.sh("LUMEN_VERBOSE=1 luajit " .. sh.q(path))
-      os.remove(path)
+]], "LUMEN_VERBOSE=1")
       local n = 0
       for _ in out:gmatch("lumen_verbose,exec,cpu,linear,") do n = n + 1 end
       assert.are.equal(2, n, out)

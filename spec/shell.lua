@@ -18,6 +18,20 @@ function M.sh(cmd)
    return out, rc
 end
 
+-- run a Lua chunk in a child luajit with this process's package paths (lines a library prints on
+-- stderr, such as LUMEN_VERBOSE's, come back with it); env: "VAR=value ..." or nil. Returns its
+-- output and exit status.
+function M.luajit(code, env)
+   local path = os.tmpname()
+   local f = assert(io.open(path, "w"))
+   f:write(("package.path = %q\npackage.cpath = %q\n"):format(package.path, package.cpath))
+   f:write(code, "\n")
+   f:close()
+   local out, rc = M.sh((env and env .. " " or "") .. "luajit " .. M.q(path))
+   os.remove(path)
+   return out, rc
+end
+
 -- the whole file, or nil when it cannot be opened
 function M.read_file(path)
    local f = io.open(path, "rb")
