@@ -96,6 +96,7 @@ typedef struct {
    lm_sgemm_ukr_fn ukr;
    lm_sgemm_pack_a_fn pack_a; /* NULL: the portable packing (gemm_tmpl.c) */
    lm_sgemm_pack_b_fn pack_b;
+   lm_sgemm_ukr_s_fn ukr_s; /* the tile with an operand read in place; NULL: always packed */
 } sgemm_cfg;
 
 typedef struct {
@@ -111,12 +112,13 @@ static sgemm_cfg sgemm_config(int isa) {
    switch (isa >= LM_ISA_AVX512 ? LM_ISA_AVX512 : isa) {
    case LM_ISA_AVX512:
       return (sgemm_cfg){LM_SGEMM_AVX512_MR, LM_SGEMM_AVX512_NR, 14 * 12, 512, 32 * 128,
-                         lm_sgemm_ukr_avx512, lm_sgemm_pack_a_avx512, lm_sgemm_pack_b_avx512};
+                         lm_sgemm_ukr_avx512, lm_sgemm_pack_a_avx512, lm_sgemm_pack_b_avx512,
+                         lm_sgemm_ukr_avx512_strided};
    case LM_ISA_AVX2:
       return (sgemm_cfg){LM_SGEMM_AVX2_MR, LM_SGEMM_AVX2_NR, 6 * 24, 256, 16 * 256,
-                         lm_sgemm_ukr_avx2, NULL, NULL};
+                         lm_sgemm_ukr_avx2, NULL, NULL, NULL};
    default:
-      return (sgemm_cfg){SMR_C, SNR_C, SMR_C * 32, 256, SNR_C * 128, sgemm_ukr_c, NULL, NULL};
+      return (sgemm_cfg){SMR_C, SNR_C, SMR_C * 32, 256, SNR_C * 128, sgemm_ukr_c, NULL, NULL, NULL};
    }
 }
 
@@ -199,6 +201,9 @@ static int queue_take(gemm_queue *q, int from_back, int64_t *blk) {
 #define LM_GEMM_SMALL_WORK_AVX512 (36.0 * 36.0 * 36.0)
 /* multiply-adds per thread below which fewer threads are used */
 #define LM_GEMM_WORK_PER_THREAD (64.0 * 64.0 * 64.0)
+/* products of at most this many rows read a B stored by rows in place, not packed (gemm_tmpl.c,
+   GNAME(b_inplace)) */
+#define LM_GEMM_INPLACE_MAX_ROWS 384
 
 #define LM_GEMM_TEMPLATE
 #define T float

@@ -25,6 +25,13 @@
    24 (2 threads, the old and new library alternated 7 times, bench/mm_shape.lua M K N):
    1568x384x1536 183 -> 188 GFLOP/s mean, ahead in 6 of 7 rounds; one thread 88 -> 104; 1024^3
    179 -> 184, one thread 89 -> 104; the weight gradient 384x25088x96 116 -> 134. */
+/* prefetch distance, in k steps, of an operand read in place (lm_sgemm_ukr_avx512_strided) */
+#ifndef PF_A
+#define PF_A 24
+#endif
+#ifndef PF_B
+#define PF_B 24
+#endif
 #define S_FMA_BC(acc, bv, ptr)                                                                  \
    __asm__("vfmadd231ps %[m]%{1to16%}, %[b], %[c]" : [c] "+v"(acc) : [b] "v"(bv), [m] "m"(*(ptr)))
 #define S_ROW(i)                                                                                \
@@ -33,13 +40,15 @@
       S_FMA_BC(c##i##1, b1, pa + (i));                                                          \
    } while (0)
 
-#define S_STEP()                                                                                \
+/* one k step; sa / sb: how far A's column of 14 and B's row of 32 move a step (SMR / SNR when
+   packed, the source's strides when read in place); LOADB: aligned or unaligned loads of B */
+#define S_STEP(LOADB)                                                                           \
    do {                                                                                         \
-      __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);                            \
+      __m512 b0 = LOADB(pb), b1 = LOADB(pb + 16);                                              \
       S_ROW(0); S_ROW(1); S_ROW(2); S_ROW(3); S_ROW(4); S_ROW(5); S_ROW(6);                     \
       S_ROW(7); S_ROW(8); S_ROW(9); S_ROW(10); S_ROW(11); S_ROW(12); S_ROW(13);                 \
-      pa += SMR;                                                                                \
-      pb += SNR;                                                                                \
+      pa += sa;                                                                                 \
+      pb += sb;                                                                                 \
    } while (0)
 
 #define S_DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps()
@@ -63,8 +72,12 @@
       _mm512_storeu_ps(tile + (i) * SNR + 16, c##i##1);                                         \
    } while (0)
 
-void lm_sgemm_ukr_avx512(int64_t kc, const float *pa, const float *pb, float *c, int64_t rsc,
-                         int64_t csc, float alpha, float beta, int m, int n) {
+/* The 14 x 32 tile over kc steps. Packed operands step by SMR / SNR; an operand read in place
+   (lm_sgemm_ukr_avx512_strided) steps by its source stride, and is prefetched PF_A / PF_B steps
+   ahead, since its lines come from L2 or memory rather than a packed block. */
+static inline __attribute__((always_inline)) void
+s_ukr(int64_t kc, const float *pa, int64_t sa, int a_inplace, const float *pb, int64_t sb,
+      int b_inplace, float *c, int64_t rsc, int64_t csc, float alpha, float beta, int m, int n) {
    S_DECL(0); S_DECL(1); S_DECL(2); S_DECL(3); S_DECL(4); S_DECL(5); S_DECL(6);
    S_DECL(7); S_DECL(8); S_DECL(9); S_DECL(10); S_DECL(11); S_DECL(12); S_DECL(13);
    if (beta != 0.0f && csc == 1) /* C is read at the end: fetch its tile meanwhile */
@@ -74,16 +87,38 @@ void lm_sgemm_ukr_avx512(int64_t kc, const float *pa, const float *pb, float *c,
       }
 
    int64_t p = kc;
-   for (; p >= 4; p -= 4) {
-      _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
-      S_STEP();
-      _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
-      S_STEP();
-      _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
-      S_STEP();
-      S_STEP();
+   if (!a_inplace && !b_inplace) {
+      for (; p >= 4; p -= 4) {
+         _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
+         S_STEP(_mm512_load_ps);
+         _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
+         S_STEP(_mm512_load_ps);
+         _mm_prefetch((const char *)(pa + 16 * SMR), _MM_HINT_T0);
+         S_STEP(_mm512_load_ps);
+         S_STEP(_mm512_load_ps);
+      }
+      for (; p > 0; p--) S_STEP(_mm512_load_ps);
+   } else if (!b_inplace) { /* A in place */
+      for (; p > 0; p--) {
+         _mm_prefetch((const char *)(pa + PF_A * sa), _MM_HINT_T0);
+         _mm_prefetch((const char *)(pa + PF_A * sa + 13), _MM_HINT_T0);
+         S_STEP(_mm512_load_ps);
+      }
+   } else if (!a_inplace) { /* B in place */
+      for (; p > 0; p--) {
+         _mm_prefetch((const char *)(pb + PF_B * sb), _MM_HINT_T0);
+         _mm_prefetch((const char *)(pb + PF_B * sb + 31), _MM_HINT_T0);
+         S_STEP(_mm512_loadu_ps);
+      }
+   } else { /* both in place */
+      for (; p > 0; p--) {
+         _mm_prefetch((const char *)(pa + PF_A * sa), _MM_HINT_T0);
+         _mm_prefetch((const char *)(pa + PF_A * sa + 13), _MM_HINT_T0);
+         _mm_prefetch((const char *)(pb + PF_B * sb), _MM_HINT_T0);
+         _mm_prefetch((const char *)(pb + PF_B * sb + 31), _MM_HINT_T0);
+         S_STEP(_mm512_loadu_ps);
+      }
    }
-   for (; p > 0; p--) S_STEP();
 
    if (m == SMR && n == SNR && csc == 1) {
       __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -95,6 +130,19 @@ void lm_sgemm_ukr_avx512(int64_t kc, const float *pa, const float *pb, float *c,
       S_SPILL(7); S_SPILL(8); S_SPILL(9); S_SPILL(10); S_SPILL(11); S_SPILL(12); S_SPILL(13);
       lm_gemm_merge_s(m, n, tile, SNR, c, rsc, csc, alpha, beta);
    }
+}
+
+void lm_sgemm_ukr_avx512(int64_t kc, const float *pa, const float *pb, float *c, int64_t rsc,
+                         int64_t csc, float alpha, float beta, int m, int n) {
+   s_ukr(kc, pa, SMR, 0, pb, SNR, 0, c, rsc, csc, alpha, beta, m, n);
+}
+
+void lm_sgemm_ukr_avx512_strided(int64_t kc, const float *pa, int64_t sa, const float *pb,
+                                 int64_t sb, float *c, int64_t rsc, int64_t csc, float alpha,
+                                 float beta, int m, int n) {
+   /* an operand whose stride is not the packed one is read in place; a packed B keeps its
+      aligned loads */
+   s_ukr(kc, pa, sa, sa != SMR, pb, sb, sb != SNR, c, rsc, csc, alpha, beta, m, n);
 }
 
 /* ---- double: 14 x 16 ---- */

@@ -73,6 +73,16 @@ enum { LM_GEMM_MAX_TILE = 14 * 32 };
 LM_GEMM_HIDDEN void lm_sgemm_ukr_avx512(int64_t kc, const float *pa, const float *pb, float *c,
                                         int64_t rsc, int64_t csc, float alpha, float beta, int m,
                                         int n);
+/* the same tile with an operand read in place: A's column of 14 at pa + p * sa, B's row of 32
+ * at pb + p * sb; an operand whose stride is not the packed one (14, 32) is read in place
+ * (unaligned loads, prefetched ahead); the driver reads only B in place (gemm_tmpl.c) */
+typedef void (*lm_sgemm_ukr_s_fn)(int64_t kc, const float *pa, int64_t sa, const float *pb,
+                                  int64_t sb, float *c, int64_t rsc, int64_t csc, float alpha,
+                                  float beta, int m, int n);
+LM_GEMM_HIDDEN void lm_sgemm_ukr_avx512_strided(int64_t kc, const float *pa, int64_t sa,
+                                                const float *pb, int64_t sb, float *c,
+                                                int64_t rsc, int64_t csc, float alpha, float beta,
+                                                int m, int n);
 LM_GEMM_HIDDEN void lm_sgemm_pack_a_avx512(int64_t mc, int64_t kc, const float *a, int64_t rsa,
                                            int64_t csa, float *dst);
 LM_GEMM_HIDDEN void lm_sgemm_pack_b_avx512(int64_t kc, int64_t nc, const float *b, int64_t rsb,

@@ -191,10 +191,13 @@ static void test_gemm_isa(int isa) {
                v++;
                count++;
             }
-   /* shapes that cross the blocking sizes (KC, MC, NC) and the thread split */
+   /* shapes that cross the blocking sizes (KC, MC, NC) and the thread split; the last two read
+      B in place (few rows, B by rows: gemm_tmpl.c b_inplace) with a partial last micro-panel,
+      split by columns and by rows over many k blocks */
    static const int64_t BIG[][3] = {{300, 417, 270}, {1, 1000, 300}, {1000, 1, 300},
-                                    {33, 4200, 20}, {700, 70, 530}, {16, 16, 2000}};
-   for (int s = 0; s < 6; s++)
+                                    {33, 4200, 20}, {700, 70, 530}, {16, 16, 2000},
+                                    {40, 1003, 300}, {384, 97, 3000}};
+   for (int s = 0; s < 8; s++)
       for (int tr = 0; tr < 4; tr++)
          for (int dbl = 0; dbl < 2; dbl++) {
             if (dbl && ((tr + s) & 1)) continue; /* double: two of the four trans combos */
