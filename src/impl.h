@@ -85,6 +85,9 @@ extern "C" {
    X(EW_ACT_AVX512, "ew_act_avx512", 0, NULL,                                                    \
      "float32 GELU (erf, tanh), SiLU, sigmoid, hardswish, hardsigmoid and the GELU / SiLU "    \
      "gradients on 16 lanes with FMA")                                                         \
+   /* group norm over one-row samples: layer_norm (kernels/cpu/norm_group.c) */                \
+   X(NORM_ROWS_AVX512, "norm_rows_avx512", 0, NULL,                                              \
+     "float32 layer norm (group norm of one-row samples) on 16 lanes, two-pass in float32")     \
    /* batch norm (kernels/cpu/norm.c) */                                                         \
    X(BN_AVX512, "batch_norm_avx512", 0, NULL, "batch norm with AVX-512 kernels")                 \
    X(BN_PORTABLE, "batch_norm_portable", 1, NULL, "batch norm, portable C")

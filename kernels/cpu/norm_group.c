@@ -30,6 +30,7 @@
 #include "cpu.h"
 #include "impl.h"
 #include "ops/norm_group.h"
+#include "norm_rows.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -296,7 +297,8 @@ static lm_status gn_row1_forward(const lm_op *op, const gn_geom *g) {
    const lm_tensor *x = op->t[0];
    lm_tensor *y = op->t[3], *mean = op->t[4], *rstd = op->t[5];
    const int64_t N = g->N, C = g->C, G = g->G;
-   const int dt = x->dtype, dbl = dt == LM_FLOAT64;
+   int dt = x->dtype;
+   const int dbl = dt == LM_FLOAT64;
    double *buf = malloc((size_t)(3 * C + 2 * N * G + 1) * sizeof(double));
    if (!buf) return lm_error(LM_ERR_OOM, "group_norm: out of memory for the scratch");
    double *tmp = buf, *wv = buf + C, *bv = wv + C, *gm = bv + C, *gr = gm + N * G;
@@ -304,6 +306,12 @@ static lm_status gn_row1_forward(const lm_op *op, const gn_geom *g) {
    gn_coef_load(op->t[2], C, 0.0, dbl, bv, tmp);
    const void *xd = lm_tensor_data(x);
    void *yd = lm_tensor_data(y);
+   if (dt == LM_FLOAT32 && lm_cpu_isa() >= LM_ISA_AVX512 && lm_impl_on(LM_IMPL_NORM_ROWS_AVX512)) {
+      lm_impl_ran(LM_IMPL_NORM_ROWS_AVX512);
+      lm_norm_rows_fwd_f32_avx512(xd, yd, N, C, G, (float *)wv, (float *)bv, p->eps, gm, gr,
+                                  N * C > GN_GRAIN ? gn_threads() : 1);
+      dt = -1; /* done */
+   }
    switch (dt) {
    case LM_FLOAT32: gn_row1_fwd_f32(xd, yd, g, (float *)wv, (float *)bv, p->eps, gm, gr); break;
    case LM_FLOAT64: gn_row1_fwd_f64(xd, yd, g, wv, bv, p->eps, gm, gr); break;
@@ -321,9 +329,15 @@ static lm_status gn_row1_backward(const lm_op *op, const gn_geom *g) {
    const lm_tensor *dy = op->t[0], *x = op->t[1];
    lm_tensor *gx = op->t[5], *gw = op->t[6], *gb = op->t[7];
    const int64_t N = g->N, C = g->C, G = g->G;
-   const int dt = x->dtype, dbl = dt == LM_FLOAT64;
+   int dt = x->dtype;
+   const int dbl = dt == LM_FLOAT64;
    const int nt = N * C > GN_GRAIN ? gn_threads() : 1;
-   double *buf = malloc((size_t)(2 * C + 2 * N * G + 2 * C * nt + 1) * sizeof(double));
+   const int rows_v = dt == LM_FLOAT32 && lm_cpu_isa() >= LM_ISA_AVX512 &&
+                      lm_impl_on(LM_IMPL_NORM_ROWS_AVX512);
+   /* doubles: tmp, wv (C each), gm, gr (N * G each), pw (nt * 2C); the AVX-512 rows kernel's
+      float32 scratch (nt * 2C floats) after them */
+   double *buf = malloc((size_t)(2 * C + 2 * N * G + 2 * C * nt + (rows_v ? C * nt : 0) + 1) *
+                        sizeof(double));
    if (!buf) return lm_error(LM_ERR_OOM, "group_norm_backward: out of memory for the scratch");
    double *tmp = buf, *wv = buf + C, *gm = wv + C, *gr = gm + N * G, *pw = gr + N * G;
    memset(pw, 0, (size_t)(2 * C * nt) * sizeof(double));
@@ -332,6 +346,12 @@ static lm_status gn_row1_backward(const lm_op *op, const gn_geom *g) {
    gn_flat_load(op->t[3], N * G, gr);
    const void *xd = lm_tensor_data(x), *gd = lm_tensor_data(dy);
    void *gxd = gx ? lm_tensor_data(gx) : NULL;
+   if (rows_v) {
+      lm_impl_ran(LM_IMPL_NORM_ROWS_AVX512);
+      lm_norm_rows_bwd_f32_avx512(xd, gd, gxd, N, C, G, (float *)wv, gm, gr, pw,
+                                  (float *)(pw + 2 * C * nt), nt);
+      dt = -1; /* done */
+   }
    switch (dt) {
    case LM_FLOAT32: gn_row1_bwd_f32(xd, gd, gxd, g, (float *)wv, gm, gr, pw, nt); break;
    case LM_FLOAT64: gn_row1_bwd_f64(xd, gd, gxd, g, wv, gm, gr, pw, nt); break;

@@ -1,0 +1,31 @@
+/* norm_rows.h -- the float32 AVX-512 kernels of group normalisation over one-row samples
+ * (layer_norm's rows: kernels/cpu/norm_rows_f32_avx512.c), called by kernels/cpu/norm_group.c.
+ * Not part of the FFI header.
+ *
+ * x, y, dy, gx: N rows of C contiguous float32 values; G groups of C / G contiguous channels a
+ * row; w, b: C float32 coefficients (1 / 0 when the op has none: the caller fills them).
+ * Forward: y = (x - mean) * rstd * w + b per group, mean / rstd of each (row, group) stored in
+ * gm / gr (N * G doubles). Backward: gx (may be NULL) as in norm_group.c's header; the per-channel
+ * sums of dy (grad_bias) and dy (x - mean) rstd (grad_weight) of each thread t of nt land in
+ * pw + t * 2C (grad_weight, then grad_bias: doubles, zeroed by the caller) through float32 scratch
+ * fs (nt * 2C floats). nt: the threads to use (1: the calling thread). */
+#ifndef LUMEN_NORM_ROWS_H
+#define LUMEN_NORM_ROWS_H
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define LM_NORM_ROWS_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define LM_NORM_ROWS_HIDDEN
+#endif
+
+LM_NORM_ROWS_HIDDEN void lm_norm_rows_fwd_f32_avx512(const float *x, float *y, int64_t N,
+                                                     int64_t C, int64_t G, const float *w,
+                                                     const float *b, double eps, double *gm,
+                                                     double *gr, int nt);
+LM_NORM_ROWS_HIDDEN void lm_norm_rows_bwd_f32_avx512(const float *x, const float *dy, float *gx,
+                                                     int64_t N, int64_t C, int64_t G,
+                                                     const float *w, const double *gm,
+                                                     const double *gr, double *pw, float *fs,
+                                                     int nt);
+#endif
