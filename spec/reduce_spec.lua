@@ -171,6 +171,31 @@ describe("reductions: details", function()
       H.assert_close({ t:mean():item() }, { 0.1 }, 1e-5)
    end)
 
+   -- kernels/cpu/reduce.c colsum_f32: float32 column sums in chunks of rows
+   it("column sums of large float32 matrices and channels-last sums over N, H, W", function()
+      lm.manual_seed(5)
+      local cases = {
+         { lm.randn({ 3000, 300 }) + 2, { 1 } },
+         { lm.randn({ 8, 40, 50, 60 }):contiguous(lm.channels_last), { 1, 3, 4 } },
+         { lm.randn({ 100000, 7 }), { 1 } },
+      }
+      for _, c in ipairs(cases) do
+         local x, dims = c[1], c[2]
+         local got, ref = x:sum(dims), x:double():sum(dims)
+         local err = (got:double() - ref):abs():max():item()
+         assert.is_true(err <= 1e-6 * math.max(1, ref:abs():max():item()), "error " .. err)
+         assert.is_true(got:dtype() == lm.float32)
+         local m = x:mean(dims, true)
+         assert.is_true((m:double() - x:double():mean(dims, true)):abs():max():item() < 1e-6)
+         -- the same bits on one thread as on two
+         local nt = lm.get_num_threads()
+         lm.set_num_threads(1)
+         local one = x:sum(dims)
+         lm.set_num_threads(nt)
+         assert.is_true((one - got):abs():max():item() == 0, "thread count changed the bits")
+      end
+   end)
+
    it("empty inputs: sum is 0, mean is NaN", function()
       assert.equal(0, lm.zeros({ 0 }):sum():item())
       H.assert_values(lm.zeros({ 0, 3 }):sum(1), { 0, 0, 0 })

@@ -426,8 +426,41 @@ static void combine(const red_ctx *c, char *acc, i64 *idx, const char *pv, const
 enum { MAX_CHUNKS = 64, CHUNK_WORK = 65536 };
 
 /* acc / idx: the accumulators the iterator's operands 1 and 2 point at */
+/* float32 column sums: the kept dim innermost and contiguous, the one other (coalesced) dim
+   reduced: sum over the rows of an (M, C) matrix, or over N, H, W of a channels-last tensor
+   (bias and layer-scale gradients). Split over the kept columns (the general path) each thread
+   read part of every row: 10-17 GB/s on the Intel Xeon of session 25 where PyTorch read 25-38.
+   Here fixed chunks of rows (their number from the sizes alone, so the bits do not depend on the
+   thread count) each sum all columns into their own doubles, added in chunk order. Returns 0
+   when the call is not of that shape (or no scratch): the general path runs. */
+static int colsum_f32(const red_ctx *c, const lm_iter *it, double *acc) {
+   if (it->ndim != 2 || c->vi || c->op != LM_SUM || c->acc_dt != LM_FLOAT64 ||
+       c->in_dt != LM_FLOAT32 || it->strides[0][0] != 4 || it->strides[1][0] != 8 ||
+       it->strides[1][1] != 0)
+      return 0;
+   const int64_t n0 = it->shape[0], n1 = it->shape[1], xs1 = it->strides[0][1];
+   int64_t nch = it->numel / (4 * CHUNK_WORK);
+   if (nch > MAX_CHUNKS) nch = MAX_CHUNKS;
+   if (nch > n1) nch = n1;
+   if (nch < 2) return 0;
+   double *part = calloc((size_t)(nch * n0), sizeof(double));
+   if (!part) return 0;
+   int nt = lm_iter_threads(it->numel);
+   if (nt > nch) nt = (int)nch;
+   const char *x = (const char *)it->base[0];
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+   for (int64_t ch = 0; ch < nch; ch++) {
+      const int64_t r0 = n1 * ch / nch, r1 = n1 * (ch + 1) / nch;
+      acc_block_f32(part + ch * n0, x + r0 * xs1, xs1, n0, r1 - r0);
+   }
+   for (int64_t ch = 0; ch < nch; ch++) acc_add_f64(acc, part + ch * n0, n0);
+   free(part);
+   return 1;
+}
+
 static void red_run(const red_ctx *c, const lm_iter *it, char *acc, i64 *idx) {
    const int nd = it->ndim;
+   if (colsum_f32(c, it, (double *)acc)) return;
    int P = -1;
    for (int d = nd - 1; d >= 0; d--)
       if (it->strides[1][d] != 0) {
