@@ -143,20 +143,32 @@ static void GNAME(direct)(int isa, int64_t m, int64_t n, int64_t k, T alpha, con
    }
 }
 
-/* the macro-kernel: every NR x MR tile of one packed A block times one packed B panel */
+/* the macro-kernel: every NR x MR tile of one packed A block times one B panel. B packed: its
+   micro-panel jr at bp + jr * kc. B read in place (float only, lm_sgemm_ukr_s_fn): sb != 0 is
+   its row stride, micro-panel jr at bp + jr, and a partial last micro-panel, which the tile would
+   read past, packed at btail. */
 /* epi (float only, C dense by rows): the epilogue on each tile after its ukr call, C's first
    column being col0 (the caller passes epi with the last k block only) */
 static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc, T alpha,
-                         const T *ap, const T *bp, T beta, T *c, int64_t rsc, int64_t csc,
-                         const lm_gemm_epi *epi, int64_t col0) {
+                         const T *ap, const T *bp, int64_t sb, const T *btail, T beta, T *c,
+                         int64_t rsc, int64_t csc, const lm_gemm_epi *epi, int64_t col0) {
    const int MR = cf->mr, NR = cf->nr;
    for (int64_t jr = 0; jr < nc; jr += NR) {
       const int nr = (int)imin(NR, nc - jr);
-      const T *pb = bp + jr * kc;
+      const T *pb = sb == 0 ? bp + jr * kc : nr < NR ? btail : bp + jr;
+      const int64_t sbj = sb == 0 || nr < NR ? NR : sb;
       T *cc = c + jr * csc;
       for (int64_t ir = 0; ir < mc; ir += MR) {
          const int mr = (int)imin(MR, mc - ir);
-         cf->ukr(kc, ap + ir * kc, pb, cc + ir * rsc, rsc, csc, alpha, beta, mr, nr);
+#if GEMM_IS_FLOAT
+         if (sb != 0)
+            cf->ukr_s(kc, ap + ir * kc, MR, pb, sbj, cc + ir * rsc, rsc, csc, alpha, beta, mr,
+                      nr);
+         else
+#else
+         (void)sbj;
+#endif
+            cf->ukr(kc, ap + ir * kc, pb, cc + ir * rsc, rsc, csc, alpha, beta, mr, nr);
 #if GEMM_IS_FLOAT
          if (epi) {
             if (lm_cpu_isa() >= LM_ISA_AVX512)
@@ -186,6 +198,34 @@ static void GNAME(pack_b_any)(const GEMM_CFG *cf, int64_t kc, int64_t nc, const 
    else
       GNAME(pack_b)(kc, nc, b, rsb, csb, cf->nr, q0, q1, dst);
 }
+
+#if GEMM_IS_FLOAT
+/* Whether the nest reads B in place rather than packing it. Packing B costs a pass over it (a read
+   from memory, a write to L3 or L2, and the team's barrier) and pays back through its reuse: each
+   element of B serves the m rows of A. Where m is small that pass is a large share of the
+   product. B stored by rows is read in place by the tile's own loads instead (unaligned,
+   prefetched ahead), overlapped with its FMAs. Measured on the Intel Xeon of session 25 (2
+   threads, the packed and in-place libraries alternated in one process; GFLOP/s): the weight
+   gradients 384 x 25088 x 96 (A transposed) 146 -> 190, 192 x 6272 x 768 165 -> 190,
+   384 x 1568 x 1536 165 -> 175, 768 x 6272 x 192 192 -> 200, 256 x 4096 x 256 200 -> 250; but
+   768 x 392 x 3072 224 -> 184 and 1024^3 240 -> 170: with many rows, the packed panel, shared
+   by both threads and contiguous, wins. Reading A in place (stored by columns, the 14 values a
+   step from 1.5 KiB-apart lines) was measured too and lost everywhere (384 x 25088 x 96: 146 ->
+   140; 768 x 6272 x 192: 191 -> 152). Not for a row stride equal to NR (the tile takes that
+   stride as packed, with aligned loads). LUMEN_GEMM_INPLACE=0 / 1 forces it off / on where the
+   layout allows (measurement only). */
+static int GNAME(b_inplace)(int64_t m, int64_t rsb, int64_t csb, int NR) {
+   static int forced_env = -2; /* read once; GEMMs may run on several threads at once */
+   int forced = __atomic_load_n(&forced_env, __ATOMIC_RELAXED);
+   if (forced == -2) {
+      const char *e = getenv("LUMEN_GEMM_INPLACE");
+      forced = e && *e ? atoi(e) : -1;
+      __atomic_store_n(&forced_env, forced, __ATOMIC_RELAXED);
+   }
+   if (!(csb == 1 && rsb != NR && rsb >= NR)) return 0;
+   return forced >= 0 ? forced != 0 : m <= LM_GEMM_INPLACE_MAX_ROWS;
+}
+#endif
 
 /* The packed BLIS loop nest on nt threads.
  * Row split (the usual case): each thread owns a balanced share of the rows, in MC-row blocks; the
@@ -227,6 +267,12 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
       return;
    }
    const GEMM_CFG cfg = *cf;
+   /* B read in place instead of packed (float, where the ISA has the kernel for it), see
+      GNAME(b_inplace) */
+   int b_ip = 0;
+#if GEMM_IS_FLOAT
+   if (cf->ukr_s) b_ip = GNAME(b_inplace)(m, rsb, csb, NR);
+#endif
 
    if (split_m) {
       gemm_queue queues[LM_GEMM_MAX_THREADS];
@@ -253,8 +299,10 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
                }
                /* the B panel, packed by the whole team (the loop ends with a barrier, after which
                   every queue is set) */
+               /* (B read in place: only a partial last micro-panel is packed) */
+               const int64_t q_first = !b_ip ? 0 : nc % NR ? npan - 1 : npan;
 #pragma omp for schedule(dynamic, 1)
-               for (int64_t q = 0; q < npan; q += 4)
+               for (int64_t q = q_first; q < npan; q += 4)
                   GNAME(pack_b_any)(&cfg, kc, nc, bsrc, rsb, csb, q, imin(q + 4, npan), bp);
                for (int o = 0; o < ntt; o++) { /* own blocks first, then steal */
                   const int v = (tid + o) % ntt;
@@ -264,7 +312,8 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
                   while (queue_take(&queues[v], o != 0, &blk)) {
                      const int64_t ic = m0 + blk * mc_blk, mc = imin(mc_blk, m1 - ic);
                      GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
-                     GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
+                     GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, b_ip ? bsrc : bp,
+                                  b_ip ? rsb : 0, bp + (npan - 1) * NR * kc, beta_eff,
                                   c + ic * rsc + jc * csc, rsc, csc,
                                   pc + kc >= k ? epi : NULL, jc);
                   }
@@ -290,14 +339,18 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
             for (int64_t pc = 0; pc < k; pc += kc_max) {
                const int64_t kc = imin(kc_max, k - pc);
                const T beta_eff = pc == 0 ? beta : (T)1;
-               GNAME(pack_b_any)(&cfg, kc, nc, b + pc * rsb + jc * csb, rsb, csb, 0,
-                                 (nc + NR - 1) / NR, bp);
+               const T *bsrc = b + pc * rsb + jc * csb;
+               const int64_t npan = (nc + NR - 1) / NR;
+               if (!b_ip)
+                  GNAME(pack_b_any)(&cfg, kc, nc, bsrc, rsb, csb, 0, npan, bp);
+               else if (nc % NR)
+                  GNAME(pack_b_any)(&cfg, kc, nc, bsrc, rsb, csb, npan - 1, npan, bp);
                for (int64_t ic = 0; ic < m; ic += mc_blk) {
                   const int64_t mc = imin(mc_blk, m - ic);
                   GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
-                  GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, bp, beta_eff,
-                               c + ic * rsc + jc * csc, rsc, csc, pc + kc >= k ? epi : NULL,
-                               jc);
+                  GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, b_ip ? bsrc : bp, b_ip ? rsb : 0,
+                               bp + (npan - 1) * NR * kc, beta_eff, c + ic * rsc + jc * csc,
+                               rsc, csc, pc + kc >= k ? epi : NULL, jc);
                }
             }
          }
