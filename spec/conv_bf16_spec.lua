@@ -201,6 +201,25 @@ describe("conv2d in bfloat16 / float16", function()
       end
    end)
 
+   it("the float32 route's 1x1 kernel reads bfloat16 input and residual itself: the float32 " ..
+      "result rounded, bit for bit, over many blocks and both threads", function()
+      -- kernels/cpu/conv_pointwise_f32_avx512.c widens a block of pixels at a time (x16, res16)
+      C.lm_gemm_set_isa(3)
+      lm.manual_seed(23)
+      for _, c in ipairs({ { 64, 256, 28 }, { 200, 72, 15 }, { 1000, 40, 9 } }) do
+         local x = lm.randn({ 4, c[1], c[3], c[3] }):contiguous(CL):bfloat16()
+         local w = (lm.randn({ c[2], c[1], 1, 1 }) * 0.1):contiguous(CL):bfloat16()
+         local b = lm.randn({ c[2] }):bfloat16()
+         local r = lm.randn({ 4, c[2], c[3], c[3] }):contiguous(CL):bfloat16()
+         local what = ("%d -> %d at %d^2"):format(c[1], c[2], c[3])
+         exact(F.conv2d(x, w, b), F.conv2d(x:float(), w:float(), b:float()):bfloat16(), what)
+         exact(F.conv2d(x, w, b, { residual = r, relu = true }),
+               F.conv2d(x:float(), w:float(), b:float(),
+                        { residual = r:float(), relu = true }):bfloat16(), what .. " res+relu")
+      end
+      C.lm_gemm_set_isa(0)
+   end)
+
    it("matches float32 with 512 and 2048 channels (staged copies, a padded pixel pitch at " ..
       "2048), 1x1 and 3x3", function()
       -- the direct kernel: 3x3 at 512 channels would otherwise take Winograd (below)

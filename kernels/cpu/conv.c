@@ -143,7 +143,42 @@ typedef struct {
    uint16_t *out16; /* the float32 route of a bfloat16 call: its output, for a kernel that
                        writes bfloat16 itself (the pointwise one); NULL otherwise */
    int *narrowed;   /* set when that kernel wrote out16 (then out was not written) */
+   /* the float32 route of a bfloat16 call: its input and residual, x / res NULL until a kernel
+      that reads float32 widens them (fwd_f32_input) into *xw / *rw (the caller frees them); the
+      pointwise kernel reads the bfloat16 values itself, a block at a time. NULL otherwise. */
+   const uint16_t *x16, *res16;
+   float **xw, **rw;
 } fwd_ctx;
+
+static void half_widen(int dt, const uint16_t *src, float *dst, int64_t n);
+
+/* the float32 input and residual of a kernel that reads float32: on the float32 route of a
+   bfloat16 call, widened on first use */
+static lm_status fwd_f32_input(fwd_ctx *c) {
+   const conv_geom *g = c->g;
+   if (c->x16 && !c->x) {
+      const int64_t n = g->N * g->C * g->H * g->W;
+      float *f = lm_alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+      if (!f) return LM_ERR_OOM;
+      half_widen(LM_BFLOAT16, c->x16, f, n);
+      *c->xw = f;
+      c->x = f;
+   }
+   if (c->res16 && !c->res) {
+      const int64_t n = g->N * g->O * g->Ho * g->Wo;
+      float *f = lm_alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+      if (!f) return LM_ERR_OOM;
+      half_widen(LM_BFLOAT16, c->res16, f, n);
+      *c->rw = f;
+      c->res = f;
+   }
+   return LM_OK;
+}
+#define FWD_F32_INPUT(c)                                                                         \
+   do {                                                                                          \
+      const lm_status st_ = fwd_f32_input(c);                                                    \
+      if (st_ != LM_OK) return st_;                                                              \
+   } while (0)
 
 /* the AVX-512 kernels' common condition (float32 NHWC at AVX-512, a geometry they take) */
 static const char *f32_nhwc_avx512(const fwd_ctx *c) {
@@ -159,7 +194,8 @@ static const char *fu_depthwise(const void *p) {
    return why ? why : conv_is_depthwise(c->g) ? NULL : "not depthwise";
 }
 static lm_status fr_depthwise(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
    return lm_conv_dw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static const char *fu_winograd(const void *p) {
@@ -168,7 +204,8 @@ static const char *fu_winograd(const void *p) {
    return why ? why : lm_conv_wino_usable(c->g, 0) ? NULL : "not a 3x3 stride-1 geometry it takes";
 }
 static lm_status fr_winograd(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
    return lm_conv_wino_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static const char *fu_pointwise(const void *p) {
@@ -177,11 +214,14 @@ static const char *fu_pointwise(const void *p) {
    return why ? why : lm_conv_pw_usable(c->g, 0) ? NULL : "not a 1x1 stride-1 unpadded geometry";
 }
 static lm_status fr_pointwise(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
    int s0 = 0;
+   /* a strided layer gathers float32 pixels: widened first */
+   if (c->g->sh != 1 || c->g->sw != 1) FWD_F32_INPUT(c);
    if (c->narrowed) *c->narrowed = c->out16 != NULL;
-   return lm_conv_pw_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out,
-                                     c->out16, c->stream ? c->stream : &s0);
+   return lm_conv_pw_fwd_nhwc_avx512(c->g, c->x, c->x ? NULL : c->x16, c->w, c->bias, c->res,
+                                     c->res ? NULL : c->res16, c->act, c->out, c->out16,
+                                     c->stream ? c->stream : &s0);
 }
 static const char *fu_narrow(const void *p) {
    const fwd_ctx *c = p;
@@ -189,7 +229,8 @@ static const char *fu_narrow(const void *p) {
    return why ? why : lm_conv_nc_usable(c->g) ? NULL : "not 2 to 4 input channels";
 }
 static lm_status fr_narrow(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
    int s0 = 0;
    return lm_conv_nc_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out,
                                      c->stream ? c->stream : &s0);
@@ -200,7 +241,8 @@ static const char *fu_grouped(const void *p) {
    return why ? why : lm_conv_grp_usable(c->g, 0) ? NULL : "not 4, 8 or 16 channels a group";
 }
 static lm_status fr_grouped(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
    if (c->stream) *c->stream = 0;
    return lm_conv_grp_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
@@ -210,18 +252,21 @@ static const char *fu_direct_rb(const void *p) {
    return why ? why : lm_conv_rb_usable(c->g, 0) ? NULL : "channel counts it does not block";
 }
 static lm_status fr_direct_rb(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
    if (c->stream) *c->stream = 0;
    return lm_conv_rb_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static const char *fu_direct(const void *p) { return f32_nhwc_avx512(p); }
 static lm_status fr_direct(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
    if (c->stream) *c->stream = 0;
    return lm_conv_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
 static lm_status fr_im2col(void *p) {
-   const fwd_ctx *c = p;
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
    if (c->stream) *c->stream = 0;
    if (c->dt == LM_FLOAT32)
       return conv_forward_f32(c->g, c->nhwc, c->x, c->w, c->bias, c->res, c->act, c->out);
@@ -242,7 +287,8 @@ static const lm_impl fwd_f32_list[] = {
 static lm_status fwd_ptrs(const conv_geom *g, int nhwc, int avx512, int dt, const void *xp,
                           const void *wp, const void *bbuf, const void *rp, int act, void *op_,
                           int *stream, uint16_t *out16, int *narrowed) {
-   fwd_ctx c = {g, nhwc, avx512, dt, xp, wp, bbuf, rp, act, op_, stream, out16, narrowed};
+   fwd_ctx c = {g,      nhwc,     avx512, dt,   xp,   wp,   bbuf, rp,
+                act,    op_,      stream, out16, narrowed, NULL, NULL, NULL, NULL};
    return lm_impl_run(fwd_f32_list, (int)(sizeof fwd_f32_list / sizeof *fwd_f32_list), &c,
                       "conv2d");
 }
@@ -473,19 +519,34 @@ static lm_status fwd_half_via_f32(const conv_geom *g, int nhwc, int avx512, cons
                                   int act, lm_tensor *res) {
    const int64_t xn = geom_xn(g), wn = geom_wn(g), on = geom_on(g);
    int ok = 1;
-   float *xf = half_widened(xd, xn, &ok), *wf = half_widened(wd, wn, &ok);
-   float *rf = half_widened(rd, on, &ok);
+   /* a bfloat16 input and residual are widened by the kernel that runs (fwd_f32_input), or not
+      at all by the pointwise kernel, which widens a block at a time into L2 (resnet50's 1x1
+      layers: a float32 copy of the input written to memory and read back cost +30 % over the
+      float32 call) */
+   const int lazy = xd->dtype == LM_BFLOAT16 && (!rd || rd->dtype == LM_BFLOAT16);
+   float *xf = lazy ? NULL : half_widened(xd, xn, &ok), *wf = half_widened(wd, wn, &ok);
+   float *rf = lazy ? NULL : half_widened(rd, on, &ok);
    float *of = scratch_f32(on, 1, &ok);
+   float *xw = NULL, *rw = NULL;
    lm_status st = LM_ERR_OOM;
    /* a bfloat16 result is written by the pointwise kernel's epilogue itself where that kernel
       runs (rounded as half_narrow rounds: the same bits), saving a float32 pass over the output */
    uint16_t *out16 = res->dtype == LM_BFLOAT16 ? lm_tensor_data(res) : NULL;
    int narrowed = 0;
-   if (ok)
-      st = fwd_ptrs(g, nhwc, avx512, LM_FLOAT32, xf, wf, bbuf, rf, act, of, NULL, out16,
-                    &narrowed);
+   if (ok) {
+      fwd_ctx c = {g,    nhwc,  avx512,   LM_FLOAT32,
+                   xf,   wf,    bbuf,     rf,
+                   act,  of,    NULL,     out16,
+                   &narrowed,
+                   lazy ? lm_tensor_data(xd) : NULL,
+                   lazy && rd ? lm_tensor_data(rd) : NULL,
+                   &xw,  &rw};
+      st = lm_impl_run(fwd_f32_list, (int)(sizeof fwd_f32_list / sizeof *fwd_f32_list), &c,
+                       "conv2d");
+   }
    if (st == LM_OK && !narrowed) half_narrow(res->dtype, of, lm_tensor_data(res), on);
    scratch_free(xf, xn), scratch_free(wf, wn), scratch_free(rf, on), scratch_free(of, on);
+   scratch_free(xw, xn), scratch_free(rw, on);
    return st;
 }
 

@@ -83,6 +83,7 @@ typedef struct {
    uint16_t *out16;   /* or, where non-NULL, bfloat16 results there (same offsets), rounded once
                          (the float32 route of a bfloat16 convolution: no float32 output pass) */
    const float *res;  /* the same place in the residual, or NULL */
+   const uint16_t *res16; /* or, where non-NULL, a bfloat16 residual there (same offsets) */
    const float *bias; /* at the block's first channel, or NULL */
    int64_t ostride;   /* floats from one output pixel to the next */
    int act, stream;  /* stream: full vectors, 64-byte aligned */
@@ -95,6 +96,7 @@ AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV
    float *const o = ep->out;
    const int64_t os = ep->ostride;
    const float *const r = ep->res;
+   const uint16_t *const r16 = ep->res16;
    const int act = ep->act, stream = ep->stream;
    __m512 bv[4];
    __mmask16 m[4];
@@ -109,6 +111,9 @@ AI void pw_epilogue(__m512 (*a)[4], const pw_epi *ep, const int PB, const int NV
       for (int v = 0; v < NV; v++) {
          __m512 t = _mm512_add_ps(a[k][v], bv[v]);
          if (r) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], r + k * os + 16 * v));
+         if (r16)
+            t = _mm512_add_ps(t, bf16_widen16(_mm256_maskz_loadu_epi16(m[v], r16 + k * os +
+                                                                         16 * v)));
          if (act) t = lm_act_ps(t, act);
          if (ep->out16)
             _mm256_mask_storeu_epi16(ep->out16 + k * os + 16 * v, m[v], bf16_round16(t));

@@ -96,9 +96,12 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const f
  * stores (the caller then notes it, lm_tensor_note_streamed). out16: NULL, or the forward
  * writes its results there as bfloat16 (rounded once, as lm_f2bf) instead of to out. */
 LM_CONV_HIDDEN int lm_conv_pw_usable(const conv_geom *g, int backward_data);
+/* x16 / res16: where non-NULL, a bfloat16 input / residual read instead of x / res (the float32
+   route of a bfloat16 convolution; stride 1 only), widened a block at a time */
 LM_CONV_HIDDEN lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x,
-                                                    const float *w, const float *bias,
-                                                    const float *res, int act, float *out,
+                                                    const uint16_t *x16, const float *w,
+                                                    const float *bias, const float *res,
+                                                    const uint16_t *res16, int act, float *out,
                                                     uint16_t *out16, int *stream);
 LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                      const float *w, float *gx, int *stream);

@@ -134,6 +134,7 @@ lm_status lm_conv_nc_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
                for (int r = 0; r < nr; r++) wrow[r] = wp + ob * K * OB + taps[r] * F * OB;
                pw_epi ep;
                ep.out16 = NULL;
+               ep.res16 = NULL;
                ep.ostride = O;
                ep.bias = bias ? bias + oc0 : NULL;
                ep.act = act;

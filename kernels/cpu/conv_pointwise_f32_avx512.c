@@ -72,6 +72,17 @@ AI void pw_body(const float *xp, int64_t C, const float *wt, int64_t OB, const p
    pw_epilogue(a, ep, PB, NV);
 }
 
+/* n bfloat16 values widened to float32 (exact) */
+static void bf16_widen_run(const uint16_t *src, float *dst, int64_t n) {
+   int64_t i = 0;
+   for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(dst + i, bf16_widen16(_mm256_loadu_si256((const __m256i *)(src + i))));
+   if (i < n) {
+      const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+      _mm512_mask_storeu_ps(dst + i, m, bf16_widen16(_mm256_maskz_loadu_epi16(m, src + i)));
+   }
+}
+
 typedef void (*pw_fn)(const float *, int64_t, const float *, int64_t, const pw_epi *);
 
 #define PW_INST(MODE, PB, NV)                                                                   \
@@ -108,24 +119,27 @@ static const pw_fn pw_gen[5][PW_MAXPB + 1] = {
 
 typedef struct {
    const float *x;          /* P x C */
+   const uint16_t *x16;     /* or, where non-NULL, P x C bfloat16, widened a unit at a time */
    float *out;              /* P x O */
    uint16_t *out16;         /* NULL, or P x O bfloat16 written instead of out */
    const float *res, *bias; /* res: P x O, or NULL; bias: O, or NULL */
+   const uint16_t *res16;   /* NULL, or a P x O bfloat16 residual (then res is NULL) */
    const float *wp;         /* wp[ob][c][OB] */
    int64_t P, C, O, OB, nob;
    int act, stream;
 } pw_prob;
 
-/* pixels [p0, p0 + np): every block of output channels over the whole run */
-static void pw_unit(const pw_prob *P, int64_t p0, int64_t np) {
+/* pixels [p0, p0 + np): every block of output channels over the whole run; x: the run's input
+   (P->x + p0 * C, or its widened copy) */
+static void pw_unit(const pw_prob *P, const float *x, int64_t p0, int64_t np) {
    const int64_t C = P->C, O = P->O, OB = P->OB;
-   const float *x = P->x + p0 * C;
    for (int64_t ob = 0; ob < P->nob; ob++) {
       const int64_t oc0 = ob * OB, nvalid = O - oc0 < OB ? O - oc0 : OB;
       const int nv = (int)((nvalid + 15) / 16), pb = pw_pb[nv];
       const float *wt = P->wp + ob * C * OB;
       pw_epi ep;
       ep.out16 = NULL;
+      ep.res16 = NULL;
       ep.ostride = O;
       ep.bias = P->bias ? P->bias + oc0 : NULL;
       ep.act = P->act;
@@ -136,23 +150,26 @@ static void pw_unit(const pw_prob *P, int64_t p0, int64_t np) {
       }
       const int full = nvalid % 16 == 0;
       ep.stream = P->stream && full;
-      const pw_fn fast = (full && !P->bias && !P->res && !P->act && !P->out16)
+      const pw_fn fast = (full && !P->bias && !P->res && !P->res16 && !P->act && !P->out16)
                             ? pw_plain[ep.stream][nv]
                             : pw_gen[nv][pb];
       float *o = P->out + p0 * O + oc0;
       uint16_t *o16 = P->out16 ? P->out16 + p0 * O + oc0 : NULL;
       const float *r = P->res ? P->res + p0 * O + oc0 : NULL;
+      const uint16_t *r16 = P->res16 ? P->res16 + p0 * O + oc0 : NULL;
       int64_t q = 0;
       for (; q + pb <= np; q += pb) {
          ep.out = o + q * O;
          ep.out16 = o16 ? o16 + q * O : NULL;
          ep.res = r ? r + q * O : NULL;
+         ep.res16 = r16 ? r16 + q * O : NULL;
          fast(x + q * C, C, wt, OB, &ep);
       }
       if (q < np) {
          ep.out = o + q * O;
          ep.out16 = o16 ? o16 + q * O : NULL;
          ep.res = r ? r + q * O : NULL;
+         ep.res16 = r16 ? r16 + q * O : NULL;
          pw_gen[nv][np - q](x + q * C, C, wt, OB, &ep);
       }
    }
@@ -189,15 +206,31 @@ static lm_status pw_run(const pw_prob *P0, int *stream) {
    if (U > 1008) U = 1008;
    while (U > 24 && ceil_div(Pn, U) < 4 * nthr) U = (U / 2 + 23) / 24 * 24;
    const int64_t units = ceil_div(Pn, U);
+   /* a bfloat16 input: each thread widens a unit's pixels into its own buffer (L2) just before
+      the unit's products read them, instead of a float32 copy of the whole input written to and
+      read back from memory first (the float32 route's widening pass) */
+   const size_t wbytes = P->x16 ? (size_t)(U * P->C) * sizeof(float) : 0;
+   float *wbuf = NULL;
+   if (P->x16) {
+      wbuf = lm_alloc(wbytes * (size_t)nthr);
+      if (!wbuf) return LM_ERR_OOM;
+   }
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
    {
+      float *xw = wbuf ? wbuf + (size_t)omp_get_thread_num() * (wbytes / sizeof(float)) : NULL;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; u++) {
          const int64_t p0 = u * U, np = Pn - p0 < U ? Pn - p0 : U;
-         pw_unit(P, p0, np);
+         if (xw) {
+            bf16_widen_run(P->x16 + p0 * P->C, xw, np * P->C);
+            pw_unit(P, xw, p0, np);
+         } else {
+            pw_unit(P, P->x + p0 * P->C, p0, np);
+         }
       }
       if (P->stream) _mm_sfence(); /* order the streaming stores before the region ends */
    }
+   if (wbuf) lm_free(wbuf, wbytes * (size_t)nthr);
    return LM_OK;
 }
 
@@ -218,9 +251,11 @@ int lm_conv_pw_usable(const conv_geom *g, int backward_data) {
    return g->C <= PW_MAX_CIN;
 }
 
-lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const float *w,
-                                     const float *bias, const float *res, int act, float *out,
-                                     uint16_t *out16, int *stream) {
+lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const uint16_t *x16,
+                                     const float *w, const float *bias, const float *res,
+                                     const uint16_t *res16, int act, float *out, uint16_t *out16,
+                                     int *stream) {
+   if (x16 && (g->sh != 1 || g->sw != 1)) return LM_ERR_INTERNAL; /* the caller widens first */
    if (g->sh != 1 || g->sw != 1) lm_impl_ran(LM_IMPL_CONV_PW_STRIDED); /* gathered pixels */
    const int64_t OB = block_width(g->O), nob = ceil_div(g->O, OB);
    const size_t bytes = (size_t)(nob * g->C * OB) * sizeof(float);
@@ -243,7 +278,7 @@ lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const f
       lm_conv_pw_gather(g, (float *)x, gath, 0);
       x = gath;
    }
-   const pw_prob Pr = {x, out, out16, res, bias, wp, P, g->C, g->O, OB, nob, act, 0};
+   const pw_prob Pr = {x, x16, out, out16, res, bias, res16, wp, P, g->C, g->O, OB, nob, act, 0};
    lm_status st = pw_run(&Pr, stream);
    if (gath) lm_free(gath, gbytes);
    lm_free(wp, bytes);
@@ -257,8 +292,8 @@ lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, con
    float *wp = lm_alloc(bytes);
    if (!wp) return LM_ERR_OOM;
    lm_conv_f32_pack_bwd(g, w, OB, ncb, wp, conv_threads((double)g->O * g->C));
-   const pw_prob P = {gout, gx, NULL, NULL, NULL, wp, g->N * g->H * g->W, g->O, g->C, OB, ncb,
-                      0, 0};
+   const pw_prob P = {gout, NULL, gx, NULL, NULL, NULL, NULL, wp, g->N * g->H * g->W, g->O, g->C,
+                      OB, ncb, 0, 0};
    lm_status st = pw_run(&P, stream);
    lm_free(wp, bytes);
    return st;
