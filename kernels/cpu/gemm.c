@@ -549,6 +549,9 @@ static void bgemm_direct_block(int isa, int64_t m, int64_t n, int64_t k, float a
         lm_bgemm_rows_avx512bf16(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
                                  c_bf16)))
       return;
+   if (isa == LM_ISA_AVX512 && lm_bgemm_dot_avx512(m, n, k, alpha, a, rsa, csa, b, rsb, csb,
+                                                   beta, c, rsc, csc, c_bf16))
+      return;
    bgemm_direct_rows(0, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, c_bf16);
 }
 
@@ -711,9 +714,11 @@ static void bgemm_any(int64_t m, int64_t n, int64_t k, float alpha, const uint16
       times a row-major B (the row loops) read B in place once instead of packing all of it for
       a handful of rows */
    const int dot_thin =
-      isa >= LM_ISA_AVX512_BF16 &&
-      ((csa == 1 && rsb == 1 && (m <= LM_BGEMM_DOT_ROWS || n <= LM_BGEMM_DOT_ROWS)) ||
-       (csb == 1 && m <= LM_BGEMM_DOT_ROWS));
+      (isa >= LM_ISA_AVX512_BF16 &&
+       ((csa == 1 && rsb == 1 && (m <= LM_BGEMM_DOT_ROWS || n <= LM_BGEMM_DOT_ROWS)) ||
+        (csb == 1 && m <= LM_BGEMM_DOT_ROWS))) ||
+      /* the float32 route's dot loops (lm_bgemm_dot_avx512) */
+      (isa == LM_ISA_AVX512 && csa == 1 && rsb == 1 && m <= LM_BGEMM_DOT_ROWS);
    if (work <= LM_GEMM_SMALL_WORK_AVX512 || m == 1 || n == 1 || dot_thin) {
       lm_impl_ran(isa >= LM_ISA_AVX512_BF16 ? LM_IMPL_MM_BF16
                   : isa >= LM_ISA_AVX512    ? LM_IMPL_MM_AVX512

@@ -478,3 +478,54 @@ void lm_gemm_epi_tile_avx512(const lm_gemm_epi *e, float *c, int m, int n, int64
       }
    }
 }
+
+/* ---- bfloat16 thin products on plain AVX-512 (the float32 route where vdpbf16ps does not pay,
+ * i.e. AMX off on Intel Xeons) ---- */
+
+/* x . W^T with at most 8 rows of op(A), A's rows and W's rows along k (csa == 1, rsb == 1): the
+   A rows widened once into float32 (L1/L2), then every row of W read once, widened 16 values at a
+   time and multiplied into all the A rows. The general float32 route widened all of W into a
+   float32 copy first (a transposed, strided read) and the portable loops read W once per row of
+   A: a bfloat16 resnet50 classifier (8 x 2048 x 1000) took 5.8 ms against 0.64 in float32. */
+int lm_bgemm_dot_avx512(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                        int64_t rsa, int64_t csa, const uint16_t *b, int64_t rsb, int64_t csb,
+                        float beta, void *c, int64_t rsc, int64_t csc, int c_bf16) {
+   enum { ROWS = 8 };
+   if (m < 1 || m > ROWS || csa != 1 || rsb != 1 || k < 1) return 0;
+   const int64_t kp = (k + 15) / 16 * 16;
+   float *aw = (float *)lm_alloc((size_t)(m * kp) * sizeof(float));
+   if (!aw) {
+      lm_clear_error();
+      return 0;
+   }
+   for (int64_t i = 0; i < m; i++) {
+      const uint16_t *ai = a + i * rsa;
+      float *d = aw + i * kp;
+      for (int64_t p = 0; p < kp; p += 16) {
+         const __mmask16 mk = k - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - p)) - 1u);
+         _mm512_storeu_ps(d + p, bf16_widen16(_mm256_maskz_loadu_epi16(mk, ai + p)));
+      }
+   }
+   for (int64_t j = 0; j < n; j++) {
+      const uint16_t *bj = b + j * csb;
+      __m512 acc[ROWS];
+      for (int i = 0; i < ROWS; i++) acc[i] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < kp; p += 16) {
+         const __mmask16 mk = k - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - p)) - 1u);
+         const __m512 w = bf16_widen16(_mm256_maskz_loadu_epi16(mk, bj + p));
+#pragma GCC unroll 8
+         for (int i = 0; i < ROWS; i++)
+            if (i < m) acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(aw + i * kp + p), acc[i]);
+      }
+      for (int64_t i = 0; i < m; i++) {
+         const float s = _mm512_reduce_add_ps(acc[i]);
+         if (c_bf16)
+            lm_gemm_merge_bf(1, 1, &s, 1, (uint16_t *)c + i * rsc + j * csc, rsc, csc, alpha,
+                             beta);
+         else
+            lm_gemm_merge_s(1, 1, &s, 1, (float *)c + i * rsc + j * csc, rsc, csc, alpha, beta);
+      }
+   }
+   lm_free(aw, (size_t)(m * kp) * sizeof(float));
+   return 1;
+}

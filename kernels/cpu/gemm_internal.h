@@ -203,6 +203,12 @@ LM_GEMM_HIDDEN int lm_bgemm_direct_avx512bf16(int64_t m, int64_t n, int64_t k, f
                                               const uint16_t *b, int64_t rsb, int64_t csb,
                                               float beta, void *c, int64_t rsc, int64_t csc,
                                               int c_bf16);
+/* the same dot products for at most 8 rows on plain AVX-512 (bfloat16 widened by shifts,
+ * float32 FMAs): the float32 route's thin x . W^T; returns 0 otherwise, having done nothing */
+LM_GEMM_HIDDEN int lm_bgemm_dot_avx512(int64_t m, int64_t n, int64_t k, float alpha,
+                                       const uint16_t *a, int64_t rsa, int64_t csa,
+                                       const uint16_t *b, int64_t rsb, int64_t csb, float beta,
+                                       void *c, int64_t rsc, int64_t csc, int c_bf16);
 /* unpacked row loops for at most 8 rows of op(A) times a row-major op(B) (csb == 1), B read in
  * place once; returns 0 otherwise, having done nothing */
 LM_GEMM_HIDDEN int lm_bgemm_rows_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha,
