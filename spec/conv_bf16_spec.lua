@@ -220,6 +220,29 @@ describe("conv2d in bfloat16 / float16", function()
       C.lm_gemm_set_isa(0)
    end)
 
+   it("the float32 route's 3x3 Winograd reads bfloat16 input and residual and rounds its " ..
+      "output itself: the float32 result rounded, bit for bit", function()
+      -- conv_winograd_f32_avx512.c wg_conv mode 2 (lm_conv_wino_fwd_nhwc_avx512_io16)
+      C.lm_gemm_set_isa(3)
+      lm.manual_seed(24)
+      for _, c in ipairs({ { 64, 64, 14 }, { 48, 40, 9 }, { 256, 256, 7 }, { 130, 70, 10 } }) do
+         local x = lm.randn({ 2, c[1], c[3], c[3] }):contiguous(CL):bfloat16()
+         local w = (lm.randn({ c[2], c[1], 3, 3 }) * 0.1):contiguous(CL):bfloat16()
+         local b = lm.randn({ c[2] }):bfloat16()
+         local r = lm.randn({ 2, c[2], c[3], c[3] }):contiguous(CL):bfloat16()
+         local what = ("3x3 %d -> %d at %d^2"):format(c[1], c[2], c[3])
+         local o = { padding = 1 }
+         exact(F.conv2d(x, w, b, o), F.conv2d(x:float(), w:float(), b:float(), o):bfloat16(),
+               what)
+         local of = { padding = 1, residual = r, relu = true }
+         exact(F.conv2d(x, w, b, of),
+               F.conv2d(x:float(), w:float(), b:float(),
+                        { padding = 1, residual = r:float(), relu = true }):bfloat16(),
+               what .. " res+relu")
+      end
+      C.lm_gemm_set_isa(0)
+   end)
+
    it("matches float32 with 512 and 2048 channels (staged copies, a padded pixel pitch at " ..
       "2048), 1x1 and 3x3", function()
       -- the direct kernel: 3x3 at 512 channels would otherwise take Winograd (below)

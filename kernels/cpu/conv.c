@@ -205,6 +205,13 @@ static const char *fu_winograd(const void *p) {
 }
 static lm_status fr_winograd(void *p) {
    fwd_ctx *c = p;
+   if (c->x16 && !c->x && c->out16 && !(c->res && !c->res16)) {
+      /* the float32 route of a bfloat16 call: the kernel gathers bfloat16 patches and rounds
+         its output itself */
+      if (c->narrowed) *c->narrowed = 1;
+      return lm_conv_wino_fwd_nhwc_avx512_io16(c->g, c->x16, c->w, c->bias,
+                                               c->res ? NULL : c->res16, c->act, c->out16);
+   }
    FWD_F32_INPUT(c);
    return lm_conv_wino_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }

@@ -166,6 +166,12 @@ LM_CONV_HIDDEN int lm_conv_wino_usable(const conv_geom *g, int backward_data);
 LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x,
                                                       const float *w, const float *bias,
                                                       const float *res, int act, float *out);
+/* the same with a bfloat16 input, residual (or NULL) and output and float32 weights and
+   products: the float32 route of a bfloat16 call, no float32 copies of its tensors */
+LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512_io16(const conv_geom *g, const uint16_t *x,
+                                                           const float *w, const float *bias,
+                                                           const uint16_t *res, int act,
+                                                           uint16_t *out);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                        const float *w, float *gx);
 /* backward weight (and the bias gradient); usable when lm_conv_wino_bwdw_usable(g): the

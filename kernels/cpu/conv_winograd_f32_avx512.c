@@ -896,9 +896,13 @@ static int wg_unit_fits(int64_t cin, int64_t cout) {
 
 
 /* cin: reduction channels; cout: output channels; flip: backward data (g'[i][j][o -> c]) */
-/* bf16: bfloat16 products, and src, res and dst bfloat16 tensors (uint16_t); else float32 */
+/* bf16: 1, bfloat16 products, and src, res, dst and w bfloat16 tensors (uint16_t); 2, src, res
+   and dst bfloat16 but w and the products float32 (the float32 route of a bfloat16 call where
+   vdpbf16ps does not pay: the patches widened as they are gathered, the output rounded once in
+   the output transform, so no float32 copies of the input and output); 0, float32 */
 static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, const void *w_,
-                         const float *bias, const void *res, int act, void *dst, int bf16) {
+                         const float *bias, const void *res, int act, void *dst, int bf16_) {
+   const int bf16 = bf16_ == 1;
    const float *w = bf16 ? NULL : w_;
    const uint16_t *w16 = bf16 ? w_ : NULL;
    const int E = (tm + 2) * (tm + 2);
@@ -907,7 +911,7 @@ static lm_status wg_conv(const conv_geom *g, int flip, int tm, const void *src, 
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
    wg_prob P;
    memset(&P, 0, sizeof P);
-   if (bf16) {
+   if (bf16_) {
       P.src16 = src;
       P.res16 = res;
       P.dst16 = dst;
@@ -1467,6 +1471,12 @@ lm_status lm_conv_wino_fwd_nhwc_avx512(const conv_geom *g, const float *x, const
                                        const float *bias, const float *res, int act,
                                        float *out) {
    return wg_conv(g, 0, wg_tile_size(0), x, w, bias, res, act, out, 0);
+}
+
+lm_status lm_conv_wino_fwd_nhwc_avx512_io16(const conv_geom *g, const uint16_t *x,
+                                            const float *w, const float *bias,
+                                            const uint16_t *res, int act, uint16_t *out) {
+   return wg_conv(g, 0, wg_tile_size(0), x, w, bias, res, act, out, 2);
 }
 
 lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
