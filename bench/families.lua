@@ -61,7 +61,7 @@ local function row(tag, fn)
 end
 
 if mode == "train" then
-   local tgt = lm.randint(0, 1000, { B })
+   local tgt = lm.randint(1, 1001, { B }) -- 1-based class indices
    model:train()
    local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
    local function step()

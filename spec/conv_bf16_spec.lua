@@ -220,9 +220,9 @@ describe("conv2d in bfloat16 / float16", function()
       C.lm_gemm_set_isa(0)
    end)
 
-   it("the float32 route's 3x3 Winograd reads bfloat16 input and residual and rounds its " ..
-      "output itself: the float32 result rounded, bit for bit", function()
-      -- conv_winograd_f32_avx512.c wg_conv mode 2 (lm_conv_wino_fwd_nhwc_avx512_io16)
+   it("the float32 route's 3x3 Winograd reads bfloat16 tensors and rounds its output itself, " ..
+      "forward and both gradients: the float32 results rounded, bit for bit", function()
+      -- conv_winograd_f32_avx512.c wg_conv / wg_bwdw mode 2 (*_io16)
       C.lm_gemm_set_isa(3)
       lm.manual_seed(24)
       for _, c in ipairs({ { 64, 64, 14 }, { 48, 40, 9 }, { 256, 256, 7 }, { 130, 70, 10 } }) do
@@ -239,6 +239,17 @@ describe("conv2d in bfloat16 / float16", function()
                F.conv2d(x:float(), w:float(), b:float(),
                         { padding = 1, residual = r:float(), relu = true }):bfloat16(),
                what .. " res+relu")
+         local g = lm.randn({ 2, c[2], c[3], c[3] }):contiguous(CL):bfloat16()
+         local xg, wg, bg = x:clone():requires_grad_(true), w:clone():requires_grad_(true),
+                            b:clone():requires_grad_(true)
+         F.conv2d(xg, wg, bg, o):backward(g)
+         local xr, wr, br = x:float():requires_grad_(true), w:float():requires_grad_(true),
+                            b:float():requires_grad_(true)
+         F.conv2d(xr, wr, br, o):backward(g:float())
+         exact(xg.grad, xr.grad:bfloat16(), what .. " grad_input")
+         exact(wg.grad, wr.grad:bfloat16(), what .. " grad_weight")
+         exact(bg.grad, br.grad:bfloat16(), what .. " grad_bias")
+         assert(xg.grad:is_contiguous(CL), what .. ": grad_input channels-last")
       end
       C.lm_gemm_set_isa(0)
    end)

@@ -903,6 +903,38 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       }
    }
    if (!rx && !rw && !rb) return LM_OK;
+   /* bfloat16 3x3 stride-1 layers where the float32 lists pick Winograd: its kernels gather the
+      bfloat16 patches of grad_out and x themselves and grad_x is rounded in its output
+      transform (mode 2 of wg_conv / wg_bwdw), no float32 copies of those tensors */
+   if (dt == LM_BFLOAT16 && nhwc && avx512) {
+      bwd_ctx pc = {g, nhwc, avx512, LM_FLOAT32, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+      if (rx && bwdd_f32_list[lm_impl_pick(bwdd_f32_list, N_OF(bwdd_f32_list), &pc)].id ==
+                   LM_IMPL_CONV_WINOGRAD) {
+         float *wf = half_widened(wd, wn, &ok);
+         lm_impl_ran(LM_IMPL_CONV_WINOGRAD);
+         st = ok ? lm_conv_wino_bwdd_nhwc_avx512_io16(g, lm_tensor_data(gd), wf,
+                                                      lm_tensor_data(rx))
+                 : LM_ERR_OOM;
+         scratch_free(wf, wn);
+         if (st != LM_OK) return st;
+         rx = NULL;
+      }
+      if ((rw || rb) &&
+          bwdw_f32_list[lm_impl_pick(bwdw_f32_list, N_OF(bwdw_f32_list), &pc)].id ==
+             LM_IMPL_CONV_WINOGRAD) {
+         float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
+         lm_impl_ran(LM_IMPL_CONV_WINOGRAD);
+         st = ok ? lm_conv_wino_bwdw_nhwc_avx512_io16(g, rw ? lm_tensor_data(xd) : NULL,
+                                                      lm_tensor_data(gd), gwf, gbf)
+                 : LM_ERR_OOM;
+         if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
+         if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
+         scratch_free(gwf, wn), scratch_free(gbf, bn);
+         if (st != LM_OK) return st;
+         rw = rb = NULL;
+      }
+      if (!rx && !rw && !rb) return LM_OK;
+   }
    float *gf = half_widened(gd, on, &ok);
    float *xf = rw ? half_widened(xd, xn, &ok) : NULL, *wf = rx ? half_widened(wd, wn, &ok) : NULL;
    float *gxf = scratch_f32(xn, rx != NULL, &ok), *gwf = scratch_f32(wn, rw != NULL, &ok);

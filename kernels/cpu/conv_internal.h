@@ -172,6 +172,13 @@ LM_CONV_HIDDEN lm_status lm_conv_wino_fwd_nhwc_avx512_io16(const conv_geom *g, c
                                                            const float *w, const float *bias,
                                                            const uint16_t *res, int act,
                                                            uint16_t *out);
+/* and the two gradients with bfloat16 tensors (float32 w, gw, gb and products) */
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512_io16(const conv_geom *g,
+                                                            const uint16_t *gout, const float *w,
+                                                            uint16_t *gx);
+LM_CONV_HIDDEN lm_status lm_conv_wino_bwdw_nhwc_avx512_io16(const conv_geom *g, const uint16_t *x,
+                                                            const uint16_t *gout, float *gw,
+                                                            float *gb);
 LM_CONV_HIDDEN lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
                                                        const float *w, float *gx);
 /* backward weight (and the bias gradient); usable when lm_conv_wino_bwdw_usable(g): the

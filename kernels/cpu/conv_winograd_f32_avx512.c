@@ -1211,13 +1211,16 @@ static wg_prob wg_bwdw_prob(const conv_geom *g, const void *x, int bf16, int CP,
 /* bf16: x and gout bfloat16 (uint16_t), the products in bfloat16 (each unit's V and D packed into
    pairs of tiles, lm_wg_bf16_wgrad) */
 static lm_status wg_bwdw(const conv_geom *g, const void *x, const void *gout_, float *gw,
-                         float *gb, int bf16) {
+                         float *gb, int bf16_) {
+   /* bf16_ 2: x and gout bfloat16, the products float32 (the float32 route of a bfloat16
+      call) */
+   const int io16 = bf16_ != 0, bf16 = bf16_ == 1;
    const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
    const int CP = lm_conv_rb_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
-   const wg_prob P = wg_bwdw_prob(g, x, bf16, CP, OB, nob);
-   const float *gout = bf16 ? NULL : gout_;
-   const uint16_t *gout16 = bf16 ? gout_ : NULL;
+   const wg_prob P = wg_bwdw_prob(g, x, io16, CP, OB, nob);
+   const float *gout = io16 ? NULL : gout_;
+   const uint16_t *gout16 = io16 ? gout_ : NULL;
    const int64_t tiles = P.N * P.th * P.tw;
    const int64_t usz = WG_E * CP * CoutP;
    int64_t T = WG_L2_BYTES / (WG_E * (CP + CoutP) * (int64_t)sizeof(float));
@@ -1310,13 +1313,16 @@ static int wg_bwdw_wide_fits(const conv_geom *g) {
 /* bf16: x and gout bfloat16 (uint16_t), the products in bfloat16 (V and D packed into pairs of
    tiles, lm_wg_bf16_wgrad) */
 static lm_status wg_bwdw_wide(const conv_geom *g, const void *x, const void *gout_, float *gw,
-                              float *gb, int bf16) {
+                              float *gb, int bf16_) {
+   /* bf16_ 2: x and gout bfloat16, the products float32 (the float32 route of a bfloat16
+      call) */
+   const int io16 = bf16_ != 0, bf16 = bf16_ == 1;
    const int64_t cin = g->C, cout = g->O, K = g->K, C = g->C;
    const int CP = wg_cp(cin);
    const int64_t OB = wg_block_width(cout), nob = ceil_div(cout, OB), CoutP = nob * OB;
-   const wg_prob P = wg_bwdw_prob(g, x, bf16, CP, OB, nob);
-   const float *gout = bf16 ? NULL : gout_;
-   const uint16_t *gout16 = bf16 ? gout_ : NULL;
+   const wg_prob P = wg_bwdw_prob(g, x, io16, CP, OB, nob);
+   const float *gout = io16 ? NULL : gout_;
+   const uint16_t *gout16 = io16 ? gout_ : NULL;
    const int64_t T = P.N * P.th * P.tw, nchunk = CP / 64;
    const int nthr = conv_threads((double)T * WG_E * CP * CoutP);
    const int64_t ves = T * CP + 16, des = T * CoutP + 16, ues = 64 * OB + 16;
@@ -1483,6 +1489,17 @@ lm_status lm_conv_wino_bwdw_nhwc_avx512(const conv_geom *g, const float *x, cons
                                         float *gw, float *gb) {
    if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb, 0);
    return wg_bwdw(g, x, gout, gw, gb, 0);
+}
+
+lm_status lm_conv_wino_bwdw_nhwc_avx512_io16(const conv_geom *g, const uint16_t *x,
+                                             const uint16_t *gout, float *gw, float *gb) {
+   if (lm_conv_rb_cp(g->C) < 16) return wg_bwdw_wide(g, x, gout, gw, gb, 2);
+   return wg_bwdw(g, x, gout, gw, gb, 2);
+}
+
+lm_status lm_conv_wino_bwdd_nhwc_avx512_io16(const conv_geom *g, const uint16_t *gout,
+                                             const float *w, uint16_t *gx) {
+   return wg_conv(g, 1, wg_tile_size(1), gout, w, NULL, NULL, 0, gx, 2);
 }
 
 lm_status lm_conv_wino_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
