@@ -201,8 +201,8 @@ describe("conv2d in bfloat16 / float16", function()
       end
    end)
 
-   it("the float32 route's 1x1 kernel reads bfloat16 input and residual itself: the float32 " ..
-      "result rounded, bit for bit, over many blocks and both threads", function()
+   it("the float32 route's 1x1 kernel reads bfloat16 input and residual (grad_out) itself: the " ..
+      "float32 results rounded, bit for bit, over many blocks and both threads", function()
       -- kernels/cpu/conv_pointwise_f32_avx512.c widens a block of pixels at a time (x16, res16)
       C.lm_gemm_set_isa(3)
       lm.manual_seed(23)
@@ -216,6 +216,13 @@ describe("conv2d in bfloat16 / float16", function()
          exact(F.conv2d(x, w, b, { residual = r, relu = true }),
                F.conv2d(x:float(), w:float(), b:float(),
                         { residual = r:float(), relu = true }):bfloat16(), what .. " res+relu")
+         -- grad_x: the same kernel with grad_out widened a block at a time, grad_x rounded
+         local g = lm.randn(r:size()):contiguous(CL):bfloat16()
+         local xg = x:clone():requires_grad_(true)
+         F.conv2d(xg, w, b):backward(g)
+         local xr = x:float():requires_grad_(true)
+         F.conv2d(xr, w:float(), b:float()):backward(g:float())
+         exact(xg.grad, xr.grad:bfloat16(), what .. " grad_input")
       end
       C.lm_gemm_set_isa(0)
    end)

@@ -357,7 +357,8 @@ static const char *bdu_pointwise(const void *p) {
 static lm_status bdr_pointwise(void *p) {
    const bwd_ctx *c = p;
    int s0 = 0;
-   return lm_conv_pw_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx, c->stream ? c->stream : &s0);
+   return lm_conv_pw_bwdd_nhwc_avx512(c->g, c->gout, NULL, c->w, c->gx, NULL,
+                                      c->stream ? c->stream : &s0);
 }
 static const char *bdu_grouped(const void *p) {
    const bwd_ctx *c = p;
@@ -903,18 +904,26 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       }
    }
    if (!rx && !rw && !rb) return LM_OK;
-   /* bfloat16 3x3 stride-1 layers where the float32 lists pick Winograd: its kernels gather the
-      bfloat16 patches of grad_out and x themselves and grad_x is rounded in its output
-      transform (mode 2 of wg_conv / wg_bwdw), no float32 copies of those tensors */
+   /* bfloat16 layers where the float32 lists pick Winograd (3x3 stride 1; grad_x and grad_w) or
+      the 1x1 kernel (grad_x): they read the bfloat16 grad_out and x themselves and round grad_x
+      as they write it (mode 2 of wg_conv / wg_bwdw; x16 / out16 of the 1x1 kernel), no float32
+      copies of those tensors */
    if (dt == LM_BFLOAT16 && nhwc && avx512) {
       bwd_ctx pc = {g, nhwc, avx512, LM_FLOAT32, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-      if (rx && bwdd_f32_list[lm_impl_pick(bwdd_f32_list, N_OF(bwdd_f32_list), &pc)].id ==
-                   LM_IMPL_CONV_WINOGRAD) {
+      const int dpick =
+         rx ? bwdd_f32_list[lm_impl_pick(bwdd_f32_list, N_OF(bwdd_f32_list), &pc)].id : -1;
+      if (dpick == LM_IMPL_CONV_WINOGRAD || dpick == LM_IMPL_CONV_POINTWISE) {
+         /* (the 1x1 kernel widens grad_out a block of pixels at a time and rounds grad_x in
+            its epilogue, as its forward) */
          float *wf = half_widened(wd, wn, &ok);
-         lm_impl_ran(LM_IMPL_CONV_WINOGRAD);
-         st = ok ? lm_conv_wino_bwdd_nhwc_avx512_io16(g, lm_tensor_data(gd), wf,
+         int s0 = 0;
+         lm_impl_ran(dpick);
+         st = !ok ? LM_ERR_OOM
+              : dpick == LM_IMPL_CONV_WINOGRAD
+                 ? lm_conv_wino_bwdd_nhwc_avx512_io16(g, lm_tensor_data(gd), wf,
                                                       lm_tensor_data(rx))
-                 : LM_ERR_OOM;
+                 : lm_conv_pw_bwdd_nhwc_avx512(g, NULL, lm_tensor_data(gd), wf, NULL,
+                                               lm_tensor_data(rx), &s0);
          scratch_free(wf, wn);
          if (st != LM_OK) return st;
          rx = NULL;

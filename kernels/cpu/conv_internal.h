@@ -103,8 +103,11 @@ LM_CONV_HIDDEN lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const fl
                                                     const float *bias, const float *res,
                                                     const uint16_t *res16, int act, float *out,
                                                     uint16_t *out16, int *stream);
+/* gout16 / gx16: where non-NULL, bfloat16 grad_out / grad_x read and written instead (the
+   float32 route of a bfloat16 call) */
 LM_CONV_HIDDEN lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
-                                                     const float *w, float *gx, int *stream);
+                                                     const uint16_t *gout16, const float *w,
+                                                     float *gx, uint16_t *gx16, int *stream);
 
 /* ---- narrow inputs (2..4 channels, dilation 1, groups 1: an RGB stem) float32 NHWC forward
  * (conv_narrow_f32_avx512.c): each kernel row's kw*C input floats are one pointwise reduction.

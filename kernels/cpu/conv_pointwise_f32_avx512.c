@@ -153,20 +153,20 @@ static void pw_unit(const pw_prob *P, const float *x, int64_t p0, int64_t np) {
       const pw_fn fast = (full && !P->bias && !P->res && !P->res16 && !P->act && !P->out16)
                             ? pw_plain[ep.stream][nv]
                             : pw_gen[nv][pb];
-      float *o = P->out + p0 * O + oc0;
+      float *o = P->out ? P->out + p0 * O + oc0 : NULL; /* NULL: out16 written */
       uint16_t *o16 = P->out16 ? P->out16 + p0 * O + oc0 : NULL;
       const float *r = P->res ? P->res + p0 * O + oc0 : NULL;
       const uint16_t *r16 = P->res16 ? P->res16 + p0 * O + oc0 : NULL;
       int64_t q = 0;
       for (; q + pb <= np; q += pb) {
-         ep.out = o + q * O;
+         ep.out = o ? o + q * O : NULL;
          ep.out16 = o16 ? o16 + q * O : NULL;
          ep.res = r ? r + q * O : NULL;
          ep.res16 = r16 ? r16 + q * O : NULL;
          fast(x + q * C, C, wt, OB, &ep);
       }
       if (q < np) {
-         ep.out = o + q * O;
+         ep.out = o ? o + q * O : NULL;
          ep.out16 = o16 ? o16 + q * O : NULL;
          ep.res = r ? r + q * O : NULL;
          ep.res16 = r16 ? r16 + q * O : NULL;
@@ -285,15 +285,16 @@ lm_status lm_conv_pw_fwd_nhwc_avx512(const conv_geom *g, const float *x, const u
    return st;
 }
 
-lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, const float *w,
-                                      float *gx, int *stream) {
+lm_status lm_conv_pw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout,
+                                      const uint16_t *gout16, const float *w, float *gx,
+                                      uint16_t *gx16, int *stream) {
    const int64_t OB = block_width(g->C), ncb = ceil_div(g->C, OB);
    const size_t bytes = (size_t)(ncb * g->O * OB) * sizeof(float);
    float *wp = lm_alloc(bytes);
    if (!wp) return LM_ERR_OOM;
    lm_conv_f32_pack_bwd(g, w, OB, ncb, wp, conv_threads((double)g->O * g->C));
-   const pw_prob P = {gout, NULL, gx, NULL, NULL, NULL, NULL, wp, g->N * g->H * g->W, g->O, g->C,
-                      OB, ncb, 0, 0};
+   const pw_prob P = {gout, gout16, gx, gx16, NULL, NULL, NULL, wp, g->N * g->H * g->W, g->O,
+                      g->C, OB, ncb, 0, 0};
    lm_status st = pw_run(&P, stream);
    lm_free(wp, bytes);
    return st;
