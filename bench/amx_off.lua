@@ -1,6 +1,6 @@
--- bench/amx_off.lua -- float32 against bf16 autocast with lm.backends.cpu.amx = false, alternated in
--- one process: is bfloat16 without AMX slower than float32 on this CPU? (docs/performance.md, AMX;
--- issue 35: "--amp bf16 is never slower than float32" with AMX off)
+-- bench/amx_off.lua -- float32 against bf16 autocast with lm.backends.cpu.amx = false, alternated
+-- in one process: is bfloat16 without AMX slower than float32 on this CPU? (docs/performance.md,
+-- AMX; issue 35: "--amp bf16 is never slower than float32" with AMX off)
 --   infer: resnet50 batch 8 channels-last, evaluation under lm.no_grad
 --   train: one training step as examples/train.lua runs it (autocast around the forward and the
 --          loss, backward and SGD outside it): small_resnet (the main job's model, batch 128 of
