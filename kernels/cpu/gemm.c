@@ -30,6 +30,7 @@
 #include "impl.h"
 #include "act.h"
 #include <stdatomic.h>
+#include <stdlib.h> /* getenv, atoi (gemm_tmpl.c: LUMEN_GEMM_INPLACE) */
 
 /* ---------------------------------------------------------------------------------------------
  * Portable micro-kernels: plain loops over a small accumulator tile; gcc -O3 vectorizes the j loop.
