@@ -21,11 +21,7 @@ local ACTS, OP = H.ACT_NAMES, H.ACT_OP
 
 local on_cpu = lm.get_default_device() == "cpu"
 
--- max |a - b| / max(1, max |b|), in float64
-local function rel_diff(a, b)
-   local d = (a:double() - b:double()):abs():max():item()
-   return d / math.max(1, b:double():abs():max():item())
-end
+local rel_diff = H.rel_diff
 
 -- float32 within 1e-5 relative (the same formulas: in practice the same bits, but for the
 -- residual's order of addition in some NCHW kernels); the 16-bit types round once fused, twice

@@ -12,11 +12,7 @@ local F = lm.F
 
 local on_cpu = lm.get_default_device() == "cpu"
 
--- max |a - b| / max(1, max |b|), in float64
-local function rel_diff(a, b)
-   local d = (a:double() - b:double()):abs():max():item()
-   return d / math.max(1, b:double():abs():max():item())
-end
+local rel_diff = require("spec.helpers").rel_diff
 
 -- {name, N, C, H, W, O, kh, kw, stride, padding, dilation, groups, bias, residual, act}
 local GEOMS = {

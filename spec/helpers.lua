@@ -130,6 +130,13 @@ function H.assert_streamed(t)
    if streamed ~= 1 then error("not marked streamed", 2) end
 end
 
+-- max |a - b| / max(1, max |b|), in float64: two tensors of the same size (a result against its
+-- float64 reference)
+function H.rel_diff(a, b)
+   local d = (a:double() - b:double()):abs():max():item()
+   return d / math.max(1, b:double():abs():max():item())
+end
+
 function H.assert_close(t, expected, tol, what)
    tol = tol or 1e-5
    local got

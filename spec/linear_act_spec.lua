@@ -12,10 +12,7 @@ local F = lm.F
 local H = require("spec.helpers")
 local ACTS, OP = H.ACT_NAMES, H.ACT_OP
 
-local function rel_diff(a, b)
-   local d = (a:double() - b:double()):abs():max():item()
-   return d / math.max(1, b:double():abs():max():item())
-end
+local rel_diff = H.rel_diff
 
 local TOL = { float32 = 1e-5, float64 = 1e-12, bfloat16 = 2e-2 }
 

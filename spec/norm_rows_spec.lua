@@ -10,10 +10,7 @@ local F = lm.F
 
 local on_cpu = lm.get_default_device() == "cpu"
 
-local function rel_diff(a, b)
-   local d = (a:double() - b:double()):abs():max():item()
-   return d / math.max(1, b:double():abs():max():item())
-end
+local rel_diff = require("spec.helpers").rel_diff
 
 -- {name, x sizes, "layer" (then normalized_shape) or "group" (then G), offset, tolerance}
 local CASES = {

@@ -150,27 +150,21 @@ typedef struct {
    float **xw, **rw;
 } fwd_ctx;
 
-static void half_widen(int dt, const uint16_t *src, float *dst, int64_t n);
+static float *half_widened_ptr(int dt, const uint16_t *src, int64_t n);
 
 /* the float32 input and residual of a kernel that reads float32: on the float32 route of a
    bfloat16 call, widened on first use */
 static lm_status fwd_f32_input(fwd_ctx *c) {
    const conv_geom *g = c->g;
    if (c->x16 && !c->x) {
-      const int64_t n = g->N * g->C * g->H * g->W;
-      float *f = lm_alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-      if (!f) return LM_ERR_OOM;
-      half_widen(LM_BFLOAT16, c->x16, f, n);
-      *c->xw = f;
-      c->x = f;
+      if (!(*c->xw = half_widened_ptr(LM_BFLOAT16, c->x16, g->N * g->C * g->H * g->W)))
+         return LM_ERR_OOM;
+      c->x = *c->xw;
    }
    if (c->res16 && !c->res) {
-      const int64_t n = g->N * g->O * g->Ho * g->Wo;
-      float *f = lm_alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-      if (!f) return LM_ERR_OOM;
-      half_widen(LM_BFLOAT16, c->res16, f, n);
-      *c->rw = f;
-      c->res = f;
+      if (!(*c->rw = half_widened_ptr(LM_BFLOAT16, c->res16, g->N * g->O * g->Ho * g->Wo)))
+         return LM_ERR_OOM;
+      c->res = *c->rw;
    }
    return LM_OK;
 }
@@ -496,14 +490,17 @@ static void half_narrow(int dt, const float *src, uint16_t *dst, int64_t n) {
 
 
 /* a float32 copy of a dense half tensor (NULL t: NULL); *ok cleared when out of memory */
+/* a float32 copy of n 16-bit values of dtype dt; NULL when out of memory */
+static float *half_widened_ptr(int dt, const uint16_t *src, int64_t n) {
+   float *f = lm_alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+   if (f) half_widen(dt, src, f, n);
+   return f;
+}
+
 static float *half_widened(const lm_tensor *t, int64_t n, int *ok) {
    if (!t || !*ok) return NULL;
-   float *f = lm_alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-   if (!f) {
-      *ok = 0;
-      return NULL;
-   }
-   half_widen(t->dtype, lm_tensor_data(t), f, n);
+   float *f = half_widened_ptr(t->dtype, lm_tensor_data(t), n);
+   if (!f) *ok = 0;
    return f;
 }
 
@@ -866,6 +863,24 @@ static const lm_impl bwdw_half_list[] = {
    {LM_IMPL_CONV_VIA_F32, NULL, hbr_later},
 };
 
+/* grad_w / grad_b (rw / rb, either may be NULL) of a 16-bit call by a kernel that reads the
+   16-bit x and grad_out and sums into float32 scratch: rounded once into rw / rb */
+typedef lm_status (*bwdw_half_fn)(const conv_geom *, const uint16_t *, const uint16_t *, float *,
+                                  float *);
+static lm_status bwdw_half_run(bwdw_half_fn bwdw, const conv_geom *g, const lm_tensor *xd,
+                               const lm_tensor *gd, lm_tensor *rw, lm_tensor *rb) {
+   const int64_t wn = geom_wn(g), bn = g->O;
+   const int dt = gd->dtype;
+   int ok = 1;
+   float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
+   lm_status st = ok ? bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd), gwf, gbf)
+                     : LM_ERR_OOM;
+   if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
+   if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
+   scratch_free(gwf, wn), scratch_free(gbf, bn);
+   return st;
+}
+
 static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tensor *xd,
                           const lm_tensor *wd, const lm_tensor *gd, lm_tensor *rx, lm_tensor *rw,
                           lm_tensor *rb) {
@@ -888,17 +903,12 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       const int i = lm_impl_pick(bwdw_half_list, N_OF(bwdw_half_list), &c);
       const int id = bwdw_half_list[i].id;
       lm_impl_ran(id);
-      lm_status (*bwdw)(const conv_geom *, const uint16_t *, const uint16_t *, float *, float *) =
+      const bwdw_half_fn bwdw =
          id == LM_IMPL_CONV_WINOGRAD_BF16 ? lm_conv_wino_bf16_bwdw
          : id == LM_IMPL_CONV_VIA_F32     ? NULL
                                           : lm_conv_bwdw_nhwc_bf16;
       if (bwdw) {
-         float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
-         st = ok ? bwdw(g, rw ? lm_tensor_data(xd) : NULL, lm_tensor_data(gd), gwf, gbf)
-                 : LM_ERR_OOM;
-         if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
-         if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
-         scratch_free(gwf, wn), scratch_free(gbf, bn);
+         st = bwdw_half_run(bwdw, g, xd, gd, rw, rb);
          if (st != LM_OK) return st;
          rw = rb = NULL;
       }
@@ -931,14 +941,8 @@ static lm_status bwd_half(const conv_geom *g, int nhwc, int level, const lm_tens
       if ((rw || rb) &&
           bwdw_f32_list[lm_impl_pick(bwdw_f32_list, N_OF(bwdw_f32_list), &pc)].id ==
              LM_IMPL_CONV_WINOGRAD) {
-         float *gwf = scratch_f32(wn, rw != NULL, &ok), *gbf = scratch_f32(bn, rb != NULL, &ok);
          lm_impl_ran(LM_IMPL_CONV_WINOGRAD);
-         st = ok ? lm_conv_wino_bwdw_nhwc_avx512_io16(g, rw ? lm_tensor_data(xd) : NULL,
-                                                      lm_tensor_data(gd), gwf, gbf)
-                 : LM_ERR_OOM;
-         if (st == LM_OK && rw) half_narrow(dt, gwf, lm_tensor_data(rw), wn);
-         if (st == LM_OK && rb) half_narrow(dt, gbf, lm_tensor_data(rb), bn);
-         scratch_free(gwf, wn), scratch_free(gbf, bn);
+         st = bwdw_half_run(lm_conv_wino_bwdw_nhwc_avx512_io16, g, xd, gd, rw, rb);
          if (st != LM_OK) return st;
          rw = rb = NULL;
       }
