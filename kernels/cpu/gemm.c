@@ -98,6 +98,7 @@ typedef struct {
    lm_sgemm_pack_a_fn pack_a; /* NULL: the portable packing (gemm_tmpl.c) */
    lm_sgemm_pack_b_fn pack_b;
    lm_sgemm_ukr_s_fn ukr_s; /* the tile with an operand read in place; NULL: always packed */
+   int64_t a_ip_n; /* A read in place up to this many columns (gemm_tmpl.c a_inplace); 0: never */
 } sgemm_cfg;
 
 typedef struct {
@@ -114,12 +115,13 @@ static sgemm_cfg sgemm_config(int isa) {
    case LM_ISA_AVX512:
       return (sgemm_cfg){LM_SGEMM_AVX512_MR, LM_SGEMM_AVX512_NR, 14 * 12, 512, 32 * 128,
                          lm_sgemm_ukr_avx512, lm_sgemm_pack_a_avx512, lm_sgemm_pack_b_avx512,
-                         lm_sgemm_ukr_avx512_strided};
+                         lm_sgemm_ukr_avx512_strided, 0};
    case LM_ISA_AVX2:
       return (sgemm_cfg){LM_SGEMM_AVX2_MR, LM_SGEMM_AVX2_NR, 6 * 24, 256, 16 * 256,
-                         lm_sgemm_ukr_avx2, NULL, NULL, NULL};
+                         lm_sgemm_ukr_avx2, NULL, NULL, lm_sgemm_ukr_avx2_strided, 768};
    default:
-      return (sgemm_cfg){SMR_C, SNR_C, SMR_C * 32, 256, SNR_C * 128, sgemm_ukr_c, NULL, NULL, NULL};
+      return (sgemm_cfg){SMR_C, SNR_C, SMR_C * 32, 256, SNR_C * 128, sgemm_ukr_c, NULL, NULL, NULL,
+                         0};
    }
 }
 

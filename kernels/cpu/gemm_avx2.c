@@ -33,6 +33,27 @@
    S_ASM_ROW(s, 3, 6, 7, 15) S_ASM_ROW(s, 4, 8, 9, 14) S_ASM_ROW(s, 5, 10, 11, 15)
 #define S_ASM_OUT(r) "vmovaps %%ymm" #r ", " #r "*32(%[acc])\n\t"
 
+/* C = alpha * acc + beta * C for the m x n corner of the 6 x 16 tile acc (beta 0: C not read) */
+static inline void s_store(const float *acc, float *c, int64_t rsc, int64_t csc, float alpha,
+                           float beta, int m, int n) {
+   if (m == SMR && n == SNR && csc == 1) {
+      const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+      for (int i = 0; i < SMR; i++) {
+         float *cr = c + i * rsc;
+         __m256 r0 = _mm256_mul_ps(va, _mm256_load_ps(acc + i * SNR));
+         __m256 r1 = _mm256_mul_ps(va, _mm256_load_ps(acc + i * SNR + 8));
+         if (beta != 0.0f) {
+            r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), r0);
+            r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), r1);
+         }
+         _mm256_storeu_ps(cr, r0);
+         _mm256_storeu_ps(cr + 8, r1);
+      }
+   } else {
+      lm_gemm_merge_s(m, n, acc, SNR, c, rsc, csc, alpha, beta);
+   }
+}
+
 void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c, int64_t rsc,
                        int64_t csc, float alpha, float beta, int m, int n) {
    float acc[SMR * SNR] __attribute__((aligned(32)));
@@ -82,22 +103,70 @@ void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c, i
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
         "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
 
-   if (m == SMR && n == SNR && csc == 1) {
-      const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-      for (int i = 0; i < SMR; i++) {
-         float *cr = c + i * rsc;
-         __m256 r0 = _mm256_mul_ps(va, _mm256_load_ps(acc + i * SNR));
-         __m256 r1 = _mm256_mul_ps(va, _mm256_load_ps(acc + i * SNR + 8));
-         if (beta != 0.0f) {
-            r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), r0);
-            r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), r1);
-         }
-         _mm256_storeu_ps(cr, r0);
-         _mm256_storeu_ps(cr + 8, r1);
+   s_store(acc, c, rsc, csc, alpha, beta, m, n);
+}
+
+/* The same tile with its operands read where they are: A's column of 6 at pa + p * sa, B's row
+ * of 16 at pb + p * sb (unaligned loads; the driver passes packed A, sa = 6, and B in place,
+ * gemm_tmpl.c's b_inplace). Both are prefetched S_PF steps ahead. */
+enum { S_PF = 16 };
+#define S_ASMS_STEP                                                                             \
+   "vmovups (%[pb]), %%ymm12\n\t"                                                              \
+   "vmovups 32(%[pb]), %%ymm13\n\t"                                                            \
+   "prefetcht0 (%[fb])\n\t"                                                                    \
+   "prefetcht0 63(%[fb])\n\t"                                                                  \
+   "prefetcht0 (%[fa])\n\t"                                                                    \
+   S_ASM_ROW(0, 0, 0, 1, 14) S_ASM_ROW(0, 1, 2, 3, 15) S_ASM_ROW(0, 2, 4, 5, 14)               \
+   S_ASM_ROW(0, 3, 6, 7, 15) S_ASM_ROW(0, 4, 8, 9, 14) S_ASM_ROW(0, 5, 10, 11, 15)             \
+   "add %[sab], %[pa]\n\t"                                                                     \
+   "add %[sbb], %[pb]\n\t"                                                                     \
+   "add %[sab], %[fa]\n\t"                                                                     \
+   "add %[sbb], %[fb]\n\t"
+
+void lm_sgemm_ukr_avx2_strided(int64_t kc, const float *pa, int64_t sa, const float *pb,
+                               int64_t sb, float *c, int64_t rsc, int64_t csc, float alpha,
+                               float beta, int m, int n) {
+   float acc[SMR * SNR] __attribute__((aligned(32)));
+   int64_t k2 = kc / 2, kr = kc % 2;
+   const int64_t sab = sa * (int64_t)sizeof(float), sbb = sb * (int64_t)sizeof(float);
+   const float *fa = pa + S_PF * sa, *fb = pb + S_PF * sb;
+   if (csc == 1)
+      for (int i = 0; i < m; i++) {
+         _mm_prefetch((const char *)(c + i * rsc), _MM_HINT_T0);
+         _mm_prefetch((const char *)(c + i * rsc + SNR - 1), _MM_HINT_T0);
       }
-   } else {
-      lm_gemm_merge_s(m, n, acc, SNR, c, rsc, csc, alpha, beta);
-   }
+   __asm__ volatile(
+      "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
+      "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
+      "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
+      "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
+      "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
+      "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
+      "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
+      "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
+      "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
+      "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
+      "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
+      "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+      "test %[k2], %[k2]\n\t"
+      "jz 2f\n\t"
+      ".p2align 4\n"
+      "1:\n\t"
+      S_ASMS_STEP S_ASMS_STEP
+      "dec %[k2]\n\t"
+      "jnz 1b\n"
+      "2:\n\t"
+      "test %[kr], %[kr]\n\t"
+      "jz 3f\n\t"
+      S_ASMS_STEP
+      "3:\n\t"
+      S_ASM_OUT(0) S_ASM_OUT(1) S_ASM_OUT(2) S_ASM_OUT(3) S_ASM_OUT(4) S_ASM_OUT(5)
+      S_ASM_OUT(6) S_ASM_OUT(7) S_ASM_OUT(8) S_ASM_OUT(9) S_ASM_OUT(10) S_ASM_OUT(11)
+      : [pa] "+r"(pa), [pb] "+r"(pb), [fa] "+r"(fa), [fb] "+r"(fb), [k2] "+r"(k2), [kr] "+r"(kr)
+      : [acc] "r"(acc), [sab] "r"(sab), [sbb] "r"(sbb)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+   s_store(acc, c, rsc, csc, alpha, beta, m, n);
 }
 
 #define D_ROW(i)                                                                                \

@@ -99,6 +99,11 @@ LM_GEMM_HIDDEN void lm_dgemm_ukr_avx512(int64_t kc, const double *pa, const doub
 LM_GEMM_HIDDEN void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c,
                                       int64_t rsc, int64_t csc, float alpha, float beta, int m,
                                       int n);
+/* the AVX2 tile with operands read in place (see lm_sgemm_ukr_avx512_strided) */
+LM_GEMM_HIDDEN void lm_sgemm_ukr_avx2_strided(int64_t kc, const float *pa, int64_t sa,
+                                              const float *pb, int64_t sb, float *c,
+                                              int64_t rsc, int64_t csc, float alpha, float beta,
+                                              int m, int n);
 LM_GEMM_HIDDEN void lm_dgemm_ukr_avx2(int64_t kc, const double *pa, const double *pb, double *c,
                                       int64_t rsc, int64_t csc, double alpha, double beta, int m,
                                       int n);

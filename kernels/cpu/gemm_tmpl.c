@@ -149,10 +149,17 @@ static void GNAME(direct)(int isa, int64_t m, int64_t n, int64_t k, T alpha, con
    read past, packed at btail. */
 /* epi (float only, C dense by rows): the epilogue on each tile after its ukr call, C's first
    column being col0 (the caller passes epi with the last k block only) */
+static void GNAME(pack_a_any)(const GEMM_CFG *cf, int64_t mc, int64_t kc, const T *a,
+                              int64_t rsa, int64_t csa, T *dst);
 static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc, T alpha,
-                         const T *ap, const T *bp, int64_t sb, const T *btail, T beta, T *c,
-                         int64_t rsc, int64_t csc, const lm_gemm_epi *epi, int64_t col0) {
+                         const T *ap, int64_t sa, const T *bp, int64_t sb, const T *btail, T beta,
+                         T *c, int64_t rsc, int64_t csc, const lm_gemm_epi *epi, int64_t col0,
+                         T *atail) {
    const int MR = cf->mr, NR = cf->nr;
+   /* A read in place (sa != 0: A's column of MR values a step at ap + ir + p * sa): a partial
+      last row panel, which the tile would read past, packed at atail first */
+   if (sa != 0 && mc % MR)
+      GNAME(pack_a_any)(cf, mc % MR, kc, ap + mc / MR * MR, 1, sa, atail);
    for (int64_t jr = 0; jr < nc; jr += NR) {
       const int nr = (int)imin(NR, nc - jr);
       const T *pb = sb == 0 ? bp + jr * kc : nr < NR ? btail : bp + jr;
@@ -161,12 +168,15 @@ static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc,
       for (int64_t ir = 0; ir < mc; ir += MR) {
          const int mr = (int)imin(MR, mc - ir);
 #if GEMM_IS_FLOAT
-         if (sb != 0)
+         if (sa != 0)
+            cf->ukr_s(kc, mr < MR ? atail : ap + ir, mr < MR ? MR : sa, pb, sbj, cc + ir * rsc,
+                      rsc, csc, alpha, beta, mr, nr);
+         else if (sb != 0)
             cf->ukr_s(kc, ap + ir * kc, MR, pb, sbj, cc + ir * rsc, rsc, csc, alpha, beta, mr,
                       nr);
          else
 #else
-         (void)sbj;
+         (void)sbj, (void)sa, (void)atail;
 #endif
             cf->ukr(kc, ap + ir * kc, pb, cc + ir * rsc, rsc, csc, alpha, beta, mr, nr);
 #if GEMM_IS_FLOAT
@@ -214,7 +224,7 @@ static void GNAME(pack_b_any)(const GEMM_CFG *cf, int64_t kc, int64_t nc, const 
    140; 768 x 6272 x 192: 191 -> 152). Not for a row stride equal to NR (the tile takes that
    stride as packed, with aligned loads). LUMEN_GEMM_INPLACE=0 / 1 forces it off / on where the
    layout allows (measurement only). */
-static int GNAME(b_inplace)(int64_t m, int64_t rsb, int64_t csb, int NR) {
+static int GNAME(inplace_forced)(void) {
    static int forced_env = -2; /* read once; GEMMs may run on several threads at once */
    int forced = __atomic_load_n(&forced_env, __ATOMIC_RELAXED);
    if (forced == -2) {
@@ -222,8 +232,29 @@ static int GNAME(b_inplace)(int64_t m, int64_t rsb, int64_t csb, int NR) {
       forced = e && *e ? atoi(e) : -1;
       __atomic_store_n(&forced_env, forced, __ATOMIC_RELAXED);
    }
+   return forced;
+}
+
+static int GNAME(b_inplace)(int64_t m, int64_t rsb, int64_t csb, int NR) {
+   const int forced = GNAME(inplace_forced)();
    if (!(csb == 1 && rsb != NR && rsb >= NR)) return 0;
    return forced >= 0 ? forced != 0 : m <= LM_GEMM_INPLACE_MAX_ROWS;
+}
+
+/* Whether the nest reads A in place (stored by columns: op(A)(i, p) at a[i + p * csa], the
+   transposed operand of a weight gradient) rather than packing it. Each packed element of A
+   serves the n columns of B; with few columns the packing pass is a large share. Only where the
+   ISA's tile gains from it (cf->a_ip_n: the most columns; 0: never). Measured on a Zen 3 with
+   the AVX2 tile (2 threads, packed against in place in one process; GFLOP/s): 144 x 25088 x 24
+   20 -> 38, 24 x 25088 x 144 43 -> 60, 384 x 25088 x 96 70 -> 100, 96 x 100352 x 16 18 -> 33,
+   192 x 6272 x 768 72 -> 82; with more rows or columns it lost (768 x 6272 x 192 94 -> 86,
+   384 x 1568 x 1536 63 -> 57, 1024^3 110 -> 76). On AVX-512 it lost everywhere (b_inplace).
+   LUMEN_GEMM_INPLACE=0 / 1 forces it off / on as for B. */
+static int GNAME(a_inplace)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t rsa, int64_t csa) {
+   const int forced = GNAME(inplace_forced)();
+   if (!cf->ukr_s || !(rsa == 1 && csa >= cf->mr)) return 0;
+   if (forced >= 0) return forced != 0 && cf->a_ip_n > 0;
+   return m <= LM_GEMM_INPLACE_MAX_ROWS && n <= cf->a_ip_n;
 }
 #endif
 
@@ -273,6 +304,10 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
 #if GEMM_IS_FLOAT
    if (cf->ukr_s) b_ip = GNAME(b_inplace)(m, rsb, csb, NR);
 #endif
+   int a_ip = 0; /* A read in place, see GNAME(a_inplace) */
+#if GEMM_IS_FLOAT
+   a_ip = GNAME(a_inplace)(cf, m, n, rsa, csa);
+#endif
 
    if (split_m) {
       gemm_queue queues[LM_GEMM_MAX_THREADS];
@@ -311,11 +346,13 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
                   int64_t blk;
                   while (queue_take(&queues[v], o != 0, &blk)) {
                      const int64_t ic = m0 + blk * mc_blk, mc = imin(mc_blk, m1 - ic);
-                     GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
-                     GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, b_ip ? bsrc : bp,
-                                  b_ip ? rsb : 0, bp + (npan - 1) * NR * kc, beta_eff,
-                                  c + ic * rsc + jc * csc, rsc, csc,
-                                  pc + kc >= k ? epi : NULL, jc);
+                     if (!a_ip)
+                        GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
+                     GNAME(macro)(&cfg, mc, nc, kc, alpha,
+                                  a_ip ? a + ic * rsa + pc * csa : ap, a_ip ? csa : 0,
+                                  b_ip ? bsrc : bp, b_ip ? rsb : 0, bp + (npan - 1) * NR * kc,
+                                  beta_eff, c + ic * rsc + jc * csc, rsc, csc,
+                                  pc + kc >= k ? epi : NULL, jc, ap);
                   }
                }
                /* nobody repacks B or resets a queue while another thread still works */
@@ -347,10 +384,12 @@ static void GNAME(packed)(const GEMM_CFG *cf, int64_t m, int64_t n, int64_t k, T
                   GNAME(pack_b_any)(&cfg, kc, nc, bsrc, rsb, csb, npan - 1, npan, bp);
                for (int64_t ic = 0; ic < m; ic += mc_blk) {
                   const int64_t mc = imin(mc_blk, m - ic);
-                  GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
-                  GNAME(macro)(&cfg, mc, nc, kc, alpha, ap, b_ip ? bsrc : bp, b_ip ? rsb : 0,
+                  if (!a_ip)
+                     GNAME(pack_a_any)(&cfg, mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
+                  GNAME(macro)(&cfg, mc, nc, kc, alpha, a_ip ? a + ic * rsa + pc * csa : ap,
+                               a_ip ? csa : 0, b_ip ? bsrc : bp, b_ip ? rsb : 0,
                                bp + (npan - 1) * NR * kc, beta_eff, c + ic * rsc + jc * csc,
-                               rsc, csc, pc + kc >= k ? epi : NULL, jc);
+                               rsc, csc, pc + kc >= k ? epi : NULL, jc, ap);
                }
             }
          }
