@@ -54,6 +54,9 @@ extern "C" {
    X(CONV_GROUPED, "grouped_avx512", 0, NULL,                                                    \
      "float32 channels-last convolution with 4, 8 or 16 channels a group (block-diagonal "     \
      "16-lane blocks, the reduction in registers)")                                            \
+   X(CONV_GROUPED_AVX2, "grouped_avx2", 0, NULL,                                                 \
+     "float32 channels-last grouped convolution below AVX-512: 2, 4 or 8k channels a group, "  \
+     "8-lane blocks (forward, backward data at stride 1)")                                     \
    X(CONV_DIRECT_RB, "direct_rb_avx512", 0, "LUMEN_CONV_RB",                                     \
      "float32 channels-last register-blocked direct convolution (small channel counts)")      \
    X(CONV_DIRECT, "direct_avx512", 0, NULL, "float32 channels-last direct convolution")         \

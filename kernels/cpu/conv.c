@@ -247,6 +247,23 @@ static lm_status fr_grouped(void *p) {
    if (c->stream) *c->stream = 0;
    return lm_conv_grp_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
+/* below AVX-512: the ISA in use is AVX2 (the AVX-512 kernels above take the same geometries) */
+static const char *grouped_avx2_why(int dt, int nhwc, const conv_geom *g, int pass) {
+   if (dt != LM_FLOAT32) return "not float32";
+   if (!nhwc) return "not channels-last";
+   if (lm_cpu_isa() != LM_ISA_AVX2) return "ISA not AVX2";
+   return lm_conv_grp_avx2_usable(g, pass) ? NULL : "groups it does not block";
+}
+static const char *fu_grouped_avx2(const void *p) {
+   const fwd_ctx *c = p;
+   return grouped_avx2_why(c->dt, c->nhwc, c->g, 0);
+}
+static lm_status fr_grouped_avx2(void *p) {
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
+   if (c->stream) *c->stream = 0;
+   return lm_conv_grp_fwd_nhwc_avx2(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
+}
 static const char *fu_direct_rb(const void *p) {
    const fwd_ctx *c = p;
    const char *why = f32_nhwc_avx512(c);
@@ -280,6 +297,7 @@ static const lm_impl fwd_f32_list[] = {
    {LM_IMPL_CONV_POINTWISE, fu_pointwise, fr_pointwise},
    {LM_IMPL_CONV_NARROW, fu_narrow, fr_narrow},
    {LM_IMPL_CONV_GROUPED, fu_grouped, fr_grouped},
+   {LM_IMPL_CONV_GROUPED_AVX2, fu_grouped_avx2, fr_grouped_avx2},
    {LM_IMPL_CONV_DIRECT_RB, fu_direct_rb, fr_direct_rb},
    {LM_IMPL_CONV_DIRECT, fu_direct, fr_direct},
    {LM_IMPL_CONV_IM2COL, NULL, fr_im2col},
@@ -366,6 +384,15 @@ static lm_status bdr_grouped(void *p) {
    bwd_no_stream(c);
    return lm_conv_grp_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx);
 }
+static const char *bdu_grouped_avx2(const void *p) {
+   const bwd_ctx *c = p;
+   return grouped_avx2_why(c->dt, c->nhwc, c->g, 1);
+}
+static lm_status bdr_grouped_avx2(void *p) {
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   return lm_conv_grp_bwdd_nhwc_avx2(c->g, c->gout, c->w, c->gx);
+}
 static const char *bdu_direct_rb(const void *p) {
    const bwd_ctx *c = p;
    const char *why = bwd_f32_nhwc_avx512(c);
@@ -386,6 +413,7 @@ static const lm_impl bwdd_f32_list[] = {
    {LM_IMPL_CONV_WINOGRAD, bdu_winograd, bdr_winograd},
    {LM_IMPL_CONV_POINTWISE, bdu_pointwise, bdr_pointwise},
    {LM_IMPL_CONV_GROUPED, bdu_grouped, bdr_grouped},
+   {LM_IMPL_CONV_GROUPED_AVX2, bdu_grouped_avx2, bdr_grouped_avx2},
    {LM_IMPL_CONV_DIRECT_RB, bdu_direct_rb, bdr_direct_rb},
    {LM_IMPL_CONV_DIRECT, bu_avx512, bdr_direct},
    {LM_IMPL_CONV_IM2COL, NULL, br_im2col},
