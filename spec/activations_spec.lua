@@ -163,14 +163,17 @@ describe("activations against PyTorch", function()
    end)
 end)
 
--- The float32 AVX-512 loops (kernels/cpu/ew_act_f32_avx512.c, implementation "ew_act_avx512",
--- taken for float32 at lm_cpu_isa() >= AVX-512): against float64 references (the same ops in
--- float64: libm's erf, tanh, exp) and against the portable loops (the name switched off), on
--- lengths that are not multiples of 16 (the masked tail), strided views, large |x|, NaN and
--- +-inf (NaN where PyTorch's float32 formulas give NaN, the same infinities).
-describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
+-- The float32 vector loops: kernels/cpu/ew_act_f32_avx512.c (implementation "ew_act_avx512",
+-- taken for float32 at lm_cpu_isa() >= AVX-512) and kernels/cpu/ew_act_f32_avx2.c
+-- ("ew_act_avx2", at AVX2: any CPU with AVX2 runs it through lm_cpu_set_isa): against float64
+-- references (the same ops in float64: libm's erf, tanh, exp) and against the portable loops (the
+-- name switched off), on lengths that are not multiples of the vector (the tail), strided views,
+-- large |x|, NaN and +-inf (NaN where PyTorch's float32 formulas give NaN, the same infinities).
+for _, V in ipairs({ { impl = "ew_act_avx512", isa = "LM_ISA_AVX512", what = "the AVX-512 loops" },
+                    { impl = "ew_act_avx2", isa = "LM_ISA_AVX2", what = "the AVX2 loops" } }) do
+describe("float32 activations: " .. V.what .. " (" .. V.impl .. ")", function()
    local C = require("lumen.C")
-   local has512 = lm.get_default_device() ~= "cuda:0" and C.lm_cpu_get_isa() >= C.LM_ISA_AVX512
+   local has_isa = lm.get_default_device() ~= "cuda:0" and C.lm_cpu_get_isa() >= C[V.isa]
    local inf, nan = math.huge, 0 / 0
    -- the values every case sees: zeros, tiny, the erf branch point, exp's clamps and overflow,
    -- the GELU tanh form's x^3 and x^2 overflow, NaN, +-inf; then random ones
@@ -223,9 +226,11 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
    end
    -- the float32 result with the AVX-512 loops on (on = true) or switched off
    local function with(on, fn)
-      if not on then lm.backends.cpu.disable("ew_act_avx512") end
+      if not on then lm.backends.cpu.disable(V.impl) end
+      if V.isa == "LM_ISA_AVX2" then C.lm_cpu_set_isa(C.LM_ISA_AVX2) end
       local ok, r = pcall(fn)
-      if not on then lm.backends.cpu.enable("ew_act_avx512") end
+      C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+      if not on then lm.backends.cpu.enable(V.impl) end
       if not ok then error(r, 0) end
       return r
    end
@@ -243,8 +248,8 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
    for _, c in ipairs(UN) do
       it(c[1] .. ": float64 reference and the portable loop, odd lengths, strided, specials",
          function()
-         if not has512 then
-            pending("needs AVX-512 on the CPU")
+         if not has_isa then
+            pending("needs " .. V.isa .. " on the CPU")
             return
          end
          for _, n in ipairs(LENS) do
@@ -259,7 +264,7 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
                   -- float32's x * 6 overflows from |x| = FLT_MAX / 6: inf there, as in PyTorch
                   ref = lm.where(x:double():gt(3.4028234663852886e38 / 6), inf, ref)
                end
-               close(new, ref, x, what .. " (avx512)")
+               close(new, ref, x, what .. " (" .. V.impl .. ")")
                close(new, old:double(), x, what .. " (against the portable loop)")
             end
          end
@@ -268,8 +273,8 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
    for _, c in ipairs(BW) do
       it(c[1] .. ": float64 reference and the portable loop, odd lengths, strided, specials",
          function()
-         if not has512 then
-            pending("needs AVX-512 on the CPU")
+         if not has_isa then
+            pending("needs " .. V.isa .. " on the CPU")
             return
          end
          local function grad(x, g)
@@ -293,7 +298,7 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
                   local big = x:double():abs():gt(1.8e19)
                   ref, old_d = lm.where(big, nan, ref), lm.where(big, nan, old_d)
                end
-               close(new, ref, x, what .. " (avx512)")
+               close(new, ref, x, what .. " (" .. V.impl .. ")")
                close(new, old_d, x, what .. " (against the portable loop)")
             end
          end
@@ -301,8 +306,8 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
    end
    it("bfloat16 and float16 inputs take the float32 loops: the same values as switched off",
       function()
-      if not has512 then
-         pending("needs AVX-512 on the CPU")
+      if not has_isa then
+         pending("needs " .. V.isa .. " on the CPU")
          return
       end
       for _, dt in ipairs({ lm.bfloat16, lm.float16 }) do
@@ -325,14 +330,14 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
    end)
    it("the forced portable ISA runs the portable loops (the same values as switched off)",
       function()
-      if not has512 or lm.get_default_device() ~= "cpu" then
-         pending("needs AVX-512 on the CPU, CPU tensors")
+      if not has_isa or lm.get_default_device() ~= "cpu" then
+         pending("needs " .. V.isa .. " on the CPU, CPU tensors")
          return
       end
       local x = lm.tensor(values(1007), { dtype = lm.float32 })
       for _, c in ipairs(UN) do
          local old = with(false, function() return c[2](x) end)
-         C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+         C.lm_cpu_set_isa(C.LM_ISA_C)
          local ok, r = pcall(c[2], x)
          C.lm_cpu_set_isa(C.LM_ISA_AUTO)
          assert(ok, r)
@@ -344,3 +349,4 @@ describe("float32 activations: the AVX-512 loops (ew_act_avx512)", function()
       end
    end)
 end)
+end

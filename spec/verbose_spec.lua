@@ -116,20 +116,24 @@ io.write("done\n")
 end)
 
 describe("LUMEN_VERBOSE=1: the float32 activations", function()
-   it("name ew_act_avx512 where the CPU has AVX-512, default when it is switched off", function()
+   it("name ew_act_avx512 where the CPU has AVX-512, ew_act_avx2 at AVX2, default when it is " ..
+      "switched off", function()
       local out, rc = child([[
 local C = require("lumen.C")
-io.write("isa ", tonumber(C.lm_cpu_get_isa()), " ", tonumber(C.LM_ISA_AVX512), "\n")
+io.write("isa ", tonumber(C.lm_cpu_get_isa()), " ", tonumber(C.LM_ISA_AVX512), " ",
+         tonumber(C.LM_ISA_AVX2), "\n")
 local x = lm.randn({3, 37}):requires_grad_(true)
 lm.F.gelu(x):backward(lm.ones({3, 37}))
 lm.F.silu(x:detach())
 lm.F.gelu(x:double())
 lm.backends.cpu.disable("ew_act_avx512")
+lm.backends.cpu.disable("ew_act_avx2")
 lm.F.silu(x:detach())
 ]], "LUMEN_VERBOSE=1")
       assert.are.equal(0, rc, out)
-      local isa, v512 = out:match("isa (%d+) (%d+)")
+      local isa, v512, v2 = out:match("isa (%d+) (%d+) (%d+)")
       local has512 = tonumber(isa) >= tonumber(v512)
+      local is_avx2 = tonumber(isa) == tonumber(v2)
       local got = {}
       for _, f in ipairs(exec_lines(out)) do
          if f[4] == "unary" or f[4] == "binary" then got[#got + 1] = f end
@@ -137,7 +141,7 @@ lm.F.silu(x:detach())
       -- gelu, its gradient (binary), silu, float64 gelu, silu switched off
       assert.are.equal(5, #got, out)
       if got[1][3] == "cpu" or got[1][3]:match("^sim") then
-         local want = has512 and "ew_act_avx512" or "default"
+         local want = has512 and "ew_act_avx512" or is_avx2 and "ew_act_avx2" or "default"
          for i = 1, 3 do
             assert.are.equal(want, got[i][5], table.concat(got[i], ","))
             assert.are.equal("float32", got[i][6])
@@ -147,6 +151,7 @@ lm.F.silu(x:detach())
          assert.are.equal("default", got[5][5]) -- switched off
          assert.truthy(names.ew_act_avx512)
          assert.is_false(names.ew_act_avx512.fallback)
+         assert.truthy(names.ew_act_avx2)
       end
    end)
 end)

@@ -88,6 +88,8 @@ extern "C" {
    X(EW_ACT_AVX512, "ew_act_avx512", 0, NULL,                                                    \
      "float32 GELU (erf, tanh), SiLU, sigmoid, hardswish, hardsigmoid and the GELU / SiLU "    \
      "gradients on 16 lanes with FMA")                                                         \
+   X(EW_ACT_AVX2, "ew_act_avx2", 0, NULL,                                                        \
+     "the same float32 activations and gradients on 8 lanes (AVX2 + FMA, below AVX-512)")      \
    /* group norm over one-row samples: layer_norm (kernels/cpu/norm_group.c) */                \
    X(NORM_ROWS_AVX512, "norm_rows_avx512", 0, NULL,                                              \
      "float32 layer norm (group norm of one-row samples) on 16 lanes, two-pass in float32")     \

@@ -14,13 +14,14 @@
  * (12 accumulators, one weight vector load per 12 FMAs). Pixels whose taps leave the image
  * horizontally take a one-pixel loop with the same order of operations (bias, then taps in
  * order, input channels in order), so a pixel's value does not depend on which loop ran it.
- * Residual and activation as the portable kernels: conv + bias, + residual, then act.h.
+ * Residual and activation: conv + bias, + residual, then act_avx2.h's activation (the elementwise
+ * ops' at AVX2, ew_act_f32_avx2.c, so fused and unfused agree on this path).
  *
  * Backward data at stride 1 is this forward over grad_out with the flipped kernel (roles of
  * input and output channels swapped, padding d * (k - 1) - p), as grouped_avx512 does.
  */
 #include "conv_internal.h"
-#include "act.h"
+#include "act_avx2.h"
 #include "impl.h"
 #include <immintrin.h>
 
@@ -113,8 +114,7 @@ static __m256 g2_pixel(const g2 *p, const float *in, const float *wb, __m256 bv,
 
 static void g2_store(__m256 a, float *o, const float *r, int act) {
    if (r) a = _mm256_add_ps(a, _mm256_loadu_ps(r));
-   _mm256_storeu_ps(o, a);
-   if (act) lm_act_row_f32(o, 8, act);
+   _mm256_storeu_ps(o, act ? lm_act_ps8(a, act) : a);
 }
 
 static lm_status g2_forward(const g2 *p, const float *in, const float *w, const int64_t *tmap,

@@ -548,12 +548,20 @@ static void fill_loop(void *ctx, char **data, const int64_t *st, int64_t n) {
 
 /* the compute loops of op kop of table in kind: the AVX-512 activations of ew_act_f32_avx512.c
    (implementation "ew_act_avx512") for float32 compute when lm_cpu_isa() has AVX-512 (a forced
-   lower ISA is honoured, as the convolutions' epilogue does), else ew_kernels.c's */
+   lower ISA is honoured, as the convolutions' epilogue does), those of ew_act_f32_avx2.c
+   ("ew_act_avx2") at AVX2, else ew_kernels.c's */
 static const lm_kset *kset_of(int table, int kop, int kind) {
    if (kind == LM_K_F32 && table != LM_EW_OTHER && lm_cpu_isa() >= LM_ISA_AVX512) {
       const lm_kset *v = lm_ew_act_avx512(table, kop);
       if (v && lm_impl_on(LM_IMPL_EW_ACT_AVX512)) {
          lm_impl_ran(LM_IMPL_EW_ACT_AVX512);
+         return v;
+      }
+   }
+   if (kind == LM_K_F32 && table != LM_EW_OTHER && lm_cpu_isa() == LM_ISA_AVX2) {
+      const lm_kset *v = lm_ew_act_avx2(table, kop);
+      if (v && lm_impl_on(LM_IMPL_EW_ACT_AVX2)) {
+         lm_impl_ran(LM_IMPL_EW_ACT_AVX2);
          return v;
       }
    }

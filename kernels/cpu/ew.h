@@ -24,6 +24,8 @@ extern const lm_kset lm_other_kernels[LM_NUM_T][LM_NUM_K];
    and SiLU gradients), else NULL; only for lm_cpu_isa() >= LM_ISA_AVX512 (elementwise.c asks,
    under the implementation name "ew_act_avx512") */
 const lm_kset *lm_ew_act_avx512(int table, int kop);
+/* the same set on 8 lanes (ew_act_f32_avx2.c), for lm_cpu_isa() == LM_ISA_AVX2 ("ew_act_avx2") */
+const lm_kset *lm_ew_act_avx2(int table, int kop);
 
 /* dst[...] = src broadcast to dst's shape, converted; a src that partially overlaps dst is
    copied first, a same-dtype copy between transposed layouts runs in tiles */

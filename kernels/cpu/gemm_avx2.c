@@ -10,6 +10,7 @@
  */
 #include <immintrin.h>
 #include "gemm_internal.h"
+#include "act_avx2.h"
 
 #define SMR LM_SGEMM_AVX2_MR
 #define SNR LM_SGEMM_AVX2_NR
@@ -227,5 +228,30 @@ void lm_dgemm_ukr_avx2(int64_t kc, const double *pa, const double *pb, double *c
       double tile[DMR * DNR] __attribute__((aligned(32)));
       D_SPILL(0); D_SPILL(1); D_SPILL(2); D_SPILL(3); D_SPILL(4); D_SPILL(5);
       lm_gemm_merge_d(m, n, tile, DNR, c, rsc, csc, alpha, beta);
+   }
+}
+
+/* the float32 GEMM's epilogue at AVX2 (gemm_internal.h): C = act(C + bias) on 8 lanes, with
+   act_avx2.h's activations (the elementwise ops' at AVX2, ew_act_f32_avx2.c); the last n % 8
+   columns through a stack copy */
+void lm_gemm_epi_tile_avx2(const lm_gemm_epi *e, float *c, int m, int n, int64_t rsc,
+                           int64_t col0) {
+   for (int j = 0; j < n; j += 8) {
+      const int w = n - j < 8 ? n - j : 8;
+      float bt[8] = {0};
+      if (e->bias)
+         for (int l = 0; l < w; l++) bt[l] = e->bias[col0 + j + l];
+      const __m256 bv = _mm256_loadu_ps(bt);
+      for (int i = 0; i < m; i++) {
+         float *r = c + i * rsc + j;
+         if (w == 8) {
+            _mm256_storeu_ps(r, lm_act_ps8(_mm256_add_ps(_mm256_loadu_ps(r), bv), e->act));
+         } else {
+            float t[8] = {0};
+            for (int l = 0; l < w; l++) t[l] = r[l];
+            _mm256_storeu_ps(t, lm_act_ps8(_mm256_add_ps(_mm256_loadu_ps(t), bv), e->act));
+            for (int l = 0; l < w; l++) r[l] = t[l];
+         }
+      }
    }
 }

@@ -133,9 +133,11 @@ LM_GEMM_HIDDEN void lm_sgemm_strided_epi(int64_t m, int64_t n, int64_t k, const 
                                          int64_t rsa, int64_t csa, const float *b, int64_t rsb,
                                          int64_t csb, float *c, int64_t rsc,
                                          const lm_gemm_epi *epi);
-/* the epilogue on an m x n tile of C whose first column is col0 (AVX-512 and portable) */
+/* the epilogue on an m x n tile of C whose first column is col0 (AVX-512, AVX2 and portable) */
 LM_GEMM_HIDDEN void lm_gemm_epi_tile_avx512(const lm_gemm_epi *e, float *c, int m, int n,
                                             int64_t rsc, int64_t col0);
+LM_GEMM_HIDDEN void lm_gemm_epi_tile_avx2(const lm_gemm_epi *e, float *c, int m, int n,
+                                          int64_t rsc, int64_t col0);
 LM_GEMM_HIDDEN void lm_gemm_epi_tile_c(const lm_gemm_epi *e, float *c, int64_t m, int64_t n,
                                        int64_t rsc, int64_t col0);
 

@@ -183,6 +183,8 @@ static void GNAME(macro)(const GEMM_CFG *cf, int64_t mc, int64_t nc, int64_t kc,
          if (epi) {
             if (lm_cpu_isa() >= LM_ISA_AVX512)
                lm_gemm_epi_tile_avx512(epi, cc + ir * rsc, mr, nr, rsc, col0 + jr);
+            else if (lm_cpu_isa() == LM_ISA_AVX2)
+               lm_gemm_epi_tile_avx2(epi, cc + ir * rsc, mr, nr, rsc, col0 + jr);
             else
                lm_gemm_epi_tile_c(epi, cc + ir * rsc, mr, nr, rsc, col0 + jr);
          }
