@@ -190,3 +190,87 @@ lm.F.conv2d(x, w, nil, { padding = 1, groups = 13 }):sum():backward()
       assert.is_truthy(bwd and bwd:find("^grouped_avx2"), out)
    end)
 end)
+
+-- depthwise layers (groups == C == O) below AVX-512: kernels/cpu/conv_depthwise_f32_avx2.c
+-- ("depthwise_avx2", C a multiple of 8, 5x5 and larger kernels; forward, stride-1 grad_input,
+-- grad_weight / grad_bias), forced to AVX2 on any CPU that has it, against float64, with the
+-- kernel switched off, the fused epilogue, LUMEN_VERBOSE
+describe("depthwise conv2d below AVX-512 (depthwise_avx2)", function()
+   local C = require("lumen.C")
+   local has_avx2 = on_cpu and C.lm_cpu_get_isa() >= C.LM_ISA_AVX2
+   -- {name, N, C, H, W, O, kh, kw, stride, padding, dilation, groups, bias, residual, act}
+   local DW = {
+      { "7x7 (ConvNeXt), bias", 2, 16, 9, 30, 16, 7, 7, 1, 3, 1, 16, true, false, nil },
+      { "5x5 stride 2, residual, relu", 2, 24, 11, 12, 24, 5, 5, 2, 2, 1, 24, true, true,
+        "relu" },
+      { "5x5 dilation 2", 1, 8, 12, 17, 8, 5, 5, 1, 4, 2, 8, false, false, nil },
+      { "7x7 on a 2x3 map (every tap checked)", 2, 32, 2, 3, 32, 7, 7, 1, 3, 1, 32, true,
+        false, nil },
+      { "7x7 on a 1 x 13 row", 1, 8, 1, 13, 8, 7, 7, 1, 3, 1, 8, true, true, "relu" },
+      { "5x5 with 12 channels (not taken: the next entry)", 2, 12, 7, 9, 12, 5, 5, 1, 2, 1, 12,
+        true, false, nil },
+   }
+   local function at_avx2(fn)
+      C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+      local ok, a, b2, c2, d2 = pcall(fn)
+      C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+      assert(ok, a)
+      return a, b2, c2, d2
+   end
+   for _, g in ipairs(DW) do
+      it(g[1] .. ": values and every gradient against float64, and with the kernel off",
+         function()
+         if not has_avx2 then
+            pending("a CPU with AVX2")
+            return
+         end
+         lm.manual_seed(31)
+         local x, w, b, r, gy, opts = operands(g)
+         local act = g[15]
+         local y, gx, gw, gb = at_avx2(function() return run(x, w, b, r, gy, opts, act) end)
+         local y64, gx64, gw64, gb64 = run(d64(x), d64(w), d64(b), d64(r), d64(gy), opts, act)
+         assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
+         assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
+         assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
+         if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
+         assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
+         assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
+         lm.backends.cpu.disable("depthwise_avx2")
+         local ok, y2, gx2, gw2 = pcall(at_avx2,
+                                        function() return run(x, w, b, r, gy, opts, act) end)
+         lm.backends.cpu.enable("depthwise_avx2")
+         assert(ok, y2)
+         assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
+                        rel_diff(gw, gw2) < 1e-5, "the kernel off")
+         if act == "relu" then
+            local yf = at_avx2(function()
+               return lm.no_grad(function()
+                  return F.conv2d(x, w, b, { stride = opts.stride, padding = opts.padding,
+                                             dilation = opts.dilation, groups = opts.groups,
+                                             residual = r, act = "relu" })
+               end)
+            end)
+            assert.is_true(rel_diff(yf, y64) < 1e-5, "fused " .. rel_diff(yf, y64))
+         end
+      end)
+   end
+
+   it("LUMEN_VERBOSE names depthwise_avx2 in forward and both gradients at AVX2", function()
+      if not has_avx2 then
+         pending("a CPU with AVX2")
+         return
+      end
+      local out = sh.luajit([[
+local lm = require("lumen")
+local C = require("lumen.C")
+C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+local x = lm.randn({ 2, 32, 10, 10 }):contiguous(lm.channels_last):requires_grad_(true)
+local w = lm.randn({ 32, 1, 7, 7 }):contiguous(lm.channels_last):requires_grad_(true)
+lm.F.conv2d(x, w, nil, { padding = 3, groups = 32 }):sum():backward()
+]], "LUMEN_VERBOSE=1")
+      local fwd = out:match("lumen_verbose,exec,cpu,conv2d,([^,]+),float32")
+      local bwd = out:match("lumen_verbose,exec,cpu,conv2d_backward,([^,]+),float32")
+      assert.are.equal("depthwise_avx2", fwd, out)
+      assert.are.equal("depthwise_avx2", bwd, out)
+   end)
+end)

@@ -44,6 +44,7 @@ for _, im in ipairs(lm.backends.cpu.implementations()) do names[im.name] = im en
 -- the implementations of a float32 / a bfloat16 convolution (first name of a joined note)
 local f32_conv = { depthwise_avx512 = true, winograd_f4x4_avx512 = true, pointwise_avx512 = true,
                    narrow_c_avx512 = true, grouped_avx512 = true, grouped_avx2 = true,
+                   depthwise_avx2 = true,
                    direct_rb_avx512 = true,
                    direct_avx512 = true,
                    im2col_gemm = true, fp32_bf16_amx = true }

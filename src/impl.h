@@ -41,6 +41,8 @@ extern "C" {
    /* convolutions: float32 / float64 */                                                         \
    X(CONV_DEPTHWISE, "depthwise_avx512", 0, NULL,                                                \
      "float32 channels-last depthwise convolution")                                            \
+   X(CONV_DEPTHWISE_AVX2, "depthwise_avx2", 0, NULL,                                             \
+     "float32 channels-last depthwise convolution below AVX-512 (8-lane blocks, C % 8 == 0)")  \
    X(CONV_WINOGRAD, "winograd_f4x4_avx512", 0, "LUMEN_CONV_WINOGRAD",                            \
      "float32 channels-last 3x3 stride-1 Winograd F(4x4,3x3) (F(2x2) with LUMEN_CONV_WINOGRAD=2)") \
    X(CONV_POINTWISE, "pointwise_avx512", 0, "LUMEN_CONV_PW",                                     \

@@ -254,6 +254,23 @@ static const char *grouped_avx2_why(int dt, int nhwc, const conv_geom *g, int pa
    if (lm_cpu_isa() != LM_ISA_AVX2) return "ISA not AVX2";
    return lm_conv_grp_avx2_usable(g, pass) ? NULL : "groups it does not block";
 }
+static const char *depthwise_avx2_why(int dt, int nhwc, const conv_geom *g, int pass) {
+   if (dt != LM_FLOAT32) return "not float32";
+   if (!nhwc) return "not channels-last";
+   if (lm_cpu_isa() != LM_ISA_AVX2) return "ISA not AVX2";
+   if (!conv_is_depthwise(g)) return "not depthwise";
+   return lm_conv_dw_avx2_usable(g, pass) ? NULL : "a depthwise geometry it does not take";
+}
+static const char *fu_depthwise_avx2(const void *p) {
+   const fwd_ctx *c = p;
+   return depthwise_avx2_why(c->dt, c->nhwc, c->g, 0);
+}
+static lm_status fr_depthwise_avx2(void *p) {
+   fwd_ctx *c = p;
+   FWD_F32_INPUT(c);
+   if (c->stream) *c->stream = 0;
+   return lm_conv_dw_fwd_nhwc_avx2(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
+}
 static const char *fu_grouped_avx2(const void *p) {
    const fwd_ctx *c = p;
    return grouped_avx2_why(c->dt, c->nhwc, c->g, 0);
@@ -293,6 +310,7 @@ static lm_status fr_im2col(void *p) {
 
 static const lm_impl fwd_f32_list[] = {
    {LM_IMPL_CONV_DEPTHWISE, fu_depthwise, fr_depthwise},
+   {LM_IMPL_CONV_DEPTHWISE_AVX2, fu_depthwise_avx2, fr_depthwise_avx2},
    {LM_IMPL_CONV_WINOGRAD, fu_winograd, fr_winograd},
    {LM_IMPL_CONV_POINTWISE, fu_pointwise, fr_pointwise},
    {LM_IMPL_CONV_NARROW, fu_narrow, fr_narrow},
@@ -384,6 +402,23 @@ static lm_status bdr_grouped(void *p) {
    bwd_no_stream(c);
    return lm_conv_grp_bwdd_nhwc_avx512(c->g, c->gout, c->w, c->gx);
 }
+static const char *bdu_depthwise_avx2(const void *p) {
+   const bwd_ctx *c = p;
+   return depthwise_avx2_why(c->dt, c->nhwc, c->g, 1);
+}
+static lm_status bdr_depthwise_avx2(void *p) {
+   const bwd_ctx *c = p;
+   bwd_no_stream(c);
+   return lm_conv_dw_bwdd_nhwc_avx2(c->g, c->gout, c->w, c->gx);
+}
+static const char *bwu_depthwise_avx2(const void *p) {
+   const bwd_ctx *c = p;
+   return depthwise_avx2_why(c->dt, c->nhwc, c->g, 2);
+}
+static lm_status bwr_depthwise_avx2(void *p) {
+   const bwd_ctx *c = p;
+   return lm_conv_dw_bwdw_nhwc_avx2(c->g, c->x, c->gout, c->gw, c->gb);
+}
 static const char *bdu_grouped_avx2(const void *p) {
    const bwd_ctx *c = p;
    return grouped_avx2_why(c->dt, c->nhwc, c->g, 1);
@@ -410,6 +445,7 @@ static lm_status bdr_direct(void *p) {
 }
 static const lm_impl bwdd_f32_list[] = {
    {LM_IMPL_CONV_DEPTHWISE, bu_depthwise, bdr_depthwise},
+   {LM_IMPL_CONV_DEPTHWISE_AVX2, bdu_depthwise_avx2, bdr_depthwise_avx2},
    {LM_IMPL_CONV_WINOGRAD, bdu_winograd, bdr_winograd},
    {LM_IMPL_CONV_POINTWISE, bdu_pointwise, bdr_pointwise},
    {LM_IMPL_CONV_GROUPED, bdu_grouped, bdr_grouped},
@@ -457,6 +493,7 @@ static lm_status bwr_direct(void *p) {
 }
 static const lm_impl bwdw_f32_list[] = {
    {LM_IMPL_CONV_DEPTHWISE, bu_depthwise, bwr_depthwise},
+   {LM_IMPL_CONV_DEPTHWISE_AVX2, bwu_depthwise_avx2, bwr_depthwise_avx2},
    {LM_IMPL_CONV_WINOGRAD, bwu_winograd, bwr_winograd},
    {LM_IMPL_CONV_GROUPED, bwu_grouped, bwr_grouped},
    {LM_IMPL_CONV_DIRECT_RB, bwu_direct_rb, bwr_direct_rb},
