@@ -419,6 +419,15 @@ static lm_status bwr_depthwise_avx2(void *p) {
    const bwd_ctx *c = p;
    return lm_conv_dw_bwdw_nhwc_avx2(c->g, c->x, c->gout, c->gw, c->gb);
 }
+static const char *bwu_grouped_avx2(const void *p) {
+   const bwd_ctx *c = p;
+   const char *why = grouped_avx2_why(c->dt, c->nhwc, c->g, 0);
+   return why ? why : lm_conv_grp_avx2_bwdw_usable(c->g) ? NULL : "groups it does not block";
+}
+static lm_status bwr_grouped_avx2(void *p) {
+   const bwd_ctx *c = p;
+   return lm_conv_grp_bwdw_nhwc_avx2(c->g, c->x, c->gout, c->gw, c->gb);
+}
 static const char *bdu_grouped_avx2(const void *p) {
    const bwd_ctx *c = p;
    return grouped_avx2_why(c->dt, c->nhwc, c->g, 1);
@@ -496,6 +505,7 @@ static const lm_impl bwdw_f32_list[] = {
    {LM_IMPL_CONV_DEPTHWISE_AVX2, bwu_depthwise_avx2, bwr_depthwise_avx2},
    {LM_IMPL_CONV_WINOGRAD, bwu_winograd, bwr_winograd},
    {LM_IMPL_CONV_GROUPED, bwu_grouped, bwr_grouped},
+   {LM_IMPL_CONV_GROUPED_AVX2, bwu_grouped_avx2, bwr_grouped_avx2},
    {LM_IMPL_CONV_DIRECT_RB, bwu_direct_rb, bwr_direct_rb},
    {LM_IMPL_CONV_DIRECT, bu_avx512, bwr_direct},
    {LM_IMPL_CONV_IM2COL, NULL, br_im2col},

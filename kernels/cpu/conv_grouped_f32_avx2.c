@@ -18,7 +18,8 @@
  * ops' at AVX2, ew_act_f32_avx2.c, so fused and unfused agree on this path).
  *
  * Backward data at stride 1 is this forward over grad_out with the flipped kernel (roles of
- * input and output channels swapped, padding d * (k - 1) - p), as grouped_avx512 does.
+ * input and output channels swapped, padding d * (k - 1) - p), as grouped_avx512 does. The
+ * weight gradient: below.
  */
 #include "conv_internal.h"
 #include "act_avx2.h"
@@ -188,4 +189,101 @@ lm_status lm_conv_grp_bwdd_nhwc_avx2(const conv_geom *g, const float *gout, cons
            g->dh * (g->kh - 1) - g->ph, g->dw * (g->kw - 1) - g->pw, g->dh, g->dw);
    for (int64_t t = 0; t < ftaps; t++) tmap[t] = ftaps - 1 - t;
    return g2_forward(&p, gout, w, tmap, ftaps, NULL, NULL, 0, gx);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * weight and bias gradients. Block b (8 output channels, the vector's lanes) holds, per tap t
+ * and block input channel c, the sum over every output pixel of grad_out[p][o] * x[p + t][c]:
+ * lanes whose group does not read c stay out of gw. Per block (a thread's work item: the sums
+ * and their order do not depend on the thread count), per output row and kernel row, chunks of
+ * GW2_R sums (taps of the row x input channels) in registers over the row's pixels, one grad_out
+ * load per chunk and pixel, then added to the block's sums in order.
+ */
+enum { GW2_R = 12 };
+
+int lm_conv_grp_avx2_bwdw_usable(const conv_geom *g) {
+   return lm_conv_grp_avx2_usable(g, 0) && g->kw * g2_cb(g->Cg, g->Og) <= 4096;
+}
+
+lm_status lm_conv_grp_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const float *gout,
+                                     float *gw, float *gb) {
+   g2 P;
+   g2_init(&P, g->N, g->H, g->W, g->C, g->Ho, g->Wo, g->O, g->Cg, g->Og, g->kh, g->kw, g->sh,
+           g->sw, g->ph, g->pw, g->dh, g->dw);
+   const g2 *p = &P;
+   const int64_t taps = p->kh * p->kw, Cb = p->Cb, kw = p->kw, rowl = kw * Cb;
+   const int64_t per = (taps * Cb + 1) * 8; /* a block's sums: [t][c][8], then the bias's */
+   const size_t bytes = (size_t)(p->nblk * per) * sizeof(float);
+   float *sums = lm_alloc(bytes);
+   if (!sums) return LM_ERR_OOM;
+   memset(sums, 0, bytes);
+   const int64_t rows = p->N * p->outH;
+   const int nthr = conv_threads((double)rows * (double)p->outW * (double)p->O * (double)(taps * Cb));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
+   for (int64_t b = 0; b < p->nblk; b++) {
+      float *sb = sums + b * per;
+      const float *xb = x + (8 * b / p->Og) * p->Cg, *gyb = gout + 8 * b;
+      __m256 bs = _mm256_setzero_ps();
+      for (int64_t row = 0; row < rows; row++) {
+         const int64_t n = row / p->outH, ho = row % p->outH;
+         const float *gr = gyb + row * p->outW * p->O;
+         if (gb) {
+            __m256 s = _mm256_setzero_ps();
+            for (int64_t q = 0; q < p->outW; q++)
+               s = _mm256_add_ps(s, _mm256_loadu_ps(gr + q * p->O));
+            bs = _mm256_add_ps(bs, s);
+         }
+         if (!gw) continue;
+         for (int64_t i = 0; i < p->kh; i++) {
+            const int64_t hi = ho * p->sh - p->ph + i * p->dh;
+            if (hi < 0 || hi >= p->inH) continue;
+            const float *xr = xb + (n * p->inH + hi) * p->inW * p->C;
+            /* the kernel row's kw x Cb sums, index r = j * Cb + c, GW2_R at a time */
+            for (int64_t r0 = 0; r0 < rowl; r0 += GW2_R) {
+               const int nr = (int)(rowl - r0 < GW2_R ? rowl - r0 : GW2_R);
+               __m256 a[GW2_R];
+               int64_t off[GW2_R], jj[GW2_R];
+               for (int k = 0; k < GW2_R; k++) {
+                  a[k] = _mm256_setzero_ps();
+                  const int64_t r = r0 + (k < nr ? k : 0);
+                  jj[k] = r / Cb;
+                  off[k] = jj[k] * p->dw * p->C + r % Cb;
+               }
+               for (int64_t q = 0; q < p->outW; q++) {
+                  const __m256 gv = _mm256_loadu_ps(gr + q * p->O);
+                  const int64_t w0 = q * p->sw - p->pw;
+                  const float *xq = xr + w0 * p->C;
+                  if (w0 >= 0 && w0 + (kw - 1) * p->dw < p->inW) {
+                     for (int k = 0; k < nr; k++)
+                        a[k] = _mm256_fmadd_ps(_mm256_broadcast_ss(xq + off[k]), gv, a[k]);
+                  } else {
+                     for (int k = 0; k < nr; k++) {
+                        const int64_t wi = w0 + jj[k] * p->dw;
+                        if (wi < 0 || wi >= p->inW) continue;
+                        a[k] = _mm256_fmadd_ps(_mm256_broadcast_ss(xq + off[k]), gv, a[k]);
+                     }
+                  }
+               }
+               for (int k = 0; k < nr; k++) {
+                  float *d = sb + ((i * kw * Cb) + r0 + k) * 8;
+                  _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), a[k]));
+               }
+            }
+         }
+      }
+      _mm256_storeu_ps(sb + taps * Cb * 8, bs);
+   }
+   /* gw[o][t][cl] from lane o % 8 of block o / 8, input channel (group - first group) Cg + cl */
+   for (int64_t o = 0; o < p->O; o++) {
+      const int64_t b = o / 8, l = o % 8, grp = o / p->Og;
+      const int64_t c0 = grp * p->Cg - (8 * b / p->Og) * p->Cg;
+      const float *sb = sums + b * per;
+      if (gw)
+         for (int64_t t = 0; t < taps; t++)
+            for (int64_t cl = 0; cl < p->Cg; cl++)
+               gw[(o * taps + t) * p->Cg + cl] = sb[(t * Cb + c0 + cl) * 8 + l];
+      if (gb) gb[o] = sb[taps * Cb * 8 + l];
+   }
+   lm_free(sums, bytes);
+   return LM_OK;
 }

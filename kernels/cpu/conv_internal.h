@@ -145,13 +145,16 @@ LM_CONV_HIDDEN lm_status lm_conv_dw_bwdw_nhwc_avx2(const conv_geom *g, const flo
 
 /* ---- the same below AVX-512 (conv_grouped_f32_avx2.c, "grouped_avx2"): 8-lane blocks, groups
  * of 2, 4 or a multiple of 8 output channels, O a multiple of 8. lm_conv_grp_avx2_usable: pass 0
- * forward, 1 backward data (stride 1 only). Call only where the CPU has AVX2 and FMA. ---- */
+ * forward, 1 backward data (stride 1 only); lm_conv_grp_avx2_bwdw_usable: the weight gradient. Call only where the CPU has AVX2 and FMA. ---- */
 LM_CONV_HIDDEN int lm_conv_grp_avx2_usable(const conv_geom *g, int pass);
 LM_CONV_HIDDEN lm_status lm_conv_grp_fwd_nhwc_avx2(const conv_geom *g, const float *x,
                                                    const float *w, const float *bias,
                                                    const float *res, int act, float *out);
 LM_CONV_HIDDEN lm_status lm_conv_grp_bwdd_nhwc_avx2(const conv_geom *g, const float *gout,
                                                     const float *w, float *gx);
+LM_CONV_HIDDEN int lm_conv_grp_avx2_bwdw_usable(const conv_geom *g);
+LM_CONV_HIDDEN lm_status lm_conv_grp_bwdw_nhwc_avx2(const conv_geom *g, const float *x,
+                                                    const float *gout, float *gw, float *gb);
 
 /* ---- register-blocked float32 NHWC kernels for small channel counts
  * (conv_direct_rb_f32_avx512.c) ----
