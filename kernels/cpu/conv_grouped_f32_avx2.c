@@ -71,10 +71,10 @@ static void g2_pack(const g2 *p, const float *w, const int64_t *tmap, int64_t ft
 /* PB pixels of output row (n, ho) from column q0, block b, every tap inside the row's width */
 static inline __attribute__((always_inline)) void
 g2_tile(const g2 *p, const float *in, const float *wb, __m256 bv, int64_t n, int64_t ho,
-        int64_t q0, __m256 *acc) {
+        int64_t q0, __m256 *acc, const int PB) {
    const int64_t taps = p->kh * p->kw, Cb = p->Cb, xs = p->sw * p->C;
 #pragma GCC unroll 12
-   for (int q = 0; q < G2_PB; q++) acc[q] = bv;
+   for (int q = 0; q < PB; q++) acc[q] = bv;
    for (int64_t i = 0; i < p->kh; i++) {
       const int64_t hi = ho * p->sh - p->ph + i * p->dh;
       if (hi < 0 || hi >= p->inH) continue;
@@ -85,7 +85,7 @@ g2_tile(const g2 *p, const float *in, const float *wb, __m256 bv, int64_t n, int
          for (int64_t c = 0; c < Cb; c++) {
             const __m256 wv = _mm256_loadu_ps(wt + c * 8);
 #pragma GCC unroll 12
-            for (int q = 0; q < G2_PB; q++)
+            for (int q = 0; q < PB; q++)
                acc[q] = _mm256_fmadd_ps(_mm256_broadcast_ss(xt + q * xs + c), wv, acc[q]);
          }
       }
@@ -139,25 +139,41 @@ static lm_status g2_forward(const g2 *p, const float *in, const float *w, const 
       const int64_t n = row / p->outH, ho = row % p->outH;
       float *orow = out + row * p->outW * p->O;
       const float *rrow = res ? res + row * p->outW * p->O : NULL;
-      for (int64_t b = 0; b < p->nblk; b++) {
-         const float *wb = wp + b * taps * p->Cb * 8;
-         const float *inb = in + (8 * b / p->Og) * p->Cg; /* the block's first input channel */
-         const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * b) : _mm256_setzero_ps();
-         int64_t q = 0;
-         for (; q < qa && q < p->outW; q++)
+      /* pixels outer, blocks inner: a tile's input pixels stay in L1 while the blocks take
+         their turns (blocks outer re-read the kernel's input rows from L2 once a block) */
+#define G2_BLOCK_ARGS(b)                                                                          \
+   const float *wb = wp + (b) * taps * p->Cb * 8;                                                 \
+   const float *inb = in + (8 * (b) / p->Og) * p->Cg; /* the block's first input channel */      \
+   const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * (b)) : _mm256_setzero_ps()
+      int64_t q = 0;
+      for (; q < qa && q < p->outW; q++)
+         for (int64_t b = 0; b < p->nblk; b++) {
+            G2_BLOCK_ARGS(b);
             g2_store(g2_pixel(p, inb, wb, bv, n, ho, q), orow + q * p->O + 8 * b,
                      rrow ? rrow + q * p->O + 8 * b : NULL, act);
-         for (; q + G2_PB <= qb; q += G2_PB) {
-            __m256 acc[G2_PB];
-            g2_tile(p, inb, wb, bv, n, ho, q, acc);
-            for (int k = 0; k < G2_PB; k++)
-               g2_store(acc[k], orow + (q + k) * p->O + 8 * b,
-                        rrow ? rrow + (q + k) * p->O + 8 * b : NULL, act);
          }
-         for (; q < p->outW; q++)
+      /* interior pixels in tiles of 12, then 4, then 1 (no tap checks) */
+      for (int pb = G2_PB; pb >= 1; pb = pb == G2_PB ? 4 : pb == 4 ? 1 : 0) {
+         for (; q + pb <= qb; q += pb) {
+            for (int64_t b = 0; b < p->nblk; b++) {
+               G2_BLOCK_ARGS(b);
+               __m256 acc[G2_PB];
+               if (pb == G2_PB) g2_tile(p, inb, wb, bv, n, ho, q, acc, G2_PB);
+               else if (pb == 4) g2_tile(p, inb, wb, bv, n, ho, q, acc, 4);
+               else g2_tile(p, inb, wb, bv, n, ho, q, acc, 1);
+               for (int k = 0; k < pb; k++)
+                  g2_store(acc[k], orow + (q + k) * p->O + 8 * b,
+                           rrow ? rrow + (q + k) * p->O + 8 * b : NULL, act);
+            }
+         }
+      }
+      for (; q < p->outW; q++)
+         for (int64_t b = 0; b < p->nblk; b++) {
+            G2_BLOCK_ARGS(b);
             g2_store(g2_pixel(p, inb, wb, bv, n, ho, q), orow + q * p->O + 8 * b,
                      rrow ? rrow + q * p->O + 8 * b : NULL, act);
-      }
+         }
+#undef G2_BLOCK_ARGS
    }
    lm_free(wp, wbytes);
    return LM_OK;
