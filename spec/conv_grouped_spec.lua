@@ -111,67 +111,65 @@ lm.F.conv2d(x, w, nil, { stride = 2, padding = 1, groups = 13 }):sum():backward(
    end)
 end)
 
--- the same below AVX-512: kernels/cpu/conv_grouped_f32_avx2.c ("grouped_avx2", 8-lane blocks;
--- groups of 2, 4 or 8k output channels, O a multiple of 8; forward and stride-1 grad_input), on
--- any CPU with AVX2 through lm_cpu_set_isa, beside the float64 reference and the kernel switched
--- off; the fused epilogue (bias, residual, activation) against the unfused ops
-describe("conv2d with small groups below AVX-512 (grouped_avx2)", function()
-   local C = require("lumen.C")
-   local has_avx2 = on_cpu and C.lm_cpu_get_isa() >= C.LM_ISA_AVX2
-   local AVX2_GEOMS = {
-      GEOMS[1], GEOMS[2], GEOMS[3], GEOMS[4], GEOMS[7], GEOMS[8],
-      { "2 a group, 5x5 dilation 2, stride 1", 2, 16, 9, 11, 16, 5, 5, 1, 4, 2, 8, true, true,
-        "relu" },
-      { "8 a group, 1 x 13 maps (the one-pixel loop only)", 1, 32, 1, 13, 32, 3, 3, 1, 1, 1, 4,
-        true, false, nil },
-      { "8 a group, 30 columns (tiles of 12 and edges)", 2, 64, 5, 30, 64, 3, 3, 1, 1, 1, 8,
-        false, true, nil },
-   }
-   local function at_avx2(fn)
-      C.lm_cpu_set_isa(C.LM_ISA_AVX2)
-      local ok, a, b2, c2, d2 = pcall(fn)
-      C.lm_cpu_set_isa(C.LM_ISA_AUTO)
-      assert(ok, a)
-      return a, b2, c2, d2
-   end
-   for _, g in ipairs(AVX2_GEOMS) do
-      it(g[1] .. ": values and every gradient against float64, and with the kernel off",
-         function()
-         if not has_avx2 then
-            pending("a CPU with AVX2")
-            return
-         end
-         lm.manual_seed(21)
-         local x, w, b, r, gy, opts = operands(g)
-         local act = g[15]
-         local y, gx, gw, gb = at_avx2(function() return run(x, w, b, r, gy, opts, act) end)
-         local y64, gx64, gw64, gb64 = run(d64(x), d64(w), d64(b), d64(r), d64(gy), opts, act)
-         assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
-         assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
-         assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
-         if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
-         assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
-         assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
-         lm.backends.cpu.disable("grouped_avx2")
-         local ok, y2, gx2 = pcall(at_avx2, function() return run(x, w, b, r, gy, opts, act) end)
-         lm.backends.cpu.enable("grouped_avx2")
-         assert(ok, y2)
-         assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5, "the kernel off")
-         -- the fused epilogue: bias, residual and activation inside the kernel
-         if act == "relu" then
-            local yf = at_avx2(function()
-               return lm.no_grad(function()
-                  return F.conv2d(x, w, b, { stride = opts.stride, padding = opts.padding,
-                                             dilation = opts.dilation, groups = opts.groups,
-                                             residual = r, act = "relu" })
-               end)
-            end)
-            assert.is_true(rel_diff(yf, y64) < 1e-5, "fused " .. rel_diff(yf, y64))
-         end
-      end)
-   end
+-- Below AVX-512 (forced to AVX2 on any CPU that has it, so AVX-512 machines run these too):
+-- kernels/cpu/conv_grouped_f32_avx2.c ("grouped_avx2": groups of 2, 4 or 8k output channels,
+-- O a multiple of 8; forward, stride-1 grad_input, grad_weight) and
+-- kernels/cpu/conv_depthwise_f32_avx2.c ("depthwise_avx2": C a multiple of 8, 5x5 and larger;
+-- the same three). Each geometry: values and every gradient against float64, the same values with
+-- the implementation switched off, the fused epilogue (bias, residual, activation inside the
+-- kernel) against float64, and LUMEN_VERBOSE naming the kernel.
+local C = require("lumen.C")
+local has_avx2 = on_cpu and C.lm_cpu_get_isa() >= C.LM_ISA_AVX2
 
-   it("LUMEN_VERBOSE names grouped_avx2 in forward and grad_input at AVX2", function()
+local function at_avx2(fn)
+   C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+   local ok, a, b2, c2, d2 = pcall(fn)
+   C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+   assert(ok, a)
+   return a, b2, c2, d2
+end
+
+-- one geometry g (the GEOMS fields) with implementation `impl`, seed `seed`
+local function avx2_case(g, impl, seed)
+   it(g[1] .. ": values and every gradient against float64, and with the kernel off", function()
+      if not has_avx2 then
+         pending("a CPU with AVX2")
+         return
+      end
+      lm.manual_seed(seed)
+      local x, w, b, r, gy, opts = operands(g)
+      local act = g[15]
+      local y, gx, gw, gb = at_avx2(function() return run(x, w, b, r, gy, opts, act) end)
+      local y64, gx64, gw64, gb64 = run(d64(x), d64(w), d64(b), d64(r), d64(gy), opts, act)
+      assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
+      assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
+      assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
+      if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
+      assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
+      assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
+      assert.is_true(gw:is_contiguous(lm.channels_last), "grad_weight channels-last")
+      lm.backends.cpu.disable(impl)
+      local ok, y2, gx2, gw2 = pcall(at_avx2, function() return run(x, w, b, r, gy, opts, act) end)
+      lm.backends.cpu.enable(impl)
+      assert(ok, y2)
+      assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
+                     rel_diff(gw, gw2) < 1e-5, "the kernel off")
+      if act == "relu" then
+         local yf = at_avx2(function()
+            return lm.no_grad(function()
+               return F.conv2d(x, w, b, { stride = opts.stride, padding = opts.padding,
+                                          dilation = opts.dilation, groups = opts.groups,
+                                          residual = r, act = "relu" })
+            end)
+         end)
+         assert.is_true(rel_diff(yf, y64) < 1e-5, "fused " .. rel_diff(yf, y64))
+      end
+   end)
+end
+
+-- LUMEN_VERBOSE at AVX2 names impl in forward and backward for the layer `setup` builds
+local function avx2_verbose(impl, setup)
+   it("LUMEN_VERBOSE names " .. impl .. " in forward and backward at AVX2", function()
       if not has_avx2 then
          pending("a CPU with AVX2")
          return
@@ -180,24 +178,33 @@ describe("conv2d with small groups below AVX-512 (grouped_avx2)", function()
 local lm = require("lumen")
 local C = require("lumen.C")
 C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+]] .. setup, "LUMEN_VERBOSE=1")
+      local fwd = out:match("lumen_verbose,exec,cpu,conv2d,([^,]+),float32")
+      local bwd = out:match("lumen_verbose,exec,cpu,conv2d_backward,([^,]+),float32")
+      assert.are.equal(impl, fwd, out)
+      assert.is_truthy(bwd and bwd:find("^" .. impl), out)
+   end)
+end
+
+describe("conv2d with small groups below AVX-512 (grouped_avx2)", function()
+   local AVX2_GEOMS = {
+      GEOMS[1], GEOMS[2], GEOMS[3], GEOMS[4], GEOMS[7], GEOMS[8],
+      { "2 a group, 5x5 dilation 2, stride 1", 2, 16, 9, 11, 16, 5, 5, 1, 4, 2, 8, true, true,
+        "relu" },
+      { "8 a group, 1 x 13 maps (the one-pixel loop only)", 1, 32, 1, 13, 32, 3, 3, 1, 1, 1, 4,
+        true, false, nil },
+      { "8 a group, 30 columns (tiles of 12, 4 and 1, and edges)", 2, 64, 5, 30, 64, 3, 3, 1,
+        1, 1, 8, false, true, nil },
+   }
+   for _, g in ipairs(AVX2_GEOMS) do avx2_case(g, "grouped_avx2", 21) end
+   avx2_verbose("grouped_avx2", [[
 local x = lm.randn({ 2, 104, 8, 8 }):contiguous(lm.channels_last):requires_grad_(true)
 local w = lm.randn({ 104, 8, 3, 3 }):contiguous(lm.channels_last):requires_grad_(true)
 lm.F.conv2d(x, w, nil, { padding = 1, groups = 13 }):sum():backward()
-]], "LUMEN_VERBOSE=1")
-      local fwd = out:match("lumen_verbose,exec,cpu,conv2d,([^,]+),float32")
-      local bwd = out:match("lumen_verbose,exec,cpu,conv2d_backward,([^,]+),float32")
-      assert.are.equal("grouped_avx2", fwd, out)
-      assert.is_truthy(bwd and bwd:find("^grouped_avx2"), out)
-   end)
+]])
 end)
 
--- depthwise layers (groups == C == O) below AVX-512: kernels/cpu/conv_depthwise_f32_avx2.c
--- ("depthwise_avx2", C a multiple of 8, 5x5 and larger kernels; forward, stride-1 grad_input,
--- grad_weight / grad_bias), forced to AVX2 on any CPU that has it, against float64, with the
--- kernel switched off, the fused epilogue, LUMEN_VERBOSE
 describe("depthwise conv2d below AVX-512 (depthwise_avx2)", function()
-   local C = require("lumen.C")
-   local has_avx2 = on_cpu and C.lm_cpu_get_isa() >= C.LM_ISA_AVX2
    -- {name, N, C, H, W, O, kh, kw, stride, padding, dilation, groups, bias, residual, act}
    local DW = {
       { "7x7 (ConvNeXt), bias", 2, 16, 9, 30, 16, 7, 7, 1, 3, 1, 16, true, false, nil },
@@ -210,67 +217,10 @@ describe("depthwise conv2d below AVX-512 (depthwise_avx2)", function()
       { "5x5 with 12 channels (not taken: the next entry)", 2, 12, 7, 9, 12, 5, 5, 1, 2, 1, 12,
         true, false, nil },
    }
-   local function at_avx2(fn)
-      C.lm_cpu_set_isa(C.LM_ISA_AVX2)
-      local ok, a, b2, c2, d2 = pcall(fn)
-      C.lm_cpu_set_isa(C.LM_ISA_AUTO)
-      assert(ok, a)
-      return a, b2, c2, d2
-   end
-   for _, g in ipairs(DW) do
-      it(g[1] .. ": values and every gradient against float64, and with the kernel off",
-         function()
-         if not has_avx2 then
-            pending("a CPU with AVX2")
-            return
-         end
-         lm.manual_seed(31)
-         local x, w, b, r, gy, opts = operands(g)
-         local act = g[15]
-         local y, gx, gw, gb = at_avx2(function() return run(x, w, b, r, gy, opts, act) end)
-         local y64, gx64, gw64, gb64 = run(d64(x), d64(w), d64(b), d64(r), d64(gy), opts, act)
-         assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
-         assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
-         assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
-         if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
-         assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
-         assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
-         lm.backends.cpu.disable("depthwise_avx2")
-         local ok, y2, gx2, gw2 = pcall(at_avx2,
-                                        function() return run(x, w, b, r, gy, opts, act) end)
-         lm.backends.cpu.enable("depthwise_avx2")
-         assert(ok, y2)
-         assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
-                        rel_diff(gw, gw2) < 1e-5, "the kernel off")
-         if act == "relu" then
-            local yf = at_avx2(function()
-               return lm.no_grad(function()
-                  return F.conv2d(x, w, b, { stride = opts.stride, padding = opts.padding,
-                                             dilation = opts.dilation, groups = opts.groups,
-                                             residual = r, act = "relu" })
-               end)
-            end)
-            assert.is_true(rel_diff(yf, y64) < 1e-5, "fused " .. rel_diff(yf, y64))
-         end
-      end)
-   end
-
-   it("LUMEN_VERBOSE names depthwise_avx2 in forward and both gradients at AVX2", function()
-      if not has_avx2 then
-         pending("a CPU with AVX2")
-         return
-      end
-      local out = sh.luajit([[
-local lm = require("lumen")
-local C = require("lumen.C")
-C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+   for _, g in ipairs(DW) do avx2_case(g, "depthwise_avx2", 31) end
+   avx2_verbose("depthwise_avx2", [[
 local x = lm.randn({ 2, 32, 10, 10 }):contiguous(lm.channels_last):requires_grad_(true)
 local w = lm.randn({ 32, 1, 7, 7 }):contiguous(lm.channels_last):requires_grad_(true)
 lm.F.conv2d(x, w, nil, { padding = 3, groups = 32 }):sum():backward()
-]], "LUMEN_VERBOSE=1")
-      local fwd = out:match("lumen_verbose,exec,cpu,conv2d,([^,]+),float32")
-      local bwd = out:match("lumen_verbose,exec,cpu,conv2d_backward,([^,]+),float32")
-      assert.are.equal("depthwise_avx2", fwd, out)
-      assert.are.equal("depthwise_avx2", bwd, out)
-   end)
+]])
 end)

@@ -117,4 +117,10 @@ LM_AI8 __m256 lm_act_ps8(__m256 v, int act) {
    }
 }
 
+/* a convolution epilogue's 8 outputs: o = act(a + r) (r NULL: no residual; act 0: none) */
+LM_AI8 void lm_act_store8(__m256 a, float *o, const float *r, int act) {
+   if (r) a = _mm256_add_ps(a, _mm256_loadu_ps(r));
+   _mm256_storeu_ps(o, act ? lm_act_ps8(a, act) : a);
+}
+
 #endif

@@ -69,11 +69,6 @@ static __m256 dw2_pixel(const dw2 *p, const float *in, const float *wb, __m256 b
    return a;
 }
 
-static void dw2_store(__m256 a, float *o, const float *r, int act) {
-   if (r) a = _mm256_add_ps(a, _mm256_loadu_ps(r));
-   _mm256_storeu_ps(o, act ? lm_act_ps8(a, act) : a);
-}
-
 /* PB pixels of output row (n, ho) from column q (every tap inside the row), every block */
 static inline __attribute__((always_inline)) void
 dw2_tiles(const dw2 *p, const float *in, const float *wp, const float *bias, const float *res,
@@ -100,7 +95,7 @@ dw2_tiles(const dw2 *p, const float *in, const float *wp, const float *bias, con
       }
       for (int k = 0; k < PB; k++) {
          const int64_t o = (row * p->outW + q + k) * p->C + 8 * b;
-         dw2_store(acc[k], out + o, res ? res + o : NULL, act);
+         lm_act_store8(acc[k], out + o, res ? res + o : NULL, act);
       }
    }
 }
@@ -130,7 +125,7 @@ static lm_status dw2_forward(const dw2 *p, const float *in, const float *w, int 
       int64_t q = 0;
       for (; q < qa; q++)
          for (int64_t b = 0; b < nblk; b++)
-            dw2_store(dw2_pixel(p, in + 8 * b, wp + b * taps * 8,
+            lm_act_store8(dw2_pixel(p, in + 8 * b, wp + b * taps * 8,
                                 bias ? _mm256_loadu_ps(bias + 8 * b) : _mm256_setzero_ps(), n,
                                 ho, q),
                       orow + q * p->C + 8 * b, rrow ? rrow + q * p->C + 8 * b : NULL, act);
@@ -140,7 +135,7 @@ static lm_status dw2_forward(const dw2 *p, const float *in, const float *w, int 
       for (; q < qb; q++) dw2_tiles(p, in, wp, bias, res, act, out, n, ho, q, 1);
       for (; q < p->outW; q++)
          for (int64_t b = 0; b < nblk; b++)
-            dw2_store(dw2_pixel(p, in + 8 * b, wp + b * taps * 8,
+            lm_act_store8(dw2_pixel(p, in + 8 * b, wp + b * taps * 8,
                                 bias ? _mm256_loadu_ps(bias + 8 * b) : _mm256_setzero_ps(), n,
                                 ho, q),
                       orow + q * p->C + 8 * b, rrow ? rrow + q * p->C + 8 * b : NULL, act);

@@ -113,11 +113,6 @@ static __m256 g2_pixel(const g2 *p, const float *in, const float *wb, __m256 bv,
    return a;
 }
 
-static void g2_store(__m256 a, float *o, const float *r, int act) {
-   if (r) a = _mm256_add_ps(a, _mm256_loadu_ps(r));
-   _mm256_storeu_ps(o, act ? lm_act_ps8(a, act) : a);
-}
-
 static lm_status g2_forward(const g2 *p, const float *in, const float *w, const int64_t *tmap,
                             int64_t ftaps, const float *bias, const float *res, int act,
                             float *out) {
@@ -149,7 +144,7 @@ static lm_status g2_forward(const g2 *p, const float *in, const float *w, const 
       for (; q < qa && q < p->outW; q++)
          for (int64_t b = 0; b < p->nblk; b++) {
             G2_BLOCK_ARGS(b);
-            g2_store(g2_pixel(p, inb, wb, bv, n, ho, q), orow + q * p->O + 8 * b,
+            lm_act_store8(g2_pixel(p, inb, wb, bv, n, ho, q), orow + q * p->O + 8 * b,
                      rrow ? rrow + q * p->O + 8 * b : NULL, act);
          }
       /* interior pixels in tiles of 12, then 4, then 1 (no tap checks) */
@@ -162,7 +157,7 @@ static lm_status g2_forward(const g2 *p, const float *in, const float *w, const 
                else if (pb == 4) g2_tile(p, inb, wb, bv, n, ho, q, acc, 4);
                else g2_tile(p, inb, wb, bv, n, ho, q, acc, 1);
                for (int k = 0; k < pb; k++)
-                  g2_store(acc[k], orow + (q + k) * p->O + 8 * b,
+                  lm_act_store8(acc[k], orow + (q + k) * p->O + 8 * b,
                            rrow ? rrow + (q + k) * p->O + 8 * b : NULL, act);
             }
          }
@@ -170,7 +165,7 @@ static lm_status g2_forward(const g2 *p, const float *in, const float *w, const 
       for (; q < p->outW; q++)
          for (int64_t b = 0; b < p->nblk; b++) {
             G2_BLOCK_ARGS(b);
-            g2_store(g2_pixel(p, inb, wb, bv, n, ho, q), orow + q * p->O + 8 * b,
+            lm_act_store8(g2_pixel(p, inb, wb, bv, n, ho, q), orow + q * p->O + 8 * b,
                      rrow ? rrow + q * p->O + 8 * b : NULL, act);
          }
 #undef G2_BLOCK_ARGS

@@ -33,6 +33,26 @@
    S_ASM_ROW(s, 0, 0, 1, 14) S_ASM_ROW(s, 1, 2, 3, 15) S_ASM_ROW(s, 2, 4, 5, 14)               \
    S_ASM_ROW(s, 3, 6, 7, 15) S_ASM_ROW(s, 4, 8, 9, 14) S_ASM_ROW(s, 5, 10, 11, 15)
 #define S_ASM_OUT(r) "vmovaps %%ymm" #r ", " #r "*32(%[acc])\n\t"
+/* the 12 accumulators zeroed / stored to acc; what both asm loops clobber */
+#define S_ASM_ZERO_(r) "vxorps %%ymm" #r ", %%ymm" #r ", %%ymm" #r "\n\t"
+#define S_ASM_ZERO                                                                              \
+   S_ASM_ZERO_(0) S_ASM_ZERO_(1) S_ASM_ZERO_(2) S_ASM_ZERO_(3) S_ASM_ZERO_(4) S_ASM_ZERO_(5)     \
+   S_ASM_ZERO_(6) S_ASM_ZERO_(7) S_ASM_ZERO_(8) S_ASM_ZERO_(9) S_ASM_ZERO_(10) S_ASM_ZERO_(11)
+#define S_ASM_OUT_ALL                                                                           \
+   S_ASM_OUT(0) S_ASM_OUT(1) S_ASM_OUT(2) S_ASM_OUT(3) S_ASM_OUT(4) S_ASM_OUT(5) S_ASM_OUT(6)    \
+   S_ASM_OUT(7) S_ASM_OUT(8) S_ASM_OUT(9) S_ASM_OUT(10) S_ASM_OUT(11)
+#define S_ASM_CLOBBERS                                                                          \
+   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",      \
+      "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory"
+
+/* prefetch the m rows of a C tile (csc 1: its 16 floats may span two lines) */
+static inline void s_prefetch_c(const float *c, int64_t rsc, int64_t csc, int m) {
+   if (csc != 1) return;
+   for (int i = 0; i < m; i++) {
+      _mm_prefetch((const char *)(c + i * rsc), _MM_HINT_T0);
+      _mm_prefetch((const char *)(c + i * rsc + SNR - 1), _MM_HINT_T0);
+   }
+}
 
 /* C = alpha * acc + beta * C for the m x n corner of the 6 x 16 tile acc (beta 0: C not read) */
 static inline void s_store(const float *acc, float *c, int64_t rsc, int64_t csc, float alpha,
@@ -59,24 +79,9 @@ void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c, i
                        int64_t csc, float alpha, float beta, int m, int n) {
    float acc[SMR * SNR] __attribute__((aligned(32)));
    int64_t k4 = kc / 4, kr = kc % 4;
-   if (csc == 1) /* the C tile, while the k loop runs (above) */
-      for (int i = 0; i < m; i++) {
-         _mm_prefetch((const char *)(c + i * rsc), _MM_HINT_T0);
-         _mm_prefetch((const char *)(c + i * rsc + SNR - 1), _MM_HINT_T0);
-      }
+   s_prefetch_c(c, rsc, csc, m); /* the C tile, while the k loop runs (above) */
    __asm__ volatile(
-      "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-      "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
-      "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
-      "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
-      "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
-      "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
-      "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
-      "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
-      "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
-      "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
-      "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
-      "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+      S_ASM_ZERO
       "test %[k4], %[k4]\n\t"
       "jz 2f\n\t"
       ".p2align 4\n"
@@ -97,12 +102,10 @@ void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c, i
       "dec %[kr]\n\t"
       "jnz 3b\n"
       "4:\n\t"
-      S_ASM_OUT(0) S_ASM_OUT(1) S_ASM_OUT(2) S_ASM_OUT(3) S_ASM_OUT(4) S_ASM_OUT(5)
-      S_ASM_OUT(6) S_ASM_OUT(7) S_ASM_OUT(8) S_ASM_OUT(9) S_ASM_OUT(10) S_ASM_OUT(11)
+      S_ASM_OUT_ALL
       : [pa] "+r"(pa), [pb] "+r"(pb), [k4] "+r"(k4), [kr] "+r"(kr)
       : [acc] "r"(acc)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+      : S_ASM_CLOBBERS);
 
    s_store(acc, c, rsc, csc, alpha, beta, m, n);
 }
@@ -131,24 +134,9 @@ void lm_sgemm_ukr_avx2_strided(int64_t kc, const float *pa, int64_t sa, const fl
    int64_t k2 = kc / 2, kr = kc % 2;
    const int64_t sab = sa * (int64_t)sizeof(float), sbb = sb * (int64_t)sizeof(float);
    const float *fa = pa + S_PF * sa, *fb = pb + S_PF * sb;
-   if (csc == 1)
-      for (int i = 0; i < m; i++) {
-         _mm_prefetch((const char *)(c + i * rsc), _MM_HINT_T0);
-         _mm_prefetch((const char *)(c + i * rsc + SNR - 1), _MM_HINT_T0);
-      }
+   s_prefetch_c(c, rsc, csc, m);
    __asm__ volatile(
-      "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-      "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
-      "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
-      "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
-      "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
-      "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
-      "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
-      "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
-      "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
-      "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
-      "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
-      "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+      S_ASM_ZERO
       "test %[k2], %[k2]\n\t"
       "jz 2f\n\t"
       ".p2align 4\n"
@@ -161,12 +149,10 @@ void lm_sgemm_ukr_avx2_strided(int64_t kc, const float *pa, int64_t sa, const fl
       "jz 3f\n\t"
       S_ASMS_STEP
       "3:\n\t"
-      S_ASM_OUT(0) S_ASM_OUT(1) S_ASM_OUT(2) S_ASM_OUT(3) S_ASM_OUT(4) S_ASM_OUT(5)
-      S_ASM_OUT(6) S_ASM_OUT(7) S_ASM_OUT(8) S_ASM_OUT(9) S_ASM_OUT(10) S_ASM_OUT(11)
+      S_ASM_OUT_ALL
       : [pa] "+r"(pa), [pb] "+r"(pb), [fa] "+r"(fa), [fb] "+r"(fb), [k2] "+r"(k2), [kr] "+r"(kr)
       : [acc] "r"(acc), [sab] "r"(sab), [sbb] "r"(sbb)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+      : S_ASM_CLOBBERS);
    s_store(acc, c, rsc, csc, alpha, beta, m, n);
 }
 
