@@ -247,17 +247,20 @@ static lm_status fr_grouped(void *p) {
    if (c->stream) *c->stream = 0;
    return lm_conv_grp_fwd_nhwc_avx512(c->g, c->x, c->w, c->bias, c->res, c->act, c->out);
 }
-/* below AVX-512: the ISA in use is AVX2 (the AVX-512 kernels above take the same geometries) */
-static const char *grouped_avx2_why(int dt, int nhwc, const conv_geom *g, int pass) {
+/* the AVX2 kernels' common condition (float32 NHWC, the ISA in use exactly AVX2: at AVX-512 the
+   16-lane kernels above run; a forced AVX2 runs these on any CPU that has it) */
+static const char *f32_nhwc_avx2(int dt, int nhwc) {
    if (dt != LM_FLOAT32) return "not float32";
    if (!nhwc) return "not channels-last";
-   if (lm_cpu_isa() != LM_ISA_AVX2) return "ISA not AVX2";
-   return lm_conv_grp_avx2_usable(g, pass) ? NULL : "groups it does not block";
+   return lm_cpu_isa() != LM_ISA_AVX2 ? "ISA not AVX2" : NULL;
+}
+static const char *grouped_avx2_why(int dt, int nhwc, const conv_geom *g, int pass) {
+   const char *why = f32_nhwc_avx2(dt, nhwc);
+   return why ? why : lm_conv_grp_avx2_usable(g, pass) ? NULL : "groups it does not block";
 }
 static const char *depthwise_avx2_why(int dt, int nhwc, const conv_geom *g, int pass) {
-   if (dt != LM_FLOAT32) return "not float32";
-   if (!nhwc) return "not channels-last";
-   if (lm_cpu_isa() != LM_ISA_AVX2) return "ISA not AVX2";
+   const char *why = f32_nhwc_avx2(dt, nhwc);
+   if (why) return why;
    if (!conv_is_depthwise(g)) return "not depthwise";
    return lm_conv_dw_avx2_usable(g, pass) ? NULL : "a depthwise geometry it does not take";
 }
