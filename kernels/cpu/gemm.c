@@ -118,7 +118,8 @@ static sgemm_cfg sgemm_config(int isa) {
                          lm_sgemm_ukr_avx512_strided, 0};
    case LM_ISA_AVX2:
       return (sgemm_cfg){LM_SGEMM_AVX2_MR, LM_SGEMM_AVX2_NR, 6 * 24, 256, 16 * 256,
-                         lm_sgemm_ukr_avx2, NULL, NULL, lm_sgemm_ukr_avx2_strided, 768};
+                         lm_sgemm_ukr_avx2, lm_sgemm_pack_a_avx2, lm_sgemm_pack_b_avx2,
+                         lm_sgemm_ukr_avx2_strided, 768};
    default:
       return (sgemm_cfg){SMR_C, SNR_C, SMR_C * 32, 256, SNR_C * 128, sgemm_ukr_c, NULL, NULL, NULL,
                          0};

@@ -110,6 +110,96 @@ void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c, i
    s_store(acc, c, rsc, csc, alpha, beta, m, n);
 }
 
+/* ---- packing for the float tile (layouts in gemm_internal.h), as gemm_avx512.c's ----
+ * Why: the portable packing (gemm_tmpl.c, compiled for x86-64-v2) moved one float at a time;
+ * a linear layer's operands are both stored by rows along k (x and W of x W^T), so A's and B's
+ * packing both took that loop's transposed path: 8.4 % of 1568x384x1536 (perf, Zen 3, 2
+ * threads), as much as the GEMM loses to MKL there. Here: 8 x 8 transposes in registers. */
+
+/* r[0..7] transposed in place: r[j][i] <- r[i][j] */
+static inline void s_transpose8(__m256 r[8]) {
+   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+   const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+   const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+   const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+   const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+   const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+   const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+   r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+   r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+   r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+   r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+   r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+   r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+   r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+   r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* A block, mc x kc, into 6-row micro-panels dst[panel][p][i], rows past mc zeroed */
+void lm_sgemm_pack_a_avx2(int64_t mc, int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                          float *dst) {
+   for (int64_t i0 = 0; i0 < mc; i0 += SMR) {
+      const int mr = mc - i0 < SMR ? (int)(mc - i0) : SMR;
+      const float *ap = a + i0 * rsa;
+      float *d = dst + i0 * kc;
+      int64_t p = 0;
+      if (csa == 1 && mr == SMR) { /* rows contiguous along k: 8 x 8 transposes, 2 rows zero */
+         for (; p + 8 <= kc; p += 8) {
+            __m256 r[8];
+            for (int i = 0; i < SMR; i++) r[i] = _mm256_loadu_ps(ap + i * rsa + p);
+            r[6] = r[7] = _mm256_setzero_ps();
+            s_transpose8(r);
+            for (int t = 0; t < 8; t++) { /* 6 of the 8 lanes */
+               float *dt = d + (p + t) * SMR;
+               _mm_storeu_ps(dt, _mm256_castps256_ps128(r[t]));
+               _mm_storel_pi((__m64 *)(void *)(dt + 4), _mm256_extractf128_ps(r[t], 1));
+            }
+         }
+      } else if (rsa == 1 && mr == SMR) { /* columns contiguous: 6 floats a step */
+         for (; p < kc; p++) {
+            const float *col = ap + p * csa;
+            float *dt = d + p * SMR;
+            _mm_storeu_ps(dt, _mm_loadu_ps(col));
+            dt[4] = col[4], dt[5] = col[5];
+         }
+      }
+      for (; p < kc; p++)
+         for (int i = 0; i < SMR; i++) d[p * SMR + i] = i < mr ? ap[i * rsa + p * csa] : 0.0f;
+   }
+}
+
+/* micro-panels [q0, q1) of the kc x nc B block, 16 columns each (columns past nc zeroed) */
+void lm_sgemm_pack_b_avx2(int64_t kc, int64_t nc, const float *b, int64_t rsb, int64_t csb,
+                          int64_t q0, int64_t q1, float *dst) {
+   for (int64_t q = q0; q < q1; q++) {
+      const int64_t j0 = q * SNR;
+      const int nr = nc - j0 < SNR ? (int)(nc - j0) : SNR;
+      const float *bp = b + j0 * csb;
+      float *d = dst + q * SNR * kc;
+      int64_t p = 0;
+      if (csb == 1 && nr == SNR) { /* rows contiguous */
+         for (; p < kc; p++) {
+            _mm256_store_ps(d + p * SNR, _mm256_loadu_ps(bp + p * rsb));
+            _mm256_store_ps(d + p * SNR + 8, _mm256_loadu_ps(bp + p * rsb + 8));
+         }
+      } else if (rsb == 1) { /* columns contiguous (B stored transposed): two 8 x 8 transposes */
+         for (; p + 8 <= kc; p += 8) {
+            for (int h = 0; h < 2; h++) {
+               __m256 r[8];
+               for (int j = 0; j < 8; j++)
+                  r[j] = 8 * h + j < nr ? _mm256_loadu_ps(bp + (8 * h + j) * csb + p)
+                                        : _mm256_setzero_ps();
+               s_transpose8(r);
+               for (int t = 0; t < 8; t++) _mm256_store_ps(d + (p + t) * SNR + 8 * h, r[t]);
+            }
+         }
+      }
+      for (; p < kc; p++)
+         for (int j = 0; j < SNR; j++) d[p * SNR + j] = j < nr ? bp[p * rsb + j * csb] : 0.0f;
+   }
+}
+
 /* The same tile with its operands read where they are: A's column of 6 at pa + p * sa, B's row
  * of 16 at pb + p * sb (unaligned loads; the driver passes packed A, sa = 6, and B in place,
  * gemm_tmpl.c's b_inplace). Both are prefetched S_PF steps ahead. */
@@ -219,25 +309,49 @@ void lm_dgemm_ukr_avx2(int64_t kc, const double *pa, const double *pb, double *c
 
 /* the float32 GEMM's epilogue at AVX2 (gemm_internal.h): C = act(C + bias) on 8 lanes, with
    act_avx2.h's activations (the elementwise ops' at AVX2, ew_act_f32_avx2.c); the last n % 8
-   columns through a stack copy */
-void lm_gemm_epi_tile_avx2(const lm_gemm_epi *e, float *c, int m, int n, int64_t rsc,
-                           int64_t col0) {
+   columns through a stack copy. One loop per activation (act a constant in epi2_tile) and the
+   bias loaded whole where 8 columns are there: the bias-only epilogue was 4.7 % of a
+   1568x384x1536 linear (perf, Zen 3, 2 threads), with a per-tile scalar bias copy and the
+   activation's switch inside the loop. */
+static inline __attribute__((always_inline)) void
+epi2_tile(const lm_gemm_epi *e, float *c, int m, int n, int64_t rsc, int64_t col0, const int act) {
    for (int j = 0; j < n; j += 8) {
       const int w = n - j < 8 ? n - j : 8;
+      if (w == 8) {
+         const __m256 bv =
+            e->bias ? _mm256_loadu_ps(e->bias + col0 + j) : _mm256_setzero_ps();
+         for (int i = 0; i < m; i++) {
+            float *r = c + i * rsc + j;
+            _mm256_storeu_ps(r, lm_act_ps8(_mm256_add_ps(_mm256_loadu_ps(r), bv), act));
+         }
+         continue;
+      }
       float bt[8] = {0};
       if (e->bias)
          for (int l = 0; l < w; l++) bt[l] = e->bias[col0 + j + l];
       const __m256 bv = _mm256_loadu_ps(bt);
       for (int i = 0; i < m; i++) {
-         float *r = c + i * rsc + j;
-         if (w == 8) {
-            _mm256_storeu_ps(r, lm_act_ps8(_mm256_add_ps(_mm256_loadu_ps(r), bv), e->act));
-         } else {
-            float t[8] = {0};
-            for (int l = 0; l < w; l++) t[l] = r[l];
-            _mm256_storeu_ps(t, lm_act_ps8(_mm256_add_ps(_mm256_loadu_ps(t), bv), e->act));
-            for (int l = 0; l < w; l++) r[l] = t[l];
-         }
+         float *r = c + i * rsc + j, t[8] = {0};
+         for (int l = 0; l < w; l++) t[l] = r[l];
+         _mm256_storeu_ps(t, lm_act_ps8(_mm256_add_ps(_mm256_loadu_ps(t), bv), act));
+         for (int l = 0; l < w; l++) r[l] = t[l];
       }
+   }
+}
+
+void lm_gemm_epi_tile_avx2(const lm_gemm_epi *e, float *c, int m, int n, int64_t rsc,
+                           int64_t col0) {
+   switch (e->act) {
+#define EPI2_CASE(A)                                                                               case A: epi2_tile(e, c, m, n, rsc, col0, A); break;
+      EPI2_CASE(LM_ACT_RELU)
+      EPI2_CASE(LM_ACT_RELU6)
+      EPI2_CASE(LM_ACT_SILU)
+      EPI2_CASE(LM_ACT_SIGMOID)
+      EPI2_CASE(LM_ACT_HARDSWISH)
+      EPI2_CASE(LM_ACT_HARDSIGMOID)
+      EPI2_CASE(LM_ACT_GELU)
+      EPI2_CASE(LM_ACT_GELU_TANH)
+#undef EPI2_CASE
+   default: epi2_tile(e, c, m, n, rsc, col0, 0); break;
    }
 }

@@ -99,6 +99,10 @@ LM_GEMM_HIDDEN void lm_dgemm_ukr_avx512(int64_t kc, const double *pa, const doub
 LM_GEMM_HIDDEN void lm_sgemm_ukr_avx2(int64_t kc, const float *pa, const float *pb, float *c,
                                       int64_t rsc, int64_t csc, float alpha, float beta, int m,
                                       int n);
+LM_GEMM_HIDDEN void lm_sgemm_pack_a_avx2(int64_t mc, int64_t kc, const float *a, int64_t rsa,
+                                         int64_t csa, float *dst);
+LM_GEMM_HIDDEN void lm_sgemm_pack_b_avx2(int64_t kc, int64_t nc, const float *b, int64_t rsb,
+                                         int64_t csb, int64_t q0, int64_t q1, float *dst);
 /* the AVX2 tile with operands read in place (see lm_sgemm_ukr_avx512_strided) */
 LM_GEMM_HIDDEN void lm_sgemm_ukr_avx2_strided(int64_t kc, const float *pa, int64_t sa,
                                               const float *pb, int64_t sb, float *c,
