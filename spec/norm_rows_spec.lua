@@ -1,8 +1,9 @@
--- The float32 AVX-512 kernels of layer norm (norm_rows_avx512: group normalisation of one-row
--- samples, kernels/cpu/norm_rows_f32_avx512.c): values and the gradients of input, weight and bias
--- against the same ops in float64, on row lengths that end in partial vectors, groups that start
--- inside a vector, rows split between threads; the same values with the kernel switched off;
--- LUMEN_VERBOSE names it. (PyTorch's values for these ops: norm_group_spec.)
+-- The float32 kernels of layer norm (group normalisation of one-row samples): norm_rows_avx512
+-- (kernels/cpu/norm_rows_f32_avx512.c, 16 lanes) and norm_rows_avx2 (norm_rows_f32_avx2.c, 8
+-- lanes; any CPU with AVX2 runs it through lm_cpu_set_isa): values and the gradients of input,
+-- weight and bias against the same ops in float64, on row lengths that end in partial vectors,
+-- groups that start inside a vector, rows split between threads; the same values with the kernel
+-- switched off; LUMEN_VERBOSE names it. (PyTorch's values for these ops: norm_group_spec.)
 
 local lm = require("lumen")
 local sh = require("spec.shell")
@@ -49,12 +50,28 @@ end
 
 local function d64(t) return t:double() end
 
-describe("layer norm's float32 rows on 16 lanes (norm_rows_avx512)", function()
+local C = require("lumen.C")
+for _, V in ipairs({ { impl = "norm_rows_avx512", isa = "LM_ISA_AVX512", what = "16 lanes" },
+                    { impl = "norm_rows_avx2", isa = "LM_ISA_AVX2", what = "8 lanes" } }) do
+describe("layer norm's float32 rows on " .. V.what .. " (" .. V.impl .. ")", function()
+   local has_isa = on_cpu and C.lm_cpu_get_isa() >= C[V.isa]
+   -- fn at the variant's ISA (AVX2 forced where the CPU has more), the ISA restored after
+   local function at_isa(fn, ...)
+      if V.isa == "LM_ISA_AVX2" then C.lm_cpu_set_isa(C.LM_ISA_AVX2) end
+      local r = { pcall(fn, ...) }
+      C.lm_cpu_set_isa(C.LM_ISA_AUTO)
+      if not r[1] then error(r[2], 0) end
+      return unpack(r, 2)
+   end
    for _, c in ipairs(CASES) do
       it(c[1] .. ": values and gradients against float64, and with the kernel off", function()
+         if not has_isa then
+            pending("needs " .. V.isa .. " on the CPU")
+            return
+         end
          lm.manual_seed(21)
          local x, w, b, gy = operands(c)
-         local y, gx, gw, gb = run(c, x, w, b, gy)
+         local y, gx, gw, gb = at_isa(run, c, x, w, b, gy)
          local y64, gx64, gw64, gb64 = run(c, d64(x), d64(w), d64(b), d64(gy))
          local tol = c[6] or 2e-5
          for _, p in ipairs({ { "output", y, y64 }, { "grad_input", gx, gx64 },
@@ -64,9 +81,9 @@ describe("layer norm's float32 rows on 16 lanes (norm_rows_avx512)", function()
             assert.is_true(p[2]:dtype() == lm.float32, p[1] .. " float32")
          end
          if on_cpu then
-            lm.backends.cpu.disable("norm_rows_avx512")
-            local ok, y2, gx2, gw2, gb2 = pcall(run, c, x, w, b, gy)
-            lm.backends.cpu.enable("norm_rows_avx512")
+            lm.backends.cpu.disable(V.impl)
+            local ok, y2, gx2, gw2, gb2 = pcall(at_isa, run, c, x, w, b, gy)
+            lm.backends.cpu.enable(V.impl)
             assert(ok, y2)
             assert.is_true(rel_diff(y, y2) < tol and rel_diff(gx, gx2) < tol and
                            rel_diff(gw, gw2) < tol and rel_diff(gb, gb2) < tol,
@@ -76,37 +93,47 @@ describe("layer norm's float32 rows on 16 lanes (norm_rows_avx512)", function()
    end
 
    it("without weight and bias, and grad_input alone", function()
+      if not has_isa then
+         pending("needs " .. V.isa .. " on the CPU")
+         return
+      end
       lm.manual_seed(22)
       local x = lm.randn({ 300, 96 }):requires_grad_(true)
       local x64 = x:detach():double():requires_grad_(true)
       local gy = lm.randn({ 300, 96 })
-      local y = F.layer_norm(x, { 96 })
+      local y = at_isa(function()
+         local y = F.layer_norm(x, { 96 });
+         (y * gy):sum():backward()
+         return y
+      end)
       local y64 = F.layer_norm(x64, { 96 });
-      (y * gy):sum():backward();
       (y64 * gy:double()):sum():backward()
       assert.is_true(rel_diff(y:detach(), y64:detach()) < 2e-5, "output")
       assert.is_true(rel_diff(x.grad, x64.grad) < 2e-5, "grad_input")
    end)
 
-   it("LUMEN_VERBOSE names norm_rows_avx512 forward and backward (AVX-512)", function()
-      local C = require("lumen.C")
-      if not on_cpu or C.lm_cpu_get_isa() < C.LM_ISA_AVX512 then
-         pending("the CPU's AVX-512 kernels")
+   it("LUMEN_VERBOSE names " .. V.impl .. " forward and backward", function()
+      if not has_isa then
+         pending("needs " .. V.isa .. " on the CPU")
          return
       end
-      local out = sh.luajit([[
+      local out = sh.luajit((V.isa == "LM_ISA_AVX2" and [[
+local C = require("lumen.C")
+C.lm_cpu_set_isa(C.LM_ISA_AVX2)
+]] or "") .. [[
 local lm = require("lumen")
 local x = lm.randn({ 64, 96 }):requires_grad_(true)
 local w, b = lm.ones({ 96 }):requires_grad_(true), lm.zeros({ 96 }):requires_grad_(true)
 lm.F.layer_norm(x, { 96 }, w, b):sum():backward()
 lm.F.layer_norm(x:detach():double(), { 96 })
 ]], "LUMEN_VERBOSE=1")
-      assert.are.equal("norm_rows_avx512",
+      assert.are.equal(V.impl,
                        out:match("lumen_verbose,exec,cpu,group_norm,([^,]+),float32"), out)
-      assert.are.equal("norm_rows_avx512",
+      assert.are.equal(V.impl,
                        out:match("lumen_verbose,exec,cpu,group_norm_backward,([^,]+),float32"),
                        out)
       assert.are.equal("default", out:match("lumen_verbose,exec,cpu,group_norm,([^,]+),float64"),
                        out)
    end)
 end)
+end

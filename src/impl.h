@@ -95,6 +95,8 @@ extern "C" {
    /* group norm over one-row samples: layer_norm (kernels/cpu/norm_group.c) */                \
    X(NORM_ROWS_AVX512, "norm_rows_avx512", 0, NULL,                                              \
      "float32 layer norm (group norm of one-row samples) on 16 lanes, two-pass in float32")     \
+   X(NORM_ROWS_AVX2, "norm_rows_avx2", 0, NULL,                                                  \
+     "float32 layer norm (group norm of one-row samples) on 8 lanes, below AVX-512")           \
    /* batch norm (kernels/cpu/norm.c) */                                                         \
    X(BN_AVX512, "batch_norm_avx512", 0, NULL, "batch norm with AVX-512 kernels")                 \
    X(BN_PORTABLE, "batch_norm_portable", 1, NULL, "batch norm, portable C")

@@ -311,6 +311,12 @@ static lm_status gn_row1_forward(const lm_op *op, const gn_geom *g) {
       lm_norm_rows_fwd_f32_avx512(xd, yd, N, C, G, (float *)wv, (float *)bv, p->eps, gm, gr,
                                   N * C > GN_GRAIN ? gn_threads() : 1);
       dt = -1; /* done */
+   } else if (dt == LM_FLOAT32 && lm_cpu_isa() == LM_ISA_AVX2 &&
+              lm_impl_on(LM_IMPL_NORM_ROWS_AVX2)) {
+      lm_impl_ran(LM_IMPL_NORM_ROWS_AVX2);
+      lm_norm_rows_fwd_f32_avx2(xd, yd, N, C, G, (float *)wv, (float *)bv, p->eps, gm, gr,
+                                N * C > GN_GRAIN ? gn_threads() : 1);
+      dt = -1;
    }
    switch (dt) {
    case LM_FLOAT32: gn_row1_fwd_f32(xd, yd, g, (float *)wv, (float *)bv, p->eps, gm, gr); break;
@@ -332,9 +338,12 @@ static lm_status gn_row1_backward(const lm_op *op, const gn_geom *g) {
    int dt = x->dtype;
    const int dbl = dt == LM_FLOAT64;
    const int nt = N * C > GN_GRAIN ? gn_threads() : 1;
-   const int rows_v = dt == LM_FLOAT32 && lm_cpu_isa() >= LM_ISA_AVX512 &&
-                      lm_impl_on(LM_IMPL_NORM_ROWS_AVX512);
-   /* doubles: tmp, wv (C each), gm, gr (N * G each), pw (nt * 2C); the AVX-512 rows kernel's
+   /* the rows kernels: 2 AVX-512, 1 AVX2, 0 the portable loops */
+   const int rows_v = dt != LM_FLOAT32 ? 0
+                      : lm_cpu_isa() >= LM_ISA_AVX512 && lm_impl_on(LM_IMPL_NORM_ROWS_AVX512) ? 2
+                      : lm_cpu_isa() == LM_ISA_AVX2 && lm_impl_on(LM_IMPL_NORM_ROWS_AVX2)     ? 1
+                                                                                               : 0;
+   /* doubles: tmp, wv (C each), gm, gr (N * G each), pw (nt * 2C); the rows kernels'
       float32 scratch (nt * 2C floats) after them */
    double *buf = malloc((size_t)(2 * C + 2 * N * G + 2 * C * nt + (rows_v ? C * nt : 0) + 1) *
                         sizeof(double));
@@ -346,11 +355,16 @@ static lm_status gn_row1_backward(const lm_op *op, const gn_geom *g) {
    gn_flat_load(op->t[3], N * G, gr);
    const void *xd = lm_tensor_data(x), *gd = lm_tensor_data(dy);
    void *gxd = gx ? lm_tensor_data(gx) : NULL;
-   if (rows_v) {
+   if (rows_v == 2) {
       lm_impl_ran(LM_IMPL_NORM_ROWS_AVX512);
       lm_norm_rows_bwd_f32_avx512(xd, gd, gxd, N, C, G, (float *)wv, gm, gr, pw,
                                   (float *)(pw + 2 * C * nt), nt);
       dt = -1; /* done */
+   } else if (rows_v == 1) {
+      lm_impl_ran(LM_IMPL_NORM_ROWS_AVX2);
+      lm_norm_rows_bwd_f32_avx2(xd, gd, gxd, N, C, G, (float *)wv, gm, gr, pw,
+                                (float *)(pw + 2 * C * nt), nt);
+      dt = -1;
    }
    switch (dt) {
    case LM_FLOAT32: gn_row1_bwd_f32(xd, gd, gxd, g, (float *)wv, gm, gr, pw, nt); break;

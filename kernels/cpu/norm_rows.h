@@ -1,5 +1,6 @@
-/* norm_rows.h -- the float32 AVX-512 kernels of group normalisation over one-row samples
- * (layer_norm's rows: kernels/cpu/norm_rows_f32_avx512.c), called by kernels/cpu/norm_group.c.
+/* norm_rows.h -- the float32 AVX-512 and AVX2 kernels of group normalisation over one-row
+ * samples (layer_norm's rows: kernels/cpu/norm_rows_f32_avx512.c, norm_rows_f32_avx2.c), called
+ * by kernels/cpu/norm_group.c.
  * Not part of the FFI header.
  *
  * x, y, dy, gx: N rows of C contiguous float32 values; G groups of C / G contiguous channels a
@@ -17,6 +18,14 @@
 #define LM_NORM_ROWS_HIDDEN __attribute__((visibility("hidden")))
 #else
 #define LM_NORM_ROWS_HIDDEN
+LM_NORM_ROWS_HIDDEN void lm_norm_rows_fwd_f32_avx2(const float *x, float *y, int64_t N, int64_t C,
+                                                   int64_t G, const float *w, const float *b,
+                                                   double eps, double *gm, double *gr, int nt);
+LM_NORM_ROWS_HIDDEN void lm_norm_rows_bwd_f32_avx2(const float *x, const float *dy, float *gx,
+                                                   int64_t N, int64_t C, int64_t G,
+                                                   const float *w, const double *gm,
+                                                   const double *gr, double *pw, float *fs,
+                                                   int nt);
 #endif
 
 LM_NORM_ROWS_HIDDEN void lm_norm_rows_fwd_f32_avx512(const float *x, float *y, int64_t N,
@@ -28,4 +37,12 @@ LM_NORM_ROWS_HIDDEN void lm_norm_rows_bwd_f32_avx512(const float *x, const float
                                                      const float *w, const double *gm,
                                                      const double *gr, double *pw, float *fs,
                                                      int nt);
+LM_NORM_ROWS_HIDDEN void lm_norm_rows_fwd_f32_avx2(const float *x, float *y, int64_t N, int64_t C,
+                                                   int64_t G, const float *w, const float *b,
+                                                   double eps, double *gm, double *gr, int nt);
+LM_NORM_ROWS_HIDDEN void lm_norm_rows_bwd_f32_avx2(const float *x, const float *dy, float *gx,
+                                                   int64_t N, int64_t C, int64_t G,
+                                                   const float *w, const double *gm,
+                                                   const double *gr, double *pw, float *fs,
+                                                   int nt);
 #endif
