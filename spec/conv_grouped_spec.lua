@@ -113,7 +113,7 @@ end)
 
 -- Below AVX-512 (forced to AVX2 on any CPU that has it, so AVX-512 machines run these too):
 -- kernels/cpu/conv_grouped_f32_avx2.c ("grouped_avx2": groups of 2, 4 or 8k output channels,
--- O a multiple of 8; forward, stride-1 grad_input, grad_weight) and
+-- O a multiple of 8; forward, grad_input (strided: by phases), grad_weight) and
 -- kernels/cpu/conv_depthwise_f32_avx2.c ("depthwise_avx2": C a multiple of 8, 5x5 and larger;
 -- the same three). Each geometry: values and every gradient against float64, the same values with
 -- the implementation switched off, the fused epilogue (bias, residual, activation inside the
@@ -195,6 +195,15 @@ describe("conv2d with small groups below AVX-512 (grouped_avx2)", function()
         true, false, nil },
       { "8 a group, 30 columns (tiles of 12, 4 and 1, and edges)", 2, 64, 5, 30, 64, 3, 3, 1,
         1, 1, 8, false, true, nil },
+      -- strided grad_input by phases (lm_conv_grp_bwdd_nhwc_avx2)
+      { "8 a group, 3x3 stride 2, 28 columns (RegNet's downsampling)", 2, 48, 12, 28, 48, 3, 3,
+        2, 1, 1, 6, true, false, nil },
+      { "8 a group, 1x1 stride 2 (phases no tap reaches: zero)", 2, 16, 7, 9, 16, 1, 1, 2, 0, 1,
+        2, true, false, nil },
+      { "4 a group, 5x5 stride 3, dilation 2", 1, 16, 14, 15, 16, 5, 5, 3, 4, 2, 4, false,
+        false, nil },
+      { "2 a group, 3x3 stride 2, padding 3 (wider than the kernel)", 2, 8, 9, 10, 8, 3, 3, 2,
+        3, 1, 4, true, false, nil },
    }
    for _, g in ipairs(AVX2_GEOMS) do avx2_case(g, "grouped_avx2", 21) end
    avx2_verbose("grouped_avx2", [[
