@@ -114,8 +114,8 @@ end)
 -- Below AVX-512 (forced to AVX2 on any CPU that has it, so AVX-512 machines run these too):
 -- kernels/cpu/conv_grouped_f32_avx2.c ("grouped_avx2": groups of 2, 4 or 8k output channels,
 -- O a multiple of 8; forward, grad_input (strided: by phases), grad_weight) and
--- kernels/cpu/conv_depthwise_f32_avx2.c ("depthwise_avx2": C a multiple of 8, 5x5 and larger;
--- the same three). Each geometry: values and every gradient against float64, the same values with
+-- kernels/cpu/conv_depthwise_f32_avx2.c ("depthwise_avx2": C a multiple of 8, 5x5 and larger,
+-- 3x3 at stride 1 up to 48 channels; the same three). Each geometry: values and every gradient against float64, the same values with
 -- the implementation switched off, the fused epilogue (bias, residual, activation inside the
 -- kernel) against float64, and LUMEN_VERBOSE naming the kernel.
 local C = require("lumen.C")
@@ -223,6 +223,10 @@ describe("depthwise conv2d below AVX-512 (depthwise_avx2)", function()
       { "7x7 on a 2x3 map (every tap checked)", 2, 32, 2, 3, 32, 7, 7, 1, 3, 1, 32, true,
         false, nil },
       { "7x7 on a 1 x 13 row", 1, 8, 1, 13, 8, 7, 7, 1, 3, 1, 8, true, true, "relu" },
+      { "3x3 stride 1, 16 channels (MobileNet V3's first), relu", 2, 16, 10, 29, 16, 3, 3, 1,
+        1, 1, 16, true, true, "relu" },
+      { "3x3 stride 2 (not taken: the portable loops)", 2, 16, 9, 11, 16, 3, 3, 2, 1, 1, 16,
+        true, false, nil },
       { "5x5 with 12 channels (not taken: the next entry)", 2, 12, 7, 9, 12, 5, 5, 1, 2, 1, 12,
         true, false, nil },
    }

@@ -1,7 +1,8 @@
 /* conv_depthwise_f32_avx2.c -- float32 NHWC depthwise convolutions (groups == C == O) on AVX2 +
  * FMA ("depthwise_avx2"): forward (any stride, padding, dilation; bias, residual, activation),
  * grad_input at stride 1 (the flipped kernel over grad_out) and the weight and bias gradients,
- * for C a multiple of 8.
+ * for C a multiple of 8: 5x5 and larger kernels, and 3x3 ones at stride 1 with few channels
+ * (lm_conv_dw_avx2_usable says where each measured faster than the portable loops).
  *
  * Why: below AVX-512 depthwise layers ran the portable loops, which keep their sums in a stack
  * array and load and store it at every tap; ConvNeXt's 7x7 layer at 8 x 96 x 56 x 56 took 16 ms
@@ -30,12 +31,18 @@ typedef struct {
 int lm_conv_dw_avx2_usable(const conv_geom *g, int pass) {
    if (!conv_is_depthwise(g) || g->C % 8 || g->O != g->C) return 0;
    if (g->ph < 0 || g->pw < 0 || g->kh * g->kw > 256) return 0;
-   /* 3x3 layers stay with the portable loops: memory-bound there, and those loops' 64-channel
-      runs read whole lines; this kernel measured slower (8 x 144 x 56 x 56, Zen 3, 2 threads:
-      forward 4.0-4.4 against 3.6-3.8 ms, forward and both gradients 16-17 against 12). From 5x5
-      on it wins: 5x5 at 8 x 240 x 28 x 28 forward and gradients 11-12 against 11.5-17 ms; 7x7 at
-      8 x 96 x 56 x 56 18 against 36 ms, forward 4.5-6.1 against 11 */
-   if (g->kh * g->kw < 25) return 0;
+   /* Kernels smaller than 5x5 (3x3) only at stride 1 with at most 48 channels: there the
+      portable loops' 64-channel runs are mostly empty. Elsewhere those loops won: memory-bound,
+      and their runs read whole lines (this kernel and the portable loops alternated in one
+      process, Zen 3, 2 threads, forward / forward and both gradients, ms): 8 x 16 x 112 x 112
+      1.1-1.3 / 3.6-4.2 against 3.5-3.6 / 13-16, 8 x 24 x 112 x 112 1.9-2.7 / 10-11 against
+      4.6-6.1 / 12-19, 8 x 32 x 112 x 112 3.3-4.9 / 15-18 against 5.5-5.6 / 14-21, 8 x 48 x 112
+      x 112 5.6-6.2 / 22-23 against 6.5-6.7 / 24; but 8 x 72 x 56 x 56 1.4-2.6 / 6.5-7.7 against
+      2.0-2.1 / 6.3-6.4, 8 x 144 x 56 x 56 4.5-4.6 / 14-17 against 3.5-4.1 / 12-17, and at stride
+      2 8 x 64 x 112 x 112 3.3-3.9 / 12-13 against 1.9-2.2 / 7.4-7.8. From 5x5 on it wins: 5x5
+      at 8 x 240 x 28 x 28 forward and gradients 11-12 against 11.5-17 ms; 7x7 at 8 x 96 x 56 x
+      56 18 against 36 ms, forward 4.5-6.1 against 11 */
+   if (g->kh * g->kw < 25 && (g->sh != 1 || g->sw != 1 || g->C > 48)) return 0;
    if (g->N * g->Ho * g->Wo <= 0 || g->H * g->W <= 0) return 0;
    if (pass == 1) {
       if (g->sh != 1 || g->sw != 1) return 0;
