@@ -113,7 +113,8 @@ end)
 
 -- Below AVX-512 (forced to AVX2 on any CPU that has it, so AVX-512 machines run these too):
 -- kernels/cpu/conv_grouped_f32_avx2.c ("grouped_avx2": groups of 2, 4 or 8k output channels,
--- O a multiple of 8; forward, grad_input (strided: by phases), grad_weight) and
+-- O a multiple of 8; forward, grad_input (strided: by phases), grad_weight; and groups 1 with
+-- at most 4 input channels, the stems) and
 -- kernels/cpu/conv_depthwise_f32_avx2.c ("depthwise_avx2": C a multiple of 8, 5x5 and larger,
 -- 3x3 at stride 1 up to 48 channels; the same three). Each geometry: values and every gradient against float64, the same values with
 -- the implementation switched off, the fused epilogue (bias, residual, activation inside the
@@ -204,6 +205,13 @@ describe("conv2d with small groups below AVX-512 (grouped_avx2)", function()
         false, nil },
       { "2 a group, 3x3 stride 2, padding 3 (wider than the kernel)", 2, 8, 9, 10, 8, 3, 3, 2,
         3, 1, 4, true, false, nil },
+      -- narrow inputs, groups 1 (the RGB stems): forward and weight gradient
+      { "stem: 3 -> 16, 3x3 stride 2 (MobileNet V3's), relu", 2, 3, 17, 30, 16, 3, 3, 2, 1, 1,
+        1, true, true, "relu" },
+      { "stem: 3 -> 24, 4x4 stride 4 (ConvNeXt's patchify)", 2, 3, 16, 20, 24, 4, 4, 4, 0, 1, 1,
+        true, false, nil },
+      { "stem: 4 -> 8, 3x3 dilation 2 (the tap-by-tap loop)", 1, 4, 11, 13, 8, 3, 3, 1, 2, 2,
+        1, false, false, nil },
    }
    for _, g in ipairs(AVX2_GEOMS) do avx2_case(g, "grouped_avx2", 21) end
    avx2_verbose("grouped_avx2", [[

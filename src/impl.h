@@ -58,7 +58,8 @@ extern "C" {
      "16-lane blocks, the reduction in registers)")                                            \
    X(CONV_GROUPED_AVX2, "grouped_avx2", 0, NULL,                                                 \
      "float32 channels-last grouped convolution below AVX-512: 2, 4 or 8k channels a group, "  \
-     "8-lane blocks (forward, backward data by stride phases, weight gradient)")               \
+     "8-lane blocks (forward, backward data by stride phases, weight gradient); also the "      \
+     "narrow-input stems (groups 1, at most 4 channels)")                                      \
    X(CONV_DIRECT_RB, "direct_rb_avx512", 0, "LUMEN_CONV_RB",                                     \
      "float32 channels-last register-blocked direct convolution (small channel counts)")      \
    X(CONV_DIRECT, "direct_avx512", 0, NULL, "float32 channels-last direct convolution")         \

@@ -1,6 +1,7 @@
 /* conv_grouped_f32_avx2.c -- float32 NHWC convolutions with small groups on AVX2 + FMA
  * ("grouped_avx2"): forward and backward data (any stride, padding, dilation), for
- * groups of 2, 4 or a multiple of 8 output channels (RegNet's group width 8, ResNeXt's 4).
+ * groups of 2, 4 or a multiple of 8 output channels (RegNet's group width 8, ResNeXt's 4), and
+ * for narrow inputs (groups 1, at most 4 channels: the RGB stems, forward and weight gradient).
  *
  * Why: below AVX-512 a grouped layer went to im2col and one GEMM per group, each a few channels
  * wide (RegNet's 8): on a Zen 3 (2 threads) 208 channels in 26 groups of 8 at 14x14 took 6.4 ms
@@ -17,6 +18,11 @@
  * Residual and activation: conv + bias, + residual, then act_avx2.h's activation (the elementwise
  * ops' at AVX2, ew_act_f32_avx2.c, so fused and unfused agree on this path).
  *
+ * A stem (groups 1, C <= 4) is the same loop with one block per 8 output channels over all C
+ * input channels; a kernel row's taps and channels are then one contiguous run. Through
+ * im2col and the GEMM, MobileNet V3's 8 x 3 x 224 x 224 -> 16 stem (3x3, stride 2) took 3.3-5.0
+ * ms forward on a Zen 3 (2 threads), 1.4-1.5 here; with 32 outputs 4.0-5.4 -> 2.4-4.3 (in-process
+ * alternations; PyTorch 1.8 for the 16-output one in its profile).
  * Backward data is this forward over grad_out with the flipped kernel (roles of input and output
  * channels swapped, padding d * (k - 1) - p), as grouped_avx512 does; at stride s, one such
  * forward per phase of grad_x (lm_conv_grp_bwdd_nhwc_avx2). The weight gradient: below.
@@ -40,7 +46,10 @@ static int g2_og_ok(int64_t Og) { return Og == 2 || Og == 4 || (Og > 0 && Og % 8
 static int64_t g2_cb(int64_t Cg, int64_t Og) { return Og >= 8 ? Cg : (8 / Og) * Cg; }
 
 int lm_conv_grp_avx2_usable(const conv_geom *g, int pass) {
-   if (g->G <= 1 || g->O % 8 || !g2_og_ok(g->Og) || g2_cb(g->Cg, g->Og) > 64) return 0;
+   /* groups 1 only for narrow inputs (an RGB stem): a block's reduction is then the whole
+      input, and wider dense layers are the GEMM's */
+   if ((g->G <= 1 && g->C > 4) || g->O % 8 || !g2_og_ok(g->Og) || g2_cb(g->Cg, g->Og) > 64)
+      return 0;
    if (g->ph < 0 || g->pw < 0 || g->kh * g->kw > 64) return 0;
    if (g->N * g->Ho * g->Wo <= 0 || g->H * g->W <= 0) return 0;
    if (pass == 1) { /* the forward over grad_out: input and output channels swap roles */
@@ -85,6 +94,18 @@ g2_tile(const g2 *p, const float *in, const float *wb, __m256 bv, int64_t n, int
       const int64_t hi = ho * p->sh - p->ph + i * p->dh;
       if (hi < 0 || hi >= p->inH) continue;
       const float *xr = in + ((n * p->inH + hi) * p->inW + q0 * p->sw - p->pw) * p->C;
+      if (p->dw == 1 && Cb == p->C) {
+         /* groups 1 (a narrow input: an RGB stem): a kernel row's taps and channels are one
+            run of kw * C values in the input row and in the packed weights */
+         const float *wt = wb + i * p->kw * Cb * 8;
+         for (int64_t c = 0; c < p->kw * Cb; c++) {
+            const __m256 wv = _mm256_loadu_ps(wt + c * 8);
+#pragma GCC unroll 12
+            for (int q = 0; q < PB; q++)
+               a[q] = _mm256_fmadd_ps(_mm256_broadcast_ss(xr + q * xs + c), wv, a[q]);
+         }
+         continue;
+      }
       for (int64_t j = 0; j < p->kw; j++) {
          const float *xt = xr + j * p->dw * p->C;
          const float *wt = wb + (i * p->kw + j) * Cb * 8;
