@@ -228,7 +228,8 @@ lm_status lm_conv_dw_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const fl
    const int nthr = conv_threads((double)rows * (double)p->outW * (double)p->C * (double)taps);
    dw2 pp;
    size_t xbytes = 0;
-   float *xp = dw2_pad(&p, &x, &pp, &qa, &qb, nthr, &xbytes);
+   /* (x is not read, and may be NULL, for the bias gradient alone) */
+   float *xp = gw ? dw2_pad(&p, &x, &pp, &qa, &qb, nthr, &xbytes) : NULL;
    if (xbytes && !xp) return LM_ERR_OOM;
    const size_t abytes = (size_t)(nblk * (taps + 1) * 8) * sizeof(float);
    float *sums = lm_alloc(abytes);
