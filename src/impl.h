@@ -100,6 +100,8 @@ extern "C" {
      "float32 layer norm (group norm of one-row samples) on 8 lanes, below AVX-512")           \
    /* batch norm (kernels/cpu/norm.c) */                                                         \
    X(BN_AVX512, "batch_norm_avx512", 0, NULL, "batch norm with AVX-512 kernels")                 \
+   X(BN_AVX2, "batch_norm_avx2", 0, NULL,                                                        \
+     "batch norm below AVX-512: the float32 channels-last rows on 8 lanes")                     \
    X(BN_PORTABLE, "batch_norm_portable", 1, NULL, "batch norm, portable C")
 
 #define LM_IMPL_ENUM_(id, name, fb, alias, doc) LM_IMPL_##id,
