@@ -214,6 +214,38 @@ lm_status lm_conv_dw_bwdd_nhwc_avx2(const conv_geom *g, const float *gout, const
    return dw2_forward(&p, gout, w, 1, NULL, NULL, 0, gx);
 }
 
+/* one output row's contribution to a kernel row's KW tap sums s[j][8] of one channel block: the
+   row's pixels in order, the border ones (outside [qa, qb)) checking each tap. KW a constant
+   (the callers' switch): with the tap count a variable gcc kept the sums in memory (an FMA, a
+   load and a store each) */
+static inline __attribute__((always_inline)) void dw2_wrow(const dw2 *p, const float *xr,
+                                                           const float *gr, int64_t qa,
+                                                           int64_t qb, float *s, const int KW) {
+   __m256 a[DW2_KW];
+#pragma GCC unroll 11
+   for (int j = 0; j < DW2_KW; j++) a[j] = _mm256_setzero_ps();
+   for (int64_t q = 0; q < p->outW; q++) {
+      const __m256 gv = _mm256_loadu_ps(gr + q * p->C);
+      const int64_t w0 = q * p->sw - p->pw;
+      if (q >= qa && q < qb) {
+         const float *xt = xr + w0 * p->C;
+#pragma GCC unroll 11
+         for (int j = 0; j < KW; j++)
+            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(xt + j * p->dw * p->C), gv, a[j]);
+      } else {
+#pragma GCC unroll 11
+         for (int j = 0; j < KW; j++) {
+            const int64_t wi = w0 + j * p->dw;
+            if (wi < 0 || wi >= p->inW) continue;
+            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + wi * p->C), gv, a[j]);
+         }
+      }
+   }
+#pragma GCC unroll 11
+   for (int j = 0; j < KW; j++)
+      _mm256_storeu_ps(s + j * 8, _mm256_add_ps(_mm256_loadu_ps(s + j * 8), a[j]));
+}
+
 /* gw: [C][kh][kw], gb: C or NULL (either may be NULL) */
 lm_status lm_conv_dw_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const float *gout,
                                     float *gw, float *gb) {
@@ -256,27 +288,12 @@ lm_status lm_conv_dw_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const fl
             const int64_t hi = ho * p->sh - p->ph + i * p->dh;
             if (hi < 0 || hi >= p->inH) continue;
             const float *xr = xb + (n * p->inH + hi) * p->inW * p->C;
-            __m256 a[DW2_KW];
-            for (int j = 0; j < DW2_KW; j++) a[j] = _mm256_setzero_ps();
-            /* the row's pixels in order; the border ones check each tap */
-            for (int64_t q = 0; q < p->outW; q++) {
-               const __m256 gv = _mm256_loadu_ps(gr + q * p->C);
-               const int64_t w0 = q * p->sw - p->pw;
-               if (q >= qa && q < qb) {
-                  const float *xt = xr + w0 * p->C;
-                  for (int j = 0; j < kw; j++)
-                     a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(xt + j * p->dw * p->C), gv, a[j]);
-               } else {
-                  for (int j = 0; j < kw; j++) {
-                     const int64_t wi = w0 + j * p->dw;
-                     if (wi < 0 || wi >= p->inW) continue;
-                     a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + wi * p->C), gv, a[j]);
-                  }
-               }
-            }
-            for (int j = 0; j < kw; j++) {
-               float *d = sb + (i * kw + j) * 8;
-               _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), a[j]));
+            float *si = sb + i * kw * 8;
+            switch (kw) { /* a constant tap count keeps the sums in registers */
+            case 3: dw2_wrow(p, xr, gr, qa, qb, si, 3); break;
+            case 5: dw2_wrow(p, xr, gr, qa, qb, si, 5); break;
+            case 7: dw2_wrow(p, xr, gr, qa, qb, si, 7); break;
+            default: dw2_wrow(p, xr, gr, qa, qb, si, (int)kw); break;
             }
          }
       }
