@@ -37,6 +37,8 @@ local GEOMS = {
    { "register-blocked", 2, 8, 16, 16, 16, 3, 1, 1, 1 },
    { "direct", 2, 20, 9, 9, 24, 3, 2, 1, 1 }, { "grouped", 2, 8, 6, 6, 8, 3, 1, 1, 2 },
    { "groups of 8", 2, 24, 9, 9, 24, 3, 2, 1, 3 },
+   -- 13 outputs: the AVX2 epilogue's partial vector (conv_epi_f32_avx2.c)
+   { "13 outputs", 2, 6, 7, 7, 13, 3, 1, 1, 1 },
 }
 
 local function operands(g, dt, fmt)

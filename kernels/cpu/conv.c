@@ -84,7 +84,11 @@ static void conv_bands(int64_t N, int64_t Ho, int64_t kh, int64_t sh, int64_t dh
 #define CT float
 #define CS(name) name##_f32
 #define CGEMM lm_sgemm
+#if defined(__x86_64__)
+#define CONV_EPI_NHWC_AVX2 lm_conv_epi_nhwc_f32_avx2
+#endif
 #include "conv_tmpl.c"
+#undef CONV_EPI_NHWC_AVX2
 #undef CT
 #undef CS
 #undef CGEMM

@@ -134,6 +134,10 @@ LM_CONV_HIDDEN lm_status lm_conv_grp_bwdw_nhwc_avx512(const conv_geom *g, const 
 /* ---- depthwise below AVX-512 (conv_depthwise_f32_avx2.c, "depthwise_avx2"): C a multiple of 8,
  * forward, backward data at stride 1, weight / bias gradients (kw <= 11). lm_conv_dw_avx2_usable:
  * pass 0 forward, 1 backward data, 2 backward weight. Only where the CPU has AVX2 and FMA. ---- */
+/* the portable float32 NHWC forward's epilogue at AVX2 (conv_epi_f32_avx2.c): out = act(out +
+   bias + res) over rows of O channels (bias, res may be NULL; act an LM_ACT_* or 0) */
+LM_CONV_HIDDEN void lm_conv_epi_nhwc_f32_avx2(float *out, int64_t rows, int64_t O,
+                                              const float *bias, const float *res, int act);
 LM_CONV_HIDDEN int lm_conv_dw_avx2_usable(const conv_geom *g, int pass);
 LM_CONV_HIDDEN lm_status lm_conv_dw_fwd_nhwc_avx2(const conv_geom *g, const float *x,
                                                   const float *w, const float *bias,

@@ -40,6 +40,13 @@
 static void CS(epi_nhwc)(CT *out, int64_t rows, int64_t O, const CT *bias, const CT *res,
                          int act) {
    if (!bias && !res && !act) return;
+#ifdef CONV_EPI_NHWC_AVX2
+   /* float32 at AVX2: the same sums and activation on 8 lanes (conv_epi_f32_avx2.c) */
+   if (lm_cpu_isa() == LM_ISA_AVX2) {
+      CONV_EPI_NHWC_AVX2(out, rows, O, bias, res, act);
+      return;
+   }
+#endif
    for (int64_t p = 0; p < rows; p++) {
       CT *o = out + p * O;
       const CT *r = res ? res + p * O : NULL;
