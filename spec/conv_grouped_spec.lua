@@ -116,7 +116,7 @@ end)
 -- O a multiple of 8; forward, grad_input (strided: by phases), grad_weight; and groups 1 with
 -- at most 4 input channels, the stems) and
 -- kernels/cpu/conv_depthwise_f32_avx2.c ("depthwise_avx2": C a multiple of 8, 5x5 and larger,
--- 3x3 at stride 1 up to 48 channels; the same three). Each geometry: values and every gradient against float64, the same values with
+-- 3x3 at stride 1; the same three). Each geometry: values and every gradient against float64, the same values with
 -- the implementation switched off, the fused epilogue (bias, residual, activation inside the
 -- kernel) against float64, and LUMEN_VERBOSE naming the kernel.
 local C = require("lumen.C")
@@ -235,6 +235,10 @@ describe("depthwise conv2d below AVX-512 (depthwise_avx2)", function()
         1, 1, 16, true, true, "relu" },
       { "3x3 stride 2 (not taken: the portable loops)", 2, 16, 9, 11, 16, 3, 3, 2, 1, 1, 16,
         true, false, nil },
+      { "3x3, 120 channels (pixel by pixel: 64 + 32 + 16 + 8), residual, relu", 2, 120, 6,
+        9, 120, 3, 3, 1, 1, 1, 120, true, true, "relu" },
+      { "3x3 dilation 2, 56 channels (pixel by pixel)", 1, 56, 9, 10, 56, 3, 3, 1, 2, 2, 56,
+        false, false, nil },
       { "5x5 with 12 channels (not taken: the next entry)", 2, 12, 7, 9, 12, 5, 5, 1, 2, 1, 12,
         true, false, nil },
    }

@@ -1,8 +1,8 @@
 /* conv_depthwise_f32_avx2.c -- float32 NHWC depthwise convolutions (groups == C == O) on AVX2 +
  * FMA ("depthwise_avx2"): forward (any stride, padding, dilation; bias, residual, activation),
  * grad_input at stride 1 (the flipped kernel over grad_out) and the weight and bias gradients,
- * for C a multiple of 8: 5x5 and larger kernels, and 3x3 ones at stride 1 with few channels
- * (lm_conv_dw_avx2_usable says where each measured faster than the portable loops).
+ * for C a multiple of 8: 5x5 and larger kernels, and 3x3 ones at stride 1
+ * (lm_conv_dw_avx2_usable says where each form measured faster than the portable loops).
  *
  * Why: below AVX-512 depthwise layers ran the portable loops, which keep their sums in a stack
  * array and load and store it at every tap; ConvNeXt's 7x7 layer at 8 x 96 x 56 x 56 took 16 ms
@@ -13,7 +13,9 @@
  * broadcasts). Pixels whose taps leave the row take a one-pixel loop with the same order of
  * operations (bias, then the taps in order), so a value does not depend on the loop that made it.
  * Small images (at 7x7 with a 7x7 kernel every pixel is a border one) read a copy of the input
- * with the horizontal padding written out instead (dw2_pad).
+ * with the horizontal padding written out instead (dw2_pad). 3x3 layers with more than 48
+ * channels go pixel by pixel instead, all of a pixel's channels (64 at a time) before the next
+ * pixel (dw2_forward_px: the portable loops' order, on 8 lanes).
  * Weight gradient: per channel block (the work a thread takes: the sums, and their order, do not
  * depend on the thread count), per output row and kernel row, the kw taps' sums in registers
  * over the row's pixels (one grad_out load per kw FMAs), then added to the block's sums in order.
@@ -31,18 +33,19 @@ typedef struct {
 int lm_conv_dw_avx2_usable(const conv_geom *g, int pass) {
    if (!conv_is_depthwise(g) || g->C % 8 || g->O != g->C) return 0;
    if (g->ph < 0 || g->pw < 0 || g->kh * g->kw > 256) return 0;
-   /* Kernels smaller than 5x5 (3x3) only at stride 1 with at most 48 channels: there the
-      portable loops' 64-channel runs are mostly empty. Elsewhere those loops won: memory-bound,
-      and their runs read whole lines (this kernel and the portable loops alternated in one
-      process, Zen 3, 2 threads, forward / forward and both gradients, ms): 8 x 16 x 112 x 112
-      1.1-1.3 / 3.6-4.2 against 3.5-3.6 / 13-16, 8 x 24 x 112 x 112 1.9-2.7 / 10-11 against
-      4.6-6.1 / 12-19, 8 x 32 x 112 x 112 3.3-4.9 / 15-18 against 5.5-5.6 / 14-21, 8 x 48 x 112
-      x 112 5.6-6.2 / 22-23 against 6.5-6.7 / 24; but 8 x 72 x 56 x 56 1.4-2.6 / 6.5-7.7 against
-      2.0-2.1 / 6.3-6.4, 8 x 144 x 56 x 56 4.5-4.6 / 14-17 against 3.5-4.1 / 12-17, and at stride
-      2 8 x 64 x 112 x 112 3.3-3.9 / 12-13 against 1.9-2.2 / 7.4-7.8. From 5x5 on it wins: 5x5
-      at 8 x 240 x 28 x 28 forward and gradients 11-12 against 11.5-17 ms; 7x7 at 8 x 96 x 56 x
-      56 18 against 36 ms, forward 4.5-6.1 against 11 */
-   if (g->kh * g->kw < 25 && (g->sh != 1 || g->sw != 1 || g->C > 48)) return 0;
+   /* Kernels smaller than 5x5 (3x3) only at stride 1: at stride 2 the portable loops were as
+      fast or faster (memory-bound; their 64-channel runs read whole lines). At stride 1, up to
+      48 channels the tiles (dw2_forward), from 56 on pixel by pixel (dw2_forward_px), and the
+      weight gradient below. Forward, alternated in one process (Zen 3, 2 threads, ms), tiles /
+      pixel by pixel / portable: 8 x 16 x 112 x 112 1.1 / 1.6 / 3.5-3.6, 8 x 72 x 56 x 56 2.2-2.9
+      / 1.2-1.3 / 2.6-3.2, 8 x 144 x 56 x 56 4.4-5.3 / 1.9-2.6 / 4.4-4.7, 8 x 672 x 14 x 14
+      1.1-1.6 / 0.8-1.0 / 1.6-1.7; at stride 2 8 x 64 x 112 x 112 3.2-4.7 / 1.5-2.8 / 2.0-2.2, 8
+      x 240 x 28 x 28 0.6-1.6 / 1.2 / 0.7-1.6. Weight gradient, this kernel / portable: 8 x 72 x
+      56 x 56 2.3-3.8 / 3.8-4.5, 8 x 672 x 14 x 14 1.4-1.7 / 2.1-2.3; at stride 2 8 x 96 x 112 x
+      112 7.8-8.7 / 4.4-6.1. From 5x5 on it wins: 5x5 at 8 x 240 x 28 x 28 forward and gradients
+      11-12 against 11.5-17 ms; 7x7 at 8 x 96 x 56 x 56 18 against 36 ms, forward 4.5-6.1
+      against 11 */
+   if (g->kh * g->kw < 25 && (g->sh != 1 || g->sw != 1)) return 0;
    if (g->N * g->Ho * g->Wo <= 0 || g->H * g->W <= 0) return 0;
    if (pass == 1) {
       if (g->sh != 1 || g->sw != 1) return 0;
@@ -51,6 +54,10 @@ int lm_conv_dw_avx2_usable(const conv_geom *g, int pass) {
    if (pass == 2 && g->kw > DW2_KW) return 0;
    return 1;
 }
+
+/* the pixel-major forward (dw2_forward_px) for kernels smaller than 5x5 with more than 48
+   channels (lm_conv_dw_avx2_usable) */
+static int dw2_use_px(const dw2 *p) { return p->kh * p->kw < 25 && p->C > 48; }
 
 /* columns [*qa, *qb) of an output row have every tap inside the input row */
 static void dw2_cols(const dw2 *p, int64_t *qa, int64_t *qb) {
@@ -146,6 +153,76 @@ dw2_tiles(const dw2 *p, const float *in, const float *wp, const float *bias, con
    }
 }
 
+/* NV vectors (8 NV channels from c0) of output pixel (n, ho, q), taps [i0, i1) x [j0, j1) (all
+   inside the input), from wt[t][C]: bias, then the taps in order */
+static inline __attribute__((always_inline)) void
+dw2_px(const dw2 *p, const float *in, const float *wt, const float *bias, const float *res,
+       int act, float *o, int64_t c0, int64_t n, int64_t ho, int64_t q, int64_t i0, int64_t i1,
+       int64_t j0, int64_t j1, const int NV) {
+   __m256 a[8];
+#pragma GCC unroll 8
+   for (int v = 0; v < NV; v++)
+      a[v] = bias ? _mm256_loadu_ps(bias + c0 + 8 * v) : _mm256_setzero_ps();
+   for (int64_t i = i0; i < i1; i++) {
+      const int64_t hi = ho * p->sh - p->ph + i * p->dh;
+      const float *xr = in + ((n * p->inH + hi) * p->inW + q * p->sw - p->pw) * p->C + c0;
+      const float *wr = wt + i * p->kw * p->C + c0;
+      for (int64_t j = j0; j < j1; j++) {
+         const float *xt = xr + j * p->dw * p->C, *wv = wr + j * p->C;
+#pragma GCC unroll 8
+         for (int v = 0; v < NV; v++)
+            a[v] = _mm256_fmadd_ps(_mm256_loadu_ps(xt + 8 * v), _mm256_loadu_ps(wv + 8 * v), a[v]);
+      }
+   }
+#pragma GCC unroll 8
+   for (int v = 0; v < NV; v++) lm_act_store8(a[v], o + c0 + 8 * v, res ? res + c0 + 8 * v : NULL, act);
+}
+
+/* The forward pixel by pixel, every channel of a pixel before the next (64 at a time, 8
+   vectors in registers), the taps' range computed once a pixel: for 3x3 kernels with many
+   channels or a stride, where the tiles above re-read 32-byte pieces of the input from 12
+   pixels at a time (the portable loops' order, on 8 lanes with FMA) */
+static lm_status dw2_forward_px(const dw2 *p, const float *in, const float *w, int flip,
+                                const float *bias, const float *res, int act, float *out) {
+   const int64_t taps = p->kh * p->kw, C = p->C;
+   const size_t wbytes = (size_t)(taps * C) * sizeof(float);
+   float *wt = lm_alloc(wbytes);
+   if (!wt) return LM_ERR_OOM;
+   for (int64_t c = 0; c < C; c++)
+      for (int64_t t = 0; t < taps; t++) wt[t * C + c] = w[c * taps + (flip ? taps - 1 - t : t)];
+   const int64_t rows = p->N * p->outH;
+   const int nthr = conv_threads((double)rows * (double)p->outW * (double)C * (double)taps);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
+   for (int64_t row = 0; row < rows; row++) {
+      const int64_t n = row / p->outH, ho = row % p->outH;
+      int64_t i0 = 0, i1 = p->kh;
+      while (i0 < i1 && ho * p->sh - p->ph + i0 * p->dh < 0) i0++;
+      while (i1 > i0 && ho * p->sh - p->ph + (i1 - 1) * p->dh >= p->inH) i1--;
+      for (int64_t q = 0; q < p->outW; q++) {
+         int64_t j0 = 0, j1 = p->kw;
+         while (j0 < j1 && q * p->sw - p->pw + j0 * p->dw < 0) j0++;
+         while (j1 > j0 && q * p->sw - p->pw + (j1 - 1) * p->dw >= p->inW) j1--;
+         const int64_t o = (row * p->outW + q) * C;
+         float *op = out + o;
+         const float *rp = res ? res + o : NULL;
+         int64_t c0 = 0;
+         for (; c0 + 64 <= C; c0 += 64)
+            dw2_px(p, in, wt, bias, rp, act, op, c0, n, ho, q, i0, i1, j0, j1, 8);
+         if (C - c0 >= 32) {
+            dw2_px(p, in, wt, bias, rp, act, op, c0, n, ho, q, i0, i1, j0, j1, 4);
+            c0 += 32;
+         }
+         if (C - c0 >= 16) {
+            dw2_px(p, in, wt, bias, rp, act, op, c0, n, ho, q, i0, i1, j0, j1, 2);
+            c0 += 16;
+         }
+         if (C - c0 >= 8) dw2_px(p, in, wt, bias, rp, act, op, c0, n, ho, q, i0, i1, j0, j1, 1);
+      }
+   }
+   lm_free(wt, wbytes);
+   return LM_OK;
+}
+
 /* wp[b][t][8] = w[8b + l][tmap ? tmap[t] : t] */
 static lm_status dw2_forward(const dw2 *p, const float *in, const float *w, int flip,
                              const float *bias, const float *res, int act, float *out) {
@@ -202,6 +279,7 @@ lm_status lm_conv_dw_fwd_nhwc_avx2(const conv_geom *g, const float *x, const flo
                                    const float *bias, const float *res, int act, float *out) {
    const dw2 p = {g->N, g->H, g->W, g->C, g->Ho, g->Wo, g->kh, g->kw,
                   g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
+   if (dw2_use_px(&p)) return dw2_forward_px(&p, x, w, 0, bias, res, act, out);
    return dw2_forward(&p, x, w, 0, bias, res, act, out);
 }
 
@@ -211,6 +289,7 @@ lm_status lm_conv_dw_bwdd_nhwc_avx2(const conv_geom *g, const float *gout, const
    if (g->sh != 1 || g->sw != 1) return LM_ERR_INTERNAL;
    const dw2 p = {g->N, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw, 1, 1,
                   g->dh * (g->kh - 1) - g->ph, g->dw * (g->kw - 1) - g->pw, g->dh, g->dw};
+   if (dw2_use_px(&p)) return dw2_forward_px(&p, gout, w, 1, NULL, NULL, 0, gx);
    return dw2_forward(&p, gout, w, 1, NULL, NULL, 0, gx);
 }
 
