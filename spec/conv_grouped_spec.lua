@@ -116,9 +116,9 @@ end)
 -- O a multiple of 8; forward, grad_input (strided: by phases), grad_weight; and groups 1 with
 -- at most 4 input channels, the stems) and
 -- kernels/cpu/conv_depthwise_f32_avx2.c ("depthwise_avx2": C a multiple of 8, 5x5 and larger,
--- 3x3 at stride 1; the same three). Each geometry: values and every gradient against float64, the same values with
--- the implementation switched off, the fused epilogue (bias, residual, activation inside the
--- kernel) against float64, and LUMEN_VERBOSE naming the kernel.
+-- 3x3 at stride 1; the same three). Each geometry: values and every gradient against float64,
+-- the same values with the implementation switched off, the fused epilogue (bias, residual,
+-- activation inside the kernel) against float64, and LUMEN_VERBOSE naming the kernel.
 local C = require("lumen.C")
 local has_avx2 = on_cpu and C.lm_cpu_get_isa() >= C.LM_ISA_AVX2
 
