@@ -175,7 +175,8 @@ dw2_px(const dw2 *p, const float *in, const float *wt, const float *bias, const 
       }
    }
 #pragma GCC unroll 8
-   for (int v = 0; v < NV; v++) lm_act_store8(a[v], o + c0 + 8 * v, res ? res + c0 + 8 * v : NULL, act);
+   for (int v = 0; v < NV; v++)
+      lm_act_store8(a[v], o + c0 + 8 * v, res ? res + c0 + 8 * v : NULL, act);
 }
 
 /* The forward pixel by pixel, every channel of a pixel before the next (64 at a time, 8

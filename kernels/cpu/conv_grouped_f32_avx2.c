@@ -370,13 +370,20 @@ lm_status lm_conv_grp_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const f
                float *dj = sb + ((i * kw + jt) * Cb) * 8;
                for (int64_t c0 = 0; c0 < Cb;) {
                   const int64_t left = Cb - c0;
-                  const int nc = left >= 12 ? 12 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+                  const int nc = left >= 12  ? 12
+                                 : left >= 8 ? 8
+                                 : left >= 4 ? 4
+                                 : left >= 2 ? 2
+                                             : 1;
+                  const float *xc = xj + c0;
+                  float *dc = dj + c0 * 8;
+                  const int64_t nq = qhi - qlo, xs = p->sw * p->C;
                   switch (nc) {
-                  case 12: gw2_run(xj + c0, gq, qhi - qlo, p->sw * p->C, p->O, dj + c0 * 8, 12); break;
-                  case 8: gw2_run(xj + c0, gq, qhi - qlo, p->sw * p->C, p->O, dj + c0 * 8, 8); break;
-                  case 4: gw2_run(xj + c0, gq, qhi - qlo, p->sw * p->C, p->O, dj + c0 * 8, 4); break;
-                  case 2: gw2_run(xj + c0, gq, qhi - qlo, p->sw * p->C, p->O, dj + c0 * 8, 2); break;
-                  default: gw2_run(xj + c0, gq, qhi - qlo, p->sw * p->C, p->O, dj + c0 * 8, 1); break;
+                  case 12: gw2_run(xc, gq, nq, xs, p->O, dc, 12); break;
+                  case 8: gw2_run(xc, gq, nq, xs, p->O, dc, 8); break;
+                  case 4: gw2_run(xc, gq, nq, xs, p->O, dc, 4); break;
+                  case 2: gw2_run(xc, gq, nq, xs, p->O, dc, 2); break;
+                  default: gw2_run(xc, gq, nq, xs, p->O, dc, 1); break;
                   }
                   c0 += nc;
                }

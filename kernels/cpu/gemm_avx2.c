@@ -342,7 +342,8 @@ epi2_tile(const lm_gemm_epi *e, float *c, int m, int n, int64_t rsc, int64_t col
 void lm_gemm_epi_tile_avx2(const lm_gemm_epi *e, float *c, int m, int n, int64_t rsc,
                            int64_t col0) {
    switch (e->act) {
-#define EPI2_CASE(A)                                                                               case A: epi2_tile(e, c, m, n, rsc, col0, A); break;
+#define EPI2_CASE(A)                                                                            \
+   case A: epi2_tile(e, c, m, n, rsc, col0, A); break;
       EPI2_CASE(LM_ACT_RELU)
       EPI2_CASE(LM_ACT_RELU6)
       EPI2_CASE(LM_ACT_SILU)

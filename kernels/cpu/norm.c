@@ -900,8 +900,10 @@ static int bn_run(int v, const void *x, const void *dy, const void *mk, void *gm
          (v ? rows_run_f64_512 : rows_run_f64)(x, dy, mk, gm, K, g->M, g->C, w->part, w->facc, s1,
                                                s2, prep, ctx, a, amk, b, res, y, w->coef, relu, st);
       else
-         (v2 ? rows_run_f32_256 : v ? rows_run_f32_512 : rows_run_f32)(x, dy, mk, gm, K, g->M, g->C, w->part, w->facc, s1,
-                                               s2, prep, ctx, a, amk, b, res, y, w->coef, relu, st);
+         (v2  ? rows_run_f32_256
+          : v ? rows_run_f32_512
+              : rows_run_f32)(x, dy, mk, gm, K, g->M, g->C, w->part, w->facc, s1, s2, prep, ctx,
+                              a, amk, b, res, y, w->coef, relu, st);
       return st;
    }
    if (K) {

@@ -13,6 +13,7 @@
 #ifndef LUMEN_NORM_ROWS_H
 #define LUMEN_NORM_ROWS_H
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__GNUC__)
 #define LM_NORM_ROWS_HIDDEN __attribute__((visibility("hidden")))
@@ -45,4 +46,17 @@ LM_NORM_ROWS_HIDDEN void lm_norm_rows_bwd_f32_avx2(const float *x, const float *
                                                    const float *w, const double *gm,
                                                    const double *gr, double *pw, float *fs,
                                                    int nt);
+/* rows summed in float32 before the per-channel sums go into doubles */
+#define LM_ROWS_FLUSH 128
+
+/* the per-channel float32 sums of one thread (fw: grad_weight's, fb: grad_bias's) into its
+   doubles, and cleared (both kernels' backward, every LM_ROWS_FLUSH rows and at the end) */
+static inline void lm_norm_rows_flush(float *fw, float *fb, double *pgw, double *pgb, int64_t C) {
+   for (int64_t c = 0; c < C; c++) {
+      pgw[c] += fw[c];
+      pgb[c] += fb[c];
+   }
+   memset(fw, 0, (size_t)C * sizeof(float));
+   memset(fb, 0, (size_t)C * sizeof(float));
+}
 #endif

@@ -16,7 +16,6 @@
 #include <math.h>
 #include <string.h>
 
-#define LM_ROWS_FLUSH 128
 
 /* lanes [0, min(n, 8)) on */
 static inline __m256i tail8(int64_t n) {
@@ -102,15 +101,6 @@ void lm_norm_rows_fwd_f32_avx2(const float *x, float *y, int64_t N, int64_t C, i
    }
 }
 
-static void flush(float *fw, float *fb, double *pgw, double *pgb, int64_t C) {
-   for (int64_t c = 0; c < C; c++) {
-      pgw[c] += fw[c];
-      pgb[c] += fb[c];
-   }
-   memset(fw, 0, (size_t)C * sizeof(float));
-   memset(fb, 0, (size_t)C * sizeof(float));
-}
-
 void lm_norm_rows_bwd_f32_avx2(const float *x, const float *dy, float *gx, int64_t N, int64_t C,
                                int64_t G, const float *w, const double *gm, const double *gr,
                                double *pw, float *fs, int nt) {
@@ -158,8 +148,9 @@ void lm_norm_rows_bwd_f32_avx2(const float *x, const float *dy, float *gx, int64
                }
             }
          }
-         if ((n - n0) % LM_ROWS_FLUSH == LM_ROWS_FLUSH - 1) flush(fw, fb, pgw, pgb, C);
+         if ((n - n0) % LM_ROWS_FLUSH == LM_ROWS_FLUSH - 1)
+            lm_norm_rows_flush(fw, fb, pgw, pgb, C);
       }
-      flush(fw, fb, pgw, pgb, C);
+      lm_norm_rows_flush(fw, fb, pgw, pgb, C);
    }
 }

@@ -22,8 +22,6 @@
 #include <math.h>
 #include <string.h>
 
-/* rows summed in float32 before the per-channel sums go into doubles */
-#define LM_ROWS_FLUSH 128
 
 static inline __mmask16 tail16(int64_t n) {
    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
@@ -94,16 +92,6 @@ void lm_norm_rows_fwd_f32_avx512(const float *x, float *y, int64_t N, int64_t C,
    }
 }
 
-/* the per-channel float32 sums of one thread into its doubles, and cleared */
-static void flush(float *fw, float *fb, double *pgw, double *pgb, int64_t C) {
-   for (int64_t c = 0; c < C; c++) {
-      pgw[c] += fw[c];
-      pgb[c] += fb[c];
-   }
-   memset(fw, 0, (size_t)C * sizeof(float));
-   memset(fb, 0, (size_t)C * sizeof(float));
-}
-
 void lm_norm_rows_bwd_f32_avx512(const float *x, const float *dy, float *gx, int64_t N,
                                  int64_t C, int64_t G, const float *w, const double *gm,
                                  const double *gr, double *pw, float *fs, int nt) {
@@ -155,8 +143,9 @@ void lm_norm_rows_bwd_f32_avx512(const float *x, const float *dy, float *gx, int
                }
             }
          }
-         if ((n - n0) % LM_ROWS_FLUSH == LM_ROWS_FLUSH - 1) flush(fw, fb, pgw, pgb, C);
+         if ((n - n0) % LM_ROWS_FLUSH == LM_ROWS_FLUSH - 1)
+            lm_norm_rows_flush(fw, fb, pgw, pgb, C);
       }
-      flush(fw, fb, pgw, pgb, C);
+      lm_norm_rows_flush(fw, fb, pgw, pgb, C);
    }
 }
