@@ -877,6 +877,9 @@ static int bn_run(int v, const void *x, const void *dy, const void *mk, void *gm
                    const void *res, void *y, int relu, int stream) {
    const int v2 = v == 2;
    v = v == 1;
+   /* the AVX2 copy covers the float32 rows only: LUMEN_VERBOSE names the copy that ran */
+   if (v2)
+      lm_impl_ran(dt == LM_FLOAT32 && g->rows ? LM_IMPL_BN_AVX2 : LM_IMPL_BN_PORTABLE);
    if (is_half(dt)) { /* rows only (the front end widens planes) */
       /* streaming stores as below, the AVX-512 copy only: whole lines (C % 32 == 0) */
       const int st = stream && v && y && ((uintptr_t)y & 63) == 0 && g->C % 32 == 0;
@@ -1141,15 +1144,26 @@ static lm_status k_batch_norm_avx512(const lm_op *op) { return bn_forward(op, bn
 static lm_status k_batch_norm_backward_avx512(const lm_op *op) { return bn_backward(op, bn_v512()); }
 #endif
 #if BN_HAVE_AVX2
-/* below AVX-512 with AVX2: batch_norm_avx2 (the float32 rows), else batch_norm_portable */
+/* below AVX-512 with AVX2: batch_norm_avx2 (the float32 rows; bn_run names the copy that ran),
+   else batch_norm_portable */
 static int bn_v256(void) {
    const int on = lm_impl_on(LM_IMPL_BN_AVX2);
-   if (!on) lm_impl_skip(LM_IMPL_BN_AVX2, "switched off (lm.backends.cpu.disable)");
-   lm_impl_ran(on ? LM_IMPL_BN_AVX2 : LM_IMPL_BN_PORTABLE);
+   if (!on) {
+      lm_impl_skip(LM_IMPL_BN_AVX2, "switched off (lm.backends.cpu.disable)");
+      lm_impl_ran(LM_IMPL_BN_PORTABLE);
+   }
    return on ? 2 : 0;
 }
-static lm_status k_batch_norm_avx2(const lm_op *op) { return bn_forward(op, bn_v256()); }
-static lm_status k_batch_norm_backward_avx2(const lm_op *op) { return bn_backward(op, bn_v256()); }
+static lm_status k_batch_norm_avx2(const lm_op *op) {
+   const lm_status st = bn_forward(op, bn_v256());
+   lm_impl_ran_default(lm_impl_name(LM_IMPL_BN_PORTABLE)); /* nothing ran (empty input) */
+   return st;
+}
+static lm_status k_batch_norm_backward_avx2(const lm_op *op) {
+   const lm_status st = bn_backward(op, bn_v256());
+   lm_impl_ran_default(lm_impl_name(LM_IMPL_BN_PORTABLE));
+   return st;
+}
 #endif
 
 /* ---- registration (cpu.h) ---- */
