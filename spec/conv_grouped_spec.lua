@@ -26,6 +26,14 @@ local GEOMS = {
      1, 3, true, false, nil },
    { "8 a group, 2x2 maps", 2, 208, 2, 2, 208, 3, 3, 1, 1, 1, 26, true, false, nil },
    { "8 a group, 4x4 kernel stride 2", 2, 24, 8, 9, 24, 4, 4, 2, 1, 1, 3, false, false, nil },
+   -- the 8-lane forward's partial block is above (8 in, 4 out); these three: the weight
+   -- gradient's 16-lane block with one group of 4 in it, its taps in chunks (25 taps), and a
+   -- strided forward whose rows take two tiles each
+   { "4 a group, 5 groups (a partial block)", 2, 20, 7, 7, 20, 3, 3, 1, 1, 1, 5, true, false,
+     nil },
+   { "8 a group, 5x5", 2, 16, 9, 9, 16, 5, 5, 1, 2, 1, 2, false, true, "relu" },
+   { "8 a group, stride 2, 30 output columns", 1, 16, 5, 60, 16, 3, 3, 2, 1, 1, 2, true, false,
+     nil },
 }
 
 local function operands(g)
