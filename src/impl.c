@@ -126,9 +126,12 @@ typedef struct {
    char note[160];
 } verbose_state;
 static _Thread_local verbose_state vs;
+static _Thread_local int muted;
+
+void lm_impl_mute(int on) { muted += on ? 1 : (muted > 0 ? -1 : 0); }
 
 void lm_impl_ran_name(const char *name) {
-   if (!name || !__atomic_load_n(&verbose_level, __ATOMIC_RELAXED) || !vs.op) return;
+   if (!name || !__atomic_load_n(&verbose_level, __ATOMIC_RELAXED) || !vs.op || muted) return;
    const size_t used = strlen(vs.note), len = strlen(name);
    /* once per name: a kernel calling the GEMM per tile names it once */
    for (const char *p = vs.note; (p = strstr(p, name)) != NULL; p += len)

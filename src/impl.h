@@ -120,6 +120,10 @@ const char *lm_impl_name(int id);
    kernel: joined with '+', e.g. "via_f32+winograd_f4x4_avx512"); a no-op unless verbose */
 void lm_impl_ran(int id);
 void lm_impl_ran_name(const char *name);
+/* a one-time probe that runs kernels inside some op's dispatch (lm_cpu_bf16_dot_pays times two
+   GEMMs on the first bfloat16 call) mutes the notes meanwhile, so the op's line names the op's
+   kernels only: lm_impl_mute(1) ... lm_impl_mute(0), per thread, nestable */
+void lm_impl_mute(int on);
 /* the name of a backend's kernel that named nothing itself (e.g. "lumen_cuda"); a no-op when the
    kernel already named what ran */
 void lm_impl_ran_default(const char *name);
