@@ -55,7 +55,8 @@ extern "C" {
      "float32 channels-last gradients of wide 1x1 layers as one GEMM (inside direct_avx512)")  \
    X(CONV_GROUPED, "grouped_avx512", 0, NULL,                                                    \
      "float32 channels-last convolution with 4, 8 or 16 channels a group (block-diagonal "     \
-     "16-lane blocks, the reduction in registers)")                                            \
+     "blocks of 16 lanes, or 8 where a group has at most 8 outputs; the reduction in "         \
+     "registers)")                                                                             \
    X(CONV_GROUPED_AVX2, "grouped_avx2", 0, NULL,                                                 \
      "float32 channels-last grouped convolution below AVX-512: 2, 4 or 8k channels a group, "  \
      "8-lane blocks (forward, backward data by stride phases, weight gradient); also the "      \
