@@ -76,6 +76,7 @@ local function builder(lm, models)
    local init = nn.init
    local B = models._blocks(lm)
    local cna = B.conv_norm_act
+   local fold = require("lumen.nn.fold")
 
    local ResBottleneckBlock = nn.Module:extend("ResBottleneckBlock")
    function ResBottleneckBlock:__init(win, wout, stride, group_width, se_ratio)
@@ -94,13 +95,19 @@ local function builder(lm, models)
       self.f = f
       self.activation = nn.ReLU(true)
    end
+   -- relu(proj(x) + f(x)) as torchvision's, with the add and the ReLU inside f's last
+   -- convolution and batch norm (fold.conv_bn_add_relu) where nothing watches the block's
+   -- modules' own calls
    function ResBottleneckBlock:forward(x)
-      if self.proj ~= nil then
-         x = self.proj(x) + self.f(x)
-      else
-         x = x + self.f(x)
+      local identity = self.proj ~= nil and self.proj(x) or x
+      local f = self.f
+      if fold.unwrapped(self) then
+         local kids = f:children()
+         local h = x
+         for i = 1, #kids - 1 do h = kids[i](h) end
+         return fold.conv_bn_add_relu(kids[#kids], h, identity, self.activation)
       end
-      return self.activation(x)
+      return self.activation(identity + f(x))
    end
 
    local RegNet = nn.Module:extend("RegNet")

@@ -328,3 +328,80 @@ describe("fused optimizer steps", function()
       end
    end
 end)
+
+-- lumen.nn.fold.conv_bn_add_relu: relu(residual + seq(x)) for a Sequential (Conv2d, BatchNorm2d)
+-- (RegNet's block tail), the add and the ReLU inside the batch norm (training) or the
+-- convolution's epilogue (evaluation, folded per call or by nn.fold_batch_norm), against the
+-- same modules run op by op
+describe("nn.fold.conv_bn_add_relu", function()
+   local fold = require("lumen.nn.fold")
+   local nn = lm.nn
+   -- the same modules and operands on every call
+   local function setup()
+      lm.manual_seed(5)
+      local seq = nn.Sequential({ nn.Conv2d(24, 24, 1, { bias = false }), nn.BatchNorm2d(24) })
+      lm.to_channels_last(seq)
+      local bn = seq:get(2)
+      lm.no_grad(function()
+         bn.running_mean:copy_(lm.randn({ 24 }) * 0.1)
+         bn.running_var:copy_(lm.rand({ 24 }) + 0.5)
+         bn.weight:copy_(lm.randn({ 24 }))
+         bn.bias:copy_(lm.randn({ 24 }))
+      end)
+      local x = lm.randn({ 2, 24, 5, 6 }):contiguous(lm.channels_last)
+      local r = lm.randn({ 2, 24, 5, 6 }):contiguous(lm.channels_last)
+      return seq, x, r
+   end
+   local function plain(seq, x, r) return nn.ReLU()(r + seq(x)) end
+
+   it("training: values, gradients and running statistics as op by op, channels-last", function()
+      local g = lm.randn({ 2, 24, 5, 6 }):contiguous(lm.channels_last)
+      local function run(fused)
+         local s, x0, r0 = setup()
+         local x, r = x0:clone():requires_grad_(), r0:clone():requires_grad_()
+         local y = fused and fold.conv_bn_add_relu(s, x, r, nn.ReLU(true)) or plain(s, x, r)
+         y:backward(g)
+         return y, x.grad, r.grad, s:get(1).weight.grad, s:get(2).weight.grad,
+                s:get(2).running_mean
+      end
+      local ya, xa, ra, wa, ba, ma = run(true)
+      local yb, xb, rb, wb, bb, mb = run(false)
+      close("y", ya, yb, 2e-5)
+      close("grad x", xa, xb, 2e-5)
+      close("grad residual", ra, rb, 2e-5)
+      close("grad conv weight", wa, wb, 2e-5)
+      close("grad bn weight", ba, bb, 2e-5)
+      close("running mean", ma, mb, 1e-6)
+      assert.is_true(ya:is_contiguous(lm.channels_last))
+      assert.is_true(xa:is_contiguous(lm.channels_last))
+   end)
+
+   it("evaluation: folded per call, after nn.fold_batch_norm, and wrapped", function()
+      local seq, x, r = setup()
+      seq:eval()
+      local want = lm.no_grad(function() return plain(seq, x, r) end)
+      local y1 = lm.no_grad(function() return fold.conv_bn_add_relu(seq, x, r, nn.ReLU(true)) end)
+      close("folded per call", y1, want, 1e-5)
+      local folded = setup()
+      folded:eval()
+      lm.nn.fold_batch_norm(folded)
+      assert.are.equal("Identity", folded:get(2):type_name())
+      local y2 = lm.no_grad(function()
+         return fold.conv_bn_add_relu(folded, x, r, nn.ReLU(true))
+      end)
+      close("after fold_batch_norm", y2, want, 1e-5)
+      -- a module whose forward was replaced on the instance sees its own call
+      local seen = 0
+      local conv = seq:get(1)
+      local orig = conv.forward
+      conv.forward = function(self, ...)
+         seen = seen + 1
+         return orig(self, ...)
+      end
+      local y3 = lm.no_grad(function() return fold.conv_bn_add_relu(seq, x, r, nn.ReLU(true)) end)
+      conv.forward = nil
+      assert.are.equal(1, seen)
+      close("wrapped", y3, want, 1e-5)
+      assert.is_true(y1:is_contiguous(lm.channels_last) and y2:is_contiguous(lm.channels_last))
+   end)
+end)

@@ -499,6 +499,32 @@ function layers.Sequential:forward(x)
    return x
 end
 
+-- conv_bn_add_relu(seq, x, residual, relu) -> relu(residual + seq(x)), the tail of a block
+-- built from torchvision's Conv2dNormActivation without activation (RegNet's "c"): seq a
+-- Sequential of a convolution and its batch norm (or the Identity nn.fold_batch_norm left in its
+-- place), relu a plain nn.ReLU. The add and the ReLU run inside one of them, as lm.models' ResNet
+-- blocks do: in the convolution's epilogue when folded or (evaluation, gradients off) folded for
+-- the call, else in the batch norm (F.batch_norm's residual / relu options: one pass over the
+-- activation forward and one backward instead of three). Anything else (a wrapped forward, a jit
+-- recording in evaluation, other modules) runs as written.
+function M.conv_bn_add_relu(seq, x, residual, relu)
+   local kids = Module.is_module(seq) and rawget(seq, "forward") == nil and seq:children() or {}
+   local conv, bn = kids[1], kids[2]
+   if #kids == 2 and conv_kind(conv) and rawget(conv, "forward") == nil
+      and M.module_act(relu) == "relu" and Module.is_module(bn) then
+      if plain_identity(bn) then
+         return conv:forward(x, { residual = residual, relu = true })
+      end
+      if not bn.training and M.eval_foldable({ { conv, bn } }, { relu }) then
+         return M.conv_bn(conv, bn, x, { residual = residual, relu = true })
+      end
+      if FUSED_BN[bn:type_name()] and rawget(bn, "forward") == nil then
+         return M.bn_relu(bn, relu, conv(x), residual)
+      end
+   end
+   return relu(residual + seq(x))
+end
+
 -- fold_batch_norm(model) -> model, n: folds every foldable Conv2d -> BatchNorm2d and
 -- Conv3d -> BatchNorm3d pair in place
 -- (n: how many). The model must be in evaluation mode.
