@@ -24,6 +24,7 @@ local function builder(lm, models)
    local init = nn.init
    local B = models._blocks(lm)
    local cna, divisible = B.conv_norm_act, models._make_divisible
+   local fold = require("lumen.nn.fold")
 
    local MBConv = nn.Module:extend("MBConv")
    function MBConv:__init(cnf, sd_prob)
@@ -44,6 +45,10 @@ local function builder(lm, models)
       self.out_channels = cnf.out_channels
    end
    function MBConv:forward(x)
+      local sd = self.stochastic_depth
+      if self.use_res_connect and (not sd.training or sd.p == 0) and fold.unwrapped(self) then
+         return fold.block_add(self.block, x) -- stochastic depth is the identity here
+      end
       local y = self.block(x)
       if self.use_res_connect then y = self.stochastic_depth(y) + x end
       return y

@@ -16,6 +16,7 @@ local function builder(lm, models)
    local init = nn.init
    local B = models._blocks(lm)
    local cna, divisible = B.conv_norm_act, models._make_divisible
+   local fold = require("lumen.nn.fold")
 
    local function tv_init(model)
       for _, m in ipairs(model:modules()) do
@@ -50,9 +51,17 @@ local function builder(lm, models)
       self.conv = nn.Sequential(layers)
       self.out_channels = oup
    end
+   -- x + conv(x) as torchvision's, the add inside the last convolution or batch norm
+   -- (fold.conv_bn_add) where nothing watches the block's modules' own calls
    function IR2:forward(x)
-      if self.use_res_connect then return x + self.conv(x) end
-      return self.conv(x)
+      if not self.use_res_connect then return self.conv(x) end
+      if fold.unwrapped(self) then
+         local kids = self.conv:children()
+         local n, h = #kids, x
+         for i = 1, n - 2 do h = kids[i](h) end
+         return fold.conv_bn_add(kids[n - 1], kids[n], h, x)
+      end
+      return x + self.conv(x)
    end
 
    local V2 = nn.Module:extend("MobileNetV2")
@@ -115,6 +124,9 @@ local function builder(lm, models)
       self.out_channels = cnf.out_channels
    end
    function IR3:forward(x)
+      if self.use_res_connect and fold.unwrapped(self) then
+         return fold.block_add(self.block, x)
+      end
       local y = self.block(x)
       if self.use_res_connect then y = y + x end
       return y

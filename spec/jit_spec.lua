@@ -319,6 +319,22 @@ describe("lm.jit.freeze", function()
       assert.is_true(a1:is_contiguous())            -- the output keeps the traced format
    end)
 
+   it("folds a batch norm that adds a residual, with its own eps", function()
+      lm.manual_seed(4)
+      local w = lm.randn({ 6, 6, 1, 1 })
+      local rm, rv = lm.randn({ 6 }) * 0.1, lm.rand({ 6 }) + 0.5
+      local gw, gb = lm.randn({ 6 }), lm.randn({ 6 })
+      local fn = function(x)
+         -- eps 1e-3 (MobileNet V3's): the options refer to x, and were read without it
+         return F.batch_norm(F.conv2d(x, w), rm, rv, gw, gb,
+                             { eps = 1e-3, training = false, residual = x })
+      end
+      local x = lm.randn({ 2, 6, 4, 5 }):contiguous(lm.channels_last)
+      local f = lm.jit.freeze(lm.jit.trace(fn, x))
+      assert.are.equal(1, f.freeze_stats.fold_bn)
+      close("bn(conv(x)) + x", f(x), fn(x), 1e-5)
+   end)
+
    it("does not move a convolution past an in-place write into its input", function()
       local w = lm.randn({ 3, 3, 1, 1 })
       local fn = function(x)

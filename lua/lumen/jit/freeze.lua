@@ -264,6 +264,10 @@ function P.fold_bn(st)
       local conv = x and def[x]
       if conv and CONV[conv.op] and not conv.dead and uses[x] == 1 and not conv_fused(conv) then
          local o = arg_value(bn, 6) or {}
+         -- options that refer to a value (residual = %x) decode wrapped: the constants in o.t
+         -- (read through the wrapper, eps fell back to 1e-5: a frozen MobileNet V3, eps 1e-3,
+         -- was off by 5e-4 where its blocks add in the batch norm)
+         if type(o) == "table" and o.__dyn then o = o.t end
          local W = tensor_of(st, arg_id(conv, 2))
          local B = tensor_of(st, arg_id(conv, 3))
          local rm, rv = tensor_of(st, arg_id(bn, 2)), tensor_of(st, arg_id(bn, 3))
@@ -284,6 +288,9 @@ function P.fold_bn(st)
                   st.values[id].kind, st.values[id].name = "param", name
                else
                   conv.args[k] = { v = new_weight(st, fresh_name(st, name), t) }
+                  -- a bias given to F.conv2d(x, w) (two arguments) is a third one now: counted,
+                  -- or opts_map below would fill it with nil before the options
+                  if conv.nargs and conv.nargs < k then conv.nargs = k end
                end
             end
             local wname = st.values[arg_id(conv, 2)].name

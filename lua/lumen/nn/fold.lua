@@ -499,30 +499,59 @@ function layers.Sequential:forward(x)
    return x
 end
 
--- conv_bn_add_relu(seq, x, residual, relu) -> relu(residual + seq(x)), the tail of a block
--- built from torchvision's Conv2dNormActivation without activation (RegNet's "c"): seq a
--- Sequential of a convolution and its batch norm (or the Identity nn.fold_batch_norm left in its
--- place), relu a plain nn.ReLU. The add and the ReLU run inside one of them, as lm.models' ResNet
--- blocks do: in the convolution's epilogue when folded or (evaluation, gradients off) folded for
--- the call, else in the batch norm (F.batch_norm's residual / relu options: one pass over the
--- activation forward and one backward instead of three). Anything else (a wrapped forward, a jit
--- recording in evaluation, other modules) runs as written.
-function M.conv_bn_add_relu(seq, x, residual, relu)
-   local kids = Module.is_module(seq) and rawget(seq, "forward") == nil and seq:children() or {}
-   local conv, bn = kids[1], kids[2]
-   if #kids == 2 and conv_kind(conv) and rawget(conv, "forward") == nil
-      and M.module_act(relu) == "relu" and Module.is_module(bn) then
+-- conv_bn_add(conv, bn, x, residual [, relu]) -> residual + bn(conv(x)), then relu when given:
+-- the tail of a residual block (MobileNet's inverted residuals, EfficientNet's MBConv in
+-- evaluation, RegNet's bottleneck), conv a convolution, bn its batch norm or the Identity
+-- nn.fold_batch_norm left in its place, relu nil or a plain nn.ReLU. The add (and the ReLU) run
+-- inside one of them, as lm.models' ResNet blocks do: in the convolution's epilogue when folded
+-- or (evaluation, gradients off) folded for the call, else, with the ReLU, in the batch norm
+-- (F.batch_norm's residual / relu options: one pass over the activation forward and one
+-- backward instead of three). Anything else (a wrapped forward, a jit recording in evaluation,
+-- other modules, training without the ReLU) runs as written. The caller checks that nothing
+-- wraps the block's modules (M.unwrapped).
+function M.conv_bn_add(conv, bn, x, residual, relu)
+   if conv_kind(conv) and rawget(conv, "forward") == nil and Module.is_module(bn)
+      and (relu == nil or M.module_act(relu) == "relu") then
       if plain_identity(bn) then
-         return conv:forward(x, { residual = residual, relu = true })
+         return conv:forward(x, relu and { residual = residual, relu = true }
+                                or { residual = residual })
       end
-      if not bn.training and M.eval_foldable({ { conv, bn } }, { relu }) then
-         return M.conv_bn(conv, bn, x, { residual = residual, relu = true })
+      if not bn.training and M.eval_foldable({ { conv, bn } }, relu and { relu } or nil) then
+         return M.conv_bn(conv, bn, x, relu and { residual = residual, relu = true }
+                                       or { residual = residual })
       end
-      if FUSED_BN[bn:type_name()] and rawget(bn, "forward") == nil then
+      -- the batch norm's residual option only with the ReLU: without it the fused backward
+      -- writes the residual's gradient (a copy of grad_out) where the add's passes grad_out
+      -- itself on (MobileNet V3's training step, the two alternated: 1.03-1.09x slower)
+      if relu and FUSED_BN[bn:type_name()] and rawget(bn, "forward") == nil then
          return M.bn_relu(bn, relu, conv(x), residual)
       end
    end
+   local y = residual + bn(conv(x))
+   if relu then return relu(y) end
+   return y
+end
+
+-- conv_bn_add_relu(seq, x, residual, relu) -> relu(residual + seq(x)) for seq a Sequential of a
+-- convolution and its batch norm (torchvision's Conv2dNormActivation without activation:
+-- RegNet's "c"), through conv_bn_add
+function M.conv_bn_add_relu(seq, x, residual, relu)
+   local kids = Module.is_module(seq) and rawget(seq, "forward") == nil and seq:children() or {}
+   if #kids == 2 then return M.conv_bn_add(kids[1], kids[2], x, residual, relu) end
    return relu(residual + seq(x))
+end
+
+-- block_add(seq, x) -> seq(x) + x for seq a Sequential whose last child is a Sequential of a
+-- convolution and its batch norm (torchvision's Conv2dNormActivation without activation:
+-- MobileNet V3's and EfficientNet's inverted residual blocks), the add through conv_bn_add
+function M.block_add(seq, x)
+   local kids = seq:children()
+   local h = x
+   for i = 1, #kids - 1 do h = kids[i](h) end
+   local last = kids[#kids]
+   local pair = rawget(last, "forward") == nil and last:children() or {}
+   if #pair == 2 then return M.conv_bn_add(pair[1], pair[2], h, x) end
+   return last(h) + x
 end
 
 -- fold_batch_norm(model) -> model, n: folds every foldable Conv2d -> BatchNorm2d and
