@@ -51,16 +51,11 @@ local function builder(lm, models)
       self.conv = nn.Sequential(layers)
       self.out_channels = oup
    end
-   -- x + conv(x) as torchvision's, the add inside the last convolution or batch norm
-   -- (fold.conv_bn_add) where nothing watches the block's modules' own calls
+   -- x + conv(x) as torchvision's, the add inside the last convolution (fold.block_add) where
+   -- nothing watches the block's modules' own calls
    function IR2:forward(x)
       if not self.use_res_connect then return self.conv(x) end
-      if fold.unwrapped(self) then
-         local kids = self.conv:children()
-         local n, h = #kids, x
-         for i = 1, n - 2 do h = kids[i](h) end
-         return fold.conv_bn_add(kids[n - 1], kids[n], h, x)
-      end
+      if fold.unwrapped(self) then return fold.block_add(self.conv, x) end
       return x + self.conv(x)
    end
 

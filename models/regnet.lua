@@ -96,18 +96,12 @@ local function builder(lm, models)
       self.activation = nn.ReLU(true)
    end
    -- relu(proj(x) + f(x)) as torchvision's, with the add and the ReLU inside f's last
-   -- convolution and batch norm (fold.conv_bn_add_relu) where nothing watches the block's
-   -- modules' own calls
+   -- convolution and batch norm (fold.block_add) where nothing watches the block's modules'
+   -- own calls
    function ResBottleneckBlock:forward(x)
       local identity = self.proj ~= nil and self.proj(x) or x
-      local f = self.f
-      if fold.unwrapped(self) then
-         local kids = f:children()
-         local h = x
-         for i = 1, #kids - 1 do h = kids[i](h) end
-         return fold.conv_bn_add_relu(kids[#kids], h, identity, self.activation)
-      end
-      return self.activation(identity + f(x))
+      if fold.unwrapped(self) then return fold.block_add(self.f, x, identity, self.activation) end
+      return self.activation(identity + self.f(x))
    end
 
    local RegNet = nn.Module:extend("RegNet")

@@ -329,11 +329,11 @@ describe("fused optimizer steps", function()
    end
 end)
 
--- lumen.nn.fold.conv_bn_add_relu: relu(residual + seq(x)) for a Sequential (Conv2d, BatchNorm2d)
+-- lumen.nn.fold.block_add: relu(residual + seq(x)) for a Sequential (Conv2d, BatchNorm2d)
 -- (RegNet's block tail), the add and the ReLU inside the batch norm (training) or the
 -- convolution's epilogue (evaluation, folded per call or by nn.fold_batch_norm), against the
 -- same modules run op by op
-describe("nn.fold.conv_bn_add_relu", function()
+describe("nn.fold.block_add", function()
    local fold = require("lumen.nn.fold")
    local nn = lm.nn
    -- the same modules and operands on every call
@@ -359,7 +359,7 @@ describe("nn.fold.conv_bn_add_relu", function()
       local function run(fused)
          local s, x0, r0 = setup()
          local x, r = x0:clone():requires_grad_(), r0:clone():requires_grad_()
-         local y = fused and fold.conv_bn_add_relu(s, x, r, nn.ReLU(true)) or plain(s, x, r)
+         local y = fused and fold.block_add(s, x, r, nn.ReLU(true)) or plain(s, x, r)
          y:backward(g)
          return y, x.grad, r.grad, s:get(1).weight.grad, s:get(2).weight.grad,
                 s:get(2).running_mean
@@ -380,14 +380,14 @@ describe("nn.fold.conv_bn_add_relu", function()
       local seq, x, r = setup()
       seq:eval()
       local want = lm.no_grad(function() return plain(seq, x, r) end)
-      local y1 = lm.no_grad(function() return fold.conv_bn_add_relu(seq, x, r, nn.ReLU(true)) end)
+      local y1 = lm.no_grad(function() return fold.block_add(seq, x, r, nn.ReLU(true)) end)
       close("folded per call", y1, want, 1e-5)
       local folded = setup()
       folded:eval()
       lm.nn.fold_batch_norm(folded)
       assert.are.equal("Identity", folded:get(2):type_name())
       local y2 = lm.no_grad(function()
-         return fold.conv_bn_add_relu(folded, x, r, nn.ReLU(true))
+         return fold.block_add(folded, x, r, nn.ReLU(true))
       end)
       close("after fold_batch_norm", y2, want, 1e-5)
       -- without the ReLU (MobileNet's and EfficientNet's blocks): residual + bn(conv(x))
@@ -406,7 +406,7 @@ describe("nn.fold.conv_bn_add_relu", function()
          seen = seen + 1
          return orig(self, ...)
       end
-      local y3 = lm.no_grad(function() return fold.conv_bn_add_relu(seq, x, r, nn.ReLU(true)) end)
+      local y3 = lm.no_grad(function() return fold.block_add(seq, x, r, nn.ReLU(true)) end)
       conv.forward = nil
       assert.are.equal(1, seen)
       close("wrapped", y3, want, 1e-5)

@@ -64,6 +64,18 @@ static inline bool lm_is_float_dtype(int dt) {
 }
 static inline bool lm_valid_dtype(int dt) { return dt >= 0 && dt < LM_NUM_DTYPES; }
 
+/* the taps [*t0, *t1) of window o (0 <= t < k) that land inside the input: 0 <= o * s - pad +
+   t * d < I (pools and convolutions, d >= 1; an empty range when none does) */
+static inline void lm_window_taps(int64_t I, int64_t k, int64_t s, int64_t pad, int64_t d,
+                                  int64_t o, int64_t *t0, int64_t *t1) {
+   const int64_t st = o * s - pad;
+   const int64_t a = st >= 0 ? 0 : (-st + d - 1) / d;
+   int64_t b = st > I - 1 ? 0 : (I - 1 - st) / d + 1;
+   if (b > k) b = k;
+   *t0 = a;
+   *t1 = b > a ? b : a;
+}
+
 /* n float16 values to float32 and back, vectorizing (src/iter.c; bit-exact with lm_h2f / lm_f2h) */
 void lm_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
 void lm_f32_to_f16(const float *src, uint16_t *dst, int64_t n);

@@ -196,13 +196,11 @@ static lm_status dw2_forward_px(const dw2 *p, const float *in, const float *w, i
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
    for (int64_t row = 0; row < rows; row++) {
       const int64_t n = row / p->outH, ho = row % p->outH;
-      int64_t i0 = 0, i1 = p->kh;
-      while (i0 < i1 && ho * p->sh - p->ph + i0 * p->dh < 0) i0++;
-      while (i1 > i0 && ho * p->sh - p->ph + (i1 - 1) * p->dh >= p->inH) i1--;
+      int64_t i0, i1;
+      lm_window_taps(p->inH, p->kh, p->sh, p->ph, p->dh, ho, &i0, &i1);
       for (int64_t q = 0; q < p->outW; q++) {
-         int64_t j0 = 0, j1 = p->kw;
-         while (j0 < j1 && q * p->sw - p->pw + j0 * p->dw < 0) j0++;
-         while (j1 > j0 && q * p->sw - p->pw + (j1 - 1) * p->dw >= p->inW) j1--;
+         int64_t j0, j1;
+         lm_window_taps(p->inW, p->kw, p->sw, p->pw, p->dw, q, &j0, &j1);
          const int64_t o = (row * p->outW + q) * C;
          float *op = out + o;
          const float *rp = res ? res + o : NULL;

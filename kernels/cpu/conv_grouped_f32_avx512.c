@@ -242,8 +242,8 @@ GFWD_INST(21) GFWD_INST(22) GFWD_INST(23) GFWD_INST(24)
 static const gfwd_fn gfwd_tab[6][GR_PB + 1] = {GFWD_ROW(gf16s1), GFWD_ROW(gf16s2), GFWD_ROW(gfany),
                                                GFWD_ROW(g8s1),   GFWD_ROW(g8s2),   GFWD_ROW(g8any)};
 
-/* packed block-diagonal weights wpk[b][tap][c][16]: lane l of block b is output channel
-   o = 16b + l; input channel c of the block is channel (16b / Og) * Cg + c. tmap: NULL for a
+/* packed block-diagonal weights wpk[b][tap][c][L]: lane l of block b is output channel
+   o = L b + l; input channel c of the block is channel (L b / Og) * Cg + c. tmap: NULL for a
    forward (tap t of w), else the problem is backward data (p's output channels are the
    forward's input channels) and tap t is the forward's tap tmap[t] (the flipped kernel, or a
    phase's taps): the weight of (o, t, c) is w[forward out = group * Og_f + c_local][tmap[t]]
@@ -595,8 +595,8 @@ lm_status lm_conv_grp_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const
          for (int64_t n = sl * p.N / nsl; n < (sl + 1) * p.N / nsl; n++)
             for (int64_t band = 0; band < p.nband; band++) {
                const int64_t r0 = band * p.nr, nr = r0 + p.nr <= p.outH ? p.nr : p.outH - r0;
+               if (gw) stage(&p, x, n, b, r0, nr, st);
                if (gw && even) {
-                  stage(&p, x, n, b, r0, nr, st);
                   /* taps in equal chunks of at most GBWE_TT, outputs two at a time */
                   const int64_t nch = ceil_div(taps, GBWE_TT);
                   for (int64_t c = 0; c < nch; c++) {
@@ -606,7 +606,6 @@ lm_status lm_conv_grp_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const
                                           spread + l0 * 16, part + (l0 * taps + t0) * 16);
                   }
                } else if (gw) {
-                  stage(&p, x, n, b, r0, nr, st);
                   for (int64_t t0 = 0; t0 < taps; t0 += tmax) {
                      const int tt = (int)(taps - t0 < tmax ? taps - t0 : tmax);
                      gbww_tab[ci][tt](&p, st, gout + b * 16, nr, n, r0, m, toff + t0,

@@ -16,7 +16,6 @@
 #include <math.h>
 #include <string.h>
 
-
 /* lanes [0, min(n, 8)) on */
 static inline __m256i tail8(int64_t n) {
    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -22,7 +22,6 @@
 #include <math.h>
 #include <string.h>
 
-
 static inline __mmask16 tail16(int64_t n) {
    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }

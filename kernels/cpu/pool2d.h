@@ -167,11 +167,10 @@ POOL_HELPER int64_t tap_lists_size(const pool_t *p) {
 POOL_HELPER void taps_inside(int64_t I, int64_t O, int64_t k, int64_t s, int64_t pad, int64_t d,
                         int64_t *t0, int64_t *n) {
    for (int64_t o = 0; o < O; o++) {
-      const int64_t st = o * s - pad;
-      const int64_t a = st >= 0 ? 0 : (-st + d - 1) / d;
-      const int64_t b = st > I - 1 ? -1 : min64(k - 1, (I - 1 - st) / d);
+      int64_t a, b;
+      lm_window_taps(I, k, s, pad, d, o, &a, &b);
       t0[o] = a;
-      n[o] = b >= a ? b - a + 1 : 0;
+      n[o] = b - a;
    }
 }
 

@@ -532,26 +532,33 @@ function M.conv_bn_add(conv, bn, x, residual, relu)
    return y
 end
 
--- conv_bn_add_relu(seq, x, residual, relu) -> relu(residual + seq(x)) for seq a Sequential of a
--- convolution and its batch norm (torchvision's Conv2dNormActivation without activation:
--- RegNet's "c"), through conv_bn_add
-function M.conv_bn_add_relu(seq, x, residual, relu)
-   local kids = Module.is_module(seq) and rawget(seq, "forward") == nil and seq:children() or {}
-   if #kids == 2 then return M.conv_bn_add(kids[1], kids[2], x, residual, relu) end
-   return relu(residual + seq(x))
-end
-
--- block_add(seq, x) -> seq(x) + x for seq a Sequential whose last child is a Sequential of a
--- convolution and its batch norm (torchvision's Conv2dNormActivation without activation:
--- MobileNet V3's and EfficientNet's inverted residual blocks), the add through conv_bn_add
-function M.block_add(seq, x)
+-- block_add(seq, x [, residual [, relu]]) -> seq(x) + residual (residual defaults to x), then
+-- relu when given: seq a block's Sequential ending in a convolution and its batch norm, either
+-- as its last two children (MobileNet V2's inverted residual) or as a last child that is a
+-- Sequential of the two (torchvision's Conv2dNormActivation without activation: MobileNet V3,
+-- EfficientNet, RegNet's "c"). The children before that run as they are; the add (and the
+-- ReLU) through conv_bn_add.
+function M.block_add(seq, x, residual, relu)
+   if residual == nil then residual = x end
    local kids = seq:children()
+   local n = #kids
+   local last = kids[n]
+   local conv, bn, body
+   local pair = Module.is_module(last) and rawget(last, "forward") == nil and last:children()
+                or {}
+   if #pair == 2 and conv_kind(pair[1]) then
+      conv, bn, body = pair[1], pair[2], n - 1
+   elseif n >= 2 and conv_kind(kids[n - 1]) then
+      conv, bn, body = kids[n - 1], last, n - 2
+   end
+   if conv == nil then
+      local y = residual + seq(x)
+      if relu then return relu(y) end
+      return y
+   end
    local h = x
-   for i = 1, #kids - 1 do h = kids[i](h) end
-   local last = kids[#kids]
-   local pair = rawget(last, "forward") == nil and last:children() or {}
-   if #pair == 2 then return M.conv_bn_add(pair[1], pair[2], h, x) end
-   return last(h) + x
+   for i = 1, body do h = kids[i](h) end
+   return M.conv_bn_add(conv, bn, h, residual, relu)
 end
 
 -- fold_batch_norm(model) -> model, n: folds every foldable Conv2d -> BatchNorm2d and
