@@ -119,6 +119,77 @@ lm.F.conv2d(x, w, nil, { stride = 2, padding = 1, groups = 13 }):sum():backward(
    end)
 end)
 
+-- Depthwise layers on AVX-512 ("depthwise_avx512", kernels/cpu/conv_depthwise_f32_avx512.c):
+-- its tiled rows (5x5 and 7x7 forwards at stride 1 and 2, stride-1 backward data of 3x3, 5x5
+-- and 7x7, the weight gradient of those and of 3x3 at stride 1) beside its 4-pixel blocks (3x3
+-- forwards, strided backward data, column dilation), each geometry against
+-- float64: channel counts that leave a partial 16-lane vector, rows of one partial tile, rows of
+-- several tiles and a remainder, maps where every pixel is a border one, padding 0 and k - 1,
+-- row dilation 2, bias / residual / activation in the epilogue; and the same values with the
+-- kernel switched off.
+-- {name, N, C, H, W, k, stride, padding, dilation, bias, residual, act}
+local DW = {
+   { "7x7 stride 1, 24 channels, rows of 3 tiles", 2, 24, 9, 20, 7, 1, 3, 1, true, true, "silu" },
+   { "7x7 stride 1 on 7x7 maps (every pixel a border one)", 2, 48, 7, 7, 7, 1, 3, 1, true,
+     false, nil },
+   { "7x7 stride 2, 40 channels", 2, 40, 15, 19, 7, 2, 3, 1, false, false, "relu" },
+   { "5x5 stride 1, 72 channels, padding 0", 2, 72, 9, 21, 5, 1, 0, 1, true, false, nil },
+   { "5x5 stride 2, 144 channels", 1, 144, 12, 17, 5, 2, 2, 1, true, true, "hardswish" },
+   { "5x5 stride 1, padding 4, row dilation 2", 2, 16, 10, 11, 5, 1, 4, { 2, 1 }, false, false,
+     nil },
+   { "3x3 stride 1, 40 channels, a 2x3 map", 3, 40, 2, 3, 3, 1, 1, 1, true, false, nil },
+   { "3x3 stride 1, 32 channels, rows of 4 tiles", 2, 32, 6, 30, 3, 1, 1, 1, false, true, nil },
+   { "3x3 stride 2 (the blocks)", 2, 24, 9, 13, 3, 2, 1, 1, true, false, "relu6" },
+}
+
+describe("depthwise conv2d on AVX-512 (depthwise_avx512: tiles and blocks)", function()
+   for _, g in ipairs(DW) do
+      it(g[1] .. ": values and every gradient against float64", function()
+         local _, N, Cn, Hh, W, k, s, p, d, hb, hr, act = unpack(g)
+         lm.manual_seed(13)
+         local x = lm.randn({ N, Cn, Hh, W }):contiguous(lm.channels_last)
+         local w = (lm.randn({ Cn, 1, k, k }) * 0.3):contiguous(lm.channels_last)
+         local b = hb and lm.randn({ Cn }) or nil
+         local opts = { stride = s, padding = p, dilation = d, groups = Cn }
+         local y0 = F.conv2d(x, w, nil, opts)
+         local r = hr and lm.randn(y0:size()):contiguous(lm.channels_last) or nil
+         local gy = lm.randn(y0:size()):contiguous(lm.channels_last)
+         local function go(xx, ww, bb, rr, gg)
+            xx, ww = xx:clone():requires_grad_(true), ww:clone():requires_grad_(true)
+            bb = bb and bb:clone():requires_grad_(true) or nil
+            local y
+            if act and not rr then
+               y = F.conv2d(xx, ww, bb, { stride = s, padding = p, dilation = d, groups = Cn,
+                                          act = act })
+            else
+               y = F.conv2d(xx, ww, bb, opts)
+               if rr then y = y + rr end
+               if act then y = F[act](y) end
+            end
+            (y * gg):sum():backward()
+            return y, xx.grad, ww.grad, bb and bb.grad or nil
+         end
+         local y, gx, gw, gb = go(x, w, b, r, gy)
+         local y64, gx64, gw64, gb64 = go(d64(x), d64(w), d64(b), d64(r), d64(gy))
+         assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
+         assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
+         assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
+         if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
+         assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
+         assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
+         assert.is_true(gw:is_contiguous(lm.channels_last), "grad_weight channels-last")
+         if on_cpu then
+            lm.backends.cpu.disable("depthwise_avx512")
+            local ok, y2, gx2, gw2 = pcall(go, x, w, b, r, gy)
+            lm.backends.cpu.enable("depthwise_avx512")
+            assert(ok, y2)
+            assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
+                           rel_diff(gw, gw2) < 1e-5, "the kernel switched off")
+         end
+      end)
+   end
+end)
+
 -- Below AVX-512 (forced to AVX2 on any CPU that has it, so AVX-512 machines run these too):
 -- kernels/cpu/conv_grouped_f32_avx2.c ("grouped_avx2": groups of 2, 4 or 8k output channels,
 -- O a multiple of 8; forward, grad_input (strided: by phases), grad_weight; and groups 1 with

@@ -29,6 +29,148 @@ static float *dw_transpose_w(const conv_geom *g, const float *w, size_t *bytes) 
    return wt;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The tiled rows (square kernels, column dilation 1): one channel vector (16 lanes, masked at the
+ * tail) of DWT_P output pixels of a row in registers, a kernel row's kw weights in registers, and
+ * every input column the tile reads loaded once per kernel row and multiplied into each pixel
+ * whose tap reads it: (DWT_P - 1) * S + KW loads for DWT_P * KW FMAs a kernel row, where the
+ * 4-pixel x 64-channel blocks above load an input vector for every FMA and work out its column
+ * per tap and pixel. Tiles whose taps all land inside the row run unmasked; the others (the
+ * borders, a row's last partial tile) mask each column's FMAs off where it falls outside the
+ * input (mask3: the sum is left as it was, as the blocks skip the tap). Each pixel adds bias,
+ * then its taps in the blocks' order (kernel rows, then kernel columns, ascending): the same bits
+ * as the blocks. Backward data reads grad_out column q + pw - j for tap j (the gather form at
+ * stride 1), so its columns are walked from the last to the first to keep that order.
+ *
+ * Where (dwt_pick), from alternations in one process (Zen 4, 2 threads, batch 8, ms, blocks ->
+ * tiles): the compute-bound 5x5 and 7x7 forwards at stride 1 and 2 (7x7 8 x 96 x 56 x 56 3.5-3.7
+ * -> 1.7-1.8, 8 x 384 x 14 x 14 0.64-0.74 -> 0.49-0.60; 5x5 8 x 672 x 14 x 14 0.71-0.96 ->
+ * 0.49-0.64, 8 x 144 x 56 x 56 stride 2 1.07-1.34 -> 0.75-1.04) and the stride-1 backward data of
+ * 3x3, 5x5 and 7x7 (forward + both gradients, 7x7 8 x 96 x 56 x 56 12.2-13.7 -> 7.0-8.9, 3x3 8 x
+ * 32 x 112 x 112 8.1 -> 6.0). 3x3 forwards stay with the blocks: alone the tiles won (8 x 144 x
+ * 56 x 56 2.9 -> 2.2 ms), inside MobileNet V2 they lost on most layers (their input comes from
+ * the layer before, and the blocks' four lines a pixel read it better: 144 channels at 56 x 56
+ * 2.6 -> 3.1, stride 2 1.4 -> 1.8). */
+enum { DWT_P = 8, DWT_MAXKH = 16 };
+
+typedef struct {
+   const float *rows[DWT_MAXKH]; /* the input rows the valid kernel rows read */
+   int ki[DWT_MAXKH];            /* and those kernel rows */
+   int nr;
+   int64_t inW, outW, C, pw;
+   const float *wt, *bias, *res; /* res: the output row's residual (or NULL) */
+   int act;
+   float *out;                   /* the output row */
+} dwt_row;
+
+static inline __attribute__((always_inline)) void dwt_tile(const dwt_row *a, const int KW,
+                                                          const int S, const int FLIP,
+                                                          const int EDGE, int64_t q0, int np,
+                                                          int64_t c0, __mmask16 m) {
+   const int64_t C = a->C, inW = a->inW;
+   /* input column of tap 0 of the tile's first pixel, and the number of columns the tile reads */
+   const int64_t col0 = FLIP ? q0 + a->pw - (KW - 1) : q0 * S - a->pw;
+   enum { NT_MAX = (DWT_P - 1) * 2 + 7 };
+   const int NT = FLIP ? DWT_P - 1 + KW : (DWT_P - 1) * S + KW;
+   const __m512 b = a->bias ? _mm512_maskz_loadu_ps(m, a->bias + c0) : _mm512_setzero_ps();
+   __m512 acc[DWT_P];
+#pragma GCC unroll 8
+   for (int k = 0; k < DWT_P; k++) acc[k] = b;
+   for (int ii = 0; ii < a->nr; ii++) {
+      const float *ip = a->rows[ii] + c0;
+      const float *wp = a->wt + (int64_t)a->ki[ii] * KW * C + c0;
+      __m512 w[7];
+#pragma GCC unroll 7
+      for (int j = 0; j < KW; j++) w[j] = _mm512_maskz_loadu_ps(m, wp + j * C);
+#pragma GCC unroll 21
+      for (int uu = 0; uu < NT_MAX; uu++) {
+         if (uu >= NT) break;
+         const int u = FLIP ? NT - 1 - uu : uu; /* column col0 + u */
+         const int64_t col = col0 + u;
+         __mmask16 cm = m;
+         const float *xp;
+         if (EDGE) {
+            const int in = col >= 0 && col < inW;
+            cm = in ? m : 0;
+            xp = ip + (in ? col : 0) * C;
+         } else {
+            xp = ip + col * C;
+         }
+         const __m512 x = _mm512_maskz_loadu_ps(cm, xp);
+#pragma GCC unroll 8
+         for (int k = 0; k < DWT_P; k++) {
+            /* the tap of pixel k that reads column u */
+            const int j = FLIP ? k + KW - 1 - u : u - k * S;
+            if (j < 0 || j >= KW) continue;
+            acc[k] = EDGE ? _mm512_mask3_fmadd_ps(x, w[j], acc[k], cm)
+                          : _mm512_fmadd_ps(x, w[j], acc[k]);
+         }
+      }
+   }
+#pragma GCC unroll 8
+   for (int k = 0; k < DWT_P; k++) {
+      if (k >= np) break;
+      const int64_t off = (q0 + k) * C + c0;
+      __m512 t = acc[k];
+      if (a->res) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, a->res + off));
+      if (a->act) t = lm_act_ps(t, a->act);
+      _mm512_mask_storeu_ps(a->out + off, m, t);
+   }
+}
+
+/* every tile of a row: full tiles inside the input unmasked, the others masked per column */
+static inline __attribute__((always_inline)) void dwt_row_body(const dwt_row *a, const int KW,
+                                                              const int S, const int FLIP) {
+   const int64_t C = a->C, outW = a->outW, inW = a->inW;
+   for (int64_t q0 = 0; q0 < outW; q0 += DWT_P) {
+      const int np = outW - q0 < DWT_P ? (int)(outW - q0) : DWT_P;
+      const int64_t first = FLIP ? q0 + a->pw - (KW - 1) : q0 * S - a->pw;
+      const int64_t last = FLIP ? q0 + DWT_P - 1 + a->pw : (q0 + DWT_P - 1) * S - a->pw + KW - 1;
+      const int inside = np == DWT_P && first >= 0 && last < inW;
+      for (int64_t c0 = 0; c0 < C; c0 += 16) {
+         const __mmask16 m = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1);
+         if (inside)
+            dwt_tile(a, KW, S, FLIP, 0, q0, np, c0, m);
+         else
+            dwt_tile(a, KW, S, FLIP, 1, q0, np, c0, m);
+      }
+   }
+}
+
+#define DWT_ROW(KW, S, FLIP)                                                                     \
+   static void dwt_row_##KW##_##S##_##FLIP(const dwt_row *a) { dwt_row_body(a, KW, S, FLIP); }
+DWT_ROW(5, 1, 0)
+DWT_ROW(5, 2, 0)
+DWT_ROW(7, 1, 0)
+DWT_ROW(7, 2, 0)
+DWT_ROW(3, 1, 1)
+DWT_ROW(5, 1, 1)
+DWT_ROW(7, 1, 1)
+#undef DWT_ROW
+
+typedef void (*dwt_row_fn)(const dwt_row *);
+
+/* the tiled row function for this geometry, or NULL (dw_rows' blocks then) */
+static dwt_row_fn dwt_pick(const conv_geom *g, int transposed) {
+   if (g->dw != 1 || g->kh > DWT_MAXKH || g->kh != g->kw) return NULL;
+   if (transposed) {
+      if (g->sw != 1) return NULL;
+      switch (g->kw) {
+      case 3: return dwt_row_3_1_1;
+      case 5: return dwt_row_5_1_1;
+      case 7: return dwt_row_7_1_1;
+      default: return NULL;
+      }
+   }
+   switch (g->kw * 10 + (int)g->sw) {
+   case 51: return dwt_row_5_1_0;
+   case 52: return dwt_row_5_2_0;
+   case 71: return dwt_row_7_1_0;
+   case 72: return dwt_row_7_2_0;
+   default: return NULL;
+   }
+}
+
 /* forward (transposed = 0) or backward data (transposed = 1, gather form): output pixel (r, q)
    of image n reads input pixel (r*sh - ph + i*dh, q*sw - pw + j*dw) (forward) or
    ((r + ph - i*dh)/sh, (q + pw - j*dw)/sw) where divisible (backward data) */
@@ -38,10 +180,32 @@ static void dw_rows(const conv_geom *g, int transposed, const float *in, const f
    const int64_t inH = transposed ? g->Ho : g->H, inW = transposed ? g->Wo : g->W;
    const int64_t outH = transposed ? g->H : g->Ho, outW = transposed ? g->W : g->Wo;
    const int64_t rows = g->N * outH;
+   const dwt_row_fn tiled = dwt_pick(g, transposed);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
    for (int64_t row = 0; row < rows; row++) {
       const int64_t n = row / outH, r = row % outH;
       const float *img = in + n * inH * inW * C;
+      if (tiled) {
+         dwt_row a = {.nr = 0, .inW = inW, .outW = outW, .C = C, .pw = g->pw, .wt = wt,
+                      .bias = bias, .res = res ? res + row * outW * C : NULL, .act = act,
+                      .out = out + row * outW * C};
+         for (int64_t i = 0; i < kh; i++) {
+            int64_t hi;
+            if (!transposed) {
+               hi = r * g->sh - g->ph + i * g->dh;
+               if (hi < 0 || hi >= inH) continue;
+            } else {
+               const int64_t th = r + g->ph - i * g->dh;
+               if (th < 0 || th % g->sh) continue;
+               hi = th / g->sh;
+               if (hi >= inH) continue;
+            }
+            a.rows[a.nr] = img + hi * inW * C;
+            a.ki[a.nr++] = (int)i;
+         }
+         tiled(&a);
+         continue;
+      }
       /* pixel blocks outside, channel blocks inside: the input is read in memory order */
       for (int64_t q0 = 0; q0 < outW; q0 += DW_PB) {
          const int64_t pb = outW - q0 < DW_PB ? outW - q0 : DW_PB;
@@ -138,6 +302,82 @@ lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, con
    return LM_OK;
 }
 
+/* The weight gradient's tiled kernel row (3x3, 5x5, 7x7; column stride 1 or 2, dilation 1): the
+ * KW sums of one kernel row and one channel vector stay in registers over the output row, DWT_P
+ * grad_out pixels are loaded once a tile, and every input column the tile reads once, multiplied
+ * into the sum of each tap that pairs it with one of those pixels (the blocks below load both
+ * operands of every FMA). Each tap's sum takes its pixels in ascending order, as below: the same
+ * bits. Columns outside the input (and a partial tile's missing pixels) are masked off. Taken
+ * (dwt_bwdw_pick) for 5x5 and 7x7 at stride 1 and 2 and 3x3 at stride 1; at stride 2 the 3x3
+ * tiles lost inside MobileNet V2's step (8 x 144 x 56 x 56 backward 2.8 -> 3.1 ms) */
+static inline __attribute__((always_inline)) void dwt_bwdw_row(const int KW, const int S,
+                                                              const float *xrow,
+                                                              const float *grow, int64_t W,
+                                                              int64_t Wo, int64_t C, int64_t pw,
+                                                              float *ap, int64_t Cp,
+                                                              __mmask16 m) {
+   enum { NT_MAX = (DWT_P - 1) * 2 + 7 };
+   const int NT = (DWT_P - 1) * S + KW;
+   __m512 acc[7];
+#pragma GCC unroll 7
+   for (int j = 0; j < KW; j++) acc[j] = _mm512_maskz_loadu_ps(m, ap + j * Cp);
+   for (int64_t q0 = 0; q0 < Wo; q0 += DWT_P) {
+      const int np = Wo - q0 < DWT_P ? (int)(Wo - q0) : DWT_P;
+      const int64_t col0 = q0 * S - pw;
+      const int inside = np == DWT_P && col0 >= 0 && col0 + NT - 1 < W;
+      __m512 gv[DWT_P];
+#pragma GCC unroll 8
+      for (int k = 0; k < DWT_P; k++)
+         gv[k] = _mm512_maskz_loadu_ps(k < np ? m : 0, grow + (k < np ? q0 + k : 0) * C);
+#pragma GCC unroll 21
+      for (int u = 0; u < NT_MAX; u++) {
+         if (u >= NT) break;
+         const int64_t col = col0 + u;
+         const int in = inside || (col >= 0 && col < W);
+         const __mmask16 cm = in ? m : 0;
+         const __m512 x = _mm512_maskz_loadu_ps(cm, xrow + (in ? col : 0) * C);
+#pragma GCC unroll 8
+         for (int k = 0; k < DWT_P; k++) {
+            const int j = u - k * S;
+            if (j < 0 || j >= KW) continue;
+            if (inside)
+               acc[j] = _mm512_fmadd_ps(x, gv[k], acc[j]);
+            else if (k < np)
+               acc[j] = _mm512_mask3_fmadd_ps(x, gv[k], acc[j], cm);
+         }
+      }
+   }
+#pragma GCC unroll 7
+   for (int j = 0; j < KW; j++) _mm512_mask_storeu_ps(ap + j * Cp, m, acc[j]);
+}
+
+#define DWT_BWDW(KW, S)                                                                          \
+   static void dwt_bwdw_##KW##_##S(const float *xrow, const float *grow, int64_t W, int64_t Wo, \
+                                   int64_t C, int64_t pw, float *ap, int64_t Cp, __mmask16 m) { \
+      dwt_bwdw_row(KW, S, xrow, grow, W, Wo, C, pw, ap, Cp, m);                                  \
+   }
+DWT_BWDW(3, 1)
+DWT_BWDW(5, 1)
+DWT_BWDW(5, 2)
+DWT_BWDW(7, 1)
+DWT_BWDW(7, 2)
+#undef DWT_BWDW
+
+typedef void (*dwt_bwdw_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t,
+                            float *, int64_t, __mmask16);
+
+static dwt_bwdw_fn dwt_bwdw_pick(const conv_geom *g) {
+   if (g->dw != 1 || g->kh != g->kw) return NULL;
+   switch (g->kw * 10 + (int)g->sw) {
+   case 31: return dwt_bwdw_3_1;
+   case 51: return dwt_bwdw_5_1;
+   case 52: return dwt_bwdw_5_2;
+   case 71: return dwt_bwdw_7_1;
+   case 72: return dwt_bwdw_7_2;
+   default: return NULL;
+   }
+}
+
 /* gw: (C, 1, kh, kw); per-thread partials [tap][C] (+ bias), one output row per work unit */
 lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const float *gout,
                                       float *gw, float *gb) {
@@ -147,6 +387,7 @@ lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const 
    if (gb) memset(gb, 0, (size_t)C * sizeof(float));
    if (N * Ho * Wo == 0 || C == 0) return LM_OK;
    const int nthr = conv_threads((double)N * Ho * Wo * C * taps);
+   const dwt_bwdw_fn tiled = dwt_bwdw_pick(g);
    const int64_t Cp = (C + 15) / 16 * 16, per = (taps + 1) * Cp;
    const size_t bytes = (size_t)(nthr * per) * sizeof(float);
    float *buf = lm_alloc(bytes);
@@ -172,6 +413,18 @@ lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const 
                for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(pb + c0 + 16 * v, m[v], s[v]);
             }
             if (!gw) continue;
+            if (tiled) {
+               for (int v = 0; v < 4; v++) {
+                  if (!m[v]) break;
+                  for (int64_t i = 0; i < kh; i++) {
+                     const int64_t hi = ho * g->sh - g->ph + i * g->dh;
+                     if (hi < 0 || hi >= H) continue;
+                     tiled(x + (n * H + hi) * W * C + c0 + 16 * v, grow + c0 + 16 * v, W, Wo, C,
+                           g->pw, pw + i * kw * Cp + c0 + 16 * v, Cp, m[v]);
+                  }
+               }
+               continue;
+            }
             for (int64_t i = 0; i < kh; i++) {
                const int64_t hi = ho * g->sh - g->ph + i * g->dh;
                if (hi < 0 || hi >= H) continue;
