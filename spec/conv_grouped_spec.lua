@@ -128,7 +128,7 @@ end)
 -- row dilation 2, bias / residual / activation in the epilogue; and the same values with the
 -- kernel switched off.
 -- {name, N, C, H, W, k, stride, padding, dilation, bias, residual, act}
-local DW = {
+local DW_GEOMS = {
    { "7x7 stride 1, 24 channels, rows of 3 tiles", 2, 24, 9, 20, 7, 1, 3, 1, true, true, "silu" },
    { "7x7 stride 1 on 7x7 maps (every pixel a border one)", 2, 48, 7, 7, 7, 1, 3, 1, true,
      false, nil },
@@ -143,7 +143,7 @@ local DW = {
 }
 
 describe("depthwise conv2d on AVX-512 (depthwise_avx512: tiles and blocks)", function()
-   for _, g in ipairs(DW) do
+   for _, g in ipairs(DW_GEOMS) do
       it(g[1] .. ": values and every gradient against float64", function()
          local _, N, Cn, Hh, W, k, s, p, d, hb, hr, act = unpack(g)
          lm.manual_seed(13)
