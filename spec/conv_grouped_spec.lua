@@ -120,13 +120,13 @@ lm.F.conv2d(x, w, nil, { stride = 2, padding = 1, groups = 13 }):sum():backward(
 end)
 
 -- Depthwise layers on AVX-512 ("depthwise_avx512", kernels/cpu/conv_depthwise_f32_avx512.c):
--- its tiled rows (5x5 and 7x7 forwards at stride 1 and 2, stride-1 backward data of 3x3, 5x5
--- and 7x7, the weight gradient of those and of 3x3 at stride 1) beside its 4-pixel blocks (3x3
--- forwards, strided backward data, column dilation), each geometry against
--- float64: channel counts that leave a partial 16-lane vector, rows of one partial tile, rows of
--- several tiles and a remainder, maps where every pixel is a border one, padding 0 and k - 1,
--- row dilation 2, bias / residual / activation in the epilogue; and the same values with the
--- kernel switched off.
+-- its tiled rows (forwards of 3x3 (4 pixels x 4 channel vectors), 5x5 and 7x7 (8 pixels x 1)
+-- at stride 1 and 2; stride-1 backward data; the weight gradient of 5x5 and 7x7 and of 3x3 at
+-- stride 1) beside its 4-pixel x 64-channel blocks (strided backward data, the 3x3 strided weight
+-- gradient, column dilation), each geometry against float64: channel counts that leave a
+-- partial 16-lane vector, rows of one partial tile, rows of several tiles and a remainder, maps
+-- where every pixel is a border one, padding 0 and k - 1, row dilation 2, bias / residual /
+-- activation in the epilogue; and the same values with the kernel switched off.
 -- {name, N, C, H, W, k, stride, padding, dilation, bias, residual, act}
 local DW_GEOMS = {
    { "7x7 stride 1, 24 channels, rows of 3 tiles", 2, 24, 9, 20, 7, 1, 3, 1, true, true, "silu" },
@@ -139,7 +139,11 @@ local DW_GEOMS = {
      nil },
    { "3x3 stride 1, 40 channels, a 2x3 map", 3, 40, 2, 3, 3, 1, 1, 1, true, false, nil },
    { "3x3 stride 1, 32 channels, rows of 4 tiles", 2, 32, 6, 30, 3, 1, 1, 1, false, true, nil },
-   { "3x3 stride 2 (the blocks)", 2, 24, 9, 13, 3, 2, 1, 1, true, false, "relu6" },
+   { "3x3 stride 2 (tiles forward, blocks backward)", 2, 24, 9, 13, 3, 2, 1, 1, true, false,
+     "relu6" },
+   { "3x3 stride 1, 80 channels (a tile of 4 vectors, one partial), 13 columns", 2, 80, 5, 13,
+     3, 1, 1, 1, true, true, "silu" },
+   { "3x3 dilation 2 (the blocks)", 2, 32, 9, 9, 3, 1, 2, 2, false, false, nil },
 }
 
 describe("depthwise conv2d on AVX-512 (depthwise_avx512: tiles and blocks)", function()

@@ -47,10 +47,14 @@ static float *dw_transpose_w(const conv_geom *g, const float *w, size_t *bytes) 
  * -> 1.7-1.8, 8 x 384 x 14 x 14 0.64-0.74 -> 0.49-0.60; 5x5 8 x 672 x 14 x 14 0.71-0.96 ->
  * 0.49-0.64, 8 x 144 x 56 x 56 stride 2 1.07-1.34 -> 0.75-1.04) and the stride-1 backward data of
  * 3x3, 5x5 and 7x7 (forward + both gradients, 7x7 8 x 96 x 56 x 56 12.2-13.7 -> 7.0-8.9, 3x3 8 x
- * 32 x 112 x 112 8.1 -> 6.0). 3x3 forwards stay with the blocks: alone the tiles won (8 x 144 x
- * 56 x 56 2.9 -> 2.2 ms), inside MobileNet V2 they lost on most layers (their input comes from
- * the layer before, and the blocks' four lines a pixel read it better: 144 channels at 56 x 56
- * 2.6 -> 3.1, stride 2 1.4 -> 1.8). */
+ * 32 x 112 x 112 8.1 -> 6.0), one channel vector of 8 pixels a tile. 3x3 forwards, whose input
+ * comes from the layer before and is read about once (memory-bound), take 4 pixels x 4 channel
+ * vectors: each pixel's 64 channels (four lines) read together, as the blocks read them. With one
+ * vector of 8 pixels they won alone (8 x 144 x 56 x 56 2.9 -> 2.2) but lost inside MobileNet V2
+ * (2.6 -> 3.1, stride 2 1.4 -> 1.8); with 4 x 4 every 3x3 layer of EfficientNet-B0 and
+ * MobileNet V3 and most of MobileNet V2's are faster in the model (verbose kernel times, 4
+ * alternations in one process: the 3x3 layers' sum 14.7 -> 11.6 ms, 9.4 -> 8.1, 17.0 -> 15.0).
+ * 5x5 with 2 vectors of 8 pixels and the backward data with 4 x 4 measured slower or even. */
 enum { DWT_P = 8, DWT_MAXKH = 16 };
 
 typedef struct {
@@ -65,80 +69,103 @@ typedef struct {
 
 static inline __attribute__((always_inline)) void dwt_tile(const dwt_row *a, const int KW,
                                                           const int S, const int FLIP,
+                                                          const int P, const int V,
                                                           const int EDGE, int64_t q0, int np,
-                                                          int64_t c0, __mmask16 m) {
+                                                          int64_t c0, const __mmask16 *m) {
    const int64_t C = a->C, inW = a->inW;
    /* input column of tap 0 of the tile's first pixel, and the number of columns the tile reads */
    const int64_t col0 = FLIP ? q0 + a->pw - (KW - 1) : q0 * S - a->pw;
    enum { NT_MAX = (DWT_P - 1) * 2 + 7 };
-   const int NT = FLIP ? DWT_P - 1 + KW : (DWT_P - 1) * S + KW;
-   const __m512 b = a->bias ? _mm512_maskz_loadu_ps(m, a->bias + c0) : _mm512_setzero_ps();
-   __m512 acc[DWT_P];
+   const int NT = FLIP ? P - 1 + KW : (P - 1) * S + KW;
+   __m512 acc[DWT_P][4];
+#pragma GCC unroll 4
+   for (int v = 0; v < V; v++) {
+      const __m512 b =
+         a->bias ? _mm512_maskz_loadu_ps(m[v], a->bias + c0 + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 8
-   for (int k = 0; k < DWT_P; k++) acc[k] = b;
+      for (int k = 0; k < P; k++) acc[k][v] = b;
+   }
    for (int ii = 0; ii < a->nr; ii++) {
       const float *ip = a->rows[ii] + c0;
       const float *wp = a->wt + (int64_t)a->ki[ii] * KW * C + c0;
-      __m512 w[7];
+      __m512 w[7][4];
 #pragma GCC unroll 7
-      for (int j = 0; j < KW; j++) w[j] = _mm512_maskz_loadu_ps(m, wp + j * C);
+      for (int j = 0; j < KW; j++)
+#pragma GCC unroll 4
+         for (int v = 0; v < V; v++) w[j][v] = _mm512_maskz_loadu_ps(m[v], wp + j * C + 16 * v);
 #pragma GCC unroll 21
       for (int uu = 0; uu < NT_MAX; uu++) {
          if (uu >= NT) break;
          const int u = FLIP ? NT - 1 - uu : uu; /* column col0 + u */
          const int64_t col = col0 + u;
-         __mmask16 cm = m;
+         int in = 1;
          const float *xp;
          if (EDGE) {
-            const int in = col >= 0 && col < inW;
-            cm = in ? m : 0;
+            in = col >= 0 && col < inW;
             xp = ip + (in ? col : 0) * C;
          } else {
             xp = ip + col * C;
          }
-         const __m512 x = _mm512_maskz_loadu_ps(cm, xp);
+#pragma GCC unroll 4
+         for (int v = 0; v < V; v++) {
+            const __mmask16 cm = in ? m[v] : 0;
+            const __m512 x = _mm512_maskz_loadu_ps(cm, xp + 16 * v);
 #pragma GCC unroll 8
-         for (int k = 0; k < DWT_P; k++) {
-            /* the tap of pixel k that reads column u */
-            const int j = FLIP ? k + KW - 1 - u : u - k * S;
-            if (j < 0 || j >= KW) continue;
-            acc[k] = EDGE ? _mm512_mask3_fmadd_ps(x, w[j], acc[k], cm)
-                          : _mm512_fmadd_ps(x, w[j], acc[k]);
+            for (int k = 0; k < P; k++) {
+               /* the tap of pixel k that reads column u */
+               const int j = FLIP ? k + KW - 1 - u : u - k * S;
+               if (j < 0 || j >= KW) continue;
+               acc[k][v] = EDGE ? _mm512_mask3_fmadd_ps(x, w[j][v], acc[k][v], cm)
+                                : _mm512_fmadd_ps(x, w[j][v], acc[k][v]);
+            }
          }
       }
    }
 #pragma GCC unroll 8
-   for (int k = 0; k < DWT_P; k++) {
+   for (int k = 0; k < P; k++) {
       if (k >= np) break;
       const int64_t off = (q0 + k) * C + c0;
-      __m512 t = acc[k];
-      if (a->res) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, a->res + off));
-      if (a->act) t = lm_act_ps(t, a->act);
-      _mm512_mask_storeu_ps(a->out + off, m, t);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; v++) {
+         __m512 t = acc[k][v];
+         if (a->res) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(m[v], a->res + off + 16 * v));
+         if (a->act) t = lm_act_ps(t, a->act);
+         _mm512_mask_storeu_ps(a->out + off + 16 * v, m[v], t);
+      }
    }
 }
 
-/* every tile of a row: full tiles inside the input unmasked, the others masked per column */
+/* every tile of a row: full tiles inside the input unmasked, the others masked per column; P
+   pixels x V channel vectors a tile */
 static inline __attribute__((always_inline)) void dwt_row_body(const dwt_row *a, const int KW,
-                                                              const int S, const int FLIP) {
+                                                              const int S, const int FLIP,
+                                                              const int P, const int V) {
    const int64_t C = a->C, outW = a->outW, inW = a->inW;
-   for (int64_t q0 = 0; q0 < outW; q0 += DWT_P) {
-      const int np = outW - q0 < DWT_P ? (int)(outW - q0) : DWT_P;
+   for (int64_t q0 = 0; q0 < outW; q0 += P) {
+      const int np = outW - q0 < P ? (int)(outW - q0) : P;
       const int64_t first = FLIP ? q0 + a->pw - (KW - 1) : q0 * S - a->pw;
-      const int64_t last = FLIP ? q0 + DWT_P - 1 + a->pw : (q0 + DWT_P - 1) * S - a->pw + KW - 1;
-      const int inside = np == DWT_P && first >= 0 && last < inW;
-      for (int64_t c0 = 0; c0 < C; c0 += 16) {
-         const __mmask16 m = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1);
+      const int64_t last = FLIP ? q0 + P - 1 + a->pw : (q0 + P - 1) * S - a->pw + KW - 1;
+      const int inside = np == P && first >= 0 && last < inW;
+      for (int64_t c0 = 0; c0 < C; c0 += 16 * V) {
+         __mmask16 m[4];
+         for (int v = 0; v < 4; v++) {
+            const int64_t l = C - c0 - 16 * v;
+            m[v] = l >= 16 ? (__mmask16)0xFFFF : l <= 0 ? (__mmask16)0 : (__mmask16)((1u << l) - 1);
+         }
          if (inside)
-            dwt_tile(a, KW, S, FLIP, 0, q0, np, c0, m);
+            dwt_tile(a, KW, S, FLIP, P, V, 0, q0, np, c0, m);
          else
-            dwt_tile(a, KW, S, FLIP, 1, q0, np, c0, m);
+            dwt_tile(a, KW, S, FLIP, P, V, 1, q0, np, c0, m);
       }
    }
 }
 
 #define DWT_ROW(KW, S, FLIP)                                                                     \
-   static void dwt_row_##KW##_##S##_##FLIP(const dwt_row *a) { dwt_row_body(a, KW, S, FLIP); }
+   static void dwt_row_##KW##_##S##_##FLIP(const dwt_row *a) { dwt_row_body(a, KW, S, FLIP, 8, 1); }
+/* 3x3 forwards: 4 pixels x 4 channel vectors (29 registers), each pixel's 64 channels (four
+   lines) read together, as the blocks read them */
+static void dwt_row_3_1_0(const dwt_row *a) { dwt_row_body(a, 3, 1, 0, 4, 4); }
+static void dwt_row_3_2_0(const dwt_row *a) { dwt_row_body(a, 3, 2, 0, 4, 4); }
 DWT_ROW(5, 1, 0)
 DWT_ROW(5, 2, 0)
 DWT_ROW(7, 1, 0)
@@ -163,6 +190,8 @@ static dwt_row_fn dwt_pick(const conv_geom *g, int transposed) {
       }
    }
    switch (g->kw * 10 + (int)g->sw) {
+   case 31: return dwt_row_3_1_0;
+   case 32: return dwt_row_3_2_0;
    case 51: return dwt_row_5_1_0;
    case 52: return dwt_row_5_2_0;
    case 71: return dwt_row_7_1_0;
