@@ -1,14 +1,16 @@
 /* conv_depthwise_f32_avx2.c -- float32 NHWC depthwise convolutions (groups == C == O) on AVX2 +
  * FMA ("depthwise_avx2"): forward (any stride, padding, dilation; bias, residual, activation),
  * grad_input at stride 1 (the flipped kernel over grad_out) and the weight and bias gradients,
- * for C a multiple of 8: 5x5 and larger kernels, and 3x3 ones at stride 1
- * (lm_conv_dw_avx2_usable says where each form measured faster than the portable loops).
+ * for C a multiple of 8: 5x5 and larger kernels, and 3x3 ones at stride 1 (and their forward at
+ * stride 2) (lm_conv_dw_avx2_usable says where each form measured faster than the portable loops).
  *
  * Why: below AVX-512 depthwise layers ran the portable loops, which keep their sums in a stack
  * array and load and store it at every tap; ConvNeXt's 7x7 layer at 8 x 96 x 56 x 56 took 16 ms
  * forward on a Zen 3 (2 threads) against PyTorch's 5.4.
  *
- * Forward: a vector is 8 channels; 12 output pixels of a row are 12 accumulators, each tap one
+ * Forward: square kernels with column dilation 1 take dw2_trow's tiles (P pixels x 8 channels,
+ * each input column loaded once a kernel row); the others these: a vector is 8 channels; 12
+ * output pixels of a row are 12 accumulators, each tap one
  * weight vector load and 12 input vector loads and FMAs (channels are contiguous in NHWC: no
  * broadcasts). Pixels whose taps leave the row take a one-pixel loop with the same order of
  * operations (bias, then the taps in order), so a value does not depend on the loop that made it.
@@ -44,8 +46,14 @@ int lm_conv_dw_avx2_usable(const conv_geom *g, int pass) {
       56 x 56 2.3-3.8 / 3.8-4.5, 8 x 672 x 14 x 14 1.4-1.7 / 2.1-2.3; at stride 2 8 x 96 x 112 x
       112 7.8-8.7 / 4.4-6.1. From 5x5 on it wins: 5x5 at 8 x 240 x 28 x 28 forward and gradients
       11-12 against 11.5-17 ms; 7x7 at 8 x 96 x 56 x 56 18 against 36 ms, forward 4.5-6.1
-      against 11 */
-   if (g->kh * g->kw < 25 && (g->sh != 1 || g->sw != 1)) return 0;
+      against 11. Session 29 (Zen 4 forced to AVX2, the same 256-bit FMA rate as a Zen 3, 2
+      threads, alternated in one process): the strided 3x3 forward, pixel by pixel (more than
+      48 channels) or on dw2_trow's tiles, against the portable loops: 8 x 64 x 112 x 112
+      1.0-1.5 / 1.4-2.5, 8 x 96 x 112 x 112 1.6-2.5 / 2.3-3.0, 8 x 576 x 14 x 14 0.13-0.17 /
+      0.29-0.57, 8 x 32 x 112 x 112 (tiles) 0.65-0.78 / 0.94-0.99: taken (forward only) */
+   if (g->kh * g->kw < 25 && (g->sh != 1 || g->sw != 1) &&
+       !(pass == 0 && g->kh == 3 && g->kw == 3 && g->dw == 1))
+      return 0;
    if (g->N * g->Ho * g->Wo <= 0 || g->H * g->W <= 0) return 0;
    if (pass == 1) {
       if (g->sh != 1 || g->sw != 1) return 0;
@@ -222,6 +230,117 @@ static lm_status dw2_forward_px(const dw2 *p, const float *in, const float *w, i
    return LM_OK;
 }
 
+/* One output row on tiles of P pixels x one 8-channel block (KW x KW kernels, column dilation
+ * 1): the tile's sums and a kernel row's KW weight vectors in registers, each input column the
+ * tile reads loaded once per kernel row and multiplied into every pixel whose tap reads it:
+ * (P - 1) * S + KW loads for P * KW FMAs a kernel row, where dw2_tiles loads an input vector for
+ * each FMA (7x7: 49 loads a pixel against 7 * (6 + 6) / 6 = 14). Columns outside the input are
+ * skipped (a tile at the border checks each column; the check is the same for every lane), so
+ * each pixel adds bias, then its taps in dw2_tiles' order: the same bits. P = 8, P = 4 for 7x7
+ * (4 sums, 7 weights and the input vector: gcc spilled 6 and 8 pixels' sums more). Against
+ * dw2_tiles (and dw2_pad / dw2_pixel at the borders), Zen 4 forced to AVX2, 2 threads, in one
+ * process, forward / forward + both gradients, ms: 7x7 8 x 96 x 56 x 56 3.6-3.9 / 11.9-12.5 ->
+ * 2.6-3.2 / 9.7-10.7, 8 x 768 x 7 x 7 0.74-1.07 / 2.0-2.7 -> 0.51-1.12 / 1.6-2.4, 5x5 8 x 120 x
+ * 28 x 28 0.82-0.85 / 2.4-2.7 -> 0.67-0.84 / 2.1-2.3, 3x3 8 x 32 x 112 x 112 3.4-4.8 / 10.2-13.8
+ * -> 2.3-4.0 / 9.4-12.2. */
+static inline __attribute__((always_inline)) void dw2_ttile(const dw2 *p, const float *xb,
+                                                           const float *wb, __m256 bv,
+                                                           const float *res, int act, float *ob,
+                                                           int64_t n, int64_t ho, int64_t q0,
+                                                           int np, const int KW, const int S,
+                                                           const int P, const int EDGE) {
+   const int64_t C = p->C, inW = p->inW, col0 = q0 * S - p->pw;
+   enum { NT_MAX = (8 - 1) * 2 + 7 };
+   const int NT = (P - 1) * S + KW;
+   __m256 acc[8];
+#pragma GCC unroll 8
+   for (int k = 0; k < P; k++) acc[k] = bv;
+   for (int64_t i = 0; i < p->kh; i++) {
+      const int64_t hi = ho * p->sh - p->ph + i * p->dh;
+      if (hi < 0 || hi >= p->inH) continue;
+      const float *xr = xb + (n * p->inH + hi) * inW * C;
+      __m256 w[7];
+#pragma GCC unroll 7
+      for (int j = 0; j < KW; j++) w[j] = _mm256_loadu_ps(wb + (i * KW + j) * 8);
+#pragma GCC unroll 21
+      for (int u = 0; u < NT_MAX; u++) {
+         if (u >= NT) break;
+         const int64_t col = col0 + u;
+         if (EDGE && (col < 0 || col >= inW)) continue;
+         const __m256 x = _mm256_loadu_ps(xr + col * C);
+#pragma GCC unroll 8
+         for (int k = 0; k < P; k++) {
+            const int j = u - k * S;
+            if (j < 0 || j >= KW) continue;
+            if (EDGE && k >= np) continue;
+            acc[k] = _mm256_fmadd_ps(x, w[j], acc[k]);
+         }
+      }
+   }
+#pragma GCC unroll 8
+   for (int k = 0; k < P; k++) {
+      if (k >= np) break;
+      const int64_t o = (q0 + k) * C;
+      lm_act_store8(acc[k], ob + o, res ? res + o : NULL, act);
+   }
+}
+
+static inline __attribute__((always_inline)) void dw2_trow(const dw2 *p, const float *in,
+                                                          const float *wp, const float *bias,
+                                                          const float *res, int act, float *out,
+                                                          int64_t n, int64_t ho, const int KW,
+                                                          const int S, const int P) {
+   const int64_t taps = p->kh * KW, nblk = p->C / 8, C = p->C;
+   const int64_t row = n * p->outH + ho;
+   const int NT = (P - 1) * S + KW;
+   float *orow = out + row * p->outW * C;
+   const float *rrow = res ? res + row * p->outW * C : NULL;
+   for (int64_t q0 = 0; q0 < p->outW; q0 += P) {
+      const int np = p->outW - q0 < P ? (int)(p->outW - q0) : P;
+      const int64_t col0 = q0 * S - p->pw;
+      const int inside = np == P && col0 >= 0 && col0 + NT - 1 < p->inW;
+      for (int64_t b = 0; b < nblk; b++) {
+         const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * b) : _mm256_setzero_ps();
+         if (inside)
+            dw2_ttile(p, in + 8 * b, wp + b * taps * 8, bv, rrow ? rrow + 8 * b : NULL, act,
+                      orow + 8 * b, n, ho, q0, np, KW, S, P, 0);
+         else
+            dw2_ttile(p, in + 8 * b, wp + b * taps * 8, bv, rrow ? rrow + 8 * b : NULL, act,
+                      orow + 8 * b, n, ho, q0, np, KW, S, P, 1);
+      }
+   }
+}
+
+#define DW2_TROW(KW, S, P)                                                                       \
+   static void dw2_trow_##KW##_##S(const dw2 *p, const float *in, const float *wp,             \
+                                   const float *bias, const float *res, int act, float *out,   \
+                                   int64_t n, int64_t ho) {                                    \
+      dw2_trow(p, in, wp, bias, res, act, out, n, ho, KW, S, P);                               \
+   }
+DW2_TROW(3, 1, 8)
+DW2_TROW(3, 2, 8)
+DW2_TROW(5, 1, 8)
+DW2_TROW(5, 2, 8)
+DW2_TROW(7, 1, 4)
+DW2_TROW(7, 2, 4)
+#undef DW2_TROW
+
+typedef void (*dw2_trow_fn)(const dw2 *, const float *, const float *, const float *,
+                            const float *, int, float *, int64_t, int64_t);
+
+static dw2_trow_fn dw2_trow_pick(const dw2 *p) {
+   if (p->dw != 1 || p->kh != p->kw) return NULL;
+   switch (p->kw * 10 + (int)p->sw) {
+   case 31: return dw2_trow_3_1;
+   case 32: return dw2_trow_3_2;
+   case 51: return dw2_trow_5_1;
+   case 52: return dw2_trow_5_2;
+   case 71: return dw2_trow_7_1;
+   case 72: return dw2_trow_7_2;
+   default: return NULL;
+   }
+}
+
 /* wp[b][t][8] = w[8b + l][tmap ? tmap[t] : t] */
 static lm_status dw2_forward(const dw2 *p, const float *in, const float *w, int flip,
                              const float *bias, const float *res, int act, float *out) {
@@ -243,9 +362,14 @@ static lm_status dw2_forward(const dw2 *p, const float *in, const float *w, int 
       lm_free(wp, wbytes);
       return LM_ERR_OOM;
    }
+   const dw2_trow_fn trow = dw2_trow_pick(p);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
    for (int64_t row = 0; row < rows; row++) {
       const int64_t n = row / p->outH, ho = row % p->outH;
+      if (trow) {
+         trow(p, in, wp, bias, res, act, out, n, ho);
+         continue;
+      }
       float *orow = out + row * p->outW * p->C;
       const float *rrow = res ? res + row * p->outW * p->C : NULL;
       /* pixels outer, channel blocks inner: a tile's input pixels (every block of them) stay
