@@ -40,7 +40,7 @@ extern "C" {
      "float16 / bfloat16 widened to float32, the float32 kernels, rounded once")               \
    /* convolutions: float32 / float64 */                                                         \
    X(CONV_DEPTHWISE, "depthwise_avx512", 0, NULL,                                                \
-     "float32 channels-last depthwise convolution")                                            \
+     "float32 channels-last depthwise convolution (column-streaming tiles, 4-pixel blocks)")  \
    X(CONV_DEPTHWISE_AVX2, "depthwise_avx2", 0, NULL,                                             \
      "float32 channels-last depthwise convolution below AVX-512 (8-lane blocks, C % 8 == 0)")  \
    X(CONV_WINOGRAD, "winograd_f4x4_avx512", 0, "LUMEN_CONV_WINOGRAD",                            \
