@@ -24,6 +24,7 @@ local VARIANTS = {
 local function builder(lm)
    local nn = lm.nn
    local init = nn.init
+   local fold = require("lumen.nn.fold")
 
    local Permute = nn.Module:extend("Permute")
    function Permute:__init(dims) self.dims = dims end
@@ -52,8 +53,8 @@ local function builder(lm)
       self.stochastic_depth = lm.ops.StochasticDepth(sd_prob, "row")
    end
    function CNBlock:forward(x)
-      local y = self.stochastic_depth(self.layer_scale * self.block(x))
-      return y + x
+      -- x + stochastic_depth(layer_scale * block(x)), in one pass where it can (fold.scale_add)
+      return fold.scale_add(self.stochastic_depth, self.layer_scale, self.block(x), x)
    end
 
    local ConvNeXt = nn.Module:extend("ConvNeXt")

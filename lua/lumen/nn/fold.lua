@@ -590,4 +590,18 @@ function M.fold_batch_norm(model)
    return model, n
 end
 
+-- scale_add(sd, scale, y, x) -> x + sd(scale * y): a residual block's layer-scaled tail
+-- (ConvNeXt's CNBlock: scale a per-channel C x 1 x 1 parameter, sd its StochasticDepth). Where
+-- nothing records or differentiates the call, sd is the identity (evaluation, or p = 0) and no
+-- wrapper replaced its forward, it is one pass, x:addcmul(scale, y), with the bits of the two
+-- (scale * y rounded, then the add); else it runs as written. ConvNeXt-tiny's 18 blocks, batch 8:
+-- the multiply and the add took 16.7 ms of an inference's 443 (LUMEN_VERBOSE)
+function M.scale_add(sd, scale, y, x)
+   if not A.is_grad_enabled() and not recording() and rawget(sd, "forward") == nil
+      and (not sd.training or sd.p == 0) then
+      return Tensor.addcmul(x, scale, y)
+   end
+   return sd(scale * y) + x
+end
+
 return M
