@@ -121,9 +121,9 @@ end)
 
 -- Depthwise layers on AVX-512 ("depthwise_avx512", kernels/cpu/conv_depthwise_f32_avx512.c):
 -- its tiled rows (forwards of 3x3 (4 pixels x 4 channel vectors), 5x5 and 7x7 (8 pixels x 1)
--- at stride 1 and 2; stride-1 backward data; the weight gradient of 5x5 and 7x7 and of 3x3 at
--- stride 1) beside its 4-pixel x 64-channel blocks (strided backward data, the 3x3 strided weight
--- gradient, column dilation), each geometry against float64: channel counts that leave a
+-- at stride 1 and 2; backward data at stride 1 and 2 (the parity-split tiles, odd and even
+-- padding); the weight gradient) beside its 4-pixel x 64-channel blocks (column dilation,
+-- strides above 2), each geometry against float64: channel counts that leave a
 -- partial 16-lane vector, rows of one partial tile, rows of several tiles and a remainder, maps
 -- where every pixel is a border one, padding 0 and k - 1, row dilation 2, bias / residual /
 -- activation in the epilogue; and the same values with the kernel switched off.
@@ -144,6 +144,13 @@ local DW_GEOMS = {
    { "3x3 stride 1, 80 channels (a tile of 4 vectors, one partial), 13 columns", 2, 80, 5, 13,
      3, 1, 1, 1, true, true, "silu" },
    { "3x3 dilation 2 (the blocks)", 2, 32, 9, 9, 3, 1, 2, 2, false, false, nil },
+   { "3x3 stride 2, padding 0 (even), 72 channels, 21 columns", 2, 72, 9, 21, 3, 2, 0, 1, true,
+     false, nil },
+   { "5x5 stride 2, padding 1 (odd), 24 channels", 2, 24, 11, 18, 5, 2, 1, 1, false, false,
+     nil },
+   { "7x7 stride 2, padding 3, 16 channels, 2x2 output", 2, 16, 4, 3, 7, 2, 3, 1, true, false,
+     nil },
+   { "3x3 stride 3 (the blocks)", 2, 16, 10, 11, 3, 3, 1, 1, true, false, nil },
 }
 
 describe("depthwise conv2d on AVX-512 (depthwise_avx512: tiles and blocks)", function()

@@ -54,7 +54,11 @@ static float *dw_transpose_w(const conv_geom *g, const float *w, size_t *bytes) 
  * (2.6 -> 3.1, stride 2 1.4 -> 1.8); with 4 x 4 every 3x3 layer of EfficientNet-B0 and
  * MobileNet V3 and most of MobileNet V2's are faster in the model (verbose kernel times, 4
  * alternations in one process: the 3x3 layers' sum 14.7 -> 11.6 ms, 9.4 -> 8.1, 17.0 -> 15.0).
- * 5x5 with 2 vectors of 8 pixels and the backward data with 4 x 4 measured slower or even. */
+ * 5x5 with 2 vectors of 8 pixels and the stride-1 backward data with 4 x 4 measured slower or
+ * even. The strided backward data (stride 2: each output column takes the taps of its parity,
+ * the row's tiles start where 2 divides q + pw) the same way, 3x3 on 4 x 4 tiles: forward + both
+ * gradients 8 x 64 x 112 x 112 7.2 -> 6.8 -> 6.0 (the blocks, 8 x 1 tiles, 4 x 4 tiles), 8 x 144
+ * x 56 x 56 4.8 -> 4.4 -> 3.3; 5x5 8 x 72 x 56 x 56 3.8 -> 3.1, 8 x 672 x 14 x 14 1.3 -> 1.0. */
 enum { DWT_P = 8, DWT_MAXKH = 16 };
 
 typedef struct {
@@ -70,13 +74,18 @@ typedef struct {
 static inline __attribute__((always_inline)) void dwt_tile(const dwt_row *a, const int KW,
                                                           const int S, const int FLIP,
                                                           const int P, const int V,
-                                                          const int EDGE, int64_t q0, int np,
-                                                          int64_t c0, const __mmask16 *m) {
+                                                          const int EDGE, int64_t q0, int kmin,
+                                                          int np, int64_t c0,
+                                                          const __mmask16 *m) {
    const int64_t C = a->C, inW = a->inW;
-   /* input column of tap 0 of the tile's first pixel, and the number of columns the tile reads */
-   const int64_t col0 = FLIP ? q0 + a->pw - (KW - 1) : q0 * S - a->pw;
+   /* the tile reads columns col0 .. col0 + NT - 1. Forward: pixel k's tap j reads column
+      q0 * S - pw + k * S + j. Backward data (FLIP): pixel k's tap j reads grad_out column
+      (q0 + k + pw - j) / S where that divides; with (q0 + pw) = S * base (the row's tiles start
+      so), column base + t for j = k - S t, t from TMIN = -((KW - 1) / S) to TMAX = (P - 1) / S */
+   const int TMIN = -((KW - 1) / S), TMAX = (P - 1) / S;
+   const int64_t col0 = FLIP ? (q0 + a->pw) / S + TMIN : q0 * S - a->pw;
    enum { NT_MAX = (DWT_P - 1) * 2 + 7 };
-   const int NT = FLIP ? P - 1 + KW : (P - 1) * S + KW;
+   const int NT = FLIP ? TMAX - TMIN + 1 : (P - 1) * S + KW;
    __m512 acc[DWT_P][4];
 #pragma GCC unroll 4
    for (int v = 0; v < V; v++) {
@@ -113,7 +122,7 @@ static inline __attribute__((always_inline)) void dwt_tile(const dwt_row *a, con
 #pragma GCC unroll 8
             for (int k = 0; k < P; k++) {
                /* the tap of pixel k that reads column u */
-               const int j = FLIP ? k + KW - 1 - u : u - k * S;
+               const int j = FLIP ? k - S * (u + TMIN) : u - k * S;
                if (j < 0 || j >= KW) continue;
                acc[k][v] = EDGE ? _mm512_mask3_fmadd_ps(x, w[j][v], acc[k][v], cm)
                                 : _mm512_fmadd_ps(x, w[j][v], acc[k][v]);
@@ -124,6 +133,7 @@ static inline __attribute__((always_inline)) void dwt_tile(const dwt_row *a, con
 #pragma GCC unroll 8
    for (int k = 0; k < P; k++) {
       if (k >= np) break;
+      if (k < kmin) continue;
       const int64_t off = (q0 + k) * C + c0;
 #pragma GCC unroll 4
       for (int v = 0; v < V; v++) {
@@ -141,11 +151,13 @@ static inline __attribute__((always_inline)) void dwt_row_body(const dwt_row *a,
                                                               const int S, const int FLIP,
                                                               const int P, const int V) {
    const int64_t C = a->C, outW = a->outW, inW = a->inW;
-   for (int64_t q0 = 0; q0 < outW; q0 += P) {
-      const int np = outW - q0 < P ? (int)(outW - q0) : P;
-      const int64_t first = FLIP ? q0 + a->pw - (KW - 1) : q0 * S - a->pw;
-      const int64_t last = FLIP ? q0 + P - 1 + a->pw : (q0 + P - 1) * S - a->pw + KW - 1;
-      const int inside = np == P && first >= 0 && last < inW;
+   /* backward data at stride S: tiles start where S divides q0 + pw (from -(pw % S): the
+      pixels before 0 are not stored), so P is a multiple of S */
+   for (int64_t q0 = FLIP ? -(a->pw % S) : 0; q0 < outW; q0 += P) {
+      const int np = outW - q0 < P ? (int)(outW - q0) : P, kmin = q0 < 0 ? (int)-q0 : 0;
+      const int64_t first = FLIP ? (q0 + a->pw) / S - (KW - 1) / S : q0 * S - a->pw;
+      const int64_t last = FLIP ? (q0 + a->pw) / S + (P - 1) / S : (q0 + P - 1) * S - a->pw + KW - 1;
+      const int inside = kmin == 0 && np == P && first >= 0 && last < inW;
       for (int64_t c0 = 0; c0 < C; c0 += 16 * V) {
          __mmask16 m[4];
          for (int v = 0; v < 4; v++) {
@@ -153,9 +165,9 @@ static inline __attribute__((always_inline)) void dwt_row_body(const dwt_row *a,
             m[v] = l >= 16 ? (__mmask16)0xFFFF : l <= 0 ? (__mmask16)0 : (__mmask16)((1u << l) - 1);
          }
          if (inside)
-            dwt_tile(a, KW, S, FLIP, P, V, 0, q0, np, c0, m);
+            dwt_tile(a, KW, S, FLIP, P, V, 0, q0, 0, np, c0, m);
          else
-            dwt_tile(a, KW, S, FLIP, P, V, 1, q0, np, c0, m);
+            dwt_tile(a, KW, S, FLIP, P, V, 1, q0, kmin, np, c0, m);
       }
    }
 }
@@ -173,6 +185,9 @@ DWT_ROW(7, 2, 0)
 DWT_ROW(3, 1, 1)
 DWT_ROW(5, 1, 1)
 DWT_ROW(7, 1, 1)
+static void dwt_row_3_2_1(const dwt_row *a) { dwt_row_body(a, 3, 2, 1, 4, 4); }
+DWT_ROW(5, 2, 1)
+DWT_ROW(7, 2, 1)
 #undef DWT_ROW
 
 typedef void (*dwt_row_fn)(const dwt_row *);
@@ -181,11 +196,13 @@ typedef void (*dwt_row_fn)(const dwt_row *);
 static dwt_row_fn dwt_pick(const conv_geom *g, int transposed) {
    if (g->dw != 1 || g->kh > DWT_MAXKH || g->kh != g->kw) return NULL;
    if (transposed) {
-      if (g->sw != 1) return NULL;
-      switch (g->kw) {
-      case 3: return dwt_row_3_1_1;
-      case 5: return dwt_row_5_1_1;
-      case 7: return dwt_row_7_1_1;
+      switch (g->kw * 10 + (int)g->sw) {
+      case 31: return dwt_row_3_1_1;
+      case 51: return dwt_row_5_1_1;
+      case 71: return dwt_row_7_1_1;
+      case 32: return dwt_row_3_2_1;
+      case 52: return dwt_row_5_2_1;
+      case 72: return dwt_row_7_2_1;
       default: return NULL;
       }
    }
@@ -337,68 +354,88 @@ lm_status lm_conv_dw_bwdd_nhwc_avx512(const conv_geom *g, const float *gout, con
  * into the sum of each tap that pairs it with one of those pixels (the blocks below load both
  * operands of every FMA). Each tap's sum takes its pixels in ascending order, as below: the same
  * bits. Columns outside the input (and a partial tile's missing pixels) are masked off. Taken
- * (dwt_bwdw_pick) for 5x5 and 7x7 at stride 1 and 2 and 3x3 at stride 1; at stride 2 the 3x3
- * tiles lost inside MobileNet V2's step (8 x 144 x 56 x 56 backward 2.8 -> 3.1 ms) */
+ * (dwt_bwdw_pick) for 3x3, 5x5 and 7x7 at stride 1 and 2; 3x3 at stride 2 on 4 pixels x 4
+ * channel vectors (with 8 x 1 it lost inside MobileNet V2's step, 8 x 144 x 56 x 56 backward
+ * 2.8 -> 3.1 ms; with 4 x 4, forward + both gradients alternated with the blocks: 8 x 64 x 112 x
+ * 112 5.4 -> 4.8, 8 x 144 x 56 x 56 3.5 -> 3.0, 8 x 96 x 112 x 112 10.8 -> 8.6, 14x14 and 28x28
+ * even) */
 static inline __attribute__((always_inline)) void dwt_bwdw_row(const int KW, const int S,
+                                                              const int P, const int V,
                                                               const float *xrow,
                                                               const float *grow, int64_t W,
                                                               int64_t Wo, int64_t C, int64_t pw,
                                                               float *ap, int64_t Cp,
-                                                              __mmask16 m) {
+                                                              const __mmask16 *m) {
    enum { NT_MAX = (DWT_P - 1) * 2 + 7 };
-   const int NT = (DWT_P - 1) * S + KW;
-   __m512 acc[7];
+   const int NT = (P - 1) * S + KW;
+   __m512 acc[7][4];
 #pragma GCC unroll 7
-   for (int j = 0; j < KW; j++) acc[j] = _mm512_maskz_loadu_ps(m, ap + j * Cp);
-   for (int64_t q0 = 0; q0 < Wo; q0 += DWT_P) {
-      const int np = Wo - q0 < DWT_P ? (int)(Wo - q0) : DWT_P;
+   for (int j = 0; j < KW; j++)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; v++) acc[j][v] = _mm512_maskz_loadu_ps(m[v], ap + j * Cp + 16 * v);
+   for (int64_t q0 = 0; q0 < Wo; q0 += P) {
+      const int np = Wo - q0 < P ? (int)(Wo - q0) : P;
       const int64_t col0 = q0 * S - pw;
-      const int inside = np == DWT_P && col0 >= 0 && col0 + NT - 1 < W;
-      __m512 gv[DWT_P];
+      const int inside = np == P && col0 >= 0 && col0 + NT - 1 < W;
+      __m512 gv[DWT_P][4];
 #pragma GCC unroll 8
-      for (int k = 0; k < DWT_P; k++)
-         gv[k] = _mm512_maskz_loadu_ps(k < np ? m : 0, grow + (k < np ? q0 + k : 0) * C);
+      for (int k = 0; k < P; k++)
+#pragma GCC unroll 4
+         for (int v = 0; v < V; v++)
+            gv[k][v] = _mm512_maskz_loadu_ps(k < np ? m[v] : 0,
+                                             grow + (k < np ? q0 + k : 0) * C + 16 * v);
 #pragma GCC unroll 21
       for (int u = 0; u < NT_MAX; u++) {
          if (u >= NT) break;
          const int64_t col = col0 + u;
          const int in = inside || (col >= 0 && col < W);
-         const __mmask16 cm = in ? m : 0;
-         const __m512 x = _mm512_maskz_loadu_ps(cm, xrow + (in ? col : 0) * C);
+#pragma GCC unroll 4
+         for (int v = 0; v < V; v++) {
+            const __mmask16 cm = in ? m[v] : 0;
+            const __m512 x = _mm512_maskz_loadu_ps(cm, xrow + (in ? col : 0) * C + 16 * v);
 #pragma GCC unroll 8
-         for (int k = 0; k < DWT_P; k++) {
-            const int j = u - k * S;
-            if (j < 0 || j >= KW) continue;
-            if (inside)
-               acc[j] = _mm512_fmadd_ps(x, gv[k], acc[j]);
-            else if (k < np)
-               acc[j] = _mm512_mask3_fmadd_ps(x, gv[k], acc[j], cm);
+            for (int k = 0; k < P; k++) {
+               const int j = u - k * S;
+               if (j < 0 || j >= KW) continue;
+               if (inside)
+                  acc[j][v] = _mm512_fmadd_ps(x, gv[k][v], acc[j][v]);
+               else if (k < np)
+                  acc[j][v] = _mm512_mask3_fmadd_ps(x, gv[k][v], acc[j][v], cm);
+            }
          }
       }
    }
 #pragma GCC unroll 7
-   for (int j = 0; j < KW; j++) _mm512_mask_storeu_ps(ap + j * Cp, m, acc[j]);
+   for (int j = 0; j < KW; j++)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; v++) _mm512_mask_storeu_ps(ap + j * Cp + 16 * v, m[v], acc[j][v]);
 }
 
-#define DWT_BWDW(KW, S)                                                                          \
+/* one kernel row's sums over an output row, V channel vectors from xrow / grow / ap */
+typedef void (*dwt_bwdw_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t,
+                            float *, int64_t, const __mmask16 *);
+
+#define DWT_BWDW(KW, S, P, V)                                                                    \
    static void dwt_bwdw_##KW##_##S(const float *xrow, const float *grow, int64_t W, int64_t Wo, \
-                                   int64_t C, int64_t pw, float *ap, int64_t Cp, __mmask16 m) { \
-      dwt_bwdw_row(KW, S, xrow, grow, W, Wo, C, pw, ap, Cp, m);                                  \
+                                   int64_t C, int64_t pw, float *ap, int64_t Cp,               \
+                                   const __mmask16 *m) {                                       \
+      dwt_bwdw_row(KW, S, P, V, xrow, grow, W, Wo, C, pw, ap, Cp, m);                            \
    }
-DWT_BWDW(3, 1)
-DWT_BWDW(5, 1)
-DWT_BWDW(5, 2)
-DWT_BWDW(7, 1)
-DWT_BWDW(7, 2)
+DWT_BWDW(3, 1, 8, 1)
+DWT_BWDW(3, 2, 4, 4)
+DWT_BWDW(5, 1, 8, 1)
+DWT_BWDW(5, 2, 8, 1)
+DWT_BWDW(7, 1, 8, 1)
+DWT_BWDW(7, 2, 8, 1)
 #undef DWT_BWDW
 
-typedef void (*dwt_bwdw_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t,
-                            float *, int64_t, __mmask16);
 
-static dwt_bwdw_fn dwt_bwdw_pick(const conv_geom *g) {
+static dwt_bwdw_fn dwt_bwdw_pick(const conv_geom *g, int *vecs) {
+   *vecs = g->kw == 3 && g->sw == 2 ? 4 : 1;
    if (g->dw != 1 || g->kh != g->kw) return NULL;
    switch (g->kw * 10 + (int)g->sw) {
    case 31: return dwt_bwdw_3_1;
+   case 32: return dwt_bwdw_3_2;
    case 51: return dwt_bwdw_5_1;
    case 52: return dwt_bwdw_5_2;
    case 71: return dwt_bwdw_7_1;
@@ -416,7 +453,8 @@ lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const 
    if (gb) memset(gb, 0, (size_t)C * sizeof(float));
    if (N * Ho * Wo == 0 || C == 0) return LM_OK;
    const int nthr = conv_threads((double)N * Ho * Wo * C * taps);
-   const dwt_bwdw_fn tiled = dwt_bwdw_pick(g);
+   int vecs;
+   const dwt_bwdw_fn tiled = dwt_bwdw_pick(g, &vecs);
    const int64_t Cp = (C + 15) / 16 * 16, per = (taps + 1) * Cp;
    const size_t bytes = (size_t)(nthr * per) * sizeof(float);
    float *buf = lm_alloc(bytes);
@@ -443,13 +481,13 @@ lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const 
             }
             if (!gw) continue;
             if (tiled) {
-               for (int v = 0; v < 4; v++) {
+               for (int v = 0; v < 4; v += vecs) {
                   if (!m[v]) break;
                   for (int64_t i = 0; i < kh; i++) {
                      const int64_t hi = ho * g->sh - g->ph + i * g->dh;
                      if (hi < 0 || hi >= H) continue;
                      tiled(x + (n * H + hi) * W * C + c0 + 16 * v, grow + c0 + 16 * v, W, Wo, C,
-                           g->pw, pw + i * kw * Cp + c0 + 16 * v, Cp, m[v]);
+                           g->pw, pw + i * kw * Cp + c0 + 16 * v, Cp, m + v);
                   }
                }
                continue;
