@@ -61,30 +61,37 @@ end
 
 local function d64(t) return t and t:double():contiguous() or nil end
 
+-- fwd(x, w, b, r, gy) -> y, grad_x, grad_w, grad_b: its float32 results against float64, the
+-- output and gradients channels-last, and the same values with `impl` switched off (the next
+-- entry of the implementation list)
+local function check_grads(fwd, impl, x, w, b, r, gy)
+   local y, gx, gw, gb = fwd(x, w, b, r, gy)
+   local y64, gx64, gw64, gb64 = fwd(d64(x), d64(w), d64(b), d64(r), d64(gy))
+   assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
+   assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
+   assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
+   if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
+   assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
+   assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
+   assert.is_true(gw:is_contiguous(lm.channels_last), "grad_weight channels-last")
+   if on_cpu then
+      lm.backends.cpu.disable(impl)
+      local ok, y2, gx2, gw2 = pcall(fwd, x, w, b, r, gy)
+      lm.backends.cpu.enable(impl)
+      assert(ok, y2)
+      assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
+                     rel_diff(gw, gw2) < 1e-5, "the kernel switched off")
+   end
+end
+
 describe("conv2d with small groups (grouped_avx512)", function()
    for _, g in ipairs(GEOMS) do
       it(g[1] .. ": values and every gradient against float64", function()
          lm.manual_seed(11)
          local x, w, b, r, gy, opts = operands(g)
          local act = g[15]
-         local y, gx, gw, gb = run(x, w, b, r, gy, opts, act)
-         local y64, gx64, gw64, gb64 = run(d64(x), d64(w), d64(b), d64(r), d64(gy), opts, act)
-         assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
-         assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
-         assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
-         if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
-         assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
-         assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
-         assert.is_true(gw:is_contiguous(lm.channels_last), "grad_weight channels-last")
-         -- and the same values with the implementation switched off (the next entry of the list)
-         if on_cpu then
-            lm.backends.cpu.disable("grouped_avx512")
-            local ok, y2, gx2, gw2 = pcall(run, x, w, b, r, gy, opts, act)
-            lm.backends.cpu.enable("grouped_avx512")
-            assert(ok, y2)
-            assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
-                           rel_diff(gw, gw2) < 1e-5, "the kernel switched off")
-         end
+         check_grads(function(xx, ww, bb, rr, gg) return run(xx, ww, bb, rr, gg, opts, act) end,
+                     "grouped_avx512", x, w, b, r, gy)
       end)
    end
 
@@ -180,23 +187,7 @@ describe("depthwise conv2d on AVX-512 (depthwise_avx512: tiles and blocks)", fun
             (y * gg):sum():backward()
             return y, xx.grad, ww.grad, bb and bb.grad or nil
          end
-         local y, gx, gw, gb = go(x, w, b, r, gy)
-         local y64, gx64, gw64, gb64 = go(d64(x), d64(w), d64(b), d64(r), d64(gy))
-         assert.is_true(rel_diff(y, y64) < 1e-5, "output " .. rel_diff(y, y64))
-         assert.is_true(rel_diff(gx, gx64) < 1e-5, "grad_input " .. rel_diff(gx, gx64))
-         assert.is_true(rel_diff(gw, gw64) < 1e-5, "grad_weight " .. rel_diff(gw, gw64))
-         if gb then assert.is_true(rel_diff(gb, gb64) < 1e-5, "grad_bias") end
-         assert.is_true(y:is_contiguous(lm.channels_last), "output channels-last")
-         assert.is_true(gx:is_contiguous(lm.channels_last), "grad_input channels-last")
-         assert.is_true(gw:is_contiguous(lm.channels_last), "grad_weight channels-last")
-         if on_cpu then
-            lm.backends.cpu.disable("depthwise_avx512")
-            local ok, y2, gx2, gw2 = pcall(go, x, w, b, r, gy)
-            lm.backends.cpu.enable("depthwise_avx512")
-            assert(ok, y2)
-            assert.is_true(rel_diff(y, y2) < 1e-5 and rel_diff(gx, gx2) < 1e-5 and
-                           rel_diff(gw, gw2) < 1e-5, "the kernel switched off")
-         end
+         check_grads(go, "depthwise_avx512", x, w, b, r, gy)
       end)
    end
 end)

@@ -160,10 +160,7 @@ static inline __attribute__((always_inline)) void dwt_row_body(const dwt_row *a,
       const int inside = kmin == 0 && np == P && first >= 0 && last < inW;
       for (int64_t c0 = 0; c0 < C; c0 += 16 * V) {
          __mmask16 m[4];
-         for (int v = 0; v < 4; v++) {
-            const int64_t l = C - c0 - 16 * v;
-            m[v] = l >= 16 ? (__mmask16)0xFFFF : l <= 0 ? (__mmask16)0 : (__mmask16)((1u << l) - 1);
-         }
+         dw_masks(C - c0, m);
          if (inside)
             dwt_tile(a, KW, S, FLIP, P, V, 0, q0, 0, np, c0, m);
          else
@@ -217,6 +214,21 @@ static dwt_row_fn dwt_pick(const conv_geom *g, int transposed) {
    }
 }
 
+/* the input row that kernel row i of output row r reads (forward), or that it takes its
+   gradient from (transposed: where sh divides), or -1 */
+static inline int64_t dw_in_row(const conv_geom *g, int transposed, int64_t r, int64_t i,
+                                int64_t inH) {
+   int64_t hi;
+   if (!transposed) {
+      hi = r * g->sh - g->ph + i * g->dh;
+   } else {
+      const int64_t th = r + g->ph - i * g->dh;
+      if (th < 0 || th % g->sh) return -1;
+      hi = th / g->sh;
+   }
+   return hi >= 0 && hi < inH ? hi : -1;
+}
+
 /* forward (transposed = 0) or backward data (transposed = 1, gather form): output pixel (r, q)
    of image n reads input pixel (r*sh - ph + i*dh, q*sw - pw + j*dw) (forward) or
    ((r + ph - i*dh)/sh, (q + pw - j*dw)/sw) where divisible (backward data) */
@@ -236,16 +248,8 @@ static void dw_rows(const conv_geom *g, int transposed, const float *in, const f
                       .bias = bias, .res = res ? res + row * outW * C : NULL, .act = act,
                       .out = out + row * outW * C};
          for (int64_t i = 0; i < kh; i++) {
-            int64_t hi;
-            if (!transposed) {
-               hi = r * g->sh - g->ph + i * g->dh;
-               if (hi < 0 || hi >= inH) continue;
-            } else {
-               const int64_t th = r + g->ph - i * g->dh;
-               if (th < 0 || th % g->sh) continue;
-               hi = th / g->sh;
-               if (hi >= inH) continue;
-            }
+            const int64_t hi = dw_in_row(g, transposed, r, i, inH);
+            if (hi < 0) continue;
             a.rows[a.nr] = img + hi * inW * C;
             a.ki[a.nr++] = (int)i;
          }
@@ -268,16 +272,8 @@ static void dw_rows(const conv_geom *g, int transposed, const float *in, const f
 #pragma GCC unroll 4
                for (int v = 0; v < 4; v++) a[k][v] = b[v];
             for (int64_t i = 0; i < kh; i++) {
-               int64_t hi;
-               if (!transposed) {
-                  hi = r * g->sh - g->ph + i * g->dh;
-                  if (hi < 0 || hi >= inH) continue;
-               } else {
-                  const int64_t th = r + g->ph - i * g->dh;
-                  if (th < 0 || th % g->sh) continue;
-                  hi = th / g->sh;
-                  if (hi >= inH) continue;
-               }
+               const int64_t hi = dw_in_row(g, transposed, r, i, inH);
+               if (hi < 0) continue;
                const float *irow = img + hi * inW * C + c0;
                for (int64_t j = 0; j < kw; j++) {
                   const float *wp = wt + (i * kw + j) * C + c0;
