@@ -432,12 +432,13 @@ DWT_BWDW(7, 2, 8, 1)
 #undef DWT_BWDW
 
 
+/* the tiled kernel row for this geometry (NULL: the blocks), and its channel vectors a call */
 static dwt_bwdw_fn dwt_bwdw_pick(const conv_geom *g, int *vecs) {
-   *vecs = g->kw == 3 && g->sw == 2 ? 4 : 1;
+   *vecs = 1;
    if (g->dw != 1 || g->kh != g->kw) return NULL;
    switch (g->kw * 10 + (int)g->sw) {
    case 31: return dwt_bwdw_3_1;
-   case 32: return dwt_bwdw_3_2;
+   case 32: *vecs = 4; return dwt_bwdw_3_2; /* DWT_BWDW(3, 2, 4, 4) */
    case 51: return dwt_bwdw_5_1;
    case 52: return dwt_bwdw_5_2;
    case 71: return dwt_bwdw_7_1;
@@ -486,8 +487,8 @@ lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const 
                for (int v = 0; v < 4; v += vecs) {
                   if (!m[v]) break;
                   for (int64_t i = 0; i < kh; i++) {
-                     const int64_t hi = ho * g->sh - g->ph + i * g->dh;
-                     if (hi < 0 || hi >= H) continue;
+                     const int64_t hi = dw_in_row(g, 0, ho, i, H);
+                     if (hi < 0) continue;
                      tiled(x + (n * H + hi) * W * C + c0 + 16 * v, grow + c0 + 16 * v, W, Wo, C,
                            g->pw, pw + i * kw * Cp + c0 + 16 * v, Cp, m + v);
                   }
@@ -495,8 +496,8 @@ lm_status lm_conv_dw_bwdw_nhwc_avx512(const conv_geom *g, const float *x, const 
                continue;
             }
             for (int64_t i = 0; i < kh; i++) {
-               const int64_t hi = ho * g->sh - g->ph + i * g->dh;
-               if (hi < 0 || hi >= H) continue;
+               const int64_t hi = dw_in_row(g, 0, ho, i, H);
+               if (hi < 0) continue;
                const float *xrow = x + (n * H + hi) * W * C + c0;
                for (int64_t j = 0; j < kw; j++) {
                   int64_t lo, hi_;
