@@ -118,6 +118,31 @@ describe("activations against PyTorch", function()
       H.assert_close(H.values(x.grad), { 0, 0, 1, 0, 0 }, 0)
    end)
 
+   it("relu6 in place: the gradient from its result, as from its input (no copy saved)", function()
+      for _, dt in ipairs({ lm.float32, lm.float64 }) do
+         local v = { -1, -0.0, 0, 1e-30, 3, 5.999, 6, 6.5, 0 / 0, -(0 / 0) }
+         local x = lm.tensor(v, { dtype = dt }):requires_grad_()
+         local g = lm.arange(1, #v + 1):to(dt)
+         F.relu6(x * 1):backward(g)
+         local want = H.values(x.grad)
+         x.grad = nil
+         local y = F.relu6(x * 1, true)
+         assert(y.grad_fn ~= nil)
+         y:backward(g)
+         H.assert_close(H.values(x.grad), want, 0)
+         -- and the 4-D channels-last case, through the module
+         local x4 = lm.randn({ 2, 3, 4, 5 }, { dtype = dt }):mul(4):add(2)
+            :contiguous(lm.channels_last):requires_grad_()
+         local g4 = lm.randn({ 2, 3, 4, 5 }, { dtype = dt }):contiguous(lm.channels_last)
+         nn.ReLU6(true)(x4 * 1):backward(g4)
+         local got = x4.grad:clone()
+         x4.grad = nil
+         F.relu6(x4):backward(g4)
+         assert(got:is_contiguous(lm.channels_last))
+         H.assert_close(H.values(got:contiguous()), H.values(x4.grad:contiguous()), 0)
+      end
+   end)
+
    it("modules", function()
       local x = fx(FX.activations[1].x, lm.float64, "cl")
       local cases = {

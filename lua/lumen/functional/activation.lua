@@ -81,7 +81,8 @@ F.log_softmax = softmax_like("log_softmax", function(...) return C.lm_log_softma
 -- result follows the input's memory format and every device runs it; the backward is one more
 -- pass (the *_BACKWARD binary codes, from the gradient and the saved input). PyTorch's formulas
 -- (aten/src/ATen/native/cpu/Activation.cpp). In place (inplace = true) where PyTorch has it;
--- under autograd the in-place form saves a copy of the input for its backward.
+-- under autograd the in-place form saves a copy of the input for its backward (relu6: none,
+-- its result serves).
 ---------------------------------------------------------------------------------------------
 
 local tc = T.tc
@@ -122,13 +123,17 @@ local function act_backward(fname, bop, g, x, alpha)
    return fresh(wrap(p1[0]))
 end
 
--- run(xc, outp) computes the activation into outp[0] (nil: a new tensor; xc: in place)
-local function activation(fname, bname, x, inplace, run, bop, alpha)
+-- run(xc, outp) computes the activation into outp[0] (nil: a new tensor; xc: in place).
+-- from_out: bop gives the same gradient from the result as from the input (relu6: its result
+-- is in (0, 6) exactly where its input is, NaN where it is NaN), so the in-place form saves no
+-- copy: its backward reads the tensor itself, as relu_'s does. MobileNet V2's 35 batch norm +
+-- ReLU6(inplace) pairs copied 19 ms of a 260 ms training step (Zen 4, 2 threads).
+local function activation(fname, bname, x, inplace, run, bop, alpha, from_out)
    local xc = act_input(fname, x)
    if inplace then
       local grad = A.is_grad_enabled() and needs(x)
       if grad then inplace_leaf_check(fname, x) end
-      local saved = grad and Tensor.clone(x) or nil
+      local saved = grad and (from_out and x or Tensor.clone(x)) or nil
       local e = grad and A.edge(x) or nil
       T.barrier(xc)
       outp[0] = xc
@@ -183,7 +188,7 @@ do
    F._OPTIONS.relu6 = INPLACE_OPTS
    function F.relu6(x, inplace)
       return activation("relu6", "Hardtanh", x, inplace_opt("relu6", inplace), run,
-                        C.LM_RELU6_BACKWARD, 1)
+                        C.LM_RELU6_BACKWARD, 1, true)
    end
 end
 
