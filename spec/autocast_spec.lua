@@ -162,6 +162,35 @@ describe("lm.autocast policy", function()
       end)
    end)
 
+   guarded(HAS_BF16_CONV, "runs conv1d, conv3d and the transposed convolutions in the low dtype "
+      .. "(a UNet trains under it), keeping channels-last and giving float32 weights float32 "
+      .. "gradients", function()
+      for _, low in ipairs({ BF, { dtype = lm.float16 } }) do
+         local name = low.dtype == lm.float16 and "float16" or "bfloat16"
+         local img = lm.randn(2, 3, 6, 6):contiguous(lm.channels_last)
+         local net = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), nn.ReLU(),
+                                   nn.ConvTranspose2d(8, 4, 2, { stride = 2 }))
+         lm.autocast(low, function()
+            local y = net(img)
+            assert.equal(name, dt(y))
+            assert.same({ 2, 4, 12, 12 }, y:size())
+            assert.is_true(y:is_contiguous(lm.channels_last))
+            y:float():sum():backward()
+            local t1 = nn.ConvTranspose1d(3, 2, 3)
+            assert.equal(name, dt(t1(lm.randn(2, 3, 5))))
+            assert.equal(name, dt(F.conv1d(lm.randn(2, 3, 5), lm.randn(2, 3, 3))))
+            local v = lm.randn(1, 2, 3, 4, 4):contiguous(lm.channels_last_3d)
+            assert.equal(name, dt(F.conv3d(v, lm.randn(2, 2, 1, 1, 1))))
+            local t3 = F.conv_transpose3d(v, lm.randn(2, 3, 2, 2, 2), nil, { stride = 2 })
+            assert.equal(name, dt(t3))
+            assert.is_true(t3:is_contiguous(lm.channels_last_3d))
+         end)
+         local wg = net[3].weight.grad
+         assert.equal("float32", dt(wg))
+         assert.is_true(wg:abs():sum():item() > 0)
+      end
+   end)
+
    guarded(HAS_BF16_POOL, "lets the pools follow a bfloat16 input", function()
       local img = lm.randn(2, 3, 6, 6):bfloat16()
       lm.autocast(BF, function()

@@ -149,7 +149,8 @@ M.LOW_METHODS = { "matmul", "mm" }
 -- argument: given, it is used as is (PyTorch's fp32_set_opt_dtype).
 M.F32_METHODS = { "sum", "prod", "exp", "log", "log1p", "expm1", "pow", "rsqrt", "reciprocal" }
 -- the functional ops, for the documentation and the specs
-M.LOW_FUNCTIONS = { "conv2d", "linear" }
+M.LOW_FUNCTIONS = { "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                     "conv_transpose3d", "linear" }
 M.F32_FUNCTIONS = { "softmax", "log_softmax", "nll_loss", "cross_entropy", "mse_loss" }
 
 do

@@ -20,8 +20,15 @@ local C = require("lumen.C")
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
 local H = require("lumen.functional.common")
+local AC = require("lumen.autocast")
 
 local tonumber = tonumber
+
+-- inside lm.autocast the transposed convolutions cast their floating inputs to the low dtype,
+-- as the convolutions do (PyTorch's lower-precision list has conv_transpose1d/2d/3d)
+local ac_on = false
+AC.subscribe(function(on) ac_on = on end)
+local ac_low = AC.low
 
 local Tensor, R, wrap = T.Tensor, T.raw, T.wrap
 local needs, record, fresh = A.needs, A.record, A.fresh
@@ -156,6 +163,7 @@ local INPUT = { [1] = "(N, C, L)", [2] = "(N, C, H, W)", [3] = "(N, C, D, H, W)"
 -- conv_transpose{sp}d(x, w, b, {stride=, padding=, output_padding=, groups=, dilation=})
 local function conv_transpose(sp, x, w, b, opts)
    local fname = "conv_transpose" .. sp .. "d"
+   if ac_on then x, w, b = ac_low(x), ac_low(w), ac_low(b) end
    local xc = tensor_arg(fname, x, "input")
    local wc = tensor_arg(fname, w, "weight")
    local bc = opt_tensor(fname, b, "bias")
