@@ -84,6 +84,49 @@ describe("lm.onnx.export", function()
       os.execute("rm -rf " .. shell.q(dir))
    end)
 
+   it("the issue-40 families (shufflenet_v2 at opsets 13 and 18: narrow as Slice, mean as "
+      .. "ReduceMean), channels-last: ONNX Runtime within 1e-4", function()
+      local py = venv()
+      if not py then
+         print("\nSKIPPED onnx_spec (ONNX Runtime comparison): " .. why_not)
+         pending("ONNX Runtime comparison skipped: " .. why_not)
+         return
+      end
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir -p " .. shell.q(dir)) == 0)
+      local want, args = {}, {}
+      for i, mm in ipairs({ { "shufflenet_v2_x0_5", 13 }, { "shufflenet_v2_x0_5", 18 },
+                            { "mobilenet_v3_small", 17 }, { "mobilenet_v2", 17 },
+                            { "efficientnet_b0", 17 }, { "regnet_y_400mf", 17 },
+                            { "convnext_tiny", 17 } }) do
+         local name, opset = mm[1], mm[2]
+         lm.manual_seed(40 + i)
+         local model = lm.models[name]({ num_classes = 10 }):eval()
+         warm(model)
+         lm.to_channels_last(model)
+         local x = lm.randn({ 1, 3, 64, 64 }):contiguous(lm.channels_last)
+         local key = name .. "_" .. opset
+         local p = dir .. "/" .. key
+         lm.onnx.export(model, x, p .. ".onnx", { opset = opset })
+         write_f32(p .. ".x", x)
+         want[key] = lm.no_grad(function() return model(x) end)
+         for _, a in ipairs({ p .. ".onnx", p .. ".x", p .. ".y" }) do
+            args[#args + 1] = shell.q(a)
+         end
+      end
+      local out, rc = shell.sh(shell.q(py) .. " spec/onnx_check.py " .. table.concat(args, " "))
+      assert.are.equal(0, rc, out)
+      for key, y in pairs(want) do
+         assert.truthy(out:find("checked " .. dir .. "/" .. key .. ".onnx", 1, true), out)
+         local got = read_f32(dir .. "/" .. key .. ".y", y:size())
+         local d = (got - y):abs():max():item() / math.max(1, y:abs():max():item())
+         assert.is_true(d <= 1e-4, key .. ": " .. d)
+         assert.is_true(y:abs():max():item() > 1e-3, key .. ": logits too small to compare")
+      end
+      os.execute("rm -rf " .. shell.q(dir))
+   end)
+
    it("the video models (r3d_18, r2plus1d_18, mc3_18, channels_last_3d): ONNX Runtime within "
       .. "1e-4", function()
       local py = venv()

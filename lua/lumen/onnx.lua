@@ -17,7 +17,7 @@
 --                       nodes, as F.conv2d's)
 --   F.flatten           Flatten (to the end) or Reshape;  view, reshape: Reshape
 --   permute             Transpose
---   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat
+--   add, sub, mul, div  Add, Sub, Mul, Div;  cat: Concat;  narrow: Slice;  mean: ReduceMean
 --   F.conv_transpose1d/2d/3d  ConvTranspose (output_padding, group, dilations)
 --   F.interpolate, F.upsample  Resize (torch.onnx's attributes for each mode; scales or sizes;
 --                       antialias from opset 18, not with align_corners)
@@ -872,6 +872,50 @@ for _, op in ipairs({ "Tensor.view", "Tensor.reshape", "lm.view", "lm.reshape" }
                  value_sizes(g, a[1].id))
    end
 end
+
+-- narrow(x, d, start, length) (1-based d and start, negative from the end; ShuffleNet V2's
+-- channel split): Slice over axis d - 1
+local function narrow(B, node, a, outs, g)
+   local sizes = value_sizes(g, a[1].id)
+   local d, start, len = a[2], a[3], a[4]
+   if type(d) ~= "number" or type(start) ~= "number" or type(len) ~= "number" then
+      fail(node.op .. " with a tensor dim, start or length is not exported", 0)
+   end
+   if d < 0 then d = d + #sizes + 1 end
+   local s0 = start >= 1 and start - 1 or sizes[d] + start
+   B.node("Slice", { B.name(a[1].id), B.const_i64({ s0 }), B.const_i64({ s0 + len }),
+      B.const_i64({ d - 1 }) }, outs)
+end
+OPS["Tensor.narrow"] = narrow
+OPS["lm.narrow"] = narrow
+
+-- mean(x, dims, keepdim) (dims 1-based, a number or a list; nil: all): ReduceMean, its axes an
+-- attribute up to opset 17 and an input from 18 (ShuffleNet V2's global pool, x:mean({3, 4}))
+local function mean(B, node, a, outs, g)
+   local nd = #value_sizes(g, a[1].id)
+   local dims, keep = a[2], a[3]
+   if a[4] ~= nil then fail(node.op .. " with a dtype argument is not exported", 0) end
+   if type(dims) == "number" then dims = { dims } end
+   local axes = {}
+   if dims == nil then
+      for i = 1, nd do axes[i] = i - 1 end
+   elseif type(dims) == "table" and getmetatable(dims) == nil then
+      for i, d in ipairs(dims) do
+         if type(d) ~= "number" then fail(node.op .. " with a non-number dim", 0) end
+         axes[i] = (d < 0 and d + nd + 1 or d) - 1
+      end
+   else
+      fail(node.op .. " with dims that are not numbers", 0)
+   end
+   local kd = keep and 1 or 0
+   if B.opset < 18 then
+      B.node("ReduceMean", { B.name(a[1].id) }, outs, { axes = axes, keepdims = kd })
+   else
+      B.node("ReduceMean", { B.name(a[1].id), B.const_i64(axes) }, outs, { keepdims = kd })
+   end
+end
+OPS["Tensor.mean"] = mean
+OPS["lm.mean"] = mean
 
 -- a binary elementwise op: tensor or number operands
 local function binary(onnx)
