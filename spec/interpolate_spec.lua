@@ -94,6 +94,64 @@ describe("F.interpolate against PyTorch", function()
    end)
 end)
 
+describe("F.interpolate passes (lm_resample)", function()
+   -- nearest modes copy: NaN, infinities and -0 arrive unchanged (PyTorch copies them; the dense
+   -- 0/1 matrices before session 30 spread NaN along the row through 0 * inf)
+   it("nearest copies non-finite values and -0 exactly, both layouts", function()
+      for _, fmt in ipairs({ false, lm.channels_last }) do
+         local x = lm.randn({ 2, 3, 4, 5 })
+         x[{ 1, 2, 2, 3 }] = 0 / 0
+         x[{ 2, 1, 4, 5 }] = math.huge
+         x[{ 2, 3, 1, 1 }] = -math.huge
+         x[{ 1, 1, 1, 1 }] = -0.0
+         if fmt then x = x:contiguous(fmt) end
+         if DEV then x = x:to(DEV) end
+         local y = F.interpolate(x, { scale_factor = 2 }):cpu():contiguous()
+         local xc = x:cpu():contiguous()
+         local yv, xv = y:view(-1), xc:view(-1)
+         for n = 0, 1 do
+            for c = 0, 2 do
+               for i = 0, 7 do
+                  for j = 0, 9 do
+                     local a = yv[((n * 3 + c) * 8 + i) * 10 + j + 1]
+                     local src = ((n * 3 + c) * 4 + math.floor(i / 2)) * 5 + math.floor(j / 2)
+                     local b = xv[src + 1]
+                     assert(a == b or (a ~= a and b ~= b), ("(%d,%d,%d,%d): %s vs %s"):format(n, c, i,
+                            j, tostring(a), tostring(b)))
+                     if b == 0 then assert.are.equal(1 / b, 1 / a) end
+                  end
+               end
+            end
+         end
+      end
+   end)
+
+   it("a linear mode reaches the neighbours of a NaN, as PyTorch's taps do", function()
+      local x = lm.zeros({ 1, 1, 6 })
+      x[{ 1, 1, 3 }] = 0 / 0
+      if DEV then x = x:to(DEV) end
+      local y = F.interpolate(x, { size = 12, mode = "linear" }):cpu()
+      -- PyTorch 2.x: outputs 3..6 (0-based) read input 2 with a weight (0.25 or 0.75), the
+      -- others not
+      for o = 0, 11 do
+         local v = y[{ 1, 1, o + 1 }]
+         assert.are.equal(o >= 3 and o <= 6, v ~= v, "output " .. o)
+      end
+   end)
+
+   it("runs the same taps again from its cache, and for other dtypes and sizes", function()
+      local x = lm.randn({ 2, 4, 6, 7 }):contiguous(lm.channels_last)
+      if DEV then x = x:to(DEV) end
+      local a = F.interpolate(x, { size = { 9, 5 }, mode = "bicubic" })
+      local b = F.interpolate(x, { size = { 9, 5 }, mode = "bicubic" })
+      assert.are.equal(0, (a - b):abs():max():item())
+      local d = F.interpolate(x:double(), { size = { 9, 5 }, mode = "bicubic" })
+      assert.is_true((d:float() - a):abs():max():item() < 1e-5)
+      local e = F.interpolate(x, { size = { 9, 6 }, mode = "bicubic" })
+      assert.are.same({ 2, 4, 9, 6 }, e:size())
+   end)
+end)
+
 describe("F.interpolate gradcheck (float64)", function()
    local cases = {
       { { 1, 2, 5 }, nil, { size = 8, mode = "linear" } },
@@ -124,6 +182,21 @@ describe("nn.Upsample", function()
       close(u:forward(fx(FX.interpolate[3].x)), FX.interpolate[3].out, 1e-9, "Nearest2d")
       local b = lm.nn.UpsamplingBilinear2d({ scale_factor = 2 })
       close(b:forward(fx(c.x)), c.out, 1e-9, "Bilinear2d")
+   end)
+
+   it("takes PyTorch's positional arguments, as F.interpolate does", function()
+      local c = FX.interpolate[15]    -- bilinear_ac
+      close(lm.nn.Upsample(nil, 2, "bilinear", true):forward(fx(c.x)), c.out, 1e-9, "Upsample")
+      close(lm.nn.UpsamplingBilinear2d(nil, 2):forward(fx(c.x)), c.out, 1e-9, "Bilinear2d")
+      close(F.interpolate(fx(c.x), nil, 2, "bilinear", true), c.out, 1e-9, "interpolate")
+      local x = lm.randn({ 1, 2, 3, 4 })
+      assert.are.same({ 1, 2, 5, 6 }, F.interpolate(x, { 5, 6 }):size())
+      assert.are.same({ 1, 2, 7, 7 }, F.interpolate(x, 7):size())
+      assert.are.same({ 1, 2, 6, 8 }, lm.nn.Upsample(nil, 2)(x):size())
+      assert.are.same({ 1, 2, 5, 5 }, lm.nn.UpsamplingNearest2d(5)(x):size())
+      H.assert_error_like("UpsamplingNearest2d", "size, scale_factor", lm.nn.UpsamplingNearest2d,
+                          nil, 2, "bilinear")
+      H.assert_error_like("interpolate", "options table, a size", F.interpolate, x, "big")
    end)
 end)
 

@@ -50,6 +50,8 @@
    X(ADAPTIVE_AVG_POOL3D_BACKWARD, "adaptive_avg_pool3d_backward")                               \
    X(ADAPTIVE_MAX_POOL3D, "adaptive_max_pool3d")                                                 \
    X(ADAPTIVE_MAX_POOL3D_BACKWARD, "adaptive_max_pool3d_backward")                               \
+   /* resampling (F.interpolate's passes) */                                                     \
+   X(RESAMPLE, "resample")                                                                       \
    /* normalisation, softmax, losses */                                                          \
    X(BATCH_NORM, "batch_norm") X(BATCH_NORM_BACKWARD, "batch_norm_backward")                     \
    X(GROUP_NORM, "group_norm") X(GROUP_NORM_BACKWARD, "group_norm_backward")                     \

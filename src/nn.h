@@ -183,6 +183,17 @@ lm_status lm_group_norm_backward(const lm_tensor *grad_out, const lm_tensor *x,
                                  const lm_tensor *weight, int num_groups, lm_tensor **grad_x,
                                  lm_tensor **grad_weight, lm_tensor **grad_bias);
 
+/* ---- resample (src/ops/resample.c; kernels/cpu/resample.c): the middle dim of x (B, In, R)
+   resampled to Out = ptr's size - 1 positions by a table of taps: output row o is
+   sum over k in [ptr[o], ptr[o + 1]) of w[k] * x[:, idx[k], :], the products added in that
+   order (a row without taps is 0). ptr and idx int64 (0-based), w float64 for a float64 x and
+   float32 otherwise (halves compute in float32 and round once), all 1-D on x's device. The result
+   is a contiguous (B, Out, R) of x's dtype. F.interpolate runs one pass per resized dim, its
+   backward the transposed table. Bad taps (ptr not from 0 up to idx's size, an index outside
+   [0, In)) are an error on the CPU and give NaN rows on CUDA ---- */
+lm_status lm_resample(const lm_tensor *x, const lm_tensor *ptr, const lm_tensor *idx,
+                      const lm_tensor *w, lm_tensor **out);
+
 /* ---- softmax (src/ops/softmax.c; kernels/cpu/softmax.c): any rank (0-dim too), any dim
    (negative counts from the end); the result is contiguous, as in PyTorch ---- */
 lm_status lm_softmax(const lm_tensor *x, int dim, lm_tensor **out);

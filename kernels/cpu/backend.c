@@ -24,6 +24,7 @@ static void fill(int isa) {
       lm_cpu_register_norm(table, isa);
       lm_cpu_register_group_norm(table, isa);
       lm_cpu_register_softmax(table, isa);
+      lm_cpu_register_resample(table, isa);
       lm_cpu_register_loss(table, isa);
       lm_cpu_register_optim(table, isa);
       atomic_store_explicit(&filled_isa, isa, memory_order_release);

@@ -45,6 +45,7 @@ void lm_cpu_register_pool3d(lm_kernel_fn *table, int isa);
 void lm_cpu_register_norm(lm_kernel_fn *table, int isa);
 void lm_cpu_register_group_norm(lm_kernel_fn *table, int isa);
 void lm_cpu_register_softmax(lm_kernel_fn *table, int isa);
+void lm_cpu_register_resample(lm_kernel_fn *table, int isa);
 void lm_cpu_register_loss(lm_kernel_fn *table, int isa);
 void lm_cpu_register_optim(lm_kernel_fn *table, int isa);
 

@@ -302,6 +302,7 @@ extern "C" int lm_cuda_init(char *why, size_t cap) {
    lm_cuda_register_norm(table);
    lm_cuda_register_group_norm(table);
    lm_cuda_register_softmax(table);
+   lm_cuda_register_resample(table);
    lm_cuda_register_optim(table);
    for (int k = 0; k < n; k++) {
       if (cudaSetDevice(k) != cudaSuccess ||

@@ -140,5 +140,6 @@ void lm_cuda_register_pool3d(lm_kernel_fn *table);
 void lm_cuda_register_norm(lm_kernel_fn *table);
 void lm_cuda_register_group_norm(lm_kernel_fn *table);
 void lm_cuda_register_softmax(lm_kernel_fn *table);
+void lm_cuda_register_resample(lm_kernel_fn *table);
 void lm_cuda_register_optim(lm_kernel_fn *table);
 #endif

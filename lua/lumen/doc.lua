@@ -1052,7 +1052,9 @@ E("lm.F.dropout3d", "lm.F.dropout3d(x, p, training, inplace) -> Tensor", "As dro
    err = "p outside [0, 1], a wrong rank, a non-floating input, an unknown option" })
 -- end of issue 40 (wt-act) -------------------------------------------------------------------
 -- issue 40 (wt-resample): interpolate, transposed convolutions -------------------------------
-E("lm.F.interpolate", "lm.F.interpolate(x, opts) -> Tensor", "Resamples the spatial dims of a "
+E("lm.F.interpolate", "lm.F.interpolate(x, opts) -> Tensor", "Also PyTorch's positional form "
+   .. "interpolate(x, size, scale_factor, mode, align_corners, recompute_scale_factor, "
+   .. "antialias), size a number or a list ({9, 9}). Resamples the spatial dims of a "
    .. "3-D (N, C, L), 4-D or 5-D input to opts.size or by opts.scale_factor (numbers or one per "
    .. "spatial dim; output size floor(in * scale)). Modes \"nearest\" (src = floor(dst * scale)), "
    .. "\"nearest-exact\" (floor((dst + 0.5) * scale)), \"linear\" (3-D), \"bilinear\" (4-D), "
@@ -1060,16 +1062,16 @@ E("lm.F.interpolate", "lm.F.interpolate(x, opts) -> Tensor", "Resamples the spat
    .. "align_corners for the interpolating modes (default false); without "
    .. "recompute_scale_factor a given scale_factor is the one the indices use (PyTorch's), with "
    .. "recompute_scale_factor = true the scale is in / out. Indices and weights are PyTorch's "
-   .. "CPU ones; the op runs as one small interpolation matrix per resized dim applied by "
-   .. "batched matmuls (every device), float16 / bfloat16 computed in float32 and rounded once. "
-   .. "Differentiable (the transposed matrices). Nearest modes are 0/1 matrices: an inf or NaN "
-   .. "in the input spreads NaN along its output row where PyTorch copies it. antialias = true "
+   .. "CPU ones, taken in its order; the op runs one pass per resized dim (lm_resample: each "
+   .. "output position the weighted sum of its few taps, on every device), float16 / bfloat16 "
+   .. "computed in float32 and rounded once. Differentiable (the transposed taps). Nearest modes "
+   .. "copy values (NaN and infinities too, as PyTorch). antialias = true "
    .. "(bilinear and bicubic, 4-D input only: PyTorch's _upsample_bilinear2d_aa / "
    .. "_upsample_bicubic2d_aa) low-pass filters when downsampling as PIL does: the triangle or "
    .. "the cubic (A = -0.5) filter, stretched by the scale when it is above 1, centred at "
    .. "scale * (dst + 0.5) (align_corners only changes the scale to (in - 1) / (out - 1)), cut "
    .. "to the input and normalized per output pixel; a dim that keeps its size is left as it is. "
-   .. "Upsampling bilinear with it is plain bilinear. Its gradient is the transposed matrices "
+   .. "Upsampling bilinear with it is plain bilinear. Its gradient is the transposed taps "
    .. "too: where a dim keeps its size under a scale_factor other than 1, PyTorch's CPU backward "
    .. "resamples that dim although its forward does not; lumen's is the forward's gradient. "
    .. "float16 / bfloat16 are computed in float32 (PyTorch's CPU kernel refuses them).",
@@ -1332,12 +1334,15 @@ E("lm.nn.Dropout3d", "lm.nn.Dropout3d(p, inplace)", "lm.F.dropout3d as a module.
 -- end of issue 40 (wt-act) -------------------------------------------------------------------
 -- issue 40 (wt-resample): Upsample, ConvTranspose modules -------------------------------------
 E("lm.nn.Upsample", "lm.nn.Upsample(opts)", "lm.F.interpolate with opts {size =, scale_factor "
-   .. "=, mode = \"nearest\", align_corners =, recompute_scale_factor =} as a module.",
+   .. "=, mode = \"nearest\", align_corners =, recompute_scale_factor =} as a module; or "
+   .. "PyTorch's positional Upsample(size, scale_factor, mode, align_corners, "
+   .. "recompute_scale_factor). The output keeps the input's memory format.",
    { err = "neither size nor scale_factor, an unknown option" })
 E("lm.nn.UpsamplingNearest2d", "lm.nn.UpsamplingNearest2d(opts)", "Upsample with mode "
-   .. "\"nearest\" ({size =} or {scale_factor =}).")
+   .. "\"nearest\" ({size =} or {scale_factor =}, or positional (size, scale_factor)).")
 E("lm.nn.UpsamplingBilinear2d", "lm.nn.UpsamplingBilinear2d(opts)", "Upsample with mode "
-   .. "\"bilinear\" and align_corners = true ({size =} or {scale_factor =}).")
+   .. "\"bilinear\" and align_corners = true ({size =} or {scale_factor =}, or positional "
+   .. "(size, scale_factor)).")
 E("lm.nn.ConvTranspose2d", "lm.nn.ConvTranspose2d(in_channels, out_channels, kernel_size, opts)",
    "weight (in, out / groups, kH, kW) and bias (out) initialised as PyTorch's; forward "
    .. "lm.F.conv_transpose2d. m:forward(x, output_size) (or m(x, output_size)) picks the "

@@ -1659,6 +1659,97 @@ static void cases_softmax(void) {
    }
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* resample (F.interpolate's passes)                                                         */
+
+/* a 1-D CPU tensor of dtype dt holding v[0 .. n) */
+static lm_tensor *cpu_vec(int64_t n, int dt, const double *v) {
+   lm_tensor *t = NULL;
+   OK(lm_empty(1, &n, dt, LM_CONTIGUOUS, LM_CPU, &t));
+   keep(t);
+   if (n > 0) OK(lm_from_doubles(t, v));
+   return t;
+}
+
+static lm_status f_resample(lm_tensor **in, lm_tensor **out, const void *arg) {
+   (void)arg;
+   TRY(lm_resample(in[0], in[1], in[2], in[3], &out[0]));
+   out[1] = in[4];
+   TRY(lm_resample(in[0], in[1], in[2], in[3], &out[1]));
+   check(out[1] == in[4], "out=: the result is the out tensor");
+   return LM_OK;
+}
+
+static void cases_resample(void) {
+   /* tap tables over In = 5: nearest 2x (one tap of weight 1), linear 5 -> 3 (pairs, the last
+      repeating its index), bicubic-like (four clamped taps), rows without taps, and the
+      transposed table of a linear one (variable counts) */
+   static const struct {
+      const char *name;
+      int64_t out, nnz;
+      double ptr[11], idx[24], w[24];
+   } tabs[] = {
+      {"nearest 2x", 10, 10, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {0, 0, 1, 1, 2, 2, 3, 3, 4, 4},
+       {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+      {"linear", 3, 6, {0, 2, 4, 6}, {0, 1, 2, 3, 4, 4}, {0.75, 0.25, 0.5, 0.5, 1, 0}},
+      {"cubic", 2, 8, {0, 4, 8}, {0, 0, 1, 2, 2, 3, 4, 4}, {-0.1, 0.6, 0.6, -0.1, -0.05, 0.5, 0.6, -0.05}},
+      {"empty rows", 4, 3, {0, 0, 2, 2, 3}, {4, 1, 2}, {0.3, 0.7, 2}},
+      {"transposed", 5, 7, {0, 2, 3, 4, 6, 7}, {0, 1, 1, 2, 3, 4, 4}, {1, 0.25, 0.75, 0.5, 0.5, 0.5, 0.25}},
+   };
+   static const struct {
+      int64_t B, R;
+      int layout;
+   } shp[] = {{1, 1, L_CONTIG}, {3, 7, L_CONTIG}, {2, 16, L_STRIDED}, {4, 33, L_CONTIG}};
+   static const int dts[4] = {LM_FLOAT32, LM_FLOAT64, LM_BFLOAT16, LM_FLOAT16};
+   g_tol = TOL_DNN;
+   for (int t = 0; t < (int)(sizeof tabs / sizeof tabs[0]); t++)
+      for (int s = 0; s < (int)(sizeof shp / sizeof shp[0]); s++)
+         for (int dti = 0; dti < 4; dti++) {
+            const int dt = dts[dti];
+            CASE("resample %s B %lld R %lld %s %s isa %s", tabs[t].name, (long long)shp[s].B,
+                 (long long)shp[s].R, LAYOUT_NAME[shp[s].layout], lm_dtype_name(dt), isa_name());
+            const int64_t xs[3] = {shp[s].B, 5, shp[s].R}, ys[3] = {shp[s].B, tabs[t].out, shp[s].R};
+            const int wdt = dt == LM_FLOAT64 ? LM_FLOAT64 : LM_FLOAT32;
+            lm_tensor *in[5] = {cpu_rand(3, xs, dt, shp[s].layout, -2, 2),
+                                cpu_vec(tabs[t].out + 1, LM_INT64, tabs[t].ptr),
+                                cpu_vec(tabs[t].nnz, LM_INT64, tabs[t].idx),
+                                cpu_vec(tabs[t].nnz, wdt, tabs[t].w),
+                                cpu_rand(3, ys, dt, L_STRIDED, 0, 1)};
+            if (run_case("output,output out= strided", 5, in, 2, f_resample, NULL))
+               same_values(g_ref[1], g_ref[0], "out= strided = output (cpu)");
+            free_kept();
+         }
+}
+
+static void rules_resample(void) {
+   CASE("resample rules");
+   const int64_t xs[3] = {2, 5, 3};
+   const double ptr[3] = {0, 1, 2}, idx[2] = {0, 4}, bad[2] = {0, 5}, w[2] = {1, 0.5};
+   const double dptr[3] = {0, 2, 1};
+   lm_tensor *x = cpu_rand(3, xs, LM_FLOAT32, L_CONTIG, -1, 1);
+   lm_tensor *p = cpu_vec(3, LM_INT64, ptr), *i = cpu_vec(2, LM_INT64, idx);
+   lm_tensor *wv = cpu_vec(2, LM_FLOAT32, w), *y = NULL;
+   OK(lm_resample(x, p, i, wv, &y));
+   keep(y);
+   check(y->ndim == 3 && y->sizes[1] == 2 && lm_is_contiguous(y, LM_CONTIGUOUS), "shape");
+   expect_device_error(lm_resample(x, to_dev(p, LM_SIM0), i, wv, &y), "ptr on sim:0");
+   expect_device_error(lm_resample(to_dev(x, LM_SIM0), p, i, wv, &y), "x on sim:0");
+   y = NULL;
+   expect_status(lm_resample(x, p, cpu_vec(2, LM_INT64, bad), wv, &y), LM_ERR_ARG,
+                 "reads index 5 of a dim of size 5", "index out of range");
+   expect_status(lm_resample(x, cpu_vec(3, LM_INT64, dptr), i, wv, &y), LM_ERR_ARG,
+                 "ptr decreases", "ptr decreasing");
+   expect_status(lm_resample(x, p, i, cpu_vec(2, LM_FLOAT64, w), &y), LM_ERR_DTYPE, "w must be float32",
+                 "w dtype");
+   expect_status(lm_resample(x, p, cpu_vec(2, LM_FLOAT32, idx), wv, &y), LM_ERR_DTYPE,
+                 "idx must be int64", "idx dtype");
+   const int64_t s2[2] = {5, 3};
+   expect_status(lm_resample(cpu_rand(2, s2, LM_FLOAT32, L_CONTIG, 0, 1), p, i, wv, &y),
+                 LM_ERR_SHAPE, "3-D input", "rank");
+   check(y == NULL, "no output after an error");
+   free_kept();
+}
+
 static void rules_softmax(void) {
    CASE("softmax device rules");
    const int64_t sz[2] = {3, 4}, sz2[2] = {3, 5};
@@ -2162,6 +2253,7 @@ static const op_entry OPS[] = {
     KINDS(LM_OP_GROUP_NORM, LM_OP_GROUP_NORM_BACKWARD)},
    {"softmax", cases_softmax, rules_softmax, I_BEST | I_C,
     KINDS(LM_OP_SOFTMAX, LM_OP_SOFTMAX_BACKWARD)},
+   {"resample", cases_resample, rules_resample, I_BEST | I_C, KINDS(LM_OP_RESAMPLE)},
    {"nll_loss", cases_nll_loss, rules_nll_loss, I_BEST | I_C,
     KINDS(LM_OP_NLL_LOSS, LM_OP_NLL_LOSS_BACKWARD)},
    {"optimizer steps", cases_optim, NULL, I_BEST | I_C, KINDS(LM_OP_SGD_STEP, LM_OP_ADAM_STEP)},

@@ -2,24 +2,27 @@
 -- bicubic, trilinear; size or scale_factor; align_corners; recompute_scale_factor; antialias)
 -- with its backward (issue 40).
 --
--- Every mode is separable: the output is the input with one small interpolation matrix
--- (out_d x in_d) applied along each spatial dim d. The matrices hold exactly PyTorch's CPU
--- indices and weights (area_pixel_compute_scale / area_pixel_compute_source_index for the
--- linear and cubic modes, computed in the op-math type: float for float32/16/bfloat16, double
--- for float64; nearest: floorf(dst * scale), nearest-exact: floorf((dst + 0.5) * scale), both in
--- float; bicubic: A = -0.75 with the taps clamped to the borders), and the forward runs as one
--- batched matmul per resized dim over the tensor in its PHYSICAL order (N, C, spatial... for
--- contiguous; N, spatial..., C for channels_last / channels_last_3d), so the result comes out in
--- the input's memory format with no permuting copy, on every device. The backward applies the
--- transposed matrices to the gradient in the same order (grad_input in the input's format).
--- float16 / bfloat16 compute in float32 and round once, as PyTorch's CPU kernels.
--- Nearest modes run as 0/1 matrices: finite values are copied exactly; a non-finite input value
--- spreads NaN along its row (0 * inf) where PyTorch copies it (noted in the docs).
+-- Every mode is separable: the output is the input with one small table of taps (each output
+-- position a weighted sum of a few input positions) applied along each spatial dim d. The taps
+-- hold exactly PyTorch's CPU indices and weights, in its order (area_pixel_compute_scale /
+-- area_pixel_compute_source_index for the linear and cubic modes, computed in the op-math type:
+-- float for float32/16/bfloat16, double for float64; nearest: floorf(dst * scale), nearest-exact:
+-- floorf((dst + 0.5) * scale), both in float; bicubic: A = -0.75, four taps clamped to the
+-- borders). The forward runs one lm_resample pass per resized dim (src/ops/resample.c: a row of
+-- the tensor viewed as (B, In, R) in its PHYSICAL order, N, C, spatial... for contiguous; N,
+-- spatial..., C for channels_last / channels_last_3d), so the result comes out in the input's
+-- memory format with no permuting copy, on every device. The backward runs the transposed taps
+-- over the gradient in the same order (grad_input in the input's format). float16 / bfloat16
+-- compute in float32 and round once, as PyTorch's CPU kernels. Nearest modes are one tap of
+-- weight 1: the values are copied (NaN and infinities as PyTorch copies them); a linear mode
+-- multiplies both of its taps, so a non-finite value reaches its neighbours as in PyTorch.
+-- (Until session 30 the passes were dense out x in matrices through matmul: In multiply-adds per
+-- output value, 80 ms for a nearest 2x of 8 x 64 x 128 x 128, and 0 * inf spread NaN.)
 -- antialias = true (bilinear / bicubic, 4-D input; PyTorch's _upsample_bilinear2d_aa /
--- _upsample_bicubic2d_aa) is the same scheme with PIL-style matrices (aa_rows): a filter
--- stretched by the scale when downsampling and normalized per output row; the forward applies W
--- before H, as PyTorch's separable CPU kernel. float16 / bfloat16 compute in float32 here too
--- (PyTorch's CPU refuses them for antialias, its CUDA kernels take them).
+-- _upsample_bicubic2d_aa) is the same scheme with PIL-style taps (aa_rows): a filter stretched by
+-- the scale when downsampling and normalized per output row; the forward applies W before H, as
+-- PyTorch's separable CPU kernel. float16 / bfloat16 compute in float32 here too (PyTorch's CPU
+-- refuses them for antialias, its CUDA kernels take them).
 
 local ffi = require("ffi")
 local C = require("lumen.C")
@@ -52,9 +55,8 @@ local A_CUBIC = -0.75
 local function cc1(x) return ((A_CUBIC + 2) * x - (A_CUBIC + 3)) * x * x + 1 end
 local function cc2(x) return ((A_CUBIC * x - 5 * A_CUBIC) * x + 8 * A_CUBIC) * x - 4 * A_CUBIC end
 
--- the interpolation matrix of one dim as rows: rows[o] = { [i] = weight } (0-based i), and
--- whether it is the identity. r: the op-math rounding (f32 or f64). scale: the user's scale
--- factor for this dim or nil.
+-- the taps of one dim as rows (dim_rows, aa_rows, below), and whether they are the identity.
+-- r: the op-math rounding (f32 or f64). scale: the user's scale factor for this dim or nil.
 -- area_pixel_compute_scale: input pixels per output pixel, in the op-math type r (shared by the
 -- plain and the antialiased weights)
 local function area_scale(align, insz, outsz, scale, r)
@@ -62,12 +64,15 @@ local function area_scale(align, insz, outsz, scale, r)
    return (scale ~= nil and scale > 0) and r(1.0 / scale) or r(r(insz) / outsz)
 end
 
+-- rows[o] = { i1, w1, i2, w2, ... }: output o's taps in PyTorch's order (0-based i; a tap may
+-- repeat an index, as PyTorch's clamped bicubic taps and the last linear pair do)
 local function dim_rows(mode, insz, outsz, align, scale, r)
    local rows = {}
    local ident = insz == outsz
    local function add(o, i, w)
       local row = rows[o]
-      row[i] = (row[i] or 0) + w
+      row[#row + 1] = i
+      row[#row + 1] = w
    end
    if mode == "nearest" or mode == "nearest-exact" then
       -- compute_scales_value<float>
@@ -113,7 +118,9 @@ local function dim_rows(mode, insz, outsz, align, scale, r)
          add(o, i0 + off, t)
       end
       if ident then
-         for i, w in pairs(rows[o]) do
+         local row = rows[o]
+         for j = 1, #row, 2 do
+            local i, w = row[j], row[j + 1]
             if (i == o and w ~= 1) or (i ~= o and w ~= 0) then ident = false end
          end
       end
@@ -146,7 +153,7 @@ end
 local function aa_rows(mode, insz, outsz, align, scale, r)
    local rows = {}
    if insz == outsz then
-      for o = 0, outsz - 1 do rows[o] = { [o] = 1 } end
+      for o = 0, outsz - 1 do rows[o] = { o, 1 } end
       return rows, true
    end
    local s = area_scale(align, insz, outsz, scale, r)
@@ -171,34 +178,69 @@ local function aa_rows(mode, insz, outsz, align, scale, r)
       for j = 0, xsize - 1 do
          local v = w[j]
          if total ~= 0 then v = r(v / total) end
-         if v ~= 0 then row[xmin + j] = v end
+         if v ~= 0 then
+            row[#row + 1] = xmin + j
+            row[#row + 1] = v
+         end
       end
    end
    return rows, false
 end
 
--- the rows as a dense matrix tensor (outsz x insz), or its transpose
-local function matrix(rows, insz, outsz, transpose, dtype, device)
-   local m = {}
+-- the taps as lm_resample's tensors {ptr, idx, w} on device (w in cdt), or those of the
+-- transposed table (transpose: input i's taps are every (o, w) that reads it, o ascending, for
+-- the backward). Cached by key (mode, sizes, options, dtype, device, direction): a training loop
+-- resamples the same shapes every step.
+local cache, ncache = {}, 0
+local CACHE_MAX = 256
+local function taps(key, rows, insz, outsz, transpose, cdt, device)
+   local hit = cache[key]
+   if hit then return hit end
+   local ptr, idx, w = { 0 }, {}, {}
    if transpose then
-      for i = 1, insz do local z = {}; for o = 1, outsz do z[o] = 0 end; m[i] = z end
+      local by = {}
+      for i = 0, insz - 1 do by[i] = {} end
       for o = 0, outsz - 1 do
-         for i, w in pairs(rows[o]) do m[i + 1][o + 1] = w end
+         local row = rows[o]
+         for j = 1, #row, 2 do
+            local l = by[row[j]]
+            l[#l + 1] = o
+            l[#l + 1] = row[j + 1]
+         end
       end
-   else
-      for o = 0, outsz - 1 do
-         local z = {}
-         for i = 1, insz do z[i] = 0 end
-         for i, w in pairs(rows[o]) do z[i + 1] = w end
-         m[o + 1] = z
-      end
+      rows, outsz = by, insz
    end
-   return require("lumen.creation").tensor(m, { dtype = dtype, device = device })
+   for o = 0, outsz - 1 do
+      local row = rows[o]
+      for j = 1, #row, 2 do
+         idx[#idx + 1] = row[j]
+         w[#w + 1] = row[j + 1]
+      end
+      ptr[o + 2] = #idx
+   end
+   local mk = require("lumen.creation").tensor
+   local t = { mk(ptr, { dtype = "int64", device = device }),
+               mk(idx, { dtype = "int64", device = device }),
+               mk(w, { dtype = cdt, device = device }), outsz }
+   if ncache >= CACHE_MAX then cache, ncache = {}, 0 end
+   cache[key] = t
+   ncache = ncache + 1
+   return t
 end
 
--- t (N, C, S1..Sk) with mats[i] (out_i x in_i, or false to keep dim i) applied along each
--- spatial dim, in the physical order given by cl (true: N, S.., C); the result is dense in that
--- order (so channels-last strides when cl)
+local resample_out = ffi.new("lm_tensor*[1]")
+-- one pass: v (B, In, R) dense -> (B, Out, R) by taps tp
+local function pass(v, tp)
+   resample_out[0] = nil
+   H.check(C.lm_resample(T.tc(v, "interpolate"), T.tc(tp[1], "interpolate"),
+                         T.tc(tp[2], "interpolate"), T.tc(tp[3], "interpolate"), resample_out),
+           "interpolate")
+   return T.wrap(resample_out[0])
+end
+
+-- t (N, C, S1..Sk) with the taps mats[i] (in_i -> out_i, or false to keep dim i) applied along
+-- each spatial dim, in the physical order given by cl (true: N, S.., C); the result is dense in
+-- that order (so channels-last strides when cl)
 local function apply(t, mats, cl, last_first)
    local nd = R.dim(t)
    local k = nd - 2
@@ -223,8 +265,8 @@ local function apply(t, mats, cl, last_first)
          for j = 1, pos - 1 do b = b * sizes[j] end
          for j = pos + 1, nd do rest = rest * sizes[j] end
          local v = R.reshape(u, { b, sizes[pos], rest })
-         local y = R.matmul(m, v)
-         sizes[pos] = R.size(m, 1)
+         local y = pass(v, m)
+         sizes[pos] = m[4]
          u = R.reshape(y, sizes)
          did = true
       end
@@ -256,10 +298,31 @@ local function num_list(fname, v, k, what, int)
    return r
 end
 
--- interpolate(x, {size=, scale_factor=, mode="nearest", align_corners=, recompute_scale_factor=})
-function F.interpolate(x, opts)
+-- is v the options table (string keys) rather than a size list ({9, 9}, lm.Size) or a number?
+local function is_opts(v)
+   return type(v) == "table" and getmetatable(v) == nil and v[1] == nil
+end
+-- PyTorch's positional arguments (size, scale_factor, mode, align_corners,
+-- recompute_scale_factor, antialias) as the options table
+local function positional(size, ...)
+   local sf, mode, ac, rsf, aa = ...
+   return { size = size, scale_factor = sf, mode = mode, align_corners = ac,
+            recompute_scale_factor = rsf, antialias = aa }
+end
+
+-- interpolate(x, {size=, scale_factor=, mode="nearest", align_corners=, recompute_scale_factor=,
+-- antialias=}), or PyTorch's positional form interpolate(x, size, scale_factor, mode,
+-- align_corners, recompute_scale_factor, antialias) (size a number or a list, or nil)
+function F.interpolate(x, opts, ...)
    local fname = "interpolate"
    local xc = tensor_arg(fname, x, "input")
+   if not is_opts(opts) and (opts ~= nil or select("#", ...) > 0) then
+      if type(opts) ~= "number" and type(opts) ~= "table" and opts ~= nil then
+         err(fname, "expected an options table, a size (a number or a table of numbers) or nil "
+             .. "as the second argument, got " .. T.typename(opts))
+      end
+      opts = positional(opts, ...)
+   end
    opts = check_opts(fname, opts, OPTS)
    local mode = opts.mode == nil and "nearest" or opts.mode
    if type(mode) ~= "string" or MODES[mode] == nil then
@@ -335,15 +398,19 @@ function F.interpolate(x, opts)
    local cdt = (dtype == "float64") and "float64" or "float32"
    local r = cdt == "float64" and f64 or f32
    local device = R.device(x)
-   local rows, ident = {}, {}
+   local rows, ident, keys = {}, {}, {}
    local fwd = {}
+   local dkey = tostring(device)
    for i = 1, k do
+      keys[i] = table.concat({ mode, tostring(aa), insz[i], outsz[i], tostring(align),
+                               scales[i] and ("%.17g"):format(scales[i]) or "-", cdt, dkey }, "|")
       if aa then
          rows[i], ident[i] = aa_rows(mode, insz[i], outsz[i], align, scales[i], r)
       else
          rows[i], ident[i] = dim_rows(mode, insz[i], outsz[i], align, scales[i], r)
       end
-      fwd[i] = (not ident[i]) and matrix(rows[i], insz[i], outsz[i], false, cdt, device)
+      fwd[i] = (not ident[i]) and taps(keys[i] .. "|f", rows[i], insz[i], outsz[i], false, cdt,
+                                       device)
    end
    local f = C.lm_suggest_memory_format(xc, 0)
    local cl = (f == C.LM_CHANNELS_LAST and nd == 4) or (f == C.LM_CHANNELS_LAST_3D and nd == 5)
@@ -359,7 +426,8 @@ function F.interpolate(x, opts)
              function(g)
          local bwd = {}
          for i = 1, k do
-            bwd[i] = (not ident[i]) and matrix(rows[i], insz[i], outsz[i], true, cdt, device)
+            bwd[i] = (not ident[i]) and taps(keys[i] .. "|b", rows[i], insz[i], outsz[i], true,
+                                             cdt, device)
          end
          local gin = tostring(R.dtype(g)) == cdt and g or R.to(g, cdt)
          local gx = apply(gin, bwd, cl)
@@ -372,6 +440,9 @@ end
 
 -- upsample(x, size, scale_factor, mode, align_corners): the deprecated spelling
 function F.upsample(x, size, scale_factor, mode, align_corners)
+   if is_opts(size) and scale_factor == nil and mode == nil and align_corners == nil then
+      return F.interpolate(x, size)
+   end
    return F.interpolate(x, { size = size, scale_factor = scale_factor, mode = mode,
                              align_corners = align_corners })
 end

@@ -1139,7 +1139,18 @@ local UPSAMPLE_OPTS = option_set("size", "scale_factor", "mode", "align_corners"
 local function upsample_module(name, fixed)
    local cls = Module:extend(name)
    M[name] = cls
-   function cls:__init(opts)
+   -- (opts), or PyTorch's positional (size, scale_factor, mode, align_corners,
+   -- recompute_scale_factor); the fixed modules take (size, scale_factor)
+   function cls:__init(opts, ...)
+      if not (type(opts) == "table" and getmetatable(opts) == nil and opts[1] == nil) and
+         (opts ~= nil or select("#", ...) > 0) then
+         local sf, mode, ac, rsf = ...
+         if fixed and (mode ~= nil or ac ~= nil or rsf ~= nil) then
+            fail(name, "takes (size, scale_factor) or an options table")
+         end
+         opts = { size = opts, scale_factor = sf, mode = mode, align_corners = ac,
+                  recompute_scale_factor = rsf }
+      end
       opts = opts_arg(name, opts, UPSAMPLE_OPTS)
       if opts.size == nil and opts.scale_factor == nil then
          fail(name, "either size or scale_factor should be defined")
