@@ -116,8 +116,9 @@ describe("F.interpolate passes (lm_resample)", function()
                      local a = yv[((n * 3 + c) * 8 + i) * 10 + j + 1]
                      local src = ((n * 3 + c) * 4 + math.floor(i / 2)) * 5 + math.floor(j / 2)
                      local b = xv[src + 1]
-                     assert(a == b or (a ~= a and b ~= b), ("(%d,%d,%d,%d): %s vs %s"):format(n, c, i,
-                            j, tostring(a), tostring(b)))
+                     assert(a == b or (a ~= a and b ~= b),
+                            ("(%d,%d,%d,%d): %s vs %s"):format(n, c, i, j, tostring(a),
+                                                               tostring(b)))
                      if b == 0 then assert.are.equal(1 / b, 1 / a) end
                   end
                end
