@@ -281,6 +281,17 @@ local function operator_list(lm)
       return F.pad(x, { 1, 1, 2, 0, 1, 1 }, { mode = "replicate" })
    end)
    add("pad", "F.pad constant (5-D)", function(x) return F.pad(x, { 1, 1, 1, 1, 1, 1 }) end)
+   for _, mode in ipairs({ "reflect", "circular" }) do
+      add("pad", "F.pad " .. mode .. " (5-D)", function(x)
+         return F.pad(x, { 1, 2, 2, 1, 1, 1 }, { mode = mode })
+      end)
+   end
+   for _, name in ipairs({ "gelu", "hardsigmoid", "relu6", "leaky_relu", "elu", "mish" }) do
+      add("unary", "F." .. name .. " (5-D)", function(x) return F[name](x) end)
+   end
+   add("activation", "stochastic_depth (row) (5-D)", function(x)
+      return lm.ops.stochastic_depth(x, 0.5, "row", true)
+   end)
    add("shuffle", "F.channel_shuffle(4) (5-D)", function(x) return F.channel_shuffle(x, 4) end)
    add("conv", "conv3d 3x3x3", function(x, s) return F.conv3d(x, s.w3, s.b, { padding = 1 }) end)
    add("conv", "conv3d 1x1x1", function(x, s) return F.conv3d(x, s.w1, nil) end)
@@ -347,6 +358,12 @@ local function operator_list(lm)
    add("resample", "interpolate trilinear (5-D)", function(x)
       return F.interpolate(x, { scale_factor = 1.5, mode = "trilinear" })
    end)
+   add("resample", "interpolate nearest-exact (5-D)", function(x)
+      return F.interpolate(x, { scale_factor = 1.5, mode = "nearest-exact" })
+   end)
+   add("norm", "layer_norm over C (NDHWC view) (5-D)", function(x, s)
+      return F.layer_norm(x:permute(1, 3, 4, 5, 2), s.C, s.gamma, s.beta):permute(1, 5, 2, 3, 4)
+   end)
    add("conv", "conv_transpose3d 3x3x3 s2", function(x, s)
       return F.conv_transpose3d(x, s.w3, nil, { stride = 2, padding = 1 })
    end)
@@ -393,6 +410,29 @@ local function operator_list(lm)
       return F.batch_norm(x, s.rm, s.rv, s.gamma, s.beta, { training = false })
    end)
    add("activation", "softmax(2) (3-D)", function(x) return F.softmax(x, 2) end)
+   -- issue 40's operators on N x C x L (InstanceNorm1d, 1-D pads and resampling)
+   add("norm", "group_norm 3-D (2 groups)", function(x, s)
+      return F.group_norm(x, 2, s.gamma, s.beta)
+   end)
+   add("norm", "instance_norm 3-D", function(x, s)
+      return F.instance_norm(x, nil, nil, s.gamma, s.beta)
+   end)
+   add("norm", "layer_norm over C (NLC view) (3-D)", function(x, s)
+      return F.layer_norm(x:permute(1, 3, 2), s.C, s.gamma, s.beta):permute(1, 3, 2)
+   end)
+   for _, mode in ipairs({ "constant", "reflect", "replicate", "circular" }) do
+      add("pad", "F.pad " .. mode .. " (3-D)", function(x)
+         return F.pad(x, { 1, 2 }, { mode = mode })
+      end)
+   end
+   for _, mode in ipairs({ "nearest", "nearest-exact", "linear" }) do
+      add("resample", "interpolate " .. mode .. " (3-D)", function(x)
+         return F.interpolate(x, { scale_factor = 1.5, mode = mode })
+      end)
+   end
+   for _, name in ipairs({ "silu", "gelu", "hardswish", "relu6", "leaky_relu", "mish" }) do
+      add("unary", "F." .. name .. " (3-D)", function(x) return F[name](x) end)
+   end
    return ops
 end
 
