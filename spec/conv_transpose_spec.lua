@@ -289,6 +289,10 @@ describe("F.conv_transpose bad input", function()
       { function() F.conv_transpose1d(lm.zeros({ 1, 4, 3 }), lm.zeros({ 4, 2, 3, 3 })) end,
         "weight must be 3%-D" },
       { function() F.conv_transpose3d(lm.zeros({ 4, 3, 3 }), w) end, "expected 4%-D" },
+      -- a weight or bias on another device: named before any work, as the op's own error
+      { function() F.conv_transpose2d(x:to("sim:0"), w:to("cpu")) end, "same device.*weight" },
+      { function() F.conv_transpose2d(x:to("sim:0"), w:to("sim:0"), lm.zeros({ 2 }):to("cpu")) end,
+        "same device.*bias" },
    }
    for i, cs in ipairs(cases) do
       it(cs[2] .. " " .. i, function()

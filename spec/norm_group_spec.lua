@@ -216,6 +216,10 @@ describe("bad input", function()
       bad("instance_norm", "together", F.instance_norm, x, lm.zeros({ 6 }))
       bad("instance_norm", "running", F.instance_norm, x, nil, nil, nil, nil,
           { use_input_stats = false })
+      bad("instance_norm", "cpu (running_mean)", F.instance_norm, x:to("sim:0"),
+          lm.zeros({ 6 }):to("cpu"), lm.ones({ 6 }):to("cpu"))
+      bad("instance_norm", "cpu (weight)", F.instance_norm, x:to("sim:0"), nil, nil,
+          lm.ones({ 6 }):to("cpu"))
       bad("GroupNorm", "divisible", lm.nn.GroupNorm, 4, 6)
       bad("InstanceNorm3d", "5D",
           function() return lm.nn.InstanceNorm3d(4)(lm.randn({ 2, 4, 3 })) end)

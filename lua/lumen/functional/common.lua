@@ -63,6 +63,23 @@ function H.opt_tensor(fname, x, what)
    return tensor_arg(fname, x, what)
 end
 
+-- every tensor of the list on x's device, checked before any work (so the error names the
+-- operator the user called, not the op inside it that meets the other device first):
+-- H.same_device(fname, x, t1, "weight", t2, "bias", ...); nil entries are skipped
+function H.same_device(fname, x, ...)
+   local dev = T.raw.device(x)
+   for i = 1, select("#", ...), 2 do
+      local t, what = select(i, ...)
+      if t ~= nil and t ~= false then
+         local d = T.raw.device(t)
+         if d ~= dev then
+            err(fname, ("expected all tensors to be on the same device, got %s and %s (%s)")
+                :format(dev, d, what))
+         end
+      end
+   end
+end
+
 function H.sizes_str(c)
    local s = {}
    for i = 0, c.ndim - 1 do s[#s + 1] = tostring(tonumber(c.sizes[i])) end

@@ -168,6 +168,7 @@ local function conv_transpose(sp, x, w, b, opts)
    local wc = tensor_arg(fname, w, "weight")
    local bc = opt_tensor(fname, b, "bias")
    opts = check_opts(fname, opts, OPTS)
+   H.same_device(fname, x, w, "weight", b, "bias")
    if xc.ndim == sp + 1 then                -- unbatched
       return Tensor.squeeze(conv_transpose(sp, Tensor.unsqueeze(x, 1), w, b, opts), 1)
    end

@@ -317,6 +317,8 @@ function F.instance_norm(x, running_mean, running_var, weight, bias, opts)
    local rmc = opt_tensor(fname, running_mean, "running_mean")
    local rvc = opt_tensor(fname, running_var, "running_var")
    opts = check_opts(fname, opts, IN_OPTS)
+   H.same_device(fname, x, running_mean, "running_mean", running_var, "running_var", weight,
+                 "weight", bias, "bias")
    local use_input_stats = bool_opt(fname, opts.use_input_stats, "use_input_stats", true)
    local momentum = opts.momentum
    if momentum == nil then momentum = 0.1 end
