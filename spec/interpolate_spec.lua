@@ -140,6 +140,25 @@ describe("F.interpolate passes (lm_resample)", function()
       end
    end)
 
+   it("takes uint8 in the nearest modes (as PyTorch), keeping the values and the format",
+      function()
+      local f = (lm.rand({ 2, 3, 5, 4 }) * 255):floor()
+      for _, fmt in ipairs({ false, lm.channels_last }) do
+         local x = f:to(lm.uint8)
+         if fmt then x = x:contiguous(fmt) end
+         if DEV then x = x:to(DEV) end
+         for _, mode in ipairs({ "nearest", "nearest-exact" }) do
+            local y = F.interpolate(x, { size = { 7, 9 }, mode = mode })
+            assert.are.equal(lm.uint8, y:dtype())
+            assert_format(y, fmt or nil, mode)
+            local want = F.interpolate(x:float(), { size = { 7, 9 }, mode = mode })
+            assert.are.equal(0, (y:float() - want):abs():max():item())
+         end
+      end
+      H.assert_error_like("interpolate", "uint8", F.interpolate, f:to(lm.uint8),
+                          { scale_factor = 2, mode = "bilinear" })
+   end)
+
    it("runs the same taps again from its cache, and for other dtypes and sizes", function()
       local x = lm.randn({ 2, 4, 6, 7 }):contiguous(lm.channels_last)
       if DEV then x = x:to(DEV) end

@@ -349,7 +349,17 @@ function F.interpolate(x, opts, ...)
       err(fname, ("mode \"%s\" expects a %d-D input, got %d-D input of size %s"):format(mode,
           MODES[mode] + 2, nd, H.sizes_str(xc)))
    end
-   H.check_float(fname, xc, "input")
+   -- uint8 images (masks, decoded pictures) take the nearest modes, as PyTorch: the values pass
+   -- through float32 exactly. PyTorch's uint8 bilinear rounds in its own integer arithmetic:
+   -- refused here rather than given other values.
+   if tostring(R.dtype(x)) == "uint8" then
+      if MODES[mode] then
+         err(fname, ("mode \"%s\" on a uint8 input is not supported (nearest and nearest-exact "
+             .. "are; convert to a floating dtype for the others)"):format(mode))
+      end
+   else
+      H.check_float(fname, xc, "input")
+   end
    local align = opts.align_corners
    if align ~= nil and type(align) ~= "boolean" then
       err(fname, "align_corners must be a boolean, got " .. T.typename(align))
