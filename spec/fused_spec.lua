@@ -465,3 +465,59 @@ describe("nn.fold.scale_add (ConvNeXt's layer-scaled residual)", function()
       assert.are.equal(0, maxdiff(got3, scale * y + x))
    end)
 end)
+
+describe("nn.Sequential: an in-place activation after a batch norm or convolution", function()
+   local nn = lm.nn
+   -- (conv, bn, act) as torchvision's Conv2dNormActivation; the same weights every call
+   local function net(act, inplace)
+      lm.manual_seed(11)
+      local seq = nn.Sequential(nn.Conv2d(8, 16, 3, { padding = 1 }), nn.BatchNorm2d(16),
+                                nn[act](inplace), nn.Conv2d(16, 8, 1), nn[act](inplace))
+      lm.to_channels_last(seq)
+      return seq
+   end
+   local function bits_equal(a, b, what)
+      assert.are.equal(0, (a - b):abs():max():item(), what)
+   end
+
+   it("training: out of place under autograd (no saved copy), the same bits as in place and "
+      .. "as the out-of-place module, channels-last", function()
+      for _, act in ipairs({ "SiLU", "Hardswish", "Hardsigmoid", "Mish" }) do
+         local x0 = lm.randn({ 2, 8, 5, 6 }):contiguous(lm.channels_last)
+         local g = lm.randn({ 2, 8, 5, 6 }):contiguous(lm.channels_last)
+         local res = {}
+         for k, inplace in ipairs({ true, false }) do
+            local seq = net(act, inplace)
+            seq:train()
+            local x = x0:clone():requires_grad_()
+            local y = seq(x)
+            y:backward(g)
+            assert.is_true(y:is_contiguous(lm.channels_last), act)
+            assert.is_true(x.grad:is_contiguous(lm.channels_last), act)
+            res[k] = { y, x.grad, seq:get(1).weight.grad, seq:get(2).weight.grad }
+         end
+         for j, what in ipairs({ "y", "grad x", "grad conv weight", "grad bn weight" }) do
+            bits_equal(res[1][j], res[2][j], act .. " " .. what)
+         end
+      end
+   end)
+
+   it("saves no copy after a batch norm; a bare in-place SiLU still does", function()
+      local Tensor = lm.Tensor
+      local clone = Tensor.clone
+      local n = 0
+      Tensor.clone = function(...) n = n + 1; return clone(...) end
+      local ok, e = pcall(function()
+         local seq = net("SiLU", true)
+         seq:train()
+         local x = lm.randn({ 2, 8, 5, 6 }):contiguous(lm.channels_last):requires_grad_()
+         seq(x)
+         assert.are.equal(0, n, "after conv / batch norm")
+         local y = nn.Sequential(nn.Identity(), nn.SiLU(true))(x * 1)
+         assert.are.equal(1, n, "after an Identity")
+         y:sum():backward()
+      end)
+      Tensor.clone = clone
+      assert(ok, e)
+   end)
+end)

@@ -464,9 +464,45 @@ local function act_after(kids, j)
    if a then return a, j + 1 end
    return nil
 end
+-- An in-place activation whose input autograd differentiates saves a copy of that input for
+-- its backward (F.silu(x, true): one pass to copy, one to overwrite). Inside a Sequential whose
+-- previous child is a batch norm or a convolution as written (their result is a fresh tensor
+-- that only this loop holds: nothing else can see it change), the out-of-place form computes the
+-- same values into a new tensor and saves its input as is, two passes fewer. torchvision's
+-- Conv2dNormActivation with SiLU(inplace) (EfficientNet) or Hardswish(inplace) (MobileNet V3):
+-- EfficientNet-B0's 33 copies took 21 ms of its training step (Zen 4, 2 threads, verbose
+-- kernel time; the out-of-place activations then write fresh memory, about a third of that
+-- back); the step, this path against the in-place one alternated in one process, 8 rounds:
+-- 281.2 -> 272.4 ms (MobileNet V3: 21 copies, 4.4 ms; the step inside the noise). The
+-- activation modules that save their input (ReLU6 saves nothing: relu6's gradient comes from
+-- its result); a module whose forward was replaced runs as written.
+local COPYING_ACT = { SiLU = "silu", Hardswish = "hardswish", Hardsigmoid = "hardsigmoid",
+                      Mish = "mish" }
+local FRESH = { Conv1d = true, Conv2d = true, Conv3d = true, BatchNorm1d = true,
+                BatchNorm2d = true, BatchNorm3d = true, SyncBatchNorm = true }
+local function out_of_place_act(m, prev)
+   if not (Module.is_module(m) and Module.is_module(prev)) then return nil end
+   local fn = COPYING_ACT[m:type_name()]
+   if fn == nil or m.inplace ~= true or rawget(m, "forward") ~= nil then return nil end
+   if not FRESH[prev:type_name()] or rawget(prev, "forward") ~= nil then return nil end
+   return fn
+end
+
 local seq_forward = layers.Sequential.forward
 function layers.Sequential:forward(x)
-   if self.training or A.is_grad_enabled() then return seq_forward(self, x) end
+   if self.training or A.is_grad_enabled() then
+      if not A.is_grad_enabled() or recording() then
+         return seq_forward(self, x)
+      end
+      F = F or require("lumen.functional")
+      local kids = self:children()
+      for i = 1, #kids do
+         local m = kids[i]
+         local fn = i > 1 and A.needs(x) and out_of_place_act(m, kids[i - 1])
+         if fn then x = F[fn](x) else x = m(x) end
+      end
+      return x
+   end
    local kids = self:children()
    local i, n = 1, #kids
    local watched = recording()
