@@ -1,10 +1,10 @@
--- lm.onnx.export of the issue-40 operators (the activations, F.pad constant, the shuffles,
--- Dropout2d and lm.ops.StochasticDepth in evaluation) at opsets 13, 17, 18 and 20 (Gelu's own
--- node from 20, HardSwish from 14, Mish from 18): onnx.checker and ONNX Runtime within 1e-5 of
--- the eager model, channels-last; a StochasticDepth in training mode refused. Skipped (with the
--- reason) without the writer or ONNX Runtime (tools/setup_onnx_venv.sh), as spec/onnx_spec.lua.
--- The resampling operators (Resize, the Pad modes, ConvTranspose) are in
--- spec/onnx_resample_spec.lua.
+-- lm.onnx.export of the issue-40 operators (the activations, with hardtanh, softplus, selu and
+-- celu, F.pad constant, the shuffles, Dropout2d and lm.ops.StochasticDepth in evaluation) at
+-- opsets 13, 17, 18 and 20 (Gelu's own node from 20, HardSwish from 14, Mish from 18):
+-- onnx.checker and ONNX Runtime within 1e-5 of the eager model, channels-last; a
+-- StochasticDepth in training mode refused. Skipped (with the reason) without the writer or ONNX
+-- Runtime (tools/setup_onnx_venv.sh), as spec/onnx_spec.lua. The resampling operators (Resize,
+-- the Pad modes, ConvTranspose) are in spec/onnx_resample_spec.lua.
 local lm = require("lumen")
 local shell = require("spec.shell")
 local nn = lm.nn
@@ -18,7 +18,9 @@ function Net:__init()
    self.conv = nn.Conv2d(3, 8, 3, { padding = 1 })
    self.acts = nn.Sequential(nn.SiLU(true), nn.GELU(), nn.Hardswish(), nn.Hardsigmoid(),
                              nn.ReLU6(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.Mish(),
-                             nn.GELU("tanh"), nn.Dropout2d(0.3), lm.ops.StochasticDepth(0.4))
+                             nn.GELU("tanh"), nn.Dropout2d(0.3), lm.ops.StochasticDepth(0.4),
+                             nn.Hardtanh(-0.5, 0.8), nn.Softplus(2), nn.SELU(), nn.CELU(0.7),
+                             nn.Softplus())
    self.shuf = nn.Sequential(nn.PixelShuffle(2), nn.PixelUnshuffle(2), nn.ChannelShuffle(4))
 end
 function Net:forward(x)

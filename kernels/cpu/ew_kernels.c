@@ -173,7 +173,7 @@ K2(silub_vf32, float, float, NOPRE,
    K2(lrelu_##SUF, T, T, NOPRE, x > (T)0 ? x : x * y)                                           \
    K2(lrelub_##SUF, T, T, const T al = p->AL_##SUF, y > (T)0 ? x : x * al)                      \
    K2(elu_##SUF, T, T, NOPRE, x > (T)0 ? x : y * EXPM1F(x))                                     \
-   K2(elub_##SUF, T, T, const T al = p->AL_##SUF, y > (T)0 ? x : x * al * EXPF(y))
+   K2(elub_##SUF, T, T, const T al = p->AL_##SUF, y <= (T)0 ? x * al * EXPF(y) : x)
 
 #define AL_f32 alpha_f
 #define AL_f64 alpha_d

@@ -392,7 +392,7 @@ template <int OP, class T> LM_HD inline T binary_op(T x, T y, const KP<T> &p) {
    else if constexpr (OP == LM_LEAKY_RELU) return x > (T)0 ? x : x * y;
    else if constexpr (OP == LM_LEAKY_RELU_BACKWARD) return y > (T)0 ? x : x * p.alpha;
    else if constexpr (OP == LM_ELU) return x > (T)0 ? x : y * m_expm1(x);
-   else if constexpr (OP == LM_ELU_BACKWARD) return y > (T)0 ? x : x * p.alpha * m_exp(y);
+   else if constexpr (OP == LM_ELU_BACKWARD) return y <= (T)0 ? x * p.alpha * m_exp(y) : x;
    else return x;
 }
 

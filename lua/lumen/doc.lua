@@ -1018,6 +1018,25 @@ E("lm.F.elu", "lm.F.elu(x, alpha, inplace) -> Tensor", "x > 0 ? x : alpha * (exp
    .. "defaults to 1); or elu(x, {alpha =, inplace =}).", { opts = "{alpha = 1, inplace = false}",
    fmt = FMT_ACT, err = ERR_ACT .. ", alpha not a number" })
 E("lm.F.elu_", "lm.F.elu_(x, alpha) -> x", "In-place elu.")
+E("lm.F.hardtanh", "lm.F.hardtanh(x, min_val, max_val, inplace) -> Tensor", "min(max(x, "
+   .. "min_val), max_val) (defaults -1 and 1; or hardtanh(x, {min_val =, max_val =, inplace =})); "
+   .. "no gradient at and beyond the bounds, as PyTorch's hardtanh_backward (a NaN passes its "
+   .. "gradient).",
+   { opts = "{min_val = -1, max_val = 1, inplace = false}", fmt = FMT_ACT,
+   err = ERR_ACT .. ", min_val greater than max_val" })
+E("lm.F.hardtanh_", "lm.F.hardtanh_(x, min_val, max_val) -> x", "In-place hardtanh.")
+E("lm.F.softplus", "lm.F.softplus(x, beta, threshold) -> Tensor", "log(1 + exp(beta * x)) / "
+   .. "beta, and x itself where beta * x > threshold (defaults 1 and 20; or softplus(x, {beta =, "
+   .. "threshold =})); gradient sigmoid(beta * x), 1 above the threshold.",
+   { opts = "{beta = 1, threshold = 20}", fmt = FMT_ACT,
+   err = ERR_ACT .. ", beta or threshold not a number" })
+E("lm.F.selu", "lm.F.selu(x, inplace) -> Tensor", "scale * elu(x, alpha) with PyTorch's "
+   .. "constants (alpha 1.6732632423543772, scale 1.0507009873554805).",
+   { fmt = FMT_ACT, err = ERR_ACT })
+E("lm.F.celu", "lm.F.celu(x, alpha, inplace) -> Tensor", "x > 0 ? x : alpha * (exp(x / alpha) - "
+   .. "1) (alpha defaults to 1; or celu(x, {alpha =, inplace =})).",
+   { opts = "{alpha = 1, inplace = false}", fmt = FMT_ACT, err = ERR_ACT .. ", alpha 0" })
+E("lm.F.celu_", "lm.F.celu_(x, alpha) -> x", "In-place celu.")
 E("lm.F.mish", "lm.F.mish(x, inplace) -> Tensor", "x * tanh(softplus(x)).",
    { fmt = FMT_ACT, err = ERR_ACT })
 E("lm.F.pad", "lm.F.pad(x, pad, opts) -> Tensor", "Pads the last #pad/2 dims of x: pad is "
@@ -1042,6 +1061,10 @@ E("lm.F.channel_shuffle", "lm.F.channel_shuffle(x, groups) -> Tensor", "(N, C, *
    .. "the channels reordered from (g, k) to (k, g) (ShuffleNet).", { fmt = "one copy into the "
    .. "input's memory format (PyTorch drops channels-last here; lumen keeps it)",
    err = "fewer than 3 dims, C not divisible by groups" })
+E("lm.F.dropout1d", "lm.F.dropout1d(x, p, training, inplace) -> Tensor", "dropout2d's channel "
+   .. "dropout for (N, C, L) input, or an unbatched (C, L) one (one draw per channel).",
+   { fmt = FMT_EW,
+     err = "p outside [0, 1], a wrong rank, a non-floating input, an unknown option" })
 E("lm.F.dropout2d", "lm.F.dropout2d(x, p, training, inplace) -> Tensor", "Zeroes whole channels "
    .. "(one draw per sample and channel) with probability p (default 0.5) and scales the rest by "
    .. "1/(1-p); the identity when training is false. 3-D (N, C, L) or 4-D input; also "
@@ -1324,10 +1347,20 @@ E("lm.nn.LeakyReLU", "lm.nn.LeakyReLU(negative_slope, inplace)", "lm.F.leaky_rel
 E("lm.nn.ELU", "lm.nn.ELU(alpha, inplace)", "lm.F.elu as a module (alpha 1 by default; or "
    .. "{alpha =, inplace =}).")
 E("lm.nn.Mish", "lm.nn.Mish(inplace)", "lm.F.mish as a module.")
+E("lm.nn.Hardtanh", "lm.nn.Hardtanh(min_val, max_val, inplace)", "lm.F.hardtanh as a module "
+   .. "(-1 and 1 by default; or {min_val =, max_val =, inplace =}).",
+   { err = "min_val greater than max_val, a bound not a number" })
+E("lm.nn.Softplus", "lm.nn.Softplus(beta, threshold)", "lm.F.softplus as a module (1 and 20 by "
+   .. "default; or {beta =, threshold =}).")
+E("lm.nn.SELU", "lm.nn.SELU(inplace)", "lm.F.selu as a module.")
+E("lm.nn.CELU", "lm.nn.CELU(alpha, inplace)", "lm.F.celu as a module (alpha 1 by default; or "
+   .. "{alpha =, inplace =}).")
 E("lm.nn.PixelShuffle", "lm.nn.PixelShuffle(upscale_factor)", "lm.F.pixel_shuffle as a module.")
 E("lm.nn.PixelUnshuffle", "lm.nn.PixelUnshuffle(downscale_factor)", "lm.F.pixel_unshuffle as a "
    .. "module.")
 E("lm.nn.ChannelShuffle", "lm.nn.ChannelShuffle(groups)", "lm.F.channel_shuffle as a module.")
+E("lm.nn.Dropout1d", "lm.nn.Dropout1d(p, inplace)", "lm.F.dropout1d as a module.",
+   { err = "p outside [0, 1]" })
 E("lm.nn.Dropout2d", "lm.nn.Dropout2d(p, inplace)", "lm.F.dropout2d(x, p, self.training, "
    .. "inplace) (p 0.5 by default; or {p =, inplace =}).", { err = "p outside [0, 1]" })
 E("lm.nn.Dropout3d", "lm.nn.Dropout3d(p, inplace)", "lm.F.dropout3d as a module.",
@@ -1339,6 +1372,13 @@ E("lm.nn.Upsample", "lm.nn.Upsample(opts)", "lm.F.interpolate with opts {size =,
    .. "PyTorch's positional Upsample(size, scale_factor, mode, align_corners, "
    .. "recompute_scale_factor). The output keeps the input's memory format.",
    { err = "neither size nor scale_factor, an unknown option" })
+E("lm.F.upsample_nearest", "lm.F.upsample_nearest(x, size, scale_factor) -> Tensor",
+   "PyTorch's deprecated spelling of interpolate's nearest mode (or upsample_nearest(x, {size =, "
+   .. "scale_factor =})).", { fmt = "the output keeps the input's memory format" })
+E("lm.F.upsample_bilinear", "lm.F.upsample_bilinear(x, size, scale_factor) -> Tensor",
+   "PyTorch's deprecated spelling of interpolate's bilinear mode with align_corners = true (or "
+   .. "upsample_bilinear(x, {size =, scale_factor =})).",
+   { fmt = "the output keeps the input's memory format" })
 E("lm.nn.UpsamplingNearest2d", "lm.nn.UpsamplingNearest2d(opts)", "Upsample with mode "
    .. "\"nearest\" ({size =} or {scale_factor =}, or positional (size, scale_factor)).")
 E("lm.nn.UpsamplingBilinear2d", "lm.nn.UpsamplingBilinear2d(opts)", "Upsample with mode "

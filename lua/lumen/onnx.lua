@@ -24,10 +24,12 @@
 --   F.silu  Sigmoid * x;  F.gelu: Gelu (opset 20+) or the erf (or tanh) formula;  F.hardswish:
 --   HardSwish (opset 14+);  F.hardsigmoid: HardSigmoid;  F.relu6: Clip;  F.leaky_relu:
 --   LeakyRelu;  F.elu: Elu;  F.mish: Mish (opset 18+) or x * Tanh(Softplus(x));
+--   F.hardtanh: Clip;  F.softplus: Softplus (Mul, Softplus, Div for beta ~= 1);  F.selu: Selu;
+--   F.celu: Celu;  F.upsample_nearest / F.upsample_bilinear: Resize
 --   F.pad: Pad (constant, reflect, edge; circular: wrap from opset 19, Slice + Concat below)
 --   F.pixel_shuffle: DepthToSpace (CRD; 4-D), F.pixel_unshuffle, F.channel_shuffle (and
 --   pixel_shuffle of other ranks): Reshape, Transpose, Reshape
---   dropout, dropout2d/3d (evaluation), contiguous, to(memory format), clone: nothing (the
+--   dropout, dropout1d/2d/3d (evaluation), contiguous, to(memory format), clone: nothing (the
 --   value is passed on); lm.ops.stochastic_depth in evaluation returns its input (no node)
 -- The lm.F functions that have no ONNX form are listed in NO_ONNX below with the reason (export
 -- names it when it refuses a graph).
@@ -426,15 +428,37 @@ local function resize(B, x, xs, ys, o, outs)
    end
    B.node("Resize", { x, "", "", sizes }, outs, attrs)
 end
+-- interpolate's options from its call: the options table, or PyTorch's positional arguments
+-- (size, scale_factor, mode, align_corners, recompute_scale_factor, antialias) from a[first]
+local function interp_opts(a, first)
+   local o = a[first]
+   if type(o) == "table" and getmetatable(o) == nil and o[1] == nil then return o end
+   return { size = o, scale_factor = a[first + 1], mode = a[first + 2],
+            align_corners = a[first + 3], recompute_scale_factor = a[first + 4],
+            antialias = a[first + 5] }
+end
 OPS["F.interpolate"] = function(B, node, a, outs, g)
-   local o = a[2]
-   if type(o) ~= "table" then o = {} end
-   resize(B, B.name(a[1].id), value_sizes(g, a[1].id), value_sizes(g, node.outs.v), o, outs)
+   resize(B, B.name(a[1].id), value_sizes(g, a[1].id), value_sizes(g, node.outs.v),
+          interp_opts(a, 2), outs)
 end
 -- upsample(x, size, scale_factor, mode, align_corners): interpolate's deprecated spelling
 OPS["F.upsample"] = function(B, node, a, outs, g)
+   local o = interp_opts(a, 2)
+   o.recompute_scale_factor, o.antialias = nil, nil
+   resize(B, B.name(a[1].id), value_sizes(g, a[1].id), value_sizes(g, node.outs.v), o, outs)
+end
+-- upsample_nearest(x, size, scale_factor) / upsample_bilinear(x, size, scale_factor): nearest,
+-- and bilinear with align_corners = true (PyTorch's deprecated functions)
+OPS["F.upsample_nearest"] = function(B, node, a, outs, g)
+   local o = interp_opts(a, 2)
    resize(B, B.name(a[1].id), value_sizes(g, a[1].id), value_sizes(g, node.outs.v),
-          { size = a[2], scale_factor = a[3], mode = a[4], align_corners = a[5] }, outs)
+          { size = o.size, scale_factor = o.scale_factor }, outs)
+end
+OPS["F.upsample_bilinear"] = function(B, node, a, outs, g)
+   local o = interp_opts(a, 2)
+   resize(B, B.name(a[1].id), value_sizes(g, a[1].id), value_sizes(g, node.outs.v),
+          { size = o.size, scale_factor = o.scale_factor, mode = "bilinear",
+            align_corners = true }, outs)
 end
 
 OPS["F.batch_norm"] = function(B, _, a, outs, g)
@@ -598,6 +622,42 @@ OPS["F.elu"] = function(B, _, a, outs)
    B.node("Elu", { B.name(a[1].id) }, outs, { alpha = { f = al or 1 } })
 end
 OPS["F.elu_"] = OPS["F.elu"]
+-- hardtanh(x, min_val, max_val[, inplace]) or (x, {min_val =, max_val =}): Clip, its bounds
+-- inputs (opset 11+)
+OPS["F.hardtanh"] = function(B, _, a, outs, g)
+   local lo, hi = a[2], a[3]
+   if type(lo) == "table" then lo, hi = lo.min_val, lo.max_val end
+   local dt = g.values[a[1].id].dtype
+   B.node("Clip", { B.name(a[1].id), B.const_f({ lo or -1 }, {}, dt),
+                    B.const_f({ hi or 1 }, {}, dt) }, outs)
+end
+OPS["F.hardtanh_"] = OPS["F.hardtanh"]
+-- softplus(x, beta, threshold): Softplus (log(1 + exp(x))), as torch.onnx writes it:
+-- Softplus(x * beta) / beta for beta ~= 1; the threshold is not written (above it log(1 +
+-- exp(beta x)) / beta and x differ by less than exp(-threshold))
+OPS["F.softplus"] = function(B, _, a, outs, g)
+   local beta = a[2]
+   if type(beta) == "table" then beta = beta.beta end
+   beta = beta or 1
+   local x = B.name(a[1].id)
+   if beta == 1 then return B.node("Softplus", { x }, outs) end
+   local dt = g.values[a[1].id].dtype
+   local bx, sp = B.fresh("softplus"), B.fresh("softplus")
+   B.node("Mul", { x, B.const_f({ beta }, {}, dt) }, { bx })
+   B.node("Softplus", { bx }, { sp })
+   B.node("Div", { sp, B.const_f({ beta }, {}, dt) }, outs)
+end
+OPS["F.selu"] = function(B, _, a, outs)
+   B.node("Selu", { B.name(a[1].id) }, outs, { alpha = { f = 1.6732632423543772848170429916717 },
+      gamma = { f = 1.0507009873554804934193349852946 } })
+end
+-- celu(x, alpha[, inplace]) or (x, {alpha =}): Celu (opset 12+)
+OPS["F.celu"] = function(B, _, a, outs)
+   local al = a[2]
+   if type(al) == "table" then al = al.alpha end
+   B.node("Celu", { B.name(a[1].id) }, outs, { alpha = { f = al or 1 } })
+end
+OPS["F.celu_"] = OPS["F.celu"]
 OPS["F.leaky_relu_"] = OPS["F.leaky_relu"]
 OPS["F.mish"] = function(B, _, a, outs)
    local x = B.name(a[1].id)
@@ -981,7 +1041,8 @@ local function unwrap(x)
 end
 
 -- operators that pass their input on (the value is the same in ONNX's logical view)
-local PASS = { ["F.dropout"] = true, ["F.dropout2d"] = true, ["F.dropout3d"] = true,
+local PASS = { ["F.dropout"] = true, ["F.dropout1d"] = true, ["F.dropout2d"] = true,
+               ["F.dropout3d"] = true,
                ["Tensor.contiguous"] = true, ["lm.contiguous"] = true,
                ["Tensor.clone"] = true, ["lm.clone"] = true, ["Tensor.to"] = true,
                ["Tensor.detach"] = true }

@@ -255,3 +255,125 @@ do
    end
    function F.elu_(x, alpha) return F.elu(x, alpha, true) end
 end
+
+---------------------------------------------------------------------------------------------
+-- hardtanh, softplus, selu, celu (PyTorch's formulas, aten/src/ATen/native/cpu/Activation.cpp;
+-- composed from the elementwise ops, each with its own backward so that no branch that is not
+-- taken can put a NaN into the gradient)
+---------------------------------------------------------------------------------------------
+local R = T.raw
+
+-- the mask of hardtanh's gradient from its input or its result (the same: the result is in
+-- (lo, hi) exactly where the input is, NaN where it is NaN): 0 where t <= lo or t >= hi
+local function hardtanh_mask(t, lo, hi)
+   return R.logical_not(R.logical_or(R.le(t, lo), R.ge(t, hi)))
+end
+
+-- hardtanh(x, min_val = -1, max_val = 1, inplace = false) or hardtanh(x, {min_val =, max_val =,
+-- inplace =}): clamp(x, min_val, max_val); no gradient at and beyond the bounds
+local HARDTANH_OPTS = H.option_set("min_val", "max_val", "inplace")
+F._OPTIONS.hardtanh = HARDTANH_OPTS
+function F.hardtanh(x, min_val, max_val, inplace)
+   local fname = "hardtanh"
+   if type(min_val) == "table" and getmetatable(min_val) == nil then
+      if max_val ~= nil or inplace ~= nil then
+         H.err(fname, "options table and positional arguments given together")
+      end
+      local o = check_opts(fname, min_val, HARDTANH_OPTS)
+      min_val, max_val, inplace = o.min_val, o.max_val, o.inplace
+   end
+   local lo = number_arg(fname, min_val, "min_val", -1)
+   local hi = number_arg(fname, max_val, "max_val", 1)
+   if lo > hi then H.err(fname, "min_val cannot be greater than max_val") end
+   inplace = inplace_arg(fname, inplace)
+   local function run(xc, o) return C.lm_clamp(xc, lo, hi, 1, 1, o) end
+   local xc = act_input(fname, x)
+   local grad = A.is_grad_enabled() and needs(x)
+   if inplace then
+      if grad then inplace_leaf_check(fname, x) end
+      local e = grad and A.edge(x) or nil
+      T.barrier(xc)
+      outp[0] = xc
+      check(run(xc, outp), fname)
+      if grad then
+         A.attach(x, "HardtanhBackward", function(g)
+            return fresh(R.where(hardtanh_mask(x, lo, hi), g, 0))
+         end, { e })
+      end
+      return x
+   end
+   outp[0] = nil
+   check(run(xc, outp), fname)
+   local out = wrap(outp[0])
+   if grad then
+      record(out, "HardtanhBackward", function(g)
+         return fresh(R.where(hardtanh_mask(x, lo, hi), g, 0))
+      end, x)
+   end
+   return out
+end
+function F.hardtanh_(x, min_val, max_val) return F.hardtanh(x, min_val, max_val, true) end
+
+-- softplus(x, beta = 1, threshold = 20) or softplus(x, {beta =, threshold =}):
+-- log(1 + exp(beta x)) / beta, and x itself where beta x > threshold; gradient
+-- sigmoid(beta x), 1 above the threshold
+local SOFTPLUS_OPTS = H.option_set("beta", "threshold")
+F._OPTIONS.softplus = SOFTPLUS_OPTS
+function F.softplus(x, beta, threshold)
+   local fname = "softplus"
+   if type(beta) == "table" and getmetatable(beta) == nil then
+      if threshold ~= nil then H.err(fname, "options table and threshold given together") end
+      local o = check_opts(fname, beta, SOFTPLUS_OPTS)
+      beta, threshold = o.beta, o.threshold
+   end
+   local b = number_arg(fname, beta, "beta", 1)
+   local th = number_arg(fname, threshold, "threshold", 20)
+   act_input(fname, x)
+   local bx = b == 1 and x or R.mul(x, b)
+   local above = R.gt(bx, th)
+   local soft = R.log1p(R.exp(bx))
+   if b ~= 1 then soft = R.div(soft, b) end
+   local out = R.where(above, x, soft)
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "SoftplusBackward", function(g)
+         return fresh(R.where(above, g, R.mul(g, R.sigmoid(bx))))
+      end, x)
+   end
+   return out
+end
+
+-- selu(x, inplace = false): scale * elu(x, alpha) with PyTorch's constants
+local SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+F._OPTIONS.selu = INPLACE_OPTS
+function F.selu(x, inplace)
+   local ip = inplace_opt("selu", inplace)
+   act_input("selu", x)
+   if ip and A.is_grad_enabled() and needs(x) then inplace_leaf_check("selu", x) end
+   local y = F.elu(x, SELU_ALPHA, ip)
+   if ip then return Tensor.mul_(y, SELU_SCALE) end
+   return Tensor.mul(y, SELU_SCALE)
+end
+
+-- celu(x, alpha = 1, inplace = false) or celu(x, {alpha =, inplace =}):
+-- x > 0 ? x : alpha (exp(x / alpha) - 1); gradient 1, or exp(x / alpha)
+local CELU_OPTS = H.option_set("alpha", "inplace")
+F._OPTIONS.celu = CELU_OPTS
+function F.celu(x, alpha, inplace)
+   local fname = "celu"
+   local a, ip = param_args(fname, CELU_OPTS, "alpha", alpha, inplace, 1)
+   if a == 0 then H.err(fname, "alpha must not be 0 (ZeroDivisionError in PyTorch)") end
+   act_input(fname, x)
+   if ip and A.is_grad_enabled() and needs(x) then inplace_leaf_check(fname, x) end
+   if a == 1 then return F.elu(x, 1, ip) end
+   local pos = R.logical_not(R.le(x, 0))       -- as PyTorch's x <= 0 test: NaN takes x's side
+   local xa = R.div(x, a)
+   local out = R.where(pos, x, R.mul(R.expm1(xa), a))
+   if A.is_grad_enabled() and needs(x) then
+      record(out, "CeluBackward", function(g)
+         return fresh(R.where(pos, g, R.mul(g, R.exp(xa))))
+      end, x)
+   end
+   if ip then return Tensor.copy_(x, out) end
+   return out
+end
+function F.celu_(x, alpha) return F.celu(x, alpha, true) end

@@ -83,6 +83,11 @@ local function feature_dropout(fname, x, p, training, inplace, ranks, unbatched_
    return Tensor.mul(x, mask)
 end
 
+-- dropout1d(x, p = 0.5, training = true, inplace = false): whole channels of a (N, C, L) input
+-- (or an unbatched (C, L) one) zeroed, as dropout2d
+function F.dropout1d(x, p, training, inplace)
+   return feature_dropout("dropout1d", x, p, training, inplace, { 2, 3 }, 2)
+end
 -- dropout2d(x, p = 0.5, training = true, inplace = false) or dropout2d(x, {p =, training =,
 -- inplace =})
 function F.dropout2d(x, p, training, inplace)
@@ -92,4 +97,5 @@ end
 function F.dropout3d(x, p, training, inplace)
    return feature_dropout("dropout3d", x, p, training, inplace, { 4, 5 }, 4)
 end
-F._OPTIONS.dropout2d, F._OPTIONS.dropout3d = FEATURE_OPTS, FEATURE_OPTS
+F._OPTIONS.dropout1d, F._OPTIONS.dropout2d, F._OPTIONS.dropout3d = FEATURE_OPTS, FEATURE_OPTS,
+   FEATURE_OPTS

@@ -457,4 +457,27 @@ function F.upsample(x, size, scale_factor, mode, align_corners)
                              align_corners = align_corners })
 end
 
+-- upsample_nearest(x, size, scale_factor) and upsample_bilinear(x, size, scale_factor): PyTorch's
+-- deprecated spellings of interpolate's nearest mode, and of bilinear with align_corners = true
+-- ({size =, scale_factor =} also works)
+local UP_OPTS = H.option_set("size", "scale_factor")
+F._OPTIONS.upsample_nearest, F._OPTIONS.upsample_bilinear = UP_OPTS, UP_OPTS
+local function up_args(fname, size, scale_factor)
+   if is_opts(size) then
+      if scale_factor ~= nil then err(fname, "options table and scale_factor given together") end
+      local o = check_opts(fname, size, UP_OPTS)
+      return o.size, o.scale_factor
+   end
+   return size, scale_factor
+end
+function F.upsample_nearest(x, size, scale_factor)
+   size, scale_factor = up_args("upsample_nearest", size, scale_factor)
+   return F.interpolate(x, { size = size, scale_factor = scale_factor, mode = "nearest" })
+end
+function F.upsample_bilinear(x, size, scale_factor)
+   size, scale_factor = up_args("upsample_bilinear", size, scale_factor)
+   return F.interpolate(x, { size = size, scale_factor = scale_factor, mode = "bilinear",
+                             align_corners = true })
+end
+
 return F

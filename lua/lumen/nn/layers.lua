@@ -698,6 +698,59 @@ local function param_module(name, fn, pname, dflt)
 end
 param_module("LeakyReLU", "leaky_relu", "negative_slope", 0.01)
 param_module("ELU", "elu", "alpha", 1.0)
+param_module("CELU", "celu", "alpha", 1.0)
+inplace_module("SELU", "selu")
+
+local function num_repr(v) return v % 1 == 0 and ("%.1f"):format(v) or tostring(v) end
+
+-- Hardtanh(min_val = -1, max_val = 1, inplace = false) or ({min_val =, max_val =, inplace =})
+local Hardtanh = Module:extend("Hardtanh")
+M.Hardtanh = Hardtanh
+local HARDTANH_OPTS = option_set("min_val", "max_val", "inplace")
+function Hardtanh:__init(lo, hi, inplace)
+   if plain_table(lo) then
+      local o = opts_arg("Hardtanh", lo, HARDTANH_OPTS)
+      lo, hi, inplace = o.min_val, o.max_val, o.inplace
+   end
+   if lo == nil then lo = -1 end
+   if hi == nil then hi = 1 end
+   if type(lo) ~= "number" or type(hi) ~= "number" then
+      fail("Hardtanh", "min_val and max_val must be numbers, got " .. T.typename(lo) .. " and "
+           .. T.typename(hi))
+   end
+   if lo > hi then fail("Hardtanh", "min_val cannot be greater than max_val") end
+   if inplace ~= nil and type(inplace) ~= "boolean" then
+      fail("Hardtanh", "inplace must be a boolean, got " .. T.typename(inplace))
+   end
+   self.min_val, self.max_val, self.inplace = lo, hi, inplace and true or false
+end
+function Hardtanh:forward(x) return F.hardtanh(x, self.min_val, self.max_val, self.inplace) end
+function Hardtanh:extra_repr()
+   local s = "min_val=" .. num_repr(self.min_val) .. ", max_val=" .. num_repr(self.max_val)
+   return self.inplace and (s .. ", inplace=True") or s
+end
+
+-- Softplus(beta = 1, threshold = 20) or ({beta =, threshold =})
+local Softplus = Module:extend("Softplus")
+M.Softplus = Softplus
+local SOFTPLUS_OPTS = option_set("beta", "threshold")
+function Softplus:__init(beta, threshold)
+   if plain_table(beta) then
+      local o = opts_arg("Softplus", beta, SOFTPLUS_OPTS)
+      beta, threshold = o.beta, o.threshold
+   end
+   if beta == nil then beta = 1 end
+   if threshold == nil then threshold = 20 end
+   if type(beta) ~= "number" or type(threshold) ~= "number" then
+      fail("Softplus", "beta and threshold must be numbers, got " .. T.typename(beta) .. " and "
+           .. T.typename(threshold))
+   end
+   self.beta, self.threshold = beta, threshold
+end
+function Softplus:forward(x) return F.softplus(x, self.beta, self.threshold) end
+function Softplus:extra_repr()
+   return "beta=" .. num_repr(self.beta) .. ", threshold=" .. num_repr(self.threshold)
+end
 
 local Sigmoid = Module:extend("Sigmoid")
 M.Sigmoid = Sigmoid
@@ -1041,6 +1094,7 @@ local function feature_dropout_module(name, fn)
    end
    return cls
 end
+feature_dropout_module("Dropout1d", "dropout1d")
 feature_dropout_module("Dropout2d", "dropout2d")
 feature_dropout_module("Dropout3d", "dropout3d")
 
