@@ -26,8 +26,8 @@ local opt, usage = util.parse_flags({
    workers = 2, seed = 1, format = "nhwc", steps = 0, checkpoint = "", resume = false,
    quiet = false, momentum = 0.9, ["weight-decay"] = 1e-4, model = "resnet50",
 }, "bin/lumen examples/train_imagefolder.lua", arg, {
-   __description = "Train a ResNet on an ImageFolder tree (one folder per class), " ..
-      "channels-last by default.",
+   __description = "Train an image model (resnet50 by default; --model picks any lm.models " ..
+      "image family) on an ImageFolder tree (one folder per class), channels-last by default.",
    __order = { "data", "model", "val", "epochs", "batch-size", "lr", "momentum", "weight-decay",
                "size",
                "format", "steps", "seed", "checkpoint", "resume", "threads", "workers", "quiet" },
@@ -151,8 +151,8 @@ end
 ---------------------------------------------------------------------------------------------
 -- training
 ---------------------------------------------------------------------------------------------
-print(string.format("lumen %s: resnet50 on %s (%d images, %d classes), %dx%d, %s, batch %d, "
-   .. "%d epochs, %d threads, %d loader workers", lm._VERSION, opt.data, #train.paths,
+print(string.format("lumen %s: %s on %s (%d images, %d classes), %dx%d, %s, batch %d, "
+   .. "%d epochs, %d threads, %d loader workers", lm._VERSION, opt.model, opt.data, #train.paths,
    #train.classes, opt.size, opt.size, opt.format, opt["batch-size"], opt.epochs, opt.threads,
    opt.workers))
 

@@ -964,4 +964,18 @@ describe("examples/train_imagefolder.lua", function()
       assert.truthy(out:find("validation accuracy"), out)
       assert.truthy(out:find("trained 2 steps"), out)
    end)
+
+   it("trains the other families with --model (a step each at 32x32)", function()
+      for _, model in ipairs({ "mobilenet_v3_small", "shufflenet_v2_x0_5", "regnet_y_400mf" }) do
+         local cmd = "bin/lumen examples/train_imagefolder.lua --data " .. FOLDER ..
+            " --model " .. model .. " --size 32 --batch-size 4 --steps 1 --lr 0.01 --threads 2" ..
+            " --seed 3 --quiet 2>&1; echo __rc=$?"
+         local p = assert(io.popen(cmd))
+         local out = p:read("*a")
+         p:close()
+         assert.truthy(out:find("__rc=0", 1, true), out)
+         assert.truthy(out:find(model .. " on ", 1, true), out)
+         assert.truthy(out:find("trained 1 steps?"), out)
+      end
+   end)
 end)
