@@ -116,8 +116,10 @@ local function inplace_leaf_check(fname, x)
    end
 end
 
--- the gradient g * act'(x) by the binary code bop (alpha: its parameter)
+-- the gradient g * act'(x) by the binary code bop (alpha: its parameter), or by bop(g, x) when
+-- bop is a Lua function (the activations composed from other ops: hardtanh)
 local function act_backward(fname, bop, g, x, alpha)
+   if type(bop) == "function" then return bop(g, x) end
    p1[0] = nil
    check(C.lm_binary(bop, tc(g, fname), tc(x, fname), alpha, p1), fname .. "_backward")
    return fresh(wrap(p1[0]))
@@ -285,32 +287,11 @@ function F.hardtanh(x, min_val, max_val, inplace)
    local lo = number_arg(fname, min_val, "min_val", -1)
    local hi = number_arg(fname, max_val, "max_val", 1)
    if lo > hi then H.err(fname, "min_val cannot be greater than max_val") end
-   inplace = inplace_arg(fname, inplace)
    local function run(xc, o) return C.lm_clamp(xc, lo, hi, 1, 1, o) end
-   local xc = act_input(fname, x)
-   local grad = A.is_grad_enabled() and needs(x)
-   if inplace then
-      if grad then inplace_leaf_check(fname, x) end
-      local e = grad and A.edge(x) or nil
-      T.barrier(xc)
-      outp[0] = xc
-      check(run(xc, outp), fname)
-      if grad then
-         A.attach(x, "HardtanhBackward", function(g)
-            return fresh(R.where(hardtanh_mask(x, lo, hi), g, 0))
-         end, { e })
-      end
-      return x
-   end
-   outp[0] = nil
-   check(run(xc, outp), fname)
-   local out = wrap(outp[0])
-   if grad then
-      record(out, "HardtanhBackward", function(g)
-         return fresh(R.where(hardtanh_mask(x, lo, hi), g, 0))
-      end, x)
-   end
-   return out
+   local function bwd(g, t) return fresh(R.where(hardtanh_mask(t, lo, hi), g, 0)) end
+   -- in place, the mask from the result (from_out): no copy saved
+   return activation(fname, "HardtanhBackward", x, inplace_arg(fname, inplace), run, bwd, nil,
+                     true)
 end
 function F.hardtanh_(x, min_val, max_val) return F.hardtanh(x, min_val, max_val, true) end
 
