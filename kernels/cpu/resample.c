@@ -36,21 +36,53 @@ static lm_status check_taps(const lm_resample_params *p, const int64_t *ptr, con
 }
 
 /* Rows shorter than this (the last dim of a contiguous NCHW tensor: R = 1) run per b, all Out
-   positions in turn with the taps' products added in registers: one row per (b, o) there cost a
-   division, a memcpy call or a loop of one for each value (8 x 64 x 128 x 128 NCHW, the W pass
-   of a 2x upsampling: 129 ms). */
+   positions in turn (rows of one value with the taps' products added in registers): one row per
+   (b, o) there cost a division, a memcpy call or a loop of one for each value (8 x 64 x 128 x 128
+   NCHW, the W pass of a 2x upsampling: 129 ms). */
 enum { RS_SHORT = 16 };
 
 #define DEFINE_RESAMPLE(T, S)                                                                    \
-   static void resample_short_##S(const lm_resample_params *p, const T *x, const int64_t *ptr,   \
-                                  const int64_t *idx, const T *w, T *y) {                        \
-      const int64_t R = p->R;                                                                    \
-      _Pragma("omp parallel for schedule(static) if (p->B * p->Out * R > LM_PARALLEL_GRAIN)")    \
-      for (int64_t b = 0; b < p->B; b++) {                                                       \
-         const T *xb = x + b * p->In * R;                                                        \
-         T *yb = y + b * p->Out * R;                                                             \
-         if (R == 1) { /* the same sums, one value a position */                                 \
-            for (int64_t o = 0; o < p->Out; o++) {                                               \
+   /* output row yr (R values) from the taps [k0, k1) over xb's rows: the first tap's product,   \
+      then each next one added; a single tap of weight 1 a copy; no taps, zeros */              \
+   static inline void resample_row_##S(const T *xb, T *yr, int64_t R, int64_t k0, int64_t k1,    \
+                                       const int64_t *idx, const T *w) {                         \
+      if (k0 == k1) {                                                                            \
+         for (int64_t r = 0; r < R; r++) yr[r] = 0;                                              \
+         return;                                                                                 \
+      }                                                                                          \
+      const T *x0 = xb + idx[k0] * R;                                                            \
+      const T w0 = w[k0];                                                                        \
+      if (k1 - k0 == 1 && w0 == (T)1) {                                                          \
+         memcpy(yr, x0, (size_t)R * sizeof(T));                                                  \
+         return;                                                                                 \
+      }                                                                                          \
+      if (k1 - k0 == 2) { /* the linear modes: both taps in one pass */                         \
+         const T *x1 = xb + idx[k0 + 1] * R;                                                     \
+         const T w1 = w[k0 + 1];                                                                 \
+         for (int64_t r = 0; r < R; r++) yr[r] = w0 * x0[r] + w1 * x1[r];                        \
+         return;                                                                                 \
+      }                                                                                          \
+      for (int64_t r = 0; r < R; r++) yr[r] = w0 * x0[r];                                        \
+      for (int64_t k = k0 + 1; k < k1; k++) {                                                    \
+         const T *xk = xb + idx[k] * R;                                                          \
+         const T wk = w[k];                                                                      \
+         for (int64_t r = 0; r < R; r++) yr[r] = yr[r] + wk * xk[r];                             \
+      }                                                                                          \
+   }                                                                                             \
+   static void resample_##S(const lm_resample_params *p, const T *x, const int64_t *ptr,         \
+                            const int64_t *idx, const T *w, T *y) {                              \
+      const int64_t R = p->R, In = p->In, Out = p->Out;                                          \
+      if (R < RS_SHORT) {                                                                        \
+         _Pragma("omp parallel for schedule(static) if (p->B * Out * R > LM_PARALLEL_GRAIN)")    \
+         for (int64_t b = 0; b < p->B; b++) {                                                    \
+            const T *xb = x + b * In * R;                                                        \
+            T *yb = y + b * Out * R;                                                             \
+            if (R > 1) {                                                                         \
+               for (int64_t o = 0; o < Out; o++)                                                 \
+                  resample_row_##S(xb, yb + o * R, R, ptr[o], ptr[o + 1], idx, w);               \
+               continue;                                                                         \
+            }                                                                                    \
+            for (int64_t o = 0; o < Out; o++) { /* the same sums, one value a position */       \
                const int64_t k0 = ptr[o], k1 = ptr[o + 1];                                       \
                if (k1 - k0 == 2) {                                                               \
                   yb[o] = w[k0] * xb[idx[k0]] + w[k0 + 1] * xb[idx[k0 + 1]];                     \
@@ -64,64 +96,14 @@ enum { RS_SHORT = 16 };
                   yb[o] = acc;                                                                   \
                }                                                                                 \
             }                                                                                    \
-            continue;                                                                            \
          }                                                                                       \
-         for (int64_t o = 0; o < p->Out; o++) {                                                  \
-            const int64_t k0 = ptr[o], k1 = ptr[o + 1];                                          \
-            T *yr = yb + o * R;                                                                  \
-            if (k0 == k1) {                                                                      \
-               for (int64_t r = 0; r < R; r++) yr[r] = 0;                                        \
-               continue;                                                                         \
-            }                                                                                    \
-            const T *x0 = xb + idx[k0] * R;                                                      \
-            const T w0 = w[k0];                                                                  \
-            if (k1 - k0 == 1 && w0 == (T)1) { /* a copy: the values as they are */               \
-               for (int64_t r = 0; r < R; r++) yr[r] = x0[r];                                    \
-               continue;                                                                         \
-            }                                                                                    \
-            for (int64_t r = 0; r < R; r++) {                                                    \
-               T acc = w0 * x0[r];                                                               \
-               for (int64_t k = k0 + 1; k < k1; k++) acc = acc + w[k] * xb[idx[k] * R + r];      \
-               yr[r] = acc;                                                                      \
-            }                                                                                    \
-         }                                                                                       \
-      }                                                                                          \
-   }                                                                                             \
-   static void resample_##S(const lm_resample_params *p, const T *x, const int64_t *ptr,         \
-                            const int64_t *idx, const T *w, T *y) {                              \
-      if (p->R < RS_SHORT) {                                                                     \
-         resample_short_##S(p, x, ptr, idx, w, y);                                               \
          return;                                                                                 \
       }                                                                                          \
-      const int64_t R = p->R, rows = p->B * p->Out;                                              \
+      const int64_t rows = p->B * Out;                                                           \
       _Pragma("omp parallel for schedule(static) if (rows * R > LM_PARALLEL_GRAIN)")             \
       for (int64_t row = 0; row < rows; row++) {                                                 \
-         const int64_t b = row / p->Out, o = row % p->Out;                                       \
-         const T *xb = x + b * p->In * R;                                                        \
-         T *yr = y + row * R;                                                                    \
-         const int64_t k0 = ptr[o], k1 = ptr[o + 1];                                             \
-         if (k0 == k1) {                                                                         \
-            for (int64_t r = 0; r < R; r++) yr[r] = 0;                                           \
-            continue;                                                                            \
-         }                                                                                       \
-         const T *x0 = xb + idx[k0] * R;                                                         \
-         const T w0 = w[k0];                                                                     \
-         if (k1 - k0 == 1 && w0 == (T)1) {                                                       \
-            memcpy(yr, x0, (size_t)R * sizeof(T));                                               \
-            continue;                                                                            \
-         }                                                                                       \
-         if (k1 - k0 == 2) { /* the linear modes: both taps in one pass */                      \
-            const T *x1 = xb + idx[k0 + 1] * R;                                                  \
-            const T w1 = w[k0 + 1];                                                              \
-            for (int64_t r = 0; r < R; r++) yr[r] = w0 * x0[r] + w1 * x1[r];                     \
-            continue;                                                                            \
-         }                                                                                       \
-         for (int64_t r = 0; r < R; r++) yr[r] = w0 * x0[r];                                     \
-         for (int64_t k = k0 + 1; k < k1; k++) {                                                 \
-            const T *xk = xb + idx[k] * R;                                                       \
-            const T wk = w[k];                                                                   \
-            for (int64_t r = 0; r < R; r++) yr[r] = yr[r] + wk * xk[r];                          \
-         }                                                                                       \
+         const int64_t b = row / Out, o = row % Out;                                             \
+         resample_row_##S(x + b * In * R, y + row * R, R, ptr[o], ptr[o + 1], idx, w);           \
       }                                                                                          \
    }
 DEFINE_RESAMPLE(float, f32)

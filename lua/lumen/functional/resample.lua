@@ -187,15 +187,29 @@ local function aa_rows(mode, insz, outsz, align, scale, r)
    return rows, false
 end
 
--- the taps as lm_resample's tensors {ptr, idx, w} on device (w in cdt), or those of the
--- transposed table (transpose: input i's taps are every (o, w) that reads it, o ascending, for
--- the backward). Cached by key (mode, sizes, options, dtype, device, direction): a training loop
--- resamples the same shapes every step.
+-- The plan of one resized dim, cached by key (mode, sizes, options, dtype, device): its rows
+-- (dim_rows / aa_rows), whether they are the identity, and lm_resample's tensors {ptr, idx, w,
+-- out size} on device, forward (p.f) and, made at the first backward, transposed (p.b: input i's
+-- taps are every (o, w) that reads it, o ascending). A training loop resamples the same shapes
+-- every step: neither the rows nor the tensors are made again.
 local cache, ncache = {}, 0
 local CACHE_MAX = 256
-local function taps(key, rows, insz, outsz, transpose, cdt, device)
-   local hit = cache[key]
-   if hit then return hit end
+local function plan(key, build)
+   local p = cache[key]
+   if p then return p end
+   local rows, ident = build()
+   p = { rows = rows, ident = ident }
+   if ncache >= CACHE_MAX then cache, ncache = {}, 0 end
+   cache[key] = p
+   ncache = ncache + 1
+   return p
+end
+
+local function taps(p, insz, outsz, transpose, cdt, device)
+   local have
+   if transpose then have = p.b else have = p.f end
+   if have then return have end
+   local rows = p.rows
    local ptr, idx, w = { 0 }, {}, {}
    if transpose then
       local by = {}
@@ -222,9 +236,7 @@ local function taps(key, rows, insz, outsz, transpose, cdt, device)
    local t = { mk(ptr, { dtype = "int64", device = device }),
                mk(idx, { dtype = "int64", device = device }),
                mk(w, { dtype = cdt, device = device }), outsz }
-   if ncache >= CACHE_MAX then cache, ncache = {}, 0 end
-   cache[key] = t
-   ncache = ncache + 1
+   if transpose then p.b = t else p.f = t end
    return t
 end
 
@@ -408,19 +420,15 @@ function F.interpolate(x, opts, ...)
    local cdt = (dtype == "float64") and "float64" or "float32"
    local r = cdt == "float64" and f64 or f32
    local device = R.device(x)
-   local rows, ident, keys = {}, {}, {}
-   local fwd = {}
+   local plans, fwd = {}, {}
    local dkey = tostring(device)
    for i = 1, k do
-      keys[i] = table.concat({ mode, tostring(aa), insz[i], outsz[i], tostring(align),
-                               scales[i] and ("%.17g"):format(scales[i]) or "-", cdt, dkey }, "|")
-      if aa then
-         rows[i], ident[i] = aa_rows(mode, insz[i], outsz[i], align, scales[i], r)
-      else
-         rows[i], ident[i] = dim_rows(mode, insz[i], outsz[i], align, scales[i], r)
-      end
-      fwd[i] = (not ident[i]) and taps(keys[i] .. "|f", rows[i], insz[i], outsz[i], false, cdt,
-                                       device)
+      local key = table.concat({ mode, tostring(aa), insz[i], outsz[i], tostring(align),
+                                 scales[i] and ("%.17g"):format(scales[i]) or "-", cdt, dkey }, "|")
+      plans[i] = plan(key, function()
+         return (aa and aa_rows or dim_rows)(mode, insz[i], outsz[i], align, scales[i], r)
+      end)
+      fwd[i] = (not plans[i].ident) and taps(plans[i], insz[i], outsz[i], false, cdt, device)
    end
    local f = C.lm_suggest_memory_format(xc, 0)
    local cl = (f == C.LM_CHANNELS_LAST and nd == 4) or (f == C.LM_CHANNELS_LAST_3D and nd == 5)
@@ -436,8 +444,7 @@ function F.interpolate(x, opts, ...)
              function(g)
          local bwd = {}
          for i = 1, k do
-            bwd[i] = (not ident[i]) and taps(keys[i] .. "|b", rows[i], insz[i], outsz[i], true,
-                                             cdt, device)
+            bwd[i] = (not plans[i].ident) and taps(plans[i], insz[i], outsz[i], true, cdt, device)
          end
          local gin = tostring(R.dtype(g)) == cdt and g or R.to(g, cdt)
          local gx = apply(gin, bwd, cl)
