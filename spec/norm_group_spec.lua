@@ -226,6 +226,84 @@ describe("bad input", function()
    end)
 end)
 
+-- PyTorch 2.x's answers (spec/fixtures/nn/gen_norm.py has no part in it: the matrix was read off
+-- torch.nn.functional in a loop over input and parameter dtypes): the parameters have the input's
+-- dtype, or float32 under a float16 / bfloat16 input; anything else is refused
+describe("parameter dtypes as PyTorch", function()
+   local names = { "float32", "float64", "bfloat16", "float16" }
+   local OK = {                               -- OK[input][parameter]
+      float32 = { float32 = true }, float64 = { float64 = true },
+      bfloat16 = { float32 = true, bfloat16 = true }, float16 = { float32 = true, float16 = true },
+   }
+   local ops = {
+      layer_norm = function(x, w) return F.layer_norm(x, { 3 }, w, w) end,
+      group_norm = function(x, w) return F.group_norm(x, 2, w, w) end,
+      instance_norm = function(x, w) return F.instance_norm(x, nil, nil, w, w) end,
+      batch_norm = function(x, w)
+         return F.batch_norm(x, lm.zeros({ 4 }, { dtype = w:dtype() }),
+                             lm.ones({ 4 }, { dtype = w:dtype() }), w, w)
+      end,
+   }
+   for op, f in pairs(ops) do
+      it(op, function()
+         for _, xn in ipairs(names) do
+            for _, wn in ipairs(names) do
+               local x = lm.randn({ 2, 4, 3, 3 }):to(lm[xn])
+               local w = lm.ones({ op == "layer_norm" and 3 or 4 }, { dtype = lm[wn] })
+               local ok, r = pcall(f, x, w)
+               if OK[xn][wn] then
+                  assert(ok, ("%s %s / %s: %s"):format(op, xn, wn, tostring(r)))
+                  assert(r:dtype() == lm[xn], op .. ": the input's dtype")
+               else
+                  assert(not ok, ("%s accepted a %s input with %s parameters"):format(op, xn, wn))
+                  assert(tostring(r):find("lumen." .. op .. ": ", 1, true)
+                         and tostring(r):find("dtype", 1, true), tostring(r))
+               end
+            end
+         end
+      end)
+   end
+   it("running statistics share the weight's dtype (batch_norm, instance_norm)", function()
+      local x = lm.randn({ 2, 4, 3, 3 }):to(lm.bfloat16)
+      local wb = lm.ones({ 4 }, { dtype = lm.bfloat16 })
+      H.assert_error_like("batch_norm", "share one dtype", F.batch_norm, x, lm.zeros({ 4 }),
+                          lm.ones({ 4 }), wb, wb)
+      H.assert_error_like("instance_norm", "share one dtype", F.instance_norm, x, lm.zeros({ 4 }),
+                          lm.ones({ 4 }), wb, wb)
+      -- float32 statistics and parameters under a bfloat16 input: autocast's batch norm
+      assert(F.batch_norm(x, lm.zeros({ 4 }), lm.ones({ 4 }), lm.ones({ 4 }), lm.zeros({ 4 }))
+             :dtype() == lm.bfloat16)
+   end)
+end)
+
+describe("PyTorch's positional forms", function()
+   local x = lm.randn({ 2, 4, 3, 3 }):contiguous(lm.channels_last)
+   local function same(a, b) assert(H.rel_diff(a, b) == 0, "not the same values") end
+   it("batch_norm(x, rm, rv, w, b, training, momentum, eps)", function()
+      local rm1, rv1, rm2, rv2 = lm.zeros({ 4 }), lm.ones({ 4 }), lm.zeros({ 4 }), lm.ones({ 4 })
+      same(F.batch_norm(x, rm1, rv1, nil, nil, true, 0.3, 1e-3),
+           F.batch_norm(x, rm2, rv2, nil, nil, { training = true, momentum = 0.3, eps = 1e-3 }))
+      same(rm1, rm2)
+      same(rv1, rv2)
+      same(F.batch_norm(x, rm1, rv1, nil, nil, nil, nil, 0.5),
+           F.batch_norm(x, rm1, rv1, nil, nil, { eps = 0.5 }))
+   end)
+   it("layer_norm, group_norm (..., eps), instance_norm (..., use_input_stats, momentum, eps)",
+      function()
+      same(F.layer_norm(x, { 3 }, nil, nil, 0.25), F.layer_norm(x, { 3 }, nil, nil, { eps = 0.25 }))
+      same(F.group_norm(x, 2, nil, nil, 0.25), F.group_norm(x, 2, nil, nil, { eps = 0.25 }))
+      same(F.instance_norm(x, nil, nil, nil, nil, true, 0.1, 0.25),
+           F.instance_norm(x, nil, nil, nil, nil, { eps = 0.25 }))
+   end)
+   it("refuses more arguments than PyTorch takes, or a table before them", function()
+      H.assert_error_like("layer_norm", "too many arguments", F.layer_norm, x, { 3 }, nil, nil,
+                          1e-5, 1)
+      H.assert_error_like("batch_norm", "last argument", F.batch_norm, x, lm.zeros({ 4 }),
+                          lm.ones({ 4 }), nil, nil, { eps = 1 }, 0.1)
+      H.assert_error_like("group_norm", "eps", F.group_norm, x, 2, nil, nil, "a")
+   end)
+end)
+
 describe("ONNX export", function()
    local ffi = require("ffi")
    local C = require("lumen.C")

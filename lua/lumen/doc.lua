@@ -912,12 +912,17 @@ E("lm.F.adaptive_avg_pool1d", "lm.F.adaptive_avg_pool1d(x, size) -> Tensor", "Av
 E("lm.F.adaptive_max_pool1d", "lm.F.adaptive_max_pool1d(x, size) -> values, indices", "Max "
    .. "pooling to a fixed output length; indices are 1-based int64 positions along L.",
    { fmt = FMT_1D, err = ERR_1D })
+-- the normalizations' parameter dtypes (H.param_dtypes)
+local NORM_PDT = " Parameters (weight, bias, running statistics) share one dtype: the input's, "
+   .. "or float32 for a float16 / bfloat16 input (as PyTorch)."
 E("lm.F.batch_norm", "lm.F.batch_norm(x, running_mean, running_var, weight, bias, opts) -> "
    .. "Tensor", "Batch normalisation per channel (dim 2) over the other dims of a 2-D to 5-D "
    .. "input (N,C), (N,C,L), (N,C,H,W), (N,C,D,H,W); any of the four tensors may be nil. In "
-   .. "training the batch statistics are used and the running ones updated in place.",
+   .. "training the batch statistics are used and the running ones updated in place."
+   .. NORM_PDT,
    { opts = "{training = false, momentum = 0.1, eps = 1e-5, residual = nil, relu = false}: "
-   .. "residual and relu fuse relu(bn(x) + residual) into the same pass",
+   .. "residual and relu fuse relu(bn(x) + residual) into the same pass; PyTorch's positional "
+   .. "form (x, running_mean, running_var, weight, bias, training, momentum, eps) also works",
    fmt = FMT_NN .. "; a channels_last_3d input a channels_last_3d output and gradient; an "
    .. "N,L,C-strided 3-D input a contiguous output and an N,L,C-strided input gradient (as "
    .. "PyTorch)", err = "x with fewer than 2 dims, per-channel tensors of the wrong size, training "
@@ -926,7 +931,8 @@ E("lm.F.group_norm", "lm.F.group_norm(x, num_groups, weight, bias, opts) -> Tens
    .. "normalisation: each sample's channels split into num_groups groups, each normalised over "
    .. "its channels and spatial dims (biased variance), then weight * . + bias per channel "
    .. "(either may be nil). A native kernel: in channels-last a group is a contiguous run of "
-   .. "each pixel.", { opts = "{eps = 1e-5}", fmt = "output and input gradient in the input's "
+   .. "each pixel." .. NORM_PDT, { opts = "{eps = 1e-5}, or eps as "
+   .. "PyTorch's fifth argument", fmt = "output and input gradient in the input's "
    .. "memory format (contiguous, channels_last, channels_last_3d); float16 / bfloat16 computed "
    .. "in float32", err = "x with fewer than 2 dims, channels not divisible by num_groups, "
    .. "weight / bias not of C elements, a non-floating input" })
@@ -934,16 +940,19 @@ E("lm.F.layer_norm", "lm.F.layer_norm(x, normalized_shape, weight, bias, opts) -
    "Layer normalisation over the trailing dims normalized_shape (a number or a list); weight "
    .. "and bias (nil or of normalized_shape) applied elementwise. Runs the group_norm kernel on "
    .. "the (M, D) view of x: ConvNeXt's LayerNorm2d (x:permute(1, 3, 4, 2) of a channels-last "
-   .. "x, layer_norm over C, permute back) costs no copy and stays channels-last.",
-   { opts = "{eps = 1e-5}", fmt = "the view's layout; a channels-last input normalised over "
-   .. "other dims gives a channels-last output", err = "normalized_shape not the input's "
+   .. "x, layer_norm over C, permute back) costs no copy and stays channels-last."
+   .. NORM_PDT,
+   { opts = "{eps = 1e-5}, or eps as PyTorch's fifth argument",
+     fmt = "the view's layout; a channels-last input normalised over other dims gives a "
+   .. "channels-last output", err = "normalized_shape not the input's "
    .. "trailing sizes, weight / bias of another shape" })
 E("lm.F.instance_norm", "lm.F.instance_norm(x, running_mean, running_var, weight, bias, opts) "
    .. "-> Tensor", "Instance normalisation: each (sample, channel) over its spatial dims "
    .. "(group_norm with one group per channel). With use_input_stats and running statistics, "
    .. "they are updated in place as PyTorch does (the batch mean of the per-instance mean and "
-   .. "unbiased variance); use_input_stats = false normalises with them.",
-   { opts = "{use_input_stats = true, momentum = 0.1, eps = 1e-5}", fmt = "output and input "
+   .. "unbiased variance); use_input_stats = false normalises with them." .. NORM_PDT,
+   { opts = "{use_input_stats = true, momentum = 0.1, eps = 1e-5}, or PyTorch's positional "
+   .. "use_input_stats, momentum, eps", fmt = "output and input "
    .. "gradient in the input's memory format (PyTorch 2.x returns contiguous for channels-last "
    .. "input)", err = "x with fewer than 3 dims, one spatial element, only one running "
    .. "statistic, use_input_stats = false without them" })

@@ -110,6 +110,32 @@ function H.check_float(fname, c, what)
    end
 end
 
+-- a normalization's parameters (weight, bias, running statistics: cdata or nil, in pairs with
+-- their names) share one dtype, the input's or float32 for a float16 / bfloat16 input, as
+-- PyTorch requires ("mixed dtype (CPU): expect parameter to have scalar type of Float"): a
+-- float64 weight on float32 activations is a half-converted model, not a request
+function H.param_dtypes(fname, xc, ...)
+   local first, fwhat
+   for i = 1, select("#", ...), 2 do
+      local c, what = select(i, ...)
+      if c ~= nil then
+         if first == nil then
+            first, fwhat = c, what
+            local d, xd = c.dtype, xc.dtype
+            local half = xd == C.LM_FLOAT16 or xd == C.LM_BFLOAT16
+            if d ~= xd and not (d == C.LM_FLOAT32 and half) then
+               err(fname, ("%s is %s but the input is %s: the parameters must have the input's " ..
+                   "dtype (or float32 for a float16 / bfloat16 input)")
+                   :format(what, dtype_name(c), dtype_name(xc)))
+            end
+         elseif c.dtype ~= first.dtype then
+            err(fname, ("%s is %s but %s is %s: the parameters must share one dtype")
+                :format(what, dtype_name(c), fwhat, dtype_name(first)))
+         end
+      end
+   end
+end
+
 -- the (C) format of a tensor as a kernel picks it (lm_suggest_memory_format)
 function H.suggest(c) return C.lm_suggest_memory_format(c, 0) end
 
@@ -138,6 +164,26 @@ function H.check_opts(fname, opts, known)
       if k ~= nil then err(fname, util.unknown_option_msg(k)) end
    end
    return opts or {}
+end
+
+-- PyTorch's positional trailing arguments (F.batch_norm(x, rm, rv, w, b, training, momentum,
+-- eps)) as the options table lumen takes in their place: opts is returned as is when it is nil
+-- or a table and nothing follows; otherwise opts and the values after it are the options
+-- names[1], names[2], ... (nil ones left out)
+function H.positional(fname, names, opts, ...)
+   local extra = select("#", ...)
+   if extra == 0 and (opts == nil or type(opts) == "table") then return opts end
+   if type(opts) == "table" and getmetatable(opts) == nil then
+      err(fname, "an options table must be the last argument")
+   end
+   if extra + 1 > #names then
+      err(fname, ("too many arguments: after the tensors it takes at most %d (%s)")
+          :format(#names, table.concat(names, ", ")))
+   end
+   local o = {}
+   o[names[1]] = opts
+   for i = 1, extra do o[names[i + 1]] = (select(i, ...)) end
+   return o
 end
 
 function H.int_opt(fname, v, what, default, min)

@@ -42,8 +42,11 @@ F._OPTIONS.batch_norm = BN_OPTS
 local bn_fused_fwd = function(...) return C.lm_batch_norm_fused(...) end
 local bn_fused_bwd = function(...) return C.lm_batch_norm_backward_fused(...) end
 
-function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
+local BN_POS = { "training", "momentum", "eps" }
+
+function F.batch_norm(x, running_mean, running_var, weight, bias, opts, ...)
    local fname = "batch_norm"
+   opts = H.positional(fname, BN_POS, opts, ...)
    local xc = tensor_arg(fname, x, "input")
    local rmc = opt_tensor(fname, running_mean, "running_mean")
    local rvc = opt_tensor(fname, running_var, "running_var")
@@ -78,6 +81,7 @@ function F.batch_norm(x, running_mean, running_var, weight, bias, opts)
    check_vec(rvc, "running_var")
    check_vec(wc, "weight")
    check_vec(bc, "bias")
+   H.param_dtypes(fname, xc, wc, "weight", bc, "bias", rmc, "running_mean", rvc, "running_var")
    if not training and (rmc == nil or rvc == nil) then
       err(fname, "running_mean and running_var must be given in evaluation mode " ..
           "(training = false)")
@@ -200,6 +204,7 @@ local function group_norm(fname, x, num_groups, weight, bias, eps)
          end
       end
    end
+   H.param_dtypes(fname, xc, wc, "weight", bc, "bias")
    local rec = A.is_grad_enabled() and (needs(x) or needs(weight) or needs(bias))
    outp[0], p1[0], p2[0] = nil, nil, nil
    check(gn_fwd(xc, num_groups, wc, bc, eps, outp, rec and p1 or nil, rec and p2 or nil), fname)
@@ -220,8 +225,10 @@ local function group_norm(fname, x, num_groups, weight, bias, eps)
    return out, rec
 end
 
-function F.group_norm(x, num_groups, weight, bias, opts)
-   opts = check_opts("group_norm", opts, GN_OPTS)
+local EPS_POS = { "eps" }
+
+function F.group_norm(x, num_groups, weight, bias, opts, ...)
+   opts = check_opts("group_norm", H.positional("group_norm", EPS_POS, opts, ...), GN_OPTS)
    return (group_norm("group_norm", x, num_groups, weight, bias, eps_opt("group_norm", opts)))
 end
 
@@ -252,10 +259,10 @@ local function shape_list(fname, s, what)
    return out
 end
 
-function F.layer_norm(x, normalized_shape, weight, bias, opts)
+function F.layer_norm(x, normalized_shape, weight, bias, opts, ...)
    local fname = "layer_norm"
    local xc = tensor_arg(fname, x, "input")
-   opts = check_opts(fname, opts, LN_OPTS)
+   opts = check_opts(fname, H.positional(fname, EPS_POS, opts, ...), LN_OPTS)
    local eps = eps_opt(fname, opts)
    local ns = shape_list(fname, normalized_shape, "normalized_shape")
    local k = #ns
@@ -311,12 +318,14 @@ end
 local IN_OPTS = H.option_set("use_input_stats", "momentum", "eps")
 F._OPTIONS.instance_norm = IN_OPTS
 
-function F.instance_norm(x, running_mean, running_var, weight, bias, opts)
+local IN_POS = { "use_input_stats", "momentum", "eps" }
+
+function F.instance_norm(x, running_mean, running_var, weight, bias, opts, ...)
    local fname = "instance_norm"
    local xc = tensor_arg(fname, x, "input")
    local rmc = opt_tensor(fname, running_mean, "running_mean")
    local rvc = opt_tensor(fname, running_var, "running_var")
-   opts = check_opts(fname, opts, IN_OPTS)
+   opts = check_opts(fname, H.positional(fname, IN_POS, opts, ...), IN_OPTS)
    H.same_device(fname, x, running_mean, "running_mean", running_var, "running_var", weight,
                  "weight", bias, "bias")
    local use_input_stats = bool_opt(fname, opts.use_input_stats, "use_input_stats", true)
@@ -344,6 +353,8 @@ function F.instance_norm(x, running_mean, running_var, weight, bias, opts)
    if (rmc == nil) ~= (rvc == nil) then
       err(fname, "running_mean and running_var must be given together")
    end
+   H.param_dtypes(fname, xc, opt_tensor(fname, weight, "weight"), "weight",
+                  opt_tensor(fname, bias, "bias"), "bias", rmc, "running_mean", rvc, "running_var")
    if not use_input_stats then
       if rmc == nil then
          err(fname, "expected running_mean and running_var to be defined when " ..
