@@ -104,6 +104,48 @@ describe("F.conv_transpose against PyTorch", function()
    end)
 end)
 
+-- PyTorch 2.15's answers for x = sin(0, 1, ...), w = cos(0, 1, ...) viewed to the sizes, stride
+-- 1, dilation 2, output_padding 1 (the output's last positions reached only by x's last taps):
+-- sum(y), sum(x.grad), sum(w.grad) for the loss sum(y^2)
+describe("F.conv_transpose with output_padding >= stride", function()
+   local cases = {
+      { 3, { 2, 4, 6, 6, 6 }, { 4, 1, 2, 2, 2 }, { padding = 1, output_padding = 1, groups = 2,
+        dilation = 2 }, { 2, 2, 7, 7, 7 }, { -0.3213068257, 3.629122724, 90.39531495 } },
+      { 2, { 1, 1, 1, 2 }, { 1, 3, 4, 3 }, { padding = 2, output_padding = 1, dilation = 2 },
+        { 1, 3, 4, 3 }, { 0.07021256014, 7.831790466, 0.1181636643 } },
+      { 1, { 1, 1, 5 }, { 1, 1, 3 }, { output_padding = 1, dilation = 2 }, { 1, 1, 10 },
+        { 1.27601305, 5.245752474, 2.887898283 } },
+      { 2, { 2, 2, 5, 4 }, { 2, 3, 3, 3 }, { padding = 1, output_padding = 1, dilation = 2 },
+        { 2, 3, 8, 7 }, { -1.049738289, 17.17171172, -6.43741135 } },
+   }
+   for i, c in ipairs(cases) do
+      it(c[1] .. "-D " .. i .. ", contiguous and channels-last", function()
+         local fmts = { false, c[1] == 2 and lm.channels_last or c[1] == 3 and
+                        lm.channels_last_3d or false }
+         for _, fmt in ipairs(fmts) do
+            local nx, nw = H.prod(c[2]), H.prod(c[3])
+            local x = lm.arange(0, nx):double():sin():view(c[2])
+            if fmt then x = x:contiguous(fmt) end
+            local w = lm.arange(0, nw):double():cos():view(c[3])
+            if DEV then x, w = x:to(DEV), w:to(DEV) end
+            x:requires_grad_(true)
+            w:requires_grad_(true)
+            local y = F["conv_transpose" .. c[1] .. "d"](x, w, nil, c[4])
+            assert.is_true(H.list_equal(c[5], y:size()), "output size")
+            if fmt and x:suggest_memory_format() == fmt then
+               assert.is_true(y:is_contiguous(fmt), "keeps the format")
+            end
+            y:pow(2):sum():backward()
+            local got = { y:sum():item(), x.grad:sum():item(), w.grad:sum():item() }
+            for k = 1, 3 do
+               assert.is_true(math.abs(got[k] - c[6][k]) <= 1e-8 * (1 + math.abs(c[6][k])),
+                              ("value %d: %.10g, PyTorch %.10g"):format(k, got[k], c[6][k]))
+            end
+         end
+      end)
+   end
+end)
+
 describe("F.conv_transpose gradcheck (float64)", function()
    local cases = {
       { 1, { 1, 2, 4 }, { 2, 2, 3 }, nil, { stride = 2, padding = 1, output_padding = 1 } },
@@ -111,6 +153,13 @@ describe("F.conv_transpose gradcheck (float64)", function()
         { stride = { 2, 1 }, groups = 2, dilation = { 1, 2 } } },
       { 3, { 1, 2, 2, 2, 2 }, { 2, 2, 2, 2, 2 }, lm.channels_last_3d,
         { stride = 2, padding = { 0, 1, 0 }, output_padding = { 1, 0, 0 } } },
+      -- output_padding not below the stride (allowed below the dilation): the convolution of
+      -- the output's sizes is longer than x
+      { 1, { 1, 1, 5 }, { 1, 2, 3 }, nil, { output_padding = 1, dilation = 2 } },
+      { 2, { 1, 2, 3, 2 }, { 2, 3, 2, 2 }, lm.channels_last,
+        { padding = 1, output_padding = { 1, 0 }, dilation = 2 } },
+      { 3, { 1, 2, 2, 2, 2 }, { 2, 1, 2, 2, 2 }, lm.channels_last_3d,
+        { padding = 1, output_padding = 1, dilation = 2, groups = 2 } },
    }
    for i, cs in ipairs(cases) do
       it(cs[1] .. "-D " .. i, function()

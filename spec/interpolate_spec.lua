@@ -237,6 +237,11 @@ describe("F.interpolate bad input", function()
       { function() F.interpolate(x:long(), { size = 2 }) end, "interpolate" },
       { function() F.interpolate(x, { size = 2, bogus = 1 }) end, "bogus" },
       { function() F.interpolate("x", { size = 2 }) end, "tensor expected" },
+      -- sizes no memory holds: an error before any work (the output's count passes 2^63; a
+      -- billion-position plan would be built in Lua until the OOM killer ended the process)
+      { function() F.interpolate(x, { size = { 1e9, 1e10 } }) end, "too large" },
+      { function() F.interpolate(lm.zeros({ 1, 1, 4 }), { size = 1e12, mode = "linear" }) end,
+        "too large: resampling plans" },
    }
    for i, cs in ipairs(cases) do
       it(cs[2] .. " " .. i, function()

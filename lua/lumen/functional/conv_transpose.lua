@@ -56,9 +56,31 @@ local K = {
            C.lm_conv3d_memory_format, cl = 2 },
 }
 
+-- x as the convolution's grad_output: that convolution, run on the output's sizes, has
+-- n + floor(output_padding / stride) positions in a dim where x has n, more than n when an
+-- output_padding of at least the stride (allowed below the dilation: stride 1, dilation 2,
+-- output_padding 1) widens the output. x zero-padded at the end to those sizes stands in then
+-- (the added positions add nothing), in the forward and the weight gradient.
+local function x_for_conv(nd, x, geo)
+   local sizes, grow = { R.size(x, 1), R.size(x, 2) }, false
+   for i = 1, nd do
+      local n = R.size(x, i + 2)
+      sizes[i + 2] = n + math.floor(geo.output_padding[i] / geo.stride[i])
+      if sizes[i + 2] ~= n then grow = true end
+   end
+   if not grow then return x end
+   local z = require("lumen.creation").zeros(sizes, { dtype = R.dtype(x), device = R.device(x) })
+   if geo.fmt ~= 0 then z = R.contiguous(z, nd == 2 and "channels_last" or "channels_last_3d") end
+   local v = z
+   for i = 1, nd do v = R.narrow(v, i + 2, 1, R.size(x, i + 2)) end
+   R.copy_(v, x)
+   return z
+end
+
 -- the forward over raw tensors x (N, Cin, ...), w (Cin, Cout/g, k...): the output (raw)
 local function forward(nd, fname, x, w, b, geo)
    local k = K[nd]
+   x = x_for_conv(nd, x, geo)
    local osz = { R.size(x, 1), geo.cout }
    local zs = {}
    for i = 1, nd + 2 do zs[i] = 0 end
@@ -103,7 +125,8 @@ local function backward(nd, fname, x, w, g, geo, need_x, need_w, need_b)
    end
    if need_w then
       p2[0] = nil
-      check(k.backward(g._c, w._c, x._c, fill(sbuf, geo.stride), fill(pbuf, geo.padding),
+      local xs = x_for_conv(nd, x, geo)
+      check(k.backward(g._c, w._c, xs._c, fill(sbuf, geo.stride), fill(pbuf, geo.padding),
                        fill(dbuf, geo.dilation), geo.groups, fmt, nil, p2, nil),
             fname .. "_backward")
       gw = wrap(p2[0])
@@ -194,6 +217,7 @@ local function conv_transpose(sp, x, w, b, opts)
       geo.stride = { 1, geo.stride[1] }
       geo.padding = { 0, geo.padding[1] }
       geo.dilation = { 1, geo.dilation[1] }
+      geo.output_padding = { 0, geo.output_padding[1] }
       geo.out = { 1, geo.out[1] }
    end
    local xcl = suggest(xr._c) == K[nd].cl

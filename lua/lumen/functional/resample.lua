@@ -310,6 +310,44 @@ local function num_list(fname, v, k, what, int)
    return r
 end
 
+-- A size the memory cannot hold is an error before any work: the output's element count (which
+-- could pass 2^63), and the plans, whose Lua rows and tap tensors take about PLAN_BYTES a
+-- position of each resized dim: F.interpolate(x, {size = {1e9, 1}}) would otherwise build a
+-- billion-row table until the kernel's OOM killer ends the process (the allocator's own error
+-- comes only for the tensors, after the plan)
+local PLAN_BYTES = 200
+local mem_total
+local function physical_memory()
+   if mem_total == nil then
+      mem_total = 8 * 2 ^ 30                            -- where /proc/meminfo cannot be read
+      local f = io.open("/proc/meminfo", "r")
+      if f then
+         local kb = tonumber((f:read("*a") or ""):match("MemTotal:%s*(%d+)"))
+         f:close()
+         if kb then mem_total = kb * 1024 end
+      end
+   end
+   return mem_total
+end
+
+local function plan_budget(fname, xc, insz, outsz)
+   local numel, positions = tonumber(xc.sizes[0]) * tonumber(xc.sizes[1]), 0
+   for i = 1, #outsz do
+      numel = numel * outsz[i]
+      if outsz[i] ~= insz[i] then positions = positions + outsz[i] + insz[i] end
+   end
+   if numel >= 2 ^ 62 then
+      err(fname, ("output size %s is too large (%.3g elements)"):format(
+          table.concat(outsz, " x "), numel))
+   end
+   local need = positions * PLAN_BYTES
+   if need > physical_memory() / 2 then
+      err(fname, ("output size %s is too large: resampling plans for it would take about " ..
+          "%.3g GB, more than half of this machine's %.3g GB"):format(
+          table.concat(outsz, " x "), need / 2 ^ 30, physical_memory() / 2 ^ 30))
+   end
+end
+
 -- is v the options table (string keys) rather than a size list ({9, 9}, lm.Size) or a number?
 local function is_opts(v)
    return type(v) == "table" and getmetatable(v) == nil and v[1] == nil
@@ -416,6 +454,7 @@ function F.interpolate(x, opts, ...)
          err(fname, ("input of size %s has an empty spatial dim"):format(H.sizes_str(xc)))
       end
    end
+   plan_budget(fname, xc, insz, outsz)
    local dtype = tostring(R.dtype(x))
    local cdt = (dtype == "float64") and "float64" or "float32"
    local r = cdt == "float64" and f64 or f32
