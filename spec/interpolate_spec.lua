@@ -220,6 +220,71 @@ describe("nn.Upsample", function()
    end)
 end)
 
+-- A dim that keeps its size under a scale_factor other than 1 (3 * 1.25 floors to 3): PyTorch
+-- 2.x's kernels leave it as it is for nearest in 2-D, linear, bilinear, trilinear and the
+-- antialiased modes, and resample it with the scale for nearest in 1-D and 3-D, nearest-exact and
+-- bicubic. Values read off PyTorch 2.15 (torch.arange inputs, float64). Its CPU backward is the
+-- identity there for nearest 1-D / 3-D and the antialiased modes, so PyTorch's own gradcheck
+-- fails on these calls; lumen's gradient is its forward's (gradcheck below).
+describe("F.interpolate: dims that keep their size under a scale_factor", function()
+   local function ar(sizes)
+      local x = lm.arange(0, H.prod(sizes)):double():view(sizes)
+      return DEV and x:to(DEV) or x
+   end
+   local function vals(y) return y:cpu():contiguous():view(-1):totable() end
+   local function same(got, exp, what)
+      assert.are.equal(#exp, #got, what)
+      for i = 1, #exp do
+         assert.is_true(math.abs(got[i] - exp[i]) < 1e-9, ("%s [%d]: %.12g, PyTorch %.12g")
+                        :format(what, i, got[i], exp[i]))
+      end
+   end
+   it("nearest: the scale in 1-D and 3-D, the identity in 2-D", function()
+      same(vals(F.interpolate(ar({ 1, 1, 3 }), { scale_factor = 1.25 })), { 0, 0, 1 }, "1-D")
+      same(vals(F.interpolate(ar({ 1, 1, 3, 3 }), { scale_factor = 1.25 })), H.iota(9, 0), "2-D")
+      same(vals(F.interpolate(ar({ 1, 1, 3, 3, 3 }), { scale_factor = 1.25 })),
+           { 0, 0, 1, 0, 0, 1, 3, 3, 4, 0, 0, 1, 0, 0, 1, 3, 3, 4, 9, 9, 10, 9, 9, 10, 12, 12,
+             13 }, "3-D")
+   end)
+   it("nearest-exact and bicubic: the scale; linear modes: the identity", function()
+      same(vals(F.interpolate(ar({ 1, 1, 9 }), { scale_factor = 1.1, mode = "nearest-exact" })),
+           { 0, 1, 2, 3, 4, 5, 5, 6, 7 }, "nearest-exact")
+      same(vals(F.interpolate(ar({ 1, 1, 3, 3 }), { scale_factor = 1.25, mode = "bicubic" })),
+           { -0.243, 0.4285, 1.4115, 1.7715, 2.443, 3.426, 4.7205, 5.392, 6.375 }, "bicubic")
+      same(vals(F.interpolate(ar({ 1, 1, 3 }), { scale_factor = 1.25, mode = "linear" })),
+           { 0, 1, 2 }, "linear")
+      same(vals(F.interpolate(ar({ 1, 1, 3, 3 }), { scale_factor = 1.25, mode = "bilinear" })),
+           H.iota(9, 0), "bilinear")
+      same(vals(F.interpolate(ar({ 1, 1, 3, 3, 3 }), { scale_factor = 1.25,
+                                                        mode = "trilinear" })),
+           H.iota(27, 0), "trilinear")
+   end)
+   it("gradients are the forward's (gradcheck, where PyTorch's fails)", function()
+      local cases = {
+         { { 1, 2, 3 }, { scale_factor = 1.25 } },
+         { { 1, 1, 3, 2, 3 }, { scale_factor = 1.25 } },
+         { { 1, 1, 3, 5 }, { scale_factor = 1.25, mode = "bicubic", antialias = true } },
+         { { 1, 1, 3, 3 }, { size = { 5, 1 }, mode = "bilinear", antialias = true } },
+      }
+      for i, c in ipairs(cases) do
+         local x = G.input(c[1], nil, 40 + i)
+         if DEV then x = x:detach():to(DEV):requires_grad_(true) end
+         assert.is_true(G.check(function(a) return F.interpolate(a, c[2]) end, { x }), "case " .. i)
+      end
+   end)
+   -- PyTorch 2.15's antialiased kernels give every output row the first one's value where the
+   -- output is one column wide (3 x 1 -> 5 x 1 bilinear: 0, 0, 0, 0, 0 for the column 0, 1, 2);
+   -- lumen resamples that column as any other
+   it("antialiased resizing to one column resamples the rows", function()
+      same(vals(F.interpolate(ar({ 1, 1, 3, 1 }), { size = { 5, 1 }, mode = "bilinear",
+                                                     antialias = true })),
+           vals(F.interpolate(ar({ 1, 1, 3, 1 }):expand({ 1, 1, 3, 2 }):contiguous(),
+                              { size = { 5, 2 }, mode = "bilinear", antialias = true })
+                :narrow(4, 1, 1)),
+           "the one column as the first of two")
+   end)
+end)
+
 describe("F.interpolate bad input", function()
    local x = lm.zeros({ 1, 2, 3, 4 })
    local cases = {

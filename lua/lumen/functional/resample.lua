@@ -65,10 +65,19 @@ local function area_scale(align, insz, outsz, scale, r)
 end
 
 -- rows[o] = { i1, w1, i2, w2, ... }: output o's taps in PyTorch's order (0-based i; a tap may
--- repeat an index, as PyTorch's clamped bicubic taps and the last linear pair do)
-local function dim_rows(mode, insz, outsz, align, scale, r)
+-- repeat an index, as PyTorch's clamped bicubic taps and the last linear pair do).
+-- k: the spatial rank. A dim whose size does not change is the identity, whatever the scale
+-- factor, where PyTorch 2.x's kernels short-cut it: nearest in 2-D (its nearest_idx: also o / 2
+-- at twice the size) and linear, bilinear, trilinear; nearest in 1-D and 3-D, nearest-exact and
+-- bicubic take the user's scale there too (F.interpolate of 1 x 1 x 3 by scale_factor 1.25:
+-- nearest 0, 0, 1, linear 0, 1, 2)
+local function dim_rows(mode, insz, outsz, align, scale, r, k)
    local rows = {}
    local ident = insz == outsz
+   if ident and (mode == "linear" or mode == "bilinear" or mode == "trilinear") then
+      for o = 0, outsz - 1 do rows[o] = { o, 1 } end
+      return rows, true
+   end
    local function add(o, i, w)
       local row = rows[o]
       row[#row + 1] = i
@@ -81,8 +90,8 @@ local function dim_rows(mode, insz, outsz, align, scale, r)
          rows[o] = {}
          local i
          if mode == "nearest" then
-            if outsz == insz then i = o
-            elseif outsz == 2 * insz then i = floor(o / 2)
+            if k == 2 and outsz == insz then i = o
+            elseif k == 2 and outsz == 2 * insz then i = floor(o / 2)
             else i = min(floor(f32(o * s)), insz - 1) end
          else
             i = min(floor(f32((o + 0.5) * s)), insz - 1)
@@ -462,10 +471,10 @@ function F.interpolate(x, opts, ...)
    local plans, fwd = {}, {}
    local dkey = tostring(device)
    for i = 1, k do
-      local key = table.concat({ mode, tostring(aa), insz[i], outsz[i], tostring(align),
+      local key = table.concat({ mode, k, tostring(aa), insz[i], outsz[i], tostring(align),
                                  scales[i] and ("%.17g"):format(scales[i]) or "-", cdt, dkey }, "|")
       plans[i] = plan(key, function()
-         return (aa and aa_rows or dim_rows)(mode, insz[i], outsz[i], align, scales[i], r)
+         return (aa and aa_rows or dim_rows)(mode, insz[i], outsz[i], align, scales[i], r, k)
       end)
       fwd[i] = (not plans[i].ident) and taps(plans[i], insz[i], outsz[i], false, cdt, device)
    end
