@@ -108,6 +108,21 @@ describe("lm.arange", function()
    end)
 end)
 
+-- values read off PyTorch 2.15's torch.linspace (float32: it computes in float32, lumen in
+-- float64 and rounds once, so an inner value may differ from it in the last bit)
+describe("lm.linspace", function()
+   it("as torch.linspace: both ends exact, one step is start, none is empty", function()
+      H.assert_close(lm.linspace(0, 1, 7), { 0, 0.1666666716337204, 0.3333333432674408, 0.5,
+                                              0.6666666269302368, 0.8333333134651184, 1 }, 1e-7)
+      H.assert_close(lm.linspace(-3, 5, 2), { -3, 5 }, 0)
+      H.assert_close(lm.linspace(1, 0, 4), { 1, 0.6666666269302368, 0.3333333432674408, 0 },
+                     1e-7)
+      H.assert_close(lm.linspace(-1, 1, 1), { -1 }, 0)
+      H.assert_close(lm.linspace(0.5, 2, 1, { dtype = lm.float64 }), { 0.5 }, 0)
+      assert.equal(0, lm.linspace(0, 1, 0):numel())
+   end)
+end)
+
 describe("lm.tensor", function()
    it("builds from nested tables in logical order", function()
       local t = lm.tensor({ { 1, 2, 3 }, { 4, 5, 6 } }, { dtype = lm.float32 })

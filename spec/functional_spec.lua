@@ -482,6 +482,47 @@ describe("linear, softmax, losses", function()
       G.check(function(u) return F.cross_entropy(u, t) end, { x })
    end)
 
+   -- PyTorch 2.15's values (float64) for x = sin(0..23) viewed 2 x 3 x 2 x 2, class targets t
+   -- (0-based 0 1 2 1 0 2 2 1) and probability targets softmax(2 cos x, dim 2)
+   it("cross_entropy: label_smoothing and probability targets as PyTorch", function()
+      for _, fmt in ipairs(FORMATS) do
+         local x = lm.arange(0, 24):double():sin():view({ 2, 3, 2, 2 }):contiguous(fmt)
+         local t = lm.tensor({ 1, 2, 3, 2, 1, 3, 3, 2 }, { dtype = lm.int64 }):view({ 2, 2, 2 })
+         local w = lm.tensor({ 0.5, 2, 1 }, { dtype = lm.float64 })
+         close(F.cross_entropy(x, t, { label_smoothing = 0.1 }), { 1.40405183087495 }, 1e-12)
+         close(F.cross_entropy(x, t, { label_smoothing = 0.3, weight = w, ignore_index = 2 }),
+               { 1.65964387363297 }, 1e-12)
+         close(F.cross_entropy(x, t, { label_smoothing = 0.3, weight = w, ignore_index = 2,
+                                       reduction = "sum" }), { 6.63857549453189 }, 1e-12)
+         close(F.cross_entropy(x, t, { label_smoothing = 0.3, ignore_index = 2,
+                                       reduction = "none" }),
+               { 1.40194024229126, 0, 1.71227308090928, 0, 1.708634951486984, 0.823022678195336,
+                 1.407661930259309, 0 }, 1e-12)
+         local p = F.softmax(x:cos() * 2, 2)
+         close(F.cross_entropy(x, p), { 1.32527424927155 }, 1e-12)
+         close(F.cross_entropy(x, p, { label_smoothing = 0.2, weight = w }), { 1.71583201199787 },
+               1e-12)
+         close(F.cross_entropy(x, p, { reduction = "none" }),
+               { 1.443730987191133, 1.230464519247964, 1.45503174727019, 1.153130027137369,
+                 1.459204999753721, 1.226869512942198, 1.447714820077395, 1.186047380552444 },
+               1e-12)
+         local xg = G.input({ 2, 3, 2, 2 }, fmt, 23)
+         G.check(function(u) return F.cross_entropy(u, t, { label_smoothing = 0.2, weight = w,
+                                                            ignore_index = 2 }) end, { xg })
+         G.check(function(u) return F.cross_entropy(u, p, { label_smoothing = 0.1 }) end, { xg })
+      end
+      local m = lm.nn.CrossEntropyLoss({ label_smoothing = 0.1 })
+      close(m(lm.arange(0, 24):double():sin():view({ 2, 3, 2, 2 }),
+              lm.tensor({ 1, 2, 3, 2, 1, 3, 3, 2 }, { dtype = lm.int64 }):view({ 2, 2, 2 })),
+            { 1.40405183087495 }, 1e-12)
+      local x = lm.randn({ 3, 4 })
+      H.assert_error_like("cross_entropy", "label_smoothing", F.cross_entropy, x,
+                          lm.tensor({ 1, 2, 3 }, { dtype = lm.int64 }), { label_smoothing = 1.5 })
+      H.assert_error_like("cross_entropy", "ignore_index is not supported", F.cross_entropy, x,
+                          F.softmax(x, 2), { ignore_index = 1 })
+      H.assert_error_like("cross_entropy", "size", F.cross_entropy, x, lm.rand({ 3, 3 }))
+   end)
+
    it("rejects bad input", function()
       H.assert_error_like("linear", "features", F.linear, lm.randn({ 2, 3 }), lm.randn({ 4, 5 }))
       H.assert_error_like("linear", "2-d", F.linear, lm.randn({ 2, 3 }), lm.randn({ 3 }))

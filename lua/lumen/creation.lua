@@ -234,7 +234,9 @@ function M.linspace(start, stop, steps, opts)
    sizebuf[0] = steps
    local t = empty_from("linspace", 1, opts)
    local step = steps > 1 and (stop - start) / (steps - 1) or 0
-   local half = floor(steps / 2)
+   -- PyTorch's halves: the first from start, the second back from stop (so both ends are
+   -- exact); one step is start (torch.linspace(-1, 1, 1) is -1), which the halves would make stop
+   local half = steps == 1 and 1 or floor(steps / 2)
    fill_gen(t, steps, function(i)
       if i < half then return start + step * i end
       return stop - step * (steps - 1 - i)

@@ -987,7 +987,14 @@ E("lm.F.nll_loss", "lm.F.nll_loss(log_probs, target, opts) -> Tensor", "Negative
    .. "do not match" })
 E("lm.F.cross_entropy", "lm.F.cross_entropy(logits, target, opts) -> Tensor", "nll_loss("
    .. "log_softmax(logits, class dim), target, opts): the classification loss (mean by "
-   .. "default).", { opts = "as nll_loss" })
+   .. "default). target: 1-based int64 class indices, or a floating tensor of the logits' "
+   .. "sizes holding class probabilities (soft labels: -sum of weight * target * log_softmax "
+   .. "over the classes, the mean over the samples). label_smoothing = e (PyTorch's): class "
+   .. "targets give (1 - e) * nll + e / C * the mean of -sum(weight * log_softmax) over the "
+   .. "kept targets; probability targets become target * (1 - e) + e / C.",
+   { opts = "as nll_loss, and label_smoothing = 0 (between 0 and 1)", err = "label_smoothing "
+   .. "outside [0, 1], ignore_index with probability targets, a floating target of other "
+   .. "sizes, a weight that is not one value a class, an unknown option" })
 E("lm.F.mse_loss", "lm.F.mse_loss(a, b, opts) -> Tensor", "Mean squared error.",
    { opts = "{reduction = \"mean\" | \"sum\" | \"none\"}", err = "sizes that do not broadcast" })
 

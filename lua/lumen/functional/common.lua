@@ -92,6 +92,8 @@ local function is_float(c)
    return d == C.LM_FLOAT32 or d == C.LM_FLOAT64 or d == C.LM_FLOAT16 or d == C.LM_BFLOAT16
 end
 
+H.is_float = is_float
+
 local function dtype_name(c) return tostring(dtypes.from_id(c.dtype)) end
 H.dtype_name = dtype_name
 

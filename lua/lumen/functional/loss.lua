@@ -32,8 +32,9 @@ local p2 = ffi.new("lm_tensor*[1]")
 
 local option_set = H.option_set
 local NLL_OPTS = option_set("weight", "ignore_index", "reduction")
+local CE_OPTS = option_set("weight", "ignore_index", "reduction", "label_smoothing")
 local MSE_OPTS = option_set("reduction")
-F._OPTIONS.nll_loss, F._OPTIONS.cross_entropy, F._OPTIONS.mse_loss = NLL_OPTS, NLL_OPTS, MSE_OPTS
+F._OPTIONS.nll_loss, F._OPTIONS.cross_entropy, F._OPTIONS.mse_loss = NLL_OPTS, CE_OPTS, MSE_OPTS
 
 local reductions = { none = 0, mean = 1, sum = 2 }
 
@@ -93,15 +94,100 @@ function F.nll_loss(input, target, opts)
    return out
 end
 
--- cross_entropy(logits, target, opts) = nll_loss(log_softmax(logits, class dim), target, opts)
+-- cross_entropy(logits, target, {weight=, ignore_index=-100, reduction="mean",
+-- label_smoothing=0}): with class targets (1-based int64), nll_loss(log_softmax(logits, class
+-- dim), target, opts); with a floating target of the input's sizes, the class probabilities
+-- (soft labels: -sum over classes of weight * target * log_softmax, mean over the samples).
+-- label_smoothing = e mixes in the uniform distribution as PyTorch does: class targets give
+-- (1 - e) * nll + e / C * (-sum over classes of weight * log_softmax) (ignored targets left out,
+-- the mean over the weights of the targets kept), probability targets are replaced by
+-- target * (1 - e) + e / C. Composed from log_softmax, nll_loss and the elementwise ops, so
+-- every device, dtype and layout they take, and the backward, come from them.
+local function class_weights_view(w, nd, cdim)
+   local s = {}
+   for i = 1, nd do s[i] = 1 end
+   s[cdim] = raw.size(w, 1)
+   return Tensor.view(w, s)
+end
+
 function F.cross_entropy(input, target, opts)
+   local fname = "cross_entropy"
    if ac_on then input = ac_f32(input) end
-   check_opts("cross_entropy", opts, NLL_OPTS)
-   local ic = tensor_arg("cross_entropy", input, "input")
-   tensor_arg("cross_entropy", target, "target")
-   if ic.ndim < 1 then err("cross_entropy", "input must have at least 1 dim") end
+   opts = check_opts(fname, opts, CE_OPTS)
+   local ic = tensor_arg(fname, input, "input")
+   local tc = tensor_arg(fname, target, "target")
+   if ic.ndim < 1 then err(fname, "input must have at least 1 dim") end
+   local eps = opts.label_smoothing
+   if eps == nil then eps = 0 end
+   if type(eps) ~= "number" or not (eps >= 0 and eps <= 1) then
+      err(fname, "label_smoothing must be between 0.0 and 1.0, got " .. tostring(eps))
+   end
    local d = ic.ndim == 1 and 1 or 2
-   return F.nll_loss(F.log_softmax(input, d), target, opts)
+   local ncls = tonumber(ic.sizes[d - 1])
+   local red = opts.reduction or "mean"
+   if reductions[red] == nil then
+      err(fname, tostring(red) .. " is not a valid value for reduction (none, mean or sum)")
+   end
+   local wt = opts.weight
+   if wt ~= nil then
+      local wc = tensor_arg(fname, wt, "weight")
+      if wc.ndim ~= 1 or tonumber(wc.sizes[0]) ~= ncls then
+         err(fname, ("weight should be a 1-D tensor of %d elements (the classes), got size %s")
+             :format(ncls, H.sizes_str(wc)))
+      end
+   end
+   local logp = F.log_softmax(input, d)
+   local nll_opts = opts
+   if opts.label_smoothing ~= nil then nll_opts = opts_with(opts, "label_smoothing", nil) end
+   if tc.dtype ~= C.LM_INT64 and H.is_float(tc) then
+      -- class probabilities
+      if opts.ignore_index ~= nil then
+         err(fname, "ignore_index is not supported for floating point target")
+      end
+      if tc.ndim ~= ic.ndim or not A.same_sizes(tc, ic) then
+         err(fname, ("expected a floating target of the input's size %s (class probabilities), " ..
+             "got size %s"):format(H.sizes_str(ic), H.sizes_str(tc)))
+      end
+      local tgt = target
+      if eps > 0 then tgt = Tensor.add(Tensor.mul(target, 1 - eps), eps / ncls) end
+      local prod = Tensor.mul(logp, tgt)
+      if wt ~= nil then prod = Tensor.mul(prod, class_weights_view(wt, ic.ndim, d)) end
+      if red == "none" then return Tensor.neg(Tensor.sum(prod, d)) end
+      local total = Tensor.neg(Tensor.sum(prod))
+      if red == "sum" then return total end
+      local n = tonumber(ic.numel) / math.max(ncls, 1)
+      if n == 0 then return Tensor.div(total, 0) end      -- NaN, as PyTorch's empty mean
+      return Tensor.div(total, n)
+   end
+   local nll = F.nll_loss(logp, target, nll_opts)
+   if eps == 0 then return nll end
+   -- -sum over classes of weight * log p, per sample; 0 where the target is ignored
+   local lw = logp
+   if wt ~= nil then lw = Tensor.mul(logp, class_weights_view(wt, ic.ndim, d)) end
+   local smooth = Tensor.neg(Tensor.sum(lw, d))
+   local ignore = opts.ignore_index
+   if ignore == nil then ignore = -100 end
+   local keep = Tensor.ne(target, ignore)
+   smooth = Tensor.mul(smooth, Tensor.to(keep, Tensor.dtype(smooth)))
+   local sl
+   if red == "none" then sl = smooth
+   elseif red == "sum" then sl = Tensor.sum(smooth)
+   else
+      -- the mean over the weights of the kept targets (nll_loss's divisor): nll_loss of a
+      -- constant -1 input sums weight[target] over them
+      local denom
+      if wt ~= nil then
+         denom = A.no_grad(function()
+            local ones = require("lumen.creation").ones_like(logp)
+            return F.nll_loss(Tensor.neg(ones), target,
+                              { weight = wt, ignore_index = ignore, reduction = "sum" })
+         end)
+      else
+         denom = Tensor.sum(keep)
+      end
+      sl = Tensor.div(Tensor.sum(smooth), Tensor.to(denom, Tensor.dtype(smooth)))
+   end
+   return Tensor.add(Tensor.mul(nll, 1 - eps), Tensor.mul(sl, eps / ncls))
 end
 
 -- mse_loss(a, b, {reduction="mean"})

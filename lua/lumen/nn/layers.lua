@@ -52,6 +52,7 @@ local AVG_POOL_OPTS = option_set(unpack(AVG_POOL_NAMES))
 local RELU_OPTS = option_set("inplace")
 local DROPOUT_OPTS = option_set("p")
 local LOSS_OPTS = option_set("weight", "ignore_index", "reduction")
+local CE_LOSS_OPTS = option_set("weight", "ignore_index", "reduction", "label_smoothing")
 local MSE_OPTS = option_set("reduction")
 
 local function int_arg(fname, v, what, min)
@@ -1121,7 +1122,7 @@ function Identity:forward(x) return x end
 local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
 M.CrossEntropyLoss = CrossEntropyLoss
 function CrossEntropyLoss:__init(opts)
-   self.opts = opts_arg("CrossEntropyLoss", opts, LOSS_OPTS)
+   self.opts = opts_arg("CrossEntropyLoss", opts, CE_LOSS_OPTS)
 end
 function CrossEntropyLoss:forward(x, target) return F.cross_entropy(x, target, self.opts) end
 
