@@ -1,13 +1,16 @@
--- A differential check of the issue-40 operators against PyTorch 2.x: 800 random valid calls
+-- A differential check of lumen's operators against PyTorch 2.x: 1,200 random valid calls
 -- (spec/fixtures/nn/peer_ops.lua, made by gen_peer_ops.py beside it; see there for the inputs,
 -- the loss and what is recorded) of interpolate, pad, pixel_shuffle / pixel_unshuffle /
 -- channel_shuffle, group_norm, layer_norm, instance_norm (with running statistics),
--- conv_transpose1d/2d/3d and the activations, in both memory formats. Each call's output size,
+-- conv_transpose1d/2d/3d, the activations, conv1d/2d/3d, the max / avg / adaptive pools,
+-- cross_entropy (class and probability targets, label smoothing), nll_loss, softmax /
+-- log_softmax, batch_norm and mse_loss, in both memory formats. Each call's output size,
 -- output and input and parameter gradients (two sums each: plain and position-weighted, so a
 -- permutation shows) and running statistics must equal PyTorch's float64 ones: in float64 to
 -- 1e-9, in float32 to 2e-5 of the sums of magnitudes. Under LUMEN_TEST_DEVICE (sim:0, the
--- emulated cuda:0) the same calls run there. Such a sweep found the conv_transpose
--- output_padding >= stride error and interpolate's same-size dims (session 31).
+-- emulated cuda:0) the same calls run there. Such sweeps found the conv_transpose
+-- output_padding >= stride error, interpolate's same-size dims, conv's padding="same" with an
+-- even kernel, cross_entropy's missing label_smoothing and linspace's one step (session 31).
 
 local H = require("spec.helpers")
 local lm = H.lm
@@ -88,12 +91,66 @@ local function run(c, dt, tol)
          params[2] = b
       end
       y = F["conv_transpose" .. c.k .. "d"](x, w, b, c.opts)
+   elseif op == "conv" then
+      local w = leaf(wts(dt, c.w))
+      params = { w }
+      local b
+      if c.bias then
+         b = leaf(wts(dt, { c.w[1] }))
+         params[2] = b
+      end
+      y = F["conv" .. c.k .. "d"](x, w, b, c.opts)
+   elseif op == "maxpool" then y = F["max_pool" .. c.k .. "d"](x, c.opts)
+   elseif op == "avgpool" then y = F["avg_pool" .. c.k .. "d"](x, c.opts)
+   elseif op == "adaptive" then
+      y = F["adaptive_" .. c.kind .. "_pool" .. c.k .. "d"](x, c.k > 1 and c.out_size or
+                                                             c.out_size[1])
+   elseif op == "ce" or op == "nll" then
+      local t
+      if c.prob then
+         t = F.softmax(wts(dt, c.sizes) * 2, 2)
+      else
+         local tt = {}                                -- PyTorch's (7 i + 3) % C, 1-based
+         for q = 0, prod(c.tsize) - 1 do tt[q + 1] = (q * 7 + 3) % c.C + 1 end
+         t = lm.tensor(tt, { dtype = lm.int64 }):view(c.tsize)
+         if DEV then t = t:to(DEV) end
+      end
+      local o = {}
+      for k, v in pairs(c.opts) do o[k] = v end
+      if o.ignore_index then o.ignore_index = o.ignore_index + 1 end
+      if c.weight then o.weight = wts(dt, { c.C }):abs() + 0.1 end
+      if op == "ce" then y = F.cross_entropy(x, t, o)
+      else y = F.nll_loss(F.log_softmax(x, 2), t, o) end
+   elseif op == "softmax" then y = (c.log and F.log_softmax or F.softmax)(x, c.dim + 1)
+   elseif op == "bn" then
+      local Cn = c.sizes[2]
+      local w, b
+      if c.affine then
+         w, b = leaf(wts(dt, { Cn })), leaf(wts(dt, { Cn }, 0.5))
+         params = { w, b }
+      end
+      -- the statistics in the parameters' dtype (float32 under a half input)
+      local sdt = (dt == lm.float64) and dt or lm.float32
+      local rm = lm.linspace(-1, 1, Cn, { dtype = sdt })
+      local rv = lm.linspace(0.5, 2, Cn, { dtype = sdt })
+      if DEV then rm, rv = rm:to(DEV), rv:to(DEV) end
+      y = F.batch_norm(x, rm, rv, w, b, { training = c.training, momentum = c.momentum,
+                                          eps = c.eps })
+      local ar = lm.arange(0, Cn):double():cpu()
+      local grm = rm:cpu():double():sum():item() + (rm:cpu():double() * ar):sum():item()
+      local grv = rv:cpu():double():sum():item() + (rv:cpu():double() * ar):sum():item()
+      if math.abs(grm - c.rm) > tol * 10 * (1 + math.abs(c.rm))
+         or math.abs(grv - c.rv) > tol * 10 * (1 + math.abs(c.rv)) then
+         return ("running statistics %.10g, %.10g; PyTorch %.10g, %.10g"):format(grm, grv, c.rm,
+                 c.rv)
+      end
+   elseif op == "mse" then y = F.mse_loss(x, wts(dt, c.sizes), { reduction = c.reduction })
    elseif c.act == "gelu_tanh" then y = F.gelu(x, "tanh")
    else y = F[c.act](x) end
    if not H.list_equal(c.out, y:size()) then
       return ("size %s, PyTorch %s"):format(H.fmt_list(y:size()), H.fmt_list(c.out))
    end
-   local m = (lm.arange(0, y:numel()):double() * 0.71 + 0.3):cos():view(c.out):to(dt)
+   local m = (lm.arange(0, y:numel()):double() * 0.71 + 0.3):cos():view(c.out):to(y:dtype())
    if DEV then m = m:to(DEV) end
    (y * m):sum():backward()
    local function diff(what, got, exp)
@@ -104,8 +161,19 @@ local function run(c, dt, tol)
          end
       end
    end
-   local d = diff("output", sums(y:detach()), c.y) or diff("input gradient", sums(x.grad), c.gx)
+   local d = diff("output", sums(y:detach()), c.y)
    if d then return d end
+   -- a normalization over one or two values has an input gradient that is zero but for
+   -- cancellation (every term of it about |g| / sqrt(eps)): in float32 that noise is PyTorch's
+   -- as well (a layer_norm over one value: 7e-5 against a true 0), so it is not compared
+   local per
+   if op == "layer_norm" then per = prod(c.ns)
+   elseif op == "group_norm" then per = prod(c.sizes) / c.sizes[1] / c.g
+   elseif op == "bn" and c.training then per = prod(c.sizes) / c.sizes[2] end
+   if not (dt ~= lm.float64 and per and per <= 2) then
+      d = diff("input gradient", sums(x.grad), c.gx)
+      if d then return d end
+   end
    for q, p in ipairs(params) do
       d = diff("parameter " .. q .. " gradient", sums(p.grad), c.gp[q])
       if d then return d end
@@ -115,7 +183,9 @@ end
 local function describe_case(c)
    local parts = {}
    for _, k in ipairs({ "sizes", "cl", "opts", "pads", "mode", "value", "r", "g", "ns", "affine",
-                        "eps", "stats", "momentum", "k", "w", "bias", "act" }) do
+                        "eps", "stats", "momentum", "k", "w", "bias", "act", "out_size", "kind",
+                        "tsize", "C", "weight", "prob", "dim", "log", "training",
+                        "reduction" }) do
       local v = c[k]
       if v ~= nil then
          if type(v) == "table" then
@@ -143,7 +213,7 @@ for i, c in ipairs(CASES) do
 end
 
 for _, dtc in ipairs({ { "float64", 1e-9 }, { "float32", 2e-5 } }) do
-   describe("the issue-40 operators against PyTorch 2.x, " .. dtc[1], function()
+   describe("operators against PyTorch 2.x at random, " .. dtc[1], function()
       for _, op in ipairs(ops) do
          it(op .. " (" .. #by_op[op] .. " calls)", function()
             local bad = {}

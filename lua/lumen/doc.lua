@@ -822,7 +822,8 @@ E("lm.F", "lm.F", "The functional operators (lua/lumen/functional.lua, one file 
    .. "in lua/lumen/functional/); also lm.nn.functional and lm.functional.")
 E("lm.F.conv2d", "lm.F.conv2d(x, w, b, opts) -> Tensor", "2-D convolution (cross-correlation) "
    .. "of x (N,C,H,W) with w (out, C/groups, kH, kW) plus bias b (out) or nil.",
-   { opts = "{stride = 1, padding = 0 (a number, {h, w}, \"valid\" or \"same\"), dilation = 1, "
+   { opts = "{stride = 1, padding = 0 (a number, {h, w}, \"valid\" or \"same\": an odd total "
+   .. "padding, an even kernel extent, puts the extra zero on the right as PyTorch), dilation = 1, "
    .. "groups = 1, residual = nil, relu = false, act = nil}: residual (a tensor of the output's "
    .. "shape) and the activation act (\"relu\", \"relu6\", \"silu\", \"hardswish\", "
    .. "\"hardsigmoid\", \"sigmoid\", \"gelu\", \"gelu_tanh\" or \"none\"; relu = true is "

@@ -262,12 +262,23 @@ local function conv_nd(nd, x, w, b, opts)
             err(fname, "padding='same' is not supported for strided convolutions")
          end
       end
+      -- an odd total (an even kernel extent) puts the extra zero on the right, as PyTorch:
+      -- the input padded by one there (F.pad, differentiable, format kept), then the
+      -- symmetric half on both sides
+      local extra, odd = {}, false
       for i = 1, nd do
          local t = dilation[i] * (k[i] - 1)
-         if t % 2 ~= 0 then
-            err(fname, "padding='same' needs an even total padding (odd kernel extent)")
+         padding[i] = math.floor(t / 2)
+         extra[i] = t % 2
+         if extra[i] ~= 0 then odd = true end
+      end
+      if odd then
+         local pads = {}
+         for i = nd, 1, -1 do
+            pads[#pads + 1] = 0
+            pads[#pads + 1] = extra[i]
          end
-         padding[i] = t / 2
+         return conv_nd(nd, F.pad(x, pads), w, b, opts_with(opts, "padding", padding))
       end
    else
       padding = ntuple(nd, fname, opts.padding, "padding", 0, 0)
