@@ -96,6 +96,23 @@ describe("elementwise values against PyTorch", function()
       H.assert_values(lm.tensor({ 0, 5 }):clamp(3, 1), { 1, 1 })
    end)
 
+   it("clamp with a NaN bound gives NaN everywhere, and no gradient (PyTorch)", function()
+      for _, args in ipairs({ { -1, 0 / 0 }, { 0 / 0, 1 }, { nil, 0 / 0 }, { 0 / 0 } }) do
+         local x = lm.tensor({ -2, 0, 0.5, 3 }, { dtype = lm.float32 }):requires_grad_(true)
+         local y = x:clamp(args[1], args[2])
+         for _, v in ipairs(H.values(y)) do assert.is_true(v ~= v) end
+         y:sum():backward()
+         H.assert_values(x.grad, { 0, 0, 0, 0 })
+         local z = lm.tensor({ -2, 0, 0.5, 3 }, { dtype = lm.float64 })
+         z:clamp_(args[1], args[2])
+         for _, v in ipairs(H.values(z)) do assert.is_true(v ~= v) end
+      end
+      -- an integer tensor with a NaN bound: the promoted (floating) result is NaN
+      local i = lm.tensor({ 1, 2 }, { dtype = lm.int64 }):clamp(0, 0 / 0)
+      assert.is_true(i:is_floating_point())
+      for _, v in ipairs(H.values(i)) do assert.is_true(v ~= v) end
+   end)
+
    it("clamp with one bound and on integers", function()
       local i = lm.tensor({ -3, 3 }, { dtype = lm.int64 })
       local c = i:clamp(-1, 2)

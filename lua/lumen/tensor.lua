@@ -1168,12 +1168,22 @@ local function clamp_args(fname, lo, hi)
    end
 end
 
+-- a NaN bound makes every value NaN (PyTorch's clamp fills the result with NaN; its one-sided
+-- kernels keep a only where a < max, a > min holds, never against NaN)
+local function nan_bound(c, lo, hi)     -- c: the result
+   return ((lo ~= nil and lo ~= lo) or (hi ~= nil and hi ~= hi))
+      and (c.dtype == C.LM_FLOAT32 or c.dtype == C.LM_FLOAT64 or c.dtype == C.LM_FLOAT16
+           or c.dtype == C.LM_BFLOAT16)
+end
+
 function Tensor.clamp(self, lo, hi)
    local c = tc(self, "clamp")
    clamp_args("clamp", lo, hi)
    outp[0] = nil
    check(C.lm_clamp(c, lo or 0, hi or 0, lo and 1 or 0, hi and 1 or 0, outp), "clamp")
-   return wrap(outp[0])
+   local out = wrap(outp[0])
+   if nan_bound(outp[0], lo, hi) then Tensor.fill_(out, 0 / 0) end
+   return out
 end
 Tensor.clip = Tensor.clamp
 
@@ -1183,6 +1193,7 @@ function Tensor.clamp_(self, lo, hi)
    barrier(c)
    outp[0] = c
    check(C.lm_clamp(c, lo or 0, hi or 0, lo and 1 or 0, hi and 1 or 0, outp), "clamp_")
+   if nan_bound(c, lo, hi) then Tensor.fill_(self, 0 / 0) end
    return self
 end
 
