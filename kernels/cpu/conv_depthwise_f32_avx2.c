@@ -1,6 +1,7 @@
 /* conv_depthwise_f32_avx2.c -- float32 NHWC depthwise convolutions (groups == C == O) on AVX2 +
  * FMA ("depthwise_avx2"): forward (any stride, padding, dilation; bias, residual, activation),
- * grad_input at stride 1 (the flipped kernel over grad_out) and the weight and bias gradients,
+ * grad_input (stride 1: the flipped kernel over grad_out; strided: gathered per input pixel) and the
+ * weight and bias gradients,
  * for C a multiple of 8: 5x5 and larger kernels, and 3x3 ones at stride 1 (and their forward at
  * stride 2) (lm_conv_dw_avx2_usable says where each form measured faster than the portable loops).
  *
@@ -18,15 +19,16 @@
  * with the horizontal padding written out instead (dw2_pad). 3x3 layers with more than 48
  * channels go pixel by pixel instead, all of a pixel's channels (64 at a time) before the next
  * pixel (dw2_forward_px: the portable loops' order, on 8 lanes).
- * Weight gradient: per channel block (the work a thread takes: the sums, and their order, do not
- * depend on the thread count), per output row and kernel row, the kw taps' sums in registers
- * over the row's pixels (one grad_out load per kw FMAs), then added to the block's sums in order.
+ * Weight gradient: per run of output rows (the work a thread takes; the runs, and so the sums and
+ * their order, do not depend on the thread count), per output row, channel block and kernel row,
+ * the kw taps' sums in registers over the row's pixels (one grad_out load per kw FMAs), added to
+ * the run's sums; the runs' sums are added in order at the end.
  */
 #include "conv_internal.h"
 #include "act_avx2.h"
 #include "impl.h"
 
-enum { DW2_PB = 12, DW2_KW = 11 };
+enum { DW2_PB = 12, DW2_KW = 11, DW2_MAXT = 16 };
 
 typedef struct {
    int64_t N, inH, inW, C, outH, outW, kh, kw, sh, sw, ph, pw, dh, dw;
@@ -50,13 +52,21 @@ int lm_conv_dw_avx2_usable(const conv_geom *g, int pass) {
       threads, alternated in one process): the strided 3x3 forward, pixel by pixel (more than
       48 channels) or on dw2_trow's tiles, against the portable loops: 8 x 64 x 112 x 112
       1.0-1.5 / 1.4-2.5, 8 x 96 x 112 x 112 1.6-2.5 / 2.3-3.0, 8 x 576 x 14 x 14 0.13-0.17 /
-      0.29-0.57, 8 x 32 x 112 x 112 (tiles) 0.65-0.78 / 0.94-0.99: taken (forward only) */
+      0.29-0.57, 8 x 32 x 112 x 112 (tiles) 0.65-0.78 / 0.94-0.99: taken (forward only).
+      Session 31 (the same machine and method, min of 6 to 8 calls): the strided backward data
+      gathered (dw2_bwdd_strided) against the portable loops, 3x3: 8 x 96 x 112 x 112 4.05 /
+      3.59, 8 x 144 x 56 x 56 1.85 / 0.82, 8 x 240 x 28 x 28 0.74 / 0.42, 8 x 576 x 14 x 14
+      0.49 / 0.27; 5x5: 8 x 144 x 56 x 56 3.09 / 1.22, 8 x 672 x 14 x 14 0.89 / 0.49: taken at
+      every kernel size. The weight gradient by rows (below) at stride 2, 3x3: 8 x 96 x 112 x
+      112 2.02 against the portable 1.78, 8 x 144 x 56 x 56 0.51 / 0.58: left to the portable
+      loops. */
    if (g->kh * g->kw < 25 && (g->sh != 1 || g->sw != 1) &&
-       !(pass == 0 && g->kh == 3 && g->kw == 3 && g->dw == 1))
+       !(pass == 0 && g->kh == 3 && g->kw == 3 && g->dw == 1) && pass != 1)
       return 0;
    if (g->N * g->Ho * g->Wo <= 0 || g->H * g->W <= 0) return 0;
+   if (pass == 1 && (g->sh != 1 || g->sw != 1))
+      return g->kh <= DW2_MAXT && g->kw <= DW2_MAXT; /* gathered (dw2_bwdd_strided) */
    if (pass == 1) {
-      if (g->sh != 1 || g->sw != 1) return 0;
       if (g->dh * (g->kh - 1) - g->ph < 0 || g->dw * (g->kw - 1) - g->pw < 0) return 0;
    }
    if (pass == 2 && g->kw > DW2_KW) return 0;
@@ -409,10 +419,110 @@ lm_status lm_conv_dw_fwd_nhwc_avx2(const conv_geom *g, const float *x, const flo
    return dw2_forward(&p, x, w, 0, bias, res, act, out);
 }
 
-/* stride 1: the flipped kernel over grad_out, padding d * (k - 1) - p */
+/* Strided backward data, gathered: input pixel (n, hi, wi) takes, for every channel, the sum over
+   the taps (i, j) that read it, kernel rows then columns ascending, of grad_out(n, ho, wo) *
+   w(i, j), where hi = ho * sh - ph + i * dh (and so for the columns): the rows' (i, ho) pairs
+   once a row, the columns' (j, wo) pairs from a table made once; each pixel's channels 64 at a
+   time in registers, written once (no scatter, no zeroing pass). Before, stride 2 ran the
+   portable loops. */
+static inline __attribute__((always_inline)) void
+dw2_gather_px(const float *gin, const float *wt, int64_t C, int64_t c0, int nr,
+              const int64_t *roff, const int64_t *rtap, int nc, const int64_t *coff,
+              const int64_t *ctap, float *o, const int NV) {
+   __m256 a[8];
+#pragma GCC unroll 8
+   for (int v = 0; v < NV; v++) a[v] = _mm256_setzero_ps();
+   for (int r = 0; r < nr; r++)
+      for (int k = 0; k < nc; k++) {
+         const float *gp = gin + (roff[r] + coff[k]) * C + c0;
+         const float *wp = wt + (rtap[r] + ctap[k]) * C + c0;
+#pragma GCC unroll 8
+         for (int v = 0; v < NV; v++)
+            a[v] = _mm256_fmadd_ps(_mm256_loadu_ps(gp + 8 * v), _mm256_loadu_ps(wp + 8 * v), a[v]);
+      }
+#pragma GCC unroll 8
+   for (int v = 0; v < NV; v++) _mm256_storeu_ps(o + c0 + 8 * v, a[v]);
+}
+
+/* the (tap, output position) pairs that read input position in of a dim: in = o * s - pad +
+   t * d with 0 <= o < outn, t ascending; returns their count */
+static int dw2_taps_of(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t d, int64_t outn,
+                       int64_t *taps, int64_t *outs) {
+   int n = 0;
+   for (int64_t t = 0; t < k; t++) {
+      const int64_t u = in + pad - t * d;
+      if (u < 0 || u % s != 0 || u / s >= outn) continue;
+      taps[n] = t;
+      outs[n] = u / s;
+      n++;
+   }
+   return n;
+}
+
+static lm_status dw2_bwdd_strided(const conv_geom *g, const float *gout, const float *w,
+                                  float *gx) {
+   const int64_t C = g->C, kh = g->kh, kw = g->kw, taps = kh * kw;
+   if (kh > DW2_MAXT || kw > DW2_MAXT) return LM_ERR_INTERNAL;
+   const size_t wbytes = (size_t)(taps * C) * sizeof(float);
+   const size_t cbytes = (size_t)(g->W * (2 * kw + 1)) * sizeof(int64_t);
+   float *wt = lm_alloc(wbytes);
+   int64_t *ct = lm_alloc(cbytes);
+   if (!wt || !ct) {
+      if (wt) lm_free(wt, wbytes);
+      if (ct) lm_free(ct, cbytes);
+      return LM_ERR_OOM;
+   }
+   for (int64_t c = 0; c < C; c++)
+      for (int64_t t = 0; t < taps; t++) wt[t * C + c] = w[c * taps + t];
+   /* per input column: its pair count, then kw grad_out column offsets, then kw tap columns */
+   for (int64_t wi = 0; wi < g->W; wi++) {
+      int64_t *e = ct + wi * (2 * kw + 1);
+      e[0] = dw2_taps_of(wi, kw, g->sw, g->pw, g->dw, g->Wo, e + 1 + kw, e + 1);
+   }
+   const int64_t rows = g->N * g->H;
+   const int nthr = conv_threads((double)rows * (double)g->W * (double)C * (double)taps / 4.0);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
+   for (int64_t row = 0; row < rows; row++) {
+      const int64_t n = row / g->H, hi = row % g->H;
+      int64_t rtap[DW2_MAXT], rout[DW2_MAXT], roff[DW2_MAXT];
+      const int nr = dw2_taps_of(hi, kh, g->sh, g->ph, g->dh, g->Ho, rtap, rout);
+      for (int r = 0; r < nr; r++) {
+         roff[r] = (n * g->Ho + rout[r]) * g->Wo;
+         rtap[r] *= kw;
+      }
+      for (int64_t wi = 0; wi < g->W; wi++) {
+         const int64_t *e = ct + wi * (2 * kw + 1);
+         const int nc = nr ? (int)e[0] : 0;
+         const int64_t *coff = e + 1, *ctap = e + 1 + kw;
+         float *o = gx + (row * g->W + wi) * C;
+         if (nc == 0) {
+            memset(o, 0, (size_t)C * sizeof(float));
+            continue;
+         }
+         int64_t c0 = 0;
+         for (; c0 + 64 <= C; c0 += 64)
+            dw2_gather_px(gout, wt, C, c0, nr, roff, rtap, nc, coff, ctap, o, 8);
+         if (C - c0 >= 32) {
+            dw2_gather_px(gout, wt, C, c0, nr, roff, rtap, nc, coff, ctap, o, 4);
+            c0 += 32;
+         }
+         if (C - c0 >= 16) {
+            dw2_gather_px(gout, wt, C, c0, nr, roff, rtap, nc, coff, ctap, o, 2);
+            c0 += 16;
+         }
+         if (C - c0 >= 8) dw2_gather_px(gout, wt, C, c0, nr, roff, rtap, nc, coff, ctap, o, 1);
+      }
+   }
+   lm_free(ct, cbytes);
+   lm_free(wt, wbytes);
+   return LM_OK;
+}
+
+/* stride 1: the flipped kernel over grad_out, padding d * (k - 1) - p; strided: gathered
+   (dw2_bwdd_strided) */
 lm_status lm_conv_dw_bwdd_nhwc_avx2(const conv_geom *g, const float *gout, const float *w,
                                     float *gx) {
-   if (g->sh != 1 || g->sw != 1) return LM_ERR_INTERNAL;
+   if (g->sh != 1 || g->sw != 1) return dw2_bwdd_strided(g, gout, w, gx);
    const dw2 p = {g->N, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw, 1, 1,
                   g->dh * (g->kh - 1) - g->ph, g->dw * (g->kw - 1) - g->pw, g->dh, g->dw};
    if (dw2_use_px(&p)) return dw2_forward_px(&p, gout, w, 1, NULL, NULL, 0, gx);
@@ -451,6 +561,18 @@ static inline __attribute__((always_inline)) void dw2_wrow(const dw2 *p, const f
       _mm256_storeu_ps(s + j * 8, _mm256_add_ps(_mm256_loadu_ps(s + j * 8), a[j]));
 }
 
+/* The weight and bias gradients by output rows: a work unit is a fixed run of DW2_WROWS output
+   rows (the runs do not depend on the thread count), which sums every channel block's taps over
+   its rows into its own partial sums; the runs' sums are added in order at the end. Within a row
+   every block takes its kernel rows while the row's lines are in L1 (a 64-byte line holds two
+   blocks), where the channel-block units above streamed the whole input and grad_out once per
+   block of 8 channels, 32 bytes of each pixel's line each time. Zen 4 forced to AVX2, 2 threads,
+   the two alternated in one process, min of 8 calls, ms (per block / by rows), 3x3: 8 x 32 x 112
+   x 112 3.62 / 1.86, 8 x 144 x 56 x 56 3.93 / 2.67, 8 x 192 x 28 x 28 1.07 / 0.56, 8 x 384 x 14
+   x 14 0.47 / 0.31, 8 x 960 x 7 x 7 0.53 / 0.35; 5x5: 8 x 144 x 56 x 56 stride 2 1.89 / 1.34,
+   8 x 240 x 28 x 28 1.62 / 1.26, 8 x 672 x 14 x 14 1.67 / 1.37; 7x7 8 x 96 x 56 x 56 4.19 /
+   3.24. */
+enum { DW2_WROWS = 4 };
 /* gw: [C][kh][kw], gb: C or NULL (either may be NULL) */
 lm_status lm_conv_dw_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const float *gout,
                                     float *gw, float *gb) {
@@ -465,10 +587,10 @@ lm_status lm_conv_dw_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const fl
    const int nthr = conv_threads((double)rows * (double)p->outW * (double)p->C * (double)taps);
    dw2 pp;
    size_t xbytes = 0;
-   /* (x is not read, and may be NULL, for the bias gradient alone) */
    float *xp = gw ? dw2_pad(&p, &x, &pp, &qa, &qb, nthr, &xbytes) : NULL;
    if (xbytes && !xp) return LM_ERR_OOM;
-   const size_t abytes = (size_t)(nblk * (taps + 1) * 8) * sizeof(float);
+   const int64_t per = nblk * (taps + 1) * 8, nrun = (rows + DW2_WROWS - 1) / DW2_WROWS;
+   const size_t abytes = (size_t)(nrun * per) * sizeof(float);
    float *sums = lm_alloc(abytes);
    if (!sums) {
       if (xp) lm_free(xp, xbytes);
@@ -476,33 +598,42 @@ lm_status lm_conv_dw_bwdw_nhwc_avx2(const conv_geom *g, const float *x, const fl
    }
    memset(sums, 0, abytes);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
-   for (int64_t b = 0; b < nblk; b++) {
-      float *sb = sums + b * (taps + 1) * 8; /* taps x 8, then the bias sums */
-      const float *xb = x + 8 * b, *gyb = gout + 8 * b;
-      __m256 bs = _mm256_setzero_ps();
-      for (int64_t row = 0; row < rows; row++) {
+   for (int64_t u = 0; u < nrun; u++) {
+      float *su = sums + u * per;
+      const int64_t r1 = (u + 1) * DW2_WROWS < rows ? (u + 1) * DW2_WROWS : rows;
+      for (int64_t row = u * DW2_WROWS; row < r1; row++) {
          const int64_t n = row / p->outH, ho = row % p->outH;
-         const float *gr = gyb + row * p->outW * p->C;
-         if (gb) {
-            __m256 s = _mm256_setzero_ps();
-            for (int64_t q = 0; q < p->outW; q++) s = _mm256_add_ps(s, _mm256_loadu_ps(gr + q * p->C));
-            bs = _mm256_add_ps(bs, s);
-         }
-         if (!gw) continue;
-         for (int64_t i = 0; i < p->kh; i++) {
-            const int64_t hi = ho * p->sh - p->ph + i * p->dh;
-            if (hi < 0 || hi >= p->inH) continue;
-            const float *xr = xb + (n * p->inH + hi) * p->inW * p->C;
-            float *si = sb + i * kw * 8;
-            switch (kw) { /* a constant tap count keeps the sums in registers */
-            case 3: dw2_wrow(p, xr, gr, qa, qb, si, 3); break;
-            case 5: dw2_wrow(p, xr, gr, qa, qb, si, 5); break;
-            case 7: dw2_wrow(p, xr, gr, qa, qb, si, 7); break;
-            default: dw2_wrow(p, xr, gr, qa, qb, si, (int)kw); break;
+         const float *grow = gout + row * p->outW * p->C;
+         for (int64_t b = 0; b < nblk; b++) {
+            float *sb = su + b * (taps + 1) * 8; /* taps x 8, then the bias sums */
+            const float *gr = grow + 8 * b;
+            if (gb) {
+               __m256 bs = _mm256_setzero_ps();
+               for (int64_t q = 0; q < p->outW; q++)
+                  bs = _mm256_add_ps(bs, _mm256_loadu_ps(gr + q * p->C));
+               _mm256_storeu_ps(sb + taps * 8, _mm256_add_ps(_mm256_loadu_ps(sb + taps * 8), bs));
+            }
+            if (!gw) continue;
+            for (int64_t i = 0; i < p->kh; i++) {
+               const int64_t hi = ho * p->sh - p->ph + i * p->dh;
+               if (hi < 0 || hi >= p->inH) continue;
+               const float *xr = x + 8 * b + (n * p->inH + hi) * p->inW * p->C;
+               float *si = sb + i * kw * 8;
+               switch (kw) { /* a constant tap count keeps the sums in registers */
+               case 3: dw2_wrow(p, xr, gr, qa, qb, si, 3); break;
+               case 5: dw2_wrow(p, xr, gr, qa, qb, si, 5); break;
+               case 7: dw2_wrow(p, xr, gr, qa, qb, si, 7); break;
+               default: dw2_wrow(p, xr, gr, qa, qb, si, (int)kw); break;
+               }
             }
          }
       }
-      _mm256_storeu_ps(sb + taps * 8, bs);
+   }
+   /* the runs' partial sums, in order */
+   for (int64_t u = 1; u < nrun; u++) {
+      const float *su = sums + u * per;
+      for (int64_t k = 0; k < per; k += 8)
+         _mm256_storeu_ps(sums + k, _mm256_add_ps(_mm256_loadu_ps(sums + k), _mm256_loadu_ps(su + k)));
    }
    for (int64_t c = 0; c < p->C; c++) {
       const float *sb = sums + (c / 8) * (taps + 1) * 8;
