@@ -285,6 +285,38 @@ describe("F.interpolate: dims that keep their size under a scale_factor", functi
    end)
 end)
 
+-- mode "area": PyTorch's adaptive average pooling to the output size (values read off PyTorch
+-- 2.15 for arange inputs)
+describe("F.interpolate mode area", function()
+   it("values, the format kept, the gradient", function()
+      local x = lm.arange(0, 2 * 3 * 5 * 7):double():view({ 2, 3, 5, 7 })
+      if DEV then x = x:to(DEV) end
+      local y = F.interpolate(x, { size = { 2, 3 }, mode = "area" })
+      H.assert_close(y[1][1]:cpu(), { { 8, 10, 12 }, { 22, 24, 26 } }, 1e-12)
+      local ycl = F.interpolate(x:contiguous(lm.channels_last), { scale_factor = 0.5,
+                                                                   mode = "area" })
+      assert.is_true(H.list_equal({ 2, 3, 2, 3 }, ycl:size()))
+      assert.is_true(ycl:is_contiguous(lm.channels_last), "channels-last kept")
+      local x1 = lm.arange(0, 10):double():view({ 1, 1, 10 })
+      if DEV then x1 = x1:to(DEV) end
+      H.assert_close(F.interpolate(x1, { scale_factor = 0.3, mode = "area" }):cpu(),
+                     { { { 1.5, 4.5, 7.5 } } }, 1e-12)
+      local x3 = lm.arange(0, 27):double():view({ 1, 1, 3, 3, 3 })
+      if DEV then x3 = x3:to(DEV) end
+      H.assert_close(F.interpolate(x3, { size = { 2, 2, 2 }, mode = "area" }):cpu():view(-1),
+                     { 6.5, 7.5, 9.5, 10.5, 15.5, 16.5, 18.5, 19.5 }, 1e-12)
+      local g = G.input({ 1, 2, 5, 6 }, lm.channels_last, 61)
+      if DEV then g = g:detach():to(DEV):requires_grad_(true) end
+      assert.is_true(G.check(function(a) return F.interpolate(a, { size = { 3, 4 },
+                                                                   mode = "area" }) end, { g }))
+      H.assert_error_like("interpolate", "align_corners", F.interpolate, x,
+                          { size = 2, mode = "area", align_corners = false })
+      H.assert_error_like("interpolate", "uint8", F.interpolate,
+                          lm.zeros({ 1, 1, 4, 4 }, { dtype = lm.uint8 }),
+                          { size = 2, mode = "area" })
+   end)
+end)
+
 describe("F.interpolate bad input", function()
    local x = lm.zeros({ 1, 2, 3, 4 })
    local cases = {

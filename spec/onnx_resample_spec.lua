@@ -119,6 +119,11 @@ describe("lm.onnx.export: Resize", function()
            { 17 } },
          { "UpsamplingNearest2d", nn.UpsamplingNearest2d({ size = { 6, 9 } }), { 1, 2, 3, 4 },
            { 17 }, cl = true },
+         -- a dim that keeps its size under scale 1.25 (3 -> 3): left as it is in 2-D, resampled
+         -- with the scale in 1-D and 3-D, as F.interpolate (PyTorch's kernels)
+         { "nearest 2-D x1.25, one dim kept", interp({ scale_factor = 1.25 }), { 1, 2, 3, 4 },
+           { 17 } },
+         { "nearest 3-D x1.25", interp({ scale_factor = 1.25 }), { 1, 2, 3, 2, 4 }, { 17 } },
       })
    end)
 
@@ -158,6 +163,10 @@ describe("lm.onnx.export: Resize", function()
            { 17 }, cl = true },
          { "F.upsample bilinear x2", function(x) return F.upsample(x, nil, 2, "bilinear") end,
            { 1, 2, 3, 4 }, { 17 } },
+         { "bilinear x1.25, one dim kept", interp({ scale_factor = 1.25, mode = "bilinear" }),
+           { 1, 2, 3, 4 }, { 17 } },
+         { "linear 1-D x1.25, size kept", interp({ scale_factor = 1.25, mode = "linear" }),
+           { 1, 2, 3 }, { 17 } },
       })
    end)
 
@@ -202,6 +211,21 @@ describe("lm.onnx.export: Resize", function()
       assert.is_false(ok)
       assert.truthy(tostring(e):find("antialias = true and align_corners = true is not " ..
                                      "exported", 1, true), tostring(e))
+      assert.is_nil(io.open(p, "rb"))
+   end)
+
+   it("values that Resize cannot give: a clear error, nothing written", function()
+      local p = os.tmpname()
+      os.remove(p)
+      -- 1-D nearest by 1.25 keeps the size 3 but reads 0, 0, 1; Resize would copy
+      local ok, e = pcall(lm.onnx.export, fn_module("N", interp({ scale_factor = 1.25 })),
+                          lm.randn({ 1, 2, 3 }), p, { opset = 17 })
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("keeps every size", 1, true), tostring(e))
+      ok, e = pcall(lm.onnx.export, fn_module("A", interp({ size = { 2, 2 }, mode = "area" })),
+                    lm.randn({ 1, 2, 4, 4 }), p, { opset = 17 })
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("mode 'area'", 1, true), tostring(e))
       assert.is_nil(io.open(p, "rb"))
    end)
 

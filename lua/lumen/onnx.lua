@@ -370,7 +370,10 @@ local function f32(v) f32buf[0] = v; return f32buf[0] end
 local function resize(B, x, xs, ys, o, outs)
    local mode = o.mode or "nearest"
    local onnx_mode = RESIZE_MODE[mode]
-   if not onnx_mode then fail("interpolate with mode '" .. tostring(mode) .. "'", 0) end
+   if not onnx_mode then
+      fail("interpolate with mode '" .. tostring(mode) .. "'" .. (mode == "area" and
+           " (an adaptive average pooling; Resize has no such mode)" or ""), 0)
+   end
    local aa = o.antialias == true
    if aa and B.opset < 18 then
       fail(("interpolate with antialias = true needs opset 18 or later (Resize's antialias " ..
@@ -399,8 +402,12 @@ local function resize(B, x, xs, ys, o, outs)
    if use_scales then
       for i = 1, k do
          local s = type(sf) == "number" and sf or sf[i]
-         -- antialias: PyTorch leaves a dim that keeps its size as it is, whatever the scale
-         if aa and xs[i + 2] == ys[i + 2] then s = 1 end
+         -- a dim that keeps its size is left as it is, whatever the scale, by antialias, the
+         -- linear modes and 2-D nearest (PyTorch's kernels; F.interpolate's rows)
+         if xs[i + 2] == ys[i + 2] and (aa or onnx_mode == "linear"
+                                        or (mode == "nearest" and k == 2)) then
+            s = 1
+         end
          scales[i + 2] = s
          -- the output size from the scale: ONNX Runtime multiplies in float32, onnx's shape
          -- inference in double (both by the float32 scale): each must give lumen's
@@ -412,6 +419,19 @@ local function resize(B, x, xs, ys, o, outs)
       end
    end
    if use_scales then
+      -- every dim keeps its size but one is still resampled (1-D / 3-D nearest, nearest-exact,
+      -- bicubic under a scale other than 1): ONNX Runtime's Resize copies a tensor whose shape
+      -- does not change, so no Resize gives these values
+      local same, resampled = true, false
+      for i = 1, k do
+         if xs[i + 2] ~= ys[i + 2] then same = false end
+         if scales[i + 2] ~= 1 then resampled = true end
+      end
+      if same and resampled then
+         fail(("interpolate mode '%s' with a scale_factor that keeps every size (%s): its "
+              .. "values move, but ONNX Runtime's Resize copies a tensor whose shape does not "
+              .. "change"):format(mode, table.concat(ys, " x ", 3)), 0)
+      end
       return B.node("Resize", { x, "", B.const_f(scales, { #scales }) }, outs, attrs)
    end
    local sizes

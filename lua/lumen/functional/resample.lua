@@ -44,8 +44,8 @@ local OPTS = H.option_set("size", "scale_factor", "mode", "align_corners",
 F._OPTIONS.interpolate = OPTS
 
 -- the spatial rank each mode needs (nil: any of 1, 2, 3)
-local MODES = { nearest = false, ["nearest-exact"] = false, linear = 1, bilinear = 2,
-                bicubic = 2, trilinear = 3 }
+local MODES = { nearest = false, ["nearest-exact"] = false, area = false, linear = 1,
+                bilinear = 2, bicubic = 2, trilinear = 3 }
 
 local fbuf = ffi.new("float[1]")
 local function f32(v) fbuf[0] = v; return fbuf[0] end
@@ -385,8 +385,8 @@ function F.interpolate(x, opts, ...)
    opts = check_opts(fname, opts, OPTS)
    local mode = opts.mode == nil and "nearest" or opts.mode
    if type(mode) ~= "string" or MODES[mode] == nil then
-      err(fname, "mode must be one of nearest, nearest-exact, linear, bilinear, bicubic, " ..
-          "trilinear, got " .. (type(mode) == "string" and ("\"" .. mode .. "\"")
+      err(fname, "mode must be one of nearest, nearest-exact, area, linear, bilinear, " ..
+          "bicubic, trilinear, got " .. (type(mode) == "string" and ("\"" .. mode .. "\"")
                                 or T.typename(mode)))
    end
    local aa = opts.antialias
@@ -412,7 +412,7 @@ function F.interpolate(x, opts, ...)
    -- through float32 exactly. PyTorch's uint8 bilinear rounds in its own integer arithmetic:
    -- refused here rather than given other values.
    if tostring(R.dtype(x)) == "uint8" then
-      if MODES[mode] then
+      if MODES[mode] or mode == "area" then
          err(fname, ("mode \"%s\" on a uint8 input is not supported (nearest and nearest-exact "
              .. "are; convert to a floating dtype for the others)"):format(mode))
       end
@@ -462,6 +462,12 @@ function F.interpolate(x, opts, ...)
       if insz[i] < 1 then
          err(fname, ("input of size %s has an empty spatial dim"):format(H.sizes_str(xc)))
       end
+   end
+   if mode == "area" then
+      -- PyTorch's: an adaptive average pooling to the output size (its kernels keep the
+      -- channels-last format and differentiate it)
+      local pool = ({ F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d })[k]
+      return pool(x, k == 1 and outsz[1] or outsz)
    end
    plan_budget(fname, xc, insz, outsz)
    local dtype = tostring(R.dtype(x))
