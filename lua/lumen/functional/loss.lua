@@ -141,7 +141,7 @@ function F.cross_entropy(input, target, opts)
    if opts.label_smoothing ~= nil then nll_opts = opts_with(opts, "label_smoothing", nil) end
    if tc.dtype ~= C.LM_INT64 and H.is_float(tc) then
       -- class probabilities
-      if opts.ignore_index ~= nil then
+      if opts.ignore_index ~= nil and opts.ignore_index ~= -100 then
          err(fname, "ignore_index is not supported for floating point target")
       end
       if tc.ndim ~= ic.ndim or not A.same_sizes(tc, ic) then
@@ -168,7 +168,7 @@ function F.cross_entropy(input, target, opts)
    local ignore = opts.ignore_index
    if ignore == nil then ignore = -100 end
    local keep = Tensor.ne(target, ignore)
-   smooth = Tensor.mul(smooth, Tensor.to(keep, Tensor.dtype(smooth)))
+   smooth = A.where(keep, smooth, 0)         -- masked, not multiplied: an inf there stays out
    local sl
    if red == "none" then sl = smooth
    elseif red == "sum" then sl = Tensor.sum(smooth)
