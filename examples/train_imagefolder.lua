@@ -6,6 +6,7 @@
 --       [--epochs 1]
 --       [--batch-size 32] [--lr 0.1] [--size 224] [--threads 2] [--workers 2] [--seed 1]
 --       [--format nhwc|nchw] [--steps N] [--checkpoint FILE] [--resume] [--quiet]
+--       [--label-smoothing 0]
 --
 -- The images are decoded (libjpeg-turbo / libpng), randomly resized-cropped to --size, flipped
 -- and normalised by the loader's worker threads in C, straight into channels-last float32
@@ -25,11 +26,12 @@ local opt, usage = util.parse_flags({
    data = "", val = "", epochs = 1, ["batch-size"] = 32, lr = 0.1, size = 224, threads = 2,
    workers = 2, seed = 1, format = "nhwc", steps = 0, checkpoint = "", resume = false,
    quiet = false, momentum = 0.9, ["weight-decay"] = 1e-4, model = "resnet50",
+   ["label-smoothing"] = 0,
 }, "bin/lumen examples/train_imagefolder.lua", arg, {
    __description = "Train an image model (resnet50 by default; --model picks any lm.models " ..
       "image family) on an ImageFolder tree (one folder per class), channels-last by default.",
    __order = { "data", "model", "val", "epochs", "batch-size", "lr", "momentum", "weight-decay",
-               "size",
+               "label-smoothing", "size",
                "format", "steps", "seed", "checkpoint", "resume", "threads", "workers", "quiet" },
    data = "training images: DIR/<class>/<image> (required)",
    model = "an lm.models constructor: resnet18/50/..., mobilenet_v2, mobilenet_v3_large, " ..
@@ -41,6 +43,8 @@ local opt, usage = util.parse_flags({
    lr = "learning rate",
    momentum = "SGD momentum",
    ["weight-decay"] = "weight decay",
+   ["label-smoothing"] = "cross_entropy's label smoothing, in [0, 1) (torchvision's recipes " ..
+      "for the newer families use 0.1)",
    size = "crop size in pixels",
    format = "memory format: nhwc (channels-last) or nchw",
    steps = "stop after N optimizer steps (0: run the epochs)",
@@ -57,6 +61,9 @@ for _, k in ipairs({ "epochs", "batch-size", "size", "threads", "workers" }) do
    if opt[k] < 1 or opt[k] % 1 ~= 0 then usage("--" .. k .. " needs a positive integer") end
 end
 if opt.resume and opt.checkpoint == "" then usage("--resume needs --checkpoint FILE") end
+if not (opt["label-smoothing"] >= 0 and opt["label-smoothing"] < 1) then
+   usage("--label-smoothing needs a number in [0, 1)")
+end
 -- the image models lm.models offers (every constructor taking {num_classes =} on 3-channel
 -- images; the video models and small_resnet are not for this script)
 local MODELS = {}
@@ -157,6 +164,10 @@ print(string.format("lumen %s: %s on %s (%d images, %d classes), %dx%d, %s, batc
    opt.workers))
 
 local t_start = now()
+-- the loss's options: label smoothing when asked (PyTorch's cross_entropy label_smoothing)
+local smoothing = opt["label-smoothing"] > 0 and { label_smoothing = opt["label-smoothing"] }
+   or nil
+
 local function run()
    model:train()
    while state.epoch <= opt.epochs and state.step < total_steps do
@@ -165,7 +176,7 @@ local function run()
       for x, y, b in loader:iter(epoch, state.batch) do
          util.set_lr(optimizer, lr_at(state.step))
          optimizer:zero_grad()
-         local loss = lm.F.cross_entropy(model(x), y)
+         local loss = lm.F.cross_entropy(model(x), y, smoothing)
          loss:backward()
          optimizer:step()
          local l = loss:item()

@@ -967,9 +967,10 @@ describe("examples/train_imagefolder.lua", function()
 
    it("trains the other families with --model (a step each at 32x32)", function()
       for _, model in ipairs({ "mobilenet_v3_small", "shufflenet_v2_x0_5", "regnet_y_400mf" }) do
+         -- with label smoothing, as torchvision's recipes for these families
          local cmd = "bin/lumen examples/train_imagefolder.lua --data " .. FOLDER ..
             " --model " .. model .. " --size 32 --batch-size 4 --steps 1 --lr 0.01 --threads 2" ..
-            " --seed 3 --quiet 2>&1; echo __rc=$?"
+            " --label-smoothing 0.1 --seed 3 --quiet 2>&1; echo __rc=$?"
          local p = assert(io.popen(cmd))
          local out = p:read("*a")
          p:close()
@@ -977,5 +978,11 @@ describe("examples/train_imagefolder.lua", function()
          assert.truthy(out:find(model .. " on ", 1, true), out)
          assert.truthy(out:find("trained 1 steps?"), out)
       end
+      local p = assert(io.popen("bin/lumen examples/train_imagefolder.lua --data " .. FOLDER ..
+                                " --label-smoothing 1.5 2>&1; echo __rc=$?"))
+      local out = p:read("*a")
+      p:close()
+      assert.falsy(out:find("__rc=0", 1, true), out)
+      assert.truthy(out:find("--label-smoothing needs a number in [0, 1)", 1, true), out)
    end)
 end)
