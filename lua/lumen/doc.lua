@@ -386,6 +386,18 @@ E("Tensor:addcdiv", "t:addcdiv(a, b, value) -> Tensor", "t + value * a / b (valu
 inplace("addcdiv_", "addcdiv")
 E("lm.where", "lm.where(cond, a, b) -> Tensor", "a where cond is true, else b (a and b tensors "
    .. "or numbers; everything broadcasts).", { fmt = FMT_EW, err = ERR_EW })
+E("Tensor:masked_fill", "t:masked_fill(mask, value) -> Tensor", "value where the bool mask "
+   .. "(broadcast to t's sizes) is true, t elsewhere, as torch.masked_fill: the result has t's "
+   .. "sizes, dtype and memory format; the gradient flows to t where the mask is false.",
+   { err = "a mask that is not bool or does not broadcast, a value that is not a number or a "
+   .. "0-dim tensor" })
+E("Tensor:chunk", "t:chunk(chunks, dim) -> array of Tensor", "Views of ceil(size / chunks) "
+   .. "along dim (default 1), the last one smaller, as torch.chunk (fewer than chunks when the "
+   .. "size runs out).", { err = "chunks not a positive integer, a dim out of range" })
+E("Tensor:split", "t:split(size | {sizes}, dim) -> array of Tensor", "Views along dim (default "
+   .. "1) of size each (the last smaller), or of the listed sizes, as torch.split.",
+   { err = "a size that is not a positive integer, sizes that do not sum to the dim's size, a "
+   .. "dim out of range" })
 E("Tensor:where", "t:where(cond, other) -> Tensor", "lm.where(cond, t, other).")
 E("Tensor:fill_", "t:fill_(value) -> t", "Set every element to value.",
    { err = "value not a number (or boolean)" })
@@ -408,6 +420,15 @@ E("Tensor:sum", "t:sum(dims, keepdim, dtype) -> Tensor", "Sum over dims.",
    err = "a repeated dim, " .. ERR_DIM })
 E("Tensor:mean", "t:mean(dims, keepdim, dtype) -> Tensor", "Mean over dims (floating dtypes).",
    { opts = RED_DIMS, fmt = FMT_RED, err = "an integer input without dtype, " .. ERR_DIM })
+E("Tensor:var", "t:var(dims, unbiased | {correction = 1, keepdim = false}, keepdim) -> Tensor",
+   "Variance over dims (nil: every element), divided by N - correction (unbiased = true is "
+   .. "correction 1, false 0), as torch.var; N - correction <= 0 gives inf or NaN. Composed from "
+   .. "mean, sub, mul and sum (lua/lumen/autograd/composed.lua), so differentiable on every "
+   .. "device.", { opts = RED_DIMS, fmt = FMT_RED, err = "an integer dtype, an unknown option, "
+   .. ERR_DIM })
+E("Tensor:std", "t:std(dims, unbiased | {correction = 1, keepdim = false}, keepdim) -> Tensor",
+   "Standard deviation, the square root of t:var; its gradient is 0 where it is 0 (PyTorch's).",
+   { opts = "as t:var", fmt = FMT_RED, err = "as t:var" })
 E("Tensor:prod", "t:prod(dims, keepdim, dtype) -> Tensor", "Product over dims.",
    { opts = RED_DIMS, fmt = FMT_RED, err = ERR_DIM })
 E("Tensor:amax", "t:amax(dims, keepdim) -> Tensor", "Maximum over dims (values only).",
