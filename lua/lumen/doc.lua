@@ -472,7 +472,7 @@ for _, n in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum", "e
    "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "matmul", "mm",
    "view", "reshape", "permute", "transpose", "expand", "narrow", "select", "unsqueeze",
    "squeeze", "flatten", "clone", "contiguous", "numel", "equal", "allclose", "isnan", "all",
-   "any" }) do
+   "any", "var", "std", "masked_fill", "chunk", "split" }) do
    local m = n == "mm" and "matmul" or n
    E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. m
       .. ").")

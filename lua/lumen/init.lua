@@ -60,7 +60,7 @@ local functional = {
    "addcmul", "addcdiv", "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin",
    "matmul", "mm", "view", "reshape", "permute", "transpose", "expand", "narrow", "select",
    "unsqueeze", "squeeze", "flatten", "clone", "contiguous", "numel", "equal", "allclose",
-   "isnan", "all", "any",
+   "isnan", "all", "any", "var", "std", "masked_fill", "chunk", "split",
 }
 local Tensor = T.Tensor
 for _, name in ipairs(functional) do
