@@ -946,13 +946,18 @@ end)
 ---------------------------------------------------------------------------------------------
 
 describe("examples/train_imagefolder.lua", function()
-   it("trains resnet50 for a few steps on the fixture folder at 32x32", function()
-      local cmd = "bin/lumen examples/train_imagefolder.lua --data " .. FOLDER ..
-         " --val " .. FOLDER .. " --size 32 --batch-size 4 --steps 2 --lr 0.01 --threads 2" ..
-         " --seed 3 --quiet 2>&1; echo __rc=$?"
-      local p = assert(io.popen(cmd))
+   -- the example's output with its exit status appended (__rc=N)
+   local function example(args)
+      local p = assert(io.popen("bin/lumen examples/train_imagefolder.lua --data " .. FOLDER ..
+                                " " .. args .. " 2>&1; echo __rc=$?"))
       local out = p:read("*a")
       p:close()
+      return out
+   end
+
+   it("trains resnet50 for a few steps on the fixture folder at 32x32", function()
+      local out = example("--val " .. FOLDER .. " --size 32 --batch-size 4 --steps 2 --lr 0.01" ..
+                          " --threads 2 --seed 3 --quiet")
       assert.truthy(out:find("__rc=0", 1, true), out)
       assert.truthy(out:find("resnet50 on " .. FOLDER .. " %(14 images, 2 classes%), 32x32"), out)
       local steps = 0
@@ -968,20 +973,13 @@ describe("examples/train_imagefolder.lua", function()
    it("trains the other families with --model (a step each at 32x32)", function()
       for _, model in ipairs({ "mobilenet_v3_small", "shufflenet_v2_x0_5", "regnet_y_400mf" }) do
          -- with label smoothing, as torchvision's recipes for these families
-         local cmd = "bin/lumen examples/train_imagefolder.lua --data " .. FOLDER ..
-            " --model " .. model .. " --size 32 --batch-size 4 --steps 1 --lr 0.01 --threads 2" ..
-            " --label-smoothing 0.1 --seed 3 --quiet 2>&1; echo __rc=$?"
-         local p = assert(io.popen(cmd))
-         local out = p:read("*a")
-         p:close()
+         local out = example("--model " .. model .. " --size 32 --batch-size 4 --steps 1" ..
+                             " --lr 0.01 --threads 2 --label-smoothing 0.1 --seed 3 --quiet")
          assert.truthy(out:find("__rc=0", 1, true), out)
          assert.truthy(out:find(model .. " on ", 1, true), out)
          assert.truthy(out:find("trained 1 steps?"), out)
       end
-      local p = assert(io.popen("bin/lumen examples/train_imagefolder.lua --data " .. FOLDER ..
-                                " --label-smoothing 1.5 2>&1; echo __rc=$?"))
-      local out = p:read("*a")
-      p:close()
+      local out = example("--label-smoothing 1.5")
       assert.falsy(out:find("__rc=0", 1, true), out)
       assert.truthy(out:find("--label-smoothing needs a number in [0, 1)", 1, true), out)
    end)

@@ -31,12 +31,7 @@ local function reduced(fname, self, dims)
       argerror(fname, "dims must be nil, a number or a list of numbers, got " .. T.typename(dims))
    end
    local n = 1
-   for _, d in ipairs(list) do
-      if type(d) ~= "number" or d % 1 ~= 0 or d < -nd or d > nd or d == 0 or nd == 0 then
-         argerror(fname, ("dim %s out of range for a %d-D tensor"):format(tostring(d), nd))
-      end
-      n = n * sizes[d < 0 and nd + d + 1 or d]
-   end
+   for _, d in ipairs(list) do n = n * sizes[T.wrap_dim(fname, d, nd, 3) + 1] end
    return n
 end
 
@@ -107,7 +102,7 @@ function Tensor.std(self, dims, opt, keepdim)
          local keep = {}
          local list = type(dims) == "number" and { dims } or dims
          local red = {}
-         for _, d in ipairs(list) do red[d < 0 and #sizes + d + 1 or d] = true end
+         for _, d in ipairs(list) do red[T.wrap_dim("std", d, #sizes) + 1] = true end
          for i = 1, #sizes do keep[i] = red[i] and 1 or sizes[i] end
          s, gk = raw.reshape(out, keep), raw.reshape(g, keep)
       end
@@ -143,19 +138,22 @@ function Tensor.masked_fill(self, mask, value)
    return y
 end
 
+-- the 1-based dim of chunk / split (default 1; negative from the end) and its size
+local function split_dim(fname, self, dim)
+   local sizes = Tensor.size(self)
+   if #sizes == 0 then argerror(fname, "cannot split a 0-dim tensor", 3) end
+   local d = T.wrap_dim(fname, dim or 1, #sizes, 2) + 1
+   return d, sizes[d]
+end
+
 -- chunk(chunks, dim = 1): views of ceil(size / chunks) along dim, the last smaller (fewer than
 -- chunks when the size runs out), as torch.chunk
 function Tensor.chunk(self, chunks, dim)
-   dim = dim or 1
    if type(chunks) ~= "number" or chunks % 1 ~= 0 or chunks < 1 then
       argerror("chunk", "chunks must be a positive integer, got " .. tostring(chunks))
    end
-   local sizes = Tensor.size(self)
-   if type(dim) ~= "number" or dim % 1 ~= 0 or dim == 0 or dim > #sizes or dim < -#sizes then
-      argerror("chunk", ("dim %s out of range for a %d-D tensor"):format(tostring(dim), #sizes))
-   end
-   if dim < 0 then dim = #sizes + dim + 1 end
-   local n = sizes[dim]
+   local n
+   dim, n = split_dim("chunk", self, dim)
    local step = math.ceil(n / chunks)
    if step == 0 then return { self } end
    local out = {}
@@ -166,13 +164,8 @@ end
 -- split(size | {sizes}, dim = 1): views along dim of size each (the last smaller), or of the
 -- listed sizes (which must sum to the dim's size), as torch.split
 function Tensor.split(self, split, dim)
-   dim = dim or 1
-   local sizes = Tensor.size(self)
-   if type(dim) ~= "number" or dim % 1 ~= 0 or dim == 0 or dim > #sizes or dim < -#sizes then
-      argerror("split", ("dim %s out of range for a %d-D tensor"):format(tostring(dim), #sizes))
-   end
-   if dim < 0 then dim = #sizes + dim + 1 end
-   local n = sizes[dim]
+   local n
+   dim, n = split_dim("split", self, dim)
    local out = {}
    if type(split) == "number" then
       if split % 1 ~= 0 or split < 1 then

@@ -69,8 +69,10 @@ local function x_for_conv(nd, x, geo)
       if sizes[i + 2] ~= n then grow = true end
    end
    if not grow then return x end
-   local z = require("lumen.creation").zeros(sizes, { dtype = R.dtype(x), device = R.device(x) })
-   if geo.fmt ~= 0 then z = R.contiguous(z, nd == 2 and "channels_last" or "channels_last_3d") end
+   local dt = require("lumen.dtype")
+   local z = require("lumen.creation").zeros(sizes, { dtype = R.dtype(x), device = R.device(x),
+      memory_format = geo.fmt == 0 and dt.contiguous_format
+         or (nd == 2 and dt.channels_last or dt.channels_last_3d) })
    local v = z
    for i = 1, nd do v = R.narrow(v, i + 2, 1, R.size(x, i + 2)) end
    R.copy_(v, x)
