@@ -4,8 +4,9 @@
 -- Requiring this module installs differentiable versions of the Tensor methods (and of
 -- lumen.tensor's where / cat) on top of the raw forward functions kept in lumen.tensor.raw: the
 -- backward rules, one file per family in lua/lumen/autograd/ (elementwise, reduce, shape,
--- matmul; composed: var / std, masked_fill, chunk / split made of those), loaded at the end of
--- this file. The graph they record (grad mode, nodes, edges,
+-- matmul; composed: var / std, masked_fill, chunk / split made of those; composed_math: softmax
+-- and norm and the matrix products as methods; composed_shape: movedim, repeat, new_*, the
+-- random fills), loaded at the end of this file. The graph they record (grad mode, nodes, edges,
 -- record / attach and the helpers the rules share) is lumen.autograd.graph, whose names this
 -- table re-exports. This file runs the graph backward (t:backward, the gradient layout,
 -- hooks, queued callbacks, the profiler) and holds the Tensor methods about the graph
@@ -557,6 +558,8 @@ require("lumen.autograd.reduce")
 local shape = require("lumen.autograd.shape")
 require("lumen.autograd.matmul")
 require("lumen.autograd.composed")
+require("lumen.autograd.composed_math")
+require("lumen.autograd.composed_shape")
 A.where, A.cat = elementwise.where, shape.cat
 A._clamp_mask = elementwise.clamp_mask
 

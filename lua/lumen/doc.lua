@@ -455,6 +455,102 @@ E("Tensor:isnan", "t:isnan() -> Tensor", "true where t is NaN (bool).", { fmt = 
 E("Tensor:matmul", "t:matmul(u) -> Tensor", "Matrix product with PyTorch's matmul rules (1-D "
    .. "vectors, batched broadcasting); alias t:mm.", { err = "inner sizes that differ, 0-d "
    .. "inputs, different dtypes" })
+E("Tensor:softmax", "t:softmax(dim, dtype) -> Tensor", "lm.F.softmax(t, dim), after a cast to "
+   .. "dtype when given (torch.Tensor.softmax).", { err = "no dim, as F.softmax" })
+E("Tensor:log_softmax", "t:log_softmax(dim, dtype) -> Tensor", "lm.F.log_softmax(t, dim), after "
+   .. "a cast to dtype when given.", { err = "no dim, as F.log_softmax" })
+E("Tensor:logsumexp", "t:logsumexp(dims, keepdim) -> Tensor", "log(sum(exp(t))) over dims (nil: "
+   .. "every element), computed as max + log(sum(exp(t - max))) so it neither overflows nor "
+   .. "underflows (an infinite max counts as 0, as PyTorch's); integers give float32. Gradient "
+   .. "g * exp(t - result).", { opts = RED_DIMS, fmt = FMT_RED,
+   err = "a repeated dim, " .. ERR_DIM })
+E("Tensor:norm", "t:norm(p, dims, keepdim, dtype) -> Tensor  (or t:norm{p =, dim =, keepdim =, "
+   .. "dtype =})", "The vector p-norm over dims (nil: every element), as torch.norm / "
+   .. "linalg.vector_norm: p = 2 by default or \"fro\", 1, any number, math.huge / -math.huge "
+   .. "(max / min of |t|), 0 (the count of non-zeros). The gradient is PyTorch's: 0 where the norm "
+   .. "is 0; the infinity norm's split evenly among the elements that reach it.",
+   { opts = RED_DIMS, fmt = FMT_RED, err = "p \"nuc\" (no SVD in lumen), an integer input without "
+   .. "dtype, the infinity norm of an empty tensor, an unknown option, " .. ERR_DIM })
+E("Tensor:isinf", "t:isinf() -> Tensor", "true where t is +inf or -inf (bool; integers: false).",
+   { fmt = FMT_EW })
+E("Tensor:isposinf", "t:isposinf() -> Tensor", "true where t is +inf.", { fmt = FMT_EW })
+E("Tensor:isneginf", "t:isneginf() -> Tensor", "true where t is -inf.", { fmt = FMT_EW })
+E("Tensor:isfinite", "t:isfinite() -> Tensor", "true where t is neither NaN nor infinite "
+   .. "(integers: true).", { fmt = FMT_EW })
+E("Tensor:nan_to_num", "t:nan_to_num(nan, posinf, neginf) -> Tensor  (or t:nan_to_num{nan =, "
+   .. "posinf =, neginf =})", "NaN replaced by nan (0), +inf by posinf and -inf by neginf (the "
+   .. "dtype's largest and lowest finite values by default). The gradient flows where t is "
+   .. "finite.", { fmt = "t's sizes, dtype and memory format", err = "replacements that are not "
+   .. "numbers, an unknown option" })
+E("Tensor:lerp", "t:lerp(end, weight) -> Tensor", "t + weight * (end - t), weight a number or a "
+   .. "tensor; for |weight| >= 0.5 computed as end - (end - t) * (1 - weight), as PyTorch (so "
+   .. "lerp(t, u, 1) is u).", { fmt = FMT_EW, err = ERR_EW })
+E("Tensor:clamp_min", "t:clamp_min(min) -> Tensor", "t:clamp(min, nil).", { fmt = FMT_EW })
+E("Tensor:clamp_max", "t:clamp_max(max) -> Tensor", "t:clamp(nil, max).", { fmt = FMT_EW })
+E("Tensor:clamp_min_", "t:clamp_min_(min) -> t", "In place t:clamp_min.")
+E("Tensor:clamp_max_", "t:clamp_max_(max) -> t", "In place t:clamp_max.")
+E("Tensor:bmm", "t:bmm(mat2) -> Tensor", "Batched matrix product of two 3-D tensors, (b, n, m) "
+   .. "@ (b, m, p) -> (b, n, p), without broadcasting (torch.bmm).", { err = "inputs that are "
+   .. "not 3-D, batch or inner sizes that differ, different dtypes" })
+E("Tensor:baddbmm", "t:baddbmm(batch1, batch2, beta, alpha) -> Tensor  (or ..., {beta =, "
+   .. "alpha =})", "beta * t + alpha * batch1:bmm(batch2) (beta, alpha 1); t broadcasts to the "
+   .. "product; beta = 0 ignores t's values, NaN included.", { err = "as bmm, t that does not "
+   .. "broadcast, an unknown option" })
+E("Tensor:addmm", "t:addmm(mat1, mat2, beta, alpha) -> Tensor  (or ..., {beta =, alpha =})",
+   "beta * t + alpha * mat1 @ mat2 (2-D), t broadcast to the product (torch.addmm); beta = 0 "
+   .. "ignores t's values.", { err = "inputs that are not 2-D, sizes that cannot be multiplied, "
+   .. "different dtypes, t that does not broadcast" })
+E("Tensor:mv", "t:mv(vec) -> Tensor", "Matrix (n, m) times vector (m) -> (n).",
+   { err = "t not 2-D, vec not 1-D, sizes that differ" })
+E("Tensor:dot", "t:dot(u) -> Tensor", "The 0-d sum of the products of two 1-D tensors of one "
+   .. "size and dtype.", { err = "inputs that are not 1-D, sizes or dtypes that differ" })
+E("Tensor:outer", "t:outer(u) -> Tensor", "Outer product of two 1-D tensors, (n) x (m) -> "
+   .. "(n, m); alias t:ger.", { err = "inputs that are not 1-D" })
+E("Tensor:tril", "t:tril(diagonal) -> Tensor", "The lower triangle of the last two dims (elements "
+   .. "with col - row <= diagonal, default 0), zeros elsewhere; batched over the leading dims.",
+   { fmt = "t's sizes, dtype and memory format", err = "fewer than 2 dims, a diagonal that is "
+   .. "not an integer" })
+E("Tensor:triu", "t:triu(diagonal) -> Tensor", "The upper triangle (col - row >= diagonal).",
+   { fmt = "as tril", err = "as tril" })
+E("Tensor:unbind", "t:unbind(dim) -> array of Tensor", "The selects along dim (default 1): "
+   .. "views with that dim removed.", { err = "a 0-d tensor, a dim out of range" })
+E("Tensor:movedim", "t:movedim(source, destination) -> Tensor", "A permute view that moves the "
+   .. "dims of source (a dim or a list) to the places of destination, the other dims keeping "
+   .. "their order (torch.movedim); alias t:moveaxis.", { err = "lists of different lengths, a "
+   .. "repeated dim, a dim out of range" })
+E("Tensor:swapaxes", "t:swapaxes(a, b) -> Tensor", "t:transpose(a, b); alias t:swapdims.")
+E("Tensor:unflatten", "t:unflatten(dim, sizes) -> Tensor", "A view with dim split into sizes (one "
+   .. "of them may be -1), torch.unflatten.", { err = "sizes that do not multiply to the dim's "
+   .. "size, two -1, a view that the strides do not allow (as view)" })
+E("Tensor:broadcast_to", "t:broadcast_to(sizes) -> Tensor", "t:expand(sizes).")
+E("Tensor:repeat", "t[\"repeat\"](t, r1, r2, ...) or t:repeatTensor(r1, r2, ...) -> Tensor",
+   "t tiled r_i times along each dim, leading dims added when there are more repeats than dims "
+   .. "(torch.Tensor.repeat; `repeat` is a Lua keyword, so the method has Torch7's name "
+   .. "repeatTensor too). A new contiguous tensor; the gradient sums the tiles.",
+   { err = "fewer repeats than dims, a negative or non-integer repeat" })
+E("Tensor:tile", "t:tile(dims) -> Tensor", "repeat, with ones put in front when dims has fewer "
+   .. "entries than t has dims (torch.tile).", { err = "as repeat" })
+E("Tensor:new_zeros", "t:new_zeros(sizes, opts) -> Tensor", "lm.zeros with t's dtype and device "
+   .. "unless opts say otherwise (sizes a list or the leading numbers).", { opts = OPTS,
+   err = ERR_OPTS })
+E("Tensor:new_ones", "t:new_ones(sizes, opts) -> Tensor", "lm.ones with t's dtype and device.",
+   { opts = OPTS, err = ERR_OPTS })
+E("Tensor:new_empty", "t:new_empty(sizes, opts) -> Tensor", "lm.empty with t's dtype and device.",
+   { opts = OPTS, err = ERR_OPTS })
+E("Tensor:new_full", "t:new_full(sizes, value, opts) -> Tensor", "lm.full with t's dtype and "
+   .. "device.", { opts = OPTS, err = ERR_OPTS })
+E("Tensor:new_tensor", "t:new_tensor(data, opts) -> Tensor", "lm.tensor(data) (a copy) with t's "
+   .. "dtype and device.", { opts = OPTS, err = ERR_OPTS })
+E("Tensor:uniform_", "t:uniform_(from, to) -> t", "Fill t with values drawn uniformly from "
+   .. "[from, to) (0, 1) by lumen's generator (lm.manual_seed).", { err = "an integer tensor, "
+   .. "from > to, a leaf that requires grad (outside lm.no_grad)" })
+E("Tensor:normal_", "t:normal_(mean, std) -> t", "Fill t with normal values (0, 1).",
+   { err = "an integer tensor, std < 0, a leaf that requires grad" })
+E("Tensor:bernoulli_", "t:bernoulli_(p) -> t", "Fill t with 1 with probability p (0.5), else 0.",
+   { err = "p outside [0, 1], a leaf that requires grad" })
+E("Tensor:random_", "t:random_(from, to) or t:random_(to) -> t", "Fill t with integers drawn "
+   .. "uniformly from [from, to) ([0, to)).", { err = "no range, from >= to, a leaf that "
+   .. "requires grad" })
 E("lm.cat", "lm.cat(list, dim) -> Tensor", "Join tensors along dim (default 1).",
    { fmt = "the result takes the layout of the inputs (channels-last inputs give a "
    .. "channels-last result)", err = "not a non-empty array of tensors, sizes that differ "
@@ -472,8 +568,13 @@ for _, n in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum", "e
    "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "matmul", "mm",
    "view", "reshape", "permute", "transpose", "expand", "narrow", "select", "unsqueeze",
    "squeeze", "flatten", "clone", "contiguous", "numel", "equal", "allclose", "isnan", "all",
-   "any", "var", "std", "masked_fill", "chunk", "split" }) do
+   "any", "var", "std", "masked_fill", "chunk", "split",
+   "softmax", "log_softmax", "logsumexp", "norm", "isinf", "isposinf", "isneginf", "isfinite",
+   "nan_to_num", "lerp", "clamp_min", "clamp_max", "bmm", "baddbmm", "addmm", "mv", "dot",
+   "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
+   "broadcast_to", "tile" }) do
    local m = n == "mm" and "matmul" or n
+   if n == "moveaxis" then m = "movedim" elseif n == "swapdims" then m = "swapaxes" end
    E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. m
       .. ").")
 end
@@ -1335,8 +1436,9 @@ E("lm.nn.fold_batch_norm", "lm.nn.fold_batch_norm(model) -> model, n", "Fold eve
    .. "or GELU (folded or not) runs that activation in the convolution's epilogue.",
    { err = "the model is in training mode (call model:eval() first); nothing is changed then",
    fmt = "the folded weights keep the convolution's layout (channels_last, channels_last_3d)" })
-E("lm.nn.utils", "lm.nn.utils", "fuse_conv_bn_eval, fuse_conv_bn_weights (PyTorch's "
-   .. "torch.nn.utils names) and the folding helpers.")
+E("lm.nn.utils", "lm.nn.utils", "fuse_conv_bn_eval, fuse_conv_bn_weights, clip_grad_norm_, "
+   .. "clip_grad_value_, parameters_to_vector, vector_to_parameters (PyTorch's torch.nn.utils "
+   .. "names) and the folding helpers.")
 E("lm.nn.utils.fuse_conv_bn_eval", "lm.nn.utils.fuse_conv_bn_eval(conv, bn) -> Conv2d or "
    .. "Conv3d", "A new convolution computing bn(conv(x)) (Conv2d with BatchNorm2d, Conv3d with "
    .. "BatchNorm3d); conv and bn are not changed.", { err = "either module in training mode, bn "
@@ -1360,6 +1462,23 @@ E("lm.nn.utils.bn_relu", "lm.nn.utils.bn_relu(bn, relu, x, residual) -> tensor",
    .. "lm.models' ResNet blocks use it when not folded, in training and evaluation.",
    { fmt = "the result and the gradients keep x's memory format (channels_last stays "
      .. "channels_last)" })
+E("lm.nn.utils.clip_grad_norm_", "lm.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, "
+   .. "error_if_nonfinite) -> Tensor  (or ..., {norm_type =, error_if_nonfinite =, foreach =})",
+   "Scale the gradients of parameters (a tensor or a list, e.g. model:parameters()) in place so "
+   .. "that their total norm (the norm_type norm, 2 by default, of the gradients' norms) is at "
+   .. "most max_norm: each is multiplied by min(1, max_norm / (total + 1e-6)), as PyTorch's. "
+   .. "Returns the total norm before clipping (0-d); parameters without a gradient are skipped.",
+   { err = "parameters that are not tensors, max_norm or norm_type not numbers, gradients on "
+   .. "different devices, a non-finite total with error_if_nonfinite = true" })
+E("lm.nn.utils.clip_grad_value_", "lm.nn.utils.clip_grad_value_(parameters, clip_value)",
+   "Clamp each gradient to [-clip_value, clip_value] in place.",
+   { err = "parameters that are not tensors, clip_value not a number" })
+E("lm.nn.utils.parameters_to_vector", "lm.nn.utils.parameters_to_vector(parameters) -> Tensor",
+   "The parameters flattened and joined into one 1-D tensor (a copy).",
+   { err = "no parameters, parameters on different devices" })
+E("lm.nn.utils.vector_to_parameters", "lm.nn.utils.vector_to_parameters(vec, parameters)",
+   "Copy consecutive slices of the 1-D vec into the parameters (in place, outside autograd).",
+   { err = "vec not 1-D, a number of elements that differs from the parameters'" })
 E("lm.nn.init", "lm.nn.init", "Weight initialisers (PyTorch's torch.nn.init), in place, from "
    .. "the global generator.")
 E("lm.nn.init.calculate_gain", "lm.nn.init.calculate_gain(nonlinearity, param) -> number",

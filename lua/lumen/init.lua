@@ -61,6 +61,11 @@ local functional = {
    "matmul", "mm", "view", "reshape", "permute", "transpose", "expand", "narrow", "select",
    "unsqueeze", "squeeze", "flatten", "clone", "contiguous", "numel", "equal", "allclose",
    "isnan", "all", "any", "var", "std", "masked_fill", "chunk", "split",
+   -- composed (lua/lumen/autograd/composed_math.lua, composed_shape.lua)
+   "softmax", "log_softmax", "logsumexp", "norm", "isinf", "isposinf", "isneginf", "isfinite",
+   "nan_to_num", "lerp", "clamp_min", "clamp_max", "bmm", "baddbmm", "addmm", "mv", "dot",
+   "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
+   "broadcast_to", "tile",
 }
 local Tensor = T.Tensor
 for _, name in ipairs(functional) do

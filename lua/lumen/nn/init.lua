@@ -45,5 +45,11 @@ nn.utils = {
    can_fold_all = fold.can_fold_all,
    bn_relu = fold.bn_relu,
 }
+-- the gradient tools of training loops (lumen.nn.clip_grad), PyTorch's names
+local clip = require("lumen.nn.clip_grad")
+nn.utils.clip_grad_norm_ = clip.clip_grad_norm_
+nn.utils.clip_grad_value_ = clip.clip_grad_value_
+nn.utils.parameters_to_vector = clip.parameters_to_vector
+nn.utils.vector_to_parameters = clip.vector_to_parameters
 
 return nn

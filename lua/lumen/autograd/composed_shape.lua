@@ -1,0 +1,338 @@
+-- lumen.autograd.composed_shape -- the shape Tensor methods a PyTorch user reaches for on day
+-- one, composed from views and differentiable copies: unbind, movedim / moveaxis, swapaxes /
+-- swapdims, unflatten, broadcast_to, repeat, tile; and the new_* factories (new_zeros, new_ones,
+-- new_full, new_empty, new_tensor) and the in-place random fills (uniform_, normal_,
+-- bernoulli_, random_), which make values with self's dtype and device. lumen.autograd loads it
+-- once, after the families it composes.
+
+local T = require("lumen.tensor")
+local G = require("lumen.autograd.graph")
+local C = require("lumen.C")
+
+local type, tostring, pairs, select, floor = type, tostring, pairs, select, math.floor
+
+local Tensor, argerror = T.Tensor, T.argerror
+local grad_enabled, needs = G.is_grad_enabled, G.needs
+
+local M = {}
+
+local function creation() return require("lumen.creation") end
+
+local function tensor_arg(fname, t, what)
+   if not T.is_tensor(t) then
+      argerror(fname, ("%s must be a tensor, got %s"):format(what or "self", T.typename(t)))
+   end
+   return t
+end
+
+local function int_arg(fname, v, what)
+   if type(v) ~= "number" or v % 1 ~= 0 then
+      argerror(fname, ("%s must be an integer, got %s"):format(what,
+               type(v) == "number" and tostring(v) or T.typename(v)))
+   end
+   return v
+end
+
+-- a list of integers given as a table or as the varargs
+local function int_list(fname, what, ...)
+   local first = ...
+   local list
+   if type(first) == "table" and not T.is_tensor(first) then
+      list = {}
+      for i = 1, #first do list[i] = first[i] end
+   else
+      list = { ... }
+   end
+   for i = 1, #list do int_arg(fname, list[i], ("%s[%d]"):format(what, i)) end
+   return list
+end
+
+---------------------------------------------------------------------------------------------
+-- views
+---------------------------------------------------------------------------------------------
+
+-- unbind(dim = 1): the selects along dim, as a Lua array of views
+function Tensor.unbind(self, dim)
+   tensor_arg("unbind", self)
+   local nd = Tensor.dim(self)
+   if nd == 0 then argerror("unbind", "cannot unbind a 0-dim tensor") end
+   local d = T.wrap_dim("unbind", dim or 1, nd) + 1
+   local out = {}
+   for i = 1, Tensor.size(self, d) do out[i] = Tensor.select(self, d, i) end
+   return out
+end
+
+-- movedim(source, destination): the dims of source (a dim or a list) moved to the places of
+-- destination, the others keeping their order (torch.movedim), as one permute view
+function Tensor.movedim(self, source, destination)
+   tensor_arg("movedim", self)
+   local nd = Tensor.dim(self)
+   local src = type(source) == "table" and source or { source }
+   local dst = type(destination) == "table" and destination or { destination }
+   if #src ~= #dst then
+      argerror("movedim", ("source and destination must have the same number of dims, got %d " ..
+               "and %d"):format(#src, #dst))
+   end
+   local order, taken, placed = {}, {}, {}
+   for i = 1, #src do
+      local s = T.wrap_dim("movedim", src[i], nd)
+      local t = T.wrap_dim("movedim", dst[i], nd)
+      if taken[s] then argerror("movedim", "repeated dim in source: " .. tostring(src[i])) end
+      if placed[t] then argerror("movedim", "repeated dim in destination: " .. tostring(dst[i])) end
+      taken[s], placed[t] = true, true
+      order[t] = s
+   end
+   local rest = 0
+   for t = 0, nd - 1 do
+      if order[t] == nil then
+         while taken[rest] do rest = rest + 1 end
+         order[t] = rest
+         rest = rest + 1
+      end
+   end
+   local perm = {}
+   for t = 0, nd - 1 do perm[t + 1] = order[t] + 1 end
+   if nd == 0 then return Tensor.alias(self) end
+   return Tensor.permute(self, perm)
+end
+Tensor.moveaxis = Tensor.movedim
+
+-- swapaxes(a, b) / swapdims(a, b): transpose
+function Tensor.swapaxes(self, a, b)
+   tensor_arg("swapaxes", self)
+   return Tensor.transpose(self, a, b)
+end
+Tensor.swapdims = Tensor.swapaxes
+
+-- unflatten(dim, sizes): dim viewed as sizes (one of them may be -1), torch.unflatten
+function Tensor.unflatten(self, dim, sizes)
+   tensor_arg("unflatten", self)
+   local nd = Tensor.dim(self)
+   local d = T.wrap_dim("unflatten", dim, nd) + 1
+   if type(sizes) ~= "table" or #sizes == 0 then
+      argerror("unflatten", "sizes must be a non-empty list of integers, got " ..
+               (type(sizes) == "table" and "an empty list" or T.typename(sizes)))
+   end
+   local n, known, free = Tensor.size(self, d), 1, nil
+   for i = 1, #sizes do
+      local s = int_arg("unflatten", sizes[i], ("sizes[%d]"):format(i))
+      if s == -1 then
+         if free then argerror("unflatten", "only one size may be -1") end
+         free = i
+      elseif s < 0 then
+         argerror("unflatten", ("sizes[%d] must be non-negative or -1, got %d"):format(i, s))
+      else
+         known = known * s
+      end
+   end
+   if (free == nil and known ~= n) or (free ~= nil and (known == 0 or n % known ~= 0)) then
+      argerror("unflatten", ("sizes {%s} do not multiply to dim %d's size %d"):format(
+               table.concat(sizes, ", "), d, n))
+   end
+   local full = {}
+   for i = 1, d - 1 do full[#full + 1] = Tensor.size(self, i) end
+   for i = 1, #sizes do full[#full + 1] = sizes[i] == -1 and floor(n / known) or sizes[i] end
+   for i = d + 1, nd do full[#full + 1] = Tensor.size(self, i) end
+   return Tensor.view(self, full)
+end
+
+-- broadcast_to(sizes): expand
+function Tensor.broadcast_to(self, ...)
+   tensor_arg("broadcast_to", self)
+   return Tensor.expand(self, ...)
+end
+
+---------------------------------------------------------------------------------------------
+-- repeat / tile
+---------------------------------------------------------------------------------------------
+
+-- repeat(r1, r2, ...) (or a list): self tiled r_i times along each dim, with leading dims added
+-- when there are more repeats than dims (torch.Tensor.repeat); a new contiguous tensor. Made as
+-- the expand of an unsqueezed view, reshaped: one copy, and the gradient sums the tiles back.
+local function repeat_(fname, self, reps)
+   local nd = Tensor.dim(self)
+   if #reps < nd then
+      argerror(fname, ("number of repeat dims (%d) can not be smaller than the tensor's " ..
+               "dimension (%d)"):format(#reps, nd))
+   end
+   for i = 1, #reps do
+      if reps[i] < 0 then
+         argerror(fname, ("repeats[%d] must be non-negative, got %d"):format(i, reps[i]))
+      end
+   end
+   local lead = #reps - nd
+   local view, expand, final = {}, {}, {}
+   for i = 1, #reps do
+      local s = i > lead and Tensor.size(self, i - lead) or 1
+      view[#view + 1], view[#view + 2] = 1, s
+      expand[#expand + 1], expand[#expand + 2] = reps[i], s
+      final[i] = reps[i] * s
+   end
+   local x = Tensor.contiguous(self)
+   local y = Tensor.expand(Tensor.reshape(x, view), expand)
+   return Tensor.contiguous(Tensor.reshape(y, final))
+end
+
+-- `repeat` is a Lua keyword: t["repeat"](t, 2, 1) works, and t:repeatTensor(2, 1) (Torch7's
+-- name) is the same method
+Tensor["repeat"] = function(self, ...)
+   tensor_arg("repeat", self)
+   return repeat_("repeat", self, int_list("repeat", "repeats", ...))
+end
+Tensor.repeatTensor = Tensor["repeat"]
+
+-- tile(dims): repeat, with ones prepended when dims has fewer entries than self's dims
+function Tensor.tile(self, ...)
+   tensor_arg("tile", self)
+   local reps = int_list("tile", "dims", ...)
+   local nd = Tensor.dim(self)
+   while #reps < nd do table.insert(reps, 1, 1) end
+   return repeat_("tile", self, reps)
+end
+
+---------------------------------------------------------------------------------------------
+-- new_* factories: self's dtype and device unless the options say otherwise
+---------------------------------------------------------------------------------------------
+
+-- the sizes (a list, or the leading numbers) and the options table that may follow them
+local function sizes_opts(fname, ...)
+   local first = ...
+   if type(first) == "table" and not T.is_tensor(first) then
+      local opts = select(2, ...)
+      if select("#", ...) > 2 then argerror(fname, "expected (sizes, opts)") end
+      return first, opts
+   end
+   local n = select("#", ...)
+   local sizes, opts = {}, nil
+   for i = 1, n do
+      local v = select(i, ...)
+      if i == n and type(v) == "table" then opts = v else sizes[#sizes + 1] = v end
+   end
+   return sizes, opts
+end
+
+local function with_defaults(fname, self, opts)
+   if opts ~= nil and type(opts) ~= "table" then
+      argerror(fname, "options must be a table, got " .. T.typename(opts))
+   end
+   local o = {}
+   if opts then for k, v in pairs(opts) do o[k] = v end end
+   if o.dtype == nil then o.dtype = Tensor.dtype(self) end
+   if o.device == nil then o.device = Tensor.device(self) end
+   return o
+end
+
+local function new_factory(name, make)
+   Tensor["new_" .. name] = function(self, ...)
+      tensor_arg("new_" .. name, self)
+      return make(self, ...)
+   end
+end
+
+new_factory("zeros", function(self, ...)
+   local sizes, opts = sizes_opts("new_zeros", ...)
+   return creation().zeros(sizes, with_defaults("new_zeros", self, opts))
+end)
+new_factory("ones", function(self, ...)
+   local sizes, opts = sizes_opts("new_ones", ...)
+   return creation().ones(sizes, with_defaults("new_ones", self, opts))
+end)
+new_factory("empty", function(self, ...)
+   local sizes, opts = sizes_opts("new_empty", ...)
+   return creation().empty(sizes, with_defaults("new_empty", self, opts))
+end)
+-- new_full(sizes, value, opts)
+new_factory("full", function(self, sizes, value, opts)
+   if type(sizes) ~= "table" then
+      argerror("new_full", "sizes must be a table, got " .. T.typename(sizes))
+   end
+   return creation().full(sizes, value, with_defaults("new_full", self, opts))
+end)
+-- new_tensor(data, opts): a copy of data (numbers, nested tables or a tensor), self's dtype and
+-- device by default
+new_factory("tensor", function(self, data, opts)
+   return creation().tensor(data, with_defaults("new_tensor", self, opts))
+end)
+
+---------------------------------------------------------------------------------------------
+-- in-place random fills (torch.Tensor.uniform_ ...), from lumen's generator (lm.manual_seed)
+---------------------------------------------------------------------------------------------
+
+local function check_status(st, fname)
+   if st ~= 0 then T.check(st, fname) end
+end
+
+-- a leaf that requires grad refuses (as fill_); a tensor with history loses it (its old value
+-- gets no gradient)
+local function random_fill(fname, float_only, body)
+   Tensor[fname] = function(self, ...)
+      tensor_arg(fname, self)
+      local dt = tostring(Tensor.dtype(self))
+      if float_only and not (dt == "float32" or dt == "float64" or dt == "float16"
+                             or dt == "bfloat16") then
+         argerror(fname, "expected a floating point tensor, got " .. dt)
+      end
+      local tracked = grad_enabled() and needs(self)
+      if tracked and rawget(self, "grad_fn") == nil then
+         argerror(fname, "a leaf tensor that requires grad is being used in an in-place operation")
+      end
+      if Tensor.device(self) ~= "meta" then body(self, ...) end
+      if tracked then
+         rawset(self, "grad_fn", nil)
+         rawset(self, "requires_grad", nil)
+      end
+      return self
+   end
+end
+
+local function num(fname, v, default, what)
+   if v == nil then return default end
+   if type(v) ~= "number" or v ~= v then
+      argerror(fname, ("%s must be a number, got %s"):format(what, tostring(v)))
+   end
+   return v
+end
+
+-- uniform_(from = 0, to = 1)
+random_fill("uniform_", true, function(self, a, b)
+   a, b = num("uniform_", a, 0, "from"), num("uniform_", b, 1, "to")
+   if a > b then
+      argerror("uniform_", ("expects from <= to, got from=%s to=%s"):format(tostring(a),
+               tostring(b)))
+   end
+   check_status(C.lm_uniform_(self._c, a, b), "uniform_")
+end)
+
+-- normal_(mean = 0, std = 1)
+random_fill("normal_", true, function(self, mean, std)
+   mean, std = num("normal_", mean, 0, "mean"), num("normal_", std, 1, "std")
+   if std < 0 then argerror("normal_", "expects std >= 0, got " .. tostring(std)) end
+   check_status(C.lm_normal_(self._c, mean, std), "normal_")
+end)
+
+-- bernoulli_(p = 0.5): 1 with probability p, else 0, in self's dtype
+random_fill("bernoulli_", false, function(self, p)
+   p = num("bernoulli_", p, 0.5, "p")
+   if p < 0 or p > 1 then
+      argerror("bernoulli_", "expects 0 <= p <= 1, got " .. tostring(p))
+   end
+   check_status(C.lm_bernoulli_(self._c, p), "bernoulli_")
+end)
+
+-- random_(from, to) / random_(to): integers drawn uniformly from [from, to) ([0, to))
+random_fill("random_", false, function(self, a, b)
+   if a == nil then
+      argerror("random_", "give the range: random_(to) or random_(from, to)")
+   end
+   if b == nil then a, b = 0, a end
+   a, b = int_arg("random_", a, "from"), int_arg("random_", b, "to")
+   if a >= b then
+      argerror("random_", ("expects from < to, got from=%d to=%d"):format(a, b))
+   end
+   if tostring(Tensor.dtype(self)) == "bool" and (a < 0 or b > 2) then
+      argerror("random_", "a bool tensor takes a range within [0, 2)")
+   end
+   check_status(C.lm_randint_(self._c, a, b), "random_")
+end)
+
+return M
