@@ -1,5 +1,6 @@
--- lm.onnx.export of the issue-40 operators (the activations, with hardtanh, softplus, selu and
--- celu, F.pad constant, the shuffles, Dropout2d and lm.ops.StochasticDepth in evaluation) at
+-- lm.onnx.export of the issue-40 operators (the activations, with hardtanh, softplus, selu,
+-- celu, softsign, tanhshrink, softshrink, hardshrink, threshold and logsigmoid, F.pad constant,
+-- the shuffles, Dropout2d and lm.ops.StochasticDepth in evaluation) at
 -- opsets 13, 17, 18 and 20 (Gelu's own node from 20, HardSwish from 14, Mish from 18):
 -- onnx.checker and ONNX Runtime within 1e-5 of the eager model, channels-last; a
 -- StochasticDepth in training mode refused. Skipped (with the reason) without the writer or ONNX
@@ -20,7 +21,8 @@ function Net:__init()
                              nn.ReLU6(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.Mish(),
                              nn.GELU("tanh"), nn.Dropout2d(0.3), lm.ops.StochasticDepth(0.4),
                              nn.Hardtanh(-0.5, 0.8), nn.Softplus(2), nn.SELU(), nn.CELU(0.7),
-                             nn.Softplus())
+                             nn.Softplus(), nn.Softsign(), nn.Tanhshrink(), nn.Softshrink(0.1),
+                             nn.Hardshrink(0.05), nn.Threshold(-0.2, 0.3), nn.LogSigmoid())
    self.shuf = nn.Sequential(nn.PixelShuffle(2), nn.PixelUnshuffle(2), nn.ChannelShuffle(4))
 end
 function Net:forward(x)

@@ -55,6 +55,14 @@ local POSITIONAL = {
    upsample = "(x, size, scale_factor, mode, align_corners)",
    sigmoid = "(x)",
    tanh = "(x)",
+   -- the composed activations and vector ops (functional/activation_composed.lua, vector.lua)
+   logsigmoid = "(x)",
+   softsign = "(x)",
+   tanhshrink = "(x)",
+   glu = "(x, dim)",
+   prelu = "(x, weight)",
+   softmin = "(x, dim)",
+   one_hot = "(t, num_classes)",
    -- F.relu(x, inplace) also takes {inplace = b}, validated against functional.lua's RELU_OPTS,
    -- which is not in F._OPTIONS yet (functional.lua is being split by family; register it there)
    relu = "(x, inplace) or (x, {inplace = b})",

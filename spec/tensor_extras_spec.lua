@@ -62,11 +62,11 @@ end
 
 describe("composed Tensor methods against PyTorch", function()
    for _, c in ipairs(CASES) do
-      if not c.clip then
+      if not c.clip and not c.optim then
          it(c.name .. ": values, sizes, dtype and gradients", function()
             local ins = {}
             for i, s in ipairs(c.inputs) do ins[i] = make(s, c.grads ~= nil) end
-            local out = run(c.lua, { x = ins[1], y = ins[2], z = ins[3], lm = lm })
+            local out = run(c.lua, { x = ins[1], y = ins[2], z = ins[3], w = ins[4], lm = lm })
             assert.is_true(H.list_equal(c.out.sizes, out:size()), c.name .. ": sizes")
             assert.are.equal(c.out.dtype, tostring(out:dtype()), c.name .. ": dtype")
             -- float32 results: within the rounding of PyTorch's (its exp and fused multiply-adds)
@@ -87,6 +87,38 @@ describe("composed Tensor methods against PyTorch", function()
          end)
       end
    end
+end)
+
+describe("RMSprop and Adagrad against PyTorch (three steps)", function()
+   for _, c in ipairs(CASES) do
+      if c.optim then
+         it(c.name, function()
+            local p = dev(lm.tensor(c.p0, { dtype = lm.float64 }):view(3, 4)):requires_grad_(true)
+            local opt = run(c.lua, { P = { p }, lm = lm })
+            for _, g in ipairs(c.grads) do
+               p.grad = dev(lm.tensor(g, { dtype = lm.float64 }):view(3, 4))
+               opt:step()
+            end
+            close(vals(p), c.p, 1e-12, c.name)
+         end)
+      end
+   end
+
+   it("keep a channels-last parameter's layout in their state, and check their options", function()
+      local p = dev(lm.randn({ 2, 3, 4, 5 }):contiguous(lm.channels_last)):requires_grad_(true)
+      for _, opt in ipairs({ lm.optim.RMSprop({ p }, { momentum = 0.9, centered = true }),
+                             lm.optim.Adagrad({ p }) }) do
+         p.grad = dev(lm.ones({ 2, 3, 4, 5 }):contiguous(lm.channels_last))
+         opt:step()
+         for _, v in pairs(opt.state[p] or {}) do
+            if lm.is_tensor(v) then assert.is_true(v:is_contiguous(lm.channels_last)) end
+         end
+      end
+      assert.is_true(p:is_contiguous(lm.channels_last))
+      raises("lumen.RMSprop: invalid alpha value: -1", function() lm.optim.RMSprop({ p }, { alpha = -1 }) end)
+      raises("lumen.RMSprop: unknown option 'beta'", function() lm.optim.RMSprop({ p }, { beta = 1 }) end)
+      raises("lumen.Adagrad: invalid lr_decay value", function() lm.optim.Adagrad({ p }, { lr_decay = -1 }) end)
+   end)
 end)
 
 describe("lm.nn.utils.clip_grad_norm_ against PyTorch", function()

@@ -1120,6 +1120,66 @@ E("lm.F.cross_entropy", "lm.F.cross_entropy(logits, target, opts) -> Tensor", "n
    .. "sizes, a weight that is not one value a class, an unknown option" })
 E("lm.F.mse_loss", "lm.F.mse_loss(a, b, opts) -> Tensor", "Mean squared error.",
    { opts = "{reduction = \"mean\" | \"sum\" | \"none\"}", err = "sizes that do not broadcast" })
+local RED = "reduction = \"mean\" | \"sum\" | \"none\""
+E("lm.F.l1_loss", "lm.F.l1_loss(input, target, opts) -> Tensor", "Mean absolute error "
+   .. "|input - target| (composed: every device, dtype and layout; the element losses keep the "
+   .. "input's memory format).", { opts = "{" .. RED .. "}", err = "sizes that do not "
+   .. "broadcast, non-float inputs, an unknown option or reduction" })
+E("lm.F.smooth_l1_loss", "lm.F.smooth_l1_loss(input, target, opts) -> Tensor", "With z = "
+   .. "|input - target|: 0.5 z^2 / beta where z < beta, else z - 0.5 beta (beta = 0: l1_loss).",
+   { opts = "{" .. RED .. ", beta = 1}", err = "as l1_loss, beta < 0" })
+E("lm.F.huber_loss", "lm.F.huber_loss(input, target, opts) -> Tensor", "0.5 z^2 where z < delta, "
+   .. "else delta (z - 0.5 delta).", { opts = "{" .. RED .. ", delta = 1}",
+   err = "as l1_loss, delta <= 0" })
+E("lm.F.binary_cross_entropy", "lm.F.binary_cross_entropy(input, target, opts) -> Tensor",
+   "-w (y log x + (1 - y) log(1 - x)) for probabilities x in [0, 1], each log clamped at -100 as "
+   .. "PyTorch's; its backward is PyTorch's ((x - y) / max(x (1 - x), 1e-12)).",
+   { opts = "{weight = (broadcasts to input), " .. RED .. "}", err = "input outside [0, 1] "
+   .. "(NaN included), inside lm.autocast (unsafe, as in PyTorch: use the _with_logits form), "
+   .. "a weight that does not broadcast, as l1_loss" })
+E("lm.F.binary_cross_entropy_with_logits", "lm.F.binary_cross_entropy_with_logits(input, target, "
+   .. "opts) -> Tensor", "PyTorch's stable form on logits: (1 - y) x - lw logsigmoid(x), lw = "
+   .. "(pos_weight - 1) y + 1, times weight; differentiable in every tensor argument.",
+   { opts = "{weight =, " .. RED .. ", pos_weight = (broadcasts along the last dim)}",
+   err = "as binary_cross_entropy (autocast allowed)" })
+E("lm.F.kl_div", "lm.F.kl_div(input, target, opts) -> Tensor", "KL divergence with input as "
+   .. "log-probabilities: target (log target - input), 0 where target is 0; log_target = true "
+   .. "takes target as log-probabilities. reduction \"batchmean\" divides the sum by the batch "
+   .. "size (the true KL divergence); \"mean\" (the default, as PyTorch's) by every element.",
+   { opts = "{reduction = \"mean\" | \"batchmean\" | \"sum\" | \"none\", log_target = false}",
+   err = "as l1_loss" })
+E("lm.F.logsigmoid", "lm.F.logsigmoid(x) -> Tensor", "log(sigmoid(x)) = min(x, 0) - log1p(exp(-"
+   .. "|x|)), finite for any x; gradient sigmoid(-x).", { fmt = FMT_EW })
+E("lm.F.softsign", "lm.F.softsign(x) -> Tensor", "x / (1 + |x|).", { fmt = FMT_EW })
+E("lm.F.tanhshrink", "lm.F.tanhshrink(x) -> Tensor", "x - tanh(x).", { fmt = FMT_EW })
+E("lm.F.softshrink", "lm.F.softshrink(x, lambd) -> Tensor  (or (x, {lambd =}))", "x - lambd "
+   .. "above lambd (0.5), x + lambd below -lambd, 0 between; NaN stays NaN.",
+   { fmt = FMT_EW, err = "lambd < 0 or not a number" })
+E("lm.F.hardshrink", "lm.F.hardshrink(x, lambd) -> Tensor  (or (x, {lambd =}))", "0 in "
+   .. "[-lambd, lambd] (0.5), x elsewhere; no gradient to a NaN, as PyTorch.", { fmt = FMT_EW })
+E("lm.F.threshold", "lm.F.threshold(x, threshold, value, inplace) -> Tensor  (or (x, "
+   .. "{threshold =, value =, inplace =}))", "value where x <= threshold, else x.",
+   { fmt = FMT_EW, err = "threshold or value not numbers" })
+E("lm.F.glu", "lm.F.glu(x, dim) -> Tensor", "a * sigmoid(b), a and b the halves of x along dim "
+   .. "(default -1).", { err = "an odd size along dim, a 0-d input" })
+E("lm.F.prelu", "lm.F.prelu(x, weight) -> Tensor", "x where x > 0, weight * x elsewhere; weight "
+   .. "has one element or one per channel (dim 2).", { fmt = FMT_EW, err = "a weight whose size "
+   .. "is neither 1 nor the channel count, a dtype other than x's" })
+E("lm.F.softmin", "lm.F.softmin(x, dim) -> Tensor", "softmax(-x, dim).")
+E("lm.F.normalize", "lm.F.normalize(x, opts) -> Tensor", "x / max(||x||_p over dim, eps) "
+   .. "(Tensor:norm's gradient).", { opts = "{p = 2, dim = 2 (1 for a 1-D x), eps = 1e-12}",
+   fmt = FMT_EW, err = "an integer input, a dim out of range, an unknown option" })
+E("lm.F.cosine_similarity", "lm.F.cosine_similarity(x1, x2, opts) -> Tensor", "The cosine of the "
+   .. "angle between x1 and x2 along dim (x1, x2 broadcast): each divided by its norm clamped at "
+   .. "eps, then summed, as PyTorch (the result stays in [-1, 1]).", { opts = "{dim = 2, eps = "
+   .. "1e-8}", err = "sizes that do not broadcast, integer inputs" })
+E("lm.F.pairwise_distance", "lm.F.pairwise_distance(x1, x2, opts) -> Tensor", "||x1 - x2 + eps||_p "
+   .. "over the last dim.", { opts = "{p = 2, eps = 1e-6, keepdim = false}", err = "as "
+   .. "cosine_similarity" })
+E("lm.F.one_hot", "lm.F.one_hot(t, num_classes) -> Tensor", "int64 with a new last dim of "
+   .. "num_classes (default: t's largest class), 1 at each of t's 1-based classes (lumen's "
+   .. "class convention, as cross_entropy's targets), 0 elsewhere.", { err = "a dtype other than "
+   .. "int64, a class below 1 or above num_classes, an empty t without num_classes" })
 
 E("lm.nn.MaxPool3d", "lm.nn.MaxPool3d(opts) / lm.nn.MaxPool3d(kernel_size, stride, padding, "
    .. "dilation, return_indices, ceil_mode)", "lm.F.max_pool3d as a module.",
@@ -1378,6 +1438,59 @@ E("lm.nn.CrossEntropyLoss", "lm.nn.CrossEntropyLoss(opts)", "m(logits, target) =
    .. "lm.F.cross_entropy(logits, target, opts).")
 E("lm.nn.NLLLoss", "lm.nn.NLLLoss(opts)", "m(log_probs, target) = lm.F.nll_loss(...).")
 E("lm.nn.MSELoss", "lm.nn.MSELoss(opts)", "m(a, b) = lm.F.mse_loss(a, b, opts).")
+E("lm.nn.L1Loss", "lm.nn.L1Loss(opts)", "m(a, b) = lm.F.l1_loss(a, b, opts).")
+E("lm.nn.SmoothL1Loss", "lm.nn.SmoothL1Loss(opts)", "lm.F.smooth_l1_loss as a module "
+   .. "({reduction =, beta =}).")
+E("lm.nn.HuberLoss", "lm.nn.HuberLoss(opts)", "lm.F.huber_loss as a module ({reduction =, "
+   .. "delta =}).")
+E("lm.nn.BCELoss", "lm.nn.BCELoss(opts)", "lm.F.binary_cross_entropy as a module ({weight =, "
+   .. "reduction =}; the weight is a buffer).")
+E("lm.nn.BCEWithLogitsLoss", "lm.nn.BCEWithLogitsLoss(opts)", "lm.F.binary_cross_entropy_with_"
+   .. "logits as a module ({weight =, reduction =, pos_weight =}; the tensors are buffers, so "
+   .. "m:to(device) moves them).")
+E("lm.nn.KLDivLoss", "lm.nn.KLDivLoss(opts)", "lm.F.kl_div as a module ({reduction =, "
+   .. "log_target =}).")
+E("lm.nn.ModuleList", "lm.nn.ModuleList({m1, m2, ...})", "Holds modules in a list, registered "
+   .. "as children \"0\", \"1\", ... (PyTorch's state_dict keys); list[i] (1-based, negative from "
+   .. "the end) reads and replaces, list:append(m), list:extend({...}), list:insert(i, m), "
+   .. "list:len(), `for i, m in list:ipairs()`. No forward of its own.",
+   { err = "an element that is not a Module, an index out of range on assignment" })
+E("lm.nn.ModuleDict", "lm.nn.ModuleDict({name = m, ...}) / lm.nn.ModuleDict({{name, m}, ...})",
+   "Holds modules by name (dict.name or dict:get(name)); a plain table's keys are registered in "
+   .. "sorted order (Lua tables have none), a list of pairs in its order; dict:update(t), "
+   .. "dict:keys(), dict:values(), dict:items(), dict:len(), dict:contains(name), "
+   .. "dict:pop(name). No forward of its own.", { err = "a value that is not a Module, a key "
+   .. "that is not a string" })
+E("lm.nn.LogSigmoid", "lm.nn.LogSigmoid()", "lm.F.logsigmoid as a module.")
+E("lm.nn.Softsign", "lm.nn.Softsign()", "lm.F.softsign as a module.")
+E("lm.nn.Tanhshrink", "lm.nn.Tanhshrink()", "lm.F.tanhshrink as a module.")
+E("lm.nn.Softshrink", "lm.nn.Softshrink(lambd)", "lm.F.softshrink as a module (0.5).")
+E("lm.nn.Hardshrink", "lm.nn.Hardshrink(lambd)", "lm.F.hardshrink as a module (0.5).")
+E("lm.nn.Threshold", "lm.nn.Threshold(threshold, value, inplace)", "lm.F.threshold as a module "
+   .. "(or {threshold =, value =, inplace =}).")
+E("lm.nn.GLU", "lm.nn.GLU(dim)", "lm.F.glu as a module (dim -1).")
+E("lm.nn.Softmin", "lm.nn.Softmin(dim)", "lm.F.softmin as a module.")
+E("lm.nn.PReLU", "lm.nn.PReLU(num_parameters, init)", "lm.F.prelu with a learned weight of "
+   .. "num_parameters (1, or the channel count) values, init 0.25 (or {num_parameters =, init =, "
+   .. "dtype =, device =}).")
+E("lm.nn.CosineSimilarity", "lm.nn.CosineSimilarity(dim, eps)", "lm.F.cosine_similarity as a "
+   .. "module (2, 1e-8).")
+E("lm.nn.PairwiseDistance", "lm.nn.PairwiseDistance(p, eps, keepdim)", "lm.F.pairwise_distance "
+   .. "as a module (2, 1e-6, false).")
+for _, kind in ipairs({ "Zero", "Constant", "Reflection", "Replication", "Circular" }) do
+   for k = 1, 3 do
+      local mode = ({ Zero = "constant (0)", Constant = "constant (value)",
+                      Reflection = "reflect", Replication = "replicate",
+                      Circular = "circular" })[kind]
+      E(("lm.nn.%sPad%dd"):format(kind, k), ("lm.nn.%sPad%dd(padding%s)"):format(kind, k,
+         kind == "Constant" and ", value" or ""), ("lm.F.pad in mode %s over the last %d "
+         .. "dim%s: padding a number (every side) or %d numbers, last dim first (PyTorch's "
+         .. "order)."):format(mode, k, k > 1 and "s" or "", 2 * k),
+         { err = "padding of another length, a " .. (k + 1) .. "-D or " .. (k + 2)
+         .. "-D input expected" })
+   end
+end
+E("lm.nn.Unflatten", "lm.nn.Unflatten(dim, unflattened_size)", "Tensor:unflatten as a module.")
 E("lm.nn.Sequential", "lm.nn.Sequential(m1, m2, ...) / lm.nn.Sequential({m1, ...})", "Runs its "
    .. "children in order; children are named \"0\", \"1\", ... (PyTorch's keys); seq[i] "
    .. "(1-based) is the i-th; seq:add(m), seq:size(), seq:get(i).")
@@ -1648,6 +1761,13 @@ E("lm.optim.Adam", "lm.optim.Adam(params, opts) -> optimizer", "Adam.",
    err = "values out of range (betas in [0, 1), eps >= 0, ...)" })
 E("lm.optim.AdamW", "lm.optim.AdamW(params, opts) -> optimizer", "Adam with decoupled weight "
    .. "decay.", { opts = "as Adam, weight_decay = 1e-2" })
+E("lm.optim.RMSprop", "lm.optim.RMSprop(params, opts) -> optimizer", "PyTorch's RMSprop, step "
+   .. "for step (composed from tensor ops: any device, dtype and layout; its state keeps the "
+   .. "parameter's layout).", { opts = "{lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0, "
+   .. "momentum = 0, centered = false, maximize = false}" })
+E("lm.optim.Adagrad", "lm.optim.Adagrad(params, opts) -> optimizer", "PyTorch's Adagrad, step "
+   .. "for step.", { opts = "{lr = 1e-2, lr_decay = 0, weight_decay = 0, "
+   .. "initial_accumulator_value = 0, eps = 1e-10, maximize = false}" })
 E("lm.optim.Optimizer", "lm.optim.Optimizer", "The base class: "
    .. "Optimizer.class(name, defaults, update, validate) makes a new optimizer class; update("
    .. "group, p, grad, state) is called for every parameter with a gradient, autograd off.")

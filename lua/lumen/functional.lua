@@ -22,6 +22,11 @@ require("lumen.functional.pad")         -- pad, pixel_shuffle, pixel_unshuffle, 
 require("lumen.functional.resample")    -- interpolate (upsample)
 require("lumen.functional.conv_transpose") -- conv_transpose1d, conv_transpose2d, conv_transpose3d
 require("lumen.functional.loss")        -- nll_loss, cross_entropy, mse_loss
+-- l1_loss, smooth_l1_loss, huber_loss, binary_cross_entropy(_with_logits), kl_div
+require("lumen.functional.loss_pointwise")
+-- logsigmoid, softsign, tanhshrink, softshrink, hardshrink, threshold, glu, prelu, softmin
+require("lumen.functional.activation_composed")
+require("lumen.functional.vector")      -- normalize, cosine_similarity, pairwise_distance, one_hot
 
 local F = H.F
 

@@ -687,6 +687,40 @@ OPS["F.mish"] = function(B, _, a, outs)
    B.node("Tanh", { sp }, { th })
    B.node("Mul", { x, th }, outs)
 end
+-- the composed activations (lua/lumen/functional/activation_composed.lua)
+OPS["F.logsigmoid"] = function(B, _, a, outs)       -- log(sigmoid(x)) = -softplus(-x)
+   local nx, sp = B.fresh("neg"), B.fresh("softplus")
+   B.node("Neg", { B.name(a[1].id) }, { nx })
+   B.node("Softplus", { nx }, { sp })
+   B.node("Neg", { sp }, outs)
+end
+OPS["F.softsign"] = function(B, _, a, outs) B.node("Softsign", { B.name(a[1].id) }, outs) end
+OPS["F.tanhshrink"] = function(B, _, a, outs)
+   local x, th = B.name(a[1].id), B.fresh("tanh")
+   B.node("Tanh", { x }, { th })
+   B.node("Sub", { x, th }, outs)
+end
+-- softshrink / hardshrink(x, lambd) or (x, {lambd =}): Shrink, whose bias is what is taken off
+-- outside [-lambd, lambd] (lambd for softshrink, 0 for hardshrink)
+local function shrink(soft)
+   return function(B, _, a, outs)
+      local l = a[2]
+      if type(l) == "table" then l = l.lambd end
+      l = l or 0.5
+      B.node("Shrink", { B.name(a[1].id) }, outs,
+             { lambd = { f = l }, bias = { f = soft and l or 0 } })
+   end
+end
+OPS["F.softshrink"], OPS["F.hardshrink"] = shrink(true), shrink(false)
+-- threshold(x, threshold, value) or (x, {threshold =, value =}): Where(x <= threshold, value, x)
+OPS["F.threshold"] = function(B, _, a, outs, g)
+   local th, v = a[2], a[3]
+   if type(th) == "table" then th, v = th.threshold, th.value end
+   local x, le = B.name(a[1].id), B.fresh("le")
+   local dt = g.values[a[1].id].dtype
+   B.node("LessOrEqual", { x, B.const_f({ th }, {}, dt) }, { le })
+   B.node("Where", { le, B.const_f({ v }, {}, dt), x }, outs)
+end
 -- gelu: Gelu (opset 20 or later, approximate "none" or "tanh", as torch.onnx), below it its
 -- formula (torch.onnx's decomposition)
 OPS["F.gelu"] = function(B, _, a, outs)
@@ -1082,6 +1116,19 @@ local NO_ONNX = {
    ["F.nll_loss"] = "a loss: export the model, not its training objective",
    ["F.cross_entropy"] = "a loss: export the model, not its training objective",
    ["F.mse_loss"] = "a loss: export the model, not its training objective",
+   ["F.l1_loss"] = "a loss: export the model, not its training objective",
+   ["F.smooth_l1_loss"] = "a loss: export the model, not its training objective",
+   ["F.huber_loss"] = "a loss: export the model, not its training objective",
+   ["F.binary_cross_entropy"] = "a loss: export the model, not its training objective",
+   ["F.binary_cross_entropy_with_logits"] = "a loss: export the model, not its training objective",
+   ["F.kl_div"] = "a loss: export the model, not its training objective",
+   ["F.glu"] = "not written yet: Split, Sigmoid and Mul",
+   ["F.prelu"] = "not written yet: PRelu with the slope reshaped to the channels",
+   ["F.softmin"] = "not written yet: Neg and Softmax",
+   ["F.normalize"] = "not written yet: LpNormalization",
+   ["F.cosine_similarity"] = "not written yet",
+   ["F.pairwise_distance"] = "not written yet",
+   ["F.one_hot"] = "not written yet: OneHot (with lumen's 1-based classes)",
 }
 
 -- dynamic_axes = {input = {[1] = "batch"}, output = {[1] = "batch"}} (PyTorch's option, with

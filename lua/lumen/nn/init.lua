@@ -24,6 +24,11 @@ nn.init = require("lumen.nn.weight_init")
 for k, v in pairs(layers) do
    if k:sub(1, 1) ~= "_" then nn[k] = v end
 end
+-- ModuleList, ModuleDict (lumen.nn.containers); the modules of lm.F's composed operators
+-- (lumen.nn.layers_composed: L1Loss ... BCEWithLogitsLoss, PReLU, the padding modules, ...)
+for _, mod in ipairs({ require("lumen.nn.containers"), require("lumen.nn.layers_composed") }) do
+   for k, v in pairs(mod) do nn[k] = v end
+end
 
 -- several devices in one process (lumen.nn.parallel): nn.DataParallel(model, devices)
 nn.DataParallel = require("lumen.nn.parallel").DataParallel

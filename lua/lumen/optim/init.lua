@@ -1,4 +1,5 @@
--- lumen.optim -- lm.optim: SGD, Adam and AdamW with PyTorch's (1.13) update formulas.
+-- lumen.optim -- lm.optim: SGD, Adam and AdamW with PyTorch's (1.13) update formulas; RMSprop
+-- and Adagrad (lumen.optim.composed).
 --
 --    local opt = lm.optim.SGD(net:parameters(), {lr = 0.1, momentum = 0.9, weight_decay = 1e-4})
 --    opt:zero_grad(); loss:backward(); opt:step()
@@ -196,6 +197,12 @@ M.AdamW = Optimizer.class("AdamW", {
    lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, amsgrad = false,
    maximize = false,
 }, adam_update(true), adam_validate)
+
+-- RMSprop and Adagrad, composed from tensor ops (lua/lumen/optim/composed.lua)
+do
+   local composed = require("lumen.optim.composed")
+   M.RMSprop, M.Adagrad = composed.RMSprop, composed.Adagrad
+end
 
 -- lm.optim.lr_scheduler: PyTorch's learning-rate schedules (lua/lumen/optim/lr_scheduler.lua)
 M.lr_scheduler = require("lumen.optim.lr_scheduler")

@@ -1,0 +1,235 @@
+-- lumen.functional.loss_pointwise -- lm.F's elementwise losses, composed from the elementwise
+-- ops and reductions: l1_loss, smooth_l1_loss, huber_loss, binary_cross_entropy,
+-- binary_cross_entropy_with_logits, kl_div. Formulas and edge cases are ATen's
+-- (aten/src/ATen/native/Loss.cpp); binary_cross_entropy has ATen's own backward (the log
+-- clamped at -100 forward, (x - y) / max(x (1 - x), 1e-12) back), the others are
+-- differentiable through their ops (input, target and weights). The element losses keep the
+-- input's memory format (reduction = "none").
+
+local T = require("lumen.tensor")
+local A = require("lumen.autograd")
+local AC = require("lumen.autocast")
+local H = require("lumen.functional.common")
+
+local type, tostring = type, tostring
+
+local Tensor, R = T.Tensor, T.raw
+local needs, record, fresh = A.needs, A.record, A.fresh
+local err, tensor_arg, check_opts, check_float = H.err, H.tensor_arg, H.check_opts,
+   H.check_float
+
+local F = H.F
+
+-- inside lm.autocast the losses compute in float32, as the others (lua/lumen/autocast.lua)
+local ac_on = false
+AC.subscribe(function(on) ac_on = on end)
+local ac_f32 = AC.f32
+
+local option_set = H.option_set
+
+local function reduce(fname, loss, r, batch)
+   r = r or "mean"
+   if r == "mean" then return Tensor.mean(loss) end
+   if r == "sum" then return Tensor.sum(loss) end
+   if r == "none" then return loss end
+   if r == "batchmean" and batch then
+      return Tensor.div(Tensor.sum(loss), batch)
+   end
+   err(fname, tostring(r) .. " is not a valid value for reduction")
+end
+
+local function pair(fname, input, target)
+   local ic = tensor_arg(fname, input, "input")
+   local tc = tensor_arg(fname, target, "target")
+   check_float(fname, ic, "input")
+   check_float(fname, tc, "target")
+   local si, st = Tensor.size(input), Tensor.size(target)
+   -- PyTorch broadcasts (with a warning when the sizes differ); sizes that do not broadcast are
+   -- an error naming both
+   local ok = true
+   for k = 1, math.max(#si, #st) do
+      local a, b = si[#si - k + 1] or 1, st[#st - k + 1] or 1
+      if a ~= b and a ~= 1 and b ~= 1 then ok = false end
+   end
+   if not ok then
+      err(fname, ("input of size %s and target of size %s do not broadcast"):format(
+          H.sizes_str(ic), H.sizes_str(tc)))
+   end
+end
+
+local function number_opt(fname, v, what, default, min)
+   if v == nil then return default end
+   if type(v) ~= "number" or v ~= v then
+      err(fname, what .. " must be a number, got " .. T.typename(v))
+   end
+   if min and v < min then err(fname, ("%s must be >= %s, got %s"):format(what, min, v)) end
+   return v
+end
+
+local RED_OPTS = option_set("reduction")
+
+-- l1_loss(input, target, {reduction = "mean"}): |input - target|
+F._OPTIONS.l1_loss = RED_OPTS
+function F.l1_loss(input, target, opts)
+   if ac_on then input, target = ac_f32(input), ac_f32(target) end
+   pair("l1_loss", input, target)
+   opts = check_opts("l1_loss", opts, RED_OPTS)
+   return reduce("l1_loss", Tensor.abs(Tensor.sub(input, target)), opts.reduction)
+end
+
+-- smooth_l1_loss(input, target, {reduction = "mean", beta = 1}): with z = |input - target|,
+-- 0.5 z^2 / beta where z < beta, else z - 0.5 beta; beta = 0 is l1_loss
+local SMOOTH_OPTS = option_set("reduction", "beta")
+F._OPTIONS.smooth_l1_loss = SMOOTH_OPTS
+function F.smooth_l1_loss(input, target, opts)
+   local fname = "smooth_l1_loss"
+   if ac_on then input, target = ac_f32(input), ac_f32(target) end
+   pair(fname, input, target)
+   opts = check_opts(fname, opts, SMOOTH_OPTS)
+   local beta = number_opt(fname, opts.beta, "beta", 1, 0)
+   local z = Tensor.abs(Tensor.sub(input, target))
+   if beta == 0 then return reduce(fname, z, opts.reduction) end
+   local loss = T.where(Tensor.lt(z, beta), Tensor.mul(Tensor.mul(z, z), 0.5 / beta),
+                        Tensor.sub(z, 0.5 * beta))
+   return reduce(fname, loss, opts.reduction)
+end
+
+-- huber_loss(input, target, {reduction = "mean", delta = 1}): 0.5 z^2 where z < delta, else
+-- delta (z - 0.5 delta)
+local HUBER_OPTS = option_set("reduction", "delta")
+F._OPTIONS.huber_loss = HUBER_OPTS
+function F.huber_loss(input, target, opts)
+   local fname = "huber_loss"
+   if ac_on then input, target = ac_f32(input), ac_f32(target) end
+   pair(fname, input, target)
+   opts = check_opts(fname, opts, HUBER_OPTS)
+   local delta = number_opt(fname, opts.delta, "delta", 1)
+   if delta <= 0 then err(fname, "delta must be > 0, got " .. tostring(delta)) end
+   local z = Tensor.abs(Tensor.sub(input, target))
+   local loss = T.where(Tensor.lt(z, delta), Tensor.mul(Tensor.mul(z, z), 0.5),
+                        Tensor.mul(Tensor.sub(z, 0.5 * delta), delta))
+   return reduce(fname, loss, opts.reduction)
+end
+
+-- an optional weight that broadcasts to the input's sizes
+local function weight_arg(fname, w, input, what)
+   if w == nil then return nil end
+   local wc = tensor_arg(fname, w, what)
+   local ic = tensor_arg(fname, input, "input")
+   H.input_dtype(fname, wc, what, ic)
+   local sw, si = Tensor.size(w), Tensor.size(input)
+   local ok = #sw <= #si
+   for k = 1, #sw do
+      local a, b = sw[#sw - k + 1], si[#si - k + 1]
+      if ok and a ~= 1 and a ~= b then ok = false end
+   end
+   if not ok then
+      err(fname, ("%s of size %s does not broadcast to the input's size %s"):format(what,
+          H.sizes_str(wc), H.sizes_str(ic)))
+   end
+   return w
+end
+
+-- binary_cross_entropy(input, target, {weight =, reduction = "mean"}): -w (y log x + (1 - y)
+-- log(1 - x)) with each log clamped at -100 (PyTorch's); input must be probabilities in [0, 1]
+local BCE_OPTS = option_set("weight", "reduction")
+F._OPTIONS.binary_cross_entropy = BCE_OPTS
+function F.binary_cross_entropy(input, target, opts)
+   local fname = "binary_cross_entropy"
+   if ac_on then
+      err(fname, "is unsafe to autocast (as in PyTorch): use binary_cross_entropy_with_logits, " ..
+          "or call it outside lm.autocast")
+   end
+   pair(fname, input, target)
+   opts = check_opts(fname, opts, BCE_OPTS)
+   if Tensor.numel(input) > 0 and Tensor.device(input) ~= "meta" then
+      local bad = Tensor.any(Tensor.logical_or(Tensor.logical_not(Tensor.ge(input, 0)),
+                                               Tensor.gt(input, 1)))
+      if Tensor.item(bad) then
+         err(fname, "all elements of input should be between 0 and 1")
+      end
+   end
+   local w = weight_arg(fname, opts.weight, input, "weight")
+   local function logs(x)
+      return R.clamp(R.log(x), -100, nil), R.clamp(R.log1p(R.neg(x)), -100, nil)
+   end
+   local lx, l1x = logs(input)
+   -- -(y lx + (1 - y) l1x) = -(l1x + y (lx - l1x))
+   local loss = R.neg(R.add(l1x, R.mul(target, R.sub(lx, l1x))))
+   if A.is_grad_enabled() and (needs(input) or needs(target)) then
+      local ni, nt = needs(input), needs(target)
+      record(loss, "BinaryCrossEntropyBackward", function(g)
+         local gi, gt
+         if ni then
+            local den = R.clamp(R.mul(R.neg(R.sub(input, 1)), input), 1e-12, nil)
+            gi = R.div(R.mul(g, R.sub(input, target)), den)
+         end
+         if nt then gt = R.mul(g, R.sub(l1x, lx)) end
+         return fresh(gi), fresh(gt)
+      end, input, target)
+   end
+   if w ~= nil then loss = Tensor.mul(loss, w) end
+   return reduce(fname, loss, opts.reduction)
+end
+
+-- binary_cross_entropy_with_logits(input, target, {weight =, reduction = "mean", pos_weight =}):
+-- ATen's (1 - y) x - lw logsigmoid(x), lw = (pos_weight - 1) y + 1; stable for any logit, and
+-- differentiable in input, target, weight and pos_weight
+local BCEL_OPTS = option_set("weight", "reduction", "pos_weight")
+F._OPTIONS.binary_cross_entropy_with_logits = BCEL_OPTS
+function F.binary_cross_entropy_with_logits(input, target, opts)
+   local fname = "binary_cross_entropy_with_logits"
+   if ac_on then input, target = ac_f32(input), ac_f32(target) end
+   pair(fname, input, target)
+   opts = check_opts(fname, opts, BCEL_OPTS)
+   local w = weight_arg(fname, opts.weight, input, "weight")
+   local pw = opts.pos_weight
+   if pw ~= nil then
+      tensor_arg(fname, pw, "pos_weight")
+      local sp, si = Tensor.size(pw), Tensor.size(input)
+      if #sp > #si or (#sp > 0 and sp[#sp] ~= 1 and sp[#sp] ~= si[#si]) then
+         err(fname, ("pos_weight of size %s must broadcast along the input's last dim (size %s)")
+             :format(H.sizes_str(tensor_arg(fname, pw, "pos_weight")),
+                     H.sizes_str(tensor_arg(fname, input, "input"))))
+      end
+   end
+   local ls = F.logsigmoid(input)
+   if pw ~= nil then
+      ls = Tensor.mul(ls, Tensor.add(Tensor.mul(Tensor.sub(pw, 1), target), 1))
+   end
+   local loss = Tensor.sub(Tensor.mul(Tensor.sub(1, target), input), ls)
+   if w ~= nil then loss = Tensor.mul(loss, w) end
+   return reduce(fname, loss, opts.reduction)
+end
+
+-- kl_div(input, target, {reduction = "mean", log_target = false}): input holds log-probabilities;
+-- target * (log(target) - input) with 0 where target is 0 (xlogy), or exp(target) (target -
+-- input) with log_target. reduction "batchmean" divides the sum by the batch size (dim 1), the
+-- mathematically right KL divergence; "mean" (the default, as PyTorch's) divides by every element
+local KL_OPTS = option_set("reduction", "log_target")
+F._OPTIONS.kl_div = KL_OPTS
+function F.kl_div(input, target, opts)
+   local fname = "kl_div"
+   if ac_on then input, target = ac_f32(input), ac_f32(target) end
+   pair(fname, input, target)
+   opts = check_opts(fname, opts, KL_OPTS)
+   local lt = opts.log_target
+   if lt ~= nil and type(lt) ~= "boolean" then
+      err(fname, "log_target must be a boolean, got " .. T.typename(lt))
+   end
+   local loss
+   if lt then
+      loss = Tensor.mul(Tensor.exp(target), Tensor.sub(target, input))
+   else
+      -- xlogy(t, t): 0 where t is 0 (log of 1 there, so no NaN reaches the gradient through
+      -- where); NaN for a negative t, as PyTorch
+      local zero = Tensor.eq(target, 0)
+      local safe = T.where(zero, 1, target)
+      local xlogy = T.where(zero, 0, Tensor.mul(target, Tensor.log(safe)))
+      loss = Tensor.sub(xlogy, Tensor.mul(target, input))
+   end
+   local batch = Tensor.dim(input) > 0 and Tensor.size(input, 1) or 1
+   return reduce(fname, loss, opts.reduction, batch)
+end
+
+return F
