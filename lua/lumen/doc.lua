@@ -388,7 +388,8 @@ E("lm.where", "lm.where(cond, a, b) -> Tensor", "a where cond is true, else b (a
    .. "or numbers; everything broadcasts).", { fmt = FMT_EW, err = ERR_EW })
 E("Tensor:masked_fill", "t:masked_fill(mask, value) -> Tensor", "value where the bool mask "
    .. "(broadcast to t's sizes) is true, t elsewhere, as torch.masked_fill: the result has t's "
-   .. "sizes, dtype and memory format; the gradient flows to t where the mask is false.",
+   .. "sizes, dtype and memory format; the gradient flows to t where the mask is false, and to "
+   .. "a 0-dim tensor value (the sum where it is true).",
    { err = "a mask that is not bool or does not broadcast, a value that is not a number or a "
    .. "0-dim tensor" })
 E("Tensor:chunk", "t:chunk(chunks, dim) -> array of Tensor", "Views of ceil(size / chunks) "
@@ -489,6 +490,30 @@ E("Tensor:clamp_min", "t:clamp_min(min) -> Tensor", "t:clamp(min, nil).", { fmt 
 E("Tensor:clamp_max", "t:clamp_max(max) -> Tensor", "t:clamp(nil, max).", { fmt = FMT_EW })
 E("Tensor:clamp_min_", "t:clamp_min_(min) -> t", "In place t:clamp_min.")
 E("Tensor:clamp_max_", "t:clamp_max_(max) -> t", "In place t:clamp_max.")
+E("Tensor:remainder", "t:remainder(other) -> Tensor", "Python's modulo: the result takes other's "
+   .. "sign (PyTorch's remainder; t:fmod takes t's); a number may come first "
+   .. "(lm.remainder(5, t)).", { fmt = FMT_EW, err = ERR_EW })
+E("Tensor:count_nonzero", "t:count_nonzero(dims) -> Tensor", "The int64 count of non-zero "
+   .. "elements over dims (nil: all).", { fmt = FMT_RED })
+E("Tensor:aminmax", "t:aminmax({dim =, keepdim =}) -> min, max", "amin and amax in one call "
+   .. "(torch.aminmax).", { err = "an unknown option, a dim that is not a number" })
+E("Tensor:var_mean", "t:var_mean(dims, unbiased | {correction =, keepdim =}, keepdim) -> var, "
+   .. "mean", "t:var and t:mean over the same dims.", { opts = "as t:var" })
+E("Tensor:std_mean", "t:std_mean(dims, unbiased | {correction =, keepdim =}, keepdim) -> std, "
+   .. "mean", "t:std and t:mean over the same dims.", { opts = "as t:var" })
+E("Tensor:trace", "t:trace() -> Tensor", "The sum of a 2-D tensor's main diagonal.",
+   { err = "a tensor that is not 2-D" })
+E("Tensor:roll", "t:roll(shifts, dims) -> Tensor", "Elements shifted along dims (numbers or "
+   .. "lists of one length), wrapping around; without dims over the flattened tensor (sizes "
+   .. "kept), as torch.roll. A copy; the gradient rolls back.", { err = "shifts and dims of "
+   .. "different lengths, several shifts without dims, a dim out of range" })
+E("Tensor:diagonal", "t:diagonal(offset, dim1, dim2) -> Tensor", "A view of the diagonal of dims "
+   .. "dim1 and dim2 (1 and 2; offset 0, > 0 above the main one) as a new last dim "
+   .. "(torch.diagonal); its gradient lands on that diagonal.", { err = "fewer than 2 dims, "
+   .. "dim1 == dim2, a dim out of range" })
+E("Tensor:diag", "t:diag(diagonal) -> Tensor", "A 1-D t on the diagonal-th diagonal of a square "
+   .. "matrix (zeros elsewhere), or the diagonal of a 2-D t as a new 1-D tensor (torch.diag).",
+   { err = "a tensor that is neither 1-D nor 2-D" })
 E("Tensor:bmm", "t:bmm(mat2) -> Tensor", "Batched matrix product of two 3-D tensors, (b, n, m) "
    .. "@ (b, m, p) -> (b, n, p), without broadcasting (torch.bmm).", { err = "inputs that are "
    .. "not 3-D, batch or inner sizes that differ, different dtypes" })
@@ -572,7 +597,8 @@ for _, n in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum", "e
    "softmax", "log_softmax", "logsumexp", "norm", "isinf", "isposinf", "isneginf", "isfinite",
    "nan_to_num", "lerp", "clamp_min", "clamp_max", "bmm", "baddbmm", "addmm", "mv", "dot",
    "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
-   "broadcast_to", "tile" }) do
+   "broadcast_to", "tile", "remainder", "count_nonzero", "aminmax", "var_mean", "std_mean",
+   "trace", "roll", "diagonal", "diag" }) do
    local m = n == "mm" and "matmul" or n
    if n == "moveaxis" then m = "movedim" elseif n == "swapdims" then m = "swapaxes" end
    E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. m

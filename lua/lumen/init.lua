@@ -65,7 +65,8 @@ local functional = {
    "softmax", "log_softmax", "logsumexp", "norm", "isinf", "isposinf", "isneginf", "isfinite",
    "nan_to_num", "lerp", "clamp_min", "clamp_max", "bmm", "baddbmm", "addmm", "mv", "dot",
    "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
-   "broadcast_to", "tile",
+   "broadcast_to", "tile", "remainder", "count_nonzero", "aminmax", "var_mean", "std_mean",
+   "trace", "roll", "diagonal", "diag",
 }
 local Tensor = T.Tensor
 for _, name in ipairs(functional) do

@@ -124,7 +124,16 @@ function Tensor.masked_fill(self, mask, value)
       argerror("masked_fill", "value must be a number or a 0-dim tensor, got " ..
                (T.is_tensor(value) and (Tensor.dim(value) .. "-D tensor") or T.typename(value)))
    end
-   if T.is_tensor(value) then value = Tensor.item(value) end
+   if T.is_tensor(value) then
+      -- a 0-dim tensor value keeps its gradient (the sum of the gradient where the mask is
+      -- true, as PyTorch's); it joins self's device and dtype first
+      if Tensor.device(value) ~= Tensor.device(self) then
+         value = Tensor.to(value, Tensor.device(self))
+      end
+      if Tensor.dtype(value) ~= Tensor.dtype(self) then
+         value = Tensor.to(value, Tensor.dtype(self))
+      end
+   end
    local ms, ss = Tensor.size(mask), Tensor.size(self)
    if #ms > #ss then
       argerror("masked_fill", ("mask of %d dims does not broadcast to self's %d"):format(#ms, #ss))

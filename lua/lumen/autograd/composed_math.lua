@@ -301,6 +301,78 @@ function Tensor.clamp_max(self, max) return Tensor.clamp(self, nil, max) end
 function Tensor.clamp_min_(self, min) return Tensor.clamp_(self, min, nil) end
 function Tensor.clamp_max_(self, max) return Tensor.clamp_(self, nil, max) end
 
+-- remainder(other): Python's modulo, the result taking other's sign (ATen's: fmod, then other
+-- added where the fmod is non-zero and its sign differs from other's); a number first works too
+-- (lm.remainder(5, t))
+function Tensor.remainder(self, other)
+   if not T.is_tensor(self) and not T.is_tensor(other) then
+      argerror("remainder", "expected a tensor argument, got " .. T.typename(self) .. " and " ..
+               T.typename(other))
+   end
+   if not T.is_tensor(self) then
+      self = require("lumen.creation").full({}, self, { dtype = Tensor.dtype(other),
+                                                        device = Tensor.device(other) })
+   end
+   local m = Tensor.fmod(self, other)
+   local neg_o = type(other) == "number" and other < 0 or nil
+   local flip
+   if neg_o == nil then
+      flip = Tensor.ne(Tensor.lt(other, 0), Tensor.lt(m, 0))
+   else
+      flip = neg_o and Tensor.gt(m, 0) or Tensor.lt(m, 0)
+   end
+   return T.where(Tensor.logical_and(Tensor.ne(m, 0), flip), Tensor.add(m, other), m)
+end
+
+-- count_nonzero(dims): the int64 count of non-zero elements over dims (nil: all)
+function Tensor.count_nonzero(self, dims)
+   tensor_arg("count_nonzero", self)
+   return Tensor.sum(Tensor.ne(self, 0), dims)
+end
+
+-- aminmax({dim =, keepdim =}) -> min, max (torch.aminmax's two results)
+function Tensor.aminmax(self, opts)
+   tensor_arg("aminmax", self)
+   if opts ~= nil and (type(opts) ~= "table" or T.is_tensor(opts)) then
+      argerror("aminmax", "expected an options table {dim =, keepdim =}, got " ..
+               T.typename(opts))
+   end
+   opts = opts or {}
+   for k in pairs(opts) do
+      if k ~= "dim" and k ~= "keepdim" then
+         argerror("aminmax", "unknown option '" .. tostring(k) .. "'")
+      end
+   end
+   if opts.dim ~= nil and type(opts.dim) ~= "number" then
+      argerror("aminmax", "dim must be a number, got " .. T.typename(opts.dim))
+   end
+   local kd = check_keepdim("aminmax", opts.keepdim)
+   return Tensor.amin(self, opts.dim, kd), Tensor.amax(self, opts.dim, kd)
+end
+
+-- var_mean / std_mean(dims, unbiased | {correction =, keepdim =}, keepdim) -> var (std), mean
+function Tensor.var_mean(self, dims, opt, keepdim)
+   local v = Tensor.var(self, dims, opt, keepdim)
+   local kd = keepdim
+   if type(opt) == "table" and opt.keepdim ~= nil then kd = opt.keepdim end
+   return v, Tensor.mean(self, dims, kd == true)
+end
+function Tensor.std_mean(self, dims, opt, keepdim)
+   local v = Tensor.std(self, dims, opt, keepdim)
+   local kd = keepdim
+   if type(opt) == "table" and opt.keepdim ~= nil then kd = opt.keepdim end
+   return v, Tensor.mean(self, dims, kd == true)
+end
+
+-- trace(): the sum of a 2-D tensor's main diagonal (0-d)
+function Tensor.trace(self)
+   tensor_arg("trace", self)
+   if Tensor.dim(self) ~= 2 then
+      argerror("trace", "expected a 2-D tensor, got " .. Tensor.dim(self) .. "-D")
+   end
+   return Tensor.sum(Tensor.diagonal(self))
+end
+
 ---------------------------------------------------------------------------------------------
 -- matrix products through matmul, with PyTorch's shape rules
 ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 -- lumen.autograd.composed_shape -- the shape Tensor methods a PyTorch user reaches for on day
 -- one, composed from views and differentiable copies: unbind, movedim / moveaxis, swapaxes /
--- swapdims, unflatten, broadcast_to, repeat, tile; and the new_* factories (new_zeros, new_ones,
+-- swapdims, unflatten, broadcast_to, roll, diagonal (a view with its own backward), diag, repeat,
+-- tile; and the new_* factories (new_zeros, new_ones,
 -- new_full, new_empty, new_tensor) and the in-place random fills (uniform_, normal_,
 -- bernoulli_, random_), which make values with self's dtype and device. lumen.autograd loads it
 -- once, after the families it composes.
@@ -9,7 +10,8 @@ local T = require("lumen.tensor")
 local G = require("lumen.autograd.graph")
 local C = require("lumen.C")
 
-local type, tostring, pairs, select, floor = type, tostring, pairs, select, math.floor
+local type, tostring, pairs, select, floor, math = type, tostring, pairs, select, math.floor,
+   math
 
 local Tensor, argerror = T.Tensor, T.argerror
 local grad_enabled, needs = G.is_grad_enabled, G.needs
@@ -140,6 +142,108 @@ end
 function Tensor.broadcast_to(self, ...)
    tensor_arg("broadcast_to", self)
    return Tensor.expand(self, ...)
+end
+
+-- roll(shifts, dims): the elements shifted by shifts along dims (numbers or equal-length lists),
+-- wrapping around; no dims: over the flattened tensor, sizes kept (torch.roll). Two narrows and
+-- a cat per dim, so the gradient rolls back.
+function Tensor.roll(self, shifts, dims)
+   tensor_arg("roll", self)
+   local sh = type(shifts) == "table" and shifts or { shifts }
+   for i = 1, #sh do int_arg("roll", sh[i], ("shifts[%d]"):format(i)) end
+   if dims == nil then
+      if #sh ~= 1 then
+         argerror("roll", "without dims, shifts must be one number, got " .. #sh)
+      end
+      local sizes = Tensor.size(self)
+      return Tensor.view(Tensor.roll(Tensor.reshape(self, { -1 }), sh[1], 1), sizes)
+   end
+   local ds = type(dims) == "table" and dims or { dims }
+   if #ds ~= #sh then
+      argerror("roll", ("shifts and dims must have the same length, got %d and %d"):format(#sh,
+               #ds))
+   end
+   local y = self
+   for i = 1, #ds do
+      local d = T.wrap_dim("roll", ds[i], Tensor.dim(self)) + 1
+      local n = Tensor.size(y, d)
+      local k = n > 0 and sh[i] % n or 0
+      if k ~= 0 then
+         y = T.cat({ Tensor.narrow(y, d, n - k + 1, k), Tensor.narrow(y, d, 1, n - k) }, d)
+      end
+   end
+   if y == self then y = Tensor.clone(self) end
+   return y
+end
+
+-- the diagonal view of t over the 0-based dims d1, d2, from t's own strides
+local function diagonal_view(t, offset, d1, d2)
+   local nd = Tensor.dim(t)
+   local sizes, strides = Tensor.size(t), Tensor.stride(t)
+   local s1, s2, t1, t2 = sizes[d1 + 1], sizes[d2 + 1], strides[d1 + 1], strides[d2 + 1]
+   local len
+   local at = Tensor.storage_offset(t)
+   if offset >= 0 then
+      len = math.max(0, math.min(s1, s2 - offset))
+      if len > 0 then at = at + offset * t2 end
+   else
+      len = math.max(0, math.min(s1 + offset, s2))
+      if len > 0 then at = at - offset * t1 end
+   end
+   local ns, nt = {}, {}
+   for i = 1, nd do
+      if i ~= d1 + 1 and i ~= d2 + 1 then ns[#ns + 1], nt[#nt + 1] = sizes[i], strides[i] end
+   end
+   ns[#ns + 1], nt[#nt + 1] = len, t1 + t2
+   return T.raw.as_strided(t, ns, nt, at)
+end
+
+-- diagonal(offset = 0, dim1 = 1, dim2 = 2): a view of the diagonal of dims dim1 and dim2 (above
+-- the main one for offset > 0, below for < 0) as a new last dim (torch.diagonal); its gradient
+-- lands on that diagonal of a zero tensor
+function Tensor.diagonal(self, offset, dim1, dim2)
+   tensor_arg("diagonal", self)
+   local nd = Tensor.dim(self)
+   if nd < 2 then
+      argerror("diagonal", "expected a tensor with at least 2 dims, got " .. nd)
+   end
+   offset = int_arg("diagonal", offset or 0, "offset")
+   local d1 = T.wrap_dim("diagonal", dim1 or 1, nd)
+   local d2 = T.wrap_dim("diagonal", dim2 or 2, nd)
+   if d1 == d2 then argerror("diagonal", "dim1 and dim2 cannot be the same dim") end
+   local out = diagonal_view(self, offset, d1, d2)
+   if grad_enabled() and needs(self) then
+      G.record(out, "DiagonalBackward", function(g)
+         local z = creation().zeros(Tensor.size(self), { dtype = Tensor.dtype(self),
+                                                        device = Tensor.device(self) })
+         T.raw.copy_(diagonal_view(z, offset, d1, d2), g)
+         return z
+      end, self)
+   end
+   return out
+end
+
+-- diag(v, diagonal = 0): a 1-D v on the diagonal of a square matrix (zeros elsewhere), or the
+-- diagonal of a 2-D v as a new 1-D tensor (torch.diag)
+function Tensor.diag(self, diagonal)
+   tensor_arg("diag", self)
+   local k = int_arg("diag", diagonal or 0, "diagonal")
+   local nd = Tensor.dim(self)
+   if nd == 2 then return Tensor.clone(Tensor.diagonal(self, k)) end
+   if nd ~= 1 then argerror("diag", "expected a 1-D or 2-D tensor, got " .. nd .. "-D") end
+   local n = Tensor.size(self, 1) + math.abs(k)
+   local cr = creation()
+   local dev = Tensor.device(self)
+   local rows = Tensor.view(cr.arange(0, n, { device = dev }), n, 1)
+   local cols = Tensor.view(cr.arange(0, n, { device = dev }), 1, n)
+   local on = T.raw.eq(T.raw.sub(cols, rows), k)
+   -- row i of the result holds v[i] (k >= 0) or v[i + k] (k < 0) on the diagonal: v padded with
+   -- |k| zeros at the end or the front, broadcast along the rows
+   local z = cr.zeros({ math.abs(k) }, { dtype = Tensor.dtype(self), device = dev })
+   local padded = k >= 0 and T.cat({ self, z }, 1) or T.cat({ z, self }, 1)
+   local zero = 0
+   if tostring(Tensor.dtype(self)) == "bool" then zero = false end
+   return T.where(on, Tensor.view(padded, n, 1), zero)
 end
 
 ---------------------------------------------------------------------------------------------
