@@ -94,6 +94,21 @@ end
 
 H.is_float = is_float
 
+-- the losses composed from several ops widen 16-bit operands to float32 and round their result
+-- once at the end (half_dtype: the dtype to round to, nil for float32 / float64 operands), as
+-- PyTorch's fused loss kernels accumulate in float32: in float16 each intermediate rounding
+-- would add up to a few units in the last place (spec/peer_ops_spec.lua's half comparison)
+function H.half_dtype(t)
+   if not T.is_tensor(t) then return nil end
+   local d = T.Tensor.dtype(t)
+   if d == dtypes.float16 or d == dtypes.bfloat16 then return d end
+   return nil
+end
+function H.widen(t)
+   if H.half_dtype(t) then return T.Tensor.to(t, dtypes.float32) end
+   return t
+end
+
 local function dtype_name(c) return tostring(dtypes.from_id(c.dtype)) end
 H.dtype_name = dtype_name
 

@@ -136,6 +136,15 @@ function F.cross_entropy(input, target, opts)
              :format(ncls, H.sizes_str(wc)))
       end
    end
+   -- the composed forms (probability targets, label smoothing) of a 16-bit input run in
+   -- float32 and round once at the end (H.widen); class targets alone take nll_loss's kernel
+   local composed = eps > 0 or (tc.dtype ~= C.LM_INT64 and H.is_float(tc))
+   local hd = composed and H.half_dtype(input) or nil
+   if hd then
+      local r = F.cross_entropy(H.widen(input), H.widen(target),
+                                wt ~= nil and opts_with(opts, "weight", H.widen(wt)) or opts)
+      return Tensor.to(r, hd)
+   end
    local logp = F.log_softmax(input, d)
    local nll_opts = opts
    if opts.label_smoothing ~= nil then nll_opts = opts_with(opts, "label_smoothing", nil) end
@@ -196,11 +205,16 @@ function F.mse_loss(a, b, opts)
    tensor_arg("mse_loss", a, "input")
    tensor_arg("mse_loss", b, "target")
    opts = check_opts("mse_loss", opts, MSE_OPTS)
-   local d = Tensor.sub(a, b)
-   local sq = Tensor.mul(d, d)
    local r = opts.reduction or "mean"
-   if r == "mean" then return Tensor.mean(sq)
-   elseif r == "sum" then return Tensor.sum(sq)
-   elseif r == "none" then return sq end
-   err("mse_loss", tostring(r) .. " is not a valid value for reduction")
+   if r ~= "mean" and r ~= "sum" and r ~= "none" then
+      err("mse_loss", tostring(r) .. " is not a valid value for reduction")
+   end
+   -- 16 bits: in float32, one rounding at the end (H.widen)
+   local hd = H.half_dtype(a) or H.half_dtype(b)
+   local d = Tensor.sub(H.widen(a), H.widen(b))
+   local sq = Tensor.mul(d, d)
+   local out = sq
+   if r == "mean" then out = Tensor.mean(sq) elseif r == "sum" then out = Tensor.sum(sq) end
+   if hd then out = Tensor.to(out, hd) end
+   return out
 end

@@ -4,7 +4,8 @@
 -- (aten/src/ATen/native/Loss.cpp); binary_cross_entropy has ATen's own backward (the log
 -- clamped at -100 forward, (x - y) / max(x (1 - x), 1e-12) back), the others are
 -- differentiable through their ops (input, target and weights). The element losses keep the
--- input's memory format (reduction = "none").
+-- input's memory format (reduction = "none"). 16-bit operands compute in float32 with one
+-- rounding at the end, as PyTorch's fused loss kernels accumulate in float32.
 
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
@@ -27,15 +28,25 @@ local ac_f32 = AC.f32
 
 local option_set = H.option_set
 
-local function reduce(fname, loss, r, batch)
+-- the reduced loss, rounded once to hd (the 16-bit dtype of the operands, computed in float32:
+-- H.widen) when given
+local function reduce(fname, loss, r, batch, hd)
    r = r or "mean"
-   if r == "mean" then return Tensor.mean(loss) end
-   if r == "sum" then return Tensor.sum(loss) end
-   if r == "none" then return loss end
-   if r == "batchmean" and batch then
-      return Tensor.div(Tensor.sum(loss), batch)
-   end
-   err(fname, tostring(r) .. " is not a valid value for reduction")
+   local out
+   if r == "mean" then out = Tensor.mean(loss)
+   elseif r == "sum" then out = Tensor.sum(loss)
+   elseif r == "none" then out = loss
+   elseif r == "batchmean" and batch then out = Tensor.div(Tensor.sum(loss), batch)
+   else err(fname, tostring(r) .. " is not a valid value for reduction") end
+   if hd then out = Tensor.to(out, hd) end
+   return out
+end
+
+-- 16-bit operands: their dtype, and the operands widened to float32
+local function widen2(input, target)
+   local hd = H.half_dtype(input) or H.half_dtype(target)
+   if hd then return hd, H.widen(input), H.widen(target) end
+   return nil, input, target
 end
 
 local function pair(fname, input, target)
@@ -74,7 +85,9 @@ function F.l1_loss(input, target, opts)
    if ac_on then input, target = ac_f32(input), ac_f32(target) end
    pair("l1_loss", input, target)
    opts = check_opts("l1_loss", opts, RED_OPTS)
-   return reduce("l1_loss", Tensor.abs(Tensor.sub(input, target)), opts.reduction)
+   local hd
+   hd, input, target = widen2(input, target)
+   return reduce("l1_loss", Tensor.abs(Tensor.sub(input, target)), opts.reduction, nil, hd)
 end
 
 -- smooth_l1_loss(input, target, {reduction = "mean", beta = 1}): with z = |input - target|,
@@ -87,11 +100,13 @@ function F.smooth_l1_loss(input, target, opts)
    pair(fname, input, target)
    opts = check_opts(fname, opts, SMOOTH_OPTS)
    local beta = number_opt(fname, opts.beta, "beta", 1, 0)
+   local hd
+   hd, input, target = widen2(input, target)
    local z = Tensor.abs(Tensor.sub(input, target))
-   if beta == 0 then return reduce(fname, z, opts.reduction) end
+   if beta == 0 then return reduce(fname, z, opts.reduction, nil, hd) end
    local loss = T.where(Tensor.lt(z, beta), Tensor.mul(Tensor.mul(z, z), 0.5 / beta),
                         Tensor.sub(z, 0.5 * beta))
-   return reduce(fname, loss, opts.reduction)
+   return reduce(fname, loss, opts.reduction, nil, hd)
 end
 
 -- huber_loss(input, target, {reduction = "mean", delta = 1}): 0.5 z^2 where z < delta, else
@@ -105,10 +120,12 @@ function F.huber_loss(input, target, opts)
    opts = check_opts(fname, opts, HUBER_OPTS)
    local delta = number_opt(fname, opts.delta, "delta", 1)
    if delta <= 0 then err(fname, "delta must be > 0, got " .. tostring(delta)) end
+   local hd
+   hd, input, target = widen2(input, target)
    local z = Tensor.abs(Tensor.sub(input, target))
    local loss = T.where(Tensor.lt(z, delta), Tensor.mul(Tensor.mul(z, z), 0.5),
                         Tensor.mul(Tensor.sub(z, 0.5 * delta), delta))
-   return reduce(fname, loss, opts.reduction)
+   return reduce(fname, loss, opts.reduction, nil, hd)
 end
 
 -- an optional weight that broadcasts to the input's sizes
@@ -150,6 +167,9 @@ function F.binary_cross_entropy(input, target, opts)
       end
    end
    local w = weight_arg(fname, opts.weight, input, "weight")
+   local hd
+   hd, input, target = widen2(input, target)
+   if hd and w ~= nil then w = H.widen(w) end
    local function logs(x)
       return R.clamp(R.log(x), -100, nil), R.clamp(R.log1p(R.neg(x)), -100, nil)
    end
@@ -169,7 +189,7 @@ function F.binary_cross_entropy(input, target, opts)
       end, input, target)
    end
    if w ~= nil then loss = Tensor.mul(loss, w) end
-   return reduce(fname, loss, opts.reduction)
+   return reduce(fname, loss, opts.reduction, nil, hd)
 end
 
 -- binary_cross_entropy_with_logits(input, target, {weight =, reduction = "mean", pos_weight =}):
@@ -193,13 +213,19 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
                      H.sizes_str(tensor_arg(fname, input, "input"))))
       end
    end
+   local hd
+   hd, input, target = widen2(input, target)
+   if hd then
+      if w ~= nil then w = H.widen(w) end
+      if pw ~= nil then pw = H.widen(pw) end
+   end
    local ls = F.logsigmoid(input)
    if pw ~= nil then
       ls = Tensor.mul(ls, Tensor.add(Tensor.mul(Tensor.sub(pw, 1), target), 1))
    end
    local loss = Tensor.sub(Tensor.mul(Tensor.sub(1, target), input), ls)
    if w ~= nil then loss = Tensor.mul(loss, w) end
-   return reduce(fname, loss, opts.reduction)
+   return reduce(fname, loss, opts.reduction, nil, hd)
 end
 
 -- kl_div(input, target, {reduction = "mean", log_target = false}): input holds log-probabilities;
@@ -217,6 +243,8 @@ function F.kl_div(input, target, opts)
    if lt ~= nil and type(lt) ~= "boolean" then
       err(fname, "log_target must be a boolean, got " .. T.typename(lt))
    end
+   local hd
+   hd, input, target = widen2(input, target)
    local loss
    if lt then
       loss = Tensor.mul(Tensor.exp(target), Tensor.sub(target, input))
@@ -229,7 +257,7 @@ function F.kl_div(input, target, opts)
       loss = Tensor.sub(xlogy, Tensor.mul(target, input))
    end
    local batch = Tensor.dim(input) > 0 and Tensor.size(input, 1) or 1
-   return reduce(fname, loss, opts.reduction, batch)
+   return reduce(fname, loss, opts.reduction, batch, hd)
 end
 
 return F

@@ -266,9 +266,13 @@ function F.pad(x, pad, mode, value)
             copy_(fname, ranged(fname, gx, irng, nd), ranged(fname, g, orng, nd))
             return fresh(gx)
          end
-         -- the adjoints in reverse order: innermost padded dim first
-         local r = g
+         -- the adjoints in reverse order: innermost padded dim first. A 16-bit gradient adds
+         -- up in float32 and rounds once (H.widen), as PyTorch's padding backward kernels do:
+         -- a circular or reflected element collects several border slabs
+         local hd = H.half_dtype(g)
+         local r = hd and H.widen(g) or g
          for k = 1, #dims do r = unpad_dim(fname, r, dims[k], mode, fmt) end
+         if hd then r = T.Tensor.to(r, hd) end
          return fresh(r)
       end, x)
    end
