@@ -557,6 +557,7 @@ require("lumen.autograd.reduce")
 local shape = require("lumen.autograd.shape")
 require("lumen.autograd.matmul")
 require("lumen.autograd.composed")
+require("lumen.autograd.indexing")
 A.where, A.cat = elementwise.where, shape.cat
 A._clamp_mask = elementwise.clamp_mask
 

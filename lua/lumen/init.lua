@@ -61,6 +61,8 @@ local functional = {
    "matmul", "mm", "view", "reshape", "permute", "transpose", "expand", "narrow", "select",
    "unsqueeze", "squeeze", "flatten", "clone", "contiguous", "numel", "equal", "allclose",
    "isnan", "all", "any", "var", "std", "masked_fill", "chunk", "split",
+   -- indexing (lua/lumen/autograd/indexing.lua)
+   "sort", "argsort", "topk", "gather", "scatter_add", "index_select", "cumsum", "flip",
 }
 local Tensor = T.Tensor
 for _, name in ipairs(functional) do
