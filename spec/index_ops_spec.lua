@@ -222,7 +222,9 @@ describe("indexing: gradients", function()
       for _, f in ipairs({
          function(h) return (h:sort(2)) end,
          function(h) return h:gather(4, on_dev(lm.ones({ 2, 3, 4, 2 }, { dtype = lm.int64 }))) end,
-         function(h) return h:index_select(3, on_dev(lm.tensor({ 1, 4 }, { dtype = lm.int64 }))) end,
+         function(h)
+            return h:index_select(3, on_dev(lm.tensor({ 1, 4 }, { dtype = lm.int64 })))
+         end,
       }) do
          local box = {}
          local h = x * 1
@@ -235,7 +237,8 @@ describe("indexing: gradients", function()
    it("a leaf that requires grad refuses scatter_add_", function()
       local x = on_dev(lm.zeros({ 3 })):requires_grad_(true)
       H.assert_error_like("scatter_add_", "leaf", function()
-         return x:scatter_add_(1, on_dev(lm.tensor({ 1 }, { dtype = lm.int64 })), on_dev(lm.ones({ 1 })))
+         return x:scatter_add_(1, on_dev(lm.tensor({ 1 }, { dtype = lm.int64 })),
+                               on_dev(lm.ones({ 1 })))
       end)
    end)
 end)
@@ -306,7 +309,8 @@ describe("indexing: shapes, options and functional forms", function()
       local e = on_dev(lm.zeros({ 0, 3 }))
       assert.are.same({ 0, 3 }, (e:sort(1)):size())
       assert.are.same({ 0, 3 }, e:cumsum(1):size())
-      assert.are.same({ 0, 3 }, e:gather(2, on_dev(lm.zeros({ 0, 3 }, { dtype = lm.int64 }))):size())
+      local e_idx = on_dev(lm.zeros({ 0, 3 }, { dtype = lm.int64 }))
+      assert.are.same({ 0, 3 }, e:gather(2, e_idx):size())
       -- cumsum's dtype argument; bool input sums into int64
       assert.are.equal(lm.float64, x:cumsum(1, lm.float64):dtype())
       local bl = on_dev(lm.tensor({ 1, 0, 1 })):ne(0)
@@ -357,10 +361,14 @@ describe("indexing: bad input names the function and the problem", function()
          return x:gather(2, on_dev(lm.ones({ 5, 1 }, { dtype = lm.int64 })))
       end)
       H.assert_error_like("gather", "out of range", function() return x:gather(3, idx) end)
-      H.assert_error_like("gather", "dim must be an integer", function() return x:gather(nil, idx) end)
+      H.assert_error_like("gather", "dim must be an integer", function()
+         return x:gather(nil, idx)
+      end)
       H.assert_error_like("sort", "out of range", function() return x:sort(3) end)
       H.assert_error_like("sort", "unknown option", function() return x:sort({ dims = 1 }) end)
-      H.assert_error_like("sort", "descending must be a boolean", function() return x:sort(1, 1) end)
+      H.assert_error_like("sort", "descending must be a boolean", function()
+         return x:sort(1, 1)
+      end)
       H.assert_error_like("sort", "tensor expected", function() return lm.sort(7) end)
       H.assert_error_like("argsort", "out of range", function() return x:argsort(-3) end)
       H.assert_error_like("topk", "out of range", function() return x:topk(5) end)

@@ -256,7 +256,7 @@ function Tensor.index_select(self, dim, index)
       argerror(fname, ("index must be a 1-D (or 0-D) tensor, got %d-D"):format(ic.ndim))
    end
    local sizes = sizes_of(c)
-   local iv = index
+   local iv
    if #sizes == 0 then
       iv = raw.reshape(index, {})
    else
