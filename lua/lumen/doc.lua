@@ -417,7 +417,8 @@ E("Tensor:sort", "t:sort(dim, descending) | t:sort({dim =, descending =, stable 
 E("Tensor:argsort", "t:argsort(dim, descending) -> Tensor", "The indices of t:sort(dim, "
    .. "descending) (1-based int64).", { opts = "as t:sort", fmt = "as t:sort",
    err = "as t:sort" })
-E("Tensor:topk", "t:topk(k, dim, largest, sorted) -> values, indices", "The k largest (largest "
+E("Tensor:topk", "t:topk(k, dim, largest, sorted) | t:topk(k, {dim =, largest =, sorted =}) "
+   .. "-> values, indices", "The k largest (largest "
    .. "= false: smallest) elements along dim (default the last) and their 1-based int64 "
    .. "positions, in sorted order (for sorted = false too); ties come in input order (PyTorch's "
    .. "CPU kernel orders ties by no documented rule). Differentiable.",

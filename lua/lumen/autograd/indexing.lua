@@ -124,14 +124,25 @@ function Tensor.argsort(self, dim, descending)
    return i
 end
 
--- topk(k, dim = -1, largest = true, sorted = true): the k largest (smallest) values along dim
+-- topk(k, dim = -1, largest = true, sorted = true), or topk(k, {dim =, largest =, sorted =}):
+-- the k largest (smallest) values along dim
 -- and their 1-based indices, in sorted order (also for sorted = false, which PyTorch leaves
 -- unspecified). Ties come in input order (the stable sort's); PyTorch's CPU kernel, a partial
 -- selection, orders ties by no documented rule.
+local TOPK_OPTS = { dim = true, largest = true, sorted = true }
 function Tensor.topk(self, k, dim, largest, sorted)
    local fname = "topk"
    local c = tc(self, fname)
    k = T.check_int(fname, k, "k")
+   if type(dim) == "table" then -- topk(k, {dim =, largest =, sorted =})
+      for key in pairs(dim) do
+         if not TOPK_OPTS[key] then argerror(fname, "unknown option '" .. tostring(key) .. "'") end
+      end
+      if largest ~= nil or sorted ~= nil then
+         argerror(fname, "options given both in the options table and after it")
+      end
+      dim, largest, sorted = dim.dim, dim.largest, dim.sorted
+   end
    if dim == nil then dim = -1 end
    local d = wrap_dim(fname, dim, c.ndim)
    largest = bool_arg(fname, largest, "largest", true)
