@@ -252,9 +252,11 @@ lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_a
  * dimension 2 with size 5", dimension counted from base), raised before anything is written.
  *   sort: stable (ties keep their order), NaN larger than every number; values and int64
  *     indices of x's sizes, with x's strides when x is non-overlapping and dense (channels-last
- *     stays channels-last), else dense strides in x's dim order (torch.sort's layout).
+ *     stays channels-last), else dense strides in x's dim order (torch.sort's layout); both are
+ *     fresh tensors (no out=: whatever *values and *indices held is overwritten).
  *   gather: out[i][j][k] = x[index[i][j][k]][j][k] (dim 0); index int64 of x's rank, no larger
- *     than x in the dims but dim; out contiguous with index's sizes and x's dtype.
+ *     than x in the dims but dim; out contiguous with index's sizes and x's dtype (a non-NULL
+ *     *out is an out= tensor, as the other operators' are; cumsum's too).
  *   scatter_add_: self[index[i][j][k]][j][k] += src[i][j][k] (dim 0), in place, in order along
  *     dim (deterministic on every device); index no larger than src, nor than self but along
  *     dim; src of self's dtype.
