@@ -124,6 +124,26 @@ lm_status lm_gather(const lm_tensor *x, int dim, const lm_tensor *index, int64_t
    return out_close(&so, out, st);
 }
 
+/* do the bytes a and b span intersect (same storage; PyTorch's assert_no_overlap, which refuses
+   partial and full overlap between the written-to tensor and an input)? */
+static int spans_overlap(const lm_tensor *a, const lm_tensor *b) {
+   if (a->storage != b->storage || a->numel == 0 || b->numel == 0) return 0;
+   int64_t lo[2], hi[2];
+   const lm_tensor *t[2] = {a, b};
+   for (int k = 0; k < 2; k++) {
+      const int64_t es = lm_dtype_size(t[k]->dtype);
+      int64_t first = t[k]->offset, last = t[k]->offset;
+      for (int d = 0; d < t[k]->ndim; d++) {
+         const int64_t ext = (t[k]->sizes[d] - 1) * t[k]->strides[d];
+         if (ext < 0) first += ext;
+         else last += ext;
+      }
+      lo[k] = first * es;
+      hi[k] = (last + 1) * es;
+   }
+   return lo[0] < hi[1] && lo[1] < hi[0];
+}
+
 lm_status lm_scatter_add_(lm_tensor *self, int dim, const lm_tensor *index, const lm_tensor *src,
                           int64_t base) {
    LM_TRY(check_tensor(self, "self"));
@@ -145,6 +165,10 @@ lm_status lm_scatter_add_(lm_tensor *self, int dim, const lm_tensor *index, cons
          return lm_error(LM_ERR_ARG, "unsupported operation: more than one element of the "
                                      "written-to tensor refers to a single memory location. "
                                      "Please clone() the tensor before performing the operation.");
+   if (spans_overlap(self, src) || spans_overlap(self, index))
+      return lm_error(LM_ERR_ARG, "unsupported operation: some elements of the input tensor and "
+                                  "the written-to tensor refer to a single memory location. "
+                                  "Please clone() the tensor before performing the operation.");
    if (index->numel == 0) return LM_OK;
    const lm_index_params p = {dim, 0, base};
    lm_tensor *ts[3] = {self, (lm_tensor *)index, (lm_tensor *)src};
