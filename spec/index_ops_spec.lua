@@ -216,7 +216,7 @@ describe("indexing: gradients", function()
       end
    end)
 
-   it("the gradient of sort, gather and index_select comes back in the input's layout",
+   it("the gradient of sort, gather, index_select and cumsum comes back in the input's layout",
       function()
       local x = on_dev(lm.randn({ 2, 3, 4, 5 }):contiguous(lm.channels_last)):requires_grad_(true)
       for _, f in ipairs({
@@ -225,6 +225,7 @@ describe("indexing: gradients", function()
          function(h)
             return h:index_select(3, on_dev(lm.tensor({ 1, 4 }, { dtype = lm.int64 })))
          end,
+         function(h) return h:cumsum(2) end,
       }) do
          local box = {}
          local h = x * 1

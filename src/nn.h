@@ -261,7 +261,8 @@ lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_a
  *     dim (deterministic on every device); index no larger than src, nor than self but along
  *     dim; src of self's dtype.
  *   cumsum: inclusive prefix sums along dim (reverse: suffix sums); dtype < 0 gives x's dtype
- *     for floating x and int64 for integers and bool (PyTorch's); the result is contiguous. ---- */
+ *     for floating x and int64 for integers and bool (PyTorch's); the result is contiguous, or
+ *     the out= tensor, written in place when it is non-overlapping and dense in any layout. ---- */
 lm_status lm_sort(const lm_tensor *x, int dim, int descending, int64_t base, lm_tensor **values,
                   lm_tensor **indices);
 lm_status lm_gather(const lm_tensor *x, int dim, const lm_tensor *index, int64_t base,

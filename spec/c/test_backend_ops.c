@@ -2218,6 +2218,10 @@ static lm_status f_indexing(lm_tensor **in, lm_tensor **out, const void *arg) {
    TRY(lm_gather(in[0], a->dim, in[1], a->base, &out[3]));
    TRY(lm_scatter_add_(in[2], a->dim, in[1], in[3], a->base));
    out[4] = in[2];
+   /* cumsum into an out= tensor: dense in any layout (written in place) or not (a copy) */
+   out[5] = in[4];
+   TRY(lm_cumsum(in[0], a->dim, !a->desc, -1, &out[5]));
+   check(out[5] == in[4], "cumsum out=: the result is the out tensor");
    return LM_OK;
 }
 
@@ -2260,14 +2264,17 @@ static void cases_indexing(void) {
             /* the scatter target: x's layout; the source: the index's sizes plus one */
             int64_t ssz[5];
             for (int i = 0; i < sh->nd; i++) ssz[i] = isz[i] + (i == 0);
-            lm_tensor *in[4] = {x, ix, cpu_rand(sh->nd, sh->sz, dt, sh->layout, 0, 3),
-                                cpu_rand(sh->nd, ssz, dt, L_STRIDED, 0, 3)};
+            lm_tensor *in[5] = {x, ix, cpu_rand(sh->nd, sh->sz, dt, sh->layout, 0, 3),
+                                cpu_rand(sh->nd, ssz, dt, L_STRIDED, 0, 3),
+                                cpu_rand(sh->nd, sh->sz, is_float(dt) ? dt : LM_INT64,
+                                         (s + dti) % 3 == 0 ? L_STRIDED : sh->layout, 0, 1)};
             if (lim == 0 && ix->numel > 0) {
                free_kept();
                continue; /* gather from an empty dim: every index is out of range */
             }
             const ix_arg a = {dim, desc, base};
-            run_case("values,indices,cumsum,gather,scatter_add_", 4, in, 5, f_indexing, &a);
+            run_case("values,indices,cumsum,gather,scatter_add_,cumsum out=", 5, in, 6, f_indexing,
+                     &a);
             free_kept();
          }
    }

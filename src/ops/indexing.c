@@ -184,11 +184,22 @@ lm_status lm_cumsum(const lm_tensor *x, int dim, int reverse, int dtype, lm_tens
    int odt = dtype >= 0 ? dtype : lm_is_float_dtype(x->dtype) ? x->dtype : LM_INT64;
    if (!lm_valid_dtype(odt)) return lm_error(LM_ERR_DTYPE, "cumsum: invalid dtype %d", dtype);
    if (odt == LM_BOOL) return lm_error(LM_ERR_DTYPE, "cumsum: a bool result is not supported");
+   const lm_index_params p = {dim, reverse != 0, 0};
+   lm_tensor *u = *out;
+   if (u && u->device == x->device && u->dtype == odt && u->ndim == x->ndim &&
+       memcmp(u->sizes, x->sizes, sizeof(int64_t) * (size_t)x->ndim) == 0 &&
+       lm_is_non_overlapping_and_dense(u) && !(u->storage == x->storage && x->numel > 0)) {
+      /* an out= tensor in any dense layout is written in place: the kernel walks its strides
+         (autograd hands one in the input's format, so the gradient keeps it) */
+      if (x->numel == 0) return LM_OK;
+      lm_tensor *ts[2] = {(lm_tensor *)x, u};
+      const lm_op op = lm_op_make(LM_OP_CUMSUM, 2, ts, &p);
+      return lm_dispatch(&op);
+   }
    out_slot so;
    LM_TRY(out_open(&so, out, x->ndim, x->sizes, odt, LM_CONTIGUOUS, x->device, "cumsum"));
    lm_status st = LM_OK;
    if (x->numel > 0) {
-      const lm_index_params p = {dim, reverse != 0, 0};
       lm_tensor *ts[2] = {(lm_tensor *)x, so.t};
       const lm_op op = lm_op_make(LM_OP_CUMSUM, 2, ts, &p);
       st = lm_dispatch(&op);

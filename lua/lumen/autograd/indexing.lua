@@ -13,7 +13,7 @@
 -- input's strides (a channels-last input gives channels-last results); gather, scatter_add,
 -- index_select, cumsum and topk give contiguous results; flip keeps the input's memory format.
 -- Gradients of sort, gather and index_select are scatter_add_ into zeros in the input's memory
--- format.
+-- format, cumsum's a reverse cumsum written in it.
 
 local ffi = require("ffi")
 local C = require("lumen.C")
@@ -62,6 +62,17 @@ end
 
 -- the memory format id a gradient of x is made in (lm_suggest_memory_format)
 local function fmt_of(c) return C.lm_suggest_memory_format(c, 0) end
+
+-- an uninitialised tensor of sizes and g's dtype in memory format id fmt, on g's device
+local sizebuf = ffi.new("int64_t[8]")
+local function empty_for(g, sizes, fmt)
+   local n = #sizes
+   if (fmt == 1 and n ~= 4) or (fmt == 2 and n ~= 5) then fmt = 0 end
+   for i = 1, n do sizebuf[i - 1] = sizes[i] end
+   outp[0] = nil
+   check(C.lm_empty(n, sizebuf, g._c.dtype, fmt, g._c.device, outp), "backward")
+   return wrap(outp[0])
+end
 
 -- zeros of x's sizes and g's dtype in format fmt, with g added at index along d (0-based):
 -- the backward of sort, gather and index_select
@@ -303,11 +314,14 @@ function Tensor.cumsum(self, dim, dtype)
    check(C.lm_cumsum(c, d, 0, did, outp), fname)
    local out = wrap(outp[0])
    if grad_enabled() and needs(self) then
-      local xdt = c.dtype
+      local xdt, sizes, fmt = c.dtype, sizes_of(c), fmt_of(c)
       record(out, "CumsumBackward", function(g)
-         outp[0] = nil
-         check(C.lm_cumsum(g._c, d, 1, -1, outp), "cumsum_backward")
-         return cast_like(wrap(outp[0]), xdt)
+         -- written straight into a tensor in the input's format (lm_cumsum takes a dense out=)
+         local gc = g._c
+         local r = empty_for(g, sizes, fmt)
+         outp[0] = r._c
+         check(C.lm_cumsum(gc, d, 1, -1, outp), "cumsum_backward")
+         return cast_like(r, xdt)
       end, self)
    end
    return out
