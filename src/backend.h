@@ -58,7 +58,9 @@
    X(SOFTMAX, "softmax") X(SOFTMAX_BACKWARD, "softmax_backward")                                 \
    X(NLL_LOSS, "nll_loss") X(NLL_LOSS_BACKWARD, "nll_loss_backward")                             \
    /* optimizer steps */                                                                         \
-   X(SGD_STEP, "sgd_step") X(ADAM_STEP, "adam_step")
+   X(SGD_STEP, "sgd_step") X(ADAM_STEP, "adam_step")                                             \
+   /* indexing: sort, gather, scatter_add, cumsum (src/ops/indexing.c) */                        \
+   X(SORT, "sort") X(GATHER, "gather") X(SCATTER_ADD, "scatter_add") X(CUMSUM, "cumsum")
 
 #define LM_OP_ENUM_(k, name) LM_OP_##k,
 typedef enum lm_op_kind { LM_OP_LIST(LM_OP_ENUM_) LM_OP_COUNT } lm_op_kind;

@@ -244,4 +244,31 @@ lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_a
                        double beta2, double eps, double weight_decay, int decoupled,
                        int maximize, int64_t step);
 
+/* ---- indexing: sort, gather, scatter_add_, cumsum (src/ops/indexing.c; kernels/cpu/indexing.c,
+ * kernels/cuda/indexing.cu). Any rank (0-dim too), any dim (negative from the end), every dtype,
+ * inputs of any strides (read in place, no copy). Index values are `base`-based: 0 from C, 1
+ * from the Lua API (its indices are 1-based); base is 0 or 1. An index value outside
+ * [base, base + size) is an LM_ERR_ARG error naming it ("index 7 is out of bounds for
+ * dimension 2 with size 5", dimension counted from base), raised before anything is written.
+ *   sort: stable (ties keep their order), NaN larger than every number; values and int64
+ *     indices of x's sizes, with x's strides when x is non-overlapping and dense (channels-last
+ *     stays channels-last), else dense strides in x's dim order (torch.sort's layout); both are
+ *     fresh tensors (no out=: whatever *values and *indices held is overwritten).
+ *   gather: out[i][j][k] = x[index[i][j][k]][j][k] (dim 0); index int64 of x's rank, no larger
+ *     than x in the dims but dim; out contiguous with index's sizes and x's dtype (a non-NULL
+ *     *out is an out= tensor, as the other operators' are; cumsum's too).
+ *   scatter_add_: self[index[i][j][k]][j][k] += src[i][j][k] (dim 0), in place, in order along
+ *     dim (deterministic on every device); index no larger than src, nor than self but along
+ *     dim; src of self's dtype.
+ *   cumsum: inclusive prefix sums along dim (reverse: suffix sums); dtype < 0 gives x's dtype
+ *     for floating x and int64 for integers and bool (PyTorch's); the result is contiguous, or
+ *     the out= tensor, written in place when it is non-overlapping and dense in any layout. ---- */
+lm_status lm_sort(const lm_tensor *x, int dim, int descending, int64_t base, lm_tensor **values,
+                  lm_tensor **indices);
+lm_status lm_gather(const lm_tensor *x, int dim, const lm_tensor *index, int64_t base,
+                    lm_tensor **out);
+lm_status lm_scatter_add_(lm_tensor *self, int dim, const lm_tensor *index, const lm_tensor *src,
+                          int64_t base);
+lm_status lm_cumsum(const lm_tensor *x, int dim, int reverse, int dtype, lm_tensor **out);
+
 #endif

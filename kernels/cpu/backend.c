@@ -27,6 +27,7 @@ static void fill(int isa) {
       lm_cpu_register_resample(table, isa);
       lm_cpu_register_loss(table, isa);
       lm_cpu_register_optim(table, isa);
+      lm_cpu_register_indexing(table, isa);
       atomic_store_explicit(&filled_isa, isa, memory_order_release);
    }
    pthread_mutex_unlock(&fill_lock);

@@ -48,6 +48,7 @@ void lm_cpu_register_softmax(lm_kernel_fn *table, int isa);
 void lm_cpu_register_resample(lm_kernel_fn *table, int isa);
 void lm_cpu_register_loss(lm_kernel_fn *table, int isa);
 void lm_cpu_register_optim(lm_kernel_fn *table, int isa);
+void lm_cpu_register_indexing(lm_kernel_fn *table, int isa);
 
 /* refill the table for the current lm_cpu_isa() (isa.c calls it when the ISA changes) */
 void lm_cpu_backend_refresh(void);

@@ -304,6 +304,7 @@ extern "C" int lm_cuda_init(char *why, size_t cap) {
    lm_cuda_register_softmax(table);
    lm_cuda_register_resample(table);
    lm_cuda_register_optim(table);
+   lm_cuda_register_indexing(table);
    for (int k = 0; k < n; k++) {
       if (cudaSetDevice(k) != cudaSuccess ||
           cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking) != cudaSuccess) {

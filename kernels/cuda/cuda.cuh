@@ -142,4 +142,5 @@ void lm_cuda_register_group_norm(lm_kernel_fn *table);
 void lm_cuda_register_softmax(lm_kernel_fn *table);
 void lm_cuda_register_resample(lm_kernel_fn *table);
 void lm_cuda_register_optim(lm_kernel_fn *table);
+void lm_cuda_register_indexing(lm_kernel_fn *table);
 #endif

@@ -148,6 +148,8 @@ M.LOW_METHODS = { "matmul", "mm" }
 -- run in float32 (PyTorch's CUDA float32 list, the ops lumen has). sum and prod take a dtype
 -- argument: given, it is used as is (PyTorch's fp32_set_opt_dtype).
 M.F32_METHODS = { "sum", "prod", "exp", "log", "log1p", "expm1", "pow", "rsqrt", "reciprocal" }
+-- cumsum(dim, dtype) too (PyTorch's fp32_set_opt_dtype: a given dtype is used as is)
+M.F32_METHODS[#M.F32_METHODS + 1] = "cumsum"
 -- the functional ops, for the documentation and the specs
 M.LOW_FUNCTIONS = { "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                      "conv_transpose3d", "linear" }
@@ -169,7 +171,14 @@ do
       end)
    end
    for _, name in ipairs(M.F32_METHODS) do
-      if name == "sum" or name == "prod" then
+      if name == "cumsum" then
+         wrap_method(name, function(f)
+            return function(self, dim, dtype)
+               if active and dtype == nil then self = f32(self) end
+               return f(self, dim, dtype)
+            end
+         end)
+      elseif name == "sum" or name == "prod" then
          wrap_method(name, function(f)
             return function(self, dims, keepdim, dtype)
                if active and dtype == nil then self = f32(self) end

@@ -560,6 +560,7 @@ require("lumen.autograd.matmul")
 require("lumen.autograd.composed")
 require("lumen.autograd.composed_math")
 require("lumen.autograd.composed_shape")
+require("lumen.autograd.indexing")
 A.where, A.cat = elementwise.where, shape.cat
 A._clamp_mask = elementwise.clamp_mask
 

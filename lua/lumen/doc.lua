@@ -399,6 +399,67 @@ E("Tensor:split", "t:split(size | {sizes}, dim) -> array of Tensor", "Views alon
    .. "1) of size each (the last smaller), or of the listed sizes, as torch.split.",
    { err = "a size that is not a positive integer, sizes that do not sum to the dim's size, a "
    .. "dim out of range" })
+-- indexing: sort / argsort / topk, gather / scatter_add / index_select, cumsum, flip
+-- (lua/lumen/autograd/indexing.lua over the C operators of src/ops/indexing.c)
+local IDX_NOTE = "Indices are 1-based int64, as argmax's and max(dim)'s (PyTorch's are 0-based)."
+local ERR_IDX = "t or index not a tensor, an index that is not int64, ranks that differ, an "
+   .. "index larger than t outside dim, a dim out of range, an index value out of range "
+   .. "(`lumen.gather: index 7 is out of bounds for dimension 2 with size 5`, 1-based as given)"
+E("Tensor:sort", "t:sort(dim, descending) | t:sort({dim =, descending =, stable =}) -> values, "
+   .. "indices", "The elements sorted along dim (default the last), ascending unless descending, "
+   .. "and their 1-based int64 positions, as torch.sort with stable = true: ties keep their "
+   .. "order, NaN counts as larger than every number (last ascending, first descending). Every "
+   .. "dtype; differentiable (the gradient is scattered back by the indices).",
+   { opts = "dim = -1, descending = false, stable = true (lumen's sort is always stable)",
+     fmt = "values and indices get t's strides when t is non-overlapping and dense (a "
+     .. "channels-last t gives channels-last results), else dense strides in t's dim order, as "
+     .. "PyTorch's", err = "a dim out of range, an unknown option, descending not a boolean",
+     note = IDX_NOTE })
+E("Tensor:argsort", "t:argsort(dim, descending) -> Tensor", "The indices of t:sort(dim, "
+   .. "descending) (1-based int64).", { opts = "as t:sort", fmt = "as t:sort",
+   err = "as t:sort" })
+E("Tensor:topk", "t:topk(k, dim, largest, sorted) | t:topk(k, {dim =, largest =, sorted =}) "
+   .. "-> values, indices", "The k largest (largest "
+   .. "= false: smallest) elements along dim (default the last) and their 1-based int64 "
+   .. "positions, in sorted order (for sorted = false too); ties come in input order (PyTorch's "
+   .. "CPU kernel orders ties by no documented rule). Differentiable.",
+   { opts = "dim = -1, largest = true, sorted = true", fmt = "contiguous results, as PyTorch's",
+     err = "k not an integer in 0..size, a dim out of range, largest / sorted not booleans",
+     note = IDX_NOTE })
+E("Tensor:gather", "t:gather(dim, index) -> Tensor", "out[i][j] = t[index[i][j]][j] (dim 1), "
+   .. "as torch.gather: index is int64 (1-based) of t's rank, no larger than t outside dim; the "
+   .. "result has index's sizes and t's dtype. Every dtype; differentiable (the gradient is a "
+   .. "scatter_add into zeros of t's sizes).", { fmt = "the result is contiguous, as PyTorch's",
+   err = ERR_IDX, note = IDX_NOTE })
+E("Tensor:scatter_add", "t:scatter_add(dim, index, src) -> Tensor", "A copy of t with "
+   .. "src[i][j] added at [index[i][j]][j] (dim 1), as torch.scatter_add: index int64 (1-based) "
+   .. "of t's rank, no larger than src, nor than t outside dim; src of t's dtype. Additions run "
+   .. "in order along dim, so results are deterministic and the same on every device. "
+   .. "Differentiable: t's gradient passes through, src's is the gradient gathered at index.",
+   { fmt = "the result is contiguous, as PyTorch's", err = ERR_IDX .. ", src of another dtype",
+     note = IDX_NOTE })
+E("Tensor:scatter_add_", "t:scatter_add_(dim, index, src) -> t", "t:scatter_add in place.",
+   { fmt = "t keeps its strides", err = "as t:scatter_add; t with overlapping elements "
+   .. "(expanded), a leaf that requires grad", note = IDX_NOTE })
+E("Tensor:index_select", "t:index_select(dim, index) -> Tensor", "The slices of t along dim at "
+   .. "the 1-based positions of the 1-D int64 index, as torch.index_select (a gather through "
+   .. "the index viewed along dim, not copied). Differentiable (the gradient is an index_add).",
+   { fmt = "the result is contiguous, as PyTorch's", err = ERR_IDX .. ", an index of more than "
+   .. "1 dim", note = IDX_NOTE })
+E("Tensor:cumsum", "t:cumsum(dim, dtype) -> Tensor", "Inclusive sums along dim, as "
+   .. "torch.cumsum: integer and bool inputs sum into int64 unless dtype says otherwise; "
+   .. "float32 accumulates in double, the halves in float32 (PyTorch's CPU rule). "
+   .. "Differentiable (the gradient is the reverse cumsum of the gradient).",
+   { fmt = "the result is contiguous, as PyTorch's", err = "a dim out of range, a bool dtype" })
+E("Tensor:flip", "t:flip(dims) -> Tensor", "The elements in reverse order along each of dims (a "
+   .. "dim or a list of dims), as torch.flip; index_select with reversed positions, so "
+   .. "differentiable.", { fmt = "the result keeps t's memory format, as PyTorch's",
+   err = "dims nil, a dim out of range or repeated" })
+for _, n in ipairs({ "sort", "argsort", "topk", "gather", "scatter_add", "index_select",
+                     "cumsum", "flip" }) do
+   E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. n
+      .. ").")
+end
 E("Tensor:where", "t:where(cond, other) -> Tensor", "lm.where(cond, t, other).")
 E("Tensor:fill_", "t:fill_(value) -> t", "Set every element to value.",
    { err = "value not a number (or boolean)" })

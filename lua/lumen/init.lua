@@ -67,6 +67,8 @@ local functional = {
    "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
    "broadcast_to", "tile", "remainder", "count_nonzero", "aminmax", "var_mean", "std_mean",
    "trace", "roll", "diagonal", "diag",
+   -- indexing (lua/lumen/autograd/indexing.lua)
+   "sort", "argsort", "topk", "gather", "scatter_add", "index_select", "cumsum", "flip",
 }
 local Tensor = T.Tensor
 for _, name in ipairs(functional) do

@@ -149,6 +149,23 @@ local function operator_list(lm)
    add("reduction", "argmax(2, keepdim)", function(x) return x:argmax(2, true) end,
        { grad = false })
    add("reduction", "prod(4, keepdim)", function(x) return x:prod(4, true) end, { grad = false })
+   -- indexing (lua/lumen/autograd/indexing.lua); index tensors 1-based, made on x's device
+   local function ones_index(x, sizes)
+      return require("lumen.creation").ones(sizes, { dtype = "int64", device = Tensor.device(x) })
+   end
+   add("indexing", "sort(2)", function(x) return (x:sort(2)) end)
+   add("indexing", "topk(2, 4)", function(x) return (x:topk(2, 4)) end)
+   add("indexing", "cumsum(2)", function(x) return x:cumsum(2) end)
+   add("indexing", "flip(4)", function(x) return x:flip(4) end)
+   add("indexing", "gather(3, index)", function(x)
+      return x:gather(3, ones_index(x, Tensor.size(x)))
+   end)
+   add("indexing", "index_select(2, {1, 1})", function(x)
+      return x:index_select(2, ones_index(x, { 2 }))
+   end)
+   add("indexing", "scatter_add(2, index, x)", function(x)
+      return x:scatter_add(2, ones_index(x, Tensor.size(x)), x)
+   end)
    -- views and shape
    add("view", "view (same sizes)", function(x) return x:view(x:size()) end)
    add("view", "reshape (same sizes)", function(x) return x:reshape(x:size()) end)

@@ -1075,6 +1075,101 @@ OPS["lm.cat"] = concat
 OPS["Tensor.cat"] = concat
 OPS["F.cat"] = concat
 
+-- the indexing operators (lua/lumen/autograd/indexing.lua). lumen's indices are 1-based, ONNX's
+-- 0-based: an index input is exported minus 1 (a Sub node). sort, argsort and topk are not
+-- exported (ONNX's TopK is not a stable sort: ties could come out in another order).
+local function tensor_ref(node, x, what)
+   if type(x) ~= "table" or getmetatable(x) ~= G.REF then
+      fail(node.op .. ": " .. what .. " is not a tensor", 0)
+   end
+   return x
+end
+local function export_dim(node, d, nd)
+   if type(d) ~= "number" then fail(node.op .. " with a dim that is not a number", 0) end
+   if d < 0 then d = d + math.max(nd, 1) + 1 end
+   return d - 1
+end
+local function zero_based(B, node, ref)
+   local dt = B.fresh("index0")
+   tensor_ref(node, ref, "the index")
+   B.node("Sub", { B.name(ref.id), B.const_i64({ 1 }) }, { dt })
+   return dt
+end
+local FLOAT_DT = { float32 = true, float64 = true, float16 = true, bfloat16 = true }
+
+-- cumsum(x, dim): CumSum with a 0-D axis (floating x, no dtype argument)
+local function cumsum(B, node, a, outs, g)
+   local x = tensor_ref(node, a[1], "the input")
+   if a[3] ~= nil then fail(node.op .. " with a dtype argument is not exported", 0) end
+   if not FLOAT_DT[g.values[x.id].dtype] then
+      fail(node.op .. " of an integer tensor is not exported (lumen sums it into int64)", 0)
+   end
+   local axis = B.init(B.fresh("axis"), require("lumen").tensor(
+      export_dim(node, a[2], #value_sizes(g, x.id)), { dtype = "int64" }))
+   B.node("CumSum", { B.name(x.id), axis }, outs)
+end
+OPS["Tensor.cumsum"] = cumsum
+OPS["lm.cumsum"] = cumsum
+
+-- flip(x, dims): Slice with step -1 along each dim
+local function flip(B, node, a, outs, g)
+   local x = tensor_ref(node, a[1], "the input")
+   local nd = #value_sizes(g, x.id)
+   local dims = type(a[2]) == "number" and { a[2] } or a[2]
+   if type(dims) ~= "table" or getmetatable(dims) == G.REF then
+      fail(node.op .. " with dims that are not numbers", 0)
+   end
+   if #dims == 0 or nd == 0 then return B.node("Identity", { B.name(x.id) }, outs) end
+   local starts, ends, axes, steps = {}, {}, {}, {}
+   for i, d in ipairs(dims) do
+      starts[i], ends[i], axes[i], steps[i] = -1, -9223372036854775808, export_dim(node, d, nd), -1
+   end
+   B.node("Slice", { B.name(x.id), B.const_i64(starts), B.const_i64(ends), B.const_i64(axes),
+      B.const_i64(steps) }, outs)
+end
+OPS["Tensor.flip"] = flip
+OPS["lm.flip"] = flip
+
+-- gather(x, dim, index): GatherElements
+local function gather(B, node, a, outs, g)
+   local x = tensor_ref(node, a[1], "the input")
+   local axis = export_dim(node, a[2], #value_sizes(g, x.id))
+   B.node("GatherElements", { B.name(x.id), zero_based(B, node, a[3]) }, outs, { axis = axis })
+end
+OPS["Tensor.gather"] = gather
+OPS["lm.gather"] = gather
+
+-- index_select(x, dim, index): Gather of a 1-D index
+local function index_select(B, node, a, outs, g)
+   local x = tensor_ref(node, a[1], "the input")
+   local idx = tensor_ref(node, a[3], "the index")
+   if #value_sizes(g, idx.id) ~= 1 then fail(node.op .. " with a 0-D index is not exported", 0) end
+   local axis = export_dim(node, a[2], #value_sizes(g, x.id))
+   B.node("Gather", { B.name(x.id), zero_based(B, node, idx) }, outs, { axis = axis })
+end
+OPS["Tensor.index_select"] = index_select
+OPS["lm.index_select"] = index_select
+
+-- scatter_add(x, dim, index, src): ScatterElements with reduction "add" (opset 16 on), src of
+-- the index's sizes (ONNX's updates have the indices' shape)
+local function scatter_add(B, node, a, outs, g)
+   if B.opset < 16 then fail(node.op .. " needs opset 16 or later (ScatterElements add)", 0) end
+   local x = tensor_ref(node, a[1], "the input")
+   local idx = tensor_ref(node, a[3], "the index")
+   local src = tensor_ref(node, a[4], "src")
+   local si, ss = value_sizes(g, idx.id), value_sizes(g, src.id)
+   for i = 1, math.max(#si, #ss) do
+      if si[i] ~= ss[i] then
+         fail(node.op .. " with src larger than the index is not exported", 0)
+      end
+   end
+   local axis = export_dim(node, a[2], #value_sizes(g, x.id))
+   B.node("ScatterElements", { B.name(x.id), zero_based(B, node, idx), B.name(src.id) }, outs,
+      { axis = axis, reduction = "add" })
+end
+OPS["Tensor.scatter_add"] = scatter_add
+OPS["lm.scatter_add"] = scatter_add
+
 OPS["F.softmax"] = function(B, _, a, outs, g)
    local nd = #value_sizes(g, a[1].id)
    local d = a[2] or -1

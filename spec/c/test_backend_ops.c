@@ -2201,6 +2201,130 @@ static void rules_pool3d(void) {
 }
 
 /* ======================================================================================== */
+/* indexing: sort, gather, scatter_add_, cumsum                                              */
+/* ======================================================================================== */
+
+typedef struct {
+   int dim, desc;
+   int64_t base;
+} ix_arg;
+
+/* sort (both orders), cumsum (both directions), gather and scatter_add_ along one dim; in[0] x,
+   in[1] an index for x's dim, in[2] the scatter target, in[3] the scatter source */
+static lm_status f_indexing(lm_tensor **in, lm_tensor **out, const void *arg) {
+   const ix_arg *a = arg;
+   TRY(lm_sort(in[0], a->dim, a->desc, a->base, &out[0], &out[1]));
+   TRY(lm_cumsum(in[0], a->dim, a->desc, -1, &out[2]));
+   TRY(lm_gather(in[0], a->dim, in[1], a->base, &out[3]));
+   TRY(lm_scatter_add_(in[2], a->dim, in[1], in[3], a->base));
+   out[4] = in[2];
+   /* cumsum into an out= tensor: dense in any layout (written in place) or not (a copy) */
+   out[5] = in[4];
+   TRY(lm_cumsum(in[0], a->dim, !a->desc, -1, &out[5]));
+   check(out[5] == in[4], "cumsum out=: the result is the out tensor");
+   return LM_OK;
+}
+
+static void cases_indexing(void) {
+   static const shape shapes[] = {
+      {0, {0}, L_CONTIG},          {1, {7}, L_CONTIG},             {1, {40}, L_STRIDED},
+      {2, {5, 9}, L_CONTIG},       {2, {5, 9}, L_TRANS},           {2, {3, 37}, L_NARROW},
+      {3, {3, 4, 6}, L_STRIDED},   {4, {2, 3, 4, 5}, L_CL},        {4, {2, 3, 4, 5}, L_CONTIG},
+      {5, {2, 3, 2, 3, 4}, L_CL},  {2, {0, 5}, L_CONTIG},          {2, {4, 70}, L_CONTIG},
+   };
+   static const int dts[7] = {LM_FLOAT32, LM_FLOAT64, LM_BFLOAT16, LM_FLOAT16,
+                              LM_INT64,   LM_INT32,   LM_UINT8};
+   g_tol = TOL_EW;
+   const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+   for (int s = 0; s < ns; s++) {
+      const shape *sh = &shapes[s];
+      const int n = sh->nd > 0 ? sh->nd : 1;
+      for (int dti = 0; dti < 7; dti++)
+         for (int dim = -n; dim < n; dim++) {
+            const int desc = (s + dti + dim) & 1, d = dim < 0 ? dim + n : dim;
+            const int64_t base = (s + dim) & 1;
+            const int dt = dts[dti];
+            CASE("indexing %dD [%lld,...] %s %s dim %d %s base %lld isa %s", sh->nd,
+                 (long long)sh->sz[0], LAYOUT_NAME[sh->layout], lm_dtype_name(dt), dim,
+                 desc ? "descending / reverse" : "ascending", (long long)base, isa_name());
+            /* small integers: the floating dtypes get ties, which the stable order settles */
+            lm_tensor *x = cpu_rand(sh->nd, sh->sz, dt, sh->layout, dt == LM_UINT8 ? 0 : -4, 5);
+            if (is_float(dt) && (dti & 1)) {
+               lm_tensor *r = NULL;
+               OK(lm_unary(LM_FLOOR, x, &r));
+               OK(lm_copy_(x, keep(r)));
+            }
+            /* the index: x's sizes, one more along dim, one fewer elsewhere (not below 1) */
+            int64_t isz[5];
+            for (int i = 0; i < sh->nd; i++)
+               isz[i] = i == d ? sh->sz[i] + 1 : sh->sz[i] > 1 ? sh->sz[i] - 1 : sh->sz[i];
+            const int64_t lim = sh->nd == 0 ? 1 : sh->sz[d];
+            lm_tensor *ix = cpu_rand(sh->nd, isz, LM_INT64, (s & 1) ? L_STRIDED : sh->layout,
+                                     (double)base, (double)(base + lim));
+            /* the scatter target: x's layout; the source: the index's sizes plus one */
+            int64_t ssz[5];
+            for (int i = 0; i < sh->nd; i++) ssz[i] = isz[i] + (i == 0);
+            lm_tensor *in[5] = {x, ix, cpu_rand(sh->nd, sh->sz, dt, sh->layout, 0, 3),
+                                cpu_rand(sh->nd, ssz, dt, L_STRIDED, 0, 3),
+                                cpu_rand(sh->nd, sh->sz, is_float(dt) ? dt : LM_INT64,
+                                         (s + dti) % 3 == 0 ? L_STRIDED : sh->layout, 0, 1)};
+            if (lim == 0 && ix->numel > 0) {
+               free_kept();
+               continue; /* gather from an empty dim: every index is out of range */
+            }
+            const ix_arg a = {dim, desc, base};
+            run_case("values,indices,cumsum,gather,scatter_add_,cumsum out=", 5, in, 6, f_indexing,
+                     &a);
+            free_kept();
+         }
+   }
+}
+
+/* device rules: mixed devices; out-of-range index values from every computing device */
+static void rules_indexing(void) {
+   CASE("indexing device rules");
+   const int64_t sz[2] = {4, 3};
+   lm_tensor *x = cpu_rand(2, sz, LM_FLOAT32, L_CONTIG, -2, 2);
+   lm_tensor *ix = cpu_rand(2, sz, LM_INT64, L_CONTIG, 0, 3);
+   lm_tensor *sx = to_dev(x, LM_SIM0), *six = to_dev(ix, LM_SIM0);
+   lm_tensor *out = NULL;
+   expect_device_error(lm_gather(x, 1, six, 0, &out), "gather: index on sim:0");
+   expect_device_error(lm_gather(sx, 1, ix, 0, &out), "gather: input on sim:0");
+   lm_tensor *t = to_dev(x, LM_CPU);
+   expect_device_error(lm_scatter_add_(t, 1, six, x, 0), "scatter_add_: index on sim:0");
+   expect_device_error(lm_scatter_add_(t, 1, ix, sx, 0), "scatter_add_: src on sim:0");
+   check(out == NULL, "no output after a device error");
+   double bad[12] = {0, 1, 2, 2, 1, 0, 0, 3, 1, 2, 2, 2};
+   lm_tensor *ib = NULL;
+   OK(lm_empty(2, sz, LM_INT64, LM_CONTIGUOUS, LM_CPU, &ib));
+   keep(ib);
+   OK(lm_from_doubles(ib, bad));
+   static const int devs[3] = {LM_CPU, LM_SIM0, LM_CUDA0};
+   static const char *const dnames[3] = {"cpu", "sim:0", "cuda:0"};
+   for (int dv = 0; dv < 3; dv++) {
+      if (dv == 2 && (!g_has_cuda || g_no_cuda)) continue;
+      const int dev = devs[dv];
+      lm_tensor *dx = to_dev(x, dev), *dib = to_dev(ib, dev), *o = NULL;
+      lm_status st = lm_gather(dx, 1, dib, 0, &o);
+      check(st == LM_ERR_ARG && strstr(lm_last_error(), "index 3 is out of bounds for dimension 1") &&
+               !o,
+            "%s gather bad index: %d %s", dnames[dv], (int)st, lm_last_error());
+      st = lm_gather(dx, 1, dib, 1, &o);
+      check(st == LM_ERR_ARG && strstr(lm_last_error(), "index 0 is out of bounds for dimension 2") &&
+               !o,
+            "%s gather bad 1-based index: %d %s", dnames[dv], (int)st, lm_last_error());
+      lm_tensor *dt = to_dev(x, dev);
+      st = lm_scatter_add_(dt, 1, dib, dx, 0);
+      check(st == LM_ERR_ARG && strstr(lm_last_error(), "out of bounds"), "%s scatter bad index",
+            dnames[dv]);
+   }
+   lm_tensor *mx = to_dev(x, LM_META), *mib = to_dev(ib, LM_META), *mo = NULL;
+   check(lm_gather(mx, 1, mib, 0, &mo) == LM_OK, "meta: values are not looked at");
+   keep(mo);
+   free_kept();
+}
+
+/* ======================================================================================== */
 /* the table                                                                                */
 /* ======================================================================================== */
 
@@ -2257,6 +2381,8 @@ static const op_entry OPS[] = {
    {"nll_loss", cases_nll_loss, rules_nll_loss, I_BEST | I_C,
     KINDS(LM_OP_NLL_LOSS, LM_OP_NLL_LOSS_BACKWARD)},
    {"optimizer steps", cases_optim, NULL, I_BEST | I_C, KINDS(LM_OP_SGD_STEP, LM_OP_ADAM_STEP)},
+   {"indexing", cases_indexing, rules_indexing, I_BEST | I_C,
+    KINDS(LM_OP_SORT, LM_OP_GATHER, LM_OP_SCATTER_ADD, LM_OP_CUMSUM)},
 };
 enum { NOPS = sizeof OPS / sizeof OPS[0] };
 

@@ -46,6 +46,9 @@ local LM_OPS = {
    randint = true, arange = true, linspace = true, eye = true, tensor = true,
    empty_strided = true, randperm = true, empty_like = true, zeros_like = true,
    ones_like = true, full_like = true, rand_like = true, randn_like = true, randint_like = true,
+   -- indexing (lua/lumen/autograd/indexing.lua)
+   sort = true, argsort = true, topk = true, gather = true, scatter_add = true,
+   index_select = true, cumsum = true, flip = true,
 }
 for _, n in ipairs({
    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
