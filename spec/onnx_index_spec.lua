@@ -1,9 +1,9 @@
 -- lm.onnx.export of the indexing operators (lua/lumen/onnx.lua): cumsum as CumSum, flip as
 -- Slice with step -1, gather as GatherElements, index_select as Gather, scatter_add as
--- ScatterElements (reduction add, opset 16 on), each index exported minus 1 (lumen's are
--- 1-based): onnx.checker and ONNX Runtime within 1e-5 of the eager model, channels-last input.
--- sort / topk are refused with the reason. Skipped (with the reason) without the writer or ONNX
--- Runtime (tools/setup_onnx_venv.sh), as spec/onnx_spec.lua.
+-- ScatterElements (reduction add, opset 16 on), F.embedding as Gather, each index exported minus
+-- 1 (lumen's are 1-based): onnx.checker and ONNX Runtime within 1e-5 of the eager model,
+-- channels-last input. sort / topk are refused with the reason. Skipped (with the reason)
+-- without the writer or ONNX Runtime (tools/setup_onnx_venv.sh), as spec/onnx_spec.lua.
 local lm = require("lumen")
 local shell = require("spec.shell")
 local nn = lm.nn
@@ -17,8 +17,11 @@ function Net:__init()
    self.idx = lm.randint(1, 5, { 2, 3, 3, 5 })        -- along dim 3 (size 4)
    self.sel = lm.tensor({ 5, 1, 1, 3 }, { dtype = lm.int64 })
    self.sidx = lm.randint(1, 4, { 2, 2, 3, 4 })       -- along dim 2 (size 3)
+   self.emb = nn.Embedding(7, 5, { padding_idx = 2 })
+   self.eidx = lm.randint(1, 8, { 2, 3, 4 })
 end
 function Net:forward(x)
+   x = x + self.emb(self.eidx)                         -- Gather of the weight's rows
    local y = x:cumsum(2) + x:flip({ 2, 4 }) + lm.cumsum(x, -1)
    local z = y:gather(3, self.idx)                     -- 2 x 3 x 3 x 5
    z = z:index_select(4, self.sel)                     -- 2 x 3 x 3 x 4

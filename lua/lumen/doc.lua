@@ -1263,6 +1263,12 @@ E("lm.F.cosine_similarity", "lm.F.cosine_similarity(x1, x2, opts) -> Tensor", "T
 E("lm.F.pairwise_distance", "lm.F.pairwise_distance(x1, x2, opts) -> Tensor", "||x1 - x2 + eps||_p "
    .. "over the last dim.", { opts = "{p = 2, eps = 1e-6, keepdim = false}", err = "as "
    .. "cosine_similarity" })
+E("lm.F.embedding", "lm.F.embedding(input, weight, padding_idx) -> Tensor  (or (input, weight, "
+   .. "{padding_idx =}))", "The rows of weight (num_embeddings x dim) at input's 1-based int64 "
+   .. "indices: input's sizes with dim appended; the rows looked up at padding_idx (1-based, "
+   .. "negative from the end) pass no gradient, as PyTorch's.", { err = "indices out of range "
+   .. "or not int64 / int32, a weight that is not 2-D, padding_idx outside num_embeddings, "
+   .. "max_norm / scale_grad_by_freq / sparse (not supported)" })
 E("lm.F.one_hot", "lm.F.one_hot(t, num_classes) -> Tensor", "int64 with a new last dim of "
    .. "num_classes (default: t's largest class), 1 at each of t's 1-based classes (lumen's "
    .. "class convention, as cross_entropy's targets), 0 elsewhere.", { err = "a dtype other than "
@@ -1577,6 +1583,12 @@ for _, kind in ipairs({ "Zero", "Constant", "Reflection", "Replication", "Circul
          .. "-D input expected" })
    end
 end
+E("lm.nn.Embedding", "lm.nn.Embedding(num_embeddings, embedding_dim, opts)", "A learned table "
+   .. "looked up by 1-based indices (lm.F.embedding); weight from N(0, 1), the padding_idx row "
+   .. "zero. lm.nn.Embedding.from_pretrained(weights, {freeze = true, padding_idx =}) makes one "
+   .. "from a 2-D tensor (a copy).", { opts = "{padding_idx =, dtype =, device =}",
+   err = "sizes that are not non-negative integers, padding_idx outside num_embeddings, "
+   .. "max_norm / scale_grad_by_freq / sparse" })
 E("lm.nn.Unflatten", "lm.nn.Unflatten(dim, unflattened_size)", "Tensor:unflatten as a module.")
 E("lm.nn.Sequential", "lm.nn.Sequential(m1, m2, ...) / lm.nn.Sequential({m1, ...})", "Runs its "
    .. "children in order; children are named \"0\", \"1\", ... (PyTorch's keys); seq[i] "

@@ -312,6 +312,9 @@ local function operator_list(lm)
    end)
    add("loss", "one_hot (N,H,W targets)", function(_, s) return F.one_hot(s.target) end,
        { grad = false })
+   add("loss", "embedding (N,H,W indices)", function(x, s)
+      return F.embedding(s.target, x:reshape(-1, x:size(4)))
+   end)
    add("loss", "cross_entropy (N,C,H,W)", function(x, s) return F.cross_entropy(x, s.target) end)
    add("loss", "nll_loss (N,C,H,W)", function(x, s) return F.nll_loss(x, s.target) end)
 

@@ -1147,6 +1147,11 @@ local function index_select(B, node, a, outs, g)
    local axis = export_dim(node, a[2], #value_sizes(g, x.id))
    B.node("Gather", { B.name(x.id), zero_based(B, node, idx) }, outs, { axis = axis })
 end
+-- embedding(input, weight, ...): Gather of weight's rows (axis 0) at the 0-based input
+OPS["F.embedding"] = function(B, node, a, outs)
+   local w = tensor_ref(node, a[2], "the weight")
+   B.node("Gather", { B.name(w.id), zero_based(B, node, a[1]) }, outs, { axis = 0 })
+end
 OPS["Tensor.index_select"] = index_select
 OPS["lm.index_select"] = index_select
 

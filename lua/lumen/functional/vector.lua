@@ -1,13 +1,14 @@
 -- lumen.functional.vector -- lm.F's operators on vectors along a dim, composed from the
 -- reductions and elementwise ops (Tensor:norm's backward included): normalize,
--- cosine_similarity, pairwise_distance, and one_hot. Dims are 1-based (dim 2 is PyTorch's
--- default dim=1); one_hot's classes are 1-based as the losses' targets and argmax's indices.
+-- cosine_similarity, pairwise_distance, one_hot, and embedding (a lookup through index_select).
+-- Dims are 1-based (dim 2 is PyTorch's default dim=1); one_hot's classes and embedding's
+-- indices are 1-based, as the losses' targets and argmax's indices.
 
 local T = require("lumen.tensor")
 local A = require("lumen.autograd")
 local H = require("lumen.functional.common")
 
-local type, tostring = type, tostring
+local type, tostring, getmetatable = type, tostring, getmetatable
 
 local Tensor = T.Tensor
 local err, tensor_arg, check_opts, check_float = H.err, H.tensor_arg, H.check_opts,
@@ -138,6 +139,62 @@ function F.one_hot(t, num_classes)
    local classes = require("lumen.creation").arange(1, num_classes + 1,
                                                      { device = Tensor.device(t) })
    return Tensor.to(Tensor.eq(Tensor.unsqueeze(t, -1), classes), "int64")
+end
+
+-- embedding(input, weight, padding_idx) or (input, weight, {padding_idx =}): the rows of weight
+-- (num_embeddings x dim) at input's 1-based int64 indices, input's sizes with dim appended
+-- (index_select, so the gradient adds into the rows used); the rows looked up at padding_idx
+-- (1-based, negative from the end) pass no gradient, as PyTorch's. max_norm, scale_grad_by_freq
+-- and sparse are refused: lumen has no in-place renormalization or sparse gradients.
+local EMBEDDING_OPTS = option_set("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
+                                  "sparse")
+F._OPTIONS.embedding = EMBEDDING_OPTS
+function F.embedding(input, weight, padding_idx)
+   local fname = "embedding"
+   local ic = tensor_arg(fname, input, "input")
+   local wc = tensor_arg(fname, weight, "weight")
+   if tostring(Tensor.dtype(input)) ~= "int64" and tostring(Tensor.dtype(input)) ~= "int32" then
+      err(fname, "input must hold int64 (or int32) 1-based indices, got " .. H.dtype_name(ic))
+   end
+   if wc.ndim ~= 2 then
+      err(fname, "weight must be 2-D (num_embeddings, embedding_dim), got size " ..
+          H.sizes_str(wc))
+   end
+   if type(padding_idx) == "table" and getmetatable(padding_idx) == nil then
+      local o = check_opts(fname, padding_idx, EMBEDDING_OPTS)
+      if o.max_norm ~= nil then
+         err(fname, "max_norm is not supported (it renormalizes weight in place)")
+      end
+      if o.scale_grad_by_freq or o.sparse then
+         err(fname, "scale_grad_by_freq and sparse are not supported")
+      end
+      padding_idx = o.padding_idx
+   end
+   local n = Tensor.size(weight, 1)
+   if padding_idx ~= nil then
+      if type(padding_idx) ~= "number" or padding_idx % 1 ~= 0 or padding_idx == 0
+         or padding_idx > n or padding_idx < -n then
+         err(fname, ("padding_idx must be within num_embeddings (1..%d or -%d..-1), got %s")
+             :format(n, n, tostring(padding_idx)))
+      end
+      if padding_idx < 0 then padding_idx = n + padding_idx + 1 end
+   end
+   local sizes = Tensor.size(input)
+   local flat = Tensor.reshape(input, { -1 })
+   local ok, rows = pcall(Tensor.index_select, weight, 1, flat)
+   if not ok then
+      -- an index out of range, named as the user called it
+      local msg = tostring(rows):match("lumen%.index_select: (.*)$")
+      if msg then err(fname, msg) end
+      error(rows, 0)
+   end
+   sizes[#sizes + 1] = Tensor.size(weight, 2)
+   local out = Tensor.reshape(rows, sizes)
+   if padding_idx ~= nil and A.is_grad_enabled() and Tensor.numel(input) > 0 then
+      local pad = Tensor.unsqueeze(Tensor.eq(input, padding_idx), -1)
+      out = T.where(pad, Tensor.detach(out), out)
+   end
+   return out
 end
 
 return F

@@ -272,6 +272,68 @@ for k = 1, 3 do
 end
 
 ---------------------------------------------------------------------------------------------
+-- Embedding(num_embeddings, embedding_dim, {padding_idx =, dtype =, device =}): a learned table
+-- looked up by 1-based int64 indices (F.embedding); weight drawn from N(0, 1), the padding row
+-- zero, as PyTorch's. Embedding.from_pretrained(weights, {freeze = true, padding_idx =}).
+---------------------------------------------------------------------------------------------
+
+local Embedding = Module:extend("Embedding")
+M.Embedding = Embedding
+local EMBEDDING_OPTS = option_set("padding_idx", "dtype", "device", "max_norm",
+                                  "scale_grad_by_freq", "sparse", "_weight", "_freeze")
+function Embedding:__init(num_embeddings, embedding_dim, opts)
+   opts = opts_arg("Embedding", opts, EMBEDDING_OPTS)
+   for _, v in ipairs({ num_embeddings, embedding_dim }) do
+      if type(v) ~= "number" or v % 1 ~= 0 or v < 0 then
+         fail("Embedding", ("num_embeddings and embedding_dim must be non-negative integers, " ..
+              "got %s and %s"):format(tostring(num_embeddings), tostring(embedding_dim)))
+      end
+   end
+   if opts.max_norm ~= nil or opts.scale_grad_by_freq or opts.sparse then
+      fail("Embedding", "max_norm, scale_grad_by_freq and sparse are not supported")
+   end
+   local p = opts.padding_idx
+   if p ~= nil then
+      if type(p) ~= "number" or p % 1 ~= 0 or p == 0 or p > num_embeddings
+         or p < -num_embeddings then
+         fail("Embedding", ("padding_idx must be within num_embeddings (1..%d or -%d..-1), " ..
+              "got %s"):format(num_embeddings, num_embeddings, tostring(p)))
+      end
+      if p < 0 then p = num_embeddings + p + 1 end
+   end
+   self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, p
+   local w = opts._weight
+   if w == nil then
+      w = creation.empty({ num_embeddings, embedding_dim },
+                         { dtype = opts.dtype, device = opts.device })
+      require("lumen.autograd").no_grad(function()
+         T.Tensor.normal_(w)
+         if p ~= nil then T.Tensor.fill_(T.Tensor.select(w, 1, p), 0) end
+      end)
+   end
+   self.weight = Module.Parameter(w, not opts._freeze)
+end
+function Embedding:forward(x) return F.embedding(x, self.weight, self.padding_idx) end
+function Embedding:extra_repr()
+   local s = ("%d, %d"):format(self.num_embeddings, self.embedding_dim)
+   if self.padding_idx then s = s .. ", padding_idx=" .. self.padding_idx end
+   return s
+end
+-- from_pretrained(embeddings, {freeze = true, padding_idx =}): a table holding a copy of
+-- embeddings (2-D), not trained when freeze
+function Embedding.from_pretrained(embeddings, opts)
+   opts = opts_arg("Embedding.from_pretrained", opts, option_set("freeze", "padding_idx"))
+   if not T.is_tensor(embeddings) or T.Tensor.dim(embeddings) ~= 2 then
+      fail("Embedding.from_pretrained", "embeddings must be a 2-D tensor")
+   end
+   local freeze = opts.freeze
+   if freeze == nil then freeze = true end
+   return Embedding(T.Tensor.size(embeddings, 1), T.Tensor.size(embeddings, 2),
+                    { padding_idx = opts.padding_idx,
+                      _weight = T.Tensor.clone(T.Tensor.detach(embeddings)), _freeze = freeze })
+end
+
+---------------------------------------------------------------------------------------------
 -- Unflatten(dim, sizes): Tensor:unflatten
 ---------------------------------------------------------------------------------------------
 
