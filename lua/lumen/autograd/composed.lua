@@ -14,12 +14,20 @@ local grad_enabled, needs, record = G.is_grad_enabled, G.needs, G.record
 
 local M = {}
 
+-- the self / operand check of the composed methods (composed_math.lua, composed_shape.lua too)
+function M.tensor_arg(fname, t, what)
+   if not T.is_tensor(t) then
+      argerror(fname, ("%s must be a tensor, got %s"):format(what or "self", T.typename(t)))
+   end
+   return t
+end
+
 local FLOATS = { float32 = true, float64 = true, float16 = true, bfloat16 = true }
 
--- the reduced dims (1-based, as the Lua API's) and how many elements each output value sums
-local function reduced(fname, self, dims)
-   local sizes = Tensor.size(self)
-   local nd = #sizes
+-- the reduced dims of a reduction's dims argument (nil: every dim, a number, or a list): the
+-- 1-based list and the set of their 0-based positions (shared with composed_math.lua)
+function M.dim_list(fname, self, dims)
+   local nd = Tensor.dim(self)
    local list = {}
    if dims == nil then
       for i = 1, nd do list[i] = i end
@@ -28,10 +36,23 @@ local function reduced(fname, self, dims)
    elseif type(dims) == "table" then
       for i = 1, #dims do list[i] = dims[i] end
    else
-      argerror(fname, "dims must be nil, a number or a list of numbers, got " .. T.typename(dims))
+      argerror(fname, "dim must be nil, a number or a list of numbers, got " .. T.typename(dims))
    end
+   local set = {}
+   for _, d in ipairs(list) do
+      local z = T.wrap_dim(fname, d, nd, 3)
+      if set[z] then argerror(fname, ("dim %d appears more than once in the list"):format(d)) end
+      set[z] = true
+   end
+   return list, set
+end
+
+-- how many elements each output value of a reduction over dims sums
+local function reduced(fname, self, dims)
+   local sizes = Tensor.size(self)
+   local _, set = M.dim_list(fname, self, dims)
    local n = 1
-   for _, d in ipairs(list) do n = n * sizes[T.wrap_dim(fname, d, nd, 3) + 1] end
+   for z in pairs(set) do n = n * sizes[z + 1] end
    return n
 end
 

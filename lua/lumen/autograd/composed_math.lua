@@ -10,7 +10,7 @@
 local T = require("lumen.tensor")
 local G = require("lumen.autograd.graph")
 
-local type, tostring, ipairs, pairs, math = type, tostring, ipairs, pairs, math
+local type, tostring, pairs, math = type, tostring, pairs, math
 
 local Tensor, raw, argerror = T.Tensor, T.raw, T.argerror
 local grad_enabled, needs, record = G.is_grad_enabled, G.needs, G.record
@@ -21,12 +21,7 @@ local FLOATS = { float32 = true, float64 = true, float16 = true, bfloat16 = true
 
 local function dtname(t) return tostring(Tensor.dtype(t)) end
 
-local function tensor_arg(fname, t, what)
-   if not T.is_tensor(t) then
-      argerror(fname, ("%s must be a tensor, got %s"):format(what or "self", T.typename(t)))
-   end
-   return t
-end
+local tensor_arg = require("lumen.autograd.composed").tensor_arg
 
 local function F() return require("lumen.functional") end
 
@@ -48,27 +43,7 @@ local function reduced_sizes(self, set)
    return out
 end
 
--- the reduced dims as a 1-based list (nil: every dim) and a set of 0-based positions
-local function dim_list(fname, self, dims)
-   local nd = Tensor.dim(self)
-   local list = {}
-   if dims == nil then
-      for i = 1, nd do list[i] = i end
-   elseif type(dims) == "number" then
-      list[1] = dims
-   elseif type(dims) == "table" then
-      for i = 1, #dims do list[i] = dims[i] end
-   else
-      argerror(fname, "dim must be nil, a number or a list of numbers, got " .. T.typename(dims))
-   end
-   local set = {}
-   for _, d in ipairs(list) do
-      local z = T.wrap_dim(fname, d, nd, 3)
-      if set[z] then argerror(fname, ("dim %d appears more than once in the list"):format(d)) end
-      set[z] = true
-   end
-   return list, set
-end
+local dim_list = require("lumen.autograd.composed").dim_list
 
 -- g (reduced without keepdim) viewed with the reduced dims back as size 1, to broadcast against x
 local function unreduce(g, self, set, keepdim)

@@ -20,12 +20,7 @@ local M = {}
 
 local function creation() return require("lumen.creation") end
 
-local function tensor_arg(fname, t, what)
-   if not T.is_tensor(t) then
-      argerror(fname, ("%s must be a tensor, got %s"):format(what or "self", T.typename(t)))
-   end
-   return t
-end
+local tensor_arg = require("lumen.autograd.composed").tensor_arg
 
 local function int_arg(fname, v, what)
    if type(v) ~= "number" or v % 1 ~= 0 then

@@ -101,13 +101,7 @@ local function inplace_arg(fname, v)
    return v
 end
 
-local function number_arg(fname, v, what, default)
-   if v == nil then return default end
-   if type(v) ~= "number" or v ~= v then
-      H.err(fname, what .. " must be a number, got " .. T.typename(v))
-   end
-   return v
-end
+local number_arg = H.number_arg
 
 -- a leaf that requires grad cannot change in place (as Tensor's in-place methods)
 local function inplace_leaf_check(fname, x)

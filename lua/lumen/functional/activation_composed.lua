@@ -24,13 +24,7 @@ local function float_input(fname, x)
    return xc
 end
 
-local function number_arg(fname, v, what, default)
-   if v == nil then return default end
-   if type(v) ~= "number" or v ~= v then
-      H.err(fname, what .. " must be a number, got " .. T.typename(v))
-   end
-   return v
-end
+local number_arg = H.number_arg
 
 -- (x, value) or (x, {name = value}): the one parameter of shrink-like activations
 local function one_param(fname, opts_set, name, v, default)

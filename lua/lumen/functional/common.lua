@@ -98,6 +98,15 @@ H.is_float = is_float
 -- once at the end (half_dtype: the dtype to round to, nil for float32 / float64 operands), as
 -- PyTorch's fused loss kernels accumulate in float32: in float16 each intermediate rounding
 -- would add up to a few units in the last place (spec/peer_ops_spec.lua's half comparison)
+-- an optional number argument: default when nil; NaN and non-numbers are errors
+function H.number_arg(fname, v, what, default)
+   if v == nil then return default end
+   if type(v) ~= "number" or v ~= v then
+      err(fname, what .. " must be a number, got " .. T.typename(v))
+   end
+   return v
+end
+
 function H.half_dtype(t)
    if not T.is_tensor(t) then return nil end
    local d = T.Tensor.dtype(t)

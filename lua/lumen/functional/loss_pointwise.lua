@@ -49,30 +49,32 @@ local function widen2(input, target)
    return nil, input, target
 end
 
+-- do sizes a and b broadcast together (one_way: a into b's sizes, as a weight into the
+-- input's)?
+local function broadcasts(a, b, one_way)
+   if one_way and #a > #b then return false end
+   for k = 1, math.max(#a, #b) do
+      local x, y = a[#a - k + 1] or 1, b[#b - k + 1] or 1
+      if x ~= y and x ~= 1 and (one_way or y ~= 1) then return false end
+   end
+   return true
+end
+
 local function pair(fname, input, target)
    local ic = tensor_arg(fname, input, "input")
    local tc = tensor_arg(fname, target, "target")
    check_float(fname, ic, "input")
    check_float(fname, tc, "target")
-   local si, st = Tensor.size(input), Tensor.size(target)
    -- PyTorch broadcasts (with a warning when the sizes differ); sizes that do not broadcast are
    -- an error naming both
-   local ok = true
-   for k = 1, math.max(#si, #st) do
-      local a, b = si[#si - k + 1] or 1, st[#st - k + 1] or 1
-      if a ~= b and a ~= 1 and b ~= 1 then ok = false end
-   end
-   if not ok then
+   if not broadcasts(Tensor.size(input), Tensor.size(target)) then
       err(fname, ("input of size %s and target of size %s do not broadcast"):format(
           H.sizes_str(ic), H.sizes_str(tc)))
    end
 end
 
 local function number_opt(fname, v, what, default, min)
-   if v == nil then return default end
-   if type(v) ~= "number" or v ~= v then
-      err(fname, what .. " must be a number, got " .. T.typename(v))
-   end
+   v = H.number_arg(fname, v, what, default)
    if min and v < min then err(fname, ("%s must be >= %s, got %s"):format(what, min, v)) end
    return v
 end
@@ -134,13 +136,7 @@ local function weight_arg(fname, w, input, what)
    local wc = tensor_arg(fname, w, what)
    local ic = tensor_arg(fname, input, "input")
    H.input_dtype(fname, wc, what, ic)
-   local sw, si = Tensor.size(w), Tensor.size(input)
-   local ok = #sw <= #si
-   for k = 1, #sw do
-      local a, b = sw[#sw - k + 1], si[#si - k + 1]
-      if ok and a ~= 1 and a ~= b then ok = false end
-   end
-   if not ok then
+   if not broadcasts(Tensor.size(w), Tensor.size(input), true) then
       err(fname, ("%s of size %s does not broadcast to the input's size %s"):format(what,
           H.sizes_str(wc), H.sizes_str(ic)))
    end

@@ -17,13 +17,7 @@ local err, tensor_arg, check_opts, check_float = H.err, H.tensor_arg, H.check_op
 local F = H.F
 local option_set = H.option_set
 
-local function number_opt(fname, v, what, default)
-   if v == nil then return default end
-   if type(v) ~= "number" or v ~= v then
-      err(fname, what .. " must be a number, got " .. T.typename(v))
-   end
-   return v
-end
+local number_opt = H.number_arg
 
 -- normalize(x, {p = 2, dim = 2, eps = 1e-12}): x / max(||x||_p over dim, eps)
 local NORMALIZE_OPTS = option_set("p", "dim", "eps")
@@ -43,6 +37,15 @@ function F.normalize(x, opts)
    return Tensor.div(x, n)
 end
 
+-- the two floating tensor operands x1, x2 (their cdata)
+local function float_pair(fname, x1, x2)
+   local c1 = tensor_arg(fname, x1, "x1")
+   local c2 = tensor_arg(fname, x2, "x2")
+   check_float(fname, c1, "x1")
+   check_float(fname, c2, "x2")
+   return c1, c2
+end
+
 -- a value that reads as v clamped to at least eps and differentiates as v (PyTorch clamps the
 -- norms of cosine_similarity in place under no_grad)
 local function clamp_value_only(v, eps)
@@ -60,10 +63,7 @@ local COS_OPTS = option_set("dim", "eps")
 F._OPTIONS.cosine_similarity = COS_OPTS
 function F.cosine_similarity(x1, x2, opts)
    local fname = "cosine_similarity"
-   local c1 = tensor_arg(fname, x1, "x1")
-   local c2 = tensor_arg(fname, x2, "x2")
-   check_float(fname, c1, "x1")
-   check_float(fname, c2, "x2")
+   local c1, c2 = float_pair(fname, x1, x2)
    opts = check_opts(fname, opts, COS_OPTS)
    local eps = number_opt(fname, opts.eps, "eps", 1e-8)
    local nd = math.max(c1.ndim, c2.ndim)
@@ -92,10 +92,7 @@ local PAIRWISE_OPTS = option_set("p", "eps", "keepdim")
 F._OPTIONS.pairwise_distance = PAIRWISE_OPTS
 function F.pairwise_distance(x1, x2, opts)
    local fname = "pairwise_distance"
-   local c1 = tensor_arg(fname, x1, "x1")
-   local c2 = tensor_arg(fname, x2, "x2")
-   check_float(fname, c1, "x1")
-   check_float(fname, c2, "x2")
+   float_pair(fname, x1, x2)
    opts = check_opts(fname, opts, PAIRWISE_OPTS)
    local p = number_opt(fname, opts.p, "p", 2)
    local eps = number_opt(fname, opts.eps, "eps", 1e-6)

@@ -1378,4 +1378,7 @@ conv_transpose_module(3)
 -- keep the autograd module referenced (the Tensor methods the modules call are its wrappers)
 M._autograd = A
 
+-- the options check the other module files share (lumen.nn.layers_composed)
+M._opts_arg = opts_arg
+
 return M

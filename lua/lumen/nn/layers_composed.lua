@@ -22,15 +22,7 @@ local function fail(fname, msg) T.argerror(fname, msg) end
 local function plain_table(x) return type(x) == "table" and getmetatable(x) == nil end
 local option_set = util.option_set
 
-local function opts_arg(fname, opts, known)
-   if opts == nil then return {} end
-   if not plain_table(opts) then
-      fail(fname, "options must be a table, got " .. T.typename(opts))
-   end
-   local k = util.unknown_option(opts, known)
-   if k ~= nil then fail(fname, util.unknown_option_msg(k)) end
-   return opts
-end
+local opts_arg = require("lumen.nn.layers")._opts_arg
 
 ---------------------------------------------------------------------------------------------
 -- losses: Module(opts) -> F.<fn>(input, target, opts); tensors in the options (weight,
