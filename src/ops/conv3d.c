@@ -720,7 +720,15 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
       /* the taps that read only padding get no gradient */
       if (st == LM_OK && want_w && g.nt < g.kd) st = lm_fill_(ow.t, 0.0);
       const int64_t kf = want_x && !x_direct ? full_tap(&g) : -1;
-      if (st == LM_OK && want_x && !x_direct && kf < 0) st = lm_fill_(ox.t, 0.0);
+      /* 16-bit grad_x of several depth taps: they add up in a float32 accumulator, rounded
+         once at the end as PyTorch's (bfloat16 sums of the taps were 2.3x its error:
+         spec/peer_ops_spec.lua's half comparison) */
+      lm_tensor *acc = NULL;
+      if (st == LM_OK && want_x && !x_direct && g.kd > 1 &&
+          (x->dtype == LM_BFLOAT16 || x->dtype == LM_FLOAT16))
+         st = lm_empty_like(ox.t, LM_FLOAT32, LM_PRESERVE, &acc);
+      lm_tensor *gx = acc ? acc : ox.t;
+      if (st == LM_OK && want_x && !x_direct && kf < 0) st = lm_fill_(gx, 0.0);
       for (int64_t i = 0; i < calls && st == LM_OK; i++) {
          /* one call per tap: the tap kf's call first (its gradient is copied, see full_tap) */
          const int64_t cf = kf - g.t0;    /* kf's call */
@@ -764,10 +772,14 @@ lm_status lm_conv3d_backward(const lm_tensor *x, const lm_tensor *w, const lm_te
             if (gwn) lm_tensor_free(gwn);
          }
          if (st == LM_OK && want_x && !x_direct)
-            st = scatter_taps(ox.t, tmp[3], &g, k0, nk, kf);
+            st = scatter_taps(gx, tmp[3], &g, k0, nk, kf);
          free_all(tmp, 2);
          free_all(&tmp[3], 4);
          tmp[0] = tmp[1] = tmp[3] = tmp[4] = tmp[5] = tmp[6] = NULL;
+      }
+      if (acc) {
+         if (st == LM_OK) st = lm_copy_(ox.t, acc);
+         lm_tensor_free(acc);
       }
    }
    free_all(tmp, 8);
