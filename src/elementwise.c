@@ -111,7 +111,7 @@ static int has_kernel(int table, int kop, int kind) {
    if (table == LM_EW_UNARY)
       return kop == LM_NEG || kop == LM_ABS || kop == LM_RELU || kop == LM_SQUARE ||
              kop == LM_SIGN || kop == LM_LOGICAL_NOT || kop == LM_FLOOR || kop == LM_CEIL ||
-             kop == LM_ROUND;
+             kop == LM_ROUND || kop == LM_TRUNC;
    if (table == LM_EW_BINARY) return kop != LM_DIV && kop != LM_ATAN2 && kop < LM_SILU_BACKWARD;
    return kop != LM_T_ADDCDIV && kop != LM_T_POWHALF && kop != LM_T_POWM1 &&
           kop != LM_T_POWMHALF && kop != LM_T_POWM2;
@@ -284,7 +284,9 @@ static const char *unary_name(int op) {
    static const char *names[LM_NUM_UNARY] = {
       "neg", "abs", "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh", "square",
       "reciprocal", "sign", "logical_not", "floor", "ceil", "round", "sin", "cos", "log1p",
-      "expm1", "silu", "gelu", "gelu_tanh", "hardswish", "hardsigmoid", "mish"};
+      "expm1", "silu", "gelu", "gelu_tanh", "hardswish", "hardsigmoid", "mish", "trunc", "log2",
+      "log10", "exp2", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+      "erf", "erfc"};
    return (op >= 0 && op < LM_NUM_UNARY) ? names[op] : "?";
 }
 
@@ -304,6 +306,7 @@ lm_status lm_unary(int op, const lm_tensor *a, lm_tensor **out) {
    case LM_FLOOR:
    case LM_CEIL:
    case LM_ROUND:
+   case LM_TRUNC:
       if (dt == LM_BOOL)
          return lm_error(LM_ERR_DTYPE, "%s is not supported for bool tensors", unary_name(op));
       break;
@@ -324,7 +327,7 @@ lm_status lm_unary(int op, const lm_tensor *a, lm_tensor **out) {
    pl.kop = op;
    pl.cheap = op == LM_NEG || op == LM_ABS || op == LM_RELU || op == LM_SQUARE ||
               op == LM_SIGN || op == LM_LOGICAL_NOT || op == LM_FLOOR || op == LM_CEIL ||
-              op == LM_ROUND;
+              op == LM_ROUND || op == LM_TRUNC;
    if (op == LM_LOGICAL_NOT) pl.out_dt = LM_BOOL;
    else pl.out_via = res;
    if (!has_kernel(LM_EW_UNARY, op, kind))

@@ -239,6 +239,10 @@ typedef enum lm_unary_op {
    /* activations (PyTorch's formulas): x * sigmoid(x); x * Phi(x) (erf); gelu's tanh form;
       x * clamp(x + 3, 0, 6) / 6; clamp(x + 3, 0, 6) / 6; x * tanh(log1p(exp(x))) */
    LM_SILU, LM_GELU, LM_GELU_TANH, LM_HARDSWISH, LM_HARDSIGMOID, LM_MISH,
+   /* more of PyTorch's math (libm's functions; trunc of an integer is itself, the others give
+      the default float dtype for integers) */
+   LM_TRUNC, LM_LOG2, LM_LOG10, LM_EXP2, LM_TAN, LM_ASIN, LM_ACOS, LM_ATAN, LM_SINH, LM_COSH,
+   LM_ASINH, LM_ACOSH, LM_ATANH, LM_ERF, LM_ERFC,
    LM_NUM_UNARY
 } lm_unary_op;
 

@@ -214,6 +214,26 @@ UNARY_FLOAT(f32, float, expf, logf, sqrtf, tanhf, floorf, ceilf, nearbyintf, sin
 UNARY_FLOAT(f64, double, exp, log, sqrt, tanh, floor, ceil, nearbyint, sin, cos, log1p, expm1,
             fabs)
 
+/* more of PyTorch's math, libm's functions (ATen's CPU kernels call the same) */
+#define MATH_FLOAT(SUF, T, S)                                                                  \
+   K1(trunc_##SUF, T, T, NOPRE, trunc##S(x))                                                    \
+   K1(log2_##SUF, T, T, NOPRE, log2##S(x))                                                      \
+   K1(log10_##SUF, T, T, NOPRE, log10##S(x))                                                    \
+   K1(exp2_##SUF, T, T, NOPRE, exp2##S(x))                                                      \
+   K1(tan_##SUF, T, T, NOPRE, tan##S(x))                                                        \
+   K1(asin_##SUF, T, T, NOPRE, asin##S(x))                                                      \
+   K1(acos_##SUF, T, T, NOPRE, acos##S(x))                                                      \
+   K1(atan_##SUF, T, T, NOPRE, atan##S(x))                                                      \
+   K1(sinh_##SUF, T, T, NOPRE, sinh##S(x))                                                      \
+   K1(cosh_##SUF, T, T, NOPRE, cosh##S(x))                                                      \
+   K1(asinh_##SUF, T, T, NOPRE, asinh##S(x))                                                    \
+   K1(acosh_##SUF, T, T, NOPRE, acosh##S(x))                                                    \
+   K1(atanh_##SUF, T, T, NOPRE, atanh##S(x))                                                    \
+   K1(erf_##SUF, T, T, NOPRE, erf##S(x))                                                        \
+   K1(erfc_##SUF, T, T, NOPRE, erfc##S(x))
+MATH_FLOAT(f32, float, f)
+MATH_FLOAT(f64, double, )
+
 K1(neg_i64, i64, i64, NOPRE, wsub(0, x))
 K1(abs_i64, i64, i64, NOPRE, x < 0 ? wsub(0, x) : x)
 K1(relu_i64, i64, i64, NOPRE, x < 0 ? 0 : x)
@@ -318,7 +338,15 @@ const lm_kset lm_unary_kernels[LM_NUM_UNARY][LM_NUM_K] = {
    [LM_SILU] = {KS1(silu_vf32), KS1(silu_f64), KNONE},
    [LM_GELU] = {KS1(gelu_vf32), KS1(gelu_f64), KNONE}, KF1(LM_GELU_TANH, gelut),
    KF1(LM_HARDSWISH, hswish),        KF1(LM_HARDSIGMOID, hsig),
-   KF1(LM_MISH, mish)};
+   KF1(LM_MISH, mish),
+   KFI1(LM_TRUNC, trunc, ident_i64), KF1(LM_LOG2, log2),
+   KF1(LM_LOG10, log10),             KF1(LM_EXP2, exp2),
+   KF1(LM_TAN, tan),                 KF1(LM_ASIN, asin),
+   KF1(LM_ACOS, acos),               KF1(LM_ATAN, atan),
+   KF1(LM_SINH, sinh),               KF1(LM_COSH, cosh),
+   KF1(LM_ASINH, asinh),             KF1(LM_ACOSH, acosh),
+   KF1(LM_ATANH, atanh),             KF1(LM_ERF, erf),
+   KF1(LM_ERFC, erfc)};
 
 const lm_kset lm_binary_kernels[LM_NUM_BINARY][LM_NUM_K] = {
    KFI2(LM_ADD, add),  KFI2(LM_SUB, sub), KFI2(LM_MUL, mul), KF2(LM_DIV, div),

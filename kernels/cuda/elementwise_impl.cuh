@@ -248,6 +248,20 @@ LMEW_MATH1(m_log1p, log1pf, log1p)
 LMEW_MATH1(m_expm1, expm1f, expm1)
 LMEW_MATH1(m_fabs, fabsf, fabs)
 LMEW_MATH1(m_erf, erff, erf)
+LMEW_MATH1(m_trunc, truncf, trunc)
+LMEW_MATH1(m_log2, log2f, log2)
+LMEW_MATH1(m_log10, log10f, log10)
+LMEW_MATH1(m_exp2, exp2f, exp2)
+LMEW_MATH1(m_tan, tanf, tan)
+LMEW_MATH1(m_asin, asinf, asin)
+LMEW_MATH1(m_acos, acosf, acos)
+LMEW_MATH1(m_atan, atanf, atan)
+LMEW_MATH1(m_sinh, sinhf, sinh)
+LMEW_MATH1(m_cosh, coshf, cosh)
+LMEW_MATH1(m_asinh, asinhf, asinh)
+LMEW_MATH1(m_acosh, acoshf, acosh)
+LMEW_MATH1(m_atanh, atanhf, atanh)
+LMEW_MATH1(m_erfc, erfcf, erfc)
 #undef LMEW_MATH1
 LM_HD inline float m_pow(float x, float y) { return powf(x, y); }
 LM_HD inline double m_pow(double x, double y) { return pow(x, y); }
@@ -271,7 +285,8 @@ LM_HD constexpr bool has_op(int tb, int op, bool integer) {
    return !integer ? true
           : tb == LM_EW_UNARY
              ? (op == LM_NEG || op == LM_ABS || op == LM_RELU || op == LM_SQUARE || op == LM_SIGN ||
-                op == LM_LOGICAL_NOT || op == LM_FLOOR || op == LM_CEIL || op == LM_ROUND)
+                op == LM_LOGICAL_NOT || op == LM_FLOOR || op == LM_CEIL || op == LM_ROUND ||
+                op == LM_TRUNC)
           : tb == LM_EW_BINARY
              ? (op != LM_DIV && op != LM_ATAN2 && op < LM_SILU_BACKWARD)
              : (op != LM_T_ADDCDIV && op != LM_T_POWHALF && op != LM_T_POWM1 &&
@@ -306,6 +321,7 @@ template <int OP, class T> LM_HD inline T unary_op(T x) {
    else if constexpr (OP == LM_FLOOR) { if constexpr (I) return x; else return m_floor(x); }
    else if constexpr (OP == LM_CEIL) { if constexpr (I) return x; else return m_ceil(x); }
    else if constexpr (OP == LM_ROUND) { if constexpr (I) return x; else return m_rint(x); }
+   else if constexpr (OP == LM_TRUNC) { if constexpr (I) return x; else return m_trunc(x); }
    else if constexpr (I) return x; /* never dispatched (has_op) */
    else if constexpr (OP == LM_EXP) return m_exp(x);
    else if constexpr (OP == LM_LOG) return m_log(x);
@@ -330,6 +346,21 @@ template <int OP, class T> LM_HD inline T unary_op(T x) {
       const T r = (x + (T)3) < (T)0 ? (T)0 : (x + (T)3) > (T)6 ? (T)6 : (x + (T)3);
       return r / (T)6;
    } else if constexpr (OP == LM_MISH) return x * m_tanh(m_log1p(m_exp(x)));
+   /* more math: the C library's functions, as kernels/cpu/ew_kernels.c's MATH_FLOAT */
+   else if constexpr (OP == LM_LOG2) return m_log2(x);
+   else if constexpr (OP == LM_LOG10) return m_log10(x);
+   else if constexpr (OP == LM_EXP2) return m_exp2(x);
+   else if constexpr (OP == LM_TAN) return m_tan(x);
+   else if constexpr (OP == LM_ASIN) return m_asin(x);
+   else if constexpr (OP == LM_ACOS) return m_acos(x);
+   else if constexpr (OP == LM_ATAN) return m_atan(x);
+   else if constexpr (OP == LM_SINH) return m_sinh(x);
+   else if constexpr (OP == LM_COSH) return m_cosh(x);
+   else if constexpr (OP == LM_ASINH) return m_asinh(x);
+   else if constexpr (OP == LM_ACOSH) return m_acosh(x);
+   else if constexpr (OP == LM_ATANH) return m_atanh(x);
+   else if constexpr (OP == LM_ERF) return m_erf(x);
+   else if constexpr (OP == LM_ERFC) return m_erfc(x);
    else return x;
 }
 

@@ -367,10 +367,18 @@ local UNARY = {
    sign = "-1, 0 or 1.", logical_not = "Logical not, bool result.", floor = "Round down.",
    ceil = "Round up.", round = "Round half to even (as PyTorch).", sin = "Sine.",
    cos = "Cosine.", log1p = "log(1 + t), accurate near 0.", expm1 = "e^t - 1, accurate near 0.",
+   trunc = "Round toward zero (an integer t is itself).", log2 = "Base-2 logarithm.",
+   log10 = "Base-10 logarithm.", exp2 = "2^t.", tan = "Tangent.", asin = "Arcsine.",
+   acos = "Arccosine.", atan = "Arctangent.", sinh = "Hyperbolic sine.",
+   cosh = "Hyperbolic cosine.", asinh = "Inverse hyperbolic sine.",
+   acosh = "Inverse hyperbolic cosine.", atanh = "Inverse hyperbolic tangent.",
+   erf = "The error function.", erfc = "1 - erf(t), accurate where erf is near 1.",
 }
 for _, n in ipairs({ "neg", "abs", "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh",
                      "square", "reciprocal", "sign", "logical_not", "floor", "ceil", "round",
-                     "sin", "cos", "log1p", "expm1" }) do
+                     "sin", "cos", "log1p", "expm1", "trunc", "log2", "log10", "exp2", "tan",
+                     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf",
+                     "erfc" }) do
    E("Tensor:" .. n, "t:" .. n .. "() -> Tensor", UNARY[n], { fmt = FMT_EW,
       err = "t not a tensor; a dtype the op does not take" })
    inplace(n .. "_", n)
@@ -659,7 +667,8 @@ for _, n in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum", "e
    "nan_to_num", "lerp", "clamp_min", "clamp_max", "bmm", "baddbmm", "addmm", "mv", "dot",
    "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
    "broadcast_to", "tile", "remainder", "count_nonzero", "aminmax", "var_mean", "std_mean",
-   "trace", "roll", "diagonal", "diag" }) do
+   "trace", "roll", "diagonal", "diag", "trunc", "log2", "log10", "exp2", "tan", "asin", "acos",
+   "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc" }) do
    local m = n == "mm" and "matmul" or n
    if n == "moveaxis" then m = "movedim" elseif n == "swapdims" then m = "swapaxes" end
    E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. m

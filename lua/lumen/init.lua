@@ -67,6 +67,9 @@ local functional = {
    "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
    "broadcast_to", "tile", "remainder", "count_nonzero", "aminmax", "var_mean", "std_mean",
    "trace", "roll", "diagonal", "diag",
+   -- more unary math (tensor.lua's unary ops)
+   "trunc", "log2", "log10", "exp2", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+   "acosh", "atanh", "erf", "erfc",
    -- indexing (lua/lumen/autograd/indexing.lua)
    "sort", "argsort", "topk", "gather", "scatter_add", "index_select", "cumsum", "flip",
 }

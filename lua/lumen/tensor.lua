@@ -1150,6 +1150,12 @@ local unary_names = {
    { "relu", 6 }, { "sigmoid", 7 }, { "tanh", 8 }, { "square", 9 }, { "reciprocal", 10 },
    { "sign", 11 }, { "logical_not", 12 }, { "floor", 13 }, { "ceil", 14 }, { "round", 15 },
    { "sin", 16 }, { "cos", 17 }, { "log1p", 18 }, { "expm1", 19 },
+   -- more of PyTorch's math (the C library's functions), by their enum names
+   { "trunc", C.LM_TRUNC }, { "log2", C.LM_LOG2 }, { "log10", C.LM_LOG10 },
+   { "exp2", C.LM_EXP2 }, { "tan", C.LM_TAN }, { "asin", C.LM_ASIN }, { "acos", C.LM_ACOS },
+   { "atan", C.LM_ATAN }, { "sinh", C.LM_SINH }, { "cosh", C.LM_COSH },
+   { "asinh", C.LM_ASINH }, { "acosh", C.LM_ACOSH }, { "atanh", C.LM_ATANH },
+   { "erf", C.LM_ERF }, { "erfc", C.LM_ERFC },
 }
 for _, u in ipairs(unary_names) do
    Tensor[u[1]] = unary(u[2], u[1])

@@ -568,10 +568,11 @@ static const int EW_DTS[4] = {LM_FLOAT32, LM_FLOAT64, LM_BFLOAT16, LM_FLOAT16};
 
 static void cases_unary(void) {
    g_tol = TOL_EW;
-   const int uops[4] = {LM_EXP, LM_NEG, LM_RELU, LM_SIGMOID};
+   /* trunc, atan, erf: the libm ops (inputs in [-2, 2], inside every one's domain) */
+   const int uops[7] = {LM_EXP, LM_NEG, LM_RELU, LM_SIGMOID, LM_TRUNC, LM_ATAN, LM_ERF};
    const int lays[3] = {L_CONTIG, L_CL, L_TRANS};
    for (int di = 0; di < 4; di++)
-      for (int u = 0; u < 4; u++)
+      for (int u = 0; u < 7; u++)
          for (int f = 0; f < 3; f++) {
             const int dt = EW_DTS[di];
             CASE("unary %d %s %s isa %s", uops[u], lm_dtype_name(dt), LAYOUT_NAME[lays[f]], isa_name());

@@ -154,6 +154,7 @@ end
 
 do
    local r_mul, r_div = raw.mul, raw.div
+   local LN2, LN10, TWO_OVER_SQRT_PI = math.log(2), math.log(10), 2 / math.sqrt(math.pi)
    -- name -> { save = "x" | "out", grad = function(g, saved) }
    local unary = {
       neg = { grad = function(g) return raw.neg(g) end },
@@ -177,6 +178,30 @@ do
       floor = { grad = function(g) return r_mul(g, 0) end },
       ceil = { grad = function(g) return r_mul(g, 0) end },
       round = { grad = function(g) return r_mul(g, 0) end },
+      -- more math: PyTorch's derivatives (tools/autograd/derivatives.yaml)
+      trunc = { grad = function(g) return r_mul(g, 0) end },
+      log2 = { save = "x", grad = function(g, x) return r_div(g, r_mul(x, LN2)) end },
+      log10 = { save = "x", grad = function(g, x) return r_div(g, r_mul(x, LN10)) end },
+      exp2 = { save = "out", grad = function(g, y) return r_mul(g, r_mul(y, LN2)) end },
+      tan = { save = "out", grad = function(g, y)
+         return r_mul(g, raw.add(r_mul(y, y), 1)) end },
+      asin = { save = "x", grad = function(g, x)
+         return r_mul(g, raw.rsqrt(raw.add(raw.neg(r_mul(x, x)), 1))) end },
+      acos = { save = "x", grad = function(g, x)
+         return raw.neg(r_mul(g, raw.rsqrt(raw.add(raw.neg(r_mul(x, x)), 1)))) end },
+      atan = { save = "x", grad = function(g, x) return r_div(g, raw.add(r_mul(x, x), 1)) end },
+      sinh = { save = "x", grad = function(g, x) return r_mul(g, raw.cosh(x)) end },
+      cosh = { save = "x", grad = function(g, x) return r_mul(g, raw.sinh(x)) end },
+      asinh = { save = "x", grad = function(g, x)
+         return r_mul(g, raw.rsqrt(raw.add(r_mul(x, x), 1))) end },
+      acosh = { save = "x", grad = function(g, x)
+         return r_mul(g, raw.rsqrt(raw.sub(r_mul(x, x), 1))) end },
+      atanh = { save = "x", grad = function(g, x)
+         return r_div(g, raw.add(raw.neg(r_mul(x, x)), 1)) end },
+      erf = { save = "x", grad = function(g, x)
+         return r_mul(g, r_mul(raw.exp(raw.neg(r_mul(x, x))), TWO_OVER_SQRT_PI)) end },
+      erfc = { save = "x", grad = function(g, x)
+         return r_mul(g, r_mul(raw.exp(raw.neg(r_mul(x, x))), -TWO_OVER_SQRT_PI)) end },
    }
    local function titled(name)
       return (name:gsub("^%l", string.upper):gsub("_(%l)", string.upper)) .. "Backward"

@@ -55,6 +55,8 @@ for _, n in ipairs({
    "logical_and", "logical_or", "logical_not", "fmod", "atan2",
    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh", "square",
    "reciprocal", "sign", "floor", "ceil", "round", "sin", "cos", "log1p", "expm1", "clamp",
+   "trunc", "log2", "log10", "exp2", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+   "acosh", "atanh", "erf", "erfc",
    "addcmul", "addcdiv", "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin",
    "matmul", "mm", "view", "reshape", "permute", "transpose", "expand", "narrow", "select",
    "unsqueeze", "squeeze", "flatten", "clone", "contiguous" }) do
