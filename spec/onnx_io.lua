@@ -12,7 +12,8 @@ local shell = require("spec.shell")
 local M = {}
 
 function M.write_f32(path, t)
-   local c = t:contiguous()
+   -- host memory: a tensor on another device (sim:N's memory is not the host's) comes over first
+   local c = t:cpu():float():contiguous()
    local f = assert(io.open(path, "wb"))
    f:write(ffi.string(C.lm_tensor_data(c._c), c:numel() * 4))
    f:close()
@@ -20,7 +21,7 @@ end
 
 function M.read_f32(path, sizes)
    local s = assert(shell.read_file(path))
-   local t = lm.zeros(sizes)
+   local t = lm.zeros(sizes, { device = "cpu" })
    assert(#s == t:numel() * 4, "output size")
    ffi.copy(C.lm_tensor_data(t._c), s, #s)
    return t

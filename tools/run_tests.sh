@@ -66,6 +66,7 @@ device_skip=(
    spec/onnx_spec.lua           # ONNX files and ONNX Runtime read on the host
    spec/onnx_act_spec.lua       # the same for the issue-40 operators (its files are host memory)
    spec/onnx_resample_spec.lua  # the same for Resize, the Pad modes and ConvTranspose
+   spec/onnx_index_spec.lua     # the same for the indexing operators and F.embedding
    spec/lazy_spec.lua           # the deferred elementwise engine (tensor.lua) defers CPU tensors
                                 # only, by design; elsewhere every op runs eagerly, which the
                                 # other specs check on the device
