@@ -583,6 +583,14 @@ E("Tensor:diagonal", "t:diagonal(offset, dim1, dim2) -> Tensor", "A view of the 
 E("Tensor:diag", "t:diag(diagonal) -> Tensor", "A 1-D t on the diagonal-th diagonal of a square "
    .. "matrix (zeros elsewhere), or the diagonal of a 2-D t as a new 1-D tensor (torch.diag).",
    { err = "a tensor that is neither 1-D nor 2-D" })
+E("Tensor:nonzero", "t:nonzero({as_tuple = false}) -> Tensor", "The n x ndim int64 1-based "
+   .. "coordinates of t's non-zero elements, in row-major order (torch.nonzero); as_tuple: a "
+   .. "Lua array of ndim 1-D index tensors. The count is read back from the device.",
+   { err = "an options table with another key" })
+E("Tensor:argwhere", "t:argwhere() -> Tensor", "t:nonzero().")
+E("Tensor:masked_select", "t:masked_select(mask) -> Tensor", "The elements where the bool mask is "
+   .. "true (t and mask broadcast together) as a 1-D tensor in row-major order; the gradient "
+   .. "flows back to them.", { err = "a mask that is not bool or does not broadcast" })
 E("Tensor:bmm", "t:bmm(mat2) -> Tensor", "Batched matrix product of two 3-D tensors, (b, n, m) "
    .. "@ (b, m, p) -> (b, n, p), without broadcasting (torch.bmm).", { err = "inputs that are "
    .. "not 3-D, batch or inner sizes that differ, different dtypes" })
@@ -668,7 +676,8 @@ for _, n in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum", "e
    "outer", "tril", "triu", "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "unflatten",
    "broadcast_to", "tile", "remainder", "count_nonzero", "aminmax", "var_mean", "std_mean",
    "trace", "roll", "diagonal", "diag", "trunc", "log2", "log10", "exp2", "tan", "asin", "acos",
-   "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc" }) do
+   "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "nonzero", "argwhere",
+   "masked_select" }) do
    local m = n == "mm" and "matmul" or n
    if n == "moveaxis" then m = "movedim" elseif n == "swapdims" then m = "swapaxes" end
    E("lm." .. n, "lm." .. n .. "(t, ...)", "Same as t:" .. n .. "(...) (see Tensor:" .. m

@@ -69,7 +69,7 @@ local functional = {
    "trace", "roll", "diagonal", "diag",
    -- more unary math (tensor.lua's unary ops)
    "trunc", "log2", "log10", "exp2", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-   "acosh", "atanh", "erf", "erfc",
+   "acosh", "atanh", "erf", "erfc", "nonzero", "argwhere", "masked_select",
    -- indexing (lua/lumen/autograd/indexing.lua)
    "sort", "argsort", "topk", "gather", "scatter_add", "index_select", "cumsum", "flip",
 }

@@ -242,6 +242,84 @@ function Tensor.diag(self, diagonal)
 end
 
 ---------------------------------------------------------------------------------------------
+-- nonzero / argwhere / masked_select: results of data-dependent size. The true positions of a
+-- flattened mask come first, in order, from a stable descending argsort; their count is read
+-- back (a host sync, as in PyTorch).
+---------------------------------------------------------------------------------------------
+
+-- the 1-based row-major positions where the bool tensor m is true, and their count
+local function true_positions(m)
+   local flat = Tensor.reshape(m, { -1 })
+   local n = Tensor.item(Tensor.sum(flat))
+   local order = Tensor.argsort(flat, 1, true)
+   return Tensor.narrow(order, 1, 1, n), n
+end
+
+-- nonzero({as_tuple = false}): the n x ndim int64 1-based coordinates of the non-zero elements
+-- in row-major order (torch.nonzero); as_tuple: a Lua array of ndim 1-D index tensors
+function Tensor.nonzero(self, opts)
+   tensor_arg("nonzero", self)
+   local as_tuple = false
+   if opts ~= nil then
+      if type(opts) ~= "table" or T.is_tensor(opts) then
+         argerror("nonzero", "expected an options table {as_tuple =}, got " .. T.typename(opts))
+      end
+      for k in pairs(opts) do
+         if k ~= "as_tuple" then argerror("nonzero", "unknown option '" .. tostring(k) .. "'") end
+      end
+      as_tuple = opts.as_tuple == true
+   end
+   local m = tostring(Tensor.dtype(self)) == "bool" and self or Tensor.ne(self, 0)
+   local pos, n = true_positions(m)
+   local sizes = Tensor.size(self)
+   local nd = #sizes
+   local cols = {}
+   -- coordinate d = floor(p / stride_d) mod size_d + 1 over the 0-based position p, in float64
+   -- (exact below 2^53 elements)
+   local p0 = Tensor.sub(Tensor.to(pos, "float64"), 1)
+   local stride = 1
+   for d = nd, 1, -1 do
+      local c = Tensor.fmod(Tensor.floor(Tensor.div(p0, stride)), sizes[d])
+      cols[d] = Tensor.to(Tensor.add(c, 1), "int64")
+      stride = stride * sizes[d]
+   end
+   if as_tuple then
+      if nd == 0 then return { Tensor.sub(pos, 1) } end
+      return cols
+   end
+   if nd == 0 then
+      return creation().zeros({ n, 0 }, { dtype = "int64", device = Tensor.device(self) })
+   end
+   return T.stack(cols, 2)
+end
+Tensor.argwhere = function(self) return Tensor.nonzero(self) end
+
+-- masked_select(mask): the elements of self where the bool mask is true (both broadcast to their
+-- common sizes) as a 1-D tensor in row-major order; the gradient flows back to those elements
+function Tensor.masked_select(self, mask)
+   tensor_arg("masked_select", self)
+   tensor_arg("masked_select", mask, "mask")
+   if tostring(Tensor.dtype(mask)) ~= "bool" then
+      argerror("masked_select", "mask must be a bool tensor, got " .. tostring(Tensor.dtype(mask)))
+   end
+   local a, b = Tensor.size(self), Tensor.size(mask)
+   local nd = math.max(#a, #b)
+   local sizes = {}
+   for k = nd, 1, -1 do
+      local x, y = a[#a - nd + k] or 1, b[#b - nd + k] or 1
+      if x ~= y and x ~= 1 and y ~= 1 then
+         argerror("masked_select", ("the mask's size does not broadcast with self's (dim %d: %d " ..
+                  "and %d)"):format(k, x, y))
+      end
+      sizes[k] = x == 1 and y or x
+   end
+   local x = nd == 0 and self or Tensor.expand(self, sizes)
+   local m = nd == 0 and mask or Tensor.expand(mask, sizes)
+   local pos = true_positions(m)
+   return Tensor.index_select(Tensor.reshape(x, { -1 }), 1, pos)
+end
+
+---------------------------------------------------------------------------------------------
 -- repeat / tile
 ---------------------------------------------------------------------------------------------
 
