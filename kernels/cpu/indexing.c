@@ -87,8 +87,7 @@ static lm_status k_gather(const lm_op *op) {
    const lm_tensor *ts[3] = {x, index, out};
    lm_rows r;
    lm_rows_make(&r, index, p->dim, 3, ts);
-   const int64_t limit = x->ndim == 0 ? 1 : x->sizes[p->dim];
-   const int64_t xds = x->ndim == 0 ? 0 : x->strides[p->dim];
+   const int64_t limit = lm_ix_dim_size(x, p->dim), xds = lm_ix_dim_stride(x, p->dim);
    const int64_t *id = lm_tensor_data(index);
    int64_t value;
    if (first_bad(&r, p->dim, id, limit, p->base, &value) >= 0)
@@ -100,10 +99,8 @@ static lm_status k_gather(const lm_op *op) {
    for (int64_t row = 0; row < r.count; row++) {
       int64_t off[LM_ROWS_MAXT];
       lm_rows_at(&r, row, off);
-      for (int64_t j = 0; j < r.len; j++) {
-         const int64_t i = id[off[1] + j * r.ds[1]] - p->base;
-         lm_ix_copy(od + (off[2] + j * r.ds[2]) * esz, xd + (off[0] + i * xds) * esz, esz);
-      }
+      lm_gather_row(od + off[2] * esz, r.ds[2], xd + off[0] * esz, xds, id + off[1], r.ds[1],
+                    r.len, esz, p->base);
    }
    return LM_OK;
 }
@@ -115,8 +112,7 @@ static lm_status k_scatter_add(const lm_op *op) {
    const lm_tensor *ts[3] = {self, index, src};
    lm_rows r;
    lm_rows_make(&r, index, p->dim, 3, ts);
-   const int64_t limit = self->ndim == 0 ? 1 : self->sizes[p->dim];
-   const int64_t sds = self->ndim == 0 ? 0 : self->strides[p->dim];
+   const int64_t limit = lm_ix_dim_size(self, p->dim), sds = lm_ix_dim_stride(self, p->dim);
    const int64_t *id = lm_tensor_data(index);
    int64_t value;
    if (first_bad(&r, p->dim, id, limit, p->base, &value) >= 0)

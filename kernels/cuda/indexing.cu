@@ -133,10 +133,8 @@ struct GatherRows {
    LM_HD void operator()(int64_t row) const {
       int64_t off[LM_ROWS_MAXT];
       lm_rows_at(&r, row, off);
-      for (int64_t j = 0; j < r.len; j++) {
-         const int64_t i = idx[off[1] + j * r.ds[1]] - base;
-         lm_ix_copy(out + (off[2] + j * r.ds[2]) * esz, x + (off[0] + i * xds) * esz, esz);
-      }
+      lm_gather_row(out + off[2] * esz, r.ds[2], x + off[0] * esz, xds, idx + off[1], r.ds[1],
+                    r.len, esz, base);
    }
 };
 
@@ -146,12 +144,11 @@ static lm_status k_gather(const lm_op *op) {
    const int k = lm_cu_index(x);
    GatherRows b;
    b.r = rows_of(index, p->dim, x, index, out);
-   const int64_t limit = x->ndim == 0 ? 1 : x->sizes[p->dim];
-   LM_TRY(check_indices(k, b.r, p->dim, index, limit, p->base));
+   LM_TRY(check_indices(k, b.r, p->dim, index, lm_ix_dim_size(x, p->dim), p->base));
    b.x = lm_cu_ptr(x);
    b.idx = (const int64_t *)lm_cu_ptr(index);
    b.out = lm_cu_ptr(out);
-   b.xds = x->ndim == 0 ? 0 : x->strides[p->dim];
+   b.xds = lm_ix_dim_stride(x, p->dim);
    b.base = p->base;
    b.esz = lm_dtype_size(x->dtype);
    return lm_cu_for(k, b.r.count, b);
@@ -178,12 +175,11 @@ static lm_status k_scatter_add(const lm_op *op) {
    const int k = lm_cu_index(self);
    ScatterAddRows b;
    b.r = rows_of(index, p->dim, self, index, src);
-   const int64_t limit = self->ndim == 0 ? 1 : self->sizes[p->dim];
-   LM_TRY(check_indices(k, b.r, p->dim, index, limit, p->base));
+   LM_TRY(check_indices(k, b.r, p->dim, index, lm_ix_dim_size(self, p->dim), p->base));
    b.self = lm_cu_ptr(self);
    b.idx = (const int64_t *)lm_cu_ptr(index);
    b.src = lm_cu_ptr(src);
-   b.sds = self->ndim == 0 ? 0 : self->strides[p->dim];
+   b.sds = lm_ix_dim_stride(self, p->dim);
    b.base = p->base;
    b.dt = self->dtype;
    b.esz = lm_dtype_size(self->dtype);

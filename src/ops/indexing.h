@@ -167,6 +167,22 @@ static inline LM_HD int64_t *lm_sort_row(const char *x, int dt, int64_t xs, int6
 
 /* ---- gather / scatter_add ---- */
 
+/* t's size and stride along dim; a 0-dim t is one element (the front end allows dim 0 there) */
+static inline int64_t lm_ix_dim_size(const lm_tensor *t, int dim) {
+   return t->ndim == 0 ? 1 : t->sizes[dim];
+}
+static inline int64_t lm_ix_dim_stride(const lm_tensor *t, int dim) {
+   return t->ndim == 0 ? 0 : t->strides[dim];
+}
+
+/* out[j] = x[idx[j] - base] along one row (indices checked already); esz bytes an element */
+static inline LM_HD void lm_gather_row(char *out, int64_t os, const char *x, int64_t xs,
+                                       const int64_t *idx, int64_t is, int64_t n, int esz,
+                                       int64_t base) {
+   for (int64_t j = 0; j < n; j++)
+      lm_ix_copy(out + j * os * esz, x + (idx[j * is] - base) * xs * esz, esz);
+}
+
 /* the first j in [0, n) whose index value idx[j * is] - base is outside [0, limit); -1 if none */
 static inline LM_HD int64_t lm_index_bad(const int64_t *idx, int64_t is, int64_t n, int64_t limit,
                                          int64_t base) {

@@ -79,16 +79,24 @@ local function number_opt(fname, v, what, default, min)
    return v
 end
 
+-- what the losses of two operands start with: autocast's float32, the operands' sizes and
+-- dtypes, the options; then 16-bit operands widened to float32 (hd: the dtype to round back to)
+local function begin(fname, input, target, opts, known)
+   if ac_on then input, target = ac_f32(input), ac_f32(target) end
+   pair(fname, input, target)
+   opts = check_opts(fname, opts, known)
+   local hd
+   hd, input, target = widen2(input, target)
+   return opts, hd, input, target
+end
+
 local RED_OPTS = option_set("reduction")
 
 -- l1_loss(input, target, {reduction = "mean"}): |input - target|
 F._OPTIONS.l1_loss = RED_OPTS
 function F.l1_loss(input, target, opts)
-   if ac_on then input, target = ac_f32(input), ac_f32(target) end
-   pair("l1_loss", input, target)
-   opts = check_opts("l1_loss", opts, RED_OPTS)
    local hd
-   hd, input, target = widen2(input, target)
+   opts, hd, input, target = begin("l1_loss", input, target, opts, RED_OPTS)
    return reduce("l1_loss", Tensor.abs(Tensor.sub(input, target)), opts.reduction, nil, hd)
 end
 
@@ -98,12 +106,9 @@ local SMOOTH_OPTS = option_set("reduction", "beta")
 F._OPTIONS.smooth_l1_loss = SMOOTH_OPTS
 function F.smooth_l1_loss(input, target, opts)
    local fname = "smooth_l1_loss"
-   if ac_on then input, target = ac_f32(input), ac_f32(target) end
-   pair(fname, input, target)
-   opts = check_opts(fname, opts, SMOOTH_OPTS)
-   local beta = number_opt(fname, opts.beta, "beta", 1, 0)
    local hd
-   hd, input, target = widen2(input, target)
+   opts, hd, input, target = begin(fname, input, target, opts, SMOOTH_OPTS)
+   local beta = number_opt(fname, opts.beta, "beta", 1, 0)
    local z = Tensor.abs(Tensor.sub(input, target))
    if beta == 0 then return reduce(fname, z, opts.reduction, nil, hd) end
    local loss = T.where(Tensor.lt(z, beta), Tensor.mul(Tensor.mul(z, z), 0.5 / beta),
@@ -117,13 +122,10 @@ local HUBER_OPTS = option_set("reduction", "delta")
 F._OPTIONS.huber_loss = HUBER_OPTS
 function F.huber_loss(input, target, opts)
    local fname = "huber_loss"
-   if ac_on then input, target = ac_f32(input), ac_f32(target) end
-   pair(fname, input, target)
-   opts = check_opts(fname, opts, HUBER_OPTS)
+   local hd
+   opts, hd, input, target = begin(fname, input, target, opts, HUBER_OPTS)
    local delta = number_opt(fname, opts.delta, "delta", 1)
    if delta <= 0 then err(fname, "delta must be > 0, got " .. tostring(delta)) end
-   local hd
-   hd, input, target = widen2(input, target)
    local z = Tensor.abs(Tensor.sub(input, target))
    local loss = T.where(Tensor.lt(z, delta), Tensor.mul(Tensor.mul(z, z), 0.5),
                         Tensor.mul(Tensor.sub(z, 0.5 * delta), delta))
@@ -232,15 +234,12 @@ local KL_OPTS = option_set("reduction", "log_target")
 F._OPTIONS.kl_div = KL_OPTS
 function F.kl_div(input, target, opts)
    local fname = "kl_div"
-   if ac_on then input, target = ac_f32(input), ac_f32(target) end
-   pair(fname, input, target)
-   opts = check_opts(fname, opts, KL_OPTS)
+   local hd
+   opts, hd, input, target = begin(fname, input, target, opts, KL_OPTS)
    local lt = opts.log_target
    if lt ~= nil and type(lt) ~= "boolean" then
       err(fname, "log_target must be a boolean, got " .. T.typename(lt))
    end
-   local hd
-   hd, input, target = widen2(input, target)
    local loss
    if lt then
       loss = Tensor.mul(Tensor.exp(target), Tensor.sub(target, input))
