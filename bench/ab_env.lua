@@ -67,7 +67,7 @@ else
    local model = lm.models.resnet50({ num_classes = 1000 })
    lm.to_channels_last(model)
    if what == "train" then
-      local tgt = lm.randint(0, 1000, { 8 })
+      local tgt = lm.randint(1, 1001, { 8 })
       model:train()
       local opt = lm.optim.SGD(model:parameters(), { lr = 0.001, momentum = 0.9 })
       local function loss() return lm.F.cross_entropy(model(x), tgt) end

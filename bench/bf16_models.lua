@@ -26,7 +26,7 @@ lm.to_channels_last(model)
 local AMP = { dtype = lm.bfloat16 }
 local run
 if mode == "train" then
-   local tgt = lm.randint(0, 1000, { B })
+   local tgt = lm.randint(1, 1001, { B })
    model:train()
    local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
    local function loss() return lm.F.cross_entropy(model(x), tgt) end

@@ -3,6 +3,7 @@
 -- then `iters` steps each followed by a device synchronisation, images/s = batch / median step.
 --
 --   bin/lumen bench/cuda_models.lua MODE FMT BATCH PREC [ITERS] [BUDGET_S] [RES] [MODEL] [DEVICE]
+--                                   [GRAPH]
 --     MODE     infer | train
 --     FMT      nhwc (model and input channels-last) | nchw (contiguous)
 --     BATCH    images per step
@@ -12,6 +13,9 @@
 --              run out first, but at least 3
 --     RES      image side (default 224); MODEL: an lm.models constructor (default resnet50);
 --     DEVICE   default cuda:0 (tools/gpu_check.sh tests this file's logic on the emulated device)
+--     GRAPH    eager (default) | graph: the step captured once in a CUDA graph (lm.cuda.graph,
+--              after three eager warm-up steps) and each timed step one replay; the tag says
+--              "graph" (issue 38's acceptance row: lumen's graph beside PyTorch eager)
 -- Training step: zero_grad, forward and cross_entropy (under autocast for amp), backward, SGD with
 -- momentum 0.9 (the peer's). Inference: eval mode, lm.no_grad, under autocast for amp.
 -- Prints one line: "lumen <model> <mode> <fmt> b<batch> <prec> img/s <N> (<k> steps, median
@@ -28,7 +32,10 @@ local BUDGET = tonumber(arg[6]) or 20
 local RES = tonumber(arg[7]) or 224
 local MODEL = arg[8] or "resnet50"
 local DEVICE = arg[9] or "cuda:0"
-local tag = string.format("lumen %s %s %s b%d %s", MODEL, MODE, FMT, BATCH, PREC)
+local GRAPH = (arg[10] or "eager") == "graph"
+local tag = string.format("lumen %s %s %s b%d %s%s", MODEL, MODE, FMT, BATCH, PREC,
+                          GRAPH and " graph" or "")
+assert(arg[10] == nil or arg[10] == "eager" or arg[10] == "graph", "GRAPH is eager or graph")
 
 assert(MODE == "infer" or MODE == "train", "MODE is infer or train")
 assert(FMT == "nhwc" or FMT == "nchw", "FMT is nhwc or nchw")
@@ -60,11 +67,11 @@ local function run()
       x = x:contiguous(lm.channels_last)
    end
    local AMP = { device = "cuda", dtype = lm.bfloat16 }
-   local step
+   local step, tgt, opt
    if MODE == "train" then
       model:train()
-      local tgt = lm.randint(0, 1000, { BATCH }):to(DEVICE)
-      local opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
+      tgt = lm.randint(1, 1001, { BATCH }):to(DEVICE) -- 1-based classes
+      opt = lm.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
       local function loss_of() return lm.F.cross_entropy(model(x), tgt) end
       step = function()
          opt:zero_grad(true)
@@ -81,6 +88,25 @@ local function run()
             return fwd()
          end)
       end
+   end
+   if GRAPH then
+      -- warm-up (optimizer state, cuDNN's choices, the allocator's blocks), then one capture;
+      -- the gradients are made inside it (set to none first), so each replay rewrites them
+      for _ = 1, 3 do step() end
+      local body = step
+      if MODE == "train" then
+         body = function()
+            local loss = PREC == "amp" and lm.autocast(AMP, function()
+               return lm.F.cross_entropy(model(x), tgt)
+            end) or lm.F.cross_entropy(model(x), tgt)
+            loss:backward()
+            opt:step()
+         end
+         opt:zero_grad(true)
+      end
+      local g = lm.cuda.CUDAGraph()
+      lm.cuda.graph(g, body)
+      step = function() g:replay() end
    end
    sync()
    local t0 = clock()

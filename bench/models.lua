@@ -45,7 +45,7 @@ local x = lm.randn({ 8, 3, 224, 224 }):contiguous(lm.channels_last)
 local AMP = { dtype = lm.bfloat16 }
 
 if train then
-   local tgt = lm.randint(0, 1000, { 8 })
+   local tgt = lm.randint(1, 1001, { 8 })
    for _, amp in ipairs(bf16 and { false, true } or { false }) do
       lm.manual_seed(0)
       local model = lm.models.resnet50({ num_classes = 1000 })

@@ -55,7 +55,7 @@ lm.set_num_threads(threads)
 ---------------------------------------------------------------------------------------------
 lm.manual_seed(0)
 local x = lm.randn({ 8, 3, 224, 224 }):contiguous(lm.channels_last)
-local tgt = lm.randint(0, 1000, { 8 })
+local tgt = lm.randint(1, 1001, { 8 })
 local model = lm.models.resnet50({ num_classes = 1000 })
 model:train()
 lm.to_channels_last(model)

@@ -153,6 +153,14 @@ typedef struct lm_cuda_api {
    void (*collected)(void); /* Lua finished a collection (lm_mem_collected) */
    lm_status (*nccl_broadcast)(lm_tensor **ts, int n, int root);
    lm_status (*nccl_reduce_add)(lm_tensor **ins, int n, lm_tensor *out, int root);
+   /* CUDA graphs (kernels/cuda/graph.cu) */
+   uint64_t (*graph_pool_handle)(void);
+   lm_status (*graph_begin)(int dev, uint64_t pool, lm_cuda_graph **out);
+   lm_status (*graph_end)(lm_cuda_graph *g, int discard);
+   lm_status (*graph_replay)(lm_cuda_graph *g);
+   uint64_t (*graph_pool)(const lm_cuda_graph *g);
+   void (*graph_free)(lm_cuda_graph *g);
+   int (*is_capturing)(int dev);
 } lm_cuda_api;
 void lm_cuda_register_api(const lm_cuda_api *api);
 

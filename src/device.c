@@ -245,6 +245,46 @@ lm_status lm_cuda_versions(int64_t *out) {
    return LM_OK;
 }
 
+/* ---- CUDA graphs ---- */
+lm_status lm_cuda_graph_pool_handle(uint64_t *out) {
+   LM_TRY(cuda_check(-1, 1));
+   *out = cuda_api->graph_pool_handle();
+   return LM_OK;
+}
+
+lm_status lm_cuda_graph_begin(int dev, uint64_t pool, lm_cuda_graph **out) {
+   if (!out) return lm_error(LM_ERR_ARG, "lm_cuda_graph_begin: out is NULL");
+   *out = NULL;
+   LM_TRY(cuda_check(dev, 0));
+   return cuda_api->graph_begin(dev, pool, out);
+}
+
+lm_status lm_cuda_graph_end(lm_cuda_graph *g, int discard) {
+   if (!g) return lm_error(LM_ERR_ARG, "lm_cuda_graph_end: no graph");
+   LM_TRY(cuda_check(-1, 1));
+   return cuda_api->graph_end(g, discard != 0);
+}
+
+lm_status lm_cuda_graph_replay(lm_cuda_graph *g) {
+   if (!g) return lm_error(LM_ERR_ARG, "lm_cuda_graph_replay: no graph");
+   LM_TRY(cuda_check(-1, 1));
+   return cuda_api->graph_replay(g);
+}
+
+uint64_t lm_cuda_graph_pool(const lm_cuda_graph *g) {
+   /* a graph exists only where the library is loaded */
+   return g && cuda_api ? cuda_api->graph_pool(g) : 0;
+}
+
+void lm_cuda_graph_free(lm_cuda_graph *g) {
+   if (g && cuda_api) cuda_api->graph_free(g);
+}
+
+int lm_cuda_is_capturing(int dev) {
+   const lm_cuda_api *api = __atomic_load_n(&cuda_api, __ATOMIC_ACQUIRE);
+   return api && dev >= 0 && dev < LM_NUM_CUDA ? api->is_capturing(dev) : 0;
+}
+
 /* the NCCL calls' tensors: each on another GPU, one dtype, sizes and strides, dense */
 static lm_status nccl_check(lm_tensor **ts, int n, const lm_tensor *like) {
    if (!ts || n < 1 || n > LM_NUM_CUDA)

@@ -174,6 +174,22 @@ lm_status lm_cuda_versions(int64_t *out);     /* out[LM_CUDA_NVERSIONS] */
 lm_status lm_cuda_nccl_broadcast(lm_tensor **ts, int n, int root);  /* ts[root] into the others */
 /* out = the sum of ins[0..n) (not bool); out is on one of their GPUs */
 lm_status lm_cuda_nccl_reduce_add(lm_tensor **ins, int n, lm_tensor *out);
+/* CUDA graphs (kernels/cuda/graph.cu; lua/lumen/cuda_graph.lua is lm.cuda.CUDAGraph): begin
+   captures the work queued on cuda:dev's stream into a new graph, whose memory comes from the
+   caching allocator's private pool `pool` (0: a new one; else a lm_cuda_graph_pool_handle or
+   another graph's lm_cuda_graph_pool, shared); nothing captured runs until a replay. end
+   (discard 0) instantiates it; discard 1 drops an aborted capture. free destroys the graph (it
+   ends a capture in progress) and releases its pool once no tensor holds a block of it. One
+   capture at a time in the process. lm_cuda_is_capturing: 1 while cuda:dev captures, else 0
+   (also when CUDA is not loaded). */
+typedef struct lm_cuda_graph lm_cuda_graph;
+lm_status lm_cuda_graph_pool_handle(uint64_t *out);
+lm_status lm_cuda_graph_begin(int dev, uint64_t pool, lm_cuda_graph **out);
+lm_status lm_cuda_graph_end(lm_cuda_graph *g, int discard);
+lm_status lm_cuda_graph_replay(lm_cuda_graph *g);
+uint64_t lm_cuda_graph_pool(const lm_cuda_graph *g);
+void lm_cuda_graph_free(lm_cuda_graph *g);
+int lm_cuda_is_capturing(int dev);
 
 /* ---- storage and tensor lifetime (src/tensor.c) ---- */
 lm_storage *lm_storage_new(int64_t nbytes, int device);

@@ -439,8 +439,9 @@ timeout 60 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available(
    > /dev/null 2>&1 && TORCH_OK=1
 
 # ---- bench: ResNet50 img/s -------------------------------------------------------------------------
-# lumen_models STEPCAP PREC "MODE FMT BATCH"...: one bench/cuda_models.lua process per row (a crash
-# or a hang costs one row), at most 45 s each, all within STEPCAP seconds
+# lumen_models STEPCAP PREC "MODE FMT BATCH [graph]"...: one bench/cuda_models.lua process per row
+# (a crash or a hang costs one row), at most 45 s each, all within STEPCAP seconds; "graph": the
+# step captured in a CUDA graph and replayed (lm.cuda.graph)
 lumen_models() {
    local cap=$1 prec=$2 t_end rc row line t
    shift 2
@@ -454,10 +455,10 @@ lumen_models() {
          continue
       fi
       run_to "$WORK/one.log" "$t" "${LENV[@]}" "$ROOT/bin/lumen" bench/cuda_models.lua "$1" "$2" "$3" \
-         "$prec" "$ITERS" 8 "$RES" "$MODEL"
+         "$prec" "$ITERS" 8 "$RES" "$MODEL" cuda:0 "${4:-eager}"
       rc=$?
       line=$(grep -E "^lumen .* (img/s|error:)" "$WORK/one.log" | tail -1)
-      [ -z "$line" ] && line="lumen $MODEL $1 $2 b$3 $prec error: $(why $rc), $(tail -1 "$WORK/one.log" | cut -c1-200)"
+      [ -z "$line" ] && line="lumen $MODEL $1 $2 b$3 $prec${4:+ $4} error: $(why $rc), $(tail -1 "$WORK/one.log" | cut -c1-200)"
       echo "$line" >> "$WORK/rows"
       cat "$WORK/one.log" >> "$BENCHLOG"
       : > "$WORK/one.log"
@@ -488,6 +489,13 @@ else
    lumen_models 150 amp "${ROWS[@]}"
    n=$(grep -c '^lumen .*amp img/s' "$WORK/rows")
    record "$([ "$n" -eq ${#ROWS[@]} ] && echo PASS || echo FAIL)" bench-lumen "$n of ${#ROWS[@]} bf16 autocast rows measured"
+   # issue 38: the step captured in a CUDA graph, beside PyTorch eager's rows of the same batch
+   gb=${BATCHES##* }
+   GRAPH_ROWS=("train nhwc $gb graph" "infer nhwc $gb graph")
+   echo "== lumen $MODEL bf16 autocast rows, CUDA graph" >> "$BENCHLOG"
+   lumen_models 60 amp "${GRAPH_ROWS[@]}"
+   n=$(grep -c '^lumen .*amp graph img/s' "$WORK/rows")
+   record "$([ "$n" -eq ${#GRAPH_ROWS[@]} ] && echo PASS || echo FAIL)" bench-graph "$n of ${#GRAPH_ROWS[@]} CUDA graph rows measured"
 fi
 if skipped bench || skipped peer; then
    :
@@ -637,6 +645,16 @@ awk '$(NF-1) == "fwd" || $(NF-1) == "fwdbwd" {print "op\t" $1 "\t" $2 "\t" $3 "\
          }
          print "(lumen N/N: lumen NHWC / lumen NCHW; lumen/torch: lumen NHWC / PyTorch NHWC; > 1: lumen faster)"
       }' "$TSV"
+   if grep -q ' graph img/s' "$WORK/rows"; then
+      echo "CUDA graphs: lumen's bf16 NHWC step replayed from one capture, beside PyTorch eager NHWC"
+      echo "(issue 38 asks >= 1.2 for training at batch 64)"
+      awk '$7 == "graph" && $8 == "img/s" { b = $5; sub(/^b/, "", b); k = $3 " b" b; g[k] = $9; o[++n] = k }
+           $1 == "torch" && $7 == "img/s" && $4 == "nhwc" && $6 == "amp" { b = $5; sub(/^b/, "", b); t[$3 " b" b] = $8 }
+           END { for (i = 1; i <= n; i++) { k = o[i]
+                    printf "  %-12s lumen graph %8.0f   torch eager %8s   lumen/torch %s\n", k, g[k],
+                           (k in t) ? sprintf("%.0f", t[k]) : "-",
+                           (k in t && t[k] > 0) ? sprintf("%.2f", g[k] / t[k]) : "-" } }' "$WORK/rows"
+   fi
    echo
    echo "GPU: ${GPU_NAME:-none}; nvcc: $NVCC; $(grep -m1 '^torch ' "$ENVLOG" 2>/dev/null | cut -c1-110)"
    printf '%s\n' "${RESULTS[@]}"

@@ -54,6 +54,7 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -68,6 +69,7 @@ constexpr size_t kDirectCopy = (size_t)1 << 20;    /* copies up to this go strai
 constexpr int64_t kMinGrowth = (int64_t)64 << 20;
 
 struct Pool;
+struct PrivatePool;
 
 struct Block {
    char *ptr;
@@ -89,6 +91,23 @@ struct BlockLess {
 struct Pool {
    std::set<Block *, BlockLess> free_blocks;
    bool small;
+   PrivatePool *owner; /* NULL: the device's own pools; else the graph pool it belongs to */
+};
+
+/* A CUDA graph's memory (graph.cu; PyTorch's graph pools): while cuda:k captures into it, every
+   allocation comes from here, so the addresses the graph's kernels were captured with are never
+   handed to work outside the graph; a block freed later returns here, for the next capture that
+   shares the pool (lm.cuda.graph_pool_handle) and for nothing else. A block of the device's own
+   pools freed during a capture may still be read by the captured kernels at each replay: it is
+   held (kept out of the free lists) until the pool goes. The pool goes, its segments returned to
+   the GPU, when no graph uses it and none of its blocks is live. */
+struct PrivatePool {
+   uint64_t id;
+   Pool small, large;
+   int graphs;                /* graphs captured or capturing into it */
+   int64_t nlive;             /* its blocks handed out */
+   int64_t bytes;             /* its segments' bytes */
+   std::vector<Block *> held; /* the device pools' blocks freed during a capture into it */
 };
 
 struct Device {
@@ -97,6 +116,8 @@ struct Device {
    Pool small, large;
    std::unordered_map<void *, Block *> live_blocks;
    std::map<uintptr_t, size_t> segments; /* start -> bytes of every segment (owner_of) */
+   PrivatePool *capturing;                 /* a capture's pool, or NULL */
+   std::map<uint64_t, PrivatePool *> privates;
    int64_t live, peak, reserved;
    int64_t nmalloc, nfree, nretry, noom;
    size_t total;         /* the device's memory (cudaMemGetInfo) */
@@ -219,14 +240,24 @@ Block *new_segment(int k, Device &d, Pool &pool, size_t bytes, cudaStream_t s) {
       const bool capped = d.fraction < 1.0 &&
                           (double)(d.reserved + (int64_t)bytes) > d.fraction * (double)d.total;
       if (!capped) {
+#ifndef LM_CUDA_EMU
+         /* inside a capture cudaMalloc is an "unsafe" call for the global capture mode: allowed
+            as PyTorch's allocator does it, in relaxed mode (the graph gets new addresses and
+            its replays do not allocate) */
+         cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+         if (d.capturing) cudaThreadExchangeStreamCaptureMode(&mode);
          e = cudaMalloc(&p, bytes);
+         if (d.capturing) cudaThreadExchangeStreamCaptureMode(&mode);
+#else
+         e = cudaMalloc(&p, bytes);
+#endif
          if (e == cudaSuccess) break;
 #ifndef LM_CUDA_EMU
          (void)cudaGetLastError(); /* an allocation failure is not sticky, but clear it */
 #endif
          p = NULL;
       }
-      if (attempt == 0) {
+      if (attempt == 0 && !d.capturing) { /* release_cached waits for the GPU */
          d.nretry++;
          release_cached(k, d);
       }
@@ -235,6 +266,7 @@ Block *new_segment(int k, Device &d, Pool &pool, size_t bytes, cudaStream_t s) {
    d.nmalloc++;
    d.reserved += (int64_t)bytes;
    d.segments[(uintptr_t)p] = bytes;
+   if (pool.owner) pool.owner->bytes += (int64_t)bytes;
    Block *b = new Block;
    b->ptr = (char *)p;
    b->size = bytes;
@@ -268,6 +300,42 @@ void insert_free(Block *b) {
    p->free_blocks.insert(b);
 }
 
+/* give back the graph pools no graph and no live block uses (d's lock held): their segments to
+   the GPU, the blocks they held to the device's pools. Not during a capture (cudaFree waits for
+   the device); lm_cu_pool_end calls it again. */
+void release_privates(Device &d) {
+   if (d.capturing) return;
+   bool synced = false;
+   for (auto it = d.privates.begin(); it != d.privates.end();) {
+      PrivatePool *pp = it->second;
+      if (pp->graphs > 0 || pp->nlive > 0) {
+         ++it;
+         continue;
+      }
+      if (!synced) {
+         cudaDeviceSynchronize(); /* a replay may still be using the memory */
+         synced = true;
+      }
+      for (Block *b : pp->held) {
+         b->allocated = false;
+         insert_free(b);
+      }
+      Pool *pools[2] = {&pp->small, &pp->large};
+      for (Pool *p : pools) {
+         for (Block *b : p->free_blocks) {
+            /* every block is free, so each segment is one merged block */
+            d.segments.erase((uintptr_t)b->ptr);
+            cudaFree(b->ptr);
+            d.reserved -= (int64_t)b->size;
+            d.nfree++;
+            delete b;
+         }
+      }
+      delete pp;
+      it = d.privates.erase(it);
+   }
+}
+
 } // namespace
 
 void *lm_cu_alloc(int k, size_t nbytes) {
@@ -284,7 +352,9 @@ void *lm_cu_alloc(int k, size_t nbytes) {
       pthread_mutex_unlock(&d.mu);
       return NULL;
    }
-   Pool &pool = size <= kSmallSize ? d.small : d.large;
+   PrivatePool *pp = d.capturing;
+   Pool &pool = pp ? (size <= kSmallSize ? pp->small : pp->large)
+                   : (size <= kSmallSize ? d.small : d.large);
    Block key{};
    key.ptr = NULL;
    key.size = size;
@@ -320,6 +390,7 @@ void *lm_cu_alloc(int k, size_t nbytes) {
       pool.free_blocks.insert(rest);
    }
    b->allocated = true;
+   if (pool.owner) pool.owner->nlive++;
    d.live_blocks[b->ptr] = b;
    d.live += (int64_t)b->size;
    if (d.live > d.peak) d.peak = d.live;
@@ -340,10 +411,64 @@ void lm_cu_free(int k, void *p, size_t nbytes) {
    if (it != d.live_blocks.end()) {
       Block *b = it->second;
       d.live_blocks.erase(it);
-      b->allocated = false;
       d.live -= (int64_t)b->size;
-      insert_free(b);
+      PrivatePool *owner = b->pool->owner;
+      if (!owner && d.capturing) {
+         /* captured kernels may use it at every replay: held (still marked allocated, so no
+            neighbour merges with it) until the capture's pool goes */
+         d.capturing->held.push_back(b);
+      } else {
+         b->allocated = false;
+         insert_free(b);
+         if (owner && --owner->nlive == 0 && owner->graphs == 0) release_privates(d);
+      }
    }
+   pthread_mutex_unlock(&d.mu);
+}
+
+/* ---- graph pools (graph.cu) ---- */
+
+lm_status lm_cu_pool_begin(int k, uint64_t id) {
+   LM_TRY(lm_cu_set_device(k));
+   Device &d = dev_of(k);
+   pthread_mutex_lock(&d.mu);
+   lm_status st = ready(k, d);
+   if (st == LM_OK && d.capturing)
+      st = lm_error(LM_ERR_DEVICE, "cuda:%d is already capturing a graph", k);
+   if (st == LM_OK) {
+      PrivatePool *pp;
+      auto it = d.privates.find(id);
+      if (it != d.privates.end()) {
+         pp = it->second;
+      } else {
+         pp = new PrivatePool();
+         pp->id = id;
+         pp->small.small = true;
+         pp->large.small = false;
+         pp->small.owner = pp->large.owner = pp;
+         d.privates[id] = pp;
+      }
+      pp->graphs++;
+      d.capturing = pp;
+   }
+   pthread_mutex_unlock(&d.mu);
+   return st;
+}
+
+void lm_cu_pool_end(int k) {
+   Device &d = dev_of(k);
+   pthread_mutex_lock(&d.mu);
+   d.capturing = NULL;
+   release_privates(d);
+   pthread_mutex_unlock(&d.mu);
+}
+
+void lm_cu_pool_release(int k, uint64_t id) {
+   Device &d = dev_of(k);
+   pthread_mutex_lock(&d.mu);
+   auto it = d.privates.find(id);
+   if (it != d.privates.end() && it->second->graphs > 0) it->second->graphs--;
+   release_privates(d);
    pthread_mutex_unlock(&d.mu);
 }
 
@@ -484,8 +609,14 @@ lm_status lm_cu_memcpy(int k, void *dst, const void *src, size_t nbytes, int dir
    if (!nbytes) return LM_OK;
    LM_TRY(lm_cu_set_device(k));
    const cudaStream_t s = lm_cu_stream(k);
+   const int j = dir == 2 ? owner_of(src) : -1;
+   if ((dir != 2 || j != k) && lm_cu_capturing(k))
+      return lm_error(LM_ERR_DEVICE,
+                      "cuda:%d: a copy %s while a CUDA graph is being captured (item(), tolist(), "
+                      "printing, a tensor made from Lua values or random numbers): a graph "
+                      "cannot wait for the host; do it before or after the capture",
+                      k, dir == 0 ? "from the host" : dir == 1 ? "to the host" : "from another device");
    if (dir == 2) {
-      const int j = owner_of(src);
       if (j == k) {
          LM_CU_TRY(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s),
                    "cudaMemcpyAsync");

@@ -15,6 +15,22 @@ lm_status lm_cu_set_memory_fraction(int k, double fraction);
 /* Lua finished a collection: every device's growth is measured from its live bytes now */
 void lm_cu_collected(void);
 
+/* graph pools (graph.cu): from lm_cu_pool_begin until lm_cu_pool_end, cuda:k's allocations come
+   from the private pool `id` (made on first use), which counts one more graph; lm_cu_pool_release
+   is that graph gone. The pool's memory goes back to the GPU once no graph and no live block
+   uses it. */
+lm_status lm_cu_pool_begin(int k, uint64_t id);
+void lm_cu_pool_end(int k);
+void lm_cu_pool_release(int k, uint64_t id);
+
+/* graph.cu: lumen.h's lm_cuda_graph_* (device.c checked the device) */
+uint64_t lm_cu_graph_pool_handle(void);
+lm_status lm_cu_graph_begin(int dev, uint64_t pool, lm_cuda_graph **out);
+lm_status lm_cu_graph_end(lm_cuda_graph *g, int discard);
+lm_status lm_cu_graph_replay(lm_cuda_graph *g);
+uint64_t lm_cu_graph_pool(const lm_cuda_graph *g);
+void lm_cu_graph_free(lm_cuda_graph *g);
+
 /* backend.cu: after a library call that may have switched the current device itself (NCCL),
    the next lm_cu_set_device must call cudaSetDevice again */
 void lm_cu_forget_device(void);

@@ -18,6 +18,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <memory>
+#include <vector>
+
 static lm_kernel_fn table[LM_OP_COUNT];
 static int ndev = 0;
 static cudaStream_t streams[LM_NUM_CUDA];
@@ -62,7 +65,66 @@ lm_status lm_cu_set_device(int k) {
 }
 
 lm_status lm_cu_run_on_cpu(const lm_op *op) {
+#ifdef LM_CUDA_EMU
+   if (lm_emu_capture)
+      return lm_error(LM_ERR_DEVICE, "%s: the emulated build's CPU fallback for this kernel cannot "
+                      "be captured in a CUDA graph", lm_op_name(op->kind));
+#endif
    /* the emulated build's device memory is host memory from the device allocator's segments */
+   return lm_compute_on_host(op, NULL, 1);
+}
+
+#ifdef LM_CUDA_EMU
+/* an op recorded into a graph: copies of its tensor and storage structs (tensors that shared a
+   storage share the copy) and of its parameters; the data stays where it is, in device memory
+   the graph's pool keeps */
+struct RecordedOp {
+   int kind, nt;
+   std::vector<lm_tensor> t;
+   std::vector<lm_storage> s;
+   std::vector<int> present;
+   std::vector<char> params;
+};
+#endif
+
+lm_status lm_cu_run_on_cpu_p(const lm_op *op, size_t params_size) {
+#ifdef LM_CUDA_EMU
+   if (lm_emu_capture) {
+      std::shared_ptr<RecordedOp> r = std::make_shared<RecordedOp>();
+      r->kind = op->kind;
+      r->nt = op->nt;
+      r->t.resize((size_t)op->nt);
+      r->present.assign((size_t)op->nt, 0);
+      std::vector<int> sidx((size_t)op->nt, -1);
+      for (int i = 0; i < op->nt; i++) {
+         const lm_tensor *t = op->t[i];
+         if (!t) continue;
+         r->present[(size_t)i] = 1;
+         r->t[(size_t)i] = *t;
+         if (!t->storage) continue;
+         for (int j = 0; j < i && sidx[(size_t)i] < 0; j++)
+            if (op->t[j] && op->t[j]->storage == t->storage) sidx[(size_t)i] = sidx[(size_t)j];
+         if (sidx[(size_t)i] < 0) {
+            sidx[(size_t)i] = (int)r->s.size();
+            r->s.push_back(*t->storage);
+         }
+      }
+      for (int i = 0; i < op->nt; i++)
+         r->t[(size_t)i].storage = sidx[(size_t)i] >= 0 ? &r->s[(size_t)sidx[(size_t)i]] : NULL;
+      if (op->params && params_size)
+         r->params.assign((const char *)op->params, (const char *)op->params + params_size);
+      lm_emu_capture->push_back([r]() {
+         std::vector<lm_tensor *> tp((size_t)r->nt, (lm_tensor *)NULL);
+         for (int i = 0; i < r->nt; i++)
+            if (r->present[(size_t)i]) tp[(size_t)i] = &r->t[(size_t)i];
+         const lm_op o = lm_op_make(r->kind, r->nt, tp.data(),
+                                    r->params.empty() ? NULL : r->params.data());
+         return (int)lm_compute_on_host(&o, NULL, 1);
+      });
+      return LM_OK;
+   }
+#endif
+   (void)params_size;
    return lm_compute_on_host(op, NULL, 1);
 }
 
@@ -155,6 +217,8 @@ static lm_status cu_compute(const lm_backend *b, const lm_op *op) {
          atexit(prof_report);
       }
    }
+   /* inside a graph capture nothing may wait for the stream: no timing */
+   if (lm_cu_capturing(dev)) return k(op);
    if ((!profiling || prof_wait > 0) && lm_verbose()) {
       /* LUMEN_VERBOSE: the line's time is the device's (lm_dispatch times this call), so wait
          for the stream before and after, as the profile does */
@@ -187,6 +251,9 @@ static lm_status cu_compute(const lm_backend *b, const lm_op *op) {
 static lm_status api_synchronize(int dev) {
    if (prof_wait > 0) prof_wait--;
    for (int k = dev < 0 ? 0 : dev; k < (dev < 0 ? ndev : dev + 1); k++) {
+      if (lm_cu_capturing(k))
+         return lm_error(LM_ERR_DEVICE, "cuda:%d is capturing a CUDA graph: synchronize after "
+                         "the capture", k);
       LM_TRY(lm_cu_set_device(k));
       /* the device, not only lumen's stream: library calls may have queued work elsewhere; and
          an error a kernel met while running shows here */
@@ -249,6 +316,13 @@ static const lm_cuda_api api = {
    lm_cu_collected,
    lm_cu_nccl_broadcast,
    lm_cu_nccl_reduce_add,
+   lm_cu_graph_pool_handle,
+   lm_cu_graph_begin,
+   lm_cu_graph_end,
+   lm_cu_graph_replay,
+   lm_cu_graph_pool,
+   lm_cu_graph_free,
+   lm_cu_capturing,
 };
 
 /* LUMEN_CUDNN_BENCHMARK=0/1, LUMEN_ALLOW_TF32=0/1 (both TF32 switches) */

@@ -854,7 +854,10 @@ static lm_status dnn_choose(int k, cudnnHandle_t h, int op, const conv_geom *g, 
 
    dnn_perf perf[DNN_MAX_ALGOS];
    int count = 0;
-   if (bench) {
+   /* inside a graph capture the benchmark cannot run (it times kernels and waits for them): a
+      shape the warm-up did not meet takes the heuristic's pick, not remembered as benchmarked */
+   const int bench_now = bench && !lm_cu_capturing(k);
+   if (bench_now) {
       /* the benchmark's workspace: as much as DNN_BENCH_WS, halving on failure */
       void *bws = NULL;
       size_t bbytes = DNN_BENCH_WS;
@@ -888,9 +891,11 @@ static lm_status dnn_choose(int k, cudnnHandle_t h, int op, const conv_geom *g, 
       choice->algo = p.algo;
       choice->math = (int)math;
       choice->ws_bytes = bytes;
-      pthread_mutex_lock(&dnn_lock);
-      conv_algo_insert(&dnn_cache[k], &key, choice);
-      pthread_mutex_unlock(&dnn_lock);
+      if (bench_now == bench) {
+         pthread_mutex_lock(&dnn_lock);
+         conv_algo_insert(&dnn_cache[k], &key, choice);
+         pthread_mutex_unlock(&dnn_lock);
+      }
       *ws = p_ws;
       *ws_bytes = bytes;
       lm_clear_error();
@@ -1163,7 +1168,7 @@ static lm_status k_conv2d(const lm_op *op) {
       LM_TRY(gemm_forward(k, g, dt, op->t[0], op->t[1], out));
       return dnn_epilogue(k, op->t[2], op->t[3], p->act, out, g, p->channels_last);
    }
-   if (!emu_direct()) return lm_cu_run_on_cpu(op);
+   if (!emu_direct()) return lm_cu_run_on_cpu_p(op, sizeof(lm_conv2d_params));
    if (p->g.Cg == 0) LM_TRY(dnn_zero(k, out));
    else LM_TRY(dnn_direct(k, &p->g, p->channels_last, out->dtype, op->t[0], op->t[1], NULL, out,
                           NULL, NULL));
@@ -1193,7 +1198,7 @@ static lm_status k_conv2d_backward(const lm_op *op) {
       }
       return gemm_backward(k, g, dt, op->t[0], op->t[1], gy, gx, gw);
    }
-   if (!emu_direct()) return lm_cu_run_on_cpu(op);
+   if (!emu_direct()) return lm_cu_run_on_cpu_p(op, sizeof(lm_conv2d_params));
    if (op->t[5]) LM_TRY(dnn_bias_grad(k, gy, op->t[5], &p->g, p->channels_last));
    return dnn_direct(k, &p->g, p->channels_last, gy->dtype, op->t[0], op->t[1], gy, NULL,
                      op->t[3], op->t[4]);

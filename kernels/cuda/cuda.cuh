@@ -47,8 +47,19 @@ lm_status lm_cu_err(cudaError_t e, const char *what);
       if (lm_cu_e_ != cudaSuccess) return lm_cu_err(lm_cu_e_, (what));                           \
    } while (0)
 /* run an op on the CPU's kernel over host views of the operands (the emulated build's way for
-   the cuDNN / cuBLAS families; memory there is host memory) */
+   the cuDNN / cuBLAS families; memory there is host memory). While a graph is captured the
+   emulated build records the op instead (a copy of its tensors' views and of its params_size
+   bytes of parameters) and runs it at each replay; lm_cu_run_on_cpu, without the size, refuses
+   to be captured (the LUMEN_CUDA_EMU_FALLBACK kernels) */
 lm_status lm_cu_run_on_cpu(const lm_op *op);
+lm_status lm_cu_run_on_cpu_p(const lm_op *op, size_t params_size);
+
+/* ---- CUDA graphs (graph.cu) ----
+   Is cuda:k's stream being captured into a graph (lm.cuda.graph)? Then nothing may wait for the
+   GPU or copy between host and device: a kernel that reads a check's result back (a bad class
+   index, a max-pool index out of its window, an integer division by zero) skips that check
+   inside a capture, as PyTorch's device-side asserts do not stop a graph either. */
+int lm_cu_capturing(int k);
 
 /* the backend's switches (lm.backends.cudnn.benchmark, ...; backend.cu holds them, the Lua side
    sets them through liblumen's lm_cuda_set_option): 0 or 1 */
@@ -114,13 +125,29 @@ template <class F> __global__ void lm_cu_for_kernel(int64_t n, F body) {
 }
 #endif
 
+#ifdef LM_CUDA_EMU
+/* the emulated build's stand-in for a kernel launch of host code: fn() now, or, while a graph is
+   being captured (emu.h's lm_emu_capture), a copy of fn kept for the graph's replays. fn captures
+   by value (as a device lambda must): what it points at is device memory, which the graph's
+   private pool keeps. */
+template <class F> lm_status lm_cu_host(int k, const F &fn) {
+   (void)k;
+   if (lm_emu_capture) {
+      lm_emu_capture->push_back(std::function<int()>([fn]() { return (int)fn(); }));
+      return LM_OK;
+   }
+   return fn();
+}
+#endif
+
 /* body(i) for every i in [0, n) on cuda:k's stream (a host loop in the emulated build) */
 template <class F> lm_status lm_cu_for(int k, int64_t n, const F &body) {
    if (n <= 0) return LM_OK;
 #ifdef LM_CUDA_EMU
-   (void)k;
-   for (int64_t i = 0; i < n; i++) body(i);
-   return LM_OK;
+   return lm_cu_host(k, [body, n]() {
+      for (int64_t i = 0; i < n; i++) body(i);
+      return LM_OK;
+   });
 #else
    int64_t blocks = (n + LM_CU_THREADS - 1) / LM_CU_THREADS;
    if (blocks > 132 * 64) blocks = 132 * 64; /* grid-stride beyond: 64 blocks per SM of an H200 */

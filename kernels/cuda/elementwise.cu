@@ -171,17 +171,18 @@ template <class D, class S> __global__ void tile_kernel(TileGeo g) {
 
 template <class D, class S> lm_status tile_run(int k, const TileGeo &g) {
 #ifdef LM_CUDA_EMU
-   (void)k;
-   for (int64_t task = 0; task < g.tasks; task++) {
-      char *dp;
-      const char *sp;
-      int64_t ni, nk;
-      g.tile(task, &dp, &sp, &ni, &nk);
-      for (int64_t j = 0; j < nk; j++)
-         for (int64_t i = 0; i < ni; i++)
-            tile_move((D *)(dp + i * g.d0 + j * g.dk), (const S *)(sp + i * g.s0 + j * g.sk));
-   }
-   return LM_OK;
+   return lm_cu_host(k, [g]() {
+      for (int64_t task = 0; task < g.tasks; task++) {
+         char *dp;
+         const char *sp;
+         int64_t ni, nk;
+         g.tile(task, &dp, &sp, &ni, &nk);
+         for (int64_t j = 0; j < nk; j++)
+            for (int64_t i = 0; i < ni; i++)
+               tile_move((D *)(dp + i * g.d0 + j * g.dk), (const S *)(sp + i * g.s0 + j * g.sk));
+      }
+      return LM_OK;
+   });
 #else
    int64_t blocks = g.tasks < 132 * 16 ? g.tasks : 132 * 16;
    tile_kernel<D, S><<<(unsigned)blocks, dim3(32, TROWS), 0, lm_cu_stream(k)>>>(g);
@@ -522,6 +523,9 @@ lm_status k_ew(const lm_op *op) {
    if (redo && status == LM_OK) lm_iter_init(&it, nin + 1, ops, o->ndim, o->sizes);
    /* integer fmod: a division-by-zero flag in device memory */
    const bool zdiv = pp->kind == LM_K_I64 && pp->table == LM_EW_BINARY && pp->kop == LM_FMOD;
+   if (status == LM_OK && zdiv && lm_cu_capturing(k)) /* the flag would have to be read back */
+      status = lm_error(LM_ERR_DEVICE, "integer fmod cannot be captured in a CUDA graph (its "
+                        "division-by-zero check reads the device back)");
    int *err = NULL;
    if (status == LM_OK && zdiv) {
       err = (int *)lm_cu_alloc(k, sizeof(int));

@@ -17,6 +17,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <functional>
+#include <vector>
+
+/* Graph capture (graph.cu, lm.cuda.graph): while lm_emu_capture is set, the work a GPU would
+   queue on a stream -- lm_cu_for's loops, cuda.cuh's lm_cu_host bodies, the cuDNN / cuBLAS ops
+   run on the CPU's kernels, cudaMemsetAsync and device-to-device cudaMemcpyAsync -- is appended
+   to it instead of being done, and a replay runs the list in order (a closure returns 0 or an
+   lm_status). As on a GPU, nothing captured runs during the capture, and what waits for the
+   stream fails with cudaErrorStreamCaptureUnsupported. */
+typedef std::vector<std::function<int()>> lm_emu_ops;
+extern lm_emu_ops *lm_emu_capture;
+
 #define __host__
 #define __device__
 #define __global__
@@ -24,7 +36,10 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 
-typedef enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1 } cudaError_t;
+typedef enum cudaError {
+   cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1,
+   cudaErrorStreamCaptureUnsupported = 900
+} cudaError_t;
 typedef void *cudaStream_t;
 typedef void *cudaEvent_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
@@ -40,7 +55,10 @@ static inline cudaError_t cudaGetDeviceCount(int *n) {
 static inline cudaError_t cudaSetDevice(int d) { (void)d; return cudaSuccess; }
 static inline cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 static inline const char *cudaGetErrorString(cudaError_t e) {
-   return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "invalid argument";
+   return e == cudaSuccess                         ? "no error"
+          : e == cudaErrorMemoryAllocation           ? "out of memory"
+          : e == cudaErrorStreamCaptureUnsupported ? "operation not permitted when stream is capturing"
+                                                     : "invalid argument";
 }
 static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 static inline cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
@@ -57,15 +75,33 @@ static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
 static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, int kind) {
    (void)kind;
+   if (lm_emu_capture) return cudaErrorStreamCaptureUnsupported; /* it waits for the stream */
    if (n) memmove(d, s, n);
    return cudaSuccess;
 }
 static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int kind, cudaStream_t st) {
    (void)st;
+   if (lm_emu_capture) {
+      /* a GPU captures a copy from pageable host memory as a node that reads the host address at
+         each replay; lumen never queues one inside a capture (lm_cu_memcpy refuses first) */
+      if (kind != cudaMemcpyDeviceToDevice) return cudaErrorStreamCaptureUnsupported;
+      lm_emu_capture->push_back([d, s, n]() {
+         if (n) memmove(d, s, n);
+         return 0;
+      });
+      return cudaSuccess;
+   }
    return cudaMemcpy(d, s, n, kind);
 }
 static inline cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
    (void)st;
+   if (lm_emu_capture) {
+      lm_emu_capture->push_back([d, v, n]() {
+         if (n) memset(d, v, n);
+         return 0;
+      });
+      return cudaSuccess;
+   }
    if (n) memset(d, v, n);
    return cudaSuccess;
 }
@@ -74,8 +110,13 @@ static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f)
    *s = (cudaStream_t)1;
    return cudaSuccess;
 }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+   (void)s;
+   return lm_emu_capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+static inline cudaError_t cudaDeviceSynchronize(void) {
+   return lm_emu_capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
    (void)f;
    *e = (cudaEvent_t)1;
@@ -83,7 +124,10 @@ static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
 }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e, (void)s; return cudaSuccess; }
-static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+   (void)e;
+   return lm_emu_capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
    (void)s, (void)e, (void)f;
    return cudaSuccess;

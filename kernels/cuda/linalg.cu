@@ -359,7 +359,7 @@ static lm_status k_matmul(const lm_op *op) {
    linalg_cublas_emu.cuh's host cuBLAS */
 static lm_status k_matmul_emu(const lm_op *op) {
    const char *e = getenv("LUMEN_CUDA_EMU_GEMM");
-   return e && *e == '1' ? k_matmul(op) : lm_cu_run_on_cpu(op);
+   return e && *e == '1' ? k_matmul(op) : lm_cu_run_on_cpu_p(op, sizeof(lm_matmul_params));
 }
 void lm_cuda_register_linalg(lm_kernel_fn *table) { table[LM_OP_MATMUL] = k_matmul_emu; }
 #else

@@ -90,6 +90,8 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx_64(
    if (dbl != (ct == CUDA_R_64F)) return CUBLAS_STATUS_NOT_SUPPORTED;
    const double al = dbl ? *(const double *)alpha : *(const float *)alpha;
    const double be = dbl ? *(const double *)beta : *(const float *)beta;
+   /* queued work: recorded while a graph is captured (emu.h), else done now */
+   auto run = [=]() {
    for (int64_t b = 0; b < batch; b++) {
       const char *Ab = (const char *)A, *Bb = (const char *)B;
       const int64_t oa = b * sa, ob = b * sb, oc = b * sc;
@@ -111,6 +113,10 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx_64(
             lm_cublas_emu_st(C, oc + i + j * ldc, ct, v);
          }
    }
+   return 0;
+   };
+   if (lm_emu_capture) lm_emu_capture->push_back(run);
+   else run();
    return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -456,21 +456,22 @@ __global__ void __launch_bounds__(BN_RT, 4) bn_reduce_kernel(F f, bn_red g, doub
 template <int V, class F>
 static lm_status bn_reduce(int k, const bn_red &g, const F &f, double *part) {
 #ifdef LM_CUDA_EMU
-   (void)k;
-   double sh[2 * V * BN_RT];
-   for (int bgy = 0; bgy < g.gy; bgy++)
-      for (int bgx = 0; bgx < g.gx; bgx++) {
-         for (int ty = 0; ty < g.by; ty++)
-            for (int tx = 0; tx < g.bx; tx++)
-               f(bgx, bgy, tx, ty, sh + bn_sh(0, tx, ty, g.bx, g.by), g.bx * g.by);
-         for (int s = g.by >> 1; s > 0; s >>= 1)
-            for (int ty = 0; ty < s; ty++)
+   return lm_cu_host(k, [g, f, part]() {
+      double sh[2 * V * BN_RT];
+      for (int bgy = 0; bgy < g.gy; bgy++)
+         for (int bgx = 0; bgx < g.gx; bgx++) {
+            for (int ty = 0; ty < g.by; ty++)
                for (int tx = 0; tx < g.bx; tx++)
-                  for (int j = 0; j < 2 * V; j++)
-                     sh[bn_sh(j, tx, ty, g.bx, g.by)] += sh[bn_sh(j, tx, ty + s, g.bx, g.by)];
-         for (int tx = 0; tx < g.bx; tx++) bn_red_out<V>(sh, part, g, bgx, bgy, tx);
-      }
-   return LM_OK;
+                  f(bgx, bgy, tx, ty, sh + bn_sh(0, tx, ty, g.bx, g.by), g.bx * g.by);
+            for (int s = g.by >> 1; s > 0; s >>= 1)
+               for (int ty = 0; ty < s; ty++)
+                  for (int tx = 0; tx < g.bx; tx++)
+                     for (int j = 0; j < 2 * V; j++)
+                        sh[bn_sh(j, tx, ty, g.bx, g.by)] += sh[bn_sh(j, tx, ty + s, g.bx, g.by)];
+            for (int tx = 0; tx < g.bx; tx++) bn_red_out<V>(sh, part, g, bgx, bgy, tx);
+         }
+      return LM_OK;
+   });
 #else
    bn_reduce_kernel<V, F><<<dim3((unsigned)g.gx, (unsigned)g.gy), dim3((unsigned)g.bx,
                                                                        (unsigned)g.by),

@@ -468,16 +468,17 @@ lm_status avg_fwd_split(int k, int64_t n, const avg_part<D, IT> &part, D *out, s
 #ifdef LM_CUDA_EMU
    /* the same per-thread bodies and the same order of the partials, as a host loop */
    typedef typename acc_of<D>::T T;
-   (void)k;
-   for (int64_t i = 0; i < n; i++) {
-      T partial[SPLIT_NCHW];
-      int64_t oh = 0, ow = 0, nn = 0, c = 0;
-      for (int p = 0; p < part.parts; p++) partial[p] = part(i, p, oh, ow, nn, c);
-      T acc = partial[0];
-      for (int q = 1; q < part.parts; q++) acc += partial[q];
-      part.finish(acc, oh, ow, nn, c, out, so);
-   }
-   return LM_OK;
+   return lm_cu_host(k, [n, part, out, so]() {
+      for (int64_t i = 0; i < n; i++) {
+         T partial[SPLIT_NCHW] = {};
+         int64_t oh = 0, ow = 0, nn = 0, c = 0;
+         for (int p = 0; p < part.parts; p++) partial[p] = part(i, p, oh, ow, nn, c);
+         T acc = partial[0];
+         for (int q = 1; q < part.parts; q++) acc += partial[q];
+         part.finish(acc, oh, ow, nn, c, out, so);
+      }
+      return LM_OK;
+   });
 #else
    const int per = LM_CU_THREADS / part.parts;
    int64_t blocks = (n + per - 1) / per;
@@ -572,6 +573,9 @@ lm_status k_max_backward(const lm_op *op) {
                       what, (long long)cnt[0], (long long)(g.H * g.W));
    }
    const int scatter = !window_rule && (!win || cnt[1]);
+   if (scatter && lm_cu_capturing(k)) /* its indices unchecked could write anywhere */
+      return lm_error(LM_ERR_DEVICE, "%s: indices whose windows are not known cannot be captured "
+                      "in a CUDA graph", what);
    POOL_DTYPES(gx->dtype, what, {
       const D *gp = (const D *)lm_cu_ptr(gout);
       D *xp = (D *)lm_cu_ptr(gx);

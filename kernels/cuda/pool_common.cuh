@@ -175,6 +175,17 @@ lm_status launch(int k, int64_t n, A... args) {
    values are then read back into cnt -- one small synchronising copy per max-pool backward, the
    price of the CPU's errors for bad indices */
 template <class F> lm_status read_counts(int k, size_t nb, unsigned long long cnt[2], F check) {
+   if (lm_cu_capturing(k)) {
+      /* a graph capture cannot read anything back: no check, counts of 0, which takes the
+         gather path where the windows are known (it reads only the indices of the windows over
+         each input pixel, so a bad index loses its gradient rather than writing elsewhere); a
+         backward that needs the per-pixel counts cannot be captured */
+      cnt[0] = cnt[1] = 0;
+      if (nb)
+         return lm_error(LM_ERR_DEVICE, "a max-pool backward whose windows are not known cannot "
+                         "be captured in a CUDA graph");
+      return LM_OK;
+   }
    const size_t cb = 2 * sizeof(unsigned long long);
    unsigned long long *dc = (unsigned long long *)lm_cu_alloc(k, cb);
    if (!dc) return LM_ERR_OOM; /* lm_cu_alloc set the message */

@@ -337,13 +337,17 @@ template <class A> lm_status run_plan(int dev, const Plan &q) {
    st = lm_cu_for(dev, q.M * q.G, b1);
    if (st == LM_OK) {
 #ifdef LM_CUDA_EMU
-      const bool v = q.vi != 0;
-      for (i64 m = 0; m < q.M; m++) {
-         Part<A> p;
-         init(q.op, p);
-         for (i64 g = 0; g < q.G; g++) fold(q.op, v, p, part[m * q.G + g].v, part[m * q.G + g].i);
-         q.finish(m, p);
-      }
+      st = lm_cu_host(dev, [q, part]() {
+         const bool v = q.vi != 0;
+         for (i64 m = 0; m < q.M; m++) {
+            Part<A> p;
+            init(q.op, p);
+            for (i64 g = 0; g < q.G; g++)
+               fold(q.op, v, p, part[m * q.G + g].v, part[m * q.G + g].i);
+            q.finish(m, p);
+         }
+         return LM_OK;
+      });
 #else
       const i64 blocks = q.M < 65535 ? q.M : 65535;
       pass2_kernel<A><<<(unsigned)blocks, P2_THREADS, 0, lm_cu_stream(dev)>>>(q, part);

@@ -330,7 +330,8 @@ struct CheckTargets {
 /* the CPU's error for the first bad target, if any */
 static lm_status check_targets(int dev, const Samples &s, const lm_tensor *target,
                                int64_t ignore) {
-   if (s.count <= 0) return LM_OK;
+   /* a graph capture cannot read the flag back: the kernels guard the index themselves */
+   if (s.count <= 0 || lm_cu_capturing(dev)) return LM_OK;
    unsigned long long *first = (unsigned long long *)lm_cu_alloc(dev, sizeof *first);
    if (!first) return LM_ERR_OOM;
    unsigned long long h = 0;
@@ -369,7 +370,12 @@ struct NllFwd {
       sample_offsets(s, k, &to, &io, &go);
       const int64_t t = tg[to];
       double v = 0, wc = 0;
-      if (t != ignore) {
+      if (t != ignore && (t < 0 || t >= s.C)) {
+         /* only inside a graph capture, where check_targets cannot read its flag back: the
+            sample's loss is NaN rather than a read outside the input */
+         v = NAN;
+         wc = 1.0;
+      } else if (t != ignore) {
          wc = w ? lm_load_as_double(w + t * w_bs, w_dt) : 1.0;
          v = -wc * lm_load_as_double(in + (io + t * s.cst) * in_es, in_dt);
       }
@@ -421,14 +427,15 @@ __global__ void nll_sum_kernel(const double *vw, int64_t n, NllFinish f) {
 
 static lm_status nll_sum(int dev, const double *vw, int64_t n, const NllFinish &f) {
 #ifdef LM_CUDA_EMU
-   (void)dev;
-   double a = 0, b = 0;
-   for (int64_t i = 0; i < n; i++) {
-      a += vw[2 * i];
-      b += vw[2 * i + 1];
-   }
-   f(a, b);
-   return LM_OK;
+   return lm_cu_host(dev, [vw, n, f]() {
+      double a = 0, b = 0;
+      for (int64_t i = 0; i < n; i++) {
+         a += vw[2 * i];
+         b += vw[2 * i + 1];
+      }
+      f(a, b);
+      return LM_OK;
+   });
 #else
    nll_sum_kernel<<<1, SUM_THREADS, 0, lm_cu_stream(dev)>>>(vw, n, f);
    return lm_cu_err(cudaPeekAtLastError(), "nll_loss kernel launch");
@@ -504,7 +511,7 @@ struct NllBwd {
       int64_t to, io, gof;
       sample_offsets(s, k, &to, &io, &gof);
       const int64_t t = tg[to];
-      if (t == ignore) return;
+      if (t == ignore || t < 0 || t >= s.C) return; /* out of range: only inside a capture */
       const double wc = w ? lm_load_as_double(w + t * w_bs, w_dt) : 1.0;
       double g;
       if (none) {

@@ -238,6 +238,15 @@ local backends = {
 rawset(backends.cpu, "amx_available", function() return C.lm_cpu_amx_available() ~= 0 end)
 rawset(backends.cpu, "isa", function() return ffi.string(C.lm_cpu_isa_name(C.lm_cpu_get_isa())) end)
 
+-- CUDA graphs (lua/lumen/cuda_graph.lua): CUDAGraph, graph, graph_pool_handle,
+-- is_current_stream_capturing
+do
+   local G = require("lumen.cuda_graph")
+   M.CUDAGraph, M.graph = G.CUDAGraph, G.graph
+   M.graph_pool_handle, M.is_current_stream_capturing = G.graph_pool_handle,
+                                                        G.is_current_stream_capturing
+end
+
 -- lm.backends is this module's table of switches
 function M.install(lm)
    lm.backends = backends

@@ -744,6 +744,30 @@ E("lm.cuda.get_device_properties", "lm.cuda.get_device_properties(device) -> tab
 E("lm.cuda.versions", "lm.cuda.versions() -> table", "{runtime, driver, cudnn, cublas, emulated}: "
    .. "the versions CUDA reports (12040 is 12.4, cuDNN 90100 is 9.1.0); emulated is true in the "
    .. "emulated build (make cuda-emu), whose numbers are 0.")
+E("lm.cuda.CUDAGraph", "lm.cuda.CUDAGraph() -> graph", "An empty CUDA graph "
+   .. "(torch.cuda.CUDAGraph; lua/lumen/cuda_graph.lua, kernels/cuda/graph.cu): g:capture_begin({"
+   .. "pool =, device =}) and g:capture_end() record the work queued on the device between them "
+   .. "(nothing captured runs), g:replay() queues it again on the tensors the capture saw, "
+   .. "g:reset() drops it (its memory goes back once no tensor made in it is alive), g:pool() "
+   .. "the handle of its private memory pool. docs/cuda.md, \"CUDA graphs\".",
+   { err = "`lumen.cuda.CUDAGraph.replay: this graph holds no capture`; `... capture_begin: "
+     .. "CUDA is not available (...)`" })
+E("lm.cuda.graph", "lm.cuda.graph(g, fn [, {pool =, device =}]) -> fn's results", "Capture "
+   .. "what fn queues on the device (default cuda:0) into the CUDAGraph g, as `with "
+   .. "torch.cuda.graph(g):`: the device is synchronised and Lua's garbage collected first. "
+   .. "Inside, nothing may wait for the GPU (item(), printing, copies from or to the host, "
+   .. "tensors made from Lua values, random numbers, synchronize): that raises an error, which "
+   .. "ends the capture and resets g; fn's own errors are raised again the same way. Warm up "
+   .. "eagerly first; scalars such as the learning rate are captured as values.",
+   { err = "`lumen.item: cuda:0: a copy to the host while a CUDA graph is being captured "
+     .. "(...)`; `lumen.cuda.graph: a CUDA graph is already being captured on cuda:0 (captures "
+     .. "do not nest)`" })
+E("lm.cuda.graph_pool_handle", "lm.cuda.graph_pool_handle() -> number", "A new memory pool "
+   .. "handle for captures that share memory (pass it as {pool =}); graphs sharing a pool are "
+   .. "replayed in the order they were captured.")
+E("lm.cuda.is_current_stream_capturing", "lm.cuda.is_current_stream_capturing([device]) -> "
+   .. "boolean", "Whether the device's stream is being captured into a CUDA graph now (false "
+   .. "without CUDA).")
 E("lm.backends", "lm.backends", "torch.backends' switches for the CUDA backend: lm.backends.cudnn "
    .. "and lm.backends.cuda.matmul; and lm.backends.cpu, the CPU kernels'.")
 E("lm.backends.cudnn", "lm.backends.cudnn.benchmark = true", "cuDNN's switches, settable boolean "
