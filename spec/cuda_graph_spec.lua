@@ -99,7 +99,7 @@ describe("lm.cuda graphs on cuda:0", function()
          return m
       end
       lm.manual_seed(1)
-      local N, WARM = 10, 3
+      local N, WARM = 20, 3
       local xs, ys = {}, {}
       for i = 1, N do
          xs[i] = lm.randn({4, 3, 8, 8}, {device = "cpu"}):contiguous(lm.channels_last)
@@ -157,6 +157,74 @@ describe("lm.cuda graphs on cuda:0", function()
             assert.is_true(p.grad:is_contiguous(lm.channels_last))
          end
       end
+   end)
+
+   it("follows a learning-rate schedule between replays with a capturable SGD", function()
+      if not has_cuda() then pending("no CUDA device") return end
+      local function net()
+         lm.manual_seed(5)
+         local m = lm.nn.Sequential(lm.nn.Conv2d(3, 6, 3, {padding = 1}), lm.nn.ReLU(),
+                                    lm.nn.Flatten(), lm.nn.Linear(6 * 16, 4))
+         return lm.to_channels_last(m):to(dev)
+      end
+      lm.manual_seed(2)
+      local N, WARM = 12, 2
+      local xs, ys = {}, {}
+      for i = 1, N do
+         xs[i] = lm.randn({3, 3, 4, 4}, {device = "cpu"}):contiguous(lm.channels_last)
+         ys[i] = lm.randint(1, 5, {3}, {dtype = lm.int64, device = "cpu"})
+      end
+      local function setup()
+         local m = net()
+         local o = lm.optim.SGD(m:parameters(), {lr = 0.2, momentum = 0.9, capturable = true})
+         return m, o, lm.optim.lr_scheduler.StepLR(o, {step_size = 3, gamma = 0.5})
+      end
+      local a, oa, sa = setup()
+      for i = 1, N do
+         oa:zero_grad(true)
+         lm.F.cross_entropy(a(xs[i]:to(dev)), ys[i]:to(dev)):backward()
+         oa:step()
+         sa:step()
+      end
+      local b, ob, sb = setup()
+      local sx = lm.empty({3, 3, 4, 4}, {device = dev}):contiguous(lm.channels_last)
+      local sy = lm.empty({3}, {dtype = lm.int64, device = dev})
+      local function step()
+         lm.F.cross_entropy(b(sx), sy):backward()
+         ob:step()
+      end
+      for i = 1, WARM do
+         sx:copy_(xs[i])
+         sy:copy_(ys[i])
+         ob:zero_grad(true)
+         step()
+         sb:step()
+      end
+      ob:zero_grad(true)
+      local g = lm.cuda.CUDAGraph()
+      lm.cuda.graph(g, step)
+      for i = WARM + 1, N do
+         sx:copy_(xs[i])
+         sy:copy_(ys[i])
+         g:replay()
+         sb:step() -- the new lr reaches the captured step through the device tensor
+      end
+      assert.are.equal(oa.param_groups[1].lr, ob.param_groups[1].lr)
+      local pa, pb = a:parameters(), b:parameters()
+      for i = 1, #pa do
+         local d = (cpu(pa[i]) - cpu(pb[i])):abs():max():item()
+         assert(d <= 1e-6, ("parameter %d: %g apart"):format(i, d))
+      end
+      -- a capturable SGD that never stepped cannot be captured
+      local c = net()
+      local oc = lm.optim.SGD(c:parameters(), {lr = 0.1, momentum = 0.9, capturable = true})
+      local xc = lm.randn({3, 3, 4, 4}, {device = dev})
+      fails(function()
+         lm.cuda.graph(lm.cuda.CUDAGraph(), function()
+            lm.F.cross_entropy(c(xc), sy):backward()
+            oc:step()
+         end)
+      end, "takes one eager step before a CUDA graph captures it")
    end)
 
    it("ends a capture that cannot go on, and the device stays usable", function()

@@ -140,5 +140,52 @@ describe("optimizer state and API", function()
       H.assert_error_like("Adam", "beta", optim.Adam, { p }, { betas = { 1.5, 0.9 } })
       H.assert_error_like("Adam", "epsilon", optim.Adam, { p }, { eps = -1 })
       H.assert_error_like("AdamW", "dtype", optim.AdamW, { lm.ones({ 2 }, { dtype = lm.int64 }) })
+      H.assert_error_like("SGD", "capturable must be a boolean", optim.SGD, { p },
+                          { lr = 0.1, capturable = 1 })
+   end)
+
+   -- capturable = true: the learning rate read from a device tensor (for CUDA graphs,
+   -- spec/cuda_graph_spec.lua); the steps are those of the plain SGD, schedulers included
+   it("takes the same steps with capturable = true, through every scheduler kind", function()
+      local sched = lm.optim.lr_scheduler
+      local function run(capturable, make_sched, fused)
+         lm.manual_seed(3)
+         local m = lm.nn.Sequential(lm.nn.Conv2d(3, 4, 3), lm.nn.Flatten(), lm.nn.Linear(144, 3))
+         m = lm.to_channels_last(m)
+         local o = optim.SGD(m:parameters(), { lr = 0.5, momentum = 0.9, weight_decay = 1e-3,
+                                              nesterov = true, capturable = capturable })
+         local s = make_sched(o)
+         lm.manual_seed(4)
+         for i = 1, 6 do
+            local x = lm.randn({ 2, 3, 8, 8 })
+            local y = lm.randint(1, 4, { 2 }, { dtype = lm.int64 })
+            o:zero_grad(true)
+            lm.F.cross_entropy(m(x), y):backward()
+            if not fused then -- gradients in another layout: the unfused update
+               for _, p in ipairs(m:parameters()) do
+                  if p:dim() == 4 then p.grad = p.grad:contiguous() end
+               end
+            end
+            o:step()
+            if s.mode then s:step(1.0) else s:step() end
+            if i == 3 then o.param_groups[1].lr = o.param_groups[1].lr * 0.9 end
+         end
+         return m:parameters()
+      end
+      local makers = {
+         function(o) return sched.StepLR(o, { step_size = 2, gamma = 0.5 }) end,
+         function(o) return sched.OneCycleLR(o, { max_lr = 0.8, total_steps = 10 }) end,
+         function(o) return sched.ReduceLROnPlateau(o, { patience = 0 }) end,
+      }
+      for k, make in ipairs(makers) do
+         for _, fused in ipairs({ true, false }) do
+            local a, b = run(false, make, fused), run(true, make, fused)
+            for i = 1, #a do
+               local d = (a[i] - b[i]):abs():max():item()
+               assert(d == 0, ("scheduler %d, fused %s, parameter %d: %g apart"):format(
+                  k, tostring(fused), i, d))
+            end
+         end
+      end
    end)
 end)

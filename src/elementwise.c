@@ -769,18 +769,41 @@ static lm_status optim_param(const lm_tensor *p) {
    return LM_OK;
 }
 
-lm_status lm_sgd_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
-                      double lr, double momentum, double dampening, double weight_decay,
-                      int nesterov, int maximize, int first) {
+static lm_status sgd_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
+                          double lr, const lm_tensor *lr_t, double momentum, double dampening,
+                          double weight_decay, int nesterov, int maximize, int first) {
    LM_TRY(optim_param(param));
    LM_TRY(optim_operand(param, grad, "grad"));
    if (momentum != 0) LM_TRY(optim_operand(param, momentum_buffer, "momentum_buffer"));
+   if (lr_t) {
+      if (lr_t->dtype != LM_FLOAT64 || lr_t->numel != 1)
+         return lm_error(LM_ERR_ARG, "sgd_step: lr must be a float64 tensor of one element, got "
+                         "%s with %lld elements", lm_dtype_name(lr_t->dtype),
+                         (long long)lr_t->numel);
+      LM_TRY(lm_check_same_device(param, lr_t, "sgd_step"));
+   }
    if (param->numel == 0) return LM_OK;
    const lm_sgd_params p = {lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0,
                             first != 0};
-   lm_tensor *ts[3] = {param, (lm_tensor *)grad, momentum != 0 ? momentum_buffer : NULL};
-   const lm_op op = lm_op_make(LM_OP_SGD_STEP, 3, ts, &p);
+   lm_tensor *ts[4] = {param, (lm_tensor *)grad, momentum != 0 ? momentum_buffer : NULL,
+                       (lm_tensor *)lr_t};
+   const lm_op op = lm_op_make(LM_OP_SGD_STEP, 4, ts, &p);
    return lm_dispatch(&op);
+}
+
+lm_status lm_sgd_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
+                      double lr, double momentum, double dampening, double weight_decay,
+                      int nesterov, int maximize, int first) {
+   return sgd_step(param, grad, momentum_buffer, lr, NULL, momentum, dampening, weight_decay,
+                   nesterov, maximize, first);
+}
+
+lm_status lm_sgd_step_lr(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
+                         const lm_tensor *lr, double momentum, double dampening,
+                         double weight_decay, int nesterov, int maximize, int first) {
+   if (!lr) return lm_error(LM_ERR_ARG, "sgd_step: lr is nil");
+   return sgd_step(param, grad, momentum_buffer, 0.0, lr, momentum, dampening, weight_decay,
+                   nesterov, maximize, first);
 }
 
 lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,

@@ -239,6 +239,12 @@ lm_status lm_nll_loss_backward(const lm_tensor *grad_out, const lm_tensor *input
 lm_status lm_sgd_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
                       double lr, double momentum, double dampening, double weight_decay,
                       int nesterov, int maximize, int first);
+/* lm_sgd_step with the learning rate read from lr (one float64 element on param's device) when
+   the kernel runs, not when it is queued: a CUDA graph that captured the step replays it with
+   lr's value at each replay (lm.optim.SGD's capturable option) */
+lm_status lm_sgd_step_lr(lm_tensor *param, const lm_tensor *grad, lm_tensor *momentum_buffer,
+                         const lm_tensor *lr, double momentum, double dampening,
+                         double weight_decay, int nesterov, int maximize, int first);
 lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
                        lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, double lr, double beta1,
                        double beta2, double eps, double weight_decay, int decoupled,

@@ -34,13 +34,15 @@
 SGD_LOOP(float, f32)
 SGD_LOOP(double, f64)
 
-/* SGD_STEP: t = {param, grad, momentum_buffer (NULL without momentum)} */
+/* SGD_STEP: t = {param, grad, momentum_buffer (NULL without momentum), lr tensor or NULL} */
 static lm_status k_sgd_step(const lm_op *op) {
    const lm_sgd_params *q = op->params;
    lm_tensor *param = op->t[0];
    const lm_tensor *grad = op->t[1];
    lm_tensor *momentum_buffer = op->t[2];
-   const double lr = q->lr, momentum = q->momentum, dampening = q->dampening,
+   const lm_tensor *lr_t = op->nt > 3 ? op->t[3] : NULL;
+   const double lr = lr_t ? *(const double *)lm_tensor_data(lr_t) : q->lr,
+                momentum = q->momentum, dampening = q->dampening,
                 weight_decay = q->weight_decay;
    const int nesterov = q->nesterov, maximize = q->maximize, first = q->first;
    const int64_t n = param->numel;

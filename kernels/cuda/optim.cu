@@ -22,8 +22,10 @@ template <class T> struct SgdBody {
    const T *g;
    T *b;
    T wd, mom, damp1, nlr;
+   const double *lr; /* NULL: nlr; else -lr, read when the kernel runs (a graph's replays) */
    int use_wd, use_mom, nesterov, maximize, first;
    LM_HD void operator()(int64_t i) const {
+      const T nl = lr ? (T)-*lr : nlr;
       T d = g[i];
       if (maximize) d = -d;
       if (use_wd) d = d + wd * p[i];
@@ -38,7 +40,7 @@ template <class T> struct SgdBody {
          b[i] = v;
          d = nesterov ? d + mom * v : v;
       }
-      p[i] = p[i] + nlr * d;
+      p[i] = p[i] + nl * d;
    }
 };
 
@@ -91,6 +93,7 @@ template <class T> lm_status sgd_run(const lm_op *op) {
    b.mom = (T)q->momentum;
    b.damp1 = (T)(1 - q->dampening);
    b.nlr = (T)-q->lr;
+   b.lr = op->nt > 3 && op->t[3] ? (const double *)lm_cu_ptr(op->t[3]) : (const double *)0;
    b.use_wd = q->weight_decay != 0;
    b.use_mom = q->momentum != 0;
    b.nesterov = q->nesterov != 0;
@@ -129,7 +132,7 @@ template <class T> lm_status adam_run(const lm_op *op) {
    return lm_cu_for(lm_cu_index(param), param->numel, b);
 }
 
-/* SGD_STEP: t = {param, grad, momentum_buffer (NULL without momentum)} */
+/* SGD_STEP: t = {param, grad, momentum_buffer (NULL without momentum), lr tensor or NULL} */
 static lm_status k_sgd_step(const lm_op *op) {
    const lm_tensor *p = op->t[0];
    if (p->dtype == LM_FLOAT32) return sgd_run<float>(op);

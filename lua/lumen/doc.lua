@@ -1892,7 +1892,10 @@ local PARAMS = "params: an array of tensors, a Module (its parameters), or an ar
 E("lm.optim", "lm.optim", "SGD, Adam, AdamW and the Optimizer base class.")
 E("lm.optim.SGD", "lm.optim.SGD(params, opts) -> optimizer", "Stochastic gradient descent "
    .. "(momentum, Nesterov, weight decay).", { opts = "{lr (required), momentum = 0, "
-   .. "dampening = 0, weight_decay = 0, nesterov = false, maximize = false}; " .. PARAMS,
+   .. "dampening = 0, weight_decay = 0, nesterov = false, maximize = false, capturable = "
+   .. "false}; capturable = true reads the learning rate from a tensor on the parameters' device "
+   .. "when the step runs, so a CUDA graph that captured opt:step() follows lr changes "
+   .. "(schedulers) at each replay (take one eager step before capturing); " .. PARAMS,
    fmt = "momentum buffers have their parameter's layout",
    err = "lr missing, negative lr/momentum/weight_decay, nesterov without momentum or with "
    .. "dampening, an empty parameter list" })

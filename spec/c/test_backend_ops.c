@@ -557,6 +557,13 @@ static lm_status f_sgd(lm_tensor **in, lm_tensor **out, const void *arg) {
    out[1] = in[2];
    return lm_sgd_step(in[0], in[1], in[2], 0.1, 0.9, 0.1, 0.01, g_flag, 0, 0);
 }
+/* the learning rate from a one-element float64 tensor on the device (capturable SGD) */
+static lm_status f_sgd_lr(lm_tensor **in, lm_tensor **out, const void *arg) {
+   (void)arg;
+   out[0] = in[0];
+   out[1] = in[2];
+   return lm_sgd_step_lr(in[0], in[1], in[2], in[3], 0.9, 0.1, 0.01, g_flag, 0, 0);
+}
 static lm_status f_adam(lm_tensor **in, lm_tensor **out, const void *arg) {
    (void)arg;
    for (int i = 0; i < 5; i++) out[i] = in[i];
@@ -777,6 +784,10 @@ static void cases_optim(void) {
          g_flag = fl;
          CASE("sgd nesterov %d %s isa %s", fl, lm_dtype_name(dt), isa_name());
          run_case("param,momentum_buffer", 3, in, 2, f_sgd, NULL);
+         const int64_t one[1] = {1};
+         lm_tensor *sg[4] = {in[0], in[1], in[2], cpu_rand(0, one, LM_FLOAT64, L_CONTIG, 0.01, 0.5)};
+         CASE("sgd lr tensor nesterov %d %s isa %s", fl, lm_dtype_name(dt), isa_name());
+         run_case("param,momentum_buffer", 4, sg, 2, f_sgd_lr, NULL);
          CASE("adam decoupled/amsgrad %d %s isa %s", fl, lm_dtype_name(dt), isa_name());
          run_case("param,grad,exp_avg,exp_avg_sq,max_exp_avg_sq", 5, in, 5, f_adam, NULL);
          free_kept();

@@ -30,7 +30,8 @@ end
 -- SGD
 ---------------------------------------------------------------------------------------------
 
--- SGD(params, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false})
+-- SGD(params, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false,
+-- capturable=false})
 -- The updates run as one fused C pass per parameter (lm_sgd_step / lm_adam_step) when the
 -- gradient and the state have the parameter's dtype (float32 / float64) and layout (dense, same
 -- strides) and device (any: lm_sgd_step dispatches to the device's kernel): the usual case.
@@ -73,24 +74,79 @@ local function c_check(st, fname)
    if st ~= 0 then error("lumen." .. fname .. ": " .. ffi.string(C.lm_last_error()), 0) end
 end
 
+-- capturable = true (PyTorch's name, from its Adam): the step reads the learning rate from a
+-- float64 tensor on the parameters' device when its kernel runs, so a CUDA graph that captured
+-- opt:step() (lm.cuda.graph) follows the schedule at each replay. The group's lr stays a number
+-- (schedulers and state_dict as before); the device copy is refreshed at each eager step and
+-- by the schedulers (Optimizer:_lr_changed) when the lr changed, never inside a capture.
+local lr_cells = setmetatable({}, { __mode = "k" }) -- group -> {[device id] = {t =, value =}}
+
+local function capturing(dev)
+   local k = dev - T.DEV_CUDA0
+   return k >= 0 and k < T.NUM_CUDA and C.lm_cuda_is_capturing(k) == 1
+end
+
+local function refresh(cell, lr, dev)
+   if cell.value ~= lr and not capturing(dev) then
+      raw.fill_(cell.t, lr)
+      cell.value = lr
+   end
+end
+
+local function lr_tensor(group, p)
+   local per = lr_cells[group]
+   if per == nil then
+      per = {}
+      lr_cells[group] = per
+   end
+   local dev = p._c.device
+   local cell = per[dev]
+   if cell == nil then
+      if capturing(dev) then
+         error("lumen.SGD.step: a capturable SGD takes one eager step before a CUDA graph "
+               .. "captures it (its learning rate tensor is made then)", 0)
+      end
+      local outp = ffi.new("lm_tensor*[1]")
+      if C.lm_empty_strided(0, nil, nil, C.LM_FLOAT64, dev, outp) ~= 0 then
+         error("lumen.SGD.step: " .. ffi.string(C.lm_last_error()), 0)
+      end
+      cell = { t = T.wrap(outp[0]) }
+      per[dev] = cell
+   end
+   refresh(cell, group.lr, dev)
+   return cell.t
+end
+
 M.SGD = Optimizer.class("SGD", {
    lr = REQUIRED, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
-   maximize = false,
+   maximize = false, capturable = false,
 }, function(group, p, grad, st)
    local wd, momentum, lr = group.weight_decay, group.momentum, group.lr
    local buf = st.momentum_buffer
+   local lr_t = group.capturable and lr_tensor(group, p) or nil
    if fusable(p, grad, buf) then
       local first = false
       if momentum ~= 0 and buf == nil then
+         if lr_t and capturing(p._c.device) then
+            error("lumen.SGD.step: take one eager step before a CUDA graph captures the "
+                  .. "optimizer (the momentum buffers are made then)", 0)
+         end
          buf = state_like(p)
          st.momentum_buffer = buf
          first = true
       end
       T.barrier(p._c)                -- the step writes p and its buffer in place
       if buf then T.barrier(buf._c) end
-      c_check(C.lm_sgd_step(p._c, grad._c, buf and buf._c or nil, lr, momentum, group.dampening,
-                            wd, group.nesterov and 1 or 0, group.maximize and 1 or 0,
-                            first and 1 or 0), "SGD.step")
+      if lr_t then
+         T.barrier(lr_t._c)
+         c_check(C.lm_sgd_step_lr(p._c, grad._c, buf and buf._c or nil, lr_t._c, momentum,
+                                  group.dampening, wd, group.nesterov and 1 or 0,
+                                  group.maximize and 1 or 0, first and 1 or 0), "SGD.step")
+      else
+         c_check(C.lm_sgd_step(p._c, grad._c, buf and buf._c or nil, lr, momentum,
+                               group.dampening, wd, group.nesterov and 1 or 0,
+                               group.maximize and 1 or 0, first and 1 or 0), "SGD.step")
+      end
       return
    end
    local d_p = grad
@@ -107,9 +163,14 @@ M.SGD = Optimizer.class("SGD", {
       end
       if group.nesterov then d_p = raw.add(d_p, buf, momentum) else d_p = buf end
    end
-   raw.add_(p, d_p, -lr)
+   if lr_t then -- the learning rate from the device, as the fused kernel reads it
+      raw.add_(p, raw.mul(d_p, raw.to(lr_t, { dtype = T.Tensor.dtype(p) })), -1)
+   else
+      raw.add_(p, d_p, -lr)
+   end
 end, function(fname, group, fail)
    number_opt(fname, group, "lr", fail, 0, nil, "learning rate")
+   if type(group.capturable) ~= "boolean" then fail(fname, "capturable must be a boolean") end
    number_opt(fname, group, "momentum", fail, 0, nil, "momentum")
    number_opt(fname, group, "dampening", fail)
    number_opt(fname, group, "weight_decay", fail, 0, nil, "weight_decay")
@@ -117,6 +178,17 @@ end, function(fname, group, fail)
       fail(fname, "Nesterov momentum requires a momentum and zero dampening")
    end
 end)
+
+-- a scheduler changed the groups' lr: the capturable groups' device copies follow at once, so a
+-- CUDA graph's next replay uses the new value
+function M.SGD:_lr_changed()
+   for _, g in ipairs(self.param_groups) do
+      local per = lr_cells[g]
+      if per then
+         for dev, cell in pairs(per) do refresh(cell, g.lr, dev) end
+      end
+   end
+end
 
 ---------------------------------------------------------------------------------------------
 -- Adam / AdamW

@@ -48,6 +48,12 @@ local function lr_list(opt)
    return r
 end
 
+-- the groups' lr changed: an optimizer that keeps a device copy of it (SGD with capturable =
+-- true, for CUDA graphs) updates it now
+local function lr_changed(opt)
+   if opt._lr_changed then opt:_lr_changed() end
+end
+
 -- option checks --------------------------------------------------------------------------------
 
 local function check_opts(fname, opts, known)
@@ -171,6 +177,7 @@ function Base:_update_lr(epoch)
       else values = self:get_lr() end
    end
    for i, g in ipairs(self.optimizer.param_groups) do g.lr = values[i] end
+   lr_changed(self.optimizer)
    self._last_lr = lr_list(self.optimizer)
 end
 
@@ -464,6 +471,7 @@ function M.CosineAnnealingWarmRestarts:step(epoch)
    self.last_epoch = floor(epoch)
    local v = self:get_lr()
    for i, g in ipairs(self.optimizer.param_groups) do g.lr = v[i] end
+   lr_changed(self.optimizer)
    self._last_lr = lr_list(self.optimizer)
 end
 
@@ -611,6 +619,7 @@ function M.SequentialLR._init(self, opt, o)
    self._milestones = deep_copy(ms)
    self.last_epoch = (o.last_epoch == nil and -1 or o.last_epoch) + 1
    for _, g in ipairs(opt.param_groups) do g.lr = g.initial_lr end
+   lr_changed(opt)
    -- "undo" the step each scheduler took when it was built
    for _, s in ipairs(scheds) do s:_undo() end
    local idx = bisect_right(self._milestones, 0) + 1
@@ -739,6 +748,7 @@ function M.ReduceLROnPlateau:step(metrics)
          local new = max(old * self.factor, self.min_lrs[i])
          if old - new > self.eps then g.lr = new end
       end
+      lr_changed(self.optimizer)
       self.cooldown_counter = self.cooldown
       self.num_bad_epochs = 0
    end
