@@ -5,7 +5,16 @@
 --       [--data /usr/share/datasets/fashion-mnist] [--checkpoint train.ckpt] [--resume]
 --       [--force] [--threads 2] [--seed 1] [--width 16] [--blocks 1] [--limit N] [--quiet]
 --       [--log run.jsonl] [--amp bf16|fp16] [--distributed] [--sync-bn] [--save-every N]
+--       [--device cpu|cuda|cuda:N] [--cuda-graph]
 --   bin/lumen examples/train.lua -h      every flag, its default and meaning
+--
+-- --device cuda trains on the GPU (the model, the optimizer's state and each batch there; the
+-- data is loaded and augmented on the CPU). --cuda-graph captures the training step (forward,
+-- loss, backward, optimizer) in a CUDA graph after the first step and replays it for every
+-- later batch (docs/cuda.md, "CUDA graphs"): the batch is copied into the graph's input
+-- tensors, the schedule reaches the captured step through the optimizer's capturable learning
+-- rate, and the results equal the eager run's. Not with --distributed or --amp fp16 (the
+-- GradScaler reads its check back every step); a model with dropout cannot be captured.
 --
 -- --schedule picks the learning-rate schedule, an lm.optim.lr_scheduler (docs/training.md):
 -- warmup-cosine (default: a linear warm-up over the first epoch, at most 200 steps, then a
@@ -75,7 +84,7 @@ local FLAG_HELP = {
    __order = { "model", "epochs", "batch-size", "lr", "schedule", "momentum", "weight-decay",
                "format", "amp", "data", "limit", "width", "blocks", "seed", "checkpoint",
                "save-every", "resume", "force", "log", "threads", "workers", "eval-batch", "quiet",
-               "distributed", "sync-bn" },
+               "distributed", "sync-bn", "device", "cuda-graph" },
    model = "model: small_resnet, or any lm.models name (resnet18, ...)",
    epochs = "epochs to train (--resume may raise it)",
    ["batch-size"] = "images per optimizer step (the global batch with --distributed)",
@@ -105,6 +114,9 @@ local FLAG_HELP = {
    quiet = "no progress bar",
    distributed = "data-parallel over the processes of an MPI job (mpirun -np K ...)",
    ["sync-bn"] = "with --distributed: batch-norm statistics over the global batch",
+   device = "where the model trains: cpu, cuda or cuda:N",
+   ["cuda-graph"] = "with --device cuda: capture the training step in a CUDA graph and " ..
+      "replay it for every batch after the first",
 }
 local opt, usage = util.parse_flags({
    model = "small_resnet", epochs = 12, ["batch-size"] = 128, lr = 0.1, format = "nhwc",
@@ -112,7 +124,24 @@ local opt, usage = util.parse_flags({
    blocks = 1, limit = 0, quiet = false, momentum = 0.9, ["weight-decay"] = 5e-4,
    workers = 2, ["eval-batch"] = 500, log = "", amp = "", distributed = false,
    ["sync-bn"] = false, schedule = "warmup-cosine", force = false, ["save-every"] = 0,
+   device = "cpu", ["cuda-graph"] = false,
 }, "bin/lumen examples/train.lua", arg, FLAG_HELP)
+local device = opt.device
+if device ~= "cpu" and device ~= "cuda" and not device:match("^cuda:%d+$") then
+   usage("--device is cpu, cuda or cuda:N; got '" .. device .. "'")
+end
+local on_gpu = device ~= "cpu"
+if on_gpu and not lm.cuda.is_available() then
+   usage("--device " .. device .. ": CUDA is not available on this machine")
+end
+if opt["cuda-graph"] then
+   if not on_gpu then usage("--cuda-graph needs --device cuda") end
+   if opt.distributed then usage("--cuda-graph does not go with --distributed") end
+   if opt.amp == "fp16" then
+      usage("--cuda-graph does not go with --amp fp16 (the loss scaler reads its inf check " ..
+            "back every step); --amp bf16 needs no scaler")
+   end
+end
 if opt.format ~= "nhwc" and opt.format ~= "nchw" then usage("--format is nhwc or nchw") end
 local fmt = opt.format == "nhwc" and lm.channels_last or lm.contiguous_format
 if opt.amp ~= "" and opt.amp ~= "bf16" and opt.amp ~= "fp16" then
@@ -199,7 +228,9 @@ local beating_test_loader = {
       local it = test_loader:iter(...)
       return function()
          heartbeat()
-         return it()
+         local x, y = it()
+         if x ~= nil and on_gpu then x, y = x:to(device), y:to(device) end
+         return x, y
       end
    end,
 }
@@ -214,12 +245,15 @@ else
    model = ctor({ num_classes = 10 })
 end
 model:to(fmt)
+if on_gpu then model:to(device) end
 heartbeat()
 if opt["sync-bn"] then model = lm.nn.SyncBatchNorm.convert_sync_batchnorm(model) end
 
 -- no weight decay on batch-norm parameters and biases
+-- (capturable: the learning rate on the device, so a captured step follows the schedule)
 local optimizer = lm.optim.SGD(util.decay_groups(model, opt["weight-decay"]),
-                               { lr = opt.lr, momentum = opt.momentum, nesterov = true })
+                               { lr = opt.lr, momentum = opt.momentum, nesterov = true,
+                                 capturable = opt["cuda-graph"] })
 
 -- float16 needs loss scaling (its range is small); bfloat16 has float32's range
 local scaler = opt.amp == "fp16" and lm.amp.GradScaler() or nil
@@ -547,6 +581,38 @@ local t_start = now()
 local print_losses = os.getenv("LUMEN_TRAIN_PRINT_LOSSES") == "1" -- for the resume spec
 local last_acc
 local function forward_loss(x, y) return lm.F.cross_entropy(net(x), y) end
+
+-- --cuda-graph: the step captured once (after one eager step, which makes the optimizer's
+-- state) on static input tensors, then replayed; graph_step returns the loss tensor the graph
+-- rewrites
+local graph, static_x, static_y, static_loss
+local eager_steps = 0
+local function graph_step(x, y)
+   if graph == nil then
+      static_x = lm.empty_like(x):contiguous(fmt)
+      static_y = lm.empty_like(y)
+      static_x:copy_(x)
+      static_y:copy_(y)
+      optimizer:zero_grad(true) -- the gradients are made inside the capture
+      graph = lm.cuda.CUDAGraph()
+      static_loss = lm.cuda.graph(graph, function()
+         local loss
+         if amp_opts then
+            loss = lm.autocast(amp_opts, forward_loss, static_x, static_y)
+         else
+            loss = forward_loss(static_x, static_y)
+         end
+         loss:backward()
+         optimizer:step()
+         return loss
+      end, { device = device })
+   end
+   static_x:copy_(x)
+   static_y:copy_(y)
+   graph:replay()
+   return static_loss
+end
+
 local function run()
    model:train()
    while state.epoch <= opt.epochs do
@@ -555,14 +621,24 @@ local function run()
       local loss_sum, loss_n = 0, 0
       for x, y, b in loader:iter(epoch, state.batch) do
          local lr = optimizer.param_groups[1].lr
-         optimizer:zero_grad()
+         if on_gpu then x, y = x:to(device), y:to(device) end
          local loss
-         if amp_opts then
-            loss = lm.autocast(amp_opts, forward_loss, x, y)   -- float32 (cross_entropy's policy)
+         -- the graph is captured once this process has taken an eager step
+         local replayed = opt["cuda-graph"] and (graph ~= nil or eager_steps > 0)
+         if replayed then
+            loss = graph_step(x, y)
          else
-            loss = forward_loss(x, y)
+            eager_steps = eager_steps + 1
+            optimizer:zero_grad()
+            if amp_opts then
+               loss = lm.autocast(amp_opts, forward_loss, x, y) -- float32 (cross_entropy's policy)
+            else
+               loss = forward_loss(x, y)
+            end
          end
-         if scaler then
+         if replayed then
+            -- the replay did the backward and the optimizer step
+         elseif scaler then
             scaler:scale(loss):backward()
             scaler:step(optimizer)          -- skipped when a gradient overflowed
             scaler:update()

@@ -291,4 +291,49 @@ describe("examples/train.lua", function()
       assert.is_true(math.abs(lrs[2] - 0.005) < 1e-12)
       assert.is_true(math.abs(lrs[3] - 0.0005) < 1e-12)
    end)
+
+   -- --device cuda and --cuda-graph: on a GPU, or through the emulated CUDA library when it is
+   -- built (make cuda-emu), which runs the kernels on the host and replays captured graphs
+   it("--device cuda --cuda-graph replays the eager step: the same losses, schedule included",
+      function()
+      local emu = "build/liblumen_cuda_emu.so"
+      local env = ""
+      if not lm.cuda.is_available() then
+         local f = io.open(emu, "rb")
+         if not f then pending("no GPU and no emulated CUDA library (make cuda-emu)") return end
+         f:close()
+         env = "LUMEN_CUDA_LIB=$PWD/" .. emu .. " "
+      end
+      local common = "--data " .. dir .. " --width 4 --eval-batch 64 --batch-size 32 " ..
+         "--epochs 2 --lr 0.05 --device cuda:0 --force --checkpoint " .. dir .. "/gpu.ckpt "
+      local function go(args)
+         local cmd = env .. "LUMEN_TRAIN_PRINT_LOSSES=1 bin/lumen examples/train.lua --quiet " ..
+            "--threads 1 " .. common .. args .. " 2>&1; echo \"exit=$?\""
+         local p = assert(io.popen(cmd))
+         local out = p:read("*a")
+         p:close()
+         assert.are.equal("0", out:match("exit=(%d+)%s*$"), out)
+         local losses = {}
+         for step, loss in out:gmatch("step (%d+) loss (%S+)") do losses[tonumber(step)] = loss end
+         return losses, out
+      end
+      local eager = go("")
+      local graphed, out = go("--cuda-graph")
+      assert.are.equal(16, #eager)
+      assert.are.same(eager, graphed)
+      assert.matches("final test accuracy", out)
+      local _, bf = go("--cuda-graph --amp bf16 --schedule onecycle")
+      assert.matches("final test accuracy", bf)
+   end)
+
+   it("--device and --cuda-graph reject what cannot work", function()
+      for _, c in ipairs({
+         {"--device gpu", "--device is cpu, cuda or cuda:N"},
+         {"--cuda-graph", "--cuda-graph needs --device cuda"},
+      }) do
+         local ok, out = run("--data " .. dir .. " " .. c[1])
+         assert.is_false(ok)
+         assert.matches(c[2], out, 1, true)
+      end
+   end)
 end)
