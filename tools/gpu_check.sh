@@ -496,6 +496,18 @@ else
    lumen_models 60 amp "${GRAPH_ROWS[@]}"
    n=$(grep -c '^lumen .*amp graph img/s' "$WORK/rows")
    record "$([ "$n" -eq ${#GRAPH_ROWS[@]} ] && echo PASS || echo FAIL)" bench-graph "$n of ${#GRAPH_ROWS[@]} CUDA graph rows measured"
+   # the same NHWC rows with the convolutions on cuDNN's legacy API (LUMEN_CUDNN_GRAPH=0), beside
+   # the default graph API's (kernels/cuda/conv_graph.cu, never run on a GPU before)
+   echo "== lumen $MODEL bf16 autocast rows, cuDNN legacy API" >> "$BENCHLOG"
+   for row in "train nhwc $gb" "infer nhwc $gb"; do
+      set -- $row
+      run_to "$WORK/one.log" 45 "${LENV[@]}" LUMEN_CUDNN_GRAPH=0 "$ROOT/bin/lumen" \
+         bench/cuda_models.lua "$1" "$2" "$3" amp "$ITERS" 8 "$RES" "$MODEL"
+      line=$(grep -E "^lumen .* (img/s|error:)" "$WORK/one.log" | tail -1 | sed 's/ amp / amp legacy /')
+      [ -n "$line" ] && echo "$line" >> "$WORK/rows" && note "$line"
+      cat "$WORK/one.log" >> "$BENCHLOG"
+      : > "$WORK/one.log"
+   done
 fi
 if skipped bench || skipped peer; then
    :
@@ -645,6 +657,15 @@ awk '$(NF-1) == "fwd" || $(NF-1) == "fwdbwd" {print "op\t" $1 "\t" $2 "\t" $3 "\
          }
          print "(lumen N/N: lumen NHWC / lumen NCHW; lumen/torch: lumen NHWC / PyTorch NHWC; > 1: lumen faster)"
       }' "$TSV"
+   if grep -q ' amp legacy img/s' "$WORK/rows"; then
+      echo "cuDNN's graph API (the default) against its legacy API, lumen bf16 NHWC img/s:"
+      awk '$7 == "legacy" && $8 == "img/s" { b = $5; sub(/^b/, "", b); l[$3 " b" b] = $9; o[++n] = $3 " b" b }
+           $1 == "lumen" && $4 == "nhwc" && $6 == "amp" && $7 == "img/s" { b = $5; sub(/^b/, "", b); g[$3 " b" b] = $8 }
+           END { for (i = 1; i <= n; i++) { k = o[i]
+                    printf "  %-12s graph API %8s   legacy API %8.0f   graph/legacy %s\n", k,
+                           (k in g) ? sprintf("%.0f", g[k]) : "-", l[k],
+                           (k in g && l[k] > 0) ? sprintf("%.2f", g[k] / l[k]) : "-" } }' "$WORK/rows"
+   fi
    if grep -q ' graph img/s' "$WORK/rows"; then
       echo "CUDA graphs: lumen's bf16 NHWC step replayed from one capture, beside PyTorch eager NHWC"
       echo "(issue 38 asks >= 1.2 for training at batch 64)"

@@ -52,6 +52,7 @@
 #include "ops/conv.h"
 #include "elementwise_impl.cuh"
 #include "conv_algo.cuh"
+#include "conv_graph.cuh"
 #include "cublas_handle.cuh"
 #include <string.h>
 
@@ -954,6 +955,15 @@ static lm_status dnn_forward(int k, const conv_geom *g, int dt, int nhwc, const 
    const int es = (int)lm_dtype_size(dt);
    const void *one = dt == LM_FLOAT64 ? (const void *)&one_d : (const void *)&one_f;
    const void *zero = dt == LM_FLOAT64 ? (const void *)&zero_d : (const void *)&zero_f;
+   if (chunk >= g->N) { /* the graph API first (conv_graph.cu), the legacy calls below else */
+      lm_status gst;
+      const char *impl;
+      if (lm_conv_graph_run(k, h, CONV_GRAPH_FWD, g, dt, nhwc, (void *)xp, (void *)wp, yp, &gst,
+                            &impl)) {
+         if (gst == LM_OK) lm_impl_ran_name(impl);
+         return gst;
+      }
+   }
    for (int64_t n0 = 0; n0 < g->N; n0 += chunk) {
       const int64_t n = g->N - n0 < chunk ? g->N - n0 : chunk;
       dnn_descs d;
@@ -984,6 +994,23 @@ static lm_status dnn_backward(int k, const conv_geom *g, int dt, int nhwc, const
    const int es = (int)lm_dtype_size(dt);
    const void *one = dt == LM_FLOAT64 ? (const void *)&one_d : (const void *)&one_f;
    const void *zero = dt == LM_FLOAT64 ? (const void *)&zero_d : (const void *)&zero_f;
+   if (chunk >= g->N) { /* the graph API first (conv_graph.cu), each gradient on its own */
+      lm_status gst;
+      const char *impl;
+      if (gxp && lm_conv_graph_run(k, h, CONV_GRAPH_BWD_DATA, g, dt, nhwc, gxp, (void *)wp,
+                                   (void *)gyp, &gst, &impl)) {
+         LM_TRY(gst);
+         lm_impl_ran_name(impl);
+         gxp = NULL;
+      }
+      if (gwp && lm_conv_graph_run(k, h, CONV_GRAPH_BWD_FILTER, g, dt, nhwc, (void *)xp, gwp,
+                                   (void *)gyp, &gst, &impl)) {
+         LM_TRY(gst);
+         lm_impl_ran_name(impl);
+         gwp = NULL;
+      }
+      if (!gxp && !gwp) return LM_OK;
+   }
    for (int64_t n0 = 0; n0 < g->N; n0 += chunk) {
       const int64_t n = g->N - n0 < chunk ? g->N - n0 : chunk;
       dnn_descs d;
