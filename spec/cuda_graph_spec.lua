@@ -237,6 +237,7 @@ describe("lm.cuda graphs on cuda:0", function()
          {function() return lm.tensor({1, 2}, {device = dev}) end, "CUDA graph is being captured"},
          {function() return lm.rand({4}, {device = dev}) end, "CUDA graph is being captured"},
          {function() lm.cuda.synchronize() end, "lumen.cuda.synchronize: cuda:0 is capturing"},
+         {function() lm.cuda.empty_cache() end, "lumen.cuda.empty_cache: cuda:0 is capturing"},
          {function() lm.cuda.graph(lm.cuda.CUDAGraph(), function() end) end,
           "already being captured"},
          {function() error("mine") end, "mine"},

@@ -493,6 +493,9 @@ lm_status lm_cu_memory_stats(int k, int64_t *out) {
 
 lm_status lm_cu_empty_cache(int k) {
    LM_TRY(lm_cu_set_device(k));
+   if (lm_cu_capturing(k)) /* release_cached waits for the device */
+      return lm_error(LM_ERR_DEVICE, "cuda:%d is capturing a CUDA graph: empty the cache after "
+                      "the capture", k);
    Device &d = dev_of(k);
    pthread_mutex_lock(&d.mu);
    release_cached(k, d);
