@@ -636,13 +636,12 @@ local function run()
                loss = forward_loss(x, y)
             end
          end
-         if replayed then
-            -- the replay did the backward and the optimizer step
-         elseif scaler then
+         -- (a replay did the backward and the optimizer step itself)
+         if not replayed and scaler then
             scaler:scale(loss):backward()
             scaler:step(optimizer)          -- skipped when a gradient overflowed
             scaler:update()
-         else
+         elseif not replayed then
             loss:backward()
             optimizer:step()
          end
