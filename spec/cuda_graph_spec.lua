@@ -159,7 +159,7 @@ describe("lm.cuda graphs on cuda:0", function()
       end
    end)
 
-   it("follows a learning-rate schedule between replays with a capturable SGD", function()
+   it("follows a learning-rate schedule between replays with capturable SGD and AdamW", function()
       if not has_cuda() then pending("no CUDA device") return end
       local function net()
          lm.manual_seed(5)
@@ -215,6 +215,46 @@ describe("lm.cuda graphs on cuda:0", function()
          local d = (cpu(pa[i]) - cpu(pb[i])):abs():max():item()
          assert(d <= 1e-6, ("parameter %d: %g apart"):format(i, d))
       end
+      -- AdamW: the step count and the lr on the device; state_dict counts every replay
+      local function adamw()
+         local m = net()
+         local o = lm.optim.AdamW(m:parameters(), {lr = 0.01, capturable = true})
+         return m, o, lm.optim.lr_scheduler.StepLR(o, {step_size = 3, gamma = 0.5})
+      end
+      local a2, oa2, sa2 = adamw()
+      for i = 1, N do
+         oa2:zero_grad(true)
+         lm.F.cross_entropy(a2(xs[i]:to(dev)), ys[i]:to(dev)):backward()
+         oa2:step()
+         sa2:step()
+      end
+      local b2, ob2, sb2 = adamw()
+      local function step2()
+         lm.F.cross_entropy(b2(sx), sy):backward()
+         ob2:step()
+      end
+      sx:copy_(xs[1])
+      sy:copy_(ys[1])
+      ob2:zero_grad(true)
+      step2()
+      sb2:step()
+      ob2:zero_grad(true)
+      local g2 = lm.cuda.CUDAGraph()
+      lm.cuda.graph(g2, step2)
+      for i = 2, N do
+         sx:copy_(xs[i])
+         sy:copy_(ys[i])
+         g2:replay()
+         sb2:step()
+      end
+      assert.are.equal(N, ob2:state_dict().state[1].step)
+      local qa, qb = a2:parameters(), b2:parameters()
+      for i = 1, #qa do
+         local d = (cpu(qa[i]) - cpu(qb[i])):abs():max():item()
+         assert(d <= 1e-6, ("AdamW parameter %d: %g apart"):format(i, d))
+      end
+      g2:reset()
+
       -- a capturable SGD that never stepped cannot be captured
       local c = net()
       local oc = lm.optim.SGD(c:parameters(), {lr = 0.1, momentum = 0.9, capturable = true})
@@ -288,6 +328,36 @@ describe("lm.cuda graphs on cuda:0", function()
       local after = lm.cuda.memory_reserved()
       assert.is_true(after <= reserved0 + 4 * 1024 * 1024,
                      "reserved " .. after .. " after, " .. reserved0 .. " before")
+   end)
+
+   it("holds another graph's block freed during a capture until the new graph goes", function()
+      if not has_cuda() then pending("no CUDA device") return end
+      local x = lm.full({1000}, 3, {device = dev})
+      local g1, g2 = lm.cuda.CUDAGraph(), lm.cuda.CUDAGraph()
+      local y1 = lm.cuda.graph(g1, function() return x * 2 end)
+      g1:replay()
+      g1:reset() -- its pool stays while y1 holds a block of it
+      local frees = lm.cuda.memory_stats().num_device_free
+      local y2 = lm.cuda.graph(g2, function()
+         local r = y1 + 1
+         y1 = nil -- dropped inside the capture: the block must outlive it (g2 reads it)
+         collectgarbage()
+         collectgarbage()
+         return r
+      end)
+      assert.is_nil(y1)
+      collectgarbage()
+      -- g1's pool was not given back: g2 holds the block it reads
+      assert.are.equal(frees, lm.cuda.memory_stats().num_device_free)
+      -- new segments of the small pool's size: a released segment would be reused and
+      -- overwritten here
+      local fill = {}
+      for i = 1, 6 do fill[i] = lm.full({262144}, -1, {device = dev}) end
+      g2:replay()
+      assert.are.same(7, cpu(y2):totable()[1000])
+      g2:reset()
+      y2, fill = nil, nil -- luacheck: ignore 311 (dropped for the collector)
+      collectgarbage()
    end)
 
    it("shares a pool between graphs replayed in their capture order", function()

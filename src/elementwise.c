@@ -806,21 +806,53 @@ lm_status lm_sgd_step_lr(lm_tensor *param, const lm_tensor *grad, lm_tensor *mom
                    nesterov, maximize, first);
 }
 
-lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
-                       lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, double lr, double beta1,
-                       double beta2, double eps, double weight_decay, int decoupled,
-                       int maximize, int64_t step) {
+/* a one-element float64 tensor on param's device (the capturable steps' lr and step) */
+static lm_status optim_scalar(const lm_tensor *param, const lm_tensor *t, const char *what) {
+   if (!t) return lm_error(LM_ERR_ARG, "%s is nil", what);
+   if (t->dtype != LM_FLOAT64 || t->numel != 1)
+      return lm_error(LM_ERR_ARG, "%s must be a float64 tensor of one element, got %s with %lld "
+                      "elements", what, lm_dtype_name(t->dtype), (long long)t->numel);
+   return lm_check_same_device(param, t, what);
+}
+
+static lm_status adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
+                           lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, double lr,
+                           const lm_tensor *lr_t, const lm_tensor *step_t, double beta1,
+                           double beta2, double eps, double weight_decay, int decoupled,
+                           int maximize, int64_t step) {
    LM_TRY(optim_param(param));
    LM_TRY(optim_operand(param, grad, "grad"));
    LM_TRY(optim_operand(param, exp_avg, "exp_avg"));
    LM_TRY(optim_operand(param, exp_avg_sq, "exp_avg_sq"));
    if (max_exp_avg_sq) LM_TRY(optim_operand(param, max_exp_avg_sq, "max_exp_avg_sq"));
-   if (step < 1) return lm_error(LM_ERR_ARG, "adam step: step must be >= 1, got %lld",
-                                 (long long)step);
+   if (lr_t) {
+      LM_TRY(optim_scalar(param, lr_t, "adam step: lr"));
+      LM_TRY(optim_scalar(param, step_t, "adam step: step"));
+   } else if (step < 1) {
+      return lm_error(LM_ERR_ARG, "adam step: step must be >= 1, got %lld", (long long)step);
+   }
    if (param->numel == 0) return LM_OK;
    const lm_adam_params p = {lr, beta1, beta2, eps, weight_decay, decoupled != 0, maximize != 0,
-                             step};
-   lm_tensor *ts[5] = {param, (lm_tensor *)grad, exp_avg, exp_avg_sq, max_exp_avg_sq};
-   const lm_op op = lm_op_make(LM_OP_ADAM_STEP, 5, ts, &p);
+                             lr_t ? 1 : step};
+   lm_tensor *ts[7] = {param, (lm_tensor *)grad, exp_avg, exp_avg_sq, max_exp_avg_sq,
+                       (lm_tensor *)lr_t, (lm_tensor *)step_t};
+   const lm_op op = lm_op_make(LM_OP_ADAM_STEP, 7, ts, &p);
    return lm_dispatch(&op);
+}
+
+lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
+                       lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, double lr, double beta1,
+                       double beta2, double eps, double weight_decay, int decoupled,
+                       int maximize, int64_t step) {
+   return adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lr, NULL, NULL, beta1,
+                    beta2, eps, weight_decay, decoupled, maximize, step);
+}
+
+lm_status lm_adam_step_dev(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
+                           lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, const lm_tensor *lr,
+                           const lm_tensor *step, double beta1, double beta2, double eps,
+                           double weight_decay, int decoupled, int maximize) {
+   if (!lr) return lm_error(LM_ERR_ARG, "adam step: lr is nil");
+   return adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, 0.0, lr, step, beta1,
+                    beta2, eps, weight_decay, decoupled, maximize, 1);
 }

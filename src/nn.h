@@ -249,6 +249,13 @@ lm_status lm_adam_step(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_a
                        lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, double lr, double beta1,
                        double beta2, double eps, double weight_decay, int decoupled,
                        int maximize, int64_t step);
+/* lm_adam_step with the learning rate and the step count (already incremented, >= 1) read from
+   one-element float64 tensors on param's device when the kernel runs (lm.optim.Adam / AdamW's
+   capturable option, for CUDA graphs) */
+lm_status lm_adam_step_dev(lm_tensor *param, const lm_tensor *grad, lm_tensor *exp_avg,
+                           lm_tensor *exp_avg_sq, lm_tensor *max_exp_avg_sq, const lm_tensor *lr,
+                           const lm_tensor *step, double beta1, double beta2, double eps,
+                           double weight_decay, int decoupled, int maximize);
 
 /* ---- indexing: sort, gather, scatter_add_, cumsum (src/ops/indexing.c; kernels/cpu/indexing.c,
  * kernels/cuda/indexing.cu). Any rank (0-dim too), any dim (negative from the end), every dtype,

@@ -94,19 +94,24 @@ static lm_status k_sgd_step(const lm_op *op) {
 ADAM_LOOP(float, f32, sqrtf)
 ADAM_LOOP(double, f64, sqrt)
 
-/* ADAM_STEP: t = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (NULL: not amsgrad)} */
+/* ADAM_STEP: t = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (NULL: not amsgrad), lr and
+   step tensors or NULL} */
 static lm_status k_adam_step(const lm_op *op) {
    const lm_adam_params *q = op->params;
    lm_tensor *param = op->t[0];
    const lm_tensor *grad = op->t[1];
    lm_tensor *exp_avg = op->t[2], *exp_avg_sq = op->t[3], *max_exp_avg_sq = op->t[4];
-   const double lr = q->lr, beta1 = q->beta1, beta2 = q->beta2, eps = q->eps,
-                weight_decay = q->weight_decay;
+   const lm_tensor *lr_t = op->nt > 5 ? op->t[5] : NULL, *step_t = op->nt > 6 ? op->t[6] : NULL;
+   const double lr = lr_t ? *(const double *)lm_tensor_data(lr_t) : q->lr, beta1 = q->beta1,
+                beta2 = q->beta2, eps = q->eps, weight_decay = q->weight_decay;
    const int decoupled = q->decoupled, maximize = q->maximize;
-   const int64_t step = q->step;
+   /* a step count from a tensor (>= 1; the front end cannot see its value), used as it is, as
+      the CUDA kernel's AdamConsts does */
+   const double step = step_t ? *(const double *)lm_tensor_data(step_t) : (double)q->step;
+   if (!(step >= 1)) return lm_error(LM_ERR_ARG, "adam step: step must be >= 1, got %g", step);
    const int64_t n = param->numel;
-   const double bc1 = 1 - pow(beta1, (double)step);
-   const double bc2s = sqrt(1 - pow(beta2, (double)step));
+   const double bc1 = 1 - pow(beta1, step);
+   const double bc2s = sqrt(1 - pow(beta2, step));
    const double step_size = lr / bc1;
    void *pp = lm_tensor_data(param), *mp = lm_tensor_data(exp_avg);
    void *vp = lm_tensor_data(exp_avg_sq);

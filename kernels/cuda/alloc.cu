@@ -244,10 +244,11 @@ Block *new_segment(int k, Device &d, Pool &pool, size_t bytes, cudaStream_t s) {
          /* inside a capture cudaMalloc is an "unsafe" call for the global capture mode: allowed
             as PyTorch's allocator does it, in relaxed mode (the graph gets new addresses and
             its replays do not allocate) */
+         const bool cap = lm_cu_any_capturing() != 0;
          cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-         if (d.capturing) cudaThreadExchangeStreamCaptureMode(&mode);
+         if (cap) cudaThreadExchangeStreamCaptureMode(&mode);
          e = cudaMalloc(&p, bytes);
-         if (d.capturing) cudaThreadExchangeStreamCaptureMode(&mode);
+         if (cap) cudaThreadExchangeStreamCaptureMode(&mode);
 #else
          e = cudaMalloc(&p, bytes);
 #endif
@@ -257,7 +258,7 @@ Block *new_segment(int k, Device &d, Pool &pool, size_t bytes, cudaStream_t s) {
 #endif
          p = NULL;
       }
-      if (attempt == 0 && !d.capturing) { /* release_cached waits for the GPU */
+      if (attempt == 0 && !lm_cu_any_capturing()) { /* release_cached waits for the GPU */
          d.nretry++;
          release_cached(k, d);
       }
@@ -304,8 +305,11 @@ void insert_free(Block *b) {
    the GPU, the blocks they held to the device's pools. Not during a capture (cudaFree waits for
    the device); lm_cu_pool_end calls it again. */
 void release_privates(Device &d) {
-   if (d.capturing) return;
+   if (d.capturing || lm_cu_any_capturing()) return;
    bool synced = false;
+   /* again while a release returned held blocks that leave another pool empty */
+   for (bool again = true; again;) {
+   again = false;
    for (auto it = d.privates.begin(); it != d.privates.end();) {
       PrivatePool *pp = it->second;
       if (pp->graphs > 0 || pp->nlive > 0) {
@@ -317,8 +321,11 @@ void release_privates(Device &d) {
          synced = true;
       }
       for (Block *b : pp->held) {
+         /* a held block of another graph's pool still counted as live there until now */
+         PrivatePool *owner = b->pool->owner;
          b->allocated = false;
          insert_free(b);
+         if (owner && owner != pp && --owner->nlive == 0 && owner->graphs == 0) again = true;
       }
       Pool *pools[2] = {&pp->small, &pp->large};
       for (Pool *p : pools) {
@@ -333,6 +340,7 @@ void release_privates(Device &d) {
       }
       delete pp;
       it = d.privates.erase(it);
+   }
    }
 }
 
@@ -413,9 +421,10 @@ void lm_cu_free(int k, void *p, size_t nbytes) {
       d.live_blocks.erase(it);
       d.live -= (int64_t)b->size;
       PrivatePool *owner = b->pool->owner;
-      if (!owner && d.capturing) {
+      if (d.capturing && owner != d.capturing) {
          /* captured kernels may use it at every replay: held (still marked allocated, so no
-            neighbour merges with it) until the capture's pool goes */
+            neighbour merges with it; a block of another graph's pool still counted live
+            there) until the capture's pool goes */
          d.capturing->held.push_back(b);
       } else {
          b->allocated = false;
@@ -613,7 +622,8 @@ lm_status lm_cu_memcpy(int k, void *dst, const void *src, size_t nbytes, int dir
    LM_TRY(lm_cu_set_device(k));
    const cudaStream_t s = lm_cu_stream(k);
    const int j = dir == 2 ? owner_of(src) : -1;
-   if ((dir != 2 || j != k) && lm_cu_capturing(k))
+   if (((dir != 2 || j != k) && lm_cu_capturing(k)) || (dir == 2 && j >= 0 && j != k &&
+                                                         lm_cu_capturing(j)))
       return lm_error(LM_ERR_DEVICE,
                       "cuda:%d: a copy %s while a CUDA graph is being captured (item(), tolist(), "
                       "printing, a tensor made from Lua values or random numbers): a graph "

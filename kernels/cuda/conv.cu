@@ -1169,7 +1169,18 @@ static lm_status dnn_conv_backward(int k, const conv_geom *g, int dt, int nhwc, 
    return LM_OK;
 }
 
+/* cuda:k's cuDNN handle made now (graph.cu, before a capture: cudnnCreate allocates) */
+lm_status lm_cu_dnn_ready(int k) {
+   cudnnHandle_t h;
+   return dnn_get_handle(k, &h);
+}
+
 #else /* LM_CUDA_EMU: no cuDNN; the CPU's kernels, or our direct ones when asked */
+
+lm_status lm_cu_dnn_ready(int k) {
+   (void)k;
+   return LM_OK;
+}
 
 static int emu_direct(void) {
    const char *e = getenv("LUMEN_CUDA_EMU_CONV_DIRECT");

@@ -159,7 +159,24 @@ cudnnStatus_t op_graph(cudnnHandle_t h, int op, const conv_geom *g, int64_t n, i
       G_TRY(set(oper.d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, D, 1, &y.d));
       G_TRY(set(oper.d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, D, 1, &conv.d));
    }
-   /* alpha 1, beta 0: the attributes' defaults */
+   /* alpha 1, beta 0, set explicitly as cudnn-frontend does: float for the float types, double
+      for float64 (the convolution's compute type) */
+   const double one_d = 1.0, zero_d = 0.0;
+   const float one_f = 1.0f, zero_f = 0.0f;
+   const bool dbl = dt == LM_FLOAT64;
+   const cudnnBackendAttributeType_t ST = dbl ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
+   const void *one = dbl ? (const void *)&one_d : (const void *)&one_f;
+   const void *zero = dbl ? (const void *)&zero_d : (const void *)&zero_f;
+   const cudnnBackendAttributeName_t alpha =
+      op == CONV_GRAPH_FWD        ? CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA
+      : op == CONV_GRAPH_BWD_DATA ? CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA
+                                  : CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA;
+   const cudnnBackendAttributeName_t beta =
+      op == CONV_GRAPH_FWD        ? CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA
+      : op == CONV_GRAPH_BWD_DATA ? CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA
+                                  : CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA;
+   G_TRY(set(oper.d, alpha, ST, 1, one));
+   G_TRY(set(oper.d, beta, ST, 1, zero));
    G_TRY(cudnnBackendFinalize(oper.d));
    G_TRY(graph.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
    G_TRY(set(graph.d, CUDNN_ATTR_OPERATIONGRAPH_OPS, D, 1, &oper.d));
@@ -352,14 +369,19 @@ int lm_conv_graph_run(int k, cudnnHandle_t h, int op, const conv_geom *g, int dt
    }
    pthread_mutex_unlock(&cache_lock);
    if (hit && !p.plan) return 0; /* declined before */
+   /* no plan is built inside a graph capture (heuristics and runtime-compiled engines do what a
+      capture forbids): the legacy API's host-side heuristic takes a shape the warm-up missed */
+   if (!hit && lm_cu_any_capturing()) return 0;
    if (!hit) {
       Chain *keep = new Chain();
       Desc graph;
       std::vector<cudnnBackendDescriptor_t> cfgs;
       cudnnStatus_t s = op_graph(h, op, g, g->N, dt, nhwc, align, graph, *keep);
-      if (s == CUDNN_STATUS_SUCCESS) s = heuristics(graph.d, CUDNN_HEUR_MODE_A, cfgs, *keep);
-      if (s == CUDNN_STATUS_SUCCESS)
+      /* mode A, then the fallback list (also when mode A found nothing or failed) */
+      if (s == CUDNN_STATUS_SUCCESS) {
+         (void)heuristics(graph.d, CUDNN_HEUR_MODE_A, cfgs, *keep);
          (void)heuristics(graph.d, CUDNN_HEUR_MODE_FALLBACK, cfgs, *keep);
+      }
       if (graph.d) keep->push_back(graph.release());
       /* candidates in order: the allowed ones whose plan finalizes (each with its engine
          configuration, kept with the chosen plan) */

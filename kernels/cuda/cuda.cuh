@@ -60,6 +60,11 @@ lm_status lm_cu_run_on_cpu_p(const lm_op *op, size_t params_size);
    index, a max-pool index out of its window, an integer division by zero) skips that check
    inside a capture, as PyTorch's device-side asserts do not stop a graph either. */
 int lm_cu_capturing(int k);
+/* is any device capturing? (cudaStreamCaptureModeGlobal forbids unsafe calls from every thread
+   and on every device while a capture runs) */
+int lm_cu_any_capturing(void);
+/* conv.cu: cuda:k's cuDNN handle, made before a capture begins (cudnnCreate allocates) */
+lm_status lm_cu_dnn_ready(int k);
 
 /* the backend's switches (lm.backends.cudnn.benchmark, ...; backend.cu holds them, the Lua side
    sets them through liblumen's lm_cuda_set_option): 0 or 1 */

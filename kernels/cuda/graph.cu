@@ -25,6 +25,7 @@
  * spec/cuda_graph_spec.lua. */
 #include "cuda.cuh"
 #include "alloc_api.cuh"
+#include "cublas_handle.cuh"
 
 #include <new>
 
@@ -54,6 +55,8 @@ int lm_cu_capturing(int k) {
    return k >= 0 && k < LM_NUM_CUDA && __atomic_load_n(&capturing[k], __ATOMIC_ACQUIRE);
 }
 
+int lm_cu_any_capturing(void) { return __atomic_load_n(&active, __ATOMIC_ACQUIRE) != NULL; }
+
 uint64_t lm_cu_graph_pool_handle(void) { return __atomic_add_fetch(&last_pool, 1, __ATOMIC_RELAXED); }
 
 lm_status lm_cu_graph_begin(int dev, uint64_t pool, lm_cuda_graph **out) {
@@ -65,6 +68,11 @@ lm_status lm_cu_graph_begin(int dev, uint64_t pool, lm_cuda_graph **out) {
    const cudaStream_t s = lm_cu_stream(dev);
    /* what was queued before the capture is not part of it: let it finish */
    LM_CU_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+   /* the libraries' handles exist before the capture (creating one allocates: its workspace
+      would come from the graph's pool and keep it alive for good) */
+   cublasHandle_t bh;
+   LM_TRY(lm_cu_cublas_handle(dev, &bh));
+   LM_TRY(lm_cu_dnn_ready(dev));
    lm_cuda_graph *g = new (std::nothrow) lm_cuda_graph();
    if (!g) return lm_error(LM_ERR_OOM, "out of memory");
    g->dev = dev;
@@ -86,7 +94,7 @@ lm_status lm_cu_graph_begin(int dev, uint64_t pool, lm_cuda_graph **out) {
       return st;
    }
 #endif
-   active = g;
+   __atomic_store_n(&active, g, __ATOMIC_RELEASE);
    __atomic_store_n(&capturing[dev], 1, __ATOMIC_RELEASE);
    *out = g;
    return LM_OK;
@@ -97,7 +105,7 @@ lm_status lm_cu_graph_end(lm_cuda_graph *g, int discard) {
       return lm_error(LM_ERR_ARG, "this CUDA graph is not being captured");
    const int dev = g->dev;
    __atomic_store_n(&capturing[dev], 0, __ATOMIC_RELEASE);
-   active = NULL;
+   __atomic_store_n(&active, (lm_cuda_graph *)NULL, __ATOMIC_RELEASE);
    lm_status st = LM_OK;
 #ifdef LM_CUDA_EMU
    lm_emu_capture = NULL;

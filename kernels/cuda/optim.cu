@@ -52,13 +52,18 @@ template <class T> struct AdamBody {
    const T *g;
    T *m, *v, *mx;
    T b1, b1c, b2, b2c, wd, decay, bc2s, eps, nstep;
+   /* NULL: the constants above; else {-step_size, bc2s, decay} computed on the device from the
+      lr and step tensors when the step runs (AdamConsts, a CUDA graph's replays) */
+   const double *cst;
    int use_wd, decoupled, maximize;
    LM_HD void operator()(int64_t i) const {
+      const T nst = cst ? (T)cst[0] : nstep, b2s = cst ? (T)cst[1] : bc2s,
+              dec = cst ? (T)cst[2] : decay;
       T d = g[i];
       if (maximize) d = -d;
       T pv = p[i];
       if (use_wd) {
-         if (decoupled) pv = pv * decay;
+         if (decoupled) pv = pv * dec;
          else d = d + wd * pv;
       }
       T mv = m[i] * b1;
@@ -76,9 +81,23 @@ template <class T> struct AdamBody {
       } else {
          den = sqrt_of(vv);
       }
-      den = den / bc2s;
+      den = den / b2s;
       den = den + eps;
-      p[i] = pv + nstep * mv / den;
+      p[i] = pv + nst * mv / den;
+   }
+};
+
+/* the step's constants from the lr and step tensors, in double as the CPU's k_adam_step */
+struct AdamConsts {
+   const double *lr, *step;
+   double beta1, beta2, wd;
+   double *out;
+   LM_HD void operator()(int64_t) const {
+      const double s = *step, l = *lr;
+      const double bc1 = 1 - pow(beta1, s);
+      out[0] = -(l / bc1);
+      out[1] = sqrt(1 - pow(beta2, s));
+      out[2] = 1 - l * wd;
    }
 };
 
@@ -129,7 +148,26 @@ template <class T> lm_status adam_run(const lm_op *op) {
    b.use_wd = weight_decay != 0;
    b.decoupled = q->decoupled != 0;
    b.maximize = q->maximize != 0;
-   return lm_cu_for(lm_cu_index(param), param->numel, b);
+   b.cst = (const double *)0;
+   const int k = lm_cu_index(param);
+   if (op->nt > 6 && op->t[5] && op->t[6]) {
+      /* three doubles of scratch, freed once the kernels are queued (stream order) */
+      double *c = (double *)lm_cu_alloc(k, 3 * sizeof(double));
+      if (!c) return LM_ERR_OOM;
+      AdamConsts ac;
+      ac.lr = (const double *)lm_cu_ptr(op->t[5]);
+      ac.step = (const double *)lm_cu_ptr(op->t[6]);
+      ac.beta1 = beta1;
+      ac.beta2 = beta2;
+      ac.wd = weight_decay;
+      ac.out = c;
+      lm_status st = lm_cu_for(k, 1, ac);
+      b.cst = c;
+      if (st == LM_OK) st = lm_cu_for(k, param->numel, b);
+      lm_cu_free(k, c, 3 * sizeof(double));
+      return st;
+   }
+   return lm_cu_for(k, param->numel, b);
 }
 
 /* SGD_STEP: t = {param, grad, momentum_buffer (NULL without momentum), lr tensor or NULL} */
@@ -140,7 +178,8 @@ static lm_status k_sgd_step(const lm_op *op) {
    return lm_error(LM_ERR_DTYPE, "sgd_step: unsupported dtype %s", lm_dtype_name(p->dtype));
 }
 
-/* ADAM_STEP: t = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (NULL: not amsgrad)} */
+/* ADAM_STEP: t = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (NULL: not amsgrad), lr and
+   step tensors or NULL (read on the device: AdamConsts)} */
 static lm_status k_adam_step(const lm_op *op) {
    const lm_tensor *p = op->t[0];
    if (p->dtype == LM_FLOAT32) return adam_run<float>(op);

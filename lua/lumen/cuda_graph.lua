@@ -177,6 +177,11 @@ function M.graph(g, fn, opts)
       g:_abort()
       error(res[2], 0)
    end
+   -- tensors fn dropped are freed now, inside the capture (lumen frees what a collection found
+   -- at the next settle): the allocator then holds their blocks for the graph, which may read
+   -- them at every replay
+   collectgarbage()
+   memory.settle()
    g:capture_end()
    return unpack(res, 2, res.n)
 end

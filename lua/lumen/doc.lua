@@ -1901,7 +1901,11 @@ E("lm.optim.SGD", "lm.optim.SGD(params, opts) -> optimizer", "Stochastic gradien
    .. "dampening, an empty parameter list" })
 E("lm.optim.Adam", "lm.optim.Adam(params, opts) -> optimizer", "Adam.",
    { opts = "{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0, amsgrad = false, "
-   .. "maximize = false}; " .. PARAMS, fmt = "moments have their parameter's layout",
+   .. "maximize = false, capturable = false}; capturable = true keeps the learning rate and the "
+   .. "step count in tensors on the parameters' device, read by the step when it runs, so a "
+   .. "CUDA graph that captured opt:step() takes the right lr and bias corrections at every "
+   .. "replay (take one eager step before capturing; state_dict reads the count back); "
+   .. PARAMS, fmt = "moments have their parameter's layout",
    err = "values out of range (betas in [0, 1), eps >= 0, ...)" })
 E("lm.optim.AdamW", "lm.optim.AdamW(params, opts) -> optimizer", "Adam with decoupled weight "
    .. "decay.", { opts = "as Adam, weight_decay = 1e-2" })

@@ -564,6 +564,13 @@ static lm_status f_sgd_lr(lm_tensor **in, lm_tensor **out, const void *arg) {
    out[1] = in[2];
    return lm_sgd_step_lr(in[0], in[1], in[2], in[3], 0.9, 0.1, 0.01, g_flag, 0, 0);
 }
+/* lr and the step count from one-element float64 tensors on the device (capturable Adam) */
+static lm_status f_adam_dev(lm_tensor **in, lm_tensor **out, const void *arg) {
+   (void)arg;
+   for (int i = 0; i < 5; i++) out[i] = in[i];
+   return lm_adam_step_dev(in[0], in[1], in[2], in[3], g_flag ? in[4] : NULL, in[5], in[6], 0.9,
+                           0.999, 1e-8, 0.01, g_flag, 0);
+}
 static lm_status f_adam(lm_tensor **in, lm_tensor **out, const void *arg) {
    (void)arg;
    for (int i = 0; i < 5; i++) out[i] = in[i];
@@ -788,6 +795,15 @@ static void cases_optim(void) {
          lm_tensor *sg[4] = {in[0], in[1], in[2], cpu_rand(0, one, LM_FLOAT64, L_CONTIG, 0.01, 0.5)};
          CASE("sgd lr tensor nesterov %d %s isa %s", fl, lm_dtype_name(dt), isa_name());
          run_case("param,momentum_buffer", 4, sg, 2, f_sgd_lr, NULL);
+         lm_tensor *ad[7] = {in[0], in[1], in[2], in[3], in[4], sg[3],
+                             cpu_rand(0, one, LM_FLOAT64, L_CONTIG, 1, 1)}; /* step 1 */
+         {
+            double *sp = (double *)((char *)ad[6]->storage->data + ad[6]->offset * 8);
+            *sp = 3.0; /* a later step's bias corrections */
+         }
+         CASE("adam lr/step tensors decoupled/amsgrad %d %s isa %s", fl, lm_dtype_name(dt),
+              isa_name());
+         run_case("param,grad,exp_avg,exp_avg_sq,max_exp_avg_sq", 7, ad, 5, f_adam_dev, NULL);
          CASE("adam decoupled/amsgrad %d %s isa %s", fl, lm_dtype_name(dt), isa_name());
          run_case("param,grad,exp_avg,exp_avg_sq,max_exp_avg_sq", 5, in, 5, f_adam, NULL);
          free_kept();

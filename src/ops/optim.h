@@ -2,7 +2,9 @@
  * lm_adam_step in src/elementwise.c; CPU kernels: kernels/cpu/optim.c).
  *   SGD_STEP:  t = {param, grad, momentum_buffer (NULL when momentum == 0), lr (NULL: params.lr;
  *              else one float64 element on the device, read when the kernel runs)}
- *   ADAM_STEP: t = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (NULL: not amsgrad)}
+ *   ADAM_STEP: t = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (NULL: not amsgrad),
+ *              lr, step (both NULL: params.lr, params.step; else one float64 element each on
+ *              the device, read when the kernel runs; step already incremented, >= 1)}
  * Every tensor has the parameter's dtype (float32 or float64), sizes and strides, dense; numel
  * > 0; step >= 1. The kernels update param and the state tensors in place. */
 #ifndef LUMEN_OPS_OPTIM_H

@@ -93,7 +93,16 @@ local function refresh(cell, lr, dev)
    end
 end
 
-local function lr_tensor(group, p)
+-- a float64 scalar tensor on a device
+local function device_scalar(fname, dev)
+   local outp = ffi.new("lm_tensor*[1]")
+   if C.lm_empty_strided(0, nil, nil, C.LM_FLOAT64, dev, outp) ~= 0 then
+      error("lumen." .. fname .. ": " .. ffi.string(C.lm_last_error()), 0)
+   end
+   return T.wrap(outp[0])
+end
+
+local function lr_tensor(group, p, fname)
    local per = lr_cells[group]
    if per == nil then
       per = {}
@@ -103,14 +112,10 @@ local function lr_tensor(group, p)
    local cell = per[dev]
    if cell == nil then
       if capturing(dev) then
-         error("lumen.SGD.step: a capturable SGD takes one eager step before a CUDA graph "
-               .. "captures it (its learning rate tensor is made then)", 0)
+         error("lumen." .. fname .. ": a capturable optimizer takes one eager step before a "
+               .. "CUDA graph captures it (its learning rate tensor is made then)", 0)
       end
-      local outp = ffi.new("lm_tensor*[1]")
-      if C.lm_empty_strided(0, nil, nil, C.LM_FLOAT64, dev, outp) ~= 0 then
-         error("lumen.SGD.step: " .. ffi.string(C.lm_last_error()), 0)
-      end
-      cell = { t = T.wrap(outp[0]) }
+      cell = { t = device_scalar(fname, dev) }
       per[dev] = cell
    end
    refresh(cell, group.lr, dev)
@@ -123,7 +128,7 @@ M.SGD = Optimizer.class("SGD", {
 }, function(group, p, grad, st)
    local wd, momentum, lr = group.weight_decay, group.momentum, group.lr
    local buf = st.momentum_buffer
-   local lr_t = group.capturable and lr_tensor(group, p) or nil
+   local lr_t = group.capturable and lr_tensor(group, p, "SGD.step") or nil
    if fusable(p, grad, buf) then
       local first = false
       if momentum ~= 0 and buf == nil then
@@ -181,7 +186,7 @@ end)
 
 -- a scheduler changed the groups' lr: the capturable groups' device copies follow at once, so a
 -- CUDA graph's next replay uses the new value
-function M.SGD:_lr_changed()
+local function lr_changed(self)
    for _, g in ipairs(self.param_groups) do
       local per = lr_cells[g]
       if per then
@@ -189,33 +194,85 @@ function M.SGD:_lr_changed()
       end
    end
 end
+M.SGD._lr_changed = lr_changed
 
 ---------------------------------------------------------------------------------------------
 -- Adam / AdamW
 ---------------------------------------------------------------------------------------------
 
+-- capturable = true (PyTorch's option): the learning rate (as SGD's, above) and the step count
+-- live in float64 tensors on the parameter's device, read by the fused kernel when it runs, and
+-- the count is incremented there by a kernel: a CUDA graph that captured opt:step() takes the
+-- right bias corrections at every replay. st.step, the count state_dict saves, is read back
+-- from the device by state_dict (Optimizer:_sync_state); a count changed on the host
+-- (load_state_dict) is written to the device at the next eager step.
+local step_cells = setmetatable({}, { __mode = "k" }) -- state table -> {t =, host =}
+
+local function step_tensor(st, p, fname)
+   local cell = step_cells[st]
+   local dev = p._c.device
+   if cell == nil then
+      if capturing(dev) then
+         error("lumen." .. fname .. ": a capturable optimizer takes one eager step before a "
+               .. "CUDA graph captures it (its step count tensor is made then)", 0)
+      end
+      cell = { t = device_scalar(fname, dev) }
+      step_cells[st] = cell
+   end
+   if cell.host ~= st.step and not capturing(dev) then
+      raw.fill_(cell.t, st.step)
+      cell.host = st.step
+   end
+   return cell
+end
+
 local function adam_update(decoupled)
+   local fname = decoupled and "AdamW.step" or "Adam.step"
    return function(group, p, grad, st)
       local lr, wd, eps = group.lr, group.weight_decay, group.eps
       local b1, b2 = group.betas[1], group.betas[2]
       if st.step == nil then
+         if group.capturable and capturing(p._c.device) then
+            error("lumen." .. fname .. ": a capturable optimizer takes one eager step before a "
+                  .. "CUDA graph captures it (its state is made then)", 0)
+         end
          st.step = 0
          st.exp_avg = raw.zero_(raw.clone(p))         -- zeros in the parameter's layout
          st.exp_avg_sq = raw.zero_(raw.clone(p))
          if group.amsgrad then st.max_exp_avg_sq = raw.zero_(raw.clone(p)) end
       end
+      local cell = group.capturable and step_tensor(st, p, fname) or nil
       st.step = st.step + 1
       local step = st.step
       local mx = group.amsgrad and st.max_exp_avg_sq or nil
-      if (mx ~= nil or not group.amsgrad) and fusable(p, grad, st.exp_avg, st.exp_avg_sq, mx) then
+      local fused = (mx ~= nil or not group.amsgrad) and
+                    fusable(p, grad, st.exp_avg, st.exp_avg_sq, mx)
+      if cell then
+         raw.add_(cell.t, 1)     -- on the device: a captured step counts at every replay
+         cell.host = st.step
+         if not fused and capturing(p._c.device) then
+            error("lumen." .. fname .. ": a capturable step is captured only for parameters "
+                  .. "whose gradient and state share their dtype and layout", 0)
+         end
+      end
+      if fused then
          T.barrier(p._c)             -- the step writes p and its state in place
          T.barrier(st.exp_avg._c)
          T.barrier(st.exp_avg_sq._c)
          if mx ~= nil then T.barrier(mx._c) end
-         c_check(C.lm_adam_step(p._c, grad._c, st.exp_avg._c, st.exp_avg_sq._c,
-                                mx and mx._c or nil, lr, b1, b2, eps, wd, decoupled and 1 or 0,
-                                group.maximize and 1 or 0, step),
-                 decoupled and "AdamW.step" or "Adam.step")
+         if cell then
+            local lr_t = lr_tensor(group, p, fname)
+            T.barrier(lr_t._c)
+            T.barrier(cell.t._c)
+            c_check(C.lm_adam_step_dev(p._c, grad._c, st.exp_avg._c, st.exp_avg_sq._c,
+                                       mx and mx._c or nil, lr_t._c, cell.t._c, b1, b2, eps, wd,
+                                       decoupled and 1 or 0, group.maximize and 1 or 0), fname)
+         else
+            c_check(C.lm_adam_step(p._c, grad._c, st.exp_avg._c, st.exp_avg_sq._c,
+                                   mx and mx._c or nil, lr, b1, b2, eps, wd,
+                                   decoupled and 1 or 0, group.maximize and 1 or 0, step),
+                    fname)
+         end
          return
       end
       if group.maximize then grad = raw.neg(grad) end
@@ -247,6 +304,7 @@ end
 
 local function adam_validate(fname, group, fail)
    number_opt(fname, group, "lr", fail, 0, nil, "learning rate")
+   if type(group.capturable) ~= "boolean" then fail(fname, "capturable must be a boolean") end
    number_opt(fname, group, "eps", fail, 0, nil, "epsilon")
    number_opt(fname, group, "weight_decay", fail, 0, nil, "weight_decay")
    local b = group.betas
@@ -258,17 +316,33 @@ local function adam_validate(fname, group, fail)
 end
 
 -- Adam(params, {lr=1e-3, betas={0.9, 0.999}, eps=1e-8, weight_decay=0, amsgrad=false,
---      maximize=false})
+--      maximize=false, capturable=false})
 M.Adam = Optimizer.class("Adam", {
    lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 0, amsgrad = false,
-   maximize = false,
+   maximize = false, capturable = false,
 }, adam_update(false), adam_validate)
 
 -- AdamW: Adam with decoupled weight decay (default 1e-2)
 M.AdamW = Optimizer.class("AdamW", {
    lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, amsgrad = false,
-   maximize = false,
+   maximize = false, capturable = false,
 }, adam_update(true), adam_validate)
+
+-- the step counts a capturable Adam keeps on the device, back into st.step (before state_dict)
+local function sync_steps(self)
+   for _, st in pairs(self.state) do
+      local cell = step_cells[st]
+      if cell and st.step ~= nil and not capturing(cell.t._c.device) then
+         local v = T.Tensor.item(cell.t)
+         st.step = math.floor(v + 0.5)
+         cell.host = st.step
+      end
+   end
+end
+for _, cls in ipairs({ M.Adam, M.AdamW }) do
+   cls._lr_changed = lr_changed
+   cls._sync_state = sync_steps
+end
 
 -- RMSprop and Adagrad, composed from tensor ops (lua/lumen/optim/composed.lua)
 do

@@ -167,6 +167,8 @@ end
 -- state_dict() -> {state = {[i] = {...}}, param_groups = {{..., params = {i, ...}}}}: parameters
 -- are numbered 1, 2, ... across the groups in order; tensors in the state are copies
 function Optimizer:state_dict()
+   -- state kept on a device by the optimizer itself (a capturable Adam's step counts) first
+   if self._sync_state then self:_sync_state() end
    local index, n = {}, 0
    local groups = {}
    for _, g in ipairs(self.param_groups) do
