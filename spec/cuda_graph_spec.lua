@@ -353,6 +353,7 @@ describe("lm.cuda graphs on cuda:0", function()
       -- overwritten here
       local fill = {}
       for i = 1, 6 do fill[i] = lm.full({262144}, -1, {device = dev}) end
+      assert.are.equal(6, #fill)
       g2:replay()
       assert.are.same(7, cpu(y2):totable()[1000])
       g2:reset()
