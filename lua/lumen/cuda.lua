@@ -238,6 +238,9 @@ local backends = {
 rawset(backends.cpu, "amx_available", function() return C.lm_cpu_amx_available() ~= 0 end)
 rawset(backends.cpu, "isa", function() return ffi.string(C.lm_cpu_isa_name(C.lm_cpu_get_isa())) end)
 
+-- the device argument check, shared with lua/lumen/cuda_graph.lua
+M._dev_index = dev_index
+
 -- CUDA graphs (lua/lumen/cuda_graph.lua): CUDAGraph, graph, graph_pool_handle,
 -- is_current_stream_capturing
 do

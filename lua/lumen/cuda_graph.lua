@@ -33,17 +33,9 @@ Graph.__name = "lumen.cuda.CUDAGraph"
 local function is_graph(g) return getmetatable(g) == Graph end
 local function packn(...) return {n = select("#", ...), ...} end
 
--- a device argument: nil (cuda:0), an index, "cuda" or "cuda:N"; returns N
-local function dev_index(fname, dev)
-   if dev == nil or dev == "cuda" then return 0 end
-   if type(dev) == "number" and dev % 1 == 0 and dev >= 0 and dev < T.NUM_CUDA then return dev end
-   if type(dev) == "string" then
-      local k = tonumber(dev:match("^cuda:(%d+)$"))
-      if k and k < T.NUM_CUDA then return k end
-   end
-   argerror("cuda." .. fname, "expected a CUDA device (an index from 0, \"cuda\" or \"cuda:N\"), "
-            .. "got " .. (type(dev) == "string" and ("'" .. dev .. "'") or tostring(dev)))
-end
+-- a device argument: nil (cuda:0), an index, "cuda" or "cuda:N"; returns N (lumen.cuda's check;
+-- required at the call, since lumen.cuda loads this module while it loads)
+local function dev_index(fname, dev) return require("lumen.cuda")._dev_index(fname, dev) end
 
 -- a pool argument: nil (a new pool), a lm.cuda.graph_pool_handle() or another graph's pool()
 local function pool_arg(fname, pool)

@@ -93,13 +93,18 @@ local function refresh(cell, lr, dev)
    end
 end
 
--- a float64 scalar tensor on a device
-local function device_scalar(fname, dev)
+-- a new {t =} cell: a float64 scalar tensor on a device, made outside a capture (what: what it
+-- holds, for the error)
+local function new_cell(fname, dev, what)
+   if capturing(dev) then
+      error("lumen." .. fname .. ": a capturable optimizer takes one eager step before a CUDA "
+            .. "graph captures it (its " .. what .. " tensor is made then)", 0)
+   end
    local outp = ffi.new("lm_tensor*[1]")
    if C.lm_empty_strided(0, nil, nil, C.LM_FLOAT64, dev, outp) ~= 0 then
       error("lumen." .. fname .. ": " .. ffi.string(C.lm_last_error()), 0)
    end
-   return T.wrap(outp[0])
+   return { t = T.wrap(outp[0]) }
 end
 
 local function lr_tensor(group, p, fname)
@@ -111,11 +116,7 @@ local function lr_tensor(group, p, fname)
    local dev = p._c.device
    local cell = per[dev]
    if cell == nil then
-      if capturing(dev) then
-         error("lumen." .. fname .. ": a capturable optimizer takes one eager step before a "
-               .. "CUDA graph captures it (its learning rate tensor is made then)", 0)
-      end
-      cell = { t = device_scalar(fname, dev) }
+      cell = new_cell(fname, dev, "learning rate")
       per[dev] = cell
    end
    refresh(cell, group.lr, dev)
@@ -212,11 +213,7 @@ local function step_tensor(st, p, fname)
    local cell = step_cells[st]
    local dev = p._c.device
    if cell == nil then
-      if capturing(dev) then
-         error("lumen." .. fname .. ": a capturable optimizer takes one eager step before a "
-               .. "CUDA graph captures it (its step count tensor is made then)", 0)
-      end
-      cell = { t = device_scalar(fname, dev) }
+      cell = new_cell(fname, dev, "step count")
       step_cells[st] = cell
    end
    if cell.host ~= st.step and not capturing(dev) then
