@@ -16,7 +16,8 @@
 #           Lua modules, and libjpeg/libpng/zlib headers and libraries for building liblumen.so
 #   build   make CUDA=1 with NVCC_GENCODE sm_90 (machine code for the H200, no PTX JIT at start);
 #           when it fails, once more without -Werror (the step stays FAIL, the others go on)
-#   smoke   lm.cuda.is_available(), copies, elementwise, matmul, conv/pool (2-D, 3-D)/batch norm on cuda:0
+#   smoke   lm.cuda.is_available(), copies, elementwise, matmul, conv/pool (2-D, 3-D)/batch norm on cuda:0,
+#           and a training step replayed from a CUDA graph against the same steps taken eagerly
 #           against the CPU (a broken build shows here first)
 #   bench   ResNet50 img/s, bf16 autocast, train and infer, NHWC and NCHW, batch 64 and 256:
 #           lumen (bench/cuda_models.lua, one process per row) then PyTorch on the same GPU
@@ -413,6 +414,49 @@ check("resnet18 forward b2 nhwc (eval)", 1e-2, function()
    local ref = lm.no_grad(function() return m(xi) end)
    m:to(D)
    return rel(lm.no_grad(function() return m(xi:to(D)) end), ref)
+end)
+-- CUDA graphs (kernels/cuda/graph.cu): a channels-last step (conv, batch norm, relu, linear,
+-- cross entropy, capturable SGD) captured after one eager step and replayed, against the same
+-- steps taken eagerly
+check("CUDA graph: replayed steps = eager steps", 1e-4, function()
+   local function net()
+      lm.manual_seed(5)
+      local m = lm.nn.Sequential(lm.nn.Conv2d(16, 8, 3, { padding = 1 }), lm.nn.BatchNorm2d(8),
+                                 lm.nn.ReLU(), lm.nn.Flatten(), lm.nn.Linear(8 * 144, 10))
+      return lm.to_channels_last(m):to(D)
+   end
+   local xs, ts = {}, {}
+   for i = 1, 5 do
+      xs[i] = lm.randn({ 4, 16, 12, 12 }):contiguous(lm.channels_last)
+      ts[i] = lm.randint(1, 11, { 4 })
+   end
+   local a = net()
+   local oa = lm.optim.SGD(a:parameters(), { lr = 0.05, momentum = 0.9 })
+   for i = 1, 5 do
+      oa:zero_grad(true)
+      F.cross_entropy(a(xs[i]:to(D)), ts[i]:to(D)):backward()
+      oa:step()
+   end
+   local b = net()
+   local ob = lm.optim.SGD(b:parameters(), { lr = 0.05, momentum = 0.9, capturable = true })
+   local sx, st = xs[1]:to(D), ts[1]:to(D)
+   local function step()
+      F.cross_entropy(b(sx), st):backward()
+      ob:step()
+   end
+   ob:zero_grad(true)
+   step()
+   ob:zero_grad(true)
+   local g = lm.cuda.CUDAGraph()
+   lm.cuda.graph(g, step)
+   for i = 2, 5 do
+      sx:copy_(xs[i])
+      st:copy_(ts[i])
+      g:replay()
+   end
+   local pa, pb, r = a:parameters(), b:parameters(), 0
+   for i = 1, #pa do r = math.max(r, rel(pb[i], pa[i])) end
+   return r
 end)
 print(fails == 0 and "SMOKE OK" or ("SMOKE FAILED: " .. fails .. " checks"))
 os.exit(fails == 0 and 0 or 1)
