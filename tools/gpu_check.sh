@@ -16,9 +16,9 @@
 #           Lua modules, and libjpeg/libpng/zlib headers and libraries for building liblumen.so
 #   build   make CUDA=1 with NVCC_GENCODE sm_90 (machine code for the H200, no PTX JIT at start);
 #           when it fails, once more without -Werror (the step stays FAIL, the others go on)
-#   smoke   lm.cuda.is_available(), copies, elementwise, matmul, conv/pool (2-D, 3-D)/batch norm on cuda:0,
-#           and a training step replayed from a CUDA graph against the same steps taken eagerly
-#           against the CPU (a broken build shows here first)
+#   smoke   lm.cuda.is_available(), copies, elementwise, matmul, conv/pool (2-D, 3-D)/batch norm on cuda:0
+#           against the CPU (a broken build shows here first), and a training step replayed from a
+#           CUDA graph against the same steps taken eagerly
 #   bench   ResNet50 img/s, bf16 autocast, train and infer, NHWC and NCHW, batch 64 and 256:
 #           lumen (bench/cuda_models.lua, one process per row) then PyTorch on the same GPU
 #           (bench/cuda_peer.py models: bench/peer_models.py, the peer's script, variant cuda_amp)
