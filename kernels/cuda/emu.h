@@ -28,6 +28,9 @@
    stream fails with cudaErrorStreamCaptureUnsupported. */
 typedef std::vector<std::function<int()>> lm_emu_ops;
 extern lm_emu_ops *lm_emu_capture;
+/* set by a call that would have invalidated a GPU's capture (a synchronisation, a synchronous
+   copy): as on a GPU, ending that capture then fails (graph.cu) */
+extern bool lm_emu_capture_invalid;
 
 #define __host__
 #define __device__
@@ -40,6 +43,10 @@ typedef enum cudaError {
    cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1,
    cudaErrorStreamCaptureUnsupported = 900
 } cudaError_t;
+static inline cudaError_t lm_emu_unsupported_in_capture(void) {
+   lm_emu_capture_invalid = true;
+   return cudaErrorStreamCaptureUnsupported;
+}
 typedef void *cudaStream_t;
 typedef void *cudaEvent_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
@@ -75,7 +82,7 @@ static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
 static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, int kind) {
    (void)kind;
-   if (lm_emu_capture) return cudaErrorStreamCaptureUnsupported; /* it waits for the stream */
+   if (lm_emu_capture) return lm_emu_unsupported_in_capture(); /* it waits for the stream */
    if (n) memmove(d, s, n);
    return cudaSuccess;
 }
@@ -84,7 +91,7 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int 
    if (lm_emu_capture) {
       /* a GPU captures a copy from pageable host memory as a node that reads the host address at
          each replay; lumen never queues one inside a capture (lm_cu_memcpy refuses first) */
-      if (kind != cudaMemcpyDeviceToDevice) return cudaErrorStreamCaptureUnsupported;
+      if (kind != cudaMemcpyDeviceToDevice) return lm_emu_unsupported_in_capture();
       lm_emu_capture->push_back([d, s, n]() {
          if (n) memmove(d, s, n);
          return 0;
@@ -112,10 +119,10 @@ static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f)
 }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
    (void)s;
-   return lm_emu_capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+   return lm_emu_capture ? lm_emu_unsupported_in_capture() : cudaSuccess;
 }
 static inline cudaError_t cudaDeviceSynchronize(void) {
-   return lm_emu_capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+   return lm_emu_capture ? lm_emu_unsupported_in_capture() : cudaSuccess;
 }
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
    (void)f;
@@ -126,7 +133,7 @@ static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cuda
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e, (void)s; return cudaSuccess; }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
    (void)e;
-   return lm_emu_capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+   return lm_emu_capture ? lm_emu_unsupported_in_capture() : cudaSuccess;
 }
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
    (void)s, (void)e, (void)f;

@@ -31,6 +31,7 @@
 
 #ifdef LM_CUDA_EMU
 lm_emu_ops *lm_emu_capture = NULL;
+bool lm_emu_capture_invalid = false;
 #endif
 
 struct lm_cuda_graph {
@@ -84,6 +85,7 @@ lm_status lm_cu_graph_begin(int dev, uint64_t pool, lm_cuda_graph **out) {
       return st;
    }
 #ifdef LM_CUDA_EMU
+   lm_emu_capture_invalid = false;
    lm_emu_capture = &g->ops;
 #else
    st = lm_cu_err(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
@@ -109,7 +111,10 @@ lm_status lm_cu_graph_end(lm_cuda_graph *g, int discard) {
    lm_status st = LM_OK;
 #ifdef LM_CUDA_EMU
    lm_emu_capture = NULL;
-   if (discard) g->ops.clear();
+   if (lm_emu_capture_invalid && !discard)
+      st = lm_error(LM_ERR_DEVICE, "cudaStreamEndCapture: the capture was invalidated (a "
+                    "synchronising call or a host copy inside it)");
+   if (discard || st != LM_OK) g->ops.clear();
 #else
    cudaGraph_t graph = NULL;
    st = lm_cu_err(cudaStreamEndCapture(lm_cu_stream(dev), &graph), "cudaStreamEndCapture");
