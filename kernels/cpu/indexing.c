@@ -126,7 +126,7 @@ static lm_status k_scatter_add(const lm_op *op) {
       int64_t off[LM_ROWS_MAXT];
       lm_rows_at(&r, row, off);
       lm_scatter_add_row(sd + off[0] * esz, sds, id + off[1], r.ds[1], rd + off[2] * esz, r.ds[2],
-                         r.len, self->dtype, p->base);
+                         r.len, self->dtype, p->base, -1);
    }
    return LM_OK;
 }

@@ -94,6 +94,9 @@ struct CheckRows {
 /* the CPU's error for the bad index value at the smallest position of index (tensor 1 of r) */
 static lm_status check_indices(int dev, const lm_rows &r, int dim, const lm_tensor *index,
                                int64_t limit, int64_t base) {
+   /* a graph capture cannot read the check back: the kernels guard the indices instead
+      (GatherRows / ScatterAddRows' limit) */
+   if (lm_cu_capturing(dev)) return LM_OK;
    unsigned long long *first = (unsigned long long *)lm_cu_alloc(dev, sizeof *first);
    if (!first) return LM_ERR_OOM;
    unsigned long long h = 0;
@@ -129,12 +132,17 @@ struct GatherRows {
    const int64_t *idx;
    char *out;
    int64_t xds, base;
+   int64_t limit; /* >= 0: the indices were not checked (a graph capture): guard them */
    int esz;
    LM_HD void operator()(int64_t row) const {
       int64_t off[LM_ROWS_MAXT];
       lm_rows_at(&r, row, off);
-      lm_gather_row(out + off[2] * esz, r.ds[2], x + off[0] * esz, xds, idx + off[1], r.ds[1],
-                    r.len, esz, base);
+      if (limit >= 0)
+         lm_gather_row_guarded(out + off[2] * esz, r.ds[2], x + off[0] * esz, xds, idx + off[1],
+                               r.ds[1], r.len, esz, base, limit);
+      else
+         lm_gather_row(out + off[2] * esz, r.ds[2], x + off[0] * esz, xds, idx + off[1], r.ds[1],
+                       r.len, esz, base);
    }
 };
 
@@ -150,6 +158,7 @@ static lm_status k_gather(const lm_op *op) {
    b.out = lm_cu_ptr(out);
    b.xds = lm_ix_dim_stride(x, p->dim);
    b.base = p->base;
+   b.limit = lm_cu_capturing(k) ? lm_ix_dim_size(x, p->dim) : -1;
    b.esz = lm_dtype_size(x->dtype);
    return lm_cu_for(k, b.r.count, b);
 }
@@ -160,12 +169,13 @@ struct ScatterAddRows {
    const int64_t *idx;
    const char *src;
    int64_t sds, base;
+   int64_t limit; /* >= 0: the indices were not checked (a graph capture): guard them */
    int dt, esz;
    LM_HD void operator()(int64_t row) const {
       int64_t off[LM_ROWS_MAXT];
       lm_rows_at(&r, row, off);
       lm_scatter_add_row(self + off[0] * esz, sds, idx + off[1], r.ds[1], src + off[2] * esz,
-                         r.ds[2], r.len, dt, base);
+                         r.ds[2], r.len, dt, base, limit);
    }
 };
 
@@ -181,6 +191,7 @@ static lm_status k_scatter_add(const lm_op *op) {
    b.src = lm_cu_ptr(src);
    b.sds = lm_ix_dim_stride(self, p->dim);
    b.base = p->base;
+   b.limit = lm_cu_capturing(k) ? lm_ix_dim_size(self, p->dim) : -1;
    b.dt = self->dtype;
    b.esz = lm_dtype_size(self->dtype);
    return lm_cu_for(k, b.r.count, b);

@@ -183,6 +183,19 @@ static inline LM_HD void lm_gather_row(char *out, int64_t os, const char *x, int
       lm_ix_copy(out + j * os * esz, x + (idx[j * is] - base) * xs * esz, esz);
 }
 
+/* lm_gather_row where the indices were not checked (a CUDA graph capture cannot read the check
+   back): an index outside [0, limit) gives 0 instead of a read elsewhere */
+static inline LM_HD void lm_gather_row_guarded(char *out, int64_t os, const char *x, int64_t xs,
+                                               const int64_t *idx, int64_t is, int64_t n,
+                                               int esz, int64_t base, int64_t limit) {
+   const int64_t zero = 0;
+   for (int64_t j = 0; j < n; j++) {
+      const int64_t v = idx[j * is] - base;
+      lm_ix_copy(out + j * os * esz, v >= 0 && v < limit ? x + v * xs * esz : (const char *)&zero,
+                 esz);
+   }
+}
+
 /* the first j in [0, n) whose index value idx[j * is] - base is outside [0, limit); -1 if none */
 static inline LM_HD int64_t lm_index_bad(const int64_t *idx, int64_t is, int64_t n, int64_t limit,
                                          int64_t base) {
@@ -193,14 +206,18 @@ static inline LM_HD int64_t lm_index_bad(const int64_t *idx, int64_t is, int64_t
    return -1;
 }
 
-/* self[idx[j] - base] += src[j] along one row, in order of j (indices checked already). Floating
+/* self[idx[j] - base] += src[j] along one row, in order of j (indices checked already, or limit
+   >= 0 below). Floating
    dtypes add in double and round once (exact for two floats, so equal to the dtype's own sum);
    int64 wraps as two's complement; the narrower integers wrap through int64, as PyTorch's */
 static inline LM_HD void lm_scatter_add_row(char *self, int64_t ss, const int64_t *idx, int64_t is,
                                             const char *src, int64_t rs, int64_t n, int dt,
-                                            int64_t base) {
+                                            int64_t base, int64_t limit) {
    const int esz = lm_ix_esz(dt);
    for (int64_t j = 0; j < n; j++) {
+      /* limit >= 0: the indices were not checked (a CUDA graph capture); one outside
+         [0, limit) adds nothing */
+      if (limit >= 0 && (idx[j * is] - base < 0 || idx[j * is] - base >= limit)) continue;
       char *o = self + (idx[j * is] - base) * ss * esz;
       const char *s = src + j * rs * esz;
       if (dt == LM_INT64) {
