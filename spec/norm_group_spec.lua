@@ -314,16 +314,15 @@ describe("ONNX export", function()
    function LN2d:forward(x) return self.ln(x:permute(1, 3, 4, 2)):permute(1, 4, 2, 3) end
    it("GroupNorm, InstanceNorm2d, LayerNorm over C: onnx.checker and ONNX Runtime within 1e-4 " ..
       "(LayerNormalization at opset 17, its decomposition at 13 and 16)", function()
-      if DEV or not lm.onnx.available() then
-         pending("the ONNX writer / host device only")
+      if DEV then
+         pending("the host device only")
          return
       end
-      local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
-      if rc ~= 0 then
-         pending("no ONNX Runtime venv")
+      local py, why = require("spec.onnx_io").runtime()
+      if not py then
+         pending(why)
          return
       end
-      local py = out:match("([^\n]+)%s*$")
       lm.manual_seed(7)
       local model = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), nn.GroupNorm(4, 8),
                                   nn.InstanceNorm2d(8, { affine = true }), LN2d(8),

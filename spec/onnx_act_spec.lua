@@ -33,16 +33,11 @@ end
 
 describe("lm.onnx.export of the issue-40 operators", function()
    it("onnx.checker and ONNX Runtime at opsets 13, 17, 18, 20", function()
-      if not lm.onnx.available() then
-         pending("the ONNX writer build/liblumen_onnx.so is not built")
+      local py, why = OIO.runtime()
+      if not py then
+         pending(why)
          return
       end
-      local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
-      if rc ~= 0 then
-         pending("the ONNX Runtime venv could not be made: " .. out:sub(-300))
-         return
-      end
-      local py = out:match("([^\n]+)%s*$")
       lm.manual_seed(40)
       local model = Net():eval()
       lm.to_channels_last(model)
@@ -81,16 +76,11 @@ describe("lm.onnx.export of the issue-40 operators", function()
 
    it("the shuffles of 3-D and 5-D inputs (Reshape, Transpose, Reshape): ONNX Runtime",
       function()
-      if not lm.onnx.available() then
-         pending("the ONNX writer build/liblumen_onnx.so is not built")
+      local py, why = OIO.runtime()
+      if not py then
+         pending(why)
          return
       end
-      local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
-      if rc ~= 0 then
-         pending("the ONNX Runtime venv could not be made: " .. out:sub(-300))
-         return
-      end
-      local py = out:match("([^\n]+)%s*$")
       local fn = function(x)                                -- x: 2 x 1 x 8 x 3 x 4
          local y = F.pixel_unshuffle(F.pixel_shuffle(x, 2) * 3, 2)   -- 5-D both ways
          y = y:reshape({ 2, 8, 12 })

@@ -30,16 +30,11 @@ end
 
 describe("lm.onnx.export of the indexing operators", function()
    it("onnx.checker and ONNX Runtime at opsets 16, 17, 18", function()
-      if not lm.onnx.available() then
-         pending("the ONNX writer build/liblumen_onnx.so is not built")
+      local py, why = OIO.runtime()
+      if not py then
+         pending(why)
          return
       end
-      local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
-      if rc ~= 0 then
-         pending("the ONNX Runtime venv could not be made: " .. out:sub(-300))
-         return
-      end
-      local py = out:match("([^\n]+)%s*$")
       local model = Net():eval()
       local x = lm.randn({ 2, 3, 4, 5 }):contiguous(lm.channels_last)
       local want = lm.no_grad(function() return model(x) end)

@@ -4,12 +4,32 @@
 --    local OIO = require("spec.onnx_io")
 --    OIO.write_f32(path, tensor)          -- the values in contiguous order, float32
 --    local t = OIO.read_f32(path, sizes)  -- a float32 tensor of these sizes (the file must fit)
+--    local py, why = OIO.runtime()        -- ONNX Runtime's python, or nil and why not
 local lm = require("lumen")
 local ffi = require("ffi")
 local C = require("lumen.C")
 local shell = require("spec.shell")
 
 local M = {}
+
+-- the python of ONNX Runtime's test venv (tools/setup_onnx_venv.sh, made once per process), or
+-- nil and why not: the ONNX writer is not built, or the venv cannot be made
+local python, why_not
+function M.runtime()
+   if python or why_not then return python, why_not end
+   if not lm.onnx.available() then
+      why_not = "the ONNX writer build/liblumen_onnx.so is not built (libprotobuf-c-dev, " ..
+                "protobuf-c-compiler)"
+      return nil, why_not
+   end
+   local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
+   if rc ~= 0 then
+      why_not = "the ONNX Runtime venv could not be made: " .. out:sub(-300)
+      return nil, why_not
+   end
+   python = out:match("([^\n]+)%s*$")
+   return python
+end
 
 function M.write_f32(path, t)
    -- host memory: a tensor on another device (sim:N's memory is not the host's) comes over first

@@ -18,20 +18,12 @@ local F = lm.F
 local OIO = require("spec.onnx_io")
 local write_f32, read_f32 = OIO.write_f32, OIO.read_f32
 
-local python, why_not
+-- ONNX Runtime's python (spec/onnx_io.lua), or nil with why_not set
+local why_not
 local function venv()
-   if python or why_not then return python end
-   if not lm.onnx.available() then
-      why_not = "the ONNX writer build/liblumen_onnx.so is not built"
-      return nil
-   end
-   local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
-   if rc ~= 0 then
-      why_not = "the ONNX Runtime venv could not be made: " .. out:sub(-300)
-      return nil
-   end
-   python = out:match("([^\n]+)%s*$")
-   return python
+   local py, why = OIO.runtime()
+   why_not = why
+   return py
 end
 
 local function fmt_of(nd)

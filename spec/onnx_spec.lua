@@ -24,21 +24,12 @@ local function warm(model)
    end)
 end
 
-local python, why_not
+-- ONNX Runtime's python (spec/onnx_io.lua), or nil with why_not set
+local why_not
 local function venv()
-   if python or why_not then return python end
-   if not lm.onnx.available() then
-      why_not = "the ONNX writer build/liblumen_onnx.so is not built (libprotobuf-c-dev, " ..
-                "protobuf-c-compiler)"
-      return nil
-   end
-   local out, rc = shell.sh("bash tools/setup_onnx_venv.sh")
-   if rc ~= 0 then
-      why_not = "the ONNX Runtime venv could not be made: " .. out:sub(-300)
-      return nil
-   end
-   python = out:match("([^\n]+)%s*$")
-   return python
+   local py, why = OIO.runtime()
+   why_not = why
+   return py
 end
 
 -- export each {name, channels_last, opset} model of lm.models (10 classes, warmed batch norms,

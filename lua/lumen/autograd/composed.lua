@@ -26,6 +26,15 @@ local FLOATS = { float32 = true, float64 = true, float16 = true, bfloat16 = true
 
 -- the reduced dims of a reduction's dims argument (nil: every dim, a number, or a list): the
 -- 1-based list and the set of their 0-based positions (shared with composed_math.lua)
+-- y in self's memory format (PyTorch's empty_like(self) results: masked_fill, tril, nan_to_num)
+function M.keep_format(y, self)
+   local fmt = Tensor.suggest_memory_format(self)
+   if tostring(fmt) ~= "contiguous_format" and not Tensor.is_contiguous(y, fmt) then
+      y = Tensor.contiguous(y, fmt)
+   end
+   return y
+end
+
 function M.dim_list(fname, self, dims)
    local nd = Tensor.dim(self)
    local list = {}
@@ -161,11 +170,7 @@ function Tensor.masked_fill(self, mask, value)
    end
    local y = T.where(Tensor.expand(mask, ss), value, self)
    if Tensor.dtype(y) ~= Tensor.dtype(self) then y = Tensor.to(y, Tensor.dtype(self)) end
-   local fmt = Tensor.suggest_memory_format(self)
-   if tostring(fmt) ~= "contiguous_format" and not Tensor.is_contiguous(y, fmt) then
-      y = Tensor.contiguous(y, fmt)
-   end
-   return y
+   return M.keep_format(y, self)
 end
 
 -- the 1-based dim of chunk / split (default 1; negative from the end) and its size

@@ -25,14 +25,8 @@ local tensor_arg = require("lumen.autograd.composed").tensor_arg
 
 local function F() return require("lumen.functional") end
 
--- y in self's memory format (PyTorch's empty_like(self) results: tril, nan_to_num)
-local function keep_format(y, self)
-   local fmt = Tensor.suggest_memory_format(self)
-   if tostring(fmt) ~= "contiguous_format" and not Tensor.is_contiguous(y, fmt) then
-      y = Tensor.contiguous(y, fmt)
-   end
-   return y
-end
+-- y in self's memory format (composed.lua's)
+local keep_format = require("lumen.autograd.composed").keep_format
 
 -- self's sizes without the dims of set (0-based)
 local function reduced_sizes(self, set)
